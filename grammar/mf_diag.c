@@ -1,0 +1,130 @@
+/*
+ * mf_diag: renders diagnostics the way GCC and Clang do: a located header
+ * line, the source line, and a caret with tildes under the span.
+ */
+#include "mf_diag.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+enum { MF_DIAG_DEFAULT_MAX = 100 };
+
+void mf_diag_init(mf_diag *d, const mf_source *src, FILE *out)
+{
+    memset(d, 0, sizeof *d);
+    d->src = src;
+    d->out = out ? out : stderr;
+    d->max_errors = MF_DIAG_DEFAULT_MAX;
+}
+
+/* Finds line `line` (1-based) of the source; returns its start and length. */
+static const char *source_line(const mf_source *src, int line, size_t *len)
+{
+    if (!src || !src->text || line < 1)
+        return NULL;
+    const char *p = src->text, *end = src->text + src->len;
+    for (int l = 1; l < line; l++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (!nl)
+            return NULL;
+        p = nl + 1;
+    }
+    const char *e = p;
+    while (e < end && *e != '\n' && *e != '\r')
+        e++;
+    *len = (size_t)(e - p);
+    return p;
+}
+
+static void print_snippet(mf_diag *d, mf_span at)
+{
+    size_t len;
+    const char *line = source_line(d->src, at.line, &len);
+    if (!line)
+        return;
+    char gutter[16];
+    int w = snprintf(gutter, sizeof gutter, "%d", at.line);
+    fprintf(d->out, " %s | ", gutter);
+    for (size_t i = 0; i < len; i++)
+        fputc(line[i] == '\t' ? ' ' : (line[i] == '\0' ? ' ' : line[i]), d->out);
+    fputc('\n', d->out);
+    fprintf(d->out, " %*s | ", w, "");
+    int col = at.col < 1 ? 1 : at.col;
+    if ((size_t)col > len + 1)
+        col = (int)len + 1;
+    for (int i = 1; i < col; i++)
+        fputc(' ', d->out);
+    fputc('^', d->out);
+    int last = (at.end_line == at.line && at.end_col > col) ? at.end_col : col + 1;
+    if ((size_t)last > len + 1)
+        last = (int)len + 1;
+    for (int i = col + 1; i < last; i++)
+        fputc('~', d->out);
+    fputc('\n', d->out);
+}
+
+static void report(mf_diag *d, const char *kind, mf_span at, const char *fmt, va_list ap)
+{
+    const char *path = d->src && d->src->path ? d->src->path : "<input>";
+    if (at.line > 0)
+        fprintf(d->out, "%s:%d:%d: %s: ", path, at.line, at.col, kind);
+    else
+        fprintf(d->out, "%s: %s: ", path, kind);
+    vfprintf(d->out, fmt, ap);
+    fputc('\n', d->out);
+    if (at.line > 0)
+        print_snippet(d, at);
+}
+
+void mf_diag_error(mf_diag *d, mf_span at, const char *fmt, ...)
+{
+    d->nerrors++;
+    if (d->nerrors > d->max_errors) {
+        d->suppressed++;
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    report(d, "error", at, fmt, ap);
+    va_end(ap);
+}
+
+void mf_diag_warning(mf_diag *d, mf_span at, const char *fmt, ...)
+{
+    d->nwarnings++;
+    if (d->nerrors > d->max_errors)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    report(d, "warning", at, fmt, ap);
+    va_end(ap);
+}
+
+void mf_diag_note(mf_diag *d, mf_span at, const char *fmt, ...)
+{
+    if (d->nerrors > d->max_errors)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    report(d, "note", at, fmt, ap);
+    va_end(ap);
+}
+
+void mf_diag_finish(mf_diag *d)
+{
+    if (d->suppressed > 0)
+        fprintf(d->out, "%s: note: %d more errors not shown (limit is %d); %d errors in all\n",
+                d->src && d->src->path ? d->src->path : "<input>", d->suppressed, d->max_errors,
+                d->nerrors);
+    fflush(d->out);
+}
+
+mf_span mf_span_join(mf_span a, mf_span b)
+{
+    mf_span r = a;
+    if (b.line > r.end_line || (b.line == r.end_line && b.end_col > r.end_col)) {
+        r.end_line = b.end_line;
+        r.end_col = b.end_col;
+    }
+    return r;
+}

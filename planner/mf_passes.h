@@ -1,0 +1,43 @@
+/*
+ * mf_passes: the compiler pipeline, one pass per file:
+ *
+ *   mf_parse          grammar/   text      -> AST
+ *   mf_sema_run       mf_sema.c  AST       -> resolved spec   (all DESIGN §3-§5 rules)
+ *   mf_layout_run     mf_layout_pass.c     -> units, buckets   (DESIGN §3.3)
+ *   mf_transition_run mf_transition.c      -> T1..T4 steps     (DESIGN §4)
+ *   mf_lower_run      mf_lower.c           -> buffers, ops, events
+ *   mf_verify_run     mf_verify.c          checks a schedule (DESIGN §9)
+ *   mf_emit_yaml      mf_emit.c            schedule -> canonical YAML
+ *
+ * Each pass reports into an mf_diag and returns false when it found errors;
+ * the driver (mf_pipeline.c) stops at the first pass with errors.
+ */
+#ifndef MF_PASSES_H
+#define MF_PASSES_H
+
+#include <stdio.h>
+
+#include "mf_ast.h"
+#include "mf_plan.h"
+
+/* Borrows ast; returns a spec allocated in `a`, or NULL when errors were reported. */
+mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a);
+
+/* Returns an owned plan over `spec` (borrowed) with an empty schedule; cost may
+ * be NULL for the defaults. NULL on OOM. */
+mf_plan *mf_plan_new(const mf_spec *spec, const mf_cost_model *cost);
+/* Takes the plan (and its schedule, unless taken). */
+void mf_plan_free(mf_plan *p);
+
+bool mf_layout_run(mf_plan *p, mf_diag *d);
+bool mf_transition_run(mf_plan *p, mf_diag *d);
+bool mf_lower_run(mf_plan *p, mf_diag *d);
+
+/* Checks a schedule (compiled or loaded); errors name op ids and buffers.
+ * Returns the number of errors found (0 = verified). */
+int mf_verify_run(const mf_schedule *s, mf_diag *d);
+
+/* Writes the canonical YAML of s to out. Returns 0, or -1 on a write error. */
+int mf_emit_yaml(const mf_schedule *s, FILE *out);
+
+#endif

@@ -1,0 +1,49 @@
+/*
+ * mf_plan: what the layout and transition passes produce and the lowering
+ * pass consumes.
+ *
+ *   mf_layout_pass   spec -> plan->sched: units, buckets (tensor offsets,
+ *                    padded lengths, placements, dtypes)
+ *   mf_transition    plan -> plan->trans: T1..T4 of every bucket as
+ *                    single-axis steps in the order DESIGN §3.2 forces
+ *   mf_lower         plan -> plan->sched: buffers, ops, events
+ *
+ * Ownership: a plan borrows its spec; it owns its schedule (plan->sched) until
+ * a caller takes it (sets plan->sched to NULL); steps live in plan->arena.
+ */
+#ifndef MF_PLAN_H
+#define MF_PLAN_H
+
+#include "mf_cost.h"
+#include "mf_spec.h"
+
+enum { MF_T1 = 0, MF_T2, MF_T3, MF_T4, MF_NTRANSITIONS };
+
+typedef struct mf_step {
+    mf_opkind kind;         /* all_gather, reduce_scatter, all_reduce, slice, cast, accumulate */
+    int axis;               /* mesh axis; -1 for cast and accumulate */
+    mf_dtype dtype;         /* element type produced (and moved) */
+    mf_placement from, to;  /* placement before and after this step */
+    int64_t count;          /* elements per rank, NCCL convention */
+    int64_t bytes;          /* bytes sent per rank per launch (ring), 0 for local steps */
+} mf_step;
+
+typedef struct mf_transition {
+    int id;                 /* 1..4 */
+    mf_when when;           /* T1 first, T2 every, T3 every, T4 last */
+    mf_placement from, to;
+    mf_dtype from_dtype, to_dtype;
+    int nsteps;             /* 0 when nothing moves (e.g. T2 with W = Rep) */
+    mf_step *steps;
+    const char *why;        /* why this composition, when several were legal; else NULL */
+} mf_transition;
+
+typedef struct mf_plan {
+    mf_arena *arena;
+    const mf_spec *spec;    /* borrowed */
+    mf_schedule *sched;     /* owned until taken */
+    mf_transition (*trans)[MF_NTRANSITIONS]; /* per bucket, indexed by bucket id */
+    mf_cost_model cost;
+} mf_plan;
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * mf_spec: the resolved spec, produced by the semantic pass (mf_sema) from the
+ * AST. Loops are expanded, names substituted, layouts resolved to indices,
+ * sizes checked; every later pass can trust it. Every entity keeps the span of
+ * the declaration it came from, so later passes can still point at the source.
+ *
+ * Ownership: everything lives in the arena passed to mf_sema_run().
+ */
+#ifndef MF_SPEC_H
+#define MF_SPEC_H
+
+#include "mf_diag.h"
+#include "mf_schedule.h"
+
+typedef struct mf_spec_layout {
+    const char *name;       /* layout name; "<inline unit.tensor>" for inline ones */
+    mf_span span;           /* the layout block, or the inline braces */
+    bool is_inline;
+    mf_dtype dtype[MF_ROLE_COUNT];
+    mf_placement place[MF_ROLE_COUNT];
+    mf_span role_span[MF_ROLE_COUNT]; /* each role's declaration */
+} mf_spec_layout;
+
+typedef struct mf_spec_tensor {
+    const char *name;       /* full name: unit name + "." + tensor name */
+    mf_span span;
+    int ndims;
+    int64_t dims[MF_MAX_DIMS];
+    int64_t numel;          /* product of dims, checked against 63 bits */
+    int layout;             /* index into spec->layouts (unit default or override) */
+} mf_spec_tensor;
+
+typedef struct mf_spec_unit {
+    const char *name;       /* after {i} substitution */
+    mf_span span;           /* the unit declaration (the loop's for an expanded one) */
+    int layout;             /* default layout index */
+    bool reshard_after_forward;  /* default true */
+    int ntensors;
+    mf_spec_tensor *tensors;     /* declaration order */
+} mf_spec_unit;
+
+typedef struct mf_spec {
+    const char *path;       /* as given on the command line */
+    mf_mesh mesh;
+    mf_span mesh_span;
+    int64_t microbatches;   /* default 1 */
+    mf_reduce reduce;       /* default avg */
+    int64_t align;          /* shard alignment in bytes, default 256, power of two */
+    int64_t bucket_size;    /* bytes; consecutive small buckets of one layout merge up
+                               to this size; 0 = no merging (default) */
+    int prefetch;           /* prefetch depth in units, default 1 */
+    int nlayouts;
+    mf_spec_layout *layouts;
+    int nunits;
+    mf_spec_unit *units;    /* forward order */
+} mf_spec;
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * mf_layout: rank coordinates, axis groups and shard ranges (DESIGN §3.2).
+ */
+#include "mf_layout.h"
+
+void mf_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES])
+{
+    for (int j = m->naxes - 1; j >= 0; j--) {
+        coords[j] = rank % m->axes[j].size;
+        rank /= m->axes[j].size;
+    }
+    for (int j = m->naxes; j < MF_MAX_AXES; j++)
+        coords[j] = 0;
+}
+
+int64_t mf_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES])
+{
+    int64_t r = 0;
+    for (int j = 0; j < m->naxes; j++)
+        r = r * m->axes[j].size + coords[j];
+    return r;
+}
+
+void mf_mesh_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out)
+{
+    int64_t c[MF_MAX_AXES];
+    mf_mesh_coords(m, rank, c);
+    for (int64_t i = 0; i < m->axes[axis].size; i++) {
+        c[axis] = i;
+        out[i] = mf_mesh_rank(m, c);
+    }
+}
+
+int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank)
+{
+    int64_t c[MF_MAX_AXES];
+    mf_mesh_coords(m, rank, c);
+    c[axis] = 0;
+    int64_t color = 0;
+    for (int j = 0; j < m->naxes; j++)
+        if (j != axis)
+            color = color * m->axes[j].size + c[j];
+    return color;
+}
+
+int mf_placement_flat_start(const mf_placement *p, int naxes)
+{
+    int s = naxes;
+    while (s > 0 && p->p[s - 1] == MF_PLACE_FLAT)
+        s--;
+    return s;
+}
+
+bool mf_placement_suffix_ok(const mf_placement *p, int naxes)
+{
+    int s = mf_placement_flat_start(p, naxes);
+    for (int j = 0; j < s; j++)
+        if (p->p[j] == MF_PLACE_FLAT)
+            return false;
+    return true;
+}
+
+int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p)
+{
+    int64_t n = 1;
+    for (int j = 0; j < m->naxes; j++)
+        if (p->p[j] == MF_PLACE_FLAT)
+            n *= m->axes[j].size;
+    return n;
+}
+
+int64_t mf_placement_shard_index(const mf_mesh *m, const mf_placement *p,
+                                 const int64_t coords[MF_MAX_AXES])
+{
+    int s = mf_placement_flat_start(p, m->naxes);
+    int64_t q = 0, stride = 1;
+    for (int j = s; j < m->naxes; j++) {
+        q += coords[j] * stride;
+        stride *= m->axes[j].size;
+    }
+    return q;
+}
+
+mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L)
+{
+    int64_t c[MF_MAX_AXES];
+    mf_mesh_coords(m, rank, c);
+    mf_range r;
+    r.len = L / mf_placement_shards(m, p);
+    r.offset = mf_placement_shard_index(m, p, c) * r.len;
+    return r;
+}

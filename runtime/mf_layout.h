@@ -1,0 +1,46 @@
+/*
+ * mf_layout: the layout math of DESIGN §3.2, shared by the planner, the
+ * verifier and the runtime. One function answers "which elements of a bucket
+ * does rank r hold under placement p": mf_layout_range().
+ *
+ * Rank <-> coords is row-major with the innermost (last) axis fastest.
+ * Shard order is inner-major: the innermost Flat axis splits the whole buffer,
+ * each Flat axis further out splits the shard of the axis inside it:
+ *     q = sum_{j=s}^{k-1} c_j * prod_{l=s}^{j-1} n_l,   len = L / prod n_j,
+ *     offset = q * len.
+ */
+#ifndef MF_LAYOUT_H
+#define MF_LAYOUT_H
+
+#include "mf_schedule.h"
+
+typedef struct mf_range {
+    int64_t offset;   /* first element, bucket-global */
+    int64_t len;      /* elements */
+} mf_range;
+
+/* coords[j] of rank r; r in [0, world). */
+void mf_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES]);
+/* Inverse of mf_mesh_coords. */
+int64_t mf_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES]);
+/* The ranks of rank r's axis group along axis j, ordered by c_j; writes
+ * mesh->axes[j].size ranks into out. */
+void mf_mesh_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out);
+/* Index of rank r's axis group along axis j (the "color"): ranks with equal
+ * coords on every other axis share it. */
+int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank);
+
+/* First axis of the Flat suffix: s such that axes s..k-1 are Flat; k if none. */
+int mf_placement_flat_start(const mf_placement *p, int naxes);
+/* True when the Flat axes form a suffix of the mesh (DESIGN §3.1). */
+bool mf_placement_suffix_ok(const mf_placement *p, int naxes);
+/* Number of shards: product of the sizes of the Flat axes. */
+int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p);
+/* Shard index q of a rank with these coords. */
+int64_t mf_placement_shard_index(const mf_mesh *m, const mf_placement *p,
+                                 const int64_t coords[MF_MAX_AXES]);
+/* The elements of a bucket of padded length L (divisible by the shard count)
+ * that rank r holds under placement p. */
+mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L);
+
+#endif

@@ -1,0 +1,206 @@
+/*
+ * mf_schedule: names of the closed vocabularies (generated from the X-macro
+ * tables), schedule allocation, and the per-step summary derived from the ops.
+ */
+#include "mf_schedule.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MF_NAME_ITEM(E, name, ...) name,
+static const char *const dtype_names[] = {MF_DTYPE_LIST(MF_NAME_ITEM)};
+static const char *const place_names[] = {MF_PLACE_LIST(MF_NAME_ITEM)};
+static const char *const role_names[] = {MF_ROLE_LIST(MF_NAME_ITEM)};
+static const char *const phase_names[] = {MF_PHASE_LIST(MF_NAME_ITEM)};
+static const char *const when_names[] = {MF_WHEN_LIST(MF_NAME_ITEM)};
+static const char *const stream_names[] = {MF_STREAM_LIST(MF_NAME_ITEM)};
+static const char *const reduce_names[] = {MF_REDUCE_LIST(MF_NAME_ITEM)};
+static const char *const lifetime_names[] = {MF_LIFETIME_LIST(MF_NAME_ITEM)};
+static const char *const bufkind_names[] = {MF_BUFKIND_LIST(MF_NAME_ITEM)};
+static const char *const opkind_names[] = {MF_OPKIND_LIST(MF_NAME_ITEM)};
+#undef MF_NAME_ITEM
+
+#define MF_SIZE_ITEM(E, name, size) size,
+static const size_t dtype_sizes[] = {MF_DTYPE_LIST(MF_SIZE_ITEM)};
+#undef MF_SIZE_ITEM
+#define MF_LETTER_ITEM(E, name, letter) letter,
+static const char place_letters[] = {MF_PLACE_LIST(MF_LETTER_ITEM)};
+#undef MF_LETTER_ITEM
+#define MF_ROLE_ITEM(E, name, role) MF_ROLE_##role,
+static const mf_role bufkind_roles[] = {MF_BUFKIND_LIST(MF_ROLE_ITEM)};
+#undef MF_ROLE_ITEM
+#define MF_COLL_ITEM(E, name, coll, doc) coll,
+static const bool opkind_collective[] = {MF_OPKIND_LIST(MF_COLL_ITEM)};
+#undef MF_COLL_ITEM
+
+#define MF_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *name_of(const char *const *names, int n, int v)
+{
+    return v >= 0 && v < n ? names[v] : NULL;
+}
+
+static int from_name(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; s && i < n; i++)
+        if (strcmp(names[i], s) == 0)
+            return i;
+    return -1;
+}
+
+#define MF_NAME_FUNCS(type, table)                                        \
+    const char *type##_name(type v) { return name_of(table, MF_COUNT(table), (int)v); } \
+    int type##_from_name(const char *s) { return from_name(table, MF_COUNT(table), s); }
+
+MF_NAME_FUNCS(mf_dtype, dtype_names)
+MF_NAME_FUNCS(mf_place, place_names)
+MF_NAME_FUNCS(mf_role, role_names)
+MF_NAME_FUNCS(mf_phase, phase_names)
+MF_NAME_FUNCS(mf_when, when_names)
+MF_NAME_FUNCS(mf_stream, stream_names)
+MF_NAME_FUNCS(mf_reduce, reduce_names)
+MF_NAME_FUNCS(mf_lifetime, lifetime_names)
+MF_NAME_FUNCS(mf_bufkind, bufkind_names)
+MF_NAME_FUNCS(mf_opkind, opkind_names)
+
+size_t mf_dtype_size(mf_dtype d)
+{
+    return (int)d >= 0 && d < MF_DTYPE_COUNT ? dtype_sizes[d] : 0;
+}
+
+mf_role mf_bufkind_role(mf_bufkind k)
+{
+    return bufkind_roles[k];
+}
+
+bool mf_opkind_is_collective(mf_opkind k)
+{
+    return (int)k >= 0 && k < MF_OPKIND_COUNT && opkind_collective[k];
+}
+
+char mf_place_letter(mf_place p)
+{
+    return (int)p >= 0 && p < MF_PLACE_COUNT ? place_letters[p] : '?';
+}
+
+mf_schedule *mf_schedule_new(void)
+{
+    mf_schedule *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->arena = mf_arena_create();
+    if (!s->arena) {
+        free(s);
+        return NULL;
+    }
+    s->microbatches = 1;
+    s->align = 256;
+    s->prefetch = 1;
+    return s;
+}
+
+void mf_schedule_free(mf_schedule *s)
+{
+    if (!s)
+        return;
+    mf_arena_destroy(s->arena);
+    free(s);
+}
+
+int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d)
+{
+    int64_t size = (int64_t)mf_dtype_size(d);
+    if (n <= 1)
+        return 0;
+    switch (k) {
+    case MF_OP_ALL_GATHER:
+    case MF_OP_REDUCE_SCATTER:
+        return (n - 1) * count * size;
+    case MF_OP_ALL_REDUCE:
+        return 2 * (n - 1) * ((count + n - 1) / n) * size;
+    default:
+        return 0;
+    }
+}
+
+int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches)
+{
+    if (phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END)
+        return 1;
+    return when == MF_WHEN_EVERY ? microbatches : 1;
+}
+
+void mf_schedule_summarize(mf_schedule *s)
+{
+    mf_summary *sum = &s->summary;
+    memset(sum, 0, sizeof *sum);
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        if (!mf_opkind_is_collective(op->kind) || op->axis < 0 || op->axis >= s->mesh.naxes)
+            continue;
+        int64_t runs = mf_when_runs_per_step(op->when, op->phase, s->microbatches);
+        sum->collectives[op->kind][op->axis] += runs;
+        sum->bytes[op->axis] +=
+            runs * mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+    }
+    /* Memory: persistent buffers always count; transient ones count at their
+     * peak, bounded by the prefetch window (prefetch + 1 units live at once),
+     * taking the largest such window per role. */
+    int64_t transient_unit[MF_ROLE_COUNT];
+    int64_t *per_unit = calloc((size_t)(s->nunits ? s->nunits : 1) * MF_ROLE_COUNT, sizeof *per_unit);
+    for (int b = 0; b < s->nbuffers; b++) {
+        const mf_buffer *buf = &s->buffers[b];
+        mf_role role = mf_bufkind_role(buf->kind);
+        int64_t bytes = buf->count * (int64_t)mf_dtype_size(buf->dtype);
+        if (buf->lifetime == MF_LIFETIME_PERSISTENT)
+            sum->persistent_bytes[role] += bytes;
+        else if (per_unit && buf->bucket >= 0 && buf->bucket < s->nbuckets)
+            per_unit[s->buckets[buf->bucket].unit * MF_ROLE_COUNT + role] += bytes;
+    }
+    int window = s->prefetch + 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        transient_unit[r] = 0;
+        for (int u = 0; per_unit && u < s->nunits; u++) {
+            int64_t w = 0;
+            for (int v = u; v < s->nunits && v < u + window; v++)
+                w += per_unit[v * MF_ROLE_COUNT + r];
+            if (w > transient_unit[r])
+                transient_unit[r] = w;
+        }
+        sum->peak_bytes[r] = sum->persistent_bytes[r] + transient_unit[r];
+    }
+    free(per_unit);
+}
+
+bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (a->p[j] != b->p[j])
+            return false;
+    return true;
+}
+
+char *mf_placement_format(const mf_placement *p, int naxes, char *buf, size_t size)
+{
+    size_t at = 0;
+    int n = snprintf(buf, size, "[");
+    at = n > 0 ? (size_t)n : 0;
+    for (int j = 0; j < naxes && at < size; j++) {
+        n = snprintf(buf + at, size - at, "%s%s", j ? ", " : "", mf_place_name((mf_place)p->p[j]));
+        if (n > 0)
+            at += (size_t)n;
+    }
+    if (at < size)
+        snprintf(buf + at, size - at, "]");
+    return buf;
+}
+
+char *mf_placement_letters(const mf_placement *p, int naxes, char *buf)
+{
+    int j;
+    for (j = 0; j < naxes; j++)
+        buf[j] = mf_place_letter((mf_place)p->p[j]);
+    buf[j] = '\0';
+    return buf;
+}

@@ -1,0 +1,314 @@
+/*
+ * mf_schedule: the in-memory model of a compiled schedule (DESIGN §6).
+ *
+ * This is the contract between every stage after the planner's transitions:
+ * the lowering pass fills it, the verifier checks it, the emitter writes it,
+ * the loader reads it back, the runtime replays it, the simulator times it and
+ * `mfsdpc diff` compares two of them. It never includes planner or grammar
+ * headers.
+ *
+ * Ownership: a schedule owns one arena; every array and string hanging off it
+ * lives in that arena and dies with mf_schedule_free().
+ *
+ * Op semantics, per rank with mesh coords c (all counts in elements, the buffer
+ * dtypes are the buffers' own; n_j is the size of axis j):
+ *   all_gather     axis j, count n: dst[0 .. n_j*n) = concat over the axis group,
+ *                  in coord order, of each rank's src[0 .. n)      (NCCL sendcount)
+ *   reduce_scatter axis j, count n: dst[0 .. n) = reduce over the axis group of
+ *                  src[c_j*n .. c_j*n + n)                         (NCCL recvcount)
+ *   all_reduce     axis j, count n: dst[0 .. n) = reduce over the group of src[0 .. n);
+ *                  src == dst (in place) is allowed
+ *   slice          axis j, count n: dst[0 .. n) = src[c_j*n .. c_j*n + n) (local)
+ *   cast           count n: dst[i] = (dst dtype) src[i]
+ *   accumulate     count n: dst[i] = src[i] on microbatch 0, dst[i] + src[i] after
+ *   record         stream marks event `event` (everything before it on the stream)
+ *   wait           stream waits for the latest record of `event` issued before
+ *                  this op in issue order
+ * "reduce" is the schedule's reduce op: sum, or avg (sum divided by n_j, so
+ * averages compose across axes).
+ *
+ * Buffers per bucket (normative, the runtime relies on it): exactly one buffer
+ * of each kind main_weight, weight, grad_local and grad; a weight_full buffer
+ * exactly when W is not all-Replicate (else `weight` is the unsharded weight);
+ * a grad_final buffer exactly when G != O (else `grad` is the delivered
+ * gradient); any number of weight_stage / grad_stage buffers. The trainer
+ * computes with weight_full (or weight), writes each microbatch's gradient
+ * into grad_local between backward_pre and backward_post, and after step_end
+ * reads the delivered gradient and updates main_weight in place.
+ *
+ * Issue order: at a hook (phase, unit, microbatch m) the runtime issues, in
+ * ascending id, every op with that phase and unit whose `when` holds for m
+ * (first: m == 0, last: m == M-1, every: always). step_begin and step_end ops
+ * have unit -1 and when = every (once per step). Ops on stream `compute` are
+ * executed by the trainer's thread (CPU) or on its compute stream (GPU).
+ */
+#ifndef MF_SCHEDULE_H
+#define MF_SCHEDULE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mf_arena.h"
+
+#define MF_MAX_AXES 4
+#define MF_MAX_DIMS 8
+#define MF_SCHEDULE_FORMAT "mfsdp-schedule/1"
+
+/* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
+
+/* dtypes: X(ENUM, name, bytes per element) */
+#define MF_DTYPE_LIST(X) \
+    X(FP32, "fp32", 4)   \
+    X(BF16, "bf16", 2)   \
+    X(FP16, "fp16", 2)
+
+/* placements per axis: X(ENUM, long name, letter) */
+#define MF_PLACE_LIST(X)         \
+    X(REPLICATE, "Replicate", 'R') \
+    X(FLAT, "Flat", 'F')         \
+    X(PARTIAL, "Partial", 'P')
+
+/* roles of a tensor: X(ENUM, name) */
+#define MF_ROLE_LIST(X)   \
+    X(WEIGHT, "weight")   \
+    X(GRAD, "grad")       \
+    X(MAIN_WEIGHT, "main_weight")
+
+/* hook points: X(ENUM, name) */
+#define MF_PHASE_LIST(X)             \
+    X(STEP_BEGIN, "step_begin")      \
+    X(FORWARD_PRE, "forward_pre")    \
+    X(FORWARD_POST, "forward_post")  \
+    X(BACKWARD_PRE, "backward_pre")  \
+    X(BACKWARD_POST, "backward_post") \
+    X(STEP_END, "step_end")
+
+/* microbatch predicates: X(ENUM, name) */
+#define MF_WHEN_LIST(X) \
+    X(FIRST, "first")   \
+    X(EVERY, "every")   \
+    X(LAST, "last")
+
+/* streams: X(ENUM, name) */
+#define MF_STREAM_LIST(X)   \
+    X(COMPUTE, "compute")   \
+    X(INNER, "inner")       \
+    X(OUTER, "outer")
+
+/* reduction ops: X(ENUM, name) */
+#define MF_REDUCE_LIST(X) \
+    X(AVG, "avg")         \
+    X(SUM, "sum")
+
+/* buffer lifetimes: X(ENUM, name) */
+#define MF_LIFETIME_LIST(X)          \
+    X(PERSISTENT, "persistent")      \
+    X(STEP, "step")                  \
+    X(MICROBATCH, "microbatch")
+
+/* buffer kinds: X(ENUM, name, role) -- what a buffer holds */
+#define MF_BUFKIND_LIST(X)                                                   \
+    X(MAIN_WEIGHT, "main_weight", MAIN_WEIGHT) /* fp32 master at O        */ \
+    X(WEIGHT, "weight", WEIGHT)                /* compute weight at rest, W */ \
+    X(WEIGHT_STAGE, "weight_stage", WEIGHT)    /* intermediate of T1/T2     */ \
+    X(WEIGHT_FULL, "weight_full", WEIGHT)      /* unsharded, Rep; W != Rep  */ \
+    X(GRAD_LOCAL, "grad_local", GRAD)          /* trainer's microbatch grad */ \
+    X(GRAD_STAGE, "grad_stage", GRAD)          /* intermediate of T3/T4     */ \
+    X(GRAD, "grad", GRAD)                      /* accumulation buffer at G  */ \
+    X(GRAD_FINAL, "grad_final", GRAD)          /* delivered gradient at O   */
+
+/*
+ * ops: X(ENUM, name, is_collective, comment). The comment is the op's meaning;
+ * the full semantics are in the header comment above and docs/schedule.md.
+ */
+#define MF_OPKIND_LIST(X)                                                      \
+    X(ALL_GATHER, "all_gather", 1, "concat shards over an axis group")         \
+    X(REDUCE_SCATTER, "reduce_scatter", 1, "reduce, keep this rank's shard")   \
+    X(ALL_REDUCE, "all_reduce", 1, "reduce over an axis group")                \
+    X(SLICE, "slice", 0, "keep this rank's shard of a replicated buffer")     \
+    X(CAST, "cast", 0, "convert dtype elementwise")                            \
+    X(ACCUMULATE, "accumulate", 0, "copy on microbatch 0, add after")          \
+    X(RECORD, "record", 0, "mark an event on this stream")                     \
+    X(WAIT, "wait", 0, "wait for an event recorded on another stream")
+
+#define MF_ENUM_ITEM(E, ...) MF_##E,
+typedef enum { MF_DTYPE_LIST(MF_ENUM_ITEM) MF_DTYPE_COUNT } mf_dtype;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_PLACE_##E,
+typedef enum { MF_PLACE_LIST(MF_ENUM_ITEM) MF_PLACE_COUNT } mf_place;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_ROLE_##E,
+typedef enum { MF_ROLE_LIST(MF_ENUM_ITEM) MF_ROLE_COUNT } mf_role;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_PHASE_##E,
+typedef enum { MF_PHASE_LIST(MF_ENUM_ITEM) MF_PHASE_COUNT } mf_phase;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_WHEN_##E,
+typedef enum { MF_WHEN_LIST(MF_ENUM_ITEM) MF_WHEN_COUNT } mf_when;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_STREAM_##E,
+typedef enum { MF_STREAM_LIST(MF_ENUM_ITEM) MF_STREAM_COUNT } mf_stream;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_REDUCE_##E,
+typedef enum { MF_REDUCE_LIST(MF_ENUM_ITEM) MF_REDUCE_COUNT } mf_reduce;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_LIFETIME_##E,
+typedef enum { MF_LIFETIME_LIST(MF_ENUM_ITEM) MF_LIFETIME_COUNT } mf_lifetime;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_BUF_##E,
+typedef enum { MF_BUFKIND_LIST(MF_ENUM_ITEM) MF_BUFKIND_COUNT } mf_bufkind;
+#undef MF_ENUM_ITEM
+#define MF_ENUM_ITEM(E, ...) MF_OP_##E,
+typedef enum { MF_OPKIND_LIST(MF_ENUM_ITEM) MF_OPKIND_COUNT } mf_opkind;
+#undef MF_ENUM_ITEM
+
+/* Names for the enums above; NULL for an out-of-range value. */
+const char *mf_dtype_name(mf_dtype d);
+const char *mf_place_name(mf_place p);
+const char *mf_role_name(mf_role r);
+const char *mf_phase_name(mf_phase p);
+const char *mf_when_name(mf_when w);
+const char *mf_stream_name(mf_stream s);
+const char *mf_reduce_name(mf_reduce r);
+const char *mf_lifetime_name(mf_lifetime l);
+const char *mf_bufkind_name(mf_bufkind k);
+const char *mf_opkind_name(mf_opkind k);
+size_t mf_dtype_size(mf_dtype d);
+mf_role mf_bufkind_role(mf_bufkind k);
+bool mf_opkind_is_collective(mf_opkind k);
+char mf_place_letter(mf_place p);
+
+/* Reverse lookups: return the value, or -1 when the name is unknown. */
+int mf_dtype_from_name(const char *s);
+int mf_place_from_name(const char *s);
+int mf_role_from_name(const char *s);
+int mf_phase_from_name(const char *s);
+int mf_when_from_name(const char *s);
+int mf_stream_from_name(const char *s);
+int mf_reduce_from_name(const char *s);
+int mf_lifetime_from_name(const char *s);
+int mf_bufkind_from_name(const char *s);
+int mf_opkind_from_name(const char *s);
+
+/* ---- the model ---- */
+
+typedef struct mf_axis {
+    const char *name;
+    int64_t size;           /* ranks along this axis, >= 1 */
+} mf_axis;
+
+typedef struct mf_mesh {
+    int naxes;              /* 1..MF_MAX_AXES, outermost first */
+    mf_axis axes[MF_MAX_AXES];
+    int64_t world;          /* product of the sizes */
+} mf_mesh;
+
+/* One placement entry per mesh axis (entries past naxes are unused). */
+typedef struct mf_placement {
+    uint8_t p[MF_MAX_AXES]; /* mf_place values */
+} mf_placement;
+
+typedef struct mf_tensor {
+    const char *name;       /* full name: unit name + "." + tensor name */
+    int ndims;
+    int64_t dims[MF_MAX_DIMS];
+    int64_t numel;          /* product of dims */
+    int64_t offset;         /* first element within the bucket's flat buffer */
+} mf_tensor;
+
+typedef struct mf_bucket {
+    const char *name;       /* e.g. "layers.3/hfsdp", unique in the schedule */
+    int unit;               /* index into units */
+    const char *layout;     /* layout name it came from (for humans) */
+    mf_dtype dtype[MF_ROLE_COUNT];
+    mf_placement place[MF_ROLE_COUNT];
+    int64_t length;         /* padded flat length L, elements (global) */
+    int64_t used;           /* elements covered by tensors incl. alignment gaps */
+    int ntensors;
+    mf_tensor *tensors;     /* in declaration order */
+} mf_bucket;
+
+typedef struct mf_unit {
+    const char *name;
+    bool reshard_after_forward;
+    int first_bucket;       /* buckets [first_bucket, first_bucket + nbuckets) */
+    int nbuckets;
+} mf_unit;
+
+typedef struct mf_buffer {
+    const char *name;       /* e.g. "layers.3/hfsdp.weight_full" */
+    int bucket;
+    mf_bufkind kind;
+    mf_dtype dtype;
+    mf_placement place;
+    int64_t count;          /* elements per rank */
+    mf_lifetime lifetime;
+} mf_buffer;
+
+typedef struct mf_op {
+    int id;                 /* == index in ops[]; issue order within a hook */
+    mf_phase phase;
+    int unit;               /* hook unit that issues it; -1 for step_begin/step_end */
+    mf_when when;
+    mf_stream stream;
+    mf_opkind kind;
+    int transition;         /* 1..4 for T1..T4, 0 for events */
+    int bucket;             /* bucket the data belongs to; -1 for events */
+    int axis;               /* mesh axis for collectives and slice; -1 otherwise */
+    mf_dtype dtype;         /* element type moved (dst's dtype for cast) */
+    int64_t count;          /* elements per rank (NCCL convention) */
+    int src, dst;           /* buffer ids; -1 when none */
+    int event;              /* record/wait: event id; -1 otherwise */
+} mf_op;
+
+/* Per-step totals; derived from the ops by mf_schedule_summarize(). */
+typedef struct mf_summary {
+    int64_t collectives[MF_OPKIND_COUNT][MF_MAX_AXES]; /* launches per step */
+    int64_t bytes[MF_MAX_AXES];      /* bytes sent per rank per step (ring) */
+    int64_t persistent_bytes[MF_ROLE_COUNT]; /* per rank */
+    int64_t peak_bytes[MF_ROLE_COUNT];       /* per rank, incl. transients */
+} mf_summary;
+
+typedef struct mf_schedule {
+    mf_arena *arena;        /* owns everything below */
+    const char *source;     /* spec path as given on the command line */
+    char source_sha256[65]; /* lowercase hex */
+    mf_mesh mesh;
+    int64_t microbatches;   /* M >= 1 */
+    mf_reduce reduce;
+    int64_t align;          /* shard alignment, bytes */
+    int prefetch;           /* prefetch depth (units), >= 1 */
+    int nunits, nbuckets, nbuffers, nops, nevents;
+    mf_unit *units;         /* forward order */
+    mf_bucket *buckets;
+    mf_buffer *buffers;
+    mf_op *ops;
+    mf_summary summary;
+    uint8_t hash[32];       /* sha256 of the schedule file (set by the loader/emitter) */
+} mf_schedule;
+
+/* Returns an owned, empty schedule with its arena; NULL on OOM. */
+mf_schedule *mf_schedule_new(void);
+/* Takes the schedule; NULL is ignored. */
+void mf_schedule_free(mf_schedule *s);
+
+/* Recomputes s->summary from the ops, buffers and microbatch count. */
+void mf_schedule_summarize(mf_schedule *s);
+
+/* Bytes one rank sends for one launch of a collective on an axis of size n
+ * (ring algorithms): all_gather and reduce_scatter (n-1)*count*size,
+ * all_reduce 2*(n-1)*ceil(count/n)*size; 0 for local ops and n == 1. */
+int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d);
+
+/* Times an op with predicate `when` at phase `phase` runs per step. */
+int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches);
+
+/* Placement helpers. */
+bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes);
+/* Writes "[Replicate, Flat]" into buf (size >= 64); returns buf. */
+char *mf_placement_format(const mf_placement *p, int naxes, char *buf, size_t size);
+/* Writes "RF"-style letters; buf size >= MF_MAX_AXES + 1. */
+char *mf_placement_letters(const mf_placement *p, int naxes, char *buf);
+
+#endif
