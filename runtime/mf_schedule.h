@@ -219,7 +219,9 @@ typedef struct mf_tensor {
 
 typedef struct mf_bucket {
     const char *name;       /* e.g. "layers.3/hfsdp", unique in the schedule */
-    int unit;               /* index into units */
+    int unit;               /* index into units: the first unit whose tensors it holds */
+    int last_unit;          /* last unit whose tensors it holds (== unit unless small
+                               buckets of consecutive units were merged, bucket_size) */
     const char *layout;     /* layout name it came from (for humans) */
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
