@@ -1,0 +1,294 @@
+/*
+ * mf_cmd_simulate: `mfsdpc simulate SPEC|SCHEDULE [options]`.
+ *
+ * Reads a spec (compiled and verified in memory with mf_compile_file) or a
+ * schedule file (mf_schedule_load_file), simulates one step (mf_simulate.c),
+ * prints the report, and optionally writes a Chrome trace and an SVG
+ * picture, each atomically (mf_write_file_atomic). With
+ * --compare-single-stream it simulates the same schedule a second time with
+ * the outer stream's ops moved onto the inner stream and prints the
+ * difference.
+ *
+ * Exit status: 0 success; 1 the input has errors (diagnostics printed);
+ * 2 usage error, unreadable input or unwritable output.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_cli.h"
+#include "mf_load.h"
+#include "mf_pipeline.h"
+#include "mf_simulate.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: mfsdpc simulate SPEC.mfsdp|SCHEDULE.yaml [options]\n"
+            "\n"
+            "Simulates one training step of the schedule on three streams (compute,\n"
+            "inner, outer) and prints the step time, busy and exposed time per stream,\n"
+            "the overlap ratio, bytes per rank by axis and the critical path.\n"
+            "\n"
+            "outputs:\n"
+            "  --trace FILE.json         Chrome trace JSON (open in ui.perfetto.dev)\n"
+            "  --svg FILE.svg            SVG picture of the timeline\n"
+            "  --compare-single-stream   also run with outer collectives on the inner stream\n"
+            "  --full-path               print every critical-path segment (default: folded)\n"
+            "compute model:\n"
+            "  --tokens N                tokens per microbatch per rank (default 4096)\n"
+            "  --tflops X                compute rate per rank, TFLOP/s (default 400);\n"
+            "                            a unit's forward+backward takes 6*params*tokens/rate,\n"
+            "                            split 1:2\n"
+            "  --unit-time-us U          instead: every unit's forward takes U us, backward 2U\n"
+            "link model (alpha-beta per axis, defaults in docs/simulate.md):\n"
+            "  --inner-bw=GBPS --outer-bw=GBPS --inner-lat=US --outer-lat=US\n"
+            "  --axis-bw=NAME:GBPS --axis-lat=NAME:US --local-bw=GBPS\n");
+}
+
+/* A positive finite number, or -1 with a message. */
+static int parse_positive(const char *opt, const char *v, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || !(x > 0)) {
+        fprintf(stderr, "mfsdpc simulate: error: %s needs a positive number, got '%s'\n", opt,
+                v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static bool has_suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && strcmp(s + n - k, suf) == 0;
+}
+
+/* The link options of mf_cost.h; their values need the mesh, so they are
+ * only recognized here and parsed by mf_cost_parse_option() later. */
+static bool is_cost_option(const char *a)
+{
+    static const char *const prefixes[] = {"--inner-bw=", "--outer-bw=", "--inner-lat=",
+                                           "--outer-lat=", "--axis-bw=", "--axis-lat=",
+                                           "--local-bw="};
+    for (size_t k = 0; k < sizeof prefixes / sizeof prefixes[0]; k++)
+        if (strncmp(a, prefixes[k], strlen(prefixes[k])) == 0)
+            return true;
+    return false;
+}
+
+typedef struct out_ctx {
+    const mf_schedule *s;
+    const mf_sim_result *r;
+} out_ctx;
+
+static int write_trace(FILE *out, const void *ctx)
+{
+    const out_ctx *c = ctx;
+    return mf_trace_write(out, c->s, c->r);
+}
+
+static int write_svg(FILE *out, const void *ctx)
+{
+    const out_ctx *c = ctx;
+    return mf_svg_write(out, c->s, c->r);
+}
+
+static void print_header(const char *path, const mf_schedule *s, const mf_sim_config *cfg)
+{
+    printf("simulate %s: mesh", path);
+    for (int j = 0; j < s->mesh.naxes; j++)
+        printf("%s%s=%lld", j ? " x " : " ", s->mesh.axes[j].name, (long long)s->mesh.axes[j].size);
+    printf(", %lld microbatches, %d units, %d buckets, %d ops\n", (long long)s->microbatches,
+           s->nunits, s->nbuckets, s->nops);
+    if (cfg->unit_time > 0)
+        printf("model: compute %.3f us forward, %.3f us backward per unit and microbatch\n",
+               cfg->unit_time * 1e6, 2 * cfg->unit_time * 1e6);
+    else
+        printf("model: compute %.1f TFLOP/s x %.0f tokens per microbatch (6 * params * tokens)\n",
+               cfg->flops / 1e12, cfg->tokens);
+    printf("       links:");
+    for (int j = 0; j < s->mesh.naxes; j++)
+        printf("%s %s %.1f GB/s %.2f us", j ? ";" : "", s->mesh.axes[j].name,
+               cfg->cost.axis[j].beta / 1e9, cfg->cost.axis[j].alpha * 1e6);
+    printf("; local %.1f GB/s\n\n", cfg->cost.local_bw / 1e9);
+}
+
+int mf_cmd_simulate(int argc, char **argv)
+{
+    const char *input = NULL, *trace = NULL, *svg = NULL;
+    bool compare = false, full_path = false;
+    double tokens = 0, tflops = 0, unit_us = 0;
+    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
+    int ncost = 0, rc = 2;
+    mf_compilation comp;
+    bool have_comp = false;
+    mf_schedule *loaded = NULL;
+    mf_sim_result res = {0}, single = {0};
+    if (!cost_args) {
+        fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
+        return 2;
+    }
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = NULL;
+        /* Options with a value accept "--opt V" and "--opt=V". */
+        static const char *const valued[] = {"--trace", "--svg", "--tokens", "--tflops",
+                                             "--unit-time-us"};
+        int which = -1;
+        for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++) {
+            size_t n = strlen(valued[k]);
+            if (strncmp(a, valued[k], n) == 0 && (a[n] == '\0' || a[n] == '=')) {
+                which = k;
+                if (a[n] == '=')
+                    val = a + n + 1;
+                else if (i + 1 < argc)
+                    val = argv[++i];
+                else {
+                    fprintf(stderr, "mfsdpc simulate: error: %s needs a value\n", valued[k]);
+                    goto done;
+                }
+            }
+        }
+        if (which == 0)
+            trace = val;
+        else if (which == 1)
+            svg = val;
+        else if (which == 2) {
+            if (parse_positive("--tokens", val, &tokens) != 0)
+                goto done;
+        } else if (which == 3) {
+            if (parse_positive("--tflops", val, &tflops) != 0)
+                goto done;
+        } else if (which == 4) {
+            if (parse_positive("--unit-time-us", val, &unit_us) != 0)
+                goto done;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        } else if (strcmp(a, "--compare-single-stream") == 0)
+            compare = true;
+        else if (strcmp(a, "--full-path") == 0)
+            full_path = true;
+        else if (is_cost_option(a))
+            cost_args[ncost++] = argv[i]; /* values checked once the mesh is known */
+        else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", a);
+            usage(stderr);
+            goto done;
+        } else if (input) {
+            fprintf(stderr, "mfsdpc simulate: error: one input expected, got '%s' and '%s'\n",
+                    input, a);
+            goto done;
+        } else
+            input = a;
+    }
+    if (!input) {
+        fprintf(stderr, "mfsdpc simulate: error: no input (a .mfsdp spec or a .yaml schedule)\n");
+        usage(stderr);
+        goto done;
+    }
+    if ((trace && (strcmp(trace, input) == 0 || (svg && strcmp(trace, svg) == 0))) ||
+        (svg && strcmp(svg, input) == 0)) {
+        fprintf(stderr, "mfsdpc simulate: error: output files must differ from each other and from the input\n");
+        goto done;
+    }
+
+    const mf_schedule *s = NULL;
+    if (has_suffix(input, ".yaml") || has_suffix(input, ".yml")) {
+        FILE *probe = fopen(input, "rb");
+        if (!probe) {
+            fprintf(stderr, "mfsdpc simulate: error: cannot read '%s': %s\n", input, strerror(errno));
+            goto done;
+        }
+        fclose(probe);
+        char err[1024];
+        loaded = mf_schedule_load_file(input, err, sizeof err);
+        if (!loaded) {
+            fprintf(stderr, "%s\n", err);
+            rc = 1;
+            goto done;
+        }
+        s = loaded;
+    } else {
+        mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true,
+                                  .ncost_args = ncost, .cost_args = cost_args};
+        int crc = mf_compile_file(input, &opt, &comp);
+        have_comp = true;
+        if (crc != 0 || !comp.plan || !comp.plan->sched) {
+            rc = crc ? crc : 1;
+            goto done;
+        }
+        s = comp.plan->sched;
+    }
+
+    mf_sim_config cfg;
+    mf_sim_config_defaults(&cfg, &s->mesh);
+    for (int i = 0; i < ncost; i++) {
+        int pr = mf_cost_parse_option(&cfg.cost, &s->mesh, cost_args[i]);
+        if (pr != 1) {
+            if (pr == 0)
+                fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", cost_args[i]);
+            goto done;
+        }
+    }
+    if (tokens > 0)
+        cfg.tokens = tokens;
+    if (tflops > 0)
+        cfg.flops = tflops * 1e12;
+    if (unit_us > 0)
+        cfg.unit_time = unit_us * 1e-6;
+
+    char err[512];
+    if (mf_simulate(s, &cfg, &res, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: error: cannot simulate: %s\n", input, err);
+        rc = 1;
+        goto done;
+    }
+    print_header(input, s, &cfg);
+    mf_sim_report(stdout, s, &res, full_path);
+
+    if (compare) {
+        mf_sim_config one = cfg;
+        one.single_stream = true;
+        if (mf_simulate(s, &one, &single, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: error: cannot simulate: %s\n", input, err);
+            rc = 1;
+            goto done;
+        }
+        double diff = single.step_time - res.step_time;
+        printf("\nsingle stream (outer collectives on the inner stream, %d same-stream waits "
+               "become no-ops):\n",
+               single.same_stream_waits);
+        printf("  step time   two streams %.3f ms, one stream %.3f ms\n", res.step_time * 1e3,
+               single.step_time * 1e3);
+        printf("  the second stream saves %.3f ms per step (%.1f%%); exposed communication "
+               "%.3f ms -> %.3f ms\n",
+               diff * 1e3, single.step_time > 0 ? 100.0 * diff / single.step_time : 0.0,
+               single.comm_exposed * 1e3, res.comm_exposed * 1e3);
+    }
+    fflush(stdout);
+
+    out_ctx ctx = {s, &res};
+    rc = 0;
+    if (trace && mf_write_file_atomic(trace, input, write_trace, &ctx) != 0)
+        rc = 2;
+    if (svg && mf_write_file_atomic(svg, input, write_svg, &ctx) != 0)
+        rc = 2;
+
+done:
+    mf_sim_result_free(&res);
+    mf_sim_result_free(&single);
+    if (have_comp)
+        mf_compilation_free(&comp);
+    mf_schedule_free(loaded);
+    free(cost_args);
+    return rc;
+}
