@@ -26,6 +26,8 @@ typedef struct mf_step {
     mf_placement from, to;  /* placement before and after this step */
     int64_t count;          /* elements per rank, NCCL convention */
     int64_t bytes;          /* bytes sent per rank per launch (ring), 0 for local steps */
+    mf_stream stream;       /* inner for the innermost axis, outer for the others; a
+                               local step takes the stream of the collective it feeds */
 } mf_step;
 
 typedef struct mf_transition {
@@ -36,6 +38,7 @@ typedef struct mf_transition {
     int nsteps;             /* 0 when nothing moves (e.g. T2 with W = Rep) */
     mf_step *steps;
     const char *why;        /* why this composition, when several were legal; else NULL */
+    double cost;            /* modeled seconds per launch of the whole transition */
 } mf_transition;
 
 typedef struct mf_plan {

@@ -1,0 +1,584 @@
+/*
+ * mf_explain: the listing of `mfsdpc explain`. For every unit and bucket: the
+ * tensors (offset, numel), padded length and padding overhead, placements and
+ * dtypes per role, each transition's steps (collective, axis, stream, when,
+ * count, bytes per rank) with the reason for the chosen composition, memory
+ * per rank per role; then totals per step: collectives by kind and axis,
+ * bytes per rank by axis, and memory per rank (mf_plan_stats.h).
+ *
+ * The text and YAML forms carry the same data. The YAML form is canonical:
+ * fixed key order, integers only (times in nanoseconds, bandwidths in bytes
+ * per second), so it diffs cleanly.
+ */
+#include "mf_explain.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "mf_layout.h"
+#include "mf_plan_stats.h"
+
+static const char *const transition_phases[MF_NTRANSITIONS] = {"forward_pre", "forward_pre", "backward_post",
+                                                               "backward_post"};
+static const mf_role transition_from_role[MF_NTRANSITIONS] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
+                                                              MF_ROLE_GRAD};
+static const mf_role transition_to_role[MF_NTRANSITIONS] = {MF_ROLE_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
+                                                            MF_ROLE_MAIN_WEIGHT};
+static const char *const transition_from_name[MF_NTRANSITIONS] = {"main_weight", "weight", "grad_local", "grad"};
+static const char *const transition_to_name[MF_NTRANSITIONS] = {"weight", "weight_full", "grad", "grad_final"};
+
+/* "1.5 MiB"-style rendering of a byte count. */
+static char *human(int64_t bytes, char *buf, size_t size)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%lld B", (long long)bytes);
+    else
+        snprintf(buf, size, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+static int64_t local_elems(const mf_schedule *s, const mf_bucket *b, int role)
+{
+    return b->length / mf_placement_shards(&s->mesh, &b->place[role]);
+}
+
+static const char *phases_of(const mf_plan *p, int b, int t)
+{
+    if (t == MF_T2 && p->sched->units[p->sched->buckets[b].unit].reshard_after_forward)
+        return "forward_pre+backward_pre";
+    return transition_phases[t];
+}
+
+static const char *transition_to_label(const mf_plan *p, int b, int t)
+{
+    const mf_bucket *bk = &p->sched->buckets[b];
+    if (t == MF_T4 && mf_placement_equal(&bk->place[MF_ROLE_GRAD], &bk->place[MF_ROLE_MAIN_WEIGHT], p->sched->mesh.naxes))
+        return "grad";
+    return transition_to_name[t];
+}
+
+/* ---------------------------------------------------------------- text */
+
+static void text_header(const mf_plan *p, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    const mf_spec *spec = p->spec;
+    fprintf(out, "; mfsdpc explain %s\n", s->source);
+    fprintf(out, "mesh        ");
+    for (int j = 0; j < s->mesh.naxes; j++)
+        fprintf(out, "%s%s=%lld", j ? " x " : "", s->mesh.axes[j].name, (long long)s->mesh.axes[j].size);
+    fprintf(out, "  (world %lld, outermost first)\n", (long long)s->mesh.world);
+    fprintf(out, "step        microbatches %lld, reduce %s, align %lld B, prefetch %d, bucket_size ",
+            (long long)s->microbatches, mf_reduce_name(s->reduce), (long long)s->align, s->prefetch);
+    if (spec && spec->bucket_size > 0)
+        fprintf(out, "%lld B\n", (long long)spec->bucket_size);
+    else
+        fprintf(out, "0 (no merging)\n");
+    fprintf(out, "cost model  ");
+    for (int j = 0; j < s->mesh.naxes; j++)
+        fprintf(out, "%s: alpha %.2f us, beta %.1f GB/s; ", s->mesh.axes[j].name, p->cost.axis[j].alpha * 1e6,
+                p->cost.axis[j].beta / 1e9);
+    fprintf(out, "launch %.2f us; local %.1f GB/s\n", p->cost.launch * 1e6, p->cost.local_bw / 1e9);
+}
+
+static void text_steps(const mf_plan *p, const mf_transition *tr, FILE *out)
+{
+    const mf_mesh *m = &p->sched->mesh;
+    if (tr->nsteps == 0) {
+        fprintf(out, "        (no steps: the placements already agree)\n");
+        return;
+    }
+    fprintf(out, "        %-3s %-15s %-12s %-6s %-5s %-5s %-5s %-6s %14s %14s\n", "#", "op", "axis", "stream", "dtype",
+            "from", "to", "when", "count", "bytes/rank");
+    for (int i = 0; i < tr->nsteps; i++) {
+        const mf_step *st = &tr->steps[i];
+        char f[MF_MAX_AXES + 1], t[MF_MAX_AXES + 1];
+        fprintf(out, "        %-3d %-15s %-12s %-6s %-5s %-5s %-5s %-6s %14lld %14lld\n", i, mf_opkind_name(st->kind),
+                st->axis >= 0 ? m->axes[st->axis].name : "-", mf_stream_name(st->stream), mf_dtype_name(st->dtype),
+                mf_placement_letters(&st->from, m->naxes, f), mf_placement_letters(&st->to, m->naxes, t),
+                mf_when_name(tr->when), (long long)st->count, (long long)st->bytes);
+    }
+}
+
+static void text_bucket(const mf_plan *p, int bi, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    const mf_bucket *b = &s->buckets[bi];
+    int k = s->mesh.naxes;
+    char h1[32], h2[32];
+    fprintf(out, "  bucket %d %s  layout %s", bi, b->name, b->layout);
+    if (b->last_unit != b->unit)
+        fprintf(out, "  (merged: units %s .. %s)", s->units[b->unit].name, s->units[b->last_unit].name);
+    fputc('\n', out);
+    int64_t pad = b->length - b->used, gaps = b->used;
+    for (int i = 0; i < b->ntensors; i++)
+        gaps -= b->tensors[i].numel;
+    fprintf(out, "    length %lld elements = %lld used (%lld of them alignment gaps) + %lld padding (%.2f%%)\n",
+            (long long)b->length, (long long)b->used, (long long)gaps, (long long)pad,
+            b->length ? 100.0 * (double)(b->length - b->used + gaps) / (double)b->length : 0.0);
+    fprintf(out, "    %-12s %-5s %-36s %16s %16s\n", "role", "dtype", "placement", "elements/rank", "bytes/rank");
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        char pl[128];
+        int64_t n = local_elems(s, b, r);
+        fprintf(out, "    %-12s %-5s %-36s %16lld %16lld\n", mf_role_name((mf_role)r), mf_dtype_name(b->dtype[r]),
+                mf_placement_format(&b->place[r], k, pl, sizeof pl), (long long)n,
+                (long long)(n * (int64_t)mf_dtype_size(b->dtype[r])));
+    }
+    fprintf(out, "    %-12s %14s %14s  %s\n", "tensors", "offset", "numel", "name shape");
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        fprintf(out, "    %-12s %14lld %14lld  %s [", "", (long long)t->offset, (long long)t->numel, t->name);
+        for (int dd = 0; dd < t->ndims; dd++)
+            fprintf(out, "%s%lld", dd ? ", " : "", (long long)t->dims[dd]);
+        fprintf(out, "]\n");
+    }
+    for (int t = 0; t < MF_NTRANSITIONS; t++) {
+        const mf_transition *tr = &p->trans[bi][t];
+        char f[128], g[128];
+        fprintf(out, "    T%d %-5s %s %s %s -> %s %s %s  at %s, %lld/step, %.2f us each\n", tr->id,
+                mf_when_name(tr->when), transition_from_name[t], mf_placement_format(&tr->from, k, f, sizeof f),
+                mf_dtype_name(tr->from_dtype), transition_to_label(p, bi, t),
+                mf_placement_format(&tr->to, k, g, sizeof g), mf_dtype_name(tr->to_dtype), phases_of(p, bi, t),
+                (long long)mf_transition_runs(p, bi, t), tr->cost * 1e6);
+        text_steps(p, tr, out);
+        if (tr->why)
+            fprintf(out, "        why: %s\n", tr->why);
+    }
+    mf_bucket_memory m;
+    mf_bucket_memory_of(p, bi, &m);
+    char h3[32], h4[32];
+    fprintf(out, "    memory/rank main_weight  persistent %s\n", human(m.main_weight, h1, sizeof h1));
+    fprintf(out, "    memory/rank weight       persistent %s (at rest)  transient %s (unsharded %s, stages %s)\n",
+            human(m.persistent[MF_ROLE_WEIGHT], h1, sizeof h1), human(m.transient[MF_ROLE_WEIGHT], h2, sizeof h2),
+            human(m.weight_full, h3, sizeof h3), human(m.weight_stage, h4, sizeof h4));
+    fprintf(out, "    memory/rank grad         persistent %s (accumulation %s, ", human(m.persistent[MF_ROLE_GRAD], h1, sizeof h1),
+            human(m.grad, h2, sizeof h2));
+    fprintf(out, "final %s)  transient %s ", human(m.grad_final, h1, sizeof h1), human(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
+    fprintf(out, "(local %s, stages %s)\n", human(m.grad_local, h1, sizeof h1), human(m.grad_stage, h2, sizeof h2));
+}
+
+static int text_totals(const mf_plan *p, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    mf_summary sum;
+    mf_plan_memory mem;
+    if (!mf_plan_totals(p, &sum) || !mf_plan_memory_of(p, &mem))
+        return -1;
+    char h1[32], h2[32], h3[32];
+    fprintf(out, "\ntotals per step (T1 once, T2 M times per pre-hook, T3 M times, T4 once; M = %lld)\n",
+            (long long)s->microbatches);
+    fprintf(out, "  collectives  %-15s %-12s %14s\n", "op", "axis", "launches/step");
+    int64_t all = 0;
+    for (int kind = 0; kind < MF_OPKIND_COUNT; kind++)
+        for (int j = 0; j < s->mesh.naxes; j++)
+            if (sum.collectives[kind][j]) {
+                fprintf(out, "               %-15s %-12s %14lld\n", mf_opkind_name((mf_opkind)kind),
+                        s->mesh.axes[j].name, (long long)sum.collectives[kind][j]);
+                all += sum.collectives[kind][j];
+            }
+    fprintf(out, "               %-15s %-12s %14lld\n", "all", "", (long long)all);
+    fprintf(out, "  bytes/rank   %-28s %14s\n", "axis", "bytes/step");
+    for (int j = 0; j < s->mesh.naxes; j++)
+        fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)sum.bytes[j],
+                human(sum.bytes[j], h1, sizeof h1));
+    fprintf(out, "  memory/rank  %-12s %14s %16s %14s\n", "role", "persistent", "transient peak", "peak");
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        fprintf(out, "               %-12s %14s %16s %14s\n", mf_role_name((mf_role)r),
+                human(mem.persistent[r], h1, sizeof h1), human(mem.transient_peak[r], h2, sizeof h2),
+                human(mem.peak[r], h3, sizeof h3));
+    fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", human(mem.persistent_total, h1, sizeof h1),
+            human(mem.transient_peak_total, h2, sizeof h2), human(mem.peak_total, h3, sizeof h3),
+            (long long)mem.peak_total);
+    fprintf(out, "  (transient peak: the largest sum over prefetch+1 = %d consecutive units)\n", s->prefetch + 1);
+    return 0;
+}
+
+int mf_explain_text(const mf_plan *p, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    text_header(p, out);
+    for (int u = 0; u < s->nunits; u++) {
+        const mf_unit *unit = &s->units[u];
+        fprintf(out, "\nunit %d %s  (reshard_after_forward %s, %d bucket%s)\n", u, unit->name,
+                unit->reshard_after_forward ? "true" : "false", unit->nbuckets, unit->nbuckets == 1 ? "" : "s");
+        if (unit->nbuckets == 0)
+            fprintf(out, "  (its tensors live in a merged bucket of an earlier unit)\n");
+        for (int b = unit->first_bucket; b < unit->first_bucket + unit->nbuckets; b++)
+            text_bucket(p, b, out);
+    }
+    if (text_totals(p, out) != 0)
+        return -1;
+    return fflush(out) == 0 && !ferror(out) ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- yaml */
+
+typedef struct yout {
+    yaml_emitter_t em;
+    bool err;
+} yout;
+
+static void y_emit(yout *y, yaml_event_t *ev, int init_ok)
+{
+    if (y->err) {
+        if (init_ok)
+            yaml_event_delete(ev);
+        return;
+    }
+    if (!init_ok || !yaml_emitter_emit(&y->em, ev)) /* emit frees the event either way */
+        y->err = true;
+}
+
+/* True when a plain scalar s would read back as something other than a string. */
+static bool needs_quotes(const char *s)
+{
+    if (!*s)
+        return true;
+    static const char *const special[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false", "False",
+                                          "FALSE", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off",
+                                          "Off", "OFF", ".inf", ".nan", "-.inf", "y", "n", "Y", "N"};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        if (strcmp(s, special[i]) == 0)
+            return true;
+    char *end;
+    (void)strtod(s, &end);
+    return *end == '\0';
+}
+
+static void y_str(yout *y, const char *s)
+{
+    yaml_event_t ev;
+    bool q = needs_quotes(s);
+    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), !q, 1,
+                                          q ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_ANY_SCALAR_STYLE);
+    y_emit(y, &ev, ok);
+}
+
+static void y_raw(yout *y, const char *s)
+{
+    yaml_event_t ev;
+    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), 1, 0,
+                                          YAML_PLAIN_SCALAR_STYLE);
+    y_emit(y, &ev, ok);
+}
+
+static void y_int(yout *y, int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    y_raw(y, buf);
+}
+
+static void y_map(yout *y, bool flow)
+{
+    yaml_event_t ev;
+    int ok = yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, flow ? YAML_FLOW_MAPPING_STYLE : YAML_BLOCK_MAPPING_STYLE);
+    y_emit(y, &ev, ok);
+}
+
+static void y_end_map(yout *y)
+{
+    yaml_event_t ev;
+    y_emit(y, &ev, yaml_mapping_end_event_initialize(&ev));
+}
+
+static void y_seq(yout *y, bool flow)
+{
+    yaml_event_t ev;
+    int ok = yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+                                                  flow ? YAML_FLOW_SEQUENCE_STYLE : YAML_BLOCK_SEQUENCE_STYLE);
+    y_emit(y, &ev, ok);
+}
+
+static void y_end_seq(yout *y)
+{
+    yaml_event_t ev;
+    y_emit(y, &ev, yaml_sequence_end_event_initialize(&ev));
+}
+
+static void y_kstr(yout *y, const char *k, const char *v)
+{
+    y_raw(y, k);
+    y_str(y, v);
+}
+
+static void y_kint(yout *y, const char *k, int64_t v)
+{
+    y_raw(y, k);
+    y_int(y, v);
+}
+
+static void y_kbool(yout *y, const char *k, bool v)
+{
+    y_raw(y, k);
+    y_raw(y, v ? "true" : "false");
+}
+
+static void y_placement(yout *y, const char *k, const mf_placement *pl, int naxes)
+{
+    y_raw(y, k);
+    y_seq(y, true);
+    for (int j = 0; j < naxes; j++)
+        y_raw(y, mf_place_name((mf_place)pl->p[j]));
+    y_end_seq(y);
+}
+
+static int64_t ns(double seconds)
+{
+    return (int64_t)llround(seconds * 1e9);
+}
+
+static void yaml_header(yout *y, const mf_plan *p)
+{
+    const mf_schedule *s = p->sched;
+    y_kstr(y, "format", "mfsdp-explain/1");
+    y_kstr(y, "source", s->source);
+    y_raw(y, "mesh");
+    y_map(y, true);
+    y_raw(y, "axes");
+    y_seq(y, true);
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        y_map(y, true);
+        y_kstr(y, "name", s->mesh.axes[j].name);
+        y_kint(y, "size", s->mesh.axes[j].size);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    y_kint(y, "world", s->mesh.world);
+    y_end_map(y);
+    y_kint(y, "microbatches", s->microbatches);
+    y_kstr(y, "reduce", mf_reduce_name(s->reduce));
+    y_kint(y, "align", s->align);
+    y_kint(y, "prefetch", s->prefetch);
+    y_kint(y, "bucket_size", p->spec ? p->spec->bucket_size : 0);
+    y_raw(y, "cost");
+    y_map(y, true);
+    y_raw(y, "axes");
+    y_seq(y, true);
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        y_map(y, true);
+        y_kstr(y, "name", s->mesh.axes[j].name);
+        y_kint(y, "alpha_ns", ns(p->cost.axis[j].alpha));
+        y_kint(y, "beta_bytes_per_s", (int64_t)llround(p->cost.axis[j].beta));
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    y_kint(y, "launch_ns", ns(p->cost.launch));
+    y_kint(y, "local_bytes_per_s", (int64_t)llround(p->cost.local_bw));
+    y_end_map(y);
+}
+
+static void yaml_transition(yout *y, const mf_plan *p, int bi, int t)
+{
+    const mf_mesh *m = &p->sched->mesh;
+    const mf_transition *tr = &p->trans[bi][t];
+    y_map(y, false);
+    y_kint(y, "id", tr->id);
+    y_kstr(y, "when", mf_when_name(tr->when));
+    y_kstr(y, "phases", phases_of(p, bi, t));
+    y_raw(y, "from");
+    y_map(y, true);
+    y_kstr(y, "buffer", transition_from_name[t]);
+    y_kstr(y, "role", mf_role_name(transition_from_role[t]));
+    y_placement(y, "placement", &tr->from, m->naxes);
+    y_kstr(y, "dtype", mf_dtype_name(tr->from_dtype));
+    y_end_map(y);
+    y_raw(y, "to");
+    y_map(y, true);
+    y_kstr(y, "buffer", transition_to_label(p, bi, t));
+    y_kstr(y, "role", mf_role_name(transition_to_role[t]));
+    y_placement(y, "placement", &tr->to, m->naxes);
+    y_kstr(y, "dtype", mf_dtype_name(tr->to_dtype));
+    y_end_map(y);
+    y_kint(y, "runs_per_step", mf_transition_runs(p, bi, t));
+    y_kint(y, "cost_ns", ns(tr->cost));
+    if (tr->why)
+        y_kstr(y, "why", tr->why);
+    y_raw(y, "steps");
+    y_seq(y, false);
+    for (int i = 0; i < tr->nsteps; i++) {
+        const mf_step *st = &tr->steps[i];
+        y_map(y, true);
+        y_kstr(y, "op", mf_opkind_name(st->kind));
+        if (st->axis >= 0)
+            y_kstr(y, "axis", m->axes[st->axis].name);
+        y_kstr(y, "stream", mf_stream_name(st->stream));
+        y_kstr(y, "when", mf_when_name(tr->when));
+        y_kstr(y, "dtype", mf_dtype_name(st->dtype));
+        y_placement(y, "from", &st->from, m->naxes);
+        y_placement(y, "to", &st->to, m->naxes);
+        y_kint(y, "count", st->count);
+        y_kint(y, "bytes", st->bytes);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    y_end_map(y);
+}
+
+static void yaml_bucket(yout *y, const mf_plan *p, int bi)
+{
+    const mf_schedule *s = p->sched;
+    const mf_bucket *b = &s->buckets[bi];
+    int k = s->mesh.naxes;
+    y_map(y, false);
+    y_kint(y, "id", bi);
+    y_kstr(y, "name", b->name);
+    y_kstr(y, "layout", b->layout);
+    y_kstr(y, "first_unit", s->units[b->unit].name);
+    y_kstr(y, "last_unit", s->units[b->last_unit].name);
+    int64_t gaps = b->used;
+    for (int i = 0; i < b->ntensors; i++)
+        gaps -= b->tensors[i].numel;
+    y_kint(y, "length", b->length);
+    y_kint(y, "used", b->used);
+    y_kint(y, "gaps", gaps);
+    y_kint(y, "padding", b->length - b->used);
+    y_kint(y, "overhead_ppm", b->length ? (b->length - b->used + gaps) * 1000000 / b->length : 0);
+    y_raw(y, "roles");
+    y_map(y, false);
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        y_raw(y, mf_role_name((mf_role)r));
+        y_map(y, true);
+        y_kstr(y, "dtype", mf_dtype_name(b->dtype[r]));
+        y_placement(y, "placement", &b->place[r], k);
+        int64_t n = local_elems(s, b, r);
+        y_kint(y, "elements_per_rank", n);
+        y_kint(y, "bytes_per_rank", n * (int64_t)mf_dtype_size(b->dtype[r]));
+        y_end_map(y);
+    }
+    y_end_map(y);
+    y_raw(y, "tensors");
+    y_seq(y, false);
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        y_map(y, true);
+        y_kstr(y, "name", t->name);
+        y_raw(y, "shape");
+        y_seq(y, true);
+        for (int dd = 0; dd < t->ndims; dd++)
+            y_int(y, t->dims[dd]);
+        y_end_seq(y);
+        y_kint(y, "offset", t->offset);
+        y_kint(y, "numel", t->numel);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    y_raw(y, "transitions");
+    y_seq(y, false);
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        yaml_transition(y, p, bi, t);
+    y_end_seq(y);
+    mf_bucket_memory m;
+    mf_bucket_memory_of(p, bi, &m);
+    y_raw(y, "memory_per_rank");
+    y_map(y, true);
+    y_kint(y, "main_weight", m.main_weight);
+    y_kint(y, "weight", m.weight);
+    y_kint(y, "grad", m.grad);
+    y_kint(y, "grad_final", m.grad_final);
+    y_kint(y, "weight_full", m.weight_full);
+    y_kint(y, "grad_local", m.grad_local);
+    y_kint(y, "weight_stage", m.weight_stage);
+    y_kint(y, "grad_stage", m.grad_stage);
+    y_end_map(y);
+    y_end_map(y);
+}
+
+static void yaml_roles(yout *y, const char *k, const int64_t v[MF_ROLE_COUNT], int64_t total)
+{
+    y_raw(y, k);
+    y_map(y, true);
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        y_kint(y, mf_role_name((mf_role)r), v[r]);
+    y_kint(y, "total", total);
+    y_end_map(y);
+}
+
+static bool yaml_totals(yout *y, const mf_plan *p)
+{
+    const mf_schedule *s = p->sched;
+    mf_summary sum;
+    mf_plan_memory mem;
+    if (!mf_plan_totals(p, &sum) || !mf_plan_memory_of(p, &mem))
+        return false;
+    y_raw(y, "totals");
+    y_map(y, false);
+    y_raw(y, "collectives_per_step");
+    y_seq(y, false);
+    for (int kind = 0; kind < MF_OPKIND_COUNT; kind++)
+        for (int j = 0; j < s->mesh.naxes; j++)
+            if (sum.collectives[kind][j]) {
+                y_map(y, true);
+                y_kstr(y, "op", mf_opkind_name((mf_opkind)kind));
+                y_kstr(y, "axis", s->mesh.axes[j].name);
+                y_kint(y, "launches", sum.collectives[kind][j]);
+                y_end_map(y);
+            }
+    y_end_seq(y);
+    y_raw(y, "bytes_per_rank_per_step");
+    y_seq(y, false);
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        y_map(y, true);
+        y_kstr(y, "axis", s->mesh.axes[j].name);
+        y_kint(y, "bytes", sum.bytes[j]);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    y_raw(y, "memory_per_rank");
+    y_map(y, false);
+    yaml_roles(y, "persistent", mem.persistent, mem.persistent_total);
+    yaml_roles(y, "transient_peak", mem.transient_peak, mem.transient_peak_total);
+    yaml_roles(y, "peak", mem.peak, mem.peak_total);
+    y_end_map(y);
+    y_end_map(y);
+    return true;
+}
+
+int mf_explain_yaml(const mf_plan *p, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    yout y = {0};
+    if (!yaml_emitter_initialize(&y.em))
+        return -1;
+    yaml_emitter_set_output_file(&y.em, out);
+    yaml_emitter_set_unicode(&y.em, 1);
+    yaml_emitter_set_width(&y.em, -1);
+    yaml_event_t ev;
+    y_emit(&y, &ev, yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING));
+    y_emit(&y, &ev, yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1));
+    y_map(&y, false);
+    yaml_header(&y, p);
+    y_raw(&y, "units");
+    y_seq(&y, false);
+    for (int u = 0; u < s->nunits; u++) {
+        const mf_unit *unit = &s->units[u];
+        y_map(&y, false);
+        y_kint(&y, "id", u);
+        y_kstr(&y, "name", unit->name);
+        y_kbool(&y, "reshard_after_forward", unit->reshard_after_forward);
+        y_raw(&y, "buckets");
+        y_seq(&y, false);
+        for (int b = unit->first_bucket; b < unit->first_bucket + unit->nbuckets; b++)
+            yaml_bucket(&y, p, b);
+        y_end_seq(&y);
+        y_end_map(&y);
+    }
+    y_end_seq(&y);
+    bool ok = yaml_totals(&y, p);
+    y_end_map(&y);
+    y_emit(&y, &ev, yaml_document_end_event_initialize(&ev, 1));
+    y_emit(&y, &ev, yaml_stream_end_event_initialize(&ev));
+    if (!y.err && !yaml_emitter_flush(&y.em))
+        y.err = true;
+    yaml_emitter_delete(&y.em);
+    return ok && !y.err && fflush(out) == 0 && !ferror(out) ? 0 : -1;
+}

@@ -1,0 +1,504 @@
+/*
+ * mf_layout_pass: resolved spec -> plan->sched units and buckets (DESIGN §3.3).
+ *
+ * Reads: the spec (mesh, options, units, tensors, layouts). Writes: the
+ * schedule's header fields, units (forward order) and buckets with their
+ * tensors; nothing else (buffers and ops belong to the lowering pass).
+ *
+ * Buckets. Within a unit, tensors whose layouts are identical (same dtype and
+ * placement for all three roles; an inline layout identical to a named one
+ * counts as the same) form one bucket, in order of first appearance. The
+ * bucket is named `<unit>/<layout>`, after the first named layout among its
+ * tensors, or `<unit>/inline.<tensor>` when all of them are inline.
+ *
+ * Flat layout, invariants every later pass relies on:
+ *   - tensors are packed in declaration order (unit order, then declaration
+ *     order, for a merged bucket), each offset a multiple of the tensor
+ *     quantum (16 bytes in every role's dtype);
+ *   - `used` is the end of the last tensor (gaps included), `length` L is used
+ *     padded to a multiple of the bucket's quantum (mf_plan_stats.h), so every
+ *     placement a transition may pass through has equal shards starting on
+ *     `align` bytes in every role's dtype; L >= one quantum, L * widest dtype
+ *     * 2 fits in 63 bits (the largest ring traffic of one launch).
+ *
+ * Merging (spec->bucket_size > 0, in bytes): a unit's bucket whose own padded
+ * size in main_weight's dtype is below bucket_size joins the bucket of the
+ * same layout that the previous unit ended, when that one was also below
+ * bucket_size, the two units agree on reshard_after_forward, and the merged
+ * padded size stays <= bucket_size. The merged bucket belongs to its first
+ * unit (`unit`), `last_unit` is the last unit it covers; a unit whose buckets
+ * were all merged into earlier ones has nbuckets == 0. bucket_size 0 (the
+ * default) never merges: last_unit == unit.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_passes.h"
+#include "mf_plan_stats.h"
+
+/* ---- quanta ---- */
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* lcm of small powers of two and friends; inputs are <= align. */
+static int64_t lcm64(int64_t a, int64_t b)
+{
+    return a / gcd64(a, b) * b;
+}
+
+int64_t mf_layout_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
+{
+    int64_t q = 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t size = (int64_t)mf_dtype_size(dt[r]);
+        if (size > 0)
+            q = lcm64(q, 16 / gcd64(16, size));
+    }
+    return q;
+}
+
+int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
+{
+    int64_t q = 1;
+    if (align < 1)
+        align = 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t size = (int64_t)mf_dtype_size(dt[r]);
+        if (size > 0)
+            q = lcm64(q, align / gcd64(align, size));
+    }
+    return q;
+}
+
+int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
+{
+    int k = m->naxes, s = k;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int fs = mf_placement_flat_start(&pl[r], k);
+        if (fs < s)
+            s = fs;
+    }
+    const uint8_t *g = pl[MF_ROLE_GRAD].p, *o = pl[MF_ROLE_MAIN_WEIGHT].p;
+    for (int i = 0; i + 1 < s; i++) {
+        bool t3 = g[i] == MF_PLACE_REPLICATE, t4 = g[i] == MF_PLACE_PARTIAL && o[i] == MF_PLACE_REPLICATE;
+        bool inner3 = true, inner4 = true;
+        for (int j = i + 1; j < k; j++) {
+            inner3 = inner3 && g[j] != MF_PLACE_PARTIAL;
+            inner4 = inner4 && (g[j] == MF_PLACE_PARTIAL || g[j] == MF_PLACE_FLAT || o[j] == MF_PLACE_FLAT);
+        }
+        if ((t3 && inner3) || (t4 && inner4)) {
+            s = i + 1;
+            break;
+        }
+    }
+    return s;
+}
+
+bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
+                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
+                             int64_t *length)
+{
+    int64_t q = mf_layout_shard_quantum(dt, align);
+    for (int j = mf_layout_pad_start(m, pl); j < m->naxes; j++)
+        if (__builtin_mul_overflow(q, m->axes[j].size, &q))
+            return false;
+    int64_t widest = 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if ((int64_t)mf_dtype_size(dt[r]) > widest)
+            widest = (int64_t)mf_dtype_size(dt[r]);
+    int64_t units = used <= 0 ? 1 : used / q + (used % q != 0);
+    int64_t len, bytes;
+    if (__builtin_mul_overflow(units, q, &len) || __builtin_mul_overflow(len, 2 * widest, &bytes))
+        return false;
+    *length = len;
+    return true;
+}
+
+/* ---- grouping ---- */
+
+/* A layout signature's identity: the canonical (first) spec layout with the
+ * same dtypes and placements. Found through an open-addressing hash table so
+ * specs with one inline layout per tensor stay linear. */
+typedef struct sig_table {
+    int *slot;              /* spec layout index or -1 */
+    size_t cap;             /* power of two */
+} sig_table;
+
+static bool same_signature(const mf_spec *spec, int a, int b)
+{
+    const mf_spec_layout *x = &spec->layouts[a], *y = &spec->layouts[b];
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (x->dtype[r] != y->dtype[r] || !mf_placement_equal(&x->place[r], &y->place[r], spec->mesh.naxes))
+            return false;
+    return true;
+}
+
+static uint64_t signature_hash(const mf_spec *spec, int l)
+{
+    const mf_spec_layout *x = &spec->layouts[l];
+    uint64_t h = 1469598103934665603u;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        h = (h ^ (uint64_t)x->dtype[r]) * 1099511628211u;
+        for (int j = 0; j < spec->mesh.naxes; j++)
+            h = (h ^ x->place[r].p[j]) * 1099511628211u;
+    }
+    return h;
+}
+
+/* canon[l] = canonical layout index for every spec layout; false on OOM. */
+static bool canonical_layouts(const mf_spec *spec, int *canon)
+{
+    sig_table t = {NULL, 16};
+    while (t.cap < (size_t)spec->nlayouts * 2)
+        t.cap *= 2;
+    t.slot = malloc(t.cap * sizeof *t.slot);
+    if (!t.slot)
+        return false;
+    for (size_t i = 0; i < t.cap; i++)
+        t.slot[i] = -1;
+    for (int l = 0; l < spec->nlayouts; l++) {
+        size_t i = (size_t)signature_hash(spec, l) & (t.cap - 1);
+        while (t.slot[i] >= 0 && !same_signature(spec, t.slot[i], l))
+            i = (i + 1) & (t.cap - 1);
+        if (t.slot[i] < 0)
+            t.slot[i] = l;
+        canon[l] = t.slot[i];
+    }
+    free(t.slot);
+    return true;
+}
+
+/* The tensors of one unit that share a signature. */
+typedef struct group {
+    int unit;
+    int sig;                /* canonical layout index */
+    int named;              /* first named (non-inline) layout among its tensors, or -1 */
+    int first_tensor;       /* index within the unit of its first tensor */
+    int ntensors;
+    int start;              /* into the order[] array of this unit's tensors */
+    int64_t used;           /* standalone: end of its last tensor */
+    int64_t length;         /* standalone padded length */
+    int next;               /* next group merged into the same bucket, or -1 */
+} group;
+
+typedef struct bucket_build {
+    int head, tail;         /* group chain */
+    int unit, last_unit;
+    int64_t used;           /* merged so far */
+} bucket_build;
+
+typedef struct layout_state {
+    const mf_spec *spec;
+    mf_diag *d;
+    int *canon;             /* per spec layout */
+    int *sig_group;         /* per canonical layout: its group in the current unit, or -1 */
+    int *sig_open;          /* per canonical layout: open bucket for merging, or -1 */
+    mf_vec groups;          /* group */
+    mf_vec buckets;         /* bucket_build */
+    int **order;            /* per unit: tensor indices grouped, group by group */
+    int *unit_first_group;  /* per unit, plus one at the end */
+} layout_state;
+
+static const mf_spec_layout *sig_layout(const layout_state *st, int sig)
+{
+    return &st->spec->layouts[sig];
+}
+
+/* Appends the tensors of group g after `used` elements; returns the new used
+ * or -1 on overflow (error reported at the tensor). Writes offsets when out. */
+static int64_t place_group(layout_state *st, const group *g, int64_t used, int64_t tq, mf_tensor *out)
+{
+    const mf_spec_unit *u = &st->spec->units[g->unit];
+    for (int i = 0; i < g->ntensors; i++) {
+        const mf_spec_tensor *t = &u->tensors[st->order[g->unit][g->start + i]];
+        int64_t off = used;
+        if ((used % tq && __builtin_add_overflow(used, tq - used % tq, &off)) || t->numel < 0 ||
+            __builtin_add_overflow(off, t->numel, &used)) {
+            mf_diag_error(st->d, t->span,
+                          "tensor '%s' ends past the 63-bit limit of a bucket's length "
+                          "(it starts at element %lld of its bucket)",
+                          t->name, (long long)off);
+            mf_diag_note(st->d, u->span, "in unit '%s'; split the unit or its tensors", u->name);
+            return -1;
+        }
+        if (out) {
+            out[i].name = t->name;
+            out[i].ndims = t->ndims;
+            memcpy(out[i].dims, t->dims, sizeof t->dims);
+            out[i].numel = t->numel;
+            out[i].offset = off;
+        }
+    }
+    return used;
+}
+
+static bool padded(layout_state *st, int sig, int64_t used, int64_t *len)
+{
+    const mf_spec_layout *l = sig_layout(st, sig);
+    return mf_layout_padded_length(&st->spec->mesh, l->dtype, l->place, st->spec->align, used, len);
+}
+
+static void overflow_error(layout_state *st, const group *g, int64_t used)
+{
+    const mf_spec_unit *u = &st->spec->units[g->unit];
+    mf_diag_error(st->d, u->span,
+                  "the bucket of layout '%s' in unit '%s' (%lld elements) cannot be padded "
+                  "within 63 bits (limit: length * 2 * widest dtype size, with length a multiple "
+                  "of the world size times the alignment)",
+                  sig_layout(st, g->named >= 0 ? g->named : g->sig)->name, u->name, (long long)used);
+    mf_diag_note(st->d, st->spec->mesh_span, "mesh declared here");
+}
+
+/* Groups the tensors of every unit; false on OOM. */
+static bool group_units(layout_state *st)
+{
+    const mf_spec *spec = st->spec;
+    for (int l = 0; l < spec->nlayouts; l++)
+        st->sig_group[l] = -1;
+    for (int u = 0; u < spec->nunits; u++) {
+        const mf_spec_unit *unit = &spec->units[u];
+        int first = (int)st->groups.len;
+        st->unit_first_group[u] = first;
+        int *gid = malloc(((size_t)unit->ntensors + 1) * sizeof *gid);
+        st->order[u] = malloc(((size_t)unit->ntensors + 1) * sizeof *st->order[u]);
+        if (!gid || !st->order[u]) {
+            free(gid);
+            return false;
+        }
+        for (int i = 0; i < unit->ntensors; i++) {
+            int l = unit->tensors[i].layout;
+            int sig = st->canon[l];
+            int g = st->sig_group[sig];
+            if (g < first) {
+                group *ng = mf_vec_push(&st->groups);
+                if (!ng) {
+                    free(gid);
+                    return false;
+                }
+                g = (int)st->groups.len - 1;
+                *ng = (group){.unit = u, .sig = sig, .named = -1, .first_tensor = i, .next = -1};
+                st->sig_group[sig] = g;
+            }
+            group *gp = (group *)st->groups.data + g;
+            if (gp->named < 0 && !spec->layouts[l].is_inline)
+                gp->named = l;
+            gp->ntensors++;
+            gid[i] = g;
+        }
+        /* counting sort of the unit's tensors by group, stable */
+        int at = 0;
+        for (int g = first; g < (int)st->groups.len; g++) {
+            group *gp = (group *)st->groups.data + g;
+            gp->start = at;
+            at += gp->ntensors;
+            gp->ntensors = 0;
+        }
+        for (int i = 0; i < unit->ntensors; i++) {
+            group *gp = (group *)st->groups.data + gid[i];
+            st->order[u][gp->start + gp->ntensors++] = i;
+        }
+        free(gid);
+    }
+    st->unit_first_group[spec->nunits] = (int)st->groups.len;
+    return true;
+}
+
+static int64_t o_size(layout_state *st, int sig)
+{
+    return (int64_t)mf_dtype_size(sig_layout(st, sig)->dtype[MF_ROLE_MAIN_WEIGHT]);
+}
+
+/* True when length elements in main_weight's dtype are below (or at most,
+ * when `or_equal`) the bucket size. */
+static bool fits(layout_state *st, int sig, int64_t length, bool or_equal)
+{
+    int64_t bytes;
+    if (__builtin_mul_overflow(length, o_size(st, sig), &bytes))
+        return false;
+    return or_equal ? bytes <= st->spec->bucket_size : bytes < st->spec->bucket_size;
+}
+
+/* Lays out every group standalone, then assigns groups to buckets (merging
+ * when asked). Returns false on errors or OOM (*oom set). */
+static bool assign_buckets(layout_state *st, bool *oom)
+{
+    const mf_spec *spec = st->spec;
+    group *groups = st->groups.data;
+    for (int l = 0; l < spec->nlayouts; l++)
+        st->sig_open[l] = -1;
+    bool ok = true;
+    for (int g = 0; g < (int)st->groups.len; g++) {
+        group *gp = &groups[g];
+        const mf_spec_layout *l = sig_layout(st, gp->sig);
+        int64_t tq = mf_layout_tensor_quantum(l->dtype);
+        gp->used = place_group(st, gp, 0, tq, NULL);
+        if (gp->used < 0) {
+            ok = false;
+            continue;
+        }
+        if (!padded(st, gp->sig, gp->used, &gp->length)) {
+            overflow_error(st, gp, gp->used);
+            ok = false;
+            continue;
+        }
+        int ob = spec->bucket_size > 0 ? st->sig_open[gp->sig] : -1;
+        bool small = spec->bucket_size > 0 && fits(st, gp->sig, gp->length, false);
+        if (ob >= 0 && small) {
+            bucket_build *b = (bucket_build *)st->buckets.data + ob;
+            int64_t start = b->used, merged, mlen;
+            if (b->last_unit == gp->unit - 1 &&
+                !(b->used % tq && __builtin_add_overflow(b->used, tq - b->used % tq, &start)) &&
+                spec->units[b->unit].reshard_after_forward == spec->units[gp->unit].reshard_after_forward &&
+                !__builtin_add_overflow(start, gp->used, &merged) && padded(st, gp->sig, merged, &mlen) &&
+                fits(st, gp->sig, mlen, true)) {
+                groups[b->tail].next = g;
+                b->tail = g;
+                b->last_unit = gp->unit;
+                b->used = merged;
+                continue;
+            }
+        }
+        bucket_build *nb = mf_vec_push(&st->buckets);
+        if (!nb) {
+            *oom = true;
+            return false;
+        }
+        *nb = (bucket_build){.head = g, .tail = g, .unit = gp->unit, .last_unit = gp->unit, .used = gp->used};
+        st->sig_open[gp->sig] = small ? (int)st->buckets.len - 1 : -1;
+    }
+    return ok;
+}
+
+/* The bucket's label: the named layout, or inline.<tensor> */
+static const char *bucket_label(layout_state *st, mf_arena *a, const group *g)
+{
+    if (g->named >= 0)
+        return mf_arena_strdup(a, st->spec->layouts[g->named].name);
+    const mf_spec_unit *u = &st->spec->units[g->unit];
+    const char *full = u->tensors[g->first_tensor].name;
+    size_t n = strlen(u->name);
+    const char *shortname = strncmp(full, u->name, n) == 0 && full[n] == '.' ? full + n + 1 : full;
+    return mf_arena_printf(a, "inline.%s", shortname);
+}
+
+/* Writes units and buckets into the schedule; false on OOM. */
+static bool materialize(layout_state *st, mf_schedule *s)
+{
+    const mf_spec *spec = st->spec;
+    mf_arena *a = s->arena;
+    group *groups = st->groups.data;
+    bucket_build *bb = st->buckets.data;
+    int nb = (int)st->buckets.len;
+    s->units = mf_arena_array(a, spec->nunits ? (size_t)spec->nunits : 1, sizeof *s->units);
+    s->buckets = mf_arena_array(a, nb ? (size_t)nb : 1, sizeof *s->buckets);
+    if (!s->units || !s->buckets)
+        return false;
+    for (int u = 0; u < spec->nunits; u++) {
+        s->units[u].name = mf_arena_strdup(a, spec->units[u].name);
+        if (!s->units[u].name)
+            return false;
+        s->units[u].reshard_after_forward = spec->units[u].reshard_after_forward;
+        s->units[u].first_bucket = nb;
+        s->units[u].nbuckets = 0;
+    }
+    for (int b = 0; b < nb; b++) {
+        mf_bucket *out = &s->buckets[b];
+        const group *head = &groups[bb[b].head];
+        const mf_spec_layout *l = sig_layout(st, head->sig);
+        int ntensors = 0;
+        for (int g = bb[b].head; g >= 0; g = groups[g].next)
+            ntensors += groups[g].ntensors;
+        out->tensors = mf_arena_array(a, (size_t)ntensors, sizeof *out->tensors);
+        const char *label = bucket_label(st, a, head);
+        if (!out->tensors || !label)
+            return false;
+        out->name = mf_arena_printf(a, "%s/%s", spec->units[bb[b].unit].name, label);
+        out->layout = mf_arena_strdup(a, spec->layouts[head->named >= 0 ? head->named : head->sig].name);
+        if (!out->name || !out->layout)
+            return false;
+        out->unit = bb[b].unit;
+        out->last_unit = bb[b].last_unit;
+        memcpy(out->dtype, l->dtype, sizeof out->dtype);
+        memcpy(out->place, l->place, sizeof out->place);
+        int64_t tq = mf_layout_tensor_quantum(l->dtype), used = 0;
+        for (int g = bb[b].head; g >= 0; g = groups[g].next) {
+            used = place_group(st, &groups[g], used, tq, out->tensors + out->ntensors);
+            for (int i = 0; i < groups[g].ntensors; i++) {
+                mf_tensor *t = &out->tensors[out->ntensors + i];
+                t->name = mf_arena_strdup(a, t->name);
+                if (!t->name)
+                    return false;
+            }
+            out->ntensors += groups[g].ntensors;
+        }
+        out->used = used;
+        padded(st, head->sig, used, &out->length); /* checked in assign_buckets */
+        mf_unit *unit = &s->units[out->unit];
+        if (unit->nbuckets == 0)
+            unit->first_bucket = b;
+        unit->nbuckets++;
+    }
+    s->nunits = spec->nunits;
+    s->nbuckets = nb;
+    return true;
+}
+
+static bool copy_header(const mf_spec *spec, mf_schedule *s)
+{
+    s->source = mf_arena_strdup(s->arena, spec->path ? spec->path : "<input>");
+    s->mesh = spec->mesh;
+    for (int j = 0; j < spec->mesh.naxes; j++) {
+        s->mesh.axes[j].name = mf_arena_strdup(s->arena, spec->mesh.axes[j].name);
+        if (!s->mesh.axes[j].name)
+            return false;
+    }
+    s->microbatches = spec->microbatches;
+    s->reduce = spec->reduce;
+    s->align = spec->align;
+    s->prefetch = spec->prefetch;
+    return s->source != NULL;
+}
+
+bool mf_layout_run(mf_plan *p, mf_diag *d)
+{
+    const mf_spec *spec = p->spec;
+    layout_state st = {.spec = spec, .d = d};
+    mf_vec_init(&st.groups, sizeof(group));
+    mf_vec_init(&st.buckets, sizeof(bucket_build));
+    size_t nl = spec->nlayouts ? (size_t)spec->nlayouts : 1, nu = (size_t)spec->nunits + 1;
+    st.canon = malloc(nl * sizeof *st.canon);
+    st.sig_group = malloc(nl * sizeof *st.sig_group);
+    st.sig_open = malloc(nl * sizeof *st.sig_open);
+    st.order = calloc(nu, sizeof *st.order);
+    st.unit_first_group = malloc(nu * sizeof *st.unit_first_group);
+    bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group;
+    bool ok = false;
+    if (!oom)
+        oom = !copy_header(spec, p->sched) || !canonical_layouts(spec, st.canon) || !group_units(&st);
+    if (!oom && assign_buckets(&st, &oom))
+        ok = materialize(&st, p->sched) || !(oom = true);
+    if (oom) {
+        mf_span none = {0, 0, 0, 0};
+        mf_diag_error(d, none, "out of memory while laying out buckets");
+        ok = false;
+    }
+    for (size_t u = 0; st.order && u < nu; u++)
+        free(st.order[u]);
+    free(st.order);
+    free(st.unit_first_group);
+    free(st.canon);
+    free(st.sig_group);
+    free(st.sig_open);
+    mf_vec_free(&st.groups);
+    mf_vec_free(&st.buckets);
+    return ok && mf_diag_errors(d) == 0;
+}

@@ -1,0 +1,148 @@
+/*
+ * mf_plan_stats: memory per rank and per-step totals of a planned (layout +
+ * transitions) but not yet lowered spec; the definitions are in
+ * mf_plan_stats.h. Reads the plan only. Every sum saturates at INT64_MAX so a
+ * huge spec gives a huge number, never a wrapped one.
+ */
+#include "mf_plan_stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t local_bytes(const mf_schedule *s, const mf_bucket *b, const mf_placement *pl, mf_dtype d)
+{
+    return b->length / mf_placement_shards(&s->mesh, pl) * (int64_t)mf_dtype_size(d);
+}
+
+/* Bytes of the outputs of steps [first, last) of a transition. */
+static int64_t stage_bytes(const mf_schedule *s, const mf_bucket *b, const mf_transition *tr, int first, int last,
+                           bool collectives_only)
+{
+    int64_t sum = 0;
+    for (int i = first; i < last; i++)
+        if (!collectives_only || mf_opkind_is_collective(tr->steps[i].kind))
+            sum = sat_add(sum, local_bytes(s, b, &tr->steps[i].to, tr->steps[i].dtype));
+    return sum;
+}
+
+void mf_bucket_memory_of(const mf_plan *p, int bi, mf_bucket_memory *m)
+{
+    const mf_schedule *s = p->sched;
+    const mf_bucket *b = &s->buckets[bi];
+    const mf_placement *W = &b->place[MF_ROLE_WEIGHT], *G = &b->place[MF_ROLE_GRAD],
+                       *O = &b->place[MF_ROLE_MAIN_WEIGHT];
+    mf_dtype dw = b->dtype[MF_ROLE_WEIGHT], dg = b->dtype[MF_ROLE_GRAD];
+    memset(m, 0, sizeof *m);
+    m->main_weight = local_bytes(s, b, O, b->dtype[MF_ROLE_MAIN_WEIGHT]);
+    m->weight = local_bytes(s, b, W, dw);
+    m->grad = local_bytes(s, b, G, dg);
+    m->grad_final = mf_placement_equal(G, O, s->mesh.naxes) ? 0 : local_bytes(s, b, O, dg);
+    bool w_rep = true;
+    for (int j = 0; j < s->mesh.naxes; j++)
+        w_rep = w_rep && W->p[j] == MF_PLACE_REPLICATE;
+    m->weight_full = w_rep ? 0 : b->length * (int64_t)mf_dtype_size(dw);
+    m->grad_local = b->length * (int64_t)mf_dtype_size(dg);
+    if (p->trans) {
+        const mf_transition *t = p->trans[bi];
+        m->weight_stage = sat_add(stage_bytes(s, b, &t[MF_T1], 0, t[MF_T1].nsteps - 1, false),
+                                  stage_bytes(s, b, &t[MF_T2], 0, t[MF_T2].nsteps - 1, false));
+        m->grad_stage = sat_add(stage_bytes(s, b, &t[MF_T3], 0, t[MF_T3].nsteps, true),
+                                stage_bytes(s, b, &t[MF_T4], 0, t[MF_T4].nsteps - 1, false));
+    }
+    m->persistent[MF_ROLE_MAIN_WEIGHT] = m->main_weight;
+    m->persistent[MF_ROLE_WEIGHT] = m->weight;
+    m->persistent[MF_ROLE_GRAD] = sat_add(m->grad, m->grad_final);
+    m->transient[MF_ROLE_WEIGHT] = sat_add(m->weight_full, m->weight_stage);
+    m->transient[MF_ROLE_GRAD] = sat_add(m->grad_local, m->grad_stage);
+}
+
+bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
+{
+    const mf_schedule *s = p->sched;
+    memset(out, 0, sizeof *out);
+    size_t nu = s->nunits ? (size_t)s->nunits : 1;
+    int64_t *per_unit = calloc(nu * (MF_ROLE_COUNT + 1), sizeof *per_unit);
+    if (!per_unit)
+        return false;
+    for (int b = 0; b < s->nbuckets; b++) {
+        mf_bucket_memory m;
+        mf_bucket_memory_of(p, b, &m);
+        int64_t *row = per_unit + (size_t)s->buckets[b].unit * (MF_ROLE_COUNT + 1);
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            out->persistent[r] = sat_add(out->persistent[r], m.persistent[r]);
+            out->persistent_total = sat_add(out->persistent_total, m.persistent[r]);
+            row[r] = sat_add(row[r], m.transient[r]);
+            row[MF_ROLE_COUNT] = sat_add(row[MF_ROLE_COUNT], m.transient[r]);
+        }
+    }
+    int window = s->prefetch + 1;
+    for (int u = 0; u < s->nunits; u++) {
+        int64_t w[MF_ROLE_COUNT + 1] = {0};
+        for (int v = u; v < s->nunits && v < u + window; v++)
+            for (int r = 0; r <= MF_ROLE_COUNT; r++)
+                w[r] = sat_add(w[r], per_unit[(size_t)v * (MF_ROLE_COUNT + 1) + (size_t)r]);
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            if (w[r] > out->transient_peak[r])
+                out->transient_peak[r] = w[r];
+        if (w[MF_ROLE_COUNT] > out->transient_peak_total)
+            out->transient_peak_total = w[MF_ROLE_COUNT];
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        out->peak[r] = sat_add(out->persistent[r], out->transient_peak[r]);
+    out->peak_total = sat_add(out->persistent_total, out->transient_peak_total);
+    free(per_unit);
+    return true;
+}
+
+int64_t mf_transition_runs(const mf_plan *p, int b, int t)
+{
+    const mf_schedule *s = p->sched;
+    if (!p->trans || p->trans[b][t].nsteps == 0)
+        return 0;
+    switch (t) {
+    case MF_T2:
+        return sat_mul(s->microbatches, s->units[s->buckets[b].unit].reshard_after_forward ? 2 : 1);
+    case MF_T3:
+        return s->microbatches;
+    default:
+        return 1;
+    }
+}
+
+bool mf_plan_totals(const mf_plan *p, mf_summary *out)
+{
+    const mf_schedule *s = p->sched;
+    memset(out, 0, sizeof *out);
+    for (int b = 0; p->trans && b < s->nbuckets; b++)
+        for (int t = 0; t < MF_NTRANSITIONS; t++) {
+            const mf_transition *tr = &p->trans[b][t];
+            int64_t runs = mf_transition_runs(p, b, t);
+            for (int i = 0; i < tr->nsteps; i++) {
+                const mf_step *st = &tr->steps[i];
+                if (!mf_opkind_is_collective(st->kind) || st->axis < 0 || st->axis >= s->mesh.naxes)
+                    continue;
+                out->collectives[st->kind][st->axis] = sat_add(out->collectives[st->kind][st->axis], runs);
+                out->bytes[st->axis] = sat_add(out->bytes[st->axis], sat_mul(runs, st->bytes));
+            }
+        }
+    mf_plan_memory mem;
+    if (!mf_plan_memory_of(p, &mem))
+        return false;
+    memcpy(out->persistent_bytes, mem.persistent, sizeof mem.persistent);
+    memcpy(out->peak_bytes, mem.peak, sizeof mem.peak);
+    return true;
+}

@@ -1,0 +1,512 @@
+/*
+ * mf_transition: plan->sched buckets -> plan->trans, the transitions T1..T4 of
+ * every bucket (DESIGN §4) as sequences of single-axis steps.
+ *
+ *   T1 first  main_weight@O -> weight@W        cast, then slices / all-gathers
+ *   T2 every  weight@W -> Rep                  all-gathers, outermost first
+ *   T3 every  grad_local@[P..P] -> G           reductions, then accumulate at G
+ *   T4 last   grad@G -> O                      reductions, slices, all-gathers
+ *
+ * Single-axis moves and where they are legal (DESIGN §3.2, s = the first axis
+ * of the current Flat suffix, k = the number of axes):
+ *   all_gather     F->R on axis s                (gathers run outermost-first)
+ *   reduce_scatter P->F on axis s-1              (k-1 when nothing is Flat yet)
+ *   all_reduce     P->R on any axis
+ *   slice          R->F on axis s-1              (local, no communication)
+ * A composition is a sequence of moves from the source to the target
+ * placement. The pass enumerates every composition that only makes progress
+ * (an all-reduce or all-gather only on an axis whose target is Replicate, a
+ * slice only where it is Flat, a reduce-scatter only where it is Flat or
+ * Replicate; undoing a move is never cheaper), keeps those whose every
+ * intermediate placement has equal aligned shards for the bucket's length,
+ * and picks the cheapest under the plan's alpha-beta cost model
+ * (mf_cost.h). Ties go to less traffic, then fewer steps, then reductions on
+ * inner axes and gathers on outer axes first. When more than one composition
+ * was legal, `why` names the chosen one and the best other one with both
+ * modeled times.
+ *
+ * T1 casts where the narrower dtype moves: before its gathers when weight's
+ * dtype is no wider than main_weight's (the usual fp32 -> bf16), after them
+ * otherwise. The cast is emitted even when the dtypes agree: it is the copy
+ * from main_weight into weight.
+ *
+ * Per-axis legality is checked again here (the semantic pass rejects illegal
+ * specs first); a violation is a located error naming the unit, role, axis
+ * and a fix, and the bucket gets no transitions.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_passes.h"
+#include "mf_plan_stats.h"
+
+enum { MF_MAX_MOVES = 2 * MF_MAX_AXES };
+
+typedef struct move {
+    mf_opkind kind;
+    int axis;
+} move;
+
+typedef struct path {
+    int n;
+    move m[MF_MAX_MOVES];
+} path;
+
+/* Candidate compositions for one (transition, source, target), cached per pass. */
+typedef struct cand_set {
+    int t;
+    mf_placement from, to;
+    mf_vec paths;           /* path */
+} cand_set;
+
+typedef struct trans_state {
+    mf_plan *p;
+    mf_diag *d;
+    int k;
+    mf_vec sets;            /* cand_set */
+    mf_vec reported;        /* int: spec layouts already diagnosed */
+} trans_state;
+
+/* A composition evaluated for one bucket. */
+typedef struct eval {
+    bool valid;
+    double cost;            /* seconds */
+    int64_t bytes;          /* per rank, all steps */
+    int launches;
+} eval;
+
+static const mf_when transition_when[MF_NTRANSITIONS] = {MF_WHEN_FIRST, MF_WHEN_EVERY, MF_WHEN_EVERY,
+                                                         MF_WHEN_LAST};
+
+/* ---- enumeration ---- */
+
+static bool move_ok(int t, const mf_placement *st, const mf_placement *to, int k, move mv)
+{
+    int j = mv.axis, s = mf_placement_flat_start(st, k);
+    uint8_t a = st->p[j], b = to->p[j];
+    switch (mv.kind) {
+    case MF_OP_ALL_GATHER:
+        return a == MF_PLACE_FLAT && b == MF_PLACE_REPLICATE && j == s;
+    case MF_OP_SLICE:
+        return (t == MF_T1 || t == MF_T4) && a == MF_PLACE_REPLICATE && b == MF_PLACE_FLAT && j == s - 1;
+    case MF_OP_REDUCE_SCATTER:
+        return (t == MF_T3 || t == MF_T4) && a == MF_PLACE_PARTIAL &&
+               (b == MF_PLACE_FLAT || b == MF_PLACE_REPLICATE) && j == s - 1;
+    case MF_OP_ALL_REDUCE:
+        return (t == MF_T3 || t == MF_T4) && a == MF_PLACE_PARTIAL && b == MF_PLACE_REPLICATE;
+    default:
+        return false;
+    }
+}
+
+static mf_placement apply_move(const mf_placement *st, move mv)
+{
+    mf_placement n = *st;
+    n.p[mv.axis] = mv.kind == MF_OP_ALL_GATHER || mv.kind == MF_OP_ALL_REDUCE ? MF_PLACE_REPLICATE : MF_PLACE_FLAT;
+    return n;
+}
+
+static const mf_opkind move_kinds[] = {MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE, MF_OP_ALL_GATHER, MF_OP_SLICE};
+
+/* Depth-first enumeration of simple paths; false on OOM. */
+static bool enumerate(int t, int k, const mf_placement *st, const mf_placement *to, path *cur,
+                      mf_placement *seen, mf_vec *out)
+{
+    if (mf_placement_equal(st, to, k)) {
+        path *np = mf_vec_push(out);
+        if (!np)
+            return false;
+        *np = *cur;
+        return true;
+    }
+    if (cur->n >= 2 * k)
+        return true;
+    for (int j = k - 1; j >= 0; j--) {
+        for (size_t i = 0; i < sizeof move_kinds / sizeof move_kinds[0]; i++) {
+            move mv = {move_kinds[i], j};
+            if (!move_ok(t, st, to, k, mv))
+                continue;
+            mf_placement ns = apply_move(st, mv);
+            bool again = false;
+            for (int s = 0; s <= cur->n && !again; s++)
+                again = mf_placement_equal(&seen[s], &ns, k);
+            if (again)
+                continue;
+            cur->m[cur->n++] = mv;
+            seen[cur->n] = ns;
+            bool ok = enumerate(t, k, &ns, to, cur, seen, out);
+            cur->n--;
+            if (!ok)
+                return false;
+        }
+    }
+    return true;
+}
+
+static const cand_set *candidates(trans_state *ts, int t, const mf_placement *from, const mf_placement *to)
+{
+    cand_set *sets = ts->sets.data;
+    for (size_t i = 0; i < ts->sets.len; i++)
+        if (sets[i].t == t && mf_placement_equal(&sets[i].from, from, ts->k) &&
+            mf_placement_equal(&sets[i].to, to, ts->k))
+            return &sets[i];
+    cand_set *cs = mf_vec_push(&ts->sets);
+    if (!cs)
+        return NULL;
+    cs->t = t;
+    cs->from = *from;
+    cs->to = *to;
+    mf_vec_init(&cs->paths, sizeof(path));
+    path cur = {0};
+    mf_placement seen[MF_MAX_MOVES + 1];
+    seen[0] = *from;
+    if (!enumerate(t, ts->k, from, to, &cur, seen, &cs->paths)) {
+        mf_vec_free(&cs->paths);
+        ts->sets.len--;
+        return NULL;
+    }
+    return cs;
+}
+
+/* ---- evaluation ---- */
+
+typedef struct bucket_ctx {
+    const mf_mesh *mesh;
+    const mf_bucket *b;
+    int64_t shard_quantum;  /* A: every shard a multiple of it */
+} bucket_ctx;
+
+/* Elements per rank at placement pl; -1 when the shards are not equal and aligned. */
+static int64_t local_count(const bucket_ctx *bc, const mf_placement *pl)
+{
+    int64_t shards = mf_placement_shards(bc->mesh, pl), q;
+    if (__builtin_mul_overflow(shards, bc->shard_quantum, &q) || bc->b->length % q != 0)
+        return -1;
+    return bc->b->length / shards;
+}
+
+/* Fills one step for move mv at placement st with local count c. */
+static mf_step make_step(const bucket_ctx *bc, const mf_placement *st, int64_t c, move mv, mf_dtype dt)
+{
+    mf_step s = {0};
+    int64_t n = bc->mesh->axes[mv.axis].size;
+    s.kind = mv.kind;
+    s.axis = mv.axis;
+    s.dtype = dt;
+    s.from = *st;
+    s.to = apply_move(st, mv);
+    s.count = mv.kind == MF_OP_REDUCE_SCATTER || mv.kind == MF_OP_SLICE ? c / n : c;
+    s.bytes = mf_collective_bytes(mv.kind, n, s.count, dt);
+    return s;
+}
+
+static eval evaluate(const mf_plan *p, const bucket_ctx *bc, const mf_placement *from, const path *pa,
+                     mf_dtype dt)
+{
+    eval e = {.valid = true};
+    mf_placement st = *from;
+    int64_t c = local_count(bc, &st);
+    if (c < 0)
+        return (eval){0};
+    for (int i = 0; i < pa->n; i++) {
+        mf_step s = make_step(bc, &st, c, pa->m[i], dt);
+        st = s.to;
+        c = local_count(bc, &st);
+        if (c < 0)
+            return (eval){0};
+        e.cost += mf_cost_op(&p->cost, bc->mesh, s.kind, s.axis, s.count, dt);
+        e.bytes += s.bytes;
+        e.launches += mf_opkind_is_collective(s.kind);
+    }
+    return e;
+}
+
+static int move_key(move m)
+{
+    bool reduction = m.kind == MF_OP_REDUCE_SCATTER || m.kind == MF_OP_ALL_REDUCE;
+    return reduction ? MF_MAX_AXES - 1 - m.axis : m.axis;
+}
+
+/* True when composition a (eval ea) is preferred over b. */
+static bool better(const path *a, eval ea, const path *b, eval eb)
+{
+    double tol = 1e-12 + 1e-9 * fmax(ea.cost, eb.cost);
+    if (fabs(ea.cost - eb.cost) > tol)
+        return ea.cost < eb.cost;
+    if (ea.bytes != eb.bytes)
+        return ea.bytes < eb.bytes;
+    if (a->n != b->n)
+        return a->n < b->n;
+    for (int i = 0; i < a->n; i++)
+        if (move_key(a->m[i]) != move_key(b->m[i]))
+            return move_key(a->m[i]) < move_key(b->m[i]);
+    return false;
+}
+
+/* ---- diagnostics ---- */
+
+/* The spec layout a bucket came from (first tensor of its unit with the same
+ * signature), or -1. */
+static int bucket_spec_layout(const mf_plan *p, const mf_bucket *b)
+{
+    const mf_spec_unit *u = &p->spec->units[b->unit];
+    for (int i = 0; i < u->ntensors; i++) {
+        const mf_spec_layout *l = &p->spec->layouts[u->tensors[i].layout];
+        bool same = true;
+        for (int r = 0; r < MF_ROLE_COUNT && same; r++)
+            same = l->dtype[r] == b->dtype[r] && mf_placement_equal(&l->place[r], &b->place[r], p->sched->mesh.naxes);
+        if (same)
+            return u->tensors[i].layout;
+    }
+    return -1;
+}
+
+static const char *place_name(uint8_t pl)
+{
+    return mf_place_name((mf_place)pl);
+}
+
+/* Reports the first per-axis violation of the bucket's placements; returns
+ * true when one was found. Diagnoses each spec layout once. */
+static bool check_legal(trans_state *ts, int bi)
+{
+    const mf_plan *p = ts->p;
+    const mf_bucket *b = &p->sched->buckets[bi];
+    const mf_mesh *m = &p->sched->mesh;
+    int k = m->naxes, role = -1, other = -1, axis = -1;
+    char msg[512] = "", fix[512] = "";
+    for (int r = 0; r < MF_ROLE_COUNT && role < 0; r++) {
+        const mf_placement *pl = &b->place[r];
+        for (int j = 0; j < k && role < 0; j++)
+            if (pl->p[j] >= MF_PLACE_COUNT || (pl->p[j] == MF_PLACE_PARTIAL && r != MF_ROLE_GRAD)) {
+                role = r, axis = j;
+                snprintf(msg, sizeof msg, "%s may not be %s", mf_role_name((mf_role)r),
+                         pl->p[j] < MF_PLACE_COUNT ? "Partial" : "an unknown placement");
+                snprintf(fix, sizeof fix, "make it Replicate or Flat on axis '%s'", m->axes[j].name);
+            }
+        if (role < 0 && !mf_placement_suffix_ok(pl, k)) {
+            int s = mf_placement_flat_start(pl, k);
+            int f = 0;
+            while (f < s && pl->p[f] != MF_PLACE_FLAT)
+                f++;
+            role = r, axis = f;
+            snprintf(msg, sizeof msg, "%s is Flat on axis '%s' but %s on axis '%s' inside it (the Flat axes "
+                     "must be the innermost ones)", mf_role_name((mf_role)r), m->axes[f].name,
+                     place_name(pl->p[s - 1]), m->axes[s - 1].name);
+            snprintf(fix, sizeof fix, "make '%s' Flat too, or '%s' Replicate", m->axes[s - 1].name, m->axes[f].name);
+        }
+    }
+    const uint8_t *g = b->place[MF_ROLE_GRAD].p, *o = b->place[MF_ROLE_MAIN_WEIGHT].p;
+    for (int j = 0; j < k && role < 0; j++)
+        if (g[j] == MF_PLACE_FLAT && o[j] == MF_PLACE_REPLICATE) {
+            role = MF_ROLE_MAIN_WEIGHT, other = MF_ROLE_GRAD, axis = j;
+            snprintf(msg, sizeof msg, "T4 cannot deliver a gradient that is Flat on axis '%s' to a "
+                     "main_weight that is Replicate there (it would all-gather the gradient)", m->axes[j].name);
+            snprintf(fix, sizeof fix, "make main_weight Flat on '%s', or grad Partial there (reduced at the "
+                     "last microbatch)", m->axes[j].name);
+        }
+    if (role < 0)
+        return false;
+    int l = bucket_spec_layout(p, b);
+    int *seen = ts->reported.data;
+    for (size_t i = 0; i < ts->reported.len; i++)
+        if (seen[i] == l)
+            return true;
+    int *slot = mf_vec_push(&ts->reported);
+    if (slot)
+        *slot = l;
+    mf_span none = {0, 0, 0, 0};
+    const mf_spec_layout *sl = l >= 0 ? &p->spec->layouts[l] : NULL;
+    mf_diag_error(ts->d, sl ? sl->role_span[role] : none, "unit '%s', %s, axis '%s': %s; fix: %s",
+                  p->sched->units[b->unit].name, mf_role_name((mf_role)role), axis >= 0 ? m->axes[axis].name : "?",
+                  msg, fix);
+    if (sl && other >= 0)
+        mf_diag_note(ts->d, sl->role_span[other], "%s declared here", mf_role_name((mf_role)other));
+    return true;
+}
+
+/* ---- building transitions ---- */
+
+static char *describe(const mf_mesh *m, const path *pa, char *buf, size_t size)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < pa->n && at < size; i++) {
+        int n = snprintf(buf + at, size - at, "%s%s(%s)", i ? " + " : "", mf_opkind_name(pa->m[i].kind),
+                         m->axes[pa->m[i].axis].name);
+        at += n > 0 ? (size_t)n : 0;
+    }
+    if (pa->n == 0)
+        snprintf(buf, size, "nothing");
+    return buf;
+}
+
+static const char *why_text(mf_plan *p, const bucket_ctx *bc, const path *best, eval eb, const path *alt,
+                            eval ea, mf_dtype dt)
+{
+    char a[256], b[256];
+    const char *reason;
+    if (eb.launches < ea.launches && eb.bytes > ea.bytes)
+        reason = "latency-bound: fewer launches outweigh the extra bytes";
+    else if (eb.launches > ea.launches && eb.bytes < ea.bytes)
+        reason = "bandwidth-bound: fewer bytes outweigh the extra launches";
+    else if (eb.bytes < ea.bytes)
+        reason = "fewer bytes per rank";
+    else if (eb.launches < ea.launches)
+        reason = "fewer launches";
+    else
+        reason = "cheaper links";
+    return mf_arena_printf(p->arena, "%s: %.2f us over %s: %.2f us for %lld bytes (%s)",
+                           describe(bc->mesh, best, b, sizeof b), eb.cost * 1e6,
+                           describe(bc->mesh, alt, a, sizeof a), ea.cost * 1e6,
+                           (long long)(bc->b->length * (int64_t)mf_dtype_size(dt)), reason);
+}
+
+/* The stream of each step: collectives by axis; local steps take the stream
+ * of the next collective of the transition, else the previous, else inner. */
+static void assign_streams(mf_transition *tr, int k)
+{
+    for (int i = 0; i < tr->nsteps; i++)
+        if (mf_opkind_is_collective(tr->steps[i].kind))
+            tr->steps[i].stream = tr->steps[i].axis == k - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
+    for (int i = 0; i < tr->nsteps; i++) {
+        if (mf_opkind_is_collective(tr->steps[i].kind))
+            continue;
+        int s = -1;
+        for (int j = i + 1; j < tr->nsteps && s < 0; j++)
+            if (mf_opkind_is_collective(tr->steps[j].kind))
+                s = j;
+        for (int j = i - 1; j >= 0 && s < 0; j--)
+            if (mf_opkind_is_collective(tr->steps[j].kind))
+                s = j;
+        tr->steps[i].stream = s >= 0 ? tr->steps[s].stream : MF_STREAM_INNER;
+    }
+}
+
+/* Builds transition t of bucket bi; false on error (reported) or OOM (*oom). */
+static bool build(trans_state *ts, int bi, int t, bool *oom)
+{
+    mf_plan *p = ts->p;
+    const mf_bucket *b = &p->sched->buckets[bi];
+    const mf_mesh *m = &p->sched->mesh;
+    bucket_ctx bc = {m, b, mf_layout_shard_quantum(b->dtype, p->sched->align)};
+    mf_transition *tr = &p->trans[bi][t];
+    mf_placement all_p = {{0}}, rep = {{0}};
+    for (int j = 0; j < m->naxes; j++) {
+        all_p.p[j] = MF_PLACE_PARTIAL;
+        rep.p[j] = MF_PLACE_REPLICATE;
+    }
+    const mf_placement *W = &b->place[MF_ROLE_WEIGHT], *G = &b->place[MF_ROLE_GRAD],
+                       *O = &b->place[MF_ROLE_MAIN_WEIGHT];
+    mf_dtype dw = b->dtype[MF_ROLE_WEIGHT], dg = b->dtype[MF_ROLE_GRAD], dmo = b->dtype[MF_ROLE_MAIN_WEIGHT];
+    const mf_placement *from[] = {O, W, &all_p, G}, *to[] = {W, &rep, G, O};
+    mf_dtype from_dt[] = {dmo, dw, dg, dg}, to_dt[] = {dw, dw, dg, dg};
+    tr->id = t + 1;
+    tr->when = transition_when[t];
+    tr->from = *from[t];
+    tr->to = *to[t];
+    tr->from_dtype = from_dt[t];
+    tr->to_dtype = to_dt[t];
+
+    const cand_set *cs = candidates(ts, t, from[t], to[t]);
+    if (!cs) {
+        *oom = true;
+        return false;
+    }
+    /* T1 moves data in the narrower dtype; T2..T4 in their own. */
+    bool cast_first = mf_dtype_size(dw) <= mf_dtype_size(dmo);
+    mf_dtype move_dt = t == MF_T1 ? (cast_first ? dw : dmo) : to_dt[t];
+    const path *paths = cs->paths.data, *best = NULL, *alt = NULL;
+    eval eb = {0}, ea = {0};
+    int nvalid = 0;
+    for (size_t i = 0; i < cs->paths.len; i++) {
+        eval e = evaluate(p, &bc, from[t], &paths[i], move_dt);
+        if (!e.valid)
+            continue;
+        nvalid++;
+        if (!best || better(&paths[i], e, best, eb)) {
+            alt = best, ea = eb;
+            best = &paths[i], eb = e;
+        } else if (!alt || better(&paths[i], e, alt, ea)) {
+            alt = &paths[i], ea = e;
+        }
+    }
+    if (!best) {
+        mf_span none = {0, 0, 0, 0};
+        int l = bucket_spec_layout(p, b);
+        char f[64], g[64];
+        mf_diag_error(ts->d, l >= 0 ? p->spec->layouts[l].span : none,
+                      "unit '%s': no composition of single-axis steps turns %s into %s for T%d of bucket '%s' "
+                      "(length %lld); fix: use placements whose Flat axes are the innermost ones",
+                      p->sched->units[b->unit].name, mf_placement_format(from[t], m->naxes, f, sizeof f),
+                      mf_placement_format(to[t], m->naxes, g, sizeof g), t + 1, b->name, (long long)b->length);
+        return false;
+    }
+    int extra = t == MF_T1 || t == MF_T3; /* the cast, the accumulate */
+    tr->steps = mf_arena_array(p->arena, (size_t)(best->n + extra), sizeof *tr->steps);
+    if (!tr->steps) {
+        *oom = true;
+        return false;
+    }
+    mf_placement st = *from[t];
+    int64_t c = local_count(&bc, &st);
+    int n = 0;
+    if (t == MF_T1 && cast_first)
+        tr->steps[n++] = (mf_step){.kind = MF_OP_CAST, .axis = -1, .dtype = dw, .from = st, .to = st, .count = c};
+    for (int i = 0; i < best->n; i++) {
+        tr->steps[n] = make_step(&bc, &st, c, best->m[i], move_dt);
+        st = tr->steps[n++].to;
+        c = local_count(&bc, &st);
+    }
+    if (t == MF_T1 && !cast_first)
+        tr->steps[n++] = (mf_step){.kind = MF_OP_CAST, .axis = -1, .dtype = dw, .from = st, .to = st, .count = c};
+    if (t == MF_T3)
+        tr->steps[n++] = (mf_step){.kind = MF_OP_ACCUMULATE, .axis = -1, .dtype = dg, .from = st, .to = st, .count = c};
+    tr->nsteps = n;
+    tr->cost = 0;
+    for (int i = 0; i < n; i++)
+        tr->cost += mf_cost_op(&p->cost, m, tr->steps[i].kind, tr->steps[i].axis, tr->steps[i].count,
+                               tr->steps[i].dtype);
+    assign_streams(tr, m->naxes);
+    if (nvalid > 1) {
+        tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
+        if (!tr->why) {
+            *oom = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+bool mf_transition_run(mf_plan *p, mf_diag *d)
+{
+    mf_schedule *s = p->sched;
+    trans_state ts = {.p = p, .d = d, .k = s->mesh.naxes};
+    mf_vec_init(&ts.sets, sizeof(cand_set));
+    mf_vec_init(&ts.reported, sizeof(int));
+    bool oom = false, ok = true;
+    p->trans = mf_arena_array(p->arena, s->nbuckets ? (size_t)s->nbuckets : 1, sizeof *p->trans);
+    oom = !p->trans;
+    for (int b = 0; b < s->nbuckets && !oom; b++) {
+        if (check_legal(&ts, b)) {
+            ok = false;
+            continue;
+        }
+        for (int t = 0; t < MF_NTRANSITIONS && !oom; t++)
+            ok = build(&ts, b, t, &oom) && ok;
+    }
+    if (oom) {
+        mf_span none = {0, 0, 0, 0};
+        mf_diag_error(d, none, "out of memory while planning transitions");
+        ok = false;
+    }
+    cand_set *sets = ts.sets.data;
+    for (size_t i = 0; i < ts.sets.len; i++)
+        mf_vec_free(&sets[i].paths);
+    mf_vec_free(&ts.sets);
+    mf_vec_free(&ts.reported);
+    return ok && mf_diag_errors(d) == 0;
+}
