@@ -63,6 +63,7 @@ static void print_snippet(mf_diag *d, mf_span at)
     fputc('\n', d->out);
 }
 
+__attribute__((format(printf, 4, 0)))
 static void report(mf_diag *d, const char *kind, mf_span at, const char *fmt, va_list ap)
 {
     const char *path = d->src && d->src->path ? d->src->path : "<input>";
@@ -127,4 +128,76 @@ mf_span mf_span_join(mf_span a, mf_span b)
         r.end_col = b.end_col;
     }
     return r;
+}
+
+/* Edit distance counting an adjacent transposition as one edit (optimal
+ * string alignment), capped: returns cap + 1 for anything farther. */
+static size_t edit_distance(const char *a, const char *b, size_t cap)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return cap + 1;
+    if ((la > lb ? la - lb : lb - la) > cap)
+        return cap + 1;
+    size_t rows[3][65];
+    size_t *prev2 = rows[0], *prev = rows[1], *cur = rows[2];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            size_t best = prev[j - 1] + cost;
+            if (prev[j] + 1 < best)
+                best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && prev2[j - 2] + 1 < best)
+                best = prev2[j - 2] + 1;
+            cur[j] = best;
+        }
+        size_t *t = prev2;
+        prev2 = prev;
+        prev = cur;
+        cur = t;
+    }
+    return prev[lb];
+}
+
+static bool same_ignoring_case(const char *a, const char *b)
+{
+    for (; *a && *b; a++, b++) {
+        int ca = (unsigned char)*a, cb = (unsigned char)*b;
+        if (ca >= 'A' && ca <= 'Z')
+            ca += 'a' - 'A';
+        if (cb >= 'A' && cb <= 'Z')
+            cb += 'a' - 'A';
+        if (ca != cb)
+            return false;
+    }
+    return *a == *b;
+}
+
+const char *mf_diag_suggest(const char *word, const char *const *cands, size_t n)
+{
+    if (!word || !*word)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        if (cands[i] && same_ignoring_case(word, cands[i]))
+            return cands[i];
+    /* A typo is at most one edit in short words and a third of a long one. */
+    size_t len = strlen(word);
+    size_t cap = len <= 4 ? 1 : len / 3;
+    const char *best = NULL;
+    size_t best_d = cap + 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!cands[i])
+            continue;
+        size_t dist = edit_distance(word, cands[i], cap);
+        if (dist < best_d) {
+            best_d = dist;
+            best = cands[i];
+        }
+    }
+    return best;
 }

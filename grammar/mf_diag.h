@@ -56,6 +56,13 @@ void mf_diag_finish(mf_diag *d);
 
 static inline int mf_diag_errors(const mf_diag *d) { return d->nerrors; }
 
+/*
+ * "Did you mean" support: returns the candidate closest to `word` (edit
+ * distance, case-insensitive matches first) when it is close enough to be a
+ * plausible typo, else NULL. cands: n borrowed strings; returns one of them.
+ */
+const char *mf_diag_suggest(const char *word, const char *const *cands, size_t n);
+
 /* A span covering a and b. */
 mf_span mf_span_join(mf_span a, mf_span b);
 

@@ -1,0 +1,1308 @@
+/*
+ * mf_sema: the semantic pass, AST (grammar/mf_ast.h) -> resolved spec
+ * (mf_spec.h). It is the only place that knows the rules of DESIGN §3.1, §4
+ * and §5; every later pass trusts its output.
+ *
+ * What it does, in order:
+ *   1. settings: the one mesh (1..4 named axes, sizes >= 1, world size within
+ *      limits), microbatches, reduce, align, prefetch, bucket_size;
+ *   2. named layouts: each role exactly once, known dtypes and placements, one
+ *      placement per mesh axis, then the layout rules: no Partial in weight or
+ *      main_weight, Flat axes a suffix of the mesh, and every per-axis step of
+ *      T1..T4 legal (DESIGN §4);
+ *   3. units, once per declaration (templates): loop ranges, {var}
+ *      substitutions, layout references, inline layouts (resolved like named
+ *      ones, identical inline layouts shared), options, dimensions, element
+ *      counts, and the expansion size against the limits below;
+ *   4. expansion: loops unrolled, names substituted, then unit and full tensor
+ *      names checked for duplicates.
+ *
+ * Invariants of the result (when mf_sema_run returns non-NULL): no errors were
+ * reported; every layout index is valid; every placement has mesh.naxes legal
+ * entries; every unit has >= 1 tensor; names are unique; every product
+ * (numel, world, unit and spec totals) fits the limits, which leave later
+ * passes headroom for bytes, padding and per-step counts in 63 bits.
+ * A unit without a default layout gets its first tensor's layout as `layout`.
+ *
+ * Errors accumulate; each names the offending thing, says what would be
+ * legal, and adds a note at the related declaration where there is one.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_passes.h"
+
+/* Limits (documented in docs/language.md). */
+enum {
+    MF_SEMA_MAX_UNITS = 65536,          /* units after loop expansion */
+    MF_SEMA_MAX_TENSORS = 1 << 20,      /* tensors after loop expansion */
+    MF_SEMA_MAX_MICROBATCHES = 65536,
+    MF_SEMA_MAX_PREFETCH = 1024,
+    MF_SEMA_MAX_WORLD = 1 << 24,        /* ranks */
+    MF_SEMA_MIN_ALIGN = 16,             /* bytes */
+    MF_SEMA_MAX_ALIGN = 1 << 30,        /* bytes */
+    MF_SEMA_MAX_SCOPE = MF_PARSE_MAX_NESTING + 2,
+};
+#define MF_SEMA_MAX_ELEMS (INT64_C(1) << 42) /* elements per unit and per spec */
+
+/* ---- small helpers ---- */
+
+static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
+
+/* A string -> int table (open addressing); keys are borrowed. */
+typedef struct {
+    const char *key;
+    int value;
+} mf_sema_slot;
+
+typedef struct {
+    mf_sema_slot *slots;
+    size_t cap, len;
+} mf_sema_table;
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return h;
+}
+
+static int table_get(const mf_sema_table *t, const char *key)
+{
+    if (!t->cap)
+        return -1;
+    for (size_t i = hash_str(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        if (!t->slots[i].key)
+            return -1;
+        if (strcmp(t->slots[i].key, key) == 0)
+            return t->slots[i].value;
+    }
+}
+
+/* Inserts key (absent); false when out of memory. */
+static bool table_put(mf_sema_table *t, const char *key, int value)
+{
+    if ((t->len + 1) * 2 > t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 64;
+        mf_sema_slot *ns = calloc(ncap, sizeof *ns);
+        if (!ns)
+            return false;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->slots[i].key)
+                continue;
+            size_t j = hash_str(t->slots[i].key) & (ncap - 1);
+            while (ns[j].key)
+                j = (j + 1) & (ncap - 1);
+            ns[j] = t->slots[i];
+        }
+        free(t->slots);
+        t->slots = ns;
+        t->cap = ncap;
+    }
+    size_t i = hash_str(key) & (t->cap - 1);
+    while (t->slots[i].key)
+        i = (i + 1) & (t->cap - 1);
+    t->slots[i].key = key;
+    t->slots[i].value = value;
+    t->len++;
+    return true;
+}
+
+static void table_free(mf_sema_table *t)
+{
+    free(t->slots);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- pass state ---- */
+
+typedef struct {
+    const char *var;
+    int64_t value;
+    const mf_ast_loop *loop;
+} mf_sema_binding;
+
+/* What sema knows about each spec layout besides the spec entry itself. */
+typedef struct {
+    const mf_ast_layout *decl;
+    const char *what;       /* "layout 'x'" or "the inline layout of tensor '...'" */
+    bool ok;                /* fully resolved and legal */
+} mf_sema_layout_info;
+
+/* Per tensor declaration of the unit being expanded, in traversal order. */
+typedef struct {
+    const mf_ast_item *item;
+    int layout;
+    int64_t numel;
+} mf_sema_tinfo;
+
+typedef struct {
+    mf_diag *d;
+    mf_arena *a;
+    const mf_ast *ast;
+    mf_spec *spec;
+    bool oom;
+    bool have_mesh;
+
+    mf_vec layouts;         /* mf_spec_layout */
+    mf_vec linfo;           /* mf_sema_layout_info, parallel to layouts */
+    mf_sema_table layout_names;
+    mf_sema_table inline_sigs;
+
+    mf_vec units;           /* mf_spec_unit */
+    mf_sema_table unit_names;
+    mf_sema_table tensor_names;
+    int64_t nunits, ntensors, nelems;
+    bool limit_hit;         /* a unit/tensor/element limit was reported */
+
+    mf_vec tinfo;           /* mf_sema_tinfo of the current unit */
+    mf_vec tensors;         /* mf_spec_tensor of the current unit */
+    mf_vec tspans;          /* mf_span of every expanded tensor, for notes */
+
+    mf_sema_binding scope[MF_SEMA_MAX_SCOPE];
+    int nscope;
+} mf_sema;
+
+static void sema_oom(mf_sema *s)
+{
+    if (!s->oom) {
+        mf_span none = {0, 0, 0, 0};
+        mf_diag_error(s->d, none, "out of memory in the semantic checks");
+    }
+    s->oom = true;
+}
+
+static const char *const dtype_names[] = {
+#define X(E, name, size) name,
+    MF_DTYPE_LIST(X)
+#undef X
+};
+static const char *const place_names[] = {
+#define X(E, name, letter) name,
+    MF_PLACE_LIST(X)
+#undef X
+};
+static const char *const reduce_names[] = {
+#define X(E, name) name,
+    MF_REDUCE_LIST(X)
+#undef X
+};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* "a, b or c" */
+static void join_words(char *buf, size_t size, const char *const *w, size_t n, const char *last_sep)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && o < size; i++) {
+        int k = snprintf(buf + o, size - o, "%s%s", i == 0 ? "" : (i + 1 == n ? last_sep : ", "), w[i]);
+        if (k < 0)
+            break;
+        o += (size_t)k;
+    }
+}
+
+/* Reports "unknown KIND 'word' ...; did you mean 'x'?" or the legal list. */
+static void unknown_word(mf_sema *s, mf_span at, const char *kind, const char *word, const char *where,
+                         const char *const *legal, size_t n)
+{
+    const char *hint = mf_diag_suggest(word, legal, n);
+    if (hint) {
+        mf_diag_error(s->d, at, "unknown %s '%s'%s; did you mean '%s'?", kind, word, where, hint);
+    } else {
+        char list[256];
+        join_words(list, sizeof list, legal, n, " or ");
+        mf_diag_error(s->d, at, "unknown %s '%s'%s; expected %s", kind, word, where, list);
+    }
+}
+
+/* The span of bytes [off, off+len) inside a string token's content. */
+static mf_span span_in_string(mf_span str, size_t off, size_t len)
+{
+    mf_span r = str;
+    if (str.line != str.end_line)
+        return str;
+    r.col = str.col + 1 + (int)(off < 100000 ? off : 100000);
+    r.end_col = r.col + (int)(len < 100000 ? len : 100000);
+    if (r.end_col > str.end_col)
+        return str;
+    return r;
+}
+
+/* ---- settings ---- */
+
+static void check_mesh(mf_sema *s)
+{
+    const mf_ast_mesh *m = s->ast->meshes;
+    mf_span none = {0, 0, 0, 0};
+    if (!m) {
+        mf_diag_error(s->d, none, "missing 'mesh' statement; a spec needs one, e.g. 'mesh dp = 8;'");
+        return;
+    }
+    for (const mf_ast_mesh *o = m->next; o; o = o->next) {
+        mf_diag_error(s->d, o->span, "a second 'mesh' statement; a spec has exactly one mesh");
+        mf_diag_note(s->d, m->span, "the first mesh is declared here");
+    }
+    bool ok = true;
+    if (m->naxes > MF_MAX_AXES) {
+        mf_diag_error(s->d, m->span, "the mesh has %d axes (limit is %d)", m->naxes, MF_MAX_AXES);
+        ok = false;
+    }
+    mf_mesh *mesh = &s->spec->mesh;
+    int64_t world = 1;
+    bool world_over = false;
+    int i = 0;
+    for (const mf_ast_axis *x = m->axes; x; x = x->next, i++) {
+        for (const mf_ast_axis *y = m->axes; y != x; y = y->next)
+            if (strcmp(x->name.text, y->name.text) == 0) {
+                mf_diag_error(s->d, x->name.span, "mesh axis '%s' declared twice; axis names must be unique",
+                              x->name.text);
+                mf_diag_note(s->d, y->name.span, "'%s' first declared here", y->name.text);
+                ok = false;
+                break;
+            }
+        if (x->size.value < 1) {
+            mf_diag_error(s->d, x->size.span, "mesh axis '%s' has size %" PRId64 "; an axis needs at least 1 rank",
+                          x->name.text, x->size.value);
+            ok = false;
+        } else if (!world_over && !mul_ok(world, x->size.value, &world)) {
+            world_over = true;
+        }
+        if (i < MF_MAX_AXES) {
+            mesh->axes[i].name = x->name.text;
+            mesh->axes[i].size = x->size.value;
+        }
+    }
+    if (world_over) {
+        mf_diag_error(s->d, m->span, "the mesh size (the product of the axis sizes) overflows 63 bits");
+        ok = false;
+    } else if (ok && world > MF_SEMA_MAX_WORLD) {
+        mf_diag_error(s->d, m->span, "the mesh has %" PRId64 " ranks (limit is %d)", world, MF_SEMA_MAX_WORLD);
+        ok = false;
+    }
+    mesh->naxes = m->naxes < MF_MAX_AXES ? m->naxes : MF_MAX_AXES;
+    mesh->world = world;
+    s->spec->mesh_span = m->span;
+    /* Placement arity is checked against the axes even when a size is bad. */
+    s->have_mesh = m->naxes <= MF_MAX_AXES;
+}
+
+/* A size in bytes with an optional binary suffix; false (reported) when bad. */
+static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
+{
+    static const char *const suffixes[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int64_t v = st->num.value;
+    if (!st->num.suffix) {
+        *out = v;
+        return true;
+    }
+    for (size_t i = 0; i < COUNT(suffixes); i++)
+        if (strcmp(st->num.suffix, suffixes[i]) == 0) {
+            int64_t r;
+            if (!mul_ok(v, INT64_C(1) << (10 * i), &r)) {
+                mf_diag_error(s->d, st->num.span, "%s %" PRId64 "%s overflows 63 bits", st->key.text, v,
+                              st->num.suffix);
+                return false;
+            }
+            *out = r;
+            return true;
+        }
+    char where[64];
+    snprintf(where, sizeof where, " in '%s'", st->key.text);
+    unknown_word(s, st->num.span, "size suffix", st->num.suffix, where, suffixes, COUNT(suffixes));
+    return false;
+}
+
+static void check_settings(mf_sema *s)
+{
+    mf_spec *sp = s->spec;
+    const mf_ast_setting *first[MF_AST_SET_BUCKET_SIZE + 1] = {0};
+    for (const mf_ast_setting *st = s->ast->settings; st; st = st->next) {
+        if (first[st->kind]) {
+            mf_diag_error(s->d, st->key.span, "'%s' set twice; give it once", st->key.text);
+            mf_diag_note(s->d, first[st->kind]->key.span, "first set here");
+            continue;
+        }
+        first[st->kind] = st;
+        int64_t v = st->num.value;
+        switch (st->kind) {
+        case MF_AST_SET_MICROBATCHES:
+            if (v < 1)
+                mf_diag_error(s->d, st->num.span, "microbatches is %" PRId64 "; it must be at least 1", v);
+            else if (v > MF_SEMA_MAX_MICROBATCHES)
+                mf_diag_error(s->d, st->num.span, "microbatches %" PRId64 " is too many (limit is %d)", v,
+                              MF_SEMA_MAX_MICROBATCHES);
+            else
+                sp->microbatches = v;
+            break;
+        case MF_AST_SET_REDUCE: {
+            int r = mf_reduce_from_name(st->word.text);
+            if (r < 0)
+                unknown_word(s, st->word.span, "reduce op", st->word.text, "", reduce_names, COUNT(reduce_names));
+            else
+                sp->reduce = (mf_reduce)r;
+            break;
+        }
+        case MF_AST_SET_ALIGN: {
+            int64_t b;
+            if (!size_bytes(s, st, &b))
+                break;
+            if (b < MF_SEMA_MIN_ALIGN || b > MF_SEMA_MAX_ALIGN || (b & (b - 1)) != 0)
+                mf_diag_error(s->d, st->num.span,
+                              "align %" PRId64 " bytes is not a power of two between %d and %d; use e.g. 256",
+                              b, MF_SEMA_MIN_ALIGN, MF_SEMA_MAX_ALIGN);
+            else
+                sp->align = b;
+            break;
+        }
+        case MF_AST_SET_PREFETCH:
+            if (v < 1)
+                mf_diag_error(s->d, st->num.span, "prefetch is %" PRId64 "; it must be at least 1 (units ahead)", v);
+            else if (v > MF_SEMA_MAX_PREFETCH)
+                mf_diag_error(s->d, st->num.span, "prefetch %" PRId64 " is too deep (limit is %d)", v,
+                              MF_SEMA_MAX_PREFETCH);
+            else
+                sp->prefetch = (int)v;
+            break;
+        case MF_AST_SET_BUCKET_SIZE: {
+            int64_t b;
+            if (!size_bytes(s, st, &b))
+                break;
+            if (b < 0)
+                mf_diag_error(s->d, st->num.span,
+                              "bucket_size is %" PRId64 " bytes; it must be 0 (no merging) or more", b);
+            else
+                sp->bucket_size = b;
+            break;
+        }
+        }
+    }
+}
+
+/* ---- layouts ---- */
+
+/* Allowed per-axis steps of T1..T4 (DESIGN §4): allowed[t][from][to]. */
+typedef struct {
+    const char *name;       /* "T1" */
+    mf_role from, to;       /* T3's from is the local gradient, all Partial */
+    const char *when;
+    bool allowed[MF_PLACE_COUNT][MF_PLACE_COUNT];
+} mf_sema_transition;
+
+#define R_ MF_PLACE_REPLICATE
+#define F_ MF_PLACE_FLAT
+#define P_ MF_PLACE_PARTIAL
+static const mf_sema_transition transitions[] = {
+    {"T1", MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, "at the first microbatch",
+     {[R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true, [R_] = true}}},
+    {"T2", MF_ROLE_WEIGHT, MF_ROLE_COUNT, "before compute",
+     {[R_] = {[R_] = true}, [F_] = {[R_] = true}}},
+    {"T3", MF_ROLE_COUNT, MF_ROLE_GRAD, "after every backward",
+     {[P_] = {[P_] = true, [F_] = true, [R_] = true}}},
+    {"T4", MF_ROLE_GRAD, MF_ROLE_MAIN_WEIGHT, "at the last microbatch",
+     {[P_] = {[F_] = true, [R_] = true}, [R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true}}},
+};
+#undef R_
+#undef F_
+#undef P_
+
+/* Resolves the roles of a layout block into out (placements indexed by mesh
+ * axis). Returns true when every role is present, well-formed and legal. */
+static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *what, mf_spec_layout *out)
+{
+    int before = mf_diag_errors(s->d);
+    const mf_ast_role *seen[MF_ROLE_COUNT] = {0};
+    const mf_ast_place *entry[MF_ROLE_COUNT][MF_MAX_AXES] = {{0}};
+    const mf_mesh *mesh = &s->spec->mesh;
+    int naxes = mesh->naxes;
+
+    for (const mf_ast_role *r = decl->roles; r; r = r->next) {
+        const char *role = mf_role_name(r->role);
+        if (seen[r->role]) {
+            mf_diag_error(s->d, r->role_span, "role '%s' declared twice in %s; give each role once", role, what);
+            mf_diag_note(s->d, seen[r->role]->role_span, "first declared here");
+            continue;
+        }
+        seen[r->role] = r;
+        out->role_span[r->role] = r->span;
+        int dt = mf_dtype_from_name(r->dtype.text);
+        if (dt < 0) {
+            char where[160];
+            snprintf(where, sizeof where, " for '%s' in %s", role, what);
+            unknown_word(s, r->dtype.span, "dtype", r->dtype.text, where, dtype_names, COUNT(dtype_names));
+        } else {
+            out->dtype[r->role] = (mf_dtype)dt;
+        }
+        if (r->nplaces == 0) {
+            mf_diag_error(s->d, r->places_span, "the placement of '%s' in %s is empty; give one entry per mesh axis",
+                          role, what);
+            continue;
+        }
+        if (s->have_mesh && r->nplaces != naxes) {
+            char axes[200];
+            const char *names[MF_MAX_AXES];
+            for (int j = 0; j < naxes; j++)
+                names[j] = mesh->axes[j].name;
+            join_words(axes, sizeof axes, names, (size_t)naxes, ", ");
+            mf_diag_error(s->d, r->places_span,
+                          "the placement of '%s' in %s has %d %s but the mesh has %d %s (%s); give one entry "
+                          "per axis, outermost first",
+                          role, what, r->nplaces, r->nplaces == 1 ? "entry" : "entries", naxes,
+                          naxes == 1 ? "axis" : "axes", axes);
+            mf_diag_note(s->d, s->spec->mesh_span, "the mesh is declared here");
+        }
+        /* Entries: all positional, or all labeled with axis names (extension). */
+        bool labeled = r->places->axis.text != NULL;
+        int j = 0;
+        for (const mf_ast_place *p = r->places; p; p = p->next, j++) {
+            int pl = mf_place_from_name(p->value.text);
+            if (pl < 0) {
+                char where[160];
+                snprintf(where, sizeof where, " for '%s' in %s", role, what);
+                unknown_word(s, p->value.span, "placement", p->value.text, where, place_names, COUNT(place_names));
+            }
+            if ((p->axis.text != NULL) != labeled) {
+                mf_diag_error(s->d, p->span,
+                              "mixed labeled and positional entries in the placement of '%s'; label every entry "
+                              "('axis: Flat') or none",
+                              role);
+                continue;
+            }
+            int slot = j;
+            if (labeled && s->have_mesh) {
+                slot = -1;
+                for (int k = 0; k < naxes; k++)
+                    if (strcmp(mesh->axes[k].name, p->axis.text) == 0)
+                        slot = k;
+                if (slot < 0) {
+                    const char *names[MF_MAX_AXES];
+                    for (int k = 0; k < naxes; k++)
+                        names[k] = mesh->axes[k].name;
+                    char where[160];
+                    snprintf(where, sizeof where, " in the placement of '%s'", role);
+                    unknown_word(s, p->axis.span, "mesh axis", p->axis.text, where, names, (size_t)naxes);
+                    continue;
+                }
+                if (entry[r->role][slot]) {
+                    mf_diag_error(s->d, p->axis.span, "axis '%s' appears twice in the placement of '%s'",
+                                  p->axis.text, role);
+                    mf_diag_note(s->d, entry[r->role][slot]->span, "first given here");
+                    continue;
+                }
+            }
+            if (slot >= 0 && slot < MF_MAX_AXES) {
+                entry[r->role][slot] = p;
+                if (pl >= 0)
+                    out->place[r->role].p[slot] = (uint8_t)pl;
+            }
+        }
+    }
+
+    /* Every role is required. */
+    const char *missing[MF_ROLE_COUNT];
+    size_t nmissing = 0;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (!seen[r])
+            missing[nmissing++] = mf_role_name((mf_role)r);
+    if (nmissing) {
+        char list[96], quoted[3][24];
+        const char *q[3];
+        for (size_t i = 0; i < nmissing; i++) {
+            snprintf(quoted[i], sizeof quoted[i], "'%s'", missing[i]);
+            q[i] = quoted[i];
+        }
+        join_words(list, sizeof list, q, nmissing, " and ");
+        mf_diag_error(s->d, decl->span, "%s has no %s %s; a layout declares weight, grad and main_weight", what,
+                      list, nmissing == 1 ? "role" : "roles");
+    }
+    if (mf_diag_errors(s->d) != before || !s->have_mesh)
+        return false;
+
+    /* Only grad may be Partial. */
+    bool legal[MF_ROLE_COUNT] = {true, true, true};
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        if (r == MF_ROLE_GRAD)
+            continue;
+        for (int j = 0; j < naxes; j++)
+            if (out->place[r].p[j] == MF_PLACE_PARTIAL) {
+                mf_diag_error(s->d, entry[r][j]->span,
+                              "'%s' may not be Partial (axis '%s' in %s); only grad may be Partial: use Replicate "
+                              "or Flat",
+                              mf_role_name((mf_role)r), mesh->axes[j].name, what);
+                legal[r] = false;
+                break;
+            }
+    }
+    /* Suffix rule: the Flat axes are the innermost ones. */
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        const mf_placement *p = &out->place[r];
+        int bad_flat = -1, bad_inner = -1;
+        for (int j = 0; j < naxes && bad_flat < 0; j++)
+            if (p->p[j] == MF_PLACE_FLAT)
+                for (int k = j + 1; k < naxes; k++)
+                    if (p->p[k] != MF_PLACE_FLAT) {
+                        bad_flat = j;
+                        bad_inner = k;
+                        break;
+                    }
+        if (bad_flat < 0)
+            continue;
+        char have[64], fix[64];
+        mf_placement fixed = {{0}};
+        int o = 0;
+        for (int j = 0; j < naxes; j++)
+            if (p->p[j] != MF_PLACE_FLAT)
+                fixed.p[o++] = p->p[j];
+        while (o < naxes)
+            fixed.p[o++] = MF_PLACE_FLAT;
+        mf_placement_format(p, naxes, have, sizeof have);
+        mf_placement_format(&fixed, naxes, fix, sizeof fix);
+        mf_diag_error(s->d, seen[r]->places_span,
+                      "placement %s of '%s' in %s breaks the suffix rule: axis '%s' is Flat but axis '%s' inside "
+                      "it is %s; Flat axes must be the innermost, e.g. %s",
+                      have, mf_role_name((mf_role)r), what, mesh->axes[bad_flat].name, mesh->axes[bad_inner].name,
+                      mf_place_name((mf_place)p->p[bad_inner]), fix);
+        legal[r] = false;
+    }
+    if (!legal[0] || !legal[1] || !legal[2])
+        return false;
+
+    /* Per-axis legality of the step's transitions. */
+    for (size_t t = 0; t < COUNT(transitions); t++) {
+        const mf_sema_transition *tr = &transitions[t];
+        for (int j = 0; j < naxes; j++) {
+            int from = tr->from == MF_ROLE_COUNT ? MF_PLACE_PARTIAL : out->place[tr->from].p[j];
+            int to = tr->to == MF_ROLE_COUNT ? MF_PLACE_REPLICATE : out->place[tr->to].p[j];
+            if (tr->allowed[from][to])
+                continue;
+            const char *fname = tr->from == MF_ROLE_COUNT ? "the local gradient" : mf_role_name(tr->from);
+            const char *tname = tr->to == MF_ROLE_COUNT ? "the unsharded weight" : mf_role_name(tr->to);
+            /* A fix: another target for this source, or another source. */
+            const char *to_ok[MF_PLACE_COUNT], *from_ok[MF_PLACE_COUNT];
+            size_t nto = 0, nfrom = 0;
+            for (int p = 0; p < MF_PLACE_COUNT; p++) {
+                if (tr->allowed[from][p] && !(tr->to != MF_ROLE_GRAD && p == MF_PLACE_PARTIAL))
+                    to_ok[nto++] = mf_place_name((mf_place)p);
+                if (tr->allowed[p][to])
+                    from_ok[nfrom++] = mf_place_name((mf_place)p);
+            }
+            char fix[256] = "", a[96], b[96];
+            join_words(a, sizeof a, to_ok, nto, " or ");
+            join_words(b, sizeof b, from_ok, nfrom, " or ");
+            if (nto && tr->to != MF_ROLE_COUNT && nfrom && tr->from != MF_ROLE_COUNT)
+                snprintf(fix, sizeof fix, "make %s %s on '%s', or %s %s", tname, a, mesh->axes[j].name, fname, b);
+            else if (nto && tr->to != MF_ROLE_COUNT)
+                snprintf(fix, sizeof fix, "make %s %s on '%s'", tname, a, mesh->axes[j].name);
+            else if (nfrom && tr->from != MF_ROLE_COUNT)
+                snprintf(fix, sizeof fix, "make %s %s on '%s'", fname, b, mesh->axes[j].name);
+            mf_role at = tr->to != MF_ROLE_COUNT ? tr->to : tr->from;
+            mf_diag_error(s->d, entry[at][j]->span,
+                          "%s (%s -> %s, %s) cannot go %s -> %s on axis '%s' in %s; %s", tr->name, fname, tname,
+                          tr->when, mf_place_name((mf_place)from), mf_place_name((mf_place)to),
+                          mesh->axes[j].name, what, fix);
+            if (tr->from != MF_ROLE_COUNT && tr->to != MF_ROLE_COUNT)
+                mf_diag_note(s->d, entry[tr->from][j]->span, "%s is %s on '%s' here", fname,
+                             mf_place_name((mf_place)from), mesh->axes[j].name);
+        }
+    }
+    return mf_diag_errors(s->d) == before;
+}
+
+/* Appends a layout; returns its index or -1 on OOM. */
+static int add_layout(mf_sema *s, const mf_spec_layout *l, const mf_ast_layout *decl, const char *what, bool ok)
+{
+    mf_spec_layout *nl = mf_vec_push(&s->layouts);
+    mf_sema_layout_info *info = mf_vec_push(&s->linfo);
+    if (!nl || !info) {
+        sema_oom(s);
+        return -1;
+    }
+    *nl = *l;
+    info->decl = decl;
+    info->what = what;
+    info->ok = ok;
+    return (int)s->layouts.len - 1;
+}
+
+static void check_named_layouts(mf_sema *s)
+{
+    for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next) {
+        int prev = table_get(&s->layout_names, l->name.text);
+        if (prev >= 0) {
+            const mf_sema_layout_info *pi = (const mf_sema_layout_info *)s->linfo.data + prev;
+            mf_diag_error(s->d, l->name.span, "layout '%s' declared twice; layout names must be unique",
+                          l->name.text);
+            mf_diag_note(s->d, pi->decl->span, "layout '%s' first declared here", l->name.text);
+            continue;
+        }
+        mf_spec_layout out = {0};
+        out.name = l->name.text;
+        out.span = l->span;
+        char *what = mf_arena_printf(s->a, "layout '%s'", l->name.text);
+        if (!what) {
+            sema_oom(s);
+            return;
+        }
+        bool ok = resolve_layout(s, l, what, &out);
+        int idx = add_layout(s, &out, l, what, ok);
+        if (idx < 0 || !table_put(&s->layout_names, l->name.text, idx)) {
+            sema_oom(s);
+            return;
+        }
+    }
+}
+
+/* Looks up a layout reference; reports an unknown one. -1 when unknown. */
+static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
+{
+    int idx = table_get(&s->layout_names, ref->text);
+    if (idx >= 0)
+        return idx;
+    size_t n = 0;
+    for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next)
+        n++;
+    if (n == 0) {
+        mf_diag_error(s->d, ref->span, "unknown layout '%s' for %s; no layouts are declared (write 'layout %s { ... }')",
+                      ref->text, user, ref->text);
+        return -1;
+    }
+    const char **names = calloc(n, sizeof *names);
+    if (!names) {
+        sema_oom(s);
+        return -1;
+    }
+    size_t i = 0;
+    for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next)
+        names[i++] = l->name.text;
+    const char *hint = mf_diag_suggest(ref->text, names, n);
+    if (hint) {
+        mf_diag_error(s->d, ref->span, "unknown layout '%s' for %s; did you mean '%s'?", ref->text, user, hint);
+        int h = table_get(&s->layout_names, hint);
+        if (h >= 0)
+            mf_diag_note(s->d, ((const mf_sema_layout_info *)s->linfo.data)[h].decl->span,
+                         "layout '%s' declared here", hint);
+    } else {
+        char list[256];
+        join_words(list, sizeof list, names, n > 8 ? 8 : n, n > 8 ? ", " : " or ");
+        mf_diag_error(s->d, ref->span, "unknown layout '%s' for %s; expected %s%s", ref->text, user,
+                      n > 8 ? "one of " : "", list);
+        if (n > 8)
+            mf_diag_note(s->d, ref->span, "%zu layouts are declared in all", n);
+    }
+    free(names);
+    return -1;
+}
+
+/* An inline layout: resolved once per declaration; identical ones share one
+ * spec layout (so their tensors share a bucket). Returns the index or -1. */
+static int inline_layout(mf_sema *s, const mf_ast_layout *decl, const char *unit_t, const char *tensor_t)
+{
+    char *what = mf_arena_printf(s->a, "the inline layout of tensor '%s.%s'", unit_t, tensor_t);
+    if (!what) {
+        sema_oom(s);
+        return -1;
+    }
+    mf_spec_layout out = {0};
+    out.span = decl->span;
+    out.is_inline = true;
+    if (!resolve_layout(s, decl, what, &out))
+        return -1;
+    int naxes = s->spec->mesh.naxes;
+    char sig[128];
+    int o = snprintf(sig, sizeof sig, "inline");
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        char letters[MF_MAX_AXES + 1];
+        o += snprintf(sig + o, sizeof sig - (size_t)o, "|%d:%s", (int)out.dtype[r],
+                      mf_placement_letters(&out.place[r], naxes, letters));
+    }
+    int prev = table_get(&s->inline_sigs, sig);
+    if (prev >= 0)
+        return prev;
+    out.name = mf_arena_printf(s->a, "<inline %s.%s>", unit_t, tensor_t);
+    char *key = mf_arena_strdup(s->a, sig);
+    if (!out.name || !key) {
+        sema_oom(s);
+        return -1;
+    }
+    int idx = add_layout(s, &out, decl, what, true);
+    if (idx < 0 || !table_put(&s->inline_sigs, key, idx)) {
+        sema_oom(s);
+        return -1;
+    }
+    return idx;
+}
+
+/* ---- names and loops ---- */
+
+static int scope_find(const mf_sema *s, const char *var, size_t len)
+{
+    for (int i = s->nscope - 1; i >= 0; i--)
+        if (strlen(s->scope[i].var) == len && memcmp(s->scope[i].var, var, len) == 0)
+            return i;
+    return -1;
+}
+
+/*
+ * Checks a name template: non-empty, braces balanced, every {var} bound.
+ * Sets *used to the scope entries it uses (bit i = scope[i]). `kind` is
+ * "unit" or "tensor". Returns false when it reported an error.
+ */
+static bool check_template(mf_sema *s, const mf_ast_name *name, const char *kind, uint32_t *used)
+{
+    const char *t = name->text;
+    *used = 0;
+    if (!*t) {
+        mf_diag_error(s->d, name->span, "empty %s name; give it a name such as \"%s\"", kind,
+                      strcmp(kind, "unit") == 0 ? "layers.{i}" : "attention.wo.weight");
+        return false;
+    }
+    for (size_t i = 0; t[i]; i++) {
+        if (t[i] == '}') {
+            mf_diag_error(s->d, span_in_string(name->span, i, 1),
+                          "unmatched '}' in %s name \"%s\"; write {var} to substitute a loop variable", kind, t);
+            return false;
+        }
+        if (t[i] != '{')
+            continue;
+        const char *close = strchr(t + i + 1, '}');
+        const char *open = strchr(t + i + 1, '{');
+        if (!close || (open && open < close)) {
+            mf_diag_error(s->d, span_in_string(name->span, i, 1),
+                          "unterminated '{' in %s name \"%s\"; write {var} to substitute a loop variable", kind, t);
+            return false;
+        }
+        size_t len = (size_t)(close - (t + i + 1));
+        mf_span at = span_in_string(name->span, i, len + 2);
+        if (len == 0) {
+            mf_diag_error(s->d, at, "empty '{}' in %s name \"%s\"; write {var} to substitute a loop variable", kind,
+                          t);
+            return false;
+        }
+        int b = scope_find(s, t + i + 1, len);
+        if (b < 0) {
+            if (s->nscope == 0) {
+                mf_diag_error(s->d, at,
+                              "unknown substitution variable '%.*s' in %s name \"%s\"; no loop variable is in scope "
+                              "here (write 'for %.*s in A..B')",
+                              (int)len, t + i + 1, kind, t, (int)len, t + i + 1);
+            } else {
+                const char *vars[MF_SEMA_MAX_SCOPE];
+                char list[160], quoted[MF_SEMA_MAX_SCOPE][40];
+                for (int k = 0; k < s->nscope; k++) {
+                    snprintf(quoted[k], sizeof quoted[k], "'%.32s'", s->scope[k].var);
+                    vars[k] = quoted[k];
+                }
+                join_words(list, sizeof list, vars, (size_t)s->nscope, " and ");
+                mf_diag_error(s->d, at, "unknown substitution variable '%.*s' in %s name \"%s\"; in scope: %s",
+                              (int)len, t + i + 1, kind, t, list);
+            }
+            return false;
+        }
+        *used |= 1u << b;
+        i += len + 1;
+    }
+    return true;
+}
+
+/* Range checks of a loop; *count = iterations. Returns false when reported. */
+static bool check_loop(mf_sema *s, const mf_ast_loop *l, int64_t *count)
+{
+    int shadow = scope_find(s, l->var.text, strlen(l->var.text));
+    if (shadow >= 0) {
+        mf_diag_error(s->d, l->var.span, "loop variable '%s' is already bound by an enclosing loop; use another name",
+                      l->var.text);
+        mf_diag_note(s->d, s->scope[shadow].loop->var.span, "'%s' bound here", l->var.text);
+        return false;
+    }
+    int64_t lo = l->lo.value, hi = l->hi.value;
+    mf_span range = mf_span_join(l->lo.span, l->hi.span);
+    if (lo == hi) {
+        mf_diag_error(s->d, range,
+                      "empty loop range %" PRId64 "..%" PRId64 "; ranges are half-open (A..B runs A to B-1), so "
+                      "write %" PRId64 "..%" PRId64 " for one iteration",
+                      lo, hi, lo, lo + (lo < INT64_MAX ? 1 : 0));
+        return false;
+    }
+    if (lo > hi) {
+        mf_diag_error(s->d, range,
+                      "reversed loop range %" PRId64 "..%" PRId64 "; the start must be below the end, e.g. %" PRId64
+                      "..%" PRId64,
+                      lo, hi, hi, lo);
+        return false;
+    }
+    if (__builtin_sub_overflow(hi, lo, count))
+        *count = INT64_MAX;
+    return true;
+}
+
+/* Writes a template with the bound variables substituted into the arena. */
+static const char *substitute(mf_sema *s, const char *t)
+{
+    if (!strchr(t, '{'))
+        return t;
+    size_t cap = strlen(t) + 1 + (size_t)s->nscope * 24, o = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    for (size_t i = 0; t[i];) {
+        if (t[i] == '{') {
+            const char *close = strchr(t + i + 1, '}');
+            int b = scope_find(s, t + i + 1, (size_t)(close - (t + i + 1)));
+            char num[24];
+            int k = snprintf(num, sizeof num, "%" PRId64, b >= 0 ? s->scope[b].value : 0);
+            if (o + (size_t)k + 1 > cap) {
+                cap = cap * 2 + (size_t)k;
+                char *nb = realloc(buf, cap);
+                if (!nb) {
+                    free(buf);
+                    return NULL;
+                }
+                buf = nb;
+            }
+            memcpy(buf + o, num, (size_t)k);
+            o += (size_t)k;
+            i = (size_t)(close - t) + 1;
+        } else {
+            if (o + 2 > cap) {
+                cap *= 2;
+                char *nb = realloc(buf, cap);
+                if (!nb) {
+                    free(buf);
+                    return NULL;
+                }
+                buf = nb;
+            }
+            buf[o++] = t[i++];
+        }
+    }
+    buf[o] = '\0';
+    char *r = mf_arena_strndup(s->a, buf, o);
+    free(buf);
+    return r;
+}
+
+/* " (i = 3, e = 1)" for messages about an expanded name; "" outside loops. */
+static void bindings_text(const mf_sema *s, char *buf, size_t size)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < s->nscope && o < size; i++) {
+        int k = snprintf(buf + o, size - o, "%s%.32s = %" PRId64, i == 0 ? " (" : ", ", s->scope[i].var,
+                         s->scope[i].value);
+        if (k < 0)
+            return;
+        o += (size_t)k;
+    }
+    if (s->nscope && o < size)
+        snprintf(buf + o, size - o, ")");
+}
+
+/* ---- units: templates ---- */
+
+typedef struct {
+    const mf_ast_unit *u;
+    int layout;             /* default, -1 when none or unknown */
+    bool reshard;
+    int64_t tensors;        /* per iteration, saturating */
+    int64_t elems;          /* per iteration; -1 when it overflowed */
+} mf_sema_unit_t;
+
+static bool count_add(int64_t *acc, int64_t v)
+{
+    if (*acc < 0 || v < 0 || !add_ok(*acc, v, acc)) {
+        *acc = -1;
+        return false;
+    }
+    return true;
+}
+
+/* Checks the items of a unit body (once, not per iteration) and records each
+ * tensor declaration in s->tinfo. Counts tensors and elements per iteration. */
+static void check_items(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *items, int depth, int64_t *ntensors,
+                        int64_t *nelems)
+{
+    *ntensors = 0;
+    *nelems = 0;
+    for (const mf_ast_item *it = items; it; it = it->next) {
+        switch (it->kind) {
+        case MF_AST_ITEM_OPTION:
+            if (depth > 0)
+                mf_diag_error(s->d, it->key.span,
+                              "'%s' is a unit option; put it directly in the body of unit \"%s\", not in a loop",
+                              it->key.text, ut->u->name.text);
+            break;
+        case MF_AST_ITEM_TENSOR: {
+            const mf_ast_tensor *t = &it->tensor;
+            mf_sema_tinfo *ti = mf_vec_push(&s->tinfo);
+            if (!ti) {
+                sema_oom(s);
+                return;
+            }
+            ti->item = it;
+            ti->layout = -1;
+            uint32_t used;
+            if (check_template(s, &t->name, "tensor", &used)) {
+                /* Variables of enclosing tensor loops must vary the name. */
+                int first_for = ut->u->loop ? 1 : 0;
+                for (int v = first_for; v < s->nscope; v++)
+                    if (!(used & (1u << v))) {
+                        mf_diag_error(s->d, t->name.span,
+                                      "tensor name \"%s\" does not use the loop variable '%s', so every iteration "
+                                      "would declare the same tensor; write {%s} in the name",
+                                      t->name.text, s->scope[v].var, s->scope[v].var);
+                        mf_diag_note(s->d, s->scope[v].loop->span, "the loop over '%s' is here", s->scope[v].var);
+                        break;
+                    }
+            }
+            /* dimensions */
+            int64_t numel = 1;
+            bool over = false;
+            if (t->ndims == 0) {
+                mf_diag_error(s->d, t->dims_span,
+                              "tensor \"%s\" has no dimensions; write [1] for a single element", t->name.text);
+            } else if (t->ndims > MF_MAX_DIMS) {
+                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %d dimensions (limit is %d)", t->name.text,
+                              t->ndims, MF_MAX_DIMS);
+            }
+            int k = 0;
+            bool dims_ok = t->ndims >= 1 && t->ndims <= MF_MAX_DIMS;
+            for (const mf_ast_dim *dm = t->dims; dm; dm = dm->next, k++) {
+                if (dm->size.value < 1) {
+                    mf_diag_error(s->d, dm->size.span,
+                                  "dimension %d of tensor \"%s\" is %" PRId64 "; a dimension must be at least 1",
+                                  k + 1, t->name.text, dm->size.value);
+                    dims_ok = false;
+                } else if (!over && !mul_ok(numel, dm->size.value, &numel)) {
+                    over = true;
+                }
+            }
+            if (dims_ok && over) {
+                mf_diag_error(s->d, t->dims_span,
+                              "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
+                              t->name.text);
+                dims_ok = false;
+            } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
+                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
+                              t->name.text, numel, MF_SEMA_MAX_ELEMS);
+                dims_ok = false;
+            }
+            ti->numel = dims_ok ? numel : 0;
+            /* layout: override, inline, or the unit's default */
+            char user[320];
+            snprintf(user, sizeof user, "tensor \"%s\" in unit \"%s\"", t->name.text, ut->u->name.text);
+            if (t->layout.text) {
+                ti->layout = lookup_layout(s, &t->layout, user);
+            } else if (t->inline_layout) {
+                ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
+            } else if (ut->u->layout.text) {
+                ti->layout = ut->layout;
+            } else {
+                mf_diag_error(s->d, t->name.span,
+                              "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
+                              "gives none; add 'layout NAME' to either, or inline roles '{ weight ...; }'",
+                              t->name.text, ut->u->name.text);
+                mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
+            }
+            if (*ntensors < INT64_MAX)
+                (*ntensors)++;
+            if (!dims_ok)
+                numel = 0;
+            count_add(nelems, numel);
+            break;
+        }
+        case MF_AST_ITEM_FOR: {
+            int64_t iters;
+            if (s->nscope >= MF_SEMA_MAX_SCOPE) {
+                mf_diag_error(s->d, it->loop.span, "too many nested loops (limit is %d)", MF_SEMA_MAX_SCOPE);
+                break;
+            }
+            bool ok = check_loop(s, &it->loop, &iters);
+            if (!ok)
+                iters = 0;
+            s->scope[s->nscope++] = (mf_sema_binding){it->loop.var.text, it->loop.lo.value, &it->loop};
+            int64_t nt, ne;
+            check_items(s, ut, it->body, depth + 1, &nt, &ne);
+            s->nscope--;
+            if (s->oom)
+                return;
+            int64_t tt, te;
+            if (!mul_ok(nt, iters, &tt))
+                tt = INT64_MAX;
+            if (ne < 0 || !mul_ok(ne, iters, &te))
+                te = -1;
+            if (*ntensors > INT64_MAX - tt)
+                *ntensors = INT64_MAX;
+            else
+                *ntensors += tt;
+            count_add(nelems, te);
+            break;
+        }
+        }
+        if (s->oom)
+            return;
+    }
+}
+
+/* Counts tensor declarations (not iterations) in a body. */
+static bool has_tensors(const mf_ast_item *items)
+{
+    for (const mf_ast_item *it = items; it; it = it->next)
+        if (it->kind == MF_AST_ITEM_TENSOR || (it->kind == MF_AST_ITEM_FOR && has_tensors(it->body)))
+            return true;
+    return false;
+}
+
+/* ---- units: expansion ---- */
+
+/* Expands items for the current bindings, appending to s->tensors; consumes
+ * s->tinfo from *cursor in the order check_items() recorded it. */
+static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *items, size_t *cursor)
+{
+    const mf_sema_tinfo *tinfo = s->tinfo.data;
+    for (const mf_ast_item *it = items; it && !s->oom; it = it->next) {
+        if (it->kind == MF_AST_ITEM_TENSOR) {
+            const mf_sema_tinfo *ti = &tinfo[(*cursor)++];
+            const mf_ast_tensor *t = &it->tensor;
+            const char *tname = substitute(s, t->name.text);
+            char *full = tname ? mf_arena_printf(s->a, "%s.%s", unit_name, tname) : NULL;
+            mf_spec_tensor *st = mf_vec_push(&s->tensors);
+            if (!full || !st) {
+                sema_oom(s);
+                return;
+            }
+            st->name = full;
+            st->span = t->name.span;
+            st->ndims = t->ndims;
+            int k = 0;
+            for (const mf_ast_dim *dm = t->dims; dm && k < MF_MAX_DIMS; dm = dm->next)
+                st->dims[k++] = dm->size.value;
+            st->numel = ti->numel;
+            st->layout = ti->layout;
+            int prev = table_get(&s->tensor_names, full);
+            if (prev >= 0) {
+                char where[200];
+                bindings_text(s, where, sizeof where);
+                mf_diag_error(s->d, t->name.span, "tensor '%s' declared twice%s; full tensor names must be unique",
+                              full, where);
+                mf_diag_note(s->d, ((const mf_span *)s->tspans.data)[prev], "'%s' first declared here", full);
+                continue;
+            }
+            mf_span *sp = mf_vec_push(&s->tspans);
+            if (!sp || !table_put(&s->tensor_names, full, (int)s->tspans.len - 1)) {
+                sema_oom(s);
+                return;
+            }
+            *sp = t->name.span;
+        } else if (it->kind == MF_AST_ITEM_FOR) {
+            size_t start = *cursor, end = start;
+            s->scope[s->nscope++] = (mf_sema_binding){it->loop.var.text, 0, &it->loop};
+            for (int64_t v = it->loop.lo.value; v < it->loop.hi.value && !s->oom; v++) {
+                s->scope[s->nscope - 1].value = v;
+                size_t c = start;
+                expand_items(s, unit_name, it->body, &c);
+                end = c;
+            }
+            s->nscope--;
+            *cursor = end;
+        }
+    }
+}
+
+static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
+{
+    const mf_ast_unit *u = ut->u;
+    const char *name = substitute(s, u->name.text);
+    if (!name) {
+        sema_oom(s);
+        return;
+    }
+    int prev = table_get(&s->unit_names, name);
+    if (prev >= 0) {
+        char where[200];
+        bindings_text(s, where, sizeof where);
+        mf_diag_error(s->d, u->name.span, "unit '%s' declared twice%s; unit names must be unique", name, where);
+        mf_diag_note(s->d, ((const mf_spec_unit *)s->units.data)[prev].span, "'%s' first declared here", name);
+        return;
+    }
+    mf_vec_init(&s->tensors, sizeof(mf_spec_tensor));
+    size_t cursor = 0;
+    expand_items(s, name, u->body, &cursor);
+    mf_spec_unit *su = s->oom ? NULL : mf_vec_push(&s->units);
+    if (!su) {
+        mf_vec_free(&s->tensors);
+        sema_oom(s);
+        return;
+    }
+    su->name = name;
+    su->span = u->span;
+    su->reshard_after_forward = ut->reshard;
+    su->ntensors = (int)s->tensors.len;
+    su->tensors = mf_vec_to_arena(&s->tensors, s->a);
+    su->layout = ut->layout >= 0 ? ut->layout : (su->ntensors ? su->tensors[0].layout : -1);
+    if (!su->tensors || !table_put(&s->unit_names, name, (int)s->units.len - 1))
+        sema_oom(s);
+}
+
+static void check_unit(mf_sema *s, const mf_ast_unit *u)
+{
+    int before = mf_diag_errors(s->d);
+    mf_sema_unit_t ut = {.u = u, .layout = -1, .reshard = true};
+    s->nscope = 0;
+    int64_t iters = 1;
+    bool loop_ok = true;
+    if (u->loop) {
+        loop_ok = check_loop(s, u->loop, &iters);
+        s->scope[s->nscope++] = (mf_sema_binding){u->loop->var.text, u->loop->lo.value, u->loop};
+    }
+    uint32_t used;
+    if (check_template(s, &u->name, "unit", &used) && u->loop && !(used & 1u))
+        mf_diag_error(s->d, u->name.span,
+                      "unit name \"%s\" does not use the loop variable '%s', so every iteration would have the "
+                      "same name; write {%s} in the name, e.g. \"%s.{%s}\"",
+                      u->name.text, u->loop->var.text, u->loop->var.text, u->name.text, u->loop->var.text);
+    if (u->layout.text) {
+        char user[300];
+        snprintf(user, sizeof user, "unit \"%s\"", u->name.text);
+        ut.layout = lookup_layout(s, &u->layout, user);
+    }
+    /* options */
+    const mf_ast_item *reshard = NULL;
+    for (const mf_ast_item *it = u->body; it; it = it->next) {
+        if (it->kind != MF_AST_ITEM_OPTION)
+            continue;
+        if (reshard) {
+            mf_diag_error(s->d, it->key.span, "'%s' set twice in unit \"%s\"; give it once", it->key.text,
+                          u->name.text);
+            mf_diag_note(s->d, reshard->key.span, "first set here");
+            continue;
+        }
+        reshard = it;
+        if (strcmp(it->value.text, "true") == 0) {
+            ut.reshard = true;
+        } else if (strcmp(it->value.text, "false") == 0) {
+            ut.reshard = false;
+        } else {
+            static const char *const bools[] = {"true", "false"};
+            unknown_word(s, it->value.span, "value", it->value.text, " for 'reshard_after_forward'", bools, 2);
+        }
+    }
+    if (!has_tensors(u->body)) {
+        mf_diag_error(s->d, u->name.span, "unit \"%s\" has no tensors; a unit needs at least one 'tensor'",
+                      u->name.text);
+        return;
+    }
+    s->tinfo.len = 0;
+    check_items(s, &ut, u->body, 0, &ut.tensors, &ut.elems);
+    if (s->oom || mf_diag_errors(s->d) != before || !loop_ok || s->limit_hit)
+        return;
+
+    /* Limits, before anything is expanded. */
+    mf_span at = u->loop ? u->loop->span : u->span;
+    int64_t nt;
+    if (s->nunits + iters > MF_SEMA_MAX_UNITS) {
+        mf_diag_error(s->d, at, "too many units (limit is %d): unit \"%s\" expands to %" PRId64 " units", MF_SEMA_MAX_UNITS,
+                      u->name.text, iters);
+        s->limit_hit = true;
+        return;
+    }
+    if (!mul_ok(ut.tensors, iters, &nt) || s->ntensors + nt > MF_SEMA_MAX_TENSORS) {
+        mf_diag_error(s->d, at, "too many tensors (limit is %d): unit \"%s\" adds %s%" PRId64, MF_SEMA_MAX_TENSORS,
+                      u->name.text, nt == INT64_MAX ? "more than " : "", nt == INT64_MAX ? INT64_MAX : nt);
+        s->limit_hit = true;
+        return;
+    }
+    if (ut.elems < 0) {
+        mf_diag_error(s->d, u->name.span, "unit \"%s\" has too many elements: its tensors' sizes add up past 63 bits",
+                      u->name.text);
+        s->limit_hit = true;
+        return;
+    }
+    if (ut.elems > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, u->name.span, "unit \"%s\" has %" PRId64 " elements in all (limit is %" PRId64 ")",
+                      u->name.text, ut.elems, MF_SEMA_MAX_ELEMS);
+        s->limit_hit = true;
+        return;
+    }
+    int64_t all;
+    if (!mul_ok(ut.elems, iters, &all) || !add_ok(s->nelems, all, &all) || all > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, at, "the spec has more than %" PRId64 " elements in all once unit \"%s\" is added (limit is %" PRId64 ")",
+                      MF_SEMA_MAX_ELEMS, u->name.text, MF_SEMA_MAX_ELEMS);
+        s->limit_hit = true;
+        return;
+    }
+    s->nunits += iters;
+    s->ntensors += nt;
+    s->nelems = all;
+
+    int64_t lo = u->loop ? u->loop->lo.value : 0;
+    for (int64_t i = 0; i < iters && !s->oom; i++) {
+        if (u->loop)
+            s->scope[0].value = lo + i;
+        expand_unit(s, &ut);
+    }
+}
+
+/* ---- the pass ---- */
+
+mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
+{
+    mf_sema s;
+    memset(&s, 0, sizeof s);
+    s.d = d;
+    s.a = a;
+    s.ast = ast;
+    s.spec = mf_arena_alloc(a, sizeof *s.spec);
+    if (!s.spec) {
+        sema_oom(&s);
+        return NULL;
+    }
+    mf_vec_init(&s.layouts, sizeof(mf_spec_layout));
+    mf_vec_init(&s.linfo, sizeof(mf_sema_layout_info));
+    mf_vec_init(&s.units, sizeof(mf_spec_unit));
+    mf_vec_init(&s.tinfo, sizeof(mf_sema_tinfo));
+    mf_vec_init(&s.tspans, sizeof(mf_span));
+
+    mf_spec *sp = s.spec;
+    sp->path = ast->src ? ast->src->path : NULL;
+    sp->microbatches = 1;
+    sp->reduce = MF_REDUCE_AVG;
+    sp->align = 256;
+    sp->prefetch = 1;
+    sp->bucket_size = 0;
+
+    check_mesh(&s);
+    check_settings(&s);
+    check_named_layouts(&s);
+    for (const mf_ast_unit *u = ast->units; u && !s.oom; u = u->next)
+        check_unit(&s, u);
+    if (!ast->units && !s.oom) {
+        mf_span none = {0, 0, 0, 0};
+        mf_diag_error(d, none, "the spec declares no units; add at least one 'unit \"name\" layout NAME { ... }'");
+    }
+
+    mf_spec *result = NULL;
+    if (!s.oom && mf_diag_errors(d) == 0) {
+        sp->nlayouts = (int)s.layouts.len;
+        sp->layouts = mf_vec_to_arena(&s.layouts, a);
+        sp->nunits = (int)s.units.len;
+        sp->units = mf_vec_to_arena(&s.units, a);
+        if (!sp->layouts || !sp->units)
+            sema_oom(&s);
+        else
+            result = sp;
+    }
+    mf_vec_free(&s.layouts);
+    mf_vec_free(&s.linfo);
+    mf_vec_free(&s.units);
+    mf_vec_free(&s.tinfo);
+    mf_vec_free(&s.tensors);
+    mf_vec_free(&s.tspans);
+    table_free(&s.layout_names);
+    table_free(&s.inline_sigs);
+    table_free(&s.unit_names);
+    table_free(&s.tensor_names);
+    return result;
+}
