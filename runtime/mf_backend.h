@@ -1,0 +1,161 @@
+/*
+ * mf_backend: the interface between the replay engine (mf_replay.c,
+ * mf_cpu_streams.c) and a communication backend (mf_backend_local.c,
+ * mf_backend_mpi.c, and later mf_backend_nccl*.c).
+ *
+ * What the engine does for every backend
+ *   - checks the config and the schedule, resolves every op of the schedule to
+ *     this rank's buffers (mf_rt_op: pointers, counts, group size, coord) and
+ *     precomputes, per (phase, unit, microbatch class), the list of ops a hook
+ *     issues (mf_replay.c);
+ *   - owns the hook state machine, error stickiness, statistics and views;
+ *   - allocates every buffer through be->alloc (host or device memory).
+ *
+ * Two execution models, chosen by the backend's caps:
+ *
+ *   worker model (caps without MF_BE_NATIVE_STREAMS; local, mpi)
+ *     The engine runs one CPU thread per communication stream (inner, outer);
+ *     the compute stream is the trainer's thread. Each stream executes its
+ *     ops in issue order. The engine itself executes events (counters under
+ *     one mutex; waits sleep on a condition variable, with the timeout) and
+ *     local ops (cast, accumulate, slice with the mf_cpu_* kernels below) and
+ *     calls be->collective() on the stream's thread for collectives. A
+ *     collective is blocking: it returns when dst is complete and src may be
+ *     reused, or with an error (timeout: a peer never arrived).
+ *
+ *   native model (caps with MF_BE_NATIVE_STREAMS; the CUDA/NCCL backend)
+ *     The engine calls be->submit() on the host thread for EVERY op, in
+ *     issue order, including compute-stream ops, events and local ops; the
+ *     backend enqueues it on its own stream for op->op->stream (a cudaStream
+ *     per mf_stream; compute = the trainer's stream) and maps event ids to
+ *     its own events (record = cudaEventRecord, wait = cudaStreamWaitEvent on
+ *     the latest record, which is exactly the schedule's wait semantics).
+ *     The engine starts no threads and never blocks in a hook; step_end does
+ *     not synchronize (the trainer's compute stream is ordered by events);
+ *     mfsdp_synchronize() calls be->synchronize().
+ *
+ * Order of calls (all on the host thread unless said otherwise):
+ *   mfsdp_create:  open -> alloc (buffers, per-stream scratch) -> exchange
+ *                  (schedule hash and create status over the world) ->
+ *                  comm_init (all communicators) -> [worker threads start]
+ *   hooks:         collective (stream threads; worker model) or submit
+ *   mfsdp_destroy: [worker threads stop] -> abort (only when ops may still be
+ *                  in flight or the runtime failed) -> free (every buffer) ->
+ *                  close
+ * abort may also be called from a stream thread after one of its collectives
+ * timed out, so that peers blocked on the same communicator return at once.
+ *
+ * Errors: functions return an mfsdp_result. Host-thread functions describe
+ * failures with mf_rt_set_error(rt, ...); collective/submit/synchronize write
+ * their message into the (err, errlen) buffer they are given, because they
+ * may run concurrently with the host thread. Messages are lower-case and
+ * concrete (which op, which axis, which ranks, how long).
+ *
+ * Backend state lives in rt->be_state (set by open, released by close).
+ * Backends may read the runtime's resolved tables (rt->rops, rt->comms, the
+ * schedule) but change nothing in them.
+ */
+#ifndef MF_BACKEND_H
+#define MF_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mf_schedule.h"
+#include "mfsdp.h"
+
+typedef struct mfsdp_runtime mf_rt;
+
+/* One schedule op resolved for this rank (precomputed at create). */
+typedef struct mf_rt_op {
+    const mf_op *op;          /* the schedule's op: kind, stream, axis, dtype, count, event */
+    void *src, *dst;          /* this rank's buffers (backend memory); NULL when none */
+    int64_t src_count;        /* elements in src's buffer */
+    int64_t dst_count;        /* elements in dst's buffer */
+    mf_dtype src_dtype, dst_dtype;
+    int comm;                 /* index into rt->comms for collectives; -1 otherwise */
+    int64_t nranks;           /* size of the op's axis group; 1 without an axis */
+    int64_t coord;            /* this rank's coord on the op's axis; 0 without one */
+    bool overlap;             /* src and dst are the same memory (in place) */
+} mf_rt_op;
+
+/* One communicator: an axis group as seen by one stream of this rank. */
+typedef struct mf_rt_comm {
+    int axis;
+    mf_stream stream;         /* inner or outer (compute only if the schedule says so) */
+    int64_t color;            /* mf_mesh_axis_color(): which group of the axis */
+    int64_t coord;            /* this rank's position in the group */
+    int64_t nranks;           /* group size, the axis size */
+    int64_t *ranks;           /* world ranks of the group in coord order (nranks) */
+} mf_rt_comm;
+
+enum {
+    MF_BE_NATIVE_STREAMS = 1u << 0, /* the backend enqueues ops itself (see above) */
+};
+
+typedef struct mf_backend_vtbl {
+    const char *name;
+    unsigned caps;            /* MF_BE_* */
+    /* Attaches to the world described by cfg; sets rt->be_state and writes
+     * this runtime's rank (cfg->rank, or the backend's when -1) and the
+     * world size. */
+    mfsdp_result (*open)(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world);
+    /* Zero-filled memory of `bytes` (> 0) bytes, aligned to 256 bytes. */
+    mfsdp_result (*alloc)(mf_rt *rt, size_t bytes, void **out);
+    void (*free)(mf_rt *rt, void *p);
+    /* All-gather of `bytes` bytes per rank over the world, in rank order,
+     * into all[world * bytes]; blocking, bounded by the timeout. */
+    mfsdp_result (*exchange)(mf_rt *rt, const void *mine, size_t bytes, void *all);
+    /* Builds every communicator (collective over the world: every rank
+     * passes the same list, since the schedules matched). */
+    mfsdp_result (*comm_init)(mf_rt *rt, const mf_rt_comm *comms, int ncomms);
+    /* Worker model: runs one collective on the calling stream thread. */
+    mfsdp_result (*collective)(mf_rt *rt, const mf_rt_op *op, int64_t microbatch, char *err,
+                               size_t errlen);
+    /* Native model: enqueues one op. event_seq: for record, the record's
+     * sequence number for its event (1, 2, ...); for wait, the sequence
+     * number of the latest record issued before it (0: none yet). */
+    mfsdp_result (*submit)(mf_rt *rt, const mf_rt_op *op, int64_t microbatch, int64_t event_seq,
+                           char *err, size_t errlen);
+    /* Native model: waits for every submitted op. */
+    mfsdp_result (*synchronize)(mf_rt *rt, char *err, size_t errlen);
+    /* Makes peers blocked with this rank on a communicator return an error;
+     * idempotent; callable from any thread. */
+    void (*abort)(mf_rt *rt, const char *why);
+    /* Releases rt->be_state (communicators included). */
+    void (*close)(mf_rt *rt);
+} mf_backend_vtbl;
+
+/* The backends built into this library. */
+extern const mf_backend_vtbl mf_backend_local;
+#ifdef MFSDP_HAVE_MPI
+extern const mf_backend_vtbl mf_backend_mpi;
+#endif
+/* --- CUDA/NCCL backend: declare `extern const mf_backend_vtbl mf_backend_nccl;`
+ * here under #ifdef MFSDP_HAVE_CUDA and add it to mf_rt_backend_for(). --- */
+
+/* ---- CPU kernels (mf_cpu_kernels.c), shared by the CPU backends ----
+ * Conversions round to nearest even; NaN stays NaN (quiet), overflow gives
+ * infinity. bf16 and fp16 arithmetic is done in fp32 and rounded once. */
+uint16_t mf_f32_to_bf16(float f);
+float mf_bf16_to_f32(uint16_t h);
+uint16_t mf_f32_to_fp16(float f);
+float mf_fp16_to_f32(uint16_t h);
+/* Element i of a buffer of dtype d, as a float; and the inverse store. */
+float mf_cpu_load(const void *p, mf_dtype d, int64_t i);
+void mf_cpu_store(void *p, mf_dtype d, int64_t i, float v);
+
+/* dst[i] = (dd) src[i], i < n. Same dtype: memmove. */
+void mf_cpu_convert(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n);
+/* dst[i] = dst[i] + src[i] in fp32, stored as dd. */
+void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n);
+/* dst[i] = (sum over k < nsrc of srcs[k][off + i]) / divisor, summed in fp32
+ * in k order (so every rank computing it gets the same bits); divisor 1 for
+ * sum. dst may alias srcs[k] + off only when it is the same position. */
+void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, int64_t n,
+                   mf_dtype d, int64_t divisor);
+/* p[i] = p[i] / divisor, i < n. */
+void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor);
+
+#endif

@@ -1,0 +1,562 @@
+/*
+ * mf_backend_local: N thread-ranks in one process sharing memory. For tests
+ * and for replaying a schedule on one machine.
+ *
+ * A group (mfsdp_local_group) is shared by the thread-ranks. It holds the
+ * create-time exchange (a generation barrier carrying each rank's bytes) and
+ * one communicator per (stream, axis, axis group), created by the first rank
+ * that needs it and freed by the last that leaves.
+ *
+ * A collective is a rendezvous on its communicator. Each rank numbers its
+ * collectives on a communicator (0, 1, 2, ...); collective k uses slot k % 2.
+ * A rank posts its source pointer, waits until every member has posted,
+ * computes its own destination by reading every member's source directly
+ * (no intermediate copies), then departs and waits until every member has
+ * departed, so no member's source is overwritten while a peer still reads it.
+ * The last rank to depart recycles the slot for collective k + 2. With two
+ * slots a fast rank can already post collective k + 1 while slow ones depart
+ * from k. Reductions sum in coord order, so every member computes the same
+ * bits. An op whose source and destination are the same buffer (in place)
+ * posts a copy of its source (per-stream scratch sized at create).
+ *
+ * Failure: every wait is bounded by the timeout. A rank that times out
+ * aborts the communicator with a message naming the ranks that never
+ * arrived; every member waiting on it returns MFSDP_ERR_ABORTED with that
+ * message at once. Members that disagree on a collective (kind, dtype, count)
+ * all get MFSDP_ERR_MISMATCH.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mf_rt.h"
+
+#define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
+#define MF_LOCAL_MSG 512
+
+typedef struct mf_local_slot {
+    int64_t seq;               /* the collective number this slot serves */
+    int64_t arrived, departed;
+    const void **src;          /* per coord: the posted source */
+    uint8_t *posted;           /* per coord */
+    mf_opkind kind;            /* from the first member to arrive */
+    mf_dtype dtype;
+    int64_t count;
+    int op;
+    bool mismatch;
+    char mismatch_msg[MF_LOCAL_MSG];
+} mf_local_slot;
+
+typedef struct mf_local_comm {
+    int64_t n;                 /* members */
+    int refs;                  /* runtimes using it */
+    int axis;
+    mf_stream stream;
+    int64_t color;
+    int64_t *ranks;            /* world rank per coord */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool aborted;
+    char abort_msg[MF_LOCAL_MSG];
+    mf_local_slot slot[2];
+} mf_local_comm;
+
+struct mfsdp_local_group {
+    int64_t world;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t nattached;
+    uint8_t *attached;         /* per rank */
+    int64_t xgen, xarrived;    /* exchange generation and arrivals in it */
+    uint8_t *xdata[2];         /* per generation parity: world * MF_LOCAL_XMAX bytes */
+    uint8_t *xposted[2];       /* per generation parity: who arrived */
+    bool broken;               /* an exchange timed out; reset when everyone left */
+    char broken_msg[MF_LOCAL_MSG];
+    mf_local_comm **comms;     /* [MF_STREAM_COUNT * MF_MAX_AXES * world] */
+};
+
+typedef struct mf_local_rank {
+    mfsdp_local_group *g;
+    int64_t rank;
+    int ncomms;
+    mf_local_comm **comms;     /* per runtime comm index */
+    int64_t *seq;              /* per runtime comm index: next collective number */
+    void *scratch[MF_STREAM_COUNT];
+} mf_local_rank;
+
+/* ---- groups ---- */
+
+MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group **out)
+{
+    if (!out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_local_group_create: out is NULL");
+    *out = NULL;
+    if (world < 1 || world > (1 << 20))
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_local_group_create: world %lld is out of range [1, %d]",
+                               (long long)world, 1 << 20);
+    mfsdp_local_group *g = mf_rt_calloc(1, sizeof *g);
+    if (!g)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (local group)");
+    g->world = world;
+    g->attached = mf_rt_calloc((size_t)world, 1);
+    g->comms = mf_rt_calloc((size_t)(MF_STREAM_COUNT * MF_MAX_AXES * world), sizeof *g->comms);
+    for (int p = 0; p < 2; p++) {
+        g->xdata[p] = mf_rt_calloc((size_t)world, MF_LOCAL_XMAX);
+        g->xposted[p] = mf_rt_calloc((size_t)world, 1);
+    }
+    bool ok = g->attached && g->comms && g->xdata[0] && g->xdata[1] && g->xposted[0] &&
+              g->xposted[1];
+    bool mu = ok && pthread_mutex_init(&g->mu, NULL) == 0;
+    bool cv = mu && mf_rt_cond_init(&g->cv) == 0;
+    if (!cv) {
+        if (mu)
+            pthread_mutex_destroy(&g->mu);
+        for (int p = 0; p < 2; p++) {
+            mf_rt_free(g->xdata[p]);
+            mf_rt_free(g->xposted[p]);
+        }
+        mf_rt_free(g->attached);
+        mf_rt_free(g->comms);
+        mf_rt_free(g);
+        return mf_rt_set_error(NULL, ok ? MFSDP_ERR_INTERNAL : MFSDP_ERR_OUT_OF_MEMORY,
+                               "cannot create the local group");
+    }
+    *out = g;
+    return MFSDP_OK;
+}
+
+static void comm_free(mf_local_comm *c)
+{
+    if (!c)
+        return;
+    for (int k = 0; k < 2; k++) {
+        mf_rt_free((void *)c->slot[k].src);
+        mf_rt_free(c->slot[k].posted);
+    }
+    mf_rt_free(c->ranks);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    mf_rt_free(c);
+}
+
+MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
+{
+    if (!g)
+        return;
+    for (int64_t i = 0; i < MF_STREAM_COUNT * MF_MAX_AXES * g->world; i++)
+        comm_free(g->comms[i]);
+    for (int p = 0; p < 2; p++) {
+        mf_rt_free(g->xdata[p]);
+        mf_rt_free(g->xposted[p]);
+    }
+    mf_rt_free(g->attached);
+    mf_rt_free(g->comms);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    mf_rt_free(g);
+}
+
+/* ---- backend functions ---- */
+
+static mfsdp_result local_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
+{
+    mfsdp_local_group *g = cfg->local_group;
+    if (!g)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "config.local_group is NULL (create one with mfsdp_local_group_create)");
+    if (cfg->rank < 0 || cfg->rank >= g->world)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "config.rank %lld is out of range for a local group of %lld ranks",
+                               (long long)cfg->rank, (long long)g->world);
+    mf_local_rank *st = mf_rt_calloc(1, sizeof *st);
+    if (!st)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    pthread_mutex_lock(&g->mu);
+    bool taken = g->attached[cfg->rank];
+    if (!taken) {
+        g->attached[cfg->rank] = 1;
+        g->nattached++;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (taken) {
+        mf_rt_free(st);
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                               "rank %lld already has a runtime on this local group",
+                               (long long)cfg->rank);
+    }
+    st->g = g;
+    st->rank = cfg->rank;
+    rt->be_state = st;
+    *rank = cfg->rank;
+    *world = g->world;
+    return MFSDP_OK;
+}
+
+static mfsdp_result local_alloc(mf_rt *rt, size_t bytes, void **out)
+{
+    *out = mf_rt_aligned_zalloc(256, bytes);
+    if (!*out)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
+    return MFSDP_OK;
+}
+
+static void local_free(mf_rt *rt, void *p)
+{
+    mf_rt_free(p);
+}
+
+/* Appends the world ranks whose flag is 0 to msg ("2,5"). */
+static void list_missing(char *msg, size_t size, const uint8_t *flags, const int64_t *ranks,
+                         int64_t n)
+{
+    size_t at = strlen(msg);
+    const char *sep = "";
+    for (int64_t i = 0; i < n && at < size; i++)
+        if (!flags[i]) {
+            at += (size_t)snprintf(msg + at, size - at, "%s%lld", sep,
+                                   (long long)(ranks ? ranks[i] : i));
+            sep = ",";
+        }
+}
+
+static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, void *all)
+{
+    mf_local_rank *st = rt->be_state;
+    mfsdp_local_group *g = st->g;
+    if (bytes > MF_LOCAL_XMAX)
+        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "exchange of %zu bytes exceeds %d", bytes,
+                               MF_LOCAL_XMAX);
+    mfsdp_result res = MFSDP_OK;
+    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    pthread_mutex_lock(&g->mu);
+    int64_t gen = g->xgen;
+    uint8_t *buf = g->xdata[gen & 1];
+    if (g->broken) {
+        res = mf_rt_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
+        goto done;
+    }
+    memcpy(buf + st->rank * MF_LOCAL_XMAX, mine, bytes);
+    g->xposted[gen & 1][st->rank] = 1;
+    if (++g->xarrived == g->world) {
+        g->xarrived = 0;
+        memset(g->xposted[(gen + 1) & 1], 0, (size_t)g->world);
+        g->xgen++;
+        pthread_cond_broadcast(&g->cv);
+    }
+    while (g->xgen == gen && !g->broken) {
+        if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            g->xgen == gen) {
+            snprintf(g->broken_msg, sizeof g->broken_msg,
+                     "rank %lld timed out after %lld ms waiting for every rank to create its "
+                     "runtime; missing ranks: ",
+                     (long long)st->rank, (long long)rt->cfg.timeout_ms);
+            list_missing(g->broken_msg, sizeof g->broken_msg, g->xposted[gen & 1], NULL, g->world);
+            g->broken = true;
+            pthread_cond_broadcast(&g->cv);
+            res = mf_rt_set_error(rt, MFSDP_ERR_TIMEOUT, "%s", g->broken_msg);
+            goto done;
+        }
+    }
+    if (g->xgen == gen) {
+        res = mf_rt_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
+        goto done;
+    }
+    for (int64_t r = 0; r < g->world; r++)
+        memcpy((uint8_t *)all + r * (int64_t)bytes, buf + r * MF_LOCAL_XMAX, bytes);
+done:
+    pthread_mutex_unlock(&g->mu);
+    return res;
+}
+
+static mf_local_comm *comm_new(const mf_rt_comm *d)
+{
+    mf_local_comm *c = mf_rt_calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->n = d->nranks;
+    c->axis = d->axis;
+    c->stream = d->stream;
+    c->color = d->color;
+    c->ranks = mf_rt_calloc((size_t)d->nranks, sizeof *c->ranks);
+    bool ok = c->ranks != NULL;
+    for (int k = 0; k < 2 && ok; k++) {
+        c->slot[k].seq = k;
+        c->slot[k].src = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
+        c->slot[k].posted = mf_rt_calloc((size_t)d->nranks, 1);
+        ok = c->slot[k].src && c->slot[k].posted;
+    }
+    bool mu = ok && pthread_mutex_init(&c->mu, NULL) == 0;
+    if (mu && mf_rt_cond_init(&c->cv) == 0) {
+        memcpy(c->ranks, d->ranks, (size_t)d->nranks * sizeof *c->ranks);
+        return c;
+    }
+    if (mu)
+        pthread_mutex_destroy(&c->mu);
+    for (int k = 0; k < 2; k++) {
+        mf_rt_free((void *)c->slot[k].src);
+        mf_rt_free(c->slot[k].posted);
+    }
+    mf_rt_free(c->ranks);
+    mf_rt_free(c);
+    return NULL;
+}
+
+static void release_comms(mf_local_rank *st)
+{
+    mfsdp_local_group *g = st->g;
+    pthread_mutex_lock(&g->mu);
+    for (int c = 0; c < st->ncomms; c++) {
+        mf_local_comm *cm = st->comms[c];
+        if (!cm)
+            continue;
+        if (--cm->refs == 0) {
+            int64_t key = ((int64_t)cm->stream * MF_MAX_AXES + cm->axis) * g->world + cm->color;
+            g->comms[key] = NULL;
+            comm_free(cm);
+        }
+        st->comms[c] = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
+{
+    mf_local_rank *st = rt->be_state;
+    mfsdp_local_group *g = st->g;
+    st->comms = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
+    st->seq = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->seq);
+    if (!st->comms || !st->seq)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+    st->ncomms = ncomms;
+    mfsdp_result res = MFSDP_OK;
+    pthread_mutex_lock(&g->mu);
+    for (int c = 0; c < ncomms; c++) {
+        const mf_rt_comm *d = &comms[c];
+        int64_t key = ((int64_t)d->stream * MF_MAX_AXES + d->axis) * g->world + d->color;
+        if (!g->comms[key])
+            g->comms[key] = comm_new(d);
+        if (!g->comms[key]) {
+            res = mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicator)");
+            break;
+        }
+        g->comms[key]->refs++;
+        st->comms[c] = g->comms[key];
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (res != MFSDP_OK)
+        return res;
+    /* Scratch for in-place collectives: the largest source an in-place op
+     * of each stream posts. */
+    size_t need[MF_STREAM_COUNT] = {0};
+    for (int i = 0; i < rt->s->nops; i++) {
+        const mf_rt_op *r = &rt->rops[i];
+        if (r->comm < 0 || !r->overlap)
+            continue;
+        int64_t n = r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
+        size_t bytes = (size_t)n * mf_dtype_size(r->src_dtype);
+        if (bytes > need[r->op->stream])
+            need[r->op->stream] = bytes;
+    }
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        if (need[s]) {
+            st->scratch[s] = mf_rt_aligned_zalloc(256, need[s]);
+            if (!st->scratch[s])
+                return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                       "out of memory (in-place scratch, %zu bytes)", need[s]);
+        }
+    return MFSDP_OK;
+}
+
+static void abort_comm(mf_local_comm *c, const char *why)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->aborted) {
+        c->aborted = true;
+        snprintf(c->abort_msg, sizeof c->abort_msg, "%s", why);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
+                                     size_t errlen)
+{
+    mf_local_rank *st = rt->be_state;
+    mf_local_comm *c = st->comms[r->comm];
+    const mf_op *op = r->op;
+    int64_t k = st->seq[r->comm]++;
+    mf_local_slot *slot = &c->slot[k & 1];
+    int64_t me = r->coord, n = c->n;
+    size_t es = mf_dtype_size(op->dtype);
+    const char *axis = rt->s->mesh.axes[op->axis].name;
+
+    const void *mine = r->src;
+    if (r->overlap) {
+        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
+        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
+        mine = st->scratch[op->stream];
+    }
+
+    mfsdp_result res = MFSDP_OK;
+    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    while (res == MFSDP_OK && slot->seq != k && !c->aborted)
+        if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            slot->seq != k)
+            res = MFSDP_ERR_TIMEOUT;
+    if (res == MFSDP_OK && !c->aborted) {
+        if (slot->arrived == 0) {
+            slot->kind = op->kind;
+            slot->dtype = op->dtype;
+            slot->count = op->count;
+            slot->op = op->id;
+        } else if (slot->kind != op->kind || slot->dtype != op->dtype || slot->count != op->count) {
+            if (!slot->mismatch)
+                snprintf(slot->mismatch_msg, sizeof slot->mismatch_msg,
+                         "collective #%lld on axis %s: rank %lld issued %s %s count %lld (op %d) "
+                         "but a peer issued %s %s count %lld (op %d)",
+                         (long long)k, axis, (long long)rt->rank, mf_opkind_name(op->kind),
+                         mf_dtype_name(op->dtype), (long long)op->count, op->id,
+                         mf_opkind_name(slot->kind), mf_dtype_name(slot->dtype),
+                         (long long)slot->count, slot->op);
+            slot->mismatch = true;
+        }
+        slot->src[me] = mine;
+        slot->posted[me] = 1;
+        if (++slot->arrived == n)
+            pthread_cond_broadcast(&c->cv);
+        while (res == MFSDP_OK && slot->arrived < n && !c->aborted)
+            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                slot->arrived < n)
+                res = MFSDP_ERR_TIMEOUT;
+    }
+    if (res == MFSDP_ERR_TIMEOUT) {
+        char msg[MF_LOCAL_MSG];
+        snprintf(msg, sizeof msg,
+                 "rank %lld timed out after %lld ms in %s on axis %s (collective #%lld of this "
+                 "communicator); ranks that never arrived: ",
+                 (long long)rt->rank, (long long)rt->cfg.timeout_ms, mf_opkind_name(op->kind), axis,
+                 (long long)k);
+        if (slot->seq == k)
+            list_missing(msg, sizeof msg, slot->posted, c->ranks, n);
+        else
+            snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "(the previous collective "
+                     "never finished)");
+        if (!c->aborted) {
+            c->aborted = true;
+            snprintf(c->abort_msg, sizeof c->abort_msg, "%s", msg);
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        snprintf(err, errlen, "%s", msg);
+        return MFSDP_ERR_TIMEOUT;
+    }
+    if (slot->arrived < n || slot->seq != k) {   /* aborted before everyone arrived */
+        snprintf(err, errlen, "%s on axis %s aborted: %s", mf_opkind_name(op->kind), axis,
+                 c->abort_msg);
+        pthread_mutex_unlock(&c->mu);
+        return MFSDP_ERR_ABORTED;
+    }
+    bool mismatch = slot->mismatch;
+    pthread_mutex_unlock(&c->mu);
+
+    if (!mismatch) {
+        int64_t cnt = op->count;
+        int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
+        switch (op->kind) {
+        case MF_OP_ALL_GATHER:
+            for (int64_t i = 0; i < n; i++)
+                memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
+            break;
+        case MF_OP_REDUCE_SCATTER:
+            mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
+            break;
+        case MF_OP_ALL_REDUCE:
+            mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+            break;
+        default:
+            break;
+        }
+    }
+
+    /* Depart; wait for every member (they read our source until then). No
+     * abort check here: every member has arrived and finishes without
+     * blocking. */
+    pthread_mutex_lock(&c->mu);
+    if (++slot->departed == n) {
+        slot->arrived = slot->departed = 0;
+        memset(slot->posted, 0, (size_t)n);
+        slot->mismatch = false;
+        slot->seq += 2;
+        pthread_cond_broadcast(&c->cv);
+    } else {
+        while (slot->seq == k)
+            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                slot->seq == k) {
+                res = MFSDP_ERR_TIMEOUT;
+                snprintf(err, errlen, "%s on axis %s: peers did not finish within %lld ms",
+                         mf_opkind_name(op->kind), axis, (long long)rt->cfg.timeout_ms);
+                break;
+            }
+    }
+    if (mismatch && res == MFSDP_OK) {
+        snprintf(err, errlen, "%s", slot->mismatch_msg);
+        res = MFSDP_ERR_MISMATCH;
+    }
+    pthread_mutex_unlock(&c->mu);
+    (void)microbatch;
+    return res;
+}
+
+static void local_abort(mf_rt *rt, const char *why)
+{
+    mf_local_rank *st = rt->be_state;
+    if (!st || !st->comms)
+        return;
+    for (int c = 0; c < st->ncomms; c++)
+        if (st->comms[c])
+            abort_comm(st->comms[c], why);
+}
+
+static void local_close(mf_rt *rt)
+{
+    mf_local_rank *st = rt->be_state;
+    if (!st)
+        return;
+    mfsdp_local_group *g = st->g;
+    if (st->comms)
+        release_comms(st);
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        mf_rt_free(st->scratch[s]);
+    mf_rt_free(st->comms);
+    mf_rt_free(st->seq);
+    pthread_mutex_lock(&g->mu);
+    g->attached[st->rank] = 0;
+    if (--g->nattached == 0 && g->broken) {
+        /* Everyone left after a failed exchange: the group is usable again. */
+        g->broken = false;
+        g->xarrived = 0;
+        memset(g->xposted[0], 0, (size_t)g->world);
+        memset(g->xposted[1], 0, (size_t)g->world);
+    }
+    pthread_mutex_unlock(&g->mu);
+    mf_rt_free(st);
+    rt->be_state = NULL;
+}
+
+const mf_backend_vtbl mf_backend_local = {
+    .name = "local",
+    .caps = 0,
+    .open = local_open,
+    .alloc = local_alloc,
+    .free = local_free,
+    .exchange = local_exchange,
+    .comm_init = local_comm_init,
+    .collective = local_collective,
+    .submit = NULL,
+    .synchronize = NULL,
+    .abort = local_abort,
+    .close = local_close,
+};

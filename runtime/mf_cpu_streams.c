@@ -1,0 +1,263 @@
+/*
+ * mf_cpu_streams: the worker execution model (local and MPI backends). Each
+ * rank has two stream threads, inner and outer, each taking its queued ops in
+ * order; the compute stream is the trainer's thread, which runs its ops at
+ * issue. Events are counters: a record completes by raising its event's
+ * counter to its sequence number; a wait sleeps on the rank's condition
+ * variable until the counter reaches its target (the latest record issued
+ * before it). Nothing spins: every blocking wait is a condition-variable wait
+ * bounded by the configured timeout.
+ *
+ * Invariants: queues are rings sized at create to the most entries a stream
+ * is issued in one step, and step_end drains them, so the host never waits
+ * for space and nothing is allocated per step. After a failure (sticky, first
+ * message wins) threads skip their remaining entries, so drains return.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mf_rt.h"
+
+/* Executes a local op or a collective, or completes/awaits an event. */
+mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
+                             size_t errlen, int64_t *wait_ns)
+{
+    const mf_rt_op *r = &rt->rops[e->op];
+    const mf_op *op = r->op;
+    switch (op->kind) {
+    case MF_OP_RECORD:
+        pthread_mutex_lock(&rt->mu);
+        if (rt->ev_done[op->event] < e->seq)
+            rt->ev_done[op->event] = e->seq;
+        pthread_cond_broadcast(&rt->cv);
+        pthread_mutex_unlock(&rt->mu);
+        return MFSDP_OK;
+    case MF_OP_WAIT: {
+        if (e->seq <= 0)
+            return MFSDP_OK;        /* nothing recorded yet: like a never-recorded cudaEvent */
+        int64_t t0 = mf_rt_now_ns();
+        struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+        mfsdp_result res = MFSDP_OK;
+        pthread_mutex_lock(&rt->mu);
+        while (rt->ev_done[op->event] < e->seq) {
+            if (rt->failed != MFSDP_OK || rt->stop) {
+                res = MFSDP_ERR_ABORTED;
+                break;
+            }
+            if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                rt->ev_done[op->event] < e->seq) {
+                res = MFSDP_ERR_TIMEOUT;
+                break;
+            }
+        }
+        int64_t done = rt->ev_done[op->event];
+        pthread_mutex_unlock(&rt->mu);
+        *wait_ns += mf_rt_now_ns() - t0;
+        if (res != MFSDP_OK) {
+            char what[200];
+            mf_rt_describe_op(rt, e->op, what, sizeof what);
+            if (res == MFSDP_ERR_TIMEOUT)
+                snprintf(err, errlen,
+                         "rank %lld, %s stream: %s timed out after %lld ms: record #%lld of event "
+                         "%d never completed (latest completed #%lld); the stream that records it "
+                         "is stuck, usually in a collective whose peers stopped",
+                         (long long)rt->rank, mf_stream_name(on), what,
+                         (long long)rt->cfg.timeout_ms, (long long)e->seq, op->event,
+                         (long long)done);
+            else
+                snprintf(err, errlen, "rank %lld, %s stream: %s interrupted by an earlier failure",
+                         (long long)rt->rank, mf_stream_name(on), what);
+        }
+        return res;
+    }
+    case MF_OP_CAST:
+        mf_cpu_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        return MFSDP_OK;
+    case MF_OP_ACCUMULATE:
+        if (e->microbatch <= 0)
+            mf_cpu_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        else
+            mf_cpu_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        return MFSDP_OK;
+    case MF_OP_SLICE: {
+        size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
+        mf_cpu_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
+        return MFSDP_OK;
+    }
+    default: {
+        mfsdp_result res = rt->be->collective(rt, r, e->microbatch, err, errlen);
+        if (res != MFSDP_OK) {
+            char what[200], detail[MF_RT_ERRLEN];
+            mf_rt_describe_op(rt, e->op, what, sizeof what);
+            snprintf(detail, sizeof detail, "%s", err);
+            snprintf(err, errlen, "rank %lld: %s failed: %s", (long long)rt->rank, what, detail);
+        }
+        return res;
+    }
+    }
+}
+
+static void *stream_main(void *arg)
+{
+    mf_rt_stream *q = arg;
+    mf_rt *rt = q->rt;
+    pthread_mutex_lock(&rt->mu);
+    for (;;) {
+        while (!rt->stop && q->popped == q->pushed)
+            pthread_cond_wait(&q->work, &rt->mu);
+        if (rt->stop)
+            break;
+        mf_rt_entry e = q->queue[q->popped % q->cap];
+        q->popped++;
+        bool skip = rt->failed != MFSDP_OK;
+        pthread_mutex_unlock(&rt->mu);
+
+        mfsdp_result res = MFSDP_OK;
+        int64_t wait_ns = 0, t0 = mf_rt_now_ns();
+        if (!skip)
+            res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
+        int64_t t1 = mf_rt_now_ns();
+        if (res != MFSDP_OK) {
+            mf_rt_fail(rt, res, q->err);
+            /* Peers blocked with us on a communicator learn at once. */
+            rt->be->abort(rt, q->err);
+        }
+
+        pthread_mutex_lock(&rt->mu);
+        q->busy_ns += (t1 - t0) - wait_ns;
+        q->wait_ns += wait_ns;
+        q->completed++;
+        if (rt->ops_waiting_space || q->completed == q->pushed ||
+            rt->rops[e.op].op->kind == MF_OP_RECORD)
+            pthread_cond_broadcast(&rt->cv);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}
+
+mfsdp_result mf_streams_start(mf_rt *rt)
+{
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+        mf_rt_stream *q = &rt->streams[st];
+        if (pthread_create(&q->thread, NULL, stream_main, q) != 0) {
+            mf_streams_stop(rt);
+            return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread",
+                                   mf_stream_name((mf_stream)st));
+        }
+        q->started = true;
+    }
+    return MFSDP_OK;
+}
+
+void mf_streams_stop(mf_rt *rt)
+{
+    pthread_mutex_lock(&rt->mu);
+    rt->stop = true;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
+        pthread_cond_broadcast(&rt->streams[st].work);
+    pthread_cond_broadcast(&rt->cv);
+    pthread_mutex_unlock(&rt->mu);
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
+        if (rt->streams[st].started) {
+            pthread_join(rt->streams[st].thread, NULL);
+            rt->streams[st].started = false;
+        }
+}
+
+mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t *wait_ns)
+{
+    const mf_op *op = &rt->s->ops[i];
+    mf_rt_entry e = {.op = i, .microbatch = m, .seq = seq};
+    if (op->stream == MF_STREAM_COMPUTE) {
+        char msg[MF_RT_ERRLEN];
+        msg[0] = '\0';
+        mfsdp_result res = mf_streams_exec(rt, MF_STREAM_COMPUTE, &e, msg, sizeof msg, wait_ns);
+        if (res != MFSDP_OK) {
+            mf_rt_fail(rt, res, msg);
+            rt->be->abort(rt, msg);
+        }
+        return res;
+    }
+    mf_rt_stream *q = &rt->streams[op->stream];
+    mfsdp_result res = MFSDP_OK;
+    pthread_mutex_lock(&rt->mu);
+    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    while (res == MFSDP_OK && q->pushed - q->popped >= q->cap) {
+        /* Only reachable when a schedule issues more than its per-step count
+         * without a step_end (defensive: the ring is sized for one step). */
+        if (rt->failed != MFSDP_OK) {
+            res = rt->failed;
+            break;
+        }
+        rt->ops_waiting_space = true;
+        if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
+            res = MFSDP_ERR_TIMEOUT;
+        rt->ops_waiting_space = false;
+    }
+    if (res == MFSDP_OK) {
+        q->queue[q->pushed % q->cap] = e;
+        q->pushed++;
+        pthread_cond_signal(&q->work);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    if (res == MFSDP_ERR_TIMEOUT) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "rank %lld: the %s stream's queue stayed full for %lld ms",
+                 (long long)rt->rank, mf_stream_name(op->stream), (long long)rt->cfg.timeout_ms);
+        mf_rt_fail(rt, res, msg);
+    }
+    return res;
+}
+
+static bool all_completed(const mf_rt *rt)
+{
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
+        if (rt->streams[st].completed != rt->streams[st].pushed)
+            return false;
+    return true;
+}
+
+mfsdp_result mf_streams_drain(mf_rt *rt)
+{
+    mfsdp_result res = MFSDP_OK;
+    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    pthread_mutex_lock(&rt->mu);
+    while (!all_completed(rt)) {
+        if (rt->failed != MFSDP_OK) {
+            res = rt->failed;
+            break;
+        }
+        if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            !all_completed(rt)) {
+            res = MFSDP_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (res == MFSDP_OK && rt->failed != MFSDP_OK)
+        res = rt->failed;
+    int64_t in_done = rt->streams[MF_STREAM_INNER].completed;
+    int64_t in_all = rt->streams[MF_STREAM_INNER].pushed;
+    int64_t out_done = rt->streams[MF_STREAM_OUTER].completed;
+    int64_t out_all = rt->streams[MF_STREAM_OUTER].pushed;
+    pthread_mutex_unlock(&rt->mu);
+    if (res == MFSDP_ERR_TIMEOUT) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "rank %lld: the streams did not finish within %lld ms (inner %lld of %lld ops "
+                 "done, outer %lld of %lld)",
+                 (long long)rt->rank, (long long)rt->cfg.timeout_ms, (long long)in_done,
+                 (long long)in_all, (long long)out_done, (long long)out_all);
+        mf_rt_fail(rt, res, msg);
+        rt->be->abort(rt, msg);
+    }
+    return res;
+}
+
+bool mf_streams_busy(mf_rt *rt)
+{
+    pthread_mutex_lock(&rt->mu);
+    bool busy = !all_completed(rt);
+    pthread_mutex_unlock(&rt->mu);
+    return busy;
+}

@@ -1,0 +1,1024 @@
+/*
+ * mf_rt: the runtime's life cycle. Loads and checks schedules, creates a
+ * rank's runtime (buffers, resolved ops, communicator list, views, the
+ * world-wide exchange of schedule hashes), destroys it, and answers the small
+ * public queries (versions, errors, views, statistics).
+ *
+ * Invariants: mfsdp_create either returns a complete runtime or frees
+ * everything it allocated (every allocation is accounted, see
+ * mf_rt_alloc_live); the schedule handle is read-only after load, so any
+ * number of thread-ranks may share it.
+ */
+#include "mf_rt.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_load.h"
+
+/* ---- accounted allocation ---- */
+
+static atomic_llong alloc_live;
+static atomic_llong alloc_fail_countdown = -1;
+
+static bool alloc_injected_failure(void)
+{
+    if (atomic_load(&alloc_fail_countdown) < 0)
+        return false;
+    return atomic_fetch_sub(&alloc_fail_countdown, 1) == 0;
+}
+
+void mf_rt_alloc_fail_at(int64_t k)
+{
+    atomic_store(&alloc_fail_countdown, (long long)(k < 0 ? -1 : k));
+}
+
+int64_t mf_rt_alloc_live(void)
+{
+    return atomic_load(&alloc_live);
+}
+
+void *mf_rt_malloc(size_t n)
+{
+    if (alloc_injected_failure())
+        return NULL;
+    void *p = malloc(n ? n : 1);
+    if (p)
+        atomic_fetch_add(&alloc_live, 1);
+    return p;
+}
+
+void *mf_rt_calloc(size_t n, size_t size)
+{
+    if (alloc_injected_failure())
+        return NULL;
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (p)
+        atomic_fetch_add(&alloc_live, 1);
+    return p;
+}
+
+void *mf_rt_aligned_zalloc(size_t align, size_t n)
+{
+    if (alloc_injected_failure())
+        return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, align, n ? n : 1) != 0)
+        return NULL;
+    memset(p, 0, n);
+    atomic_fetch_add(&alloc_live, 1);
+    return p;
+}
+
+void mf_rt_free(void *p)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub(&alloc_live, 1);
+    free(p);
+}
+
+/* ---- errors, clocks ---- */
+
+static _Thread_local char thread_err[MF_RT_ERRLEN];
+
+mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
+{
+    char *buf = rt ? rt->err : thread_err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, MF_RT_ERRLEN, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
+{
+    pthread_mutex_lock(&rt->mu);
+    if (rt->failed == MFSDP_OK) {
+        rt->failed = code;
+        snprintf(rt->fail_msg, sizeof rt->fail_msg, "%s", msg);
+    }
+    pthread_cond_broadcast(&rt->cv);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+int64_t mf_rt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+struct timespec mf_rt_deadline(int64_t timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (timeout_ms > 0) {
+        ts.tv_sec += (time_t)(timeout_ms / 1000);
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    return ts;
+}
+
+int mf_rt_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t timeout_ms,
+                    const struct timespec *deadline)
+{
+    if (timeout_ms <= 0)
+        return pthread_cond_wait(cv, mu);
+    return pthread_cond_timedwait(cv, mu, deadline);
+}
+
+int mf_rt_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a) != 0)
+        return -1;
+    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
+void mf_rt_describe_op(const mf_rt *rt, int i, char *buf, size_t size)
+{
+    const mf_schedule *s = rt->s;
+    const mf_op *op = &s->ops[i];
+    const char *unit = op->unit >= 0 && op->unit < s->nunits ? s->units[op->unit].name : "-";
+    if (mf_opkind_is_collective(op->kind) && op->axis >= 0 && op->axis < s->mesh.naxes)
+        snprintf(buf, size, "op %d (%s %s on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
+                 s->mesh.axes[op->axis].name, mf_stream_name(op->stream), mf_phase_name(op->phase),
+                 unit);
+    else if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT)
+        snprintf(buf, size, "op %d (%s event %d on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
+                 op->event, mf_stream_name(op->stream), mf_phase_name(op->phase), unit);
+    else
+        snprintf(buf, size, "op %d (%s on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
+                 mf_stream_name(op->stream), mf_phase_name(op->phase), unit);
+}
+
+/* ---- versions, names ---- */
+
+static const char *const result_strings[MFSDP_RESULT_COUNT] = {
+    [MFSDP_OK] = "success",
+    [MFSDP_ERR_INVALID_ARGUMENT] = "invalid argument",
+    [MFSDP_ERR_INVALID_USAGE] = "invalid usage",
+    [MFSDP_ERR_LOAD] = "schedule load error",
+    [MFSDP_ERR_MISMATCH] = "mismatch between ranks",
+    [MFSDP_ERR_TIMEOUT] = "timeout",
+    [MFSDP_ERR_OUT_OF_MEMORY] = "out of memory",
+    [MFSDP_ERR_BACKEND] = "backend error",
+    [MFSDP_ERR_UNSUPPORTED] = "backend not available in this build",
+    [MFSDP_ERR_ABORTED] = "aborted by a failed peer",
+    [MFSDP_ERR_INTERNAL] = "internal error",
+};
+
+MFSDP_API const char *mfsdp_result_string(mfsdp_result r)
+{
+    if ((int)r < 0 || r >= MFSDP_RESULT_COUNT)
+        return "unknown result";
+    return result_strings[r];
+}
+
+#define MF_STR2(x) #x
+#define MF_STR(x) MF_STR2(x)
+
+MFSDP_API const char *mfsdp_version(void)
+{
+    return MF_STR(MFSDP_VERSION_MAJOR) "." MF_STR(MFSDP_VERSION_MINOR) "." MF_STR(
+        MFSDP_VERSION_PATCH);
+}
+
+MFSDP_API int mfsdp_version_code(void)
+{
+    return MFSDP_VERSION_CODE;
+}
+
+MFSDP_API size_t mfsdp_dtype_size(mfsdp_dtype d)
+{
+    return mf_dtype_size((mf_dtype)d);
+}
+
+MFSDP_API const char *mfsdp_dtype_name(mfsdp_dtype d)
+{
+    const char *n = mf_dtype_name((mf_dtype)d);
+    return n ? n : "unknown";
+}
+
+const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b)
+{
+    switch (b) {
+    case MFSDP_BACKEND_LOCAL:
+        return &mf_backend_local;
+#ifdef MFSDP_HAVE_MPI
+    case MFSDP_BACKEND_MPI:
+        return &mf_backend_mpi;
+#endif
+    /* --- CUDA/NCCL backend: case MFSDP_BACKEND_NCCL under #ifdef MFSDP_HAVE_CUDA --- */
+    default:
+        return NULL;
+    }
+}
+
+MFSDP_API int mfsdp_backend_available(mfsdp_backend b)
+{
+    return mf_rt_backend_for(b) != NULL;
+}
+
+MFSDP_API void mfsdp_config_init(mfsdp_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->backend = MFSDP_BACKEND_LOCAL;
+    cfg->rank = -1;
+    cfg->timeout_ms = 600000;
+}
+
+/* ---- schedules ---- */
+
+/* Longest unit name in [first, last] that prefixes `name` followed by '.'. */
+static int tensor_unit(const mf_schedule *s, const mf_bucket *b, const char *name)
+{
+    if (b->last_unit <= b->unit)
+        return b->unit;
+    int best = b->unit;
+    size_t best_len = 0;
+    for (int u = b->unit; u <= b->last_unit && u < s->nunits; u++) {
+        size_t n = strlen(s->units[u].name);
+        if (n > best_len && strncmp(name, s->units[u].name, n) == 0 && name[n] == '.') {
+            best = u;
+            best_len = n;
+        }
+    }
+    return best;
+}
+
+static bool all_replicate(const mf_placement *p, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] != MF_PLACE_REPLICATE)
+            return false;
+    return true;
+}
+
+/* Elements an op reads from src and writes to dst (per the op semantics). */
+static void op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need)
+{
+    int64_t n = op->count;
+    int64_t g = op->axis >= 0 && op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].size : 1;
+    *src_need = n;
+    *dst_need = n;
+    if (op->kind == MF_OP_ALL_GATHER)
+        *dst_need = g * n;
+    else if (op->kind == MF_OP_REDUCE_SCATTER || op->kind == MF_OP_SLICE)
+        *src_need = g * n;
+}
+
+static bool check_schedule(const mf_schedule *s, char *err, size_t errlen)
+{
+    const mf_mesh *m = &s->mesh;
+    if (m->naxes < 1 || m->naxes > MF_MAX_AXES) {
+        snprintf(err, errlen, "%s: the mesh has %d axes (expected 1 to %d)", s->source, m->naxes,
+                 MF_MAX_AXES);
+        return false;
+    }
+    int64_t world = 1;
+    for (int j = 0; j < m->naxes; j++) {
+        if (m->axes[j].size < 1) {
+            snprintf(err, errlen, "%s: mesh axis %d has size %lld", s->source, j,
+                     (long long)m->axes[j].size);
+            return false;
+        }
+        world *= m->axes[j].size;
+    }
+    if (world != m->world || s->microbatches < 1) {
+        snprintf(err, errlen, "%s: inconsistent mesh world %lld or microbatches %lld", s->source,
+                 (long long)m->world, (long long)s->microbatches);
+        return false;
+    }
+    /* Normative buffer rules (mf_schedule.h). */
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        int n[MF_BUFKIND_COUNT] = {0};
+        for (int i = 0; i < s->nbuffers; i++)
+            if (s->buffers[i].bucket == b)
+                n[s->buffers[i].kind]++;
+        bool want_full = !all_replicate(&bk->place[MF_ROLE_WEIGHT], m->naxes);
+        bool want_final = !mf_placement_equal(&bk->place[MF_ROLE_GRAD],
+                                              &bk->place[MF_ROLE_MAIN_WEIGHT], m->naxes);
+        const char *bad = n[MF_BUF_MAIN_WEIGHT] != 1 ? "main_weight"
+                          : n[MF_BUF_WEIGHT] != 1     ? "weight"
+                          : n[MF_BUF_GRAD_LOCAL] != 1 ? "grad_local"
+                          : n[MF_BUF_GRAD] != 1       ? "grad"
+                          : n[MF_BUF_WEIGHT_FULL] != (want_full ? 1 : 0) ? "weight_full"
+                          : n[MF_BUF_GRAD_FINAL] != (want_final ? 1 : 0) ? "grad_final"
+                                                                         : NULL;
+        if (bad) {
+            snprintf(err, errlen, "%s: bucket %s has a wrong number of %s buffers", s->source,
+                     bk->name, bad);
+            return false;
+        }
+        if (bk->unit < 0 || bk->unit >= s->nunits || bk->last_unit < bk->unit ||
+            bk->last_unit >= s->nunits || bk->length < 0) {
+            snprintf(err, errlen, "%s: bucket %s has invalid units or length", s->source, bk->name);
+            return false;
+        }
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            int64_t shards = mf_placement_shards(m, &bk->place[r]);
+            if (shards < 1 || bk->length % shards != 0) {
+                snprintf(err, errlen, "%s: bucket %s: length %lld does not split into %lld shards",
+                         s->source, bk->name, (long long)bk->length, (long long)shards);
+                return false;
+            }
+        }
+        for (int t = 0; t < bk->ntensors; t++) {
+            const mf_tensor *tn = &bk->tensors[t];
+            if (tn->offset < 0 || tn->numel < 0 || tn->offset + tn->numel > bk->length) {
+                snprintf(err, errlen, "%s: tensor %s lies outside its bucket %s", s->source,
+                         tn->name, bk->name);
+                return false;
+            }
+        }
+    }
+    for (int i = 0; i < s->nbuffers; i++) {
+        const mf_buffer *bf = &s->buffers[i];
+        if (bf->bucket < 0 || bf->bucket >= s->nbuckets || bf->count < 0 ||
+            mf_dtype_size(bf->dtype) == 0) {
+            snprintf(err, errlen, "%s: buffer %s has an invalid bucket, count or dtype", s->source,
+                     bf->name);
+            return false;
+        }
+        const mf_bucket *bk = &s->buckets[bf->bucket];
+        int64_t want = -1;
+        switch (bf->kind) {
+        case MF_BUF_MAIN_WEIGHT:
+        case MF_BUF_GRAD_FINAL:
+            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_MAIN_WEIGHT]);
+            break;
+        case MF_BUF_WEIGHT:
+            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_WEIGHT]);
+            break;
+        case MF_BUF_GRAD:
+            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_GRAD]);
+            break;
+        case MF_BUF_WEIGHT_FULL:
+        case MF_BUF_GRAD_LOCAL:
+            want = bk->length;
+            break;
+        default:
+            break;
+        }
+        if (want >= 0 && bf->count != want) {
+            snprintf(err, errlen, "%s: buffer %s holds %lld elements per rank, its placement needs %lld",
+                     s->source, bf->name, (long long)bf->count, (long long)want);
+            return false;
+        }
+    }
+    /* Ops: operands, extents, events. */
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        bool step = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
+        if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT || (int)op->kind < 0 ||
+            op->kind >= MF_OPKIND_COUNT || (int)op->stream < 0 || op->stream >= MF_STREAM_COUNT ||
+            (int)op->when < 0 || op->when >= MF_WHEN_COUNT ||
+            (step ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits))) {
+            snprintf(err, errlen, "%s: op %d has an invalid phase, unit, kind, stream or predicate",
+                     s->source, i);
+            return false;
+        }
+        if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) {
+            if (op->event < 0 || op->event >= s->nevents) {
+                snprintf(err, errlen, "%s: op %d names event %d (the schedule has %d)", s->source,
+                         i, op->event, s->nevents);
+                return false;
+            }
+            continue;
+        }
+        if (op->src < 0 || op->src >= s->nbuffers || op->dst < 0 || op->dst >= s->nbuffers) {
+            snprintf(err, errlen, "%s: op %d (%s) needs a source and a destination buffer",
+                     s->source, i, mf_opkind_name(op->kind));
+            return false;
+        }
+        bool needs_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
+        if (needs_axis && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
+            snprintf(err, errlen, "%s: op %d (%s) has no valid mesh axis", s->source, i,
+                     mf_opkind_name(op->kind));
+            return false;
+        }
+        const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
+        int64_t sn, dn;
+        op_extents(s, op, &sn, &dn);
+        if (op->count < 0 || sn > src->count || dn > dst->count) {
+            snprintf(err, errlen,
+                     "%s: op %d (%s count %lld) needs %lld elements of %s and %lld of %s, which "
+                     "hold %lld and %lld",
+                     s->source, i, mf_opkind_name(op->kind), (long long)op->count, (long long)sn,
+                     src->name, (long long)dn, dst->name, (long long)src->count,
+                     (long long)dst->count);
+            return false;
+        }
+        if (needs_axis && (src->dtype != op->dtype || dst->dtype != op->dtype)) {
+            snprintf(err, errlen, "%s: op %d (%s %s) moves buffers %s (%s) and %s (%s)", s->source,
+                     i, mf_opkind_name(op->kind), mf_dtype_name(op->dtype), src->name,
+                     mf_dtype_name(src->dtype), dst->name, mf_dtype_name(dst->dtype));
+            return false;
+        }
+        if ((op->kind == MF_OP_CAST || op->kind == MF_OP_ACCUMULATE || op->kind == MF_OP_SLICE) &&
+            op->src == op->dst) {
+            snprintf(err, errlen, "%s: op %d (%s) reads and writes the same buffer %s", s->source,
+                     i, mf_opkind_name(op->kind), src->name);
+            return false;
+        }
+    }
+    /* The counter model of events needs every event recorded on one stream. */
+    for (int e = 0; e < s->nevents; e++) {
+        int stream = -1;
+        for (int i = 0; i < s->nops; i++) {
+            const mf_op *op = &s->ops[i];
+            if (op->kind != MF_OP_RECORD || op->event != e)
+                continue;
+            if (stream >= 0 && stream != (int)op->stream) {
+                snprintf(err, errlen, "%s: event %d is recorded on both the %s and the %s stream",
+                         s->source, e, mf_stream_name((mf_stream)stream), mf_stream_name(op->stream));
+                return false;
+            }
+            stream = (int)op->stream;
+        }
+    }
+    return true;
+}
+
+mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!check_schedule(s, err, errlen)) {
+        mf_schedule_free(s);
+        return MFSDP_ERR_LOAD;
+    }
+    mfsdp_schedule *h = mf_rt_calloc(1, sizeof *h);
+    int nt = 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        nt += s->buckets[b].ntensors;
+    mf_rt_tensor *t = mf_arena_array(s->arena, (size_t)(nt ? nt : 1), sizeof *t);
+    if (!h || !t) {
+        mf_rt_free(h);
+        mf_schedule_free(s);
+        snprintf(err, errlen, "out of memory");
+        return MFSDP_ERR_OUT_OF_MEMORY;
+    }
+    int k = 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; i < s->buckets[b].ntensors; i++, k++) {
+            t[k].bucket = b;
+            t[k].index = i;
+            t[k].unit = tensor_unit(s, &s->buckets[b], s->buckets[b].tensors[i].name);
+        }
+    h->s = s;
+    h->ntensors = nt;
+    h->tensors = t;
+    *out = h;
+    return MFSDP_OK;
+}
+
+MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **out)
+{
+    if (!path || !out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_schedule_load: path and out must not be NULL");
+    *out = NULL;
+    mf_schedule *s = mf_schedule_load_file(path, thread_err, sizeof thread_err);
+    if (!s)
+        return MFSDP_ERR_LOAD;
+    return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
+}
+
+MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *text, size_t len,
+                                                  mfsdp_schedule **out)
+{
+    if (!text || !out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_schedule_load_buffer: text and out must not be NULL");
+    *out = NULL;
+    mf_schedule *s = mf_schedule_load_buffer(name ? name : "<buffer>", text, len, thread_err,
+                                             sizeof thread_err);
+    if (!s)
+        return MFSDP_ERR_LOAD;
+    return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
+}
+
+MFSDP_API void mfsdp_schedule_free(mfsdp_schedule *h)
+{
+    if (!h)
+        return;
+    mf_schedule_free(h->s);
+    mf_rt_free(h);
+}
+
+MFSDP_API int64_t mfsdp_schedule_world_size(const mfsdp_schedule *h)
+{
+    return h ? h->s->mesh.world : 0;
+}
+
+MFSDP_API int mfsdp_schedule_num_axes(const mfsdp_schedule *h)
+{
+    return h ? h->s->mesh.naxes : 0;
+}
+
+MFSDP_API const char *mfsdp_schedule_axis_name(const mfsdp_schedule *h, int axis)
+{
+    return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].name : NULL;
+}
+
+MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *h, int axis)
+{
+    return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].size : 0;
+}
+
+MFSDP_API int64_t mfsdp_schedule_microbatches(const mfsdp_schedule *h)
+{
+    return h ? h->s->microbatches : 0;
+}
+
+MFSDP_API int mfsdp_schedule_num_units(const mfsdp_schedule *h)
+{
+    return h ? h->s->nunits : 0;
+}
+
+MFSDP_API const char *mfsdp_schedule_unit_name(const mfsdp_schedule *h, int unit)
+{
+    return h && unit >= 0 && unit < h->s->nunits ? h->s->units[unit].name : NULL;
+}
+
+MFSDP_API int mfsdp_schedule_reduce_is_avg(const mfsdp_schedule *h)
+{
+    return h && h->s->reduce == MF_REDUCE_AVG;
+}
+
+MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *h, uint8_t out[32])
+{
+    if (h && out)
+        memcpy(out, h->s->hash, 32);
+}
+
+/* ---- create ---- */
+
+/* Resolves op pointers and the communicator list. */
+static mfsdp_result resolve_ops(mf_rt *rt)
+{
+    const mf_schedule *s = rt->s;
+    for (int st = 0; st < MF_STREAM_COUNT; st++)
+        for (int j = 0; j < MF_MAX_AXES; j++)
+            rt->comm_index[st][j] = -1;
+    rt->ncomms = 0;
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        if (mf_opkind_is_collective(op->kind) && rt->comm_index[op->stream][op->axis] < 0)
+            rt->comm_index[op->stream][op->axis] = rt->ncomms++;
+    }
+    rt->comms = mf_rt_calloc((size_t)(rt->ncomms ? rt->ncomms : 1), sizeof *rt->comms);
+    if (!rt->comms)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+    for (int st = 0; st < MF_STREAM_COUNT; st++)
+        for (int j = 0; j < s->mesh.naxes; j++) {
+            int c = rt->comm_index[st][j];
+            if (c < 0)
+                continue;
+            mf_rt_comm *cm = &rt->comms[c];
+            cm->axis = j;
+            cm->stream = (mf_stream)st;
+            cm->nranks = s->mesh.axes[j].size;
+            cm->coord = rt->coords[j];
+            cm->color = mf_mesh_axis_color(&s->mesh, j, rt->rank);
+            cm->ranks = mf_rt_calloc((size_t)cm->nranks, sizeof *cm->ranks);
+            if (!cm->ranks)
+                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
+                                       "out of memory (communicator ranks)");
+            mf_mesh_axis_group(&s->mesh, j, rt->rank, cm->ranks);
+        }
+    rt->rops = mf_rt_calloc((size_t)(s->nops ? s->nops : 1), sizeof *rt->rops);
+    if (!rt->rops)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (ops)");
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        mf_rt_op *r = &rt->rops[i];
+        r->op = op;
+        r->comm = -1;
+        r->nranks = 1;
+        if (op->src >= 0) {
+            r->src = rt->bufs[op->src];
+            r->src_count = s->buffers[op->src].count;
+            r->src_dtype = s->buffers[op->src].dtype;
+        }
+        if (op->dst >= 0) {
+            r->dst = rt->bufs[op->dst];
+            r->dst_count = s->buffers[op->dst].count;
+            r->dst_dtype = s->buffers[op->dst].dtype;
+        }
+        r->overlap = op->src >= 0 && op->src == op->dst;
+        if (op->axis >= 0 && op->axis < s->mesh.naxes) {
+            r->nranks = s->mesh.axes[op->axis].size;
+            r->coord = rt->coords[op->axis];
+        }
+        if (mf_opkind_is_collective(op->kind))
+            r->comm = rt->comm_index[op->stream][op->axis];
+    }
+    return MFSDP_OK;
+}
+
+static mfsdp_result build_views(mf_rt *rt)
+{
+    const mf_schedule *s = rt->s;
+    const mfsdp_schedule *h = rt->sh;
+    rt->nviews = h->ntensors;
+    rt->views = mf_rt_calloc((size_t)(h->ntensors ? h->ntensors : 1), sizeof *rt->views);
+    if (!rt->views)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (views)");
+    /* Per bucket: the unsharded weight, grad_local, main_weight and delivered gradient. */
+    for (int k = 0; k < h->ntensors; k++) {
+        const mf_rt_tensor *rt_t = &h->tensors[k];
+        const mf_bucket *bk = &s->buckets[rt_t->bucket];
+        const mf_tensor *t = &bk->tensors[rt_t->index];
+        int full = -1, weight = -1, local = -1, mw = -1, grad = -1, final = -1;
+        for (int i = 0; i < s->nbuffers; i++) {
+            if (s->buffers[i].bucket != rt_t->bucket)
+                continue;
+            switch (s->buffers[i].kind) {
+            case MF_BUF_WEIGHT_FULL: full = i; break;
+            case MF_BUF_WEIGHT: weight = i; break;
+            case MF_BUF_GRAD_LOCAL: local = i; break;
+            case MF_BUF_MAIN_WEIGHT: mw = i; break;
+            case MF_BUF_GRAD: grad = i; break;
+            case MF_BUF_GRAD_FINAL: final = i; break;
+            default: break;
+            }
+        }
+        int unsharded = full >= 0 ? full : weight;
+        int delivered = final >= 0 ? final : grad;
+        mfsdp_tensor_view *v = &rt->views[k];
+        v->name = t->name;
+        v->unit = rt_t->unit;
+        v->ndims = t->ndims;
+        for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
+            v->dims[d] = t->dims[d];
+        v->numel = t->numel;
+        const mf_buffer *ub = &s->buffers[unsharded], *lb = &s->buffers[local];
+        const mf_buffer *mb = &s->buffers[mw], *db = &s->buffers[delivered];
+        v->weight = (char *)rt->bufs[unsharded] + (size_t)t->offset * mf_dtype_size(ub->dtype);
+        v->weight_dtype = (mfsdp_dtype)ub->dtype;
+        v->grad_local = (char *)rt->bufs[local] + (size_t)t->offset * mf_dtype_size(lb->dtype);
+        v->grad_local_dtype = (mfsdp_dtype)lb->dtype;
+        v->main_weight_dtype = (mfsdp_dtype)mb->dtype;
+        v->grad_dtype = (mfsdp_dtype)db->dtype;
+        mf_range r = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], rt->rank, bk->length);
+        int64_t lo = t->offset > r.offset ? t->offset : r.offset;
+        int64_t hi = t->offset + t->numel < r.offset + r.len ? t->offset + t->numel : r.offset + r.len;
+        if (hi > lo) {
+            v->shard_offset = lo - t->offset;
+            v->shard_count = hi - lo;
+            v->main_weight = (char *)rt->bufs[mw] + (size_t)(lo - r.offset) * mf_dtype_size(mb->dtype);
+            v->grad = (char *)rt->bufs[delivered] + (size_t)(lo - r.offset) * mf_dtype_size(db->dtype);
+        }
+    }
+    return MFSDP_OK;
+}
+
+/* What every rank sends in the create exchange. */
+typedef struct mf_rt_hello {
+    uint8_t hash[32];
+    int64_t status;         /* mfsdp_result of this rank's setup */
+    int64_t mesh_world;     /* the world its schedule wants */
+} mf_rt_hello;
+
+/* Compares every rank's hello; on a difference formats a message naming the
+ * ranks, identical on every rank. */
+static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t world)
+{
+    for (int64_t r = 0; r < world; r++)
+        if (all[r].status != MFSDP_OK && r != rt->rank)
+            return mf_rt_set_error(NULL, MFSDP_ERR_ABORTED,
+                                   "rank %lld failed to create its runtime (%s); no rank can proceed",
+                                   (long long)r, mfsdp_result_string((mfsdp_result)all[r].status));
+    bool same = true;
+    for (int64_t r = 1; r < world; r++)
+        if (memcmp(all[r].hash, all[0].hash, 32) != 0 || all[r].mesh_world != all[0].mesh_world)
+            same = false;
+    if (same)
+        return MFSDP_OK;
+    /* Group the ranks by hash: "ranks 0,1,3 have 1a2b3c4d..., ranks 2 have ...". */
+    char msg[MF_RT_ERRLEN];
+    size_t at = (size_t)snprintf(msg, sizeof msg, "schedule mismatch between ranks:");
+    for (int64_t r = 0; r < world && at < sizeof msg; r++) {
+        bool first = true;
+        for (int64_t q = 0; q < r; q++)
+            if (memcmp(all[q].hash, all[r].hash, 32) == 0)
+                first = false;
+        if (!first)
+            continue;
+        at += (size_t)snprintf(msg + at, sizeof msg - at, " ranks");
+        const char *sep = " ";
+        for (int64_t q = r; q < world && at < sizeof msg; q++)
+            if (memcmp(all[q].hash, all[r].hash, 32) == 0) {
+                at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%lld", sep, (long long)q);
+                sep = ",";
+            }
+        if (at < sizeof msg)
+            at += (size_t)snprintf(msg + at, sizeof msg - at,
+                                   " have schedule %02x%02x%02x%02x%02x%02x%02x%02x (world %lld);",
+                                   all[r].hash[0], all[r].hash[1], all[r].hash[2], all[r].hash[3],
+                                   all[r].hash[4], all[r].hash[5], all[r].hash[6], all[r].hash[7],
+                                   (long long)all[r].mesh_world);
+    }
+    if (at < sizeof msg)
+        snprintf(msg + at, sizeof msg - at, " every rank must load the same schedule file");
+    return mf_rt_set_error(NULL, MFSDP_ERR_MISMATCH, "%s", msg);
+}
+
+/* Allocates buffers and tables; everything that can fail locally. */
+static mfsdp_result setup(mf_rt *rt)
+{
+    mfsdp_result res = MFSDP_OK;
+    const mf_schedule *s = rt->s;
+    if (rt->world != s->mesh.world)
+        return mf_rt_set_error(NULL, MFSDP_ERR_MISMATCH,
+                               "the backend's world has %lld ranks but the schedule's mesh needs %lld",
+                               (long long)rt->world, (long long)s->mesh.world);
+    mf_mesh_coords(&s->mesh, rt->rank, rt->coords);
+    rt->bufs = mf_rt_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
+    if (!rt->bufs)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
+    for (int b = 0; b < s->nbuffers; b++) {
+        size_t bytes = (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype);
+        res = rt->be->alloc(rt, bytes ? bytes : 1, &rt->bufs[b]);
+        if (res != MFSDP_OK) {
+            rt->bufs[b] = NULL;
+            return mf_rt_set_error(NULL, res, "cannot allocate buffer %s (%zu bytes): %s",
+                                   s->buffers[b].name, bytes, rt->err);
+        }
+    }
+    MF_CHECKGOTO(resolve_ops(rt), res, done);
+    MF_CHECKGOTO(build_views(rt), res, done);
+    MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
+    rt->ev_issued = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
+    rt->ev_done = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
+    if (!rt->ev_issued || !rt->ev_done)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
+    if (!rt->native && !rt->synchronous)
+        for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+            mf_rt_stream *q = &rt->streams[st];
+            q->cap = mf_replay_stream_ops_per_step(rt, (mf_stream)st);
+            q->queue = mf_rt_calloc((size_t)(q->cap ? q->cap : 1), sizeof *q->queue);
+            if (!q->queue)
+                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (queues)");
+        }
+done:
+    return res;
+}
+
+static void release(mf_rt *rt)
+{
+    if (rt->bufs) {
+        for (int b = 0; b < rt->s->nbuffers; b++)
+            if (rt->bufs[b])
+                rt->be->free(rt, rt->bufs[b]);
+        mf_rt_free(rt->bufs);
+    }
+    if (rt->be_state)
+        rt->be->close(rt);
+    for (int c = 0; rt->comms && c < rt->ncomms; c++)
+        mf_rt_free(rt->comms[c].ranks);
+    mf_rt_free(rt->comms);
+    mf_rt_free(rt->rops);
+    mf_rt_free(rt->list_start);
+    mf_rt_free(rt->list_ops);
+    mf_rt_free(rt->ev_issued);
+    mf_rt_free(rt->ev_done);
+    mf_rt_free(rt->views);
+    for (int st = 0; st < MF_STREAM_COUNT; st++) {
+        mf_rt_free(rt->streams[st].queue);
+        if (rt->sync_ready && st != MF_STREAM_COMPUTE)
+            pthread_cond_destroy(&rt->streams[st].work);
+    }
+    if (rt->sync_ready) {
+        pthread_cond_destroy(&rt->cv);
+        pthread_mutex_destroy(&rt->mu);
+    }
+    mf_rt_free(rt);
+}
+
+MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config *cfg,
+                                    mfsdp_runtime **out)
+{
+    mfsdp_result res = MFSDP_OK;
+    mf_rt *rt = NULL;
+    if (!out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
+    *out = NULL;
+    if (!sh || !cfg)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: schedule and config must not be NULL");
+    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
+    if (!be)
+        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
+                               "mfsdp_create: backend %d is not built into this library "
+                               "(check mfsdp_backend_available)",
+                               (int)cfg->backend);
+    if (cfg->timeout_ms < 0)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
+                               (long long)cfg->timeout_ms);
+    rt = mf_rt_calloc(1, sizeof *rt);
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
+    rt->sh = sh;
+    rt->s = sh->s;
+    rt->cfg = *cfg;
+    rt->be = be;
+    rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
+    rt->synchronous = !rt->native && (cfg->flags & MFSDP_FLAG_SYNCHRONOUS);
+    rt->next_phase = MF_PHASE_STEP_BEGIN;
+    rt->next_unit = -1;
+    if (pthread_mutex_init(&rt->mu, NULL) != 0) {
+        mf_rt_free(rt);
+        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
+    }
+    if (mf_rt_cond_init(&rt->cv) != 0) {
+        pthread_mutex_destroy(&rt->mu);
+        mf_rt_free(rt);
+        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+    }
+    int nwork = 0;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++, nwork++)
+        if (mf_rt_cond_init(&rt->streams[st].work) != 0)
+            break;
+    if (nwork != MF_STREAM_COUNT - MF_STREAM_INNER) {
+        for (int st = MF_STREAM_INNER; st < MF_STREAM_INNER + nwork; st++)
+            pthread_cond_destroy(&rt->streams[st].work);
+        pthread_cond_destroy(&rt->cv);
+        pthread_mutex_destroy(&rt->mu);
+        mf_rt_free(rt);
+        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+    }
+    rt->sync_ready = true;
+    for (int st = 0; st < MF_STREAM_COUNT; st++) {
+        rt->streams[st].rt = rt;
+        rt->streams[st].id = (mf_stream)st;
+    }
+
+    res = be->open(rt, cfg, &rt->rank, &rt->world);
+    if (res != MFSDP_OK) {
+        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
+        goto fail;
+    }
+
+    /* Local setup; a failure is still announced in the exchange so peers
+     * fail with it instead of waiting for this rank. */
+    mfsdp_result local = setup(rt);
+    char local_msg[MF_RT_ERRLEN];
+    snprintf(local_msg, sizeof local_msg, "%s", mfsdp_last_error(NULL));
+
+    mf_rt_hello mine;
+    memset(&mine, 0, sizeof mine);
+    memcpy(mine.hash, rt->s->hash, 32);
+    mine.status = local;
+    mine.mesh_world = rt->s->mesh.world;
+    mf_rt_hello *all = mf_rt_calloc((size_t)rt->world, sizeof *all);
+    if (!all) {
+        /* Cannot even take part in the exchange: peers will time out. */
+        res = mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
+        goto fail;
+    }
+    res = be->exchange(rt, &mine, sizeof mine, all);
+    if (res != MFSDP_OK) {
+        mf_rt_free(all);
+        mf_rt_set_error(NULL, res, "schedule hash exchange failed: %s", rt->err);
+        goto fail;
+    }
+    if (local != MFSDP_OK) {
+        mf_rt_free(all);
+        res = mf_rt_set_error(NULL, local, "%s", local_msg);
+        goto fail;
+    }
+    res = check_hellos(rt, all, rt->world);
+    mf_rt_free(all);
+    if (res != MFSDP_OK)
+        goto fail;
+
+    res = be->comm_init(rt, rt->comms, rt->ncomms);
+    if (res != MFSDP_OK) {
+        mf_rt_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);
+        goto fail;
+    }
+    if (!rt->native && !rt->synchronous) {
+        res = mf_streams_start(rt);
+        if (res != MFSDP_OK) {
+            mf_rt_set_error(NULL, res, "%s", rt->err);
+            goto fail;
+        }
+    }
+    rt->err[0] = '\0';
+    *out = rt;
+    return MFSDP_OK;
+
+fail:
+    release(rt);
+    return res;
+}
+
+MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
+{
+    if (!rt)
+        return;
+    bool in_flight = !rt->native && !rt->synchronous && mf_streams_busy(rt);
+    pthread_mutex_lock(&rt->mu);
+    bool failed = rt->failed != MFSDP_OK;
+    pthread_mutex_unlock(&rt->mu);
+    if (in_flight || failed) {
+        char why[128];
+        snprintf(why, sizeof why, "rank %lld was destroyed with %s", (long long)rt->rank,
+                 failed ? "a failed step" : "ops in flight");
+        rt->be->abort(rt, why);
+    }
+    if (!rt->native && !rt->synchronous)
+        mf_streams_stop(rt);
+    release(rt);
+}
+
+/* ---- queries ---- */
+
+MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt)
+{
+    return rt ? rt->err : thread_err;
+}
+
+MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt)
+{
+    return rt ? rt->rank : -1;
+}
+
+MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt)
+{
+    return rt ? rt->world : 0;
+}
+
+MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis)
+{
+    return rt && axis >= 0 && axis < rt->s->mesh.naxes ? rt->coords[axis] : -1;
+}
+
+MFSDP_API int mfsdp_num_tensors(const mfsdp_runtime *rt)
+{
+    return rt ? rt->nviews : 0;
+}
+
+MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp_tensor_view *out)
+{
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_tensor_view_get: rt is NULL");
+    if (!out || index < 0 || index >= rt->nviews)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_tensor_view_get: tensor index %d out of range [0, %d)", index,
+                               rt->nviews);
+    *out = rt->views[index];
+    return MFSDP_OK;
+}
+
+MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name)
+{
+    if (!rt || !name)
+        return -1;
+    for (int i = 0; i < rt->nviews; i++)
+        if (strcmp(rt->views[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *crt, mfsdp_stats *out)
+{
+    if (!crt || !out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_get_stats: rt and out must not be NULL");
+    mf_rt *rt = (mf_rt *)crt;   /* the mutex is the only thing touched */
+    pthread_mutex_lock(&rt->mu);
+    *out = rt->stats;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+        out->busy_ns[st] += rt->streams[st].busy_ns;
+        out->wait_ns[st] += rt->streams[st].wait_ns;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return MFSDP_OK;
+}
+
+void *mf_rt_buffer(const mf_rt *rt, int b)
+{
+    return rt && b >= 0 && b < rt->s->nbuffers ? rt->bufs[b] : NULL;
+}

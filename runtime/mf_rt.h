@@ -1,0 +1,195 @@
+/*
+ * mf_rt: the private side of libmfsdp. The runtime struct behind the opaque
+ * mfsdp_runtime handle, the schedule handle, the check-and-goto macro, the
+ * accounted allocator every runtime allocation goes through (with a test-only
+ * failure injection), and the functions the engine's files share:
+ *
+ *   mf_rt.c           create/destroy, views, hash exchange, errors, stats
+ *   mf_replay.c       hook -> the ops to issue; per-hook op lists built at create
+ *   mf_cpu_streams.c  the worker model: stream threads, event counters, op execution
+ *   mf_cpu_kernels.c  cast / add / reduce kernels
+ *
+ * Invariants: after a successful create nothing is allocated per step; the
+ * host thread alone touches the hook state and the event issue counters; the
+ * rank mutex `mu` guards queues, event completion counters, the sticky
+ * failure and the stream statistics.
+ */
+#ifndef MF_RT_H
+#define MF_RT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "mf_backend.h"
+#include "mf_layout.h"
+#include "mfsdp.h"
+
+#define MF_RT_ERRLEN 1024
+
+/* Runs `call` (an mfsdp_result expression); on failure stores it in `res`
+ * and jumps to `label` (NCCL's NCCLCHECKGOTO). */
+#define MF_CHECKGOTO(call, res, label)  \
+    do {                                \
+        (res) = (call);                 \
+        if ((res) != MFSDP_OK)          \
+            goto label;                 \
+    } while (0)
+
+/* ---- accounted allocation (mf_rt.c) ---- */
+
+void *mf_rt_malloc(size_t n);
+void *mf_rt_calloc(size_t n, size_t size);
+/* Zero-filled, `align` a power of two >= sizeof(void *). */
+void *mf_rt_aligned_zalloc(size_t align, size_t n);
+void mf_rt_free(void *p);
+/* Test hook: the k-th accounted allocation from now (0 = the next) fails;
+ * k < 0 disables. Process-wide. */
+void mf_rt_alloc_fail_at(int64_t k);
+/* Accounted allocations currently live (process-wide). */
+int64_t mf_rt_alloc_live(void);
+
+/* ---- the schedule handle ---- */
+
+typedef struct mf_rt_tensor {
+    int bucket;             /* bucket holding the tensor */
+    int index;              /* index in the bucket's tensors */
+    int unit;               /* unit whose hooks bracket its compute */
+} mf_rt_tensor;
+
+struct mfsdp_schedule {
+    mf_schedule *s;         /* owned */
+    int ntensors;
+    mf_rt_tensor *tensors;  /* schedule order (bucket, then declaration); in s->arena */
+};
+
+/* Wraps an owned mf_schedule into a handle (takes s; frees it on failure).
+ * Checks what the runtime relies on beyond the loader (buffers per bucket,
+ * op operands, event streams); on a failure returns MFSDP_ERR_LOAD with the
+ * message in err. */
+mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen);
+
+/* ---- the runtime ---- */
+
+/* A queued op: what a stream thread needs to run it. */
+typedef struct mf_rt_entry {
+    int32_t op;             /* op index */
+    int64_t microbatch;
+    int64_t seq;            /* record: this record's sequence number; wait: the target */
+} mf_rt_entry;
+
+typedef struct mf_rt_stream {
+    mf_rt *rt;
+    mf_stream id;
+    pthread_t thread;
+    bool started;
+    pthread_cond_t work;    /* signalled when an entry is queued or on stop */
+    mf_rt_entry *queue;     /* ring of cap entries */
+    int64_t cap;            /* entries: the most this stream is issued in one step */
+    int64_t pushed;         /* entries queued so far (host) */
+    int64_t popped;         /* entries taken by the thread */
+    int64_t completed;      /* entries finished (executed or skipped after a failure) */
+    int64_t busy_ns;        /* executing ops */
+    int64_t wait_ns;        /* blocked in event waits */
+    char err[MF_RT_ERRLEN]; /* message of this stream's failing op */
+} mf_rt_stream;
+
+/* Microbatch classes: which `when` predicates hold. */
+enum { MF_MB_MIDDLE = 0, MF_MB_FIRST = 1, MF_MB_LAST = 2, MF_MB_ONLY = 3, MF_MB_CLASSES = 4 };
+
+struct mfsdp_runtime {
+    const mfsdp_schedule *sh;   /* borrowed */
+    const mf_schedule *s;       /* sh->s */
+    mfsdp_config cfg;
+    int64_t rank, world;
+    int64_t coords[MF_MAX_AXES];
+    const mf_backend_vtbl *be;
+    void *be_state;             /* backend's */
+    bool native;                /* be->caps & MF_BE_NATIVE_STREAMS */
+    bool synchronous;           /* MFSDP_FLAG_SYNCHRONOUS (worker model only) */
+
+    void **bufs;                /* per schedule buffer; backend memory */
+    mf_rt_op *rops;             /* per schedule op */
+    int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
+    int *list_start;            /* nlists + 1 offsets into list_ops */
+    int *list_ops;              /* op indices, ascending within a list */
+    int64_t *ev_issued;         /* per event: records issued (host only) */
+    int64_t *ev_done;           /* per event: latest completed record (under mu) */
+    int ncomms;
+    mf_rt_comm *comms;
+    int comm_index[MF_STREAM_COUNT][MF_MAX_AXES]; /* -1 when unused */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* event completions, stream completions, failure */
+    bool sync_ready;            /* mu/cv initialized */
+    bool stop;                  /* stream threads exit */
+    bool ops_waiting_space;     /* the host waits for room in a queue */
+    mf_rt_stream streams[MF_STREAM_COUNT]; /* [MF_STREAM_COMPUTE] unused by threads */
+
+    /* hook state (host only): the next hook expected */
+    mf_phase next_phase;
+    int next_unit;
+    int64_t next_mb;
+
+    mfsdp_result failed;        /* sticky asynchronous failure (under mu) */
+    char fail_msg[MF_RT_ERRLEN];
+    char err[MF_RT_ERRLEN];     /* last error returned to the caller */
+
+    int nviews;
+    mfsdp_tensor_view *views;
+    mfsdp_stats stats;          /* host-side counters; stream times merged on read */
+};
+
+/* Formats rt->err (or the thread's handle-less message when rt is NULL) and
+ * returns code. */
+mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Records the first asynchronous failure (thread-safe; takes mu) and wakes
+ * every waiter; later failures keep the first message. */
+void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg);
+/* A short description of op i for messages: "op 12 (all_gather dp_inner, unit layers.3)". */
+void mf_rt_describe_op(const mf_rt *rt, int i, char *buf, size_t size);
+/* Monotonic clock, nanoseconds. */
+int64_t mf_rt_now_ns(void);
+/* Absolute CLOCK_MONOTONIC deadline timeout_ms from now (0: none). */
+struct timespec mf_rt_deadline(int64_t timeout_ms);
+/* pthread_cond_timedwait on CLOCK_MONOTONIC, or plain wait when timeout_ms
+ * is 0; returns ETIMEDOUT past the deadline. */
+int mf_rt_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t timeout_ms,
+                    const struct timespec *deadline);
+/* Initializes a condition variable on CLOCK_MONOTONIC. */
+int mf_rt_cond_init(pthread_cond_t *cv);
+/* The backend for a config, or NULL when not built in. */
+const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b);
+
+/* mf_replay.c */
+/* Builds rt->list_start/list_ops. */
+mfsdp_result mf_replay_build_lists(mf_rt *rt);
+/* Index of the list for (phase, unit or -1, microbatch). */
+int mf_replay_list(const mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
+/* Runs a hook: checks the order, issues its ops, advances the state. */
+mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
+/* The most entries a stream is issued in one step (its queue capacity). */
+int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st);
+
+/* mf_cpu_streams.c */
+/* Starts the inner and outer stream threads. */
+mfsdp_result mf_streams_start(mf_rt *rt);
+/* Stops and joins them (pending entries are dropped). */
+void mf_streams_stop(mf_rt *rt);
+/* Issues one op of the worker model: compute-stream ops run here (time
+ * blocked in event waits added to *wait_ns), others are queued to their
+ * stream. */
+mfsdp_result mf_streams_issue(mf_rt *rt, int op, int64_t microbatch, int64_t seq,
+                              int64_t *wait_ns);
+/* Waits until every queued entry completed (bounded by the timeout). */
+mfsdp_result mf_streams_drain(mf_rt *rt);
+/* True while some entry is queued or running. */
+bool mf_streams_busy(mf_rt *rt);
+/* Runs one op on the calling thread (stream threads, compute ops, synchronous mode). */
+mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
+                             size_t errlen, int64_t *wait_ns);
+
+/* mf_rt.c: buffer pointer of schedule buffer b (for tools and tests). */
+void *mf_rt_buffer(const mf_rt *rt, int b);
+
+#endif

@@ -1,0 +1,283 @@
+/*
+ * mfsdp.h: the public interface of libmfsdp, the replay runtime of mfsdp
+ * (DESIGN §7). This header is the contract with trainers; it is the only
+ * header a trainer includes (plus mfsdp_mpi.h for the MPI backend).
+ *
+ * A trainer
+ *   1. loads a compiled schedule      mfsdp_schedule_load()
+ *   2. creates one runtime per rank   mfsdp_create()  (local: one per thread,
+ *                                      mpi: one per process, nccl: one per GPU)
+ *   3. asks for views of its tensors  mfsdp_tensor_view_get()
+ *   4. calls the hooks every step, in the schedule's order:
+ *        mfsdp_step_begin
+ *        for m in 0..M-1:
+ *          for u in 0..U-1:    mfsdp_forward_pre(u, m)  ... compute ...  mfsdp_forward_post(u, m)
+ *          for u in U-1..0:    mfsdp_backward_pre(u, m) ... compute ...  mfsdp_backward_post(u, m)
+ *        mfsdp_step_end
+ *      and after mfsdp_step_end updates its main_weight shard from the
+ *      delivered gradient shard (the optimizer step);
+ *   5. destroys the runtime, then the schedule.
+ *
+ * Every call returns an mfsdp_result. On anything but MFSDP_OK,
+ * mfsdp_last_error(rt) returns a detailed message (for calls without a
+ * runtime handle, mfsdp_last_error(NULL) returns the calling thread's last
+ * message). A hook called out of the schedule's order returns
+ * MFSDP_ERR_INVALID_USAGE naming the hook that was expected and changes
+ * nothing; the trainer may then call the right one. A timeout, a backend error
+ * or a peer's failure is sticky: every later hook returns it.
+ *
+ * Threading: one runtime is driven by one host thread at a time (the rank's
+ * trainer thread). Different runtimes (thread-ranks of the local backend) are
+ * independent.
+ */
+#ifndef MFSDP_H
+#define MFSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MFSDP_VERSION_MAJOR 0
+#define MFSDP_VERSION_MINOR 1
+#define MFSDP_VERSION_PATCH 0
+/* One integer for compile-time checks: 10000*major + 100*minor + patch. */
+#define MFSDP_VERSION_CODE \
+    (MFSDP_VERSION_MAJOR * 10000 + MFSDP_VERSION_MINOR * 100 + MFSDP_VERSION_PATCH)
+
+#if defined(MFSDP_BUILDING) && (defined(__GNUC__) || defined(__clang__))
+#define MFSDP_API __attribute__((visibility("default")))
+#else
+#define MFSDP_API
+#endif
+
+/* ---- results ---- */
+
+typedef enum mfsdp_result {
+    MFSDP_OK = 0,
+    MFSDP_ERR_INVALID_ARGUMENT = 1, /* a NULL handle, an index out of range, a bad config */
+    MFSDP_ERR_INVALID_USAGE = 2,    /* a hook out of the schedule's order */
+    MFSDP_ERR_LOAD = 3,             /* the schedule file is malformed or inconsistent */
+    MFSDP_ERR_MISMATCH = 4,         /* ranks disagree (schedule hash, world size, collectives) */
+    MFSDP_ERR_TIMEOUT = 5,          /* a wait exceeded the configured timeout */
+    MFSDP_ERR_OUT_OF_MEMORY = 6,
+    MFSDP_ERR_BACKEND = 7,          /* MPI, NCCL or CUDA reported an error */
+    MFSDP_ERR_UNSUPPORTED = 8,      /* the backend was not built into this library */
+    MFSDP_ERR_ABORTED = 9,          /* a peer failed and aborted a shared communicator */
+    MFSDP_ERR_INTERNAL = 10,        /* a bug in libmfsdp */
+    MFSDP_RESULT_COUNT
+} mfsdp_result;
+
+/* A static, lower-case description of a result ("timeout"); never NULL. */
+MFSDP_API const char *mfsdp_result_string(mfsdp_result r);
+
+/* The library's version string ("0.1.0"), from the library actually loaded. */
+MFSDP_API const char *mfsdp_version(void);
+/* The library's MFSDP_VERSION_CODE, to compare with the header's. */
+MFSDP_API int mfsdp_version_code(void);
+
+/* ---- element types (values match the schedule file's names) ---- */
+
+typedef enum mfsdp_dtype {
+    MFSDP_FP32 = 0,
+    MFSDP_BF16 = 1,
+    MFSDP_FP16 = 2,
+} mfsdp_dtype;
+
+/* Bytes per element; 0 for an unknown dtype. */
+MFSDP_API size_t mfsdp_dtype_size(mfsdp_dtype d);
+MFSDP_API const char *mfsdp_dtype_name(mfsdp_dtype d);
+
+/* ---- schedules ---- */
+
+typedef struct mfsdp_schedule mfsdp_schedule;
+
+/* Loads a compiled schedule (the YAML of `mfsdpc compile`). On success *out is
+ * an owned schedule; on failure *out is NULL, the result is MFSDP_ERR_LOAD
+ * (or OUT_OF_MEMORY) and mfsdp_last_error(NULL) holds the located message
+ * ("file:line:col: error: ..."). */
+MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **out);
+/* The same from memory; `name` is used in messages only. */
+MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *text, size_t len,
+                                                  mfsdp_schedule **out);
+/* Takes the schedule; NULL is ignored. Every runtime created from it must be
+ * destroyed first (runtimes borrow their schedule). */
+MFSDP_API void mfsdp_schedule_free(mfsdp_schedule *s);
+
+/* Read-only facts about a schedule. Out-of-range indices give 0 or NULL. */
+MFSDP_API int64_t mfsdp_schedule_world_size(const mfsdp_schedule *s);
+MFSDP_API int mfsdp_schedule_num_axes(const mfsdp_schedule *s);
+MFSDP_API const char *mfsdp_schedule_axis_name(const mfsdp_schedule *s, int axis);
+MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *s, int axis);
+MFSDP_API int64_t mfsdp_schedule_microbatches(const mfsdp_schedule *s);
+MFSDP_API int mfsdp_schedule_num_units(const mfsdp_schedule *s);
+MFSDP_API const char *mfsdp_schedule_unit_name(const mfsdp_schedule *s, int unit);
+/* 1 when the schedule reduces gradients with `avg`, 0 with `sum`. */
+MFSDP_API int mfsdp_schedule_reduce_is_avg(const mfsdp_schedule *s);
+/* The SHA-256 of the schedule file (what ranks compare at create). */
+MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *s, uint8_t out[32]);
+
+/* ---- backends and configuration ---- */
+
+typedef enum mfsdp_backend {
+    MFSDP_BACKEND_LOCAL = 1, /* N thread-ranks in one process sharing memory */
+    MFSDP_BACKEND_MPI = 2,   /* one process per rank; see mfsdp_mpi.h */
+    MFSDP_BACKEND_NCCL = 3,  /* one process per GPU (reserved for the CUDA build) */
+} mfsdp_backend;
+
+/* 1 when this library was built with the backend, else 0. */
+MFSDP_API int mfsdp_backend_available(mfsdp_backend b);
+
+/*
+ * A group of thread-ranks of the local backend: create one with the world size,
+ * hand it to every thread-rank's mfsdp_create(), destroy it after every
+ * runtime created on it has been destroyed. One generation of runtimes at a
+ * time: create the next set only after the previous set is destroyed.
+ */
+typedef struct mfsdp_local_group mfsdp_local_group;
+MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group **out);
+MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g);
+
+/* Config flags. */
+enum {
+    /* Execute every op on the calling thread at issue, in issue order (no
+     * stream threads). Slower; for debugging a schedule or a trainer. */
+    MFSDP_FLAG_SYNCHRONOUS = 1u << 0,
+};
+
+typedef struct mfsdp_config {
+    mfsdp_backend backend;
+    int64_t rank;              /* world rank of this runtime; -1 = ask the backend
+                                  (mpi: the rank in the communicator) */
+    int64_t timeout_ms;        /* limit of every blocking wait (peers, events,
+                                  streams); 0 = wait forever. Default 600000. */
+    uint32_t flags;            /* MFSDP_FLAG_* */
+    mfsdp_local_group *local_group; /* local backend: the shared group */
+    void *mpi_comm;            /* mpi backend: pointer to an MPI_Comm spanning
+                                  exactly the mesh's ranks (mfsdp_mpi.h);
+                                  borrowed, the comm is duplicated */
+    void *backend_config;      /* backend-specific extension (e.g. NCCL's);
+                                  NULL for local and mpi */
+} mfsdp_config;
+
+/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms). */
+MFSDP_API void mfsdp_config_init(mfsdp_config *cfg);
+
+/* ---- runtimes ---- */
+
+typedef struct mfsdp_runtime mfsdp_runtime;
+
+/*
+ * Creates this rank's runtime: checks the config, allocates every buffer the
+ * schedule names (zero-filled, through the backend: host memory on CPUs),
+ * exchanges the schedule hash with every rank of the world and builds one
+ * communicator per axis group per stream. Collective over the world: every
+ * rank must call it. A rank whose schedule differs makes create return
+ * MFSDP_ERR_MISMATCH on every rank, with a message naming the ranks that
+ * differ. `s` is borrowed and must outlive the runtime. On failure *out is
+ * NULL and mfsdp_last_error(NULL) holds the message.
+ */
+MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *s, const mfsdp_config *cfg,
+                                    mfsdp_runtime **out);
+/* Takes the runtime; NULL is ignored. Stops the stream threads; if ops are
+ * still in flight (after an error), the communicators are aborted so peers
+ * return instead of waiting. */
+MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt);
+
+/* The detailed message of the last failed call on rt (NULL: of the calling
+ * thread's last failed handle-less call, such as load or create). Borrowed,
+ * valid until the next call on the same handle; never NULL. */
+MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt);
+
+MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt);
+MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt);
+/* This rank's coordinate on mesh axis `axis` (-1 when out of range). */
+MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis);
+
+/* ---- views ---- */
+
+#define MFSDP_MAX_DIMS 8
+
+/*
+ * Where one tensor's data lives for this rank. Pointers are into the
+ * runtime's buffers (host memory for local and mpi, device memory for nccl)
+ * and stay valid until mfsdp_destroy.
+ *
+ *  weight      the whole tensor in the unsharded compute weight: read it
+ *              between forward_pre(u) and forward_post(u), and between
+ *              backward_pre(u) and backward_post(u), of its unit u.
+ *  grad_local  the whole tensor in this microbatch's local gradient: write
+ *              it (overwrite, do not add) between backward_pre(u) and
+ *              backward_post(u); the runtime accumulates across microbatches.
+ *  main_weight this rank's shard of the fp32 master weight: elements
+ *              [shard_offset, shard_offset + shard_count) of the tensor
+ *              (flattened, row-major). Update it after mfsdp_step_end.
+ *  grad        the delivered gradient for the same elements, valid after
+ *              mfsdp_step_end until the next step's first backward_post.
+ * shard_count is 0 (and main_weight/grad NULL) when this rank holds none of
+ * the tensor; with a replicated main_weight every rank holds all of it.
+ */
+typedef struct mfsdp_tensor_view {
+    const char *name;         /* full name: unit name + "." + tensor name */
+    int unit;                 /* index of the unit whose hooks bracket its compute */
+    int ndims;
+    int64_t dims[MFSDP_MAX_DIMS];
+    int64_t numel;            /* elements of the whole tensor */
+    void *weight;             /* numel elements of weight_dtype */
+    mfsdp_dtype weight_dtype;
+    void *grad_local;         /* numel elements of grad_local_dtype */
+    mfsdp_dtype grad_local_dtype;
+    void *main_weight;        /* shard_count elements of main_weight_dtype */
+    mfsdp_dtype main_weight_dtype;
+    void *grad;               /* shard_count elements of grad_dtype */
+    mfsdp_dtype grad_dtype;
+    int64_t shard_offset;     /* first tensor-local element of this rank's shard */
+    int64_t shard_count;      /* elements in this rank's shard */
+} mfsdp_tensor_view;
+
+MFSDP_API int mfsdp_num_tensors(const mfsdp_runtime *rt);
+/* Copies tensor `index`'s view into *out. */
+MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp_tensor_view *out);
+/* Index of the tensor with this full name, or -1. */
+MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name);
+
+/* ---- hooks (see the call order at the top) ---- */
+
+MFSDP_API mfsdp_result mfsdp_step_begin(mfsdp_runtime *rt);
+/* Returns when the unit's unsharded weights are ready for compute (CPU
+ * backends; on GPUs, when the compute stream has been made to wait). */
+MFSDP_API mfsdp_result mfsdp_forward_pre(mfsdp_runtime *rt, int unit, int64_t microbatch);
+MFSDP_API mfsdp_result mfsdp_forward_post(mfsdp_runtime *rt, int unit, int64_t microbatch);
+MFSDP_API mfsdp_result mfsdp_backward_pre(mfsdp_runtime *rt, int unit, int64_t microbatch);
+/* Call after the unit's grad_local has been written for this microbatch. */
+MFSDP_API mfsdp_result mfsdp_backward_post(mfsdp_runtime *rt, int unit, int64_t microbatch);
+/* Issues the step's last ops. On CPU backends it returns when every op of the
+ * step has completed, so the delivered gradient may be read at once. */
+MFSDP_API mfsdp_result mfsdp_step_end(mfsdp_runtime *rt);
+/* Waits until every op issued so far has completed (any point in the step). */
+MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt);
+
+/* ---- statistics ---- */
+
+#define MFSDP_MAX_AXES 4
+enum { MFSDP_STREAM_COMPUTE = 0, MFSDP_STREAM_INNER = 1, MFSDP_STREAM_OUTER = 2, MFSDP_NUM_STREAMS = 3 };
+
+/* Cumulative since create; subtract two snapshots for one step. */
+typedef struct mfsdp_stats {
+    int64_t steps;                            /* completed step_end calls */
+    int64_t ops;                              /* ops issued */
+    int64_t collectives[MFSDP_MAX_AXES];      /* collectives issued per mesh axis */
+    int64_t bytes[MFSDP_MAX_AXES];            /* bytes sent per rank per axis (ring model) */
+    int64_t busy_ns[MFSDP_NUM_STREAMS];       /* time executing ops (not waiting on events) */
+    int64_t wait_ns[MFSDP_NUM_STREAMS];       /* time blocked in event waits */
+} mfsdp_stats;
+
+MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *rt, mfsdp_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
