@@ -46,6 +46,9 @@ typedef struct mf_parse_ctx {
     int stmt_kw;            /* first token of the current statement */
     int depth;              /* open { } blocks */
     mf_block_kind blocks[MF_PARSE_MAX_NESTING + 1];
+    mf_span brace_at[MF_PARSE_MAX_NESTING + 1]; /* where each open block began */
+    bool lex_error_in_stmt; /* a lexical error since the last ';', '{' or '}':
+                               the syntax error that follows is its echo */
 
     bool fatal;             /* a limit was hit: the scanner returns end of
                                file and the parser stays silent */

@@ -27,6 +27,7 @@
 %define api.prefix {mf_yy}
 %define api.location.type {mf_span}
 %define parse.error detailed
+%define parse.lac full
 %locations
 %expect 0
 
@@ -455,7 +456,10 @@ static void mf_parse_describe(const struct mf_parse_ctx *ctx, const char *kind, 
 static void mf_yyerror(const mf_span *loc, yyscan_t scanner, struct mf_parse_ctx *ctx, const char *msg)
 {
     (void)scanner;
-    if (ctx->fatal)
+    /* After a limit, and right after a lexical error in the same statement
+     * (an unterminated string swallows what follows), stay silent: the error
+     * that matters is already reported and counted. */
+    if (ctx->fatal || ctx->lex_error_in_stmt)
         return;
     mf_diag *d = ctx->diag;
     static const char prefix[] = "syntax error, unexpected ";
@@ -494,19 +498,25 @@ static void mf_yyerror(const mf_span *loc, yyscan_t scanner, struct mf_parse_ctx
         }
         return;
     }
-    if (!exp) {
-        mf_diag_error(d, *loc, "unexpected %s", what);
-        return;
-    }
-    const char *expected = exp + strlen(", expecting ");
-    /* A token missing at the end of a line is reported where it is missing. */
+    /* A token missing at the end of a line is reported where it is missing,
+     * right after the previous token. */
+    mf_span at = *loc;
     if (ctx->prev_span.line > 0 && loc->line > ctx->prev_span.end_line) {
-        mf_span at = {ctx->prev_span.end_line, ctx->prev_span.end_col, ctx->prev_span.end_line,
-                      ctx->prev_span.end_col + 1};
-        mf_diag_error(d, at, "expected %s before %s", expected, what);
+        at.line = at.end_line = ctx->prev_span.end_line;
+        at.col = ctx->prev_span.end_col;
+        at.end_col = at.col + 1;
+    }
+    const char *expected = exp ? exp + strlen(", expecting ") : NULL;
+    if (ctx->last_tok == 0 && ctx->depth > 0) {
+        mf_diag_error(d, at, "expected %s before end of file", expected ? expected : "'}'");
+        mf_diag_note(d, ctx->brace_at[ctx->depth], "this '{' is never closed");
         return;
     }
-    mf_diag_error(d, *loc, "expected %s before %s", expected, what);
+    if (!expected) {
+        mf_diag_error(d, ctx->last_tok == 0 ? at : *loc, "unexpected %s", what);
+        return;
+    }
+    mf_diag_error(d, at, "expected %s before %s", expected, what);
 }
 
 /* ---- entry point ---- */

@@ -293,7 +293,9 @@ static void check_mesh(mf_sema *s)
 /* A size in bytes with an optional binary suffix; false (reported) when bad. */
 static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
 {
-    static const char *const suffixes[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    /* "B" last, so that "MB" suggests "MiB" */
+    static const char *const suffixes[] = {"KiB", "MiB", "GiB", "TiB", "B"};
+    static const int shifts[] = {10, 20, 30, 40, 0};
     int64_t v = st->num.value;
     if (!st->num.suffix) {
         *out = v;
@@ -302,7 +304,7 @@ static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
     for (size_t i = 0; i < COUNT(suffixes); i++)
         if (strcmp(st->num.suffix, suffixes[i]) == 0) {
             int64_t r;
-            if (!mul_ok(v, INT64_C(1) << (10 * i), &r)) {
+            if (!mul_ok(v, INT64_C(1) << shifts[i], &r)) {
                 mf_diag_error(s->d, st->num.span, "%s %" PRId64 "%s overflows 63 bits", st->key.text, v,
                               st->num.suffix);
                 return false;
@@ -310,9 +312,9 @@ static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
             *out = r;
             return true;
         }
-    char where[64];
-    snprintf(where, sizeof where, " in '%s'", st->key.text);
-    unknown_word(s, st->num.span, "size suffix", st->num.suffix, where, suffixes, COUNT(suffixes));
+    const char *hint = mf_diag_suggest(st->num.suffix, suffixes, COUNT(suffixes));
+    mf_diag_error(s->d, st->num.span, "unknown size suffix '%s' in '%s'; expected B, KiB, MiB, GiB or TiB%s%s%s",
+                  st->num.suffix, st->key.text, hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
     return false;
 }
 
@@ -350,10 +352,15 @@ static void check_settings(mf_sema *s)
             int64_t b;
             if (!size_bytes(s, st, &b))
                 break;
-            if (b < MF_SEMA_MIN_ALIGN || b > MF_SEMA_MAX_ALIGN || (b & (b - 1)) != 0)
+            if (b < MF_SEMA_MIN_ALIGN)
                 mf_diag_error(s->d, st->num.span,
-                              "align %" PRId64 " bytes is not a power of two between %d and %d; use e.g. 256",
-                              b, MF_SEMA_MIN_ALIGN, MF_SEMA_MAX_ALIGN);
+                              "align %" PRId64 " bytes is below the minimum of %d; use a power of two such as 256", b,
+                              MF_SEMA_MIN_ALIGN);
+            else if (b > MF_SEMA_MAX_ALIGN)
+                mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is too large (limit is %d)", b,
+                              MF_SEMA_MAX_ALIGN);
+            else if ((b & (b - 1)) != 0)
+                mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is not a power of two; use e.g. 256", b);
             else
                 sp->align = b;
             break;
@@ -1228,8 +1235,8 @@ static void check_unit(mf_sema *s, const mf_ast_unit *u)
     }
     int64_t all;
     if (!mul_ok(ut.elems, iters, &all) || !add_ok(s->nelems, all, &all) || all > MF_SEMA_MAX_ELEMS) {
-        mf_diag_error(s->d, at, "the spec has more than %" PRId64 " elements in all once unit \"%s\" is added (limit is %" PRId64 ")",
-                      MF_SEMA_MAX_ELEMS, u->name.text, MF_SEMA_MAX_ELEMS);
+        mf_diag_error(s->d, at, "too many elements in the spec (limit is %" PRId64 "): unit \"%s\" brings the total past it",
+                      MF_SEMA_MAX_ELEMS, u->name.text);
         s->limit_hit = true;
         return;
     }

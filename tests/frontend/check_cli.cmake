@@ -1,0 +1,66 @@
+# Runs the real `mfsdpc check` binary: exit statuses 0 (valid), 1 (errors),
+# 2 (usage or unreadable file), output on stdout/stderr, and the file name
+# printed as given (a relative path, run from tests/frontend).
+#   cmake -DMFSDPC=... -DSRC=tests/frontend -DSCHEDULES=schedules -P check_cli.cmake
+
+function(run expect_rc)
+  execute_process(COMMAND ${MFSDPC} ${ARGN} WORKING_DIRECTORY ${SRC}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc STREQUAL "${expect_rc}")
+    message(FATAL_ERROR "mfsdpc ${ARGN}: exit status ${rc}, expected ${expect_rc}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
+endfunction()
+
+function(expect_golden name)
+  file(READ ${SRC}/invalid/${name}.expected want)
+  if(NOT err STREQUAL want)
+    message(FATAL_ERROR "stderr differs from invalid/${name}.expected\n--- got\n${err}--- expected\n${want}")
+  endif()
+  if(NOT out STREQUAL "")
+    message(FATAL_ERROR "unexpected stdout:\n${out}")
+  endif()
+endfunction()
+
+function(expect_contains stream text)
+  string(FIND "${${stream}}" "${text}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "expected '${text}' in ${stream}:\n${${stream}}")
+  endif()
+endfunction()
+
+# valid: no output at all
+run(0 check ${SCHEDULES}/hfsdp.mfsdp valid/extensions.mfsdp)
+if(NOT out STREQUAL "" OR NOT err STREQUAL "")
+  message(FATAL_ERROR "a valid spec printed something:\n${out}${err}")
+endif()
+
+# invalid: the golden text on stderr, exit 1
+foreach(name syntax_several_errors several_errors suffix_rule mesh_missing too_many_units)
+  run(1 check invalid/${name}.mfsdp)
+  expect_golden(${name})
+endforeach()
+
+# several files: all checked, exit 1 if any failed
+run(1 check valid/defaults.mfsdp invalid/partial_weight.mfsdp ${SCHEDULES}/zero3.mfsdp)
+expect_golden(partial_weight)
+run(1 check -- invalid/role_twice.mfsdp)
+expect_golden(role_twice)
+
+# usage errors and unreadable files: exit 2
+run(2 check)
+expect_contains(err "no spec files given")
+run(2 check --frobnicate valid/defaults.mfsdp)
+expect_contains(err "unknown option '--frobnicate'")
+run(2 check no/such/file.mfsdp)
+expect_contains(err "cannot read 'no/such/file.mfsdp'")
+run(2 check invalid/partial_weight.mfsdp no/such/file.mfsdp)
+expect_contains(err "invalid/partial_weight.mfsdp:")
+expect_contains(err "cannot read 'no/such/file.mfsdp'")
+
+# help and version
+run(0 check --help)
+expect_contains(out "usage: mfsdpc check")
+run(0 --version)
+expect_contains(out "mfsdpc ")
