@@ -1,0 +1,130 @@
+/*
+ * mfsdpc compile SPEC -o OUT.yaml [--no-verify] [cost options]
+ *
+ * Runs the whole pipeline (mf_compile_file up to MF_STAGE_VERIFY) and writes
+ * the canonical schedule (mf_emit_yaml). The file is written to a temporary
+ * next to OUT and renamed (mf_write_file_atomic): on any error nothing is
+ * written and an existing OUT is untouched; OUT may not be the spec itself.
+ * `-o -` writes the schedule to stdout.
+ *
+ * Exit status: 0 success, 1 errors in the spec or a schedule the verifier
+ * rejects (diagnostics on stderr), 2 usage errors, unreadable input,
+ * malformed cost options, write errors.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_cli.h"
+#include "mf_pipeline.h"
+
+static void mf_compile_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: mfsdpc compile SPEC -o OUT.yaml [--no-verify] [cost options]\n"
+            "\n"
+            "Compiles a .mfsdp spec into its verified static schedule (docs/schedule.md)\n"
+            "and writes it as canonical YAML: byte-identical for the same input.\n"
+            "\n"
+            "  -o OUT.yaml, --output=OUT.yaml   where to write it ('-' for stdout); written\n"
+            "                         to a temporary file and renamed, never over SPEC\n"
+            "  --no-verify            skip the schedule verifier (DESIGN §9)\n"
+            "  --inner-bw=GBPS, --outer-bw=GBPS, --inner-lat=US, --outer-lat=US,\n"
+            "  --axis-bw=NAME:GBPS, --axis-lat=NAME:US, --launch-lat=US, --local-bw=GBPS\n"
+            "                         cost model used to choose between legal compositions\n"
+            "\n"
+            "exit status: 0 success, 1 error in the spec, 2 usage or I/O error\n");
+}
+
+static int mf_compile_write(FILE *out, const void *ctx)
+{
+    return mf_emit_yaml(ctx, out);
+}
+
+int mf_cmd_compile(int argc, char **argv)
+{
+    const char *spec = NULL, *out = NULL;
+    bool verify = true;
+    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
+    int ncost = 0, rc = 0;
+    if (!cost_args) {
+        fprintf(stderr, "mfsdpc: error: out of memory\n");
+        return 2;
+    }
+    for (int i = 1; i < argc && rc == 0; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            mf_compile_usage(stdout);
+            free(cost_args);
+            return 0;
+        } else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mfsdpc compile: error: %s needs a file name\n", a);
+                rc = 2;
+            } else if (out) {
+                fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
+                rc = 2;
+            } else {
+                out = argv[++i];
+            }
+        } else if (strncmp(a, "--output=", 9) == 0) {
+            if (out) {
+                fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
+                rc = 2;
+            }
+            out = a + 9;
+        } else if (strcmp(a, "--no-verify") == 0) {
+            verify = false;
+        } else if (mf_cost_is_option(a)) {
+            cost_args[ncost++] = argv[i];
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "mfsdpc compile: error: unknown option '%s'\n", a);
+            rc = 2;
+        } else if (spec) {
+            fprintf(stderr, "mfsdpc compile: error: one spec at a time (got '%s' and '%s')\n", spec, a);
+            rc = 2;
+        } else {
+            spec = a;
+        }
+    }
+    if (rc == 0 && !spec) {
+        fprintf(stderr, "mfsdpc compile: error: no spec given\n");
+        rc = 2;
+    }
+    if (rc == 0 && (!out || !out[0])) {
+        fprintf(stderr, "mfsdpc compile: error: no output file given (-o OUT.yaml, or -o - for stdout)\n");
+        rc = 2;
+    }
+    if (rc != 0) {
+        mf_compile_usage(stderr);
+        free(cost_args);
+        return rc;
+    }
+
+    mf_compile_options opt = {
+        .stop_after = MF_STAGE_VERIFY,
+        .verify = verify,
+        .ncost_args = ncost,
+        .cost_args = cost_args,
+    };
+    mf_compilation c;
+    rc = mf_compile_file(spec, &opt, &c);
+    if (rc == 0 && (!c.plan || !c.plan->sched)) {
+        fprintf(stderr, "mfsdpc compile: error: internal error: no schedule was produced\n");
+        rc = 2;
+    }
+    if (rc == 0) {
+        const mf_schedule *s = c.plan->sched;
+        if (strcmp(out, "-") == 0) {
+            if (mf_emit_yaml(s, stdout) != 0 || fflush(stdout) != 0) {
+                fprintf(stderr, "mfsdpc compile: error: cannot write the schedule to stdout\n");
+                rc = 2;
+            }
+        } else if (mf_write_file_atomic(out, spec, mf_compile_write, s) != 0) {
+            rc = 2;
+        }
+    }
+    mf_compilation_free(&c);
+    free(cost_args);
+    return rc;
+}

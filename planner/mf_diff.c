@@ -1,0 +1,420 @@
+/*
+ * mf_diff: the semantic diff of two schedules (mf_diff.h).
+ *
+ * Output, in this order, each part only when something changed:
+ *   the header (mesh, microbatches, reduce, align, prefetch);
+ *   per unit (B's order, then units only A has): buckets added, removed or
+ *   changed (name, layout, placements, dtypes, length), then data ops
+ *   added (+), removed (-) and changed (~: predicate, stream, count, dtype,
+ *   hook), each with its bytes per rank per step when it is a collective;
+ *   totals per step before -> after: collectives by kind and axis, bytes per
+ *   rank by axis, persistent and peak bytes per rank by role, ops and events.
+ * Equivalence is decided on the canonical YAML (minus source and its hash),
+ * so any difference, even one only in event numbering, exits 1.
+ */
+#include "mf_diff.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_passes.h"
+
+typedef struct mf_diff_ctx {
+    const mf_schedule *a, *b;
+    FILE *out;
+    int *bmatch;            /* per bucket of B: the matching bucket of A, or -1 */
+    int *amatched;          /* per bucket of A: matched by some bucket of B */
+    bool printed_unit;
+    const char *unit;       /* the unit being printed */
+} mf_diff_ctx;
+
+static const char *mf_diff_size(int64_t v, char *buf, size_t size)
+{
+    int64_t a = v < 0 ? -v : v;
+    const char *sign = v < 0 ? "-" : "";
+    if (a < 1024)
+        snprintf(buf, size, "%s%lld B", sign, (long long)a);
+    else if (a < 1024 * 1024)
+        snprintf(buf, size, "%s%.1f KiB", sign, (double)a / 1024.0);
+    else if (a < 1024LL * 1024 * 1024)
+        snprintf(buf, size, "%s%.1f MiB", sign, (double)a / (1024.0 * 1024.0));
+    else
+        snprintf(buf, size, "%s%.2f GiB", sign, (double)a / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
+static const char *mf_diff_first_tensor(const mf_bucket *bk)
+{
+    return bk->ntensors > 0 ? bk->tensors[0].name : bk->name;
+}
+
+static const char *mf_diff_axis(const mf_schedule *s, int j)
+{
+    return j >= 0 && j < s->mesh.naxes ? s->mesh.axes[j].name : "";
+}
+
+static int mf_diff_unit_index(const mf_schedule *s, const char *name)
+{
+    for (int u = 0; u < s->nunits; u++)
+        if (strcmp(s->units[u].name, name) == 0)
+            return u;
+    return -1;
+}
+
+static void mf_diff_match_buckets(mf_diff_ctx *c)
+{
+    for (int i = 0; i < c->b->nbuckets; i++) {
+        const mf_bucket *bb = &c->b->buckets[i];
+        c->bmatch[i] = -1;
+        for (int j = 0; j < c->a->nbuckets && c->bmatch[i] < 0; j++) {
+            const mf_bucket *ab = &c->a->buckets[j];
+            if (!c->amatched[j] && strcmp(c->a->units[ab->unit].name, c->b->units[bb->unit].name) == 0 &&
+                strcmp(mf_diff_first_tensor(ab), mf_diff_first_tensor(bb)) == 0) {
+                c->bmatch[i] = j;
+                c->amatched[j] = 1;
+            }
+        }
+    }
+}
+
+static void mf_diff_unit_header(mf_diff_ctx *c)
+{
+    if (!c->printed_unit) {
+        fprintf(c->out, "unit %s:\n", c->unit);
+        c->printed_unit = true;
+    }
+}
+
+/* Bytes per rank per step of one op (0 for local and event ops). */
+static int64_t mf_diff_op_bytes(const mf_schedule *s, const mf_op *op)
+{
+    if (!mf_opkind_is_collective(op->kind) || op->axis < 0)
+        return 0;
+    return mf_when_runs_per_step(op->when, op->phase, s->microbatches) *
+           mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+}
+
+static void mf_diff_print_op(mf_diff_ctx *c, char mark, const mf_schedule *s, const mf_op *op)
+{
+    char hb[32];
+    mf_diff_unit_header(c);
+    fprintf(c->out, "  %c %s", mark, mf_opkind_name(op->kind));
+    if (op->axis >= 0)
+        fprintf(c->out, " on %s", mf_diff_axis(s, op->axis));
+    fprintf(c->out, " (T%d, %s, %s of %s, stream %s, %s x %lld", op->transition, mf_when_name(op->when),
+            mf_phase_name(op->phase), s->units[op->unit].name, mf_stream_name(op->stream), mf_dtype_name(op->dtype),
+            (long long)op->count);
+    int64_t bytes = mf_diff_op_bytes(s, op);
+    if (bytes)
+        fprintf(c->out, ", %s per rank per step", mf_diff_size(bytes, hb, sizeof hb));
+    fprintf(c->out, ") [%s]\n", s->buckets[op->bucket].name);
+}
+
+static void mf_diff_change_op(mf_diff_ctx *c, const mf_op *x, const mf_op *y)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    char line[512];
+    size_t at = 0;
+#define MF_DIFF_ADD(...)                                                                \
+    do {                                                                                \
+        int n_ = snprintf(line + at, sizeof line - at, "%s", at ? ", " : "");          \
+        at += n_ > 0 && (size_t)n_ < sizeof line - at ? (size_t)n_ : 0;                \
+        n_ = snprintf(line + at, sizeof line - at, __VA_ARGS__);                       \
+        at += n_ > 0 && (size_t)n_ < sizeof line - at ? (size_t)n_ : 0;                \
+    } while (0)
+    if (x->when != y->when)
+        MF_DIFF_ADD("predicate %s -> %s", mf_when_name(x->when), mf_when_name(y->when));
+    if (x->stream != y->stream)
+        MF_DIFF_ADD("stream %s -> %s", mf_stream_name(x->stream), mf_stream_name(y->stream));
+    if (x->count != y->count)
+        MF_DIFF_ADD("count %lld -> %lld", (long long)x->count, (long long)y->count);
+    if (x->dtype != y->dtype)
+        MF_DIFF_ADD("dtype %s -> %s", mf_dtype_name(x->dtype), mf_dtype_name(y->dtype));
+    if (x->phase != y->phase || strcmp(a->units[x->unit].name, b->units[y->unit].name) != 0)
+        MF_DIFF_ADD("issued at %s of %s -> %s of %s", mf_phase_name(x->phase), a->units[x->unit].name,
+                    mf_phase_name(y->phase), b->units[y->unit].name);
+    int64_t bx = mf_diff_op_bytes(a, x), by = mf_diff_op_bytes(b, y);
+    if (bx != by) {
+        char h1[32], h2[32];
+        MF_DIFF_ADD("%s -> %s per rank per step", mf_diff_size(bx, h1, sizeof h1), mf_diff_size(by, h2, sizeof h2));
+    }
+#undef MF_DIFF_ADD
+    if (!at)
+        return;
+    mf_diff_unit_header(c);
+    fprintf(c->out, "  ~ %s", mf_opkind_name(y->kind));
+    if (y->axis >= 0)
+        fprintf(c->out, " on %s", mf_diff_axis(b, y->axis));
+    fprintf(c->out, " (T%d at %s) [%s]: %s\n", y->transition, mf_phase_name(y->phase), b->buckets[y->bucket].name,
+            line);
+}
+
+static bool mf_diff_same_key(const mf_schedule *a, const mf_op *x, const mf_schedule *b, const mf_op *y)
+{
+    return x->transition == y->transition && x->kind == y->kind &&
+           strcmp(mf_diff_axis(a, x->axis), mf_diff_axis(b, y->axis)) == 0;
+}
+
+static bool mf_diff_is_data(const mf_op *op)
+{
+    return op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
+}
+
+/* Ops of bucket ba of A against bucket bb of B (either may be -1). */
+static int mf_diff_ops(mf_diff_ctx *c, int ba, int bb)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    char *used = calloc((size_t)(a->nops ? a->nops : 1), 1);
+    if (!used)
+        return -1;
+    for (int i = 0; bb >= 0 && i < b->nops; i++) {
+        const mf_op *y = &b->ops[i];
+        if (!mf_diff_is_data(y) || y->bucket != bb)
+            continue;
+        int m = -1;
+        for (int j = 0; ba >= 0 && j < a->nops && m < 0; j++) {
+            const mf_op *x = &a->ops[j];
+            if (!used[j] && mf_diff_is_data(x) && x->bucket == ba && mf_diff_same_key(a, x, b, y))
+                m = j;
+        }
+        if (m < 0) {
+            mf_diff_print_op(c, '+', b, y);
+        } else {
+            used[m] = 1;
+            mf_diff_change_op(c, &a->ops[m], y);
+        }
+    }
+    for (int j = 0; ba >= 0 && j < a->nops; j++)
+        if (!used[j] && mf_diff_is_data(&a->ops[j]) && a->ops[j].bucket == ba)
+            mf_diff_print_op(c, '-', a, &a->ops[j]);
+    free(used);
+    return 0;
+}
+
+static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    const mf_bucket *x = &a->buckets[ba], *y = &b->buckets[bb];
+    char p1[64], p2[64];
+    if (strcmp(x->name, y->name) != 0) {
+        mf_diff_unit_header(c);
+        fprintf(c->out, "  bucket %s -> %s\n", x->name, y->name);
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        bool pl = a->mesh.naxes != b->mesh.naxes || !mf_placement_equal(&x->place[r], &y->place[r], a->mesh.naxes);
+        if (pl || x->dtype[r] != y->dtype[r]) {
+            mf_diff_unit_header(c);
+            fprintf(c->out, "  bucket %s: %s %s %s -> %s %s\n", y->name, mf_role_name((mf_role)r),
+                    mf_dtype_name(x->dtype[r]), mf_placement_format(&x->place[r], a->mesh.naxes, p1, sizeof p1),
+                    mf_dtype_name(y->dtype[r]), mf_placement_format(&y->place[r], b->mesh.naxes, p2, sizeof p2));
+        }
+    }
+    if (x->length != y->length || x->ntensors != y->ntensors) {
+        mf_diff_unit_header(c);
+        fprintf(c->out, "  bucket %s: %d tensors, length %lld -> %d tensors, length %lld\n", y->name, x->ntensors,
+                (long long)x->length, y->ntensors, (long long)y->length);
+    }
+}
+
+static int mf_diff_unit(mf_diff_ctx *c, const char *name)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    int ua = mf_diff_unit_index(a, name), ub = mf_diff_unit_index(b, name);
+    c->unit = name;
+    c->printed_unit = false;
+    if (ua < 0 || ub < 0) {
+        fprintf(c->out, "unit %s: %s\n", name, ua < 0 ? "added" : "removed");
+        c->printed_unit = true;
+    } else if (a->units[ua].reshard_after_forward != b->units[ub].reshard_after_forward) {
+        mf_diff_unit_header(c);
+        fprintf(c->out, "  reshard_after_forward %s -> %s\n", a->units[ua].reshard_after_forward ? "true" : "false",
+                b->units[ub].reshard_after_forward ? "true" : "false");
+    }
+    for (int i = 0; i < b->nbuckets; i++) {
+        if (b->buckets[i].unit != ub)
+            continue;
+        if (c->bmatch[i] < 0) {
+            mf_diff_unit_header(c);
+            fprintf(c->out, "  + bucket %s (layout %s, %d tensors)\n", b->buckets[i].name, b->buckets[i].layout,
+                    b->buckets[i].ntensors);
+        } else {
+            mf_diff_bucket_changes(c, c->bmatch[i], i);
+        }
+        if (mf_diff_ops(c, c->bmatch[i], i) != 0)
+            return -1;
+    }
+    for (int j = 0; j < a->nbuckets; j++) {
+        if (a->buckets[j].unit != ua || c->amatched[j])
+            continue;
+        mf_diff_unit_header(c);
+        fprintf(c->out, "  - bucket %s (layout %s, %d tensors)\n", a->buckets[j].name, a->buckets[j].layout,
+                a->buckets[j].ntensors);
+        if (mf_diff_ops(c, j, -1) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int mf_diff_axis_of(const mf_schedule *s, const char *name)
+{
+    for (int j = 0; j < s->mesh.naxes; j++)
+        if (strcmp(s->mesh.axes[j].name, name) == 0)
+            return j;
+    return -1;
+}
+
+static void mf_diff_total(mf_diff_ctx *c, bool *header, const char *what, int64_t x, int64_t y, bool bytes)
+{
+    if (x == y)
+        return;
+    if (!*header) {
+        fprintf(c->out, "totals per step (before -> after):\n");
+        *header = true;
+    }
+    if (bytes) {
+        char h1[32], h2[32], h3[32];
+        fprintf(c->out, "  %s: %lld -> %lld (%s -> %s, %s%s)\n", what, (long long)x, (long long)y,
+                mf_diff_size(x, h1, sizeof h1), mf_diff_size(y, h2, sizeof h2), y > x ? "+" : "",
+                mf_diff_size(y - x, h3, sizeof h3));
+    } else {
+        fprintf(c->out, "  %s: %lld -> %lld\n", what, (long long)x, (long long)y);
+    }
+}
+
+static void mf_diff_totals(mf_diff_ctx *c)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    const mf_summary *x = &a->summary, *y = &b->summary;
+    bool header = false;
+    char what[128];
+    /* axes by name: B's, then those only A has */
+    const char *axes[2 * MF_MAX_AXES];
+    int naxes = 0;
+    for (int j = 0; j < b->mesh.naxes; j++)
+        axes[naxes++] = b->mesh.axes[j].name;
+    for (int j = 0; j < a->mesh.naxes; j++)
+        if (mf_diff_axis_of(b, a->mesh.axes[j].name) < 0)
+            axes[naxes++] = a->mesh.axes[j].name;
+    for (int k = 0; k < MF_OPKIND_COUNT; k++) {
+        if (!mf_opkind_is_collective((mf_opkind)k))
+            continue;
+        for (int i = 0; i < naxes; i++) {
+            int ja = mf_diff_axis_of(a, axes[i]), jb = mf_diff_axis_of(b, axes[i]);
+            snprintf(what, sizeof what, "%s on %s", mf_opkind_name((mf_opkind)k), axes[i]);
+            mf_diff_total(c, &header, what, ja >= 0 ? x->collectives[k][ja] : 0, jb >= 0 ? y->collectives[k][jb] : 0,
+                          false);
+        }
+    }
+    for (int i = 0; i < naxes; i++) {
+        int ja = mf_diff_axis_of(a, axes[i]), jb = mf_diff_axis_of(b, axes[i]);
+        snprintf(what, sizeof what, "bytes per rank on %s", axes[i]);
+        mf_diff_total(c, &header, what, ja >= 0 ? x->bytes[ja] : 0, jb >= 0 ? y->bytes[jb] : 0, true);
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        snprintf(what, sizeof what, "persistent bytes per rank, %s", mf_role_name((mf_role)r));
+        mf_diff_total(c, &header, what, x->persistent_bytes[r], y->persistent_bytes[r], true);
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        snprintf(what, sizeof what, "peak bytes per rank, %s", mf_role_name((mf_role)r));
+        mf_diff_total(c, &header, what, x->peak_bytes[r], y->peak_bytes[r], true);
+    }
+    mf_diff_total(c, &header, "ops", a->nops, b->nops, false);
+    mf_diff_total(c, &header, "events", a->nevents, b->nevents, false);
+}
+
+static void mf_diff_header(mf_diff_ctx *c)
+{
+    const mf_schedule *a = c->a, *b = c->b;
+    bool mesh = a->mesh.naxes != b->mesh.naxes;
+    for (int j = 0; j < a->mesh.naxes && !mesh; j++)
+        mesh = strcmp(a->mesh.axes[j].name, b->mesh.axes[j].name) != 0 || a->mesh.axes[j].size != b->mesh.axes[j].size;
+    if (mesh) {
+        fprintf(c->out, "mesh:");
+        for (int j = 0; j < a->mesh.naxes; j++)
+            fprintf(c->out, "%s %s=%lld", j ? "," : "", a->mesh.axes[j].name, (long long)a->mesh.axes[j].size);
+        fprintf(c->out, " ->");
+        for (int j = 0; j < b->mesh.naxes; j++)
+            fprintf(c->out, "%s %s=%lld", j ? "," : "", b->mesh.axes[j].name, (long long)b->mesh.axes[j].size);
+        fprintf(c->out, "\n");
+    }
+    if (a->microbatches != b->microbatches)
+        fprintf(c->out, "microbatches: %lld -> %lld\n", (long long)a->microbatches, (long long)b->microbatches);
+    if (a->reduce != b->reduce)
+        fprintf(c->out, "reduce: %s -> %s\n", mf_reduce_name(a->reduce), mf_reduce_name(b->reduce));
+    if (a->align != b->align)
+        fprintf(c->out, "align: %lld -> %lld\n", (long long)a->align, (long long)b->align);
+    if (a->prefetch != b->prefetch)
+        fprintf(c->out, "prefetch: %d -> %d\n", a->prefetch, b->prefetch);
+}
+
+/* Canonical YAML without source and hash; NULL on OOM. */
+static char *mf_diff_canonical(const mf_schedule *s, size_t *len)
+{
+    mf_schedule copy = *s;
+    copy.source = "";
+    memset(copy.source_sha256, '0', 64);
+    copy.source_sha256[64] = '\0';
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f)
+        return NULL;
+    int rc = mf_emit_yaml(&copy, f);
+    if (fclose(f) != 0 || rc != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+int mf_diff_schedules(const mf_schedule *a, const char *name_a, const mf_schedule *b, const char *name_b, FILE *out)
+{
+    size_t la = 0, lb = 0;
+    char *ya = mf_diff_canonical(a, &la), *yb = mf_diff_canonical(b, &lb);
+    if (!ya || !yb) {
+        free(ya);
+        free(yb);
+        return -1;
+    }
+    bool same = la == lb && memcmp(ya, yb, la) == 0;
+    free(ya);
+    free(yb);
+    if (same)
+        return 0;
+
+    /* The report goes to memory first, to tell whether anything was said. */
+    char *body = NULL;
+    size_t blen = 0;
+    mf_diff_ctx c = {.a = a, .b = b};
+    c.out = open_memstream(&body, &blen);
+    c.bmatch = calloc((size_t)(b->nbuckets ? b->nbuckets : 1), sizeof *c.bmatch);
+    c.amatched = calloc((size_t)(a->nbuckets ? a->nbuckets : 1), sizeof *c.amatched);
+    int rc = 1;
+    if (!c.out || !c.bmatch || !c.amatched) {
+        rc = -1;
+        goto done;
+    }
+    mf_diff_header(&c);
+    mf_diff_match_buckets(&c);
+    for (int u = 0; u < b->nunits && rc == 1; u++)
+        if (mf_diff_unit(&c, b->units[u].name) != 0)
+            rc = -1;
+    for (int u = 0; u < a->nunits && rc == 1; u++)
+        if (mf_diff_unit_index(b, a->units[u].name) < 0 && mf_diff_unit(&c, a->units[u].name) != 0)
+            rc = -1;
+    if (rc == 1)
+        mf_diff_totals(&c);
+done:
+    if (c.out && fclose(c.out) != 0)
+        rc = -1;
+    if (rc == 1) {
+        fprintf(out, "--- %s\n+++ %s\n", name_a, name_b);
+        if (blen)
+            fwrite(body, 1, blen, out);
+        else
+            fprintf(out, "the ops are the same but differ in order or event numbering\n");
+    }
+    free(body);
+    free(c.bmatch);
+    free(c.amatched);
+    return rc;
+}

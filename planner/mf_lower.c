@@ -1,0 +1,656 @@
+/*
+ * mf_lower: plan->trans (T1..T4 of every bucket as single-axis steps) ->
+ * plan->sched buffers, ops and events (DESIGN §4; op semantics and the
+ * normative buffer rules in runtime/mf_schedule.h; docs/schedule.md).
+ *
+ * Buffers, per bucket: main_weight@O, weight@W, grad@G (persistent);
+ * weight_full@Rep when W != Rep, grad_final@O when G != O (persistent);
+ * grad_local@[P..P] (microbatch: the trainer's gradient of one microbatch);
+ * one stage buffer per step output that is not its transition's result
+ * (microbatch), named "<bucket>.T<t>.<op>[.<axis>]". Every step writes a fresh
+ * buffer, so no op works in place.
+ *
+ * Ops, per bucket, as chains of steps at hook points:
+ *   T1 (first)  at forward_pre(unit - prefetch), main_weight -> weight
+ *   T2 (every)  right after T1, weight -> weight_full; again at
+ *               backward_pre(last_unit + prefetch) when the unit reshards
+ *   T3 (every)  at backward_post(unit), grad_local -> grad (accumulate)
+ *   T4 (last)   right after T3, grad -> grad_final
+ * (hook units clamp to the first and last unit). A merged bucket (last_unit >
+ * unit) is gathered before its first unit's forward and reduced after its
+ * first unit's backward, which comes last in backward order.
+ *
+ * Streams: a collective on the innermost axis runs on `inner`, on any other
+ * axis on `outer`; a local step (cast, slice, accumulate) runs on the stream
+ * of the collective it feeds, else of the one it follows (across T1->T2 and
+ * T3->T4), else on inner. Compute-side records and waits run on `compute`.
+ *
+ * Events, one record/wait pair per cross-stream dependency, recorded by one op
+ * each and reused across microbatches ("wait" waits for the latest record):
+ *   step_begin           compute records SB (the optimizer updated main_weight);
+ *                        every T1 chain waits for it before reading main_weight
+ *   inside a chain       where consecutive steps change stream
+ *   T1 -> T2             T2 waits for T1's end when they start on other streams
+ *   forward_pre(unit)    compute waits for weight_full (T2 end; T1 end when W = Rep)
+ *   forward_post(last)   compute records FD; the backward re-gather waits (WAR:
+ *                        compute is done reading weight_full)
+ *   backward_pre(last)   compute waits for the re-gather, and for the end of the
+ *                        previous microbatch's T3 (WAR: grad_local is reused)
+ *   backward_post(unit)  compute records BP; T3 waits before reading grad_local,
+ *                        and the next microbatch's forward gather waits before
+ *                        overwriting weight_full (WAR)
+ *   T3 -> T4             T4 waits for T3's end when it starts on another stream
+ *   step_end             compute waits for every delivered gradient
+ * Every chain thus starts after everything that touched its buffers before
+ * (through compute) and ends in an event compute waits for; mf_verify checks
+ * that this orders every cross-stream access.
+ *
+ * Op ids are indices; within a hook, chains come in bucket order (prefetched
+ * ones after the current unit's), then compute's waits; at post-hooks
+ * compute's record comes first.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_load.h"
+#include "mf_passes.h"
+#include "mf_plan_stats.h"
+
+enum { MF_LOWER_MAX_STEPS = 4 * MF_MAX_AXES + 2 };
+
+typedef struct mf_lower_bucket {
+    int main, weight, full, local, grad, final;  /* buffer ids, -1 when absent */
+    int out[MF_NTRANSITIONS][MF_LOWER_MAX_STEPS]; /* output buffer of each step */
+    mf_stream stream[MF_NTRANSITIONS][MF_LOWER_MAX_STEPS];
+    int ev_t1, ev_t2f, ev_t2b, ev_t3, ev_t4;     /* chain-end events, -1 until used */
+    int ev_hand[MF_NTRANSITIONS + 1][MF_LOWER_MAX_STEPS]; /* hand-off before step i, per
+                               transition; [MF_NTRANSITIONS]: the backward T2 */
+    bool regather;          /* T2 again at backward_pre */
+} mf_lower_bucket;
+
+typedef struct mf_lower_ctx {
+    mf_plan *p;
+    mf_schedule *s;
+    mf_diag *d;
+    mf_vec ops;             /* mf_op */
+    mf_vec bufs;            /* mf_buffer */
+    mf_lower_bucket *bk;
+    int *ev_fd, *ev_bp;     /* per unit: compute records at forward_post / backward_post */
+    int ev_sb;
+    bool oom;
+} mf_lower_ctx;
+
+/* ---- building blocks ---- */
+
+static int mf_lower_event(mf_lower_ctx *c, int *slot)
+{
+    if (*slot < 0)
+        *slot = c->s->nevents++;
+    return *slot;
+}
+
+static mf_op *mf_lower_op(mf_lower_ctx *c, mf_phase phase, int unit, mf_when when, mf_stream stream,
+                          mf_opkind kind)
+{
+    mf_op *op = mf_vec_push(&c->ops);
+    if (!op) {
+        c->oom = true;
+        return NULL;
+    }
+    op->id = (int)c->ops.len - 1;
+    op->phase = phase;
+    op->unit = unit;
+    op->when = when;
+    op->stream = stream;
+    op->kind = kind;
+    op->transition = 0;
+    op->bucket = op->axis = op->src = op->dst = op->event = -1;
+    op->dtype = MF_FP32;
+    return op;
+}
+
+static void mf_lower_sync(mf_lower_ctx *c, mf_phase phase, int unit, mf_when when, mf_stream stream,
+                          mf_opkind kind, int *event)
+{
+    mf_op *op = mf_lower_op(c, phase, unit, when, stream, kind);
+    if (op)
+        op->event = mf_lower_event(c, event);
+}
+
+static int mf_lower_buffer(mf_lower_ctx *c, int b, mf_bufkind kind, const char *suffix, mf_dtype dt,
+                           const mf_placement *pl, mf_lifetime life)
+{
+    const mf_bucket *bk = &c->s->buckets[b];
+    mf_buffer *bf = mf_vec_push(&c->bufs);
+    if (!bf) {
+        c->oom = true;
+        return -1;
+    }
+    bf->name = mf_arena_printf(c->s->arena, "%s.%s", bk->name, suffix);
+    if (!bf->name)
+        c->oom = true;
+    bf->bucket = b;
+    bf->kind = kind;
+    bf->dtype = dt;
+    bf->place = *pl;
+    bf->count = bk->length / mf_placement_shards(&c->s->mesh, pl);
+    bf->lifetime = life;
+    return (int)c->bufs.len - 1;
+}
+
+static bool mf_lower_is_rep(const mf_placement *pl, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (pl->p[j] != MF_PLACE_REPLICATE)
+            return false;
+    return true;
+}
+
+static mf_stream mf_lower_axis_stream(const mf_schedule *s, int axis)
+{
+    return axis == s->mesh.naxes - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
+}
+
+/* First / last collective step of a transition, or -1. */
+static int mf_lower_first_coll(const mf_transition *tr)
+{
+    for (int i = 0; i < tr->nsteps; i++)
+        if (mf_opkind_is_collective(tr->steps[i].kind))
+            return i;
+    return -1;
+}
+
+static int mf_lower_last_coll(const mf_transition *tr)
+{
+    for (int i = tr->nsteps - 1; i >= 0; i--)
+        if (mf_opkind_is_collective(tr->steps[i].kind))
+            return i;
+    return -1;
+}
+
+/*
+ * Streams of every step of bucket b: collectives by axis; a local step takes
+ * the stream of the next collective of its transition, else the previous one,
+ * else of the transition it feeds (T1 -> T2, T3 -> T4) or follows (T4 <- T3),
+ * else inner.
+ */
+static void mf_lower_streams(mf_lower_ctx *c, int b)
+{
+    const mf_schedule *s = c->s;
+    const mf_transition *tr = c->p->trans[b];
+    mf_lower_bucket *lb = &c->bk[b];
+    static const int feeds[MF_NTRANSITIONS] = {MF_T2, -1, MF_T4, -1};
+    static const int follows[MF_NTRANSITIONS] = {-1, MF_T1, -1, MF_T3};
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        for (int i = 0; i < tr[t].nsteps; i++) {
+            const mf_step *st = &tr[t].steps[i];
+            int j = -1;
+            if (mf_opkind_is_collective(st->kind)) {
+                lb->stream[t][i] = mf_lower_axis_stream(s, st->axis);
+                continue;
+            }
+            for (int k = i + 1; k < tr[t].nsteps && j < 0; k++)
+                if (mf_opkind_is_collective(tr[t].steps[k].kind))
+                    j = k;
+            for (int k = i - 1; k >= 0 && j < 0; k--)
+                if (mf_opkind_is_collective(tr[t].steps[k].kind))
+                    j = k;
+            if (j >= 0) {
+                lb->stream[t][i] = mf_lower_axis_stream(s, tr[t].steps[j].axis);
+            } else if (feeds[t] >= 0 && (j = mf_lower_first_coll(&tr[feeds[t]])) >= 0) {
+                lb->stream[t][i] = mf_lower_axis_stream(s, tr[feeds[t]].steps[j].axis);
+            } else if (follows[t] >= 0 && (j = mf_lower_last_coll(&tr[follows[t]])) >= 0) {
+                lb->stream[t][i] = mf_lower_axis_stream(s, tr[follows[t]].steps[j].axis);
+            } else {
+                lb->stream[t][i] = MF_STREAM_INNER;
+            }
+        }
+}
+
+/* ---- buffers ---- */
+
+static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
+{
+    const mf_schedule *s = c->s;
+    const mf_bucket *bk = &s->buckets[b];
+    const mf_transition *tr = c->p->trans[b];
+    mf_span none = {0, 0, 0, 0};
+    for (int t = 0; t < MF_NTRANSITIONS; t++) {
+        if (tr[t].nsteps > MF_LOWER_MAX_STEPS || tr[t].nsteps < 0) {
+            mf_diag_error(c->d, none, "internal error: T%d of bucket '%s' has %d steps (limit %d)", t + 1,
+                          bk->name, tr[t].nsteps, MF_LOWER_MAX_STEPS);
+            return false;
+        }
+        for (int i = 0; i < tr[t].nsteps; i++) {
+            const mf_step *st = &tr[t].steps[i];
+            bool axis_op = mf_opkind_is_collective(st->kind) || st->kind == MF_OP_SLICE;
+            if (axis_op != (st->axis >= 0 && st->axis < s->mesh.naxes) || st->count <= 0 ||
+                mf_placement_shards(&s->mesh, &st->to) <= 0 ||
+                bk->length % mf_placement_shards(&s->mesh, &st->to) != 0) {
+                mf_diag_error(c->d, none, "internal error: step %d of T%d of bucket '%s' is malformed", i,
+                              t + 1, bk->name);
+                return false;
+            }
+        }
+    }
+    if (tr[MF_T1].nsteps == 0 || tr[MF_T3].nsteps == 0 ||
+        tr[MF_T3].steps[tr[MF_T3].nsteps - 1].kind != MF_OP_ACCUMULATE) {
+        mf_diag_error(c->d, none, "internal error: bucket '%s' needs a T1 (at least its cast) and a T3 "
+                      "ending in accumulate", bk->name);
+        return false;
+    }
+    return true;
+}
+
+static char *mf_lower_stage_name(mf_lower_ctx *c, int t, const mf_step *st, char *buf, size_t size)
+{
+    if (st->axis >= 0)
+        snprintf(buf, size, "T%d.%s.%s", t + 1, mf_opkind_name(st->kind), c->s->mesh.axes[st->axis].name);
+    else
+        snprintf(buf, size, "T%d.%s", t + 1, mf_opkind_name(st->kind));
+    return buf;
+}
+
+/* Creates the buffers of bucket b in a fixed order and records which buffer
+ * every step writes. */
+static void mf_lower_buffers(mf_lower_ctx *c, int b)
+{
+    const mf_schedule *s = c->s;
+    const mf_bucket *bk = &s->buckets[b];
+    const mf_transition *tr = c->p->trans[b];
+    mf_lower_bucket *lb = &c->bk[b];
+    int k = s->mesh.naxes;
+    mf_placement rep = {{0}}, partial = {{0}};
+    for (int j = 0; j < k; j++) {
+        rep.p[j] = MF_PLACE_REPLICATE;
+        partial.p[j] = MF_PLACE_PARTIAL;
+    }
+    const mf_placement *W = &bk->place[MF_ROLE_WEIGHT], *G = &bk->place[MF_ROLE_GRAD],
+                       *O = &bk->place[MF_ROLE_MAIN_WEIGHT];
+    mf_dtype dw = bk->dtype[MF_ROLE_WEIGHT], dg = bk->dtype[MF_ROLE_GRAD];
+    char name[128];
+    lb->full = lb->final = -1;
+
+    lb->main = mf_lower_buffer(c, b, MF_BUF_MAIN_WEIGHT, "main_weight", bk->dtype[MF_ROLE_MAIN_WEIGHT], O,
+                               MF_LIFETIME_PERSISTENT);
+    lb->weight = mf_lower_buffer(c, b, MF_BUF_WEIGHT, "weight", dw, W, MF_LIFETIME_PERSISTENT);
+    for (int i = 0; i + 1 < tr[MF_T1].nsteps; i++)
+        lb->out[MF_T1][i] = mf_lower_buffer(c, b, MF_BUF_WEIGHT_STAGE,
+                                            mf_lower_stage_name(c, MF_T1, &tr[MF_T1].steps[i], name, sizeof name),
+                                            tr[MF_T1].steps[i].dtype, &tr[MF_T1].steps[i].to, MF_LIFETIME_MICROBATCH);
+    lb->out[MF_T1][tr[MF_T1].nsteps - 1] = lb->weight;
+    if (!mf_lower_is_rep(W, k)) {
+        for (int i = 0; i + 1 < tr[MF_T2].nsteps; i++)
+            lb->out[MF_T2][i] = mf_lower_buffer(c, b, MF_BUF_WEIGHT_STAGE,
+                                                mf_lower_stage_name(c, MF_T2, &tr[MF_T2].steps[i], name, sizeof name),
+                                                dw, &tr[MF_T2].steps[i].to, MF_LIFETIME_MICROBATCH);
+        lb->full = mf_lower_buffer(c, b, MF_BUF_WEIGHT_FULL, "weight_full", dw, &rep, MF_LIFETIME_MICROBATCH);
+        if (tr[MF_T2].nsteps > 0)
+            lb->out[MF_T2][tr[MF_T2].nsteps - 1] = lb->full;
+    }
+    lb->local = mf_lower_buffer(c, b, MF_BUF_GRAD_LOCAL, "grad_local", dg, &partial, MF_LIFETIME_MICROBATCH);
+    for (int i = 0; i + 1 < tr[MF_T3].nsteps; i++)
+        lb->out[MF_T3][i] = mf_lower_buffer(c, b, MF_BUF_GRAD_STAGE,
+                                            mf_lower_stage_name(c, MF_T3, &tr[MF_T3].steps[i], name, sizeof name),
+                                            dg, &tr[MF_T3].steps[i].to, MF_LIFETIME_MICROBATCH);
+    lb->grad = mf_lower_buffer(c, b, MF_BUF_GRAD, "grad", dg, G, MF_LIFETIME_PERSISTENT);
+    lb->out[MF_T3][tr[MF_T3].nsteps - 1] = lb->grad;
+    for (int i = 0; i + 1 < tr[MF_T4].nsteps; i++)
+        lb->out[MF_T4][i] = mf_lower_buffer(c, b, MF_BUF_GRAD_STAGE,
+                                            mf_lower_stage_name(c, MF_T4, &tr[MF_T4].steps[i], name, sizeof name),
+                                            dg, &tr[MF_T4].steps[i].to, MF_LIFETIME_MICROBATCH);
+    if (!mf_placement_equal(G, O, k)) {
+        lb->final = mf_lower_buffer(c, b, MF_BUF_GRAD_FINAL, "grad_final", dg, O, MF_LIFETIME_PERSISTENT);
+        if (tr[MF_T4].nsteps > 0)
+            lb->out[MF_T4][tr[MF_T4].nsteps - 1] = lb->final;
+    }
+}
+
+/* The buffer step i of transition t reads. */
+static int mf_lower_step_src(const mf_lower_ctx *c, int b, int t, int i)
+{
+    const mf_lower_bucket *lb = &c->bk[b];
+    if (i > 0)
+        return lb->out[t][i - 1];
+    switch (t) {
+    case MF_T1:
+        return lb->main;
+    case MF_T2:
+        return lb->weight;
+    case MF_T3:
+        return lb->local;
+    default:
+        return lb->grad;
+    }
+}
+
+/* ---- chains ---- */
+
+typedef struct mf_lower_start {
+    int *event;             /* event slot to wait for, NULL = none */
+    mf_stream from;         /* stream the event is recorded on */
+    mf_when when;
+} mf_lower_start;
+
+/*
+ * Emits the steps of transition t of bucket b at (phase, unit, when): the
+ * start waits on the first step's stream (skipped when recorded on that same
+ * stream), a record/wait hand-off wherever the stream changes, then the data
+ * ops.
+ */
+static void mf_lower_chain(mf_lower_ctx *c, int b, int t, mf_phase phase, int unit, mf_when when,
+                           const mf_lower_start *starts, int nstarts)
+{
+    int *hand = c->bk[b].ev_hand[phase == MF_PHASE_BACKWARD_PRE ? MF_NTRANSITIONS : t];
+    const mf_transition *tr = &c->p->trans[b][t];
+    mf_lower_bucket *lb = &c->bk[b];
+    for (int i = 0; i < tr->nsteps; i++) {
+        const mf_step *st = &tr->steps[i];
+        mf_stream stream = lb->stream[t][i];
+        if (i == 0) {
+            for (int k = 0; k < nstarts; k++)
+                if (starts[k].event && starts[k].from != stream)
+                    mf_lower_sync(c, phase, unit, starts[k].when, stream, MF_OP_WAIT, starts[k].event);
+        } else if (stream != lb->stream[t][i - 1]) {
+            mf_lower_sync(c, phase, unit, when, lb->stream[t][i - 1], MF_OP_RECORD, &hand[i]);
+            mf_lower_sync(c, phase, unit, when, stream, MF_OP_WAIT, &hand[i]);
+        }
+        mf_op *op = mf_lower_op(c, phase, unit, when, stream, st->kind);
+        if (!op)
+            return;
+        op->transition = t + 1;
+        op->bucket = b;
+        op->axis = st->axis;
+        op->dtype = st->dtype;
+        op->count = st->count;
+        op->src = mf_lower_step_src(c, b, t, i);
+        op->dst = lb->out[t][i];
+    }
+}
+
+static mf_stream mf_lower_end_stream(const mf_lower_ctx *c, int b, int t)
+{
+    return c->bk[b].stream[t][c->p->trans[b][t].nsteps - 1];
+}
+
+static bool mf_lower_has(const mf_lower_ctx *c, int b, int t)
+{
+    return c->p->trans[b][t].nsteps > 0;
+}
+
+/* T1 (first) and T2 (every) of bucket b, issued at forward_pre(unit). */
+static void mf_lower_gather_fwd(mf_lower_ctx *c, int b, int unit)
+{
+    mf_lower_bucket *lb = &c->bk[b];
+    const mf_bucket *bk = &c->s->buckets[b];
+    mf_lower_start sb = {&c->ev_sb, MF_STREAM_COMPUTE, MF_WHEN_FIRST};
+    mf_lower_chain(c, b, MF_T1, MF_PHASE_FORWARD_PRE, unit, MF_WHEN_FIRST, &sb, 1);
+    mf_stream t1_end = mf_lower_end_stream(c, b, MF_T1);
+    bool t2 = mf_lower_has(c, b, MF_T2);
+    /* Someone on another stream reads what T1 wrote: record its end. */
+    if (!t2 || c->bk[b].stream[MF_T2][0] != t1_end)
+        mf_lower_sync(c, MF_PHASE_FORWARD_PRE, unit, MF_WHEN_FIRST, t1_end, MF_OP_RECORD, &lb->ev_t1);
+    if (!t2)
+        return;
+    mf_lower_start starts[2] = {
+        {lb->ev_t1 >= 0 ? &lb->ev_t1 : NULL, t1_end, MF_WHEN_FIRST},
+        {&c->ev_bp[bk->unit], MF_STREAM_COMPUTE, MF_WHEN_EVERY},
+    };
+    mf_lower_chain(c, b, MF_T2, MF_PHASE_FORWARD_PRE, unit, MF_WHEN_EVERY, starts, 2);
+    mf_lower_sync(c, MF_PHASE_FORWARD_PRE, unit, MF_WHEN_EVERY, mf_lower_end_stream(c, b, MF_T2), MF_OP_RECORD,
+                  &lb->ev_t2f);
+}
+
+/* T2 again (every) at backward_pre(unit) for a bucket that reshards. */
+static void mf_lower_gather_bwd(mf_lower_ctx *c, int b, int unit)
+{
+    mf_lower_bucket *lb = &c->bk[b];
+    mf_lower_start fd = {&c->ev_fd[c->s->buckets[b].last_unit], MF_STREAM_COMPUTE, MF_WHEN_EVERY};
+    mf_lower_chain(c, b, MF_T2, MF_PHASE_BACKWARD_PRE, unit, MF_WHEN_EVERY, &fd, 1);
+    mf_lower_sync(c, MF_PHASE_BACKWARD_PRE, unit, MF_WHEN_EVERY, mf_lower_end_stream(c, b, MF_T2), MF_OP_RECORD,
+                  &lb->ev_t2b);
+}
+
+/* T3 (every) then T4 (last) of bucket b at backward_post(unit). */
+static void mf_lower_reduce(mf_lower_ctx *c, int b, int unit)
+{
+    mf_lower_bucket *lb = &c->bk[b];
+    mf_lower_start bp = {&c->ev_bp[unit], MF_STREAM_COMPUTE, MF_WHEN_EVERY};
+    mf_lower_chain(c, b, MF_T3, MF_PHASE_BACKWARD_POST, unit, MF_WHEN_EVERY, &bp, 1);
+    mf_stream t3_end = mf_lower_end_stream(c, b, MF_T3);
+    mf_lower_sync(c, MF_PHASE_BACKWARD_POST, unit, MF_WHEN_EVERY, t3_end, MF_OP_RECORD, &lb->ev_t3);
+    if (!mf_lower_has(c, b, MF_T4))
+        return;
+    mf_lower_start t3 = {&lb->ev_t3, t3_end, MF_WHEN_LAST};
+    mf_lower_chain(c, b, MF_T4, MF_PHASE_BACKWARD_POST, unit, MF_WHEN_LAST, &t3, 1);
+    mf_lower_sync(c, MF_PHASE_BACKWARD_POST, unit, MF_WHEN_LAST, mf_lower_end_stream(c, b, MF_T4), MF_OP_RECORD,
+                  &lb->ev_t4);
+}
+
+/* ---- hooks ---- */
+
+static int mf_lower_fwd_issue(const mf_lower_ctx *c, int b)
+{
+    int u = c->s->buckets[b].unit - c->s->prefetch;
+    return u < 0 ? 0 : u;
+}
+
+static int mf_lower_bwd_issue(const mf_lower_ctx *c, int b)
+{
+    int u = c->s->buckets[b].last_unit + c->s->prefetch, last = c->s->nunits - 1;
+    return u > last ? last : u;
+}
+
+static void mf_lower_forward_pre(mf_lower_ctx *c, int v)
+{
+    const mf_schedule *s = c->s;
+    for (int b = 0; b < s->nbuckets; b++)
+        if (mf_lower_fwd_issue(c, b) == v)
+            mf_lower_gather_fwd(c, b, v);
+    for (int b = 0; b < s->nbuckets; b++) {
+        if (s->buckets[b].unit != v)
+            continue;
+        mf_lower_bucket *lb = &c->bk[b];
+        if (mf_lower_has(c, b, MF_T2))
+            mf_lower_sync(c, MF_PHASE_FORWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t2f);
+        else
+            mf_lower_sync(c, MF_PHASE_FORWARD_PRE, v, MF_WHEN_FIRST, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t1);
+    }
+}
+
+static void mf_lower_forward_post(mf_lower_ctx *c, int v)
+{
+    for (int b = 0; b < c->s->nbuckets; b++)
+        if (c->s->buckets[b].last_unit == v && c->bk[b].regather) {
+            mf_lower_sync(c, MF_PHASE_FORWARD_POST, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c->ev_fd[v]);
+            return;
+        }
+}
+
+static void mf_lower_backward_pre(mf_lower_ctx *c, int v)
+{
+    const mf_schedule *s = c->s;
+    /* Prefetched re-gathers in the order backward needs them. */
+    for (int u = s->nunits - 1; u >= 0; u--)
+        for (int b = 0; b < s->nbuckets; b++)
+            if (s->buckets[b].last_unit == u && c->bk[b].regather && mf_lower_bwd_issue(c, b) == v)
+                mf_lower_gather_bwd(c, b, v);
+    for (int b = 0; b < s->nbuckets; b++) {
+        if (s->buckets[b].last_unit != v)
+            continue;
+        mf_lower_bucket *lb = &c->bk[b];
+        if (lb->regather)
+            mf_lower_sync(c, MF_PHASE_BACKWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t2b);
+        mf_lower_sync(c, MF_PHASE_BACKWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t3);
+    }
+}
+
+static void mf_lower_backward_post(mf_lower_ctx *c, int v)
+{
+    const mf_schedule *s = c->s;
+    bool any = false;
+    for (int b = 0; b < s->nbuckets && !any; b++)
+        any = s->buckets[b].unit == v;
+    if (!any)
+        return;
+    mf_lower_sync(c, MF_PHASE_BACKWARD_POST, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c->ev_bp[v]);
+    for (int b = 0; b < s->nbuckets; b++)
+        if (s->buckets[b].unit == v)
+            mf_lower_reduce(c, b, v);
+}
+
+static void mf_lower_step_end(mf_lower_ctx *c)
+{
+    for (int b = 0; b < c->s->nbuckets; b++) {
+        mf_lower_bucket *lb = &c->bk[b];
+        mf_lower_sync(c, MF_PHASE_STEP_END, -1, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT,
+                      mf_lower_has(c, b, MF_T4) ? &lb->ev_t4 : &lb->ev_t3);
+    }
+}
+
+/*
+ * Drops a wait that an earlier wait already covers: same stream, same event,
+ * a predicate that runs at least whenever this one does (every covers all),
+ * no record of the event issued in between, both inside the microbatch loop
+ * (unit phases, where id order is issue order). Renumbers the ids.
+ */
+static void mf_lower_drop_redundant_waits(mf_lower_ctx *c)
+{
+    int nev = c->s->nevents;
+    uint8_t *seen = calloc((size_t)(nev ? nev : 1) * MF_STREAM_COUNT, 1); /* bit per mf_when */
+    if (!seen) {
+        c->oom = true;
+        return;
+    }
+    mf_op *ops = c->ops.data;
+    size_t n = 0;
+    for (size_t i = 0; i < c->ops.len; i++) {
+        mf_op op = ops[i];
+        bool step_phase = op.phase == MF_PHASE_STEP_BEGIN || op.phase == MF_PHASE_STEP_END;
+        if (step_phase) {
+            memset(seen, 0, (size_t)(nev ? nev : 1) * MF_STREAM_COUNT);
+        } else if (op.kind == MF_OP_RECORD) {
+            memset(seen + (size_t)op.event * MF_STREAM_COUNT, 0, MF_STREAM_COUNT);
+        } else if (op.kind == MF_OP_WAIT) {
+            uint8_t *w = &seen[(size_t)op.event * MF_STREAM_COUNT + op.stream];
+            if (*w & (1u << MF_WHEN_EVERY | 1u << op.when))
+                continue;
+            *w |= (uint8_t)(1u << op.when);
+        }
+        op.id = (int)n;
+        ops[n++] = op;
+    }
+    c->ops.len = n;
+    free(seen);
+}
+
+/* ---- the pass ---- */
+
+/* `source` as given, never absolute: an absolute path keeps its last part. */
+static const char *mf_lower_source_name(const char *path)
+{
+    if (!path || !path[0])
+        return "<input>";
+    if (path[0] != '/')
+        return path;
+    const char *slash = strrchr(path, '/');
+    return slash[1] ? slash + 1 : path;
+}
+
+/* Compares the lowered summary with the plan's own totals (mf_plan_stats.h). */
+static void mf_lower_cross_check(mf_lower_ctx *c)
+{
+    mf_summary want;
+    mf_span none = {0, 0, 0, 0};
+    if (!mf_plan_totals(c->p, &want)) {
+        c->oom = true;
+        return;
+    }
+    const mf_summary *got = &c->s->summary;
+    bool same = memcmp(want.bytes, got->bytes, sizeof want.bytes) == 0 &&
+                memcmp(want.persistent_bytes, got->persistent_bytes, sizeof want.persistent_bytes) == 0 &&
+                memcmp(want.peak_bytes, got->peak_bytes, sizeof want.peak_bytes) == 0;
+    for (int k = 0; k < MF_OPKIND_COUNT && same; k++)
+        for (int j = 0; j < MF_MAX_AXES && same; j++)
+            same = want.collectives[k][j] == got->collectives[k][j];
+    if (!same)
+        mf_diag_error(c->d, none, "internal error: the lowered schedule's per-step totals differ from the "
+                      "plan's (collectives, bytes or memory)");
+}
+
+bool mf_lower_run(mf_plan *p, mf_diag *d)
+{
+    mf_schedule *s = p->sched;
+    mf_span none = {0, 0, 0, 0};
+    if (!p->trans && s->nbuckets > 0) {
+        mf_diag_error(d, none, "internal error: lowering needs the transitions of every bucket");
+        return false;
+    }
+    mf_lower_ctx c = {.p = p, .s = s, .d = d, .ev_sb = -1};
+    mf_vec_init(&c.ops, sizeof(mf_op));
+    mf_vec_init(&c.bufs, sizeof(mf_buffer));
+    size_t nb = s->nbuckets ? (size_t)s->nbuckets : 1, nu = s->nunits ? (size_t)s->nunits : 1;
+    c.bk = calloc(nb, sizeof *c.bk);
+    c.ev_fd = malloc(nu * sizeof *c.ev_fd);
+    c.ev_bp = malloc(nu * sizeof *c.ev_bp);
+    bool ok = c.bk && c.ev_fd && c.ev_bp;
+    c.oom = !ok;
+    s->nevents = 0;
+    for (size_t u = 0; ok && u < nu; u++)
+        c.ev_fd[u] = c.ev_bp[u] = -1;
+    for (int b = 0; ok && b < s->nbuckets; b++) {
+        mf_lower_bucket *lb = &c.bk[b];
+        lb->ev_t1 = lb->ev_t2f = lb->ev_t2b = lb->ev_t3 = lb->ev_t4 = -1;
+        for (int t = 0; t <= MF_NTRANSITIONS; t++)
+            for (int i = 0; i < MF_LOWER_MAX_STEPS; i++)
+                lb->ev_hand[t][i] = -1;
+        ok = mf_lower_check_steps(&c, b);
+        if (!ok)
+            break;
+        const mf_bucket *bk = &s->buckets[b];
+        lb->regather = s->units[bk->unit].reshard_after_forward && p->trans[b][MF_T2].nsteps > 0;
+        mf_lower_streams(&c, b);
+        mf_lower_buffers(&c, b);
+    }
+
+    if (ok && !c.oom) {
+        mf_lower_sync(&c, MF_PHASE_STEP_BEGIN, -1, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c.ev_sb);
+        for (int v = 0; v < s->nunits; v++) {
+            mf_lower_forward_pre(&c, v);
+            mf_lower_forward_post(&c, v);
+        }
+        for (int v = s->nunits - 1; v >= 0; v--) {
+            mf_lower_backward_pre(&c, v);
+            mf_lower_backward_post(&c, v);
+        }
+        mf_lower_step_end(&c);
+        mf_lower_drop_redundant_waits(&c);
+    }
+
+    if (ok && !c.oom) {
+        s->nbuffers = (int)c.bufs.len;
+        s->nops = (int)c.ops.len;
+        s->buffers = mf_vec_to_arena(&c.bufs, s->arena);
+        s->ops = mf_vec_to_arena(&c.ops, s->arena);
+        s->source = mf_lower_source_name(s->source ? s->source : p->spec ? p->spec->path : NULL);
+        if (d->src && d->src->text)
+            mf_sha256(d->src->text, d->src->len, NULL, s->source_sha256);
+        else
+            snprintf(s->source_sha256, sizeof s->source_sha256, "%064d", 0);
+        c.oom = !s->buffers || !s->ops;
+        if (!c.oom) {
+            mf_schedule_summarize(s);
+            mf_lower_cross_check(&c);
+        }
+    }
+    mf_vec_free(&c.bufs);
+    mf_vec_free(&c.ops);
+    free(c.bk);
+    free(c.ev_fd);
+    free(c.ev_bp);
+    if (c.oom)
+        mf_diag_error(d, none, "out of memory while lowering the schedule");
+    return ok && !c.oom && mf_diag_errors(d) == 0;
+}

@@ -1,0 +1,1160 @@
+/*
+ * mf_load: reads a schedule file (DESIGN §6, docs/schedule.md) into an
+ * mf_schedule with libyaml's document API.
+ *
+ * The runtime trusts what this returns, so the loader refuses, with the YAML
+ * mark of the offending node ("file:line:col: error: ..."), everything that is
+ * not exactly a well-formed schedule: an unknown format, a missing, unknown or
+ * duplicate key, a value of the wrong type, an unknown enum name, a dangling
+ * unit/bucket/buffer/axis/event reference, a negative or overflowing number, a
+ * mesh whose product overflows, duplicate names, tensors that overlap or leave
+ * their bucket, a buffer whose element count is not the bucket length divided
+ * by the shard count of its placement, a bucket that breaks the normative
+ * buffer rules of mf_schedule.h, an op whose count does not fit its buffers
+ * (per op kind and axis size) or whose dtype differs from theirs, and a
+ * summary that differs from the one recomputed from the ops.
+ *
+ * Invariant on success: for every op, every element it reads or writes lies
+ * inside its src and dst buffers, every index field is in range, and every
+ * total of the summary fits in 64 bits. The first error stops the load; no
+ * partially loaded schedule is ever returned.
+ */
+#include "mf_load.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "mf_layout.h"
+
+/* ---- a small string -> index table (open addressing) ---- */
+
+typedef struct mf_names {
+    const char **keys;
+    int *vals;
+    size_t cap;         /* power of two, or 0 */
+    size_t len;
+} mf_names;
+
+static uint64_t mf_load_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211u;
+    return h;
+}
+
+static void mf_names_free(mf_names *t)
+{
+    free(t->keys);
+    free(t->vals);
+    memset(t, 0, sizeof *t);
+}
+
+/* Returns the index stored for key, or -1. */
+static int mf_names_get(const mf_names *t, const char *key)
+{
+    if (!t->cap)
+        return -1;
+    for (size_t i = mf_load_hash(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        if (!t->keys[i])
+            return -1;
+        if (strcmp(t->keys[i], key) == 0)
+            return t->vals[i];
+    }
+}
+
+/* Inserts key (borrowed; must outlive the table). Returns 1, 0 when the key is
+ * already present, -1 on OOM. */
+static int mf_names_put(mf_names *t, const char *key, int val)
+{
+    if ((t->len + 1) * 2 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        const char **keys = calloc(cap, sizeof *keys);
+        int *vals = calloc(cap, sizeof *vals);
+        if (!keys || !vals) {
+            free(keys);
+            free(vals);
+            return -1;
+        }
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->keys[i])
+                continue;
+            size_t j = mf_load_hash(t->keys[i]) & (cap - 1);
+            while (keys[j])
+                j = (j + 1) & (cap - 1);
+            keys[j] = t->keys[i];
+            vals[j] = t->vals[i];
+        }
+        free(t->keys);
+        free(t->vals);
+        t->keys = keys;
+        t->vals = vals;
+        t->cap = cap;
+    }
+    size_t i = mf_load_hash(key) & (t->cap - 1);
+    for (; t->keys[i]; i = (i + 1) & (t->cap - 1))
+        if (strcmp(t->keys[i], key) == 0)
+            return 0;
+    t->keys[i] = key;
+    t->vals[i] = val;
+    t->len++;
+    return 1;
+}
+
+/* ---- loader context ---- */
+
+typedef struct mf_loader {
+    const char *name;       /* for messages */
+    yaml_document_t doc;
+    mf_schedule *s;
+    char *err;
+    size_t errlen;
+    bool failed;
+    mf_names units, buckets, buffers, axes, tensors;
+} mf_loader;
+
+typedef yaml_node_t mf_node;
+
+__attribute__((format(printf, 3, 4))) static bool mf_load_fail(mf_loader *l, const mf_node *at,
+                                                              const char *fmt, ...)
+{
+    if (l->failed)
+        return false;
+    l->failed = true;
+    if (!l->err || !l->errlen)
+        return false;
+    int n;
+    if (at)
+        n = snprintf(l->err, l->errlen, "%s:%zu:%zu: error: ", l->name, at->start_mark.line + 1,
+                     at->start_mark.column + 1);
+    else
+        n = snprintf(l->err, l->errlen, "%s: error: ", l->name);
+    if (n >= 0 && (size_t)n < l->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(l->err + n, l->errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+static bool mf_load_oom(mf_loader *l)
+{
+    return mf_load_fail(l, NULL, "out of memory");
+}
+
+static mf_node *mf_load_node(mf_loader *l, int id)
+{
+    return yaml_document_get_node(&l->doc, id);
+}
+
+static const char *mf_load_node_kind(const mf_node *n)
+{
+    switch (n->type) {
+    case YAML_SCALAR_NODE:
+        return "a scalar";
+    case YAML_SEQUENCE_NODE:
+        return "a sequence";
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    default:
+        return "nothing";
+    }
+}
+
+static const char *mf_load_scalar(const mf_node *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/*
+ * Reads the keys of a mapping into out[] (value nodes, NULL when absent), in
+ * the order of keys[]. Refuses a non-mapping, a non-scalar or unknown key and
+ * a duplicate key; `required` flags which keys must be present.
+ */
+typedef struct mf_key {
+    const char *name;
+    bool required;
+} mf_key;
+
+static bool mf_load_fields(mf_loader *l, mf_node *map, const char *what, const mf_key *keys,
+                           int nkeys, mf_node **out, mf_node **keynodes)
+{
+    if (map->type != YAML_MAPPING_NODE)
+        return mf_load_fail(l, map, "expected a mapping for %s, got %s", what, mf_load_node_kind(map));
+    for (int i = 0; i < nkeys; i++) {
+        out[i] = NULL;
+        if (keynodes)
+            keynodes[i] = NULL;
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        mf_node *k = mf_load_node(l, p->key), *v = mf_load_node(l, p->value);
+        if (!k || !v)
+            return mf_load_fail(l, map, "malformed mapping in %s", what);
+        if (k->type != YAML_SCALAR_NODE)
+            return mf_load_fail(l, k, "expected a string key in %s, got %s", what, mf_load_node_kind(k));
+        int i = 0;
+        while (i < nkeys && strcmp(keys[i].name, mf_load_scalar(k)) != 0)
+            i++;
+        if (i == nkeys)
+            return mf_load_fail(l, k, "unknown key '%s' in %s", mf_load_scalar(k), what);
+        if (out[i])
+            return mf_load_fail(l, k, "duplicate key '%s' in %s", mf_load_scalar(k), what);
+        out[i] = v;
+        if (keynodes)
+            keynodes[i] = k;
+    }
+    for (int i = 0; i < nkeys; i++)
+        if (keys[i].required && !out[i])
+            return mf_load_fail(l, map, "missing key '%s' in %s", keys[i].name, what);
+    return true;
+}
+
+static bool mf_load_str(mf_loader *l, mf_node *n, const char *what, const char **out)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return mf_load_fail(l, n, "expected a string for %s, got %s", what, mf_load_node_kind(n));
+    if (n->data.scalar.length != strlen(mf_load_scalar(n)))
+        return mf_load_fail(l, n, "%s contains a NUL character", what);
+    *out = mf_load_scalar(n);
+    return true;
+}
+
+/* A name: a non-empty string, copied into the schedule's arena. */
+static bool mf_load_name(mf_loader *l, mf_node *n, const char *what, const char **out)
+{
+    const char *v;
+    if (!mf_load_str(l, n, what, &v))
+        return false;
+    if (!v[0])
+        return mf_load_fail(l, n, "%s is empty", what);
+    *out = mf_arena_strdup(l->s->arena, v);
+    return *out ? true : mf_load_oom(l);
+}
+
+static bool mf_load_int(mf_loader *l, mf_node *n, const char *what, int64_t min, int64_t max,
+                        int64_t *out)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return mf_load_fail(l, n, "expected an integer for %s, got %s", what, mf_load_node_kind(n));
+    const char *v = mf_load_scalar(n);
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return mf_load_fail(l, n, "expected an integer for %s, got the quoted string '%s'", what, v);
+    const char *p = v;
+    bool neg = *p == '-';
+    if (neg)
+        p++;
+    if (!*p || (p[0] == '0' && p[1]))
+        return mf_load_fail(l, n, "expected an integer for %s, got '%s'", what, v);
+    uint64_t acc = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return mf_load_fail(l, n, "expected an integer for %s, got '%s'", what, v);
+        unsigned d = (unsigned)(*p - '0');
+        if (acc > (UINT64_MAX - d) / 10 || acc * 10 + d > (uint64_t)INT64_MAX + (neg ? 1u : 0u))
+            return mf_load_fail(l, n, "%s overflows 64 bits: '%s'", what, v);
+        acc = acc * 10 + d;
+    }
+    int64_t x = neg ? (acc == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)acc) : (int64_t)acc;
+    if (x < min) {
+        if (min == 0)
+            return mf_load_fail(l, n, "%s must not be negative, got %lld", what, (long long)x);
+        return mf_load_fail(l, n, "%s must be at least %lld, got %lld", what, (long long)min,
+                            (long long)x);
+    }
+    if (x > max)
+        return mf_load_fail(l, n, "%s must be at most %lld, got %lld", what, (long long)max,
+                            (long long)x);
+    *out = x;
+    return true;
+}
+
+static bool mf_load_int32(mf_loader *l, mf_node *n, const char *what, int64_t min, int *out)
+{
+    int64_t v;
+    if (!mf_load_int(l, n, what, min, INT_MAX, &v))
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool mf_load_bool(mf_loader *l, mf_node *n, const char *what, bool *out)
+{
+    if (n->type == YAML_SCALAR_NODE && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+        if (strcmp(mf_load_scalar(n), "true") == 0) {
+            *out = true;
+            return true;
+        }
+        if (strcmp(mf_load_scalar(n), "false") == 0) {
+            *out = false;
+            return true;
+        }
+    }
+    return mf_load_fail(l, n, "expected true or false for %s", what);
+}
+
+typedef int (*mf_from_name_fn)(const char *);
+
+/* An enum name; `choices` lists the accepted names for the message. */
+static bool mf_load_enum(mf_loader *l, mf_node *n, const char *what, mf_from_name_fn from,
+                         const char *choices, int *out)
+{
+    const char *v;
+    if (!mf_load_str(l, n, what, &v))
+        return false;
+    int x = from(v);
+    if (x < 0)
+        return mf_load_fail(l, n, "unknown %s '%s' (expected %s)", what, v, choices);
+    *out = x;
+    return true;
+}
+
+#define MF_CHOICE_ITEM(E, name, ...) name " "
+static const char mf_dtype_choices[] = MF_DTYPE_LIST(MF_CHOICE_ITEM);
+static const char mf_place_choices[] = MF_PLACE_LIST(MF_CHOICE_ITEM);
+static const char mf_phase_choices[] = MF_PHASE_LIST(MF_CHOICE_ITEM);
+static const char mf_when_choices[] = MF_WHEN_LIST(MF_CHOICE_ITEM);
+static const char mf_stream_choices[] = MF_STREAM_LIST(MF_CHOICE_ITEM);
+static const char mf_reduce_choices[] = MF_REDUCE_LIST(MF_CHOICE_ITEM);
+static const char mf_lifetime_choices[] = MF_LIFETIME_LIST(MF_CHOICE_ITEM);
+static const char mf_bufkind_choices[] = MF_BUFKIND_LIST(MF_CHOICE_ITEM);
+static const char mf_opkind_choices[] = MF_OPKIND_LIST(MF_CHOICE_ITEM);
+#undef MF_CHOICE_ITEM
+
+static bool mf_load_seq(mf_loader *l, mf_node *n, const char *what)
+{
+    if (n->type != YAML_SEQUENCE_NODE)
+        return mf_load_fail(l, n, "expected a sequence for %s, got %s", what, mf_load_node_kind(n));
+    return true;
+}
+
+static int mf_load_seq_len(const mf_node *n)
+{
+    return (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+}
+
+static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
+{
+    return mf_load_node(l, seq->data.sequence.items.start[i]);
+}
+
+/* A placement: one name per mesh axis, Flat axes a suffix (DESIGN §3.1). */
+static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
+                              mf_placement *out)
+{
+    if (!mf_load_seq(l, n, what))
+        return false;
+    int naxes = l->s->mesh.naxes;
+    if (mf_load_seq_len(n) != naxes)
+        return mf_load_fail(l, n, "%s has %d entries, expected one per mesh axis (%d)", what,
+                            mf_load_seq_len(n), naxes);
+    memset(out, 0, sizeof *out);
+    for (int j = 0; j < naxes; j++) {
+        int p;
+        mf_node *it = mf_load_item(l, n, j);
+        if (!mf_load_enum(l, it, "placement", mf_place_from_name, mf_place_choices, &p))
+            return false;
+        if (p == MF_PLACE_PARTIAL && !allow_partial)
+            return mf_load_fail(l, it, "%s may not be Partial", what);
+        out->p[j] = (uint8_t)p;
+    }
+    if (!mf_placement_suffix_ok(out, naxes))
+        return mf_load_fail(l, n, "%s: the Flat axes must be the innermost ones (a suffix of the mesh)",
+                            what);
+    return true;
+}
+
+/* Resolves a name in a table; `what` names the kind of thing for the message. */
+static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_names *t, const char *what, int *out)
+{
+    const char *v;
+    if (!mf_load_str(l, n, what, &v))
+        return false;
+    int x = mf_names_get(t, v);
+    if (x < 0)
+        return mf_load_fail(l, n, "unknown %s '%s'", what, v);
+    *out = x;
+    return true;
+}
+
+static bool mf_load_register(mf_loader *l, mf_names *t, const char *name, mf_node *at,
+                             const char *what, int val)
+{
+    int r = mf_names_put(t, name, val);
+    if (r < 0)
+        return mf_load_oom(l);
+    if (r == 0)
+        return mf_load_fail(l, at, "duplicate %s name '%s'", what, name);
+    return true;
+}
+
+/* ---- sections ---- */
+
+static bool mf_load_mesh(mf_loader *l, mf_node *n)
+{
+    static const mf_key keys[] = {{"axes", true}};
+    static const mf_key axis_keys[] = {{"name", true}, {"size", true}};
+    mf_node *v[1], *a[2];
+    if (!mf_load_fields(l, n, "mesh", keys, 1, v, NULL) || !mf_load_seq(l, v[0], "mesh axes"))
+        return false;
+    int naxes = mf_load_seq_len(v[0]);
+    if (naxes < 1 || naxes > MF_MAX_AXES)
+        return mf_load_fail(l, v[0], "the mesh has %d axes, expected 1 to %d", naxes, MF_MAX_AXES);
+    mf_mesh *m = &l->s->mesh;
+    m->naxes = naxes;
+    m->world = 1;
+    for (int j = 0; j < naxes; j++) {
+        mf_node *ax = mf_load_item(l, v[0], j);
+        if (!mf_load_fields(l, ax, "a mesh axis", axis_keys, 2, a, NULL) ||
+            !mf_load_name(l, a[0], "the axis name", &m->axes[j].name) ||
+            !mf_load_int(l, a[1], "the axis size", 1, INT64_MAX, &m->axes[j].size) ||
+            !mf_load_register(l, &l->axes, m->axes[j].name, a[0], "axis", j))
+            return false;
+        if (m->world > INT64_MAX / m->axes[j].size)
+            return mf_load_fail(l, a[1], "the mesh size (product of the axis sizes) overflows 64 bits");
+        m->world *= m->axes[j].size;
+    }
+    return true;
+}
+
+static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
+{
+    static const mf_key keys[] = {{"name", true}, {"reshard_after_forward", true}, {"buckets", true}};
+    if (!mf_load_seq(l, n, "units"))
+        return false;
+    mf_schedule *s = l->s;
+    s->nunits = mf_load_seq_len(n);
+    s->units = mf_arena_array(s->arena, (size_t)(s->nunits ? s->nunits : 1), sizeof *s->units);
+    *bucket_lists = mf_arena_array(s->arena, (size_t)(s->nunits ? s->nunits : 1), sizeof **bucket_lists);
+    if (!s->units || !*bucket_lists)
+        return mf_load_oom(l);
+    for (int u = 0; u < s->nunits; u++) {
+        mf_node *v[3];
+        mf_unit *un = &s->units[u];
+        if (!mf_load_fields(l, mf_load_item(l, n, u), "a unit", keys, 3, v, NULL) ||
+            !mf_load_name(l, v[0], "the unit name", &un->name) ||
+            !mf_load_bool(l, v[1], "reshard_after_forward", &un->reshard_after_forward) ||
+            !mf_load_seq(l, v[2], "the unit's buckets") ||
+            !mf_load_register(l, &l->units, un->name, v[0], "unit", u))
+            return false;
+        (*bucket_lists)[u] = v[2];
+    }
+    return true;
+}
+
+static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
+{
+    static const mf_key keys[] = {{"name", true}, {"offset", true}, {"numel", true}, {"dims", true}};
+    if (!mf_load_seq(l, n, "tensors"))
+        return false;
+    bk->ntensors = mf_load_seq_len(n);
+    if (bk->ntensors < 1)
+        return mf_load_fail(l, n, "bucket '%s' has no tensors", bk->name);
+    bk->tensors = mf_arena_array(l->s->arena, (size_t)bk->ntensors, sizeof *bk->tensors);
+    if (!bk->tensors)
+        return mf_load_oom(l);
+    int64_t end = 0;
+    for (int t = 0; t < bk->ntensors; t++) {
+        mf_tensor *te = &bk->tensors[t];
+        mf_node *v[4];
+        if (!mf_load_fields(l, mf_load_item(l, n, t), "a tensor", keys, 4, v, NULL) ||
+            !mf_load_name(l, v[0], "the tensor name", &te->name) ||
+            !mf_load_register(l, &l->tensors, te->name, v[0], "tensor", t) ||
+            !mf_load_int(l, v[1], "the tensor offset", 0, INT64_MAX, &te->offset) ||
+            !mf_load_int(l, v[2], "numel", 0, INT64_MAX, &te->numel) ||
+            !mf_load_seq(l, v[3], "dims"))
+            return false;
+        te->ndims = mf_load_seq_len(v[3]);
+        if (te->ndims < 1 || te->ndims > MF_MAX_DIMS)
+            return mf_load_fail(l, v[3], "tensor '%s' has %d dims, expected 1 to %d", te->name,
+                                te->ndims, MF_MAX_DIMS);
+        int64_t prod = 1;
+        for (int d = 0; d < te->ndims; d++) {
+            mf_node *dn = mf_load_item(l, v[3], d);
+            if (!mf_load_int(l, dn, "a dimension", 0, INT64_MAX, &te->dims[d]))
+                return false;
+            if (te->dims[d] && prod > INT64_MAX / te->dims[d])
+                return mf_load_fail(l, dn, "the size of tensor '%s' overflows 64 bits", te->name);
+            prod *= te->dims[d];
+        }
+        if (prod != te->numel)
+            return mf_load_fail(l, v[2], "tensor '%s': numel %lld is not the product of its dims (%lld)",
+                                te->name, (long long)te->numel, (long long)prod);
+        if (te->offset < end)
+            return mf_load_fail(l, v[1], "tensor '%s' at offset %lld overlaps the previous tensor (which ends at %lld)",
+                                te->name, (long long)te->offset, (long long)end);
+        if (te->numel > bk->used || te->offset > bk->used - te->numel)
+            return mf_load_fail(l, v[1], "tensor '%s' (offset %lld, numel %lld) lies outside the used part of bucket '%s' (%lld elements)",
+                                te->name, (long long)te->offset, (long long)te->numel, bk->name,
+                                (long long)bk->used);
+        end = te->offset + te->numel;
+    }
+    return true;
+}
+
+static bool mf_load_buckets(mf_loader *l, mf_node *n)
+{
+    static const mf_key keys[] = {{"name", true},   {"unit", true},        {"last_unit", true},
+                                  {"layout", true}, {"length", true},      {"used", true},
+                                  {"weight", true}, {"grad", true},        {"main_weight", true},
+                                  {"tensors", true}};
+    static const mf_key role_keys[] = {{"dtype", true}, {"placement", true}};
+    if (!mf_load_seq(l, n, "buckets"))
+        return false;
+    mf_schedule *s = l->s;
+    s->nbuckets = mf_load_seq_len(n);
+    s->buckets = mf_arena_array(s->arena, (size_t)(s->nbuckets ? s->nbuckets : 1), sizeof *s->buckets);
+    if (!s->buckets)
+        return mf_load_oom(l);
+    for (int b = 0; b < s->nbuckets; b++) {
+        mf_bucket *bk = &s->buckets[b];
+        mf_node *v[10];
+        if (!mf_load_fields(l, mf_load_item(l, n, b), "a bucket", keys, 10, v, NULL) ||
+            !mf_load_name(l, v[0], "the bucket name", &bk->name) ||
+            !mf_load_register(l, &l->buckets, bk->name, v[0], "bucket", b) ||
+            !mf_load_ref(l, v[1], &l->units, "unit", &bk->unit) ||
+            !mf_load_ref(l, v[2], &l->units, "unit", &bk->last_unit) ||
+            !mf_load_name(l, v[3], "the layout name", &bk->layout) ||
+            !mf_load_int(l, v[4], "the bucket length", 1, INT64_MAX, &bk->length) ||
+            !mf_load_int(l, v[5], "used", 0, INT64_MAX, &bk->used))
+            return false;
+        if (bk->last_unit < bk->unit)
+            return mf_load_fail(l, v[2], "bucket '%s': last_unit '%s' comes before its unit '%s'",
+                                bk->name, s->units[bk->last_unit].name, s->units[bk->unit].name);
+        if (b > 0 && bk->unit < s->buckets[b - 1].unit)
+            return mf_load_fail(l, v[1], "bucket '%s' is listed after a bucket of a later unit (buckets must be in unit order)",
+                                bk->name);
+        if (bk->used > bk->length)
+            return mf_load_fail(l, v[5], "bucket '%s': used %lld exceeds the length %lld", bk->name,
+                                (long long)bk->used, (long long)bk->length);
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            mf_node *rv[2];
+            int dt;
+            char what[64];
+            snprintf(what, sizeof what, "the %s placement", mf_role_name((mf_role)r));
+            if (!mf_load_fields(l, v[6 + r], mf_role_name((mf_role)r), role_keys, 2, rv, NULL) ||
+                !mf_load_enum(l, rv[0], "dtype", mf_dtype_from_name, mf_dtype_choices, &dt) ||
+                !mf_load_placement(l, rv[1], what, r == MF_ROLE_GRAD, &bk->place[r]))
+                return false;
+            bk->dtype[r] = (mf_dtype)dt;
+            int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
+            if (bk->length % shards != 0)
+                return mf_load_fail(l, v[4], "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement",
+                                    bk->name, (long long)bk->length, (long long)shards,
+                                    mf_role_name((mf_role)r));
+            if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
+                return mf_load_fail(l, v[4], "bucket '%s': length %lld overflows 64 bits in bytes",
+                                    bk->name, (long long)bk->length);
+        }
+        if (!mf_load_tensors(l, v[9], bk))
+            return false;
+    }
+    return true;
+}
+
+/* Checks each unit's bucket list against the buckets' `unit` fields. */
+static bool mf_load_unit_buckets(mf_loader *l, mf_node **lists)
+{
+    mf_schedule *s = l->s;
+    int b = 0;
+    for (int u = 0; u < s->nunits; u++) {
+        mf_unit *un = &s->units[u];
+        un->first_bucket = b;
+        while (b < s->nbuckets && s->buckets[b].unit == u)
+            b++;
+        un->nbuckets = b - un->first_bucket;
+        mf_node *list = lists[u];
+        int n = mf_load_seq_len(list);
+        for (int i = 0; i < n; i++) {
+            int x;
+            if (!mf_load_ref(l, mf_load_item(l, list, i), &l->buckets, "bucket", &x))
+                return false;
+            if (s->buckets[x].unit != u)
+                return mf_load_fail(l, mf_load_item(l, list, i), "unit '%s' lists bucket '%s', whose unit is '%s'",
+                                    un->name, s->buckets[x].name, s->units[s->buckets[x].unit].name);
+            if (i >= un->nbuckets || x != un->first_bucket + i)
+                return mf_load_fail(l, mf_load_item(l, list, i), "unit '%s' lists bucket '%s' out of the order of the buckets section",
+                                    un->name, s->buckets[x].name);
+        }
+        if (n != un->nbuckets)
+            return mf_load_fail(l, list, "unit '%s' lists %d buckets, but %d buckets name it as their unit",
+                                un->name, n, un->nbuckets);
+    }
+    return true;
+}
+
+static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
+{
+    static const mf_key keys[] = {{"name", true},      {"bucket", true}, {"kind", true},
+                                  {"dtype", true},     {"placement", true}, {"count", true},
+                                  {"lifetime", true}};
+    if (!mf_load_seq(l, n, "buffers"))
+        return false;
+    mf_schedule *s = l->s;
+    s->nbuffers = mf_load_seq_len(n);
+    s->buffers = mf_arena_array(s->arena, (size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *s->buffers);
+    *where = mf_arena_array(s->arena, (size_t)(s->nbuffers ? s->nbuffers : 1), sizeof **where);
+    if (!s->buffers || !*where)
+        return mf_load_oom(l);
+    for (int i = 0; i < s->nbuffers; i++) {
+        mf_buffer *bf = &s->buffers[i];
+        mf_node *item = mf_load_item(l, n, i), *v[7];
+        int kind, dt, life;
+        if (!mf_load_fields(l, item, "a buffer", keys, 7, v, NULL) ||
+            !mf_load_name(l, v[0], "the buffer name", &bf->name) ||
+            !mf_load_register(l, &l->buffers, bf->name, v[0], "buffer", i) ||
+            !mf_load_ref(l, v[1], &l->buckets, "bucket", &bf->bucket) ||
+            !mf_load_enum(l, v[2], "buffer kind", mf_bufkind_from_name, mf_bufkind_choices, &kind) ||
+            !mf_load_enum(l, v[3], "dtype", mf_dtype_from_name, mf_dtype_choices, &dt))
+            return false;
+        bf->kind = (mf_bufkind)kind;
+        bf->dtype = (mf_dtype)dt;
+        if (!mf_load_placement(l, v[4], "the buffer placement", mf_bufkind_role(bf->kind) == MF_ROLE_GRAD,
+                               &bf->place) ||
+            !mf_load_int(l, v[5], "the buffer count", 1, INT64_MAX, &bf->count) ||
+            !mf_load_enum(l, v[6], "lifetime", mf_lifetime_from_name, mf_lifetime_choices, &life))
+            return false;
+        bf->lifetime = (mf_lifetime)life;
+        const mf_bucket *bk = &s->buckets[bf->bucket];
+        int64_t shards = mf_placement_shards(&s->mesh, &bf->place);
+        if (bk->length % shards != 0 || bf->count != bk->length / shards)
+            return mf_load_fail(l, v[5], "buffer '%s': count %lld does not match its bucket's length %lld over the %lld shards of its placement",
+                                bf->name, (long long)bf->count, (long long)bk->length, (long long)shards);
+        if (bf->count > INT64_MAX / (int64_t)mf_dtype_size(bf->dtype))
+            return mf_load_fail(l, v[5], "buffer '%s': %lld elements overflow 64 bits in bytes",
+                                bf->name, (long long)bf->count);
+        (*where)[i] = item;
+    }
+    return true;
+}
+
+/*
+ * The normative buffer rules (mf_schedule.h): per bucket exactly one
+ * main_weight, weight, grad_local and grad; weight_full exactly when W is not
+ * all-Replicate; grad_final exactly when G != O; and the fixed buffers sit at
+ * the bucket's placements and dtypes, which the runtime's tensor views use.
+ */
+static bool mf_load_bucket_buffers(mf_loader *l, mf_node **where, mf_node *section)
+{
+    mf_schedule *s = l->s;
+    int *count = calloc((size_t)(s->nbuckets ? s->nbuckets : 1) * MF_BUFKIND_COUNT, sizeof *count);
+    if (!count)
+        return mf_load_oom(l);
+    bool ok = true;
+    mf_placement rep = {{0}}, partial = {{0}};
+    for (int j = 0; j < s->mesh.naxes; j++)
+        partial.p[j] = MF_PLACE_PARTIAL;
+    for (int i = 0; ok && i < s->nbuffers; i++) {
+        const mf_buffer *bf = &s->buffers[i];
+        const mf_bucket *bk = &s->buckets[bf->bucket];
+        if (++count[bf->bucket * MF_BUFKIND_COUNT + bf->kind] > 1 && bf->kind != MF_BUF_WEIGHT_STAGE &&
+            bf->kind != MF_BUF_GRAD_STAGE) {
+            ok = mf_load_fail(l, where[i], "bucket '%s' has a second %s buffer '%s'", bk->name,
+                              mf_bufkind_name(bf->kind), bf->name);
+            break;
+        }
+        const mf_placement *want = NULL;
+        mf_dtype want_dt = bk->dtype[mf_bufkind_role(bf->kind)];
+        switch (bf->kind) {
+        case MF_BUF_MAIN_WEIGHT:
+            want = &bk->place[MF_ROLE_MAIN_WEIGHT];
+            break;
+        case MF_BUF_WEIGHT:
+            want = &bk->place[MF_ROLE_WEIGHT];
+            break;
+        case MF_BUF_WEIGHT_FULL:
+            want = &rep;
+            break;
+        case MF_BUF_GRAD_LOCAL:
+            want = &partial;
+            break;
+        case MF_BUF_GRAD:
+            want = &bk->place[MF_ROLE_GRAD];
+            break;
+        case MF_BUF_GRAD_FINAL:
+            want = &bk->place[MF_ROLE_MAIN_WEIGHT];
+            break;
+        default:
+            break;
+        }
+        if (want && !mf_placement_equal(want, &bf->place, s->mesh.naxes)) {
+            char a[64], b[64];
+            ok = mf_load_fail(l, where[i], "buffer '%s' (%s) has placement %s, expected %s", bf->name,
+                              mf_bufkind_name(bf->kind), mf_placement_format(&bf->place, s->mesh.naxes, a, sizeof a),
+                              mf_placement_format(want, s->mesh.naxes, b, sizeof b));
+        } else if (want && bf->dtype != want_dt) {
+            ok = mf_load_fail(l, where[i], "buffer '%s' (%s) has dtype %s, expected %s", bf->name,
+                              mf_bufkind_name(bf->kind), mf_dtype_name(bf->dtype), mf_dtype_name(want_dt));
+        }
+    }
+    for (int b = 0; ok && b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        const int *c = &count[b * MF_BUFKIND_COUNT];
+        static const mf_bufkind required[] = {MF_BUF_MAIN_WEIGHT, MF_BUF_WEIGHT, MF_BUF_GRAD_LOCAL,
+                                              MF_BUF_GRAD};
+        for (size_t k = 0; ok && k < sizeof required / sizeof required[0]; k++)
+            if (!c[required[k]])
+                ok = mf_load_fail(l, section, "bucket '%s' has no %s buffer", bk->name,
+                                  mf_bufkind_name(required[k]));
+        bool need_full = !mf_placement_equal(&bk->place[MF_ROLE_WEIGHT], &rep, s->mesh.naxes);
+        bool need_final = !mf_placement_equal(&bk->place[MF_ROLE_GRAD], &bk->place[MF_ROLE_MAIN_WEIGHT],
+                                              s->mesh.naxes);
+        if (ok && need_full != (c[MF_BUF_WEIGHT_FULL] > 0))
+            ok = mf_load_fail(l, section, need_full ? "bucket '%s' has no weight_full buffer (its weight is not replicated)"
+                                                    : "bucket '%s' has a weight_full buffer, but its weight is replicated",
+                              bk->name);
+        if (ok && need_final != (c[MF_BUF_GRAD_FINAL] > 0))
+            ok = mf_load_fail(l, section, need_final ? "bucket '%s' has no grad_final buffer (grad and main_weight placements differ)"
+                                                     : "bucket '%s' has a grad_final buffer, but grad and main_weight placements are equal",
+                              bk->name);
+    }
+    free(count);
+    return ok;
+}
+
+static bool mf_load_check_counts(mf_loader *l, const mf_op *op, mf_node *count_node)
+{
+    const mf_schedule *s = l->s;
+    const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
+    int64_t n = op->axis >= 0 ? s->mesh.axes[op->axis].size : 1;
+    int64_t big;
+    int64_t want_src = op->count, want_dst = op->count;
+    const char *kind = mf_opkind_name(op->kind);
+    switch (op->kind) {
+    case MF_OP_ALL_GATHER:
+        if (__builtin_mul_overflow(op->count, n, &big))
+            return mf_load_fail(l, count_node, "op %d: count %lld times the axis size overflows", op->id,
+                                (long long)op->count);
+        want_dst = big;
+        break;
+    case MF_OP_REDUCE_SCATTER:
+    case MF_OP_SLICE:
+        if (__builtin_mul_overflow(op->count, n, &big))
+            return mf_load_fail(l, count_node, "op %d: count %lld times the axis size overflows", op->id,
+                                (long long)op->count);
+        want_src = big;
+        break;
+    default:
+        break;
+    }
+    if (src->count != want_src)
+        return mf_load_fail(l, count_node, "op %d (%s): count %lld needs a source of %lld elements, but '%s' holds %lld",
+                            op->id, kind, (long long)op->count, (long long)want_src, src->name,
+                            (long long)src->count);
+    if (dst->count != want_dst)
+        return mf_load_fail(l, count_node, "op %d (%s): count %lld needs a destination of %lld elements, but '%s' holds %lld",
+                            op->id, kind, (long long)op->count, (long long)want_dst, dst->name,
+                            (long long)dst->count);
+    return true;
+}
+
+enum {
+    K_ID, K_PHASE, K_UNIT, K_WHEN, K_STREAM, K_OP, K_TRANSITION, K_BUCKET, K_AXIS, K_DTYPE,
+    K_COUNT, K_SRC, K_DST, K_EVENT, K_NOPKEYS
+};
+
+static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
+{
+    static const mf_key keys[K_NOPKEYS] = {
+        {"id", true},       {"phase", true},  {"unit", false},  {"when", true},   {"stream", true},
+        {"op", true},       {"transition", false}, {"bucket", false}, {"axis", false}, {"dtype", false},
+        {"count", false},   {"src", false},   {"dst", false},   {"event", false}};
+    mf_node *v[K_NOPKEYS], *k[K_NOPKEYS];
+    mf_schedule *s = l->s;
+    int x;
+    int64_t id;
+    if (!mf_load_fields(l, item, "an op", keys, K_NOPKEYS, v, k) ||
+        !mf_load_int(l, v[K_ID], "the op id", 0, INT_MAX, &id))
+        return false;
+    if (id != i)
+        return mf_load_fail(l, v[K_ID], "op id %lld out of sequence, expected %d (ids are the op's index)",
+                            (long long)id, i);
+    op->id = i;
+    if (!mf_load_enum(l, v[K_PHASE], "phase", mf_phase_from_name, mf_phase_choices, &x))
+        return false;
+    op->phase = (mf_phase)x;
+    if (!mf_load_enum(l, v[K_WHEN], "when", mf_when_from_name, mf_when_choices, &x))
+        return false;
+    op->when = (mf_when)x;
+    if (!mf_load_enum(l, v[K_STREAM], "stream", mf_stream_from_name, mf_stream_choices, &x))
+        return false;
+    op->stream = (mf_stream)x;
+    if (!mf_load_enum(l, v[K_OP], "op", mf_opkind_from_name, mf_opkind_choices, &x))
+        return false;
+    op->kind = (mf_opkind)x;
+
+    bool step_phase = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
+    op->unit = -1;
+    if (step_phase && v[K_UNIT])
+        return mf_load_fail(l, k[K_UNIT], "op %d: a %s op has no unit", i, mf_phase_name(op->phase));
+    if (!step_phase && !v[K_UNIT])
+        return mf_load_fail(l, item, "missing key 'unit' in op %d (phase %s)", i, mf_phase_name(op->phase));
+    if (v[K_UNIT] && !mf_load_ref(l, v[K_UNIT], &l->units, "unit", &op->unit))
+        return false;
+
+    bool is_event = op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT;
+    bool has_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
+    static const int data_keys[] = {K_TRANSITION, K_BUCKET, K_DTYPE, K_COUNT, K_SRC, K_DST};
+    op->transition = 0;
+    op->bucket = op->axis = op->src = op->dst = op->event = -1;
+    op->dtype = MF_FP32;
+    op->count = 0;
+    if (is_event) {
+        for (int f = K_TRANSITION; f <= K_DST; f++)
+            if (v[f])
+                return mf_load_fail(l, k[f], "op %d: a %s op has no key '%s'", i, mf_opkind_name(op->kind),
+                                    keys[f].name);
+        if (!v[K_EVENT])
+            return mf_load_fail(l, item, "missing key 'event' in op %d (%s)", i, mf_opkind_name(op->kind));
+        return mf_load_int32(l, v[K_EVENT], "the event id", 0, &op->event) &&
+               (op->event < s->nevents ||
+                mf_load_fail(l, v[K_EVENT], "op %d: event %d does not exist (the schedule has %d events)", i,
+                             op->event, s->nevents));
+    }
+    if (v[K_EVENT])
+        return mf_load_fail(l, k[K_EVENT], "op %d: a %s op has no key 'event'", i, mf_opkind_name(op->kind));
+    for (size_t f = 0; f < sizeof data_keys / sizeof data_keys[0]; f++)
+        if (!v[data_keys[f]])
+            return mf_load_fail(l, item, "missing key '%s' in op %d (%s)", keys[data_keys[f]].name, i,
+                                mf_opkind_name(op->kind));
+    if (has_axis && !v[K_AXIS])
+        return mf_load_fail(l, item, "missing key 'axis' in op %d (%s)", i, mf_opkind_name(op->kind));
+    if (!has_axis && v[K_AXIS])
+        return mf_load_fail(l, k[K_AXIS], "op %d: a %s op has no key 'axis'", i, mf_opkind_name(op->kind));
+
+    const char *t;
+    if (!mf_load_str(l, v[K_TRANSITION], "transition", &t))
+        return false;
+    if (t[0] != 'T' || t[1] < '1' || t[1] > '4' || t[2])
+        return mf_load_fail(l, v[K_TRANSITION], "unknown transition '%s' (expected T1 T2 T3 T4)", t);
+    op->transition = t[1] - '0';
+    if (!mf_load_ref(l, v[K_BUCKET], &l->buckets, "bucket", &op->bucket) ||
+        (v[K_AXIS] && !mf_load_ref(l, v[K_AXIS], &l->axes, "axis", &op->axis)) ||
+        !mf_load_enum(l, v[K_DTYPE], "dtype", mf_dtype_from_name, mf_dtype_choices, &x))
+        return false;
+    op->dtype = (mf_dtype)x;
+    if (!mf_load_int(l, v[K_COUNT], "the op count", 1, INT64_MAX, &op->count) ||
+        !mf_load_ref(l, v[K_SRC], &l->buffers, "buffer", &op->src) ||
+        !mf_load_ref(l, v[K_DST], &l->buffers, "buffer", &op->dst))
+        return false;
+    const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
+    if (src->bucket != op->bucket)
+        return mf_load_fail(l, v[K_SRC], "op %d: source buffer '%s' belongs to bucket '%s', not to the op's bucket '%s'",
+                            i, src->name, s->buckets[src->bucket].name, s->buckets[op->bucket].name);
+    if (dst->bucket != op->bucket)
+        return mf_load_fail(l, v[K_DST], "op %d: destination buffer '%s' belongs to bucket '%s', not to the op's bucket '%s'",
+                            i, dst->name, s->buckets[dst->bucket].name, s->buckets[op->bucket].name);
+    if (op->src == op->dst && op->kind != MF_OP_ALL_REDUCE)
+        return mf_load_fail(l, v[K_DST], "op %d: a %s op cannot work in place (src and dst are both '%s')", i,
+                            mf_opkind_name(op->kind), src->name);
+    if (dst->dtype != op->dtype)
+        return mf_load_fail(l, v[K_DTYPE], "op %d: dtype %s differs from the destination '%s' (%s)", i,
+                            mf_dtype_name(op->dtype), dst->name, mf_dtype_name(dst->dtype));
+    if (op->kind != MF_OP_CAST && src->dtype != op->dtype)
+        return mf_load_fail(l, v[K_DTYPE], "op %d: dtype %s differs from the source '%s' (%s)", i,
+                            mf_dtype_name(op->dtype), src->name, mf_dtype_name(src->dtype));
+    return mf_load_check_counts(l, op, v[K_COUNT]);
+}
+
+static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
+{
+    if (!mf_load_seq(l, n, "ops"))
+        return false;
+    mf_schedule *s = l->s;
+    s->nops = mf_load_seq_len(n);
+    s->ops = mf_arena_array(s->arena, (size_t)(s->nops ? s->nops : 1), sizeof *s->ops);
+    *where = mf_arena_array(s->arena, (size_t)(s->nops ? s->nops : 1), sizeof **where);
+    if (!s->ops || !*where)
+        return mf_load_oom(l);
+    if (s->nevents > s->nops)
+        return mf_load_fail(l, n, "the schedule declares %d events but has only %d ops", s->nevents, s->nops);
+    for (int i = 0; i < s->nops; i++) {
+        (*where)[i] = mf_load_item(l, n, i);
+        if (!mf_load_op(l, (*where)[i], i, &s->ops[i]))
+            return false;
+    }
+    return true;
+}
+
+/*
+ * Recomputes the totals with overflow checks before mf_schedule_summarize()
+ * does the same sums unchecked: a hostile count must not overflow there.
+ */
+static bool mf_load_totals_fit(mf_loader *l, mf_node **op_where, mf_node *buffers)
+{
+    const mf_schedule *s = l->s;
+    int64_t axis_bytes[MF_MAX_AXES] = {0}, launches = 0, mem = 0;
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        if (!mf_opkind_is_collective(op->kind))
+            continue;
+        /* An upper bound of mf_collective_bytes(): 2 (n-1) (count/n + 1) size. */
+        int64_t n = s->mesh.axes[op->axis].size, size = (int64_t)mf_dtype_size(op->dtype);
+        int64_t per = op->kind == MF_OP_ALL_REDUCE ? op->count / n + 1 : op->count, b;
+        int64_t runs = mf_when_runs_per_step(op->when, op->phase, s->microbatches);
+        if (__builtin_mul_overflow(per, 2 * (n - 1), &b) || __builtin_mul_overflow(b, size, &b) ||
+            __builtin_mul_overflow(b, runs, &b) ||
+            __builtin_add_overflow(axis_bytes[op->axis], b, &axis_bytes[op->axis]) ||
+            __builtin_add_overflow(launches, runs, &launches))
+            return mf_load_fail(l, op_where[i], "op %d: the bytes sent per step overflow 64 bits", i);
+    }
+    for (int i = 0; i < s->nbuffers; i++)
+        if (__builtin_add_overflow(mem, s->buffers[i].count * (int64_t)mf_dtype_size(s->buffers[i].dtype), &mem))
+            return mf_load_fail(l, buffers, "the total size of the buffers overflows 64 bits");
+    return true;
+}
+
+static bool mf_load_role_values(mf_loader *l, mf_node *n, const char *what, const int64_t want[MF_ROLE_COUNT])
+{
+    mf_key keys[MF_ROLE_COUNT];
+    mf_node *v[MF_ROLE_COUNT];
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        keys[r] = (mf_key){mf_role_name((mf_role)r), true};
+    if (!mf_load_fields(l, n, what, keys, MF_ROLE_COUNT, v, NULL))
+        return false;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t x;
+        if (!mf_load_int(l, v[r], what, 0, INT64_MAX, &x))
+            return false;
+        if (x != want[r])
+            return mf_load_fail(l, v[r], "summary %s.%s is %lld, but the buffers give %lld", what,
+                                mf_role_name((mf_role)r), (long long)x, (long long)want[r]);
+    }
+    return true;
+}
+
+/* One value per mesh axis, keyed by axis name. */
+static bool mf_load_axis_values(mf_loader *l, mf_node *n, const char *what, const int64_t *want)
+{
+    const mf_mesh *m = &l->s->mesh;
+    mf_key keys[MF_MAX_AXES];
+    mf_node *v[MF_MAX_AXES];
+    for (int j = 0; j < m->naxes; j++)
+        keys[j] = (mf_key){m->axes[j].name, true};
+    if (!mf_load_fields(l, n, what, keys, m->naxes, v, NULL))
+        return false;
+    for (int j = 0; j < m->naxes; j++) {
+        int64_t x;
+        if (!mf_load_int(l, v[j], what, 0, INT64_MAX, &x))
+            return false;
+        if (x != want[j])
+            return mf_load_fail(l, v[j], "summary %s.%s is %lld, but the ops give %lld", what,
+                                m->axes[j].name, (long long)x, (long long)want[j]);
+    }
+    return true;
+}
+
+static bool mf_load_summary(mf_loader *l, mf_node *n)
+{
+    static const mf_key keys[] = {{"collectives", true}, {"bytes_per_rank", true},
+                                  {"persistent_bytes", true}, {"peak_bytes", true}};
+    mf_node *v[4];
+    if (!mf_load_fields(l, n, "summary", keys, 4, v, NULL))
+        return false;
+    mf_schedule *s = l->s;
+    mf_schedule_summarize(s);
+    const mf_summary *sum = &s->summary;
+    mf_key ckeys[MF_OPKIND_COUNT];
+    int kinds[MF_OPKIND_COUNT], nk = 0;
+    for (int k = 0; k < MF_OPKIND_COUNT; k++)
+        if (mf_opkind_is_collective((mf_opkind)k)) {
+            kinds[nk] = k;
+            ckeys[nk++] = (mf_key){mf_opkind_name((mf_opkind)k), true};
+        }
+    mf_node *cv[MF_OPKIND_COUNT];
+    if (!mf_load_fields(l, v[0], "summary collectives", ckeys, nk, cv, NULL))
+        return false;
+    for (int i = 0; i < nk; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "collectives.%s", mf_opkind_name((mf_opkind)kinds[i]));
+        if (!mf_load_axis_values(l, cv[i], what, sum->collectives[kinds[i]]))
+            return false;
+    }
+    return mf_load_axis_values(l, v[1], "bytes_per_rank", sum->bytes) &&
+           mf_load_role_values(l, v[2], "persistent_bytes", sum->persistent_bytes) &&
+           mf_load_role_values(l, v[3], "peak_bytes", sum->peak_bytes);
+}
+
+enum {
+    T_FORMAT, T_SOURCE, T_SHA, T_MESH, T_MB, T_REDUCE, T_ALIGN, T_PREFETCH, T_UNITS, T_BUCKETS,
+    T_BUFFERS, T_EVENTS, T_OPS, T_SUMMARY, T_NKEYS
+};
+
+static bool mf_load_root(mf_loader *l, mf_node *root)
+{
+    static const mf_key keys[T_NKEYS] = {
+        {"format", true},  {"source", true},  {"source_sha256", true}, {"mesh", true},
+        {"microbatches", true}, {"reduce", true}, {"align", true}, {"prefetch", true},
+        {"units", true},   {"buckets", true}, {"buffers", true}, {"events", true},
+        {"ops", true},     {"summary", true}};
+    mf_schedule *s = l->s;
+    if (root->type != YAML_MAPPING_NODE)
+        return mf_load_fail(l, root, "expected a schedule (a mapping), got %s", mf_load_node_kind(root));
+    /* The format decides what the other keys mean: check it first. */
+    mf_node *fmt = NULL;
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        mf_node *k = mf_load_node(l, p->key);
+        if (k && k->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(k), "format") == 0)
+            fmt = mf_load_node(l, p->value);
+    }
+    if (!fmt)
+        return mf_load_fail(l, root, "missing key 'format' (expected format: %s)", MF_SCHEDULE_FORMAT);
+    const char *f;
+    if (!mf_load_str(l, fmt, "format", &f))
+        return false;
+    if (strcmp(f, MF_SCHEDULE_FORMAT) != 0)
+        return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
+
+    mf_node *v[T_NKEYS];
+    if (!mf_load_fields(l, root, "the schedule", keys, T_NKEYS, v, NULL))
+        return false;
+    const char *sha;
+    if (!mf_load_str(l, v[T_SOURCE], "source", &s->source))
+        return false;
+    if (!(s->source = mf_arena_strdup(s->arena, s->source)))
+        return mf_load_oom(l);
+    if (!mf_load_str(l, v[T_SHA], "source_sha256", &sha))
+        return false;
+    bool hex = strlen(sha) == 64;
+    for (int i = 0; hex && i < 64; i++)
+        hex = (sha[i] >= '0' && sha[i] <= '9') || (sha[i] >= 'a' && sha[i] <= 'f');
+    if (!hex)
+        return mf_load_fail(l, v[T_SHA], "source_sha256 must be 64 lowercase hex digits");
+    memcpy(s->source_sha256, sha, 65);
+
+    int x;
+    int64_t align;
+    mf_node **bucket_lists, **buffer_where, **op_where;
+    if (!mf_load_mesh(l, v[T_MESH]) ||
+        !mf_load_int(l, v[T_MB], "microbatches", 1, INT64_MAX, &s->microbatches) ||
+        !mf_load_enum(l, v[T_REDUCE], "reduce op", mf_reduce_from_name, mf_reduce_choices, &x))
+        return false;
+    s->reduce = (mf_reduce)x;
+    if (!mf_load_int(l, v[T_ALIGN], "align", 1, INT64_MAX, &align))
+        return false;
+    if (align & (align - 1))
+        return mf_load_fail(l, v[T_ALIGN], "align must be a power of two, got %lld", (long long)align);
+    s->align = align;
+    if (!mf_load_int32(l, v[T_PREFETCH], "prefetch", 1, &s->prefetch) ||
+        !mf_load_units(l, v[T_UNITS], &bucket_lists) || !mf_load_buckets(l, v[T_BUCKETS]) ||
+        !mf_load_unit_buckets(l, bucket_lists) || !mf_load_buffers(l, v[T_BUFFERS], &buffer_where) ||
+        !mf_load_bucket_buffers(l, buffer_where, v[T_BUFFERS]) ||
+        !mf_load_int32(l, v[T_EVENTS], "events", 0, &s->nevents) ||
+        !mf_load_ops(l, v[T_OPS], &op_where) || !mf_load_totals_fit(l, op_where, v[T_BUFFERS]))
+        return false;
+    return mf_load_summary(l, v[T_SUMMARY]);
+}
+
+static void mf_load_parse_error(mf_loader *l, const yaml_parser_t *p)
+{
+    const yaml_mark_t *m = p->problem ? &p->problem_mark : &p->context_mark;
+    yaml_node_t at = {0};
+    at.start_mark = *m;
+    if (p->error == YAML_MEMORY_ERROR) {
+        mf_load_oom(l);
+        return;
+    }
+    if (p->context)
+        mf_load_fail(l, &at, "invalid YAML: %s %s", p->problem ? p->problem : "syntax error", p->context);
+    else
+        mf_load_fail(l, &at, "invalid YAML: %s", p->problem ? p->problem : "syntax error");
+}
+
+mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t len, char *err,
+                                     size_t errlen)
+{
+    mf_loader l = {.name = name ? name : "<schedule>", .err = err, .errlen = errlen};
+    if (err && errlen)
+        err[0] = '\0';
+    l.s = mf_schedule_new();
+    if (!l.s) {
+        mf_load_oom(&l);
+        return NULL;
+    }
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) {
+        mf_load_oom(&l);
+        mf_schedule_free(l.s);
+        return NULL;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    bool have_doc = false;
+    if (!yaml_parser_load(&parser, &l.doc)) {
+        mf_load_parse_error(&l, &parser);
+    } else {
+        have_doc = true;
+        mf_node *root = yaml_document_get_root_node(&l.doc);
+        if (!root) {
+            mf_load_fail(&l, NULL, "the file is empty (expected a schedule, format %s)", MF_SCHEDULE_FORMAT);
+        } else if (mf_load_root(&l, root)) {
+            yaml_document_t next;
+            if (!yaml_parser_load(&parser, &next)) {
+                mf_load_parse_error(&l, &parser);
+            } else {
+                mf_node *extra = yaml_document_get_root_node(&next);
+                if (extra)
+                    mf_load_fail(&l, extra, "a second YAML document (a schedule file holds exactly one)");
+                yaml_document_delete(&next);
+            }
+        }
+    }
+    if (have_doc)
+        yaml_document_delete(&l.doc);
+    yaml_parser_delete(&parser);
+    mf_names_free(&l.units);
+    mf_names_free(&l.buckets);
+    mf_names_free(&l.buffers);
+    mf_names_free(&l.axes);
+    mf_names_free(&l.tensors);
+    if (l.failed) {
+        mf_schedule_free(l.s);
+        return NULL;
+    }
+    mf_sha256(text, len, l.s->hash, NULL);
+    return l.s;
+}
+
+mf_schedule *mf_schedule_load_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: error: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    bool ok = buf != NULL;
+    while (ok) {
+        if (n == cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                ok = false;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            ok = !ferror(f);
+            break;
+        }
+    }
+    fclose(f);
+    if (!ok) {
+        free(buf);
+        if (err && errlen)
+            snprintf(err, errlen, "%s: error: cannot read the file", path);
+        return NULL;
+    }
+    mf_schedule *s = mf_schedule_load_buffer(path, buf, n, err, errlen);
+    free(buf);
+    return s;
+}
