@@ -1,0 +1,331 @@
+/*
+ * mfsdp-replay: replays a compiled schedule on every rank of its mesh with
+ * synthetic data distinct per rank, microbatch and element, and checks the
+ * DESIGN §9 oracle on every rank after every step (mf_check.h).
+ *
+ *   mfsdp-replay SCHEDULE.yaml [--backend local|mpi] [--ranks N] [--steps S]
+ *                [--timeout-ms T] [--sync] [--quiet]
+ *
+ * local: one thread per rank in this process. mpi: run under mpirun with one
+ * process per rank. Prints per step the collectives and bytes by axis, the
+ * time per stream and `verified` or the first mismatch. Exit status: 0 when
+ * every rank verified every step, 1 on a mismatch or a runtime error, 2 on a
+ * usage error, an unreadable schedule or a world size that does not match the
+ * mesh. Fault injection for tests: --stop-rank R --stop-step S (rank R stops
+ * calling hooks after step_begin of step S), --mismatch-rank R (rank R's
+ * schedule hash differs).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_check.h"
+#include "mf_rt.h"
+
+#ifdef MFSDP_HAVE_MPI
+#include <mpi.h>
+#endif
+
+typedef struct args {
+    const char *path;
+    const char *backend;
+    int64_t ranks;          /* -1: the mesh's */
+    int64_t steps;
+    int64_t timeout_ms;
+    bool sync, quiet;
+    int64_t stop_rank, stop_step, mismatch_rank;
+} args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mfsdp-replay SCHEDULE.yaml [--backend local|mpi] [--ranks N] [--steps S]\n"
+            "                    [--timeout-ms T] [--sync] [--quiet]\n"
+            "Replays a compiled schedule on every mesh rank with synthetic data and checks\n"
+            "that every unsharded weight equals the cast main_weight and that the delivered\n"
+            "gradient equals the reduction of every rank's local gradients.\n"
+            "  --backend local   one thread per rank in this process (default)\n"
+            "  --backend mpi     one process per rank, under mpirun -np <world>\n"
+            "  --ranks N         world size; must equal the mesh's (default: the mesh's)\n"
+            "  --steps S         optimizer steps to replay (default 2)\n"
+            "  --timeout-ms T    limit of every wait in the runtime (default 60000; 0: none)\n"
+            "  --sync            run every op on the rank's own thread (debugging)\n"
+            "exit status: 0 verified, 1 mismatch or runtime error, 2 usage or input error\n");
+}
+
+static bool parse_int(const char *s, int64_t min, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < min)
+        return false;
+    *out = v;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->backend = "local";
+    a->ranks = -1;
+    a->steps = 2;
+    a->timeout_ms = 60000;
+    a->stop_rank = a->stop_step = a->mismatch_rank = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(o, "--version")) {
+            printf("mfsdp-replay %s\n", mfsdp_version());
+            return 0;
+        } else if (!strcmp(o, "--sync")) {
+            a->sync = true;
+            continue;
+        } else if (!strcmp(o, "--quiet")) {
+            a->quiet = true;
+            continue;
+        } else if (o[0] == '-' && o[1] == '-') {
+            if (!v) {
+                fprintf(stderr, "mfsdp-replay: error: option %s needs a value\n", o);
+                return 2;
+            }
+            i++;
+            if (!strcmp(o, "--backend")) {
+                a->backend = v;
+                ok = !strcmp(v, "local") || !strcmp(v, "mpi");
+            } else if (!strcmp(o, "--ranks"))
+                ok = parse_int(v, 1, &a->ranks);
+            else if (!strcmp(o, "--steps"))
+                ok = parse_int(v, 1, &a->steps);
+            else if (!strcmp(o, "--timeout-ms"))
+                ok = parse_int(v, 0, &a->timeout_ms);
+            else if (!strcmp(o, "--stop-rank"))
+                ok = parse_int(v, 0, &a->stop_rank);
+            else if (!strcmp(o, "--stop-step"))
+                ok = parse_int(v, 1, &a->stop_step);
+            else if (!strcmp(o, "--mismatch-rank"))
+                ok = parse_int(v, 0, &a->mismatch_rank);
+            else {
+                fprintf(stderr, "mfsdp-replay: error: unknown option %s (see --help)\n", o);
+                return 2;
+            }
+            if (!ok) {
+                fprintf(stderr, "mfsdp-replay: error: invalid value '%s' for %s\n", v, o);
+                return 2;
+            }
+        } else if (!a->path) {
+            a->path = o;
+        } else {
+            fprintf(stderr, "mfsdp-replay: error: more than one schedule given ('%s')\n", o);
+            return 2;
+        }
+    }
+    if (!a->path) {
+        fprintf(stderr, "mfsdp-replay: error: no schedule given\n");
+        usage(stderr);
+        return 2;
+    }
+    return -1;
+}
+
+static void describe(const mfsdp_schedule *sh, const char *path, const char *backend, FILE *out)
+{
+    fprintf(out, "mfsdp-replay: %s: mesh", path);
+    for (int j = 0; j < mfsdp_schedule_num_axes(sh); j++)
+        fprintf(out, "%s%s=%lld", j ? " x " : " ", mfsdp_schedule_axis_name(sh, j),
+                (long long)mfsdp_schedule_axis_size(sh, j));
+    fprintf(out, " (%lld ranks), %d units, %lld microbatches, reduce %s, backend %s\n",
+            (long long)mfsdp_schedule_world_size(sh), mfsdp_schedule_num_units(sh),
+            (long long)mfsdp_schedule_microbatches(sh), mfsdp_schedule_reduce_is_avg(sh) ? "avg" : "sum",
+            backend);
+}
+
+static void perturb(mfsdp_schedule *sh)
+{
+    sh->s->hash[0] ^= 0xa5;
+}
+
+static int run_local(const args *a, mfsdp_schedule *sh)
+{
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (a->ranks >= 0 && a->ranks != world) {
+        fprintf(stderr, "mfsdp-replay: error: --ranks %lld does not match the mesh of %s (%lld ranks)\n",
+                (long long)a->ranks, a->path, (long long)world);
+        return 2;
+    }
+    mfsdp_schedule *other = NULL;
+    const mfsdp_schedule **per_rank = NULL;
+    if (a->mismatch_rank >= 0 && a->mismatch_rank < world) {
+        if (mfsdp_schedule_load(a->path, &other) != MFSDP_OK) {
+            fprintf(stderr, "mfsdp-replay: error: %s\n", mfsdp_last_error(NULL));
+            return 2;
+        }
+        perturb(other);
+        per_rank = calloc((size_t)world, sizeof *per_rank);
+        if (!per_rank) {
+            mfsdp_schedule_free(other);
+            fprintf(stderr, "mfsdp-replay: error: out of memory\n");
+            return 2;
+        }
+        for (int64_t r = 0; r < world; r++)
+            per_rank[r] = r == a->mismatch_rank ? other : sh;
+    }
+    mf_check_outcome *outs = calloc((size_t)world, sizeof *outs);
+    if (!outs) {
+        free(per_rank);
+        mfsdp_schedule_free(other);
+        fprintf(stderr, "mfsdp-replay: error: out of memory\n");
+        return 2;
+    }
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.timeout_ms = a->timeout_ms;
+    cfg.flags = a->sync ? MFSDP_FLAG_SYNCHRONOUS : 0;
+    mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
+                       .out = a->quiet ? NULL : stdout};
+    if (!a->quiet)
+        describe(sh, a->path, "local", stdout);
+    int rc = mf_check_local(sh, (const mfsdp_schedule *const *)per_rank, &cfg, &o, outs);
+    if (rc == 0) {
+        printf("verified: %lld ranks, %lld steps\n", (long long)world, (long long)a->steps);
+    } else {
+        printf("FAILED: %s\n", outs[0].msg);
+        for (int64_t r = 0; r < world; r++)
+            if (outs[r].own[0])
+                fprintf(stderr, "rank %lld: %s\n", (long long)r, outs[r].own);
+        rc = 1;
+    }
+    free(outs);
+    free(per_rank);
+    mfsdp_schedule_free(other);
+    return rc;
+}
+
+#ifdef MFSDP_HAVE_MPI
+typedef struct mpi_xchg {
+    MPI_Comm comm;
+    uint8_t *buf;
+    size_t cap;
+    int world;
+} mpi_xchg;
+
+static const void *mpi_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+{
+    mpi_xchg *x = ctx;
+    (void)rank;
+    if (bytes > x->cap || bytes > (size_t)0x7fffffff)
+        return NULL;
+    if (MPI_Allgather(mine, (int)bytes, MPI_BYTE, x->buf, (int)bytes, MPI_BYTE, x->comm) != MPI_SUCCESS)
+        return NULL;
+    return x->buf;
+}
+
+static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
+{
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (size != world || (a->ranks >= 0 && a->ranks != world)) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "mfsdp-replay: error: the MPI world has %d processes but the mesh of %s needs "
+                    "%lld (run mpirun -np %lld)\n",
+                    size, a->path, (long long)world, (long long)world);
+        return 2;
+    }
+    if (rank == a->mismatch_rank)
+        perturb(sh);
+    mpi_xchg x = {.cap = mf_check_xchg_bytes(sh), .world = size};
+    x.buf = malloc(x.cap * (size_t)size);
+    int ok = x.buf != NULL, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok) {
+        free(x.buf);
+        if (rank == 0)
+            fprintf(stderr, "mfsdp-replay: error: out of memory\n");
+        return 2;
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &x.comm);
+    mf_check_xchg xc = {mpi_allgather, &x};
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    MPI_Comm world_comm = MPI_COMM_WORLD;
+    cfg.backend = MFSDP_BACKEND_MPI;
+    cfg.mpi_comm = &world_comm;
+    cfg.rank = rank;
+    cfg.timeout_ms = a->timeout_ms;
+    cfg.flags = a->sync ? MFSDP_FLAG_SYNCHRONOUS : 0;
+    mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
+                       .out = a->quiet || rank != 0 ? NULL : stdout};
+    if (!a->quiet && rank == 0)
+        describe(sh, a->path, "mpi", stdout);
+    mf_check_outcome out;
+    int rc = mf_check_rank(sh, &cfg, &xc, &o, &out);
+    if (out.own[0])
+        fprintf(stderr, "rank %d: %s\n", rank, out.own);
+    if (rank == 0) {
+        if (rc == 0)
+            printf("verified: %d ranks, %lld steps\n", size, (long long)a->steps);
+        else
+            printf("FAILED: %s\n", out.msg);
+        fflush(stdout);
+    }
+    MPI_Barrier(x.comm);
+    MPI_Comm_free(&x.comm);
+    free(x.buf);
+    return rc == 0 ? 0 : 1;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    bool mpi = !strcmp(a.backend, "mpi");
+#ifdef MFSDP_HAVE_MPI
+    int rank = 0, size = 1;
+    if (mpi) {
+        int provided = 0;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (provided < MPI_THREAD_MULTIPLE) {
+            if (rank == 0)
+                fprintf(stderr, "mfsdp-replay: error: this MPI does not provide MPI_THREAD_MULTIPLE\n");
+            MPI_Finalize();
+            return 2;
+        }
+    }
+#else
+    if (mpi) {
+        fprintf(stderr, "mfsdp-replay: error: this build has no MPI backend (MPI was not found)\n");
+        return 2;
+    }
+#endif
+    mfsdp_schedule *sh = NULL;
+    if (mfsdp_schedule_load(a.path, &sh) != MFSDP_OK) {
+#ifdef MFSDP_HAVE_MPI
+        if (!mpi || rank == 0)
+#endif
+            fprintf(stderr, "mfsdp-replay: error: %s\n", mfsdp_last_error(NULL));
+        rc = 2;
+    } else {
+#ifdef MFSDP_HAVE_MPI
+        rc = mpi ? run_mpi(&a, sh, rank, size) : run_local(&a, sh);
+#else
+        rc = run_local(&a, sh);
+#endif
+    }
+    mfsdp_schedule_free(sh);
+#ifdef MFSDP_HAVE_MPI
+    if (mpi)
+        MPI_Finalize();
+#endif
+    fflush(stdout);
+    return rc;
+}
