@@ -35,6 +35,7 @@ static void usage(FILE *out)
             "outputs:\n"
             "  --trace FILE.json         Chrome trace JSON (open in ui.perfetto.dev)\n"
             "  --svg FILE.svg            SVG picture of the timeline\n"
+            "  --svg-window FROM:TO      draw only that part of the step (milliseconds)\n"
             "  --compare-single-stream   also run with outer collectives on the inner stream\n"
             "  --full-path               print every critical-path segment (default: folded)\n"
             "compute model:\n"
@@ -43,6 +44,8 @@ static void usage(FILE *out)
             "                            a unit's forward+backward takes 6*params*tokens/rate,\n"
             "                            split 1:2\n"
             "  --unit-time-us U          instead: every unit's forward takes U us, backward 2U\n"
+            "  --host-async              the host runs ahead of the GPU (hooks issue at time 0);\n"
+            "                            default: a hook issues when compute reaches it\n"
             "link model (alpha-beta per axis, defaults in docs/simulate.md):\n"
             "  --inner-bw=GBPS --outer-bw=GBPS --inner-lat=US --outer-lat=US\n"
             "  --axis-bw=NAME:GBPS --axis-lat=NAME:US --local-bw=GBPS\n");
@@ -85,7 +88,29 @@ static bool is_cost_option(const char *a)
 typedef struct out_ctx {
     const mf_schedule *s;
     const mf_sim_result *r;
+    double t0, t1;          /* SVG window, seconds; t1 <= t0 = whole step */
 } out_ctx;
+
+/* "FROM:TO" in milliseconds, 0 <= FROM < TO. */
+static int parse_window(const char *v, double *t0, double *t1)
+{
+    char *end = NULL;
+    errno = 0;
+    double a = v ? strtod(v, &end) : 0;
+    if (v && end != v && *end == ':' && errno == 0) {
+        const char *rest = end + 1;
+        double b = strtod(rest, &end);
+        if (end != rest && *end == '\0' && errno == 0 && isfinite(a) && isfinite(b) && a >= 0 &&
+            b > a) {
+            *t0 = a * 1e-3;
+            *t1 = b * 1e-3;
+            return 0;
+        }
+    }
+    fprintf(stderr, "mfsdpc simulate: error: --svg-window needs FROM:TO in milliseconds with "
+                    "0 <= FROM < TO, got '%s'\n", v ? v : "");
+    return -1;
+}
 
 static int write_trace(FILE *out, const void *ctx)
 {
@@ -96,7 +121,7 @@ static int write_trace(FILE *out, const void *ctx)
 static int write_svg(FILE *out, const void *ctx)
 {
     const out_ctx *c = ctx;
-    return mf_svg_write(out, c->s, c->r);
+    return mf_svg_write(out, c->s, c->r, c->t0, c->t1);
 }
 
 static void print_header(const char *path, const mf_schedule *s, const mf_sim_config *cfg)
@@ -112,6 +137,8 @@ static void print_header(const char *path, const mf_schedule *s, const mf_sim_co
     else
         printf("model: compute %.1f TFLOP/s x %.0f tokens per microbatch (6 * params * tokens)\n",
                cfg->flops / 1e12, cfg->tokens);
+    printf("       host %s\n", cfg->host_async ? "asynchronous (hooks issue at time 0)"
+                                                : "synchronous (a hook issues when compute reaches it)");
     printf("       links:");
     for (int j = 0; j < s->mesh.naxes; j++)
         printf("%s %s %.1f GB/s %.2f us", j ? ";" : "", s->mesh.axes[j].name,
@@ -122,8 +149,8 @@ static void print_header(const char *path, const mf_schedule *s, const mf_sim_co
 int mf_cmd_simulate(int argc, char **argv)
 {
     const char *input = NULL, *trace = NULL, *svg = NULL;
-    bool compare = false, full_path = false;
-    double tokens = 0, tflops = 0, unit_us = 0;
+    bool compare = false, full_path = false, host_async = false;
+    double tokens = 0, tflops = 0, unit_us = 0, win0 = 0, win1 = 0;
     char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
     int ncost = 0, rc = 2;
     mf_compilation comp;
@@ -140,7 +167,7 @@ int mf_cmd_simulate(int argc, char **argv)
         const char *val = NULL;
         /* Options with a value accept "--opt V" and "--opt=V". */
         static const char *const valued[] = {"--trace", "--svg", "--tokens", "--tflops",
-                                             "--unit-time-us"};
+                                             "--unit-time-us", "--svg-window"};
         int which = -1;
         for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++) {
             size_t n = strlen(valued[k]);
@@ -169,6 +196,9 @@ int mf_cmd_simulate(int argc, char **argv)
         } else if (which == 4) {
             if (parse_positive("--unit-time-us", val, &unit_us) != 0)
                 goto done;
+        } else if (which == 5) {
+            if (parse_window(val, &win0, &win1) != 0)
+                goto done;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             rc = 0;
@@ -177,6 +207,8 @@ int mf_cmd_simulate(int argc, char **argv)
             compare = true;
         else if (strcmp(a, "--full-path") == 0)
             full_path = true;
+        else if (strcmp(a, "--host-async") == 0)
+            host_async = true;
         else if (is_cost_option(a))
             cost_args[ncost++] = argv[i]; /* values checked once the mesh is known */
         else if (a[0] == '-' && a[1] != '\0') {
@@ -245,6 +277,7 @@ int mf_cmd_simulate(int argc, char **argv)
         cfg.flops = tflops * 1e12;
     if (unit_us > 0)
         cfg.unit_time = unit_us * 1e-6;
+    cfg.host_async = host_async;
 
     char err[512];
     if (mf_simulate(s, &cfg, &res, err, sizeof err) != 0) {
@@ -276,7 +309,7 @@ int mf_cmd_simulate(int argc, char **argv)
     }
     fflush(stdout);
 
-    out_ctx ctx = {s, &res};
+    out_ctx ctx = {s, &res, win0, win1};
     rc = 0;
     if (trace && mf_write_file_atomic(trace, input, write_trace, &ctx) != 0)
         rc = 2;

@@ -10,10 +10,11 @@
  * Invariants:
  *   - items[] is in issue order; an item's pred and dep are always earlier
  *     items, so times are final once an item is appended;
- *   - on every stream items run back to back in issue order: an item starts
- *     at max(end of the previous item of its stream, end of the record its
- *     wait matched), hence the critical path has no gaps and the exposed
- *     times of the three streams sum to the step time;
+ *   - on every stream items run in issue order: an item starts at the
+ *     latest of the end of the previous item of its stream, the end of the
+ *     record its wait matched, and (host-synchronous model) the end of the
+ *     compute stream's work issued before it; `pred` names which, so the
+ *     critical path has no gaps and covers the step exactly;
  *   - costs come only from mf_cost_op(); this file has no cost formulas.
  */
 #include "mf_simulate.h"
@@ -266,6 +267,14 @@ static void issue_op(sim *st, int opid, int unit, int m)
     it->unit = unit;
     it->microbatch = m;
     it->phase = op->phase;
+    /* Host-synchronous trainer: the hook is called once the compute stream
+     * has finished everything issued before it. */
+    if (!st->cfg->host_async && stream != MF_STREAM_COMPUTE &&
+        st->stream_end[MF_STREAM_COMPUTE] > it->start) {
+        it->start = st->stream_end[MF_STREAM_COMPUTE];
+        it->pred = st->stream_last[MF_STREAM_COMPUTE];
+        it->host_gated = true;
+    }
     if (op->kind == MF_OP_WAIT) {
         int rec = st->last_record[op->event];
         if (rec < 0) {
@@ -275,12 +284,14 @@ static void issue_op(sim *st, int opid, int unit, int m)
             if (r->items[rec].stream == stream)
                 r->same_stream_waits++;
             else if (r->items[rec].end > it->start) {
-                it->start = it->end = r->items[rec].end;
+                it->start = r->items[rec].end;
                 it->pred = rec;
                 it->blocked = true;
+                it->host_gated = false;
             }
         }
     }
+    it->end = it->start + dur;
     if (mf_opkind_is_collective(op->kind)) {
         int64_t n = s->mesh.axes[op->axis].size;
         it->bytes = mf_collective_bytes(op->kind, n, op->count, op->dtype);
@@ -549,7 +560,8 @@ void mf_sim_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool
         fprintf(out, "  %-12s %14s in %lld collectives\n", s->mesh.axes[j].name,
                 fmt_bytes(r->bytes[j], a, sizeof a), (long long)r->launches[j]);
     if (r->unmatched_waits)
-        fprintf(out, "note: %d waits had no earlier record of their event and did not block\n",
+        fprintf(out, "note: %d waits have no record of their event earlier in the step (they wait "
+                     "for the previous step, assumed complete) and did not block\n",
                 r->unmatched_waits);
 
     fprintf(out, "\ncritical path (%d segments; compute %s, inner %s, outer %s):\n", r->ncritical,

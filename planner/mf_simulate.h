@@ -9,8 +9,15 @@
  *     phase and unit whose `when` holds for m are issued in id order onto
  *     their streams (mf_schedule.h). Between a unit's pre and post hooks the
  *     trainer issues one compute segment of that unit on the compute stream.
- *   - Issuing is free and never blocks the host (an asynchronous GPU runtime);
- *     every stream executes its items in issue order, one at a time.
+ *   - The trainer's thread is the compute stream (host-synchronous, the
+ *     default): a hook is called when the compute stream has finished all
+ *     work issued before it, so an op cannot start before that time. This is
+ *     how the schedule's prefetch depth takes effect: the lowering issues a
+ *     gather `prefetch` units early, and it starts when the compute of that
+ *     earlier unit starts. With host_async the host runs arbitrarily far
+ *     ahead (every hook issues at time 0) and only events order the streams.
+ *   - Issuing itself takes no time; every stream executes its items in issue
+ *     order, one at a time.
  *   - `record` marks the stream's progress; `wait` holds its stream until the
  *     latest `record` of the same event issued before it has executed. A wait
  *     with no earlier record does not block (CUDA semantics) and is counted.
@@ -19,7 +26,8 @@
  *     per-unit times, or 6 * params * tokens / FLOP rate for forward+backward,
  *     split 1:2 between forward and backward.
  *
- * Because a wait only depends on items issued before it, one pass over the
+ * Because a wait only depends on items issued before it, and a hook's issue
+ * time only on compute items issued before it, one pass over the
  * items in issue order computes every start and end time exactly (list
  * scheduling); no priority queue is needed. The step ends when every stream
  * has drained.
@@ -61,6 +69,7 @@ typedef struct mf_sim_item {
     int64_t bytes;          /* collectives: bytes sent per rank (ring); local ops:
                                bytes read + written; 0 otherwise */
     bool blocked;           /* the start was fixed by dep, not by the stream */
+    bool host_gated;        /* the start was fixed by the hook's issue time */
     bool critical;          /* on the critical path */
 } mf_sim_item;
 
@@ -80,6 +89,8 @@ typedef struct mf_sim_config {
     const double *fwd_time; /* optional, per unit, seconds; overrides the above */
     const double *bwd_time; /* optional, per unit, seconds */
     bool single_stream;     /* run the outer stream's ops on the inner stream */
+    bool host_async;        /* the host runs ahead of the GPU: hooks issue at time 0
+                               (default false: host-synchronous, see above) */
 } mf_sim_config;
 
 typedef struct mf_sim_result {
@@ -135,7 +146,8 @@ void mf_sim_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool
 /* mf_trace.c: Chrome trace JSON (Perfetto). Returns 0, or -1 on a write error. */
 int mf_trace_write(FILE *out, const mf_schedule *s, const mf_sim_result *r);
 
-/* mf_svg.c: a self-contained SVG picture of the timeline. Returns 0 or -1. */
-int mf_svg_write(FILE *out, const mf_schedule *s, const mf_sim_result *r);
+/* mf_svg.c: a self-contained SVG picture of the timeline, of the window
+ * [t0, t1) seconds (the whole step when t1 <= t0). Returns 0 or -1. */
+int mf_svg_write(FILE *out, const mf_schedule *s, const mf_sim_result *r, double t0, double t1);
 
 #endif

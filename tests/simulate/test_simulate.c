@@ -418,6 +418,40 @@ static void test_backward_handoff(void **state)
     mf_schedule_free(h.s);
 }
 
+/* Host-synchronous: an op issued at forward_pre(u1) cannot start before the
+ * compute of u0 is done (the hook is called then); with a run-ahead host it
+ * starts at 0. This is how the schedule's prefetch distance takes effect. */
+static void test_host_sync_issue_time(void **state)
+{
+    (void)state;
+    hs h = make(2, 4, 1, 3, NULL);
+    int g = coll(&h, MF_PHASE_FORWARD_PRE, 1, MF_WHEN_EVERY, MF_STREAM_INNER, MF_OP_ALL_GATHER, 1, 1 << 16);
+    rec(&h, MF_PHASE_FORWARD_PRE, 1, MF_WHEN_EVERY, MF_STREAM_INNER, 0);
+    wait(&h, MF_PHASE_FORWARD_PRE, 2, MF_WHEN_EVERY, MF_STREAM_COMPUTE, 0);
+    mf_sim_config cfg;
+    config(&cfg, h.s, 1e-6, 2e-6);
+    double d = cost(&cfg, h.s, MF_OP_ALL_GATHER, 1, 1 << 16);
+    assert_true(d > 1e-6);
+    mf_sim_result r;
+    char err[256];
+    assert_int_equal(mf_simulate(h.s, &cfg, &r, err, sizeof err), 0);
+    int ig = find_item(&r, g, 0);
+    assert_close(r.items[ig].start, 1e-6);           /* after fwd u0 */
+    assert_true(r.items[ig].host_gated);
+    assert_close(r.step_time, 1e-6 + d + 1e-6 + 3 * 2e-6);
+    assert_close(r.exposed[MF_STREAM_INNER], d - 1e-6); /* fwd u1 hides 1 us of it */
+    check_invariants(&r);
+    mf_sim_result_free(&r);
+
+    cfg.host_async = true;
+    assert_int_equal(mf_simulate(h.s, &cfg, &r, err, sizeof err), 0);
+    assert_close(r.items[find_item(&r, g, 0)].start, 0);
+    assert_close(r.exposed[MF_STREAM_INNER], d - 2e-6);
+    check_invariants(&r);
+    mf_sim_result_free(&r);
+    mf_schedule_free(h.s);
+}
+
 static void test_bad_schedule(void **state)
 {
     (void)state;
@@ -648,7 +682,7 @@ static void test_trace_and_svg_output(void **state)
     buf = NULL;
     f = open_memstream(&buf, &len);
     assert_non_null(f);
-    assert_int_equal(mf_svg_write(f, h.s, &r), 0);
+    assert_int_equal(mf_svg_write(f, h.s, &r, 0, 0), 0);
     fclose(f);
     assert_non_null(strstr(buf, "<svg"));
     assert_non_null(strstr(buf, "</svg>\n"));
@@ -669,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_issue_order_and_predicates),
         cmocka_unit_test(test_latest_record),
         cmocka_unit_test(test_backward_handoff),
+        cmocka_unit_test(test_host_sync_issue_time),
         cmocka_unit_test(test_bad_schedule),
         cmocka_unit_test(test_json_validator_rejects),
         cmocka_unit_test(test_trace_and_svg_output),

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Planner benchmarks: check and compile time and peak RSS for synthetic specs of
+# 1 000 .. 1 000 000 tensors in two shapes, then schedule quality (bytes per rank
+# per step against the ring lower bound, fusion) for every example spec.
+#
+#   bench/planner/run.sh [BUILD_DIR] [--max N] [--repeat R]
+#
+# BUILD_DIR defaults to ./build; it must contain bench/planner/bench_planner
+# (configure with -DCMAKE_BUILD_TYPE=Release for meaningful numbers). Each
+# measurement is its own process, so peak RSS (getrusage) belongs to it alone;
+# with --repeat R the fastest of R runs is kept.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=build
+max=1000000
+repeat=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --max) max=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) build=$1; shift ;;
+  esac
+done
+bin="$build/bench/planner/bench_planner"
+[ -x "$bin" ] || { echo "run.sh: $bin not found; build the bench_planner target first" >&2; exit 2; }
+
+field() { # field KEY LINE
+  sed -n "s/.* $1=\([^ ]*\).*/\1/p; s/^$1=\([^ ]*\).*/\1/p" <<<"$2" | head -n1
+}
+
+# best-of-R run of one measurement; prints the key=value line
+measure() {
+  local best="" line s
+  for _ in $(seq "$repeat"); do
+    line=$(timeout 900 "$bin" time --shape "$1" --tensors "$2" --stage "$3") || { echo "rc=fail"; return; }
+    s=$(field seconds "$line")
+    if [ -z "$best" ] || awk -v a="$s" -v b="$(field seconds "$best")" 'BEGIN{exit !(a<b)}'; then
+      best=$line
+    fi
+  done
+  echo "$best"
+}
+
+echo "machine: $(uname -m), $(nproc) cores, $(awk -F: '/model name/{print $2; exit}' /proc/cpuinfo | sed 's/^ *//'), $(date -u +%Y-%m-%d)"
+echo
+printf "%-5s %9s %7s %9s %9s %10s %9s %11s %9s %8s\n" shape tensors units "check s" "check MB" \
+  "compile s" "compile MB" "B/tensor" ops target
+misses=0
+for shape in moe deep; do
+  for n in 1000 10000 100000 1000000; do
+    [ "$n" -le "$max" ] || continue
+    chk=$(measure "$shape" "$n" check)
+    cmp=$(measure "$shape" "$n" compile)
+    cs=$(field seconds "$chk"); cm=$(field peak_rss_kb "$chk")
+    ps=$(field seconds "$cmp"); pm=$(field peak_rss_kb "$cmp")
+    units=$(field units "$cmp"); ops=$(field ops "$cmp")
+    if [ "$(field rc "$chk")" != 0 ] || [ "$(field rc "$cmp")" != 0 ]; then
+      printf "%-5s %9s  failed: check rc=%s compile rc=%s\n" "$shape" "$n" "$(field rc "$chk")" "$(field rc "$cmp")"
+      misses=$((misses + 1)); continue
+    fi
+    target=""
+    if [ "$n" = 100000 ]; then
+      if awk -v c="$cs" -v p="$ps" 'BEGIN{exit !(c<0.5 && p<2.0)}'; then target=met; else target=MISSED; misses=$((misses + 1)); fi
+    fi
+    awk -v s="$shape" -v n="$n" -v u="$units" -v cs="$cs" -v cm="$cm" -v ps="$ps" -v pm="$pm" -v o="$ops" -v t="$target" \
+      'BEGIN{printf "%-5s %9d %7d %9.3f %9.1f %10.3f %9.1f %11.0f %9d %8s\n", s, n, u, cs, cm/1024, ps, pm/1024, pm*1024/n, o, t}'
+  done
+done
+echo
+echo "targets at 100 000 tensors: check < 0.5 s, compile < 2 s; B/tensor = compile peak RSS / tensors"
+echo
+"$bin" quality "$root"/schedules/*.mfsdp
+echo
+echo "ratio = bytes per rank per step / ring lower bound (1.00 up to padding);"
+echo "launch/t = collective launches per step / tensors; fusion = per-tensor launches / launches"
+exit $(( misses > 0 ))
