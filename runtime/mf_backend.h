@@ -132,8 +132,11 @@ extern const mf_backend_vtbl mf_backend_local;
 #ifdef MFSDP_HAVE_MPI
 extern const mf_backend_vtbl mf_backend_mpi;
 #endif
-/* --- CUDA/NCCL backend: declare `extern const mf_backend_vtbl mf_backend_nccl;`
- * here under #ifdef MFSDP_HAVE_CUDA and add it to mf_rt_backend_for(). --- */
+/* --- CUDA/NCCL backend (mf_backend_nccl.c, mf_backend_cuda_local.c) --- */
+#ifdef MFSDP_HAVE_CUDA
+extern const mf_backend_vtbl mf_backend_nccl;
+extern const mf_backend_vtbl mf_backend_cuda_local;
+#endif
 
 /* ---- CPU kernels (mf_cpu_kernels.c), shared by the CPU backends ----
  * Conversions round to nearest even; NaN stays NaN (quiet), overflow gives

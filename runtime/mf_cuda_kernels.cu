@@ -98,7 +98,7 @@ template <int T> __device__ __forceinline__ void store1(void *p, int64_t i, floa
 
 template <int S, int D>
 __global__ void __launch_bounds__(kThreads)
-combine_kernel(operands ops, int64_t n, float alpha, bool add_dst, bool vec)
+combine_kernel(operands ops, int64_t n, float scale, bool divide, bool add_dst, bool vec)
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -111,8 +111,12 @@ combine_kernel(operands ops, int64_t n, float alpha, bool add_dst, bool vec)
             for (int e = 0; e < kVec; e++)
                 acc[e] = __fadd_rn(acc[e], v[e]);
         }
-        for (int e = 0; e < kVec; e++)
-            acc[e] = __fmul_rn(acc[e], alpha);
+        if (divide)
+            for (int e = 0; e < kVec; e++)
+                acc[e] = __fdiv_rn(acc[e], scale);
+        else
+            for (int e = 0; e < kVec; e++)
+                acc[e] = __fmul_rn(acc[e], scale);
         if (add_dst) {
             load8<D>(ops.dst[0], c, v);
             for (int e = 0; e < kVec; e++)
@@ -126,7 +130,7 @@ combine_kernel(operands ops, int64_t n, float alpha, bool add_dst, bool vec)
         float acc = load1<S>(ops.src[0], i);
         for (int k = 1; k < ops.nsrc; k++)
             acc = __fadd_rn(acc, load1<S>(ops.src[k], i));
-        acc = __fmul_rn(acc, alpha);
+        acc = divide ? __fdiv_rn(acc, scale) : __fmul_rn(acc, scale);
         if (add_dst)
             acc = __fadd_rn(load1<D>(ops.dst[0], i), acc);
         for (int j = 0; j < ops.ndst; j++)
@@ -159,20 +163,21 @@ unsigned grid_for(int64_t work)
 }
 
 template <int S, int D>
-void launch_combine(const operands &ops, int64_t n, float alpha, bool add_dst, bool vec, cudaStream_t s)
+void launch_combine(const operands &ops, int64_t n, float scale, bool divide, bool add_dst, bool vec,
+                    cudaStream_t s)
 {
     int64_t work = vec ? n / kVec + n % kVec : n;
-    combine_kernel<S, D><<<grid_for(work), kThreads, 0, s>>>(ops, n, alpha, add_dst, vec);
+    combine_kernel<S, D><<<grid_for(work), kThreads, 0, s>>>(ops, n, scale, divide, add_dst, vec);
 }
 
 template <int S>
-bool dispatch_dst(mf_dtype dt, const operands &ops, int64_t n, float alpha, bool add_dst, bool vec,
-                  cudaStream_t s)
+bool dispatch_dst(mf_dtype dt, const operands &ops, int64_t n, float scale, bool divide, bool add_dst,
+                  bool vec, cudaStream_t s)
 {
     switch (dt) {
-    case MF_FP32: launch_combine<S, MF_FP32>(ops, n, alpha, add_dst, vec, s); return true;
-    case MF_BF16: launch_combine<S, MF_BF16>(ops, n, alpha, add_dst, vec, s); return true;
-    case MF_FP16: launch_combine<S, MF_FP16>(ops, n, alpha, add_dst, vec, s); return true;
+    case MF_FP32: launch_combine<S, MF_FP32>(ops, n, scale, divide, add_dst, vec, s); return true;
+    case MF_BF16: launch_combine<S, MF_BF16>(ops, n, scale, divide, add_dst, vec, s); return true;
+    case MF_FP16: launch_combine<S, MF_FP16>(ops, n, scale, divide, add_dst, vec, s); return true;
     default: return false;
     }
 }
@@ -198,10 +203,11 @@ extern "C" {
 
 cudaError_t mf_cuda_combine(void *const *dsts, int ndst, mf_dtype dt,
                             const void *const *srcs, int nsrc, mf_dtype st,
-                            int64_t n, float alpha, bool add_dst, cudaStream_t stream)
+                            int64_t n, float scale, mf_cuda_scaling how, bool add_dst,
+                            cudaStream_t stream)
 {
     if (n < 0 || !dtype_ok(dt) || !dtype_ok(st) || ndst < 1 || ndst > MF_CUDA_MAX_OPERANDS ||
-        nsrc < 1 || nsrc > MF_CUDA_MAX_OPERANDS || !dsts || !srcs)
+        nsrc < 1 || nsrc > MF_CUDA_MAX_OPERANDS || !dsts || !srcs || (how != MF_CUDA_MUL && how != MF_CUDA_DIV))
         return cudaErrorInvalidValue;
     operands ops;
     memset(&ops, 0, sizeof ops);
@@ -222,11 +228,14 @@ cudaError_t mf_cuda_combine(void *const *dsts, int ndst, mf_dtype dt,
     }
     if (n == 0)
         return cudaSuccess;
-    bool ok = false;
+    bool ok = false, divide = how == MF_CUDA_DIV;
+    if (scale == 1.0f) { /* x * 1 == x / 1 == x: one instantiation path, no extra op */
+        divide = false;
+    }
     switch (st) {
-    case MF_FP32: ok = dispatch_dst<MF_FP32>(dt, ops, n, alpha, add_dst, vec, stream); break;
-    case MF_BF16: ok = dispatch_dst<MF_BF16>(dt, ops, n, alpha, add_dst, vec, stream); break;
-    case MF_FP16: ok = dispatch_dst<MF_FP16>(dt, ops, n, alpha, add_dst, vec, stream); break;
+    case MF_FP32: ok = dispatch_dst<MF_FP32>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
+    case MF_BF16: ok = dispatch_dst<MF_BF16>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
+    case MF_FP16: ok = dispatch_dst<MF_FP16>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
     default: break;
     }
     if (!ok)
@@ -250,7 +259,7 @@ cudaError_t mf_cuda_cast(void *dst, mf_dtype dt, const void *src, mf_dtype st,
         return mf_cuda_copy(dst, src, (size_t)n * dtype_bytes(dt), stream);
     void *d[1] = {dst};
     const void *s[1] = {src};
-    return mf_cuda_combine(d, 1, dt, s, 1, st, n, 1.0f, false, stream);
+    return mf_cuda_combine(d, 1, dt, s, 1, st, n, 1.0f, MF_CUDA_MUL, false, stream);
 }
 
 cudaError_t mf_cuda_accumulate(void *dst, mf_dtype dt, const void *src, mf_dtype st,
@@ -260,14 +269,14 @@ cudaError_t mf_cuda_accumulate(void *dst, mf_dtype dt, const void *src, mf_dtype
         return mf_cuda_cast(dst, dt, src, st, n, stream);
     void *d[1] = {dst};
     const void *s[1] = {src};
-    return mf_cuda_combine(d, 1, dt, s, 1, st, n, 1.0f, true, stream);
+    return mf_cuda_combine(d, 1, dt, s, 1, st, n, 1.0f, MF_CUDA_MUL, true, stream);
 }
 
 cudaError_t mf_cuda_scale(void *buf, mf_dtype t, int64_t n, float alpha, cudaStream_t stream)
 {
     void *d[1] = {buf};
     const void *s[1] = {buf};
-    return mf_cuda_combine(d, 1, t, s, 1, t, n, alpha, false, stream);
+    return mf_cuda_combine(d, 1, t, s, 1, t, n, alpha, MF_CUDA_MUL, false, stream);
 }
 
 cudaError_t mf_cuda_fill_pattern(void *buf, mf_dtype t, int64_t n, uint32_t seed, cudaStream_t stream)

@@ -5,7 +5,7 @@
  * One kernel family does all local arithmetic of a schedule on the device:
  *
  *     for every dst j:  dst_j[i] = D( (add_dst ? dst_0[i] : 0)
- *                                     + alpha * (src_0[i] + ... + src_{k-1}[i]) )
+ *                                     + (src_0[i] + ... + src_{k-1}[i]) (*|/) scale )
  *
  * computed in fp32, sources added in index order (so results are
  * deterministic and independent of the launch configuration), and rounded once
@@ -42,16 +42,23 @@ extern "C" {
  * parameter space); larger groups are refused with cudaErrorInvalidValue. */
 #define MF_CUDA_MAX_OPERANDS 64
 
+/* How mf_cuda_combine applies its scale: multiply, or divide (the CPU
+ * backends' averaging divides the sum by the group size; dividing here gives
+ * the same bits). */
+typedef enum { MF_CUDA_MUL = 0, MF_CUDA_DIV = 1 } mf_cuda_scaling;
+
 /* Borrows every pointer (device memory, or host memory mapped into the device's
  * address space). dsts[0..ndst) all of dtype dt, srcs[0..nsrc) all of dtype st,
  * 1 <= ndst, nsrc <= MF_CUDA_MAX_OPERANDS. The fp32 arithmetic is exactly
- * ((src_0 + src_1) + ...) * alpha, then dst_0 + that (no fused multiply-add),
- * so a host loop in the same order reproduces it bit for bit. Returns
+ * ((src_0 + src_1) + ...) then * scale or / scale (skipped when scale is 1),
+ * then dst_0 + that (no fused multiply-add), so a host loop in the same order
+ * reproduces it bit for bit (mf_cpu_reduce does for MF_CUDA_DIV). Returns
  * cudaErrorInvalidValue for an unknown dtype, n < 0, a NULL operand or an
  * operand count out of range. */
 cudaError_t mf_cuda_combine(void *const *dsts, int ndst, mf_dtype dt,
                             const void *const *srcs, int nsrc, mf_dtype st,
-                            int64_t n, float alpha, bool add_dst, cudaStream_t stream);
+                            int64_t n, float scale, mf_cuda_scaling how, bool add_dst,
+                            cudaStream_t stream);
 
 /* dst[i] = (dt) src[i]; a plain device copy when the dtypes are equal. */
 cudaError_t mf_cuda_cast(void *dst, mf_dtype dt, const void *src, mf_dtype st,

@@ -223,7 +223,13 @@ const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b)
     case MFSDP_BACKEND_MPI:
         return &mf_backend_mpi;
 #endif
-    /* --- CUDA/NCCL backend: case MFSDP_BACKEND_NCCL under #ifdef MFSDP_HAVE_CUDA --- */
+    /* --- CUDA/NCCL backend --- */
+#ifdef MFSDP_HAVE_CUDA
+    case MFSDP_BACKEND_NCCL:
+        return &mf_backend_nccl;
+    case MFSDP_BACKEND_CUDA_LOCAL:
+        return &mf_backend_cuda_local;
+#endif
     default:
         return NULL;
     }

@@ -125,6 +125,7 @@ typedef enum mfsdp_backend {
     MFSDP_BACKEND_LOCAL = 1, /* N thread-ranks in one process sharing memory */
     MFSDP_BACKEND_MPI = 2,   /* one process per rank; see mfsdp_mpi.h */
     MFSDP_BACKEND_NCCL = 3,  /* one process per GPU (reserved for the CUDA build) */
+    MFSDP_BACKEND_CUDA_LOCAL = 4, /* thread-ranks on one GPU (CUDA build; mfsdp_nccl.h) */
 } mfsdp_backend;
 
 /* 1 when this library was built with the backend, else 0. */

@@ -248,18 +248,18 @@ static void test_combine_reduce(void **state)
             }
             for (int j = 0; j < J - 1; j++)
                 d[j] = dalloc(t, n, 0);
-            const float alpha = 1.0f / K;
+            /* averaged like the CPU backends: the sum divided by the group size */
             for (int64_t i = 0; i < n; i++) {
                 float acc = dec(t, h[0], i);
                 for (int k = 1; k < K; k++)
                     acc = acc + dec(t, h[k], i);
-                enc(t, want, i, acc * alpha);
+                enc(t, want, i, acc / (float)K);
             }
             const void *srcs[K];
             for (int k = 0; k < K; k++)
                 srcs[k] = s[k].p;
             void *dsts[J] = {d[0].p, s[2].p, d[1].p};
-            CK(mf_cuda_combine(dsts, J, t, srcs, K, t, n, alpha, false, stream));
+            CK(mf_cuda_combine(dsts, J, t, srcs, K, t, n, (float)K, MF_CUDA_DIV, false, stream));
             void *got[3] = {download(&d[0]), download(&s[2]), download(&d[1])};
             for (int j = 0; j < J; j++) {
                 expect_equal(t, got[j], want, n, "combine");
@@ -348,9 +348,13 @@ static void test_bad_arguments(void **state)
         dsts[k] = d.p;
         srcs[k] = d.p;
     }
-    assert_int_equal(mf_cuda_combine(dsts, 1, MF_FP32, srcs, MF_CUDA_MAX_OPERANDS + 1, MF_FP32, 16, 1, false, stream),
+    assert_int_equal(mf_cuda_combine(dsts, 1, MF_FP32, srcs, MF_CUDA_MAX_OPERANDS + 1, MF_FP32, 16, 1, MF_CUDA_MUL,
+                                     false, stream),
                      cudaErrorInvalidValue);
-    assert_int_equal(mf_cuda_combine(dsts, 0, MF_FP32, srcs, 1, MF_FP32, 16, 1, false, stream), cudaErrorInvalidValue);
+    assert_int_equal(mf_cuda_combine(dsts, 0, MF_FP32, srcs, 1, MF_FP32, 16, 1, MF_CUDA_MUL, false, stream),
+                     cudaErrorInvalidValue);
+    assert_int_equal(mf_cuda_combine(dsts, 1, MF_FP32, srcs, 1, MF_FP32, 16, 2, (mf_cuda_scaling)5, false, stream),
+                     cudaErrorInvalidValue);
     assert_int_equal(mf_cuda_cast(d.p, (mf_dtype)7, d.p, MF_FP32, 16, stream), cudaErrorInvalidValue);
     assert_int_equal(mf_cuda_cast(d.p, MF_BF16, NULL, MF_FP32, 16, stream), cudaErrorInvalidValue);
     assert_int_equal(mf_cuda_scale(d.p, MF_FP32, -1, 1, stream), cudaErrorInvalidValue);

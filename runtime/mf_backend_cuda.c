@@ -1,0 +1,566 @@
+/*
+ * mf_backend_cuda: the device side shared by the NCCL and the one-GPU
+ * thread-rank backends (see mf_backend_cuda.h): streams, events, memory,
+ * local ops, graph fork/join, host-compute mode, bounded waits and result
+ * mapping.
+ *
+ * Event semantics: the schedule's wait waits for the latest record of its
+ * event issued before it; cudaStreamWaitEvent waits for the latest
+ * cudaEventRecord made before the call. Because the engine submits every op
+ * in issue order on one host thread, one cudaEvent per schedule event gives
+ * exactly the schedule's semantics. A wait with no earlier record (event_seq
+ * 0) enqueues nothing.
+ *
+ * Nothing here synchronizes the host in a hook, except where the host is the
+ * consumer (host-compute mode) and then only through bounded polling.
+ */
+#include "mf_backend_cuda.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_cuda_kernels.h"
+
+/* ---- results ---- */
+
+mfsdp_result mf_cuda_map_error(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return MFSDP_OK;
+    case cudaErrorMemoryAllocation:
+        return MFSDP_ERR_OUT_OF_MEMORY;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNotSupported:
+        return MFSDP_ERR_UNSUPPORTED;
+    case cudaErrorInvalidDevice:
+    case cudaErrorInvalidValue:
+        return MFSDP_ERR_INVALID_ARGUMENT;
+    default:
+        return MFSDP_ERR_BACKEND;
+    }
+}
+
+mfsdp_result mf_nccl_map_error(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess:
+        return MFSDP_OK;
+    case ncclRemoteError:
+        return MFSDP_ERR_ABORTED;
+    case ncclInProgress:
+        return MFSDP_ERR_TIMEOUT;
+    case ncclInvalidArgument:
+        return MFSDP_ERR_INVALID_ARGUMENT;
+    default:
+        return MFSDP_ERR_BACKEND;
+    }
+}
+
+ncclDataType_t mf_nccl_dtype(mf_dtype d)
+{
+    switch (d) {
+    case MF_BF16: return ncclBfloat16;
+    case MF_FP16: return ncclFloat16;
+    default: return ncclFloat32;
+    }
+}
+
+mfsdp_result mf_cuda_fail(cudaError_t e, char *err, size_t errlen, const char *fmt, ...)
+{
+    char what[MF_RT_ERRLEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (err && errlen)
+        snprintf(err, errlen, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return mf_cuda_map_error(e);
+}
+
+void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size)
+{
+    mf_rt_describe_op(c->rt, rop->op->id, buf, size);
+}
+
+void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out)
+{
+    if (cfg->backend_config) {
+        *out = *(const mfsdp_nccl_config *)cfg->backend_config;
+        return;
+    }
+    mfsdp_nccl_config_init(out);
+    out->flags |= MFSDP_NCCL_HOST_COMPUTE;
+}
+
+/* ---- open / close ---- */
+
+static int64_t pool_bytes(const mf_schedule *s)
+{
+    int64_t total = 4096;
+    for (int b = 0; b < s->nbuffers; b++) {
+        int64_t bytes = s->buffers[b].count * (int64_t)mf_dtype_size(s->buffers[b].dtype);
+        total += (bytes + 255) / 256 * 256 + 256;
+    }
+    return total;
+}
+
+mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_config *nc, int64_t rank)
+{
+    cudaError_t e;
+    char msg[MF_RT_ERRLEN];
+    c->rt = rt;
+    c->flags = nc->flags;
+    c->host_compute = (nc->flags & MFSDP_NCCL_HOST_COMPUTE) != 0;
+    c->graphs = (nc->flags & MFSDP_NCCL_GRAPHS) != 0;
+    c->timeout_ms = rt->cfg.timeout_ms;
+    c->kind = c->host_compute ? MF_CUDA_MEM_MANAGED
+              : (nc->flags & MFSDP_NCCL_MEM_ALLOC) ? MF_CUDA_MEM_NCCL
+                                                   : MF_CUDA_MEM_DEVICE;
+    for (int p = 0; p < MF_GPU_POS_COUNT; p++)
+        c->region_last[p] = -1;
+    atomic_init(&c->capturing, false);
+    if (c->host_compute && c->graphs)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "MFSDP_NCCL_GRAPHS needs a device trainer: it cannot be combined with "
+                               "MFSDP_NCCL_HOST_COMPUTE (or a NULL backend_config)");
+    if (c->host_compute && nc->compute_stream)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
+                               "compute_stream must be NULL");
+
+    int ndev = 0;
+    e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev < 1) {
+        if (e == cudaSuccess)
+            e = cudaErrorNoDevice;
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "no usable CUDA device (cudaGetDeviceCount)");
+        return mf_rt_set_error(rt, r == MFSDP_ERR_BACKEND ? MFSDP_ERR_UNSUPPORTED : r, "%s", msg);
+    }
+    c->device = nc->device;
+    if (c->device < 0 && (e = cudaGetDevice(&c->device)) != cudaSuccess)
+        goto cuda_fail;
+    if (c->device >= ndev)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "device %d out of range (%d CUDA devices)",
+                               c->device, ndev);
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess)
+        goto cuda_fail;
+
+    int least = 0, greatest = 0;
+    if ((e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess)
+        goto cuda_fail;
+    c->priority = greatest;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+        if ((e = cudaStreamCreateWithPriority(&c->stream[st], cudaStreamNonBlocking, greatest)) != cudaSuccess)
+            goto cuda_fail;
+        c->own_stream[st] = true;
+    }
+    if (nc->compute_stream) {
+        c->stream[MF_STREAM_COMPUTE] = nc->compute_stream;
+    } else {
+        if ((e = cudaStreamCreateWithFlags(&c->stream[MF_STREAM_COMPUTE], cudaStreamNonBlocking)) != cudaSuccess)
+            goto cuda_fail;
+        c->own_stream[MF_STREAM_COMPUTE] = true;
+    }
+
+    const mf_schedule *s = rt->s;
+    c->events = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *c->events);
+    if (!c->events)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
+    for (int i = 0; i < s->nevents; i++) {
+        if ((e = cudaEventCreateWithFlags(&c->events[i], cudaEventDisableTiming)) != cudaSuccess)
+            goto cuda_fail;
+        c->nevents = i + 1;
+    }
+    if ((e = cudaEventCreateWithFlags(&c->fork_ev, cudaEventDisableTiming)) != cudaSuccess)
+        goto cuda_fail;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
+        if ((e = cudaEventCreateWithFlags(&c->join_ev[st], cudaEventDisableTiming)) != cudaSuccess)
+            goto cuda_fail;
+
+    c->plan = mf_gpu_plan_build(s, rank, msg, sizeof msg);
+    if (!c->plan)
+        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot map the schedule onto the device: %s", msg);
+    for (int p = 0; p < MF_GPU_POS_COUNT; p++) {
+        const mf_gpu_region *r = &c->plan->region[p];
+        if (r->present && r->nops > 0)
+            c->region_last[p] = r->ops[r->nops - 1];
+    }
+    return MFSDP_OK;
+
+cuda_fail: {
+    mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "CUDA setup on device %d", c->device);
+    return mf_rt_set_error(rt, r, "%s", msg);
+}
+}
+
+static void release_block(mf_cuda_block *b)
+{
+    if (!b->p)
+        return;
+    if (b->kind == MF_CUDA_MEM_NCCL)
+        ncclMemFree(b->p);
+    else
+        cudaFree(b->p);
+    b->p = NULL;
+}
+
+static void drain(mf_cuda_core *c)
+{
+    if (c->drained)
+        return;
+    c->drained = true;
+    char msg[MF_RT_ERRLEN];
+    if (mf_cuda_core_wait(c, NULL, "draining the streams before release", NULL, NULL, msg, sizeof msg) !=
+        MFSDP_OK)
+        fprintf(stderr, "libmfsdp: rank %lld: %s\n", (long long)c->rt->rank, msg);
+}
+
+void mf_cuda_core_close(mf_cuda_core *c)
+{
+    if (!c->rt)
+        return;
+    if (c->stream[MF_STREAM_INNER])
+        drain(c);
+    for (int i = 0; i < c->nblocks; i++)
+        release_block(&c->blocks[i]);
+    mf_rt_free(c->blocks);
+    c->blocks = NULL;
+    c->nblocks = 0;
+    release_block(&c->pool);
+    for (int i = 0; i < c->nevents; i++)
+        cudaEventDestroy(c->events[i]);
+    mf_rt_free(c->events);
+    c->events = NULL;
+    if (c->fork_ev)
+        cudaEventDestroy(c->fork_ev);
+    for (int st = 0; st < MF_STREAM_COUNT; st++) {
+        if (c->join_ev[st])
+            cudaEventDestroy(c->join_ev[st]);
+        if (c->own_stream[st] && c->stream[st])
+            cudaStreamDestroy(c->stream[st]);
+        c->stream[st] = NULL;
+    }
+    mf_gpu_plan_free(c->plan);
+    c->plan = NULL;
+    c->rt = NULL;
+}
+
+/* ---- memory ---- */
+
+static cudaError_t raw_alloc(mf_cuda_core *c, size_t bytes, void **out)
+{
+    switch (c->kind) {
+    case MF_CUDA_MEM_MANAGED:
+        return cudaMallocManaged(out, bytes, cudaMemAttachGlobal);
+    case MF_CUDA_MEM_NCCL: {
+        ncclResult_t r = ncclMemAlloc(out, bytes);
+        return r == ncclSuccess ? cudaSuccess : cudaErrorMemoryAllocation;
+    }
+    default:
+        return cudaMalloc(out, bytes);
+    }
+}
+
+/* Allocates and zero-fills a block (synchronously: create time only). */
+static mfsdp_result new_block(mf_cuda_core *c, size_t bytes, mf_cuda_block *b)
+{
+    char msg[MF_RT_ERRLEN];
+    void *p = NULL;
+    cudaError_t e = raw_alloc(c, bytes, &p);
+    if (e != cudaSuccess) {
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cannot allocate %zu bytes of %s memory on device %d",
+                                      bytes,
+                                      c->kind == MF_CUDA_MEM_NCCL      ? "ncclMemAlloc"
+                                      : c->kind == MF_CUDA_MEM_MANAGED ? "managed"
+                                                                       : "device",
+                                      c->device);
+        return mf_rt_set_error(c->rt, r, "%s", msg);
+    }
+    *b = (mf_cuda_block){.p = p, .bytes = bytes, .kind = c->kind};
+    cudaStream_t st = c->stream[MF_STREAM_INNER];
+    if ((e = cudaMemsetAsync(p, 0, bytes, st)) != cudaSuccess || (e = cudaStreamSynchronize(st)) != cudaSuccess) {
+        release_block(b);
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cannot zero %zu bytes on device %d", bytes, c->device);
+        return mf_rt_set_error(c->rt, r, "%s", msg);
+    }
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_cuda_core_alloc(mf_cuda_core *c, size_t bytes, void **out)
+{
+    size_t need = (bytes + 255) / 256 * 256;
+    if (!c->pool.p && c->nblocks == 0) {
+        size_t want = (size_t)pool_bytes(c->rt->s);
+        if (want < need)
+            want = need;
+        mfsdp_result r = new_block(c, want, &c->pool);
+        if (r != MFSDP_OK)
+            return r;
+        c->pool_used = 0;
+    }
+    if (c->pool.p && c->pool.bytes - c->pool_used >= need) {
+        *out = (char *)c->pool.p + c->pool_used;
+        c->pool_used += need;
+        return MFSDP_OK;
+    }
+    if (c->nblocks == c->cap_blocks) {
+        int cap = c->cap_blocks ? 2 * c->cap_blocks : 8;
+        mf_cuda_block *nb = mf_rt_calloc((size_t)cap, sizeof *nb);
+        if (!nb)
+            return mf_rt_set_error(c->rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (block table)");
+        if (c->blocks)
+            memcpy(nb, c->blocks, (size_t)c->nblocks * sizeof *nb);
+        mf_rt_free(c->blocks);
+        c->blocks = nb;
+        c->cap_blocks = cap;
+    }
+    mfsdp_result r = new_block(c, need, &c->blocks[c->nblocks]);
+    if (r != MFSDP_OK)
+        return r;
+    *out = c->blocks[c->nblocks++].p;
+    return MFSDP_OK;
+}
+
+void mf_cuda_core_free(mf_cuda_core *c, void *p)
+{
+    /* Memory is released at close, after the streams drained and the
+     * communicators deregistered it; here only make sure nothing still runs. */
+    (void)p;
+    if (c->rt && c->stream[MF_STREAM_INNER])
+        drain(c);
+}
+
+int mf_cuda_core_regions(const mf_cuda_core *c, const mf_cuda_block **out, int cap)
+{
+    int n = 0;
+    if (c->pool.p && n < cap)
+        out[n++] = &c->pool;
+    for (int i = 0; i < c->nblocks && n < cap; i++)
+        out[n++] = &c->blocks[i];
+    return n;
+}
+
+/* ---- waiting ---- */
+
+static void backoff(int iter)
+{
+    if (iter < 64) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, iter < 1024 ? 20000 : 200000}; /* 20 us, then 200 us */
+    nanosleep(&ts, NULL);
+}
+
+mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what, mf_cuda_check_fn check,
+                               void *ctx, char *err, size_t errlen)
+{
+    int64_t t0 = mf_rt_now_ns();
+    int pending = 1;
+    for (int iter = 0;; iter++) {
+        pending = 0;
+        cudaError_t e = cudaSuccess;
+        if (ev) {
+            e = cudaEventQuery(ev);
+            pending = e == cudaErrorNotReady;
+        } else {
+            for (int st = 0; st < MF_STREAM_COUNT && (e == cudaSuccess || e == cudaErrorNotReady); st++) {
+                if (!c->stream[st])
+                    continue;
+                cudaError_t q = cudaStreamQuery(c->stream[st]);
+                if (q == cudaErrorNotReady)
+                    pending++;
+                else
+                    e = q;
+            }
+        }
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return mf_cuda_fail(e, err, errlen, "rank %lld: %s", (long long)c->rt->rank, what);
+        if (!pending)
+            return MFSDP_OK;
+        if (check) {
+            mfsdp_result r = check(ctx, err, errlen);
+            if (r != MFSDP_OK)
+                return r;
+        }
+        int64_t waited_ms = (mf_rt_now_ns() - t0) / 1000000;
+        if (c->timeout_ms > 0 && waited_ms >= c->timeout_ms) {
+            snprintf(err, errlen,
+                     "rank %lld: %s timed out after %lld ms: the device did not get there; a stream is "
+                     "stuck, usually in a collective whose peers stopped",
+                     (long long)c->rt->rank, what, (long long)waited_ms);
+            return MFSDP_ERR_TIMEOUT;
+        }
+        backoff(iter);
+    }
+}
+
+/* ---- ops ---- */
+
+mf_gpu_pos mf_cuda_core_pos(const mf_cuda_core *c, const mf_op *op, int64_t microbatch)
+{
+    int64_t M = c->rt->s->microbatches;
+    if (op->phase == MF_PHASE_STEP_BEGIN)
+        microbatch = 0;
+    else if (op->phase == MF_PHASE_STEP_END)
+        microbatch = M - 1;
+    return mf_gpu_position(microbatch, M);
+}
+
+static mfsdp_result fork_streams(mf_cuda_core *c, char *err, size_t errlen)
+{
+    cudaError_t e = cudaEventRecord(c->fork_ev, c->stream[MF_STREAM_COMPUTE]);
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT && e == cudaSuccess; st++)
+        e = cudaStreamWaitEvent(c->stream[st], c->fork_ev, 0);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(e, err, errlen, "rank %lld: forking the inner and outer streams into the capture",
+                            (long long)c->rt->rank);
+    return MFSDP_OK;
+}
+
+static mfsdp_result join_streams(mf_cuda_core *c, char *err, size_t errlen)
+{
+    cudaError_t e = cudaSuccess;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT && e == cudaSuccess; st++) {
+        e = cudaEventRecord(c->join_ev[st], c->stream[st]);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(c->stream[MF_STREAM_COMPUTE], c->join_ev[st], 0);
+    }
+    if (e != cudaSuccess)
+        return mf_cuda_fail(e, err, errlen, "rank %lld: joining the inner and outer streams back into the capture",
+                            (long long)c->rt->rank);
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_cuda_core_before(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, bool *skip,
+                                 char *err, size_t errlen)
+{
+    *skip = false;
+    if (!c->graphs)
+        return MFSDP_OK;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaError_t e = cudaStreamGetCaptureInfo(c->stream[MF_STREAM_COMPUTE], &status, &id, NULL, NULL, NULL, NULL);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(e, err, errlen, "rank %lld: cudaStreamGetCaptureInfo on the compute stream",
+                            (long long)c->rt->rank);
+    if (status == cudaStreamCaptureStatusInvalidated) {
+        snprintf(err, errlen, "rank %lld: the capture of the compute stream was invalidated before op %d",
+                 (long long)c->rt->rank, rop->op->id);
+        return MFSDP_ERR_BACKEND;
+    }
+    if (status != cudaStreamCaptureStatusActive) {
+        c->forked = false; /* a capture ended (or none began): eager launches */
+        atomic_store(&c->capturing, false);
+        return MFSDP_OK;
+    }
+    if (!c->forked || id != c->capture_id) {
+        atomic_store(&c->capturing, true);
+        mfsdp_result r = fork_streams(c, err, errlen);
+        if (r != MFSDP_OK)
+            return r;
+        c->forked = true;
+        c->capture_id = id;
+    }
+    *skip = rop->op->kind == MF_OP_WAIT && c->plan->elided[pos] && c->plan->elided[pos][rop->op->id];
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_cuda_core_after(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, char *err,
+                                size_t errlen)
+{
+    const mf_op *op = rop->op;
+    bool region_end = c->region_last[pos] == op->id;
+    if (c->graphs && c->forked && region_end) {
+        mfsdp_result r = join_streams(c, err, errlen);
+        c->forked = false;
+        atomic_store(&c->capturing, false);
+        return r;
+    }
+    if (!c->host_compute)
+        return MFSDP_OK;
+    char what[200];
+    if (op->stream == MF_STREAM_COMPUTE && op->kind == MF_OP_WAIT) {
+        /* The host is the compute stream: wait until the event completed. */
+        mf_cuda_describe(c, rop, what, sizeof what);
+        mfsdp_result r = mf_cuda_core_wait(c, c->events[op->event], what, NULL, NULL, err, errlen);
+        if (r != MFSDP_OK)
+            return r;
+    } else if (op->stream == MF_STREAM_COMPUTE && op->kind != MF_OP_RECORD) {
+        mf_cuda_describe(c, rop, what, sizeof what);
+        mfsdp_result r = mf_cuda_core_wait(c, NULL, what, NULL, NULL, err, errlen);
+        if (r != MFSDP_OK)
+            return r;
+    }
+    if (region_end)
+        return mf_cuda_core_wait(c, NULL, "draining the streams at the end of the microbatch", NULL, NULL, err,
+                                 errlen);
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_cuda_core_local(mf_cuda_core *c, const mf_rt_op *rop, int64_t microbatch,
+                                int64_t event_seq, char *err, size_t errlen)
+{
+    const mf_op *op = rop->op;
+    cudaStream_t st = c->stream[op->stream];
+    cudaError_t e = cudaSuccess;
+    switch (op->kind) {
+    case MF_OP_RECORD:
+        e = cudaEventRecord(c->events[op->event], st);
+        break;
+    case MF_OP_WAIT:
+        if (event_seq > 0) /* nothing recorded yet: nothing to wait for */
+            e = cudaStreamWaitEvent(st, c->events[op->event], 0);
+        break;
+    case MF_OP_CAST:
+        e = mf_cuda_cast(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, op->count, st);
+        break;
+    case MF_OP_ACCUMULATE:
+        e = mf_cuda_accumulate(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, op->count, microbatch <= 0, st);
+        break;
+    case MF_OP_SLICE: {
+        size_t es = mf_dtype_size(rop->src_dtype);
+        e = mf_cuda_copy(rop->dst, (const char *)rop->src + (size_t)(rop->coord * op->count) * es,
+                         (size_t)op->count * es, st);
+        break;
+    }
+    default: {
+        char what[200];
+        mf_cuda_describe(c, rop, what, sizeof what);
+        snprintf(err, errlen, "rank %lld: %s is not a local op", (long long)c->rt->rank, what);
+        return MFSDP_ERR_INTERNAL;
+    }
+    }
+    if (e != cudaSuccess) {
+        char what[200];
+        mf_cuda_describe(c, rop, what, sizeof what);
+        return mf_cuda_fail(e, err, errlen, "rank %lld: %s on the %s stream", (long long)c->rt->rank, what,
+                            mf_stream_name(op->stream));
+    }
+    return MFSDP_OK;
+}
+
+/* ---- public queries ---- */
+
+MFSDP_API cudaStream_t mfsdp_nccl_stream(const mfsdp_runtime *rt, int stream)
+{
+    if (!rt || !rt->be_state || stream < 0 || stream >= MF_STREAM_COUNT ||
+        (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
+        return NULL;
+    /* Both GPU backends keep their core first in their state. */
+    const mf_cuda_core *c = (const mf_cuda_core *)rt->be_state;
+    return c->stream[stream];
+}
+
+MFSDP_API int mfsdp_nccl_device(const mfsdp_runtime *rt)
+{
+    if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
+        return -1;
+    return ((const mf_cuda_core *)rt->be_state)->device;
+}

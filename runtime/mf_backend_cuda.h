@@ -1,0 +1,141 @@
+/*
+ * mf_backend_cuda: what the two GPU backends (mf_backend_nccl.c: one GPU per
+ * rank over NCCL; mf_backend_cuda_local.c: thread-ranks on one GPU) share --
+ * the device, the three streams, one CUDA event per schedule event, device
+ * memory, the local ops (cast, accumulate, slice, record, wait) as kernels,
+ * copies and event calls, CUDA graph fork/join, the host-compute mode,
+ * bounded polling instead of blocking synchronization, and the mapping of
+ * CUDA and NCCL results onto mfsdp_result.
+ *
+ * Both backends use the engine's native model (mf_backend.h): the engine
+ * calls submit() on the trainer's thread for every op in issue order, and the
+ * backend enqueues it on the op's stream; nothing in a hook blocks the host
+ * (except compute waits in host-compute mode, bounded by the timeout).
+ *
+ * Invariants: after mf_cuda_core_open() succeeded, stream[] holds three valid
+ * streams and events[] one event per schedule event; memory handed out by
+ * mf_cuda_core_alloc() stays valid until mf_cuda_core_close(), which first
+ * drains the streams (bounded), so no kernel still runs on freed memory.
+ */
+#ifndef MF_BACKEND_CUDA_H
+#define MF_BACKEND_CUDA_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "mf_gpu_plan.h"
+#include "mf_rt.h"
+#include "mfsdp_nccl.h"
+
+/* ---- results ---- */
+
+/* The mfsdp_result a CUDA error maps to: out of memory, unsupported (no
+ * device, driver too old), invalid argument (bad device or value), or backend. */
+mfsdp_result mf_cuda_map_error(cudaError_t e);
+/* The mfsdp_result an NCCL result maps to: remote error -> aborted (a peer
+ * failed), in progress -> timeout (still pending at a deadline), invalid
+ * argument -> invalid argument, others -> backend. */
+mfsdp_result mf_nccl_map_error(ncclResult_t r);
+/* NCCL's data type of an mf_dtype (fp32, bf16, fp16). */
+ncclDataType_t mf_nccl_dtype(mf_dtype d);
+
+/* ---- memory ---- */
+
+typedef enum { MF_CUDA_MEM_DEVICE, MF_CUDA_MEM_MANAGED, MF_CUDA_MEM_NCCL } mf_cuda_mem;
+
+typedef struct mf_cuda_block {
+    void *p;
+    size_t bytes;
+    mf_cuda_mem kind;
+} mf_cuda_block;
+
+/* ---- the shared state ---- */
+
+typedef struct mf_cuda_core {
+    mf_rt *rt;                       /* borrowed */
+    int device;
+    uint32_t flags;                  /* MFSDP_NCCL_* */
+    bool host_compute, graphs;
+    int64_t timeout_ms;              /* 0: no limit */
+    cudaStream_t stream[MF_STREAM_COUNT];
+    bool own_stream[MF_STREAM_COUNT];
+    int priority;                    /* of the inner and outer streams */
+    int nevents;
+    cudaEvent_t *events;             /* one per schedule event */
+    mf_gpu_plan *plan;               /* owned */
+    int region_last[MF_GPU_POS_COUNT]; /* last op id of each position's region; -1 */
+
+    /* memory: one pool sized from the schedule, then single blocks */
+    mf_cuda_mem kind;                /* of every allocation */
+    mf_cuda_block pool;
+    size_t pool_used;
+    mf_cuda_block *blocks;
+    int nblocks, cap_blocks;
+    bool drained;                    /* streams drained before memory is released */
+
+    /* graph mode */
+    bool forked;                     /* the side streams joined the current capture */
+    unsigned long long capture_id;
+    cudaEvent_t fork_ev, join_ev[MF_STREAM_COUNT];
+    atomic_bool capturing;           /* read by watchdogs: no event queries then */
+} mf_cuda_core;
+
+/* Resolves the effective configuration: cfg->backend_config, or the host
+ * trainer defaults when it is NULL. */
+void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out);
+
+/* Sets the device, creates the inner and outer streams at the highest
+ * priority, adopts or creates the compute stream, one event per schedule event,
+ * the plan for `rank`, and sizes the memory pool from the schedule. Host
+ * thread; failures through mf_rt_set_error(rt, ...). */
+mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_config *nc, int64_t rank);
+/* Releases everything open created (drains first; bounded by the timeout). */
+void mf_cuda_core_close(mf_cuda_core *c);
+
+/* Zero-filled memory of `bytes`, 256-byte aligned, of the core's kind (device,
+ * managed or ncclMemAlloc): from one pool sized from the schedule (created on
+ * the first call), then single blocks. Released at close. */
+mfsdp_result mf_cuda_core_alloc(mf_cuda_core *c, size_t bytes, void **out);
+void mf_cuda_core_free(mf_cuda_core *c, void *p);
+/* The pool and the blocks, for registration with communicators. */
+int mf_cuda_core_regions(const mf_cuda_core *c, const mf_cuda_block **out, int cap);
+
+/* The position of a submitted op: step_begin ops belong to microbatch 0,
+ * step_end ops to M-1. */
+mf_gpu_pos mf_cuda_core_pos(const mf_cuda_core *c, const mf_op *op, int64_t microbatch);
+
+/* Before an op: graph mode forks the side streams into an active capture of
+ * the compute stream. *skip is set for a wait the capture must not contain
+ * (its event was recorded before the region). */
+mfsdp_result mf_cuda_core_before(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, bool *skip,
+                                 char *err, size_t errlen);
+/* After an op: graph mode joins the side streams back at the region's last op;
+ * host-compute mode blocks on compute waits and drains at the region's end. */
+mfsdp_result mf_cuda_core_after(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, char *err,
+                                size_t errlen);
+/* Enqueues a non-collective op (cast, accumulate, slice, record, wait). */
+mfsdp_result mf_cuda_core_local(mf_cuda_core *c, const mf_rt_op *rop, int64_t microbatch,
+                                int64_t event_seq, char *err, size_t errlen);
+
+/* Called between polls of a wait; a non-OK result ends the wait with it
+ * (e.g. an NCCL communicator's asynchronous error). */
+typedef mfsdp_result (*mf_cuda_check_fn)(void *ctx, char *err, size_t errlen);
+
+/* Polls until `ev` completed (or every stream of the core when ev is NULL),
+ * never longer than the timeout: MFSDP_ERR_TIMEOUT then. `what` names the
+ * wait in messages. */
+mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what, mf_cuda_check_fn check,
+                               void *ctx, char *err, size_t errlen);
+
+/* "op 12 (all_gather dp_inner, unit layers.3)" via the engine. */
+void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size);
+
+/* Formats "<what>: <cuda error name> (<string>)" into err and returns the mapped result. */
+mfsdp_result mf_cuda_fail(cudaError_t e, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+
+#endif
