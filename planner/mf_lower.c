@@ -634,12 +634,13 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
         s->nops = (int)c.ops.len;
         s->buffers = mf_vec_to_arena(&c.bufs, s->arena);
         s->ops = mf_vec_to_arena(&c.ops, s->arena);
-        s->source = mf_lower_source_name(s->source ? s->source : p->spec ? p->spec->path : NULL);
+        s->source = mf_arena_strdup(s->arena, mf_lower_source_name(s->source ? s->source
+                                                                           : p->spec ? p->spec->path : NULL));
         if (d->src && d->src->text)
             mf_sha256(d->src->text, d->src->len, NULL, s->source_sha256);
         else
             snprintf(s->source_sha256, sizeof s->source_sha256, "%064d", 0);
-        c.oom = !s->buffers || !s->ops;
+        c.oom = !s->buffers || !s->ops || !s->source;
         if (!c.oom) {
             mf_schedule_summarize(s);
             mf_lower_cross_check(&c);

@@ -617,9 +617,12 @@ static void mf_sim_hazard(mf_sim *sim, int actor, int stream, int b, const mf_ac
     if (!mf_verify_first(c, key))
         return;
     char a[192], p[192];
-    mf_verify_err(c, "%s %s %s %s by %s without an event edge (microbatch %s)", mf_sim_actor(sim, actor, a, sizeof a),
+    char where[64] = "";
+    if (actor != mf_sim_trainer_actor(A_OPTIMIZER, 0))
+        snprintf(where, sizeof where, " (microbatch %s)", sim->pos);
+    mf_verify_err(c, "%s %s %s %s by %s without an event edge%s", mf_sim_actor(sim, actor, a, sizeof a),
                   what[0] == 'r' ? "reads" : "writes", mf_verify_bufname(c->s, b),
-                  what[1] == 'w' ? "written" : "read", mf_sim_actor(sim, prev->actor, p, sizeof p), sim->pos);
+                  what[1] == 'w' ? "written" : "read", mf_sim_actor(sim, prev->actor, p, sizeof p), where);
     (void)stream;
 }
 
@@ -658,7 +661,10 @@ __attribute__((format(printf, 4, 5))) static void mf_sim_bad(mf_sim *sim, int ac
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    mf_verify_err(c, "%s %s (microbatch %s)", mf_sim_actor(sim, actor, a, sizeof a), msg, sim->pos);
+    if (actor == mf_sim_trainer_actor(A_OPTIMIZER, 0)) /* runs between steps, not in a microbatch */
+        mf_verify_err(c, "%s %s", mf_sim_actor(sim, actor, a, sizeof a), msg);
+    else
+        mf_verify_err(c, "%s %s (microbatch %s)", mf_sim_actor(sim, actor, a, sizeof a), msg, sim->pos);
 }
 
 /* Checks that buffer b holds something readable now; false when not. */
@@ -862,9 +868,14 @@ static void mf_sim_optimizer(mf_sim *sim)
                        "every axis)", mf_verify_bufname(s, db), mf_placement_format(&val->place, k, pa, sizeof pa),
                        mf_placement_format(&bk->place[MF_ROLE_MAIN_WEIGHT], k, pb, sizeof pb));
         } else if (val->mbs != mf_sim_all_mbs(sim)) {
-            mf_sim_bad(sim, actor, db, "receives in %s a gradient that misses microbatch %s",
-                       mf_verify_bufname(s, db),
-                       !(val->mbs & 1u) ? "first" : !(val->mbs & (1u << (sim->nmb - 1))) ? "last" : "middle");
+            char missing[64] = "";
+            int n = 0;
+            for (int m = 0; m < sim->nmb; m++)
+                if (!(val->mbs & (1u << m)))
+                    n += snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s",
+                                  n ? ", " : "", m == 0 ? "first" : m == sim->nmb - 1 ? "last" : "middle") > 0;
+            mf_sim_bad(sim, actor, db, "receives in %s a gradient that misses microbatch%s %s",
+                       mf_verify_bufname(s, db), n > 1 ? "es" : "", missing);
         }
         int mw = c->mainw[b];
         mf_sim_access(sim, actor, MF_STREAM_COMPUTE, mw, true);

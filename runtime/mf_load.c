@@ -314,16 +314,19 @@ static bool mf_load_enum(mf_loader *l, mf_node *n, const char *what, mf_from_nam
     return true;
 }
 
-#define MF_CHOICE_ITEM(E, name, ...) name " "
-static const char mf_dtype_choices[] = MF_DTYPE_LIST(MF_CHOICE_ITEM);
-static const char mf_place_choices[] = MF_PLACE_LIST(MF_CHOICE_ITEM);
-static const char mf_phase_choices[] = MF_PHASE_LIST(MF_CHOICE_ITEM);
-static const char mf_when_choices[] = MF_WHEN_LIST(MF_CHOICE_ITEM);
-static const char mf_stream_choices[] = MF_STREAM_LIST(MF_CHOICE_ITEM);
-static const char mf_reduce_choices[] = MF_REDUCE_LIST(MF_CHOICE_ITEM);
-static const char mf_lifetime_choices[] = MF_LIFETIME_LIST(MF_CHOICE_ITEM);
-static const char mf_bufkind_choices[] = MF_BUFKIND_LIST(MF_CHOICE_ITEM);
-static const char mf_opkind_choices[] = MF_OPKIND_LIST(MF_CHOICE_ITEM);
+/* "a, b, c": the names of an X-macro table, for messages. */
+#define MF_CHOICE_ITEM(E, name, ...) ", " name
+#define MF_CHOICES(list) (list(MF_CHOICE_ITEM) + 2)
+static const char *const mf_dtype_choices = MF_CHOICES(MF_DTYPE_LIST);
+static const char *const mf_place_choices = MF_CHOICES(MF_PLACE_LIST);
+static const char *const mf_phase_choices = MF_CHOICES(MF_PHASE_LIST);
+static const char *const mf_when_choices = MF_CHOICES(MF_WHEN_LIST);
+static const char *const mf_stream_choices = MF_CHOICES(MF_STREAM_LIST);
+static const char *const mf_reduce_choices = MF_CHOICES(MF_REDUCE_LIST);
+static const char *const mf_lifetime_choices = MF_CHOICES(MF_LIFETIME_LIST);
+static const char *const mf_bufkind_choices = MF_CHOICES(MF_BUFKIND_LIST);
+static const char *const mf_opkind_choices = MF_CHOICES(MF_OPKIND_LIST);
+#undef MF_CHOICES
 #undef MF_CHOICE_ITEM
 
 static bool mf_load_seq(mf_loader *l, mf_node *n, const char *what)
@@ -831,7 +834,7 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
     if (!mf_load_str(l, v[K_TRANSITION], "transition", &t))
         return false;
     if (t[0] != 'T' || t[1] < '1' || t[1] > '4' || t[2])
-        return mf_load_fail(l, v[K_TRANSITION], "unknown transition '%s' (expected T1 T2 T3 T4)", t);
+        return mf_load_fail(l, v[K_TRANSITION], "unknown transition '%s' (expected T1, T2, T3, T4)", t);
     op->transition = t[1] - '0';
     if (!mf_load_ref(l, v[K_BUCKET], &l->buckets, "bucket", &op->bucket) ||
         (v[K_AXIS] && !mf_load_ref(l, v[K_AXIS], &l->axes, "axis", &op->axis)) ||
