@@ -34,10 +34,6 @@ mfsdp_result mf_cuda_map_error(cudaError_t e)
         return MFSDP_OK;
     case cudaErrorMemoryAllocation:
         return MFSDP_ERR_OUT_OF_MEMORY;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNotSupported:
-        return MFSDP_ERR_UNSUPPORTED;
     case cudaErrorInvalidDevice:
     case cudaErrorInvalidValue:
         return MFSDP_ERR_INVALID_ARGUMENT;
@@ -140,7 +136,7 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
         if (e == cudaSuccess)
             e = cudaErrorNoDevice;
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "no usable CUDA device (cudaGetDeviceCount)");
-        return mf_rt_set_error(rt, r == MFSDP_ERR_BACKEND ? MFSDP_ERR_UNSUPPORTED : r, "%s", msg);
+        return mf_rt_set_error(rt, r, "%s", msg);
     }
     c->device = nc->device;
     if (c->device < 0 && (e = cudaGetDevice(&c->device)) != cudaSuccess)

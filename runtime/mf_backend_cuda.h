@@ -32,8 +32,9 @@
 
 /* ---- results ---- */
 
-/* The mfsdp_result a CUDA error maps to: out of memory, unsupported (no
- * device, driver too old), invalid argument (bad device or value), or backend. */
+/* The mfsdp_result a CUDA error maps to: out of memory, invalid argument (bad
+ * device or value), or backend (everything else: no device, an old driver, a
+ * fault). */
 mfsdp_result mf_cuda_map_error(cudaError_t e);
 /* The mfsdp_result an NCCL result maps to: remote error -> aborted (a peer
  * failed), in progress -> timeout (still pending at a deadline), invalid

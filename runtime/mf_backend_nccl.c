@@ -416,23 +416,21 @@ static mfsdp_result nccl_exchange(mf_rt *rt, const void *mine, size_t bytes, voi
                                   : ncclAllGather(d + (size_t)rt->rank * bytes, d, bytes, ncclUint8, be->world, st);
     res = check_nccl(be, be->world, nr, msg, sizeof msg, "exchange: ncclAllGather over the world");
     pthread_mutex_unlock(&be->mu);
-    if (res != MFSDP_OK)
-        goto done;
-    if ((e = cudaMemcpyAsync(all, d, total, cudaMemcpyDeviceToHost, st)) != cudaSuccess) {
+    /* Wait (bounded) before the copy back: a copy into pageable memory would
+     * block the host behind a gather that never ends. */
+    if (res == MFSDP_OK)
+        res = mf_cuda_core_wait(c, NULL, "exchange over the world", async_check, be, msg, sizeof msg);
+    if (res == MFSDP_OK && (e = cudaMemcpy(all, d, total, cudaMemcpyDeviceToHost)) != cudaSuccess)
         res = mf_cuda_fail(e, msg, sizeof msg, "exchange: copying back");
-        goto done;
-    }
-    res = mf_cuda_core_wait(c, NULL, "exchange over the world", async_check, be, msg, sizeof msg);
 done:
+    if (res == MFSDP_ERR_TIMEOUT)
+        abort_all(be); /* ends the gather, so the stream drains */
     if (d) {
-        cudaStreamSynchronize(st); /* the staging buffer may still be read on failure */
+        cudaStreamSynchronize(st); /* the staging buffer may still be in use after a failure */
         cudaFree(d);
     }
-    if (res != MFSDP_OK) {
-        if (res == MFSDP_ERR_TIMEOUT)
-            abort_all(be);
+    if (res != MFSDP_OK)
         return mf_rt_set_error(rt, res, "%s", msg);
-    }
     return MFSDP_OK;
 }
 

@@ -609,7 +609,8 @@ int mf_check_local(const mfsdp_schedule *sh, const mfsdp_schedule *const *per_ra
     for (int64_t r = 0; r < world; r++) {
         args[r].sh = per_rank ? per_rank[r] : sh;
         args[r].cfg = *cfg_template;
-        args[r].cfg.backend = MFSDP_BACKEND_LOCAL;
+        args[r].cfg.backend = cfg_template->backend == MFSDP_BACKEND_CUDA_LOCAL ? MFSDP_BACKEND_CUDA_LOCAL
+                                                                                 : MFSDP_BACKEND_LOCAL;
         args[r].cfg.local_group = g;
         args[r].cfg.rank = r;
         args[r].x = &x;

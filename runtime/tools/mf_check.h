@@ -63,7 +63,8 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
  * Runs every rank of the mesh as a thread on the local backend (a group
  * created here). `per_rank`, when non-NULL, gives rank r's schedule handle
  * (mismatch tests); else every rank uses sh. cfg_template supplies timeout
- * and flags. outcomes has world entries. Returns the rank-0 rc (the same on
+ * and flags, and MFSDP_BACKEND_CUDA_LOCAL when the thread-ranks should run on
+ * one GPU (else the local backend). outcomes has world entries. Returns the rank-0 rc (the same on
  * every rank), or 2 when the threads could not be started.
  */
 int mf_check_local(const mfsdp_schedule *sh, const mfsdp_schedule *const *per_rank,

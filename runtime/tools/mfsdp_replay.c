@@ -3,11 +3,14 @@
  * synthetic data distinct per rank, microbatch and element, and checks the
  * DESIGN §9 oracle on every rank after every step (mf_check.h).
  *
- *   mfsdp-replay SCHEDULE.yaml [--backend local|mpi] [--ranks N] [--steps S]
- *                [--timeout-ms T] [--sync] [--quiet]
+ *   mfsdp-replay SCHEDULE.yaml [--backend local|mpi|cuda-local|nccl] [--ranks N]
+ *                [--steps S] [--timeout-ms T] [--sync] [--quiet]
  *
  * local: one thread per rank in this process. mpi: run under mpirun with one
- * process per rank. Prints per step the collectives and bytes by axis, the
+ * process per rank. cuda-local (CUDA build): one thread per rank on one GPU,
+ * device buffers and kernels, collectives by device copies. nccl (CUDA build):
+ * a 1-rank mesh on one GPU through NCCL. The GPU backends run in their
+ * host-compute mode (managed memory), so the oracle reads buffers directly. Prints per step the collectives and bytes by axis, the
  * time per stream and `verified` or the first mismatch. Exit status: 0 when
  * every rank verified every step, 1 on a mismatch or a runtime error, 2 on a
  * usage error, an unreadable schedule or a world size that does not match the
@@ -40,13 +43,15 @@ typedef struct args {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: mfsdp-replay SCHEDULE.yaml [--backend local|mpi] [--ranks N] [--steps S]\n"
-            "                    [--timeout-ms T] [--sync] [--quiet]\n"
+            "usage: mfsdp-replay SCHEDULE.yaml [--backend local|mpi|cuda-local|nccl] [--ranks N]\n"
+            "                    [--steps S] [--timeout-ms T] [--sync] [--quiet]\n"
             "Replays a compiled schedule on every mesh rank with synthetic data and checks\n"
             "that every unsharded weight equals the cast main_weight and that the delivered\n"
             "gradient equals the reduction of every rank's local gradients.\n"
             "  --backend local   one thread per rank in this process (default)\n"
             "  --backend mpi     one process per rank, under mpirun -np <world>\n"
+            "  --backend cuda-local  one thread per rank on one GPU (CUDA build)\n"
+            "  --backend nccl    a 1-rank mesh on one GPU through NCCL (CUDA build)\n"
             "  --ranks N         world size; must equal the mesh's (default: the mesh's)\n"
             "  --steps S         optimizer steps to replay (default 2)\n"
             "  --timeout-ms T    limit of every wait in the runtime (default 60000; 0: none)\n"
@@ -97,7 +102,8 @@ static int parse_args(int argc, char **argv, args *a)
             i++;
             if (!strcmp(o, "--backend")) {
                 a->backend = v;
-                ok = !strcmp(v, "local") || !strcmp(v, "mpi");
+                ok = !strcmp(v, "local") || !strcmp(v, "mpi") || !strcmp(v, "cuda-local") ||
+                     !strcmp(v, "nccl");
             } else if (!strcmp(o, "--ranks"))
                 ok = parse_int(v, 1, &a->ranks);
             else if (!strcmp(o, "--steps"))
@@ -186,10 +192,12 @@ static int run_local(const args *a, mfsdp_schedule *sh)
     mfsdp_config_init(&cfg);
     cfg.timeout_ms = a->timeout_ms;
     cfg.flags = a->sync ? MFSDP_FLAG_SYNCHRONOUS : 0;
+    if (!strcmp(a->backend, "cuda-local"))
+        cfg.backend = MFSDP_BACKEND_CUDA_LOCAL; /* mf_check_local keeps it */
     mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
                        .out = a->quiet ? NULL : stdout};
     if (!a->quiet)
-        describe(sh, a->path, "local", stdout);
+        describe(sh, a->path, a->backend, stdout);
     int rc = mf_check_local(sh, (const mfsdp_schedule *const *)per_rank, &cfg, &o, outs);
     if (rc == 0) {
         printf("verified: %lld ranks, %lld steps\n", (long long)world, (long long)a->steps);
@@ -204,6 +212,59 @@ static int run_local(const args *a, mfsdp_schedule *sh)
     free(per_rank);
     mfsdp_schedule_free(other);
     return rc;
+}
+
+/* The check's exchange for a world of one rank. */
+typedef struct one_xchg {
+    void *buf;
+    size_t cap;
+} one_xchg;
+
+static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+{
+    one_xchg *x = ctx;
+    (void)rank;
+    if (bytes > x->cap)
+        return NULL;
+    memcpy(x->buf, mine, bytes);
+    return x->buf;
+}
+
+/* --backend nccl: a 1-rank mesh on this process's GPU through NCCL. */
+static int run_nccl(const args *a, mfsdp_schedule *sh)
+{
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (world != 1 || (a->ranks >= 0 && a->ranks != 1)) {
+        fprintf(stderr,
+                "mfsdp-replay: error: --backend nccl replays a 1-rank mesh (%s has %lld ranks); use "
+                "--backend cuda-local for many ranks on one GPU\n",
+                a->path, (long long)world);
+        return 2;
+    }
+    one_xchg x = {.cap = mf_check_xchg_bytes(sh)};
+    x.buf = malloc(x.cap ? x.cap : 1);
+    if (!x.buf) {
+        fprintf(stderr, "mfsdp-replay: error: out of memory\n");
+        return 2;
+    }
+    mf_check_xchg xc = {one_allgather, &x};
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.backend = MFSDP_BACKEND_NCCL; /* backend_config NULL: one GPU, host compute */
+    cfg.rank = 0;
+    cfg.timeout_ms = a->timeout_ms;
+    mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
+                       .out = a->quiet ? NULL : stdout};
+    if (!a->quiet)
+        describe(sh, a->path, "nccl", stdout);
+    mf_check_outcome out;
+    int rc = mf_check_rank(sh, &cfg, &xc, &o, &out);
+    if (rc == 0)
+        printf("verified: 1 rank, %lld steps\n", (long long)a->steps);
+    else
+        printf("FAILED: %s\n", out.msg[0] ? out.msg : out.own);
+    free(x.buf);
+    return rc == 0 ? 0 : 1;
 }
 
 #ifdef MFSDP_HAVE_MPI
@@ -307,6 +368,11 @@ int main(int argc, char **argv)
         return 2;
     }
 #endif
+    bool gpu = !strcmp(a.backend, "cuda-local") || !strcmp(a.backend, "nccl");
+    if (gpu && !mfsdp_backend_available(MFSDP_BACKEND_CUDA_LOCAL)) {
+        fprintf(stderr, "mfsdp-replay: error: this build has no CUDA backend (CUDA or NCCL was not found)\n");
+        return 2;
+    }
     mfsdp_schedule *sh = NULL;
     if (mfsdp_schedule_load(a.path, &sh) != MFSDP_OK) {
 #ifdef MFSDP_HAVE_MPI
@@ -316,9 +382,9 @@ int main(int argc, char **argv)
         rc = 2;
     } else {
 #ifdef MFSDP_HAVE_MPI
-        rc = mpi ? run_mpi(&a, sh, rank, size) : run_local(&a, sh);
+        rc = mpi ? run_mpi(&a, sh, rank, size) : !strcmp(a.backend, "nccl") ? run_nccl(&a, sh) : run_local(&a, sh);
 #else
-        rc = run_local(&a, sh);
+        rc = !strcmp(a.backend, "nccl") ? run_nccl(&a, sh) : run_local(&a, sh);
 #endif
     }
     mfsdp_schedule_free(sh);
