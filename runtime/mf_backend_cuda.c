@@ -94,6 +94,54 @@ void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out)
     out->flags |= MFSDP_NCCL_HOST_COMPUTE;
 }
 
+mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc)
+{
+    bool host = (nc->flags & MFSDP_NCCL_HOST_COMPUTE) != 0;
+    if (host && (nc->flags & MFSDP_NCCL_GRAPHS))
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "MFSDP_NCCL_GRAPHS needs a device trainer: it cannot be combined with "
+                               "MFSDP_NCCL_HOST_COMPUTE (or a NULL backend_config)");
+    if (host && nc->compute_stream)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
+                               "compute_stream must be NULL");
+    if (nc->watchdog_poll_ms < 0)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
+                               (long long)nc->watchdog_poll_ms);
+    uint32_t known = MFSDP_NCCL_NONBLOCKING | MFSDP_NCCL_MEM_ALLOC | MFSDP_NCCL_GRAPHS |
+                     MFSDP_NCCL_HOST_COMPUTE | MFSDP_NCCL_NO_IMPLICIT_ORDER;
+    if (nc->flags & ~known)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "unknown mfsdp_nccl_config flags 0x%x",
+                               (unsigned)(nc->flags & ~known));
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_cuda_device_pick(mf_rt *rt, const mfsdp_nccl_config *nc, int *device)
+{
+    char msg[MF_RT_ERRLEN];
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev < 1) {
+        if (e == cudaSuccess)
+            e = cudaErrorNoDevice;
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "no usable CUDA device (cudaGetDeviceCount)");
+        return mf_rt_set_error(rt, r, "%s", msg);
+    }
+    *device = nc->device;
+    if (*device < 0 && (e = cudaGetDevice(device)) != cudaSuccess) {
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaGetDevice");
+        return mf_rt_set_error(rt, r, "%s", msg);
+    }
+    if (*device >= ndev)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "device %d out of range (%d CUDA devices)",
+                               *device, ndev);
+    if ((e = cudaSetDevice(*device)) != cudaSuccess) {
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaSetDevice(%d)", *device);
+        return mf_rt_set_error(rt, r, "%s", msg);
+    }
+    return MFSDP_OK;
+}
+
 /* ---- open / close ---- */
 
 static int64_t pool_bytes(const mf_schedule *s)
@@ -121,31 +169,13 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
     for (int p = 0; p < MF_GPU_POS_COUNT; p++)
         c->region_last[p] = -1;
     atomic_init(&c->capturing, false);
-    if (c->host_compute && c->graphs)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "MFSDP_NCCL_GRAPHS needs a device trainer: it cannot be combined with "
-                               "MFSDP_NCCL_HOST_COMPUTE (or a NULL backend_config)");
-    if (c->host_compute && nc->compute_stream)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
-                               "compute_stream must be NULL");
+    mfsdp_result cr = mf_cuda_config_check(rt, nc);
+    if (cr != MFSDP_OK)
+        return cr;
 
-    int ndev = 0;
-    e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev < 1) {
-        if (e == cudaSuccess)
-            e = cudaErrorNoDevice;
-        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "no usable CUDA device (cudaGetDeviceCount)");
-        return mf_rt_set_error(rt, r, "%s", msg);
-    }
-    c->device = nc->device;
-    if (c->device < 0 && (e = cudaGetDevice(&c->device)) != cudaSuccess)
-        goto cuda_fail;
-    if (c->device >= ndev)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "device %d out of range (%d CUDA devices)",
-                               c->device, ndev);
-    if ((e = cudaSetDevice(c->device)) != cudaSuccess)
-        goto cuda_fail;
+    mfsdp_result dr = mf_cuda_device_pick(rt, nc, &c->device);
+    if (dr != MFSDP_OK)
+        return dr;
 
     int least = 0, greatest = 0;
     if ((e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess)

@@ -88,6 +88,14 @@ typedef struct mf_cuda_core {
  * trainer defaults when it is NULL. */
 void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out);
 
+/* Checks the flag combinations (no CUDA call); failures through
+ * mf_rt_set_error(rt, ...). */
+mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc);
+
+/* Checks that a device exists, picks nc->device (or the current one) and
+ * makes it current on the calling thread. */
+mfsdp_result mf_cuda_device_pick(mf_rt *rt, const mfsdp_nccl_config *nc, int *device);
+
 /* Sets the device, creates the inner and outer streams at the highest
  * priority, adopts or creates the compute stream, one event per schedule event,
  * the plan for `rank`, and sizes the memory pool from the schedule. Host

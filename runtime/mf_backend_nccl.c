@@ -271,9 +271,20 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     rt->be_state = be;
     be->core.timeout_ms = cfg->timeout_ms; /* bounds the communicator setup below */
     mf_cuda_config_resolve(cfg, &be->nc);
-    if (be->nc.watchdog_poll_ms < 0)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
-                               (long long)be->nc.watchdog_poll_ms);
+    /* Everything that can be checked without the device, first. */
+    mfsdp_result cr = mf_cuda_config_check(rt, &be->nc);
+    if (cr != MFSDP_OK)
+        return cr;
+    int64_t mesh_world = rt->s->mesh.world;
+    if (!be->nc.world_comm && !be->nc.has_unique_id && mesh_world != 1)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "the schedule's mesh has %lld ranks: pass world_comm or a unique id in the "
+                               "mfsdp_nccl_config (backend_config)",
+                               (long long)mesh_world);
+    if (!be->nc.world_comm && be->nc.has_unique_id && (cfg->rank < 0 || cfg->rank >= mesh_world))
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "with a unique id, cfg->rank must be this rank in [0, %lld), not %lld",
+                               (long long)mesh_world, (long long)cfg->rank);
     /* The watchdog aborts from its own thread: only safe when no NCCL call
      * blocks the host, i.e. with nonblocking communicators. */
     be->nonblocking = (be->nc.flags & MFSDP_NCCL_NONBLOCKING) || be->nc.watchdog_poll_ms > 0;
@@ -292,14 +303,10 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
     if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER))
         setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
-    if (be->nc.device >= 0) {
-        cudaError_t e = cudaSetDevice(be->nc.device);
-        if (e != cudaSuccess) {
-            char msg[MF_RT_ERRLEN];
-            mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaSetDevice(%d)", be->nc.device);
-            return mf_rt_set_error(rt, r, "%s", msg);
-        }
-    }
+    int device = -1;
+    cr = mf_cuda_device_pick(rt, &be->nc, &device); /* before NCCL binds the communicator to it */
+    if (cr != MFSDP_OK)
+        return cr;
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = be->nonblocking ? 0 : 1;
@@ -325,25 +332,11 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
         res = check_nccl(be, be->world ? be->world : be->nc.world_comm, nr, msg, sizeof msg,
                          "ncclCommSplit of the trainer's world communicator");
     } else if (be->nc.has_unique_id) {
-        n = (int)rt->s->mesh.world;
-        if (cfg->rank < 0 || cfg->rank >= n) {
-            res = MFSDP_ERR_INVALID_ARGUMENT;
-            snprintf(msg, sizeof msg, "with a unique id, cfg->rank must be this rank in [0, %d), not %lld", n,
-                     (long long)cfg->rank);
-            goto unlock;
-        }
+        n = (int)mesh_world;
         r = (int)cfg->rank;
         nr = ncclCommInitRankConfig(&be->world, n, be->nc.unique_id, r, &config);
         res = check_nccl(be, be->world, nr, msg, sizeof msg, "ncclCommInitRankConfig of the world");
     } else {
-        if (rt->s->mesh.world != 1) {
-            res = MFSDP_ERR_INVALID_ARGUMENT;
-            snprintf(msg, sizeof msg,
-                     "the schedule's mesh has %lld ranks: pass world_comm or a unique id in the "
-                     "mfsdp_nccl_config (backend_config)",
-                     (long long)rt->s->mesh.world);
-            goto unlock;
-        }
         ncclUniqueId id;
         if ((nr = ncclGetUniqueId(&id)) != ncclSuccess) {
             res = nccl_fail(nr, NULL, msg, sizeof msg, "ncclGetUniqueId");
