@@ -1209,13 +1209,15 @@ static void check_unit(mf_sema *s, const mf_ast_unit *u)
     /* Limits, before anything is expanded. */
     mf_span at = u->loop ? u->loop->span : u->span;
     int64_t nt;
-    if (s->nunits + iters > MF_SEMA_MAX_UNITS) {
-        mf_diag_error(s->d, at, "too many units (limit is %d): unit \"%s\" expands to %" PRId64 " units", MF_SEMA_MAX_UNITS,
-                      u->name.text, iters);
+    if (iters > MF_SEMA_MAX_UNITS - s->nunits) {
+        mf_diag_error(s->d, at, "too many units (limit is %d): unit \"%s\" expands to %s%" PRId64 " units",
+                      MF_SEMA_MAX_UNITS, u->name.text, iters == INT64_MAX ? "more than " : "", iters);
         s->limit_hit = true;
         return;
     }
-    if (!mul_ok(ut.tensors, iters, &nt) || s->ntensors + nt > MF_SEMA_MAX_TENSORS) {
+    if (!mul_ok(ut.tensors, iters, &nt))
+        nt = INT64_MAX;
+    if (nt > MF_SEMA_MAX_TENSORS - s->ntensors) {
         mf_diag_error(s->d, at, "too many tensors (limit is %d): unit \"%s\" adds %s%" PRId64, MF_SEMA_MAX_TENSORS,
                       u->name.text, nt == INT64_MAX ? "more than " : "", nt == INT64_MAX ? INT64_MAX : nt);
         s->limit_hit = true;
