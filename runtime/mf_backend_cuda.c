@@ -524,9 +524,12 @@ mfsdp_result mf_cuda_core_after(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos
         if (r != MFSDP_OK)
             return r;
     }
-    if (region_end)
-        return mf_cuda_core_wait(c, NULL, "draining the streams at the end of the microbatch", NULL, NULL, err,
-                                 errlen);
+    /* The host may touch any buffer once the hook returns (it writes grad_local
+     * after backward_pre, reads the gradient after step_end, updates
+     * main_weight): drain at the end of every hook that issued something, so
+     * no device op of an earlier hook still reads or writes. */
+    if (c->plan->hook_last[pos] && c->plan->hook_last[pos][op->id])
+        return mf_cuda_core_wait(c, NULL, "draining the streams at the end of the hook", NULL, NULL, err, errlen);
     return MFSDP_OK;
 }
 

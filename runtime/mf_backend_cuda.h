@@ -122,7 +122,8 @@ mf_gpu_pos mf_cuda_core_pos(const mf_cuda_core *c, const mf_op *op, int64_t micr
 mfsdp_result mf_cuda_core_before(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, bool *skip,
                                  char *err, size_t errlen);
 /* After an op: graph mode joins the side streams back at the region's last op;
- * host-compute mode blocks on compute waits and drains at the region's end. */
+ * host-compute mode blocks on compute waits and drains at the end of every
+ * hook that issued device work. */
 mfsdp_result mf_cuda_core_after(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos pos, char *err,
                                 size_t errlen);
 /* Enqueues a non-collective op (cast, accumulate, slice, record, wait). */

@@ -349,6 +349,8 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     }
 unlock:
     pthread_mutex_unlock(&be->mu);
+    if (res == MFSDP_ERR_TIMEOUT)
+        abort_all(be); /* a peer never joined: do not leave a half-built communicator */
     if (res != MFSDP_OK)
         return mf_rt_set_error(rt, res, "%s", msg);
     *rank = r;

@@ -247,8 +247,9 @@ static bool build_region(mf_gpu_plan *p, const hook_index *ix, mf_gpu_pos pos, c
     r->hooks = malloc((size_t)nhooks * sizeof *r->hooks);
     r->ops = malloc(n * sizeof *r->ops);
     p->elided[pos] = calloc(n, sizeof(bool));
+    p->hook_last[pos] = calloc(n, sizeof(bool));
     bool *recorded = calloc(s->nevents > 0 ? (size_t)s->nevents : 1, sizeof(bool));
-    if (!r->hooks || !r->ops || !p->elided[pos] || !recorded) {
+    if (!r->hooks || !r->ops || !p->elided[pos] || !p->hook_last[pos] || !recorded) {
         free(recorded);
         return false;
     }
@@ -256,11 +257,13 @@ static bool build_region(mf_gpu_plan *p, const hook_index *ix, mf_gpu_pos pos, c
     r->nops = 0;
     for (int h = 0; h < nhooks; h++) {
         size_t slot = (size_t)hooks[h].phase * ix->slots + (size_t)(hooks[h].unit + 1);
+        int last = -1;
         for (int k = ix->start[slot]; k < ix->start[slot + 1]; k++) {
             int id = ix->ops[k];
             const mf_op *op = &s->ops[id];
             if (!mf_gpu_when_holds(op->when, pos))
                 continue;
+            last = id;
             r->ops[r->nops++] = id;
             r->stream_used[op->stream] = true;
             if (op->kind == MF_OP_RECORD)
@@ -268,6 +271,8 @@ static bool build_region(mf_gpu_plan *p, const hook_index *ix, mf_gpu_pos pos, c
             else if (op->kind == MF_OP_WAIT && !recorded[op->event])
                 p->elided[pos][id] = true;
         }
+        if (last >= 0)
+            p->hook_last[pos][last] = true;
     }
     free(recorded);
     return true;
@@ -345,6 +350,7 @@ void mf_gpu_plan_free(mf_gpu_plan *p)
         free(p->group_begin[pos]);
         free(p->group_end[pos]);
         free(p->elided[pos]);
+        free(p->hook_last[pos]);
         free(p->region[pos].hooks);
         free(p->region[pos].ops);
     }

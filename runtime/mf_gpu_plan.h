@@ -115,6 +115,9 @@ typedef struct mf_gpu_plan {
      * event's latest record precedes the region (not captured). */
     mf_gpu_region region[MF_GPU_POS_COUNT];
     bool *elided[MF_GPU_POS_COUNT];
+    /* hook_last[p][op]: the op is the last one its hook issues at position p
+     * (where a host trainer may touch buffers next). */
+    bool *hook_last[MF_GPU_POS_COUNT];
 } mf_gpu_plan;
 
 /* Name of a call ("ncclAllGather", ...), of a position; NULL out of range. */

@@ -65,8 +65,10 @@ enum {
     MFSDP_NCCL_GRAPHS = 1u << 2,
     /* The trainer computes on the host (mfsdp-replay, mfsdp-mlp, tests):
      * buffers are CUDA managed memory readable by the host, compute-stream
-     * waits block the host until the event completed, and the device is
-     * drained at the end of every microbatch. No graphs. */
+     * waits block the host until the event completed, and every hook that
+     * issued device work returns only once it completed (streams still run
+     * concurrently within a hook). Correct for any host access between hooks,
+     * at the price of overlap across hooks. No graphs. */
     MFSDP_NCCL_HOST_COMPUTE = 1u << 3,
     /* Leave NCCL_LAUNCH_ORDER_IMPLICIT alone. */
     MFSDP_NCCL_NO_IMPLICIT_ORDER = 1u << 4,

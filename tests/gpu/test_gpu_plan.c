@@ -267,10 +267,14 @@ static void check_regions(const mf_schedule *s, const mf_gpu_plan *p)
         for (int h = 0; h < nh; h++) {
             assert_int_equal(r->hooks[h].phase, hooks[h].phase);
             assert_int_equal(r->hooks[h].unit, hooks[h].unit);
+            int last = -1;
             for (int i = 0; i < s->nops; i++) {
                 const mf_op *op = &s->ops[i];
                 if (op->phase != hooks[h].phase || op->unit != hooks[h].unit || !mf_gpu_when_holds(op->when, pos))
                     continue;
+                if (last >= 0)
+                    assert_false(p->hook_last[pos][last]); /* only the hook's last op ends it */
+                last = i;
                 assert_true(k < r->nops);
                 assert_int_equal(r->ops[k], i); /* the region is the eager issue order */
                 k++;
@@ -279,6 +283,8 @@ static void check_regions(const mf_schedule *s, const mf_gpu_plan *p)
                 else if (op->kind == MF_OP_WAIT)
                     assert_int_equal(p->elided[pos][i], last_record_region[op->event] != (int)m);
             }
+            if (last >= 0)
+                assert_true(p->hook_last[pos][last]);
         }
         assert_int_equal(k, r->nops);
     }
