@@ -3,12 +3,14 @@
 # 1 000 .. 1 000 000 tensors in two shapes, then schedule quality (bytes per rank
 # per step against the ring lower bound, fusion) for every example spec.
 #
-#   bench/planner/run.sh [BUILD_DIR] [--max N] [--repeat R]
+#   bench/planner/run.sh [BUILD_DIR] [--max N] [--repeat R] [--timeout S]
 #
 # BUILD_DIR defaults to ./build; it must contain bench/planner/bench_planner
 # (configure with -DCMAKE_BUILD_TYPE=Release for meaningful numbers). Each
 # measurement is its own process, so peak RSS (getrusage) belongs to it alone;
-# with --repeat R the fastest of R runs is kept.
+# with --repeat R the fastest of R runs is kept. A measurement that runs past
+# S seconds (default 300) is reported as a timeout, and the larger sizes of
+# that shape and stage are skipped.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,10 +18,12 @@ root=$(cd "$here/../.." && pwd)
 build=build
 max=1000000
 repeat=1
+limit=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --max) max=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --timeout) limit=$2; shift 2 ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) build=$1; shift ;;
   esac
@@ -35,7 +39,8 @@ field() { # field KEY LINE
 measure() {
   local best="" line s
   for _ in $(seq "$repeat"); do
-    line=$(timeout 900 "$bin" time --shape "$1" --tensors "$2" --stage "$3") || { echo "rc=fail"; return; }
+    line=$(timeout "$limit" "$bin" time --shape "$1" --tensors "$2" --stage "$3") || {
+      if [ $? = 124 ]; then echo "rc=timeout"; else echo "rc=fail"; fi; return; }
     s=$(field seconds "$line")
     if [ -z "$best" ] || awk -v a="$s" -v b="$(field seconds "$best")" 'BEGIN{exit !(a<b)}'; then
       best=$line
@@ -50,23 +55,36 @@ printf "%-5s %9s %7s %9s %9s %10s %9s %11s %9s %8s\n" shape tensors units "check
   "compile s" "compile MB" "B/tensor" ops target
 misses=0
 for shape in moe deep; do
+  chk_dead=""; cmp_dead=""
   for n in 1000 10000 100000 1000000; do
     [ "$n" -le "$max" ] || continue
-    chk=$(measure "$shape" "$n" check)
-    cmp=$(measure "$shape" "$n" compile)
+    if [ -z "$chk_dead" ]; then chk=$(measure "$shape" "$n" check); else chk="rc=skipped"; fi
+    if [ -z "$cmp_dead" ]; then cmp=$(measure "$shape" "$n" compile); else cmp="rc=skipped"; fi
+    crc=$(field rc "$chk"); prc=$(field rc "$cmp")
+    [ "$crc" = timeout ] && chk_dead=1
+    [ "$prc" = timeout ] && cmp_dead=1
     cs=$(field seconds "$chk"); cm=$(field peak_rss_kb "$chk")
     ps=$(field seconds "$cmp"); pm=$(field peak_rss_kb "$cmp")
-    units=$(field units "$cmp"); ops=$(field ops "$cmp")
-    if [ "$(field rc "$chk")" != 0 ] || [ "$(field rc "$cmp")" != 0 ]; then
-      printf "%-5s %9s  failed: check rc=%s compile rc=%s\n" "$shape" "$n" "$(field rc "$chk")" "$(field rc "$cmp")"
-      misses=$((misses + 1)); continue
-    fi
+    units=$(field units "$chk"); ops=$(field ops "$cmp")
+    [ "$crc" = 0 ] || { cs=$crc; cm=-; }
+    [ "$prc" = 0 ] || { ps=$prc; pm=-; ops=-; }
     target=""
     if [ "$n" = 100000 ]; then
-      if awk -v c="$cs" -v p="$ps" 'BEGIN{exit !(c<0.5 && p<2.0)}'; then target=met; else target=MISSED; misses=$((misses + 1)); fi
+      if [ "$crc" = 0 ] && [ "$prc" = 0 ] && awk -v c="$cs" -v p="$ps" 'BEGIN{exit !(c<0.5 && p<2.0)}'; then
+        target=met
+      else
+        target=MISSED; misses=$((misses + 1))
+      fi
     fi
-    awk -v s="$shape" -v n="$n" -v u="$units" -v cs="$cs" -v cm="$cm" -v ps="$ps" -v pm="$pm" -v o="$ops" -v t="$target" \
-      'BEGIN{printf "%-5s %9d %7d %9.3f %9.1f %10.3f %9.1f %11.0f %9d %8s\n", s, n, u, cs, cm/1024, ps, pm/1024, pm*1024/n, o, t}'
+    awk -v s="$shape" -v n="$n" -v u="${units:--}" -v cs="$cs" -v cm="$cm" -v ps="$ps" -v pm="$pm" -v o="$ops" -v t="$target" '
+      function num(x) { return x ~ /^[0-9.]+$/ }
+      BEGIN {
+        printf "%-5s %9d %7s ", s, n, u
+        if (num(cs)) printf "%9.3f %9.1f ", cs, cm / 1024; else printf "%9s %9s ", cs, "-"
+        if (num(ps)) printf "%10.3f %9.1f %11.0f %9s ", ps, pm / 1024, pm * 1024 / n, o
+        else printf "%10s %9s %11s %9s ", ps, "-", "-", "-"
+        printf "%8s\n", t
+      }'
   done
 done
 echo
