@@ -13,6 +13,10 @@
 #include "mf_cli.h"
 #include "mf_pipeline.h"
 
+#ifndef MFSDP_VERSION
+#define MFSDP_VERSION "0.0.0"
+#endif
+
 static void check_usage(FILE *out)
 {
     fprintf(out,
@@ -22,6 +26,7 @@ static void check_usage(FILE *out)
             "when a spec is valid, GCC-style diagnostics on stderr otherwise.\n"
             "\n"
             "  -h, --help   this text\n"
+            "  --version    print the version\n"
             "\n"
             "exit status: 0 every spec is valid, 1 a spec has errors, 2 usage error or\n"
             "an unreadable file\n");
@@ -38,6 +43,10 @@ int mf_cmd_check(int argc, char **argv)
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             check_usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("mfsdpc %s (schedule format %s)\n", MFSDP_VERSION, MF_SCHEDULE_FORMAT);
             return 0;
         }
         if (a[0] == '-' && a[1] != '\0') {

@@ -62,5 +62,6 @@ expect_contains(err "cannot read 'no/such/file.mfsdp'")
 # help and version
 run(0 check --help)
 expect_contains(out "usage: mfsdpc check")
-run(0 --version)
+run(0 check --version)
 expect_contains(out "mfsdpc ")
+expect_contains(out "mfsdp-schedule/1")
