@@ -507,9 +507,13 @@ static void mf_yyerror(const mf_span *loc, yyscan_t scanner, struct mf_parse_ctx
         at.end_col = at.col + 1;
     }
     const char *expected = exp ? exp + strlen(", expecting ") : NULL;
-    if (ctx->last_tok == 0 && ctx->depth > 0) {
+    if (ctx->last_tok == 0 && ctx->depth > 0 && (!expected || strstr(expected, "'}'"))) {
         mf_diag_error(d, at, "expected %s before end of file", expected ? expected : "'}'");
         mf_diag_note(d, ctx->brace_at[ctx->depth], "this '{' is never closed");
+        return;
+    }
+    if (ctx->last_tok == '}' && ctx->depth == 0 && !expected) {
+        mf_diag_error(d, *loc, "unmatched '}'; no block is open here");
         return;
     }
     if (!expected) {
