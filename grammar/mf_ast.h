@@ -160,9 +160,10 @@ typedef struct mf_ast mf_ast;
 #define MF_PARSE_MAX_NESTING 8  /* nested { } blocks */
 
 /* Parses src into an AST allocated in `a` (borrowed; the AST lives as long as
- * it). Lexical and syntax errors go to d; returns the (possibly partial) AST,
- * or NULL when nothing usable was parsed (out of memory, or a fatal lexical
- * error). Reentrant: no global state; src->text need not be NUL-terminated. */
+ * it). Lexical and syntax errors go to d (the pipeline stops when there are
+ * any); returns the AST, partial after errors, or NULL only when the parse
+ * could not run (out of memory, a file over 1 GiB). Reentrant: no global
+ * state; src is borrowed and src->text need not be NUL-terminated. */
 mf_ast *mf_parse(const mf_source *src, mf_diag *d, mf_arena *a);
 
 #endif
