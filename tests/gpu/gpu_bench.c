@@ -1,0 +1,364 @@
+/*
+ * mfsdp-gpu-bench: the numbers tests/gpu/device-check.sh records (not a test:
+ * timings are never asserted).
+ *
+ *   mfsdp-gpu-bench kernels [--mib N]
+ *       device bandwidth of the runtime's kernels (cast fp32->bf16, accumulate
+ *       fp32+=fp32 and fp32+=bf16, the 4-way reduce of the one-GPU backend)
+ *       against cudaMemcpyAsync device-to-device, counting bytes read plus
+ *       bytes written; median of 20 timed runs after 3 warm-ups (CUDA events).
+ *   mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]
+ *       a 1-rank schedule on the NCCL backend driven like a CUDA trainer
+ *       (device buffers, its own compute stream, grad_local written by a
+ *       kernel): host time of every hook call by phase (median, p99, max, in
+ *       microseconds), the device time of a step, and with --graphs the
+ *       device time of a step replayed as three CUDA graphs.
+ *
+ * Exit status: 0, 1 on a failure, 2 on a usage error, 77 without a GPU.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_cuda_kernels.h"
+#include "mfsdp_nccl.h"
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "mfsdp-gpu-bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,           \
+                    cudaGetErrorString(e_));                                                    \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+#define MF(x)                                                                                   \
+    do {                                                                                        \
+        mfsdp_result r_ = (x);                                                                  \
+        if (r_ != MFSDP_OK) {                                                                   \
+            fprintf(stderr, "mfsdp-gpu-bench: %s: %s: %s\n", #x, mfsdp_result_string(r_),        \
+                    mfsdp_last_error(rt));                                                      \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- kernels ---- */
+
+typedef enum { K_MEMCPY, K_CAST, K_ACC32, K_ACC16, K_REDUCE4 } kernel;
+
+static void launch(kernel k, void **buf, int64_t n, cudaStream_t s)
+{
+    switch (k) {
+    case K_MEMCPY: CK(mf_cuda_copy(buf[1], buf[0], (size_t)n * 4, s)); break;
+    case K_CAST: CK(mf_cuda_cast(buf[5], MF_BF16, buf[0], MF_FP32, n, s)); break;
+    case K_ACC32: CK(mf_cuda_accumulate(buf[1], MF_FP32, buf[0], MF_FP32, n, false, s)); break;
+    case K_ACC16: CK(mf_cuda_accumulate(buf[1], MF_FP32, buf[5], MF_BF16, n, false, s)); break;
+    case K_REDUCE4: {
+        const void *src[4] = {buf[0], buf[2], buf[3], buf[4]};
+        void *dst[1] = {buf[1]};
+        CK(mf_cuda_combine(dst, 1, MF_FP32, src, 4, MF_FP32, n, 4.0f, MF_CUDA_DIV, false, s));
+        break;
+    }
+    }
+}
+
+static int run_kernels(int64_t mib)
+{
+    int64_t n = mib * 1024 * 1024 / 4; /* fp32 elements */
+    void *buf[6];
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 0; i < 5; i++) {
+        CK(cudaMalloc(&buf[i], (size_t)n * 4));
+        CK(mf_cuda_fill_pattern(buf[i], MF_FP32, n, (uint32_t)i + 1, s)); /* never time zeros */
+    }
+    CK(cudaMalloc(&buf[5], (size_t)n * 2));
+    CK(mf_cuda_fill_pattern(buf[5], MF_BF16, n, 9, s));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    static const struct {
+        kernel k;
+        const char *name;
+        double bytes_per_elem; /* read + written */
+    } ks[] = {
+        {K_MEMCPY, "cudaMemcpyAsync D2D fp32", 8},
+        {K_CAST, "cast fp32->bf16", 6},
+        {K_ACC32, "accumulate fp32 += fp32", 12},
+        {K_ACC16, "accumulate fp32 += bf16", 10},
+        {K_REDUCE4, "reduce 4 x fp32 -> fp32 (avg)", 20},
+    };
+    double memcpy_gbs = 0;
+    printf("kernel bandwidth, %lld MiB fp32 per operand (bytes read + written, median of 20)\n", (long long)mib);
+    printf("  %-32s %10s %10s %8s\n", "kernel", "ms", "GB/s", "vs copy");
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        float ms[20];
+        for (int w = 0; w < 3; w++)
+            launch(ks[i].k, buf, n, s);
+        for (int r = 0; r < 20; r++) {
+            CK(cudaEventRecord(a, s));
+            launch(ks[i].k, buf, n, s);
+            CK(cudaEventRecord(b, s));
+            CK(cudaEventSynchronize(b));
+            CK(cudaEventElapsedTime(&ms[r], a, b));
+        }
+        qsort(ms, 20, sizeof ms[0], cmp_f);
+        double med = ms[10];
+        double gbs = ks[i].bytes_per_elem * (double)n / (med * 1e-3) / 1e9;
+        if (ks[i].k == K_MEMCPY)
+            memcpy_gbs = gbs;
+        printf("  %-32s %10.3f %10.1f %7.0f%%\n", ks[i].name, med, gbs, 100.0 * gbs / memcpy_gbs);
+    }
+    for (int i = 0; i < 6; i++)
+        CK(cudaFree(buf[i]));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaStreamDestroy(s));
+    return 0;
+}
+
+/* ---- hooks ---- */
+
+typedef struct samples {
+    int64_t *ns;
+    int n, cap;
+} samples;
+
+static void add(samples *s, int64_t ns)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->ns = realloc(s->ns, (size_t)s->cap * sizeof *s->ns);
+        if (!s->ns) {
+            fprintf(stderr, "mfsdp-gpu-bench: out of memory\n");
+            exit(1);
+        }
+    }
+    s->ns[s->n++] = ns;
+}
+
+static int run_hooks(const char *path, int64_t steps, bool graphs)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: hooks needs a 1-rank schedule (%s has %lld ranks)\n", path,
+                (long long)mfsdp_schedule_world_size(sh));
+        return 2;
+    }
+    cudaStream_t compute;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = compute;
+    if (graphs)
+        nc.flags |= MFSDP_NCCL_GRAPHS;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_nccl(&cfg, &nc);
+    cfg.rank = 0;
+    int64_t t0 = now_ns();
+    MF(mfsdp_create(sh, &cfg, &rt));
+    int64_t create_ns = now_ns() - t0;
+    int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    mfsdp_tensor_view *views = calloc((size_t)(T ? T : 1), sizeof *views);
+    if (!views)
+        return 1;
+    for (int i = 0; i < T; i++) {
+        MF(mfsdp_tensor_view_get(rt, i, &views[i]));
+        if (views[i].shard_count)
+            CK(mf_cuda_fill_pattern(views[i].main_weight, (mf_dtype)views[i].main_weight_dtype,
+                                    views[i].shard_count, 7 + (uint32_t)i, compute));
+    }
+    CK(cudaStreamSynchronize(compute));
+
+    samples t[6];
+    memset(t, 0, sizeof t);
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float *step_ms = calloc((size_t)steps, sizeof *step_ms);
+    if (!step_ms)
+        return 1;
+#define HOOK(ph, call)                           \
+    do {                                         \
+        int64_t h0 = now_ns();                   \
+        MF(call);                                \
+        if (s > 0)                               \
+            add(&t[ph], now_ns() - h0);          \
+    } while (0)
+    for (int64_t s = 0; s <= steps; s++) { /* step 0 warms up */
+        CK(cudaEventRecord(a, compute));
+        HOOK(0, mfsdp_step_begin(rt));
+        for (int64_t m = 0; m < M; m++) {
+            for (int u = 0; u < U; u++) {
+                HOOK(1, mfsdp_forward_pre(rt, u, m));
+                HOOK(2, mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                HOOK(3, mfsdp_backward_pre(rt, u, m));
+                for (int i = 0; i < T; i++)
+                    if (views[i].unit == u)
+                        CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
+                                                views[i].numel, (uint32_t)(100 * m + i), compute));
+                HOOK(4, mfsdp_backward_post(rt, u, m));
+            }
+        }
+        HOOK(5, mfsdp_step_end(rt));
+        CK(cudaEventRecord(b, compute));
+        MF(mfsdp_synchronize(rt));
+        if (s > 0)
+            CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
+    }
+#undef HOOK
+    static const char *const names[6] = {"step_begin",   "forward_pre",   "forward_post",
+                                         "backward_pre", "backward_post", "step_end"};
+    printf("hooks: %s, %d units, %lld microbatches, %lld steps on NCCL (1 rank), create %.1f ms\n", path, U,
+           (long long)M, (long long)steps, (double)create_ns / 1e6);
+    printf("  %-14s %8s %10s %10s %10s   (host time per call, us)\n", "hook", "calls", "median", "p99", "max");
+    for (int ph = 0; ph < 6; ph++) {
+        if (!t[ph].n)
+            continue;
+        qsort(t[ph].ns, (size_t)t[ph].n, sizeof(int64_t), cmp_i64);
+        int64_t med = t[ph].ns[t[ph].n / 2], p99 = t[ph].ns[(t[ph].n * 99) / 100], mx = t[ph].ns[t[ph].n - 1];
+        printf("  %-14s %8d %10.2f %10.2f %10.2f\n", names[ph], t[ph].n, (double)med / 1e3, (double)p99 / 1e3,
+               (double)mx / 1e3);
+        free(t[ph].ns);
+    }
+    qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
+    printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
+
+    if (graphs) {
+        /* Capture one step as three graphs (first, middle, last microbatch). */
+        cudaGraph_t g[3] = {NULL, NULL, NULL};
+        for (int64_t m = 0; m < M; m++) {
+            int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
+            CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+            if (m == 0)
+                MF(mfsdp_step_begin(rt));
+            for (int u = 0; u < U; u++) {
+                MF(mfsdp_forward_pre(rt, u, m));
+                MF(mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                MF(mfsdp_backward_pre(rt, u, m));
+                for (int i = 0; i < T; i++)
+                    if (views[i].unit == u)
+                        CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
+                                                views[i].numel, (uint32_t)(100 * m + i), compute));
+                MF(mfsdp_backward_post(rt, u, m));
+            }
+            if (m == M - 1)
+                MF(mfsdp_step_end(rt));
+            cudaGraph_t graph;
+            CK(cudaStreamEndCapture(compute, &graph));
+            if (g[pos])
+                CK(cudaGraphDestroy(graph));
+            else
+                g[pos] = graph;
+        }
+        cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
+        for (int p = 0; p < 3; p++)
+            if (g[p])
+                CK(cudaGraphInstantiate(&ge[p], g[p], 0));
+        for (int64_t s = 0; s <= steps; s++) {
+            CK(cudaEventRecord(a, compute));
+            CK(cudaGraphLaunch(ge[0], compute));
+            for (int64_t m = 1; m < M - 1; m++)
+                CK(cudaGraphLaunch(ge[1], compute));
+            if (M > 1)
+                CK(cudaGraphLaunch(ge[2], compute));
+            CK(cudaEventRecord(b, compute));
+            CK(cudaEventSynchronize(b));
+            if (s > 0)
+                CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
+        }
+        qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
+        printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
+        for (int p = 0; p < 3; p++) {
+            if (ge[p])
+                CK(cudaGraphExecDestroy(ge[p]));
+            if (g[p])
+                CK(cudaGraphDestroy(g[p]));
+        }
+    }
+    free(step_ms);
+    free(views);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+    CK(cudaStreamDestroy(compute));
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mfsdp-gpu-bench kernels [--mib N]\n"
+               "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    if (!strcmp(argv[1], "kernels")) {
+        int64_t mib = 1024;
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--mib") && i + 1 < argc)
+                mib = atoll(argv[++i]);
+        if (mib < 1) {
+            usage(stderr);
+            return 2;
+        }
+        return run_kernels(mib);
+    }
+    if (!strcmp(argv[1], "hooks") && argc >= 3) {
+        int64_t steps = 10;
+        bool graphs = false;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+                steps = atoll(argv[++i]);
+            else if (!strcmp(argv[i], "--graphs"))
+                graphs = true;
+        }
+        if (steps < 1) {
+            usage(stderr);
+            return 2;
+        }
+        return run_hooks(argv[2], steps, graphs);
+    }
+    usage(stderr);
+    return 2;
+}
