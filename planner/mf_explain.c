@@ -62,7 +62,9 @@ static const char *transition_to_label(const mf_plan *p, int b, int t)
 {
     const mf_bucket *bk = &p->sched->buckets[b];
     if (t == MF_T4 && mf_placement_equal(&bk->place[MF_ROLE_GRAD], &bk->place[MF_ROLE_MAIN_WEIGHT], p->sched->mesh.naxes))
-        return "grad";
+        return "grad"; /* no grad_final: grad is the delivered gradient */
+    if (t == MF_T2 && p->trans[b][t].nsteps == 0)
+        return "weight"; /* W = Rep: no weight_full, weight is unsharded */
     return transition_to_name[t];
 }
 

@@ -26,8 +26,9 @@ typedef struct mf_step {
     mf_placement from, to;  /* placement before and after this step */
     int64_t count;          /* elements per rank, NCCL convention */
     int64_t bytes;          /* bytes sent per rank per launch (ring), 0 for local steps */
-    mf_stream stream;       /* inner for the innermost axis, outer for the others; a
-                               local step takes the stream of the collective it feeds */
+    mf_stream stream;       /* collectives: inner for the innermost axis, outer for
+                               the others; local steps: the stream of the collective
+                               they feed or follow (mf_transition.c) */
 } mf_step;
 
 typedef struct mf_transition {

@@ -22,8 +22,10 @@
  * and picks the cheapest under the plan's alpha-beta cost model
  * (mf_cost.h). Ties go to less traffic, then fewer steps, then reductions on
  * inner axes and gathers on outer axes first. When more than one composition
- * was legal, `why` names the chosen one and the best other one with both
- * modeled times.
+ * was legal, `why` names the chosen one and one alternative with both modeled
+ * times: the cheapest alternative that moves a different number of bytes
+ * (the bytes-versus-launches trade-off), else the cheapest that differs in
+ * launches, else a reordering.
  *
  * T1 casts where the narrower dtype moves: before its gathers when weight's
  * dtype is no wider than main_weight's (the usual fp32 -> bf16), after them
@@ -357,33 +359,66 @@ static const char *why_text(mf_plan *p, const bucket_ctx *bc, const path *best, 
         reason = "fewer bytes per rank";
     else if (eb.launches < ea.launches)
         reason = "fewer launches";
-    else
+    else if (eb.cost < ea.cost)
         reason = "cheaper links";
+    else
+        reason = "equal cost: reductions run innermost-first, gathers outermost-first";
     return mf_arena_printf(p->arena, "%s: %.2f us over %s: %.2f us for %lld bytes (%s)",
                            describe(bc->mesh, best, b, sizeof b), eb.cost * 1e6,
                            describe(bc->mesh, alt, a, sizeof a), ea.cost * 1e6,
                            (long long)(bc->b->length * (int64_t)mf_dtype_size(dt)), reason);
 }
 
-/* The stream of each step: collectives by axis; local steps take the stream
- * of the next collective of the transition, else the previous, else inner. */
-static void assign_streams(mf_transition *tr, int k)
+static int first_collective(const mf_transition *tr)
 {
     for (int i = 0; i < tr->nsteps; i++)
         if (mf_opkind_is_collective(tr->steps[i].kind))
-            tr->steps[i].stream = tr->steps[i].axis == k - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
-    for (int i = 0; i < tr->nsteps; i++) {
+            return i;
+    return -1;
+}
+
+static int last_collective(const mf_transition *tr)
+{
+    for (int i = tr->nsteps - 1; i >= 0; i--)
         if (mf_opkind_is_collective(tr->steps[i].kind))
-            continue;
-        int s = -1;
-        for (int j = i + 1; j < tr->nsteps && s < 0; j++)
-            if (mf_opkind_is_collective(tr->steps[j].kind))
-                s = j;
-        for (int j = i - 1; j >= 0 && s < 0; j--)
-            if (mf_opkind_is_collective(tr->steps[j].kind))
-                s = j;
-        tr->steps[i].stream = s >= 0 ? tr->steps[s].stream : MF_STREAM_INNER;
-    }
+            return i;
+    return -1;
+}
+
+/* The streams of every step of one bucket (DESIGN §4 "Streams"): a collective
+ * runs on inner for the innermost axis, on outer for the others; a local step
+ * (cast, slice, accumulate) takes the stream of the next collective of its
+ * transition (the one it feeds), else the previous one (the one it follows),
+ * else of the first collective of the transition it feeds (T1 -> T2,
+ * T3 -> T4), else of the last one of the transition it follows (T4 <- T3),
+ * else inner. The lowering pass places ops on these streams. */
+static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
+{
+    static const int feeds[MF_NTRANSITIONS] = {MF_T2, -1, MF_T4, -1};
+    static const int follows[MF_NTRANSITIONS] = {-1, MF_T1, -1, MF_T3};
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        for (int i = 0; i < tr[t].nsteps; i++)
+            if (mf_opkind_is_collective(tr[t].steps[i].kind))
+                tr[t].steps[i].stream = tr[t].steps[i].axis == k - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        for (int i = 0; i < tr[t].nsteps; i++) {
+            mf_step *st = &tr[t].steps[i];
+            if (mf_opkind_is_collective(st->kind))
+                continue;
+            const mf_step *src = NULL;
+            for (int j = i + 1; j < tr[t].nsteps && !src; j++)
+                if (mf_opkind_is_collective(tr[t].steps[j].kind))
+                    src = &tr[t].steps[j];
+            for (int j = i - 1; j >= 0 && !src; j--)
+                if (mf_opkind_is_collective(tr[t].steps[j].kind))
+                    src = &tr[t].steps[j];
+            int j;
+            if (!src && feeds[t] >= 0 && (j = first_collective(&tr[feeds[t]])) >= 0)
+                src = &tr[feeds[t]].steps[j];
+            if (!src && follows[t] >= 0 && (j = last_collective(&tr[follows[t]])) >= 0)
+                src = &tr[follows[t]].steps[j];
+            st->stream = src ? src->stream : MF_STREAM_INNER;
+        }
 }
 
 /* Builds transition t of bucket bi; false on error (reported) or OOM (*oom). */
@@ -427,12 +462,24 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
         if (!e.valid)
             continue;
         nvalid++;
-        if (!best || better(&paths[i], e, best, eb)) {
-            alt = best, ea = eb;
+        if (!best || better(&paths[i], e, best, eb))
             best = &paths[i], eb = e;
-        } else if (!alt || better(&paths[i], e, alt, ea)) {
-            alt = &paths[i], ea = e;
-        }
+    }
+    /* The alternative named in `why`: preferably the best one that trades
+     * bytes against launches (different bytes per rank), else the best that
+     * differs in launches or cost, else the best mere reordering. */
+    int alt_rank = -1;
+    for (size_t i = 0; best && i < cs->paths.len; i++) {
+        if (&paths[i] == best)
+            continue;
+        eval e = evaluate(p, &bc, from[t], &paths[i], move_dt);
+        if (!e.valid)
+            continue;
+        int rank = e.bytes != eb.bytes ? 2
+                   : e.launches != eb.launches || fabs(e.cost - eb.cost) > 1e-12 + 1e-9 * fmax(e.cost, eb.cost) ? 1
+                                                                                                                 : 0;
+        if (rank > alt_rank || (rank == alt_rank && better(&paths[i], e, alt, ea)))
+            alt = &paths[i], ea = e, alt_rank = rank;
     }
     if (!best) {
         mf_span none = {0, 0, 0, 0};
@@ -470,7 +517,6 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
     for (int i = 0; i < n; i++)
         tr->cost += mf_cost_op(&p->cost, m, tr->steps[i].kind, tr->steps[i].axis, tr->steps[i].count,
                                tr->steps[i].dtype);
-    assign_streams(tr, m->naxes);
     if (nvalid > 1) {
         tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
         if (!tr->why) {
@@ -495,8 +541,12 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
             ok = false;
             continue;
         }
+        bool built = true;
         for (int t = 0; t < MF_NTRANSITIONS && !oom; t++)
-            ok = build(&ts, b, t, &oom) && ok;
+            built = build(&ts, b, t, &oom) && built;
+        if (built)
+            assign_streams(p->trans[b], ts.k);
+        ok = ok && built;
     }
     if (oom) {
         mf_span none = {0, 0, 0, 0};
