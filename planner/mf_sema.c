@@ -67,6 +67,11 @@ static uint64_t hash_str(const char *s)
     uint64_t h = 1469598103934665603u;
     for (; *s; s++)
         h = (h ^ (unsigned char)*s) * 1099511628211u;
+    /* FNV's low bits mix poorly; the table indexes by them, so fold the
+     * high bits down (murmur3's finalizer). */
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdu;
+    h ^= h >> 33;
     return h;
 }
 
