@@ -14,6 +14,7 @@
 #include "mf_rt.h"
 
 #define LR (1.0f / 16.0f)
+#define CHUNK ((int64_t)1 << 20)   /* elements per rank per main_weight exchange */
 
 static uint64_t mix(uint64_t x)
 {
@@ -23,13 +24,31 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* k/256 with |k| <= 254: exact in bf16, fp16 and fp32. */
-static double grad_value(int64_t step, int64_t rank, int64_t m, int bucket, int64_t e)
+/*
+ * Local gradients: g(step, rank, m, bucket, e) = (j(step, rank, m, bucket) +
+ * k(step, bucket, e)) / 64 with j in [-63, 63] and k in [-64, 63]: distinct
+ * per rank, microbatch and element, exact in bf16, fp16 and fp32 (at most 7
+ * significant bits), and the reduction has a closed form, so checking costs
+ * O(1) per element: N*M*k(e) + sum of j.
+ */
+static int grad_j(int64_t step, int64_t rank, int64_t m, int bucket)
 {
-    uint64_t h = mix(mix(mix(mix((uint64_t)step * 1000003u + (uint64_t)bucket) ^ (uint64_t)rank) ^
-                         (uint64_t)m) ^
-                     (uint64_t)e);
-    return (double)((int64_t)(h % 509) - 254) / 256.0;
+    uint64_t h = mix(mix(mix((uint64_t)step * 1000003u + (uint64_t)bucket) ^ (uint64_t)rank) ^
+                     ((uint64_t)m << 20));
+    return (int)(h % 127) - 63;
+}
+
+static int grad_k(uint32_t seed, int64_t e)
+{
+    uint32_t h = ((uint32_t)e * 2654435761u) ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    return (int)(h >> 25) - 64;
+}
+
+static uint32_t grad_seed(int64_t step, int bucket)
+{
+    return (uint32_t)mix((uint64_t)step * 7919u + (uint64_t)bucket * 104729u);
 }
 
 static float init_value(int bucket, int64_t e)
@@ -54,9 +73,8 @@ typedef struct bucket_state {
     int unsharded, local, mw, delivered;   /* buffer ids */
     mf_range orange;                       /* this rank's main_weight range */
     int64_t L;
-    uint8_t *mask;                         /* L: 1 where a tensor element lives */
-    float *full_mw;                        /* L: every rank's main_weight assembled */
-    uint8_t *filled;                       /* L: assembly scratch */
+    void *full_w;                          /* L elements in the unsharded weight's dtype:
+                                              every rank's main_weight assembled, cast */
     double eps;                            /* of the least precise gradient dtype */
 } bucket_state;
 
@@ -91,25 +109,51 @@ static void mismatch(rank_ctx *c, const char *fmt, ...)
     va_end(ap);
 }
 
+/* True when element e of bucket bk belongs to a tensor (else padding). */
+static bool is_tensor(const mf_bucket *bk, int64_t e)
+{
+    int lo = 0, hi = bk->ntensors - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const mf_tensor *t = &bk->tensors[mid];
+        if (e < t->offset)
+            hi = mid - 1;
+        else if (e >= t->offset + t->numel)
+            lo = mid + 1;
+        else
+            return true;
+    }
+    return false;
+}
+
 size_t mf_check_xchg_bytes(const mfsdp_schedule *sh)
+{
+    (void)sh;
+    size_t n = (size_t)CHUNK * sizeof(float);
+    return n > sizeof(report) ? n : sizeof(report);
+}
+
+size_t mf_check_rank_bytes(const mfsdp_schedule *sh)
 {
     const mf_schedule *s = sh->s;
     size_t n = 0;
-    for (int i = 0; i < s->nbuffers; i++)
-        if (s->buffers[i].kind == MF_BUF_MAIN_WEIGHT)
-            n += (size_t)s->buffers[i].count * sizeof(float);
-    return n > sizeof(report) ? n : sizeof(report);
+    for (int i = 0; i < s->nbuffers; i++) {
+        const mf_buffer *bf = &s->buffers[i];
+        n += (size_t)bf->count * mf_dtype_size(bf->dtype);
+        if (bf->kind == MF_BUF_WEIGHT_FULL ||
+            (bf->kind == MF_BUF_WEIGHT &&
+             mf_placement_shards(&s->mesh, &s->buckets[bf->bucket].place[MF_ROLE_WEIGHT]) == 1))
+            n += (size_t)bf->count * mf_dtype_size(bf->dtype);   /* the oracle's copy */
+    }
+    return n + (size_t)CHUNK * sizeof(float);
 }
 
 static void free_state(rank_ctx *c)
 {
     if (!c->bs)
         return;
-    for (int b = 0; b < c->s->nbuckets; b++) {
-        free(c->bs[b].mask);
-        free(c->bs[b].full_mw);
-        free(c->bs[b].filled);
-    }
+    for (int b = 0; b < c->s->nbuckets; b++)
+        free(c->bs[b].full_w);
     free(c->bs);
     c->bs = NULL;
 }
@@ -124,7 +168,7 @@ static bool init_state(rank_ctx *c)
         const mf_bucket *bk = &s->buckets[b];
         bucket_state *st = &c->bs[b];
         st->unsharded = st->local = st->mw = st->delivered = -1;
-        int grad = -1, final = -1;
+        int grad = -1, final = -1, weight = -1, full = -1;
         mf_dtype least = MF_FP32;
         for (int i = 0; i < s->nbuffers; i++) {
             const mf_buffer *bf = &s->buffers[i];
@@ -133,8 +177,8 @@ static bool init_state(rank_ctx *c)
             if (mf_bufkind_role(bf->kind) == MF_ROLE_GRAD && dtype_eps(bf->dtype) > dtype_eps(least))
                 least = bf->dtype;
             switch (bf->kind) {
-            case MF_BUF_WEIGHT_FULL: st->unsharded = i; break;
-            case MF_BUF_WEIGHT: if (st->unsharded < 0) st->unsharded = i; break;
+            case MF_BUF_WEIGHT_FULL: full = i; break;
+            case MF_BUF_WEIGHT: weight = i; break;
             case MF_BUF_GRAD_LOCAL: st->local = i; break;
             case MF_BUF_MAIN_WEIGHT: st->mw = i; break;
             case MF_BUF_GRAD: grad = i; break;
@@ -142,20 +186,14 @@ static bool init_state(rank_ctx *c)
             default: break;
             }
         }
-        for (int i = 0; i < s->nbuffers; i++)   /* weight_full wins over weight */
-            if (s->buffers[i].bucket == b && s->buffers[i].kind == MF_BUF_WEIGHT_FULL)
-                st->unsharded = i;
+        st->unsharded = full >= 0 ? full : weight;
         st->delivered = final >= 0 ? final : grad;
         st->eps = dtype_eps(least);
         st->L = bk->length;
         st->orange = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], c->rank, bk->length);
-        st->mask = calloc((size_t)(st->L ? st->L : 1), 1);
-        st->full_mw = calloc((size_t)(st->L ? st->L : 1), sizeof(float));
-        st->filled = calloc((size_t)(st->L ? st->L : 1), 1);
-        if (!st->mask || !st->full_mw || !st->filled)
+        st->full_w = calloc((size_t)(st->L ? st->L : 1), mf_dtype_size(s->buffers[st->unsharded].dtype));
+        if (!st->full_w)
             return false;
-        for (int t = 0; t < bk->ntensors; t++)
-            memset(st->mask + bk->tensors[t].offset, 1, (size_t)bk->tensors[t].numel);
     }
     return true;
 }
@@ -176,18 +214,24 @@ static void check_views(rank_ctx *c)
         const mf_tensor *t = &bk->tensors[rt_t->index];
         const bucket_state *st = &c->bs[rt_t->bucket];
         size_t ws = mf_dtype_size(s->buffers[st->unsharded].dtype);
+        size_t ls = mf_dtype_size(s->buffers[st->local].dtype);
         bool ok = v.numel == t->numel &&
                   v.weight == (char *)mf_rt_buffer(c->rt, st->unsharded) + (size_t)t->offset * ws &&
+                  v.grad_local == (char *)mf_rt_buffer(c->rt, st->local) + (size_t)t->offset * ls &&
                   mfsdp_tensor_find(c->rt, v.name) == k;
         int64_t lo = t->offset > st->orange.offset ? t->offset : st->orange.offset;
         int64_t hi = t->offset + t->numel < st->orange.offset + st->orange.len
                          ? t->offset + t->numel
                          : st->orange.offset + st->orange.len;
         ok = ok && v.shard_count == (hi > lo ? hi - lo : 0);
+        size_t ms = mf_dtype_size(s->buffers[st->mw].dtype);
+        size_t gs = mf_dtype_size(s->buffers[st->delivered].dtype);
         if (ok && v.shard_count > 0)
             ok = v.shard_offset == lo - t->offset &&
-                 v.main_weight == (char *)mf_rt_buffer(c->rt, st->mw) +
-                                      (size_t)(lo - st->orange.offset) * sizeof(float);
+                 v.main_weight ==
+                     (char *)mf_rt_buffer(c->rt, st->mw) + (size_t)(lo - st->orange.offset) * ms &&
+                 v.grad == (char *)mf_rt_buffer(c->rt, st->delivered) +
+                               (size_t)(lo - st->orange.offset) * gs;
         if (!ok) {
             mismatch(c, "rank %lld: the view of tensor %s does not match its bucket layout",
                      (long long)c->rank, t->name);
@@ -205,64 +249,91 @@ static void init_main_weight(rank_ctx *c)
         void *mw = mf_rt_buffer(c->rt, st->mw);
         for (int64_t i = 0; i < st->orange.len; i++) {
             int64_t e = st->orange.offset + i;
-            mf_cpu_store(mw, d, i, st->mask[e] ? init_value(b, e) : 0.0f);
+            mf_cpu_store(mw, d, i, is_tensor(&s->buckets[b], e) ? init_value(b, e) : 0.0f);
         }
     }
 }
 
-/* Exchanges main_weight shards and assembles every bucket's full copy. */
+/* Exchanges main_weight shards bucket by bucket (in chunks) and assembles
+ * every bucket's full weight, cast to the unsharded weight's dtype. Replicas
+ * must be bitwise equal and padding zero. */
 static bool assemble(rank_ctx *c, const mf_check_xchg *x)
 {
     const mf_schedule *s = c->s;
-    size_t per_rank = 0;
-    for (int b = 0; b < s->nbuckets; b++)
-        per_rank += (size_t)s->buffers[c->bs[b].mw].count * sizeof(float);
-    float *mine = malloc(per_rank ? per_rank : 1);
-    if (!mine)
+    float *mine = malloc((size_t)CHUNK * sizeof(float));
+    int64_t *first = calloc((size_t)c->world, sizeof *first);
+    if (!mine || !first) {
+        free(mine);
+        free(first);
         return false;
-    size_t at = 0;
-    for (int b = 0; b < s->nbuckets; b++) {
-        const bucket_state *st = &c->bs[b];
-        int64_t n = s->buffers[st->mw].count;
-        mf_cpu_convert(mine + at, MF_FP32, mf_rt_buffer(c->rt, st->mw), s->buffers[st->mw].dtype, n);
-        at += (size_t)n;
     }
-    const float *all = x->allgather(x->ctx, c->rank, mine, per_rank);
-    free(mine);
-    if (!all)
-        return false;
-    at = 0;
-    for (int b = 0; b < s->nbuckets; b++) {
+    bool ok = true;
+    for (int b = 0; b < s->nbuckets && ok; b++) {
         bucket_state *st = &c->bs[b];
         const mf_bucket *bk = &s->buckets[b];
+        const mf_placement *O = &bk->place[MF_ROLE_MAIN_WEIGHT];
+        mf_dtype wd = s->buffers[st->unsharded].dtype, md = s->buffers[st->mw].dtype;
         int64_t n = s->buffers[st->mw].count;
-        memset(st->filled, 0, (size_t)st->L);
+        /* first[q]: the lowest rank holding shard q (the replica others must equal). */
+        int64_t shards = mf_placement_shards(&s->mesh, O);
+        for (int64_t q = 0; q < shards; q++)
+            first[q] = -1;
         for (int64_t r = 0; r < c->world; r++) {
-            const float *shard = all + (size_t)r * (per_rank / sizeof(float)) + at;
-            mf_range rr = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], r, bk->length);
-            for (int64_t i = 0; i < rr.len; i++) {
-                int64_t e = rr.offset + i;
-                if (!st->filled[e]) {
-                    st->full_mw[e] = shard[i];
-                    st->filled[e] = 1;
-                } else if (memcmp(&st->full_mw[e], &shard[i], sizeof(float)) != 0) {
-                    mismatch(c, "step %lld: main_weight replicas of bucket %s differ at element %lld: "
-                             "%.9g on a lower rank, %.9g on rank %lld",
-                             (long long)c->step, bk->name, (long long)e, (double)st->full_mw[e],
-                             (double)shard[i], (long long)r);
+            mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
+            int64_t q = rr.len ? rr.offset / rr.len : 0;
+            if (first[q] < 0)
+                first[q] = r;
+        }
+        const void *mw = mf_rt_buffer(c->rt, st->mw);
+        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+            int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
+            mf_cpu_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, len);
+            const float *all = x->allgather(x->ctx, c->rank, mine, (size_t)len * sizeof(float));
+            if (!all) {
+                ok = false;
+                break;
+            }
+            for (int64_t r = 0; r < c->world; r++) {
+                mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
+                int64_t q = rr.len ? rr.offset / rr.len : 0;
+                const float *shard = all + r * len;
+                const float *ref = all + first[q] * len;
+                if (first[q] != r && memcmp(shard, ref, (size_t)len * sizeof(float)) != 0) {
+                    int64_t i = 0;
+                    while (i < len && memcmp(&shard[i], &ref[i], sizeof(float)) == 0)
+                        i++;
+                    mismatch(c, "step %lld: main_weight replicas of bucket %s differ at element "
+                             "%lld: %.9g on rank %lld, %.9g on rank %lld",
+                             (long long)c->step, bk->name, (long long)(rr.offset + i0 + i),
+                             (double)ref[i], (long long)first[q], (double)shard[i], (long long)r);
                 }
-                if (!st->mask[e] && shard[i] != 0.0f)
-                    mismatch(c, "step %lld: padding element %lld of bucket %s main_weight is %.9g on "
-                             "rank %lld (padding must stay zero)",
-                             (long long)c->step, (long long)e, bk->name, (double)shard[i], (long long)r);
+                if (first[q] != r)
+                    continue;
+                /* Padding: the gaps between tensors and the tail. */
+                int64_t lo = rr.offset + i0, hi = lo + len, at = 0;
+                for (int t = 0; t <= bk->ntensors; t++) {
+                    int64_t gap_end = t < bk->ntensors ? bk->tensors[t].offset : bk->length;
+                    for (int64_t e = at > lo ? at : lo; e < gap_end && e < hi; e++)
+                        if (shard[e - lo] != 0.0f)
+                            mismatch(c, "step %lld: padding element %lld of bucket %s main_weight "
+                                     "is %.9g on rank %lld (padding must stay zero)",
+                                     (long long)c->step, (long long)e, bk->name,
+                                     (double)shard[e - lo], (long long)r);
+                    if (t < bk->ntensors)
+                        at = bk->tensors[t].offset + bk->tensors[t].numel;
+                }
+                mf_cpu_convert((char *)st->full_w + (size_t)(rr.offset + i0) * mf_dtype_size(wd), wd,
+                               shard, MF_FP32, len);
             }
         }
-        at += (size_t)n;
     }
-    return true;
+    free(mine);
+    free(first);
+    return ok;
 }
 
-/* Every unsharded weight unit u computes with equals the cast main_weight. */
+/* Every unsharded weight unit u computes with equals the cast main_weight,
+ * bit for bit, padding included. */
 static void check_weights(rank_ctx *c, const char *hook, int u, int64_t m)
 {
     const mf_schedule *s = c->s;
@@ -275,25 +346,18 @@ static void check_weights(rank_ctx *c, const char *hook, int u, int64_t m)
         const bucket_state *st = &c->bs[b];
         const mf_buffer *bf = &s->buffers[st->unsharded];
         const void *w = mf_rt_buffer(c->rt, st->unsharded);
-        for (int64_t e = 0; e < st->L; e++) {
-            uint16_t bits;
-            float want = st->full_mw[e];
-            if (bf->dtype == MF_BF16) {
-                bits = mf_f32_to_bf16(want);
-                want = mf_bf16_to_f32(bits);
-            } else if (bf->dtype == MF_FP16) {
-                bits = mf_f32_to_fp16(want);
-                want = mf_fp16_to_f32(bits);
-            }
-            float got = mf_cpu_load(w, bf->dtype, e);
-            if (memcmp(&got, &want, sizeof got) != 0) {
-                mismatch(c, "step %lld, %s(unit %d, microbatch %lld): rank %lld, buffer %s, element "
-                         "%lld%s: expected %.9g (cast main_weight), got %.9g",
-                         (long long)c->step, hook, u, (long long)m, (long long)c->rank, bf->name,
-                         (long long)e, st->mask[e] ? "" : " (padding)", (double)want, (double)got);
-                return;
-            }
-        }
+        size_t es = mf_dtype_size(bf->dtype);
+        if (memcmp(w, st->full_w, (size_t)st->L * es) == 0)
+            continue;
+        int64_t e = 0;
+        while (e < st->L && memcmp((const char *)w + e * es, (const char *)st->full_w + e * es, es) == 0)
+            e++;
+        mismatch(c, "step %lld, %s(unit %d, microbatch %lld): rank %lld, buffer %s, element %lld%s: "
+                 "expected %.9g (cast main_weight), got %.9g",
+                 (long long)c->step, hook, u, (long long)m, (long long)c->rank, bf->name,
+                 (long long)e, is_tensor(bk, e) ? "" : " (padding)",
+                 (double)mf_cpu_load(st->full_w, bf->dtype, e), (double)mf_cpu_load(w, bf->dtype, e));
+        return;
     }
 }
 
@@ -311,9 +375,17 @@ static void write_grads(rank_ctx *c, int u, int64_t m)
         mfsdp_tensor_view v;
         mfsdp_tensor_view_get(c->rt, k, &v);
         int64_t off = bk->tensors[rt_t->index].offset;
-        for (int64_t i = 0; i < v.numel; i++)
-            mf_cpu_store(v.grad_local, (mf_dtype)v.grad_local_dtype, i,
-                         (float)grad_value(c->step, c->rank, m, rt_t->bucket, off + i));
+        int j = grad_j(c->step, c->rank, m, rt_t->bucket);
+        uint32_t seed = grad_seed(c->step, rt_t->bucket);
+        if (v.grad_local_dtype == MFSDP_FP32) {
+            float *gl = v.grad_local;
+            for (int64_t i = 0; i < v.numel; i++)
+                gl[i] = (float)(j + grad_k(seed, off + i)) / 64.0f;
+        } else {
+            for (int64_t i = 0; i < v.numel; i++)
+                mf_cpu_store(v.grad_local, (mf_dtype)v.grad_local_dtype, i,
+                             (float)(j + grad_k(seed, off + i)) / 64.0f);
+        }
     }
 }
 
@@ -323,32 +395,54 @@ static void check_gradient(rank_ctx *c)
     if (c->bad)
         return;
     double div = s->reduce == MF_REDUCE_AVG ? (double)c->world : 1.0;
-    int64_t M = s->microbatches;
+    int64_t M = s->microbatches, NM = c->world * M;
     for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
         const bucket_state *st = &c->bs[b];
         const mf_buffer *bf = &s->buffers[st->delivered];
         const void *g = mf_rt_buffer(c->rt, st->delivered);
         double slack = (double)(M + c->world + 2 * s->mesh.naxes + 4) * st->eps;
-        for (int64_t i = 0; i < st->orange.len; i++) {
-            int64_t e = st->orange.offset + i;
-            double got = mf_cpu_load(g, bf->dtype, i), want = 0.0, mag = 0.0;
-            if (st->mask[e]) {
-                for (int64_t r = 0; r < c->world; r++)
-                    for (int64_t m = 0; m < M; m++) {
-                        double v = grad_value(c->step, r, m, b, e);
-                        want += v;
-                        mag += fabs(v);
-                    }
-                want /= div;
-                mag /= div;
+        double sum_j = 0.0, abs_j = 0.0;
+        for (int64_t r = 0; r < c->world; r++)
+            for (int64_t m = 0; m < M; m++) {
+                int j = grad_j(c->step, r, m, b);
+                sum_j += j;
+                abs_j += j < 0 ? -j : j;
             }
-            if (fabs(got - want) > slack * mag) {
-                mismatch(c, "step %lld: rank %lld, buffer %s, element %lld%s: delivered gradient "
-                         "expected %.9g, got %.9g",
-                         (long long)c->step, (long long)c->rank, bf->name, (long long)e,
-                         st->mask[e] ? "" : " (padding)", want, got);
-                return;
+        uint32_t seed = grad_seed(c->step, b);
+        int64_t lo = st->orange.offset, hi = lo + st->orange.len;
+        /* Tensor elements, then padding, tensor by tensor in offset order. */
+        int64_t at = 0;
+        for (int t = 0; t <= bk->ntensors; t++) {
+            int64_t gap_end = t < bk->ntensors ? bk->tensors[t].offset : bk->length;
+            for (int64_t e = at > lo ? at : lo; e < gap_end && e < hi; e++) {
+                double got = mf_cpu_load(g, bf->dtype, e - lo);
+                if (got != 0.0) {
+                    mismatch(c, "step %lld: rank %lld, buffer %s, element %lld (padding): "
+                             "delivered gradient expected 0, got %.9g",
+                             (long long)c->step, (long long)c->rank, bf->name, (long long)e, got);
+                    return;
+                }
             }
+            if (t == bk->ntensors)
+                break;
+            const mf_tensor *tn = &bk->tensors[t];
+            int64_t t_lo = tn->offset > lo ? tn->offset : lo;
+            int64_t t_hi = tn->offset + tn->numel < hi ? tn->offset + tn->numel : hi;
+            for (int64_t e = t_lo; e < t_hi; e++) {
+                double got = mf_cpu_load(g, bf->dtype, e - lo);
+                int k = grad_k(seed, e);
+                double want = (sum_j + (double)NM * k) / 64.0 / div;
+                double mag = (abs_j + (double)NM * (k < 0 ? -k : k)) / 64.0 / div;
+                if (fabs(got - want) > slack * mag) {
+                    mismatch(c, "step %lld: rank %lld, buffer %s, element %lld (tensor %s): "
+                             "delivered gradient expected %.9g, got %.9g",
+                             (long long)c->step, (long long)c->rank, bf->name, (long long)e,
+                             tn->name, want, got);
+                    return;
+                }
+            }
+            at = tn->offset + tn->numel;
         }
     }
 }

@@ -9,7 +9,8 @@
  * every unsharded weight buffer the unit computes with must equal the cast
  * main_weight, padding included (exact); between backward_pre and
  * backward_post the rank writes grad_local through the tensor views with
- * values distinct per (step, rank, microbatch, element); after step_end the
+ * values distinct per (step, rank, microbatch, element), exact in every
+ * dtype and with a closed-form sum; after step_end the
  * delivered gradient at main_weight's placement must equal
  * (1/N) Σ_ranks Σ_microbatches local_grad (or the sum), computed in double,
  * within a tolerance of the least precise gradient dtype, and zero on
@@ -54,6 +55,9 @@ typedef struct mf_check_outcome {
 
 /* Bytes per rank the check's exchanges need at most for this schedule. */
 size_t mf_check_xchg_bytes(const mfsdp_schedule *sh);
+
+/* Bytes one rank needs (runtime buffers and the oracle's copies). */
+size_t mf_check_rank_bytes(const mfsdp_schedule *sh);
 
 /* Runs the check on one rank; creates and destroys the runtime with cfg. */
 int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_check_xchg *x,

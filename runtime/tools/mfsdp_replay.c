@@ -151,6 +151,37 @@ static void describe(const mfsdp_schedule *sh, const char *path, const char *bac
             backend);
 }
 
+/* MemAvailable in bytes, or 0 when unknown. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Refuses a replay that cannot fit in this machine's memory (rather than
+ * being killed half-way): `ranks` ranks share this machine. */
+static bool fits(const mfsdp_schedule *sh, const char *path, int64_t ranks)
+{
+    uint64_t need = (uint64_t)mf_check_rank_bytes(sh) * (uint64_t)ranks, have = mem_available();
+    if (have == 0 || need <= have / 10 * 9)
+        return true;
+    fprintf(stderr,
+            "mfsdp-replay: error: replaying %s needs about %.1f GB on this machine (%lld ranks x "
+            "%.2f GB of buffers and checks) but only %.1f GB are available; replay it with "
+            "--backend mpi over more machines\n",
+            path, (double)need / 1e9, (long long)ranks, (double)need / 1e9 / (double)ranks,
+            (double)have / 1e9);
+    return false;
+}
+
 static void perturb(mfsdp_schedule *sh)
 {
     sh->s->hash[0] ^= 0xa5;
@@ -164,6 +195,8 @@ static int run_local(const args *a, mfsdp_schedule *sh)
                 (long long)a->ranks, a->path, (long long)world);
         return 2;
     }
+    if (!fits(sh, a->path, world))
+        return 2;
     mfsdp_schedule *other = NULL;
     const mfsdp_schedule **per_rank = NULL;
     if (a->mismatch_rank >= 0 && a->mismatch_rank < world) {
@@ -297,6 +330,15 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
                     size, a->path, (long long)world, (long long)world);
         return 2;
     }
+    MPI_Comm node;
+    int node_ranks = 1, fit, all_fit = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &node_ranks);
+    MPI_Comm_free(&node);
+    fit = rank == 0 ? fits(sh, a->path, node_ranks) : 1;
+    MPI_Allreduce(&fit, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_fit)
+        return 2;
     if (rank == a->mismatch_rank)
         perturb(sh);
     mpi_xchg x = {.cap = mf_check_xchg_bytes(sh), .world = size};
