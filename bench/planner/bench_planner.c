@@ -6,7 +6,8 @@
  *   bench_planner time --shape moe|deep --tensors N --stage check|compile
  *       generates the spec in memory, runs the pipeline (check: parse + sema;
  *       compile: every pass through the verifier, then the YAML emitter into
- *       /dev/null) and prints one line of key=value: wall seconds, peak RSS
+ *       /dev/null) and prints one line of key=value: wall and CPU seconds of
+ *       the pipeline (generation excluded), peak RSS
  *       (getrusage, whole process, so run one measurement per process), the
  *       spec's size and the schedule's op count.
  *   bench_planner quality SPEC...
@@ -52,6 +53,17 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU seconds of this process (user + system): unlike wall time, barely
+ * disturbed by other load on a shared machine; the pipeline is one thread. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static long peak_rss_kb(void)
@@ -155,6 +167,7 @@ static int cmd_time(shape sh, long long ntensors, const char *stage)
     mf_compile_options opt = {.stop_after = full ? MF_STAGE_VERIFY : MF_STAGE_SEMA,
                               .verify = full};
     mf_compilation c;
+    double c0 = cpu_seconds();
     double t0 = now();
     int rc = mf_compile_buffer("synthetic.mfsdp", text, len, &opt, &c);
     double t1 = now(), t2 = t1;
@@ -169,10 +182,11 @@ static int cmd_time(shape sh, long long ntensors, const char *stage)
         nops = c.plan->sched->nops;
         nbuckets = c.plan->sched->nbuckets;
     }
-    printf("shape=%s tensors=%lld units=%lld stage=%s rc=%d seconds=%.4f pipeline_s=%.4f emit_s=%.4f "
-           "peak_rss_kb=%ld rss_before_kb=%ld spec_bytes=%zu buckets=%lld ops=%lld\n",
-           sh == SHAPE_MOE ? "moe" : "deep", ntensors, units, stage, rc, t2 - t0, t1 - t0, t2 - t1,
-           peak_rss_kb(), rss_before, len, nbuckets, nops);
+    double c2 = cpu_seconds();
+    printf("shape=%s tensors=%lld units=%lld stage=%s rc=%d seconds=%.4f cpu_s=%.4f pipeline_s=%.4f "
+           "emit_s=%.4f peak_rss_kb=%ld rss_before_kb=%ld spec_bytes=%zu buckets=%lld ops=%lld\n",
+           sh == SHAPE_MOE ? "moe" : "deep", ntensors, units, stage, rc, t2 - t0, c2 - c0, t1 - t0,
+           t2 - t1, peak_rss_kb(), rss_before, len, nbuckets, nops);
     mf_compilation_free(&c);
     free(text);
     return rc;
