@@ -228,7 +228,7 @@ static bool mf_load_str(mf_loader *l, mf_node *n, const char *what, const char *
 /* A name: a non-empty string, copied into the schedule's arena. */
 static bool mf_load_name(mf_loader *l, mf_node *n, const char *what, const char **out)
 {
-    const char *v;
+    const char *v = NULL;
     if (!mf_load_str(l, n, what, &v))
         return false;
     if (!v[0])
@@ -304,7 +304,7 @@ typedef int (*mf_from_name_fn)(const char *);
 static bool mf_load_enum(mf_loader *l, mf_node *n, const char *what, mf_from_name_fn from,
                          const char *choices, int *out)
 {
-    const char *v;
+    const char *v = NULL;
     if (!mf_load_str(l, n, what, &v))
         return false;
     int x = from(v);
