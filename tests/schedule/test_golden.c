@@ -77,8 +77,8 @@ static void test_specs_match_goldens(void **state)
     int failures = 0;
     for (int i = 0; i < n; i++) {
         char spec[256], golden[256];
-        snprintf(spec, sizeof spec, "schedules/%s.mfsdp", specs[i]);
-        snprintf(golden, sizeof golden, "schedules/%s.yaml", specs[i]);
+        snprintf(spec, sizeof spec, "schedules/%.127s.mfsdp", specs[i]);
+        snprintf(golden, sizeof golden, "schedules/%.127s.yaml", specs[i]);
         mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true};
         mf_compilation c;
         int rc = mf_compile_file(spec, &opt, &c);
@@ -129,7 +129,7 @@ static void test_goldens_roundtrip(void **state)
         if (!has_spec)
             fail_msg("schedules/%s.yaml has no spec schedules/%s.mfsdp (stale golden)", yamls[i], yamls[i]);
         char path[256], err[1024];
-        snprintf(path, sizeof path, "schedules/%s.yaml", yamls[i]);
+        snprintf(path, sizeof path, "schedules/%.127s.yaml", yamls[i]);
         size_t len = 0;
         char *text = st_read(path, &len);
         assert_non_null(text);
@@ -148,7 +148,7 @@ static void test_goldens_roundtrip(void **state)
         mf_sha256(text, len, h, NULL);
         assert_memory_equal(h, s->hash, 32);
         char want_source[256];
-        snprintf(want_source, sizeof want_source, "schedules/%s.mfsdp", yamls[i]);
+        snprintf(want_source, sizeof want_source, "schedules/%.127s.mfsdp", yamls[i]);
         assert_string_equal(s->source, want_source);
         free(again);
         free(text);
