@@ -52,19 +52,52 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
             }
         }
         int64_t done = rt->ev_done[op->event];
+        /* On failure: which stream records the event, and what it is doing. */
+        mf_stream rec = MF_STREAM_COMPUTE;
+        int busy_op = -1;
+        int64_t busy_for = 0;
+        for (int i = 0; res != MFSDP_OK && i < rt->s->nops; i++)
+            if (rt->s->ops[i].kind == MF_OP_RECORD && rt->s->ops[i].event == op->event)
+                rec = rt->s->ops[i].stream;
+        if (res != MFSDP_OK && rec != MF_STREAM_COMPUTE && rt->streams[rec].current >= 0) {
+            busy_op = rt->streams[rec].current;
+            busy_for = mf_rt_now_ns() - rt->streams[rec].current_since;
+        }
+        bool root_cause = false;
+        if (res == MFSDP_ERR_TIMEOUT && busy_op >= 0 && mf_opkind_is_collective(rt->s->ops[busy_op].kind)) {
+            /* The recording stream is inside a collective, which has its own
+             * timeout and knows more (which peers are missing): give it one
+             * more period, and report its failure instead of this symptom. */
+            struct timespec more = mf_rt_deadline(rt->cfg.timeout_ms);
+            while (rt->ev_done[op->event] < e->seq && rt->failed == MFSDP_OK && !rt->stop)
+                if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &more) == ETIMEDOUT)
+                    break;
+            if (rt->ev_done[op->event] >= e->seq) {
+                res = MFSDP_OK;
+            } else if (rt->failed != MFSDP_OK) {
+                res = rt->failed;
+                snprintf(err, errlen, "%s", rt->fail_msg);
+                root_cause = true;
+            }
+        }
         pthread_mutex_unlock(&rt->mu);
         *wait_ns += mf_rt_now_ns() - t0;
-        if (res != MFSDP_OK) {
-            char what[200];
+        if (res != MFSDP_OK && !root_cause) {
+            char what[200], stuck[260] = "";
             mf_rt_describe_op(rt, e->op, what, sizeof what);
+            if (busy_op >= 0) {
+                char op2[200];
+                mf_rt_describe_op(rt, busy_op, op2, sizeof op2);
+                snprintf(stuck, sizeof stuck, "; the %s stream has been in %s for %lld ms",
+                         mf_stream_name(rec), op2, (long long)(busy_for / 1000000));
+            }
             if (res == MFSDP_ERR_TIMEOUT)
                 snprintf(err, errlen,
                          "rank %lld, %s stream: %s timed out after %lld ms: record #%lld of event "
-                         "%d never completed (latest completed #%lld); the stream that records it "
-                         "is stuck, usually in a collective whose peers stopped",
+                         "%d on the %s stream never completed (latest completed #%lld)%s",
                          (long long)rt->rank, mf_stream_name(on), what,
                          (long long)rt->cfg.timeout_ms, (long long)e->seq, op->event,
-                         (long long)done);
+                         mf_stream_name(rec), (long long)done, stuck);
             else
                 snprintf(err, errlen, "rank %lld, %s stream: %s interrupted by an earlier failure",
                          (long long)rt->rank, mf_stream_name(on), what);
@@ -110,6 +143,8 @@ static void *stream_main(void *arg)
             break;
         mf_rt_entry e = q->queue[q->popped % q->cap];
         q->popped++;
+        q->current = e.op;
+        q->current_since = mf_rt_now_ns();
         bool skip = rt->failed != MFSDP_OK;
         pthread_mutex_unlock(&rt->mu);
 
@@ -128,6 +163,7 @@ static void *stream_main(void *arg)
         q->busy_ns += (t1 - t0) - wait_ns;
         q->wait_ns += wait_ns;
         q->completed++;
+        q->current = -1;
         if (rt->ops_waiting_space || q->completed == q->pushed ||
             rt->rops[e.op].op->kind == MF_OP_RECORD)
             pthread_cond_broadcast(&rt->cv);

@@ -720,29 +720,32 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
             same = false;
     if (same)
         return MFSDP_OK;
-    /* Group the ranks by hash: "ranks 0,1,3 have 1a2b3c4d..., ranks 2 have ...". */
+    /* Group the ranks by hash: "ranks 0,1,3 have 1a2b3c4d...; rank 2 has ...". */
     char msg[MF_RT_ERRLEN];
-    size_t at = (size_t)snprintf(msg, sizeof msg, "schedule mismatch between ranks:");
+    size_t at = (size_t)snprintf(msg, sizeof msg, "schedule hash mismatch:");
     for (int64_t r = 0; r < world && at < sizeof msg; r++) {
         bool first = true;
-        for (int64_t q = 0; q < r; q++)
-            if (memcmp(all[q].hash, all[r].hash, 32) == 0)
-                first = false;
+        int64_t count = 0;
+        for (int64_t q = 0; q < world; q++)
+            if (memcmp(all[q].hash, all[r].hash, 32) == 0 && all[q].mesh_world == all[r].mesh_world) {
+                first &= q >= r;
+                count++;
+            }
         if (!first)
             continue;
-        at += (size_t)snprintf(msg + at, sizeof msg - at, " ranks");
+        at += (size_t)snprintf(msg + at, sizeof msg - at, " %s", count > 1 ? "ranks" : "rank");
         const char *sep = " ";
         for (int64_t q = r; q < world && at < sizeof msg; q++)
-            if (memcmp(all[q].hash, all[r].hash, 32) == 0) {
+            if (memcmp(all[q].hash, all[r].hash, 32) == 0 && all[q].mesh_world == all[r].mesh_world) {
                 at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%lld", sep, (long long)q);
                 sep = ",";
             }
         if (at < sizeof msg)
             at += (size_t)snprintf(msg + at, sizeof msg - at,
-                                   " have schedule %02x%02x%02x%02x%02x%02x%02x%02x (world %lld);",
-                                   all[r].hash[0], all[r].hash[1], all[r].hash[2], all[r].hash[3],
-                                   all[r].hash[4], all[r].hash[5], all[r].hash[6], all[r].hash[7],
-                                   (long long)all[r].mesh_world);
+                                   " %s %02x%02x%02x%02x%02x%02x%02x%02x (mesh of %lld ranks);",
+                                   count > 1 ? "have" : "has", all[r].hash[0], all[r].hash[1],
+                                   all[r].hash[2], all[r].hash[3], all[r].hash[4], all[r].hash[5],
+                                   all[r].hash[6], all[r].hash[7], (long long)all[r].mesh_world);
     }
     if (at < sizeof msg)
         snprintf(msg + at, sizeof msg - at, " every rank must load the same schedule file");
@@ -878,6 +881,7 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
         rt->streams[st].rt = rt;
         rt->streams[st].id = (mf_stream)st;
+        rt->streams[st].current = -1;
     }
 
     res = be->open(rt, cfg, &rt->rank, &rt->world);

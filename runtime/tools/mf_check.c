@@ -534,7 +534,7 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
     if (out->create_result != MFSDP_OK) {
         rep.status = 2;
         rep.result = out->create_result;
-        snprintf(rep.msg, sizeof rep.msg, "rank %lld: create failed: %s: %s", (long long)c.rank,
+        snprintf(rep.msg, sizeof rep.msg, "rank %lld: mfsdp_create: %s: %s", (long long)c.rank,
                  mfsdp_result_string(out->create_result), mfsdp_last_error(NULL));
         snprintf(out->own, sizeof out->own, "%s", rep.msg);
     } else if (!init_state(&c)) {
@@ -597,7 +597,7 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
             snprintf(rep.msg, sizeof rep.msg, "%s", c.first);
         }
         if (rep.status != 0 && !out->own[0])
-            snprintf(out->own, sizeof out->own, "%s", rep.status == 3 ? "stopped" : rep.msg);
+            snprintf(out->own, sizeof out->own, "%s", rep.status == 3 ? "rank stopped calling hooks (fault injection)" : rep.msg);
         all = x->allgather(x->ctx, c.rank, &rep, sizeof rep);
         if (!all) {
             rc = 1;

@@ -238,7 +238,7 @@ static int run_local(const args *a, mfsdp_schedule *sh)
         printf("FAILED: %s\n", outs[0].msg);
         for (int64_t r = 0; r < world; r++)
             if (outs[r].own[0])
-                fprintf(stderr, "rank %lld: %s\n", (long long)r, outs[r].own);
+                fprintf(stderr, "%s\n", outs[r].own);
         rc = 1;
     }
     free(outs);
@@ -368,7 +368,7 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
     mf_check_outcome out;
     int rc = mf_check_rank(sh, &cfg, &xc, &o, &out);
     if (out.own[0])
-        fprintf(stderr, "rank %d: %s\n", rank, out.own);
+        fprintf(stderr, "%s\n", out.own);
     if (rank == 0) {
         if (rc == 0)
             printf("verified: %d ranks, %lld steps\n", size, (long long)a->steps);

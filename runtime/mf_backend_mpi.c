@@ -1,0 +1,402 @@
+/*
+ * mf_backend_mpi: one process per rank over MPI (worker model). Built only
+ * when CMake finds MPI (MFSDP_HAVE_MPI).
+ *
+ * Communicators: the trainer's communicator is duplicated (the world); each
+ * mesh axis used by a collective gets MPI_Comm_split(world, color =
+ * mf_mesh_axis_color, key = the coord on the axis), duplicated once per
+ * stream that uses it, so inner and outer traffic never share a
+ * communicator and two stream threads never use one communicator at once.
+ * This needs MPI_THREAD_MULTIPLE, checked at open.
+ *
+ * Collectives follow the schedule's op semantics (mf_schedule.h), which for an
+ * in-place reduce-scatter put the result at dst[0..n) -- what MPI_IN_PLACE
+ * does for MPI_Reduce_scatter_block, unlike NCCL's in-place layout (result at
+ * recvbuff + rank * n; mfsdp never asks for that one). An in-place all-gather
+ * (src == dst) first moves the rank's contribution from dst[0..n) to
+ * dst[c*n..] and then runs with MPI_IN_PLACE. bf16 and fp16 sums use
+ * user-defined ops that add in fp32 and round once per pairwise combination;
+ * `avg` is the sum divided by the group size afterwards. Counts above the
+ * chunk limit (INT_MAX, or MFSDP_MPI_MAX_COUNT for tests) are split:
+ * all-reduce by ranges, all-gather with a strided receive type,
+ * reduce-scatter by packing each chunk's blocks into a scratch buffer.
+ *
+ * Waiting: every collective is nonblocking and polled with MPI_Test with
+ * sleeps that back off from 1 us to 200 us (never a busy spin, and the
+ * polling drives progress), bounded by the timeout. A timeout or an abort
+ * returns an error and leaves the request pending (MPI cannot cancel a
+ * collective); the runtime is failed from then on.
+ */
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_rt.h"
+
+typedef struct mf_mpi_state {
+    MPI_Comm world;            /* dup of the trainer's communicator */
+    bool world_ok;
+    int ncomms;
+    MPI_Comm *comms;           /* per runtime comm index; MPI_COMM_NULL until made */
+    MPI_Op sum_bf16, sum_fp16;
+    bool ops_ok;
+    int64_t max_count;         /* elements per MPI call */
+    void *scratch[MF_STREAM_COUNT]; /* reduce-scatter packing, per stream */
+    int64_t scratch_elems[MF_STREAM_COUNT];
+    _Atomic bool aborted;
+    char why[256];
+} mf_mpi_state;
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    (void)dt;
+    for (int i = 0; i < *len; i++)
+        b[i] = mf_f32_to_bf16(mf_bf16_to_f32(a[i]) + mf_bf16_to_f32(b[i]));
+}
+
+static void fp16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    (void)dt;
+    for (int i = 0; i < *len; i++)
+        b[i] = mf_f32_to_fp16(mf_fp16_to_f32(a[i]) + mf_fp16_to_f32(b[i]));
+}
+
+static mfsdp_result mpi_fail(char *err, size_t errlen, int rc, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS)
+        snprintf(s, sizeof s, "MPI error %d", rc);
+    snprintf(err, errlen, "%s failed: %s", what, s);
+    return MFSDP_ERR_BACKEND;
+}
+
+/* Polls a request until it completes, the timeout passes or the runtime is
+ * aborted. */
+static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, const char *what,
+                                 char *err, size_t errlen)
+{
+    int64_t start = mf_rt_now_ns();
+    int64_t limit = rt->cfg.timeout_ms * 1000000;
+    long nap = 1000;
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(err, errlen, rc, what);
+        if (done)
+            return MFSDP_OK;
+        if (st->aborted) {
+            snprintf(err, errlen, "%s aborted: %s", what, st->why);
+            return MFSDP_ERR_ABORTED;
+        }
+        int64_t waited = mf_rt_now_ns() - start;
+        if (limit > 0 && waited > limit) {
+            snprintf(err, errlen,
+                     "%s timed out after %lld ms (a peer never joined it; MPI cannot cancel the "
+                     "collective, so this runtime is finished)",
+                     what, (long long)rt->cfg.timeout_ms);
+            return MFSDP_ERR_TIMEOUT;
+        }
+        struct timespec ts = {0, nap};
+        nanosleep(&ts, NULL);
+        if (nap < 200000)
+            nap *= 2;
+    }
+}
+
+static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
+{
+    int inited = 0, finalized = 0, level = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                               "MPI is not initialized (call MPI_Init_thread with "
+                               "MPI_THREAD_MULTIPLE first, and destroy runtimes before MPI_Finalize)");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                               "MPI was initialized without MPI_THREAD_MULTIPLE (provided level %d); "
+                               "the inner and outer streams call MPI concurrently",
+                               level);
+    if (!cfg->mpi_comm)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "config.mpi_comm is NULL (use mfsdp_config_set_mpi)");
+    mf_mpi_state *st = mf_rt_calloc(1, sizeof *st);
+    if (!st)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    st->world = MPI_COMM_NULL;
+    int rc = MPI_Comm_dup(*(MPI_Comm *)cfg->mpi_comm, &st->world);
+    if (rc != MPI_SUCCESS) {
+        mf_rt_free(st);
+        mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_dup of the world");
+        return MFSDP_ERR_BACKEND;
+    }
+    st->world_ok = true;
+    MPI_Comm_set_errhandler(st->world, MPI_ERRORS_RETURN);
+    int r = 0, n = 0;
+    MPI_Comm_rank(st->world, &r);
+    MPI_Comm_size(st->world, &n);
+    rt->be_state = st;
+    if (cfg->rank >= 0 && cfg->rank != r)
+        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                               "config.rank %lld differs from the rank %d in the MPI communicator",
+                               (long long)cfg->rank, r);
+    st->max_count = INT_MAX;
+    const char *env = getenv("MFSDP_MPI_MAX_COUNT");   /* test knob: force chunking */
+    if (env && atoll(env) > 0 && atoll(env) < INT_MAX)
+        st->max_count = atoll(env);
+    *rank = r;
+    *world = n;
+    return MFSDP_OK;
+}
+
+static mfsdp_result mpi_alloc(mf_rt *rt, size_t bytes, void **out)
+{
+    *out = mf_rt_aligned_zalloc(256, bytes);
+    if (!*out)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
+    return MFSDP_OK;
+}
+
+static void mpi_free(mf_rt *rt, void *p)
+{
+    mf_rt_free(p);
+}
+
+static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void *all)
+{
+    mf_mpi_state *st = rt->be_state;
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, st->world, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Iallgather of the schedule hashes");
+    char msg[MF_RT_ERRLEN];
+    mfsdp_result res = wait_request(rt, st, &req, "the schedule hash exchange", msg, sizeof msg);
+    if (res != MFSDP_OK)
+        mf_rt_set_error(rt, res, "%s", msg);
+    return res;
+}
+
+static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
+{
+    mf_mpi_state *st = rt->be_state;
+    st->comms = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
+    if (!st->comms)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+    st->ncomms = ncomms;
+    for (int c = 0; c < ncomms; c++)
+        st->comms[c] = MPI_COMM_NULL;
+    int rc = MPI_Op_create(bf16_sum, 1, &st->sum_bf16);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Op_create(fp16_sum, 1, &st->sum_fp16);
+        if (rc != MPI_SUCCESS)
+            MPI_Op_free(&st->sum_bf16);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Op_create");
+    st->ops_ok = true;
+    /* Axis by axis, in the same order on every rank: split, then one dup per
+     * stream using the axis. */
+    for (int j = 0; j < rt->s->mesh.naxes; j++) {
+        bool used = false;
+        for (int c = 0; c < ncomms; c++)
+            used |= comms[c].axis == j;
+        if (!used)
+            continue;
+        MPI_Comm axis;
+        int color = 0, key = 0;
+        for (int c = 0; c < ncomms; c++)
+            if (comms[c].axis == j) {
+                color = (int)comms[c].color;
+                key = (int)comms[c].coord;
+            }
+        rc = MPI_Comm_split(st->world, color, key, &axis);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_split");
+        for (int c = 0; c < ncomms && rc == MPI_SUCCESS; c++)
+            if (comms[c].axis == j)
+                rc = MPI_Comm_dup(axis, &st->comms[c]);
+        MPI_Comm_free(&axis);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_dup");
+    }
+    /* Scratch for chunked reduce-scatters. */
+    for (int i = 0; i < rt->s->nops; i++) {
+        const mf_rt_op *r = &rt->rops[i];
+        if (r->op->kind != MF_OP_REDUCE_SCATTER || r->op->count <= st->max_count)
+            continue;
+        int64_t chunk = st->max_count;
+        if (chunk * r->nranks > ((int64_t)16 << 20))
+            chunk = ((int64_t)16 << 20) / r->nranks > 0 ? ((int64_t)16 << 20) / r->nranks : 1;
+        int64_t elems = chunk * r->nranks;
+        if (elems > st->scratch_elems[r->op->stream])
+            st->scratch_elems[r->op->stream] = elems;
+    }
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        if (st->scratch_elems[s]) {
+            st->scratch[s] = mf_rt_aligned_zalloc(256, (size_t)st->scratch_elems[s] * 4);
+            if (!st->scratch[s])
+                return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                       "out of memory (reduce-scatter scratch)");
+        }
+    return MFSDP_OK;
+}
+
+static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
+                                   size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    const mf_op *op = r->op;
+    MPI_Comm comm = st->comms[r->comm];
+    MPI_Datatype type = op->dtype == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op sum = op->dtype == MF_FP32 ? MPI_SUM : op->dtype == MF_BF16 ? st->sum_bf16 : st->sum_fp16;
+    size_t es = mf_dtype_size(op->dtype);
+    int64_t n = op->count, g = r->nranks;
+    char *src = r->src, *dst = r->dst;
+    char what[160];
+    snprintf(what, sizeof what, "%s of %lld %s elements on axis %s", mf_opkind_name(op->kind),
+             (long long)n, mf_dtype_name(op->dtype), rt->s->mesh.axes[op->axis].name);
+    mfsdp_result res = MFSDP_OK;
+    MPI_Request req;
+    int rc = MPI_SUCCESS;
+    (void)microbatch;
+    switch (op->kind) {
+    case MF_OP_ALL_REDUCE:
+        for (int64_t o = 0; o < n && res == MFSDP_OK; o += st->max_count) {
+            int64_t len = n - o < st->max_count ? n - o : st->max_count;
+            rc = MPI_Iallreduce(r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es, dst + o * (int64_t)es,
+                                (int)len, type, sum, comm, &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, errlen, rc, what);
+            res = wait_request(rt, st, &req, what, err, errlen);
+        }
+        break;
+    case MF_OP_REDUCE_SCATTER:
+        if (n <= st->max_count) {
+            rc = MPI_Ireduce_scatter_block(r->overlap ? MPI_IN_PLACE : src, dst, (int)n, type, sum,
+                                           comm, &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, errlen, rc, what);
+            res = wait_request(rt, st, &req, what, err, errlen);
+            break;
+        }
+        {
+            /* Pack chunk [o, o+len) of every block, reduce-scatter it. Chunks
+             * go up in o, so an in-place dst only overwrites packed data. */
+            char *scratch = st->scratch[op->stream];
+            int64_t chunk = st->scratch_elems[op->stream] / g;
+            for (int64_t o = 0; o < n && res == MFSDP_OK; o += chunk) {
+                int64_t len = n - o < chunk ? n - o : chunk;
+                for (int64_t i = 0; i < g; i++)
+                    memcpy(scratch + (size_t)(i * len) * es, src + (size_t)(i * n + o) * es,
+                           (size_t)len * es);
+                rc = MPI_Ireduce_scatter_block(scratch, dst + o * (int64_t)es, (int)len, type, sum,
+                                               comm, &req);
+                if (rc != MPI_SUCCESS)
+                    return mpi_fail(err, errlen, rc, what);
+                res = wait_request(rt, st, &req, what, err, errlen);
+            }
+        }
+        break;
+    case MF_OP_ALL_GATHER:
+        if (r->overlap)
+            memmove(dst + (size_t)(r->coord * n) * es, src, (size_t)n * es);
+        if (n <= st->max_count) {
+            rc = MPI_Iallgather(r->overlap ? MPI_IN_PLACE : src, (int)n, type, dst, (int)n, type, comm,
+                                &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, errlen, rc, what);
+            res = wait_request(rt, st, &req, what, err, errlen);
+            break;
+        }
+        for (int64_t o = 0; o < n && res == MFSDP_OK; o += st->max_count) {
+            /* Block i of this chunk lands at dst[i*n + o]: a receive type of
+             * len elements with an extent of n elements. */
+            int64_t len = n - o < st->max_count ? n - o : st->max_count;
+            MPI_Datatype blk, strided;
+            rc = MPI_Type_contiguous((int)len, type, &blk);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Type_create_resized(blk, 0, (MPI_Aint)(n * (int64_t)es), &strided);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Type_commit(&strided);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, errlen, rc, what);
+            rc = MPI_Iallgather(r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es, (int)len, type,
+                                dst + o * (int64_t)es, 1, strided, comm, &req);
+            if (rc == MPI_SUCCESS)
+                res = wait_request(rt, st, &req, what, err, errlen);
+            MPI_Type_free(&strided);
+            MPI_Type_free(&blk);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, errlen, rc, what);
+        }
+        break;
+    default:
+        snprintf(err, errlen, "%s is not a collective", mf_opkind_name(op->kind));
+        return MFSDP_ERR_INTERNAL;
+    }
+    if (res == MFSDP_OK && rt->s->reduce == MF_REDUCE_AVG &&
+        (op->kind == MF_OP_ALL_REDUCE || op->kind == MF_OP_REDUCE_SCATTER))
+        mf_cpu_divide(dst, op->dtype, n, g);
+    return res;
+}
+
+static void mpi_abort(mf_rt *rt, const char *why)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (!st || st->aborted)
+        return;
+    snprintf(st->why, sizeof st->why, "%s", why);
+    st->aborted = true;
+}
+
+static void mpi_close(mf_rt *rt)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (!st)
+        return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+        /* A communicator with a pending (timed-out) collective is only marked
+         * for deallocation by MPI_Comm_free, which does not block. */
+        for (int c = 0; st->comms && c < st->ncomms; c++)
+            if (st->comms[c] != MPI_COMM_NULL)
+                MPI_Comm_free(&st->comms[c]);
+        if (st->ops_ok) {
+            MPI_Op_free(&st->sum_bf16);
+            MPI_Op_free(&st->sum_fp16);
+        }
+        if (st->world_ok)
+            MPI_Comm_free(&st->world);
+    }
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        mf_rt_free(st->scratch[s]);
+    mf_rt_free(st->comms);
+    mf_rt_free(st);
+    rt->be_state = NULL;
+}
+
+const mf_backend_vtbl mf_backend_mpi = {
+    .name = "mpi",
+    .caps = 0,
+    .open = mpi_open,
+    .alloc = mpi_alloc,
+    .free = mpi_free,
+    .exchange = mpi_exchange,
+    .comm_init = mpi_comm_init,
+    .collective = mpi_collective,
+    .submit = NULL,
+    .synchronize = NULL,
+    .abort = mpi_abort,
+    .close = mpi_close,
+};
