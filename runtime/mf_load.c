@@ -316,7 +316,7 @@ static bool mf_load_enum(mf_loader *l, mf_node *n, const char *what, mf_from_nam
 
 /* "a, b, c": the names of an X-macro table, for messages. */
 #define MF_CHOICE_ITEM(E, name, ...) ", " name
-#define MF_CHOICES(list) (list(MF_CHOICE_ITEM) + 2)
+#define MF_CHOICES(list) (&(list(MF_CHOICE_ITEM))[2]) /* skip the first ", " */
 static const char *const mf_dtype_choices = MF_CHOICES(MF_DTYPE_LIST);
 static const char *const mf_place_choices = MF_CHOICES(MF_PLACE_LIST);
 static const char *const mf_phase_choices = MF_CHOICES(MF_PHASE_LIST);
