@@ -72,6 +72,7 @@ typedef struct mf_verify_ctx {
     /* error de-duplication: (op or actor, buffer, kind) keys already reported */
     uint64_t *seen;
     size_t nseen, capseen;
+    mf_vec rank_sigs;       /* mf_rank_sig: per-rank checks already done */
 } mf_verify_ctx;
 
 __attribute__((format(printf, 2, 3))) static void mf_verify_err(mf_verify_ctx *c, const char *fmt, ...)
@@ -359,6 +360,15 @@ static bool mf_verify_moves(const mf_schedule *s, const mf_op *op, const mf_plac
     }
 }
 
+/* What the per-rank check of an op depends on; equal signatures give equal
+ * results, so each is checked once. */
+typedef struct mf_rank_sig {
+    mf_opkind kind;
+    int axis;
+    mf_placement src, dst;
+    int64_t length, count;
+} mf_rank_sig;
+
 /* On every rank, do the elements moved match the shards the layout assigns? */
 static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
 {
@@ -368,8 +378,27 @@ static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
         return;
     const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
     int64_t L = s->buckets[op->bucket].length;
-    int64_t group[64];
+    mf_rank_sig sig;
+    memset(&sig, 0, sizeof sig);
+    sig.kind = op->kind;
+    sig.axis = op->axis;
+    sig.src = src->place;
+    sig.dst = dst->place;
+    sig.length = L;
+    sig.count = op->count;
+    const mf_rank_sig *done = c->rank_sigs.data;
+    for (size_t i = 0; i < c->rank_sigs.len; i++)
+        if (memcmp(&done[i], &sig, sizeof sig) == 0)
+            return;
+    mf_rank_sig *slot = mf_vec_push(&c->rank_sigs);
+    if (slot)
+        *slot = sig;
+    int64_t *group = op->axis >= 0 ? malloc((size_t)m->axes[op->axis].size * sizeof *group) : NULL;
     char ob[160];
+    if (op->axis >= 0 && !group) {
+        mf_verify_err(c, "out of memory while verifying");
+        return;
+    }
     for (int64_t r = 0; r < m->world; r++) {
         mf_range sr = mf_layout_range(m, &src->place, r, L), dr = mf_layout_range(m, &dst->place, r, L);
         int64_t coords[MF_MAX_AXES];
@@ -380,8 +409,6 @@ static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
         case MF_OP_REDUCE_SCATTER:
         case MF_OP_ALL_REDUCE: {
             int64_t n = m->axes[op->axis].size;
-            if (n > 64)
-                return;
             mf_mesh_axis_group(m, op->axis, r, group);
             for (int64_t i = 0; i < n && ok; i++) {
                 mf_range gr = mf_layout_range(m, &src->place, group[i], L);
@@ -406,9 +433,10 @@ static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
         if (!ok) {
             mf_verify_err(c, "%s: on rank %lld the elements it moves are not the shard the layout assigns to '%s'",
                           mf_verify_opdesc(s, op, ob, sizeof ob), (long long)r, dst->name);
-            return;
+            break;
         }
     }
+    free(group);
 }
 
 static void mf_verify_data_op(mf_verify_ctx *c, const mf_op *op)
@@ -985,6 +1013,7 @@ done:
 int mf_verify_run(const mf_schedule *s, mf_diag *d)
 {
     mf_verify_ctx c = {.s = s, .d = d};
+    mf_vec_init(&c.rank_sigs, sizeof(mf_rank_sig));
     size_t nb = s->nbuckets ? (size_t)s->nbuckets : 1;
     c.delivered = malloc(nb * sizeof(int));
     c.full = malloc(nb * sizeof(int));
@@ -1014,5 +1043,6 @@ done:
     free(c.local);
     free(c.mainw);
     free(c.seen);
+    mf_vec_free(&c.rank_sigs);
     return c.errors;
 }
