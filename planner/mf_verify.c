@@ -70,7 +70,7 @@ typedef struct mf_verify_ctx {
     int *local;             /* per bucket: grad_local */
     int *mainw;             /* per bucket: main_weight */
     /* error de-duplication: (op or actor, buffer, kind) keys already reported */
-    uint64_t *seen;
+    struct mf_verify_key *seen;
     size_t nseen, capseen;
     mf_vec rank_sigs;       /* mf_rank_sig: per-rank checks already done */
 } mf_verify_ctx;
@@ -87,15 +87,21 @@ __attribute__((format(printf, 2, 3))) static void mf_verify_err(mf_verify_ctx *c
     c->errors++;
 }
 
-/* True the first time key is seen (so each finding is reported once). */
-static bool mf_verify_first(mf_verify_ctx *c, uint64_t key)
+typedef struct mf_verify_key {
+    int actor, buffer, what;
+} mf_verify_key;
+
+/* True the first time (actor, buffer, what) is seen: each finding is
+ * reported once, not once per microbatch and step. */
+static bool mf_verify_first(mf_verify_ctx *c, int actor, int buffer, int what)
 {
+    mf_verify_key key = {actor, buffer, what};
     for (size_t i = 0; i < c->nseen; i++)
-        if (c->seen[i] == key)
+        if (c->seen[i].actor == actor && c->seen[i].buffer == buffer && c->seen[i].what == what)
             return false;
     if (c->nseen == c->capseen) {
         size_t cap = c->capseen ? c->capseen * 2 : 64;
-        uint64_t *n = realloc(c->seen, cap * sizeof *n);
+        mf_verify_key *n = realloc(c->seen, cap * sizeof *n);
         if (!n)
             return true;
         c->seen = n;
@@ -641,8 +647,8 @@ static bool mf_sim_ordered(const mf_sim *sim, int stream, const mf_access *prev)
 static void mf_sim_hazard(mf_sim *sim, int actor, int stream, int b, const mf_access *prev, const char *what)
 {
     mf_verify_ctx *c = sim->c;
-    uint64_t key = ((uint64_t)(uint32_t)actor << 32) ^ ((uint64_t)(uint32_t)b << 4) ^ (uint64_t)(what[0] * 256 + what[1]);
-    if (!mf_verify_first(c, key))
+    int what_key = what[0] * 256 + what[1];
+    if (!mf_verify_first(c, actor, b, what_key))
         return;
     char a[192], p[192];
     char where[64] = "";
@@ -682,7 +688,7 @@ static void mf_sim_tick(mf_sim *sim, int stream)
 __attribute__((format(printf, 4, 5))) static void mf_sim_bad(mf_sim *sim, int actor, int b, const char *fmt, ...)
 {
     mf_verify_ctx *c = sim->c;
-    if (!mf_verify_first(c, ((uint64_t)(uint32_t)actor << 32) ^ ((uint64_t)(uint32_t)b << 4) ^ 0xf))
+    if (!mf_verify_first(c, actor, b, 0))
         return;
     char msg[512], a[192];
     va_list ap;
