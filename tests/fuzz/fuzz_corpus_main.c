@@ -2,7 +2,8 @@
  * fuzz_corpus_main: runs LLVMFuzzerTestOneInput over every file of the given
  * files and directories (the seed corpus and the crash regressions), so the
  * fuzz target's checks run in every build, whatever the compiler. Fails when
- * nothing was found (a wrong path must not pass silently).
+ * nothing was found (a wrong path must not pass silently). Linked with each
+ * target (fuzz_<target>_corpus); messages carry the program's name.
  */
 #include <dirent.h>
 #include <stdint.h>
@@ -13,6 +14,8 @@
 
 #include "mf_pipeline.h"
 
+static const char *prog = "fuzz_corpus";
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int run_file(const char *path)
@@ -20,7 +23,7 @@ static int run_file(const char *path)
     size_t len = 0;
     char *text = mf_read_file(path, &len);
     if (!text) {
-        fprintf(stderr, "fuzz_frontend_corpus: cannot read %s\n", path);
+        fprintf(stderr, "%s: cannot read %s\n", prog, path);
         return -1;
     }
     LLVMFuzzerTestOneInput((const uint8_t *)text, len);
@@ -35,10 +38,14 @@ static int run_file(const char *path)
 int main(int argc, char **argv)
 {
     int files = 0;
+    if (argc > 0 && argv[0][0]) {
+        const char *slash = strrchr(argv[0], '/');
+        prog = slash ? slash + 1 : argv[0];
+    }
     for (int i = 1; i < argc; i++) {
         struct stat st;
         if (stat(argv[i], &st) != 0) {
-            fprintf(stderr, "fuzz_frontend_corpus: no such file or directory: %s\n", argv[i]);
+            fprintf(stderr, "%s: no such file or directory: %s\n", prog, argv[i]);
             return 1;
         }
         if (!S_ISDIR(st.st_mode)) {
@@ -64,6 +71,6 @@ int main(int argc, char **argv)
         }
         closedir(d);
     }
-    printf("fuzz_frontend_corpus: %d inputs ran clean\n", files);
+    printf("%s: %d inputs ran clean\n", prog, files);
     return files > 0 ? 0 : 1;
 }
