@@ -641,10 +641,10 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
         else
             snprintf(s->source_sha256, sizeof s->source_sha256, "%064d", 0);
         c.oom = !s->buffers || !s->ops || !s->source;
-        if (!c.oom) {
-            mf_schedule_summarize(s);
+        if (!c.oom)
+            c.oom = !mf_schedule_summarize(s);
+        if (!c.oom)
             mf_lower_cross_check(&c);
-        }
     }
     mf_vec_free(&c.bufs);
     mf_vec_free(&c.ops);

@@ -960,7 +960,8 @@ static bool mf_load_summary(mf_loader *l, mf_node *n)
     if (!mf_load_fields(l, n, "summary", keys, 4, v, NULL))
         return false;
     mf_schedule *s = l->s;
-    mf_schedule_summarize(s);
+    if (!mf_schedule_summarize(s))
+        return mf_load_oom(l);
     const mf_summary *sum = &s->summary;
     mf_key ckeys[MF_OPKIND_COUNT];
     int kinds[MF_OPKIND_COUNT], nk = 0;

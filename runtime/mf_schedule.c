@@ -131,7 +131,7 @@ int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches
     return when == MF_WHEN_EVERY ? microbatches : 1;
 }
 
-void mf_schedule_summarize(mf_schedule *s)
+bool mf_schedule_summarize(mf_schedule *s)
 {
     mf_summary *sum = &s->summary;
     memset(sum, 0, sizeof *sum);
@@ -144,33 +144,41 @@ void mf_schedule_summarize(mf_schedule *s)
         sum->bytes[op->axis] +=
             runs * mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
     }
-    /* Memory: persistent buffers always count; transient ones count at their
-     * peak, bounded by the prefetch window (prefetch + 1 units live at once),
-     * taking the largest such window per role. */
-    int64_t transient_unit[MF_ROLE_COUNT];
-    int64_t *per_unit = calloc((size_t)(s->nunits ? s->nunits : 1) * MF_ROLE_COUNT, sizeof *per_unit);
+    /* Memory per rank by role. Persistent buffers live across steps; step
+     * buffers live for the whole step, so they add to the peak in full;
+     * microbatch (transient) buffers count at their peak, bounded by the
+     * prefetch window (prefetch + 1 units live at once), taking the largest
+     * such window per role. */
+    size_t nunits = (size_t)(s->nunits > 0 ? s->nunits : 1);
+    int64_t *per_unit = calloc(nunits * MF_ROLE_COUNT, sizeof *per_unit);
+    if (!per_unit)
+        return false;
+    int64_t step_bytes[MF_ROLE_COUNT] = {0};
     for (int b = 0; b < s->nbuffers; b++) {
         const mf_buffer *buf = &s->buffers[b];
         mf_role role = mf_bufkind_role(buf->kind);
         int64_t bytes = buf->count * (int64_t)mf_dtype_size(buf->dtype);
         if (buf->lifetime == MF_LIFETIME_PERSISTENT)
             sum->persistent_bytes[role] += bytes;
-        else if (per_unit && buf->bucket >= 0 && buf->bucket < s->nbuckets)
+        else if (buf->lifetime == MF_LIFETIME_STEP)
+            step_bytes[role] += bytes;
+        else if (buf->bucket >= 0 && buf->bucket < s->nbuckets)
             per_unit[s->buckets[buf->bucket].unit * MF_ROLE_COUNT + role] += bytes;
     }
     int window = s->prefetch + 1;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        transient_unit[r] = 0;
-        for (int u = 0; per_unit && u < s->nunits; u++) {
+        int64_t transient = 0;
+        for (int u = 0; u < s->nunits; u++) {
             int64_t w = 0;
             for (int v = u; v < s->nunits && v < u + window; v++)
                 w += per_unit[v * MF_ROLE_COUNT + r];
-            if (w > transient_unit[r])
-                transient_unit[r] = w;
+            if (w > transient)
+                transient = w;
         }
-        sum->peak_bytes[r] = sum->persistent_bytes[r] + transient_unit[r];
+        sum->peak_bytes[r] = sum->persistent_bytes[r] + step_bytes[r] + transient;
     }
     free(per_unit);
+    return true;
 }
 
 bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)
