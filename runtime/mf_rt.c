@@ -576,6 +576,34 @@ MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *h, uint8_t out[32])
         memcpy(out, h->s->hash, 32);
 }
 
+MFSDP_API int mfsdp_schedule_num_tensors(const mfsdp_schedule *h)
+{
+    return h ? h->ntensors : 0;
+}
+
+MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *h, int index,
+                                                  mfsdp_tensor_info *out)
+{
+    if (!h || !out || index < 0 || index >= h->ntensors)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_schedule_tensor_info: index %d out of range [0, %d)", index,
+                               h ? h->ntensors : 0);
+    const mf_rt_tensor *rt_t = &h->tensors[index];
+    const mf_bucket *bk = &h->s->buckets[rt_t->bucket];
+    const mf_tensor *t = &bk->tensors[rt_t->index];
+    memset(out, 0, sizeof *out);
+    out->name = t->name;
+    out->unit = rt_t->unit;
+    out->ndims = t->ndims;
+    for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
+        out->dims[d] = t->dims[d];
+    out->numel = t->numel;
+    out->weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_WEIGHT];
+    out->grad_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_GRAD];
+    out->main_weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_MAIN_WEIGHT];
+    return MFSDP_OK;
+}
+
 /* ---- create ---- */
 
 /* Resolves op pointers and the communicator list. */

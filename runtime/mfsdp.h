@@ -119,6 +119,25 @@ MFSDP_API int mfsdp_schedule_reduce_is_avg(const mfsdp_schedule *s);
 /* The SHA-256 of the schedule file (what ranks compare at create). */
 MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *s, uint8_t out[32]);
 
+#define MFSDP_MAX_DIMS 8
+
+/* One tensor of the schedule, before any runtime exists (to build a model).
+ * Indices are the same as mfsdp_tensor_view_get's. */
+typedef struct mfsdp_tensor_info {
+    const char *name;         /* full name: unit name + "." + tensor name */
+    int unit;                 /* index of the unit whose hooks bracket its compute */
+    int ndims;
+    int64_t dims[MFSDP_MAX_DIMS];
+    int64_t numel;
+    mfsdp_dtype weight_dtype;      /* of the compute weight */
+    mfsdp_dtype grad_dtype;        /* of the gradient buffers */
+    mfsdp_dtype main_weight_dtype; /* of the master weight */
+} mfsdp_tensor_info;
+
+MFSDP_API int mfsdp_schedule_num_tensors(const mfsdp_schedule *s);
+MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *s, int index,
+                                                  mfsdp_tensor_info *out);
+
 /* ---- backends and configuration ---- */
 
 typedef enum mfsdp_backend {
@@ -198,8 +217,6 @@ MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt);
 MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis);
 
 /* ---- views ---- */
-
-#define MFSDP_MAX_DIMS 8
 
 /*
  * Where one tensor's data lives for this rank. Pointers are into the
