@@ -13,6 +13,9 @@
  * computes its own destination by reading every member's source directly
  * (no intermediate copies), then departs and waits until every member has
  * departed, so no member's source is overwritten while a peer still reads it.
+ * An all-reduce has one more stage: each member reduces one chunk into its
+ * own destination, and once all chunks are reduced copies the others' chunks
+ * from their owners (n times less arithmetic than every member reducing all).
  * The last rank to depart recycles the slot for collective k + 2. With two
  * slots a fast rank can already post collective k + 1 while slow ones depart
  * from k. Reductions sum in coord order, so every member computes the same
@@ -37,7 +40,9 @@
 typedef struct mf_local_slot {
     int64_t seq;               /* the collective number this slot serves */
     int64_t arrived, departed;
+    int64_t reduced;           /* all-reduce: members done with their own chunk */
     const void **src;          /* per coord: the posted source */
+    void **dst;                /* per coord: the posted destination (all-reduce) */
     uint8_t *posted;           /* per coord */
     mf_opkind kind;            /* from the first member to arrive */
     mf_dtype dtype;
@@ -133,6 +138,7 @@ static void comm_free(mf_local_comm *c)
         return;
     for (int k = 0; k < 2; k++) {
         mf_rt_free((void *)c->slot[k].src);
+        mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
     }
     mf_rt_free(c->ranks);
@@ -284,8 +290,9 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
     for (int k = 0; k < 2 && ok; k++) {
         c->slot[k].seq = k;
         c->slot[k].src = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
+        c->slot[k].dst = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].dst);
         c->slot[k].posted = mf_rt_calloc((size_t)d->nranks, 1);
-        ok = c->slot[k].src && c->slot[k].posted;
+        ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted;
     }
     bool mu = ok && pthread_mutex_init(&c->mu, NULL) == 0;
     if (mu && mf_rt_cond_init(&c->cv) == 0) {
@@ -296,6 +303,7 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
         pthread_mutex_destroy(&c->mu);
     for (int k = 0; k < 2; k++) {
         mf_rt_free((void *)c->slot[k].src);
+        mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
     }
     mf_rt_free(c->ranks);
@@ -424,6 +432,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
             slot->mismatch = true;
         }
         slot->src[me] = mine;
+        slot->dst[me] = r->dst;
         slot->posted[me] = 1;
         if (++slot->arrived == n)
             pthread_cond_broadcast(&c->cv);
@@ -473,9 +482,38 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         case MF_OP_REDUCE_SCATTER:
             mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
             break;
-        case MF_OP_ALL_REDUCE:
-            mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+        case MF_OP_ALL_REDUCE: {
+            /* Reduce-scatter then all-gather: each member reduces its own
+             * chunk into its destination (every chunk is reduced once, so
+             * every member ends with the same bits), then copies the other
+             * chunks from their owners' destinations. */
+            int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
+            mf_cpu_reduce((char *)r->dst + (size_t)lo * es, slot->src, (int)n, lo, hi - lo, op->dtype,
+                          div);
+            pthread_mutex_lock(&c->mu);
+            if (++slot->reduced == n)
+                pthread_cond_broadcast(&c->cv);
+            while (slot->reduced < n)
+                if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                    slot->reduced < n)
+                    break;
+            bool all_reduced = slot->reduced == n;
+            pthread_mutex_unlock(&c->mu);
+            if (!all_reduced) {
+                res = MFSDP_ERR_TIMEOUT;
+                snprintf(err, errlen, "all_reduce on axis %s: peers did not finish within %lld ms",
+                         axis, (long long)rt->cfg.timeout_ms);
+                break;
+            }
+            for (int64_t j = 0; j < n; j++) {
+                if (j == me)
+                    continue;
+                int64_t jl = j * cnt / n, jh = (j + 1) * cnt / n;
+                memcpy((char *)r->dst + (size_t)jl * es, (const char *)slot->dst[j] + (size_t)jl * es,
+                       (size_t)(jh - jl) * es);
+            }
             break;
+        }
         default:
             break;
         }
@@ -486,7 +524,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
      * blocking. */
     pthread_mutex_lock(&c->mu);
     if (++slot->departed == n) {
-        slot->arrived = slot->departed = 0;
+        slot->arrived = slot->departed = slot->reduced = 0;
         memset(slot->posted, 0, (size_t)n);
         slot->mismatch = false;
         slot->seq += 2;

@@ -1,0 +1,417 @@
+/*
+ * runtime_bench: what libmfsdp costs on CPUs. Not a test; prints tables.
+ *
+ *   mfsdp-runtime-bench [--quick]            host overhead + local backend
+ *   mpirun -np N mfsdp-runtime-bench --mpi   MPI backend vs raw MPI calls
+ *
+ * 1. Host overhead per replayed op: a schedule of many tiny ops (8 units of
+ *    4 64-element tensors, HFSDP, M = 4) on one rank and on 2 x 4 thread-ranks,
+ *    in the worker model (stream threads) and the synchronous model; time per
+ *    step / ops issued per step.
+ * 2. Local collectives: schedules whose only work is K back-to-back
+ *    all-gathers, reduce-scatters or all-reduces of S bytes on N
+ *    thread-ranks; algorithm bandwidth S / t next to one thread's memcpy of
+ *    S bytes.
+ * 3. MPI: the same single-collective schedules on the MPI backend against
+ *    the same MPI calls made directly (blocking MPI_Allgather etc. and the
+ *    nonblocking ones with MPI_Wait), on MPI_COMM_WORLD.
+ * Schedules come from the runtime tests' builder (tests/runtime), so the
+ * bench needs no compiler.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_rt.h"
+#include "mf_test_builder.h"
+
+#ifdef MFSDP_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static mfsdp_schedule *wrap(mf_schedule *s)
+{
+    char err[256];
+    mfsdp_schedule *h = NULL;
+    if (!s || mf_rt_schedule_wrap(s, &h, err, sizeof err) != MFSDP_OK) {
+        fprintf(stderr, "runtime_bench: cannot build a schedule: %s\n", s ? err : "builder failed");
+        exit(2);
+    }
+    return h;
+}
+
+/* Many tiny ops: 8 units of four 64-element tensors. */
+static mfsdp_schedule *tiny_schedule(int64_t outer, int64_t inner)
+{
+    mf_tb_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.naxes = 2;
+    spec.sizes[0] = outer;
+    spec.sizes[1] = inner;
+    spec.microbatches = 4;
+    spec.reduce = MF_REDUCE_AVG;
+    spec.nlayouts = 1;
+    mf_tb_mode("hfsdp", 2, &spec.layouts[0]);
+    spec.nunits = MF_TB_MAX_UNITS;
+    static char names[MF_TB_MAX_UNITS][16];
+    for (int u = 0; u < spec.nunits; u++) {
+        snprintf(names[u], sizeof names[u], "u%d", u);
+        spec.units[u].name = names[u];
+        spec.units[u].ntensors = 4;
+        for (int t = 0; t < 4; t++)
+            spec.units[u].tensors[t] = (mf_tb_tensor){t == 0 ? "a" : t == 1 ? "b" : t == 2 ? "c" : "d", 64, 0};
+    }
+    char err[256];
+    return wrap(mf_tb_build(&spec, err, sizeof err));
+}
+
+/* One bucket of `elems` elements on a 1-D mesh of n ranks whose step_begin
+ * runs `reps` collectives of one kind on the inner stream, then compute
+ * waits for them. */
+static mfsdp_schedule *collective_schedule(int64_t n, int64_t elems, mf_opkind kind, int reps)
+{
+    mf_tb_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.naxes = 1;
+    spec.sizes[0] = n;
+    spec.microbatches = 1;
+    spec.reduce = MF_REDUCE_AVG;
+    spec.nlayouts = 1;
+    spec.layouts[0] = (mf_tb_layout){{MF_FP32, MF_FP32, MF_FP32}, {"F", "F", "F"}};
+    spec.nunits = 1;
+    spec.units[0] = (mf_tb_unit){"u", false, 1, {{"t", elems, 0}}};
+    char err[256];
+    mf_schedule *s = mf_tb_build(&spec, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "runtime_bench: %s\n", err);
+        exit(2);
+    }
+    int w = -1, full = -1, local = -1, grad = -1;
+    for (int i = 0; i < s->nbuffers; i++)
+        switch (s->buffers[i].kind) {
+        case MF_BUF_WEIGHT: w = i; break;
+        case MF_BUF_WEIGHT_FULL: full = i; break;
+        case MF_BUF_GRAD_LOCAL: local = i; break;
+        case MF_BUF_GRAD: grad = i; break;
+        default: break;
+        }
+    int64_t L = s->buckets[0].length;
+    mf_op *ops = mf_arena_array(s->arena, (size_t)reps + 2, sizeof *ops);
+    for (int r = 0; r < reps; r++) {
+        mf_op *op = &ops[r];
+        *op = (mf_op){.id = r, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
+                      .stream = MF_STREAM_INNER, .kind = kind, .bucket = 0, .axis = 0,
+                      .dtype = MF_FP32, .event = -1};
+        if (kind == MF_OP_ALL_GATHER) {
+            op->count = L / n;
+            op->src = w;
+            op->dst = full;
+        } else if (kind == MF_OP_REDUCE_SCATTER) {
+            op->count = L / n;
+            op->src = local;
+            op->dst = grad;
+        } else {
+            op->count = L;
+            op->src = local;
+            op->dst = local;
+        }
+    }
+    ops[reps] = (mf_op){.id = reps, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
+                        .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
+                        .src = -1, .dst = -1, .event = 0};
+    ops[reps + 1] = ops[reps];
+    ops[reps + 1].id = reps + 1;
+    ops[reps + 1].stream = MF_STREAM_COMPUTE;
+    ops[reps + 1].kind = MF_OP_WAIT;
+    s->ops = ops;
+    s->nops = reps + 2;
+    s->nevents = 1;
+    mf_schedule_summarize(s);
+    return wrap(s);
+}
+
+/* ---- running a schedule on thread-ranks ---- */
+
+typedef struct job {
+    const mfsdp_schedule *sh;
+    mfsdp_config cfg;
+    int steps, warmup;
+    double seconds;         /* measured steps */
+    int64_t ops;            /* ops issued per step */
+    int failed;
+} job;
+
+static int run_hooks(mfsdp_runtime *rt, const mfsdp_schedule *sh)
+{
+    int U = mfsdp_schedule_num_units(sh);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    if (mfsdp_step_begin(rt) != MFSDP_OK)
+        return -1;
+    for (int64_t m = 0; m < M; m++) {
+        for (int u = 0; u < U; u++)
+            if (mfsdp_forward_pre(rt, u, m) || mfsdp_forward_post(rt, u, m))
+                return -1;
+        for (int u = U - 1; u >= 0; u--)
+            if (mfsdp_backward_pre(rt, u, m) || mfsdp_backward_post(rt, u, m))
+                return -1;
+    }
+    return mfsdp_step_end(rt) == MFSDP_OK ? 0 : -1;
+}
+
+static void *job_main(void *p)
+{
+    job *j = p;
+    mfsdp_runtime *rt = NULL;
+    j->failed = 1;
+    if (mfsdp_create(j->sh, &j->cfg, &rt) != MFSDP_OK) {
+        fprintf(stderr, "runtime_bench: %s\n", mfsdp_last_error(NULL));
+        return NULL;
+    }
+    for (int s = 0; s < j->warmup; s++)
+        if (run_hooks(rt, j->sh) != 0)
+            goto done;
+    mfsdp_stats a, b;
+    mfsdp_get_stats(rt, &a);
+    double t0 = now_s();
+    for (int s = 0; s < j->steps; s++)
+        if (run_hooks(rt, j->sh) != 0)
+            goto done;
+    j->seconds = now_s() - t0;
+    mfsdp_get_stats(rt, &b);
+    j->ops = (b.ops - a.ops) / j->steps;
+    j->failed = 0;
+done:
+    if (j->failed)
+        fprintf(stderr, "runtime_bench: %s\n", mfsdp_last_error(rt));
+    mfsdp_destroy(rt);
+    return NULL;
+}
+
+/* Seconds per step (the slowest rank) on the local backend. */
+static double run_local(const mfsdp_schedule *sh, int steps, uint32_t flags, int64_t *ops)
+{
+    int64_t world = mfsdp_schedule_world_size(sh);
+    mfsdp_local_group *g;
+    if (mfsdp_local_group_create(world, &g) != MFSDP_OK)
+        exit(2);
+    job *jobs = calloc((size_t)world, sizeof *jobs);
+    pthread_t *th = calloc((size_t)world, sizeof *th);
+    if (!jobs || !th)
+        exit(2);
+    for (int64_t r = 0; r < world; r++) {
+        jobs[r].sh = sh;
+        mfsdp_config_init(&jobs[r].cfg);
+        jobs[r].cfg.local_group = g;
+        jobs[r].cfg.rank = r;
+        jobs[r].cfg.flags = flags;
+        jobs[r].steps = steps;
+        jobs[r].warmup = 2;
+        pthread_create(&th[r], NULL, job_main, &jobs[r]);
+    }
+    double worst = 0;
+    for (int64_t r = 0; r < world; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].failed)
+            exit(1);
+        if (jobs[r].seconds > worst)
+            worst = jobs[r].seconds;
+    }
+    *ops = jobs[0].ops;
+    free(jobs);
+    free(th);
+    mfsdp_local_group_destroy(g);
+    return worst / steps;
+}
+
+static void bench_overhead(int quick)
+{
+    printf("\n1. host overhead per replayed op (8 units x 4 tensors of 64 elements, HFSDP, M = 4)\n");
+    printf("%-8s %-12s %10s %14s %14s\n", "mesh", "model", "ops/step", "us/step", "us/op");
+    int64_t meshes[2][2] = {{1, 1}, {2, 4}};
+    for (int k = 0; k < 2; k++)
+        for (int sync = 0; sync < 2; sync++) {
+            mfsdp_schedule *sh = tiny_schedule(meshes[k][0], meshes[k][1]);
+            int64_t ops = 0;
+            double t = run_local(sh, quick ? 20 : 200, sync ? MFSDP_FLAG_SYNCHRONOUS : 0, &ops);
+            char mesh[16];
+            snprintf(mesh, sizeof mesh, "%lldx%lld", (long long)meshes[k][0], (long long)meshes[k][1]);
+            printf("%-8s %-12s %10lld %14.1f %14.2f\n", mesh, sync ? "synchronous" : "streams",
+                   (long long)ops, t * 1e6, t * 1e6 / (double)ops);
+            mfsdp_schedule_free(sh);
+        }
+}
+
+static volatile char bench_sink;
+
+static double memcpy_gbs(size_t bytes)
+{
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b)
+        exit(2);
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    int reps = (int)(((size_t)1 << 30) / bytes) + 2;
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++) {
+        memcpy(b, a, bytes);
+        a[(size_t)i % bytes] = b[((size_t)i * 7919) % bytes]; /* each copy is used */
+    }
+    double t = (now_s() - t0) / reps;
+    bench_sink = b[bytes / 2];
+    free(a);
+    free(b);
+    return (double)bytes / t / 1e9;
+}
+
+static const char *kind_name(mf_opkind k)
+{
+    return k == MF_OP_ALL_GATHER ? "all_gather" : k == MF_OP_REDUCE_SCATTER ? "reduce_scatter" : "all_reduce";
+}
+
+static void bench_local_collectives(int quick)
+{
+    printf("\n2. local backend collectives (fp32, 10 back-to-back per step) vs one thread's memcpy\n");
+    printf("%-15s %6s %10s %12s %12s %12s\n", "collective", "ranks", "MB", "us/op", "algbw GB/s",
+           "memcpy GB/s");
+    int64_t sizes[] = {1 << 14, 1 << 20, 1 << 24};
+    int64_t ranks[] = {2, 4, 8};
+    mf_opkind kinds[] = {MF_OP_ALL_GATHER, MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE};
+    for (int si = 0; si < 3; si++) {
+        if (quick && si == 2)
+            break;
+        double mc = memcpy_gbs((size_t)sizes[si] * 4);
+        for (int ki = 0; ki < 3; ki++)
+            for (int ri = 0; ri < 3; ri++) {
+                mfsdp_schedule *sh = collective_schedule(ranks[ri], sizes[si], kinds[ki], 10);
+                int64_t ops;
+                int steps = sizes[si] >= (1 << 24) ? 2 : quick ? 5 : 20;
+                double t = run_local(sh, steps, 0, &ops) / 10;
+                double bytes = (double)sh->s->buckets[0].length * 4;
+                printf("%-15s %6lld %10.2f %12.1f %12.2f %12.2f\n", kind_name(kinds[ki]),
+                       (long long)ranks[ri], bytes / 1e6, t * 1e6, bytes / t / 1e9, mc);
+                mfsdp_schedule_free(sh);
+            }
+    }
+}
+
+#ifdef MFSDP_HAVE_MPI
+/* The MPI backend running a single-collective schedule vs the same MPI call. */
+static void bench_mpi(int quick)
+{
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (rank == 0) {
+        printf("\n3. MPI backend vs raw MPI on %d processes (fp32, 10 back-to-back per step)\n", world);
+        printf("%-15s %10s %14s %14s %14s %8s\n", "collective", "MB", "mfsdp us/op", "MPI us/op",
+               "MPI_I* us/op", "ratio");
+    }
+    int64_t sizes[] = {1 << 10, 1 << 16, 1 << 22};
+    mf_opkind kinds[] = {MF_OP_ALL_GATHER, MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE};
+    for (int si = 0; si < 3; si++) {
+        if (quick && si == 2)
+            break;
+        for (int ki = 0; ki < 3; ki++) {
+            mfsdp_schedule *sh = collective_schedule(world, sizes[si], kinds[ki], 10);
+            int64_t L = sh->s->buckets[0].length, n = kinds[ki] == MF_OP_ALL_REDUCE ? L : L / world;
+            int steps = quick ? 5 : 20;
+            /* mfsdp */
+            job j;
+            memset(&j, 0, sizeof j);
+            j.sh = sh;
+            mfsdp_config_init(&j.cfg);
+            MPI_Comm comm = MPI_COMM_WORLD;
+            j.cfg.backend = MFSDP_BACKEND_MPI;
+            j.cfg.mpi_comm = &comm;
+            j.cfg.rank = rank;
+            j.steps = steps;
+            j.warmup = 2;
+            MPI_Barrier(MPI_COMM_WORLD);
+            job_main(&j);
+            double t_mf = j.seconds / steps / 10;
+            MPI_Allreduce(MPI_IN_PLACE, &t_mf, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            /* raw MPI, blocking and nonblocking */
+            float *src = calloc((size_t)L, 4), *dst = calloc((size_t)L, 4);
+            double t_raw[2];
+            for (int nb = 0; nb < 2; nb++) {
+                MPI_Barrier(MPI_COMM_WORLD);
+                double t0 = now_s();
+                for (int r = 0; r < (steps + 2) * 10; r++) {
+                    if (r == 20) {
+                        MPI_Barrier(MPI_COMM_WORLD);
+                        t0 = now_s();
+                    }
+                    MPI_Request req;
+                    if (kinds[ki] == MF_OP_ALL_GATHER) {
+                        if (nb)
+                            MPI_Iallgather(src, (int)n, MPI_FLOAT, dst, (int)n, MPI_FLOAT, MPI_COMM_WORLD, &req);
+                        else
+                            MPI_Allgather(src, (int)n, MPI_FLOAT, dst, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+                    } else if (kinds[ki] == MF_OP_REDUCE_SCATTER) {
+                        if (nb)
+                            MPI_Ireduce_scatter_block(src, dst, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+                        else
+                            MPI_Reduce_scatter_block(src, dst, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                    } else {
+                        if (nb)
+                            MPI_Iallreduce(MPI_IN_PLACE, src, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+                        else
+                            MPI_Allreduce(MPI_IN_PLACE, src, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                    }
+                    if (nb)
+                        MPI_Wait(&req, MPI_STATUS_IGNORE);
+                }
+                t_raw[nb] = (now_s() - t0) / (steps * 10);
+                MPI_Allreduce(MPI_IN_PLACE, &t_raw[nb], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            }
+            free(src);
+            free(dst);
+            if (rank == 0)
+                printf("%-15s %10.2f %14.1f %14.1f %14.1f %8.2f\n", kind_name(kinds[ki]),
+                       (double)L * 4 / 1e6, t_mf * 1e6, t_raw[0] * 1e6, t_raw[1] * 1e6,
+                       t_mf / t_raw[0]);
+            mfsdp_schedule_free(sh);
+        }
+    }
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    int quick = 0, mpi = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--mpi"))
+            mpi = 1;
+        else {
+            fprintf(stderr, "usage: mfsdp-runtime-bench [--quick] [--mpi]\n");
+            return 2;
+        }
+    }
+    if (mpi) {
+#ifdef MFSDP_HAVE_MPI
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        bench_mpi(quick);
+        MPI_Finalize();
+        return 0;
+#else
+        fprintf(stderr, "mfsdp-runtime-bench: built without MPI\n");
+        return 2;
+#endif
+    }
+    printf("libmfsdp %s runtime benchmark (CPU backends)\n", mfsdp_version());
+    bench_overhead(quick);
+    bench_local_collectives(quick);
+    return 0;
+}
