@@ -11,8 +11,9 @@
  * their bucket, a buffer whose element count is not the bucket length divided
  * by the shard count of its placement, a bucket that breaks the normative
  * buffer rules of mf_schedule.h, an op whose count does not fit its buffers
- * (per op kind and axis size) or whose dtype differs from theirs, and a
- * summary that differs from the one recomputed from the ops.
+ * (per op kind and axis size) or whose dtype differs from theirs, an event
+ * recorded on two streams, and a summary that differs from the one
+ * recomputed from the ops.
  *
  * Invariant on success: for every op, every element it reads or writes lies
  * inside its src and dst buffers, every index field is in range, and every
@@ -881,6 +882,23 @@ static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
         if (!mf_load_op(l, (*where)[i], i, &s->ops[i]))
             return false;
     }
+    /* Every event is recorded on one stream (the runtime's event counters). */
+    int *first = mf_arena_array(s->arena, (size_t)(s->nevents ? s->nevents : 1), sizeof *first);
+    if (!first)
+        return mf_load_oom(l);
+    for (int e = 0; e < s->nevents; e++)
+        first[e] = -1;
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        if (op->kind != MF_OP_RECORD)
+            continue;
+        int f = first[op->event];
+        if (f < 0)
+            first[op->event] = i;
+        else if (s->ops[f].stream != op->stream)
+            return mf_load_fail(l, (*where)[i], "op %d records event %d on the %s stream, but op %d records it on the %s stream (an event belongs to one stream)",
+                                i, op->event, mf_stream_name(op->stream), f, mf_stream_name(s->ops[f].stream));
+    }
     return true;
 }
 
@@ -1054,11 +1072,24 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     return mf_load_summary(l, v[T_SUMMARY]);
 }
 
-static void mf_load_parse_error(mf_loader *l, const yaml_parser_t *p)
+static void mf_load_parse_error(mf_loader *l, const yaml_parser_t *p, const char *text, size_t len)
 {
     const yaml_mark_t *m = p->problem ? &p->problem_mark : &p->context_mark;
     yaml_node_t at = {0};
     at.start_mark = *m;
+    if (p->error == YAML_READER_ERROR) {
+        /* Bytes libyaml cannot decode come with an offset, not a mark. */
+        size_t off = p->problem_offset < len ? p->problem_offset : len;
+        at.start_mark.line = at.start_mark.column = 0;
+        for (size_t i = 0; i < off; i++) {
+            if (text[i] == '\n') {
+                at.start_mark.line++;
+                at.start_mark.column = 0;
+            } else {
+                at.start_mark.column++;
+            }
+        }
+    }
     if (p->error == YAML_MEMORY_ERROR) {
         mf_load_oom(l);
         return;
@@ -1089,7 +1120,7 @@ mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t 
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     bool have_doc = false;
     if (!yaml_parser_load(&parser, &l.doc)) {
-        mf_load_parse_error(&l, &parser);
+        mf_load_parse_error(&l, &parser, text, len);
     } else {
         have_doc = true;
         mf_node *root = yaml_document_get_root_node(&l.doc);
@@ -1098,7 +1129,7 @@ mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t 
         } else if (mf_load_root(&l, root)) {
             yaml_document_t next;
             if (!yaml_parser_load(&parser, &next)) {
-                mf_load_parse_error(&l, &parser);
+                mf_load_parse_error(&l, &parser, text, len);
             } else {
                 mf_node *extra = yaml_document_get_root_node(&next);
                 if (extra)
