@@ -25,7 +25,7 @@ mkdir -p "$out"
 for t in "${targets[@]}"; do
   case $t in
     fuzz_frontend|fuzz_planner) seeds=("${spec_seeds[@]}"); dict=frontend.dict; maxlen=16384 ;;
-    fuzz_load|fuzz_roundtrip) seeds=("${yaml_seeds[@]}" "$src"/schedules/*.yaml); dict=schedule.dict; maxlen=65536 ;;
+    fuzz_load|fuzz_roundtrip) seeds=("${yaml_seeds[@]}" "$src/schedules"); dict=schedule.dict; maxlen=65536 ;;
     *) echo "long-run.sh: unknown target $t" >&2; exit 2 ;;
   esac
   mkdir -p "$out/corpus/$t"
