@@ -1,6 +1,14 @@
 /*
  * mfsdpc: the command line. Dispatches to one file per subcommand.
+ *
+ * Output that cannot be written is an error: standard output is flushed and
+ * checked after every command (a full disk or /dev/full gives exit status 2,
+ * never a silent 0), and SIGXFSZ is ignored so that a file-size limit makes a
+ * write fail (and the atomic writer remove its temporary) instead of killing
+ * the process with a partial temporary file left behind.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,7 +42,7 @@ static void usage(FILE *out)
                  "exit status: 0 success, 1 error in the input, 2 usage error\n");
 }
 
-int main(int argc, char **argv)
+static int mf_main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -54,4 +62,17 @@ int main(int argc, char **argv)
     fprintf(stderr, "mfsdpc: error: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    int rc = mf_main(argc, argv);
+    if ((fflush(stdout) != 0 || ferror(stdout)) && rc == 0) {
+        /* (a command that failed has said so already) */
+        fprintf(stderr, "mfsdpc: error: cannot write to standard output: %s\n",
+                strerror(errno ? errno : EIO));
+        rc = 2;
+    }
+    return rc;
 }
