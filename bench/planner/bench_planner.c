@@ -97,7 +97,7 @@ static void gen_tensor(FILE *out, long long t, const char *name, long long idx)
     if (t % 8 == 7)
         fprintf(out, "  tensor \"%s%lld.norm\" [%d] layout norms;\n", name, idx, 64 + (int)(t % 5) * 32);
     else
-        fprintf(out, "  tensor \"%s%lld.weight\" [%d, 128];\n", name, idx, 64 * (1 + (int)(t * 7 % 7)));
+        fprintf(out, "  tensor \"%s%lld.weight\" [%d, 128];\n", name, idx, 64 * (1 + (int)(t * 5 % 7)));
 }
 
 /* Writes the spec; returns the number of units. */
