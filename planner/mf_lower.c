@@ -48,6 +48,10 @@
  * Op ids are indices; within a hook, chains come in bucket order (prefetched
  * ones after the current unit's), then compute's waits; at post-hooks
  * compute's record comes first.
+ *
+ * Cost: linear in units + buckets + ops. The buckets each hook handles come
+ * from per-unit lists built once by stable counting sorts (mf_lower_index),
+ * so no hook scans every bucket.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +74,13 @@ typedef struct mf_lower_bucket {
     bool regather;          /* T2 again at backward_pre */
 } mf_lower_bucket;
 
+/* Buckets grouped by a unit-valued key: those of unit u are
+ * ids[start[u] .. start[u + 1]), in the order the index was built from. */
+typedef struct mf_lower_index {
+    int *start;             /* nunits + 1 entries */
+    int *ids;               /* bucket ids */
+} mf_lower_index;
+
 typedef struct mf_lower_ctx {
     mf_plan *p;
     mf_schedule *s;
@@ -79,6 +90,11 @@ typedef struct mf_lower_ctx {
     mf_lower_bucket *bk;
     int *ev_fd, *ev_bp;     /* per unit: compute records at forward_post / backward_post */
     int ev_sb;
+    mf_lower_index by_fwd;  /* by forward issue unit, ascending bucket */
+    mf_lower_index by_unit; /* by first unit, ascending bucket */
+    mf_lower_index by_last; /* by last unit, ascending bucket */
+    mf_lower_index by_bwd;  /* re-gathered buckets by backward issue unit,
+                               descending last unit, then ascending bucket */
     bool oom;
 } mf_lower_ctx;
 
@@ -443,15 +459,78 @@ static int mf_lower_bwd_issue(const mf_lower_ctx *c, int b)
     return u > last ? last : u;
 }
 
-static void mf_lower_forward_pre(mf_lower_ctx *c, int v)
+/*
+ * Fills ix with the buckets of `order` (n ids; NULL = 0 .. n-1) grouped by
+ * key[b] in [0, nunits), keeping their order within a key (a stable counting
+ * sort); a bucket whose key is out of range is left out. Returns false on OOM
+ * (ix then holds whatever was allocated; mf_lower_index_free frees it).
+ */
+static bool mf_lower_index_build(mf_lower_index *ix, int nunits, const int *key, const int *order, int n)
+{
+    ix->start = calloc((size_t)nunits + 2, sizeof *ix->start);
+    ix->ids = malloc((size_t)(n ? n : 1) * sizeof *ix->ids);
+    if (!ix->start || !ix->ids)
+        return false;
+    for (int i = 0; i < n; i++) {
+        int k = key[order ? order[i] : i];
+        if (k >= 0 && k < nunits)
+            ix->start[k + 2]++;
+    }
+    /* start[k + 1] becomes the fill position of key k, then its end */
+    for (int k = 0; k < nunits; k++)
+        ix->start[k + 2] += ix->start[k + 1];
+    for (int i = 0; i < n; i++) {
+        int b = order ? order[i] : i, k = key[b];
+        if (k >= 0 && k < nunits)
+            ix->ids[ix->start[k + 1]++] = b;
+    }
+    return true;
+}
+
+static void mf_lower_index_free(mf_lower_index *ix)
+{
+    free(ix->start);
+    free(ix->ids);
+}
+
+/* Builds the four hook indexes; false on OOM. */
+static bool mf_lower_indexes(mf_lower_ctx *c)
 {
     const mf_schedule *s = c->s;
-    for (int b = 0; b < s->nbuckets; b++)
-        if (mf_lower_fwd_issue(c, b) == v)
-            mf_lower_gather_fwd(c, b, v);
-    for (int b = 0; b < s->nbuckets; b++) {
-        if (s->buckets[b].unit != v)
-            continue;
+    int nb = s->nbuckets, nu = s->nunits;
+    int *key = malloc((size_t)(nb ? nb : 1) * sizeof *key);
+    int *order = malloc((size_t)(nb ? nb : 1) * sizeof *order);
+    bool ok = key && order;
+    for (int b = 0; ok && b < nb; b++)
+        key[b] = mf_lower_fwd_issue(c, b);
+    ok = ok && mf_lower_index_build(&c->by_fwd, nu, key, NULL, nb);
+    for (int b = 0; ok && b < nb; b++)
+        key[b] = s->buckets[b].unit;
+    ok = ok && mf_lower_index_build(&c->by_unit, nu, key, NULL, nb);
+    for (int b = 0; ok && b < nb; b++)
+        key[b] = s->buckets[b].last_unit;
+    ok = ok && mf_lower_index_build(&c->by_last, nu, key, NULL, nb);
+    /* re-gathers: by descending last unit first, then (stably) by issue unit */
+    int n = 0;
+    for (int u = nu - 1; ok && u >= 0; u--)
+        for (int i = c->by_last.start[u]; i < c->by_last.start[u + 1]; i++)
+            if (c->bk[c->by_last.ids[i]].regather)
+                order[n++] = c->by_last.ids[i];
+    for (int b = 0; ok && b < nb; b++)
+        key[b] = mf_lower_bwd_issue(c, b);
+    ok = ok && mf_lower_index_build(&c->by_bwd, nu, key, order, n);
+    free(key);
+    free(order);
+    return ok;
+}
+
+static void mf_lower_forward_pre(mf_lower_ctx *c, int v)
+{
+    const mf_lower_index *fx = &c->by_fwd, *ux = &c->by_unit;
+    for (int i = fx->start[v]; i < fx->start[v + 1]; i++)
+        mf_lower_gather_fwd(c, fx->ids[i], v);
+    for (int i = ux->start[v]; i < ux->start[v + 1]; i++) {
+        int b = ux->ids[i];
         mf_lower_bucket *lb = &c->bk[b];
         if (mf_lower_has(c, b, MF_T2))
             mf_lower_sync(c, MF_PHASE_FORWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t2f);
@@ -462,8 +541,9 @@ static void mf_lower_forward_pre(mf_lower_ctx *c, int v)
 
 static void mf_lower_forward_post(mf_lower_ctx *c, int v)
 {
-    for (int b = 0; b < c->s->nbuckets; b++)
-        if (c->s->buckets[b].last_unit == v && c->bk[b].regather) {
+    const mf_lower_index *lx = &c->by_last;
+    for (int i = lx->start[v]; i < lx->start[v + 1]; i++)
+        if (c->bk[lx->ids[i]].regather) {
             mf_lower_sync(c, MF_PHASE_FORWARD_POST, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c->ev_fd[v]);
             return;
         }
@@ -471,16 +551,12 @@ static void mf_lower_forward_post(mf_lower_ctx *c, int v)
 
 static void mf_lower_backward_pre(mf_lower_ctx *c, int v)
 {
-    const mf_schedule *s = c->s;
+    const mf_lower_index *bx = &c->by_bwd, *lx = &c->by_last;
     /* Prefetched re-gathers in the order backward needs them. */
-    for (int u = s->nunits - 1; u >= 0; u--)
-        for (int b = 0; b < s->nbuckets; b++)
-            if (s->buckets[b].last_unit == u && c->bk[b].regather && mf_lower_bwd_issue(c, b) == v)
-                mf_lower_gather_bwd(c, b, v);
-    for (int b = 0; b < s->nbuckets; b++) {
-        if (s->buckets[b].last_unit != v)
-            continue;
-        mf_lower_bucket *lb = &c->bk[b];
+    for (int i = bx->start[v]; i < bx->start[v + 1]; i++)
+        mf_lower_gather_bwd(c, bx->ids[i], v);
+    for (int i = lx->start[v]; i < lx->start[v + 1]; i++) {
+        mf_lower_bucket *lb = &c->bk[lx->ids[i]];
         if (lb->regather)
             mf_lower_sync(c, MF_PHASE_BACKWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t2b);
         mf_lower_sync(c, MF_PHASE_BACKWARD_PRE, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, &lb->ev_t3);
@@ -489,16 +565,12 @@ static void mf_lower_backward_pre(mf_lower_ctx *c, int v)
 
 static void mf_lower_backward_post(mf_lower_ctx *c, int v)
 {
-    const mf_schedule *s = c->s;
-    bool any = false;
-    for (int b = 0; b < s->nbuckets && !any; b++)
-        any = s->buckets[b].unit == v;
-    if (!any)
+    const mf_lower_index *ux = &c->by_unit;
+    if (ux->start[v] == ux->start[v + 1])
         return;
     mf_lower_sync(c, MF_PHASE_BACKWARD_POST, v, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c->ev_bp[v]);
-    for (int b = 0; b < s->nbuckets; b++)
-        if (s->buckets[b].unit == v)
-            mf_lower_reduce(c, b, v);
+    for (int i = ux->start[v]; i < ux->start[v + 1]; i++)
+        mf_lower_reduce(c, ux->ids[i], v);
 }
 
 static void mf_lower_step_end(mf_lower_ctx *c)
@@ -526,11 +598,14 @@ static void mf_lower_drop_redundant_waits(mf_lower_ctx *c)
     }
     mf_op *ops = c->ops.data;
     size_t n = 0;
+    bool dirty = false;     /* some bit of `seen` is set (clearing it is O(events)) */
     for (size_t i = 0; i < c->ops.len; i++) {
         mf_op op = ops[i];
         bool step_phase = op.phase == MF_PHASE_STEP_BEGIN || op.phase == MF_PHASE_STEP_END;
         if (step_phase) {
-            memset(seen, 0, (size_t)(nev ? nev : 1) * MF_STREAM_COUNT);
+            if (dirty)
+                memset(seen, 0, (size_t)(nev ? nev : 1) * MF_STREAM_COUNT);
+            dirty = false;
         } else if (op.kind == MF_OP_RECORD) {
             memset(seen + (size_t)op.event * MF_STREAM_COUNT, 0, MF_STREAM_COUNT);
         } else if (op.kind == MF_OP_WAIT) {
@@ -538,6 +613,7 @@ static void mf_lower_drop_redundant_waits(mf_lower_ctx *c)
             if (*w & (1u << MF_WHEN_EVERY | 1u << op.when))
                 continue;
             *w |= (uint8_t)(1u << op.when);
+            dirty = true;
         }
         op.id = (int)n;
         ops[n++] = op;
@@ -615,6 +691,8 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
         mf_lower_buffers(&c, b);
     }
 
+    if (ok && !c.oom && !mf_lower_indexes(&c))
+        c.oom = true;
     if (ok && !c.oom) {
         mf_lower_sync(&c, MF_PHASE_STEP_BEGIN, -1, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_RECORD, &c.ev_sb);
         for (int v = 0; v < s->nunits; v++) {
@@ -651,6 +729,10 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
     free(c.bk);
     free(c.ev_fd);
     free(c.ev_bp);
+    mf_lower_index_free(&c.by_fwd);
+    mf_lower_index_free(&c.by_unit);
+    mf_lower_index_free(&c.by_last);
+    mf_lower_index_free(&c.by_bwd);
     if (c.oom)
         mf_diag_error(d, none, "out of memory while lowering the schedule");
     return ok && !c.oom && mf_diag_errors(d) == 0;
