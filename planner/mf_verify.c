@@ -47,6 +47,11 @@
  * because every rank runs the same op list with the same predicates and every
  * collective of an axis runs on that axis's one stream; part 1 checks the
  * latter.
+ *
+ * Cost: linear in buckets + buffers + ops, plus the trainer's accesses (one per
+ * unit a bucket covers), plus the per-rank checks (world x axis size, once per
+ * distinct op signature). Findings and signatures already seen are kept in
+ * hash sets; the buckets the trainer touches at unit v are swept, not searched.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,10 +74,12 @@ typedef struct mf_verify_ctx {
     int *full;              /* per bucket: the buffer the trainer computes with */
     int *local;             /* per bucket: grad_local */
     int *mainw;             /* per bucket: main_weight */
-    /* error de-duplication: (op or actor, buffer, kind) keys already reported */
+    /* error de-duplication: (op or actor, buffer, kind) keys already reported,
+     * an open-addressing set; capseen is 0 or a power of two */
     struct mf_verify_key *seen;
     size_t nseen, capseen;
-    mf_vec rank_sigs;       /* mf_rank_sig: per-rank checks already done */
+    struct mf_rank_sig *sigs; /* per-rank checks already done: the same kind of set */
+    size_t nsigs, capsigs;
 } mf_verify_ctx;
 
 __attribute__((format(printf, 2, 3))) static void mf_verify_err(mf_verify_ctx *c, const char *fmt, ...)
@@ -89,25 +96,54 @@ __attribute__((format(printf, 2, 3))) static void mf_verify_err(mf_verify_ctx *c
 
 typedef struct mf_verify_key {
     int actor, buffer, what;
+    bool used;              /* slot taken */
 } mf_verify_key;
 
+/* FNV-1a over n bytes; seeds the open-addressing sets below. */
+static uint64_t mf_verify_hash(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 1469598103934665603u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211u;
+    return h ^ (h >> 29);
+}
+
+static uint64_t mf_verify_key_hash(const mf_verify_key *k)
+{
+    int v[3] = {k->actor, k->buffer, k->what};
+    return mf_verify_hash(v, sizeof v);
+}
+
 /* True the first time (actor, buffer, what) is seen: each finding is
- * reported once, not once per microbatch and step. */
+ * reported once, not once per microbatch and step. Out of memory, it answers
+ * true (a finding may then repeat, none is lost). */
 static bool mf_verify_first(mf_verify_ctx *c, int actor, int buffer, int what)
 {
-    mf_verify_key key = {actor, buffer, what};
-    for (size_t i = 0; i < c->nseen; i++)
-        if (c->seen[i].actor == actor && c->seen[i].buffer == buffer && c->seen[i].what == what)
-            return false;
-    if (c->nseen == c->capseen) {
+    mf_verify_key key = {actor, buffer, what, true};
+    if ((c->nseen + 1) * 2 > c->capseen) {
         size_t cap = c->capseen ? c->capseen * 2 : 64;
-        mf_verify_key *n = realloc(c->seen, cap * sizeof *n);
+        mf_verify_key *n = calloc(cap, sizeof *n);
         if (!n)
             return true;
+        for (size_t i = 0; i < c->capseen; i++) {
+            if (!c->seen[i].used)
+                continue;
+            size_t j = mf_verify_key_hash(&c->seen[i]) & (cap - 1);
+            while (n[j].used)
+                j = (j + 1) & (cap - 1);
+            n[j] = c->seen[i];
+        }
+        free(c->seen);
         c->seen = n;
         c->capseen = cap;
     }
-    c->seen[c->nseen++] = key;
+    size_t i = mf_verify_key_hash(&key) & (c->capseen - 1);
+    for (; c->seen[i].used; i = (i + 1) & (c->capseen - 1))
+        if (c->seen[i].actor == actor && c->seen[i].buffer == buffer && c->seen[i].what == what)
+            return false;
+    c->seen[i] = key;
+    c->nseen++;
     return true;
 }
 
@@ -231,8 +267,12 @@ static void mf_verify_buffers(mf_verify_ctx *c)
 {
     const mf_schedule *s = c->s;
     int k = s->mesh.naxes;
-    int *count = calloc((size_t)(s->nbuckets ? s->nbuckets : 1) * MF_BUFKIND_COUNT, sizeof *count);
-    if (!count) {
+    size_t nslots = (size_t)(s->nbuckets ? s->nbuckets : 1) * MF_BUFKIND_COUNT;
+    int *count = calloc(nslots, sizeof *count);
+    int *last = malloc(nslots * sizeof *last); /* per (bucket, kind): the last buffer */
+    if (!count || !last) {
+        free(count);
+        free(last);
         mf_verify_err(c, "out of memory while verifying");
         return;
     }
@@ -244,6 +284,7 @@ static void mf_verify_buffers(mf_verify_ctx *c)
         }
         const mf_bucket *bk = &s->buckets[bf->bucket];
         count[bf->bucket * MF_BUFKIND_COUNT + bf->kind]++;
+        last[bf->bucket * MF_BUFKIND_COUNT + bf->kind] = i;
         char pb[64], wb[64];
         if (!mf_placement_suffix_ok(&bf->place, k)) {
             mf_verify_err(c, "buffer '%s': placement %s breaks the suffix rule", bf->name,
@@ -312,18 +353,14 @@ static void mf_verify_buffers(mf_verify_ctx *c)
         if (n[MF_BUF_GRAD_FINAL] != (need_final ? 1 : 0))
             mf_verify_err(c, "bucket '%s' has %d grad_final buffers, expected %d", bk->name, n[MF_BUF_GRAD_FINAL],
                           need_final ? 1 : 0);
-        if (need_full && n[MF_BUF_WEIGHT_FULL] == 1) {
-            /* the trainer computes with weight_full, not weight */
-            for (int i = 0; i < s->nbuffers; i++)
-                if (s->buffers[i].bucket == b && s->buffers[i].kind == MF_BUF_WEIGHT_FULL)
-                    c->full[b] = i;
-        }
+        /* the trainer computes with weight_full, not weight */
+        if (need_full && n[MF_BUF_WEIGHT_FULL] == 1)
+            c->full[b] = last[b * MF_BUFKIND_COUNT + MF_BUF_WEIGHT_FULL];
         if (need_final && n[MF_BUF_GRAD_FINAL] == 1)
-            for (int i = 0; i < s->nbuffers; i++)
-                if (s->buffers[i].bucket == b && s->buffers[i].kind == MF_BUF_GRAD_FINAL)
-                    c->delivered[b] = i;
+            c->delivered[b] = last[b * MF_BUFKIND_COUNT + MF_BUF_GRAD_FINAL];
     }
     free(count);
+    free(last);
 }
 
 /* The placement an op must turn src into, or false with a reason. */
@@ -373,7 +410,38 @@ typedef struct mf_rank_sig {
     int axis;
     mf_placement src, dst;
     int64_t length, count;
+    bool used;              /* slot taken (set members only) */
 } mf_rank_sig;
+
+/* True the first time signature sig (zero-filled padding) is seen; out of
+ * memory, true (the check then repeats). */
+static bool mf_verify_sig_first(mf_verify_ctx *c, const mf_rank_sig *sig)
+{
+    if ((c->nsigs + 1) * 2 > c->capsigs) {
+        size_t cap = c->capsigs ? c->capsigs * 2 : 64;
+        mf_rank_sig *n = calloc(cap, sizeof *n);
+        if (!n)
+            return true;
+        for (size_t i = 0; i < c->capsigs; i++) {
+            if (!c->sigs[i].used)
+                continue;
+            size_t j = mf_verify_hash(&c->sigs[i], sizeof c->sigs[i]) & (cap - 1);
+            while (n[j].used)
+                j = (j + 1) & (cap - 1);
+            memcpy(&n[j], &c->sigs[i], sizeof n[j]); /* padding bytes too: they are hashed */
+        }
+        free(c->sigs);
+        c->sigs = n;
+        c->capsigs = cap;
+    }
+    size_t i = mf_verify_hash(sig, sizeof *sig) & (c->capsigs - 1);
+    for (; c->sigs[i].used; i = (i + 1) & (c->capsigs - 1))
+        if (memcmp(&c->sigs[i], sig, sizeof *sig) == 0)
+            return false;
+    memcpy(&c->sigs[i], sig, sizeof *sig);
+    c->nsigs++;
+    return true;
+}
 
 /* On every rank, do the elements moved match the shards the layout assigns? */
 static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
@@ -392,13 +460,9 @@ static void mf_verify_ranks(mf_verify_ctx *c, const mf_op *op)
     sig.dst = dst->place;
     sig.length = L;
     sig.count = op->count;
-    const mf_rank_sig *done = c->rank_sigs.data;
-    for (size_t i = 0; i < c->rank_sigs.len; i++)
-        if (memcmp(&done[i], &sig, sizeof sig) == 0)
-            return;
-    mf_rank_sig *slot = mf_vec_push(&c->rank_sigs);
-    if (slot)
-        *slot = sig;
+    sig.used = true;
+    if (!mf_verify_sig_first(c, &sig))
+        return;
     int64_t *group = op->axis >= 0 ? malloc((size_t)m->axes[op->axis].size * sizeof *group) : NULL;
     char ob[160];
     if (op->axis >= 0 && !group) {
@@ -605,8 +669,19 @@ typedef struct mf_vclock {
 /* Trainer actions, named in messages. */
 enum { A_FORWARD, A_BACKWARD, A_OPTIMIZER };
 
+/* Buckets grouped by unit: those of unit u are ids[start[u] .. start[u + 1]),
+ * in ascending bucket order. */
+typedef struct mf_sim_index {
+    int *start;             /* nunits + 1 entries */
+    int *ids;
+} mf_sim_index;
+
 typedef struct mf_sim {
     mf_verify_ctx *c;
+    mf_sim_index by_unit;   /* buckets by first unit */
+    mf_sim_index by_last;   /* buckets by last unit */
+    int *cover, ncover;     /* the buckets covering the unit of the sweep, ascending */
+    int *cover_next;        /* scratch of the sweep */
     mf_bufstate *buf;
     mf_vclock stream[MF_STREAM_COUNT];
     mf_vclock *event;
@@ -833,7 +908,41 @@ static void mf_sim_hook(mf_sim *sim, const int *ids, int n)
     }
 }
 
-/* The trainer reads the unsharded weight of every bucket covering unit v. */
+/*
+ * Moves the sweep to unit v: sim->cover becomes the buckets covering v
+ * (unit <= v <= last_unit), ascending. Forward (v ascending from 0) keeps the
+ * previous unit's buckets that reach v and merges in those starting at v;
+ * backward (v descending from the last unit) keeps those that start at or
+ * before v and merges in those ending at v. Each call costs the two lists'
+ * lengths, so a sweep costs the trainer's accesses, not units x buckets.
+ */
+static void mf_sim_cover(mf_sim *sim, int v, bool forward)
+{
+    const mf_schedule *s = sim->c->s;
+    const mf_sim_index *ix = forward ? &sim->by_unit : &sim->by_last;
+    const int *add = ix->ids + ix->start[v];
+    int nadd = ix->start[v + 1] - ix->start[v], n = 0, i = 0, j = 0;
+    while (i < sim->ncover || j < nadd) {
+        if (i < sim->ncover) {
+            const mf_bucket *bk = &s->buckets[sim->cover[i]];
+            if (forward ? bk->last_unit < v : bk->unit > v) {
+                i++;
+                continue;
+            }
+        }
+        if (j >= nadd || (i < sim->ncover && sim->cover[i] < add[j]))
+            sim->cover_next[n++] = sim->cover[i++];
+        else
+            sim->cover_next[n++] = add[j++];
+    }
+    int *t = sim->cover;
+    sim->cover = sim->cover_next;
+    sim->cover_next = t;
+    sim->ncover = n;
+}
+
+/* The trainer reads the unsharded weight of every bucket covering unit v
+ * (sim->cover). */
 static void mf_sim_compute_reads(mf_sim *sim, int kind, int v)
 {
     mf_verify_ctx *c = sim->c;
@@ -841,10 +950,9 @@ static void mf_sim_compute_reads(mf_sim *sim, int kind, int v)
     int actor = mf_sim_trainer_actor(kind, v);
     char pa[64];
     mf_sim_tick(sim, MF_STREAM_COMPUTE);
-    for (int b = 0; b < s->nbuckets; b++) {
+    for (int i = 0; i < sim->ncover; i++) {
+        int b = sim->cover[i];
         const mf_bucket *bk = &s->buckets[b];
-        if (v < bk->unit || v > bk->last_unit)
-            continue;
         int fb = c->full[b];
         mf_sim_access(sim, actor, MF_STREAM_COMPUTE, fb, false);
         if (!mf_sim_readable(sim, actor, fb))
@@ -864,16 +972,16 @@ static void mf_sim_compute_reads(mf_sim *sim, int kind, int v)
     }
 }
 
-/* The trainer writes this microbatch's gradient of the buckets covering v. */
+/* The trainer writes this microbatch's gradient of the buckets covering v
+ * (sim->cover). */
 static void mf_sim_compute_grads(mf_sim *sim, int v)
 {
     mf_verify_ctx *c = sim->c;
     const mf_schedule *s = c->s;
     int actor = mf_sim_trainer_actor(A_BACKWARD, v);
-    for (int b = 0; b < s->nbuckets; b++) {
+    for (int i = 0; i < sim->ncover; i++) {
+        int b = sim->cover[i];
         const mf_bucket *bk = &s->buckets[b];
-        if (v < bk->unit || v > bk->last_unit)
-            continue;
         int lb = c->local[b];
         mf_sim_access(sim, actor, MF_STREAM_COMPUTE, lb, true);
         mf_absval *val = &sim->buf[lb].v;
@@ -944,17 +1052,23 @@ static void mf_sim_step(mf_sim *sim, const mf_hooks *h)
         sim->first = m == 0;
         sim->last = m == sim->nmb - 1;
         sim->pos = sim->nmb == 1 ? "first=last" : sim->first ? "first" : sim->last ? "last" : "middle";
+        sim->ncover = 0;
         for (int v = 0; v < s->nunits; v++) {
             mf_sim_run_hook(sim, h, MF_PHASE_FORWARD_PRE, v);
+            mf_sim_cover(sim, v, true);
             mf_sim_compute_reads(sim, A_FORWARD, v);
             mf_sim_run_hook(sim, h, MF_PHASE_FORWARD_POST, v);
-            for (int b = 0; b < s->nbuckets; b++)
-                if (s->buckets[b].last_unit == v && s->units[s->buckets[b].unit].reshard_after_forward &&
-                    sim->c->full[b] >= 0 && s->buffers[sim->c->full[b]].kind == MF_BUF_WEIGHT_FULL)
+            for (int i = sim->by_last.start[v]; i < sim->by_last.start[v + 1]; i++) {
+                int b = sim->by_last.ids[i];
+                if (s->units[s->buckets[b].unit].reshard_after_forward && sim->c->full[b] >= 0 &&
+                    s->buffers[sim->c->full[b]].kind == MF_BUF_WEIGHT_FULL)
                     sim->buf[sim->c->full[b]].v.released = true;
+            }
         }
+        sim->ncover = 0;
         for (int v = s->nunits - 1; v >= 0; v--) {
             mf_sim_run_hook(sim, h, MF_PHASE_BACKWARD_PRE, v);
+            mf_sim_cover(sim, v, false);
             mf_sim_compute_reads(sim, A_BACKWARD, v);
             mf_sim_compute_grads(sim, v);
             mf_sim_run_hook(sim, h, MF_PHASE_BACKWARD_POST, v);
@@ -962,6 +1076,24 @@ static void mf_sim_step(mf_sim *sim, const mf_hooks *h)
     }
     mf_sim_run_hook(sim, h, MF_PHASE_STEP_END, -1);
     mf_sim_optimizer(sim);
+}
+
+/* Groups the buckets by first unit (`first`) or last unit, ascending within a
+ * unit (a stable counting sort; the units were checked to be in range).
+ * False on OOM; ix holds what was allocated. */
+static bool mf_sim_index_build(mf_sim_index *ix, const mf_schedule *s, bool first)
+{
+    ix->start = calloc((size_t)s->nunits + 2, sizeof *ix->start);
+    ix->ids = malloc((size_t)(s->nbuckets ? s->nbuckets : 1) * sizeof *ix->ids);
+    if (!ix->start || !ix->ids)
+        return false;
+    for (int b = 0; b < s->nbuckets; b++)
+        ix->start[(first ? s->buckets[b].unit : s->buckets[b].last_unit) + 2]++;
+    for (int u = 0; u < s->nunits; u++)
+        ix->start[u + 2] += ix->start[u + 1];
+    for (int b = 0; b < s->nbuckets; b++)
+        ix->ids[ix->start[(first ? s->buckets[b].unit : s->buckets[b].last_unit) + 1]++] = b;
+    return true;
 }
 
 static void mf_verify_simulate(mf_verify_ctx *c)
@@ -973,7 +1105,10 @@ static void mf_verify_simulate(mf_verify_ctx *c)
     sim.buf = calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *sim.buf);
     sim.event = calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *sim.event);
     sim.event_set = calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *sim.event_set);
-    if (!h.start || !h.ids || !sim.buf || !sim.event || !sim.event_set) {
+    sim.cover = malloc((size_t)(s->nbuckets ? s->nbuckets : 1) * sizeof *sim.cover);
+    sim.cover_next = malloc((size_t)(s->nbuckets ? s->nbuckets : 1) * sizeof *sim.cover_next);
+    if (!h.start || !h.ids || !sim.buf || !sim.event || !sim.event_set || !sim.cover || !sim.cover_next ||
+        !mf_sim_index_build(&sim.by_unit, s, true) || !mf_sim_index_build(&sim.by_last, s, false)) {
         mf_verify_err(c, "out of memory while verifying");
         goto done;
     }
@@ -1014,12 +1149,17 @@ done:
     free(sim.buf);
     free(sim.event);
     free(sim.event_set);
+    free(sim.cover);
+    free(sim.cover_next);
+    free(sim.by_unit.start);
+    free(sim.by_unit.ids);
+    free(sim.by_last.start);
+    free(sim.by_last.ids);
 }
 
 int mf_verify_run(const mf_schedule *s, mf_diag *d)
 {
     mf_verify_ctx c = {.s = s, .d = d};
-    mf_vec_init(&c.rank_sigs, sizeof(mf_rank_sig));
     size_t nb = s->nbuckets ? (size_t)s->nbuckets : 1;
     c.delivered = malloc(nb * sizeof(int));
     c.full = malloc(nb * sizeof(int));
@@ -1049,6 +1189,6 @@ done:
     free(c.local);
     free(c.mainw);
     free(c.seen);
-    mf_vec_free(&c.rank_sigs);
+    free(c.sigs);
     return c.errors;
 }
