@@ -36,29 +36,45 @@ static const char *source_line(const mf_source *src, int line, size_t *len)
     return p;
 }
 
+/* The most source bytes one snippet echoes: a longer line is shown as a
+ * window around the caret with "..." on the cut sides, so 100 errors on a
+ * 1 MB line print 100 short snippets, not 100 MB. */
+enum { MF_DIAG_SNIPPET_MAX = 256 };
+
 static void print_snippet(mf_diag *d, mf_span at)
 {
     size_t len;
     const char *line = source_line(d->src, at.line, &len);
     if (!line)
         return;
-    char gutter[16];
-    int w = snprintf(gutter, sizeof gutter, "%d", at.line);
-    fprintf(d->out, " %s | ", gutter);
-    for (size_t i = 0; i < len; i++)
-        fputc(line[i] == '\t' ? ' ' : (line[i] == '\0' ? ' ' : line[i]), d->out);
-    fputc('\n', d->out);
-    fprintf(d->out, " %*s | ", w, "");
     int col = at.col < 1 ? 1 : at.col;
     if ((size_t)col > len + 1)
         col = (int)len + 1;
-    for (int i = 1; i < col; i++)
-        fputc(' ', d->out);
-    fputc('^', d->out);
     int last = (at.end_line == at.line && at.end_col > col) ? at.end_col : col + 1;
     if ((size_t)last > len + 1)
         last = (int)len + 1;
-    for (int i = col + 1; i < last; i++)
+    /* the window [from, to) of the line, from at most a third before the caret */
+    size_t from = 0, to = len;
+    if (len > MF_DIAG_SNIPPET_MAX) {
+        from = (size_t)col - 1 > MF_DIAG_SNIPPET_MAX / 3 ? (size_t)col - 1 - MF_DIAG_SNIPPET_MAX / 3 : 0;
+        while (from > 0 && ((unsigned char)line[from] & 0xc0) == 0x80)
+            from--; /* never split a UTF-8 sequence */
+        to = from + MF_DIAG_SNIPPET_MAX < len ? from + MF_DIAG_SNIPPET_MAX : len;
+        while (to < len && ((unsigned char)line[to] & 0xc0) == 0x80)
+            to++;
+    }
+    const char *pre = from > 0 ? "..." : "";
+    char gutter[16];
+    int w = snprintf(gutter, sizeof gutter, "%d", at.line);
+    fprintf(d->out, " %s | %s", gutter, pre);
+    for (size_t i = from; i < to; i++)
+        fputc(line[i] == '\t' ? ' ' : (line[i] == '\0' ? ' ' : line[i]), d->out);
+    fprintf(d->out, "%s\n", to < len ? "..." : "");
+    fprintf(d->out, " %*s | %s", w, "", from > 0 ? "   " : "");
+    for (size_t i = from + 1; i < (size_t)col; i++)
+        fputc(' ', d->out);
+    fputc('^', d->out);
+    for (size_t i = (size_t)col + 1; i < (size_t)last && i <= to; i++)
         fputc('~', d->out);
     fputc('\n', d->out);
 }
