@@ -359,7 +359,7 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
                             mf_load_seq_len(n), naxes);
     memset(out, 0, sizeof *out);
     for (int j = 0; j < naxes; j++) {
-        int p;
+        int p = 0;
         mf_node *it = mf_load_item(l, n, j);
         if (!mf_load_enum(l, it, "placement", mf_place_from_name, mf_place_choices, &p))
             return false;
@@ -376,7 +376,7 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
 /* Resolves a name in a table; `what` names the kind of thing for the message. */
 static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_names *t, const char *what, int *out)
 {
-    const char *v;
+    const char *v = NULL;
     if (!mf_load_str(l, n, what, &v))
         return false;
     int x = mf_names_get(t, v);
@@ -403,7 +403,7 @@ static bool mf_load_mesh(mf_loader *l, mf_node *n)
 {
     static const mf_key keys[] = {{"axes", true}};
     static const mf_key axis_keys[] = {{"name", true}, {"size", true}};
-    mf_node *v[1], *a[2];
+    mf_node *v[1] = {NULL}, *a[2] = {NULL, NULL};
     if (!mf_load_fields(l, n, "mesh", keys, 1, v, NULL) || !mf_load_seq(l, v[0], "mesh axes"))
         return false;
     int naxes = mf_load_seq_len(v[0]);
@@ -831,7 +831,7 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
     if (!has_axis && v[K_AXIS])
         return mf_load_fail(l, k[K_AXIS], "op %d: a %s op has no key 'axis'", i, mf_opkind_name(op->kind));
 
-    const char *t;
+    const char *t = NULL;
     if (!mf_load_str(l, v[K_TRANSITION], "transition", &t))
         return false;
     if (t[0] != 'T' || t[1] < '1' || t[1] > '4' || t[2])
@@ -1026,7 +1026,7 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     }
     if (!fmt)
         return mf_load_fail(l, root, "missing key 'format' (expected format: %s)", MF_SCHEDULE_FORMAT);
-    const char *f;
+    const char *f = NULL;
     if (!mf_load_str(l, fmt, "format", &f))
         return false;
     if (strcmp(f, MF_SCHEDULE_FORMAT) != 0)
@@ -1035,7 +1035,7 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     mf_node *v[T_NKEYS];
     if (!mf_load_fields(l, root, "the schedule", keys, T_NKEYS, v, NULL))
         return false;
-    const char *sha;
+    const char *sha = NULL;
     if (!mf_load_str(l, v[T_SOURCE], "source", &s->source))
         return false;
     if (!(s->source = mf_arena_strdup(s->arena, s->source)))
