@@ -142,11 +142,23 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     if (!st)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     st->world = MPI_COMM_NULL;
-    int rc = MPI_Comm_dup(*(MPI_Comm *)cfg->mpi_comm, &st->world);
+    /* Nonblocking and polled, so that a rank that never calls mfsdp_create
+     * gives a timeout here instead of a hang (MPI_Comm_dup is a blocking
+     * collective). */
+    MPI_Request req;
+    int rc = MPI_Comm_idup(*(MPI_Comm *)cfg->mpi_comm, &st->world, &req);
     if (rc != MPI_SUCCESS) {
         mf_rt_free(st);
-        mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_dup of the world");
+        mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_idup of the world");
         return MFSDP_ERR_BACKEND;
+    }
+    char msg[MF_RT_ERRLEN];
+    mfsdp_result res = wait_request(rt, st, &req, "duplicating the world communicator (every rank must call "
+                                    "mfsdp_create)", msg, sizeof msg);
+    if (res != MFSDP_OK) {
+        /* The pending request still writes st->world if the peers ever
+         * arrive and MPI cannot cancel it: st stays allocated (leaked). */
+        return mf_rt_set_error(rt, res, "%s", msg);
     }
     st->world_ok = true;
     MPI_Comm_set_errhandler(st->world, MPI_ERRORS_RETURN);
