@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mf_layout.h"
 #include "mf_load.h"
@@ -33,6 +34,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         if (!(cond))                          \
             FUZZ_FAIL("%s", #cond);           \
     } while (0)
+
+/* True when err is "name:LINE:COL: error: ..." with LINE at most one past
+ * the last line of text[0..len) (libyaml reports the end of the input on the
+ * line after it), or "name: error: ..." (no position, e.g. an empty file). */
+static inline bool fuzz_located(const char *err, const char *name, const char *text, size_t len)
+{
+    size_t nl = strlen(name);
+    if (strncmp(err, name, nl) != 0)
+        return false;
+    if (strncmp(err + nl, ": error: ", 9) == 0)
+        return true;
+    long lines = 1;
+    for (size_t i = 0; i < len; i++)
+        lines += text[i] == '\n';
+    char *end;
+    long line = err[nl] == ':' ? strtol(err + nl + 1, &end, 10) : 0;
+    if (line < 1 || line > lines + 1 || *end != ':')
+        return false;
+    long col = strtol(end + 1, &end, 10);
+    return col >= 1 && strncmp(end, ": error: ", 9) == 0;
+}
 
 static inline FILE *fuzz_devnull(void)
 {
@@ -143,6 +165,15 @@ static inline void fuzz_check_loaded(const mf_schedule *s, const char *text, siz
             FUZZ_FAIL("op %d (%s) touches %lld/%lld elements of buffers holding %lld/%lld", i,
                       mf_opkind_name(op->kind), (long long)need_src, (long long)need_dst,
                       (long long)src->count, (long long)dst->count);
+    }
+    /* every event is recorded on one stream (the runtime's event counters) */
+    for (int e = 0; e < s->nevents; e++) {
+        int stream = -1;
+        for (int i = 0; i < s->nops; i++)
+            if (s->ops[i].kind == MF_OP_RECORD && s->ops[i].event == e) {
+                FUZZ_CHECK(stream < 0 || stream == (int)s->ops[i].stream);
+                stream = (int)s->ops[i].stream;
+            }
     }
     uint8_t h[32];
     mf_sha256(text, len, h, NULL);
