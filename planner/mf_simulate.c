@@ -43,6 +43,9 @@ void mf_sim_result_free(mf_sim_result *r)
 }
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)
         return;

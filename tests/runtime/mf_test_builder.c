@@ -25,6 +25,8 @@ static const char *letters(char buf[MF_MAX_AXES + 1], int k, char outer, char in
 
 bool mf_tb_mode(const char *mode, int k, mf_tb_layout *out)
 {
+    if (k < 1 || k > MF_MAX_AXES)
+        return false;
     static _Thread_local char bufs[MF_ROLE_COUNT][MF_MAX_AXES + 1];
     /* W, G, O as (outer, inner) letters */
     static const struct {
