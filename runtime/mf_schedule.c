@@ -165,13 +165,15 @@ bool mf_schedule_summarize(mf_schedule *s)
         else if (buf->bucket >= 0 && buf->bucket < s->nbuckets)
             per_unit[s->buckets[buf->bucket].unit * MF_ROLE_COUNT + role] += bytes;
     }
-    int window = s->prefetch + 1;
+    /* Sliding sum over windows of prefetch + 1 consecutive units: linear in
+     * units whatever the prefetch depth a (loaded) schedule declares. */
+    int64_t window = (int64_t)s->prefetch + 1;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int64_t transient = 0;
-        for (int u = 0; u < s->nunits; u++) {
-            int64_t w = 0;
-            for (int v = u; v < s->nunits && v < u + window; v++)
-                w += per_unit[v * MF_ROLE_COUNT + r];
+        int64_t transient = 0, w = 0;
+        for (int64_t u = 0; u < s->nunits; u++) {
+            w += per_unit[u * MF_ROLE_COUNT + r];
+            if (u >= window)
+                w -= per_unit[(u - window) * MF_ROLE_COUNT + r];
             if (w > transient)
                 transient = w;
         }
