@@ -200,19 +200,6 @@ static mfsdp_result local_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank
     return MFSDP_OK;
 }
 
-static mfsdp_result local_alloc(mf_rt *rt, size_t bytes, void **out)
-{
-    *out = mf_rt_aligned_zalloc(256, bytes);
-    if (!*out)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
-    return MFSDP_OK;
-}
-
-static void local_free(mf_rt *rt, void *p)
-{
-    mf_rt_free(p);
-}
-
 /* Appends the world ranks whose flag is 0 to msg ("2,5"). */
 static void list_missing(char *msg, size_t size, const uint8_t *flags, const int64_t *ranks,
                          int64_t n)
@@ -588,8 +575,8 @@ const mf_backend_vtbl mf_backend_local = {
     .name = "local",
     .caps = 0,
     .open = local_open,
-    .alloc = local_alloc,
-    .free = local_free,
+    .alloc = mf_rt_host_alloc,
+    .free = mf_rt_host_free,
     .exchange = local_exchange,
     .comm_init = local_comm_init,
     .collective = local_collective,

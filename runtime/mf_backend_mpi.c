@@ -179,19 +179,6 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     return MFSDP_OK;
 }
 
-static mfsdp_result mpi_alloc(mf_rt *rt, size_t bytes, void **out)
-{
-    *out = mf_rt_aligned_zalloc(256, bytes);
-    if (!*out)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
-    return MFSDP_OK;
-}
-
-static void mpi_free(mf_rt *rt, void *p)
-{
-    mf_rt_free(p);
-}
-
 static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void *all)
 {
     mf_mpi_state *st = rt->be_state;
@@ -410,8 +397,8 @@ const mf_backend_vtbl mf_backend_mpi = {
     .name = "mpi",
     .caps = 0,
     .open = mpi_open,
-    .alloc = mpi_alloc,
-    .free = mpi_free,
+    .alloc = mf_rt_host_alloc,
+    .free = mf_rt_host_free,
     .exchange = mpi_exchange,
     .comm_init = mpi_comm_init,
     .collective = mpi_collective,

@@ -74,6 +74,20 @@ void *mf_rt_aligned_zalloc(size_t align, size_t n)
     return p;
 }
 
+mfsdp_result mf_rt_host_alloc(mf_rt *rt, size_t bytes, void **out)
+{
+    *out = mf_rt_aligned_zalloc(256, bytes);
+    if (!*out)
+        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
+    return MFSDP_OK;
+}
+
+void mf_rt_host_free(mf_rt *rt, void *p)
+{
+    (void)rt;
+    mf_rt_free(p);
+}
+
 void mf_rt_free(void *p)
 {
     if (!p)

@@ -42,6 +42,10 @@ void *mf_rt_calloc(size_t n, size_t size);
 /* Zero-filled, `align` a power of two >= sizeof(void *). */
 void *mf_rt_aligned_zalloc(size_t align, size_t n);
 void mf_rt_free(void *p);
+/* Backend buffer allocation in host memory (the CPU backends' alloc/free):
+ * 256-byte aligned, zeroed; out of memory is reported on rt. */
+mfsdp_result mf_rt_host_alloc(mf_rt *rt, size_t bytes, void **out);
+void mf_rt_host_free(mf_rt *rt, void *p);
 /* Test hook: the k-th accounted allocation from now (0 = the next) fails;
  * k < 0 disables. Process-wide. */
 void mf_rt_alloc_fail_at(int64_t k);
