@@ -1,5 +1,6 @@
 /*
- * Shard ranges (DESIGN §3.2, inner-major) on 1-D, 2-D and 3-D meshes with
+ * Rank coordinates (row-major), axis groups and colors, the suffix rule; then
+ * shard ranges (DESIGN §3.2, inner-major) on 1-D, 2-D and 3-D meshes with
  * axis sizes 3 and 5, against hand-computed offsets; then, on every mesh of
  * up to three axes of sizes 1..5 and every legal placement, the structural
  * properties the planner relies on: each replica group partitions the bucket,
@@ -31,6 +32,44 @@ static mf_placement place_of(const char *letters)
     for (int j = 0; letters[j]; j++)
         p.p[j] = letters[j] == 'F' ? MF_PLACE_FLAT : letters[j] == 'P' ? MF_PLACE_PARTIAL : MF_PLACE_REPLICATE;
     return p;
+}
+
+static void test_coords_row_major(void **state)
+{
+    (void)state;
+    int64_t sizes[] = {3, 5};
+    mf_mesh m = mesh_of(2, sizes);
+    int64_t c[MF_MAX_AXES];
+    mf_mesh_coords(&m, 7, c);          /* 7 = 1*5 + 2 */
+    assert_int_equal(c[0], 1);
+    assert_int_equal(c[1], 2);
+    assert_int_equal(mf_mesh_rank(&m, c), 7);
+    int64_t group[5];
+    mf_mesh_axis_group(&m, 1, 7, group); /* inner group of node 1: ranks 5..9 */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(group[i], 5 + i);
+    int64_t outer[3];
+    mf_mesh_axis_group(&m, 0, 7, outer); /* outer group with inner coord 2 */
+    assert_int_equal(outer[0], 2);
+    assert_int_equal(outer[1], 7);
+    assert_int_equal(outer[2], 12);
+    assert_int_equal(mf_mesh_axis_color(&m, 0, 7), 2);
+    assert_int_equal(mf_mesh_axis_color(&m, 1, 7), 1);
+}
+
+static void test_suffix_rule(void **state)
+{
+    (void)state;
+    mf_placement ok[] = {place_of("RF"), place_of("FF"), place_of("PF"), place_of("RR"), place_of("PP")};
+    mf_placement bad[] = {place_of("FR"), place_of("FP"), place_of("FRF")};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        assert_true(mf_placement_suffix_ok(&ok[i], 2));
+    assert_false(mf_placement_suffix_ok(&bad[0], 2));
+    assert_false(mf_placement_suffix_ok(&bad[1], 2));
+    assert_false(mf_placement_suffix_ok(&bad[2], 3));
+    assert_int_equal(mf_placement_flat_start(&ok[0], 2), 1);
+    assert_int_equal(mf_placement_flat_start(&ok[1], 2), 0);
+    assert_int_equal(mf_placement_flat_start(&ok[3], 2), 2);
 }
 
 static void test_1d_sizes_3_and_5(void **state)
@@ -197,6 +236,8 @@ static void test_partition_and_nesting_all_small_meshes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_coords_row_major),
+        cmocka_unit_test(test_suffix_rule),
         cmocka_unit_test(test_1d_sizes_3_and_5),
         cmocka_unit_test(test_2d_5x3),
         cmocka_unit_test(test_3d_5x3x2),
