@@ -317,6 +317,28 @@ static void test_hostile_yaml(void **state)
     free(b.p);
 }
 
+/* Names go into the YAML schedule, whose emitter refuses bytes that are not
+ * UTF-8: the lexer refuses them with a location (fuzz_planner finding). */
+static void test_names_not_utf8(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"e\xff", "\xc3", "\xc3(", "\xe2\x82", "\xed\xa0\x80", "\xc0\xaf",
+                                      "\xf4\x90\x80\x80", "\x80"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        buf b = {0};
+        printf_(&b, HDR "unit \"u%s\" layout l { tensor \"w\" [3]; }\n", bad[i]);
+        expect_refused(&b, "big.mfsdp:3:", "case");
+        expect_refused(&b, "invalid UTF-8 byte", "case");
+        free(b.p);
+    }
+    buf b = {0};
+    puts_(&b, HDR "unit \"\xc3\xa9mbed \xe2\x82\xac \xf0\x9f\x98\x80\" layout l { tensor \"w\" [3]; }\n");
+    result r = compile(&b);
+    assert_int_equal(r.rc, 0);
+    free(r.diag);
+    free(b.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_huge_numbers),
         cmocka_unit_test(test_many_tensors_and_units),
         cmocka_unit_test(test_hostile_yaml),
+        cmocka_unit_test(test_names_not_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
