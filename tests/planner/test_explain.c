@@ -57,8 +57,8 @@ static void test_text_listing(void **state)
         "padding",
         "main_weight  fp32  [Flat, Flat]",
         "T1 first main_weight [Flat, Flat] fp32 -> weight [Replicate, Flat] bf16  at forward_pre, 1/step",
-        "T2 every weight [Replicate, Flat] bf16 -> weight_full [Replicate, Replicate] bf16  at "
-        "forward_pre+backward_pre, 8/step",
+        ("T2 every weight [Replicate, Flat] bf16 -> weight_full [Replicate, Replicate] bf16  at "
+         "forward_pre+backward_pre, 8/step"),
         "at forward_pre, 4/step", /* layers.1 keeps its weights: T2 only at forward_pre */
         "T4 last  grad [Partial, Flat] fp32 -> grad_final [Flat, Flat] fp32  at backward_post, 1/step",
         "why: all_reduce(a1) + all_reduce(a0): ",
