@@ -1078,14 +1078,22 @@ static void mf_load_parse_error(mf_loader *l, const yaml_parser_t *p, const char
     yaml_node_t at = {0};
     at.start_mark = *m;
     if (p->error == YAML_READER_ERROR) {
-        /* Bytes libyaml cannot decode come with an offset, not a mark. */
+        /* Bytes libyaml cannot decode come with an offset, not a mark: count
+         * lines and characters the way libyaml's marks do (breaks are \n,
+         * \r\n, \r, NEL, LS and PS; a column counts characters). */
         size_t off = p->problem_offset < len ? p->problem_offset : len;
+        const unsigned char *u = (const unsigned char *)text;
         at.start_mark.line = at.start_mark.column = 0;
         for (size_t i = 0; i < off; i++) {
-            if (text[i] == '\n') {
+            bool brk = u[i] == '\n' || (u[i] == '\r' && (i + 1 >= len || u[i + 1] != '\n'));
+            if (!brk && i + 1 < off && u[i] == 0xc2 && u[i + 1] == 0x85)
+                brk = true, i += 1;
+            else if (!brk && i + 2 < off && u[i] == 0xe2 && u[i + 1] == 0x80 && (u[i + 2] == 0xa8 || u[i + 2] == 0xa9))
+                brk = true, i += 2;
+            if (brk) {
                 at.start_mark.line++;
                 at.start_mark.column = 0;
-            } else {
+            } else if ((u[i] & 0xc0) != 0x80) {
                 at.start_mark.column++;
             }
         }
