@@ -37,7 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* True when err is "name:LINE:COL: error: ..." with LINE at most one past
  * the last line of text[0..len) (libyaml reports the end of the input on the
- * line after it), or "name: error: ..." (no position, e.g. an empty file). */
+ * line after it; a line ends at \n, \r\n, \r, NEL, LS or PS), or
+ * "name: error: ..." (no position, e.g. an empty file). */
 static inline bool fuzz_located(const char *err, const char *name, const char *text, size_t len)
 {
     size_t nl = strlen(name);
@@ -45,9 +46,11 @@ static inline bool fuzz_located(const char *err, const char *name, const char *t
         return false;
     if (strncmp(err + nl, ": error: ", 9) == 0)
         return true;
-    long lines = 1;
-    for (size_t i = 0; i < len; i++)
-        lines += text[i] == '\n';
+    long lines = 1; /* an upper bound: YAML also breaks lines at \r, NEL, LS, PS */
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        lines += c == '\n' || c == '\r' || c == 0x85 || c == 0xa8 || c == 0xa9;
+    }
     char *end;
     long line = err[nl] == ':' ? strtol(err + nl + 1, &end, 10) : 0;
     if (line < 1 || line > lines + 1 || *end != ':')
