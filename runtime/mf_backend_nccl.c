@@ -1,6 +1,6 @@
 /*
  * mf_backend_nccl: the production GPU backend, one rank per GPU over NCCL
- * (DESIGN §7), in the engine's native model (mf_backend.h).
+ * (docs/gpu.md), in the engine's native model (mf_backend.h).
  *
  * Communicators: at open the backend makes its own world communicator
  * (ncclCommSplit of the trainer's, or ncclCommInitRankConfig from a unique id,

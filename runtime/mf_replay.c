@@ -7,7 +7,7 @@
  * ascending id (record: next sequence number of its event; wait: the latest
  * issued one) and advances the expected hook.
  *
- * The order (DESIGN §7): step_begin; per microbatch m, forward_pre/post for
+ * The order (docs/runtime.md §4): step_begin; per microbatch m, forward_pre/post for
  * units 0..U-1, then backward_pre/post for units U-1..0; step_end. A hook out
  * of order is refused with the expected hook named; nothing is issued and the
  * state does not move, so the trainer can still make the right call.

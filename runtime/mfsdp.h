@@ -1,6 +1,6 @@
 /*
  * mfsdp.h: the public interface of libmfsdp, the replay runtime of mfsdp
- * (DESIGN §7). This header is the contract with trainers; it is the only
+ * (docs/runtime.md). This header is the contract with trainers; it is the only
  * header a trainer includes (plus mfsdp_mpi.h for the MPI backend).
  *
  * A trainer

@@ -1,7 +1,7 @@
 /*
- * The DESIGN §9 oracle (mf_check) through the GPU backends, on builder
+ * The docs/design.md §4.1 oracle (mf_check) through the GPU backends, on builder
  * schedules independent of the planner:
- *   - cuda-local: every mode of DESIGN §4.1 x meshes {1x1, 1x4, 2x2, 2x4, 4x2,
+ *   - cuda-local: every mode of docs/semantics.md §4.5 x meshes {1x1, 1x4, 2x2, 2x4, 4x2,
  *     3x2, 2x2x2} x M in {1, 3}, thread-ranks on one GPU, two steps each:
  *     device buffers, casts, accumulation, events and the three streams with
  *     many ranks;
