@@ -393,13 +393,13 @@ mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what
         pending = 0;
         cudaError_t e = cudaSuccess;
         if (ev) {
-            e = cudaEventQuery(ev);
+            e = mf_cuda_query_event(ev);
             pending = e == cudaErrorNotReady;
         } else {
             for (int st = 0; st < MF_STREAM_COUNT && (e == cudaSuccess || e == cudaErrorNotReady); st++) {
                 if (!c->stream[st])
                     continue;
-                cudaError_t q = cudaStreamQuery(c->stream[st]);
+                cudaError_t q = mf_cuda_query_stream(c->stream[st]);
                 if (q == cudaErrorNotReady)
                     pending++;
                 else
@@ -592,4 +592,11 @@ MFSDP_API int mfsdp_nccl_device(const mfsdp_runtime *rt)
     if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
         return -1;
     return ((const mf_cuda_core *)rt->be_state)->device;
+}
+
+MFSDP_API const char *mfsdp_nccl_warning(const mfsdp_runtime *rt)
+{
+    if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
+        return "";
+    return ((const mf_cuda_core *)rt->be_state)->warning;
 }

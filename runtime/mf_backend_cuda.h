@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "mf_backend_cuda_guard.h"
 #include "mf_gpu_plan.h"
 #include "mf_rt.h"
 #include "mfsdp_nccl.h"
@@ -82,6 +83,7 @@ typedef struct mf_cuda_core {
     unsigned long long capture_id;
     cudaEvent_t fork_ev, join_ev[MF_STREAM_COUNT];
     atomic_bool capturing;           /* read by watchdogs: no event queries then */
+    char warning[512];               /* mfsdp_nccl_warning(); "" when none */
 } mf_cuda_core;
 
 /* Resolves the effective configuration: cfg->backend_config, or the host
