@@ -7,14 +7,28 @@
  *       fp32+=fp32 and fp32+=bf16, the 4-way reduce of the one-GPU backend)
  *       against cudaMemcpyAsync device-to-device, counting bytes read plus
  *       bytes written; median of 20 timed runs after 3 warm-ups (CUDA events).
+ *   mfsdp-gpu-bench sweep
+ *       the same for 64 KiB ... 64 MiB per operand (x4 steps), 16-byte
+ *       aligned and misaligned by 4 bytes: cudaMemcpyAsync, cast fp32->bf16,
+ *       accumulate fp32 += fp32 (median of 11 batches of 10 launches).
  *   mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]
  *       a 1-rank schedule on the NCCL backend driven like a CUDA trainer
  *       (device buffers, its own compute stream, grad_local written by a
  *       kernel): host time of every hook call by phase (median, p99, max, in
- *       microseconds), the device time of a step, and with --graphs the
- *       device time of a step replayed as three CUDA graphs.
+ *       microseconds), host time per op and per step, the device time of a
+ *       step, and with --graphs the host and device time of a step replayed
+ *       as three CUDA graphs.
+ *   mfsdp-gpu-bench stress SCHEDULE.yaml
+ *       ordering stress: the same 1-rank device trainer runs two steps from
+ *       the same state four times: plainly, then with a 20 us spin kernel
+ *       enqueued on the compute, the inner, then the outer stream before every
+ *       hook. Every unsharded weight and delivered gradient must be bit-equal
+ *       to the plain run's: a missing event edge shows up as a difference.
+ *   mfsdp-gpu-bench probe
+ *       the device: name, compute capability, memory, driver and runtime.
  *
- * Exit status: 0, 1 on a failure, 2 on a usage error, 77 without a GPU.
+ * Exit status: 0, 1 on a failure (stress: a difference), 2 on a usage error,
+ * 77 without a GPU.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +153,73 @@ static int run_kernels(int64_t mib)
     return 0;
 }
 
+/* ---- sweep ---- */
+
+static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEvent_t a, cudaEvent_t b)
+{
+    float ms[11];
+    for (int r = 0; r < 11; r++) {
+        CK(cudaEventRecord(a, s));
+        for (int i = 0; i < 10; i++)
+            launch(k, buf, n, s);
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[r], a, b));
+    }
+    qsort(ms, 11, sizeof ms[0], cmp_f);
+    return ms[5] / 10;
+}
+
+static int run_sweep(void)
+{
+    const int64_t max_n = 64ll * 1024 * 1024 / 4 + 16;
+    void *base[6], *buf[6];
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 6; i++) {
+        CK(cudaMalloc(&base[i], (size_t)max_n * 4));
+        CK(mf_cuda_fill_pattern(base[i], i == 5 ? MF_BF16 : MF_FP32, max_n, (uint32_t)i + 1, s));
+    }
+    printf("kernel bandwidth sweep (GB/s, bytes read + written, median of 11 x 10 launches)\n");
+    printf("  %10s %9s %12s %12s %12s\n", "per operand", "aligned", "memcpy", "cast->bf16", "acc f32");
+    for (int64_t bytes = 64 * 1024; bytes <= 64ll * 1024 * 1024; bytes *= 4)
+        for (int mis = 0; mis <= 1; mis++) {
+            int64_t n = bytes / 4;
+            for (int i = 0; i < 6; i++)
+                buf[i] = (char *)base[i] + (mis ? 4 : 0);
+            double t_copy = time_batch(K_MEMCPY, buf, n, s, a, b), t_cast = time_batch(K_CAST, buf, n, s, a, b),
+                   t_acc = time_batch(K_ACC32, buf, n, s, a, b);
+            printf("  %7lld KiB %9s %12.1f %12.1f %12.1f\n", (long long)(bytes / 1024), mis ? "no (+4 B)" : "yes",
+                   8.0 * (double)n / (t_copy * 1e6), 6.0 * (double)n / (t_cast * 1e6),
+                   12.0 * (double)n / (t_acc * 1e6));
+        }
+    for (int i = 0; i < 6; i++)
+        CK(cudaFree(base[i]));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaStreamDestroy(s));
+    return 0;
+}
+
+/* ---- probe ---- */
+
+static int run_probe(void)
+{
+    int dev = 0, drv = 0, rtv = 0;
+    struct cudaDeviceProp p;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&p, dev));
+    CK(cudaDriverGetVersion(&drv));
+    CK(cudaRuntimeGetVersion(&rtv));
+    printf("%s, sm_%d%d, %.0f MiB, %d SMs, driver CUDA %d.%d, runtime %d.%d\n", p.name, p.major, p.minor,
+           (double)p.totalGlobalMem / 1048576.0, p.multiProcessorCount, drv / 1000, drv % 1000 / 10, rtv / 1000,
+           rtv % 1000 / 10);
+    return 0;
+}
+
 /* ---- hooks ---- */
 
 typedef struct samples {
@@ -183,6 +264,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     int64_t t0 = now_ns();
     MF(mfsdp_create(sh, &cfg, &rt));
     int64_t create_ns = now_ns() - t0;
+    int64_t host_step_ns = 0; /* summed over the timed steps */
+    mfsdp_stats st0, st1;
     int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
     int64_t M = mfsdp_schedule_microbatches(sh);
     mfsdp_tensor_view *views = calloc((size_t)(T ? T : 1), sizeof *views);
@@ -212,7 +295,10 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
             add(&t[ph], now_ns() - h0);          \
     } while (0)
     for (int64_t s = 0; s <= steps; s++) { /* step 0 warms up */
+        if (s == 1)
+            MF(mfsdp_get_stats(rt, &st0));
         CK(cudaEventRecord(a, compute));
+        int64_t hs0 = now_ns();
         HOOK(0, mfsdp_step_begin(rt));
         for (int64_t m = 0; m < M; m++) {
             for (int u = 0; u < U; u++) {
@@ -229,6 +315,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
             }
         }
         HOOK(5, mfsdp_step_end(rt));
+        if (s > 0)
+            host_step_ns += now_ns() - hs0; /* includes the trainer's own fill launches */
         CK(cudaEventRecord(b, compute));
         MF(mfsdp_synchronize(rt));
         if (s > 0)
@@ -247,8 +335,15 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
         int64_t med = t[ph].ns[t[ph].n / 2], p99 = t[ph].ns[(t[ph].n * 99) / 100], mx = t[ph].ns[t[ph].n - 1];
         printf("  %-14s %8d %10.2f %10.2f %10.2f\n", names[ph], t[ph].n, (double)med / 1e3, (double)p99 / 1e3,
                (double)mx / 1e3);
-        free(t[ph].ns);
     }
+    MF(mfsdp_get_stats(rt, &st1));
+    int64_t hook_ns = 0, ops = st1.ops - st0.ops;
+    for (int ph = 0; ph < 6; ph++)
+        for (int i = 0; i < t[ph].n; i++)
+            hook_ns += t[ph].ns[i];
+    printf("  host time in hooks per op (eager): %.2f us (%lld ops per step)\n",
+           ops ? (double)hook_ns / 1e3 / (double)ops : 0.0, (long long)(ops / steps));
+    printf("  host time per step (eager, hooks + fills): %.1f us\n", (double)host_step_ns / 1e3 / (double)steps);
     qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
     printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
 
@@ -285,19 +380,25 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
         for (int p = 0; p < 3; p++)
             if (g[p])
                 CK(cudaGraphInstantiate(&ge[p], g[p], 0));
+        int64_t graph_host_ns = 0;
         for (int64_t s = 0; s <= steps; s++) {
             CK(cudaEventRecord(a, compute));
+            int64_t g0 = now_ns();
             CK(cudaGraphLaunch(ge[0], compute));
             for (int64_t m = 1; m < M - 1; m++)
                 CK(cudaGraphLaunch(ge[1], compute));
             if (M > 1)
                 CK(cudaGraphLaunch(ge[2], compute));
+            if (s > 0)
+                graph_host_ns += now_ns() - g0;
             CK(cudaEventRecord(b, compute));
             CK(cudaEventSynchronize(b));
             if (s > 0)
                 CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
         }
         qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
+        printf("  host time per step (3 CUDA graphs): %.1f us (graph launches only)\n",
+               (double)graph_host_ns / 1e3 / (double)steps);
         printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
         for (int p = 0; p < 3; p++) {
             if (ge[p])
@@ -306,6 +407,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
                 CK(cudaGraphDestroy(g[p]));
         }
     }
+    for (int ph = 0; ph < 6; ph++)
+        free(t[ph].ns);
     free(step_ms);
     free(views);
     CK(cudaEventDestroy(a));
@@ -316,10 +419,124 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     return 0;
 }
 
+/* ---- stress ---- */
+
+/* Two steps from the same state; before every hook a spin kernel on stream
+ * `spin` (-1: none). Appends every unsharded weight and delivered gradient to
+ * out (host bytes). */
+static size_t stress_run(mfsdp_runtime *rt, const mfsdp_tensor_view *v, int T, int U, int64_t M, int spin,
+                         cudaStream_t compute, unsigned char *out)
+{
+    cudaStream_t ss = spin >= 0 ? mfsdp_nccl_stream(rt, spin) : NULL;
+#define SPIN()                                  \
+    do {                                        \
+        if (ss)                                 \
+            CK(mf_cuda_spin(20000, ss));        \
+    } while (0)
+    for (int i = 0; i < T; i++)
+        if (v[i].shard_count)
+            CK(mf_cuda_fill_pattern(v[i].main_weight, (mf_dtype)v[i].main_weight_dtype, v[i].shard_count,
+                                    7 + (uint32_t)i, compute));
+    size_t at = 0;
+    for (int step = 0; step < 2; step++) {
+        SPIN();
+        MF(mfsdp_step_begin(rt));
+        for (int64_t m = 0; m < M; m++) {
+            for (int u = 0; u < U; u++) {
+                SPIN();
+                MF(mfsdp_forward_pre(rt, u, m));
+                SPIN();
+                MF(mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                SPIN();
+                MF(mfsdp_backward_pre(rt, u, m));
+                for (int i = 0; i < T; i++)
+                    if (v[i].unit == u)
+                        CK(mf_cuda_fill_pattern(v[i].grad_local, (mf_dtype)v[i].grad_local_dtype, v[i].numel,
+                                                (uint32_t)(1000 * step + 100 * m + i), compute));
+                SPIN();
+                MF(mfsdp_backward_post(rt, u, m));
+            }
+        }
+        SPIN();
+        MF(mfsdp_step_end(rt));
+        MF(mfsdp_synchronize(rt));
+        for (int i = 0; i < T; i++) {
+            size_t wb = (size_t)v[i].numel * (v[i].weight_dtype == MFSDP_FP32 ? 4 : 2);
+            size_t gb = (size_t)v[i].shard_count * (v[i].grad_dtype == MFSDP_FP32 ? 4 : 2);
+            CK(cudaMemcpy(out + at, v[i].grad, gb, cudaMemcpyDeviceToHost));
+            at += gb;
+            if (v[i].weight) {
+                CK(cudaMemcpy(out + at, v[i].weight, wb, cudaMemcpyDeviceToHost));
+                at += wb;
+            }
+        }
+    }
+#undef SPIN
+    return at;
+}
+
+static int run_stress(const char *path)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: stress needs a 1-rank schedule\n");
+        return 2;
+    }
+    cudaStream_t compute;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = compute;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_nccl(&cfg, &nc);
+    cfg.rank = 0;
+    cfg.timeout_ms = 60000;
+    MF(mfsdp_create(sh, &cfg, &rt));
+    int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    mfsdp_tensor_view *v = calloc((size_t)(T ? T : 1), sizeof *v);
+    size_t cap = 0;
+    for (int i = 0; v && i < T; i++) {
+        MF(mfsdp_tensor_view_get(rt, i, &v[i]));
+        cap += 2 * ((size_t)v[i].numel * 4 + (size_t)v[i].shard_count * 4);
+    }
+    unsigned char *ref = malloc(cap ? cap : 1), *got = malloc(cap ? cap : 1);
+    if (!v || !ref || !got)
+        return 1;
+    size_t n = stress_run(rt, v, T, U, M, -1, compute, ref);
+    static const char *const sname[3] = {"compute", "inner", "outer"};
+    int bad = 0;
+    printf("ordering stress: %s, %d units, M=%lld, %zu result bytes per run\n", path, U, (long long)M, n);
+    for (int st = 0; st < 3; st++) {
+        size_t m = stress_run(rt, v, T, U, M, st, compute, got);
+        size_t diff = 0;
+        for (size_t k = 0; k < n && k < m; k++)
+            diff += ref[k] != got[k];
+        printf("  spin on the %-7s stream before every hook: %s (%zu of %zu bytes differ)\n", sname[st],
+               diff || m != n ? "DIFFERENT" : "bit-equal", diff, n);
+        bad += diff || m != n;
+    }
+    free(ref);
+    free(got);
+    free(v);
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+    CK(cudaStreamDestroy(compute));
+    return bad ? 1 : 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mfsdp-gpu-bench kernels [--mib N]\n"
-               "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n");
+               "       mfsdp-gpu-bench sweep\n"
+               "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n"
+               "       mfsdp-gpu-bench stress SCHEDULE.yaml\n"
+               "       mfsdp-gpu-bench probe\n");
 }
 
 int main(int argc, char **argv)
@@ -344,6 +561,12 @@ int main(int argc, char **argv)
         }
         return run_kernels(mib);
     }
+    if (!strcmp(argv[1], "probe"))
+        return run_probe();
+    if (!strcmp(argv[1], "sweep"))
+        return run_sweep();
+    if (!strcmp(argv[1], "stress") && argc == 3)
+        return run_stress(argv[2]);
     if (!strcmp(argv[1], "hooks") && argc >= 3) {
         int64_t steps = 10;
         bool graphs = false;
