@@ -554,12 +554,19 @@ static mfsdp_result nccl_submit(mf_rt *rt, const mf_rt_op *rop, int64_t microbat
         bool grouped = p->group[pos] && p->group[pos][op->id] >= 0;
         if (grouped && !p->group_end[pos][op->id])
             return MFSDP_OK; /* deferred until the group's last member */
+        mf_cuda_core_time_begin(c, be->pending[0], be->npending, op->stream, microbatch);
         res = flush_group(be, err, errlen);
+        mf_cuda_core_time_end(c);
     } else if (!skip) {
         if (be->npending) /* cannot be: groups are contiguous runs of collectives */
             res = flush_group(be, err, errlen);
+        bool timed = op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
+        if (timed)
+            mf_cuda_core_time_begin(c, op->id, 1, op->stream, microbatch);
         if (res == MFSDP_OK)
             res = mf_cuda_core_local(c, rop, microbatch, event_seq, err, errlen);
+        if (timed)
+            mf_cuda_core_time_end(c);
     }
     if (res != MFSDP_OK)
         return res;

@@ -80,6 +80,10 @@ enum {
     MFSDP_NCCL_HOST_COMPUTE = 1u << 3,
     /* Leave NCCL_LAUNCH_ORDER_IMPLICIT alone. */
     MFSDP_NCCL_NO_IMPLICIT_ORDER = 1u << 4,
+    /* Time every op on the device (two timing events around it on its
+     * stream; not inside a capture); read with mfsdp_nccl_timeline(). For
+     * measurements: the extra events cost host time per op. */
+    MFSDP_NCCL_TIMELINE = 1u << 5,
 };
 
 typedef struct mfsdp_nccl_config {
@@ -137,6 +141,25 @@ MFSDP_API cudaStream_t mfsdp_nccl_stream(const mfsdp_runtime *rt, int stream);
 
 /* The CUDA device the runtime runs on; -1 when rt is not on a GPU backend. */
 MFSDP_API int mfsdp_nccl_device(const mfsdp_runtime *rt);
+
+/* One op's device time (MFSDP_NCCL_TIMELINE). */
+typedef struct mfsdp_nccl_op_time {
+    int op;                /* schedule op id; for an NCCL group, its first member */
+    int nops;              /* ops covered: 1, or the group's size */
+    int stream;            /* MFSDP_STREAM_* */
+    int64_t microbatch;    /* -1: a step_begin / step_end op */
+    double start_us;       /* when its stream reached it, since `origin` */
+    double end_us;         /* when it completed, since `origin` */
+    char name[64];         /* "all_gather dp_inner", "cast", ... */
+} mfsdp_nccl_op_time;
+
+/* Copies the ops timed since the previous call (at most cap, in issue order;
+ * at most one step's worth is kept) into out and forgets them. Times are
+ * relative to `origin`, an event with timing the caller recorded before the
+ * first of them. Call after mfsdp_synchronize(). Returns the number copied;
+ * -1 without MFSDP_NCCL_TIMELINE, when rt is not on a GPU backend, or when an
+ * event has not completed or cannot be timed. */
+MFSDP_API int mfsdp_nccl_timeline(mfsdp_runtime *rt, cudaEvent_t origin, mfsdp_nccl_op_time *out, int cap);
 
 /* A warning of mfsdp_create that did not stop it (today: why
  * NCCL_LAUNCH_ORDER_IMPLICIT may not take effect), or "" when there is none

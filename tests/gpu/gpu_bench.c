@@ -24,6 +24,13 @@
  *       enqueued on the compute, the inner, then the outer stream before every
  *       hook. Every unsharded weight and delivered gradient must be bit-equal
  *       to the plain run's: a missing event edge shows up as a difference.
+ *   mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]
+ *       overlap as observed: one step of the 1-rank device trainer whose
+ *       compute is a spin kernel of U us per unit forward (2U backward), every
+ *       op timed with CUDA events on its stream (MFSDP_NCCL_TIMELINE): step
+ *       time, compute idle, per-stream busy / exposed / hidden and overlap,
+ *       the figures `mfsdpc simulate --unit-time-us U --host-async` predicts;
+ *       exposed = communication busy while compute is idle. Chrome trace.
  *   mfsdp-gpu-bench probe
  *       the device: name, compute capability, memory, driver and runtime.
  *
@@ -530,12 +537,239 @@ static int run_stress(const char *path)
     return bad ? 1 : 0;
 }
 
+/* ---- overlap ---- */
+
+typedef struct span {
+    double a, b;
+} span;
+
+static int cmp_span(const void *x, const void *y)
+{
+    double p = ((const span *)x)->a, q = ((const span *)y)->a;
+    return p < q ? -1 : p > q;
+}
+
+/* Sorts and merges in place; returns the count. */
+static int merge(span *v, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_span);
+    int k = 0;
+    for (int i = 1; i < n; i++) {
+        if (v[i].a <= v[k].b) {
+            if (v[i].b > v[k].b)
+                v[k].b = v[i].b;
+        } else {
+            v[++k] = v[i];
+        }
+    }
+    return k + 1;
+}
+
+static double length(const span *v, int n)
+{
+    double t = 0;
+    for (int i = 0; i < n; i++)
+        t += v[i].b - v[i].a;
+    return t;
+}
+
+/* Length of the intersection of two merged lists. */
+static double common(const span *x, int nx, const span *y, int ny)
+{
+    double t = 0;
+    for (int i = 0, j = 0; i < nx && j < ny;) {
+        double a = x[i].a > y[j].a ? x[i].a : y[j].a, b = x[i].b < y[j].b ? x[i].b : y[j].b;
+        if (b > a)
+            t += b - a;
+        if (x[i].b < y[j].b)
+            i++;
+        else
+            j++;
+    }
+    return t;
+}
+
+static void fmt_us(double us, char *buf, size_t n)
+{
+    if (us >= 1000)
+        snprintf(buf, n, "%.3f ms", us / 1000);
+    else
+        snprintf(buf, n, "%.3f us", us);
+}
+
+/* One step of a 1-rank device trainer whose compute is a spin kernel of
+ * unit_us per unit forward and 2 * unit_us backward; every op timed on the
+ * device (MFSDP_NCCL_TIMELINE). Prints the figures of `mfsdpc simulate` for
+ * the measured timeline and writes a Chrome trace. */
+static int run_overlap(const char *path, int64_t unit_us, const char *trace)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: overlap needs a 1-rank schedule\n");
+        return 2;
+    }
+    cudaStream_t compute;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = compute;
+    nc.flags |= MFSDP_NCCL_TIMELINE;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_nccl(&cfg, &nc);
+    cfg.rank = 0;
+    cfg.timeout_ms = 60000;
+    MF(mfsdp_create(sh, &cfg, &rt));
+    int U = mfsdp_schedule_num_units(sh);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    int nspin = (int)(2 * U * M), cap = 0;
+    cudaEvent_t origin, *ev = calloc((size_t)nspin * 2, sizeof *ev);
+    span *sp = calloc((size_t)nspin, sizeof *sp);
+    if (!ev || !sp)
+        return 1;
+    CK(cudaEventCreate(&origin));
+    for (int i = 0; i < 2 * nspin; i++)
+        CK(cudaEventCreate(&ev[i]));
+    mfsdp_nccl_op_time *ops = NULL;
+    int nops = 0;
+    for (int step = 0; step < 2; step++) { /* step 0 warms up */
+        int k = 0;
+        CK(cudaEventRecord(origin, compute));
+        MF(mfsdp_step_begin(rt));
+        for (int64_t m = 0; m < M; m++) {
+            for (int u = 0; u < U; u++) {
+                MF(mfsdp_forward_pre(rt, u, m));
+                CK(cudaEventRecord(ev[2 * k], compute));
+                CK(mf_cuda_spin(unit_us * 1000, compute));
+                CK(cudaEventRecord(ev[2 * k++ + 1], compute));
+                MF(mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                MF(mfsdp_backward_pre(rt, u, m));
+                CK(cudaEventRecord(ev[2 * k], compute));
+                CK(mf_cuda_spin(2 * unit_us * 1000, compute));
+                CK(cudaEventRecord(ev[2 * k++ + 1], compute));
+                MF(mfsdp_backward_post(rt, u, m));
+            }
+        }
+        MF(mfsdp_step_end(rt));
+        MF(mfsdp_synchronize(rt));
+        if (!ops) {
+            mfsdp_stats st;
+            MF(mfsdp_get_stats(rt, &st));
+            cap = (int)st.ops + 16;
+            ops = calloc((size_t)cap, sizeof *ops);
+            if (!ops)
+                return 1;
+        }
+        nops = mfsdp_nccl_timeline(rt, origin, ops, cap);
+        if (nops < 0) {
+            fprintf(stderr, "mfsdp-gpu-bench: mfsdp_nccl_timeline failed\n");
+            return 1;
+        }
+    }
+    for (int i = 0; i < nspin; i++) {
+        float a, b;
+        CK(cudaEventElapsedTime(&a, origin, ev[2 * i]));
+        CK(cudaEventElapsedTime(&b, origin, ev[2 * i + 1]));
+        sp[i] = (span){1e3 * a, 1e3 * b};
+    }
+    /* Streams: compute = the spins plus compute-stream ops. */
+    span *lists[3];
+    int n[3] = {0, 0, 0};
+    for (int s = 0; s < 3; s++) {
+        lists[s] = calloc((size_t)(nops + nspin + 1), sizeof(span));
+        if (!lists[s])
+            return 1;
+    }
+    double t0 = 1e300, t1 = -1e300;
+    for (int i = 0; i < nspin; i++)
+        lists[0][n[0]++] = sp[i];
+    for (int i = 0; i < nops; i++)
+        lists[ops[i].stream][n[ops[i].stream]++] = (span){ops[i].start_us, ops[i].end_us};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < n[s]; i++) {
+            t0 = lists[s][i].a < t0 ? lists[s][i].a : t0;
+            t1 = lists[s][i].b > t1 ? lists[s][i].b : t1;
+        }
+    for (int s = 0; s < 3; s++)
+        n[s] = merge(lists[s], n[s]);
+    double step = t1 - t0, busy[3], exposed[3], hidden[3];
+    for (int s = 0; s < 3; s++) {
+        busy[s] = length(lists[s], n[s]);
+        exposed[s] = s ? busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0; /* while compute idles */
+        hidden[s] = busy[s] - exposed[s];
+    }
+    char b1[32], b2[32], b3[32];
+    printf("measured on the device: %s, 1 rank (NCCL), compute = spin kernel of %lld us forward, %lld us "
+           "backward per unit and microbatch; %d timed ops\n",
+           path, (long long)unit_us, (long long)(2 * unit_us), nops);
+    fmt_us(step, b1, sizeof b1);
+    printf("  step time          %s\n", b1);
+    fmt_us(busy[0], b1, sizeof b1);
+    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * busy[0] / step);
+    fmt_us(step - busy[0], b1, sizeof b1);
+    printf("  compute idle       %s\n", b1);
+    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
+    static const char *const sname[3] = {"compute", "inner", "outer"};
+    for (int s = 1; s < 3; s++) {
+        fmt_us(busy[s], b1, sizeof b1);
+        fmt_us(exposed[s], b2, sizeof b2);
+        fmt_us(hidden[s], b3, sizeof b3);
+        printf("  %-10s %14s %14s %14s\n", sname[s], b1, b2, b3);
+    }
+    double cb = busy[1] + busy[2];
+    fmt_us(cb, b1, sizeof b1);
+    fmt_us(exposed[1] + exposed[2], b2, sizeof b2);
+    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n",
+           cb > 0 ? 100 * (hidden[1] + hidden[2]) / cb : 100.0, b1, b2);
+    if (trace) {
+        FILE *f = fopen(trace, "w");
+        if (!f) {
+            fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
+            return 1;
+        }
+        fprintf(f, "{\"traceEvents\": [\n");
+        for (int s = 0; s < 3; s++)
+            fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                       "\"%s\"}},\n", s, sname[s]);
+        for (int i = 0; i < nspin; i++)
+            fprintf(f, "{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
+                       "\"dur\": %.3f},\n", sp[i].a - t0, sp[i].b - sp[i].a);
+        for (int i = 0; i < nops; i++)
+            fprintf(f, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                       "\"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}%s\n",
+                    ops[i].name, ops[i].stream, ops[i].start_us - t0, ops[i].end_us - ops[i].start_us, ops[i].op,
+                    ops[i].nops, (long long)ops[i].microbatch, i + 1 < nops ? "," : "");
+        fprintf(f, "]}\n");
+        if (fclose(f) != 0)
+            return 1;
+    }
+    for (int s = 0; s < 3; s++)
+        free(lists[s]);
+    for (int i = 0; i < 2 * nspin; i++)
+        CK(cudaEventDestroy(ev[i]));
+    CK(cudaEventDestroy(origin));
+    free(ev);
+    free(sp);
+    free(ops);
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+    CK(cudaStreamDestroy(compute));
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mfsdp-gpu-bench kernels [--mib N]\n"
                "       mfsdp-gpu-bench sweep\n"
                "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n"
                "       mfsdp-gpu-bench stress SCHEDULE.yaml\n"
+               "       mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]\n"
                "       mfsdp-gpu-bench probe\n");
 }
 
@@ -567,6 +801,25 @@ int main(int argc, char **argv)
         return run_sweep();
     if (!strcmp(argv[1], "stress") && argc == 3)
         return run_stress(argv[2]);
+    if (!strcmp(argv[1], "overlap") && argc >= 3) {
+        int64_t unit_us = 200;
+        const char *trace = NULL;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--unit-us") && i + 1 < argc)
+                unit_us = atoll(argv[++i]);
+            else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
+                trace = argv[++i];
+            else {
+                usage(stderr);
+                return 2;
+            }
+        }
+        if (unit_us < 1) {
+            usage(stderr);
+            return 2;
+        }
+        return run_overlap(argv[2], unit_us, trace);
+    }
     if (!strcmp(argv[1], "hooks") && argc >= 3) {
         int64_t steps = 10;
         bool graphs = false;
