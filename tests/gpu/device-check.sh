@@ -103,14 +103,17 @@ pack() {
     nvcc_v=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1)
     gencode=$(grep -rho 'arch=compute_[0-9]*,code=\[[a-z_0-9,]*\]' "$build/runtime/CMakeFiles" "$build/build.ninja" 2>/dev/null | sort -u | tr '\n' ' ')
     case "$gencode" in *sm_90*) ;; *) die "$build has no sm_90 device code (nvcc flags: ${gencode:-none}); configure with -DCMAKE_CUDA_ARCHITECTURES=\"80;90\"";; esac
-    local kib
+    local kib glibc
     kib=$(du -sk "$dir" | cut -f1)
+    glibc=$(for b in "$dir"/bin/* "$dir"/lib/*; do objdump -T "$b" 2>/dev/null; done |
+            grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
     {
         echo "mfsdp device-check prebuilt tree"
         echo "packed: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n) from $build"
         echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
         echo "CUDA architectures: ${archs:-?} (nvcc ${nvcc_v:-?}: $gencode)"
         echo "carried libraries: $(ls "$dir/lib" | tr '\n' ' ')"
+        echo "needs on the device: ${glibc:-glibc} or newer, an NVIDIA driver for CUDA 13 (580 or newer)"
         echo "size: $((kib / 1024)) MiB ($kib KiB)"
     } >"$dir/MANIFEST"
     cat "$dir/MANIFEST"
@@ -199,6 +202,7 @@ run_prebuilt() {
         say "  nccl: none found on this machine (set NCCL_ROOT; MFSDP_CHECK_NCCL_STUB=${MFSDP_CHECK_NCCL_STUB:-0}): the stub, so the NCCL checks will fail"
         NCCL_OK=0
     fi
+    say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
     command -v nvidia-smi >/dev/null &&
         say "  nvidia-smi: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -1)"
     local rc
@@ -328,6 +332,7 @@ self_build() {
     [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
     [ -z "$NVCC" ] && MISSING="$MISSING nvcc"
     local CC_ARCH=""
+    say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
     command -v nvidia-smi >/dev/null &&
         CC_ARCH=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     local ARCHS="80;90"
