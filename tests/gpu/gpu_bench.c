@@ -34,6 +34,9 @@
  *   mfsdp-gpu-bench probe
  *       the device: name, compute capability, memory, driver and runtime.
  *
+ * hooks, stress and overlap run on NCCL (a world of one); with --local on the
+ * one-GPU thread-rank backend (cuda-local, a group of one; no graphs).
+ *
  * Exit status: 0, 1 on a failure (stress: a difference), 2 on a usage error,
  * 77 without a GPU.
  */
@@ -160,6 +163,31 @@ static int run_kernels(int64_t mib)
     return 0;
 }
 
+/* ---- backend ---- */
+
+/* --local: the one-GPU thread-rank backend (cuda-local, a group of one)
+ * instead of NCCL; for a device without NCCL. No CUDA graphs there. */
+static bool use_local;
+static mfsdp_local_group *group;
+
+static const char *backend_name(void)
+{
+    return use_local ? "cuda-local" : "NCCL";
+}
+
+static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc)
+{
+    if (!use_local) {
+        mfsdp_config_set_nccl(cfg, nc);
+        return;
+    }
+    if (!group && mfsdp_local_group_create(1, &group) != MFSDP_OK) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group\n");
+        exit(1);
+    }
+    mfsdp_config_set_cuda_local(cfg, group, nc);
+}
+
 /* ---- sweep ---- */
 
 static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEvent_t a, cudaEvent_t b)
@@ -266,7 +294,7 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
         nc.flags |= MFSDP_NCCL_GRAPHS;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
-    mfsdp_config_set_nccl(&cfg, &nc);
+    select_backend(&cfg, &nc);
     cfg.rank = 0;
     int64_t t0 = now_ns();
     MF(mfsdp_create(sh, &cfg, &rt));
@@ -332,8 +360,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
 #undef HOOK
     static const char *const names[6] = {"step_begin",   "forward_pre",   "forward_post",
                                          "backward_pre", "backward_post", "step_end"};
-    printf("hooks: %s, %d units, %lld microbatches, %lld steps on NCCL (1 rank), create %.1f ms\n", path, U,
-           (long long)M, (long long)steps, (double)create_ns / 1e6);
+    printf("hooks: %s, %d units, %lld microbatches, %lld steps on %s (1 rank), create %.1f ms\n", path, U,
+           (long long)M, (long long)steps, backend_name(), (double)create_ns / 1e6);
     printf("  %-14s %8s %10s %10s %10s   (host time per call, us)\n", "hook", "calls", "median", "p99", "max");
     for (int ph = 0; ph < 6; ph++) {
         if (!t[ph].n)
@@ -500,7 +528,7 @@ static int run_stress(const char *path)
     nc.compute_stream = compute;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
-    mfsdp_config_set_nccl(&cfg, &nc);
+    select_backend(&cfg, &nc);
     cfg.rank = 0;
     cfg.timeout_ms = 60000;
     MF(mfsdp_create(sh, &cfg, &rt));
@@ -518,7 +546,8 @@ static int run_stress(const char *path)
     size_t n = stress_run(rt, v, T, U, M, -1, compute, ref);
     static const char *const sname[3] = {"compute", "inner", "outer"};
     int bad = 0;
-    printf("ordering stress: %s, %d units, M=%lld, %zu result bytes per run\n", path, U, (long long)M, n);
+    printf("ordering stress: %s on %s, %d units, M=%lld, %zu result bytes per run\n", path, backend_name(), U,
+           (long long)M, n);
     for (int st = 0; st < 3; st++) {
         size_t m = stress_run(rt, v, T, U, M, st, compute, got);
         size_t diff = 0;
@@ -620,7 +649,7 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
     nc.flags |= MFSDP_NCCL_TIMELINE;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
-    mfsdp_config_set_nccl(&cfg, &nc);
+    select_backend(&cfg, &nc);
     cfg.rank = 0;
     cfg.timeout_ms = 60000;
     MF(mfsdp_create(sh, &cfg, &rt));
@@ -705,9 +734,9 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
         hidden[s] = busy[s] - exposed[s];
     }
     char b1[32], b2[32], b3[32];
-    printf("measured on the device: %s, 1 rank (NCCL), compute = spin kernel of %lld us forward, %lld us "
+    printf("measured on the device: %s, 1 rank (%s), compute = spin kernel of %lld us forward, %lld us "
            "backward per unit and microbatch; %d timed ops\n",
-           path, (long long)unit_us, (long long)(2 * unit_us), nops);
+           path, backend_name(), (long long)unit_us, (long long)(2 * unit_us), nops);
     fmt_us(step, b1, sizeof b1);
     printf("  step time          %s\n", b1);
     fmt_us(busy[0], b1, sizeof b1);
@@ -765,7 +794,8 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mfsdp-gpu-bench kernels [--mib N]\n"
+    fprintf(f, "usage: mfsdp-gpu-bench [--local] COMMAND ...  (--local: cuda-local instead of NCCL; no --graphs)\n"
+               "       mfsdp-gpu-bench kernels [--mib N]\n"
                "       mfsdp-gpu-bench sweep\n"
                "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n"
                "       mfsdp-gpu-bench stress SCHEDULE.yaml\n"
@@ -773,7 +803,25 @@ static void usage(FILE *f)
                "       mfsdp-gpu-bench probe\n");
 }
 
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    int k = 1;
+    for (int i = 1; i < argc; i++) { /* --local anywhere */
+        if (!strcmp(argv[i], "--local"))
+            use_local = true;
+        else
+            argv[k++] = argv[i];
+    }
+    argc = k;
+    int rc = dispatch(argc, argv);
+    if (group)
+        mfsdp_local_group_destroy(group);
+    return rc;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -829,7 +877,7 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "--graphs"))
                 graphs = true;
         }
-        if (steps < 1) {
+        if (steps < 1 || (graphs && use_local)) { /* cuda-local has no graph mode */
             usage(stderr);
             return 2;
         }
