@@ -179,7 +179,7 @@ find_nccl() {
 
 run_prebuilt() {
     local P=$1
-    P=$(cd "$P" && pwd) || die "no directory $1"
+    P=$(cd "$P" 2>/dev/null && pwd) || die "no directory $1"
     [ -x "$P/bin/mfsdp-gpu-bench" ] || die "$P is not a tree made by --pack (no bin/mfsdp-gpu-bench)"
     mkdir -p "$OUT" || die "cannot create $OUT"
     SUMMARY=$OUT/summary.txt
