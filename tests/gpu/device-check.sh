@@ -183,7 +183,7 @@ run_prebuilt() {
     [ -x "$P/bin/mfsdp-gpu-bench" ] || die "$P is not a tree made by --pack (no bin/mfsdp-gpu-bench)"
     mkdir -p "$OUT" || die "cannot create $OUT"
     SUMMARY=$OUT/summary.txt
-    : >"$SUMMARY"
+    [ "${KEEP_SUMMARY:-0}" = 1 ] || : >"$SUMMARY" # self-build: keep its prerequisites and build lines
     local B=$P/bin D=$P/data W=$OUT/work
     mkdir -p "$W"
     say "mfsdp device check, $(date -u '+%Y-%m-%d %H:%M UTC'), prebuilt tree $P"
@@ -408,7 +408,7 @@ self_build() {
         exit 1
     fi
     (pack "$BUILD" "$BUILD/prebuilt") >>"$OUT/build.log" 2>&1 || { say "[FAIL] pack (see build.log)"; exit 1; }
-    run_prebuilt "$BUILD/prebuilt"
+    KEEP_SUMMARY=1 run_prebuilt "$BUILD/prebuilt"
 }
 
 case "${1:-}" in
