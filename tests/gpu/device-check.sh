@@ -345,7 +345,6 @@ self_build() {
     [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
     [ -z "$NVCC" ] && MISSING="$MISSING nvcc"
     local CC_ARCH=""
-    say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
     command -v nvidia-smi >/dev/null &&
         CC_ARCH=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     local ARCHS="80;90"
@@ -398,7 +397,7 @@ self_build() {
     local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=OFF -DMFSDP_WITH_MPI=OFF
                 -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
                 -DNCCL_ROOT="$NCCL_PREFIX")
-    command -v ninja >/dev/null && args+=(-G Ninja)
+    [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null && args+=(-G Ninja) # keep an existing tree's
     if run 90 "$OUT/build.log" cmake "${args[@]}" && grep -q "NCCL/CUDA backend ON" "$OUT/build.log" &&
        run 240 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)"; then
         say "[PASS] build: $(grep -c 'warning:' "$OUT/build.log") compiler warnings (t=$(elapsed) s)"
