@@ -275,6 +275,71 @@ static void add(samples *s, int64_t ns)
     s->ns[s->n++] = ns;
 }
 
+/* The same step captured as three CUDA graphs (first, middle, last
+ * microbatch) and replayed: host time of the launches, device time per step. */
+static void hooks_graphs(mfsdp_runtime *rt, const mfsdp_tensor_view *views, int T, int U, int64_t M, int64_t steps,
+                         cudaStream_t compute, cudaEvent_t a, cudaEvent_t b, float *step_ms)
+{
+    /* Capture one step as three graphs (first, middle, last microbatch). */
+    cudaGraph_t g[3] = {NULL, NULL, NULL};
+    for (int64_t m = 0; m < M; m++) {
+        int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
+        CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+        if (m == 0)
+            MF(mfsdp_step_begin(rt));
+        for (int u = 0; u < U; u++) {
+            MF(mfsdp_forward_pre(rt, u, m));
+            MF(mfsdp_forward_post(rt, u, m));
+        }
+        for (int u = U - 1; u >= 0; u--) {
+            MF(mfsdp_backward_pre(rt, u, m));
+            for (int i = 0; i < T; i++)
+                if (views[i].unit == u)
+                    CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
+                                            views[i].numel, (uint32_t)(100 * m + i), compute));
+            MF(mfsdp_backward_post(rt, u, m));
+        }
+        if (m == M - 1)
+            MF(mfsdp_step_end(rt));
+        cudaGraph_t graph;
+        CK(cudaStreamEndCapture(compute, &graph));
+        if (g[pos])
+            CK(cudaGraphDestroy(graph));
+        else
+            g[pos] = graph;
+    }
+    cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
+    for (int p = 0; p < 3; p++)
+        if (g[p])
+            CK(cudaGraphInstantiate(&ge[p], g[p], 0));
+    int64_t graph_host_ns = 0;
+    for (int64_t s = 0; s <= steps; s++) {
+        CK(cudaEventRecord(a, compute));
+        int64_t g0 = now_ns();
+        CK(cudaGraphLaunch(ge[0], compute));
+        for (int64_t m = 1; m < M - 1; m++)
+            CK(cudaGraphLaunch(ge[1], compute));
+        if (M > 1)
+            CK(cudaGraphLaunch(ge[2], compute));
+        if (s > 0)
+            graph_host_ns += now_ns() - g0;
+        CK(cudaEventRecord(b, compute));
+        CK(cudaEventSynchronize(b));
+        if (s > 0)
+            CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
+    }
+    qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
+    printf("  host time per step (3 CUDA graphs): %.1f us (graph launches only)\n",
+           (double)graph_host_ns / 1e3 / (double)steps);
+    printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
+    for (int p = 0; p < 3; p++) {
+        if (ge[p])
+            CK(cudaGraphExecDestroy(ge[p]));
+        if (g[p])
+            CK(cudaGraphDestroy(g[p]));
+    }
+}
+
 static int run_hooks(const char *path, int64_t steps, bool graphs)
 {
     mfsdp_runtime *rt = NULL;
@@ -382,66 +447,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
     printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
 
-    if (graphs) {
-        /* Capture one step as three graphs (first, middle, last microbatch). */
-        cudaGraph_t g[3] = {NULL, NULL, NULL};
-        for (int64_t m = 0; m < M; m++) {
-            int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
-            CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
-            if (m == 0)
-                MF(mfsdp_step_begin(rt));
-            for (int u = 0; u < U; u++) {
-                MF(mfsdp_forward_pre(rt, u, m));
-                MF(mfsdp_forward_post(rt, u, m));
-            }
-            for (int u = U - 1; u >= 0; u--) {
-                MF(mfsdp_backward_pre(rt, u, m));
-                for (int i = 0; i < T; i++)
-                    if (views[i].unit == u)
-                        CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
-                                                views[i].numel, (uint32_t)(100 * m + i), compute));
-                MF(mfsdp_backward_post(rt, u, m));
-            }
-            if (m == M - 1)
-                MF(mfsdp_step_end(rt));
-            cudaGraph_t graph;
-            CK(cudaStreamEndCapture(compute, &graph));
-            if (g[pos])
-                CK(cudaGraphDestroy(graph));
-            else
-                g[pos] = graph;
-        }
-        cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
-        for (int p = 0; p < 3; p++)
-            if (g[p])
-                CK(cudaGraphInstantiate(&ge[p], g[p], 0));
-        int64_t graph_host_ns = 0;
-        for (int64_t s = 0; s <= steps; s++) {
-            CK(cudaEventRecord(a, compute));
-            int64_t g0 = now_ns();
-            CK(cudaGraphLaunch(ge[0], compute));
-            for (int64_t m = 1; m < M - 1; m++)
-                CK(cudaGraphLaunch(ge[1], compute));
-            if (M > 1)
-                CK(cudaGraphLaunch(ge[2], compute));
-            if (s > 0)
-                graph_host_ns += now_ns() - g0;
-            CK(cudaEventRecord(b, compute));
-            CK(cudaEventSynchronize(b));
-            if (s > 0)
-                CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
-        }
-        qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
-        printf("  host time per step (3 CUDA graphs): %.1f us (graph launches only)\n",
-               (double)graph_host_ns / 1e3 / (double)steps);
-        printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
-        for (int p = 0; p < 3; p++) {
-            if (ge[p])
-                CK(cudaGraphExecDestroy(ge[p]));
-            if (g[p])
-                CK(cudaGraphDestroy(g[p]));
-        }
-    }
+    if (graphs)
+        hooks_graphs(rt, views, T, U, M, steps, compute, a, b, step_ms);
     for (int ph = 0; ph < 6; ph++)
         free(t[ph].ns);
     free(step_ms);
@@ -628,6 +635,89 @@ static void fmt_us(double us, char *buf, size_t n)
         snprintf(buf, n, "%.3f us", us);
 }
 
+static const char *const stream_names[3] = {"compute", "inner", "outer"};
+
+/* The figures of `mfsdpc simulate` from measured intervals: compute = the
+ * spins plus compute-stream ops; exposed = a stream's busy time while compute
+ * idles. *first: the first start (the trace's zero). Returns 0, or 1 when out
+ * of memory. */
+static int overlap_figures(const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops, double *first)
+{
+    span *lists[3];
+    int n[3] = {0, 0, 0};
+    for (int s = 0; s < 3; s++) {
+        lists[s] = calloc((size_t)(nops + nspin + 1), sizeof(span));
+        if (!lists[s])
+            return 1;
+    }
+    double t0 = 1e300, t1 = -1e300;
+    for (int i = 0; i < nspin; i++)
+        lists[0][n[0]++] = sp[i];
+    for (int i = 0; i < nops; i++)
+        lists[ops[i].stream][n[ops[i].stream]++] = (span){ops[i].start_us, ops[i].end_us};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < n[s]; i++) {
+            t0 = lists[s][i].a < t0 ? lists[s][i].a : t0;
+            t1 = lists[s][i].b > t1 ? lists[s][i].b : t1;
+        }
+    for (int s = 0; s < 3; s++)
+        n[s] = merge(lists[s], n[s]);
+    double step = t1 - t0, busy[3], exposed[3], hidden[3];
+    for (int s = 0; s < 3; s++) {
+        busy[s] = length(lists[s], n[s]);
+        exposed[s] = s ? busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0;
+        hidden[s] = busy[s] - exposed[s];
+    }
+    char b1[32], b2[32], b3[32];
+    fmt_us(step, b1, sizeof b1);
+    printf("  step time          %s\n", b1);
+    fmt_us(busy[0], b1, sizeof b1);
+    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * busy[0] / step);
+    fmt_us(step - busy[0], b1, sizeof b1);
+    printf("  compute idle       %s\n", b1);
+    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
+    for (int s = 1; s < 3; s++) {
+        fmt_us(busy[s], b1, sizeof b1);
+        fmt_us(exposed[s], b2, sizeof b2);
+        fmt_us(hidden[s], b3, sizeof b3);
+        printf("  %-10s %14s %14s %14s\n", stream_names[s], b1, b2, b3);
+    }
+    double cb = busy[1] + busy[2];
+    fmt_us(cb, b1, sizeof b1);
+    fmt_us(exposed[1] + exposed[2], b2, sizeof b2);
+    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n",
+           cb > 0 ? 100 * (hidden[1] + hidden[2]) / cb : 100.0, b1, b2);
+    for (int s = 0; s < 3; s++)
+        free(lists[s]);
+    *first = t0;
+    return 0;
+}
+
+/* Chrome trace JSON (ui.perfetto.dev): one track per stream. */
+static int write_trace(const char *trace, const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops,
+                       double t0)
+{
+    FILE *f = fopen(trace, "w");
+    if (!f) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
+        return 1;
+    }
+    fprintf(f, "{\"traceEvents\": [\n");
+    for (int s = 0; s < 3; s++)
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                   "\"%s\"}},\n", s, stream_names[s]);
+    for (int i = 0; i < nspin; i++)
+        fprintf(f, "{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
+                   "\"dur\": %.3f}%s\n", sp[i].a - t0, sp[i].b - sp[i].a, i + 1 < nspin || nops ? "," : "");
+    for (int i = 0; i < nops; i++)
+        fprintf(f, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                   "\"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}%s\n",
+                ops[i].name, ops[i].stream, ops[i].start_us - t0, ops[i].end_us - ops[i].start_us, ops[i].op,
+                ops[i].nops, (long long)ops[i].microbatch, i + 1 < nops ? "," : "");
+    fprintf(f, "]}\n");
+    return fclose(f) == 0 ? 0 : 1;
+}
+
 /* One step of a 1-rank device trainer whose compute is a spin kernel of
  * unit_us per unit forward and 2 * unit_us backward; every op timed on the
  * device (MFSDP_NCCL_TIMELINE). Prints the figures of `mfsdpc simulate` for
@@ -707,79 +797,12 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
         CK(cudaEventElapsedTime(&b, origin, ev[2 * i + 1]));
         sp[i] = (span){1e3 * a, 1e3 * b};
     }
-    /* Streams: compute = the spins plus compute-stream ops. */
-    span *lists[3];
-    int n[3] = {0, 0, 0};
-    for (int s = 0; s < 3; s++) {
-        lists[s] = calloc((size_t)(nops + nspin + 1), sizeof(span));
-        if (!lists[s])
-            return 1;
-    }
-    double t0 = 1e300, t1 = -1e300;
-    for (int i = 0; i < nspin; i++)
-        lists[0][n[0]++] = sp[i];
-    for (int i = 0; i < nops; i++)
-        lists[ops[i].stream][n[ops[i].stream]++] = (span){ops[i].start_us, ops[i].end_us};
-    for (int s = 0; s < 3; s++)
-        for (int i = 0; i < n[s]; i++) {
-            t0 = lists[s][i].a < t0 ? lists[s][i].a : t0;
-            t1 = lists[s][i].b > t1 ? lists[s][i].b : t1;
-        }
-    for (int s = 0; s < 3; s++)
-        n[s] = merge(lists[s], n[s]);
-    double step = t1 - t0, busy[3], exposed[3], hidden[3];
-    for (int s = 0; s < 3; s++) {
-        busy[s] = length(lists[s], n[s]);
-        exposed[s] = s ? busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0; /* while compute idles */
-        hidden[s] = busy[s] - exposed[s];
-    }
-    char b1[32], b2[32], b3[32];
     printf("measured on the device: %s, 1 rank (%s), compute = spin kernel of %lld us forward, %lld us "
            "backward per unit and microbatch; %d timed ops\n",
            path, backend_name(), (long long)unit_us, (long long)(2 * unit_us), nops);
-    fmt_us(step, b1, sizeof b1);
-    printf("  step time          %s\n", b1);
-    fmt_us(busy[0], b1, sizeof b1);
-    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * busy[0] / step);
-    fmt_us(step - busy[0], b1, sizeof b1);
-    printf("  compute idle       %s\n", b1);
-    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
-    static const char *const sname[3] = {"compute", "inner", "outer"};
-    for (int s = 1; s < 3; s++) {
-        fmt_us(busy[s], b1, sizeof b1);
-        fmt_us(exposed[s], b2, sizeof b2);
-        fmt_us(hidden[s], b3, sizeof b3);
-        printf("  %-10s %14s %14s %14s\n", sname[s], b1, b2, b3);
-    }
-    double cb = busy[1] + busy[2];
-    fmt_us(cb, b1, sizeof b1);
-    fmt_us(exposed[1] + exposed[2], b2, sizeof b2);
-    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n",
-           cb > 0 ? 100 * (hidden[1] + hidden[2]) / cb : 100.0, b1, b2);
-    if (trace) {
-        FILE *f = fopen(trace, "w");
-        if (!f) {
-            fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
-            return 1;
-        }
-        fprintf(f, "{\"traceEvents\": [\n");
-        for (int s = 0; s < 3; s++)
-            fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-                       "\"%s\"}},\n", s, sname[s]);
-        for (int i = 0; i < nspin; i++)
-            fprintf(f, "{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
-                       "\"dur\": %.3f},\n", sp[i].a - t0, sp[i].b - sp[i].a);
-        for (int i = 0; i < nops; i++)
-            fprintf(f, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                       "\"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}%s\n",
-                    ops[i].name, ops[i].stream, ops[i].start_us - t0, ops[i].end_us - ops[i].start_us, ops[i].op,
-                    ops[i].nops, (long long)ops[i].microbatch, i + 1 < nops ? "," : "");
-        fprintf(f, "]}\n");
-        if (fclose(f) != 0)
-            return 1;
-    }
-    for (int s = 0; s < 3; s++)
-        free(lists[s]);
+    double t0 = 0;
+    if (overlap_figures(sp, nspin, ops, nops, &t0) != 0 || (trace && write_trace(trace, sp, nspin, ops, nops, t0) != 0))
+        return 1;
     for (int i = 0; i < 2 * nspin; i++)
         CK(cudaEventDestroy(ev[i]));
     CK(cudaEventDestroy(origin));
