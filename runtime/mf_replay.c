@@ -250,7 +250,9 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     if (phase == MF_PHASE_STEP_END && res == MFSDP_OK)
         rt->stats.steps++;
     pthread_mutex_unlock(&rt->mu);
-    if (res != MFSDP_OK) {
+    /* A native backend's watchdog fails the runtime from its own thread: a
+     * hook whose ops all enqueued must still report that. */
+    if (res != MFSDP_OK || rt->native) {
         mfsdp_result f = sticky(rt);
         return f != MFSDP_OK ? f : res;
     }
