@@ -120,6 +120,13 @@ typedef struct mf_backend_vtbl {
                            char *err, size_t errlen);
     /* Native model: waits for every submitted op. */
     mfsdp_result (*synchronize)(mf_rt *rt, char *err, size_t errlen);
+    /* Host thread, after create (the helpers of mf_helpers.c): all-gather of
+     * `bytes` bytes per rank over the world into all[world * bytes], in rank
+     * order; every rank calls it in the same order with the same bytes;
+     * bounded by the timeout; the message goes to err. NULL: the backend
+     * has none (MFSDP_ERR_UNSUPPORTED). */
+    mfsdp_result (*allgather)(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
+                              size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
     void (*abort)(mf_rt *rt, const char *why);

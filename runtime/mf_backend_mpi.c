@@ -193,6 +193,22 @@ static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void
     return res;
 }
 
+static mfsdp_result mpi_allgather(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
+                                  size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (bytes > INT_MAX) {
+        snprintf(err, errlen, "all-gather of %zu bytes per rank exceeds MPI's count limit", bytes);
+        return MFSDP_ERR_INVALID_ARGUMENT;
+    }
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, st->world, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(err, errlen, rc, "MPI_Iallgather over the world (helper)");
+    return wait_request(rt, st, &req, "the world all-gather of a helper (every rank must call it)",
+                        err, errlen);
+}
+
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_mpi_state *st = rt->be_state;
@@ -404,6 +420,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .collective = mpi_collective,
     .submit = NULL,
     .synchronize = NULL,
+    .allgather = mpi_allgather,
     .abort = mpi_abort,
     .close = mpi_close,
 };

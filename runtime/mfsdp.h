@@ -294,6 +294,89 @@ typedef struct mfsdp_stats {
 
 MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *rt, mfsdp_stats *out);
 
+/* ---- helpers (runtime/mf_helpers.c; docs/runtime.md, "Helpers") ----
+ *
+ * What every trainer would otherwise write itself. They work on host memory:
+ * the local and mpi backends (a GPU backend returns MFSDP_ERR_UNSUPPORTED
+ * from the ones that touch buffers or communicate). The collective ones
+ * (gather, all-reduce, grad norm and clip) must be called by every rank of
+ * the world, in the same order, between hooks; they use the runtime's own
+ * world communicator (never the trainer's), allocate for the call, and a
+ * failure (a timeout: a peer never called) is sticky like a hook's.
+ */
+
+/* fp32 <-> bf16 / fp16 with round to nearest even; NaN stays NaN (quiet),
+ * overflow gives infinity. The exact conversions the runtime's casts use. */
+MFSDP_API uint16_t mfsdp_f32_to_bf16(float f);
+MFSDP_API float mfsdp_bf16_to_f32(uint16_t h);
+MFSDP_API uint16_t mfsdp_f32_to_fp16(float f);
+MFSDP_API float mfsdp_fp16_to_f32(uint16_t h);
+/* dst[i] = src[i] converted from src_dtype to dst_dtype, i < n (same dtype:
+ * a copy). dst and src must not overlap unless equal with equal dtypes. */
+MFSDP_API mfsdp_result mfsdp_convert(void *dst, mfsdp_dtype dst_dtype, const void *src,
+                                     mfsdp_dtype src_dtype, int64_t n);
+
+/* Index of the unit with this name, or -1 (like mfsdp_tensor_find). */
+MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name);
+MFSDP_API int mfsdp_schedule_unit_find(const mfsdp_schedule *s, const char *name);
+
+/*
+ * Copies this rank's shard of tensor `tensor` out of `full` (the whole
+ * tensor in host memory: numel elements of `dtype`, row-major) into its
+ * main_weight, converting to main_weight_dtype. Local: no communication;
+ * every rank passes the same full tensor (e.g. the same seeded init or a
+ * loaded checkpoint). A rank with shard_count 0 copies nothing. Call it
+ * between hooks outside a step: after mfsdp_create and before the first
+ * mfsdp_step_begin (the initial weights), or after mfsdp_step_end.
+ */
+MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, const void *full,
+                                                 mfsdp_dtype dtype);
+
+/* A root for mfsdp_main_weight_gather: every rank receives the tensor. */
+#define MFSDP_ALL_RANKS (-1)
+
+/*
+ * Gathers the whole master weight of tensor `tensor` (numel elements,
+ * converted to `dtype`) into `out` on rank `root`, or on every rank with
+ * MFSDP_ALL_RANKS (for logging, evaluation, export). Collective over the
+ * world; `out` may be NULL on ranks that do not receive. Each element comes
+ * from one rank that holds it (replicas are not compared).
+ */
+MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
+                                                mfsdp_dtype dtype, int64_t root);
+
+typedef enum mfsdp_reduce_op {
+    MFSDP_REDUCE_SUM = 0,
+    MFSDP_REDUCE_MAX = 1,
+    MFSDP_REDUCE_MIN = 2,
+} mfsdp_reduce_op;
+
+/*
+ * All-reduces n doubles in place over the world (a logged loss, token
+ * counts, norm partials): values[i] becomes op over every rank's values[i].
+ * Sums are taken in rank order in double, so every rank gets the same bits.
+ * Collective over the world; n in [0, 1 << 20].
+ */
+MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n, mfsdp_reduce_op op);
+
+/*
+ * The global L2 norm of the delivered gradient of every tensor: the square
+ * root of the sum of squares over every rank's grad shard, where a shard
+ * that several ranks hold (a replicated main_weight) counts once. Every rank
+ * gets the same value. Call after mfsdp_step_end and before the next
+ * mfsdp_step_begin. Collective over the world.
+ */
+MFSDP_API mfsdp_result mfsdp_grad_norm(mfsdp_runtime *rt, double *norm);
+
+/*
+ * Gradient clipping: computes the global norm as mfsdp_grad_norm does and,
+ * when it exceeds max_norm (> 0), scales every delivered gradient shard of
+ * this rank by max_norm / (norm + 1e-6) (the same factor on every rank, so
+ * replicas stay equal). *norm (may be NULL) receives the norm before
+ * clipping. Same calling rules as mfsdp_grad_norm.
+ */
+MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, double *norm);
+
 #ifdef __cplusplus
 }
 #endif
