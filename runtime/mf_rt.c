@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_debug.h"
 #include "mf_load.h"
 
 /* ---- accounted allocation ---- */
@@ -819,6 +820,7 @@ static mfsdp_result setup(mf_rt *rt)
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
+    MF_CHECKGOTO(mf_debug_create(rt), res, done);
     rt->ev_issued = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
     rt->ev_done = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
     if (!rt->ev_issued || !rt->ev_done)
@@ -854,6 +856,7 @@ static void release(mf_rt *rt)
     mf_rt_free(rt->ev_issued);
     mf_rt_free(rt->ev_done);
     mf_rt_free(rt->views);
+    mf_debug_free(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
         mf_rt_free(rt->streams[st].queue);
         if (rt->sync_ready && st != MF_STREAM_COMPUTE)
@@ -893,9 +896,10 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     rt->sh = sh;
     rt->s = sh->s;
     rt->cfg = *cfg;
+    rt->cfg.flags = mf_debug_flags(cfg->flags);   /* MFSDP_CHECK=1 in the environment */
     rt->be = be;
     rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
-    rt->synchronous = !rt->native && (cfg->flags & MFSDP_FLAG_SYNCHRONOUS);
+    rt->synchronous = !rt->native && (rt->cfg.flags & MFSDP_FLAG_SYNCHRONOUS);
     rt->next_phase = MF_PHASE_STEP_BEGIN;
     rt->next_unit = -1;
     if (pthread_mutex_init(&rt->mu, NULL) != 0) {

@@ -142,6 +142,7 @@ struct mfsdp_runtime {
 
     int nviews;
     mfsdp_tensor_view *views;
+    struct mf_debug *check;     /* check mode state (mf_debug.c); NULL when off */
     mfsdp_stats stats;          /* host-side counters; stream times merged on read */
 };
 

@@ -165,6 +165,16 @@ enum {
     /* Execute every op on the calling thread at issue, in issue order (no
      * stream threads). Slower; for debugging a schedule or a trainer. */
     MFSDP_FLAG_SYNCHRONOUS = 1u << 0,
+    /* Check mode (CPU backends; also turned on by MFSDP_CHECK=1 in the
+     * environment, no rebuild needed): every weight and grad_local outside
+     * its window holds a signalling-NaN pattern, so a read outside a window
+     * gives NaN; backward_post refuses a grad_local not completely
+     * overwritten this microbatch (naming the tensor and the first bad
+     * element); a hook refuses when the trainer wrote into a weight, or into
+     * any buffer outside its window. Implies MFSDP_FLAG_SYNCHRONOUS; costs a
+     * copy of every weight and grad_local and a few passes over them per
+     * hook (docs/runtime.md, "Check mode"). Ignored by GPU backends. */
+    MFSDP_FLAG_CHECK = 1u << 1,
 };
 
 typedef struct mfsdp_config {
