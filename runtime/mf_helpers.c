@@ -349,3 +349,60 @@ MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, doubl
     }
     return MFSDP_OK;
 }
+
+/* ---- a spec loaded as a schedule ---- */
+
+/* True when text starts (after blank and '#' comment lines) with a
+ * statement keyword of the .mfsdp language followed by anything but ':'
+ * (a YAML schedule starts with "format: ..."). */
+static bool looks_like_spec(const char *text, size_t len)
+{
+    static const char *const kw[] = {"mesh", "microbatches", "reduce", "align", "prefetch",
+                                     "bucket_size", "layout", "unit"};
+    size_t i = 0;
+    for (;;) {
+        while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
+            i++;
+        if (i < len && text[i] == '#') {
+            while (i < len && text[i] != '\n')
+                i++;
+            continue;
+        }
+        break;
+    }
+    for (size_t k = 0; k < sizeof kw / sizeof kw[0]; k++) {
+        size_t n = strlen(kw[k]);
+        if (len - i > n && strncmp(text + i, kw[k], n) == 0 &&
+            (text[i + n] == ' ' || text[i + n] == '\t' || text[i + n] == '"')) {
+            size_t j = i + n;
+            while (j < len && (text[j] == ' ' || text[j] == '\t'))
+                j++;
+            return j < len && text[j] != ':';
+        }
+    }
+    return false;
+}
+
+void mf_rt_spec_hint(const char *name, const void *text, size_t len, char *err, size_t errlen)
+{
+    if (!text || !looks_like_spec(text, len))
+        return;
+    char was[MF_RT_ERRLEN];
+    snprintf(was, sizeof was, "%s", err);
+    snprintf(err, errlen,
+             "%s: this is a .mfsdp spec, not a compiled schedule; compile it with "
+             "`mfsdpc compile %s -o schedule.yaml` and load the YAML (the schedule loader said: "
+             "%.600s)",
+             name, name, was);
+}
+
+void mf_rt_spec_hint_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return;
+    char head[4096];
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    mf_rt_spec_hint(path, head, n, err, errlen);
+}

@@ -360,6 +360,79 @@ static void test_local_missing_rank(void **state)
     mfsdp_schedule_free(sh);
 }
 
+/* Rank 1 calls a hook out of order mid-step and gives up; every other rank's
+ * error names rank 1's own message (the root cause), not a timeout. */
+static void *bail_rank(void *p)
+{
+    skip_job *j = p;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.local_group = j->g;
+    cfg.rank = j->rank;
+    cfg.timeout_ms = 30000;
+    mfsdp_runtime *rt = NULL;
+    j->r = mfsdp_create(j->sh, &cfg, &rt);
+    int units = mfsdp_schedule_num_units(j->sh);
+    int64_t M = mfsdp_schedule_microbatches(j->sh);
+    if (j->r == MFSDP_OK)
+        j->r = mfsdp_step_begin(rt);
+    for (int64_t m = 0; m < M && j->r == MFSDP_OK; m++) {
+        for (int u = 0; u < units && j->r == MFSDP_OK; u++) {
+            j->r = mfsdp_forward_pre(rt, u, m);
+            if (j->r == MFSDP_OK)
+                j->r = mfsdp_forward_post(rt, u, m);
+        }
+        for (int u = units - 1; u >= 0 && j->r == MFSDP_OK; u--) {
+            j->r = mfsdp_backward_pre(rt, u, m);
+            if (j->r == MFSDP_OK && j->rank == 1)
+                j->r = mfsdp_step_end(rt);   /* skipped backward_post: refused */
+            if (j->r == MFSDP_OK)
+                j->r = mfsdp_backward_post(rt, u, m);
+        }
+    }
+    if (j->r == MFSDP_OK)
+        j->r = mfsdp_step_end(rt);
+    snprintf(j->msg, sizeof j->msg, "%s", mfsdp_last_error(rt));
+    mfsdp_destroy(rt);
+    return NULL;
+}
+
+static void test_local_root_cause(void **state)
+{
+    (void)state;
+    mfsdp_schedule *sh = NULL;
+    assert_int_equal(mfsdp_schedule_load(g_paths[0], &sh), MFSDP_OK);
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (world < 2) {
+        mfsdp_schedule_free(sh);
+        skip();
+    }
+    mfsdp_local_group *g = NULL;
+    assert_int_equal(mfsdp_local_group_create(world, &g), MFSDP_OK);
+    skip_job *jobs = calloc((size_t)world, sizeof *jobs);
+    pthread_t *th = calloc((size_t)world, sizeof *th);
+    for (int64_t r = 0; r < world; r++) {
+        jobs[r] = (skip_job){.sh = sh, .g = g, .rank = r};
+        assert_int_equal(pthread_create(&th[r], NULL, bail_rank, &jobs[r]), 0);
+    }
+    for (int64_t r = 0; r < world; r++)
+        pthread_join(th[r], NULL);
+    assert_int_equal(jobs[1].r, MFSDP_ERR_INVALID_USAGE);
+    for (int64_t r = 0; r < world; r++) {
+        if (r == 1)
+            continue;
+        print_message("rank %lld: %s\n", (long long)r, jobs[r].msg);
+        assert_int_equal(jobs[r].r, MFSDP_ERR_ABORTED);
+        if (!strstr(jobs[r].msg, "rank 1 was destroyed with ") ||
+            !strstr(jobs[r].msg, "its error: mfsdp_step_end() called out of order"))
+            fail_msg("rank %lld: %s", (long long)r, jobs[r].msg);
+    }
+    free(jobs);
+    free(th);
+    mfsdp_local_group_destroy(g);
+    mfsdp_schedule_free(sh);
+}
+
 /* ---- mpi backend ---- */
 
 static int run_mpi(const char *path, int *argc, char ***argv)
@@ -412,6 +485,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local),
         cmocka_unit_test(test_local_missing_rank),
+        cmocka_unit_test(test_local_root_cause),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
