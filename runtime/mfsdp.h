@@ -179,8 +179,14 @@ enum {
 
 typedef struct mfsdp_config {
     mfsdp_backend backend;
-    int64_t rank;              /* world rank of this runtime; -1 = ask the backend
-                                  (mpi: the rank in the communicator) */
+    int64_t rank;              /* world rank of this runtime, or -1 (the default):
+                                  local, cuda-local: the lowest rank of the group
+                                    without a runtime, in the order the creates
+                                    attach (read it back with mfsdp_rank());
+                                  mpi: the rank in the communicator (an explicit
+                                    rank must equal it);
+                                  nccl: the rank in world_comm, 0 for a world of
+                                    one; with a unique id it must be given */
     int64_t timeout_ms;        /* limit of every blocking wait (peers, events,
                                   streams); 0 = wait forever. Default 600000. */
     uint32_t flags;            /* MFSDP_FLAG_* */
@@ -192,7 +198,8 @@ typedef struct mfsdp_config {
                                   NULL for local and mpi */
 } mfsdp_config;
 
-/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms). */
+/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms,
+ * no flags). */
 MFSDP_API void mfsdp_config_init(mfsdp_config *cfg);
 
 /* ---- runtimes ---- */
@@ -241,11 +248,17 @@ MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis);
  *              backward_post(u); the runtime accumulates across microbatches.
  *  main_weight this rank's shard of the fp32 master weight: elements
  *              [shard_offset, shard_offset + shard_count) of the tensor
- *              (flattened, row-major). Update it after mfsdp_step_end.
+ *              (flattened, row-major). Write the initial weights between
+ *              mfsdp_create and the first mfsdp_step_begin (create zero-fills
+ *              it; mfsdp_main_weight_scatter does it from a full tensor);
+ *              update it after each mfsdp_step_end (the optimizer step),
+ *              never inside a step.
  *  grad        the delivered gradient for the same elements, valid after
  *              mfsdp_step_end until the next step's first backward_post.
- * shard_count is 0 (and main_weight/grad NULL) when this rank holds none of
- * the tensor; with a replicated main_weight every rank holds all of it.
+ * shard_count is 0 (and main_weight and grad are NULL) when this rank holds
+ * none of the tensor -- common for small tensors on many ranks, so loop
+ * `for (i = 0; i < shard_count; i++)` and never dereference them otherwise;
+ * with a replicated main_weight every rank holds all of it.
  */
 typedef struct mfsdp_tensor_view {
     const char *name;         /* full name: unit name + "." + tensor name */
