@@ -362,6 +362,46 @@ static void test_local_missing_rank(void **state)
 
 /* Rank 1 calls a hook out of order mid-step and gives up; every other rank's
  * error names rank 1's own message (the root cause), not a timeout. */
+/* Two steps of hooks; rank 1 calls step_end instead of its first
+ * backward_post (refused) and gives up. Returns the first failure. */
+static mfsdp_result bail_steps(const mfsdp_schedule *sh, const mfsdp_config *cfg, int64_t rank,
+                               char *msg, size_t len)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_result r = mfsdp_create(sh, cfg, &rt);
+    int units = mfsdp_schedule_num_units(sh);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    for (int step = 0; step < 2 && r == MFSDP_OK; step++) {
+        r = mfsdp_step_begin(rt);
+        for (int64_t m = 0; m < M && r == MFSDP_OK; m++) {
+            for (int u = 0; u < units && r == MFSDP_OK; u++) {
+                r = mfsdp_forward_pre(rt, u, m);
+                if (r == MFSDP_OK)
+                    r = mfsdp_forward_post(rt, u, m);
+            }
+            for (int u = units - 1; u >= 0 && r == MFSDP_OK; u--) {
+                r = mfsdp_backward_pre(rt, u, m);
+                if (r == MFSDP_OK && rank == 1)
+                    r = mfsdp_step_end(rt);   /* skipped backward_post: refused */
+                if (r == MFSDP_OK)
+                    r = mfsdp_backward_post(rt, u, m);
+            }
+        }
+        if (r == MFSDP_OK)
+            r = mfsdp_step_end(rt);
+    }
+    snprintf(msg, len, "%s", mfsdp_last_error(rt));
+    mfsdp_destroy(rt);
+    return r;
+}
+
+/* A survivor's error must carry rank 1's own message. */
+static int names_root_cause(mfsdp_result r, const char *msg)
+{
+    return r == MFSDP_ERR_ABORTED && strstr(msg, "rank 1 was destroyed with ") &&
+           strstr(msg, "its error: mfsdp_step_end() called out of order");
+}
+
 static void *bail_rank(void *p)
 {
     skip_job *j = p;
@@ -370,30 +410,7 @@ static void *bail_rank(void *p)
     cfg.local_group = j->g;
     cfg.rank = j->rank;
     cfg.timeout_ms = 30000;
-    mfsdp_runtime *rt = NULL;
-    j->r = mfsdp_create(j->sh, &cfg, &rt);
-    int units = mfsdp_schedule_num_units(j->sh);
-    int64_t M = mfsdp_schedule_microbatches(j->sh);
-    if (j->r == MFSDP_OK)
-        j->r = mfsdp_step_begin(rt);
-    for (int64_t m = 0; m < M && j->r == MFSDP_OK; m++) {
-        for (int u = 0; u < units && j->r == MFSDP_OK; u++) {
-            j->r = mfsdp_forward_pre(rt, u, m);
-            if (j->r == MFSDP_OK)
-                j->r = mfsdp_forward_post(rt, u, m);
-        }
-        for (int u = units - 1; u >= 0 && j->r == MFSDP_OK; u--) {
-            j->r = mfsdp_backward_pre(rt, u, m);
-            if (j->r == MFSDP_OK && j->rank == 1)
-                j->r = mfsdp_step_end(rt);   /* skipped backward_post: refused */
-            if (j->r == MFSDP_OK)
-                j->r = mfsdp_backward_post(rt, u, m);
-        }
-    }
-    if (j->r == MFSDP_OK)
-        j->r = mfsdp_step_end(rt);
-    snprintf(j->msg, sizeof j->msg, "%s", mfsdp_last_error(rt));
-    mfsdp_destroy(rt);
+    j->r = bail_steps(j->sh, &cfg, j->rank, j->msg, sizeof j->msg);
     return NULL;
 }
 
@@ -422,10 +439,8 @@ static void test_local_root_cause(void **state)
         if (r == 1)
             continue;
         print_message("rank %lld: %s\n", (long long)r, jobs[r].msg);
-        assert_int_equal(jobs[r].r, MFSDP_ERR_ABORTED);
-        if (!strstr(jobs[r].msg, "rank 1 was destroyed with ") ||
-            !strstr(jobs[r].msg, "its error: mfsdp_step_end() called out of order"))
-            fail_msg("rank %lld: %s", (long long)r, jobs[r].msg);
+        if (!names_root_cause(jobs[r].r, jobs[r].msg))
+            fail_msg("rank %lld: %s: %s", (long long)r, mfsdp_result_string(jobs[r].r), jobs[r].msg);
     }
     free(jobs);
     free(th);
@@ -434,6 +449,46 @@ static void test_local_root_cause(void **state)
 }
 
 /* ---- mpi backend ---- */
+
+/* --mpi-bail: rank 1 gives up mid-step; every other rank's error names
+ * rank 1's own message (sent over the runtime's error channel), well before
+ * the 30 s timeout. */
+static int run_mpi_bail(const char *path, int *argc, char ***argv)
+{
+#ifdef MFSDP_HAVE_MPI
+    int provided = 0, me = 0, rc = 0;
+    char msg[1024] = "";
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    mfsdp_schedule *sh = NULL;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_mpi(&cfg, &comm);
+    cfg.timeout_ms = 30000;
+    if (mfsdp_schedule_load(path, &sh) != MFSDP_OK) {
+        fprintf(stderr, "test_helpers: %s\n", mfsdp_last_error(NULL));
+        rc = 1;
+    } else {
+        mfsdp_result r = bail_steps(sh, &cfg, me, msg, sizeof msg);
+        rc = me == 1 ? r != MFSDP_ERR_INVALID_USAGE : !names_root_cause(r, msg);
+        fprintf(rc ? stderr : stdout, "test_helpers: rank %d: %s: %s\n", me, mfsdp_result_string(r),
+                msg);
+    }
+    mfsdp_schedule_free(sh);
+    int any = 0;
+    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (me == 0 && !any)
+        printf("test_helpers: mpi: every survivor named rank 1's error\n");
+    MPI_Finalize();
+    return any;
+#else
+    (void)path;
+    (void)argc;
+    (void)argv;
+    return 77;
+#endif
+}
 
 static int run_mpi(const char *path, int *argc, char ***argv)
 {
@@ -476,6 +531,8 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "--mpi"))
         return run_mpi(argv[2], &argc, &argv);
+    if (argc >= 3 && !strcmp(argv[1], "--mpi-bail"))
+        return run_mpi_bail(argv[2], &argc, &argv);
     if (argc < 2) {
         fprintf(stderr, "usage: test_helpers SCHEDULE... | test_helpers --mpi SCHEDULE\n");
         return 2;
