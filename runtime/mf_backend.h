@@ -123,8 +123,10 @@ typedef struct mf_backend_vtbl {
     /* Host thread, after create (the helpers of mf_helpers.c): all-gather of
      * `bytes` bytes per rank over the world into all[world * bytes], in rank
      * order; every rank calls it in the same order with the same bytes;
-     * bounded by the timeout; the message goes to err. NULL: the backend
-     * has none (MFSDP_ERR_UNSUPPORTED). */
+     * bounded by the timeout; the message goes to err. On failure `mine` and
+     * `all` may still be read or written later (MPI cannot cancel): the
+     * caller must not free them. NULL: the backend has none
+     * (MFSDP_ERR_UNSUPPORTED). */
     mfsdp_result (*allgather)(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
                               size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;

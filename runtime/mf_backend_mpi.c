@@ -57,6 +57,8 @@ typedef struct mf_mpi_state {
     void *scratch[MF_STREAM_COUNT]; /* reduce-scatter packing, per stream */
     int64_t scratch_elems[MF_STREAM_COUNT];
     _Atomic bool aborted;
+    _Atomic int abandoned;     /* collectives left pending (timeout, abort): their
+                                  buffers may still be written, so none is freed */
     char why[768];
     /* the error channel (see the top of the file) */
     MPI_Comm errcomm;
@@ -136,11 +138,13 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
             return MFSDP_OK;
         poll_peer_failure(st);
         if (st->aborted) {
+            st->abandoned++;
             snprintf(err, errlen, "%s aborted: %s", what, st->why);
             return MFSDP_ERR_ABORTED;
         }
         int64_t waited = mf_rt_now_ns() - start;
         if (limit > 0 && waited > limit) {
+            st->abandoned++;
             snprintf(err, errlen,
                      "%s timed out after %lld ms (a peer never joined it; MPI cannot cancel the "
                      "collective, so this runtime is finished)",
@@ -455,6 +459,16 @@ static void mpi_abort(mf_rt *rt, const char *why)
     st->aborted = true;
 }
 
+/* A buffer is freed unless a collective was left pending: MPI cannot cancel
+ * one, and a peer arriving late would complete it into freed memory. Then
+ * the runtime's buffers are leaked on purpose (the process is failing). */
+static void mpi_free(mf_rt *rt, void *p)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (!st || !st->abandoned)
+        mf_rt_host_free(rt, p);
+}
+
 static void mpi_close(mf_rt *rt)
 {
     mf_mpi_state *st = rt->be_state;
@@ -462,9 +476,10 @@ static void mpi_close(mf_rt *rt)
         return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-        /* A communicator with a pending (timed-out) collective is only marked
-         * for deallocation by MPI_Comm_free, which does not block. */
+    /* With a collective left pending the communicators stay: MPI keeps
+     * progressing it, and Open MPI's nonblocking collectives use the
+     * communicator's internals until they complete. */
+    if (!finalized && !st->abandoned) {
         for (int c = 0; st->comms && c < st->ncomms; c++)
             if (st->comms[c] != MPI_COMM_NULL)
                 MPI_Comm_free(&st->comms[c]);
@@ -484,7 +499,7 @@ static void mpi_close(mf_rt *rt)
         if (st->world_ok)
             MPI_Comm_free(&st->world);
     }
-    for (int s = 0; s < MF_STREAM_COUNT; s++)
+    for (int s = 0; s < MF_STREAM_COUNT && !st->abandoned; s++)
         mf_rt_free(st->scratch[s]);
     mf_rt_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
@@ -497,7 +512,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .caps = 0,
     .open = mpi_open,
     .alloc = mf_rt_host_alloc,
-    .free = mf_rt_host_free,
+    .free = mpi_free,
     .exchange = mpi_exchange,
     .comm_init = mpi_comm_init,
     .collective = mpi_collective,

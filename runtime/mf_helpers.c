@@ -234,7 +234,9 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
     }
     if (v->shard_count > 0)
         memcpy(mine, v->main_weight, (size_t)v->shard_count * es);
-    MF_CHECKGOTO(world_allgather(rt, fn, mine, block, all), res, done);
+    res = world_allgather(rt, fn, mine, block, all);
+    if (res != MFSDP_OK)
+        return res;   /* mine and all may still be in use by the backend: leaked */
     if (!receives)
         goto done;
     size_t os = mfsdp_dtype_size(dtype);
@@ -269,7 +271,9 @@ MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n,
     if (!all)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     res = world_allgather(rt, fn, values, (size_t)n * sizeof *values, all);
-    for (int i = 0; i < n && res == MFSDP_OK; i++) {
+    if (res != MFSDP_OK)
+        return res;   /* all may still be in use by the backend: leaked */
+    for (int i = 0; i < n; i++) {
         double acc = all[i];
         for (int64_t q = 1; q < rt->world; q++) {
             double x = all[q * n + i];
