@@ -92,6 +92,9 @@ typedef struct mf_rt_comm {
 
 enum {
     MF_BE_NATIVE_STREAMS = 1u << 0, /* the backend enqueues ops itself (see above) */
+    MF_BE_KEEPS_PENDING = 1u << 1,  /* a failed collective may still be in flight (MPI
+                                       cannot cancel): its buffers must never be freed
+                                       (hand them to mf_rt_graveyard) */
 };
 
 typedef struct mf_backend_vtbl {

@@ -467,6 +467,8 @@ static void mpi_free(mf_rt *rt, void *p)
     mf_mpi_state *st = rt->be_state;
     if (!st || !st->abandoned)
         mf_rt_host_free(rt, p);
+    else
+        mf_rt_graveyard(p);
 }
 
 static void mpi_close(mf_rt *rt)
@@ -499,8 +501,11 @@ static void mpi_close(mf_rt *rt)
         if (st->world_ok)
             MPI_Comm_free(&st->world);
     }
-    for (int s = 0; s < MF_STREAM_COUNT && !st->abandoned; s++)
-        mf_rt_free(st->scratch[s]);
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        if (st->abandoned)
+            mf_rt_graveyard(st->scratch[s]);
+        else
+            mf_rt_free(st->scratch[s]);
     mf_rt_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
     mf_rt_free(st);
@@ -509,7 +514,7 @@ static void mpi_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_mpi = {
     .name = "mpi",
-    .caps = 0,
+    .caps = MF_BE_KEEPS_PENDING,
     .open = mpi_open,
     .alloc = mf_rt_host_alloc,
     .free = mpi_free,

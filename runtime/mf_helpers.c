@@ -235,9 +235,12 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
     if (v->shard_count > 0)
         memcpy(mine, v->main_weight, (size_t)v->shard_count * es);
     res = world_allgather(rt, fn, mine, block, all);
-    if (res != MFSDP_OK)
-        return res;   /* mine and all may still be in use by the backend: leaked */
-    if (!receives)
+    if (res != MFSDP_OK && (rt->be->caps & MF_BE_KEEPS_PENDING)) {
+        mf_rt_graveyard(mine);   /* the backend may still read mine and write all */
+        mf_rt_graveyard(all);
+        return res;
+    }
+    if (res != MFSDP_OK || !receives)
         goto done;
     size_t os = mfsdp_dtype_size(dtype);
     for (int64_t q = 0; q < rt->world; q++) {
@@ -271,8 +274,13 @@ MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n,
     if (!all)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     res = world_allgather(rt, fn, values, (size_t)n * sizeof *values, all);
-    if (res != MFSDP_OK)
-        return res;   /* all may still be in use by the backend: leaked */
+    if (res != MFSDP_OK) {
+        if (rt->be->caps & MF_BE_KEEPS_PENDING)
+            mf_rt_graveyard(all);   /* the backend may still write it */
+        else
+            mf_rt_free(all);
+        return res;
+    }
     for (int i = 0; i < n; i++) {
         double acc = all[i];
         for (int64_t q = 1; q < rt->world; q++) {
@@ -352,6 +360,28 @@ MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, doubl
                          mf_cpu_load(v->grad, (mf_dtype)v->grad_dtype, i) * scale);
     }
     return MFSDP_OK;
+}
+
+/* ---- the graveyard ---- */
+
+typedef struct mf_grave {
+    void *p;
+    struct mf_grave *next;
+} mf_grave;
+
+static mf_grave *graveyard;
+static pthread_mutex_t graveyard_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void mf_rt_graveyard(void *p)
+{
+    mf_grave *g = p ? malloc(sizeof *g) : NULL;
+    if (!g)
+        return;   /* out of memory: p stays allocated, merely unreferenced */
+    pthread_mutex_lock(&graveyard_mu);
+    g->p = p;
+    g->next = graveyard;
+    graveyard = g;
+    pthread_mutex_unlock(&graveyard_mu);
 }
 
 /* ---- a spec loaded as a schedule ---- */

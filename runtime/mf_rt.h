@@ -196,6 +196,11 @@ bool mf_streams_busy(mf_rt *rt);
 mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
                              size_t errlen, int64_t *wait_ns);
 
+/* mf_helpers.c: keeps an accounted allocation alive and reachable for the
+ * rest of the process (a pending MPI operation may still write it; a leak
+ * checker sees it as reachable). NULL is ignored. Thread-safe. */
+void mf_rt_graveyard(void *p);
+
 /* mf_helpers.c: when a failed load's input is a .mfsdp spec, replaces err
  * with "this is a spec; compile it with `mfsdpc compile`" (the original
  * message kept at its end); otherwise leaves err alone. */
