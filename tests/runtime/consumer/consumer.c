@@ -111,6 +111,21 @@ int main(int argc, char **argv)
             CHECK(mfsdp_backward_post(rt, u, 0));
         }
         CHECK(mfsdp_step_end(rt));
+        /* The helpers from the installed library: one rank, one microbatch,
+         * so the global norm is that of what backward wrote. */
+        double norm = 0, want = 0;
+        CHECK(mfsdp_grad_norm(rt, &norm));
+        for (int k = 0; k < nt; k++) {
+            mfsdp_tensor_view v;
+            CHECK(mfsdp_tensor_view_get(rt, k, &v));
+            for (int64_t i = 0; i < v.numel; i++)
+                want += (double)(step + k + i) * (double)(step + k + i);
+        }
+        if (mfsdp_unit_find(rt, mfsdp_schedule_unit_name(sh, units - 1)) != units - 1 ||
+            norm * norm < want * (1 - 1e-9) || norm * norm > want * (1 + 1e-9)) {
+            fprintf(stderr, "consumer: helpers: norm %.17g, want sqrt(%.17g)\n", norm, want);
+            return 1;
+        }
         for (int k = 0; k < nt; k++) {
             mfsdp_tensor_view v;
             CHECK(mfsdp_tensor_view_get(rt, k, &v));
