@@ -620,25 +620,23 @@ static double default_tol(const model *md)
 static char installed_schedule[8192];
 #endif
 
-/* The build tree's hfsdp.yaml; when that is gone (an installed binary),
- * <prefix>/MLP_INSTALLED_SCHEDULE next to <prefix>/bin/mfsdp-mlp. */
+/* An installed binary's <prefix>/MLP_INSTALLED_SCHEDULE (next to
+ * <prefix>/bin/mfsdp-mlp) when it exists, else the build tree's hfsdp.yaml. */
 static const char *default_schedule(void)
 {
 #ifdef MLP_INSTALLED_SCHEDULE
     char exe[4096];
-    ssize_t n = access(MLP_DEFAULT_SCHEDULE, R_OK) == 0 ? -1 : readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = NULL;
     if (n > 0) {
         exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash && slash > exe) {
-            *slash = '\0';                        /* <prefix>/bin */
-            slash = strrchr(exe, '/');
-            if (slash)
-                *slash = '\0';                    /* <prefix> */
-            snprintf(installed_schedule, sizeof installed_schedule, "%s/%s", exe,
-                     MLP_INSTALLED_SCHEDULE);
+        for (int up = 0; up < 2 && (slash = strrchr(exe, '/')) != NULL; up++)
+            *slash = '\0';                        /* <prefix>/bin/mfsdp-mlp -> <prefix> */
+    }
+    if (slash) {
+        snprintf(installed_schedule, sizeof installed_schedule, "%s/%s", exe, MLP_INSTALLED_SCHEDULE);
+        if (access(installed_schedule, R_OK) == 0)
             return installed_schedule;
-        }
     }
 #endif
     return MLP_DEFAULT_SCHEDULE;

@@ -15,6 +15,7 @@ build=$1 src=$2 sched=$3 cmake=$4 cc=$5 have_mpi=$6 have_cuda=$7
 shift 7
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
+prefix=$(cd "$prefix" && pwd -P)   # as /proc/self/exe will name it
 unset LD_LIBRARY_PATH
 fail() { echo "install_consumer.sh: $*" >&2; exit 1; }
 "$cmake" --install "$build" --prefix "$prefix" >/dev/null
@@ -83,6 +84,9 @@ fi
 
 echo "== installed mfsdp-mlp"
 "$prefix/bin/mfsdp-mlp" --schedule "$prefix/share/mfsdp/mlp/zero2.yaml" --steps 1 | grep -q max_rel_err=
+# its default schedule is the installed one
+"$prefix/bin/mfsdp-mlp" --steps 1 | grep -q "^mfsdp-mlp: $prefix/share/mfsdp/mlp/hfsdp.yaml: " ||
+  fail "the installed mfsdp-mlp does not default to $prefix/share/mfsdp/mlp/hfsdp.yaml"
 
 # Only the public API is exported from the shared libraries.
 for so in "$libdir"/libmfsdp*.so; do
