@@ -67,6 +67,7 @@ def _match(model, sched):
             if tuple(p.shape) != t.shape:
                 problems.append("tensor %r: the schedule says shape %s, the model has %s" % (
                     t.name, list(t.shape), list(p.shape)))
+                covered.add(id(p))     # named, so not listed again as uncovered
                 continue
             if id(p) in covered:
                 problems.append("tensor %r: this parameter is already another tensor of the "

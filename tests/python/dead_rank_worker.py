@@ -1,0 +1,46 @@
+"""
+dead_rank_worker: one MPI rank of the dead-rank test. Every rank trains the
+GPT model through mfsdp (hfsdp, timeout 2 s); rank 2 stops calling hooks after
+the first step (it sleeps, as a hung or dead peer would look to the others).
+Each rank writes OUT/rank<r>.txt: "ok" or "<code name>: <message>" of the
+MfsdpError it got. Exits 0 when it reported.
+"""
+import os
+import sys
+import time
+
+import torch
+
+import gpt
+import mfsdp
+import mfsdp.torch as mt
+import train
+
+torch.set_num_threads(1)
+
+
+def main():
+    out = sys.argv[1]
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    model = gpt.make_model()
+    spec = mt.spec_from_module(model, mesh=train.MESH, layout="hfsdp", microbatches=1)
+    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi", timeout_ms=2000)
+    opt = train.make_optimizer(sm.main_parameters(), "sgd")
+    X, Y = gpt.make_data(3, 4, 1, 2)
+    result = "ok"
+    try:
+        for s in range(3):
+            if rank == 2 and s == 1:
+                time.sleep(6)          # the stopped rank: its peers must not hang
+            model(X[s, rank, 0], Y[s, rank, 0]).backward()
+            opt.step()
+            opt.zero_grad()
+    except mfsdp.MfsdpError as e:
+        result = "%s: %s" % (e.code_name, e.message)
+    with open(os.path.join(out, "rank%d.txt" % rank), "w") as f:
+        f.write(result)
+    sm.close()
+
+
+if __name__ == "__main__":
+    main()
