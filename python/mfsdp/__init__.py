@@ -9,8 +9,7 @@ compiler) for sharded data-parallel training.
 Importing mfsdp needs neither torch nor NumPy; `mfsdp.torch` (the torch
 integration) needs torch. See docs/pytorch.md.
 """
-from ._lib import MfsdpError, UsageError
-from .compile import CompileError
+from ._lib import CompileError, MfsdpError, UsageError
 from .runtime import LocalGroup, Runtime, Stats, View, backend_available
 from .schedule import Schedule, TensorFacts
 

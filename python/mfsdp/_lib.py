@@ -61,6 +61,15 @@ class UsageError(MfsdpError):
         super().__init__(2, message)
 
 
+class CompileError(ValueError):
+    """mfsdpc rejected a spec; `diagnostics` is its stderr, `returncode` its exit status."""
+
+    def __init__(self, diagnostics, returncode):
+        self.diagnostics = diagnostics
+        self.returncode = returncode
+        super().__init__("mfsdpc failed (exit %d):\n%s" % (returncode, diagnostics.rstrip()))
+
+
 class TensorInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("unit", ctypes.c_int), ("ndims", ctypes.c_int),
                 ("dims", ctypes.c_int64 * MAX_DIMS), ("numel", ctypes.c_int64),

@@ -95,6 +95,15 @@ def world_rank_size():
     return rank.value, size.value
 
 
+def barrier():
+    """MPI_Barrier on MPI_COMM_WORLD (MPI initialised here if needed)."""
+    init()
+    world_comm_pointer()
+    rc = _fn("MPI_Barrier")(_state["world"])
+    if rc != 0:
+        raise MfsdpError(7, "MPI_Barrier failed (error %d)" % rc)
+
+
 def track(runtime):
     _runtimes.add(runtime)
 

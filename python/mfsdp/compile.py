@@ -13,14 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-
-class CompileError(ValueError):
-    """mfsdpc rejected a spec; `diagnostics` is its stderr, `returncode` its exit status."""
-
-    def __init__(self, diagnostics, returncode):
-        self.diagnostics = diagnostics
-        self.returncode = returncode
-        super().__init__("mfsdpc failed (exit %d):\n%s" % (returncode, diagnostics.rstrip()))
+from ._lib import CompileError
 
 
 def mfsdpc_path():

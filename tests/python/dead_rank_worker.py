@@ -13,6 +13,7 @@ import torch
 
 import gpt
 import mfsdp
+import mfsdp._mpi
 import mfsdp.torch as mt
 import train
 
@@ -24,11 +25,14 @@ def main():
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     model = gpt.make_model()
     spec = mt.spec_from_module(model, mesh=train.MESH, layout="hfsdp", microbatches=1)
-    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi", timeout_ms=2000)
-    opt = train.make_optimizer(sm.main_parameters(), "sgd")
+    sched = mfsdp.Schedule.compile(spec)
     X, Y = gpt.make_data(3, 4, 1, 2)
     result = "ok"
+    sm = None
+    mfsdp._mpi.barrier()     # the ranks start together: create's own wait is 2 s too
     try:
+        sm = mt.shard(model, sched, backend="mpi", timeout_ms=2000)
+        opt = train.make_optimizer(sm.main_parameters(), "sgd")
         for s in range(3):
             if rank == 2 and s == 1:
                 time.sleep(6)          # the stopped rank: its peers must not hang
@@ -39,7 +43,8 @@ def main():
         result = "%s: %s" % (e.code_name, e.message)
     with open(os.path.join(out, "rank%d.txt" % rank), "w") as f:
         f.write(result)
-    sm.close()
+    if sm is not None:
+        sm.close()
 
 
 if __name__ == "__main__":
