@@ -21,7 +21,7 @@ def mfsdpc_path():
     else the first on PATH that is not this package's console script."""
     env = os.environ.get("MFSDPC")
     if env:
-        return env
+        return os.path.abspath(env)
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "mfsdpc")
     if os.access(here, os.X_OK):
         return here

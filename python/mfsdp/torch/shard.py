@@ -25,6 +25,8 @@ else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
 re-runs a unit's forward inside backward; that recompute is recognised (it
 happens while the unit's backward window is open) and calls no hook.
 """
+import time
+
 import torch
 
 from .. import _lib
@@ -128,13 +130,14 @@ class ShardedModel:
                 self._units.append((mod, entries))
         self._reset_step()
         self.steps = 0
+        self.hook_seconds = 0.0   # host time inside this object's hooks (C calls included)
         self._handles = []
         for u, (mod, entries) in enumerate(self._units):
-            self._handles.append(mod.register_forward_pre_hook(self._make_fwd_pre(u)))
-            self._handles.append(mod.register_forward_hook(self._make_fwd_post(u)))
+            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_fwd_pre(u))))
+            self._handles.append(mod.register_forward_hook(self._timed(self._make_fwd_post(u))))
             for k, (p, v, gl) in enumerate(entries):
                 self._handles.append(p.register_post_accumulate_grad_hook(
-                    self._make_grad_ready(u, k)))
+                    self._timed(self._make_grad_ready(u, k))))
 
     # ---- public ----
     def main_parameters(self):
@@ -177,6 +180,15 @@ class ShardedModel:
         return self.schedule.units[u]
 
     # ---- hooks ----
+    def _timed(self, fn):
+        def hook(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.hook_seconds += time.perf_counter() - t0
+        return hook
+
     def _make_fwd_pre(self, u):
         def hook(module, args):
             if self.bwd_open[u] or (self.phase == "bwd" and torch._C._current_graph_task_id() != -1
@@ -216,7 +228,7 @@ class ShardedModel:
                     "unit %r returned no tensor that requires grad, so its backward cannot be "
                     "hooked (torch.utils.checkpoint needs use_reentrant=False)" % self._unit_name(u))
             for t in outs:
-                t.register_hook(self._make_bwd_pre(u))
+                t.register_hook(self._timed(self._make_bwd_pre(u)))
             return None
         return hook
 
