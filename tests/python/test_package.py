@@ -5,6 +5,7 @@ their facts, a runtime on the local backend (hooks, zero-copy views with the
 schedule's dtypes, stats), and every C failure as an MfsdpError carrying the
 library's message and result code.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -145,3 +146,20 @@ def test_local_world_needs_group():
     with pytest.raises(mfsdp.MfsdpError) as e:
         mfsdp.Runtime(s, backend="carrier-pigeon")
     assert "unknown backend" in str(e.value)
+
+
+@pytest.mark.skipif(not os.environ.get("MFSDP_ABI_LAYOUT"), reason="the build tree's ABI probe")
+def test_ctypes_structs_match_the_c_layout():
+    out = subprocess.run([os.environ["MFSDP_ABI_LAYOUT"]], capture_output=True, text=True,
+                         check=True).stdout
+    structs = {"mfsdp_tensor_info": _lib.TensorInfo, "mfsdp_tensor_view": _lib.TensorView,
+               "mfsdp_config": _lib.Config, "mfsdp_stats": _lib.Stats,
+               "mfsdp_nccl_config": _lib.NcclConfig}
+    checked = 0
+    for line in out.splitlines():
+        sname, field, value = line.split()
+        cls = structs[sname]
+        got = ctypes.sizeof(cls) if field == "sizeof" else getattr(cls, field).offset
+        assert got == int(value), (sname, field, got, value)
+        checked += 1
+    assert checked >= 40
