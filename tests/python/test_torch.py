@@ -103,6 +103,20 @@ def test_no_grad_forward_is_refused():
     sm.close()
 
 
+def test_reentrant_checkpoint_is_refused():
+    model = gpt.make_model()
+    sm = mt.shard(model, one_rank_schedule(model), backend="local")
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    blk = model.blocks[1]
+    model.blocks[1] = torch.nn.Identity()        # run block 1 through a reentrant checkpoint
+    orig = model.blocks[0].forward
+    model.blocks[0].forward = lambda x: torch.utils.checkpoint.checkpoint(
+        blk, orig(x), use_reentrant=True)
+    with pytest.raises(mfsdp.UsageError, match="use_reentrant=False"):
+        model(X[0, 0, 0], Y[0, 0, 0])
+    sm.close()
+
+
 @pytest.mark.parametrize("layout,M,ckpt", [("zero3", 2, ()), ("ddp", 1, (1, 2)),
                                            ("zero2", 3, (0, 3))])
 def test_one_rank_training_equals_torch(layout, M, ckpt):

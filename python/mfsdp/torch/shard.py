@@ -207,7 +207,9 @@ class ShardedModel:
             if not torch.is_grad_enabled():
                 raise UsageError(
                     "forward of unit %r under torch.no_grad(): mfsdp drives training steps (a "
-                    "forward is always followed by its backward)" % self._unit_name(u))
+                    "forward is always followed by its backward); torch.utils.checkpoint with "
+                    "use_reentrant=True runs the forward so: use use_reentrant=False"
+                    % self._unit_name(u))
             if self.phase == "idle" and self.m == 0 and u == 0:
                 self.runtime.step_begin()
             self.phase = "fwd"
