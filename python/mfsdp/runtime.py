@@ -152,6 +152,7 @@ class Runtime:
         _lib.check(lib.mfsdp_create(schedule.handle, ctypes.byref(cfg), ctypes.byref(h)),
                    call="mfsdp_create")
         self._h = h
+        schedule._users += 1
         if backend == "mpi":
             _mpi.track(self)
         self.rank = int(lib.mfsdp_rank(h))
@@ -177,6 +178,7 @@ class Runtime:
         if self._h:
             _lib.load().mfsdp_destroy(self._h)
             self._h = None
+            self.schedule._release()
         if self._own_group is not None:
             self._own_group.close()
             self._own_group = None

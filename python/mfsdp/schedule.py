@@ -39,6 +39,8 @@ class Schedule:
 
     def __init__(self, handle, name, text=None):
         self._h = handle
+        self._users = 0          # live runtimes borrowing the C schedule
+        self._close_pending = False
         self.name = name
         self.text = text   # the YAML, when known (compile/from_text), for reruns
         lib = _lib.load()
@@ -114,10 +116,19 @@ class Schedule:
         return out.raw.hex()
 
     def close(self):
-        """Frees the C schedule (every runtime created from it must be closed)."""
+        """Frees the C schedule; while runtimes created from it are open, the
+        free waits until the last of them is closed (runtimes borrow it)."""
+        if self._users:
+            self._close_pending = True
+            return
         if self._h:
             _lib.load().mfsdp_schedule_free(self._h)
             self._h = None
+
+    def _release(self):
+        self._users -= 1
+        if self._users == 0 and self._close_pending:
+            self.close()
 
     def __del__(self):
         try:

@@ -163,3 +163,13 @@ def test_ctypes_structs_match_the_c_layout():
         assert got == int(value), (sname, field, got, value)
         checked += 1
     assert checked >= 40
+
+
+def test_schedule_outlives_its_runtimes():
+    s = mfsdp.Schedule.compile(SPEC_1)
+    rt = mfsdp.Runtime(s, backend="local")
+    s.close()                      # deferred: the runtime borrows the C schedule
+    assert s._h is not None
+    rt.step_begin()
+    rt.close()
+    assert s._h is None            # freed with its last runtime
