@@ -27,3 +27,4 @@ def test_dead_rank_raises_on_peers(tmp_path):
     for text in survivors:
         assert text.startswith(("MFSDP_ERR_TIMEOUT:", "MFSDP_ERR_ABORTED:")), text
     assert any("timed out after 2000 ms" in t for t in survivors), survivors
+
