@@ -44,6 +44,11 @@ def test_spec_overrides_and_dtypes():
         mt.spec_from_module(gpt.make_model(), mesh={"dp": 4}, layout="hsdp")
     with pytest.raises(ValueError, match="unknown layout"):
         mt.spec_from_module(gpt.make_model(), mesh=MESH, layout="zero4")
+    with pytest.raises(ValueError, match="has no forward to hook"):
+        mt.spec_from_module(gpt.make_model(), mesh=MESH, units=["wte", "wpe", "blocks", "ln_f"])
+    units = ["wte", "wpe"] + ["blocks.%d" % i for i in range(4)]
+    with pytest.raises(ValueError, match="parameters not covered by any unit: ln_f.weight"):
+        mt.spec_from_module(gpt.make_model(), mesh=MESH, units=units)
     custom = {"name": "mine", "weight": ("fp32", ["R", "F"]), "grad": ("fp32", ["P", "F"]),
               "main_weight": ("fp32", ["F", "F"])}
     assert "layout mine {" in mt.spec_from_module(gpt.make_model(), mesh=MESH, layout=custom)

@@ -76,9 +76,13 @@ def _unit_modules(model, units):
         out = []
         for n in units:
             try:
-                out.append((n, model.get_submodule(n)))
+                mod = model.get_submodule(n)
             except AttributeError:
                 raise ValueError("unit %r is not a submodule of the model" % n) from None
+            if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                raise ValueError("unit %r is a %s, which has no forward to hook: name its "
+                                 "children (%r, ...)" % (n, type(mod).__name__, n + ".0"))
+            out.append((n, mod))
         return out
     out = []
 
