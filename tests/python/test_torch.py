@@ -36,8 +36,8 @@ def test_spec_compiles_for_every_layout(layout):
 
 def test_spec_overrides_and_dtypes():
     spec = mt.spec_from_module(gpt.make_model(), mesh=MESH, layout="hfsdp", dtype="bf16",
-                               overrides={"*.ln_*": "replicated"})
-    assert "weight      bf16 [Replicate, Flat];" in spec
+                               overrides={"*.ln_*": "replicated"}, prefetch=2)
+    assert "weight      bf16 [Replicate, Flat];" in spec and "\nprefetch 2;\n" in spec
     assert re.search(r'tensor "ln_1.weight" \[32\] layout replicated;', spec)
     mfsdp.Schedule.compile(spec)
     with pytest.raises(ValueError, match="needs a mesh of at least 2 axes"):
