@@ -145,3 +145,20 @@ def test_one_rank_training_equals_torch(layout, M, ckpt):
         err = ((got[n] - p.detach().reshape(-1)).abs().max() / p.detach().abs().max()).item()
         assert err <= 1e-5, (n, err)
     sm.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_nccl_backend_without_a_gpu_says_so():
+    model = gpt.make_model()
+    with pytest.raises(mfsdp.MfsdpError) as e:
+        mt.shard(model, one_rank_schedule(model), backend="nccl")
+    assert e.value.code_name == "MFSDP_ERR_UNSUPPORTED" and "needs a CUDA device" in str(e.value)
+
+
+def test_cuda_array_interface_of_views():
+    from mfsdp.torch.tensors import _CudaArray
+    a = _CudaArray(0x1000, 6, "bf16").__cuda_array_interface__
+    assert a == {"shape": (6,), "typestr": "<i2", "data": (0x1000, False), "version": 2,
+                 "strides": None}
+    assert _CudaArray(0x2000, 3, "fp32").__cuda_array_interface__["typestr"] == "<f4"
+    assert _CudaArray(0x2000, 3, "fp16").__cuda_array_interface__["typestr"] == "<f2"
