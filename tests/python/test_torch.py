@@ -140,11 +140,12 @@ def test_one_rank_training_equals_torch(layout, M, ckpt):
             (ref(X[s, 0, m], Y[s, 0, m]) / M).backward()
         opt.step(); opt.zero_grad(); ropt.step(); ropt.zero_grad()
     assert sm.steps == steps
-    got = {n: mp for n, _, mp in sm.shards()}
+    got = {n: mp.detach().clone() for n, _, mp in sm.shards()}
+    sm.close()
     for n, p in ref.named_parameters():
         err = ((got[n] - p.detach().reshape(-1)).abs().max() / p.detach().abs().max()).item()
         assert err <= 1e-5, (n, err)
-    sm.close()
+    assert model.wte.weight.numel() == 0      # no view of freed memory survives close()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")

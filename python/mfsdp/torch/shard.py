@@ -157,10 +157,17 @@ class ShardedModel:
         return self.runtime.stats()
 
     def close(self):
-        """Removes the hooks and destroys the runtime (parameters become invalid)."""
+        """Removes the hooks and destroys the runtime. The parameters lose their
+        views (they become empty tensors, so a later use fails in torch instead
+        of reading freed memory); save shards() first to keep the weights."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        with torch.no_grad():
+            for _, entries in self._units:
+                for p, _, _ in entries:
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._main = []
         self.runtime.close()
 
     # ---- state ----
