@@ -1,7 +1,7 @@
 /*
  * mf_lower: plan->trans (T1..T4 of every bucket as single-axis steps) ->
  * plan->sched buffers, ops and events (DESIGN §4; op semantics and the
- * normative buffer rules in runtime/mf_schedule.h; docs/schedule.md).
+ * normative buffer rules in core/mf_schedule.h; docs/schedule.md).
  *
  * Buffers, per bucket: main_weight@O, weight@W, grad@G (persistent);
  * weight_full@Rep when W != Rep, grad_final@O when G != O (persistent);

@@ -324,7 +324,7 @@ static void load_state(sim *S, const mf_placement *pl, const double *table)
     }
 }
 
-/* Executes one step with the semantics of runtime/mf_schedule.h. */
+/* Executes one step with the semantics of core/mf_schedule.h. */
 static void run_step(sim *S, const mf_step *st, const char *what)
 {
     const mf_mesh *m = S->m;
