@@ -241,7 +241,7 @@ static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
         }
         for (int i = 0; i < tr[t].nsteps; i++) {
             const mf_step *st = &tr[t].steps[i];
-            bool axis_op = mf_opkind_is_collective(st->kind) || st->kind == MF_OP_SLICE;
+            bool axis_op = mf_opkind_on_axis(st->kind);
             if (axis_op != (st->axis >= 0 && st->axis < s->mesh.naxes) || st->count <= 0 ||
                 mf_placement_shards(&s->mesh, &st->to) <= 0 ||
                 bk->length % mf_placement_shards(&s->mesh, &st->to) != 0) {

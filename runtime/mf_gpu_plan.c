@@ -179,7 +179,7 @@ static bool check_op(const mf_schedule *s, const mf_op *op, char *err, size_t er
         set_err(err, errlen, "op %d: phase, unit, stream or when out of range", op->id);
         return false;
     }
-    bool needs_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
+    bool needs_axis = mf_opkind_on_axis(op->kind);
     if (needs_axis && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
         set_err(err, errlen, "op %d (%s): axis %d out of range", op->id, mf_opkind_name(op->kind), op->axis);
         return false;
