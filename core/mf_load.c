@@ -30,83 +30,9 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "mf_hash.h"
 #include "mf_layout.h"
 #include "mf_struct.h"
-
-/* ---- a small string -> index table (open addressing) ---- */
-
-typedef struct mf_names {
-    const char **keys;
-    int *vals;
-    size_t cap;         /* power of two, or 0 */
-    size_t len;
-} mf_names;
-
-static uint64_t mf_load_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211u;
-    return h;
-}
-
-static void mf_names_free(mf_names *t)
-{
-    free(t->keys);
-    free(t->vals);
-    memset(t, 0, sizeof *t);
-}
-
-/* Returns the index stored for key, or -1. */
-static int mf_names_get(const mf_names *t, const char *key)
-{
-    if (!t->cap)
-        return -1;
-    for (size_t i = mf_load_hash(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        if (!t->keys[i])
-            return -1;
-        if (strcmp(t->keys[i], key) == 0)
-            return t->vals[i];
-    }
-}
-
-/* Inserts key (borrowed; must outlive the table). Returns 1, 0 when the key is
- * already present, -1 on OOM. */
-static int mf_names_put(mf_names *t, const char *key, int val)
-{
-    if ((t->len + 1) * 2 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        const char **keys = calloc(cap, sizeof *keys);
-        int *vals = calloc(cap, sizeof *vals);
-        if (!keys || !vals) {
-            free(keys);
-            free(vals);
-            return -1;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->keys[i])
-                continue;
-            size_t j = mf_load_hash(t->keys[i]) & (cap - 1);
-            while (keys[j])
-                j = (j + 1) & (cap - 1);
-            keys[j] = t->keys[i];
-            vals[j] = t->vals[i];
-        }
-        free(t->keys);
-        free(t->vals);
-        t->keys = keys;
-        t->vals = vals;
-        t->cap = cap;
-    }
-    size_t i = mf_load_hash(key) & (t->cap - 1);
-    for (; t->keys[i]; i = (i + 1) & (t->cap - 1))
-        if (strcmp(t->keys[i], key) == 0)
-            return 0;
-    t->keys[i] = key;
-    t->vals[i] = val;
-    t->len++;
-    return 1;
-}
 
 /* ---- loader context ---- */
 
@@ -117,7 +43,7 @@ typedef struct mf_loader {
     char *err;
     size_t errlen;
     bool failed;
-    mf_names units, buckets, buffers, axes, tensors;
+    mf_hash units, buckets, buffers, axes, tensors; /* name -> index */
 } mf_loader;
 
 typedef yaml_node_t mf_node;
@@ -402,22 +328,22 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
 }
 
 /* Resolves a name in a table; `what` names the kind of thing for the message. */
-static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_names *t, const char *what, int *out)
+static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_hash *t, const char *what, int *out)
 {
     const char *v = NULL;
     if (!mf_load_str(l, n, what, &v))
         return false;
-    int x = mf_names_get(t, v);
+    int x = (int)mf_hash_get_str(t, v);
     if (x < 0)
         return mf_load_fail(l, n, "unknown %s '%s'", what, v);
     *out = x;
     return true;
 }
 
-static bool mf_load_register(mf_loader *l, mf_names *t, const char *name, mf_node *at,
+static bool mf_load_register(mf_loader *l, mf_hash *t, const char *name, mf_node *at,
                              const char *what, int val)
 {
-    int r = mf_names_put(t, name, val);
+    int r = mf_hash_put_str(t, name, val);
     if (r < 0)
         return mf_load_oom(l);
     if (r == 0)
@@ -1087,11 +1013,11 @@ mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t 
     if (have_doc)
         yaml_document_delete(&l.doc);
     yaml_parser_delete(&parser);
-    mf_names_free(&l.units);
-    mf_names_free(&l.buckets);
-    mf_names_free(&l.buffers);
-    mf_names_free(&l.axes);
-    mf_names_free(&l.tensors);
+    mf_hash_free(&l.units);
+    mf_hash_free(&l.buckets);
+    mf_hash_free(&l.buffers);
+    mf_hash_free(&l.axes);
+    mf_hash_free(&l.tensors);
     if (l.failed) {
         mf_schedule_free(l.s);
         return NULL;

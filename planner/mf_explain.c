@@ -19,6 +19,7 @@
 
 #include "mf_layout.h"
 #include "mf_plan_stats.h"
+#include "mf_yaml_str.h"
 
 static const char *const transition_phases[MF_NTRANSITIONS] = {"forward_pre", "forward_pre", "backward_post",
                                                                "backward_post"};
@@ -240,28 +241,11 @@ static void y_emit(yout *y, yaml_event_t *ev, int init_ok)
         y->err = true;
 }
 
-/* True when a plain scalar s would read back as something other than a string. */
-static bool needs_quotes(const char *s)
-{
-    if (!*s)
-        return true;
-    static const char *const special[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false", "False",
-                                          "FALSE", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off",
-                                          "Off", "OFF", ".inf", ".nan", "-.inf", "y", "n", "Y", "N"};
-    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
-        if (strcmp(s, special[i]) == 0)
-            return true;
-    char *end;
-    (void)strtod(s, &end);
-    return *end == '\0';
-}
-
 static void y_str(yout *y, const char *s)
 {
     yaml_event_t ev;
-    bool q = needs_quotes(s);
-    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), !q, 1,
-                                          q ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_ANY_SCALAR_STYLE);
+    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), 1, 1,
+                                          mf_yaml_str_style(s));
     y_emit(y, &ev, ok);
 }
 

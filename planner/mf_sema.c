@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_hash.h"
 #include "mf_passes.h"
 
 /* Limits (documented in docs/language.md). */
@@ -50,77 +51,6 @@ enum {
 
 static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
-
-/* A string -> int table (open addressing); keys are borrowed. */
-typedef struct {
-    const char *key;
-    int value;
-} mf_sema_slot;
-
-typedef struct {
-    mf_sema_slot *slots;
-    size_t cap, len;
-} mf_sema_table;
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603u;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211u;
-    /* FNV's low bits mix poorly; the table indexes by them, so fold the
-     * high bits down (murmur3's finalizer). */
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdu;
-    h ^= h >> 33;
-    return h;
-}
-
-static int table_get(const mf_sema_table *t, const char *key)
-{
-    if (!t->cap)
-        return -1;
-    for (size_t i = hash_str(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        if (!t->slots[i].key)
-            return -1;
-        if (strcmp(t->slots[i].key, key) == 0)
-            return t->slots[i].value;
-    }
-}
-
-/* Inserts key (absent); false when out of memory. */
-static bool table_put(mf_sema_table *t, const char *key, int value)
-{
-    if ((t->len + 1) * 2 > t->cap) {
-        size_t ncap = t->cap ? t->cap * 2 : 64;
-        mf_sema_slot *ns = calloc(ncap, sizeof *ns);
-        if (!ns)
-            return false;
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->slots[i].key)
-                continue;
-            size_t j = hash_str(t->slots[i].key) & (ncap - 1);
-            while (ns[j].key)
-                j = (j + 1) & (ncap - 1);
-            ns[j] = t->slots[i];
-        }
-        free(t->slots);
-        t->slots = ns;
-        t->cap = ncap;
-    }
-    size_t i = hash_str(key) & (t->cap - 1);
-    while (t->slots[i].key)
-        i = (i + 1) & (t->cap - 1);
-    t->slots[i].key = key;
-    t->slots[i].value = value;
-    t->len++;
-    return true;
-}
-
-static void table_free(mf_sema_table *t)
-{
-    free(t->slots);
-    memset(t, 0, sizeof *t);
-}
 
 /* ---- pass state ---- */
 
@@ -154,12 +84,12 @@ typedef struct {
 
     mf_vec layouts;         /* mf_spec_layout */
     mf_vec linfo;           /* mf_sema_layout_info, parallel to layouts */
-    mf_sema_table layout_names;
-    mf_sema_table inline_sigs;
+    mf_hash layout_names;
+    mf_hash inline_sigs;
 
     mf_vec units;           /* mf_spec_unit */
-    mf_sema_table unit_names;
-    mf_sema_table tensor_names;
+    mf_hash unit_names;
+    mf_hash tensor_names;
     int64_t nunits, ntensors, nelems;
     bool limit_hit;         /* a unit/tensor/element limit was reported */
 
@@ -642,7 +572,7 @@ static int add_layout(mf_sema *s, const mf_spec_layout *l, const mf_ast_layout *
 static void check_named_layouts(mf_sema *s)
 {
     for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next) {
-        int prev = table_get(&s->layout_names, l->name.text);
+        int prev = (int)mf_hash_get_str(&s->layout_names, l->name.text);
         if (prev >= 0) {
             const mf_sema_layout_info *pi = (const mf_sema_layout_info *)s->linfo.data + prev;
             mf_diag_error(s->d, l->name.span, "layout '%s' declared twice; layout names must be unique",
@@ -660,7 +590,7 @@ static void check_named_layouts(mf_sema *s)
         }
         bool ok = resolve_layout(s, l, what, &out);
         int idx = add_layout(s, &out, l, what, ok);
-        if (idx < 0 || !table_put(&s->layout_names, l->name.text, idx)) {
+        if (idx < 0 || mf_hash_put_str(&s->layout_names, l->name.text, idx) < 0) {
             sema_oom(s);
             return;
         }
@@ -670,7 +600,7 @@ static void check_named_layouts(mf_sema *s)
 /* Looks up a layout reference; reports an unknown one. -1 when unknown. */
 static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
 {
-    int idx = table_get(&s->layout_names, ref->text);
+    int idx = (int)mf_hash_get_str(&s->layout_names, ref->text);
     if (idx >= 0)
         return idx;
     size_t n = 0;
@@ -692,7 +622,7 @@ static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
     const char *hint = mf_diag_suggest(ref->text, names, n);
     if (hint) {
         mf_diag_error(s->d, ref->span, "unknown layout '%s' for %s; did you mean '%s'?", ref->text, user, hint);
-        int h = table_get(&s->layout_names, hint);
+        int h = (int)mf_hash_get_str(&s->layout_names, hint);
         if (h >= 0)
             mf_diag_note(s->d, ((const mf_sema_layout_info *)s->linfo.data)[h].decl->span,
                          "layout '%s' declared here", hint);
@@ -730,17 +660,16 @@ static int inline_layout(mf_sema *s, const mf_ast_layout *decl, const char *unit
         o += snprintf(sig + o, sizeof sig - (size_t)o, "|%d:%s", (int)out.dtype[r],
                       mf_placement_letters(&out.place[r], naxes, letters));
     }
-    int prev = table_get(&s->inline_sigs, sig);
+    int prev = (int)mf_hash_get_str(&s->inline_sigs, sig);
     if (prev >= 0)
         return prev;
     out.name = mf_arena_printf(s->a, "<inline %s.%s>", unit_t, tensor_t);
-    char *key = mf_arena_strdup(s->a, sig);
-    if (!out.name || !key) {
+    if (!out.name) {
         sema_oom(s);
         return -1;
     }
     int idx = add_layout(s, &out, decl, what, true);
-    if (idx < 0 || !table_put(&s->inline_sigs, key, idx)) {
+    if (idx < 0 || mf_hash_put_str(&s->inline_sigs, sig, idx) < 0) {
         sema_oom(s);
         return -1;
     }
@@ -1093,7 +1022,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 st->dims[k++] = dm->size.value;
             st->numel = ti->numel;
             st->layout = ti->layout;
-            int prev = table_get(&s->tensor_names, full);
+            int prev = (int)mf_hash_get_str(&s->tensor_names, full);
             if (prev >= 0) {
                 char where[200];
                 bindings_text(s, where, sizeof where);
@@ -1103,7 +1032,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 continue;
             }
             mf_span *sp = mf_vec_push(&s->tspans);
-            if (!sp || !table_put(&s->tensor_names, full, (int)s->tspans.len - 1)) {
+            if (!sp || mf_hash_put_str(&s->tensor_names, full, (int)s->tspans.len - 1) < 0) {
                 sema_oom(s);
                 return;
             }
@@ -1131,7 +1060,7 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
         sema_oom(s);
         return;
     }
-    int prev = table_get(&s->unit_names, name);
+    int prev = (int)mf_hash_get_str(&s->unit_names, name);
     if (prev >= 0) {
         char where[200];
         bindings_text(s, where, sizeof where);
@@ -1154,7 +1083,7 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
     su->ntensors = (int)s->tensors.len;
     su->tensors = mf_vec_to_arena(&s->tensors, s->a);
     su->layout = ut->layout >= 0 ? ut->layout : (su->ntensors ? su->tensors[0].layout : -1);
-    if (!su->tensors || !table_put(&s->unit_names, name, (int)s->units.len - 1))
+    if (!su->tensors || mf_hash_put_str(&s->unit_names, name, (int)s->units.len - 1) < 0)
         sema_oom(s);
 }
 
@@ -1314,9 +1243,9 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
     mf_vec_free(&s.tinfo);
     mf_vec_free(&s.tensors);
     mf_vec_free(&s.tspans);
-    table_free(&s.layout_names);
-    table_free(&s.inline_sigs);
-    table_free(&s.unit_names);
-    table_free(&s.tensor_names);
+    mf_hash_free(&s.layout_names);
+    mf_hash_free(&s.inline_sigs);
+    mf_hash_free(&s.unit_names);
+    mf_hash_free(&s.tensor_names);
     return result;
 }
