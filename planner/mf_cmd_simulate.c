@@ -20,6 +20,7 @@
 
 #include "mf_cli.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 #include "mf_simulate.h"
 
@@ -162,65 +163,58 @@ int mf_cmd_simulate(int argc, char **argv)
         return 2;
     }
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = NULL;
-        /* Options with a value accept "--opt V" and "--opt=V". */
-        static const char *const valued[] = {"--trace", "--svg", "--tokens", "--tflops",
-                                             "--unit-time-us", "--svg-window"};
-        int which = -1;
-        for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++) {
-            size_t n = strlen(valued[k]);
-            if (strncmp(a, valued[k], n) == 0 && (a[n] == '\0' || a[n] == '=')) {
-                which = k;
-                if (a[n] == '=')
-                    val = a + n + 1;
-                else if (i + 1 < argc)
-                    val = argv[++i];
-                else {
-                    fprintf(stderr, "mfsdpc simulate: error: %s needs a value\n", valued[k]);
-                    goto done;
-                }
-            }
-        }
-        if (which == 0)
+    enum { OPT_TRACE, OPT_SVG, OPT_TOKENS, OPT_TFLOPS, OPT_UNIT_TIME, OPT_WINDOW, OPT_HELP, OPT_COMPARE,
+           OPT_FULL_PATH, OPT_HOST_ASYNC };
+    static const mf_opt opts[] = {
+        {"--trace", NULL, "a value", OPT_TRACE},          {"--svg", NULL, "a value", OPT_SVG},
+        {"--tokens", NULL, "a value", OPT_TOKENS},        {"--tflops", NULL, "a value", OPT_TFLOPS},
+        {"--unit-time-us", NULL, "a value", OPT_UNIT_TIME}, {"--svg-window", NULL, "a value", OPT_WINDOW},
+        {"--help", "-h", NULL, OPT_HELP},                 {"--compare-single-stream", NULL, NULL, OPT_COMPARE},
+        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc simulate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), is_cost_option);
+    int id;
+    const char *val;
+    while ((id = mf_opts_next(&p, &val)) != MF_OPTS_END) {
+        if (id == OPT_TRACE)
             trace = val;
-        else if (which == 1)
+        else if (id == OPT_SVG)
             svg = val;
-        else if (which == 2) {
+        else if (id == OPT_TOKENS) {
             if (parse_positive("--tokens", val, &tokens) != 0)
                 goto done;
-        } else if (which == 3) {
+        } else if (id == OPT_TFLOPS) {
             if (parse_positive("--tflops", val, &tflops) != 0)
                 goto done;
-        } else if (which == 4) {
+        } else if (id == OPT_UNIT_TIME) {
             if (parse_positive("--unit-time-us", val, &unit_us) != 0)
                 goto done;
-        } else if (which == 5) {
+        } else if (id == OPT_WINDOW) {
             if (parse_window(val, &win0, &win1) != 0)
                 goto done;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        } else if (id == OPT_HELP) {
             usage(stdout);
             rc = 0;
             goto done;
-        } else if (strcmp(a, "--compare-single-stream") == 0)
+        } else if (id == OPT_COMPARE)
             compare = true;
-        else if (strcmp(a, "--full-path") == 0)
+        else if (id == OPT_FULL_PATH)
             full_path = true;
-        else if (strcmp(a, "--host-async") == 0)
+        else if (id == OPT_HOST_ASYNC)
             host_async = true;
-        else if (is_cost_option(a))
-            cost_args[ncost++] = argv[i]; /* values checked once the mesh is known */
-        else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", a);
-            usage(stderr);
+        else if (id == MF_OPTS_EXTRA)
+            cost_args[ncost++] = p.argv[p.i - 1]; /* values checked once the mesh is known */
+        else if (id == MF_OPTS_UNKNOWN) {
+            usage(stderr); /* reported */
             goto done;
+        } else if (id == MF_OPTS_NO_VALUE) {
+            goto done; /* reported */
         } else if (input) {
             fprintf(stderr, "mfsdpc simulate: error: one input expected, got '%s' and '%s'\n",
-                    input, a);
+                    input, val);
             goto done;
         } else
-            input = a;
+            input = val;
     }
     if (!input) {
         fprintf(stderr, "mfsdpc simulate: error: no input (a .mfsdp spec or a .yaml schedule)\n");
