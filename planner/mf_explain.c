@@ -21,15 +21,6 @@
 #include "mf_plan_stats.h"
 #include "mf_yaml_str.h"
 
-static const char *const transition_phases[MF_NTRANSITIONS] = {"forward_pre", "forward_pre", "backward_post",
-                                                               "backward_post"};
-static const mf_role transition_from_role[MF_NTRANSITIONS] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
-                                                              MF_ROLE_GRAD};
-static const mf_role transition_to_role[MF_NTRANSITIONS] = {MF_ROLE_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
-                                                            MF_ROLE_MAIN_WEIGHT};
-static const char *const transition_from_name[MF_NTRANSITIONS] = {"main_weight", "weight", "grad_local", "grad"};
-static const char *const transition_to_name[MF_NTRANSITIONS] = {"weight", "weight_full", "grad", "grad_final"};
-
 /* "1.5 MiB"-style rendering of a byte count. */
 static char *human(int64_t bytes, char *buf, size_t size)
 {
@@ -56,7 +47,7 @@ static const char *phases_of(const mf_plan *p, int b, int t)
 {
     if (t == MF_T2 && p->sched->units[p->sched->buckets[b].unit].reshard_after_forward)
         return "forward_pre+backward_pre";
-    return transition_phases[t];
+    return mf_phase_name(mf_trans_rules[t].phase);
 }
 
 static const char *transition_to_label(const mf_plan *p, int b, int t)
@@ -66,7 +57,7 @@ static const char *transition_to_label(const mf_plan *p, int b, int t)
         return "grad"; /* no grad_final: grad is the delivered gradient */
     if (t == MF_T2 && p->trans[b][t].nsteps == 0)
         return "weight"; /* W = Rep: no weight_full, weight is unsharded */
-    return transition_to_name[t];
+    return mf_trans_rules[t].to_buf;
 }
 
 /* ---------------------------------------------------------------- text */
@@ -148,7 +139,7 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
         const mf_transition *tr = &p->trans[bi][t];
         char f[128], g[128];
         fprintf(out, "    T%d %-5s %s %s %s -> %s %s %s  at %s, %lld/step, %.2f us each\n", tr->id,
-                mf_when_name(tr->when), transition_from_name[t], mf_placement_format(&tr->from, k, f, sizeof f),
+                mf_when_name(tr->when), mf_trans_rules[t].from_buf, mf_placement_format(&tr->from, k, f, sizeof f),
                 mf_dtype_name(tr->from_dtype), transition_to_label(p, bi, t),
                 mf_placement_format(&tr->to, k, g, sizeof g), mf_dtype_name(tr->to_dtype), phases_of(p, bi, t),
                 (long long)mf_transition_runs(p, bi, t), tr->cost * 1e6);
@@ -373,15 +364,15 @@ static void yaml_transition(yout *y, const mf_plan *p, int bi, int t)
     y_kstr(y, "phases", phases_of(p, bi, t));
     y_raw(y, "from");
     y_map(y, true);
-    y_kstr(y, "buffer", transition_from_name[t]);
-    y_kstr(y, "role", mf_role_name(transition_from_role[t]));
+    y_kstr(y, "buffer", mf_trans_rules[t].from_buf);
+    y_kstr(y, "role", mf_role_name(mf_trans_rules[t].from_role));
     y_placement(y, "placement", &tr->from, m->naxes);
     y_kstr(y, "dtype", mf_dtype_name(tr->from_dtype));
     y_end_map(y);
     y_raw(y, "to");
     y_map(y, true);
     y_kstr(y, "buffer", transition_to_label(p, bi, t));
-    y_kstr(y, "role", mf_role_name(transition_to_role[t]));
+    y_kstr(y, "role", mf_role_name(mf_trans_rules[t].to_role));
     y_placement(y, "placement", &tr->to, m->naxes);
     y_kstr(y, "dtype", mf_dtype_name(tr->to_dtype));
     y_end_map(y);

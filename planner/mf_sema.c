@@ -33,6 +33,7 @@
 
 #include "mf_hash.h"
 #include "mf_passes.h"
+#include "mf_trans_rules.h"
 
 /* Limits (documented in docs/language.md). */
 enum {
@@ -326,30 +327,23 @@ static void check_settings(mf_sema *s)
 
 /* ---- layouts ---- */
 
-/* Allowed per-axis steps of T1..T4 (DESIGN §4): allowed[t][from][to]. */
-typedef struct {
-    const char *name;       /* "T1" */
-    mf_role from, to;       /* T3's from is the local gradient, all Partial */
-    const char *when;
-    bool allowed[MF_PLACE_COUNT][MF_PLACE_COUNT];
-} mf_sema_transition;
+/* Where a legality violation (mf_trans_check_layout) points: the placement
+ * entry of its role and axis, or the role's whole placement list for the
+ * suffix rule; the note at the other role's entry. */
+typedef struct mf_sema_illegal_ctx {
+    mf_sema *s;
+    const mf_ast_place *(*entry)[MF_MAX_AXES];
+    const mf_ast_role *const *seen;
+} mf_sema_illegal_ctx;
 
-#define R_ MF_PLACE_REPLICATE
-#define F_ MF_PLACE_FLAT
-#define P_ MF_PLACE_PARTIAL
-static const mf_sema_transition transitions[] = {
-    {"T1", MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, "at the first microbatch",
-     {[R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true, [R_] = true}}},
-    {"T2", MF_ROLE_WEIGHT, MF_ROLE_COUNT, "before compute",
-     {[R_] = {[R_] = true}, [F_] = {[R_] = true}}},
-    {"T3", MF_ROLE_COUNT, MF_ROLE_GRAD, "after every backward",
-     {[P_] = {[P_] = true, [F_] = true, [R_] = true}}},
-    {"T4", MF_ROLE_GRAD, MF_ROLE_MAIN_WEIGHT, "at the last microbatch",
-     {[P_] = {[F_] = true, [R_] = true}, [R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true}}},
-};
-#undef R_
-#undef F_
-#undef P_
+static void sema_illegal(void *ctx, const mf_illegal *v)
+{
+    const mf_sema_illegal_ctx *c = ctx;
+    mf_span at = v->kind == MF_ILLEGAL_SUFFIX ? c->seen[v->role]->places_span : c->entry[v->role][v->axis]->span;
+    mf_diag_error(c->s->d, at, "%s", v->msg);
+    if (v->note_role != MF_ROLE_COUNT)
+        mf_diag_note(c->s->d, c->entry[v->note_role][v->axis]->span, "%s", v->note);
+}
 
 /* Resolves the roles of a layout block into out (placements indexed by mesh
  * axis). Returns true when every role is present, well-formed and legal. */
@@ -463,93 +457,10 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
     if (mf_diag_errors(s->d) != before || !s->have_mesh)
         return false;
 
-    /* Only grad may be Partial. */
-    bool legal[MF_ROLE_COUNT] = {true, true, true};
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        if (r == MF_ROLE_GRAD)
-            continue;
-        for (int j = 0; j < naxes; j++)
-            if (out->place[r].p[j] == MF_PLACE_PARTIAL) {
-                mf_diag_error(s->d, entry[r][j]->span,
-                              "'%s' may not be Partial (axis '%s' in %s); only grad may be Partial: use Replicate "
-                              "or Flat",
-                              mf_role_name((mf_role)r), mesh->axes[j].name, what);
-                legal[r] = false;
-                break;
-            }
-    }
-    /* Suffix rule: the Flat axes are the innermost ones. */
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        const mf_placement *p = &out->place[r];
-        int bad_flat = -1, bad_inner = -1;
-        for (int j = 0; j < naxes && bad_flat < 0; j++)
-            if (p->p[j] == MF_PLACE_FLAT)
-                for (int k = j + 1; k < naxes; k++)
-                    if (p->p[k] != MF_PLACE_FLAT) {
-                        bad_flat = j;
-                        bad_inner = k;
-                        break;
-                    }
-        if (bad_flat < 0)
-            continue;
-        char have[64], fix[64];
-        mf_placement fixed = {{0}};
-        int o = 0;
-        for (int j = 0; j < naxes; j++)
-            if (p->p[j] != MF_PLACE_FLAT)
-                fixed.p[o++] = p->p[j];
-        while (o < naxes)
-            fixed.p[o++] = MF_PLACE_FLAT;
-        mf_placement_format(p, naxes, have, sizeof have);
-        mf_placement_format(&fixed, naxes, fix, sizeof fix);
-        mf_diag_error(s->d, seen[r]->places_span,
-                      "placement %s of '%s' in %s breaks the suffix rule: axis '%s' is Flat but axis '%s' inside "
-                      "it is %s; Flat axes must be the innermost, e.g. %s",
-                      have, mf_role_name((mf_role)r), what, mesh->axes[bad_flat].name, mesh->axes[bad_inner].name,
-                      mf_place_name((mf_place)p->p[bad_inner]), fix);
-        legal[r] = false;
-    }
-    if (!legal[0] || !legal[1] || !legal[2])
+    /* Only grad Partial, the suffix rule, every transition's moves legal. */
+    mf_sema_illegal_ctx ic = {s, entry, seen};
+    if (mf_trans_check_layout(mesh, out->place, what, sema_illegal, &ic) != 0)
         return false;
-
-    /* Per-axis legality of the step's transitions. */
-    for (size_t t = 0; t < COUNT(transitions); t++) {
-        const mf_sema_transition *tr = &transitions[t];
-        for (int j = 0; j < naxes; j++) {
-            int from = tr->from == MF_ROLE_COUNT ? MF_PLACE_PARTIAL : out->place[tr->from].p[j];
-            int to = tr->to == MF_ROLE_COUNT ? MF_PLACE_REPLICATE : out->place[tr->to].p[j];
-            if (tr->allowed[from][to])
-                continue;
-            const char *fname = tr->from == MF_ROLE_COUNT ? "the local gradient" : mf_role_name(tr->from);
-            const char *tname = tr->to == MF_ROLE_COUNT ? "the unsharded weight" : mf_role_name(tr->to);
-            /* A fix: another target for this source, or another source. */
-            const char *to_ok[MF_PLACE_COUNT], *from_ok[MF_PLACE_COUNT];
-            size_t nto = 0, nfrom = 0;
-            for (int p = 0; p < MF_PLACE_COUNT; p++) {
-                if (tr->allowed[from][p] && !(tr->to != MF_ROLE_GRAD && p == MF_PLACE_PARTIAL))
-                    to_ok[nto++] = mf_place_name((mf_place)p);
-                if (tr->allowed[p][to])
-                    from_ok[nfrom++] = mf_place_name((mf_place)p);
-            }
-            char fix[256] = "", a[96], b[96];
-            join_words(a, sizeof a, to_ok, nto, " or ");
-            join_words(b, sizeof b, from_ok, nfrom, " or ");
-            if (nto && tr->to != MF_ROLE_COUNT && nfrom && tr->from != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s', or %s %s", tname, a, mesh->axes[j].name, fname, b);
-            else if (nto && tr->to != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s'", tname, a, mesh->axes[j].name);
-            else if (nfrom && tr->from != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s'", fname, b, mesh->axes[j].name);
-            mf_role at = tr->to != MF_ROLE_COUNT ? tr->to : tr->from;
-            mf_diag_error(s->d, entry[at][j]->span,
-                          "%s (%s -> %s, %s) cannot go %s -> %s on axis '%s' in %s; %s", tr->name, fname, tname,
-                          tr->when, mf_place_name((mf_place)from), mf_place_name((mf_place)to),
-                          mesh->axes[j].name, what, fix);
-            if (tr->from != MF_ROLE_COUNT && tr->to != MF_ROLE_COUNT)
-                mf_diag_note(s->d, entry[tr->from][j]->span, "%s is %s on '%s' here", fname,
-                             mf_place_name((mf_place)from), mesh->axes[j].name);
-        }
-    }
     return mf_diag_errors(s->d) == before;
 }
 
