@@ -773,6 +773,97 @@ static bool count_add(int64_t *acc, int64_t v)
 
 /* Checks the items of a unit body (once, not per iteration) and records each
  * tensor declaration in s->tinfo. Counts tensors and elements per iteration. */
+/* The dimensions of tensor t: each at least 1, the product within
+ * MF_SEMA_MAX_ELEMS. True (and the product in *out) when they are valid. */
+static bool check_dims(mf_sema *s, const mf_ast_tensor *t, int64_t *out)
+{
+    int64_t numel = 1;
+    bool over = false;
+    if (t->ndims == 0) {
+        mf_diag_error(s->d, t->dims_span,
+                      "tensor \"%s\" has no dimensions; write [1] for a single element", t->name.text);
+    } else if (t->ndims > MF_MAX_DIMS) {
+        mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %d dimensions (limit is %d)", t->name.text,
+                      t->ndims, MF_MAX_DIMS);
+    }
+    int k = 0;
+    bool dims_ok = t->ndims >= 1 && t->ndims <= MF_MAX_DIMS;
+    for (const mf_ast_dim *dm = t->dims; dm; dm = dm->next, k++) {
+        if (dm->size.value < 1) {
+            mf_diag_error(s->d, dm->size.span,
+                          "dimension %d of tensor \"%s\" is %" PRId64 "; a dimension must be at least 1",
+                          k + 1, t->name.text, dm->size.value);
+            dims_ok = false;
+        } else if (!over && !mul_ok(numel, dm->size.value, &numel)) {
+            over = true;
+        }
+    }
+    if (dims_ok && over) {
+        mf_diag_error(s->d, t->dims_span,
+                      "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
+                      t->name.text);
+        dims_ok = false;
+    } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
+                      t->name.text, numel, MF_SEMA_MAX_ELEMS);
+        dims_ok = false;
+    }
+    *out = numel;
+    return dims_ok;
+}
+
+/* One tensor item of unit ut: its name template, dimensions and layout;
+ * counts it into *ntensors and *nelems. */
+static void check_tensor(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *it, int64_t *ntensors, int64_t *nelems)
+{
+    const mf_ast_tensor *t = &it->tensor;
+    mf_sema_tinfo *ti = mf_vec_push(&s->tinfo);
+    if (!ti) {
+        sema_oom(s);
+        return;
+    }
+    ti->item = it;
+    ti->layout = -1;
+    uint32_t used;
+    if (check_template(s, &t->name, "tensor", &used)) {
+        /* Variables of enclosing tensor loops must vary the name. */
+        int first_for = ut->u->loop ? 1 : 0;
+        for (int v = first_for; v < s->nscope; v++)
+            if (!(used & (1u << v))) {
+                mf_diag_error(s->d, t->name.span,
+                              "tensor name \"%s\" does not use the loop variable '%s', so every iteration "
+                              "would declare the same tensor; write {%s} in the name",
+                              t->name.text, s->scope[v].var, s->scope[v].var);
+                mf_diag_note(s->d, s->scope[v].loop->span, "the loop over '%s' is here", s->scope[v].var);
+                break;
+            }
+    }
+    int64_t numel = 0;
+    bool dims_ok = check_dims(s, t, &numel);
+    ti->numel = dims_ok ? numel : 0;
+    /* layout: override, inline, or the unit's default */
+    char user[320];
+    snprintf(user, sizeof user, "tensor \"%s\" in unit \"%s\"", t->name.text, ut->u->name.text);
+    if (t->layout.text) {
+        ti->layout = lookup_layout(s, &t->layout, user);
+    } else if (t->inline_layout) {
+        ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
+    } else if (ut->u->layout.text) {
+        ti->layout = ut->layout;
+    } else {
+        mf_diag_error(s->d, t->name.span,
+                      "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
+                      "gives none; add 'layout NAME' to either, or inline roles '{ weight ...; }'",
+                      t->name.text, ut->u->name.text);
+        mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
+    }
+    if (*ntensors < INT64_MAX)
+        (*ntensors)++;
+    if (!dims_ok)
+        numel = 0;
+    count_add(nelems, numel);
+}
+
 static void check_items(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *items, int depth, int64_t *ntensors,
                         int64_t *nelems)
 {
@@ -786,85 +877,9 @@ static void check_items(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *items
                               "'%s' is a unit option; put it directly in the body of unit \"%s\", not in a loop",
                               it->key.text, ut->u->name.text);
             break;
-        case MF_AST_ITEM_TENSOR: {
-            const mf_ast_tensor *t = &it->tensor;
-            mf_sema_tinfo *ti = mf_vec_push(&s->tinfo);
-            if (!ti) {
-                sema_oom(s);
-                return;
-            }
-            ti->item = it;
-            ti->layout = -1;
-            uint32_t used;
-            if (check_template(s, &t->name, "tensor", &used)) {
-                /* Variables of enclosing tensor loops must vary the name. */
-                int first_for = ut->u->loop ? 1 : 0;
-                for (int v = first_for; v < s->nscope; v++)
-                    if (!(used & (1u << v))) {
-                        mf_diag_error(s->d, t->name.span,
-                                      "tensor name \"%s\" does not use the loop variable '%s', so every iteration "
-                                      "would declare the same tensor; write {%s} in the name",
-                                      t->name.text, s->scope[v].var, s->scope[v].var);
-                        mf_diag_note(s->d, s->scope[v].loop->span, "the loop over '%s' is here", s->scope[v].var);
-                        break;
-                    }
-            }
-            /* dimensions */
-            int64_t numel = 1;
-            bool over = false;
-            if (t->ndims == 0) {
-                mf_diag_error(s->d, t->dims_span,
-                              "tensor \"%s\" has no dimensions; write [1] for a single element", t->name.text);
-            } else if (t->ndims > MF_MAX_DIMS) {
-                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %d dimensions (limit is %d)", t->name.text,
-                              t->ndims, MF_MAX_DIMS);
-            }
-            int k = 0;
-            bool dims_ok = t->ndims >= 1 && t->ndims <= MF_MAX_DIMS;
-            for (const mf_ast_dim *dm = t->dims; dm; dm = dm->next, k++) {
-                if (dm->size.value < 1) {
-                    mf_diag_error(s->d, dm->size.span,
-                                  "dimension %d of tensor \"%s\" is %" PRId64 "; a dimension must be at least 1",
-                                  k + 1, t->name.text, dm->size.value);
-                    dims_ok = false;
-                } else if (!over && !mul_ok(numel, dm->size.value, &numel)) {
-                    over = true;
-                }
-            }
-            if (dims_ok && over) {
-                mf_diag_error(s->d, t->dims_span,
-                              "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
-                              t->name.text);
-                dims_ok = false;
-            } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
-                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
-                              t->name.text, numel, MF_SEMA_MAX_ELEMS);
-                dims_ok = false;
-            }
-            ti->numel = dims_ok ? numel : 0;
-            /* layout: override, inline, or the unit's default */
-            char user[320];
-            snprintf(user, sizeof user, "tensor \"%s\" in unit \"%s\"", t->name.text, ut->u->name.text);
-            if (t->layout.text) {
-                ti->layout = lookup_layout(s, &t->layout, user);
-            } else if (t->inline_layout) {
-                ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
-            } else if (ut->u->layout.text) {
-                ti->layout = ut->layout;
-            } else {
-                mf_diag_error(s->d, t->name.span,
-                              "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
-                              "gives none; add 'layout NAME' to either, or inline roles '{ weight ...; }'",
-                              t->name.text, ut->u->name.text);
-                mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
-            }
-            if (*ntensors < INT64_MAX)
-                (*ntensors)++;
-            if (!dims_ok)
-                numel = 0;
-            count_add(nelems, numel);
+        case MF_AST_ITEM_TENSOR:
+            check_tensor(s, ut, it, ntensors, nelems);
             break;
-        }
         case MF_AST_ITEM_FOR: {
             int64_t iters;
             if (s->nscope >= MF_SEMA_MAX_SCOPE) {

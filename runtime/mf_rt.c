@@ -673,46 +673,15 @@ static void release(mf_rt *rt)
     mf_rt_free(rt);
 }
 
-MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config *cfg,
-                                    mfsdp_runtime **out)
+/* The mutex and condition variables; on failure destroys what it made and
+ * leaves rt->sync_ready false (release() then destroys none). */
+static bool init_sync(mf_rt *rt)
 {
-    mfsdp_result res = MFSDP_OK;
-    mf_rt *rt = NULL;
-    if (!out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
-    *out = NULL;
-    if (!sh || !cfg)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: schedule and config must not be NULL");
-    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
-    if (!be)
-        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
-                               "mfsdp_create: backend %d is not built into this library "
-                               "(check mfsdp_backend_available)",
-                               (int)cfg->backend);
-    if (cfg->timeout_ms < 0)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
-                               (long long)cfg->timeout_ms);
-    rt = mf_rt_calloc(1, sizeof *rt);
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
-    rt->sh = sh;
-    rt->s = sh->s;
-    rt->cfg = *cfg;
-    rt->be = be;
-    rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
-    rt->synchronous = !rt->native && (cfg->flags & MFSDP_FLAG_SYNCHRONOUS);
-    rt->next_phase = MF_PHASE_STEP_BEGIN;
-    rt->next_unit = -1;
-    if (pthread_mutex_init(&rt->mu, NULL) != 0) {
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
-    }
+    if (pthread_mutex_init(&rt->mu, NULL) != 0)
+        return false;
     if (mf_rt_cond_init(&rt->cv) != 0) {
         pthread_mutex_destroy(&rt->mu);
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+        return false;
     }
     int nwork = 0;
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++, nwork++)
@@ -723,24 +692,40 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
             pthread_cond_destroy(&rt->streams[st].work);
         pthread_cond_destroy(&rt->cv);
         pthread_mutex_destroy(&rt->mu);
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+        return false;
     }
     rt->sync_ready = true;
-    for (int st = 0; st < MF_STREAM_COUNT; st++) {
-        rt->streams[st].rt = rt;
-        rt->streams[st].id = (mf_stream)st;
-        rt->streams[st].current = -1;
-    }
+    return true;
+}
 
-    res = be->open(rt, cfg, &rt->rank, &rt->world);
-    if (res != MFSDP_OK) {
-        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
-        goto fail;
-    }
+/* Arguments of mfsdp_create: MFSDP_OK, or the error (set). */
+static mfsdp_result check_create_args(const mfsdp_schedule *sh, const mfsdp_config *cfg, mfsdp_runtime **out)
+{
+    if (!out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
+    *out = NULL;
+    if (!sh || !cfg)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: schedule and config must not be NULL");
+    if (!mf_rt_backend_for(cfg->backend))
+        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
+                               "mfsdp_create: backend %d is not built into this library "
+                               "(check mfsdp_backend_available)",
+                               (int)cfg->backend);
+    if (cfg->timeout_ms < 0)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
+                               (long long)cfg->timeout_ms);
+    return MFSDP_OK;
+}
 
-    /* Local setup; a failure is still announced in the exchange so peers
-     * fail with it instead of waiting for this rank. */
+/*
+ * The local setup, then the exchange of every rank's schedule hash and
+ * setup status; a local failure is still announced in the exchange so peers
+ * fail with it instead of waiting for this rank. MFSDP_OK or the error (set).
+ */
+static mfsdp_result setup_and_greet(mf_rt *rt)
+{
     mfsdp_result local = setup(rt);
     char local_msg[MF_RT_ERRLEN];
     snprintf(local_msg, sizeof local_msg, "%s", mfsdp_last_error(NULL));
@@ -751,27 +736,54 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     mine.status = local;
     mine.mesh_world = rt->s->mesh.world;
     mf_rt_hello *all = mf_rt_calloc((size_t)rt->world, sizeof *all);
-    if (!all) {
-        /* Cannot even take part in the exchange: peers will time out. */
-        res = mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
-        goto fail;
-    }
-    res = be->exchange(rt, &mine, sizeof mine, all);
-    if (res != MFSDP_OK) {
-        mf_rt_free(all);
+    if (!all) /* cannot even take part in the exchange: peers will time out */
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
+    mfsdp_result res = rt->be->exchange(rt, &mine, sizeof mine, all);
+    if (res != MFSDP_OK)
         mf_rt_set_error(NULL, res, "schedule hash exchange failed: %s", rt->err);
-        goto fail;
-    }
-    if (local != MFSDP_OK) {
-        mf_rt_free(all);
+    else if (local != MFSDP_OK)
         res = mf_rt_set_error(NULL, local, "%s", local_msg);
+    else
+        res = check_hellos(rt, all, rt->world);
+    mf_rt_free(all);
+    return res;
+}
+
+MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config *cfg,
+                                    mfsdp_runtime **out)
+{
+    mfsdp_result res = check_create_args(sh, cfg, out);
+    if (res != MFSDP_OK)
+        return res;
+    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
+    mf_rt *rt = mf_rt_calloc(1, sizeof *rt);
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
+    rt->sh = sh;
+    rt->s = sh->s;
+    rt->cfg = *cfg;
+    rt->be = be;
+    rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
+    rt->synchronous = !rt->native && (cfg->flags & MFSDP_FLAG_SYNCHRONOUS);
+    rt->next_phase = MF_PHASE_STEP_BEGIN;
+    rt->next_unit = -1;
+    for (int st = 0; st < MF_STREAM_COUNT; st++) {
+        rt->streams[st].rt = rt;
+        rt->streams[st].id = (mf_stream)st;
+        rt->streams[st].current = -1;
+    }
+    if (!init_sync(rt)) {
+        res = mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex or condition variable");
         goto fail;
     }
-    res = check_hellos(rt, all, rt->world);
-    mf_rt_free(all);
+    res = be->open(rt, cfg, &rt->rank, &rt->world);
+    if (res != MFSDP_OK) {
+        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
+        goto fail;
+    }
+    res = setup_and_greet(rt);
     if (res != MFSDP_OK)
         goto fail;
-
     res = be->comm_init(rt, rt->comms, rt->ncomms);
     if (res != MFSDP_OK) {
         mf_rt_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);
