@@ -80,43 +80,43 @@ bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_ne
     return true;
 }
 
+/* The single-axis moves (DESIGN §3.2; fs = the first axis of the Flat
+ * suffix): what the op needs on its axis, where that axis must be, what it
+ * leaves there. */
+enum { MF_MOVE_ANY_AXIS, MF_MOVE_AT_FLAT_START, MF_MOVE_OUTSIDE_FLAT };
+static const struct mf_struct_move {
+    mf_opkind kind;
+    mf_place need, becomes;
+    int at;
+    const char *why;
+} mf_struct_moves[] = {
+    {MF_OP_ALL_GATHER, MF_PLACE_FLAT, MF_PLACE_REPLICATE, MF_MOVE_AT_FLAT_START,
+     "an all-gather needs Flat on its axis, the outermost Flat axis"},
+    {MF_OP_REDUCE_SCATTER, MF_PLACE_PARTIAL, MF_PLACE_FLAT, MF_MOVE_OUTSIDE_FLAT,
+     "a reduce-scatter needs Partial on its axis, just outside the Flat axes"},
+    {MF_OP_ALL_REDUCE, MF_PLACE_PARTIAL, MF_PLACE_REPLICATE, MF_MOVE_ANY_AXIS, "an all-reduce needs Partial on its axis"},
+    {MF_OP_SLICE, MF_PLACE_REPLICATE, MF_PLACE_FLAT, MF_MOVE_OUTSIDE_FLAT,
+     "a slice needs Replicate on its axis, just outside the Flat axes"},
+};
+
 bool mf_struct_op_move(const mf_schedule *s, const mf_op *op, const mf_placement *src, mf_placement *out,
                        const char **why)
 {
-    int k = s->mesh.naxes, j = op->axis, fs = mf_placement_flat_start(src, k);
+    int j = op->axis, fs = mf_placement_flat_start(src, s->mesh.naxes);
     *out = *src;
-    switch (op->kind) {
-    case MF_OP_ALL_GATHER:
-        if (src->p[j] != MF_PLACE_FLAT || j != fs) {
-            *why = "an all-gather needs Flat on its axis, the outermost Flat axis";
+    for (size_t i = 0; i < sizeof mf_struct_moves / sizeof mf_struct_moves[0]; i++) {
+        const struct mf_struct_move *mv = &mf_struct_moves[i];
+        if (mv->kind != op->kind)
+            continue;
+        bool where = mv->at == MF_MOVE_ANY_AXIS || (mv->at == MF_MOVE_AT_FLAT_START ? j == fs : j == fs - 1);
+        if (src->p[j] != mv->need || !where) {
+            *why = mv->why;
             return false;
         }
-        out->p[j] = MF_PLACE_REPLICATE;
-        return true;
-    case MF_OP_REDUCE_SCATTER:
-        if (src->p[j] != MF_PLACE_PARTIAL || j != fs - 1) {
-            *why = "a reduce-scatter needs Partial on its axis, just outside the Flat axes";
-            return false;
-        }
-        out->p[j] = MF_PLACE_FLAT;
-        return true;
-    case MF_OP_ALL_REDUCE:
-        if (src->p[j] != MF_PLACE_PARTIAL) {
-            *why = "an all-reduce needs Partial on its axis";
-            return false;
-        }
-        out->p[j] = MF_PLACE_REPLICATE;
-        return true;
-    case MF_OP_SLICE:
-        if (src->p[j] != MF_PLACE_REPLICATE || j != fs - 1) {
-            *why = "a slice needs Replicate on its axis, just outside the Flat axes";
-            return false;
-        }
-        out->p[j] = MF_PLACE_FLAT;
-        return true;
-    default:
+        out->p[j] = (uint8_t)mv->becomes;
         return true;
     }
+    return true; /* local ops other than slice keep the placement */
 }
 
 /* ---- the rules the loader and the runtime share ---- */

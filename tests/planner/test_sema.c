@@ -63,6 +63,20 @@ static const char *const small_spec =
     " main_weight fp32 [Flat, Flat]; }\n"
     "}\n";
 
+/* Hand-worked: what the semantic pass must resolve small_spec into. */
+static const struct {
+    const char *unit, *tensor; /* full names */
+    int ndims;
+    int64_t numel;
+    const char *layout;     /* NULL: an inline layout */
+} small_tensors[] = {
+    {"l.1", "l.1.w", 2, 35, "z"},
+    {"l.1", "l.1.n", 1, 7, "r"},
+    {"l.2", "l.2.w", 2, 35, "z"},
+    {"l.2", "l.2.n", 1, 7, "r"},
+    {"head", "head.o", 3, 24, NULL},
+};
+
 static void test_resolves_a_small_spec(void **state)
 {
     (void)state;
@@ -72,45 +86,37 @@ static void test_resolves_a_small_spec(void **state)
         fail_msg("expected a clean check, got %d:\n%s", k.rc, k.diag);
     const mf_spec *s = k.c.spec;
     assert_non_null(s);
-    /* mesh and defaults */
-    assert_int_equal(s->mesh.naxes, 2);
+    /* mesh, then the defaults of everything the spec leaves out */
+    int64_t header[] = {s->mesh.naxes, s->mesh.axes[1].size, s->mesh.world, s->microbatches, s->reduce,
+                        s->align, s->prefetch, s->bucket_size};
+    int64_t want[] = {2, 3, 6, 4, MF_REDUCE_AVG, 256, 1, 0};
+    assert_memory_equal(header, want, sizeof want);
     assert_string_equal(s->mesh.axes[0].name, "outer");
-    assert_int_equal(s->mesh.axes[1].size, 3);
-    assert_int_equal(s->mesh.world, 6);
-    assert_int_equal(s->microbatches, 4);
-    assert_int_equal(s->reduce, MF_REDUCE_AVG);
-    assert_int_equal(s->align, 256);
-    assert_int_equal(s->prefetch, 1);
-    assert_int_equal(s->bucket_size, 0);
-    /* for i in 1..3 is half-open: l.1 and l.2, then head */
-    assert_int_equal(s->nunits, 3);
-    assert_string_equal(s->units[0].name, "l.1");
-    assert_string_equal(s->units[1].name, "l.2");
-    assert_string_equal(s->units[2].name, "head");
-    assert_true(s->units[0].reshard_after_forward);
-    assert_false(s->units[2].reshard_after_forward);
-    /* tensors: full names, sizes, layouts (default, override, inline) */
-    const mf_spec_unit *u = &s->units[1];
-    assert_int_equal(u->ntensors, 2);
-    assert_string_equal(u->tensors[0].name, "l.2.w");
-    assert_int_equal(u->tensors[0].numel, 35);
-    assert_int_equal(u->tensors[1].numel, 7);
-    assert_string_equal(s->layouts[u->tensors[0].layout].name, "z");
-    assert_string_equal(s->layouts[u->tensors[1].layout].name, "r");
-    const mf_spec_tensor *o = &s->units[2].tensors[0];
-    assert_string_equal(o->name, "head.o");
-    assert_int_equal(o->ndims, 3);
-    assert_int_equal(o->numel, 24);
-    const mf_spec_layout *il = &s->layouts[o->layout];
-    assert_true(il->is_inline);
-    assert_int_equal(il->dtype[MF_ROLE_WEIGHT], MF_FP16);
-    assert_int_equal(il->place[MF_ROLE_MAIN_WEIGHT].p[0], MF_PLACE_FLAT);
-    assert_int_equal(il->place[MF_ROLE_GRAD].p[0], MF_PLACE_PARTIAL);
+    /* for i in 1..3 is half-open: l.1 and l.2, then head (which keeps its
+     * weight after forward); tensors in declaration order */
+    int n = 0;
+    for (int u = 0; u < s->nunits; u++) {
+        assert_int_equal(s->units[u].reshard_after_forward, u < 2);
+        for (int t = 0; t < s->units[u].ntensors; t++, n++) {
+            const mf_spec_tensor *te = &s->units[u].tensors[t];
+            assert_true(n < (int)(sizeof small_tensors / sizeof small_tensors[0]));
+            assert_string_equal(s->units[u].name, small_tensors[n].unit);
+            assert_string_equal(te->name, small_tensors[n].tensor);
+            assert_int_equal(te->ndims, small_tensors[n].ndims);
+            assert_int_equal(te->numel, small_tensors[n].numel);
+            const mf_spec_layout *l = &s->layouts[te->layout];
+            if (small_tensors[n].layout)
+                assert_string_equal(l->name, small_tensors[n].layout);
+            else
+                assert_true(l->is_inline && l->dtype[MF_ROLE_WEIGHT] == MF_FP16 &&
+                            l->place[MF_ROLE_GRAD].p[0] == MF_PLACE_PARTIAL);
+        }
+    }
+    assert_int_equal(n, 5);
     /* the named layout as declared */
     const mf_spec_layout *z = &s->layouts[s->units[0].layout];
-    assert_int_equal(z->dtype[MF_ROLE_WEIGHT], MF_BF16);
-    assert_int_equal(z->place[MF_ROLE_WEIGHT].p[0], MF_PLACE_REPLICATE);
-    assert_int_equal(z->place[MF_ROLE_WEIGHT].p[1], MF_PLACE_FLAT);
+    assert_true(z->dtype[MF_ROLE_WEIGHT] == MF_BF16 && z->place[MF_ROLE_WEIGHT].p[0] == MF_PLACE_REPLICATE &&
+                z->place[MF_ROLE_WEIGHT].p[1] == MF_PLACE_FLAT);
     release(&k);
 }
 
@@ -174,12 +180,13 @@ static void test_suffix_rule(void **state)
     release(&k);
 }
 
+static const struct CMUnitTest sema_tests[] = {
+    cmocka_unit_test(test_resolves_a_small_spec),
+    cmocka_unit_test(test_legality_on_one_axis),
+    cmocka_unit_test(test_suffix_rule),
+};
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_resolves_a_small_spec),
-        cmocka_unit_test(test_legality_on_one_axis),
-        cmocka_unit_test(test_suffix_rule),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(sema_tests, NULL, NULL);
 }
