@@ -500,14 +500,11 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
                 !mf_load_placement(l, rv[1], what, r == MF_ROLE_GRAD, &bk->place[r]))
                 return false;
             bk->dtype[r] = (mf_dtype)dt;
-            int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
-            if (bk->length % shards != 0)
-                return mf_load_fail(l, v[4], "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement",
-                                    bk->name, (long long)bk->length, (long long)shards,
-                                    mf_role_name((mf_role)r));
-            if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
-                return mf_load_fail(l, v[4], "bucket '%s': length %lld overflows 64 bits in bytes",
-                                    bk->name, (long long)bk->length);
+            mf_load_site site = {.l = l, .any = v[4]};
+            mf_struct_sink sink = {mf_load_finding, &site, 0, false};
+            mf_struct_bucket_role(s, b, r, &sink);
+            if (sink.findings)
+                return false;
         }
         if (!mf_load_tensors(l, v[9], bk))
             return false;

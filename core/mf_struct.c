@@ -121,6 +121,19 @@ bool mf_struct_op_move(const mf_schedule *s, const mf_op *op, const mf_placement
 
 /* ---- the rules the loader and the runtime share ---- */
 
+void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k)
+{
+    const mf_bucket *bk = &s->buckets[b];
+    int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
+    if (bk->length % shards != 0)
+        mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH,
+                       "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement", bk->name,
+                       (long long)bk->length, (long long)shards, mf_role_name((mf_role)r));
+    else if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
+        mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH, "bucket '%s': length %lld overflows 64 bits in bytes",
+                       bk->name, (long long)bk->length);
+}
+
 void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_buffer *bf = &s->buffers[i];
@@ -310,16 +323,18 @@ static bool mf_struct_bucket_ranges(const mf_schedule *s, int b, mf_struct_sink 
     if (bk->unit < 0 || bk->unit >= s->nunits || bk->last_unit < bk->unit || bk->last_unit >= s->nunits)
         return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s' has an invalid unit range %d..%d",
                               bk->name, bk->unit, bk->last_unit);
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
         if ((int)bk->dtype[r] < 0 || bk->dtype[r] >= MF_DTYPE_COUNT)
             return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s' has an invalid %s dtype",
                                   bk->name, mf_role_name((mf_role)r));
-        if (bk->length <= 0 || bk->length % shards != 0)
-            return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
-                                  "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement",
-                                  bk->name, (long long)bk->length, (long long)shards, mf_role_name((mf_role)r));
-    }
+    if (bk->length <= 0)
+        return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s' has length %lld", bk->name,
+                              (long long)bk->length);
+    int before = k->findings;
+    for (int r = 0; r < MF_ROLE_COUNT && k->findings == before; r++)
+        mf_struct_bucket_role(s, b, r, k);
+    if (k->findings != before)
+        return false;
     for (int t = 0; t < bk->ntensors; t++) {
         const mf_tensor *te = &bk->tensors[t];
         if (te->offset < 0 || te->numel < 0 || te->offset > bk->length - te->numel)

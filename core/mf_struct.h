@@ -39,7 +39,7 @@ typedef enum { MF_AT_SCHEDULE, MF_AT_BUCKET, MF_AT_BUFFER, MF_AT_OP } mf_struct_
 /* The field of that object (MF_FIELD_NONE: the object as a whole;
  * MF_FIELD_BUFFERS on a bucket: the buffers section). */
 typedef enum {
-    MF_FIELD_NONE, MF_FIELD_COUNT, MF_FIELD_SRC, MF_FIELD_DST, MF_FIELD_DTYPE, MF_FIELD_BUFFERS
+    MF_FIELD_NONE, MF_FIELD_COUNT, MF_FIELD_SRC, MF_FIELD_DST, MF_FIELD_DTYPE, MF_FIELD_LENGTH, MF_FIELD_BUFFERS
 } mf_struct_field;
 
 typedef struct mf_struct_finding {
@@ -82,6 +82,9 @@ const char *mf_struct_opdesc(const mf_schedule *s, const mf_op *op, char *buf, s
 
 /* The checks one by one, for the loader, which runs each as soon as its
  * operands are read (indices are assumed in range there). */
+/* Bucket b's length splits into the shards of role r's placement and fits
+ * 64 bits in bytes of r's dtype. */
+void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k);
 void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k);
 void mf_struct_bucket_buffers(const mf_schedule *s, mf_struct_sink *k);
 void mf_struct_data_op(const mf_schedule *s, int i, mf_struct_sink *k);
