@@ -80,9 +80,9 @@ bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_ne
     return true;
 }
 
-/* The single-axis moves (DESIGN §3.2; fs = the first axis of the Flat
- * suffix): what the op needs on its axis, where that axis must be, what it
- * leaves there. */
+/* The single-axis moves (docs/semantics.md, "2. Shard order"; fs = the
+ * first axis of the Flat suffix): what the op needs on its axis, where that
+ * axis must be, what it leaves there. */
 enum { MF_MOVE_ANY_AXIS, MF_MOVE_AT_FLAT_START, MF_MOVE_OUTSIDE_FLAT };
 static const struct mf_struct_move {
     mf_opkind kind;

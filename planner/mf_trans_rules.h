@@ -1,6 +1,7 @@
 /*
- * mf_trans_rules: the four transitions of every bucket (DESIGN §4), one row
- * each, and the legality rules of a layout's placements. Every pass reads
+ * mf_trans_rules: the four transitions of every bucket (docs/semantics.md,
+ * "4. The four transitions"), one row each, and the legality rules of a
+ * layout's placements. Every pass reads
  * the facts from here: the semantic pass (legality, mf_sema.c), the
  * transition pass (placements, dtypes, ops, streams, mf_transition.c), the
  * lowering (phases and hand-offs, mf_lower.c) and explain (names, phases,
