@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "mf_cli.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 
 #ifndef MFSDP_VERSION
@@ -34,27 +35,32 @@ static void check_usage(FILE *out)
 
 int mf_cmd_check(int argc, char **argv)
 {
-    int first = argc;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0) {
-            first = i + 1;
-            break;
-        }
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+    enum { OPT_HELP, OPT_VERSION, OPT_END };
+    static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
+                                  {"--version", NULL, NULL, OPT_VERSION},
+                                  {"--", NULL, NULL, OPT_END}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc check", argc, argv, opts, 3, NULL);
+    int first = argc, id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == OPT_HELP) {
             check_usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--version") == 0) {
+        if (id == OPT_VERSION) {
             printf("mfsdpc %s (schedule format %s)\n", MFSDP_VERSION, MF_SCHEDULE_FORMAT);
             return 0;
         }
-        if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc check: error: unknown option '%s'\n", a);
-            check_usage(stderr);
+        if (id == OPT_END) {
+            first = p.i;
+            break;
+        }
+        if (id != MF_OPTS_OPERAND) {
+            check_usage(stderr); /* reported */
             return 2;
         }
-        first = i;
+        first = p.i - 1;
         break;
     }
     /* Options come first; everything from the first file on is a file. */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "mf_cli.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 
 static void mf_compile_usage(FILE *out)
@@ -51,40 +52,36 @@ int mf_cmd_compile(int argc, char **argv)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         return 2;
     }
-    for (int i = 1; i < argc && rc == 0; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    enum { OPT_HELP, OPT_OUTPUT, OPT_NO_VERIFY };
+    static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
+                                  {"--output", "-o", "a file name", OPT_OUTPUT},
+                                  {"--no-verify", NULL, NULL, OPT_NO_VERIFY}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc compile", argc, argv, opts, 3, mf_cost_is_option);
+    int id;
+    const char *v;
+    while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == OPT_HELP) {
             mf_compile_usage(stdout);
             free(cost_args);
             return 0;
-        } else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "mfsdpc compile: error: %s needs a file name\n", a);
-                rc = 2;
-            } else if (out) {
-                fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
-                rc = 2;
-            } else {
-                out = argv[++i];
-            }
-        } else if (strncmp(a, "--output=", 9) == 0) {
+        } else if (id == OPT_OUTPUT) {
             if (out) {
                 fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
                 rc = 2;
             }
-            out = a + 9;
-        } else if (strcmp(a, "--no-verify") == 0) {
+            out = v;
+        } else if (id == OPT_NO_VERIFY) {
             verify = false;
-        } else if (mf_cost_is_option(a)) {
-            cost_args[ncost++] = argv[i];
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc compile: error: unknown option '%s'\n", a);
-            rc = 2;
+        } else if (id == MF_OPTS_EXTRA) {
+            cost_args[ncost++] = p.argv[p.i - 1];
+        } else if (id != MF_OPTS_OPERAND) {
+            rc = 2; /* reported */
         } else if (spec) {
-            fprintf(stderr, "mfsdpc compile: error: one spec at a time (got '%s' and '%s')\n", spec, a);
+            fprintf(stderr, "mfsdpc compile: error: one spec at a time (got '%s' and '%s')\n", spec, v);
             rc = 2;
         } else {
-            spec = a;
+            spec = v;
         }
     }
     if (rc == 0 && !spec) {

@@ -15,6 +15,7 @@
 #include "mf_cli.h"
 #include "mf_diff.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 
 static void mf_diff_usage(FILE *out)
@@ -96,22 +97,25 @@ int mf_cmd_diff(int argc, char **argv)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         return 2;
     }
-    for (int i = 1; i < argc && rc == 0; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    static const mf_opt opts[] = {{"--help", "-h", NULL, 0}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc diff", argc, argv, opts, 1, mf_cost_is_option);
+    int id;
+    const char *v;
+    while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == 0) {
             mf_diff_usage(stdout);
             free(cost_args);
             return 0;
-        } else if (mf_cost_is_option(a)) {
-            cost_args[ncost++] = argv[i];
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc diff: error: unknown option '%s'\n", a);
-            rc = 2;
+        } else if (id == MF_OPTS_EXTRA) {
+            cost_args[ncost++] = p.argv[p.i - 1];
+        } else if (id != MF_OPTS_OPERAND) {
+            rc = 2; /* reported */
         } else if (npaths == 2) {
-            fprintf(stderr, "mfsdpc diff: error: expected two files, got a third: '%s'\n", a);
+            fprintf(stderr, "mfsdpc diff: error: expected two files, got a third: '%s'\n", v);
             rc = 2;
         } else {
-            paths[npaths++] = a;
+            paths[npaths++] = v;
         }
     }
     if (rc == 0 && npaths != 2) {

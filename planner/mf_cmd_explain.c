@@ -12,6 +12,7 @@
 
 #include "mf_cli.h"
 #include "mf_explain.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 
 static void explain_usage(FILE *out)
@@ -46,32 +47,29 @@ int mf_cmd_explain(int argc, char **argv)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         return 2;
     }
-    int rc = 0;
-    for (int i = 1; i < argc && rc == 0; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    enum { OPT_HELP, OPT_FORMAT };
+    static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
+                                  {"--format", NULL, "a value (text or yaml)", OPT_FORMAT}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc explain", argc, argv, opts, 2, mf_cost_is_option);
+    int rc = 0, id;
+    const char *v;
+    while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == OPT_HELP) {
             explain_usage(stdout);
             free(cost_args);
             return 0;
-        } else if (strcmp(a, "--format") == 0) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "mfsdpc explain: error: --format needs a value (text or yaml)\n");
-                rc = 2;
-            } else {
-                format = argv[++i];
-            }
-        } else if (strncmp(a, "--format=", 9) == 0) {
-            format = a + 9;
-        } else if (mf_cost_is_option(a)) {
-            cost_args[ncost++] = argv[i];
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc explain: error: unknown option '%s'\n", a);
-            rc = 2;
+        } else if (id == OPT_FORMAT) {
+            format = v;
+        } else if (id == MF_OPTS_EXTRA) {
+            cost_args[ncost++] = p.argv[p.i - 1];
+        } else if (id != MF_OPTS_OPERAND) {
+            rc = 2; /* reported */
         } else if (path) {
-            fprintf(stderr, "mfsdpc explain: error: one spec at a time (got '%s' and '%s')\n", path, a);
+            fprintf(stderr, "mfsdpc explain: error: one spec at a time (got '%s' and '%s')\n", path, v);
             rc = 2;
         } else {
-            path = a;
+            path = v;
         }
     }
     if (rc == 0 && strcmp(format, "text") != 0 && strcmp(format, "yaml") != 0) {

@@ -20,6 +20,7 @@
 
 #include "mf_cli.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 #include "mf_pipeline.h"
 #include "mf_simulate.h"
 
@@ -146,174 +147,203 @@ static void print_header(const char *path, const mf_schedule *s, const mf_sim_co
     printf("; local %.1f GB/s\n\n", cfg->cost.local_bw / 1e9);
 }
 
+/* The command line of `mfsdpc simulate`. */
+typedef struct sim_args {
+    const char *input, *trace, *svg;
+    bool compare, full_path, host_async;
+    double tokens, tflops, unit_us, win0, win1;
+    char **cost_args;       /* the link options, values checked once the mesh is known */
+    int ncost;
+} sim_args;
+
+/* Parses argv into a (a->cost_args has argc slots). Returns -1 to go on,
+ * else the exit status (0 after --help, 2 after a reported error). */
+static int parse_args(int argc, char **argv, sim_args *a)
+{
+    enum { OPT_TRACE, OPT_SVG, OPT_TOKENS, OPT_TFLOPS, OPT_UNIT_TIME, OPT_WINDOW, OPT_HELP, OPT_COMPARE,
+           OPT_FULL_PATH, OPT_HOST_ASYNC };
+    static const mf_opt opts[] = {
+        {"--trace", NULL, "a value", OPT_TRACE},          {"--svg", NULL, "a value", OPT_SVG},
+        {"--tokens", NULL, "a value", OPT_TOKENS},        {"--tflops", NULL, "a value", OPT_TFLOPS},
+        {"--unit-time-us", NULL, "a value", OPT_UNIT_TIME}, {"--svg-window", NULL, "a value", OPT_WINDOW},
+        {"--help", "-h", NULL, OPT_HELP},                 {"--compare-single-stream", NULL, NULL, OPT_COMPARE},
+        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc simulate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), is_cost_option);
+    int id;
+    const char *val;
+    while ((id = mf_opts_next(&p, &val)) != MF_OPTS_END) {
+        if (id == OPT_TRACE)
+            a->trace = val;
+        else if (id == OPT_SVG)
+            a->svg = val;
+        else if (id == OPT_TOKENS) {
+            if (parse_positive("--tokens", val, &a->tokens) != 0)
+                return 2;
+        } else if (id == OPT_TFLOPS) {
+            if (parse_positive("--tflops", val, &a->tflops) != 0)
+                return 2;
+        } else if (id == OPT_UNIT_TIME) {
+            if (parse_positive("--unit-time-us", val, &a->unit_us) != 0)
+                return 2;
+        } else if (id == OPT_WINDOW) {
+            if (parse_window(val, &a->win0, &a->win1) != 0)
+                return 2;
+        } else if (id == OPT_HELP) {
+            usage(stdout);
+            return 0;
+        } else if (id == OPT_COMPARE)
+            a->compare = true;
+        else if (id == OPT_FULL_PATH)
+            a->full_path = true;
+        else if (id == OPT_HOST_ASYNC)
+            a->host_async = true;
+        else if (id == MF_OPTS_EXTRA)
+            a->cost_args[a->ncost++] = p.argv[p.i - 1]; /* values checked once the mesh is known */
+        else if (id == MF_OPTS_UNKNOWN) {
+            usage(stderr); /* reported */
+            return 2;
+        } else if (id == MF_OPTS_NO_VALUE) {
+            return 2; /* reported */
+        } else if (a->input) {
+            fprintf(stderr, "mfsdpc simulate: error: one input expected, got '%s' and '%s'\n",
+                    a->input, val);
+            return 2;
+        } else
+            a->input = val;
+    }
+    if (!a->input) {
+        fprintf(stderr, "mfsdpc simulate: error: no input (a .mfsdp spec or a .yaml schedule)\n");
+        usage(stderr);
+        return 2;
+    }
+    if ((a->trace && (strcmp(a->trace, a->input) == 0 || (a->svg && strcmp(a->trace, a->svg) == 0))) ||
+        (a->svg && strcmp(a->svg, a->input) == 0)) {
+        fprintf(stderr, "mfsdpc simulate: error: output files must differ from each other and from the input\n");
+        return 2;
+    }
+
+    return -1;
+}
+
+/* The comparison with one stream (--compare-single-stream). */
+static void print_compare(const mf_sim_result *res, const mf_sim_result *single)
+{
+    double diff = single->step_time - res->step_time;
+    printf("\nsingle stream (outer collectives on the inner stream, %d same-stream waits "
+           "become no-ops):\n",
+           single->same_stream_waits);
+    printf("  step time   two streams %.3f ms, one stream %.3f ms\n", res->step_time * 1e3,
+           single->step_time * 1e3);
+    printf("  the second stream saves %.3f ms per step (%.1f%%); exposed communication "
+           "%.3f ms -> %.3f ms\n",
+           diff * 1e3, single->step_time > 0 ? 100.0 * diff / single->step_time : 0.0,
+           single->comm_exposed * 1e3, res->comm_exposed * 1e3);
+}
+
+/* The schedule to simulate: a schedule file loaded into *loaded, or a spec
+ * compiled into *comp (*have_comp set). Returns 0, or the exit status. */
+static int open_input(const sim_args *a, mf_compilation *comp, bool *have_comp, mf_schedule **loaded,
+                      const mf_schedule **s)
+{
+    if (has_suffix(a->input, ".yaml") || has_suffix(a->input, ".yml")) {
+        FILE *probe = fopen(a->input, "rb");
+        if (!probe) {
+            fprintf(stderr, "mfsdpc simulate: error: cannot read '%s': %s\n", a->input, strerror(errno));
+            return 2;
+        }
+        fclose(probe);
+        char err[1024];
+        *loaded = mf_schedule_load_file(a->input, err, sizeof err);
+        if (!*loaded) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        *s = *loaded;
+        return 0;
+    }
+    mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true,
+                              .ncost_args = a->ncost, .cost_args = a->cost_args};
+    int crc = mf_compile_file(a->input, &opt, comp);
+    *have_comp = true;
+    if (crc != 0 || !comp->plan || !comp->plan->sched)
+        return crc ? crc : 1;
+    *s = comp->plan->sched;
+    return 0;
+}
+
+/* The model of the command line: defaults, link options, compute. Returns
+ * false after a reported error. */
+static bool make_config(const sim_args *a, const mf_schedule *s, mf_sim_config *cfg)
+{
+    mf_sim_config_defaults(cfg, &s->mesh);
+    for (int i = 0; i < a->ncost; i++) {
+        int pr = mf_cost_parse_option(&cfg->cost, &s->mesh, a->cost_args[i]);
+        if (pr != 1) {
+            if (pr == 0)
+                fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", a->cost_args[i]);
+            return false;
+        }
+    }
+    if (a->tokens > 0)
+        cfg->tokens = a->tokens;
+    if (a->tflops > 0)
+        cfg->flops = a->tflops * 1e12;
+    if (a->unit_us > 0)
+        cfg->unit_time = a->unit_us * 1e-6;
+    cfg->host_async = a->host_async;
+    return true;
+}
+
 int mf_cmd_simulate(int argc, char **argv)
 {
-    const char *input = NULL, *trace = NULL, *svg = NULL;
-    bool compare = false, full_path = false, host_async = false;
-    double tokens = 0, tflops = 0, unit_us = 0, win0 = 0, win1 = 0;
-    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
-    int ncost = 0, rc = 2;
+    sim_args a = {0};
     mf_compilation comp;
     bool have_comp = false;
     mf_schedule *loaded = NULL;
     mf_sim_result res = {0}, single = {0};
-    if (!cost_args) {
+    const mf_schedule *s = NULL;
+    mf_sim_config cfg;
+    char err[512];
+    int rc = 2;
+    a.cost_args = calloc((size_t)argc + 1, sizeof *a.cost_args);
+    if (!a.cost_args) {
         fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
         return 2;
     }
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = NULL;
-        /* Options with a value accept "--opt V" and "--opt=V". */
-        static const char *const valued[] = {"--trace", "--svg", "--tokens", "--tflops",
-                                             "--unit-time-us", "--svg-window"};
-        int which = -1;
-        for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++) {
-            size_t n = strlen(valued[k]);
-            if (strncmp(a, valued[k], n) == 0 && (a[n] == '\0' || a[n] == '=')) {
-                which = k;
-                if (a[n] == '=')
-                    val = a + n + 1;
-                else if (i + 1 < argc)
-                    val = argv[++i];
-                else {
-                    fprintf(stderr, "mfsdpc simulate: error: %s needs a value\n", valued[k]);
-                    goto done;
-                }
-            }
-        }
-        if (which == 0)
-            trace = val;
-        else if (which == 1)
-            svg = val;
-        else if (which == 2) {
-            if (parse_positive("--tokens", val, &tokens) != 0)
-                goto done;
-        } else if (which == 3) {
-            if (parse_positive("--tflops", val, &tflops) != 0)
-                goto done;
-        } else if (which == 4) {
-            if (parse_positive("--unit-time-us", val, &unit_us) != 0)
-                goto done;
-        } else if (which == 5) {
-            if (parse_window(val, &win0, &win1) != 0)
-                goto done;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            rc = 0;
-            goto done;
-        } else if (strcmp(a, "--compare-single-stream") == 0)
-            compare = true;
-        else if (strcmp(a, "--full-path") == 0)
-            full_path = true;
-        else if (strcmp(a, "--host-async") == 0)
-            host_async = true;
-        else if (is_cost_option(a))
-            cost_args[ncost++] = argv[i]; /* values checked once the mesh is known */
-        else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", a);
-            usage(stderr);
-            goto done;
-        } else if (input) {
-            fprintf(stderr, "mfsdpc simulate: error: one input expected, got '%s' and '%s'\n",
-                    input, a);
-            goto done;
-        } else
-            input = a;
-    }
-    if (!input) {
-        fprintf(stderr, "mfsdpc simulate: error: no input (a .mfsdp spec or a .yaml schedule)\n");
-        usage(stderr);
+    int prc = parse_args(argc, argv, &a);
+    if (prc >= 0) {
+        rc = prc;
         goto done;
     }
-    if ((trace && (strcmp(trace, input) == 0 || (svg && strcmp(trace, svg) == 0))) ||
-        (svg && strcmp(svg, input) == 0)) {
-        fprintf(stderr, "mfsdpc simulate: error: output files must differ from each other and from the input\n");
+    if ((rc = open_input(&a, &comp, &have_comp, &loaded, &s)) != 0)
         goto done;
-    }
-
-    const mf_schedule *s = NULL;
-    if (has_suffix(input, ".yaml") || has_suffix(input, ".yml")) {
-        FILE *probe = fopen(input, "rb");
-        if (!probe) {
-            fprintf(stderr, "mfsdpc simulate: error: cannot read '%s': %s\n", input, strerror(errno));
-            goto done;
-        }
-        fclose(probe);
-        char err[1024];
-        loaded = mf_schedule_load_file(input, err, sizeof err);
-        if (!loaded) {
-            fprintf(stderr, "%s\n", err);
-            rc = 1;
-            goto done;
-        }
-        s = loaded;
-    } else {
-        mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true,
-                                  .ncost_args = ncost, .cost_args = cost_args};
-        int crc = mf_compile_file(input, &opt, &comp);
-        have_comp = true;
-        if (crc != 0 || !comp.plan || !comp.plan->sched) {
-            rc = crc ? crc : 1;
-            goto done;
-        }
-        s = comp.plan->sched;
-    }
-
-    mf_sim_config cfg;
-    mf_sim_config_defaults(&cfg, &s->mesh);
-    for (int i = 0; i < ncost; i++) {
-        int pr = mf_cost_parse_option(&cfg.cost, &s->mesh, cost_args[i]);
-        if (pr != 1) {
-            if (pr == 0)
-                fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", cost_args[i]);
-            goto done;
-        }
-    }
-    if (tokens > 0)
-        cfg.tokens = tokens;
-    if (tflops > 0)
-        cfg.flops = tflops * 1e12;
-    if (unit_us > 0)
-        cfg.unit_time = unit_us * 1e-6;
-    cfg.host_async = host_async;
-
-    char err[512];
+    rc = 2;
+    if (!make_config(&a, s, &cfg))
+        goto done;
+    rc = 1;
     if (mf_simulate(s, &cfg, &res, err, sizeof err) != 0) {
-        fprintf(stderr, "%s: error: cannot simulate: %s\n", input, err);
-        rc = 1;
+        fprintf(stderr, "%s: error: cannot simulate: %s\n", a.input, err);
         goto done;
     }
-    print_header(input, s, &cfg);
-    mf_sim_report(stdout, s, &res, full_path);
-
-    if (compare) {
+    print_header(a.input, s, &cfg);
+    mf_sim_report(stdout, s, &res, a.full_path);
+    if (a.compare) {
         mf_sim_config one = cfg;
         one.single_stream = true;
         if (mf_simulate(s, &one, &single, err, sizeof err) != 0) {
-            fprintf(stderr, "%s: error: cannot simulate: %s\n", input, err);
-            rc = 1;
+            fprintf(stderr, "%s: error: cannot simulate: %s\n", a.input, err);
             goto done;
         }
-        double diff = single.step_time - res.step_time;
-        printf("\nsingle stream (outer collectives on the inner stream, %d same-stream waits "
-               "become no-ops):\n",
-               single.same_stream_waits);
-        printf("  step time   two streams %.3f ms, one stream %.3f ms\n", res.step_time * 1e3,
-               single.step_time * 1e3);
-        printf("  the second stream saves %.3f ms per step (%.1f%%); exposed communication "
-               "%.3f ms -> %.3f ms\n",
-               diff * 1e3, single.step_time > 0 ? 100.0 * diff / single.step_time : 0.0,
-               single.comm_exposed * 1e3, res.comm_exposed * 1e3);
+        print_compare(&res, &single);
     }
     fflush(stdout);
 
-    out_ctx ctx = {s, &res, win0, win1};
+    out_ctx ctx = {s, &res, a.win0, a.win1};
     rc = 0;
-    if (trace && mf_write_file_atomic(trace, input, write_trace, &ctx) != 0)
+    if (a.trace && mf_write_file_atomic(a.trace, a.input, write_trace, &ctx) != 0)
         rc = 2;
-    if (svg && mf_write_file_atomic(svg, input, write_svg, &ctx) != 0)
+    if (a.svg && mf_write_file_atomic(a.svg, a.input, write_svg, &ctx) != 0)
         rc = 2;
 
 done:
@@ -322,6 +352,6 @@ done:
     if (have_comp)
         mf_compilation_free(&comp);
     mf_schedule_free(loaded);
-    free(cost_args);
+    free(a.cost_args);
     return rc;
 }

@@ -8,8 +8,8 @@
  *     stored), no floats (every number is an integer);
  *   - one op, one buffer, one unit, one tensor per line (flow mappings, no line
  *     wrapping), so `git diff` of two schedules shows the ops that changed;
- *   - a string is written plain when it cannot be read back as anything but a
- *     string, double-quoted otherwise; source_sha256 is always quoted;
+ *   - strings are quoted by the project's one rule (core/mf_yaml_str.h);
+ *     source_sha256 is always double-quoted;
  *   - exactly what mf_schedule_load_buffer() reads: load -> emit gives the same
  *     bytes.
  */
@@ -21,6 +21,7 @@
 #include <yaml.h>
 
 #include "mf_passes.h"
+#include "mf_yaml_str.h"
 
 typedef struct mf_emit_ctx {
     yaml_emitter_t em;
@@ -29,8 +30,8 @@ typedef struct mf_emit_ctx {
     bool ok;            /* false after the first emitter or write error */
     /* Whether each bucket / buffer name needs quotes, decided once: ops name
      * them hundreds of thousands of times. NULL (out of memory) = decide each time. */
-    bool *bucket_quoted;
-    bool *buffer_quoted;
+    yaml_scalar_style_t *bucket_style;
+    yaml_scalar_style_t *buffer_style;
 } mf_emit_ctx;
 
 static int mf_emit_write(void *data, unsigned char *buffer, size_t size)
@@ -57,26 +58,6 @@ static void mf_emit_event(mf_emit_ctx *c, yaml_event_t *ev, int initialized)
         c->ok = false;
 }
 
-/* True when a plain scalar could be read back as a non-string (or not at all). */
-static bool mf_emit_needs_quotes(const char *v)
-{
-    static const char *const words[] = {"true", "false", "null", "yes", "no", "on",
-                                        "off", "y", "n", "~", ".nan", ".inf"};
-    if (!v[0])
-        return true;
-    if (!(isalpha((unsigned char)v[0]) || v[0] == '_'))
-        return true;
-    for (const char *p = v; *p; p++)
-        if (!(isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-' || *p == '/'))
-            return true;
-    if (!strchr("tfnyoTFNYO", v[0]) || strlen(v) > 5) /* cannot be a reserved word */
-        return false;
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
-        if (strcasecmp(v, words[i]) == 0)
-            return true;
-    return false;
-}
-
 static void mf_emit_scalar_style(mf_emit_ctx *c, const char *v, yaml_scalar_style_t style)
 {
     yaml_event_t ev;
@@ -89,8 +70,7 @@ static void mf_emit_str(mf_emit_ctx *c, const char *v)
 {
     if (!v)
         v = "";
-    mf_emit_scalar_style(c, v, mf_emit_needs_quotes(v) ? YAML_DOUBLE_QUOTED_SCALAR_STYLE
-                                                       : YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_scalar_style(c, v, mf_yaml_str_style(v));
 }
 
 static void mf_emit_int(mf_emit_ctx *c, int64_t v)
@@ -289,17 +269,16 @@ static void mf_emit_buffers(mf_emit_ctx *c)
 }
 
 /* key: the name of bucket or buffer `i`, quoted as decided once per name. */
-static void mf_emit_kv_name(mf_emit_ctx *c, const char *k, const char *name, const bool *quoted, int i)
+static void mf_emit_kv_name(mf_emit_ctx *c, const char *k, const char *name, const yaml_scalar_style_t *style, int i)
 {
     mf_emit_key(c, k);
-    bool q = quoted ? quoted[i] : mf_emit_needs_quotes(name);
-    mf_emit_scalar_style(c, name, q ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_scalar_style(c, name, style ? style[i] : mf_yaml_str_style(name));
 }
 
 static void mf_emit_kv_bucket(mf_emit_ctx *c, const char *k, int b)
 {
     if (b >= 0 && b < c->s->nbuckets)
-        mf_emit_kv_name(c, k, c->s->buckets[b].name, c->bucket_quoted, b);
+        mf_emit_kv_name(c, k, c->s->buckets[b].name, c->bucket_style, b);
     else
         mf_emit_kv_str(c, k, "?");
 }
@@ -307,7 +286,7 @@ static void mf_emit_kv_bucket(mf_emit_ctx *c, const char *k, int b)
 static void mf_emit_kv_buffer(mf_emit_ctx *c, const char *k, int b)
 {
     if (b >= 0 && b < c->s->nbuffers)
-        mf_emit_kv_name(c, k, c->s->buffers[b].name, c->buffer_quoted, b);
+        mf_emit_kv_name(c, k, c->s->buffers[b].name, c->buffer_style, b);
     else
         mf_emit_kv_str(c, k, "?");
 }
@@ -394,12 +373,12 @@ int mf_emit_yaml(const mf_schedule *s, FILE *out)
     yaml_emitter_set_indent(&c.em, 2);
     yaml_emitter_set_width(&c.em, -1); /* never wrap: one op per line */
     yaml_emitter_set_break(&c.em, YAML_LN_BREAK);
-    c.bucket_quoted = malloc(sizeof(bool) * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
-    c.buffer_quoted = malloc(sizeof(bool) * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
-    for (int i = 0; c.bucket_quoted && i < s->nbuckets; i++)
-        c.bucket_quoted[i] = mf_emit_needs_quotes(s->buckets[i].name ? s->buckets[i].name : "");
-    for (int i = 0; c.buffer_quoted && i < s->nbuffers; i++)
-        c.buffer_quoted[i] = mf_emit_needs_quotes(s->buffers[i].name ? s->buffers[i].name : "");
+    c.bucket_style = malloc(sizeof *c.bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
+    c.buffer_style = malloc(sizeof *c.buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
+    for (int i = 0; c.bucket_style && i < s->nbuckets; i++)
+        c.bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
+    for (int i = 0; c.buffer_style && i < s->nbuffers; i++)
+        c.buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
 
     yaml_event_t ev;
     int ok = yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING);
@@ -424,7 +403,7 @@ int mf_emit_yaml(const mf_schedule *s, FILE *out)
     if (c.ok && !yaml_emitter_flush(&c.em))
         c.ok = false;
     yaml_emitter_delete(&c.em);
-    free(c.bucket_quoted);
-    free(c.buffer_quoted);
+    free(c.bucket_style);
+    free(c.buffer_style);
     return c.ok ? 0 : -1;
 }

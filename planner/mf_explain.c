@@ -19,15 +19,7 @@
 
 #include "mf_layout.h"
 #include "mf_plan_stats.h"
-
-static const char *const transition_phases[MF_NTRANSITIONS] = {"forward_pre", "forward_pre", "backward_post",
-                                                               "backward_post"};
-static const mf_role transition_from_role[MF_NTRANSITIONS] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
-                                                              MF_ROLE_GRAD};
-static const mf_role transition_to_role[MF_NTRANSITIONS] = {MF_ROLE_WEIGHT, MF_ROLE_WEIGHT, MF_ROLE_GRAD,
-                                                            MF_ROLE_MAIN_WEIGHT};
-static const char *const transition_from_name[MF_NTRANSITIONS] = {"main_weight", "weight", "grad_local", "grad"};
-static const char *const transition_to_name[MF_NTRANSITIONS] = {"weight", "weight_full", "grad", "grad_final"};
+#include "mf_yaml_str.h"
 
 /* "1.5 MiB"-style rendering of a byte count. */
 static char *human(int64_t bytes, char *buf, size_t size)
@@ -55,7 +47,7 @@ static const char *phases_of(const mf_plan *p, int b, int t)
 {
     if (t == MF_T2 && p->sched->units[p->sched->buckets[b].unit].reshard_after_forward)
         return "forward_pre+backward_pre";
-    return transition_phases[t];
+    return mf_phase_name(mf_trans_rules[t].phase);
 }
 
 static const char *transition_to_label(const mf_plan *p, int b, int t)
@@ -65,7 +57,7 @@ static const char *transition_to_label(const mf_plan *p, int b, int t)
         return "grad"; /* no grad_final: grad is the delivered gradient */
     if (t == MF_T2 && p->trans[b][t].nsteps == 0)
         return "weight"; /* W = Rep: no weight_full, weight is unsharded */
-    return transition_to_name[t];
+    return mf_trans_rules[t].to_buf;
 }
 
 /* ---------------------------------------------------------------- text */
@@ -147,7 +139,7 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
         const mf_transition *tr = &p->trans[bi][t];
         char f[128], g[128];
         fprintf(out, "    T%d %-5s %s %s %s -> %s %s %s  at %s, %lld/step, %.2f us each\n", tr->id,
-                mf_when_name(tr->when), transition_from_name[t], mf_placement_format(&tr->from, k, f, sizeof f),
+                mf_when_name(tr->when), mf_trans_rules[t].from_buf, mf_placement_format(&tr->from, k, f, sizeof f),
                 mf_dtype_name(tr->from_dtype), transition_to_label(p, bi, t),
                 mf_placement_format(&tr->to, k, g, sizeof g), mf_dtype_name(tr->to_dtype), phases_of(p, bi, t),
                 (long long)mf_transition_runs(p, bi, t), tr->cost * 1e6);
@@ -240,28 +232,11 @@ static void y_emit(yout *y, yaml_event_t *ev, int init_ok)
         y->err = true;
 }
 
-/* True when a plain scalar s would read back as something other than a string. */
-static bool needs_quotes(const char *s)
-{
-    if (!*s)
-        return true;
-    static const char *const special[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false", "False",
-                                          "FALSE", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off",
-                                          "Off", "OFF", ".inf", ".nan", "-.inf", "y", "n", "Y", "N"};
-    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
-        if (strcmp(s, special[i]) == 0)
-            return true;
-    char *end;
-    (void)strtod(s, &end);
-    return *end == '\0';
-}
-
 static void y_str(yout *y, const char *s)
 {
     yaml_event_t ev;
-    bool q = needs_quotes(s);
-    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), !q, 1,
-                                          q ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_ANY_SCALAR_STYLE);
+    int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), 1, 1,
+                                          mf_yaml_str_style(s));
     y_emit(y, &ev, ok);
 }
 
@@ -389,15 +364,15 @@ static void yaml_transition(yout *y, const mf_plan *p, int bi, int t)
     y_kstr(y, "phases", phases_of(p, bi, t));
     y_raw(y, "from");
     y_map(y, true);
-    y_kstr(y, "buffer", transition_from_name[t]);
-    y_kstr(y, "role", mf_role_name(transition_from_role[t]));
+    y_kstr(y, "buffer", mf_trans_rules[t].from_buf);
+    y_kstr(y, "role", mf_role_name(mf_trans_rules[t].from_role));
     y_placement(y, "placement", &tr->from, m->naxes);
     y_kstr(y, "dtype", mf_dtype_name(tr->from_dtype));
     y_end_map(y);
     y_raw(y, "to");
     y_map(y, true);
     y_kstr(y, "buffer", transition_to_label(p, bi, t));
-    y_kstr(y, "role", mf_role_name(transition_to_role[t]));
+    y_kstr(y, "role", mf_role_name(mf_trans_rules[t].to_role));
     y_placement(y, "placement", &tr->to, m->naxes);
     y_kstr(y, "dtype", mf_dtype_name(tr->to_dtype));
     y_end_map(y);

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_hash.h"
 #include "mf_layout.h"
 #include "mf_passes.h"
 #include "mf_plan_stats.h"
@@ -126,55 +127,30 @@ bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
 /* ---- grouping ---- */
 
 /* A layout signature's identity: the canonical (first) spec layout with the
- * same dtypes and placements. Found through an open-addressing hash table so
- * specs with one inline layout per tensor stay linear. */
-typedef struct sig_table {
-    int *slot;              /* spec layout index or -1 */
-    size_t cap;             /* power of two */
-} sig_table;
-
-static bool same_signature(const mf_spec *spec, int a, int b)
-{
-    const mf_spec_layout *x = &spec->layouts[a], *y = &spec->layouts[b];
-    for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if (x->dtype[r] != y->dtype[r] || !mf_placement_equal(&x->place[r], &y->place[r], spec->mesh.naxes))
-            return false;
-    return true;
-}
-
-static uint64_t signature_hash(const mf_spec *spec, int l)
-{
-    const mf_spec_layout *x = &spec->layouts[l];
-    uint64_t h = 1469598103934665603u;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        h = (h ^ (uint64_t)x->dtype[r]) * 1099511628211u;
-        for (int j = 0; j < spec->mesh.naxes; j++)
-            h = (h ^ x->place[r].p[j]) * 1099511628211u;
-    }
-    return h;
-}
-
-/* canon[l] = canonical layout index for every spec layout; false on OOM. */
+ * same dtypes and placements, found through the core's hash table (keyed by
+ * the dtype and placement bytes) so specs with one inline layout per tensor
+ * stay linear. canon[l] = canonical layout index for every spec layout;
+ * false on OOM. */
 static bool canonical_layouts(const mf_spec *spec, int *canon)
 {
-    sig_table t = {NULL, 16};
-    while (t.cap < (size_t)spec->nlayouts * 2)
-        t.cap *= 2;
-    t.slot = malloc(t.cap * sizeof *t.slot);
-    if (!t.slot)
-        return false;
-    for (size_t i = 0; i < t.cap; i++)
-        t.slot[i] = -1;
-    for (int l = 0; l < spec->nlayouts; l++) {
-        size_t i = (size_t)signature_hash(spec, l) & (t.cap - 1);
-        while (t.slot[i] >= 0 && !same_signature(spec, t.slot[i], l))
-            i = (i + 1) & (t.cap - 1);
-        if (t.slot[i] < 0)
-            t.slot[i] = l;
-        canon[l] = t.slot[i];
+    mf_hash t = MF_HASH_EMPTY;
+    int naxes = spec->mesh.naxes;
+    bool ok = true;
+    for (int l = 0; l < spec->nlayouts && ok; l++) {
+        const mf_spec_layout *x = &spec->layouts[l];
+        uint8_t key[MF_ROLE_COUNT * (1 + MF_MAX_AXES)];
+        size_t n = 0;
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            key[n++] = (uint8_t)x->dtype[r];
+            for (int j = 0; j < naxes; j++)
+                key[n++] = x->place[r].p[j];
+        }
+        int put = mf_hash_put(&t, key, n, l);
+        ok = put >= 0;
+        canon[l] = put > 0 ? l : (int)mf_hash_get(&t, key, n);
     }
-    free(t.slot);
-    return true;
+    mf_hash_free(&t);
+    return ok;
 }
 
 /* The tensors of one unit that share a signature. */

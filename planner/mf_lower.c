@@ -1,7 +1,7 @@
 /*
  * mf_lower: plan->trans (T1..T4 of every bucket as single-axis steps) ->
  * plan->sched buffers, ops and events (docs/semantics.md §4; op semantics and the
- * normative buffer rules in runtime/mf_schedule.h; docs/schedule.md).
+ * normative buffer rules in core/mf_schedule.h; docs/schedule.md).
  *
  * Buffers, per bucket: main_weight@O, weight@W, grad@G (persistent);
  * weight_full@Rep when W != Rep, grad_final@O when G != O (persistent);
@@ -20,10 +20,10 @@
  * unit) is gathered before its first unit's forward and reduced after its
  * first unit's backward, which comes last in backward order.
  *
- * Streams: a collective on the innermost axis runs on `inner`, on any other
- * axis on `outer`; a local step (cast, slice, accumulate) runs on the stream
- * of the collective it feeds, else of the one it follows (across T1->T2 and
- * T3->T4), else on inner. Compute-side records and waits run on `compute`.
+ * Streams: every data op runs on the stream the transition pass chose for
+ * its step (mf_step.stream; the rule is in mf_transition.c), so explain and
+ * the schedule cannot disagree. Compute-side records and waits run on
+ * `compute`.
  *
  * Events, one record/wait pair per cross-stream dependency, recorded by one op
  * each and reused across microbatches ("wait" waits for the latest record):
@@ -67,7 +67,6 @@ enum { MF_LOWER_MAX_STEPS = 4 * MF_MAX_AXES + 2 };
 typedef struct mf_lower_bucket {
     int main, weight, full, local, grad, final;  /* buffer ids, -1 when absent */
     int out[MF_NTRANSITIONS][MF_LOWER_MAX_STEPS]; /* output buffer of each step */
-    mf_stream stream[MF_NTRANSITIONS][MF_LOWER_MAX_STEPS];
     int ev_t1, ev_t2f, ev_t2b, ev_t3, ev_t4;     /* chain-end events, -1 until used */
     int ev_hand[MF_NTRANSITIONS + 1][MF_LOWER_MAX_STEPS]; /* hand-off before step i, per
                                transition; [MF_NTRANSITIONS]: the backward T2 */
@@ -164,67 +163,6 @@ static bool mf_lower_is_rep(const mf_placement *pl, int naxes)
     return true;
 }
 
-static mf_stream mf_lower_axis_stream(const mf_schedule *s, int axis)
-{
-    return axis == s->mesh.naxes - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
-}
-
-/* First / last collective step of a transition, or -1. */
-static int mf_lower_first_coll(const mf_transition *tr)
-{
-    for (int i = 0; i < tr->nsteps; i++)
-        if (mf_opkind_is_collective(tr->steps[i].kind))
-            return i;
-    return -1;
-}
-
-static int mf_lower_last_coll(const mf_transition *tr)
-{
-    for (int i = tr->nsteps - 1; i >= 0; i--)
-        if (mf_opkind_is_collective(tr->steps[i].kind))
-            return i;
-    return -1;
-}
-
-/*
- * Streams of every step of bucket b: collectives by axis; a local step takes
- * the stream of the next collective of its transition, else the previous one,
- * else of the transition it feeds (T1 -> T2, T3 -> T4) or follows (T4 <- T3),
- * else inner.
- */
-static void mf_lower_streams(mf_lower_ctx *c, int b)
-{
-    const mf_schedule *s = c->s;
-    const mf_transition *tr = c->p->trans[b];
-    mf_lower_bucket *lb = &c->bk[b];
-    static const int feeds[MF_NTRANSITIONS] = {MF_T2, -1, MF_T4, -1};
-    static const int follows[MF_NTRANSITIONS] = {-1, MF_T1, -1, MF_T3};
-    for (int t = 0; t < MF_NTRANSITIONS; t++)
-        for (int i = 0; i < tr[t].nsteps; i++) {
-            const mf_step *st = &tr[t].steps[i];
-            int j = -1;
-            if (mf_opkind_is_collective(st->kind)) {
-                lb->stream[t][i] = mf_lower_axis_stream(s, st->axis);
-                continue;
-            }
-            for (int k = i + 1; k < tr[t].nsteps && j < 0; k++)
-                if (mf_opkind_is_collective(tr[t].steps[k].kind))
-                    j = k;
-            for (int k = i - 1; k >= 0 && j < 0; k--)
-                if (mf_opkind_is_collective(tr[t].steps[k].kind))
-                    j = k;
-            if (j >= 0) {
-                lb->stream[t][i] = mf_lower_axis_stream(s, tr[t].steps[j].axis);
-            } else if (feeds[t] >= 0 && (j = mf_lower_first_coll(&tr[feeds[t]])) >= 0) {
-                lb->stream[t][i] = mf_lower_axis_stream(s, tr[feeds[t]].steps[j].axis);
-            } else if (follows[t] >= 0 && (j = mf_lower_last_coll(&tr[follows[t]])) >= 0) {
-                lb->stream[t][i] = mf_lower_axis_stream(s, tr[follows[t]].steps[j].axis);
-            } else {
-                lb->stream[t][i] = MF_STREAM_INNER;
-            }
-        }
-}
-
 /* ---- buffers ---- */
 
 static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
@@ -241,7 +179,7 @@ static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
         }
         for (int i = 0; i < tr[t].nsteps; i++) {
             const mf_step *st = &tr[t].steps[i];
-            bool axis_op = mf_opkind_is_collective(st->kind) || st->kind == MF_OP_SLICE;
+            bool axis_op = mf_opkind_on_axis(st->kind);
             if (axis_op != (st->axis >= 0 && st->axis < s->mesh.naxes) || st->count <= 0 ||
                 mf_placement_shards(&s->mesh, &st->to) <= 0 ||
                 bk->length % mf_placement_shards(&s->mesh, &st->to) != 0) {
@@ -364,13 +302,13 @@ static void mf_lower_chain(mf_lower_ctx *c, int b, int t, mf_phase phase, int un
     mf_lower_bucket *lb = &c->bk[b];
     for (int i = 0; i < tr->nsteps; i++) {
         const mf_step *st = &tr->steps[i];
-        mf_stream stream = lb->stream[t][i];
+        mf_stream stream = st->stream;
         if (i == 0) {
             for (int k = 0; k < nstarts; k++)
                 if (starts[k].event && starts[k].from != stream)
                     mf_lower_sync(c, phase, unit, starts[k].when, stream, MF_OP_WAIT, starts[k].event);
-        } else if (stream != lb->stream[t][i - 1]) {
-            mf_lower_sync(c, phase, unit, when, lb->stream[t][i - 1], MF_OP_RECORD, &hand[i]);
+        } else if (stream != tr->steps[i - 1].stream) {
+            mf_lower_sync(c, phase, unit, when, tr->steps[i - 1].stream, MF_OP_RECORD, &hand[i]);
             mf_lower_sync(c, phase, unit, when, stream, MF_OP_WAIT, &hand[i]);
         }
         mf_op *op = mf_lower_op(c, phase, unit, when, stream, st->kind);
@@ -388,7 +326,8 @@ static void mf_lower_chain(mf_lower_ctx *c, int b, int t, mf_phase phase, int un
 
 static mf_stream mf_lower_end_stream(const mf_lower_ctx *c, int b, int t)
 {
-    return c->bk[b].stream[t][c->p->trans[b][t].nsteps - 1];
+    const mf_transition *tr = &c->p->trans[b][t];
+    return tr->steps[tr->nsteps - 1].stream;
 }
 
 static bool mf_lower_has(const mf_lower_ctx *c, int b, int t)
@@ -406,7 +345,7 @@ static void mf_lower_gather_fwd(mf_lower_ctx *c, int b, int unit)
     mf_stream t1_end = mf_lower_end_stream(c, b, MF_T1);
     bool t2 = mf_lower_has(c, b, MF_T2);
     /* Someone on another stream reads what T1 wrote: record its end. */
-    if (!t2 || c->bk[b].stream[MF_T2][0] != t1_end)
+    if (!t2 || c->p->trans[b][MF_T2].steps[0].stream != t1_end)
         mf_lower_sync(c, MF_PHASE_FORWARD_PRE, unit, MF_WHEN_FIRST, t1_end, MF_OP_RECORD, &lb->ev_t1);
     if (!t2)
         return;
@@ -687,7 +626,6 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
             break;
         const mf_bucket *bk = &s->buckets[b];
         lb->regather = s->units[bk->unit].reshard_after_forward && p->trans[b][MF_T2].nsteps > 0;
-        mf_lower_streams(&c, b);
         mf_lower_buffers(&c, b);
     }
 

@@ -16,8 +16,7 @@
 
 #include "mf_cost.h"
 #include "mf_spec.h"
-
-enum { MF_T1 = 0, MF_T2, MF_T3, MF_T4, MF_NTRANSITIONS };
+#include "mf_trans_rules.h" /* MF_T1..MF_T4, MF_NTRANSITIONS */
 
 typedef struct mf_step {
     mf_opkind kind;         /* all_gather, reduce_scatter, all_reduce, slice, cast, accumulate */

@@ -21,7 +21,7 @@
  *                   equal shards, each a multiple of A elements.
  *
  * Memory per rank (bytes), per bucket, assuming the buffers of
- * runtime/mf_schedule.h:
+ * core/mf_schedule.h:
  *   persistent  main_weight   L/S_O * size(O dtype)
  *               weight        L/S_W * size(W dtype)      weight at rest
  *               grad          L/S_G * size(G dtype)      accumulation buffer

@@ -31,7 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_hash.h"
 #include "mf_passes.h"
+#include "mf_trans_rules.h"
 
 /* Limits (documented in docs/language.md). */
 enum {
@@ -50,77 +52,6 @@ enum {
 
 static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
-
-/* A string -> int table (open addressing); keys are borrowed. */
-typedef struct {
-    const char *key;
-    int value;
-} mf_sema_slot;
-
-typedef struct {
-    mf_sema_slot *slots;
-    size_t cap, len;
-} mf_sema_table;
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603u;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211u;
-    /* FNV's low bits mix poorly; the table indexes by them, so fold the
-     * high bits down (murmur3's finalizer). */
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdu;
-    h ^= h >> 33;
-    return h;
-}
-
-static int table_get(const mf_sema_table *t, const char *key)
-{
-    if (!t->cap)
-        return -1;
-    for (size_t i = hash_str(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        if (!t->slots[i].key)
-            return -1;
-        if (strcmp(t->slots[i].key, key) == 0)
-            return t->slots[i].value;
-    }
-}
-
-/* Inserts key (absent); false when out of memory. */
-static bool table_put(mf_sema_table *t, const char *key, int value)
-{
-    if ((t->len + 1) * 2 > t->cap) {
-        size_t ncap = t->cap ? t->cap * 2 : 64;
-        mf_sema_slot *ns = calloc(ncap, sizeof *ns);
-        if (!ns)
-            return false;
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->slots[i].key)
-                continue;
-            size_t j = hash_str(t->slots[i].key) & (ncap - 1);
-            while (ns[j].key)
-                j = (j + 1) & (ncap - 1);
-            ns[j] = t->slots[i];
-        }
-        free(t->slots);
-        t->slots = ns;
-        t->cap = ncap;
-    }
-    size_t i = hash_str(key) & (t->cap - 1);
-    while (t->slots[i].key)
-        i = (i + 1) & (t->cap - 1);
-    t->slots[i].key = key;
-    t->slots[i].value = value;
-    t->len++;
-    return true;
-}
-
-static void table_free(mf_sema_table *t)
-{
-    free(t->slots);
-    memset(t, 0, sizeof *t);
-}
 
 /* ---- pass state ---- */
 
@@ -154,12 +85,12 @@ typedef struct {
 
     mf_vec layouts;         /* mf_spec_layout */
     mf_vec linfo;           /* mf_sema_layout_info, parallel to layouts */
-    mf_sema_table layout_names;
-    mf_sema_table inline_sigs;
+    mf_hash layout_names;
+    mf_hash inline_sigs;
 
     mf_vec units;           /* mf_spec_unit */
-    mf_sema_table unit_names;
-    mf_sema_table tensor_names;
+    mf_hash unit_names;
+    mf_hash tensor_names;
     int64_t nunits, ntensors, nelems;
     bool limit_hit;         /* a unit/tensor/element limit was reported */
 
@@ -396,30 +327,23 @@ static void check_settings(mf_sema *s)
 
 /* ---- layouts ---- */
 
-/* Allowed per-axis steps of T1..T4 (docs/semantics.md §4.1): allowed[t][from][to]. */
-typedef struct {
-    const char *name;       /* "T1" */
-    mf_role from, to;       /* T3's from is the local gradient, all Partial */
-    const char *when;
-    bool allowed[MF_PLACE_COUNT][MF_PLACE_COUNT];
-} mf_sema_transition;
+/* Where a legality violation (mf_trans_check_layout) points: the placement
+ * entry of its role and axis, or the role's whole placement list for the
+ * suffix rule; the note at the other role's entry. */
+typedef struct mf_sema_illegal_ctx {
+    mf_sema *s;
+    const mf_ast_place *(*entry)[MF_MAX_AXES];
+    const mf_ast_role *const *seen;
+} mf_sema_illegal_ctx;
 
-#define R_ MF_PLACE_REPLICATE
-#define F_ MF_PLACE_FLAT
-#define P_ MF_PLACE_PARTIAL
-static const mf_sema_transition transitions[] = {
-    {"T1", MF_ROLE_MAIN_WEIGHT, MF_ROLE_WEIGHT, "at the first microbatch",
-     {[R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true, [R_] = true}}},
-    {"T2", MF_ROLE_WEIGHT, MF_ROLE_COUNT, "before compute",
-     {[R_] = {[R_] = true}, [F_] = {[R_] = true}}},
-    {"T3", MF_ROLE_COUNT, MF_ROLE_GRAD, "after every backward",
-     {[P_] = {[P_] = true, [F_] = true, [R_] = true}}},
-    {"T4", MF_ROLE_GRAD, MF_ROLE_MAIN_WEIGHT, "at the last microbatch",
-     {[P_] = {[F_] = true, [R_] = true}, [R_] = {[R_] = true, [F_] = true}, [F_] = {[F_] = true}}},
-};
-#undef R_
-#undef F_
-#undef P_
+static void sema_illegal(void *ctx, const mf_illegal *v)
+{
+    const mf_sema_illegal_ctx *c = ctx;
+    mf_span at = v->kind == MF_ILLEGAL_SUFFIX ? c->seen[v->role]->places_span : c->entry[v->role][v->axis]->span;
+    mf_diag_error(c->s->d, at, "%s", v->msg);
+    if (v->note_role != MF_ROLE_COUNT)
+        mf_diag_note(c->s->d, c->entry[v->note_role][v->axis]->span, "%s", v->note);
+}
 
 /* Resolves the roles of a layout block into out (placements indexed by mesh
  * axis). Returns true when every role is present, well-formed and legal. */
@@ -533,93 +457,10 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
     if (mf_diag_errors(s->d) != before || !s->have_mesh)
         return false;
 
-    /* Only grad may be Partial. */
-    bool legal[MF_ROLE_COUNT] = {true, true, true};
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        if (r == MF_ROLE_GRAD)
-            continue;
-        for (int j = 0; j < naxes; j++)
-            if (out->place[r].p[j] == MF_PLACE_PARTIAL) {
-                mf_diag_error(s->d, entry[r][j]->span,
-                              "'%s' may not be Partial (axis '%s' in %s); only grad may be Partial: use Replicate "
-                              "or Flat",
-                              mf_role_name((mf_role)r), mesh->axes[j].name, what);
-                legal[r] = false;
-                break;
-            }
-    }
-    /* Suffix rule: the Flat axes are the innermost ones. */
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        const mf_placement *p = &out->place[r];
-        int bad_flat = -1, bad_inner = -1;
-        for (int j = 0; j < naxes && bad_flat < 0; j++)
-            if (p->p[j] == MF_PLACE_FLAT)
-                for (int k = j + 1; k < naxes; k++)
-                    if (p->p[k] != MF_PLACE_FLAT) {
-                        bad_flat = j;
-                        bad_inner = k;
-                        break;
-                    }
-        if (bad_flat < 0)
-            continue;
-        char have[64], fix[64];
-        mf_placement fixed = {{0}};
-        int o = 0;
-        for (int j = 0; j < naxes; j++)
-            if (p->p[j] != MF_PLACE_FLAT)
-                fixed.p[o++] = p->p[j];
-        while (o < naxes)
-            fixed.p[o++] = MF_PLACE_FLAT;
-        mf_placement_format(p, naxes, have, sizeof have);
-        mf_placement_format(&fixed, naxes, fix, sizeof fix);
-        mf_diag_error(s->d, seen[r]->places_span,
-                      "placement %s of '%s' in %s breaks the suffix rule: axis '%s' is Flat but axis '%s' inside "
-                      "it is %s; Flat axes must be the innermost, e.g. %s",
-                      have, mf_role_name((mf_role)r), what, mesh->axes[bad_flat].name, mesh->axes[bad_inner].name,
-                      mf_place_name((mf_place)p->p[bad_inner]), fix);
-        legal[r] = false;
-    }
-    if (!legal[0] || !legal[1] || !legal[2])
+    /* Only grad Partial, the suffix rule, every transition's moves legal. */
+    mf_sema_illegal_ctx ic = {s, entry, seen};
+    if (mf_trans_check_layout(mesh, out->place, what, sema_illegal, &ic) != 0)
         return false;
-
-    /* Per-axis legality of the step's transitions. */
-    for (size_t t = 0; t < COUNT(transitions); t++) {
-        const mf_sema_transition *tr = &transitions[t];
-        for (int j = 0; j < naxes; j++) {
-            int from = tr->from == MF_ROLE_COUNT ? MF_PLACE_PARTIAL : out->place[tr->from].p[j];
-            int to = tr->to == MF_ROLE_COUNT ? MF_PLACE_REPLICATE : out->place[tr->to].p[j];
-            if (tr->allowed[from][to])
-                continue;
-            const char *fname = tr->from == MF_ROLE_COUNT ? "the local gradient" : mf_role_name(tr->from);
-            const char *tname = tr->to == MF_ROLE_COUNT ? "the unsharded weight" : mf_role_name(tr->to);
-            /* A fix: another target for this source, or another source. */
-            const char *to_ok[MF_PLACE_COUNT], *from_ok[MF_PLACE_COUNT];
-            size_t nto = 0, nfrom = 0;
-            for (int p = 0; p < MF_PLACE_COUNT; p++) {
-                if (tr->allowed[from][p] && !(tr->to != MF_ROLE_GRAD && p == MF_PLACE_PARTIAL))
-                    to_ok[nto++] = mf_place_name((mf_place)p);
-                if (tr->allowed[p][to])
-                    from_ok[nfrom++] = mf_place_name((mf_place)p);
-            }
-            char fix[256] = "", a[96], b[96];
-            join_words(a, sizeof a, to_ok, nto, " or ");
-            join_words(b, sizeof b, from_ok, nfrom, " or ");
-            if (nto && tr->to != MF_ROLE_COUNT && nfrom && tr->from != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s', or %s %s", tname, a, mesh->axes[j].name, fname, b);
-            else if (nto && tr->to != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s'", tname, a, mesh->axes[j].name);
-            else if (nfrom && tr->from != MF_ROLE_COUNT)
-                snprintf(fix, sizeof fix, "make %s %s on '%s'", fname, b, mesh->axes[j].name);
-            mf_role at = tr->to != MF_ROLE_COUNT ? tr->to : tr->from;
-            mf_diag_error(s->d, entry[at][j]->span,
-                          "%s (%s -> %s, %s) cannot go %s -> %s on axis '%s' in %s; %s", tr->name, fname, tname,
-                          tr->when, mf_place_name((mf_place)from), mf_place_name((mf_place)to),
-                          mesh->axes[j].name, what, fix);
-            if (tr->from != MF_ROLE_COUNT && tr->to != MF_ROLE_COUNT)
-                mf_diag_note(s->d, entry[tr->from][j]->span, "%s is %s on '%s' here", fname,
-                             mf_place_name((mf_place)from), mesh->axes[j].name);
-        }
-    }
     return mf_diag_errors(s->d) == before;
 }
 
@@ -642,7 +483,7 @@ static int add_layout(mf_sema *s, const mf_spec_layout *l, const mf_ast_layout *
 static void check_named_layouts(mf_sema *s)
 {
     for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next) {
-        int prev = table_get(&s->layout_names, l->name.text);
+        int prev = (int)mf_hash_get_str(&s->layout_names, l->name.text);
         if (prev >= 0) {
             const mf_sema_layout_info *pi = (const mf_sema_layout_info *)s->linfo.data + prev;
             mf_diag_error(s->d, l->name.span, "layout '%s' declared twice; layout names must be unique",
@@ -660,7 +501,7 @@ static void check_named_layouts(mf_sema *s)
         }
         bool ok = resolve_layout(s, l, what, &out);
         int idx = add_layout(s, &out, l, what, ok);
-        if (idx < 0 || !table_put(&s->layout_names, l->name.text, idx)) {
+        if (idx < 0 || mf_hash_put_str(&s->layout_names, l->name.text, idx) < 0) {
             sema_oom(s);
             return;
         }
@@ -670,7 +511,7 @@ static void check_named_layouts(mf_sema *s)
 /* Looks up a layout reference; reports an unknown one. -1 when unknown. */
 static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
 {
-    int idx = table_get(&s->layout_names, ref->text);
+    int idx = (int)mf_hash_get_str(&s->layout_names, ref->text);
     if (idx >= 0)
         return idx;
     size_t n = 0;
@@ -692,7 +533,7 @@ static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
     const char *hint = mf_diag_suggest(ref->text, names, n);
     if (hint) {
         mf_diag_error(s->d, ref->span, "unknown layout '%s' for %s; did you mean '%s'?", ref->text, user, hint);
-        int h = table_get(&s->layout_names, hint);
+        int h = (int)mf_hash_get_str(&s->layout_names, hint);
         if (h >= 0)
             mf_diag_note(s->d, ((const mf_sema_layout_info *)s->linfo.data)[h].decl->span,
                          "layout '%s' declared here", hint);
@@ -730,17 +571,16 @@ static int inline_layout(mf_sema *s, const mf_ast_layout *decl, const char *unit
         o += snprintf(sig + o, sizeof sig - (size_t)o, "|%d:%s", (int)out.dtype[r],
                       mf_placement_letters(&out.place[r], naxes, letters));
     }
-    int prev = table_get(&s->inline_sigs, sig);
+    int prev = (int)mf_hash_get_str(&s->inline_sigs, sig);
     if (prev >= 0)
         return prev;
     out.name = mf_arena_printf(s->a, "<inline %s.%s>", unit_t, tensor_t);
-    char *key = mf_arena_strdup(s->a, sig);
-    if (!out.name || !key) {
+    if (!out.name) {
         sema_oom(s);
         return -1;
     }
     int idx = add_layout(s, &out, decl, what, true);
-    if (idx < 0 || !table_put(&s->inline_sigs, key, idx)) {
+    if (idx < 0 || mf_hash_put_str(&s->inline_sigs, sig, idx) < 0) {
         sema_oom(s);
         return -1;
     }
@@ -933,6 +773,97 @@ static bool count_add(int64_t *acc, int64_t v)
 
 /* Checks the items of a unit body (once, not per iteration) and records each
  * tensor declaration in s->tinfo. Counts tensors and elements per iteration. */
+/* The dimensions of tensor t: each at least 1, the product within
+ * MF_SEMA_MAX_ELEMS. True (and the product in *out) when they are valid. */
+static bool check_dims(mf_sema *s, const mf_ast_tensor *t, int64_t *out)
+{
+    int64_t numel = 1;
+    bool over = false;
+    if (t->ndims == 0) {
+        mf_diag_error(s->d, t->dims_span,
+                      "tensor \"%s\" has no dimensions; write [1] for a single element", t->name.text);
+    } else if (t->ndims > MF_MAX_DIMS) {
+        mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %d dimensions (limit is %d)", t->name.text,
+                      t->ndims, MF_MAX_DIMS);
+    }
+    int k = 0;
+    bool dims_ok = t->ndims >= 1 && t->ndims <= MF_MAX_DIMS;
+    for (const mf_ast_dim *dm = t->dims; dm; dm = dm->next, k++) {
+        if (dm->size.value < 1) {
+            mf_diag_error(s->d, dm->size.span,
+                          "dimension %d of tensor \"%s\" is %" PRId64 "; a dimension must be at least 1",
+                          k + 1, t->name.text, dm->size.value);
+            dims_ok = false;
+        } else if (!over && !mul_ok(numel, dm->size.value, &numel)) {
+            over = true;
+        }
+    }
+    if (dims_ok && over) {
+        mf_diag_error(s->d, t->dims_span,
+                      "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
+                      t->name.text);
+        dims_ok = false;
+    } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
+                      t->name.text, numel, MF_SEMA_MAX_ELEMS);
+        dims_ok = false;
+    }
+    *out = numel;
+    return dims_ok;
+}
+
+/* One tensor item of unit ut: its name template, dimensions and layout;
+ * counts it into *ntensors and *nelems. */
+static void check_tensor(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *it, int64_t *ntensors, int64_t *nelems)
+{
+    const mf_ast_tensor *t = &it->tensor;
+    mf_sema_tinfo *ti = mf_vec_push(&s->tinfo);
+    if (!ti) {
+        sema_oom(s);
+        return;
+    }
+    ti->item = it;
+    ti->layout = -1;
+    uint32_t used;
+    if (check_template(s, &t->name, "tensor", &used)) {
+        /* Variables of enclosing tensor loops must vary the name. */
+        int first_for = ut->u->loop ? 1 : 0;
+        for (int v = first_for; v < s->nscope; v++)
+            if (!(used & (1u << v))) {
+                mf_diag_error(s->d, t->name.span,
+                              "tensor name \"%s\" does not use the loop variable '%s', so every iteration "
+                              "would declare the same tensor; write {%s} in the name",
+                              t->name.text, s->scope[v].var, s->scope[v].var);
+                mf_diag_note(s->d, s->scope[v].loop->span, "the loop over '%s' is here", s->scope[v].var);
+                break;
+            }
+    }
+    int64_t numel = 0;
+    bool dims_ok = check_dims(s, t, &numel);
+    ti->numel = dims_ok ? numel : 0;
+    /* layout: override, inline, or the unit's default */
+    char user[320];
+    snprintf(user, sizeof user, "tensor \"%s\" in unit \"%s\"", t->name.text, ut->u->name.text);
+    if (t->layout.text) {
+        ti->layout = lookup_layout(s, &t->layout, user);
+    } else if (t->inline_layout) {
+        ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
+    } else if (ut->u->layout.text) {
+        ti->layout = ut->layout;
+    } else {
+        mf_diag_error(s->d, t->name.span,
+                      "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
+                      "gives none; add 'layout NAME' to either, or inline roles '{ weight ...; }'",
+                      t->name.text, ut->u->name.text);
+        mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
+    }
+    if (*ntensors < INT64_MAX)
+        (*ntensors)++;
+    if (!dims_ok)
+        numel = 0;
+    count_add(nelems, numel);
+}
+
 static void check_items(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *items, int depth, int64_t *ntensors,
                         int64_t *nelems)
 {
@@ -946,85 +877,9 @@ static void check_items(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *items
                               "'%s' is a unit option; put it directly in the body of unit \"%s\", not in a loop",
                               it->key.text, ut->u->name.text);
             break;
-        case MF_AST_ITEM_TENSOR: {
-            const mf_ast_tensor *t = &it->tensor;
-            mf_sema_tinfo *ti = mf_vec_push(&s->tinfo);
-            if (!ti) {
-                sema_oom(s);
-                return;
-            }
-            ti->item = it;
-            ti->layout = -1;
-            uint32_t used;
-            if (check_template(s, &t->name, "tensor", &used)) {
-                /* Variables of enclosing tensor loops must vary the name. */
-                int first_for = ut->u->loop ? 1 : 0;
-                for (int v = first_for; v < s->nscope; v++)
-                    if (!(used & (1u << v))) {
-                        mf_diag_error(s->d, t->name.span,
-                                      "tensor name \"%s\" does not use the loop variable '%s', so every iteration "
-                                      "would declare the same tensor; write {%s} in the name",
-                                      t->name.text, s->scope[v].var, s->scope[v].var);
-                        mf_diag_note(s->d, s->scope[v].loop->span, "the loop over '%s' is here", s->scope[v].var);
-                        break;
-                    }
-            }
-            /* dimensions */
-            int64_t numel = 1;
-            bool over = false;
-            if (t->ndims == 0) {
-                mf_diag_error(s->d, t->dims_span,
-                              "tensor \"%s\" has no dimensions; write [1] for a single element", t->name.text);
-            } else if (t->ndims > MF_MAX_DIMS) {
-                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %d dimensions (limit is %d)", t->name.text,
-                              t->ndims, MF_MAX_DIMS);
-            }
-            int k = 0;
-            bool dims_ok = t->ndims >= 1 && t->ndims <= MF_MAX_DIMS;
-            for (const mf_ast_dim *dm = t->dims; dm; dm = dm->next, k++) {
-                if (dm->size.value < 1) {
-                    mf_diag_error(s->d, dm->size.span,
-                                  "dimension %d of tensor \"%s\" is %" PRId64 "; a dimension must be at least 1",
-                                  k + 1, t->name.text, dm->size.value);
-                    dims_ok = false;
-                } else if (!over && !mul_ok(numel, dm->size.value, &numel)) {
-                    over = true;
-                }
-            }
-            if (dims_ok && over) {
-                mf_diag_error(s->d, t->dims_span,
-                              "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
-                              t->name.text);
-                dims_ok = false;
-            } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
-                mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
-                              t->name.text, numel, MF_SEMA_MAX_ELEMS);
-                dims_ok = false;
-            }
-            ti->numel = dims_ok ? numel : 0;
-            /* layout: override, inline, or the unit's default */
-            char user[320];
-            snprintf(user, sizeof user, "tensor \"%s\" in unit \"%s\"", t->name.text, ut->u->name.text);
-            if (t->layout.text) {
-                ti->layout = lookup_layout(s, &t->layout, user);
-            } else if (t->inline_layout) {
-                ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
-            } else if (ut->u->layout.text) {
-                ti->layout = ut->layout;
-            } else {
-                mf_diag_error(s->d, t->name.span,
-                              "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
-                              "gives none; add 'layout NAME' to either, or inline roles '{ weight ...; }'",
-                              t->name.text, ut->u->name.text);
-                mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
-            }
-            if (*ntensors < INT64_MAX)
-                (*ntensors)++;
-            if (!dims_ok)
-                numel = 0;
-            count_add(nelems, numel);
+        case MF_AST_ITEM_TENSOR:
+            check_tensor(s, ut, it, ntensors, nelems);
             break;
-        }
         case MF_AST_ITEM_FOR: {
             int64_t iters;
             if (s->nscope >= MF_SEMA_MAX_SCOPE) {
@@ -1093,7 +948,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 st->dims[k++] = dm->size.value;
             st->numel = ti->numel;
             st->layout = ti->layout;
-            int prev = table_get(&s->tensor_names, full);
+            int prev = (int)mf_hash_get_str(&s->tensor_names, full);
             if (prev >= 0) {
                 char where[200];
                 bindings_text(s, where, sizeof where);
@@ -1103,7 +958,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 continue;
             }
             mf_span *sp = mf_vec_push(&s->tspans);
-            if (!sp || !table_put(&s->tensor_names, full, (int)s->tspans.len - 1)) {
+            if (!sp || mf_hash_put_str(&s->tensor_names, full, (int)s->tspans.len - 1) < 0) {
                 sema_oom(s);
                 return;
             }
@@ -1131,7 +986,7 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
         sema_oom(s);
         return;
     }
-    int prev = table_get(&s->unit_names, name);
+    int prev = (int)mf_hash_get_str(&s->unit_names, name);
     if (prev >= 0) {
         char where[200];
         bindings_text(s, where, sizeof where);
@@ -1154,7 +1009,7 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
     su->ntensors = (int)s->tensors.len;
     su->tensors = mf_vec_to_arena(&s->tensors, s->a);
     su->layout = ut->layout >= 0 ? ut->layout : (su->ntensors ? su->tensors[0].layout : -1);
-    if (!su->tensors || !table_put(&s->unit_names, name, (int)s->units.len - 1))
+    if (!su->tensors || mf_hash_put_str(&s->unit_names, name, (int)s->units.len - 1) < 0)
         sema_oom(s);
 }
 
@@ -1314,9 +1169,9 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
     mf_vec_free(&s.tinfo);
     mf_vec_free(&s.tensors);
     mf_vec_free(&s.tspans);
-    table_free(&s.layout_names);
-    table_free(&s.inline_sigs);
-    table_free(&s.unit_names);
-    table_free(&s.tensor_names);
+    mf_hash_free(&s.layout_names);
+    mf_hash_free(&s.inline_sigs);
+    mf_hash_free(&s.unit_names);
+    mf_hash_free(&s.tensor_names);
     return result;
 }

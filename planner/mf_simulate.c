@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_diag.h"
+
 void mf_sim_config_defaults(mf_sim_config *cfg, const mf_mesh *mesh)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -40,19 +42,6 @@ void mf_sim_result_free(mf_sim_result *r)
     free(r->critical);
     free(r->exposed_spans);
     memset(r, 0, sizeof *r);
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* Unit a tensor of bucket b belongs to: the bucket's unit, or for a bucket
@@ -130,48 +119,48 @@ char *mf_sim_item_label(const mf_schedule *s, const mf_sim_item *it, char *buf, 
 static int check_schedule(const mf_schedule *s, const mf_sim_config *cfg, char *err, size_t errlen)
 {
     if (s->microbatches < 1 || s->microbatches > INT32_MAX) {
-        set_err(err, errlen, "microbatches %lld out of range", (long long)s->microbatches);
+        mf_errf(err, errlen, "microbatches %lld out of range", (long long)s->microbatches);
         return -1;
     }
     if (s->nunits < 0 || (s->nunits > 0 && !s->units)) {
-        set_err(err, errlen, "schedule has no units array");
+        mf_errf(err, errlen, "schedule has no units array");
         return -1;
     }
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
         bool step_phase = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
         if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT) {
-            set_err(err, errlen, "op %d: phase out of range", i);
+            mf_errf(err, errlen, "op %d: phase out of range", i);
             return -1;
         }
         if (step_phase ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits)) {
-            set_err(err, errlen, "op %d: unit %d out of range for phase %s", i, op->unit,
+            mf_errf(err, errlen, "op %d: unit %d out of range for phase %s", i, op->unit,
                     mf_phase_name(op->phase));
             return -1;
         }
         if ((int)op->stream < 0 || op->stream >= MF_STREAM_COUNT) {
-            set_err(err, errlen, "op %d: stream out of range", i);
+            mf_errf(err, errlen, "op %d: stream out of range", i);
             return -1;
         }
         if ((int)op->kind < 0 || op->kind >= MF_OPKIND_COUNT ||
             (int)op->when < 0 || op->when >= MF_WHEN_COUNT) {
-            set_err(err, errlen, "op %d: kind or predicate out of range", i);
+            mf_errf(err, errlen, "op %d: kind or predicate out of range", i);
             return -1;
         }
         if (mf_opkind_is_collective(op->kind) && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
-            set_err(err, errlen, "op %d: %s on axis %d, the mesh has %d axes", i,
+            mf_errf(err, errlen, "op %d: %s on axis %d, the mesh has %d axes", i,
                     mf_opkind_name(op->kind), op->axis, s->mesh.naxes);
             return -1;
         }
         if ((op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) &&
             (op->event < 0 || op->event >= s->nevents)) {
-            set_err(err, errlen, "op %d: event %d out of range (%d events)", i, op->event,
+            mf_errf(err, errlen, "op %d: event %d out of range (%d events)", i, op->event,
                     s->nevents);
             return -1;
         }
     }
     if (cfg->fwd_time && !cfg->bwd_time) {
-        set_err(err, errlen, "per-unit forward times given without backward times");
+        mf_errf(err, errlen, "per-unit forward times given without backward times");
         return -1;
     }
     return 0;
@@ -437,7 +426,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
         return -1;
     int64_t nitems = count_items(s);
     if (nitems > INT32_MAX / 2) {
-        set_err(err, errlen, "too many op instances per step (%lld, limit is %d)",
+        mf_errf(err, errlen, "too many op instances per step (%lld, limit is %d)",
                 (long long)nitems, INT32_MAX / 2);
         return -1;
     }
@@ -450,7 +439,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     st.fwd = malloc(((size_t)s->nunits + 1) * sizeof *st.fwd);
     st.bwd = malloc(((size_t)s->nunits + 1) * sizeof *st.bwd);
     if (!r->items || !st.last_record || !st.fwd || !st.bwd || build_hook_index(s, &h) != 0) {
-        set_err(err, errlen, "out of memory");
+        mf_errf(err, errlen, "out of memory");
         goto cleanup;
     }
     for (int e = 0; e < s->nevents; e++)
@@ -460,7 +449,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     for (int u = 0; u < s->nunits; u++) {
         mf_sim_unit_times(s, cfg, u, &st.fwd[u], &st.bwd[u]);
         if (!(st.fwd[u] >= 0) || !(st.bwd[u] >= 0) || !isfinite(st.fwd[u] + st.bwd[u])) {
-            set_err(err, errlen, "unit %s: compute time is not a finite non-negative number",
+            mf_errf(err, errlen, "unit %s: compute time is not a finite non-negative number",
                     s->units[u].name);
             goto cleanup;
         }
@@ -487,7 +476,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
             r->step_time = st.stream_end[k];
     if (find_critical_path(r) != 0 ||
         find_exposed(r, st.stream_end[MF_STREAM_COMPUTE]) != 0) {
-        set_err(err, errlen, "out of memory");
+        mf_errf(err, errlen, "out of memory");
         goto cleanup;
     }
     r->comm_busy = r->busy[MF_STREAM_INNER] + r->busy[MF_STREAM_OUTER];

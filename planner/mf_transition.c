@@ -80,25 +80,23 @@ typedef struct eval {
     int launches;
 } eval;
 
-static const mf_when transition_when[MF_NTRANSITIONS] = {MF_WHEN_FIRST, MF_WHEN_EVERY, MF_WHEN_EVERY,
-                                                         MF_WHEN_LAST};
-
 /* ---- enumeration ---- */
 
 static bool move_ok(int t, const mf_placement *st, const mf_placement *to, int k, move mv)
 {
     int j = mv.axis, s = mf_placement_flat_start(st, k);
     uint8_t a = st->p[j], b = to->p[j];
+    if (!mf_trans_op_ok(t, mv.kind))
+        return false;
     switch (mv.kind) {
     case MF_OP_ALL_GATHER:
         return a == MF_PLACE_FLAT && b == MF_PLACE_REPLICATE && j == s;
     case MF_OP_SLICE:
-        return (t == MF_T1 || t == MF_T4) && a == MF_PLACE_REPLICATE && b == MF_PLACE_FLAT && j == s - 1;
+        return a == MF_PLACE_REPLICATE && b == MF_PLACE_FLAT && j == s - 1;
     case MF_OP_REDUCE_SCATTER:
-        return (t == MF_T3 || t == MF_T4) && a == MF_PLACE_PARTIAL &&
-               (b == MF_PLACE_FLAT || b == MF_PLACE_REPLICATE) && j == s - 1;
+        return a == MF_PLACE_PARTIAL && (b == MF_PLACE_FLAT || b == MF_PLACE_REPLICATE) && j == s - 1;
     case MF_OP_ALL_REDUCE:
-        return (t == MF_T3 || t == MF_T4) && a == MF_PLACE_PARTIAL && b == MF_PLACE_REPLICATE;
+        return a == MF_PLACE_PARTIAL && b == MF_PLACE_REPLICATE;
     default:
         return false;
     }
@@ -266,53 +264,48 @@ static int bucket_spec_layout(const mf_plan *p, const mf_bucket *b)
     return -1;
 }
 
-static const char *place_name(uint8_t pl)
+/* The first violation mf_trans_check_layout reports. */
+typedef struct first_illegal {
+    bool found;
+    mf_role role, note_role;
+    int axis;
+    char msg[768], note[256];
+} first_illegal;
+
+static void keep_first(void *ctx, const mf_illegal *v)
 {
-    return mf_place_name((mf_place)pl);
+    first_illegal *f = ctx;
+    if (f->found)
+        return;
+    *f = (first_illegal){.found = true, .role = v->role, .note_role = v->note_role, .axis = v->axis};
+    snprintf(f->msg, sizeof f->msg, "%s", v->msg);
+    snprintf(f->note, sizeof f->note, "%s", v->note ? v->note : "");
 }
 
-/* Reports the first per-axis violation of the bucket's placements; returns
- * true when one was found. Diagnoses each spec layout once. */
+/* Reports the first legality violation of the bucket's placements (the
+ * semantic pass's rule, mf_trans_check_layout: a spec that came through it
+ * has none); returns true when one was found. Diagnoses each spec layout
+ * once. */
 static bool check_legal(trans_state *ts, int bi)
 {
     const mf_plan *p = ts->p;
     const mf_bucket *b = &p->sched->buckets[bi];
     const mf_mesh *m = &p->sched->mesh;
-    int k = m->naxes, role = -1, other = -1, axis = -1;
-    char msg[512] = "", fix[512] = "";
-    for (int r = 0; r < MF_ROLE_COUNT && role < 0; r++) {
-        const mf_placement *pl = &b->place[r];
-        for (int j = 0; j < k && role < 0; j++)
-            if (pl->p[j] >= MF_PLACE_COUNT || (pl->p[j] == MF_PLACE_PARTIAL && r != MF_ROLE_GRAD)) {
-                role = r, axis = j;
-                snprintf(msg, sizeof msg, "%s may not be %s", mf_role_name((mf_role)r),
-                         pl->p[j] < MF_PLACE_COUNT ? "Partial" : "an unknown placement");
-                snprintf(fix, sizeof fix, "make it Replicate or Flat on axis '%s'", m->axes[j].name);
+    first_illegal f = {0};
+    for (int r = 0; r < MF_ROLE_COUNT && !f.found; r++)
+        for (int j = 0; j < m->naxes && !f.found; j++)
+            if (b->place[r].p[j] >= MF_PLACE_COUNT) {
+                f = (first_illegal){.found = true, .role = (mf_role)r, .note_role = MF_ROLE_COUNT, .axis = j};
+                snprintf(f.msg, sizeof f.msg, "%s has an unknown placement", mf_role_name((mf_role)r));
             }
-        if (role < 0 && !mf_placement_suffix_ok(pl, k)) {
-            int s = mf_placement_flat_start(pl, k);
-            int f = 0;
-            while (f < s && pl->p[f] != MF_PLACE_FLAT)
-                f++;
-            role = r, axis = f;
-            snprintf(msg, sizeof msg, "%s is Flat on axis '%s' but %s on axis '%s' inside it (the Flat axes "
-                     "must be the innermost ones)", mf_role_name((mf_role)r), m->axes[f].name,
-                     place_name(pl->p[s - 1]), m->axes[s - 1].name);
-            snprintf(fix, sizeof fix, "make '%s' Flat too, or '%s' Replicate", m->axes[s - 1].name, m->axes[f].name);
-        }
-    }
-    const uint8_t *g = b->place[MF_ROLE_GRAD].p, *o = b->place[MF_ROLE_MAIN_WEIGHT].p;
-    for (int j = 0; j < k && role < 0; j++)
-        if (g[j] == MF_PLACE_FLAT && o[j] == MF_PLACE_REPLICATE) {
-            role = MF_ROLE_MAIN_WEIGHT, other = MF_ROLE_GRAD, axis = j;
-            snprintf(msg, sizeof msg, "T4 cannot deliver a gradient that is Flat on axis '%s' to a "
-                     "main_weight that is Replicate there (it would all-gather the gradient)", m->axes[j].name);
-            snprintf(fix, sizeof fix, "make main_weight Flat on '%s', or grad Partial there (reduced at the "
-                     "last microbatch)", m->axes[j].name);
-        }
-    if (role < 0)
-        return false;
     int l = bucket_spec_layout(p, b);
+    if (!f.found) {
+        char what[160];
+        snprintf(what, sizeof what, "layout '%s'", l >= 0 ? p->spec->layouts[l].name : b->layout);
+        mf_trans_check_layout(m, b->place, what, keep_first, &f);
+    }
+    if (!f.found)
+        return false;
     int *seen = ts->reported.data;
     for (size_t i = 0; i < ts->reported.len; i++)
         if (seen[i] == l)
@@ -322,11 +315,10 @@ static bool check_legal(trans_state *ts, int bi)
         *slot = l;
     mf_span none = {0, 0, 0, 0};
     const mf_spec_layout *sl = l >= 0 ? &p->spec->layouts[l] : NULL;
-    mf_diag_error(ts->d, sl ? sl->role_span[role] : none, "unit '%s', %s, axis '%s': %s; fix: %s",
-                  p->sched->units[b->unit].name, mf_role_name((mf_role)role), axis >= 0 ? m->axes[axis].name : "?",
-                  msg, fix);
-    if (sl && other >= 0)
-        mf_diag_note(ts->d, sl->role_span[other], "%s declared here", mf_role_name((mf_role)other));
+    mf_diag_error(ts->d, sl ? sl->role_span[f.role] : none, "unit '%s', %s, axis '%s': %s",
+                  p->sched->units[b->unit].name, mf_role_name(f.role), m->axes[f.axis].name, f.msg);
+    if (sl && f.note_role != MF_ROLE_COUNT)
+        mf_diag_note(ts->d, sl->role_span[f.note_role], "%s", f.note);
     return true;
 }
 
@@ -390,16 +382,15 @@ static int last_collective(const mf_transition *tr)
  * (cast, slice, accumulate) takes the stream of the next collective of its
  * transition (the one it feeds), else the previous one (the one it follows),
  * else of the first collective of the transition it feeds (T1 -> T2,
- * T3 -> T4), else of the last one of the transition it follows (T4 <- T3),
- * else inner. The lowering pass places ops on these streams. */
+ * T3 -> T4), else of the last one of the transition it follows (T4 <- T3;
+ * both columns of mf_trans_rules.h), else inner. The lowering pass places
+ * ops on these streams (mf_step.stream) and computes none itself. */
 static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
 {
-    static const int feeds[MF_NTRANSITIONS] = {MF_T2, -1, MF_T4, -1};
-    static const int follows[MF_NTRANSITIONS] = {-1, MF_T1, -1, MF_T3};
     for (int t = 0; t < MF_NTRANSITIONS; t++)
         for (int i = 0; i < tr[t].nsteps; i++)
             if (mf_opkind_is_collective(tr[t].steps[i].kind))
-                tr[t].steps[i].stream = tr[t].steps[i].axis == k - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
+                tr[t].steps[i].stream = mf_axis_stream(k, tr[t].steps[i].axis);
     for (int t = 0; t < MF_NTRANSITIONS; t++)
         for (int i = 0; i < tr[t].nsteps; i++) {
             mf_step *st = &tr[t].steps[i];
@@ -412,11 +403,11 @@ static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
             for (int j = i - 1; j >= 0 && !src; j--)
                 if (mf_opkind_is_collective(tr[t].steps[j].kind))
                     src = &tr[t].steps[j];
-            int j;
-            if (!src && feeds[t] >= 0 && (j = first_collective(&tr[feeds[t]])) >= 0)
-                src = &tr[feeds[t]].steps[j];
-            if (!src && follows[t] >= 0 && (j = last_collective(&tr[follows[t]])) >= 0)
-                src = &tr[follows[t]].steps[j];
+            int j, feeds = mf_trans_rules[t].feeds, follows = mf_trans_rules[t].follows;
+            if (!src && feeds >= 0 && (j = first_collective(&tr[feeds])) >= 0)
+                src = &tr[feeds].steps[j];
+            if (!src && follows >= 0 && (j = last_collective(&tr[follows])) >= 0)
+                src = &tr[follows].steps[j];
             st->stream = src ? src->stream : MF_STREAM_INNER;
         }
 }
@@ -429,36 +420,38 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
     const mf_mesh *m = &p->sched->mesh;
     bucket_ctx bc = {m, b, mf_layout_shard_quantum(b->dtype, p->sched->align)};
     mf_transition *tr = &p->trans[bi][t];
-    mf_placement all_p = {{0}}, rep = {{0}};
+    /* Source and target of transition t (mf_trans_rules.h): a role's
+     * placement and dtype, or a fixed placement on every axis. */
+    const mf_trans_rule *rule = &mf_trans_rules[t];
+    mf_placement fixed_from = {{0}}, fixed_to = {{0}};
     for (int j = 0; j < m->naxes; j++) {
-        all_p.p[j] = MF_PLACE_PARTIAL;
-        rep.p[j] = MF_PLACE_REPLICATE;
+        fixed_from.p[j] = (uint8_t)rule->from_fixed;
+        fixed_to.p[j] = (uint8_t)rule->to_fixed;
     }
-    const mf_placement *W = &b->place[MF_ROLE_WEIGHT], *G = &b->place[MF_ROLE_GRAD],
-                       *O = &b->place[MF_ROLE_MAIN_WEIGHT];
     mf_dtype dw = b->dtype[MF_ROLE_WEIGHT], dg = b->dtype[MF_ROLE_GRAD], dmo = b->dtype[MF_ROLE_MAIN_WEIGHT];
-    const mf_placement *from[] = {O, W, &all_p, G}, *to[] = {W, &rep, G, O};
-    mf_dtype from_dt[] = {dmo, dw, dg, dg}, to_dt[] = {dw, dw, dg, dg};
+    const mf_placement *from_t = rule->from_fixed == MF_TR_ROLE ? &b->place[rule->from_role] : &fixed_from;
+    const mf_placement *to_t = rule->to_fixed == MF_TR_ROLE ? &b->place[rule->to_role] : &fixed_to;
+    mf_dtype from_dt = b->dtype[rule->from_role], to_dt = b->dtype[rule->to_dtype_role];
     tr->id = t + 1;
-    tr->when = transition_when[t];
-    tr->from = *from[t];
-    tr->to = *to[t];
-    tr->from_dtype = from_dt[t];
-    tr->to_dtype = to_dt[t];
+    tr->when = mf_trans_rules[t].when;
+    tr->from = *from_t;
+    tr->to = *to_t;
+    tr->from_dtype = from_dt;
+    tr->to_dtype = to_dt;
 
-    const cand_set *cs = candidates(ts, t, from[t], to[t]);
+    const cand_set *cs = candidates(ts, t, from_t, to_t);
     if (!cs) {
         *oom = true;
         return false;
     }
     /* T1 moves data in the narrower dtype; T2..T4 in their own. */
     bool cast_first = mf_dtype_size(dw) <= mf_dtype_size(dmo);
-    mf_dtype move_dt = t == MF_T1 ? (cast_first ? dw : dmo) : to_dt[t];
+    mf_dtype move_dt = t == MF_T1 ? (cast_first ? dw : dmo) : to_dt;
     const path *paths = cs->paths.data, *best = NULL, *alt = NULL;
     eval eb = {0}, ea = {0};
     int nvalid = 0;
     for (size_t i = 0; i < cs->paths.len; i++) {
-        eval e = evaluate(p, &bc, from[t], &paths[i], move_dt);
+        eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
         if (!e.valid)
             continue;
         nvalid++;
@@ -472,7 +465,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
     for (size_t i = 0; best && i < cs->paths.len; i++) {
         if (&paths[i] == best)
             continue;
-        eval e = evaluate(p, &bc, from[t], &paths[i], move_dt);
+        eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
         if (!e.valid)
             continue;
         int rank = e.bytes != eb.bytes ? 2
@@ -488,8 +481,8 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
         mf_diag_error(ts->d, l >= 0 ? p->spec->layouts[l].span : none,
                       "unit '%s': no composition of single-axis steps turns %s into %s for T%d of bucket '%s' "
                       "(length %lld); fix: use placements whose Flat axes are the innermost ones",
-                      p->sched->units[b->unit].name, mf_placement_format(from[t], m->naxes, f, sizeof f),
-                      mf_placement_format(to[t], m->naxes, g, sizeof g), t + 1, b->name, (long long)b->length);
+                      p->sched->units[b->unit].name, mf_placement_format(from_t, m->naxes, f, sizeof f),
+                      mf_placement_format(to_t, m->naxes, g, sizeof g), t + 1, b->name, (long long)b->length);
         return false;
     }
     int extra = t == MF_T1 || t == MF_T3; /* the cast, the accumulate */
@@ -498,7 +491,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
         *oom = true;
         return false;
     }
-    mf_placement st = *from[t];
+    mf_placement st = *from_t;
     int64_t c = local_count(&bc, &st);
     int n = 0;
     if (t == MF_T1 && cast_first)

@@ -487,27 +487,34 @@ static void abort_comm(mf_local_comm *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
-static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
-                                     size_t errlen)
+/* One collective call of one rank: the communicator, its slot (calls
+ * alternate between two), and this rank's place in it. */
+typedef struct local_call {
+    mf_rt *rt;
+    const mf_rt_op *r;
+    mf_local_comm *c;
+    mf_local_slot *slot;
+    int64_t k;              /* the call's sequence number on the communicator */
+    int64_t me, n;          /* coordinate along the axis, axis size */
+    size_t es;              /* element size */
+    const char *axis;
+    struct timespec deadline;
+} local_call;
+
+/* Arrive: wait for the slot, post src/dst, wait for every member. On
+ * MFSDP_OK the mutex is released and *mismatch tells whether the members
+ * issued different collectives; otherwise err says why (timeout: the ranks
+ * that never arrived; abort: the first failure). */
+static mfsdp_result local_arrive(local_call *lc, const void *mine, bool *mismatch, char *err, size_t errlen)
 {
-    mf_local_rank *st = rt->be_state;
-    mf_local_comm *c = st->comms[r->comm];
-    const mf_op *op = r->op;
-    int64_t k = st->seq[r->comm]++;
-    mf_local_slot *slot = &c->slot[k & 1];
-    int64_t me = r->coord, n = c->n;
-    size_t es = mf_dtype_size(op->dtype);
-    const char *axis = rt->s->mesh.axes[op->axis].name;
-
-    const void *mine = r->src;
-    if (r->overlap) {
-        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
-        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
-        mine = st->scratch[op->stream];
-    }
-
+    mf_rt *rt = lc->rt;
+    const mf_op *op = lc->r->op;
+    mf_local_comm *c = lc->c;
+    mf_local_slot *slot = lc->slot;
+    int64_t k = lc->k, me = lc->me, n = lc->n;
+    const char *axis = lc->axis;
+    struct timespec deadline = lc->deadline;
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
     pthread_mutex_lock(&c->mu);
     while (res == MFSDP_OK && slot->seq != k && !c->aborted)
         if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
@@ -531,7 +538,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
             slot->mismatch = true;
         }
         slot->src[me] = mine;
-        slot->dst[me] = r->dst;
+        slot->dst[me] = lc->r->dst;
         slot->posted[me] = 1;
         if (++slot->arrived == n)
             pthread_cond_broadcast(&c->cv);
@@ -559,7 +566,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         char root[MF_LOCAL_MSG];
-        group_root(st->g, msg, root, sizeof root);
+        group_root(((mf_local_rank *)rt->be_state)->g, msg, root, sizeof root);
         snprintf(err, errlen, "%s", msg);
         return MFSDP_ERR_TIMEOUT;
     }
@@ -569,57 +576,83 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         pthread_mutex_unlock(&c->mu);
         return MFSDP_ERR_ABORTED;
     }
-    bool mismatch = slot->mismatch;
+    *mismatch = slot->mismatch;
     pthread_mutex_unlock(&c->mu);
+    return MFSDP_OK;
+}
 
-    if (!mismatch) {
-        int64_t cnt = op->count;
-        int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
-        switch (op->kind) {
-        case MF_OP_ALL_GATHER:
-            for (int64_t i = 0; i < n; i++)
-                memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
-            break;
-        case MF_OP_REDUCE_SCATTER:
-            mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
-            break;
-        case MF_OP_ALL_REDUCE: {
-            /* Reduce-scatter then all-gather: each member reduces its own
-             * chunk into its destination (every chunk is reduced once, so
-             * every member ends with the same bits), then copies the other
-             * chunks from their owners' destinations. */
-            int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
-            mf_cpu_reduce((char *)r->dst + (size_t)lo * es, slot->src, (int)n, lo, hi - lo, op->dtype,
-                          div);
-            pthread_mutex_lock(&c->mu);
-            if (++slot->reduced == n)
-                pthread_cond_broadcast(&c->cv);
-            while (slot->reduced < n)
-                if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
-                    slot->reduced < n)
-                    break;
-            bool all_reduced = slot->reduced == n;
-            pthread_mutex_unlock(&c->mu);
-            if (!all_reduced) {
-                res = MFSDP_ERR_TIMEOUT;
-                snprintf(err, errlen, "all_reduce on axis %s: peers did not finish within %lld ms",
-                         axis, (long long)rt->cfg.timeout_ms);
+/* Move the data once every member has posted (the op semantics of
+ * core/mf_schedule.h); all_reduce waits for every member's chunk. */
+static mfsdp_result local_move(local_call *lc, char *err, size_t errlen)
+{
+    mf_rt *rt = lc->rt;
+    const mf_rt_op *r = lc->r;
+    const mf_op *op = r->op;
+    mf_local_comm *c = lc->c;
+    mf_local_slot *slot = lc->slot;
+    int64_t me = lc->me, n = lc->n;
+    size_t es = lc->es;
+    const char *axis = lc->axis;
+    struct timespec deadline = lc->deadline;
+    mfsdp_result res = MFSDP_OK;
+    int64_t cnt = op->count;
+    int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
+    switch (op->kind) {
+    case MF_OP_ALL_GATHER:
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
+        break;
+    case MF_OP_REDUCE_SCATTER:
+        mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
+        break;
+    case MF_OP_ALL_REDUCE: {
+        /* Reduce-scatter then all-gather: each member reduces its own
+         * chunk into its destination (every chunk is reduced once, so
+         * every member ends with the same bits), then copies the other
+         * chunks from their owners' destinations. */
+        int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
+        mf_cpu_reduce((char *)r->dst + (size_t)lo * es, slot->src, (int)n, lo, hi - lo, op->dtype,
+                      div);
+        pthread_mutex_lock(&c->mu);
+        if (++slot->reduced == n)
+            pthread_cond_broadcast(&c->cv);
+        while (slot->reduced < n)
+            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                slot->reduced < n)
                 break;
-            }
-            for (int64_t j = 0; j < n; j++) {
-                if (j == me)
-                    continue;
-                int64_t jl = j * cnt / n, jh = (j + 1) * cnt / n;
-                memcpy((char *)r->dst + (size_t)jl * es, (const char *)slot->dst[j] + (size_t)jl * es,
-                       (size_t)(jh - jl) * es);
-            }
+        bool all_reduced = slot->reduced == n;
+        pthread_mutex_unlock(&c->mu);
+        if (!all_reduced) {
+            res = MFSDP_ERR_TIMEOUT;
+            snprintf(err, errlen, "all_reduce on axis %s: peers did not finish within %lld ms",
+                     axis, (long long)rt->cfg.timeout_ms);
             break;
         }
-        default:
-            break;
+        for (int64_t j = 0; j < n; j++) {
+            if (j == me)
+                continue;
+            int64_t jl = j * cnt / n, jh = (j + 1) * cnt / n;
+            memcpy((char *)r->dst + (size_t)jl * es, (const char *)slot->dst[j] + (size_t)jl * es,
+                   (size_t)(jh - jl) * es);
         }
+        break;
     }
+    default:
+        break;
+    }
+    return res;
+}
 
+/* Depart; the last member resets the slot for the call after next. */
+static mfsdp_result local_depart(local_call *lc, mfsdp_result res, bool mismatch, char *err, size_t errlen)
+{
+    mf_rt *rt = lc->rt;
+    const mf_op *op = lc->r->op;
+    mf_local_comm *c = lc->c;
+    mf_local_slot *slot = lc->slot;
+    int64_t k = lc->k, n = lc->n;
+    const char *axis = lc->axis;
+    struct timespec deadline = lc->deadline;
     /* Depart; wait for every member (they read our source until then). No
      * abort check here: every member has arrived and finishes without
      * blocking. */
@@ -645,8 +678,32 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         res = MFSDP_ERR_MISMATCH;
     }
     pthread_mutex_unlock(&c->mu);
-    (void)microbatch;
     return res;
+}
+
+static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
+                                     size_t errlen)
+{
+    mf_local_rank *st = rt->be_state;
+    mf_local_comm *c = st->comms[r->comm];
+    const mf_op *op = r->op;
+    int64_t k = st->seq[r->comm]++;
+    local_call lc = {rt, r, c, &c->slot[k & 1], k, r->coord, c->n, mf_dtype_size(op->dtype),
+                     rt->s->mesh.axes[op->axis].name, mf_rt_deadline(rt->cfg.timeout_ms)};
+    const void *mine = r->src;
+    if (r->overlap) {
+        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? lc.n : 1);
+        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * lc.es);
+        mine = st->scratch[op->stream];
+    }
+    bool mismatch = false;
+    mfsdp_result res = local_arrive(&lc, mine, &mismatch, err, errlen);
+    if (res != MFSDP_OK)
+        return res;
+    if (!mismatch)
+        res = local_move(&lc, err, errlen);
+    (void)microbatch;
+    return local_depart(&lc, res, mismatch, err, errlen);
 }
 
 static void local_abort(mf_rt *rt, const char *why)

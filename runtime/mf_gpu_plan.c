@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_diag.h"
 #include "mf_layout.h"
 
 #define MF_CALL_NAME(E, name, nccl) name,
@@ -118,18 +119,6 @@ int mf_gpu_hooks(const mf_schedule *s, mf_gpu_pos p, mf_gpu_hook *out, int cap)
     return n;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Ops per hook: index[phase][unit + 1] lists op ids in ascending order. */
 typedef struct hook_index {
     int *start;   /* [MF_PHASE_COUNT * (nunits + 1) + 1] */
@@ -170,28 +159,28 @@ static void index_free(hook_index *ix)
 static bool check_op(const mf_schedule *s, const mf_op *op, char *err, size_t errlen)
 {
     if ((int)op->kind < 0 || op->kind >= MF_OPKIND_COUNT) {
-        set_err(err, errlen, "op %d: unknown op kind %d", op->id, (int)op->kind);
+        mf_errf(err, errlen, "op %d: unknown op kind %d", op->id, (int)op->kind);
         return false;
     }
     if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT || op->unit < -1 || op->unit >= s->nunits ||
         (int)op->stream < 0 || op->stream >= MF_STREAM_COUNT || (int)op->when < 0 ||
         op->when >= MF_WHEN_COUNT) {
-        set_err(err, errlen, "op %d: phase, unit, stream or when out of range", op->id);
+        mf_errf(err, errlen, "op %d: phase, unit, stream or when out of range", op->id);
         return false;
     }
-    bool needs_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
+    bool needs_axis = mf_opkind_on_axis(op->kind);
     if (needs_axis && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
-        set_err(err, errlen, "op %d (%s): axis %d out of range", op->id, mf_opkind_name(op->kind), op->axis);
+        mf_errf(err, errlen, "op %d (%s): axis %d out of range", op->id, mf_opkind_name(op->kind), op->axis);
         return false;
     }
     bool event = op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT;
     if (event && (op->event < 0 || op->event >= s->nevents)) {
-        set_err(err, errlen, "op %d (%s): event %d out of range", op->id, mf_opkind_name(op->kind), op->event);
+        mf_errf(err, errlen, "op %d (%s): event %d out of range", op->id, mf_opkind_name(op->kind), op->event);
         return false;
     }
     if (!event && (op->src < 0 || op->src >= s->nbuffers || op->dst < 0 || op->dst >= s->nbuffers ||
                    op->count < 0)) {
-        set_err(err, errlen, "op %d (%s): buffers or count out of range", op->id, mf_opkind_name(op->kind));
+        mf_errf(err, errlen, "op %d (%s): buffers or count out of range", op->id, mf_opkind_name(op->kind));
         return false;
     }
     return true;
@@ -284,7 +273,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     mf_gpu_hook *hooks = NULL;
     mf_gpu_plan *p = NULL;
     if (!s || rank < 0 || rank >= s->mesh.world || s->mesh.naxes < 1 || s->mesh.naxes > MF_MAX_AXES) {
-        set_err(err, errlen, "rank %lld out of range for a world of %lld", (long long)rank,
+        mf_errf(err, errlen, "rank %lld out of range for a world of %lld", (long long)rank,
                 s ? (long long)s->mesh.world : 0LL);
         return NULL;
     }
@@ -332,7 +321,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     index_free(&ix);
     return p;
 oom:
-    set_err(err, errlen, "out of memory building the GPU plan");
+    mf_errf(err, errlen, "out of memory building the GPU plan");
 fail:
     free(hooks);
     index_free(&ix);

@@ -20,6 +20,7 @@
 
 #include "mf_debug.h"
 #include "mf_load.h"
+#include "mf_struct.h"
 
 /* ---- accounted allocation ---- */
 
@@ -284,205 +285,11 @@ static int tensor_unit(const mf_schedule *s, const mf_bucket *b, const char *nam
     return best;
 }
 
-static bool all_replicate(const mf_placement *p, int naxes)
-{
-    for (int j = 0; j < naxes; j++)
-        if (p->p[j] != MF_PLACE_REPLICATE)
-            return false;
-    return true;
-}
-
-/* Elements an op reads from src and writes to dst (per the op semantics). */
-static void op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need)
-{
-    int64_t n = op->count;
-    int64_t g = op->axis >= 0 && op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].size : 1;
-    *src_need = n;
-    *dst_need = n;
-    if (op->kind == MF_OP_ALL_GATHER)
-        *dst_need = g * n;
-    else if (op->kind == MF_OP_REDUCE_SCATTER || op->kind == MF_OP_SLICE)
-        *src_need = g * n;
-}
-
-static bool check_schedule(const mf_schedule *s, char *err, size_t errlen)
-{
-    const mf_mesh *m = &s->mesh;
-    if (m->naxes < 1 || m->naxes > MF_MAX_AXES) {
-        snprintf(err, errlen, "%s: the mesh has %d axes (expected 1 to %d)", s->source, m->naxes,
-                 MF_MAX_AXES);
-        return false;
-    }
-    int64_t world = 1;
-    for (int j = 0; j < m->naxes; j++) {
-        if (m->axes[j].size < 1) {
-            snprintf(err, errlen, "%s: mesh axis %d has size %lld", s->source, j,
-                     (long long)m->axes[j].size);
-            return false;
-        }
-        world *= m->axes[j].size;
-    }
-    if (world != m->world || s->microbatches < 1) {
-        snprintf(err, errlen, "%s: inconsistent mesh world %lld or microbatches %lld", s->source,
-                 (long long)m->world, (long long)s->microbatches);
-        return false;
-    }
-    /* Normative buffer rules (mf_schedule.h). */
-    for (int b = 0; b < s->nbuckets; b++) {
-        const mf_bucket *bk = &s->buckets[b];
-        int n[MF_BUFKIND_COUNT] = {0};
-        for (int i = 0; i < s->nbuffers; i++)
-            if (s->buffers[i].bucket == b)
-                n[s->buffers[i].kind]++;
-        bool want_full = !all_replicate(&bk->place[MF_ROLE_WEIGHT], m->naxes);
-        bool want_final = !mf_placement_equal(&bk->place[MF_ROLE_GRAD],
-                                              &bk->place[MF_ROLE_MAIN_WEIGHT], m->naxes);
-        const char *bad = n[MF_BUF_MAIN_WEIGHT] != 1 ? "main_weight"
-                          : n[MF_BUF_WEIGHT] != 1     ? "weight"
-                          : n[MF_BUF_GRAD_LOCAL] != 1 ? "grad_local"
-                          : n[MF_BUF_GRAD] != 1       ? "grad"
-                          : n[MF_BUF_WEIGHT_FULL] != (want_full ? 1 : 0) ? "weight_full"
-                          : n[MF_BUF_GRAD_FINAL] != (want_final ? 1 : 0) ? "grad_final"
-                                                                         : NULL;
-        if (bad) {
-            snprintf(err, errlen, "%s: bucket %s has a wrong number of %s buffers", s->source,
-                     bk->name, bad);
-            return false;
-        }
-        if (bk->unit < 0 || bk->unit >= s->nunits || bk->last_unit < bk->unit ||
-            bk->last_unit >= s->nunits || bk->length < 0) {
-            snprintf(err, errlen, "%s: bucket %s has invalid units or length", s->source, bk->name);
-            return false;
-        }
-        for (int r = 0; r < MF_ROLE_COUNT; r++) {
-            int64_t shards = mf_placement_shards(m, &bk->place[r]);
-            if (shards < 1 || bk->length % shards != 0) {
-                snprintf(err, errlen, "%s: bucket %s: length %lld does not split into %lld shards",
-                         s->source, bk->name, (long long)bk->length, (long long)shards);
-                return false;
-            }
-        }
-        for (int t = 0; t < bk->ntensors; t++) {
-            const mf_tensor *tn = &bk->tensors[t];
-            if (tn->offset < 0 || tn->numel < 0 || tn->offset + tn->numel > bk->length) {
-                snprintf(err, errlen, "%s: tensor %s lies outside its bucket %s", s->source,
-                         tn->name, bk->name);
-                return false;
-            }
-        }
-    }
-    for (int i = 0; i < s->nbuffers; i++) {
-        const mf_buffer *bf = &s->buffers[i];
-        if (bf->bucket < 0 || bf->bucket >= s->nbuckets || bf->count < 0 ||
-            mf_dtype_size(bf->dtype) == 0) {
-            snprintf(err, errlen, "%s: buffer %s has an invalid bucket, count or dtype", s->source,
-                     bf->name);
-            return false;
-        }
-        const mf_bucket *bk = &s->buckets[bf->bucket];
-        int64_t want = -1;
-        switch (bf->kind) {
-        case MF_BUF_MAIN_WEIGHT:
-        case MF_BUF_GRAD_FINAL:
-            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_MAIN_WEIGHT]);
-            break;
-        case MF_BUF_WEIGHT:
-            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_WEIGHT]);
-            break;
-        case MF_BUF_GRAD:
-            want = bk->length / mf_placement_shards(m, &bk->place[MF_ROLE_GRAD]);
-            break;
-        case MF_BUF_WEIGHT_FULL:
-        case MF_BUF_GRAD_LOCAL:
-            want = bk->length;
-            break;
-        default:
-            break;
-        }
-        if (want >= 0 && bf->count != want) {
-            snprintf(err, errlen, "%s: buffer %s holds %lld elements per rank, its placement needs %lld",
-                     s->source, bf->name, (long long)bf->count, (long long)want);
-            return false;
-        }
-    }
-    /* Ops: operands, extents, events. */
-    for (int i = 0; i < s->nops; i++) {
-        const mf_op *op = &s->ops[i];
-        bool step = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
-        if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT || (int)op->kind < 0 ||
-            op->kind >= MF_OPKIND_COUNT || (int)op->stream < 0 || op->stream >= MF_STREAM_COUNT ||
-            (int)op->when < 0 || op->when >= MF_WHEN_COUNT ||
-            (step ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits))) {
-            snprintf(err, errlen, "%s: op %d has an invalid phase, unit, kind, stream or predicate",
-                     s->source, i);
-            return false;
-        }
-        if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) {
-            if (op->event < 0 || op->event >= s->nevents) {
-                snprintf(err, errlen, "%s: op %d names event %d (the schedule has %d)", s->source,
-                         i, op->event, s->nevents);
-                return false;
-            }
-            continue;
-        }
-        if (op->src < 0 || op->src >= s->nbuffers || op->dst < 0 || op->dst >= s->nbuffers) {
-            snprintf(err, errlen, "%s: op %d (%s) needs a source and a destination buffer",
-                     s->source, i, mf_opkind_name(op->kind));
-            return false;
-        }
-        bool needs_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
-        if (needs_axis && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
-            snprintf(err, errlen, "%s: op %d (%s) has no valid mesh axis", s->source, i,
-                     mf_opkind_name(op->kind));
-            return false;
-        }
-        const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
-        int64_t sn, dn;
-        op_extents(s, op, &sn, &dn);
-        if (op->count < 0 || sn > src->count || dn > dst->count) {
-            snprintf(err, errlen,
-                     "%s: op %d (%s count %lld) needs %lld elements of %s and %lld of %s, which "
-                     "hold %lld and %lld",
-                     s->source, i, mf_opkind_name(op->kind), (long long)op->count, (long long)sn,
-                     src->name, (long long)dn, dst->name, (long long)src->count,
-                     (long long)dst->count);
-            return false;
-        }
-        if (needs_axis && (src->dtype != op->dtype || dst->dtype != op->dtype)) {
-            snprintf(err, errlen, "%s: op %d (%s %s) moves buffers %s (%s) and %s (%s)", s->source,
-                     i, mf_opkind_name(op->kind), mf_dtype_name(op->dtype), src->name,
-                     mf_dtype_name(src->dtype), dst->name, mf_dtype_name(dst->dtype));
-            return false;
-        }
-        if ((op->kind == MF_OP_CAST || op->kind == MF_OP_ACCUMULATE || op->kind == MF_OP_SLICE) &&
-            op->src == op->dst) {
-            snprintf(err, errlen, "%s: op %d (%s) reads and writes the same buffer %s", s->source,
-                     i, mf_opkind_name(op->kind), src->name);
-            return false;
-        }
-    }
-    /* The counter model of events needs every event recorded on one stream. */
-    for (int e = 0; e < s->nevents; e++) {
-        int stream = -1;
-        for (int i = 0; i < s->nops; i++) {
-            const mf_op *op = &s->ops[i];
-            if (op->kind != MF_OP_RECORD || op->event != e)
-                continue;
-            if (stream >= 0 && stream != (int)op->stream) {
-                snprintf(err, errlen, "%s: event %d is recorded on both the %s and the %s stream",
-                         s->source, e, mf_stream_name((mf_stream)stream), mf_stream_name(op->stream));
-                return false;
-            }
-            stream = (int)op->stream;
-        }
-    }
-    return true;
-}
-
 mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!check_schedule(s, err, errlen)) {
+    /* The loader ran these rules already; a schedule built in memory has not. */
+    if (!mf_struct_check_first(s, err, errlen)) {
         mf_schedule_free(s);
         return MFSDP_ERR_LOAD;
     }
@@ -880,47 +687,15 @@ static void release(mf_rt *rt)
     mf_rt_free(rt);
 }
 
-MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config *cfg,
-                                    mfsdp_runtime **out)
+/* The mutex and condition variables; on failure destroys what it made and
+ * leaves rt->sync_ready false (release() then destroys none). */
+static bool init_sync(mf_rt *rt)
 {
-    mfsdp_result res = MFSDP_OK;
-    mf_rt *rt = NULL;
-    if (!out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
-    *out = NULL;
-    if (!sh || !cfg)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: schedule and config must not be NULL");
-    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
-    if (!be)
-        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
-                               "mfsdp_create: backend %d is not built into this library "
-                               "(check mfsdp_backend_available)",
-                               (int)cfg->backend);
-    if (cfg->timeout_ms < 0)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
-                               (long long)cfg->timeout_ms);
-    rt = mf_rt_calloc(1, sizeof *rt);
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
-    rt->sh = sh;
-    rt->s = sh->s;
-    rt->cfg = *cfg;
-    rt->cfg.flags = mf_debug_flags(cfg->flags);   /* MFSDP_CHECK=1 in the environment */
-    rt->be = be;
-    rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
-    rt->synchronous = !rt->native && (rt->cfg.flags & MFSDP_FLAG_SYNCHRONOUS);
-    rt->next_phase = MF_PHASE_STEP_BEGIN;
-    rt->next_unit = -1;
-    if (pthread_mutex_init(&rt->mu, NULL) != 0) {
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
-    }
+    if (pthread_mutex_init(&rt->mu, NULL) != 0)
+        return false;
     if (mf_rt_cond_init(&rt->cv) != 0) {
         pthread_mutex_destroy(&rt->mu);
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+        return false;
     }
     int nwork = 0;
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++, nwork++)
@@ -931,24 +706,40 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
             pthread_cond_destroy(&rt->streams[st].work);
         pthread_cond_destroy(&rt->cv);
         pthread_mutex_destroy(&rt->mu);
-        mf_rt_free(rt);
-        return mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+        return false;
     }
     rt->sync_ready = true;
-    for (int st = 0; st < MF_STREAM_COUNT; st++) {
-        rt->streams[st].rt = rt;
-        rt->streams[st].id = (mf_stream)st;
-        rt->streams[st].current = -1;
-    }
+    return true;
+}
 
-    res = be->open(rt, cfg, &rt->rank, &rt->world);
-    if (res != MFSDP_OK) {
-        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
-        goto fail;
-    }
+/* Arguments of mfsdp_create: MFSDP_OK, or the error (set). */
+static mfsdp_result check_create_args(const mfsdp_schedule *sh, const mfsdp_config *cfg, mfsdp_runtime **out)
+{
+    if (!out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
+    *out = NULL;
+    if (!sh || !cfg)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: schedule and config must not be NULL");
+    if (!mf_rt_backend_for(cfg->backend))
+        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
+                               "mfsdp_create: backend %d is not built into this library "
+                               "(check mfsdp_backend_available)",
+                               (int)cfg->backend);
+    if (cfg->timeout_ms < 0)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
+                               (long long)cfg->timeout_ms);
+    return MFSDP_OK;
+}
 
-    /* Local setup; a failure is still announced in the exchange so peers
-     * fail with it instead of waiting for this rank. */
+/*
+ * The local setup, then the exchange of every rank's schedule hash and
+ * setup status; a local failure is still announced in the exchange so peers
+ * fail with it instead of waiting for this rank. MFSDP_OK or the error (set).
+ */
+static mfsdp_result setup_and_greet(mf_rt *rt)
+{
     mfsdp_result local = setup(rt);
     char local_msg[MF_RT_ERRLEN];
     snprintf(local_msg, sizeof local_msg, "%s", mfsdp_last_error(NULL));
@@ -961,27 +752,55 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     for (int j = 0; j < rt->s->mesh.naxes && j < MF_MAX_AXES; j++)
         mine.axes[j] = rt->s->mesh.axes[j].size;
     mf_rt_hello *all = mf_rt_calloc((size_t)rt->world, sizeof *all);
-    if (!all) {
-        /* Cannot even take part in the exchange: peers will time out. */
-        res = mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
-        goto fail;
-    }
-    res = be->exchange(rt, &mine, sizeof mine, all);
-    if (res != MFSDP_OK) {
-        mf_rt_free(all);
+    if (!all) /* cannot even take part in the exchange: peers will time out */
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
+    mfsdp_result res = rt->be->exchange(rt, &mine, sizeof mine, all);
+    if (res != MFSDP_OK)
         mf_rt_set_error(NULL, res, "schedule hash exchange failed: %s", rt->err);
-        goto fail;
-    }
-    if (local != MFSDP_OK) {
-        mf_rt_free(all);
+    else if (local != MFSDP_OK)
         res = mf_rt_set_error(NULL, local, "%s", local_msg);
+    else
+        res = check_hellos(rt, all, rt->world);
+    mf_rt_free(all);
+    return res;
+}
+
+MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config *cfg,
+                                    mfsdp_runtime **out)
+{
+    mfsdp_result res = check_create_args(sh, cfg, out);
+    if (res != MFSDP_OK)
+        return res;
+    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
+    mf_rt *rt = mf_rt_calloc(1, sizeof *rt);
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
+    rt->sh = sh;
+    rt->s = sh->s;
+    rt->cfg = *cfg;
+    rt->cfg.flags = mf_debug_flags(cfg->flags);   /* MFSDP_CHECK=1 in the environment */
+    rt->be = be;
+    rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
+    rt->synchronous = !rt->native && (rt->cfg.flags & MFSDP_FLAG_SYNCHRONOUS);
+    rt->next_phase = MF_PHASE_STEP_BEGIN;
+    rt->next_unit = -1;
+    for (int st = 0; st < MF_STREAM_COUNT; st++) {
+        rt->streams[st].rt = rt;
+        rt->streams[st].id = (mf_stream)st;
+        rt->streams[st].current = -1;
+    }
+    if (!init_sync(rt)) {
+        res = mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex or condition variable");
         goto fail;
     }
-    res = check_hellos(rt, all, rt->world);
-    mf_rt_free(all);
+    res = be->open(rt, cfg, &rt->rank, &rt->world);
+    if (res != MFSDP_OK) {
+        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
+        goto fail;
+    }
+    res = setup_and_greet(rt);
     if (res != MFSDP_OK)
         goto fail;
-
     res = be->comm_init(rt, rt->comms, rt->ncomms);
     if (res != MFSDP_OK) {
         mf_rt_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);

@@ -3,15 +3,8 @@
 # printed as given (a relative path, run from tests/frontend).
 #   cmake -DMFSDPC=... -DSRC=tests/frontend -DSCHEDULES=schedules -P check_cli.cmake
 
-function(run expect_rc)
-  execute_process(COMMAND ${MFSDPC} ${ARGN} WORKING_DIRECTORY ${SRC}
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "${expect_rc}")
-    message(FATAL_ERROR "mfsdpc ${ARGN}: exit status ${rc}, expected ${expect_rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  set(out "${out}" PARENT_SCOPE)
-  set(err "${err}" PARENT_SCOPE)
-endfunction()
+set(MF_RUN_DIR ${SRC})
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/mfsdpc_run.cmake)
 
 function(expect_golden name)
   file(READ ${SRC}/invalid/${name}.expected want)
@@ -20,13 +13,6 @@ function(expect_golden name)
   endif()
   if(NOT out STREQUAL "")
     message(FATAL_ERROR "unexpected stdout:\n${out}")
-  endif()
-endfunction()
-
-function(expect_contains stream text)
-  string(FIND "${${stream}}" "${text}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "expected '${text}' in ${stream}:\n${${stream}}")
   endif()
 endfunction()
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_load: libFuzzer target for the schedule loader (runtime/mf_load.c),
+ * fuzz_load: libFuzzer target for the schedule loader (core/mf_load.c),
  * the one parser of untrusted bytes in the runtime library.
  *
  * Each input goes through mf_schedule_load_buffer(). Beyond "no crash, no

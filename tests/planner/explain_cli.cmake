@@ -3,22 +3,9 @@
 # and YAML listings, and a cost option that changes the choice.
 #   cmake -DMFSDPC=... -DSCHEDULES=schedules -DWORK=dir -P explain_cli.cmake
 
-function(run expect_rc)
-  execute_process(COMMAND ${MFSDPC} ${ARGN} WORKING_DIRECTORY ${WORK}
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "${expect_rc}")
-    message(FATAL_ERROR "mfsdpc ${ARGN}: exit status ${rc}, expected ${expect_rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  set(out "${out}" PARENT_SCOPE)
-  set(err "${err}" PARENT_SCOPE)
-endfunction()
+set(MF_RUN_DIR ${WORK})
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/mfsdpc_run.cmake)
 
-function(expect_contains stream text)
-  string(FIND "${${stream}}" "${text}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "expected '${text}' in ${stream}:\n${${stream}}")
-  endif()
-endfunction()
 
 file(MAKE_DIRECTORY ${WORK})
 file(COPY ${SCHEDULES}/hfsdp.mfsdp ${SCHEDULES}/hsdp_nosync.mfsdp DESTINATION ${WORK})

@@ -6,7 +6,7 @@
  *  - tl_plan: run mf_layout_run + mf_transition_run, diagnostics captured;
  *  - tl_check_layout: the invariants of docs/semantics.md §3, recomputed independently;
  *  - tl_check_transition: executes a transition's steps on concrete per-rank
- *    arrays with the op semantics of runtime/mf_schedule.h (values distinct
+ *    arrays with the op semantics of core/mf_schedule.h (values distinct
  *    per rank, microbatch and element) and compares every intermediate and the
  *    final contents with what the placement promises (mf_layout_range).
  *

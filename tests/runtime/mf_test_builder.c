@@ -315,40 +315,16 @@ static uint8_t fnv_fill(uint8_t out[32], const void *data, size_t len, uint64_t 
     return out[0];
 }
 
-mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
+/* Status of the builder's steps: 0, or TB_OOM, or TB_FAIL (err set). */
+enum { TB_OK = 0, TB_OOM = -1, TB_FAIL = -2 };
+
+/* Buckets: per unit, one per layout used, in first-use order. */
+static int tb_buckets(tb *b, const mf_tb_spec *spec, mf_bucket *buckets, int *nb_out)
 {
-    tb b;
-    memset(&b, 0, sizeof b);
-    b.err = err;
-    b.errlen = errlen;
-    err[0] = '\0';
-    mf_schedule *s = mf_schedule_new();
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    b.s = s;
-    mf_vec_init(&b.ops, sizeof(mf_op));
-    mf_vec_init(&b.bufs, sizeof(mf_buffer));
-    int k = spec->naxes;
-    s->source = "test-builder";
-    s->mesh.naxes = k;
-    s->mesh.world = 1;
-    static const char *const axis_names[] = {"dp_a", "dp_b", "dp_c", "dp_d"};
-    for (int j = 0; j < k; j++) {
-        s->mesh.axes[j].name = k == 2 ? (j == 0 ? "dp_outer" : "dp_inner") : axis_names[j];
-        s->mesh.axes[j].size = spec->sizes[j];
-        s->mesh.world *= spec->sizes[j];
-    }
-    s->microbatches = spec->microbatches;
-    s->reduce = spec->reduce;
-    s->nunits = spec->nunits;
-    s->units = mf_arena_array(s->arena, (size_t)spec->nunits, sizeof *s->units);
-    /* Buckets: per unit, one per layout used, in first-use order. */
-    int nb = 0;
-    mf_bucket *buckets = mf_arena_array(s->arena, MF_TB_MAX_UNITS * MF_TB_MAX_LAYOUTS, sizeof *buckets);
-    if (!s->units || !buckets)
-        goto oom;
+    mf_schedule *s = b->s;
+    char *err = b->err;
+    size_t errlen = b->errlen;
+    int k = spec->naxes, nb = 0;
     for (int u = 0; u < spec->nunits; u++) {
         const mf_tb_unit *tu = &spec->units[u];
         s->units[u].name = mf_arena_strdup(s->arena, tu->name);
@@ -369,12 +345,12 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
                 bk->place[r] = parse_place(spec->layouts[l].place[r], k);
                 if (!mf_placement_suffix_ok(&bk->place[r], k)) {
                     snprintf(err, errlen, "layout %d: Flat axes must be a suffix", l);
-                    goto fail;
+                    return TB_FAIL;
                 }
             }
             bk->tensors = mf_arena_array(s->arena, (size_t)count, sizeof *bk->tensors);
             if (!bk->tensors)
-                goto oom;
+                return TB_OOM;
             int64_t at = 0;
             for (int t = 0; t < tu->ntensors; t++) {
                 if (tu->tensors[t].layout != l)
@@ -396,10 +372,16 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
         }
         s->units[u].nbuckets = nb - s->units[u].first_bucket;
     }
-    s->nbuckets = nb;
-    s->buckets = buckets;
+    *nb_out = nb;
+    return TB_OK;
+}
 
-    /* Buffers. */
+/* The normative buffers of every bucket. */
+static int tb_buffers(tb *bp, int nb)
+{
+    const mf_schedule *s = bp->s;
+    const mf_bucket *buckets = s->buckets;
+    int k = s->mesh.naxes;
     for (int bi = 0; bi < nb; bi++) {
         const mf_bucket *bk = &buckets[bi];
         int64_t L = bk->length;
@@ -414,21 +396,169 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
         }
         mf_dtype wd = bk->dtype[MF_ROLE_WEIGHT], gd = bk->dtype[MF_ROLE_GRAD],
                  od = bk->dtype[MF_ROLE_MAIN_WEIGHT];
-        add_buffer(&b, bi, MF_BUF_MAIN_WEIGHT, od, O, L / mf_placement_shards(&s->mesh, &O),
+        add_buffer(bp, bi, MF_BUF_MAIN_WEIGHT, od, O, L / mf_placement_shards(&s->mesh, &O),
                    MF_LIFETIME_PERSISTENT, "main_weight");
-        add_buffer(&b, bi, MF_BUF_WEIGHT, wd, W, L / mf_placement_shards(&s->mesh, &W),
+        add_buffer(bp, bi, MF_BUF_WEIGHT, wd, W, L / mf_placement_shards(&s->mesh, &W),
                    MF_LIFETIME_PERSISTENT, "weight");
         if (!mf_placement_equal(&W, &rep, k))
-            add_buffer(&b, bi, MF_BUF_WEIGHT_FULL, wd, rep, L, MF_LIFETIME_MICROBATCH, "weight_full");
-        add_buffer(&b, bi, MF_BUF_GRAD_LOCAL, gd, partial, L, MF_LIFETIME_MICROBATCH, "grad_local");
-        add_buffer(&b, bi, MF_BUF_GRAD, gd, G, L / mf_placement_shards(&s->mesh, &G),
+            add_buffer(bp, bi, MF_BUF_WEIGHT_FULL, wd, rep, L, MF_LIFETIME_MICROBATCH, "weight_full");
+        add_buffer(bp, bi, MF_BUF_GRAD_LOCAL, gd, partial, L, MF_LIFETIME_MICROBATCH, "grad_local");
+        add_buffer(bp, bi, MF_BUF_GRAD, gd, G, L / mf_placement_shards(&s->mesh, &G),
                    MF_LIFETIME_PERSISTENT, "grad");
         if (!mf_placement_equal(&G, &O, k))
-            add_buffer(&b, bi, MF_BUF_GRAD_FINAL, gd, O, L / mf_placement_shards(&s->mesh, &O),
+            add_buffer(bp, bi, MF_BUF_GRAD_FINAL, gd, O, L / mf_placement_shards(&s->mesh, &O),
                        MF_LIFETIME_STEP, "grad_final");
-        if (b.oom)
-            goto oom;
+        if (bp->oom)
+            return TB_OOM;
     }
+
+    return TB_OK;
+}
+
+/* T1 and T2 of every bucket at forward_pre (T2 again at backward_pre when
+ * the unit reshards), and backward_pre's wait for the previous T3. */
+static int tb_gathers(tb *bp, const mf_tb_spec *spec, const int *fwd_chain, const int *bwd_chain)
+{
+    const mf_schedule *s = bp->s;
+    const mf_bucket *buckets = s->buckets;
+    int k = s->mesh.naxes;
+    for (int u = 0; u < spec->nunits; u++) {
+        for (int bi = s->units[u].first_bucket; bi < s->units[u].first_bucket + s->units[u].nbuckets; bi++) {
+            const mf_bucket *bk = &buckets[bi];
+            mf_placement W = bk->place[MF_ROLE_WEIGHT], O = bk->place[MF_ROLE_MAIN_WEIGHT];
+            mf_placement rep;
+            memset(&rep, 0, sizeof rep);
+            for (int j = 0; j < k; j++)
+                rep.p[j] = MF_PLACE_REPLICATE;
+            mf_dtype wd = bk->dtype[MF_ROLE_WEIGHT];
+            int mw = find_buffer(bp, bi, MF_BUF_MAIN_WEIGHT), w = find_buffer(bp, bi, MF_BUF_WEIGHT);
+            int full = find_buffer(bp, bi, MF_BUF_WEIGHT_FULL);
+            step steps[MAX_STEPS];
+            int n = 0;
+            /* T1: cast at O, then O -> W. */
+            int cast_dst = w;
+            if (!mf_placement_equal(&O, &W, k))
+                cast_dst = add_buffer(bp, bi, MF_BUF_WEIGHT_STAGE, wd, O,
+                                      bk->length / mf_placement_shards(&s->mesh, &O), MF_LIFETIME_STEP,
+                                      "wcast");
+            steps[n++] = (step){MF_OP_CAST, -1, wd, bk->length / mf_placement_shards(&s->mesh, &O), mw,
+                                cast_dst, MF_WHEN_FIRST, 1, MF_STREAM_COUNT};
+            if (cast_dst != w)
+                n = compose(bp, bi, O, W, wd, cast_dst, w, MF_BUF_WEIGHT_STAGE, MF_WHEN_FIRST, 1, steps, n);
+            if (n < 0)
+                return TB_FAIL;
+            /* T2: W -> Rep into weight_full. */
+            int t2_start = n;
+            if (full >= 0)
+                n = compose(bp, bi, W, rep, wd, w, full, MF_BUF_WEIGHT_STAGE, MF_WHEN_EVERY, 2, steps, n);
+            if (n < 0)
+                return TB_FAIL;
+            emit_chain(bp, MF_PHASE_FORWARD_PRE, u, bi, steps, n, fwd_chain[bi], -1, true);
+            if (full >= 0 && s->units[u].reshard_after_forward) {
+                step again[MAX_STEPS];
+                int m = 0;
+                for (int i = t2_start; i < n; i++)
+                    again[m++] = steps[i];
+                emit_chain(bp, MF_PHASE_BACKWARD_PRE, u, bi, again, m, fwd_chain[bi], -1, true);
+            }
+            /* The trainer overwrites grad_local at backward: wait until the
+             * previous microbatch's T3 read it. */
+            hook_event(bp, MF_PHASE_BACKWARD_PRE, u);
+            add_op(bp, MF_PHASE_BACKWARD_PRE, u, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, 0, -1, -1,
+                   MF_FP32, 0, -1, -1, bwd_chain[bi]);
+            if (bp->oom)
+                return TB_OOM;
+        }
+    }
+    return TB_OK;
+}
+
+/* T3 and T4 of every bucket at backward_post. */
+static int tb_reductions(tb *bp, const mf_tb_spec *spec, const int *bwd_chain, const int *t4_chain)
+{
+    const mf_schedule *s = bp->s;
+    const mf_bucket *buckets = s->buckets;
+    int k = s->mesh.naxes;
+    for (int u = 0; u < spec->nunits; u++) {
+        for (int bi = s->units[u].first_bucket; bi < s->units[u].first_bucket + s->units[u].nbuckets; bi++) {
+            const mf_bucket *bk = &buckets[bi];
+            mf_placement G = bk->place[MF_ROLE_GRAD], O = bk->place[MF_ROLE_MAIN_WEIGHT];
+            mf_placement partial;
+            memset(&partial, 0, sizeof partial);
+            for (int j = 0; j < k; j++)
+                partial.p[j] = MF_PLACE_PARTIAL;
+            mf_dtype gd = bk->dtype[MF_ROLE_GRAD];
+            int local = find_buffer(bp, bi, MF_BUF_GRAD_LOCAL), g = find_buffer(bp, bi, MF_BUF_GRAD);
+            int fin = find_buffer(bp, bi, MF_BUF_GRAD_FINAL);
+            step steps[MAX_STEPS];
+            int n = 0;
+            /* T3: local [P..P] -> G into a stage, then accumulate into grad. */
+            int64_t gcount = bk->length / mf_placement_shards(&s->mesh, &G);
+            int reduced = local;
+            if (!mf_placement_equal(&partial, &G, k)) {
+                reduced = add_buffer(bp, bi, MF_BUF_GRAD_STAGE, gd, G, gcount, MF_LIFETIME_MICROBATCH,
+                                     "greduced");
+                n = compose(bp, bi, partial, G, gd, local, reduced, MF_BUF_GRAD_STAGE, MF_WHEN_EVERY, 3,
+                            steps, n);
+                if (n < 0)
+                    return TB_FAIL;
+            }
+            steps[n++] = (step){MF_OP_ACCUMULATE, -1, gd, gcount, reduced, g, MF_WHEN_EVERY, 3,
+                                MF_STREAM_COUNT};
+            emit_chain(bp, MF_PHASE_BACKWARD_POST, u, bi, steps, n, bwd_chain[bi], -1, false);
+            /* T4: G -> O into grad_final, after T3. */
+            if (fin >= 0) {
+                step t4[MAX_STEPS];
+                int m = compose(bp, bi, G, O, gd, g, fin, MF_BUF_GRAD_STAGE, MF_WHEN_LAST, 4, t4, 0);
+                if (m < 0)
+                    return TB_FAIL;
+                emit_chain(bp, MF_PHASE_BACKWARD_POST, u, bi, t4, m, t4_chain[bi], bwd_chain[bi], false);
+            }
+            if (bp->oom)
+                return TB_OOM;
+        }
+    }
+    return TB_OK;
+}
+
+mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
+{
+    tb b;
+    memset(&b, 0, sizeof b);
+    b.err = err;
+    b.errlen = errlen;
+    err[0] = '\0';
+    mf_schedule *s = mf_schedule_new();
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    b.s = s;
+    mf_vec_init(&b.ops, sizeof(mf_op));
+    mf_vec_init(&b.bufs, sizeof(mf_buffer));
+    int k = spec->naxes, nb = 0, rc;
+    s->source = "test-builder";
+    s->mesh.naxes = k;
+    s->mesh.world = 1;
+    static const char *const axis_names[] = {"dp_a", "dp_b", "dp_c", "dp_d"};
+    for (int j = 0; j < k; j++) {
+        s->mesh.axes[j].name = k == 2 ? (j == 0 ? "dp_outer" : "dp_inner") : axis_names[j];
+        s->mesh.axes[j].size = spec->sizes[j];
+        s->mesh.world *= spec->sizes[j];
+    }
+    s->microbatches = spec->microbatches;
+    s->reduce = spec->reduce;
+    s->nunits = spec->nunits;
+    s->units = mf_arena_array(s->arena, (size_t)spec->nunits, sizeof *s->units);
+    mf_bucket *buckets = mf_arena_array(s->arena, MF_TB_MAX_UNITS * MF_TB_MAX_LAYOUTS, sizeof *buckets);
+    if (!s->units || !buckets)
+        goto oom;
+    if ((rc = tb_buckets(&b, spec, buckets, &nb)) != TB_OK)
+        goto status;
+    s->nbuckets = nb;
+    s->buckets = buckets;
+    if ((rc = tb_buffers(&b, nb)) != TB_OK)
+        goto status;
 
     /* Ops, hook by hook in the order the trainer calls them (ids ascend
      * within a hook; hooks of different units interleave freely). */
@@ -442,93 +572,9 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
         bwd_chain[bi] = new_event(&b);   /* T3's end: also frees grad_local */
         t4_chain[bi] = new_event(&b);
     }
-    for (int u = 0; u < spec->nunits; u++) {
-        for (int bi = s->units[u].first_bucket; bi < s->units[u].first_bucket + s->units[u].nbuckets; bi++) {
-            const mf_bucket *bk = &buckets[bi];
-            mf_placement W = bk->place[MF_ROLE_WEIGHT], O = bk->place[MF_ROLE_MAIN_WEIGHT];
-            mf_placement rep;
-            memset(&rep, 0, sizeof rep);
-            for (int j = 0; j < k; j++)
-                rep.p[j] = MF_PLACE_REPLICATE;
-            mf_dtype wd = bk->dtype[MF_ROLE_WEIGHT];
-            int mw = find_buffer(&b, bi, MF_BUF_MAIN_WEIGHT), w = find_buffer(&b, bi, MF_BUF_WEIGHT);
-            int full = find_buffer(&b, bi, MF_BUF_WEIGHT_FULL);
-            step steps[MAX_STEPS];
-            int n = 0;
-            /* T1: cast at O, then O -> W. */
-            int cast_dst = w;
-            if (!mf_placement_equal(&O, &W, k))
-                cast_dst = add_buffer(&b, bi, MF_BUF_WEIGHT_STAGE, wd, O,
-                                      bk->length / mf_placement_shards(&s->mesh, &O), MF_LIFETIME_STEP,
-                                      "wcast");
-            steps[n++] = (step){MF_OP_CAST, -1, wd, bk->length / mf_placement_shards(&s->mesh, &O), mw,
-                                cast_dst, MF_WHEN_FIRST, 1, MF_STREAM_COUNT};
-            if (cast_dst != w)
-                n = compose(&b, bi, O, W, wd, cast_dst, w, MF_BUF_WEIGHT_STAGE, MF_WHEN_FIRST, 1, steps, n);
-            if (n < 0)
-                goto fail;
-            /* T2: W -> Rep into weight_full. */
-            int t2_start = n;
-            if (full >= 0)
-                n = compose(&b, bi, W, rep, wd, w, full, MF_BUF_WEIGHT_STAGE, MF_WHEN_EVERY, 2, steps, n);
-            if (n < 0)
-                goto fail;
-            emit_chain(&b, MF_PHASE_FORWARD_PRE, u, bi, steps, n, fwd_chain[bi], -1, true);
-            if (full >= 0 && s->units[u].reshard_after_forward) {
-                step again[MAX_STEPS];
-                int m = 0;
-                for (int i = t2_start; i < n; i++)
-                    again[m++] = steps[i];
-                emit_chain(&b, MF_PHASE_BACKWARD_PRE, u, bi, again, m, fwd_chain[bi], -1, true);
-            }
-            /* The trainer overwrites grad_local at backward: wait until the
-             * previous microbatch's T3 read it. */
-            hook_event(&b, MF_PHASE_BACKWARD_PRE, u);
-            add_op(&b, MF_PHASE_BACKWARD_PRE, u, MF_WHEN_EVERY, MF_STREAM_COMPUTE, MF_OP_WAIT, 0, -1, -1,
-                   MF_FP32, 0, -1, -1, bwd_chain[bi]);
-            if (b.oom)
-                goto oom;
-        }
-    }
-    for (int u = 0; u < spec->nunits; u++) {
-        for (int bi = s->units[u].first_bucket; bi < s->units[u].first_bucket + s->units[u].nbuckets; bi++) {
-            const mf_bucket *bk = &buckets[bi];
-            mf_placement G = bk->place[MF_ROLE_GRAD], O = bk->place[MF_ROLE_MAIN_WEIGHT];
-            mf_placement partial;
-            memset(&partial, 0, sizeof partial);
-            for (int j = 0; j < k; j++)
-                partial.p[j] = MF_PLACE_PARTIAL;
-            mf_dtype gd = bk->dtype[MF_ROLE_GRAD];
-            int local = find_buffer(&b, bi, MF_BUF_GRAD_LOCAL), g = find_buffer(&b, bi, MF_BUF_GRAD);
-            int fin = find_buffer(&b, bi, MF_BUF_GRAD_FINAL);
-            step steps[MAX_STEPS];
-            int n = 0;
-            /* T3: local [P..P] -> G into a stage, then accumulate into grad. */
-            int64_t gcount = bk->length / mf_placement_shards(&s->mesh, &G);
-            int reduced = local;
-            if (!mf_placement_equal(&partial, &G, k)) {
-                reduced = add_buffer(&b, bi, MF_BUF_GRAD_STAGE, gd, G, gcount, MF_LIFETIME_MICROBATCH,
-                                     "greduced");
-                n = compose(&b, bi, partial, G, gd, local, reduced, MF_BUF_GRAD_STAGE, MF_WHEN_EVERY, 3,
-                            steps, n);
-                if (n < 0)
-                    goto fail;
-            }
-            steps[n++] = (step){MF_OP_ACCUMULATE, -1, gd, gcount, reduced, g, MF_WHEN_EVERY, 3,
-                                MF_STREAM_COUNT};
-            emit_chain(&b, MF_PHASE_BACKWARD_POST, u, bi, steps, n, bwd_chain[bi], -1, false);
-            /* T4: G -> O into grad_final, after T3. */
-            if (fin >= 0) {
-                step t4[MAX_STEPS];
-                int m = compose(&b, bi, G, O, gd, g, fin, MF_BUF_GRAD_STAGE, MF_WHEN_LAST, 4, t4, 0);
-                if (m < 0)
-                    goto fail;
-                emit_chain(&b, MF_PHASE_BACKWARD_POST, u, bi, t4, m, t4_chain[bi], bwd_chain[bi], false);
-            }
-            if (b.oom)
-                goto oom;
-        }
-    }
+    if ((rc = tb_gathers(&b, spec, fwd_chain, bwd_chain)) != TB_OK ||
+        (rc = tb_reductions(&b, spec, bwd_chain, t4_chain)) != TB_OK)
+        goto status;
     /* step_end: compute waits for both streams. */
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
         int e = new_event(&b);
@@ -557,6 +603,9 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
         s->hash[i] ^= more[i];
     return s;
 
+status:
+    if (rc == TB_FAIL)
+        goto fail;
 oom:
     snprintf(err, errlen, "out of memory");
 fail:

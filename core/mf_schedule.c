@@ -30,9 +30,12 @@ static const char place_letters[] = {MF_PLACE_LIST(MF_LETTER_ITEM)};
 #define MF_ROLE_ITEM(E, name, role) MF_ROLE_##role,
 static const mf_role bufkind_roles[] = {MF_BUFKIND_LIST(MF_ROLE_ITEM)};
 #undef MF_ROLE_ITEM
-#define MF_COLL_ITEM(E, name, coll, doc) coll,
+#define MF_COLL_ITEM(E, name, coll, on_axis, doc) coll,
 static const bool opkind_collective[] = {MF_OPKIND_LIST(MF_COLL_ITEM)};
 #undef MF_COLL_ITEM
+#define MF_ON_AXIS_ITEM(E, name, coll, on_axis, doc) on_axis,
+static const bool opkind_on_axis[] = {MF_OPKIND_LIST(MF_ON_AXIS_ITEM)};
+#undef MF_ON_AXIS_ITEM
 
 #define MF_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -77,6 +80,16 @@ mf_role mf_bufkind_role(mf_bufkind k)
 bool mf_opkind_is_collective(mf_opkind k)
 {
     return (int)k >= 0 && k < MF_OPKIND_COUNT && opkind_collective[k];
+}
+
+bool mf_opkind_on_axis(mf_opkind k)
+{
+    return (int)k >= 0 && k < MF_OPKIND_COUNT && opkind_on_axis[k];
+}
+
+mf_stream mf_axis_stream(int naxes, int axis)
+{
+    return axis == naxes - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER;
 }
 
 char mf_place_letter(mf_place p)

@@ -217,3 +217,13 @@ const char *mf_diag_suggest(const char *word, const char *const *cands, size_t n
     }
     return best;
 }
+
+void mf_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}

@@ -30,82 +30,9 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "mf_hash.h"
 #include "mf_layout.h"
-
-/* ---- a small string -> index table (open addressing) ---- */
-
-typedef struct mf_names {
-    const char **keys;
-    int *vals;
-    size_t cap;         /* power of two, or 0 */
-    size_t len;
-} mf_names;
-
-static uint64_t mf_load_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211u;
-    return h;
-}
-
-static void mf_names_free(mf_names *t)
-{
-    free(t->keys);
-    free(t->vals);
-    memset(t, 0, sizeof *t);
-}
-
-/* Returns the index stored for key, or -1. */
-static int mf_names_get(const mf_names *t, const char *key)
-{
-    if (!t->cap)
-        return -1;
-    for (size_t i = mf_load_hash(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        if (!t->keys[i])
-            return -1;
-        if (strcmp(t->keys[i], key) == 0)
-            return t->vals[i];
-    }
-}
-
-/* Inserts key (borrowed; must outlive the table). Returns 1, 0 when the key is
- * already present, -1 on OOM. */
-static int mf_names_put(mf_names *t, const char *key, int val)
-{
-    if ((t->len + 1) * 2 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        const char **keys = calloc(cap, sizeof *keys);
-        int *vals = calloc(cap, sizeof *vals);
-        if (!keys || !vals) {
-            free(keys);
-            free(vals);
-            return -1;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->keys[i])
-                continue;
-            size_t j = mf_load_hash(t->keys[i]) & (cap - 1);
-            while (keys[j])
-                j = (j + 1) & (cap - 1);
-            keys[j] = t->keys[i];
-            vals[j] = t->vals[i];
-        }
-        free(t->keys);
-        free(t->vals);
-        t->keys = keys;
-        t->vals = vals;
-        t->cap = cap;
-    }
-    size_t i = mf_load_hash(key) & (t->cap - 1);
-    for (; t->keys[i]; i = (i + 1) & (t->cap - 1))
-        if (strcmp(t->keys[i], key) == 0)
-            return 0;
-    t->keys[i] = key;
-    t->vals[i] = val;
-    t->len++;
-    return 1;
-}
+#include "mf_struct.h"
 
 /* ---- loader context ---- */
 
@@ -116,7 +43,7 @@ typedef struct mf_loader {
     char *err;
     size_t errlen;
     bool failed;
-    mf_names units, buckets, buffers, axes, tensors;
+    mf_hash units, buckets, buffers, axes, tensors; /* name -> index */
 } mf_loader;
 
 typedef yaml_node_t mf_node;
@@ -147,6 +74,33 @@ __attribute__((format(printf, 3, 4))) static bool mf_load_fail(mf_loader *l, con
 static bool mf_load_oom(mf_loader *l)
 {
     return mf_load_fail(l, NULL, "out of memory");
+}
+
+/*
+ * Where the structural checks' findings (core/mf_struct.c) point: the node of
+ * the field a finding names when known, else the node of its buffer or op,
+ * else `any`; bucket findings point at the buffers section.
+ */
+typedef struct mf_load_site {
+    mf_loader *l;
+    mf_node *field[MF_FIELD_BUFFERS + 1];
+    mf_node **buffers, **ops;   /* per index, or NULL */
+    mf_node *section, *any;
+} mf_load_site;
+
+static bool mf_load_finding(void *ctx, const mf_struct_finding *f)
+{
+    mf_load_site *site = ctx;
+    mf_node *at = site->field[f->field];
+    if (!at && f->at == MF_AT_BUFFER && site->buffers)
+        at = site->buffers[f->index];
+    if (!at && f->at == MF_AT_OP && site->ops)
+        at = site->ops[f->index];
+    if (!at && f->at == MF_AT_BUCKET)
+        at = site->section;
+    if (!at)
+        at = site->any;
+    return mf_load_fail(site->l, at, "%s", f->msg);
 }
 
 static mf_node *mf_load_node(mf_loader *l, int id)
@@ -374,22 +328,22 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
 }
 
 /* Resolves a name in a table; `what` names the kind of thing for the message. */
-static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_names *t, const char *what, int *out)
+static bool mf_load_ref(mf_loader *l, mf_node *n, const mf_hash *t, const char *what, int *out)
 {
     const char *v = NULL;
     if (!mf_load_str(l, n, what, &v))
         return false;
-    int x = mf_names_get(t, v);
+    int x = (int)mf_hash_get_str(t, v);
     if (x < 0)
         return mf_load_fail(l, n, "unknown %s '%s'", what, v);
     *out = x;
     return true;
 }
 
-static bool mf_load_register(mf_loader *l, mf_names *t, const char *name, mf_node *at,
+static bool mf_load_register(mf_loader *l, mf_hash *t, const char *name, mf_node *at,
                              const char *what, int val)
 {
-    int r = mf_names_put(t, name, val);
+    int r = mf_hash_put_str(t, name, val);
     if (r < 0)
         return mf_load_oom(l);
     if (r == 0)
@@ -546,14 +500,11 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
                 !mf_load_placement(l, rv[1], what, r == MF_ROLE_GRAD, &bk->place[r]))
                 return false;
             bk->dtype[r] = (mf_dtype)dt;
-            int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
-            if (bk->length % shards != 0)
-                return mf_load_fail(l, v[4], "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement",
-                                    bk->name, (long long)bk->length, (long long)shards,
-                                    mf_role_name((mf_role)r));
-            if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
-                return mf_load_fail(l, v[4], "bucket '%s': length %lld overflows 64 bits in bytes",
-                                    bk->name, (long long)bk->length);
+            mf_load_site site = {.l = l, .any = v[4]};
+            mf_struct_sink sink = {mf_load_finding, &site, 0, false};
+            mf_struct_bucket_role(s, b, r, &sink);
+            if (sink.findings)
+                return false;
         }
         if (!mf_load_tensors(l, v[9], bk))
             return false;
@@ -624,137 +575,24 @@ static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
             !mf_load_enum(l, v[6], "lifetime", mf_lifetime_from_name, mf_lifetime_choices, &life))
             return false;
         bf->lifetime = (mf_lifetime)life;
-        const mf_bucket *bk = &s->buckets[bf->bucket];
-        int64_t shards = mf_placement_shards(&s->mesh, &bf->place);
-        if (bk->length % shards != 0 || bf->count != bk->length / shards)
-            return mf_load_fail(l, v[5], "buffer '%s': count %lld does not match its bucket's length %lld over the %lld shards of its placement",
-                                bf->name, (long long)bf->count, (long long)bk->length, (long long)shards);
-        if (bf->count > INT64_MAX / (int64_t)mf_dtype_size(bf->dtype))
-            return mf_load_fail(l, v[5], "buffer '%s': %lld elements overflow 64 bits in bytes",
-                                bf->name, (long long)bf->count);
+        mf_load_site site = {.l = l, .any = item};
+        site.field[MF_FIELD_COUNT] = v[5];
+        mf_struct_sink k = {mf_load_finding, &site, 0, false};
+        mf_struct_buffer(s, i, &k);
+        if (k.findings)
+            return false;
         (*where)[i] = item;
     }
     return true;
 }
 
-/*
- * The normative buffer rules (mf_schedule.h): per bucket exactly one
- * main_weight, weight, grad_local and grad; weight_full exactly when W is not
- * all-Replicate; grad_final exactly when G != O; and the fixed buffers sit at
- * the bucket's placements and dtypes, which the runtime's tensor views use.
- */
+/* The normative buffer rules (core/mf_struct.c). */
 static bool mf_load_bucket_buffers(mf_loader *l, mf_node **where, mf_node *section)
 {
-    mf_schedule *s = l->s;
-    int *count = calloc((size_t)(s->nbuckets ? s->nbuckets : 1) * MF_BUFKIND_COUNT, sizeof *count);
-    if (!count)
-        return mf_load_oom(l);
-    bool ok = true;
-    mf_placement rep = {{0}}, partial = {{0}};
-    for (int j = 0; j < s->mesh.naxes; j++)
-        partial.p[j] = MF_PLACE_PARTIAL;
-    for (int i = 0; ok && i < s->nbuffers; i++) {
-        const mf_buffer *bf = &s->buffers[i];
-        const mf_bucket *bk = &s->buckets[bf->bucket];
-        if (++count[bf->bucket * MF_BUFKIND_COUNT + bf->kind] > 1 && bf->kind != MF_BUF_WEIGHT_STAGE &&
-            bf->kind != MF_BUF_GRAD_STAGE) {
-            ok = mf_load_fail(l, where[i], "bucket '%s' has a second %s buffer '%s'", bk->name,
-                              mf_bufkind_name(bf->kind), bf->name);
-            break;
-        }
-        const mf_placement *want = NULL;
-        mf_dtype want_dt = bk->dtype[mf_bufkind_role(bf->kind)];
-        switch (bf->kind) {
-        case MF_BUF_MAIN_WEIGHT:
-            want = &bk->place[MF_ROLE_MAIN_WEIGHT];
-            break;
-        case MF_BUF_WEIGHT:
-            want = &bk->place[MF_ROLE_WEIGHT];
-            break;
-        case MF_BUF_WEIGHT_FULL:
-            want = &rep;
-            break;
-        case MF_BUF_GRAD_LOCAL:
-            want = &partial;
-            break;
-        case MF_BUF_GRAD:
-            want = &bk->place[MF_ROLE_GRAD];
-            break;
-        case MF_BUF_GRAD_FINAL:
-            want = &bk->place[MF_ROLE_MAIN_WEIGHT];
-            break;
-        default:
-            break;
-        }
-        if (want && !mf_placement_equal(want, &bf->place, s->mesh.naxes)) {
-            char a[64], b[64];
-            ok = mf_load_fail(l, where[i], "buffer '%s' (%s) has placement %s, expected %s", bf->name,
-                              mf_bufkind_name(bf->kind), mf_placement_format(&bf->place, s->mesh.naxes, a, sizeof a),
-                              mf_placement_format(want, s->mesh.naxes, b, sizeof b));
-        } else if (want && bf->dtype != want_dt) {
-            ok = mf_load_fail(l, where[i], "buffer '%s' (%s) has dtype %s, expected %s", bf->name,
-                              mf_bufkind_name(bf->kind), mf_dtype_name(bf->dtype), mf_dtype_name(want_dt));
-        }
-    }
-    for (int b = 0; ok && b < s->nbuckets; b++) {
-        const mf_bucket *bk = &s->buckets[b];
-        const int *c = &count[b * MF_BUFKIND_COUNT];
-        static const mf_bufkind required[] = {MF_BUF_MAIN_WEIGHT, MF_BUF_WEIGHT, MF_BUF_GRAD_LOCAL,
-                                              MF_BUF_GRAD};
-        for (size_t k = 0; ok && k < sizeof required / sizeof required[0]; k++)
-            if (!c[required[k]])
-                ok = mf_load_fail(l, section, "bucket '%s' has no %s buffer", bk->name,
-                                  mf_bufkind_name(required[k]));
-        bool need_full = !mf_placement_equal(&bk->place[MF_ROLE_WEIGHT], &rep, s->mesh.naxes);
-        bool need_final = !mf_placement_equal(&bk->place[MF_ROLE_GRAD], &bk->place[MF_ROLE_MAIN_WEIGHT],
-                                              s->mesh.naxes);
-        if (ok && need_full != (c[MF_BUF_WEIGHT_FULL] > 0))
-            ok = mf_load_fail(l, section, need_full ? "bucket '%s' has no weight_full buffer (its weight is not replicated)"
-                                                    : "bucket '%s' has a weight_full buffer, but its weight is replicated",
-                              bk->name);
-        if (ok && need_final != (c[MF_BUF_GRAD_FINAL] > 0))
-            ok = mf_load_fail(l, section, need_final ? "bucket '%s' has no grad_final buffer (grad and main_weight placements differ)"
-                                                     : "bucket '%s' has a grad_final buffer, but grad and main_weight placements are equal",
-                              bk->name);
-    }
-    free(count);
-    return ok;
-}
-
-static bool mf_load_check_counts(mf_loader *l, const mf_op *op, mf_node *count_node)
-{
-    const mf_schedule *s = l->s;
-    const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
-    int64_t n = op->axis >= 0 ? s->mesh.axes[op->axis].size : 1;
-    int64_t big;
-    int64_t want_src = op->count, want_dst = op->count;
-    const char *kind = mf_opkind_name(op->kind);
-    switch (op->kind) {
-    case MF_OP_ALL_GATHER:
-        if (__builtin_mul_overflow(op->count, n, &big))
-            return mf_load_fail(l, count_node, "op %d: count %lld times the axis size overflows", op->id,
-                                (long long)op->count);
-        want_dst = big;
-        break;
-    case MF_OP_REDUCE_SCATTER:
-    case MF_OP_SLICE:
-        if (__builtin_mul_overflow(op->count, n, &big))
-            return mf_load_fail(l, count_node, "op %d: count %lld times the axis size overflows", op->id,
-                                (long long)op->count);
-        want_src = big;
-        break;
-    default:
-        break;
-    }
-    if (src->count != want_src)
-        return mf_load_fail(l, count_node, "op %d (%s): count %lld needs a source of %lld elements, but '%s' holds %lld",
-                            op->id, kind, (long long)op->count, (long long)want_src, src->name,
-                            (long long)src->count);
-    if (dst->count != want_dst)
-        return mf_load_fail(l, count_node, "op %d (%s): count %lld needs a destination of %lld elements, but '%s' holds %lld",
-                            op->id, kind, (long long)op->count, (long long)want_dst, dst->name,
-                            (long long)dst->count);
-    return true;
+    mf_load_site site = {.l = l, .buffers = where, .section = section, .any = section};
+    mf_struct_sink k = {mf_load_finding, &site, 0, false};
+    mf_struct_bucket_buffers(l->s, &k);
+    return k.findings == 0;
 }
 
 enum {
@@ -802,7 +640,7 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
         return false;
 
     bool is_event = op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT;
-    bool has_axis = mf_opkind_is_collective(op->kind) || op->kind == MF_OP_SLICE;
+    bool has_axis = mf_opkind_on_axis(op->kind);
     static const int data_keys[] = {K_TRANSITION, K_BUCKET, K_DTYPE, K_COUNT, K_SRC, K_DST};
     op->transition = 0;
     op->bucket = op->axis = op->src = op->dst = op->event = -1;
@@ -846,23 +684,14 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
         !mf_load_ref(l, v[K_SRC], &l->buffers, "buffer", &op->src) ||
         !mf_load_ref(l, v[K_DST], &l->buffers, "buffer", &op->dst))
         return false;
-    const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
-    if (src->bucket != op->bucket)
-        return mf_load_fail(l, v[K_SRC], "op %d: source buffer '%s' belongs to bucket '%s', not to the op's bucket '%s'",
-                            i, src->name, s->buckets[src->bucket].name, s->buckets[op->bucket].name);
-    if (dst->bucket != op->bucket)
-        return mf_load_fail(l, v[K_DST], "op %d: destination buffer '%s' belongs to bucket '%s', not to the op's bucket '%s'",
-                            i, dst->name, s->buckets[dst->bucket].name, s->buckets[op->bucket].name);
-    if (op->src == op->dst && op->kind != MF_OP_ALL_REDUCE)
-        return mf_load_fail(l, v[K_DST], "op %d: a %s op cannot work in place (src and dst are both '%s')", i,
-                            mf_opkind_name(op->kind), src->name);
-    if (dst->dtype != op->dtype)
-        return mf_load_fail(l, v[K_DTYPE], "op %d: dtype %s differs from the destination '%s' (%s)", i,
-                            mf_dtype_name(op->dtype), dst->name, mf_dtype_name(dst->dtype));
-    if (op->kind != MF_OP_CAST && src->dtype != op->dtype)
-        return mf_load_fail(l, v[K_DTYPE], "op %d: dtype %s differs from the source '%s' (%s)", i,
-                            mf_dtype_name(op->dtype), src->name, mf_dtype_name(src->dtype));
-    return mf_load_check_counts(l, op, v[K_COUNT]);
+    mf_load_site site = {.l = l, .any = item};
+    site.field[MF_FIELD_SRC] = v[K_SRC];
+    site.field[MF_FIELD_DST] = v[K_DST];
+    site.field[MF_FIELD_DTYPE] = v[K_DTYPE];
+    site.field[MF_FIELD_COUNT] = v[K_COUNT];
+    mf_struct_sink sink = {mf_load_finding, &site, 0, false};
+    mf_struct_data_op(s, i, &sink);
+    return sink.findings == 0;
 }
 
 static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
@@ -883,23 +712,10 @@ static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
             return false;
     }
     /* Every event is recorded on one stream (the runtime's event counters). */
-    int *first = mf_arena_array(s->arena, (size_t)(s->nevents ? s->nevents : 1), sizeof *first);
-    if (!first)
-        return mf_load_oom(l);
-    for (int e = 0; e < s->nevents; e++)
-        first[e] = -1;
-    for (int i = 0; i < s->nops; i++) {
-        const mf_op *op = &s->ops[i];
-        if (op->kind != MF_OP_RECORD)
-            continue;
-        int f = first[op->event];
-        if (f < 0)
-            first[op->event] = i;
-        else if (s->ops[f].stream != op->stream)
-            return mf_load_fail(l, (*where)[i], "op %d records event %d on the %s stream, but op %d records it on the %s stream (an event belongs to one stream)",
-                                i, op->event, mf_stream_name(op->stream), f, mf_stream_name(s->ops[f].stream));
-    }
-    return true;
+    mf_load_site site = {.l = l, .ops = *where, .any = n};
+    mf_struct_sink k = {mf_load_finding, &site, 0, false};
+    mf_struct_events(s, &k);
+    return k.findings == 0;
 }
 
 /*
@@ -1194,11 +1010,11 @@ mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t 
     if (have_doc)
         yaml_document_delete(&l.doc);
     yaml_parser_delete(&parser);
-    mf_names_free(&l.units);
-    mf_names_free(&l.buckets);
-    mf_names_free(&l.buffers);
-    mf_names_free(&l.axes);
-    mf_names_free(&l.tensors);
+    mf_hash_free(&l.units);
+    mf_hash_free(&l.buckets);
+    mf_hash_free(&l.buffers);
+    mf_hash_free(&l.axes);
+    mf_hash_free(&l.tensors);
     if (l.failed) {
         mf_schedule_free(l.s);
         return NULL;

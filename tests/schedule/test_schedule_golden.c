@@ -5,7 +5,7 @@
  * the schedules record `source: schedules/NAME.mfsdp`.
  *
  * After an intended compiler change, regenerate and review the diff:
- *   MFSDP_UPDATE_GOLDEN=1 ctest --test-dir build -R test_golden
+ *   MFSDP_UPDATE_GOLDEN=1 ctest --test-dir build -R test_schedule_golden
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -100,14 +100,14 @@ static void test_specs_match_goldens(void **state)
         size_t len = 0;
         char *want = st_read(golden, &len);
         if (!want) {
-            fprintf(stderr, "%s: no golden schedule %s; run MFSDP_UPDATE_GOLDEN=1 ctest -R test_golden\n", spec,
+            fprintf(stderr, "%s: no golden schedule %s; run MFSDP_UPDATE_GOLDEN=1 ctest -R test_schedule_golden\n", spec,
                     golden);
             failures++;
         } else if (strcmp(want, yaml) != 0) {
             char where[800];
             first_difference(want, yaml, where, sizeof where);
             fprintf(stderr, "%s: the compiled schedule differs from %s at %s\n(if intended: MFSDP_UPDATE_GOLDEN=1 "
-                            "ctest -R test_golden, and review the diff)\n", spec, golden, where);
+                            "ctest -R test_schedule_golden, and review the diff)\n", spec, golden, where);
             failures++;
         }
         free(want);

@@ -119,18 +119,20 @@
     X(GRAD_FINAL, "grad_final", GRAD)          /* delivered gradient at O   */
 
 /*
- * ops: X(ENUM, name, is_collective, comment). The comment is the op's meaning;
- * the full semantics are in the header comment above and docs/schedule.md.
+ * ops: X(ENUM, name, is_collective, on_axis, comment). on_axis: the op works
+ * along one mesh axis (the collectives and slice) and has an `axis` field.
+ * The comment is the op's meaning; the full semantics are in the header
+ * comment above and docs/schedule.md.
  */
-#define MF_OPKIND_LIST(X)                                                      \
-    X(ALL_GATHER, "all_gather", 1, "concat shards over an axis group")         \
-    X(REDUCE_SCATTER, "reduce_scatter", 1, "reduce, keep this rank's shard")   \
-    X(ALL_REDUCE, "all_reduce", 1, "reduce over an axis group")                \
-    X(SLICE, "slice", 0, "keep this rank's shard of a replicated buffer")     \
-    X(CAST, "cast", 0, "convert dtype elementwise")                            \
-    X(ACCUMULATE, "accumulate", 0, "copy on microbatch 0, add after")          \
-    X(RECORD, "record", 0, "mark an event on this stream")                     \
-    X(WAIT, "wait", 0, "wait for an event recorded on another stream")
+#define MF_OPKIND_LIST(X)                                                         \
+    X(ALL_GATHER, "all_gather", 1, 1, "concat shards over an axis group")         \
+    X(REDUCE_SCATTER, "reduce_scatter", 1, 1, "reduce, keep this rank's shard")   \
+    X(ALL_REDUCE, "all_reduce", 1, 1, "reduce over an axis group")                \
+    X(SLICE, "slice", 0, 1, "keep this rank's shard of a replicated buffer")     \
+    X(CAST, "cast", 0, 0, "convert dtype elementwise")                            \
+    X(ACCUMULATE, "accumulate", 0, 0, "copy on microbatch 0, add after")          \
+    X(RECORD, "record", 0, 0, "mark an event on this stream")                     \
+    X(WAIT, "wait", 0, 0, "wait for an event recorded on another stream")
 
 #define MF_ENUM_ITEM(E, ...) MF_##E,
 typedef enum { MF_DTYPE_LIST(MF_ENUM_ITEM) MF_DTYPE_COUNT } mf_dtype;
@@ -177,6 +179,8 @@ const char *mf_opkind_name(mf_opkind k);
 size_t mf_dtype_size(mf_dtype d);
 mf_role mf_bufkind_role(mf_bufkind k);
 bool mf_opkind_is_collective(mf_opkind k);
+/* The op works along one mesh axis (collectives and slice; the on_axis column). */
+bool mf_opkind_on_axis(mf_opkind k);
 char mf_place_letter(mf_place p);
 
 /* Reverse lookups: return the value, or -1 when the name is unknown. */
@@ -303,6 +307,11 @@ bool mf_schedule_summarize(mf_schedule *s);
  * (ring algorithms): all_gather and reduce_scatter (n-1)*count*size,
  * all_reduce 2*(n-1)*ceil(count/n)*size; 0 for local ops and n == 1. */
 int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d);
+
+/* The stream of the collectives on mesh axis `axis` of a mesh of naxes axes:
+ * inner for the innermost axis, outer for the others (one stream per
+ * communicator keeps their order the same on every rank). */
+mf_stream mf_axis_stream(int naxes, int axis);
 
 /* Times an op with predicate `when` at phase `phase` runs per step. */
 int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches);

@@ -1,0 +1,24 @@
+/*
+ * mf_yaml_str: the one quoting rule for strings the project writes as YAML
+ * (schedules by planner/mf_emit.c, `mfsdpc explain --format yaml` by
+ * planner/mf_explain.c). A string must read back as that same string in every
+ * YAML reader (libyaml, PyYAML's YAML 1.1 resolver included):
+ *
+ *   plain          identifier-like, [A-Za-z_][A-Za-z0-9_./-]*, and not a
+ *                  reserved word (true, false, null, yes, no, on, off, y, n,
+ *                  ~, .nan, .inf, in any case);
+ *   double-quoted  the empty string, a reserved word, and anything that does
+ *                  not start with a letter or '_' (it could read as a number,
+ *                  a date or an indicator);
+ *   any            the rest: text that starts with a letter; libyaml writes it
+ *                  plain when YAML allows, else single-quoted.
+ */
+#ifndef MF_YAML_STR_H
+#define MF_YAML_STR_H
+
+#include <yaml.h>
+
+/* The scalar style for string v (NUL-terminated). */
+yaml_scalar_style_t mf_yaml_str_style(const char *v);
+
+#endif
