@@ -22,6 +22,7 @@
 #include "mf_load.h"
 #include "mf_opts.h"
 #include "mf_pipeline.h"
+#include "mf_plan_mem.h"
 #include "mf_simulate.h"
 
 static void usage(FILE *out)
@@ -39,6 +40,8 @@ static void usage(FILE *out)
             "  --svg-window FROM:TO      draw only that part of the step (milliseconds)\n"
             "  --compare-single-stream   also run with outer collectives on the inner stream\n"
             "  --full-path               print every critical-path segment (default: folded)\n"
+            "memory model:\n"
+            "  --optimizer-bytes N       optimizer state per main_weight element (default 8, Adam)\n"
             "compute model:\n"
             "  --tokens N                tokens per microbatch per rank (default 4096)\n"
             "  --tflops X                compute rate per rank, TFLOP/s (default 400);\n"
@@ -152,6 +155,7 @@ int mf_cmd_simulate(int argc, char **argv)
     const char *input = NULL, *trace = NULL, *svg = NULL;
     bool compare = false, full_path = false, host_async = false;
     double tokens = 0, tflops = 0, unit_us = 0, win0 = 0, win1 = 0;
+    int64_t optb = MF_OPTIMIZER_BYTES_DEFAULT;
     char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
     int ncost = 0, rc = 2;
     mf_compilation comp;
@@ -164,13 +168,14 @@ int mf_cmd_simulate(int argc, char **argv)
     }
 
     enum { OPT_TRACE, OPT_SVG, OPT_TOKENS, OPT_TFLOPS, OPT_UNIT_TIME, OPT_WINDOW, OPT_HELP, OPT_COMPARE,
-           OPT_FULL_PATH, OPT_HOST_ASYNC };
+           OPT_FULL_PATH, OPT_HOST_ASYNC, OPT_OPTB };
     static const mf_opt opts[] = {
         {"--trace", NULL, "a value", OPT_TRACE},          {"--svg", NULL, "a value", OPT_SVG},
         {"--tokens", NULL, "a value", OPT_TOKENS},        {"--tflops", NULL, "a value", OPT_TFLOPS},
         {"--unit-time-us", NULL, "a value", OPT_UNIT_TIME}, {"--svg-window", NULL, "a value", OPT_WINDOW},
         {"--help", "-h", NULL, OPT_HELP},                 {"--compare-single-stream", NULL, NULL, OPT_COMPARE},
-        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC}};
+        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC},
+        {"--optimizer-bytes", NULL, "a value (bytes per parameter)", OPT_OPTB}};
     mf_opts p;
     mf_opts_init(&p, "mfsdpc simulate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), is_cost_option);
     int id;
@@ -202,6 +207,10 @@ int mf_cmd_simulate(int argc, char **argv)
             full_path = true;
         else if (id == OPT_HOST_ASYNC)
             host_async = true;
+        else if (id == OPT_OPTB) {
+            if (mf_parse_optimizer_bytes("mfsdpc simulate", val, &optb) != 0)
+                goto done;
+        }
         else if (id == MF_OPTS_EXTRA)
             cost_args[ncost++] = p.argv[p.i - 1]; /* values checked once the mesh is known */
         else if (id == MF_OPTS_UNKNOWN) {
@@ -281,6 +290,12 @@ int mf_cmd_simulate(int argc, char **argv)
     }
     print_header(input, s, &cfg);
     mf_sim_report(stdout, s, &res, full_path);
+    mf_plan_mem mem;
+    if (!(have_comp ? mf_plan_mem_of(comp.plan, optb, &mem) : mf_sched_mem_of(s, optb, &mem))) {
+        fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
+        goto done;
+    }
+    mf_plan_mem_print(stdout, &mem, optb);
 
     if (compare) {
         mf_sim_config one = cfg;
