@@ -94,7 +94,19 @@ typedef struct unit_lb {
     double pers, trans;
     double bytes[MF_MAX_AXES], fixed[MF_MAX_AXES]; /* per step, per axis */
     double head, tail;      /* chains before the first forward and after the last backward */
+    double drain_bw[2], drain_fixed[2]; /* last-microbatch T3 + T4 seconds per comm stream */
 } unit_lb;
+
+/* Adds per-axis bounds to the two comm streams (innermost axis: inner). */
+static void by_stream(const mf_plan_search *ps, const double *bytes, const double *fixed, double *bw, double *fx)
+{
+    int naxes = ps->spec.mesh.naxes;
+    for (int j = 0; j < naxes; j++) {
+        int s = j == naxes - 1 ? 0 : 1;
+        bw[s] += bytes[j] / ps->opt.sim.cost.axis[j].beta;
+        fx[s] += fixed[j];
+    }
+}
 
 /* Bounds of one unit of group g under choice c. Tensors of one layout share
  * a bucket (without merging), so the fixed costs count once per layout. */
@@ -138,6 +150,7 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         move_lb(ps, &part, G, dg, dg, n, 1, tb, tf);
         move_lb(ps, G, O, dg, dg, n, 1, tb, tf);
         double h = chain(ps, hb, hf), tl = chain(ps, tb, tf);
+        by_stream(ps, tb, tf, out->drain_bw, out->drain_fixed);
         out->head = h > out->head ? h : out->head;
         out->tail = tl > out->tail ? tl : out->tail;
         move_lb(ps, O, W, dO, dw, n, 1, out->bytes, out->fixed);
@@ -160,8 +173,9 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         gr->lb_fixed = calloc((size_t)gr->nchoices * MF_MAX_AXES, sizeof(double));
         gr->lb_head = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_tail = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
         if (!gr->lb_persistent || !gr->lb_transient || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
-            !gr->lb_tail)
+            !gr->lb_tail || !gr->lb_drain)
             return -1;
         for (int c = 0; c < gr->nchoices; c++) {
             unit_lb ub;
@@ -171,6 +185,10 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             gr->lb_transient[c] = ub.trans;
             gr->lb_head[c] = ub.head;
             gr->lb_tail[c] = ub.tail;
+            for (int k = 0; k < 2; k++) {
+                gr->lb_drain[(size_t)c * 4 + (size_t)k] = ub.drain_bw[k];
+                gr->lb_drain[(size_t)c * 4 + 2 + (size_t)k] = ub.drain_fixed[k];
+            }
             for (int j = 0; j < MF_MAX_AXES; j++) {
                 gr->lb_bytes[(size_t)c * MF_MAX_AXES + (size_t)j] = ub.bytes[j] * gr->nunits;
                 gr->lb_fixed[(size_t)c * MF_MAX_AXES + (size_t)j] = ub.fixed[j] * gr->nunits;
@@ -178,6 +196,32 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         }
     }
     return 0;
+}
+
+/* The drain at the end of the step: once bwd(u, last microbatch) has ended
+ * (at >= g0 + compute - the backward still to come, sum of bwd(v) for v < u),
+ * every stream still has to run the last-microbatch T3 and the T4
+ * collectives of units 0..u: they wait for their unit's backward, which
+ * ends later, and a stream runs one op at a time. The largest such finish
+ * over u and the two comm streams. */
+static double drain(const mf_plan_search *ps, int64_t bucket, const int *choice, double g0)
+{
+    double best = 0, rest = ps->compute_time + g0, sum[2] = {0, 0};
+    int u = 0;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
+        for (int k = 0; k < gr->nunits; k++, u++) {
+            if (u > 0)
+                rest -= ps->bwd[u - 1];
+            for (int s = 0; s < 2; s++) {
+                sum[s] += dr[s] + (bucket > 0 ? 0 : dr[2 + s]);
+                if (rest + sum[s] > best)
+                    best = rest + sum[s];
+            }
+        }
+    }
+    return best;
 }
 
 void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double *lb_mem,
@@ -218,10 +262,13 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
     /* a relative margin for rounding: a bound must never exceed the figure */
     *lb_mem = (pers + peak_t) * (1 - 1e-9);
     double t = inner > outer ? inner : outer;
-    if (ps->ngroups > 0) {
+    if (ps->ngroups > 0 && ps->bwd) {
         /* the first unit's chains frame the compute (unit 0 is in group 0) */
-        double frame = ps->compute_time + ps->groups[0].lb_head[choice[0]] + ps->groups[0].lb_tail[choice[0]];
+        double g0 = ps->groups[0].lb_head[choice[0]];
+        double frame = g0 + ps->compute_time + ps->groups[0].lb_tail[choice[0]];
         t = frame > t ? frame : t;
+        double d = drain(ps, bucket, choice, g0);
+        t = d > t ? d : t;
     }
     *lb_time = t * (1 - 1e-9);
 }

@@ -48,9 +48,10 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
         printf("%s%s=%lld", j ? " x " : " ", m->axes[j].name, (long long)m->axes[j].size);
     printf(", %d units in %d declarations, budget %s per rank\n", ps->base->nunits, ps->ngroups,
            gib(budget, h, sizeof h));
-    printf("search: %lld candidates, %lld simulated (%s), optimizer state %lld bytes per main_weight element\n",
-           (long long)ps->ncandidates, (long long)ps->evaluated,
-           ps->opt.exhaustive ? "exhaustive" : "the rest dominated by lower bounds",
+    printf("search: %lld candidates, %lld simulated, %lld more planned for memory only%s; optimizer state %lld "
+           "bytes per main_weight element\n",
+           (long long)ps->ncandidates, (long long)ps->evaluated, (long long)ps->memory_only,
+           ps->opt.exhaustive ? " (exhaustive)" : " (the rest dominated by lower bounds)",
            (long long)ps->opt.optimizer_bytes);
     printf("\nPareto front (peak memory per rank vs step time; * = chosen):\n");
     printf("     #      peak memory     step time  overlap");

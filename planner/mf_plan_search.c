@@ -205,8 +205,13 @@ void mf_ps_free(mf_plan_search *ps)
         free(ps->groups[g].lb_fixed);
         free(ps->groups[g].lb_head);
         free(ps->groups[g].lb_tail);
+        free(ps->groups[g].lb_drain);
     }
     free(ps->groups);
+    free(ps->fwd);
+    free(ps->bwd);
+    if (ps->sink)
+        fclose(ps->sink);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
     free(ps->front);
@@ -217,6 +222,8 @@ const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c)
 {
     return ps->spec.layouts[ps->groups[g].choices[c].layout].name;
 }
+
+static bool front_dominates(const mf_plan_search *ps, double lb_mem, double lb_time);
 
 /* Writes the candidate into ps->spec. */
 static void apply(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice)
@@ -240,25 +247,41 @@ static void apply(mf_plan_search *ps, int prefetch, int64_t bucket, const int *c
 
 int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)
 {
+    return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, pt);
+}
+
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt)
+{
     apply(ps, prefetch, bucket, choice);
     int rc = -1;
     mf_sim_result res = {0};
-    FILE *sink = fopen("/dev/null", "w");
-    mf_plan *p = sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    mf_sim_config cfg = ps->opt.sim;
+    if (ps->fwd) {
+        cfg.fwd_time = ps->fwd;
+        cfg.bwd_time = ps->bwd;
+    }
+    if (!ps->sink)
+        ps->sink = fopen("/dev/null", "w");
+    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
     mf_diag d;
-    mf_diag_init(&d, NULL, sink);
+    mf_diag_init(&d, NULL, ps->sink);
     if (!p) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
     if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem) ||
-        !mf_lower_run(p, &d)) {
+        (lb_time < 0 || !front_dominates(ps, (double)pt->mem.peak, lb_time) ? !mf_lower_run(p, &d) : (rc = 1, true))) {
+        if (rc == 1) { /* its memory and time bound are dominated: not simulated */
+            ps->memory_only++;
+            goto done;
+        }
         snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
                  prefetch, (long long)bucket);
         goto done;
     }
     char err[256];
-    if (mf_simulate(p->sched, &ps->opt.sim, &res, err, sizeof err) != 0) {
+    if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;
     }
@@ -274,15 +297,24 @@ int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *
         if (j < naxes - 1)
             pt->outer_bytes += res.bytes[j];
     }
-    if (ps->compute_time == 0)
+    if (!ps->fwd) {
+        /* compute times depend on the tensors only: computed once, by the
+           simulator's own function, then passed to it explicitly */
         ps->compute_time = res.compute_time;
+        ps->fwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->fwd);
+        ps->bwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->bwd);
+        for (int u = 0; ps->fwd && ps->bwd && u < p->sched->nunits; u++)
+            mf_sim_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
+        if (!ps->fwd || !ps->bwd) {
+            snprintf(ps->err, sizeof ps->err, "out of memory");
+            goto done;
+        }
+    }
     ps->evaluated++;
     rc = 0;
 done:
     mf_sim_result_free(&res);
     mf_plan_free(p);
-    if (sink)
-        fclose(sink);
     return rc;
 }
 
@@ -380,14 +412,15 @@ static int cand_cmp(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-static int eval_insert(mf_plan_search *ps, int64_t idx, int *choice)
+static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, int *choice)
 {
     mf_ps_point pt = {.index = idx, .choice = choice};
     int prefetch;
     int64_t bucket;
     decode(ps, idx, &prefetch, &bucket, choice);
-    if (mf_ps_evaluate(ps, prefetch, bucket, choice, &pt) != 0)
-        return -1;
+    int rc = mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, &pt);
+    if (rc != 0)
+        return rc == 1 ? 0 : -1;
     if (front_insert(ps, &pt) != 0) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         return -1;
@@ -404,7 +437,7 @@ int mf_ps_run(mf_plan_search *ps)
         goto oom;
     if (ps->opt.exhaustive) {
         for (int64_t i = 0; i < ps->ncandidates; i++)
-            if (eval_insert(ps, i, choice) != 0)
+            if (eval_insert(ps, i, -1, choice) != 0)
                 goto done;
         rc = 0;
         goto done;
@@ -430,7 +463,7 @@ int mf_ps_run(mf_plan_search *ps)
             if (front_dominates(ps, cs[i].lb_mem, cs[i].lb_time))
                 continue;
         }
-        if (eval_insert(ps, cs[i].index, choice) != 0)
+        if (eval_insert(ps, cs[i].index, ps->evaluated > 0 ? cs[i].lb_time : -1, choice) != 0)
             goto done;
     }
     rc = 0;

@@ -55,6 +55,8 @@ typedef struct mf_ps_group {
     double *lb_bytes;       /* per choice x axis: bytes per rank per step */
     double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
     double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
+    double *lb_drain;       /* per choice x 4: last-microbatch T3 + T4 seconds per unit on the
+                               inner and outer streams (bandwidth), then their fixed parts */
 } mf_ps_group;
 
 /* One evaluated candidate. */
@@ -89,7 +91,11 @@ typedef struct mf_plan_search {
     int64_t bucket[4];
     int64_t ncandidates;
     int64_t evaluated;      /* candidates compiled and simulated */
+    int64_t memory_only;    /* candidates whose exact memory and time bound were dominated */
     double compute_time;    /* seconds, the same for every candidate */
+    double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
+                               candidate; they depend on the tensors only) */
+    FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
     char err[512];
@@ -111,6 +117,10 @@ const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget);
 /* Evaluates one candidate (prefetch, bucket_size, choice per group) into *pt
  * (pt->choice must point to ngroups ints). 0, or -1 with ps->err. */
 int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt);
+/* Same, but when lb_time >= 0 stops after the memory (returns 1, not
+ * simulated) when a front point dominates (its memory, lb_time). */
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt);
 
 /* Lower bounds of a candidate (mf_plan_bound.c). */
 int mf_ps_bounds_prepare(mf_plan_search *ps);
