@@ -8,9 +8,17 @@
 
 #include "mf_pipeline.h"
 
+/* Bytes with a binary unit that keeps three significant digits. */
 static const char *gib(int64_t bytes, char *buf, size_t n)
 {
-    snprintf(buf, n, "%.2f GiB", (double)bytes / 1073741824.0);
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
     return buf;
 }
 
@@ -66,7 +74,7 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
         printf("  %c%3d  %11s%s  %10.3f ms  %6.1f%%", p == chosen ? '*' : ' ', i + 1, gib(p->mem.peak, h, sizeof h),
                p->mem.peak > budget ? "!" : " ", p->step_time * 1e3, 100 * p->overlap);
         for (int j = 0; j < m->naxes; j++)
-            printf("  %13.3f", (double)p->bytes[j] / 1e9);
+            printf("  %13.6f", (double)p->bytes[j] / 1e9);
         printf("  %8d  %6s  %s\n", p->prefetch, bk, lay);
     }
     printf("  (! = over the budget; GB = bytes sent per rank per step on that axis)\n");
@@ -173,7 +181,7 @@ int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text
         goto done;
     }
     char h[32];
-    printf("\nchosen: step time %.3f ms, peak %s (%lld bytes) per rank, overlap %.1f%%\n", res.step_time * 1e3,
+    printf("\nchosen: step time %.6f ms, peak %s (%lld bytes) per rank, overlap %.1f%%\n", res.step_time * 1e3,
            gib(mem.peak, h, sizeof h), (long long)mem.peak, 100 * res.overlap);
     printf("        (recomputed from the written spec: compiled, verified, 'explain' memory, 'simulate' time)\n");
     if (mem.peak != pt->mem.peak || res.step_time != pt->step_time) {
