@@ -94,8 +94,16 @@ char *mf_plan_write_spec(const mf_plan_search *ps, const mf_ast *ast, const char
         ed[ne] = (edit){at, end - at, "", 0};
         snprintf(ed[ne++].text, sizeof ed[0].text, "%s", ps->spec.layouts[ch->layout].name);
         if (!gr->reshard_set && !ch->reshard) {
-            ed[ne] = (edit){after_brace(src, len, end), 0, "", 0};
-            snprintf(ed[ne++].text, sizeof ed[0].text, "\n  reshard_after_forward false;   # chosen by mfsdpc plan");
+            /* on a line of its own after the brace, unless more follows it */
+            size_t at2 = after_brace(src, len, end), k = at2;
+            while (k < len && (src[k] == ' ' || src[k] == '\t' || src[k] == '\r'))
+                k++;
+            bool alone = k >= len || src[k] == '\n' || src[k] == '#';
+            while (alone && k < len && src[k] != '\n')
+                k++;
+            ed[ne] = (edit){alone ? (k < len ? k + 1 : len) : at2, 0, "", 0};
+            snprintf(ed[ne++].text, sizeof ed[0].text, alone ? "  reshard_after_forward false;   # chosen by mfsdpc plan\n"
+                                                             : " reshard_after_forward false;");
         }
     }
     size_t mesh_end = ast->meshes ? after_statement(src, len, offset_of(src, len, ast->meshes->span.line,
