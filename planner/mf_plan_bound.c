@@ -95,6 +95,7 @@ typedef struct unit_lb {
     double bytes[MF_MAX_AXES], fixed[MF_MAX_AXES]; /* per step, per axis */
     double head, tail;      /* chains before the first forward and after the last backward */
     double drain_bw[2], drain_fixed[2]; /* last-microbatch T3 + T4 seconds per comm stream */
+    double t2;              /* T2 chain (weight gather before a compute), without merging */
 } unit_lb;
 
 /* Adds per-axis bounds to the two comm streams (innermost axis: inner). */
@@ -150,6 +151,12 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         move_lb(ps, &part, G, dg, dg, n, 1, tb, tf);
         move_lb(ps, G, O, dg, dg, n, 1, tb, tf);
         double h = chain(ps, hb, hf), tl = chain(ps, tb, tf);
+        if (wsh) {
+            double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0};
+            move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
+            double g2 = chain(ps, gb, gf);
+            out->t2 = g2 > out->t2 ? g2 : out->t2;
+        }
         by_stream(ps, tb, tf, out->drain_bw, out->drain_fixed);
         out->head = h > out->head ? h : out->head;
         out->tail = tl > out->tail ? tl : out->tail;
@@ -174,8 +181,9 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         gr->lb_head = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_tail = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
+        gr->lb_t2 = calloc((size_t)gr->nchoices, sizeof(double));
         if (!gr->lb_persistent || !gr->lb_transient || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
-            !gr->lb_tail || !gr->lb_drain)
+            !gr->lb_tail || !gr->lb_drain || !gr->lb_t2)
             return -1;
         for (int c = 0; c < gr->nchoices; c++) {
             unit_lb ub;
@@ -185,6 +193,7 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             gr->lb_transient[c] = ub.trans;
             gr->lb_head[c] = ub.head;
             gr->lb_tail[c] = ub.tail;
+            gr->lb_t2[c] = ub.t2;
             for (int k = 0; k < 2; k++) {
                 gr->lb_drain[(size_t)c * 4 + (size_t)k] = ub.drain_bw[k];
                 gr->lb_drain[(size_t)c * 4 + 2 + (size_t)k] = ub.drain_fixed[k];
@@ -195,7 +204,63 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             }
         }
     }
-    return 0;
+    ps->lb_scratch = calloc((size_t)ps->base->nunits * 5 + 5, sizeof(double));
+    return ps->lb_scratch ? 0 : -1;
+}
+
+/* The compute chain with its weight gathers (host-synchronous issue only):
+ * the compute items run one at a time in hook order; without merging, the
+ * T2 gather of unit u is issued when compute reaches the hook of the unit
+ * `prefetch` places earlier in that pass (forward_pre(u - p), or
+ * backward_pre(u + p) for a unit that reshards after forward, clamped to
+ * the first and last unit; mf_lower.c), which is when the compute item
+ * before that hook ends, and its chain takes at least t2(u): the compute of
+ * u starts no earlier than that hook time plus t2(u). The first forward starts after the
+ * first unit's T1 and T2 (g0). After bwd(u) of the last microbatch, the
+ * last-microbatch T3 and T4 collectives of units 0..u must still run on
+ * each comm stream (drain). Returns the largest finish this forces. */
+static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double g0)
+{
+    int U = ps->base->nunits, M = (int)ps->spec.microbatches, p = prefetch;
+    double *t2 = ps->lb_scratch, *rs = t2 + U, *fs = rs + U, *bs = fs + U, *dsum = bs + U;
+    double sum[2] = {0, 0};
+    int u = 0;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
+        for (int k = 0; k < gr->nunits; k++, u++) {
+            t2[u] = bucket > 0 || ps->opt.sim.host_async ? 0 : gr->lb_t2[choice[g]];
+            rs[u] = gr->choices[choice[g]].reshard ? 1 : 0;
+            for (int s = 0; s < 2; s++)
+                sum[s] += dr[s] + (bucket > 0 ? 0 : dr[2 + s]);
+            dsum[u] = sum[0] > sum[1] ? sum[0] : sum[1]; /* per stream max of sums, below */
+        }
+    }
+    /* fs/bs: when compute reaches each unit's forward_pre / backward_pre
+       hook (the end of the compute before it), where the lowering issues the
+       gather of unit u + p (forward) or u - p (backward), clamped */
+    double t = 0, best = 0;
+    for (int m = 0; m < M; m++) {
+        for (u = 0; u < U; u++) {
+            fs[u] = t;
+            int at = u - p < 0 ? 0 : u - p;
+            if (fs[at] + t2[u] > t)
+                t = fs[at] + t2[u];
+            if (m == 0 && u == 0 && g0 > t)
+                t = g0;
+            t += ps->fwd[u];
+        }
+        for (u = U - 1; u >= 0; u--) {
+            bs[u] = t;
+            int at = u + p > U - 1 ? U - 1 : u + p;
+            if (rs[u] > 0 && bs[at] + t2[u] > t)
+                t = bs[at] + t2[u];
+            t += ps->bwd[u];
+            if (m == M - 1 && t + dsum[u] > best)
+                best = t + dsum[u];
+        }
+    }
+    return best > t ? best : t;
 }
 
 /* The drain at the end of the step: once bwd(u, last microbatch) has ended
@@ -268,6 +333,8 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
         double frame = g0 + ps->compute_time + ps->groups[0].lb_tail[choice[0]];
         t = frame > t ? frame : t;
         double d = drain(ps, bucket, choice, g0);
+        t = d > t ? d : t;
+        d = compute_chain(ps, prefetch, bucket, choice, g0);
         t = d > t ? d : t;
     }
     *lb_time = t * (1 - 1e-9);

@@ -206,10 +206,12 @@ void mf_ps_free(mf_plan_search *ps)
         free(ps->groups[g].lb_head);
         free(ps->groups[g].lb_tail);
         free(ps->groups[g].lb_drain);
+        free(ps->groups[g].lb_t2);
     }
     free(ps->groups);
     free(ps->fwd);
     free(ps->bwd);
+    free(ps->lb_scratch);
     if (ps->sink)
         fclose(ps->sink);
     for (int i = 0; i < ps->nfront; i++)

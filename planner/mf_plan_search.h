@@ -55,6 +55,7 @@ typedef struct mf_ps_group {
     double *lb_bytes;       /* per choice x axis: bytes per rank per step */
     double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
     double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
+    double *lb_t2;          /* per choice: T2 chain seconds of one unit (no merging) */
     double *lb_drain;       /* per choice x 4: last-microbatch T3 + T4 seconds per unit on the
                                inner and outer streams (bandwidth), then their fixed parts */
 } mf_ps_group;
@@ -95,6 +96,7 @@ typedef struct mf_plan_search {
     double compute_time;    /* seconds, the same for every candidate */
     double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
                                candidate; they depend on the tensors only) */
+    double *lb_scratch;     /* 5 x nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
