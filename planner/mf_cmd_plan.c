@@ -38,6 +38,7 @@ static void usage(FILE *out)
             "\n"
             "  --memory SIZE             budget per rank, e.g. 80GiB (required)\n"
             "  -o FILE.mfsdp             write the chosen spec\n"
+            "  --svg FILE.svg            draw the front (memory vs step time)\n"
             "  --optimizer-bytes N       optimizer state per main_weight element (default 8)\n"
             "  --explain-choice          say why each unit got its layout\n"
             "  --exhaustive              simulate every candidate (slow; for tests)\n"
@@ -50,7 +51,7 @@ static void usage(FILE *out)
 }
 
 typedef struct plan_args {
-    const char *input, *out;
+    const char *input, *out, *svg;
     int64_t budget, optb;
     bool have_budget, explain_choice, exhaustive, host_async;
     double tokens, tflops, unit_us;
@@ -73,14 +74,14 @@ static int parse_pos(const char *opt, const char *v, double *out)
 /* 0 parsed, 1 --help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, plan_args *a)
 {
-    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_TOK, O_TFL, O_UNIT, O_ASYNC, O_HELP };
+    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_TOK, O_TFL, O_UNIT, O_ASYNC, O_HELP, O_SVG };
     static const mf_opt opts[] = {
         {"--memory", NULL, "a size (e.g. 80GiB)", O_MEM}, {"--output", "-o", "a file name", O_OUT},
         {"--optimizer-bytes", NULL, "a value (bytes per parameter)", O_OPTB},
         {"--explain-choice", NULL, NULL, O_EXPL}, {"--exhaustive", NULL, NULL, O_EXH},
         {"--tokens", NULL, "a value", O_TOK}, {"--tflops", NULL, "a value", O_TFL},
         {"--unit-time-us", NULL, "a value", O_UNIT}, {"--host-async", NULL, NULL, O_ASYNC},
-        {"--help", "-h", NULL, O_HELP}};
+        {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
     mf_opts p;
     mf_opts_init(&p, CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), mf_cost_is_option);
     int id;
@@ -90,6 +91,7 @@ static int parse_args(int argc, char **argv, plan_args *a)
         switch (id) {
         case O_MEM: bad = mf_parse_size(CMD, "--memory", v, &a->budget); a->have_budget = true; break;
         case O_OUT: a->out = v; break;
+        case O_SVG: a->svg = v; break;
         case O_OPTB: bad = mf_parse_optimizer_bytes(CMD, v, &a->optb); break;
         case O_EXPL: a->explain_choice = true; break;
         case O_EXH: a->exhaustive = true; break;
@@ -121,8 +123,9 @@ static int parse_args(int argc, char **argv, plan_args *a)
         fprintf(stderr, CMD ": error: --memory SIZE is required (the budget per rank, e.g. 80GiB)\n");
         return 2;
     }
-    if (a->out && strcmp(a->out, a->input) == 0) {
-        fprintf(stderr, CMD ": error: -o must differ from the input\n");
+    if ((a->out && strcmp(a->out, a->input) == 0) || (a->svg && strcmp(a->svg, a->input) == 0) ||
+        (a->out && a->svg && strcmp(a->out, a->svg) == 0)) {
+        fprintf(stderr, CMD ": error: -o and --svg must differ from each other and from the input\n");
         return 2;
     }
     return 0;
@@ -145,6 +148,18 @@ static int sim_config(const plan_args *a, const mf_mesh *mesh, mf_sim_config *cf
     return 0;
 }
 
+
+typedef struct svg_ctx {
+    const mf_plan_search *ps;
+    int64_t budget;
+    const mf_ps_point *chosen;
+} svg_ctx;
+
+static int write_svg(FILE *out, const void *ctx)
+{
+    const svg_ctx *c = ctx;
+    return mf_plan_front_svg(out, c->ps, c->budget, c->chosen);
+}
 
 static int write_text(FILE *out, const void *ctx)
 {
@@ -187,6 +202,11 @@ int mf_cmd_plan(int argc, char **argv)
     }
     const mf_ps_point *best = mf_ps_choose(&ps, a.budget);
     mf_plan_print_front(&ps, a.input, a.budget, best);
+    svg_ctx sc = {&ps, a.budget, best};
+    if (a.svg && mf_write_file_atomic(a.svg, a.input, write_svg, &sc) != 0) {
+        rc = 2;
+        goto done;
+    }
     if (!best) {
         rc = mf_plan_infeasible(&ps, a.budget);
         goto done;

@@ -196,3 +196,64 @@ done:
     mf_compilation_free(&c);
     return rc;
 }
+
+int mf_plan_front_svg(FILE *out, const mf_plan_search *ps, int64_t budget, const mf_ps_point *chosen)
+{
+    const double W = 640, H = 400, L = 80, R = 20, T = 30, B = 50;
+    double m0 = 0, m1 = 1, t0 = 0, t1 = 1;
+    for (int i = 0; i < ps->nfront; i++) {
+        double m = (double)ps->front[i].mem.peak / 1073741824.0, t = ps->front[i].step_time * 1e3;
+        if (i == 0 || m < m0) m0 = m;
+        if (i == 0 || m > m1) m1 = m;
+        if (i == 0 || t < t0) t0 = t;
+        if (i == 0 || t > t1) t1 = t;
+    }
+    double mb = (double)budget / 1073741824.0;
+    if (budget < INT64_MAX / 2 && mb > m1 && mb < 2 * m1)
+        m1 = mb;
+    if (m1 <= m0) m1 = m0 + 1;
+    if (t1 <= t0) t1 = t0 + 1;
+    double dm = (m1 - m0) * 0.08, dt = (t1 - t0) * 0.08;
+    m0 -= dm; m1 += dm; t0 -= dt; t1 += dt;
+#define X(m) (L + ((m) - m0) / (m1 - m0) * (W - L - R))
+#define Y(t) (H - B - ((t) - t0) / (t1 - t0) * (H - T - B))
+    fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+    fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(out, "<text x=\"%.0f\" y=\"18\">Pareto front: peak memory per rank vs step time (%d points)</text>\n", L,
+            ps->nfront);
+    fprintf(out, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+    fprintf(out, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
+    for (int k = 0; k <= 4; k++) {
+        double m = m0 + (m1 - m0) * k / 4, t = t0 + (t1 - t0) * k / 4;
+        fprintf(out, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.2f</text>\n", X(m), H - B + 16, m);
+        fprintf(out, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", L - 6, Y(t) + 4, t);
+    }
+    fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">peak memory per rank (GiB)</text>\n",
+            (L + W - R) / 2, H - 12);
+    fprintf(out, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">"
+                 "step time (ms)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+    if (budget < INT64_MAX / 2 && mb >= m0 && mb <= m1)
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"red\" "
+                     "stroke-dasharray=\"4 3\"/><text x=\"%.1f\" y=\"%.0f\" fill=\"red\">budget</text>\n",
+                X(mb), T, X(mb), H - B, X(mb) + 4, T + 12);
+    fprintf(out, "<polyline fill=\"none\" stroke=\"#888\" points=\"");
+    for (int i = 0; i < ps->nfront; i++)
+        fprintf(out, "%.1f,%.1f ", X((double)ps->front[i].mem.peak / 1073741824.0), Y(ps->front[i].step_time * 1e3));
+    fprintf(out, "\"/>\n");
+    for (int i = 0; i < ps->nfront; i++) {
+        const mf_ps_point *p = &ps->front[i];
+        char lay[512];
+        mf_plan_point_layouts(ps, p, lay, sizeof lay);
+        for (char *c = lay; *c; c++)
+            if (*c == '<' || *c == '>' || *c == '&' || *c == '"')
+                *c = '_';
+        fprintf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\"><title>#%d %s, prefetch %d</title></circle>\n",
+                X((double)p->mem.peak / 1073741824.0), Y(p->step_time * 1e3), p == chosen ? 6 : 4,
+                p == chosen ? "#d62728" : "#1f77b4", i + 1, lay, p->prefetch);
+    }
+#undef X
+#undef Y
+    fprintf(out, "</svg>\n");
+    return ferror(out) ? -1 : 0;
+}

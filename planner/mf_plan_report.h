@@ -25,6 +25,10 @@ int mf_plan_infeasible(const mf_plan_search *ps, int64_t budget);
  * 1 (message printed) otherwise. */
 int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text, const mf_ps_point *pt);
 
+/* An SVG picture of the front (memory on x, step time on y; the chosen
+ * point red, the budget dashed). 0, or -1 on a write error. */
+int mf_plan_front_svg(FILE *out, const mf_plan_search *ps, int64_t budget, const mf_ps_point *chosen);
+
 /* The layouts of a point, e.g. "embed=hfsdp layers.{i}=hsdp(no reshard)". */
 void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size);
 

@@ -72,7 +72,7 @@ expect 2 "unknown option '--frob'" "$mfsdpc" plan auto.mfsdp --memory 1GiB --fro
 expect 2 'outer-bw' "$mfsdpc" plan auto.mfsdp --memory 1GiB --outer-bw=fast
 expect 2 '--tflops needs a positive number' "$mfsdpc" plan auto.mfsdp --memory 1GiB --tflops 0
 expect 2 'no spec given' "$mfsdpc" plan --memory 1GiB
-expect 2 'differ from the input' "$mfsdpc" plan auto.mfsdp --memory 1GiB -o auto.mfsdp
+expect 2 'must differ from each other and from the input' "$mfsdpc" plan auto.mfsdp --memory 1GiB -o auto.mfsdp
 expect 2 "cannot read|No such file" "$mfsdpc" plan missing.mfsdp --memory 1GiB
 expect 2 '--optimizer-bytes needs an integer' "$mfsdpc" explain auto.mfsdp --optimizer-bytes x
 expect 2 '--optimizer-bytes needs an integer' "$mfsdpc" simulate best.mfsdp --optimizer-bytes 2000
