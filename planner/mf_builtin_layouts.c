@@ -1,6 +1,6 @@
 /*
  * mf_builtin_layouts: the table of built-in layouts (see mf_builtin_layouts.h
- * and docs/language.md §Built-in layouts).
+ * and docs/plan.md §1).
  *
  * A role's pattern is written per mesh axis, outermost first, in the letters
  * of the placement names (R = Replicate, F = Flat, P = Partial):

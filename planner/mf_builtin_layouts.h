@@ -1,6 +1,6 @@
 /*
  * mf_builtin_layouts: the layouts every spec may name without declaring them
- * (docs/language.md §Built-in layouts): ddp, zero1, zero2, zero3, hsdp,
+ * (docs/plan.md §1): ddp, zero1, zero2, zero3, hsdp,
  * hsdp_nosync, hfsdp, fsdp2d, zero2_inner_zero1_outer and their 3-axis
  * analogues. One table (mf_builtin_layouts.c) is the only place their
  * placements live; sema resolves a name it does not find among the declared

@@ -1040,7 +1040,7 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
         sema_oom(s);
 }
 
-/* `layout auto` (docs/language.md §Built-in layouts): the unit's layout is
+/* `layout auto` (docs/plan.md §1): the unit's layout is
  * left to `mfsdpc plan`; until then its tensors hold the built-in zero3, so
  * every later check still has a legal layout to work on. */
 static int auto_layout(mf_sema *s, const mf_ast_name *ref)

@@ -37,7 +37,7 @@ cpu() {
   best=""
   for _ in 1 2 3; do
     /usr/bin/time -f "%U %S" -o "$work/t" "$@" > "$work/last.txt" 2>/dev/null && st=ok || st="exit $?"
-    t=$(awk '{ printf "%.3f", $1 + $2 }' "$work/t")
+    t=$(tail -n1 "$work/t" | awk '{ printf "%.3f", $1 + $2 }')
     if [ -z "$best" ] || awk -v a="$t" -v b="$best" 'BEGIN { exit !(a < b) }'; then best=$t; fi
   done
   echo "$best $st"
