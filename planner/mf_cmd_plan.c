@@ -169,7 +169,7 @@ static int write_text(FILE *out, const void *ctx)
 
 int mf_cmd_plan(int argc, char **argv)
 {
-    plan_args a = {.optb = 8};
+    plan_args a = {.optb = MF_OPTIMIZER_BYTES_DEFAULT};
     a.cost_args = calloc((size_t)argc + 1, sizeof *a.cost_args);
     if (!a.cost_args) {
         fprintf(stderr, CMD ": error: out of memory\n");

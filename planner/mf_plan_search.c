@@ -272,16 +272,15 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
-    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem) ||
-        (lb_time < 0 || !front_dominates(ps, (double)pt->mem.peak, lb_time) ? !mf_lower_run(p, &d) : (rc = 1, true))) {
-        if (rc == 1) { /* its memory and time bound are dominated: not simulated */
-            ps->memory_only++;
-            goto done;
-        }
-        snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
-                 prefetch, (long long)bucket);
+    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
+        goto broken;
+    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
+        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+        rc = 1;
         goto done;
     }
+    if (!mf_lower_run(p, &d))
+        goto broken;
     char err[256];
     if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
@@ -314,6 +313,10 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     }
     ps->evaluated++;
     rc = 0;
+    goto done;
+broken:
+    snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
+             prefetch, (long long)bucket);
 done:
     mf_sim_result_free(&res);
     mf_plan_free(p);
