@@ -1046,6 +1046,13 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
 static int auto_layout(mf_sema *s, const mf_ast_name *ref)
 {
     mf_ast_name placeholder = {mf_builtin_name(mf_builtin_find("zero3")), ref->span};
+    if (s->have_mesh && !mf_builtin_fits(mf_builtin_find("zero3"), s->spec->mesh.naxes)) {
+        mf_diag_error(s->d, ref->span,
+                      "'layout auto' chooses among the built-in layouts, which are defined for meshes of 1 to 3 "
+                      "axes; the mesh has %d, so name a declared layout instead",
+                      s->spec->mesh.naxes);
+        return -1;
+    }
     int idx = (int)mf_hash_get_str(&s->layout_names, placeholder.text);
     return idx >= 0 ? idx : lookup_layout(s, &placeholder, "'layout auto'");
 }
