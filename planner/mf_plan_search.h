@@ -8,7 +8,9 @@
  * sharded and the unit does not set it, reshard_after_forward true/false;
  * every other group keeps what the spec says. Unless the spec sets them, the
  * prefetch depth is chosen from 1..3 and bucket_size from a ladder. A
- * candidate is one choice per group plus the two settings.
+ * candidate is one choice per group plus the two settings; candidate index
+ * i numbers them with prefetch slowest, then bucket_size, then the groups in
+ * declaration order, the last fastest (mixed radix).
  *
  * A candidate's figures come from the compiler's own code: the layout and
  * transition passes and mf_plan_mem_of (peak memory per rank), the lowering
