@@ -14,6 +14,7 @@
 #include "mf_explain.h"
 #include "mf_opts.h"
 #include "mf_pipeline.h"
+#include "mf_plan_mem.h"
 
 static void explain_usage(FILE *out)
 {
@@ -26,6 +27,8 @@ static void explain_usage(FILE *out)
             "then totals per step.\n"
             "\n"
             "  --format text|yaml     human-readable listing (default) or the same data as YAML\n"
+            "  --optimizer-bytes N    optimizer state per main_weight element (default 8, Adam);\n"
+            "                         the text listing ends with the peak including it\n"
             "  --inner-bw=GBPS        bandwidth per rank of the innermost axis (default 360)\n"
             "  --outer-bw=GBPS        bandwidth per rank of every other axis (default 45)\n"
             "  --inner-lat=US         latency per ring step, innermost axis (default 2)\n"
@@ -47,11 +50,13 @@ int mf_cmd_explain(int argc, char **argv)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         return 2;
     }
-    enum { OPT_HELP, OPT_FORMAT };
+    int64_t optb = MF_OPTIMIZER_BYTES_DEFAULT;
+    enum { OPT_HELP, OPT_FORMAT, OPT_OPTB };
     static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
-                                  {"--format", NULL, "a value (text or yaml)", OPT_FORMAT}};
+                                  {"--format", NULL, "a value (text or yaml)", OPT_FORMAT},
+                                  {"--optimizer-bytes", NULL, "a value (bytes per parameter)", OPT_OPTB}};
     mf_opts p;
-    mf_opts_init(&p, "mfsdpc explain", argc, argv, opts, 2, mf_cost_is_option);
+    mf_opts_init(&p, "mfsdpc explain", argc, argv, opts, 3, mf_cost_is_option);
     int rc = 0, id;
     const char *v;
     while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
@@ -61,6 +66,9 @@ int mf_cmd_explain(int argc, char **argv)
             return 0;
         } else if (id == OPT_FORMAT) {
             format = v;
+        } else if (id == OPT_OPTB) {
+            if (mf_parse_optimizer_bytes("mfsdpc explain", v, &optb) != 0)
+                rc = 2;
         } else if (id == MF_OPTS_EXTRA) {
             cost_args[ncost++] = p.argv[p.i - 1];
         } else if (id != MF_OPTS_OPERAND) {
@@ -89,7 +97,15 @@ int mf_cmd_explain(int argc, char **argv)
     mf_compilation c;
     rc = mf_compile_file(path, &opt, &c);
     if (rc == 0) {
-        int w = strcmp(format, "yaml") == 0 ? mf_explain_yaml(c.plan, stdout) : mf_explain_text(c.plan, stdout);
+        bool yaml = strcmp(format, "yaml") == 0;
+        int w = yaml ? mf_explain_yaml(c.plan, stdout) : mf_explain_text(c.plan, stdout);
+        mf_plan_mem mem;
+        if (w == 0 && !yaml) {
+            if (mf_plan_mem_of(c.plan, optb, &mem))
+                mf_plan_mem_print(stdout, &mem, optb);
+            else
+                w = -1;
+        }
         if (w != 0) {
             fprintf(stderr, "mfsdpc explain: error: cannot write the listing\n");
             rc = 2;

@@ -22,6 +22,7 @@
 #include "mf_load.h"
 #include "mf_opts.h"
 #include "mf_pipeline.h"
+#include "mf_plan_mem.h"
 #include "mf_simulate.h"
 
 static void usage(FILE *out)
@@ -39,6 +40,8 @@ static void usage(FILE *out)
             "  --svg-window FROM:TO      draw only that part of the step (milliseconds)\n"
             "  --compare-single-stream   also run with outer collectives on the inner stream\n"
             "  --full-path               print every critical-path segment (default: folded)\n"
+            "memory model:\n"
+            "  --optimizer-bytes N       optimizer state per main_weight element (default 8, Adam)\n"
             "compute model:\n"
             "  --tokens N                tokens per microbatch per rank (default 4096)\n"
             "  --tflops X                compute rate per rank, TFLOP/s (default 400);\n"
@@ -154,6 +157,7 @@ typedef struct sim_args {
     double tokens, tflops, unit_us, win0, win1;
     char **cost_args;       /* the link options, values checked once the mesh is known */
     int ncost;
+    int64_t optb;           /* --optimizer-bytes */
 } sim_args;
 
 /* Parses argv into a (a->cost_args has argc slots). Returns -1 to go on,
@@ -161,13 +165,14 @@ typedef struct sim_args {
 static int parse_args(int argc, char **argv, sim_args *a)
 {
     enum { OPT_TRACE, OPT_SVG, OPT_TOKENS, OPT_TFLOPS, OPT_UNIT_TIME, OPT_WINDOW, OPT_HELP, OPT_COMPARE,
-           OPT_FULL_PATH, OPT_HOST_ASYNC };
+           OPT_FULL_PATH, OPT_HOST_ASYNC, OPT_OPTB };
     static const mf_opt opts[] = {
         {"--trace", NULL, "a value", OPT_TRACE},          {"--svg", NULL, "a value", OPT_SVG},
         {"--tokens", NULL, "a value", OPT_TOKENS},        {"--tflops", NULL, "a value", OPT_TFLOPS},
         {"--unit-time-us", NULL, "a value", OPT_UNIT_TIME}, {"--svg-window", NULL, "a value", OPT_WINDOW},
         {"--help", "-h", NULL, OPT_HELP},                 {"--compare-single-stream", NULL, NULL, OPT_COMPARE},
-        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC}};
+        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC},
+        {"--optimizer-bytes", NULL, "a value (bytes per parameter)", OPT_OPTB}};
     mf_opts p;
     mf_opts_init(&p, "mfsdpc simulate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), is_cost_option);
     int id;
@@ -198,6 +203,10 @@ static int parse_args(int argc, char **argv, sim_args *a)
             a->full_path = true;
         else if (id == OPT_HOST_ASYNC)
             a->host_async = true;
+        else if (id == OPT_OPTB) {
+            if (mf_parse_optimizer_bytes("mfsdpc simulate", val, &a->optb) != 0)
+                return 2;
+        }
         else if (id == MF_OPTS_EXTRA)
             a->cost_args[a->ncost++] = p.argv[p.i - 1]; /* values checked once the mesh is known */
         else if (id == MF_OPTS_UNKNOWN) {
@@ -297,7 +306,7 @@ static bool make_config(const sim_args *a, const mf_schedule *s, mf_sim_config *
 
 int mf_cmd_simulate(int argc, char **argv)
 {
-    sim_args a = {0};
+    sim_args a = {.optb = MF_OPTIMIZER_BYTES_DEFAULT};
     mf_compilation comp;
     bool have_comp = false;
     mf_schedule *loaded = NULL;
@@ -328,6 +337,12 @@ int mf_cmd_simulate(int argc, char **argv)
     }
     print_header(a.input, s, &cfg);
     mf_sim_report(stdout, s, &res, a.full_path);
+    mf_plan_mem mem;
+    if (!(have_comp ? mf_plan_mem_of(comp.plan, a.optb, &mem) : mf_sched_mem_of(s, a.optb, &mem))) {
+        fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
+        goto done;
+    }
+    mf_plan_mem_print(stdout, &mem, a.optb);
     if (a.compare) {
         mf_sim_config one = cfg;
         one.single_stream = true;

@@ -118,6 +118,24 @@ int mf_write_file_atomic(const char *path, const char *protect,
     return rc;
 }
 
+/* Units with `layout auto` have no layout yet (docs/plan.md): every stage
+ * after sema refuses them, once per unit declaration. True when refused. */
+static bool refuse_auto(const mf_spec *sp, mf_diag *d)
+{
+    for (int u = 0; u < sp->nunits; u++) {
+        const mf_spec_unit *su = &sp->units[u];
+        if (!su->layout_auto || (u > 0 && sp->units[u - 1].layout_auto &&
+                                 sp->units[u - 1].span.line == su->span.line &&
+                                 sp->units[u - 1].span.col == su->span.col))
+            continue;
+        mf_diag_error(d, su->layout_span,
+                      "unit \"%s\" has layout auto, which only 'mfsdpc plan' resolves; run 'mfsdpc plan %s "
+                      "--memory SIZE -o PLANNED.mfsdp' and compile its output",
+                      su->name, sp->path ? sp->path : "SPEC");
+    }
+    return mf_diag_errors(d) > 0;
+}
+
 static int run_passes(const mf_compile_options *opt, mf_compilation *c)
 {
     mf_diag *d = &c->diag;
@@ -128,6 +146,8 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
     c->spec = mf_sema_run(c->ast, d, c->arena);
     if (mf_diag_errors(d) || !c->spec || opt->stop_after == MF_STAGE_SEMA)
         return mf_diag_errors(d) || !c->spec ? 1 : 0;
+    if (refuse_auto(c->spec, d))
+        return 1;
 
     mf_cost_model cost;
     if (opt->cost)

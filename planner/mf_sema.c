@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_builtin_layouts.h"
 #include "mf_hash.h"
 #include "mf_passes.h"
 #include "mf_trans_rules.h"
@@ -72,6 +73,7 @@ typedef struct {
 typedef struct {
     const mf_ast_item *item;
     int layout;
+    bool unit_default;      /* the layout is the unit's default */
     int64_t numel;
 } mf_sema_tinfo;
 
@@ -508,12 +510,47 @@ static void check_named_layouts(mf_sema *s)
     }
 }
 
-/* Looks up a layout reference; reports an unknown one. -1 when unknown. */
+/* A built-in layout (mf_builtin_layouts.h) named by ref, added to the spec on
+ * first use and then found by name like a declared one. Returns its index;
+ * -1 when ref names no built-in layout; -2 when it names one that does not
+ * fit the mesh (reported). */
+static int builtin_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
+{
+    int b = mf_builtin_find(ref->text);
+    if (b < 0)
+        return -1;
+    const mf_mesh *mesh = &s->spec->mesh;
+    mf_spec_layout out = {0};
+    if (!s->have_mesh || !mf_builtin_resolve(b, mesh->naxes, out.dtype, out.place)) {
+        if (s->have_mesh)
+            mf_diag_error(s->d, ref->span,
+                          "built-in layout '%s' for %s needs a mesh of %s axes, but the mesh has %d; declare "
+                          "'layout %s { ... }' or pick another built-in layout (docs/language.md)",
+                          ref->text, user, mf_builtin_ranks(b), mesh->naxes, ref->text);
+        return -2;
+    }
+    out.name = ref->text;
+    out.span = ref->span;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        out.role_span[r] = ref->span;
+    int idx = add_layout(s, &out, NULL, mf_arena_printf(s->a, "built-in layout '%s'", ref->text), true);
+    if (idx < 0 || mf_hash_put_str(&s->layout_names, ref->text, idx) < 0) {
+        sema_oom(s);
+        return -2;
+    }
+    return idx;
+}
+
+/* Looks up a layout reference (declared, then built-in); reports an unknown
+ * one. -1 when unknown. */
 static int lookup_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
 {
     int idx = (int)mf_hash_get_str(&s->layout_names, ref->text);
     if (idx >= 0)
         return idx;
+    idx = builtin_layout(s, ref, user);
+    if (idx != -1)
+        return idx < 0 ? -1 : idx;
     size_t n = 0;
     for (const mf_ast_layout *l = s->ast->layouts; l; l = l->next)
         n++;
@@ -757,6 +794,7 @@ static void bindings_text(const mf_sema *s, char *buf, size_t size)
 typedef struct {
     const mf_ast_unit *u;
     int layout;             /* default, -1 when none or unknown */
+    bool layout_auto;       /* `layout auto`: layout is a placeholder */
     bool reshard;
     int64_t tensors;        /* per iteration, saturating */
     int64_t elems;          /* per iteration; -1 when it overflowed */
@@ -850,6 +888,7 @@ static void check_tensor(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *it, 
         ti->layout = inline_layout(s, t->inline_layout, ut->u->name.text, t->name.text);
     } else if (ut->u->layout.text) {
         ti->layout = ut->layout;
+        ti->unit_default = true;
     } else {
         mf_diag_error(s->d, t->name.span,
                       "tensor \"%s\" has no layout: unit \"%s\" has no default 'layout NAME' and the tensor "
@@ -948,6 +987,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 st->dims[k++] = dm->size.value;
             st->numel = ti->numel;
             st->layout = ti->layout;
+            st->unit_default = ti->unit_default;
             int prev = (int)mf_hash_get_str(&s->tensor_names, full);
             if (prev >= 0) {
                 char where[200];
@@ -1006,11 +1046,30 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
     su->name = name;
     su->span = u->span;
     su->reshard_after_forward = ut->reshard;
+    su->layout_auto = ut->layout_auto;
+    su->layout_span = ut->u->layout.span;
     su->ntensors = (int)s->tensors.len;
     su->tensors = mf_vec_to_arena(&s->tensors, s->a);
     su->layout = ut->layout >= 0 ? ut->layout : (su->ntensors ? su->tensors[0].layout : -1);
     if (!su->tensors || mf_hash_put_str(&s->unit_names, name, (int)s->units.len - 1) < 0)
         sema_oom(s);
+}
+
+/* `layout auto` (docs/plan.md §1): the unit's layout is
+ * left to `mfsdpc plan`; until then its tensors hold the built-in zero3, so
+ * every later check still has a legal layout to work on. */
+static int auto_layout(mf_sema *s, const mf_ast_name *ref)
+{
+    mf_ast_name placeholder = {mf_builtin_name(mf_builtin_find("zero3")), ref->span};
+    if (s->have_mesh && !mf_builtin_fits(mf_builtin_find("zero3"), s->spec->mesh.naxes)) {
+        mf_diag_error(s->d, ref->span,
+                      "'layout auto' chooses among the built-in layouts, which are defined for meshes of 1 to 3 "
+                      "axes; the mesh has %d, so name a declared layout instead",
+                      s->spec->mesh.naxes);
+        return -1;
+    }
+    int idx = (int)mf_hash_get_str(&s->layout_names, placeholder.text);
+    return idx >= 0 ? idx : lookup_layout(s, &placeholder, "'layout auto'");
 }
 
 static void check_unit(mf_sema *s, const mf_ast_unit *u)
@@ -1030,7 +1089,11 @@ static void check_unit(mf_sema *s, const mf_ast_unit *u)
                       "unit name \"%s\" does not use the loop variable '%s', so every iteration would have the "
                       "same name; write {%s} in the name, e.g. \"%s.{%s}\"",
                       u->name.text, u->loop->var.text, u->loop->var.text, u->name.text, u->loop->var.text);
-    if (u->layout.text) {
+    if (u->layout.text && strcmp(u->layout.text, MF_LAYOUT_AUTO) == 0 &&
+        mf_hash_get_str(&s->layout_names, MF_LAYOUT_AUTO) < 0) {
+        ut.layout = auto_layout(s, &u->layout);
+        ut.layout_auto = true;
+    } else if (u->layout.text) {
         char user[300];
         snprintf(user, sizeof user, "unit \"%s\"", u->name.text);
         ut.layout = lookup_layout(s, &u->layout, user);

@@ -453,8 +453,12 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
                     s->units[u].name);
             goto cleanup;
         }
-        r->unit_params_total += unit_params(s, u);
     }
+    /* every tensor belongs to exactly one unit: the sum over units is the sum
+       over buckets, without matching names per unit */
+    for (int bi = 0; bi < s->nbuckets; bi++)
+        for (int ti = 0; ti < s->buckets[bi].ntensors; ti++)
+            r->unit_params_total += s->buckets[bi].tensors[ti].numel;
 
     issue_hook(&st, &h, MF_PHASE_STEP_BEGIN, -1, 0);
     for (int m = 0; m < (int)s->microbatches; m++) {

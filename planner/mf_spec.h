@@ -28,12 +28,16 @@ typedef struct mf_spec_tensor {
     int64_t dims[MF_MAX_DIMS];
     int64_t numel;          /* product of dims, checked against 63 bits */
     int layout;             /* index into spec->layouts (unit default or override) */
+    bool unit_default;      /* layout is the unit's default (no override) */
 } mf_spec_tensor;
 
 typedef struct mf_spec_unit {
     const char *name;       /* after {i} substitution */
     mf_span span;           /* the unit declaration (the loop's for an expanded one) */
     int layout;             /* default layout index */
+    bool layout_auto;       /* `layout auto`: layout is a placeholder (built-in zero3)
+                               that `mfsdpc plan` replaces; later passes refuse it */
+    mf_span layout_span;    /* the default layout's name as written */
     bool reshard_after_forward;  /* default true */
     int ntensors;
     mf_spec_tensor *tensors;     /* declaration order */

@@ -1,0 +1,241 @@
+/*
+ * mf_cmd_plan: `mfsdpc plan SPEC --memory SIZE [options]` (docs/plan.md).
+ *
+ * Reads a spec whose units may say `layout auto`, searches the layouts,
+ * reshard_after_forward, prefetch depth and bucket_size (mf_plan_search.c),
+ * prints the Pareto front of peak memory per rank against simulated step
+ * time, and writes the chosen spec (mf_plan_write.c) with -o. The figures
+ * printed for the chosen spec are recomputed from the written text through
+ * the same passes `explain` and `simulate` run, and must equal the search's.
+ *
+ * Exit status: 0 a plan fits; 1 the spec has errors or nothing fits the
+ * budget (the message names the smallest peak reachable and what dominates
+ * it); 2 usage errors, unreadable input, unwritable output.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_cli.h"
+#include "mf_opts.h"
+#include "mf_pipeline.h"
+#include "mf_plan_report.h"
+#include "mf_plan_search.h"
+#include "mf_plan_write.h"
+
+#define CMD "mfsdpc plan"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: mfsdpc plan SPEC.mfsdp --memory SIZE [options]\n"
+            "\n"
+            "Chooses, for every unit declared 'layout auto', a built-in layout and\n"
+            "reshard_after_forward, and the prefetch depth and bucket_size unless the spec\n"
+            "sets them; prints the Pareto front of peak memory per rank against simulated\n"
+            "step time and picks the fastest plan whose peak fits SIZE (docs/plan.md).\n"
+            "\n"
+            "  --memory SIZE             budget per rank, e.g. 80GiB (required)\n"
+            "  -o FILE.mfsdp             write the chosen spec\n"
+            "  --svg FILE.svg            draw the front (memory vs step time)\n"
+            "  --optimizer-bytes N       optimizer state per main_weight element (default 8)\n"
+            "  --explain-choice          say why each unit got its layout\n"
+            "  --exhaustive              simulate every candidate (slow; for tests)\n"
+            "compute and link model, exactly as 'mfsdpc simulate' takes them:\n"
+            "  --tokens N --tflops X --unit-time-us U --host-async\n"
+            "  --inner-bw=GBPS --outer-bw=GBPS --inner-lat=US --outer-lat=US\n"
+            "  --axis-bw=NAME:GBPS --axis-lat=NAME:US --local-bw=GBPS --launch-lat=US\n"
+            "\n"
+            "exit status: 0 a plan fits, 1 errors in the spec or nothing fits, 2 usage error\n");
+}
+
+typedef struct plan_args {
+    const char *input, *out, *svg;
+    int64_t budget, optb;
+    bool have_budget, explain_choice, exhaustive, host_async;
+    double tokens, tflops, unit_us;
+    int ncost;
+    char **cost_args;
+} plan_args;
+
+static int parse_pos(const char *opt, const char *v, double *out)
+{
+    char *end = NULL;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end != '\0' || !isfinite(x) || !(x > 0)) {
+        fprintf(stderr, CMD ": error: %s needs a positive number, got '%s'\n", opt, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* 0 parsed, 1 --help printed, 2 usage error (reported). */
+static int parse_args(int argc, char **argv, plan_args *a)
+{
+    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_TOK, O_TFL, O_UNIT, O_ASYNC, O_HELP, O_SVG };
+    static const mf_opt opts[] = {
+        {"--memory", NULL, "a size (e.g. 80GiB)", O_MEM}, {"--output", "-o", "a file name", O_OUT},
+        {"--optimizer-bytes", NULL, "a value (bytes per parameter)", O_OPTB},
+        {"--explain-choice", NULL, NULL, O_EXPL}, {"--exhaustive", NULL, NULL, O_EXH},
+        {"--tokens", NULL, "a value", O_TOK}, {"--tflops", NULL, "a value", O_TFL},
+        {"--unit-time-us", NULL, "a value", O_UNIT}, {"--host-async", NULL, NULL, O_ASYNC},
+        {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
+    mf_opts p;
+    mf_opts_init(&p, CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), mf_cost_is_option);
+    int id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        int bad = 0;
+        switch (id) {
+        case O_MEM: bad = mf_parse_size(CMD, "--memory", v, &a->budget); a->have_budget = true; break;
+        case O_OUT: a->out = v; break;
+        case O_SVG: a->svg = v; break;
+        case O_OPTB: bad = mf_parse_optimizer_bytes(CMD, v, &a->optb); break;
+        case O_EXPL: a->explain_choice = true; break;
+        case O_EXH: a->exhaustive = true; break;
+        case O_TOK: bad = parse_pos("--tokens", v, &a->tokens); break;
+        case O_TFL: bad = parse_pos("--tflops", v, &a->tflops); break;
+        case O_UNIT: bad = parse_pos("--unit-time-us", v, &a->unit_us); break;
+        case O_ASYNC: a->host_async = true; break;
+        case O_HELP: usage(stdout); return 1;
+        case MF_OPTS_EXTRA: a->cost_args[a->ncost++] = p.argv[p.i - 1]; break;
+        case MF_OPTS_OPERAND:
+            if (a->input) {
+                fprintf(stderr, CMD ": error: one spec at a time (got '%s' and '%s')\n", a->input, v);
+                return 2;
+            }
+            a->input = v;
+            break;
+        case MF_OPTS_UNKNOWN: usage(stderr); return 2;
+        default: return 2;
+        }
+        if (bad)
+            return 2;
+    }
+    if (!a->input) {
+        fprintf(stderr, CMD ": error: no spec given\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!a->have_budget) {
+        fprintf(stderr, CMD ": error: --memory SIZE is required (the budget per rank, e.g. 80GiB)\n");
+        return 2;
+    }
+    if ((a->out && strcmp(a->out, a->input) == 0) || (a->svg && strcmp(a->svg, a->input) == 0) ||
+        (a->out && a->svg && strcmp(a->out, a->svg) == 0)) {
+        fprintf(stderr, CMD ": error: -o and --svg must differ from each other and from the input\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* The simulator configuration from the options, as simulate builds it. */
+static int sim_config(const plan_args *a, const mf_mesh *mesh, mf_sim_config *cfg)
+{
+    mf_sim_config_defaults(cfg, mesh);
+    for (int i = 0; i < a->ncost; i++)
+        if (mf_cost_parse_option(&cfg->cost, mesh, a->cost_args[i]) != 1)
+            return -1;
+    if (a->tokens > 0)
+        cfg->tokens = a->tokens;
+    if (a->tflops > 0)
+        cfg->flops = a->tflops * 1e12;
+    if (a->unit_us > 0)
+        cfg->unit_time = a->unit_us * 1e-6;
+    cfg->host_async = a->host_async;
+    return 0;
+}
+
+
+typedef struct svg_ctx {
+    const mf_plan_search *ps;
+    int64_t budget;
+    const mf_ps_point *chosen;
+} svg_ctx;
+
+static int write_svg(FILE *out, const void *ctx)
+{
+    const svg_ctx *c = ctx;
+    return mf_plan_front_svg(out, c->ps, c->budget, c->chosen);
+}
+
+static int write_text(FILE *out, const void *ctx)
+{
+    const char *t = ctx;
+    return fputs(t, out) < 0 ? -1 : 0;
+}
+
+int mf_cmd_plan(int argc, char **argv)
+{
+    plan_args a = {.optb = MF_OPTIMIZER_BYTES_DEFAULT};
+    a.cost_args = calloc((size_t)argc + 1, sizeof *a.cost_args);
+    if (!a.cost_args) {
+        fprintf(stderr, CMD ": error: out of memory\n");
+        return 2;
+    }
+    mf_compilation c;
+    bool have_c = false, have_ps = false;
+    mf_plan_search ps;
+    char *text = NULL;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0) {
+        rc = rc == 1 ? 0 : 2;
+        goto done;
+    }
+    mf_compile_options copt = {.stop_after = MF_STAGE_SEMA};
+    rc = mf_compile_file(a.input, &copt, &c);
+    have_c = true;
+    if (rc != 0)
+        goto done;
+    mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive};
+    if (sim_config(&a, &c.spec->mesh, &po.sim) != 0) {
+        rc = 2;
+        goto done;
+    }
+    have_ps = true;
+    if (mf_ps_init(&ps, c.spec, c.ast, &po) != 0 || mf_ps_run(&ps) != 0) {
+        fprintf(stderr, "%s: error: %s\n", a.input, ps.err);
+        rc = 1;
+        goto done;
+    }
+    const mf_ps_point *best = mf_ps_choose(&ps, a.budget);
+    mf_plan_print_front(&ps, a.input, a.budget, best);
+    svg_ctx sc = {&ps, a.budget, best};
+    if (a.svg && mf_write_file_atomic(a.svg, a.input, write_svg, &sc) != 0) {
+        rc = 2;
+        goto done;
+    }
+    if (!best) {
+        rc = mf_plan_infeasible(&ps, a.budget);
+        goto done;
+    }
+    if (a.explain_choice && mf_plan_explain_choice(&ps, best, a.budget) != 0) {
+        fprintf(stderr, "%s: error: %s\n", a.input, ps.err);
+        rc = 1;
+        goto done;
+    }
+    char header[256];
+    snprintf(header, sizeof header, "planned by mfsdpc plan --memory %lld --optimizer-bytes %lld from %s",
+             (long long)a.budget, (long long)a.optb, a.input);
+    text = mf_plan_write_spec(&ps, c.ast, c.text, c.src.len, best, header);
+    if (!text) {
+        fprintf(stderr, CMD ": error: out of memory\n");
+        rc = 2;
+        goto done;
+    }
+    rc = mf_plan_confirm(&ps, a.out ? a.out : "<chosen>", text, best);
+    if (rc == 0 && a.out && mf_write_file_atomic(a.out, a.input, write_text, text) != 0)
+        rc = 2;
+    else if (rc == 0 && a.out)
+        printf("wrote %s\n", a.out);
+done:
+    free(text);
+    if (have_ps)
+        mf_ps_free(&ps);
+    if (have_c)
+        mf_compilation_free(&c);
+    free(a.cost_args);
+    return rc;
+}

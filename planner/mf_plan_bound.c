@@ -1,0 +1,341 @@
+/*
+ * mf_plan_bound: lower bounds on a candidate's peak memory and step time,
+ * from the spec alone (no pass runs), for the pruning of mf_plan_search.c
+ * (docs/plan.md §3). Each bound drops something the real figure adds, so it
+ * is never above it:
+ *
+ * Memory per rank. A bucket's padded length L is at least the sum of its
+ * tensors' elements n, and every buffer of mf_plan_stats.h holds L/S or L
+ * elements, so per tensor of layout (W, G, O):
+ *   persistent >= n*(size(O)/S_O + size(W)/S_W + size(G)/S_G
+ *                   + [G != O] size(G)/S_O + optimizer_bytes/S_O)
+ *   transient  >= n*([W not all Replicate] size(W) + size(G))
+ * (stage buffers dropped). The transient peak is at least the largest sum
+ * over prefetch+1 consecutive units without bucket merging; with merging a
+ * unit's tensors may sit in an earlier unit's bucket, so only the largest
+ * single unit counts.
+ *
+ * Step time. Compute runs on one stream, so step >= the compute time (the
+ * same for every candidate, taken from the first simulation). Every stream
+ * runs one op at a time and a collective on axis j of size n_j moving b
+ * bytes per element takes at least its bandwidth term: all_gather and
+ * reduce_scatter (n_j-1)*c*b/beta_j with c the per-rank count, all_reduce
+ * 2*(n_j-1)*(c/n_j)*b/beta_j. Between placements A and B (dtype sizes bA,
+ * bB) every axis j with A=Flat, B=Replicate needs an all_gather on j, with
+ * A=Partial, B=Flat a reduce_scatter, with A=Partial, B=Replicate an
+ * all_reduce (or a reduce_scatter and an all_gather, the same bytes); the
+ * per-rank count of each is at least n/S(A|B), the shard of the placement
+ * Flat wherever A or B is, and b >= min(bA, bB). T1 (O -> W) runs once, T2
+ * (W -> Replicate) M times per pre-hook when W is sharded, T3 (Partial ->
+ * G) M times, T4 (G -> O, grad dtype) once. The innermost axis's
+ * collectives run on the inner stream, the others on the outer stream, so
+ * step >= the larger of the two sums.
+ *
+ * The test suite checks both bounds against every candidate of the
+ * randomized instances (tests/planner/test_plan_search.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_plan_search.h"
+
+static double shards(const mf_mesh *m, const mf_placement *p) { return (double)mf_placement_shards(m, p); }
+
+static bool all_rep(const mf_placement *p, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] != MF_PLACE_REPLICATE)
+            return false;
+    return true;
+}
+
+/* Lower bounds of moving n elements from A to B once: per axis the bytes
+ * per rank (bytes[j]) and the fixed seconds (fixed[j]: launch and ring
+ * latency) of the collective that axis needs. Adds runs x them. */
+static void move_lb(const mf_plan_search *ps, const mf_placement *A, const mf_placement *B, mf_dtype da,
+                    mf_dtype db, double n, double runs, double *bytes, double *fixed)
+{
+    const mf_mesh *m = &ps->spec.mesh;
+    const mf_cost_model *cm = &ps->opt.sim.cost;
+    mf_placement u = *A;
+    for (int j = 0; j < m->naxes; j++)
+        if (B->p[j] == MF_PLACE_FLAT)
+            u.p[j] = MF_PLACE_FLAT;
+    double c = n / shards(m, &u), b = (double)(mf_dtype_size(da) < mf_dtype_size(db) ? mf_dtype_size(da)
+                                                                                  : mf_dtype_size(db));
+    for (int j = 0; j < m->naxes; j++) {
+        double nj = (double)m->axes[j].size, x = 0, f = 0;
+        if (nj < 2)
+            continue;
+        if ((A->p[j] == MF_PLACE_FLAT && B->p[j] == MF_PLACE_REPLICATE) ||
+            (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_FLAT)) {
+            x = (nj - 1) * c * b;
+            f = cm->launch + (nj - 1) * cm->axis[j].alpha;
+        } else if (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_REPLICATE) {
+            x = 2 * (nj - 1) / nj * c * b;
+            f = cm->launch + 2 * (nj - 1) * cm->axis[j].alpha;
+        }
+        bytes[j] += runs * x;
+        fixed[j] += runs * f;
+    }
+}
+
+/* Seconds of a chain of collectives with these per-axis bounds. */
+static double chain(const mf_plan_search *ps, const double *bytes, const double *fixed)
+{
+    double t = 0;
+    for (int j = 0; j < ps->spec.mesh.naxes; j++)
+        t += fixed[j] + bytes[j] / ps->opt.sim.cost.axis[j].beta;
+    return t;
+}
+
+typedef struct unit_lb {
+    double pers, trans;
+    double bytes[MF_MAX_AXES], fixed[MF_MAX_AXES]; /* per step, per axis */
+    double head, tail;      /* chains before the first forward and after the last backward */
+    double drain_bw[2], drain_fixed[2]; /* last-microbatch T3 + T4 seconds per comm stream */
+    double t2;              /* T2 chain (weight gather before a compute), without merging */
+} unit_lb;
+
+/* Adds per-axis bounds to the two comm streams (innermost axis: inner). */
+static void by_stream(const mf_plan_search *ps, const double *bytes, const double *fixed, double *bw, double *fx)
+{
+    int naxes = ps->spec.mesh.naxes;
+    for (int j = 0; j < naxes; j++) {
+        int s = j == naxes - 1 ? 0 : 1;
+        bw[s] += bytes[j] / ps->opt.sim.cost.axis[j].beta;
+        fx[s] += fixed[j];
+    }
+}
+
+/* Bounds of one unit of group g under choice c. Tensors of one layout share
+ * a bucket (without merging), so the fixed costs count once per layout. */
+static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
+{
+    const mf_spec *sp = &ps->spec;
+    const mf_mesh *m = &sp->mesh;
+    const mf_ps_group *gr = &ps->groups[g];
+    const mf_ps_choice *ch = &gr->choices[c];
+    const mf_spec_unit *su = &ps->base->units[gr->first_unit];
+    double M = (double)sp->microbatches, optb = (double)ps->opt.optimizer_bytes;
+    double *elems = calloc((size_t)sp->nlayouts, sizeof *elems);
+    if (!elems)
+        return -1;
+    memset(out, 0, sizeof *out);
+    for (int t = 0; t < su->ntensors; t++) {
+        const mf_spec_tensor *st = &su->tensors[t];
+        elems[gr->is_auto && st->unit_default ? ch->layout : st->layout] += (double)st->numel;
+    }
+    mf_placement rep = {{0}}, part;
+    for (int j = 0; j < MF_MAX_AXES; j++)
+        part.p[j] = MF_PLACE_PARTIAL;
+    for (int li = 0; li < sp->nlayouts; li++) {
+        if (elems[li] == 0)
+            continue;
+        const mf_spec_layout *l = &sp->layouts[li];
+        const mf_placement *W = &l->place[MF_ROLE_WEIGHT], *G = &l->place[MF_ROLE_GRAD],
+                           *O = &l->place[MF_ROLE_MAIN_WEIGHT];
+        mf_dtype dw = l->dtype[MF_ROLE_WEIGHT], dg = l->dtype[MF_ROLE_GRAD], dO = l->dtype[MF_ROLE_MAIN_WEIGHT];
+        double n = elems[li], sw = (double)mf_dtype_size(dw), sg = (double)mf_dtype_size(dg),
+               so = (double)mf_dtype_size(dO);
+        bool wsh = !all_rep(W, m->naxes);
+        out->pers += n * (so / shards(m, O) + sw / shards(m, W) + sg / shards(m, G) + optb / shards(m, O));
+        if (!mf_placement_equal(G, O, m->naxes))
+            out->pers += n * sg / shards(m, O);
+        out->trans += n * ((wsh ? sw : 0) + sg);
+        double hb[MF_MAX_AXES] = {0}, hf[MF_MAX_AXES] = {0}, tb[MF_MAX_AXES] = {0}, tf[MF_MAX_AXES] = {0};
+        move_lb(ps, O, W, dO, dw, n, 1, hb, hf);
+        if (wsh)
+            move_lb(ps, W, &rep, dw, dw, n, 1, hb, hf);
+        move_lb(ps, &part, G, dg, dg, n, 1, tb, tf);
+        move_lb(ps, G, O, dg, dg, n, 1, tb, tf);
+        double h = chain(ps, hb, hf), tl = chain(ps, tb, tf);
+        if (wsh) {
+            double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0};
+            move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
+            double g2 = chain(ps, gb, gf);
+            out->t2 = g2 > out->t2 ? g2 : out->t2;
+        }
+        by_stream(ps, tb, tf, out->drain_bw, out->drain_fixed);
+        out->head = h > out->head ? h : out->head;
+        out->tail = tl > out->tail ? tl : out->tail;
+        move_lb(ps, O, W, dO, dw, n, 1, out->bytes, out->fixed);
+        if (wsh)
+            move_lb(ps, W, &rep, dw, dw, n, M * (ch->reshard ? 2 : 1), out->bytes, out->fixed);
+        move_lb(ps, &part, G, dg, dg, n, M, out->bytes, out->fixed);
+        move_lb(ps, G, O, dg, dg, n, 1, out->bytes, out->fixed);
+    }
+    free(elems);
+    return 0;
+}
+
+int mf_ps_bounds_prepare(mf_plan_search *ps)
+{
+    for (int g = 0; g < ps->ngroups; g++) {
+        mf_ps_group *gr = &ps->groups[g];
+        gr->lb_persistent = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_transient = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_bytes = calloc((size_t)gr->nchoices * MF_MAX_AXES, sizeof(double));
+        gr->lb_fixed = calloc((size_t)gr->nchoices * MF_MAX_AXES, sizeof(double));
+        gr->lb_head = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_tail = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
+        gr->lb_t2 = calloc((size_t)gr->nchoices, sizeof(double));
+        if (!gr->lb_persistent || !gr->lb_transient || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
+            !gr->lb_tail || !gr->lb_drain || !gr->lb_t2)
+            return -1;
+        for (int c = 0; c < gr->nchoices; c++) {
+            unit_lb ub;
+            if (unit_bounds(ps, g, c, &ub) != 0)
+                return -1;
+            gr->lb_persistent[c] = ub.pers * gr->nunits;
+            gr->lb_transient[c] = ub.trans;
+            gr->lb_head[c] = ub.head;
+            gr->lb_tail[c] = ub.tail;
+            gr->lb_t2[c] = ub.t2;
+            for (int k = 0; k < 2; k++) {
+                gr->lb_drain[(size_t)c * 4 + (size_t)k] = ub.drain_bw[k];
+                gr->lb_drain[(size_t)c * 4 + 2 + (size_t)k] = ub.drain_fixed[k];
+            }
+            for (int j = 0; j < MF_MAX_AXES; j++) {
+                gr->lb_bytes[(size_t)c * MF_MAX_AXES + (size_t)j] = ub.bytes[j] * gr->nunits;
+                gr->lb_fixed[(size_t)c * MF_MAX_AXES + (size_t)j] = ub.fixed[j] * gr->nunits;
+            }
+        }
+    }
+    ps->lb_scratch = calloc((size_t)ps->base->nunits * 5 + 5, sizeof(double));
+    return ps->lb_scratch ? 0 : -1;
+}
+
+/* The compute chain with its weight gathers (host-synchronous issue only):
+ * the compute items run one at a time in hook order; without merging, the
+ * T2 gather of unit u is issued when compute reaches the hook of the unit
+ * `prefetch` places earlier in that pass (forward_pre(u - p), or
+ * backward_pre(u + p) for a unit that reshards after forward, clamped to
+ * the first and last unit; mf_lower.c), which is when the compute item
+ * before that hook ends, and its chain takes at least t2(u): the compute of
+ * u starts no earlier than that hook time plus t2(u). The first forward starts after the
+ * first unit's T1 and T2 (g0). After bwd(u) of the last microbatch, the
+ * last-microbatch T3 and T4 collectives of units 0..u must still run on
+ * each comm stream (drain). Returns the largest finish this forces. */
+static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double g0)
+{
+    int U = ps->base->nunits, M = (int)ps->spec.microbatches, p = prefetch;
+    double *t2 = ps->lb_scratch, *rs = t2 + U, *fs = rs + U, *bs = fs + U, *dsum = bs + U;
+    double sum[2] = {0, 0};
+    int u = 0;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
+        for (int k = 0; k < gr->nunits; k++, u++) {
+            t2[u] = bucket > 0 || ps->opt.sim.host_async ? 0 : gr->lb_t2[choice[g]];
+            rs[u] = gr->choices[choice[g]].reshard ? 1 : 0;
+            for (int s = 0; s < 2; s++)
+                sum[s] += dr[s] + (bucket > 0 ? 0 : dr[2 + s]);
+            dsum[u] = sum[0] > sum[1] ? sum[0] : sum[1]; /* per stream max of sums, below */
+        }
+    }
+    /* fs/bs: when compute reaches each unit's forward_pre / backward_pre
+       hook (the end of the compute before it), where the lowering issues the
+       gather of unit u + p (forward) or u - p (backward), clamped */
+    double t = 0, best = 0;
+    for (int m = 0; m < M; m++) {
+        for (u = 0; u < U; u++) {
+            fs[u] = t;
+            int at = u - p < 0 ? 0 : u - p;
+            if (fs[at] + t2[u] > t)
+                t = fs[at] + t2[u];
+            if (m == 0 && u == 0 && g0 > t)
+                t = g0;
+            t += ps->fwd[u];
+        }
+        for (u = U - 1; u >= 0; u--) {
+            bs[u] = t;
+            int at = u + p > U - 1 ? U - 1 : u + p;
+            if (rs[u] > 0 && bs[at] + t2[u] > t)
+                t = bs[at] + t2[u];
+            t += ps->bwd[u];
+            if (m == M - 1 && t + dsum[u] > best)
+                best = t + dsum[u];
+        }
+    }
+    return best > t ? best : t;
+}
+
+/* The drain at the end of the step: once bwd(u, last microbatch) has ended
+ * (at >= g0 + compute - the backward still to come, sum of bwd(v) for v < u),
+ * every stream still has to run the last-microbatch T3 and the T4
+ * collectives of units 0..u: they wait for their unit's backward, which
+ * ends later, and a stream runs one op at a time. The largest such finish
+ * over u and the two comm streams. */
+static double drain(const mf_plan_search *ps, int64_t bucket, const int *choice, double g0)
+{
+    double best = 0, rest = ps->compute_time + g0, sum[2] = {0, 0};
+    int u = 0;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
+        for (int k = 0; k < gr->nunits; k++, u++) {
+            if (u > 0)
+                rest -= ps->bwd[u - 1];
+            for (int s = 0; s < 2; s++) {
+                sum[s] += dr[s] + (bucket > 0 ? 0 : dr[2 + s]);
+                if (rest + sum[s] > best)
+                    best = rest + sum[s];
+            }
+        }
+    }
+    return best;
+}
+
+void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double *lb_mem,
+                        double *lb_time)
+{
+    const mf_mesh *m = &ps->spec.mesh;
+    double pers = 0, bytes[MF_MAX_AXES] = {0}, fixed[MF_MAX_AXES] = {0}, peak_t = 0;
+    /* transient: a window of prefetch+1 units (no merging) or one unit */
+    int window = bucket > 0 || prefetch + 1 > 64 ? 1 : prefetch + 1;
+    double ring[64] = {0}, sum = 0; /* the last `window` unit values */
+    int seen = 0;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        int c = choice[g];
+        pers += gr->lb_persistent[c];
+        for (int j = 0; j < m->naxes; j++) {
+            bytes[j] += gr->lb_bytes[(size_t)c * MF_MAX_AXES + (size_t)j];
+            fixed[j] += gr->lb_fixed[(size_t)c * MF_MAX_AXES + (size_t)j];
+        }
+        for (int u = 0; u < gr->nunits && u < window + 1; u++) {
+            /* identical units: after `window` of them the window sum repeats */
+            sum += gr->lb_transient[c] - ring[seen % window];
+            ring[seen % window] = gr->lb_transient[c];
+            seen++;
+            if (sum > peak_t)
+                peak_t = sum;
+        }
+    }
+    double inner = 0, outer = 0;
+    for (int j = 0; j < m->naxes; j++) {
+        /* merged buckets share launches: fixed costs count only without merging */
+        double t = bytes[j] / ps->opt.sim.cost.axis[j].beta + (bucket > 0 ? 0 : fixed[j]);
+        if (j == m->naxes - 1)
+            inner += t;
+        else
+            outer += t;
+    }
+    /* a relative margin for rounding: a bound must never exceed the figure */
+    *lb_mem = (pers + peak_t) * (1 - 1e-9);
+    double t = inner > outer ? inner : outer;
+    if (ps->ngroups > 0 && ps->bwd) {
+        /* the first unit's chains frame the compute (unit 0 is in group 0) */
+        double g0 = ps->groups[0].lb_head[choice[0]];
+        double frame = g0 + ps->compute_time + ps->groups[0].lb_tail[choice[0]];
+        t = frame > t ? frame : t;
+        double d = drain(ps, bucket, choice, g0);
+        t = d > t ? d : t;
+        d = compute_chain(ps, prefetch, bucket, choice, g0);
+        t = d > t ? d : t;
+    }
+    *lb_time = t * (1 - 1e-9);
+}

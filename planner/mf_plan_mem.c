@@ -1,0 +1,127 @@
+/*
+ * mf_plan_mem: the peak memory per rank of a plan or a schedule with the
+ * optimizer state added (see mf_plan_mem.h).
+ */
+#include "mf_plan_mem.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_plan_stats.h"
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+/* Optimizer bytes: per bucket, the main_weight elements this rank holds. */
+static int64_t optimizer_of(const mf_schedule *s, int64_t optimizer_bytes)
+{
+    int64_t elems = 0;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        elems = sat_add(elems, bk->length / mf_placement_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
+    }
+    return sat_mul(elems, optimizer_bytes);
+}
+
+bool mf_plan_mem_of(const mf_plan *p, int64_t optimizer_bytes, mf_plan_mem *out)
+{
+    memset(out, 0, sizeof *out);
+    mf_plan_memory m;
+    if (!mf_plan_memory_of(p, &m))
+        return false;
+    memcpy(out->peak_role, m.peak, sizeof m.peak);
+    out->persistent = m.persistent_total;
+    out->transient_peak = m.transient_peak_total;
+    out->model_peak = m.peak_total;
+    out->optimizer = optimizer_of(p->sched, optimizer_bytes);
+    out->peak = sat_add(out->model_peak, out->optimizer);
+    return true;
+}
+
+bool mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
+{
+    memset(out, 0, sizeof *out);
+    int64_t pers = 0, peak = 0;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        out->peak_role[r] = s->summary.peak_bytes[r];
+        pers = sat_add(pers, s->summary.persistent_bytes[r]);
+        peak = sat_add(peak, s->summary.peak_bytes[r]);
+    }
+    out->persistent = pers;
+    out->model_peak = peak;
+    out->transient_peak = peak - pers;
+    out->optimizer = optimizer_of(s, optimizer_bytes);
+    out->peak = sat_add(out->model_peak, out->optimizer);
+    return true;
+}
+
+int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : -1;
+    if (!v || end == v || *end != '\0' || errno != 0 || x < 0 || x > 1024) {
+        fprintf(stderr, "%s: error: --optimizer-bytes needs an integer from 0 to 1024 (bytes of optimizer "
+                        "state per parameter, e.g. 8 for Adam), got '%s'\n", cmd, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
+{
+    static const struct { const char *suf; double mult; } sufs[] = {
+        {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+        {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+    char *end = NULL;
+    errno = 0;
+    double x = v ? strtod(v, &end) : -1;
+    if (v && end != v && errno == 0 && x > 0) {
+        for (size_t k = 0; k < sizeof sufs / sizeof sufs[0]; k++)
+            if (strcmp(end, sufs[k].suf) == 0 && x * sufs[k].mult < 9.2e18 && x * sufs[k].mult >= 1) {
+                *out = (int64_t)(x * sufs[k].mult);
+                return 0;
+            }
+    }
+    fprintf(stderr, "%s: error: %s needs a positive size in bytes with an optional suffix B, KiB, MiB, GiB, "
+                    "TiB (or KB, MB, GB, TB), e.g. 80GiB; got '%s'\n", cmd, opt, v ? v : "");
+    return -1;
+}
+
+static const char *human(int64_t bytes, char *buf, size_t size)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%lld B", (long long)bytes);
+    else
+        snprintf(buf, size, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
+{
+    char h1[32], h2[32], h3[32];
+    fprintf(out, "memory/rank  model peak %s + optimizer state %s (%lld bytes per main_weight element "
+                 "held) = peak %s (%lld bytes)\n",
+            human(m->model_peak, h1, sizeof h1), human(m->optimizer, h2, sizeof h2), (long long)optimizer_bytes,
+            human(m->peak, h3, sizeof h3), (long long)m->peak);
+}

@@ -1,0 +1,493 @@
+/*
+ * mf_plan_search: candidates, their evaluation through the compiler's own
+ * passes, and the exact Pareto front (see mf_plan_search.h, docs/plan.md §3).
+ */
+#include "mf_plan_search.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_ast.h"
+#include "mf_builtin_layouts.h"
+#include "mf_passes.h"
+
+#define MF_PS_MAX_CANDIDATES INT64_C(20000000)
+
+static const int64_t bucket_ladder[] = {0, INT64_C(16) << 20, INT64_C(64) << 20};
+
+static bool same_layout(const mf_spec_layout *a, const mf_spec_layout *b, int naxes)
+{
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (a->dtype[r] != b->dtype[r] || !mf_placement_equal(&a->place[r], &b->place[r], naxes))
+            return false;
+    return true;
+}
+
+static bool weight_sharded(const mf_spec_layout *l, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (l->place[MF_ROLE_WEIGHT].p[j] != MF_PLACE_REPLICATE)
+            return true;
+    return false;
+}
+
+/* The spec's layouts followed by every built-in layout that fits the mesh,
+ * those equal to an earlier built-in one left out, those whose name a
+ * declared layout of other content shadows left out. *nsearch receives the
+ * built-in indices searched, in table order. */
+static int build_layouts(mf_plan_search *ps, int *search, int *nsearch)
+{
+    const mf_spec *b = ps->base;
+    int naxes = b->mesh.naxes, n = b->nlayouts;
+    mf_spec_layout *ls = calloc((size_t)(n + mf_builtin_count()), sizeof *ls);
+    if (!ls)
+        return -1;
+    memcpy(ls, b->layouts, (size_t)n * sizeof *ls);
+    *nsearch = 0;
+    for (int i = 0; i < mf_builtin_count(); i++) {
+        mf_spec_layout l = {.name = mf_builtin_name(i)};
+        if (!mf_builtin_resolve(i, naxes, l.dtype, l.place))
+            continue;
+        int idx = -1;
+        bool shadowed = false, dup = false;
+        for (int k = 0; k < n; k++)
+            if (!ls[k].is_inline && strcmp(ls[k].name, l.name) == 0) {
+                idx = k;
+                shadowed = !same_layout(&ls[k], &l, naxes);
+            }
+        for (int k = 0; k < *nsearch; k++)
+            dup = dup || same_layout(&ls[search[k]], &l, naxes);
+        if (shadowed || dup)
+            continue;
+        if (idx < 0) {
+            ls[n] = l;
+            idx = n++;
+        }
+        search[(*nsearch)++] = idx;
+    }
+    ps->spec.layouts = ls;
+    ps->spec.nlayouts = n;
+    return 0;
+}
+
+static bool has_option(const mf_ast_unit *u)
+{
+    for (const mf_ast_item *it = u->body; it; it = it->next)
+        if (it->kind == MF_AST_ITEM_OPTION)
+            return true;
+    return false;
+}
+
+/* One group per unit declaration; its choices. */
+static int build_groups(mf_plan_search *ps, const mf_ast *ast, const int *search, int nsearch)
+{
+    int ng = 0, u = 0, naxes = ps->base->mesh.naxes;
+    for (const mf_ast_unit *d = ast->units; d; d = d->next)
+        ng++;
+    ps->groups = calloc((size_t)ng, sizeof *ps->groups);
+    if (!ps->groups)
+        return -1;
+    ps->ngroups = ng;
+    int g = 0;
+    for (const mf_ast_unit *d = ast->units; d; d = d->next, g++) {
+        mf_ps_group *gr = &ps->groups[g];
+        int iters = d->loop ? (int)(d->loop->hi.value - d->loop->lo.value) : 1;
+        const mf_spec_unit *su = &ps->base->units[u];
+        gr->name = d->name.text;
+        gr->first_unit = u;
+        gr->nunits = iters;
+        gr->is_auto = su->layout_auto;
+        gr->reshard_set = has_option(d);
+        u += iters;
+        gr->choices = calloc((size_t)(2 * nsearch + 1), sizeof *gr->choices);
+        if (!gr->choices)
+            return -1;
+        if (!gr->is_auto) {
+            gr->choices[gr->nchoices++] = (mf_ps_choice){su->layout, -1, su->reshard_after_forward};
+            continue;
+        }
+        for (int k = 0; k < nsearch; k++) {
+            const mf_spec_layout *l = &ps->spec.layouts[search[k]];
+            int bi = mf_builtin_find(l->name);
+            if (gr->reshard_set || !weight_sharded(l, naxes)) {
+                gr->choices[gr->nchoices++] = (mf_ps_choice){search[k], bi, su->reshard_after_forward};
+            } else {
+                gr->choices[gr->nchoices++] = (mf_ps_choice){search[k], bi, true};
+                gr->choices[gr->nchoices++] = (mf_ps_choice){search[k], bi, false};
+            }
+        }
+    }
+    if (u != ps->base->nunits) {
+        snprintf(ps->err, sizeof ps->err, "internal error: the unit declarations expand to %d units, the spec has %d",
+                 u, ps->base->nunits);
+        return -2;
+    }
+    return 0;
+}
+
+static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
+{
+    for (const mf_ast_setting *s = ast->settings; s; s = s->next)
+        if (s->kind == k)
+            return true;
+    return false;
+}
+
+int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const mf_ps_options *opt)
+{
+    memset(ps, 0, sizeof *ps);
+    ps->base = base;
+    ps->spec = *base;
+    ps->opt = *opt;
+    int search[32], nsearch = 0, rc = -1;
+    ps->spec.units = calloc((size_t)base->nunits, sizeof *ps->spec.units);
+    if (!ps->spec.units || build_layouts(ps, search, &nsearch) != 0)
+        goto oom;
+    memcpy(ps->spec.units, base->units, (size_t)base->nunits * sizeof *ps->spec.units);
+    for (int u = 0; u < base->nunits; u++) {
+        mf_spec_unit *su = &ps->spec.units[u];
+        if (!su->layout_auto)
+            continue;
+        su->tensors = calloc((size_t)su->ntensors, sizeof *su->tensors);
+        if (!su->tensors)
+            goto oom;
+        memcpy(su->tensors, base->units[u].tensors, (size_t)su->ntensors * sizeof *su->tensors);
+        su->layout_auto = false;
+    }
+    rc = build_groups(ps, ast, search, nsearch);
+    if (rc == -1)
+        goto oom;
+    if (rc != 0)
+        return -1;
+    if (ast_sets(ast, MF_AST_SET_PREFETCH))
+        ps->prefetch[ps->nprefetch++] = base->prefetch;
+    else
+        for (int p = 1; p <= 3; p++)
+            ps->prefetch[ps->nprefetch++] = p;
+    if (ast_sets(ast, MF_AST_SET_BUCKET_SIZE))
+        ps->bucket[ps->nbucket++] = base->bucket_size;
+    else
+        for (size_t k = 0; k < sizeof bucket_ladder / sizeof bucket_ladder[0]; k++)
+            ps->bucket[ps->nbucket++] = bucket_ladder[k];
+    int64_t n = (int64_t)ps->nprefetch * ps->nbucket;
+    for (int g = 0; g < ps->ngroups; g++) {
+        if (n > MF_PS_MAX_CANDIDATES / ps->groups[g].nchoices) {
+            snprintf(ps->err, sizeof ps->err,
+                     "the search space is too large (more than %lld candidates): declare repeated units "
+                     "with a loop ('unit \"layers.{i}\" for i in 0..N layout auto'), which share one choice, "
+                     "or fix the layouts of some units",
+                     (long long)MF_PS_MAX_CANDIDATES);
+            return -1;
+        }
+        n *= ps->groups[g].nchoices;
+    }
+    ps->ncandidates = n;
+    if (mf_ps_bounds_prepare(ps) != 0)
+        goto oom;
+    return 0;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
+    return -1;
+}
+
+void mf_ps_free(mf_plan_search *ps)
+{
+    for (int u = 0; ps->spec.units && u < ps->base->nunits; u++)
+        if (ps->base->units[u].layout_auto)
+            free(ps->spec.units[u].tensors);
+    free(ps->spec.units);
+    free(ps->spec.layouts);
+    for (int g = 0; ps->groups && g < ps->ngroups; g++) {
+        free(ps->groups[g].choices);
+        free(ps->groups[g].lb_persistent);
+        free(ps->groups[g].lb_transient);
+        free(ps->groups[g].lb_bytes);
+        free(ps->groups[g].lb_fixed);
+        free(ps->groups[g].lb_head);
+        free(ps->groups[g].lb_tail);
+        free(ps->groups[g].lb_drain);
+        free(ps->groups[g].lb_t2);
+    }
+    free(ps->groups);
+    free(ps->fwd);
+    free(ps->bwd);
+    free(ps->lb_scratch);
+    if (ps->sink)
+        fclose(ps->sink);
+    for (int i = 0; i < ps->nfront; i++)
+        free(ps->front[i].choice);
+    free(ps->front);
+    memset(ps, 0, sizeof *ps);
+}
+
+const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c)
+{
+    return ps->spec.layouts[ps->groups[g].choices[c].layout].name;
+}
+
+static bool front_dominates(const mf_plan_search *ps, double lb_mem, double lb_time);
+
+/* Writes the candidate into ps->spec. */
+static void apply(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice)
+{
+    ps->spec.prefetch = prefetch;
+    ps->spec.bucket_size = bucket;
+    for (int g = 0; g < ps->ngroups; g++) {
+        const mf_ps_group *gr = &ps->groups[g];
+        const mf_ps_choice *ch = &gr->choices[choice[g]];
+        for (int u = gr->first_unit; u < gr->first_unit + gr->nunits; u++) {
+            mf_spec_unit *su = &ps->spec.units[u];
+            su->layout = ch->layout;
+            su->reshard_after_forward = ch->reshard;
+            if (gr->is_auto)
+                for (int t = 0; t < su->ntensors; t++)
+                    if (su->tensors[t].unit_default)
+                        su->tensors[t].layout = ch->layout;
+        }
+    }
+}
+
+int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)
+{
+    return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, pt);
+}
+
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt)
+{
+    apply(ps, prefetch, bucket, choice);
+    int rc = -1;
+    mf_sim_result res = {0};
+    mf_sim_config cfg = ps->opt.sim;
+    if (ps->fwd) {
+        cfg.fwd_time = ps->fwd;
+        cfg.bwd_time = ps->bwd;
+    }
+    if (!ps->sink)
+        ps->sink = fopen("/dev/null", "w");
+    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    mf_diag d;
+    mf_diag_init(&d, NULL, ps->sink);
+    if (!p) {
+        snprintf(ps->err, sizeof ps->err, "out of memory");
+        goto done;
+    }
+    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
+        goto broken;
+    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
+        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+        rc = 1;
+        goto done;
+    }
+    if (!mf_lower_run(p, &d))
+        goto broken;
+    char err[256];
+    if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
+        snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
+        goto done;
+    }
+    pt->prefetch = prefetch;
+    pt->bucket_size = bucket;
+    pt->step_time = res.step_time;
+    pt->overlap = res.overlap;
+    pt->comm_exposed = res.comm_exposed;
+    pt->outer_bytes = 0;
+    int naxes = ps->spec.mesh.naxes;
+    for (int j = 0; j < MF_MAX_AXES; j++) {
+        pt->bytes[j] = j < naxes ? res.bytes[j] : 0;
+        if (j < naxes - 1)
+            pt->outer_bytes += res.bytes[j];
+    }
+    if (!ps->fwd) {
+        /* compute times depend on the tensors only: computed once, by the
+           simulator's own function, then passed to it explicitly */
+        ps->compute_time = res.compute_time;
+        ps->fwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->fwd);
+        ps->bwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->bwd);
+        for (int u = 0; ps->fwd && ps->bwd && u < p->sched->nunits; u++)
+            mf_sim_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
+        if (!ps->fwd || !ps->bwd) {
+            snprintf(ps->err, sizeof ps->err, "out of memory");
+            goto done;
+        }
+    }
+    ps->evaluated++;
+    rc = 0;
+    goto done;
+broken:
+    snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
+             prefetch, (long long)bucket);
+done:
+    mf_sim_result_free(&res);
+    mf_plan_free(p);
+    return rc;
+}
+
+/* ---- the front ---- */
+
+/* a before b for equal memory and step time: fewer outer bytes, then earlier. */
+static bool tie_better(const mf_ps_point *a, const mf_ps_point *b)
+{
+    return a->outer_bytes != b->outer_bytes ? a->outer_bytes < b->outer_bytes : a->index < b->index;
+}
+
+/* a dominates b, or is the same point and wins the tie. */
+static bool beats(const mf_ps_point *a, const mf_ps_point *b)
+{
+    if (a->mem.peak > b->mem.peak || a->step_time > b->step_time)
+        return false;
+    if (a->mem.peak < b->mem.peak || a->step_time < b->step_time)
+        return true;
+    return tie_better(a, b);
+}
+
+/* Inserts a copy of *x (its choice copied) unless a front point beats it;
+ * removes the points it beats. 0, or -1 on OOM. */
+static int front_insert(mf_plan_search *ps, const mf_ps_point *x)
+{
+    for (int i = 0; i < ps->nfront; i++)
+        if (beats(&ps->front[i], x))
+            return 0;
+    int k = 0;
+    for (int i = 0; i < ps->nfront; i++) {
+        if (beats(x, &ps->front[i]))
+            free(ps->front[i].choice);
+        else
+            ps->front[k++] = ps->front[i];
+    }
+    ps->nfront = k;
+    mf_ps_point *nf = realloc(ps->front, (size_t)(k + 1) * sizeof *nf);
+    int *ch = malloc((size_t)(ps->ngroups ? ps->ngroups : 1) * sizeof *ch);
+    if (!nf || !ch) {
+        if (nf)
+            ps->front = nf;
+        free(ch);
+        return -1;
+    }
+    ps->front = nf;
+    int at = k;
+    while (at > 0 && (nf[at - 1].mem.peak > x->mem.peak ||
+                      (nf[at - 1].mem.peak == x->mem.peak && nf[at - 1].step_time > x->step_time)))
+        at--;
+    memmove(nf + at + 1, nf + at, (size_t)(k - at) * sizeof *nf);
+    nf[at] = *x;
+    memcpy(ch, x->choice, (size_t)ps->ngroups * sizeof *ch);
+    nf[at].choice = ch;
+    ps->nfront = k + 1;
+    return 0;
+}
+
+/* Whether a front point is at most (lb_mem, lb_time) with one strictly less:
+ * then it dominates every candidate with those lower bounds. The front is
+ * sorted by memory with step time falling, so the last point with memory <=
+ * lb_mem has the least step time among them. */
+static bool front_dominates(const mf_plan_search *ps, double lb_mem, double lb_time)
+{
+    const mf_ps_point *best = NULL;
+    for (int i = 0; i < ps->nfront && (double)ps->front[i].mem.peak <= lb_mem; i++)
+        best = &ps->front[i];
+    return best && best->step_time <= lb_time &&
+           ((double)best->mem.peak < lb_mem || best->step_time < lb_time);
+}
+
+/* Decodes candidate index into settings and choices. */
+static void decode(const mf_plan_search *ps, int64_t idx, int *prefetch, int64_t *bucket, int *choice)
+{
+    for (int g = ps->ngroups - 1; g >= 0; g--) {
+        choice[g] = (int)(idx % ps->groups[g].nchoices);
+        idx /= ps->groups[g].nchoices;
+    }
+    *bucket = ps->bucket[idx % ps->nbucket];
+    idx /= ps->nbucket;
+    *prefetch = ps->prefetch[idx];
+}
+
+typedef struct cand {
+    double lb_mem, lb_time;
+    int64_t index;
+} cand;
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->lb_mem != y->lb_mem)
+        return x->lb_mem < y->lb_mem ? -1 : 1;
+    if (x->lb_time != y->lb_time)
+        return x->lb_time < y->lb_time ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, int *choice)
+{
+    mf_ps_point pt = {.index = idx, .choice = choice};
+    int prefetch;
+    int64_t bucket;
+    decode(ps, idx, &prefetch, &bucket, choice);
+    int rc = mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, &pt);
+    if (rc != 0)
+        return rc == 1 ? 0 : -1;
+    if (front_insert(ps, &pt) != 0) {
+        snprintf(ps->err, sizeof ps->err, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+int mf_ps_run(mf_plan_search *ps)
+{
+    int *choice = malloc((size_t)(ps->ngroups ? ps->ngroups : 1) * sizeof *choice);
+    cand *cs = NULL;
+    int rc = -1;
+    if (!choice)
+        goto oom;
+    if (ps->opt.exhaustive) {
+        for (int64_t i = 0; i < ps->ncandidates; i++)
+            if (eval_insert(ps, i, -1, choice) != 0)
+                goto done;
+        rc = 0;
+        goto done;
+    }
+    cs = malloc((size_t)ps->ncandidates * sizeof *cs);
+    if (!cs)
+        goto oom;
+    for (int64_t i = 0; i < ps->ncandidates; i++) {
+        int prefetch;
+        int64_t bucket;
+        decode(ps, i, &prefetch, &bucket, choice);
+        cs[i].index = i;
+        mf_ps_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
+    }
+    qsort(cs, (size_t)ps->ncandidates, sizeof *cs, cand_cmp);
+    for (int64_t i = 0; i < ps->ncandidates; i++) {
+        if (ps->evaluated > 0) {
+            /* recomputed: the compute time is known once one candidate ran */
+            int prefetch;
+            int64_t bucket;
+            decode(ps, cs[i].index, &prefetch, &bucket, choice);
+            mf_ps_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
+            if (front_dominates(ps, cs[i].lb_mem, cs[i].lb_time))
+                continue;
+        }
+        if (eval_insert(ps, cs[i].index, ps->evaluated > 0 ? cs[i].lb_time : -1, choice) != 0)
+            goto done;
+    }
+    rc = 0;
+    goto done;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
+done:
+    free(cs);
+    free(choice);
+    return rc;
+}
+
+const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget)
+{
+    const mf_ps_point *best = NULL;
+    for (int i = 0; i < ps->nfront; i++) {
+        const mf_ps_point *p = &ps->front[i];
+        if (p->mem.peak <= budget && (!best || p->step_time < best->step_time))
+            best = p;
+    }
+    return best;
+}

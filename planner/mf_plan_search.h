@@ -1,0 +1,137 @@
+/*
+ * mf_plan_search: the search of `mfsdpc plan` (docs/plan.md §3).
+ *
+ * A group is one unit declaration of the spec (a loop's units share one
+ * choice, so the written spec keeps the loop). A group declared `layout auto`
+ * chooses among the built-in layouts that fit the mesh (mf_builtin_layouts.h,
+ * those with equal placements counted once) and, when the chosen weight is
+ * sharded and the unit does not set it, reshard_after_forward true/false;
+ * every other group keeps what the spec says. Unless the spec sets them, the
+ * prefetch depth is chosen from 1..3 and bucket_size from a ladder. A
+ * candidate is one choice per group plus the two settings; candidate index
+ * i numbers them with prefetch slowest, then bucket_size, then the groups in
+ * declaration order, the last fastest (mixed radix).
+ *
+ * A candidate's figures come from the compiler's own code: the layout and
+ * transition passes and mf_plan_mem_of (peak memory per rank), the lowering
+ * and mf_simulate (step time, bytes per axis, overlap) -- exactly what
+ * `explain` and `simulate` print for the spec the planner writes.
+ *
+ * The front is the set of candidates no other candidate dominates (less or
+ * equal memory and step time, one of them less); candidates with equal memory
+ * and step time are one point, represented by the one with fewer outer bytes,
+ * then the earliest in enumeration order. The search is exact: it evaluates a
+ * candidate unless a front point already found is at most its lower bounds
+ * on memory and step time with one strictly below (mf_plan_bound.c), and a
+ * candidate so skipped is dominated by that point.
+ */
+#ifndef MF_PLAN_SEARCH_H
+#define MF_PLAN_SEARCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "mf_plan_mem.h"
+#include "mf_simulate.h"
+#include "mf_spec.h"
+
+struct mf_ast;
+
+typedef struct mf_ps_choice {
+    int layout;             /* index into the search's spec layouts */
+    int builtin;            /* built-in entry, -1 for a group that keeps its layout */
+    bool reshard;
+} mf_ps_choice;
+
+typedef struct mf_ps_group {
+    const char *name;       /* the declaration's name as written ("layers.{i}") */
+    int first_unit, nunits; /* spec units [first, first + n) */
+    bool is_auto;
+    bool reshard_set;       /* the unit sets reshard_after_forward itself */
+    int nchoices;
+    mf_ps_choice *choices;
+    /* lower-bound contributions per choice (mf_plan_bound.c), nchoices rows */
+    double *lb_persistent;  /* bytes per rank, incl. optimizer state */
+    double *lb_transient;   /* per choice x unit: transient bytes of that unit */
+    double *lb_bytes;       /* per choice x axis: bytes per rank per step */
+    double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
+    double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
+    double *lb_t2;          /* per choice: T2 chain seconds of one unit (no merging) */
+    double *lb_drain;       /* per choice x 4: last-microbatch T3 + T4 seconds per unit on the
+                               inner and outer streams (bandwidth), then their fixed parts */
+} mf_ps_group;
+
+/* One evaluated candidate. */
+typedef struct mf_ps_point {
+    int64_t index;          /* enumeration order */
+    int prefetch;
+    int64_t bucket_size;
+    int *choice;            /* per group, owned by the search */
+    mf_plan_mem mem;
+    double step_time;
+    double overlap;
+    double comm_exposed;
+    int64_t bytes[MF_MAX_AXES];
+    int64_t outer_bytes;    /* bytes per rank per step on every axis but the innermost */
+} mf_ps_point;
+
+typedef struct mf_ps_options {
+    int64_t optimizer_bytes;
+    mf_sim_config sim;      /* cost model and compute model, as simulate takes them */
+    bool exhaustive;        /* evaluate every candidate (for tests) */
+} mf_ps_options;
+
+typedef struct mf_plan_search {
+    const mf_spec *base;    /* borrowed: the spec as written (auto units hold zero3) */
+    mf_spec spec;           /* candidate spec: base + built-in layouts, units rewritten */
+    mf_ps_options opt;
+    int ngroups;
+    mf_ps_group *groups;
+    int nprefetch;
+    int prefetch[3];
+    int nbucket;
+    int64_t bucket[4];
+    int64_t ncandidates;
+    int64_t evaluated;      /* candidates compiled and simulated */
+    int64_t memory_only;    /* candidates whose exact memory and time bound were dominated */
+    double compute_time;    /* seconds, the same for every candidate */
+    double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
+                               candidate; they depend on the tensors only) */
+    double *lb_scratch;     /* 5 x nunits, for mf_ps_lower_bounds */
+    FILE *sink;             /* diagnostics of candidate compilations (none expected) */
+    int nfront;
+    mf_ps_point *front;     /* sorted by memory, then step time */
+    char err[512];
+} mf_plan_search;
+
+/* Sets up the search over base (borrowed; its arena must outlive the search)
+ * with the AST it came from (for the unit declarations). 0, or -1 with a
+ * message in ps->err. */
+int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const struct mf_ast *ast, const mf_ps_options *opt);
+void mf_ps_free(mf_plan_search *ps);
+
+/* Runs the search; fills ps->front. 0, or -1 with a message in ps->err. */
+int mf_ps_run(mf_plan_search *ps);
+
+/* The chosen point: lowest step time with peak <= budget, ties to less
+ * memory, then fewer outer bytes, then enumeration order; NULL when none fits. */
+const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget);
+
+/* Evaluates one candidate (prefetch, bucket_size, choice per group) into *pt
+ * (pt->choice must point to ngroups ints). 0, or -1 with ps->err. */
+int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt);
+/* Same, but when lb_time >= 0 stops after the memory (returns 1, not
+ * simulated) when a front point dominates (its memory, lb_time). */
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt);
+
+/* Lower bounds of a candidate (mf_plan_bound.c). */
+int mf_ps_bounds_prepare(mf_plan_search *ps);
+void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
+                        double *lb_mem, double *lb_time);
+
+/* Name of the layout of choice c of group g ("hsdp", or the spec's own). */
+const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c);
+
+#endif
