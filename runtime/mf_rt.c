@@ -807,15 +807,18 @@ static mfsdp_result setup(mf_rt *rt)
     rt->bufs = mf_rt_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
     if (!rt->bufs)
         return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
-    for (int b = 0; b < s->nbuffers; b++) {
-        size_t bytes = (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype);
-        res = rt->be->alloc(rt, bytes ? bytes : 1, &rt->bufs[b]);
-        if (res != MFSDP_OK) {
-            rt->bufs[b] = NULL;
-            return mf_rt_set_error(NULL, res, "cannot allocate buffer %s (%zu bytes): %s",
-                                   s->buffers[b].name, bytes, rt->err);
-        }
+    /* One allocation at the planned size: the persistent region, then the
+     * transient arena; every buffer is a view at its offset (the loader
+     * checked that each lies inside its region). */
+    size_t total = (size_t)(s->mem_persistent + s->mem_transient);
+    res = rt->be->alloc(rt, total ? total : 1, &rt->mem_base);
+    if (res != MFSDP_OK) {
+        rt->mem_base = NULL;
+        return mf_rt_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
     }
+    for (int b = 0; b < s->nbuffers; b++)
+        rt->bufs[b] = (char *)rt->mem_base + s->buffers[b].offset +
+                      (s->buffers[b].lifetime == MF_LIFETIME_MICROBATCH ? s->mem_persistent : 0);
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
@@ -837,12 +840,9 @@ done:
 
 static void release(mf_rt *rt)
 {
-    if (rt->bufs) {
-        for (int b = 0; b < rt->s->nbuffers; b++)
-            if (rt->bufs[b])
-                rt->be->free(rt, rt->bufs[b]);
-        mf_rt_free(rt->bufs);
-    }
+    if (rt->mem_base)
+        rt->be->free(rt, rt->mem_base);
+    mf_rt_free(rt->bufs);
     if (rt->be_state)
         rt->be->close(rt);
     for (int c = 0; rt->comms && c < rt->ncomms; c++)

@@ -114,6 +114,8 @@ struct mfsdp_runtime {
     bool synchronous;           /* MFSDP_FLAG_SYNCHRONOUS (worker model only) */
 
     void **bufs;                /* per schedule buffer; backend memory */
+    void *mem_base;             /* the one allocation: persistent region, then the
+                                   transient arena (docs/runtime.md) */
     mf_rt_op *rops;             /* per schedule op */
     int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
     int *list_start;            /* nlists + 1 offsets into list_ops */
