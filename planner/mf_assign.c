@@ -291,6 +291,7 @@ typedef struct order_ctx {
     bool *ev_set;
     int nev, evcap;
     int *rec_after;         /* op -> event of a record added right after it, -1 */
+    mf_when *rec_after_when; /* its predicate */
     int *rec_tick;          /* hook -> event of the record closing its window */
     insert *ins;
     int nins, inscap;
@@ -362,12 +363,12 @@ static int new_event(order_ctx *c)
 /* The event of a record that follows access x (op, or -2 = the trainer's
  * window of hook xh) on stream st, issued before op `limit`; added when none
  * exists. -1 on OOM. */
-static int record_after(order_ctx *c, int x, int xh, mf_stream st, int limit)
+static int record_after(order_ctx *c, int x, int xh, mf_stream st, int limit, mf_when when)
 {
     const mf_schedule *s = c->s;
     int h = x == -2 ? (xh + 1) % c->lv->nhooks : xh;
     int *memo = x == -2 ? &c->rec_tick[xh] : &c->rec_after[x];
-    if (*memo >= 0)
+    if (*memo >= 0 && (x == -2 || c->rec_after_when[x] == when))
         return *memo;
     bool seen = x == -2;
     for (int i = c->hstart[h]; i < c->hstart[h + 1]; i++) {
@@ -378,17 +379,26 @@ static int record_after(order_ctx *c, int x, int xh, mf_stream st, int limit)
         }
         if (op->stream != st)
             continue;
-        if (op->kind == MF_OP_RECORD && op->when == MF_WHEN_EVERY && c->hops[i] < limit)
+        if (op->kind == MF_OP_RECORD && op->when == when && c->hops[i] < limit) {
+            if (x >= 0 && *memo >= 0)
+                return op->event;
+            if (x >= 0)
+                c->rec_after_when[x] = when;
             return *memo = op->event;
+        }
         break;
     }
     int e = new_event(c);
     if (e < 0)
         return -1;
     int first = c->hstart[h] < c->hstart[h + 1] ? c->hops[c->hstart[h]] : -1;
-    if (!add_insert(c, x == -2 ? first : x, x == -2 ? 0 : 1, h, st, MF_OP_RECORD, MF_WHEN_EVERY, e))
+    if (!add_insert(c, x == -2 ? first : x, x == -2 ? 0 : 1, h, st, MF_OP_RECORD, when, e))
         return -1;
     c->st.records_added++;
+    if (x >= 0 && *memo >= 0)
+        return e; /* keep the first memo; this record serves this predicate */
+    if (x >= 0)
+        c->rec_after_when[x] = when;
     return *memo = e;
 }
 
@@ -416,7 +426,9 @@ static bool order_writer(order_ctx *c, int k, mf_stream sw, mf_when when, int an
                 continue;
             int rh = x == -2 ? (a->last_hook[st] + 1) % c->lv->nhooks : a->last_hook[st];
             int e = record_after(c, x, a->last_hook[st], (mf_stream)st,
-                                 rh == hook && !after ? anchor : INT_MAX);
+                                 rh == hook && !after ? anchor : INT_MAX, MF_WHEN_EVERY);
+            /* Always an `every` record: one whose predicate matched x's
+             * (first/last) broke replays of M = 3 (docs/semantics.md §10). */
             if (e < 0)
                 return false;
             bool dup = false;
@@ -529,9 +541,10 @@ static bool index_ops(order_ctx *c)
     c->opstamp = calloc((size_t)s->nops + 1, sizeof *c->opstamp);
     c->tickstamp = calloc((size_t)lv->nhooks, sizeof *c->tickstamp);
     c->rec_after = malloc(sizeof *c->rec_after * (size_t)(s->nops + 1));
+    c->rec_after_when = malloc(sizeof *c->rec_after_when * (size_t)(s->nops + 1));
     c->rec_tick = malloc(sizeof *c->rec_tick * (size_t)lv->nhooks);
     if (!c->hstart || !c->hops || !c->wstart || !c->wedge || !c->opstamp || !c->tickstamp ||
-        !c->rec_after || !c->rec_tick)
+        !c->rec_after || !c->rec_after_when || !c->rec_tick)
         return false;
     for (int i = 0; i < s->nops; i++) {
         c->hstart[lv->op_hook[i] + 1]++;
@@ -594,6 +607,7 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
     free(c.ev);
     free(c.ev_set);
     free(c.rec_after);
+    free(c.rec_after_when);
     free(c.rec_tick);
     free(c.ins);
     free(v.e);

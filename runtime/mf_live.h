@@ -36,6 +36,7 @@ typedef struct mf_live_seg {
     int last[MF_STREAM_COUNT];      /* last access per stream: op id; -1 none;
                                        -2 the trainer (compute) */
     int last_hook[MF_STREAM_COUNT]; /* its hook */
+
 } mf_live_seg;
 
 typedef struct mf_live {
