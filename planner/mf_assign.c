@@ -11,15 +11,16 @@
  * Waits: mf_arena_walk lists the pairs (a, b) of segments of different
  * buffers where b takes over bytes a used. b's first writer w (an op, or the
  * trainer for grad_local) must come after a's last access x on each stream.
- * A replay of the hook cycle twice (so pairs across the microbatch boundary
- * are seen) with vector clocks per stream decides which pairs the schedule
- * already orders: same stream (in order), or a chain of `every` records and
- * waits; only those count, since first/last ones do not run in every
- * microbatch. For each pair left, a record after x (an existing `every`
- * record right after it on its stream is reused; for the trainer, a compute
- * record at the hook that closes its window) and a wait right before w, with
- * w's predicate; each added `every` wait feeds the clocks, so later pairs it
- * implies add nothing.
+ * A replay of two steps in the trainer's hook order at every microbatch
+ * position (M = 1; first, last; first, middle, last), with every op's real
+ * predicate and vector clocks per stream, decides which pairs the schedule
+ * already orders (in stream order, or through records and waits): at each
+ * run of a writer in the second step, each last access of the buffer it takes
+ * over must be ordered before it. For a pair that is not, a record after x
+ * (an existing `every` record right after it on its stream is reused; for the
+ * trainer, a compute record at the hook that closes its window) and a wait
+ * right before w with w's predicate; the wait then runs in the replay, so
+ * later pairs it implies add nothing.
  */
 #include "mf_assign.h"
 
@@ -48,9 +49,28 @@ typedef struct range {
 } range;
 
 typedef struct order_key {
-    int64_t bytes, start;
+    int64_t bytes, start, span;
     int b;
 } order_key;
+
+static int cmp_span(const void *x, const void *y)
+{
+    const order_key *a = x, *b = y;
+    if (a->span != b->span)
+        return a->span > b->span ? -1 : 1;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    return (a->b > b->b) - (a->b < b->b);
+}
+
+static int cmp_area(const void *x, const void *y)
+{
+    const order_key *a = x, *b = y;
+    double ea = (double)a->span * (double)a->bytes, eb = (double)b->span * (double)b->bytes;
+    if (ea != eb)
+        return ea > eb ? -1 : 1;
+    return (a->b > b->b) - (a->b < b->b);
+}
 
 static int cmp_start(const void *x, const void *y)
 {
@@ -152,7 +172,7 @@ static bool buffers_meet(const mf_live *lv, int a, int b)
     return false;
 }
 
-static bool assign_order(mf_schedule *s, const mf_live *lv, bool by_start)
+static bool assign_order(mf_schedule *s, const mf_live *lv, int (*cmp)(const void *, const void *))
 {
     bool ok = false;
     int n = 0;
@@ -167,11 +187,16 @@ static bool assign_order(mf_schedule *s, const mf_live *lv, bool by_start)
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
         if (lv->buf_seg[b + 1] > lv->buf_seg[b])
-            ord[n++] = (order_key){mf_live_bytes(s, b), lv->segs[lv->buf_seg[b]].start, b};
+        {
+            int64_t span = 0;
+            for (int g = lv->buf_seg[b]; g < lv->buf_seg[b + 1]; g++)
+                span += lv->segs[g].end - lv->segs[g].start + 1;
+            ord[n++] = (order_key){mf_live_bytes(s, b), lv->segs[lv->buf_seg[b]].start, span, b};
+        }
         else if (mf_live_in_arena(&s->buffers[b]))
             s->buffers[b].offset = 0; /* never accessed: shares anything */
     }
-    qsort(ord, (size_t)n, sizeof *ord, by_start ? cmp_start : cmp_order);
+    qsort(ord, (size_t)n, sizeof *ord, cmp);
     int64_t top = 0;
     for (int i = 0; i < n; i++) {
         int b = ord[i].b, ncand = 0, nr = 0;
@@ -211,19 +236,22 @@ done:
  * schedules (docs/performance.md): keep the smaller arena. */
 static bool assign_transient(mf_schedule *s, const mf_live *lv)
 {
+    int (*const orders[])(const void *, const void *) = {cmp_order, cmp_start, cmp_span, cmp_area};
     int64_t *keep = malloc(sizeof *keep * (size_t)(s->nbuffers + 1));
-    if (!keep || !assign_order(s, lv, false)) {
-        free(keep);
-        return false;
+    int64_t best = -1;
+    bool ok = keep != NULL;
+    for (size_t k = 0; ok && k < sizeof orders / sizeof orders[0]; k++) {
+        ok = assign_order(s, lv, orders[k]);
+        if (ok && (best < 0 || s->mem_transient < best)) {
+            best = s->mem_transient;
+            for (int b = 0; b < s->nbuffers; b++)
+                keep[b] = s->buffers[b].offset;
+        }
     }
-    int64_t first = s->mem_transient;
-    for (int b = 0; b < s->nbuffers; b++)
-        keep[b] = s->buffers[b].offset;
-    bool ok = assign_order(s, lv, true);
-    if (ok && s->mem_transient > first) {
+    if (ok) {
         for (int b = 0; b < s->nbuffers; b++)
             s->buffers[b].offset = keep[b];
-        s->mem_transient = first;
+        s->mem_transient = best;
     }
     free(keep);
     return ok;
@@ -269,6 +297,7 @@ static int cmp_edge(const void *x, const void *y)
 /* ---- the waits ---- */
 
 typedef struct insert {
+    int next;               /* the next wait added for the same writer, -1 */
     int anchor;             /* op id; -1: append at the end */
     int after;              /* 0 before the anchor, 1 after */
     int seq;
@@ -293,6 +322,7 @@ typedef struct order_ctx {
     int *rec_after;         /* op -> event of a record added right after it, -1 */
     mf_when *rec_after_when; /* its predicate */
     int *rec_tick;          /* hook -> event of the record closing its window */
+    int *whead;             /* writer key -> its first added wait (index in ins), -1 */
     insert *ins;
     int nins, inscap;
     vc now[MF_STREAM_COUNT];
@@ -326,6 +356,7 @@ static mf_op *add_insert(order_ctx *c, int anchor, int after, int hook, mf_strea
         c->inscap = cap;
     }
     insert *in = &c->ins[c->nins];
+    in->next = -1;
     in->anchor = anchor;
     in->after = after;
     in->seq = c->nins++;
@@ -409,80 +440,166 @@ static void vc_max(vc *a, const vc *b)
             a->c[k] = b->c[k];
 }
 
+static bool holds(mf_when w, bool first, bool last)
+{
+    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && first) || (w == MF_WHEN_LAST && last);
+}
+
+/* Applies the waits already added before writer key k (from an earlier
+ * instance of it), as the runtime would run them. */
+static void run_added(order_ctx *c, int k, mf_stream sw, bool first, bool last)
+{
+    for (int j = c->whead[k]; j >= 0; j = c->ins[j].next)
+        if (holds(c->ins[j].op.when, first, last) && c->ev_set[c->ins[j].op.event])
+            vc_max(&c->now[sw], &c->ev[c->ins[j].op.event]);
+}
+
 /* The pairs whose writer is key k (an op id, or nops + hook for the
  * trainer), writing on stream sw with predicate `when`, anchored for a new
- * wait at (anchor, after). */
+ * wait at (anchor, after): a wait for each last access the clocks do not
+ * already order before the writer. */
+typedef struct cand {
+    int x, st, hook;
+    vc r;                   /* what a record right after x captures */
+    int64_t weight;
+} cand;
+
+static int cmp_cand(const void *p, const void *q)
+{
+    const cand *a = p, *b = q;
+    return (a->weight < b->weight) - (a->weight > b->weight); /* largest first */
+}
+
 static bool order_writer(order_ctx *c, int k, mf_stream sw, mf_when when, int anchor, int after, int hook)
 {
-    int first_ins = c->nins;
+    int n = c->wstart[k + 1] - c->wstart[k], nc = 0;
+    if (n == 0)
+        return true;
+    cand *cs = malloc(sizeof *cs * (size_t)n * MF_STREAM_COUNT);
+    if (!cs)
+        return false;
+    /* The last accesses not yet ordered before the writer. */
     for (int i = c->wstart[k]; i < c->wstart[k + 1]; i++) {
         const mf_live_seg *a = &c->lv->segs[c->edges[c->wedge[i]].a];
+
         for (int st = 0; st < MF_STREAM_COUNT; st++) {
             int x = a->last[st];
             if (x == -1 || st == (int)sw)
                 continue;
             const vc *stamp = x == -2 ? &c->tickstamp[a->last_hook[st]] : &c->opstamp[x];
-            if (stamp->c[st] <= c->now[sw].c[st])
-                continue;
-            int rh = x == -2 ? (a->last_hook[st] + 1) % c->lv->nhooks : a->last_hook[st];
-            int e = record_after(c, x, a->last_hook[st], (mf_stream)st,
-                                 rh == hook && !after ? anchor : INT_MAX, MF_WHEN_EVERY);
-            /* Always an `every` record: one whose predicate matched x's
-             * (first/last) broke replays of M = 3 (docs/semantics.md §10). */
-            if (e < 0)
-                return false;
-            bool dup = false;
-            for (int j = first_ins; j < c->nins && !dup; j++)
-                dup = c->ins[j].op.kind == MF_OP_WAIT && c->ins[j].op.event == e;
-            if (dup)
-                continue;
-            if (!add_insert(c, anchor, after, hook, sw, MF_OP_WAIT, when, e))
-                return false;
-            c->st.waits_added++;
-            if (when == MF_WHEN_EVERY)
-                vc_max(&c->now[sw], stamp);
+            if (stamp->c[st] == 0 || stamp->c[st] <= c->now[sw].c[st])
+                continue; /* never ran yet, or ordered */
+            cand *cd = &cs[nc++];
+            *cd = (cand){.x = x, .st = st, .hook = a->last_hook[st], .r = *stamp};
+            for (int j = 0; j < MF_STREAM_COUNT; j++)
+                cd->weight += stamp->c[j];
         }
+    }
+    /* Greedy cover: a wait whose record captures more goes first; an access
+     * the waits kept so far already order needs none. */
+    qsort(cs, (size_t)nc, sizeof *cs, cmp_cand);
+    vc have = c->now[sw];
+    bool ok = true;
+    for (int i = 0; i < nc && ok; i++) {
+        int x = cs[i].x, st = cs[i].st;
+        if (cs[i].r.c[st] <= have.c[st])
+            continue;
+        int rh = x == -2 ? (cs[i].hook + 1) % c->lv->nhooks : cs[i].hook;
+        int e = record_after(c, x, cs[i].hook, (mf_stream)st, rh == hook && !after ? anchor : INT_MAX,
+                             MF_WHEN_EVERY);
+        if (e < 0) {
+            ok = false;
+            break;
+        }
+        if (!c->ev_set[e]) {
+            c->ev[e] = cs[i].r;
+            c->ev_set[e] = true;
+        }
+        bool dup = false;
+        for (int j = c->whead[k]; j >= 0 && !dup; j = c->ins[j].next)
+            dup = c->ins[j].op.event == e;
+        if (!dup) {
+            if (!add_insert(c, anchor, after, hook, sw, MF_OP_WAIT, when, e)) {
+                ok = false;
+                break;
+            }
+            c->ins[c->nins - 1].next = c->whead[k];
+            c->whead[k] = c->nins - 1;
+            c->st.waits_added++;
+        }
+        vc_max(&have, &c->ev[e]);
+    }
+    c->now[sw] = have;
+    free(cs);
+    return ok;
+}
+
+/* One hook at microbatch position (first, last); pairs are checked when
+ * `check` (the second step, once every access has run at least once). */
+static bool run_hook(order_ctx *c, int h, bool first, bool last, bool check)
+{
+    mf_schedule *s = c->s;
+    for (int i = c->hstart[h]; i < c->hstart[h + 1]; i++) {
+        int id = c->hops[i];
+        const mf_op *op = &s->ops[id];
+        if (!step_hook(op) && !holds(op->when, first, last))
+            continue;
+        vc *now = &c->now[op->stream];
+        run_added(c, id, op->stream, first, last);
+        if (check && !order_writer(c, id, op->stream, op->when, id, 0, h))
+            return false;
+        if (op->kind == MF_OP_WAIT && op->event >= 0 && c->ev_set[op->event])
+            vc_max(now, &c->ev[op->event]);
+        now->c[op->stream]++;
+        c->opstamp[id] = *now;
+        if (op->kind == MF_OP_RECORD && op->event >= 0) {
+            c->ev[op->event] = *now;
+            c->ev_set[op->event] = true;
+        }
+        if (c->rec_after[id] >= 0) {
+            c->ev[c->rec_after[id]] = *now;
+            c->ev_set[c->rec_after[id]] = true;
+        }
+    }
+    int key = s->nops + h, last_op = c->hstart[h] < c->hstart[h + 1] ? c->hops[c->hstart[h + 1] - 1] : -1;
+    run_added(c, key, MF_STREAM_COMPUTE, first, last);
+    if (check && !order_writer(c, key, MF_STREAM_COMPUTE, MF_WHEN_EVERY, last_op, 1, h))
+        return false;
+    vc *now = &c->now[MF_STREAM_COMPUTE];
+    now->c[MF_STREAM_COMPUTE]++;
+    c->tickstamp[h] = *now;
+    if (c->rec_tick[h] >= 0) {
+        c->ev[c->rec_tick[h]] = *now;
+        c->ev_set[c->rec_tick[h]] = true;
     }
     return true;
 }
 
+/* Two steps in the trainer's hook order at every microbatch position (M = 1;
+ * first, last; first, middle, last), like the verifier; pairs are decided in
+ * the second. */
 static bool replay(order_ctx *c)
 {
-    mf_schedule *s = c->s;
-    int nops = s->nops;
-    for (int pass = 0; pass < 2; pass++)
-        for (int h = 0; h < c->lv->nhooks; h++) {
-            for (int i = c->hstart[h]; i < c->hstart[h + 1]; i++) {
-                int id = c->hops[i];
-                const mf_op *op = &s->ops[id];
-                vc *now = &c->now[op->stream];
-                if (pass == 1 && !order_writer(c, id, op->stream, op->when, id, 0, h))
-                    return false;
-                bool counts = op->when == MF_WHEN_EVERY && !step_hook(op);
-                if (op->kind == MF_OP_WAIT && counts && op->event >= 0 && c->ev_set[op->event])
-                    vc_max(now, &c->ev[op->event]);
-                now->c[op->stream]++;
-                c->opstamp[id] = *now;
-                if (op->kind == MF_OP_RECORD && counts && op->event >= 0) {
-                    c->ev[op->event] = *now;
-                    c->ev_set[op->event] = true;
-                }
-                if (c->rec_after[id] >= 0) {
-                    c->ev[c->rec_after[id]] = *now;
-                    c->ev_set[c->rec_after[id]] = true;
-                }
-            }
-            int last = c->hstart[h] < c->hstart[h + 1] ? c->hops[c->hstart[h + 1] - 1] : -1;
-            if (pass == 1 && !order_writer(c, nops + h, MF_STREAM_COMPUTE, MF_WHEN_EVERY, last, 1, h))
-                return false;
-            vc *now = &c->now[MF_STREAM_COMPUTE];
-            now->c[MF_STREAM_COMPUTE]++;
-            c->tickstamp[h] = *now;
-            if (c->rec_tick[h] >= 0) {
-                c->ev[c->rec_tick[h]] = *now;
-                c->ev_set[c->rec_tick[h]] = true;
-            }
+    const mf_schedule *s = c->s;
+    int nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches, U = s->nunits;
+    for (int step = 0; step < 2; step++) {
+        bool chk = step == 1;
+        if (!run_hook(c, mf_live_hook(s, MF_PHASE_STEP_BEGIN, -1), true, false, chk))
+            return false;
+        for (int m = 0; m < nmb; m++) {
+            bool first = m == 0, last = m == nmb - 1;
+            for (int u = 0; u < U; u++)
+                for (int p = MF_PHASE_FORWARD_PRE; p <= MF_PHASE_FORWARD_POST; p++)
+                    if (!run_hook(c, mf_live_hook(s, (mf_phase)p, u), first, last, chk))
+                        return false;
+            for (int u = U - 1; u >= 0; u--)
+                for (int p = MF_PHASE_BACKWARD_PRE; p <= MF_PHASE_BACKWARD_POST; p++)
+                    if (!run_hook(c, mf_live_hook(s, (mf_phase)p, u), first, last, chk))
+                        return false;
         }
+        if (!run_hook(c, mf_live_hook(s, MF_PHASE_STEP_END, -1), false, true, chk))
+            return false;
+    }
     return true;
 }
 
@@ -543,6 +660,11 @@ static bool index_ops(order_ctx *c)
     c->rec_after = malloc(sizeof *c->rec_after * (size_t)(s->nops + 1));
     c->rec_after_when = malloc(sizeof *c->rec_after_when * (size_t)(s->nops + 1));
     c->rec_tick = malloc(sizeof *c->rec_tick * (size_t)lv->nhooks);
+    c->whead = malloc(sizeof *c->whead * (size_t)(nk + 1));
+    if (!c->whead)
+        return false;
+    for (int k = 0; k <= nk; k++)
+        c->whead[k] = -1;
     if (!c->hstart || !c->hops || !c->wstart || !c->wedge || !c->opstamp || !c->tickstamp ||
         !c->rec_after || !c->rec_after_when || !c->rec_tick)
         return false;
@@ -579,7 +701,7 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
 {
     edge_vec v = {0};
     void *wctx[2] = {&v, (void *)lv};
-    if (mf_arena_walk(s, lv, collect_edge, wctx) < 0) {
+    if (mf_arena_walk(s, lv, collect_edge, wctx, true) < 0) {
         free(v.e);
         return false;
     }
@@ -609,6 +731,7 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
     free(c.rec_after);
     free(c.rec_after_when);
     free(c.rec_tick);
+    free(c.whead);
     free(c.ins);
     free(v.e);
     return ok;

@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_verify_memory.h"
 #include "mf_layout.h"
 #include "mf_passes.h"
 
@@ -1183,6 +1184,8 @@ int mf_verify_run(const mf_schedule *s, mf_diag *d)
     mf_verify_ops(&c);
     if (c.errors == 0)
         mf_verify_simulate(&c);
+    if (c.errors == 0) /* memory reuse: hazards per arena byte range */
+        c.errors += mf_verify_memory(s, d);
 done:
     free(c.delivered);
     free(c.full);

@@ -48,7 +48,7 @@ static int64_t lower(const int64_t *cut, int64_t n, int64_t x)
 }
 
 int mf_arena_walk(const mf_schedule *s, const mf_live *lv, bool (*fn)(void *ctx, int a, int b),
-                  void *ctx)
+                  void *ctx, bool through_conditional)
 {
     int rc = -1;
     int64_t *cut = malloc(sizeof *cut * (size_t)(2 * s->nbuffers + 1));
@@ -97,9 +97,14 @@ int mf_arena_walk(const mf_schedule *s, const mf_live *lv, bool (*fn)(void *ctx,
         while (j < npiece && p[j].range == p[i].range)
             j++;
         for (size_t k = i; k < j && j - i > 1 && rc == 1; k++) {
-            size_t next = k + 1 < j ? k + 1 : i;
-            if (!fn(ctx, p[k].seg, p[next].seg))
-                rc = 0;
+            size_t next = k;
+            do {
+                next = next + 1 < j ? next + 1 : i;
+                if (next == k)
+                    break;
+                if (!fn(ctx, p[k].seg, p[next].seg))
+                    rc = 0;
+            } while (rc == 1 && through_conditional && lv->segs[p[next].seg].conditional);
         }
         i = j;
     }
@@ -197,7 +202,7 @@ int mf_arena_check(const mf_schedule *s, char *msg, size_t len)
     if (!mf_live_build(s, &lv))
         return -2;
     check_ctx c = {.s = s, .lv = &lv, .msg = msg, .len = len, .bad = -1};
-    int w = mf_arena_walk(s, &lv, check_pair, &c);
+    int w = mf_arena_walk(s, &lv, check_pair, &c, false);
     rc = w < 0 ? -2 : w == 0 ? c.bad : -1;
     mf_live_free(&lv);
     return rc;

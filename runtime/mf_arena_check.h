@@ -12,10 +12,13 @@
 
 /* Calls fn(ctx, a, b) for segment indices a, b (into lv->segs) whenever the
  * two share some byte and b is the next segment in time at that byte after a
- * (cyclically; a == b is skipped). A pair may be reported more than once.
+ * (cyclically; a == b is skipped). With `through_conditional`, also for every
+ * later segment up to and including the first one that is not conditional
+ * (a segment that does not occur in every microbatch cannot carry the order
+ * from a to the ones after it). A pair may be reported more than once.
  * Returns 1 when done, 0 when fn returned false, -1 on OOM. */
 int mf_arena_walk(const mf_schedule *s, const mf_live *lv, bool (*fn)(void *ctx, int a, int b),
-                  void *ctx);
+                  void *ctx, bool through_conditional);
 
 /* Checks offsets and intervals. Returns -1 when the assignment is sound; -2 on
  * OOM; else the index of a buffer at fault, with a message in msg. */

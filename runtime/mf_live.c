@@ -67,15 +67,19 @@ static int64_t trainer_tick(const mf_live *lv, int h)
     return lv->hook_base[h + 1] - 1;
 }
 
-/* Tick of the trainer's compute after the first window-opening hook (a
+#ifndef MF_LIVE_OUTER_WINDOWS
+#define MF_LIVE_OUTER_WINDOWS 2
+#endif
+
+/* Tick of the trainer's compute after the `windows`-th window-opening hook (a
  * forward_pre or backward_pre) strictly after hook h, unwrapped (>= T when
  * it is in the next microbatch). */
-static int64_t next_window_end(const mf_schedule *s, const mf_live *lv, int h)
+static int64_t next_window_end(const mf_schedule *s, const mf_live *lv, int h, int windows)
 {
     for (int k = 1; k <= lv->nhooks; k++) {
         int g = (h + k) % lv->nhooks;
         mf_phase p = mf_live_hook_phase(s, g);
-        if (p == MF_PHASE_FORWARD_PRE || p == MF_PHASE_BACKWARD_PRE)
+        if ((p == MF_PHASE_FORWARD_PRE || p == MF_PHASE_BACKWARD_PRE) && --windows == 0)
             return trainer_tick(lv, g) + (h + k >= lv->nhooks ? lv->T : 0);
     }
     return trainer_tick(lv, h);
@@ -190,6 +194,7 @@ static void segments(const mf_schedule *s, const mf_live *lv, int b, const acces
         mf_live_seg *g = &out[(*nout)++];
         memset(g, 0, sizeof *g);
         g->buffer = b;
+        g->conditional = true;
         for (int st = 0; st < MF_STREAM_COUNT; st++)
             g->last[st] = -1;
         if (npure == 0) {       /* never overwritten: live all the time */
@@ -217,9 +222,13 @@ static void segments(const mf_schedule *s, const mf_live *lv, int b, const acces
             }
             g->last[a[j].stream] = a[j].op;
             g->last_hook[a[j].stream] = a[j].hook;
+            if (a[j].op < 0 || s->ops[a[j].op].when == MF_WHEN_EVERY)
+                g->conditional = false;
         }
         if (npure > 0 && a[last].op >= 0 && a[last].stream != MF_STREAM_COMPUTE) {
-            int64_t ext = next_window_end(s, lv, a[last].hook) + (last < i ? lv->T : 0);
+            /* the outer axis is the slow one (docs/semantics.md §10) */
+            int windows = a[last].stream == MF_STREAM_OUTER ? MF_LIVE_OUTER_WINDOWS : 1;
+            int64_t ext = next_window_end(s, lv, a[last].hook, windows) + (last < i ? lv->T : 0);
             if (ext > end)
                 end = ext;
         }

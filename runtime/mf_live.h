@@ -36,6 +36,8 @@ typedef struct mf_live_seg {
     int last[MF_STREAM_COUNT];      /* last access per stream: op id; -1 none;
                                        -2 the trainer (compute) */
     int last_hook[MF_STREAM_COUNT]; /* its hook */
+    bool conditional;       /* every access is a first- or last-microbatch op:
+                               the segment does not occur in every microbatch */
 
 } mf_live_seg;
 
