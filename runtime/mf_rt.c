@@ -559,6 +559,16 @@ MFSDP_API const char *mfsdp_schedule_axis_name(const mfsdp_schedule *h, int axis
     return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].name : NULL;
 }
 
+MFSDP_API int64_t mfsdp_schedule_peak_bytes(const mfsdp_schedule *h)
+{
+    return h ? h->s->mem_persistent + h->s->mem_transient : 0;
+}
+
+MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt)
+{
+    return rt ? rt->mem_bytes : 0;
+}
+
 MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *h, int axis)
 {
     return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].size : 0;
@@ -816,6 +826,7 @@ static mfsdp_result setup(mf_rt *rt)
         rt->mem_base = NULL;
         return mf_rt_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
     }
+    rt->mem_bytes = (int64_t)total;
     for (int b = 0; b < s->nbuffers; b++)
         rt->bufs[b] = (char *)rt->mem_base + s->buffers[b].offset +
                       (s->buffers[b].lifetime == MF_LIFETIME_MICROBATCH ? s->mem_persistent : 0);

@@ -116,6 +116,7 @@ struct mfsdp_runtime {
     void **bufs;                /* per schedule buffer; backend memory */
     void *mem_base;             /* the one allocation: persistent region, then the
                                    transient arena (docs/runtime.md) */
+    int64_t mem_bytes;          /* its size */
     mf_rt_op *rops;             /* per schedule op */
     int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
     int *list_start;            /* nlists + 1 offsets into list_ops */

@@ -508,6 +508,7 @@ typedef struct rank_job {
     double *maxdiff;        /* per tensor: max |a - b| over this rank's shard */
     int failed;
     char msg[1200];
+    int64_t allocated;      /* mfsdp_allocated_bytes of this rank's runtime */
 } rank_job;
 
 #define CHECKGOTO(call)                                                                  \
@@ -540,6 +541,7 @@ static void rank_main(rank_job *j)
     }
     CHECKGOTO(mfsdp_create(j->sh, &j->cfg, &rt));
     rank = mfsdp_rank(rt);
+    j->allocated = mfsdp_allocated_bytes(rt);
     for (int k = 0; k < nt; k++) {
         CHECKGOTO(mfsdp_tensor_view_get(rt, k, &views[k]));
         int64_t numel = views[k].numel, sc = views[k].shard_count;
@@ -857,6 +859,8 @@ static int run(const opts *o, const mfsdp_schedule *sh, int mpi, int mpi_rank, v
                o->spec ? o->spec : o->schedule, md.nlayers, (long long)md.world, (long long)md.M,
                (long long)o->batch, (long long)o->steps, o->adam ? "adam" : "sgd");
         printf("max_rel_err=%.3e (tolerance %.1e)\n", e, tol);
+        printf("memory: allocated %lld bytes per rank (one arena), the schedule's peak %lld bytes\n",
+               (long long)jobs[0].allocated, (long long)mfsdp_schedule_peak_bytes(jobs[0].sh));
     }
     rc = e <= tol ? 0 : 1;
     if (rc && mpi_rank == 0)

@@ -522,6 +522,7 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
     c.world = sh->s->mesh.world;
     c.rank = cfg->rank;
     out->create_result = mfsdp_create(sh, cfg, &c.rt);
+    out->allocated_bytes = mfsdp_allocated_bytes(c.rt);
     report rep;
     memset(&rep, 0, sizeof rep);
     if (out->create_result != MFSDP_OK) {
