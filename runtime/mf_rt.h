@@ -84,6 +84,7 @@ typedef struct mf_rt_entry {
 typedef struct mf_rt_stream {
     mf_rt *rt;
     mf_stream id;
+    uint64_t stress;        /* stress-mode generator (mf_stress.h); 0: off */
     pthread_t thread;
     bool started;
     pthread_cond_t work;    /* signalled when an entry is queued or on stop */
