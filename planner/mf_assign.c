@@ -274,6 +274,8 @@ static bool collect_edge(void *ctx, int a, int b)
     const mf_live *lv = ((void **)ctx)[1];
     if (lv->segs[a].buffer == lv->segs[b].buffer || lv->segs[b].writer < -1)
         return true;
+    if (v->n > 0 && v->e[v->n - 1].a == a && v->e[v->n - 1].b == b)
+        return true; /* the same pair at the next byte range */
     if (v->n == v->cap) {
         int cap = v->cap ? 2 * v->cap : 64;
         edge *e = realloc(v->e, sizeof *e * (size_t)cap);

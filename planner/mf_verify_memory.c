@@ -46,6 +46,7 @@ typedef struct vm_ctx {
     bool *ev_set;
     const char *mbname;
     int errors;
+    int *ustart, *ubuf, *ufill; /* per unit: its buckets' weight_full and grad_local */
     int reported[MAX_REPORTS][3];
     int nreported;
 } vm_ctx;
@@ -169,21 +170,49 @@ static void run_op(vm_ctx *c, const mf_op *op)
 }
 
 /* The trainer after hook (phase, u): reads the unsharded weights it computes
- * with; in backward it also writes grad_local. */
+ * with; in backward it also writes grad_local. c->ubuf lists, per unit, the
+ * weight_full and grad_local buffers of the buckets that cover it. */
 static void trainer(vm_ctx *c, mf_phase phase, int u)
 {
     const mf_schedule *s = c->s;
     c->vc[MF_STREAM_COMPUTE][MF_STREAM_COMPUTE]++;
-    for (int b = 0; b < s->nbuffers; b++) {
-        const mf_buffer *bf = &s->buffers[b];
-        const mf_bucket *bk = &s->buckets[bf->bucket];
-        if (u < bk->unit || u > bk->last_unit)
-            continue;
-        if (bf->kind == MF_BUF_WEIGHT_FULL)
+    for (int i = c->ustart[u]; i < c->ustart[u + 1]; i++) {
+        int b = c->ubuf[i];
+        if (s->buffers[b].kind == MF_BUF_WEIGHT_FULL)
             touch(c, b, false, -1 - u, MF_STREAM_COMPUTE);
-        else if (bf->kind == MF_BUF_GRAD_LOCAL && phase == MF_PHASE_BACKWARD_PRE)
+        else if (phase == MF_PHASE_BACKWARD_PRE)
             touch(c, b, true, -1 - u, MF_STREAM_COMPUTE);
     }
+}
+
+static bool trainer_buffer(const mf_buffer *bf)
+{
+    return bf->kind == MF_BUF_WEIGHT_FULL || bf->kind == MF_BUF_GRAD_LOCAL;
+}
+
+/* Fills ustart/ubuf (counting sort by unit); false on OOM. */
+static bool index_units(vm_ctx *c)
+{
+    const mf_schedule *s = c->s;
+    c->ustart = calloc((size_t)s->nunits + 1, sizeof *c->ustart);
+    c->ufill = calloc((size_t)s->nunits + 1, sizeof *c->ufill);
+    if (!c->ustart || !c->ufill)
+        return false;
+    for (int b = 0; b < s->nbuffers; b++)
+        if (trainer_buffer(&s->buffers[b]))
+            for (int u = s->buckets[s->buffers[b].bucket].unit; u <= s->buckets[s->buffers[b].bucket].last_unit; u++)
+                c->ustart[u + 1]++;
+    for (int u = 0; u < s->nunits; u++)
+        c->ustart[u + 1] += c->ustart[u];
+    c->ubuf = malloc(sizeof *c->ubuf * (size_t)(c->ustart[s->nunits] + 1));
+    if (!c->ubuf)
+        return false;
+    memcpy(c->ufill, c->ustart, sizeof *c->ufill * (size_t)s->nunits);
+    for (int b = 0; b < s->nbuffers; b++)
+        if (trainer_buffer(&s->buffers[b]))
+            for (int u = s->buckets[s->buffers[b].bucket].unit; u <= s->buckets[s->buffers[b].bucket].last_unit; u++)
+                c->ubuf[c->ufill[u]++] = b;
+    return true;
 }
 
 static void hook(vm_ctx *c, const int *list, int n, mf_phase phase, int u, bool first, bool last)
@@ -250,7 +279,7 @@ int mf_verify_memory(const mf_schedule *s, mf_diag *d)
             c.cut[m++] = c.cut[i];
     c.ncut = m;
     c.reg = malloc(sizeof *c.reg * (size_t)(c.ncut + 1));
-    if (!c.reg)
+    if (!c.reg || !index_units(&c))
         goto done;
     for (int r = 0; r <= c.ncut; r++) {
         c.reg[r].write.buf = -1;
@@ -279,5 +308,8 @@ done:
     free(c.reg);
     free(c.ev);
     free(c.ev_set);
+    free(c.ustart);
+    free(c.ubuf);
+    free(c.ufill);
     return rc;
 }

@@ -92,22 +92,48 @@ int mf_arena_walk(const mf_schedule *s, const mf_live *lv, bool (*fn)(void *ctx,
     }
     qsort(p, npiece, sizeof *p, cmp_piece);
     rc = 1;
+    /* next[k * 4 + c]: the next piece of the group after k (cyclically) whose
+     * segment has class c; -1 none */
+    int *next = malloc(sizeof *next * (npiece ? npiece : 1) * 4);
+    if (!next) {
+        rc = -1;
+        goto done;
+    }
     for (size_t i = 0; i < npiece && rc == 1;) {
         size_t j = i;
         while (j < npiece && p[j].range == p[i].range)
             j++;
-        for (size_t k = i; k < j && j - i > 1 && rc == 1; k++) {
-            size_t next = k;
-            do {
-                next = next + 1 < j ? next + 1 : i;
-                if (next == k)
-                    break;
-                if (!fn(ctx, p[k].seg, p[next].seg))
+        size_t n = j - i;
+        if (n > 1) {
+            int last[4] = {-1, -1, -1, -1};
+            for (size_t r = 0; r < 2 * n; r++) { /* backwards, twice round */
+                size_t k = i + (2 * n - 1 - r) % n;
+                for (int c = 0; c < 4; c++)
+                    next[k * 4 + c] = last[c] == (int)k ? -1 : last[c];
+                last[lv->segs[p[k].seg].cond_class] = (int)k;
+            }
+            for (size_t k = i; k < j && rc == 1; k++) {
+                size_t nx = k + 1 < j ? k + 1 : i;
+                if (!fn(ctx, p[k].seg, p[nx].seg))
                     rc = 0;
-            } while (rc == 1 && through_conditional && lv->segs[p[next].seg].conditional);
+                if (!through_conditional || !lv->segs[p[nx].seg].conditional)
+                    continue;
+                /* the first segment of each class up to the next that occurs in
+                 * every microbatch: the order must reach each of them directly */
+                int stop = next[k * 4];
+                size_t dstop = stop < 0 ? n : ((size_t)stop + n - k) % n;
+                for (int c = 0; c < 4 && rc == 1; c++) {
+                    int to = next[k * 4 + c];
+                    if (to < 0 || to == (int)nx || ((size_t)to + n - k) % n > dstop)
+                        continue;
+                    if (!fn(ctx, p[k].seg, p[to].seg))
+                        rc = 0;
+                }
+            }
         }
         i = j;
     }
+    free(next);
 done:
     free(p);
     free(cut);

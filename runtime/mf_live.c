@@ -224,6 +224,8 @@ static void segments(const mf_schedule *s, const mf_live *lv, int b, const acces
             g->last_hook[a[j].stream] = a[j].hook;
             if (a[j].op < 0 || s->ops[a[j].op].when == MF_WHEN_EVERY)
                 g->conditional = false;
+            else
+                g->cond_class |= s->ops[a[j].op].when == MF_WHEN_FIRST ? 1 : 2;
         }
         if (npure > 0 && a[last].op >= 0 && a[last].stream != MF_STREAM_COMPUTE) {
             /* the outer axis is the slow one (docs/semantics.md §10) */
@@ -236,6 +238,8 @@ static void segments(const mf_schedule *s, const mf_live *lv, int b, const acces
             end = g->start + lv->T - 1;
         if (npure > 0)
             g->end = end;
+        if (!g->conditional)
+            g->cond_class = 0;
         if (npure == 0)
             break;
     }

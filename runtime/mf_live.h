@@ -38,6 +38,8 @@ typedef struct mf_live_seg {
     int last_hook[MF_STREAM_COUNT]; /* its hook */
     bool conditional;       /* every access is a first- or last-microbatch op:
                                the segment does not occur in every microbatch */
+    int cond_class;         /* 0 every microbatch; 1 first only; 2 last only;
+                               3 first and last only */
 
 } mf_live_seg;
 
