@@ -185,6 +185,8 @@ bool mf_schedule_summarize(mf_schedule *s)
     /* The assignment's truth (docs/semantics.md §10): what the runtime
      * allocates, and the live-bytes lower bound any assignment must meet. */
     sum->allocated_bytes = s->mem_persistent + s->mem_transient;
+    if (sum->allocated_bytes == 0)
+        return true; /* not assigned yet (lowering): no bound to report */
     mf_live lv;
     if (!mf_live_build(s, &lv))
         return false;

@@ -550,8 +550,8 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
     if (!s->ops || !s->buffers)
         goto oom;
     /* Offsets in one arena and the waits reuse needs (planner/mf_assign.c),
-     * as the compiler does; it also computes the summary. */
-    if (!mf_assign_run(s, NULL))
+     * as the compiler does. */
+    if (!mf_schedule_summarize(s) || !mf_assign_run(s, NULL))
         goto oom;
     /* A hash of the structure (the builder has no file to hash). */
     uint64_t seed = spec->salt;
