@@ -685,7 +685,8 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
         free(v.e);
         return false;
     }
-    qsort(v.e, (size_t)v.n, sizeof *v.e, cmp_edge);
+    if (v.n > 0)
+        qsort(v.e, (size_t)v.n, sizeof *v.e, cmp_edge);
     int m = 0;
     for (int i = 0; i < v.n; i++)
         if (m == 0 || v.e[m - 1].a != v.e[i].a || v.e[m - 1].b != v.e[i].b)
