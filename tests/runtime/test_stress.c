@@ -3,8 +3,9 @@
  * every mode of the builder on two meshes and over the compiled example
  * schedules: with every stream thread delayed at random before each op, the
  * oracle still verifies every step and the master weights after the run are
- * bit-identical to the synchronous mode's, on every rank. A wait the
- * schedule lacks (memory reuse included) would show up as a difference.
+ * bit-identical to the synchronous mode's, on every rank. And the other way
+ * round: the zero3 example with one of the waits the buffer assignment added
+ * for grad_local's reuse removed fails the oracle in stress mode.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "mf_passes.h"
+#include "mf_pipeline.h"
 #include "rt_testlib.h"
 
 #ifndef MFSDP_SOURCE_DIR
@@ -97,11 +100,80 @@ static void test_examples(void **state)
     }
 }
 
+static mf_schedule *compile_to(const char *text, mf_stage stage, bool lower)
+{
+    mf_compile_options opt = {.stop_after = stage, .verify = stage >= MF_STAGE_VERIFY, .diag_out = stderr};
+    mf_compilation c;
+    if (mf_compile_buffer("zero3.mfsdp", text, strlen(text), &opt, &c) != 0)
+        fail_msg("zero3.mfsdp does not compile");
+    if (lower) {
+        mf_diag d;
+        mf_diag_init(&d, &c.src, stderr);
+        assert_true(mf_lower_run(c.plan, &d));
+        mf_diag_finish(&d);
+    }
+    mf_schedule *s = c.plan->sched;
+    c.plan->sched = NULL;
+    mf_compilation_free(&c);
+    return s;
+}
+
+static bool same_op(const mf_op *a, const mf_op *b)
+{
+    return a->phase == b->phase && a->unit == b->unit && a->when == b->when && a->stream == b->stream &&
+           a->kind == b->kind && a->src == b->src && a->dst == b->dst && a->event == b->event;
+}
+
+static void test_missing_reuse_wait_fails(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/schedules/zero3.mfsdp", MFSDP_SOURCE_DIR);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    mf_schedule *orig = compile_to(text, MF_STAGE_TRANSITIONS, true);
+    mf_schedule *s = compile_to(text, MF_STAGE_VERIFY, false);
+    /* the first compute wait the assignment added (grad_local's reuse) */
+    int i = 0, drop = -1;
+    for (int j = 0; j < s->nops && drop < 0; j++) {
+        if (i < orig->nops && same_op(&s->ops[j], &orig->ops[i])) {
+            i++;
+            continue;
+        }
+        if (s->ops[j].kind == MF_OP_WAIT && s->ops[j].stream == MF_STREAM_COMPUTE &&
+            s->ops[j].phase == MF_PHASE_BACKWARD_PRE)
+            drop = j;
+    }
+    mf_schedule_free(orig);
+    assert_true(drop >= 0);
+    for (int j = drop; j + 1 < s->nops; j++) {
+        s->ops[j] = s->ops[j + 1];
+        s->ops[j].id = j;
+    }
+    s->nops--;
+    mfsdp_schedule *sh = NULL;
+    char err[256];
+    assert_int_equal(mf_rt_schedule_wrap(s, &sh, err, sizeof err), MFSDP_OK);
+    int64_t world = mfsdp_schedule_world_size(sh);
+    uint64_t *d = calloc((size_t)world, sizeof *d);
+    char msg[1024];
+    int rc = run(sh, 0, "1", d, msg, sizeof msg);
+    if (rc != 1 || !strstr(msg, "delivered gradient expected"))
+        fail_msg("zero3 without the reuse wait op %d in stress mode: rc %d: %s", drop, rc, msg);
+    free(d);
+    mfsdp_schedule_free(sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_builder_modes),
         cmocka_unit_test(test_examples),
+        cmocka_unit_test(test_missing_reuse_wait_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
