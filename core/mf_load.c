@@ -31,6 +31,7 @@
 #include <yaml.h>
 
 #include "mf_hash.h"
+#include "mf_arena_check.h"
 #include "mf_layout.h"
 #include "mf_struct.h"
 
@@ -547,7 +548,7 @@ static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
 {
     static const mf_key keys[] = {{"name", true},      {"bucket", true}, {"kind", true},
                                   {"dtype", true},     {"placement", true}, {"count", true},
-                                  {"lifetime", true}};
+                                  {"lifetime", true},  {"offset", true}};
     if (!mf_load_seq(l, n, "buffers"))
         return false;
     mf_schedule *s = l->s;
@@ -558,9 +559,9 @@ static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
         return mf_load_oom(l);
     for (int i = 0; i < s->nbuffers; i++) {
         mf_buffer *bf = &s->buffers[i];
-        mf_node *item = mf_load_item(l, n, i), *v[7];
+        mf_node *item = mf_load_item(l, n, i), *v[8];
         int kind, dt, life;
-        if (!mf_load_fields(l, item, "a buffer", keys, 7, v, NULL) ||
+        if (!mf_load_fields(l, item, "a buffer", keys, 8, v, NULL) ||
             !mf_load_name(l, v[0], "the buffer name", &bf->name) ||
             !mf_load_register(l, &l->buffers, bf->name, v[0], "buffer", i) ||
             !mf_load_ref(l, v[1], &l->buckets, "bucket", &bf->bucket) ||
@@ -572,7 +573,8 @@ static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
         if (!mf_load_placement(l, v[4], "the buffer placement", mf_bufkind_role(bf->kind) == MF_ROLE_GRAD,
                                &bf->place) ||
             !mf_load_int(l, v[5], "the buffer count", 1, INT64_MAX, &bf->count) ||
-            !mf_load_enum(l, v[6], "lifetime", mf_lifetime_from_name, mf_lifetime_choices, &life))
+            !mf_load_enum(l, v[6], "lifetime", mf_lifetime_from_name, mf_lifetime_choices, &life) ||
+            !mf_load_int(l, v[7], "the buffer offset", 0, INT64_MAX, &bf->offset))
             return false;
         bf->lifetime = (mf_lifetime)life;
         mf_load_site site = {.l = l, .any = item};
@@ -786,12 +788,25 @@ static bool mf_load_axis_values(mf_loader *l, mf_node *n, const char *what, cons
     return true;
 }
 
+/* One summary total that the loader recomputes (docs/schedule.md). */
+static bool mf_load_total(mf_loader *l, mf_node *n, const char *what, int64_t want)
+{
+    int64_t x;
+    if (!mf_load_int(l, n, what, 0, INT64_MAX, &x))
+        return false;
+    if (x != want)
+        return mf_load_fail(l, n, "summary %s is %lld, but the buffers give %lld", what, (long long)x,
+                            (long long)want);
+    return true;
+}
+
 static bool mf_load_summary(mf_loader *l, mf_node *n)
 {
     static const mf_key keys[] = {{"collectives", true}, {"bytes_per_rank", true},
-                                  {"persistent_bytes", true}, {"peak_bytes", true}};
-    mf_node *v[4];
-    if (!mf_load_fields(l, n, "summary", keys, 4, v, NULL))
+                                  {"persistent_bytes", true}, {"peak_bytes", true},
+                                  {"live_bytes", true}, {"allocated_bytes", true}};
+    mf_node *v[6];
+    if (!mf_load_fields(l, n, "summary", keys, 6, v, NULL))
         return false;
     mf_schedule *s = l->s;
     if (!mf_schedule_summarize(s))
@@ -815,12 +830,32 @@ static bool mf_load_summary(mf_loader *l, mf_node *n)
     }
     return mf_load_axis_values(l, v[1], "bytes_per_rank", sum->bytes) &&
            mf_load_role_values(l, v[2], "persistent_bytes", sum->persistent_bytes) &&
-           mf_load_role_values(l, v[3], "peak_bytes", sum->peak_bytes);
+           mf_load_role_values(l, v[3], "peak_bytes", sum->peak_bytes) &&
+           mf_load_total(l, v[4], "live_bytes", sum->live_bytes) &&
+           mf_load_total(l, v[5], "allocated_bytes", sum->allocated_bytes);
+}
+
+/* The arena sizes, then every offset inside them and no overlap of buffers
+ * live at the same time (core/mf_arena_check.c). */
+static bool mf_arena_check_load(mf_loader *l, mf_node *arena, mf_node **buffer_where)
+{
+    static const mf_key keys[] = {{"persistent", true}, {"transient", true}};
+    mf_node *v[2];
+    mf_schedule *s = l->s;
+    if (!mf_load_fields(l, arena, "arena", keys, 2, v, NULL) ||
+        !mf_load_int(l, v[0], "arena persistent", 0, INT64_MAX / 2, &s->mem_persistent) ||
+        !mf_load_int(l, v[1], "arena transient", 0, INT64_MAX / 2, &s->mem_transient))
+        return false;
+    char msg[512];
+    int b = mf_arena_check(s, msg, sizeof msg);
+    if (b == -2)
+        return mf_load_oom(l);
+    return b < 0 || mf_load_fail(l, buffer_where[b], "%s", msg);
 }
 
 enum {
     T_FORMAT, T_SOURCE, T_SHA, T_MESH, T_MB, T_REDUCE, T_ALIGN, T_PREFETCH, T_UNITS, T_BUCKETS,
-    T_BUFFERS, T_EVENTS, T_OPS, T_SUMMARY, T_NKEYS
+    T_BUFFERS, T_ARENA, T_EVENTS, T_OPS, T_SUMMARY, T_NKEYS
 };
 
 static bool mf_load_root(mf_loader *l, mf_node *root)
@@ -828,7 +863,7 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     static const mf_key keys[T_NKEYS] = {
         {"format", true},  {"source", true},  {"source_sha256", true}, {"mesh", true},
         {"microbatches", true}, {"reduce", true}, {"align", true}, {"prefetch", true},
-        {"units", true},   {"buckets", true}, {"buffers", true}, {"events", true},
+        {"units", true},   {"buckets", true}, {"buffers", true}, {"arena", true}, {"events", true},
         {"ops", true},     {"summary", true}};
     mf_schedule *s = l->s;
     if (root->type != YAML_MAPPING_NODE)
@@ -883,7 +918,8 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
         !mf_load_unit_buckets(l, bucket_lists) || !mf_load_buffers(l, v[T_BUFFERS], &buffer_where) ||
         !mf_load_bucket_buffers(l, buffer_where, v[T_BUFFERS]) ||
         !mf_load_int32(l, v[T_EVENTS], "events", 0, &s->nevents) ||
-        !mf_load_ops(l, v[T_OPS], &op_where) || !mf_load_totals_fit(l, op_where, v[T_BUFFERS]))
+        !mf_load_ops(l, v[T_OPS], &op_where) || !mf_load_totals_fit(l, op_where, v[T_BUFFERS]) ||
+        !mf_arena_check_load(l, v[T_ARENA], buffer_where))
         return false;
     return mf_load_summary(l, v[T_SUMMARY]);
 }

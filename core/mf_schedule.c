@@ -4,6 +4,8 @@
  */
 #include "mf_schedule.h"
 
+#include "mf_live.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +195,17 @@ bool mf_schedule_summarize(mf_schedule *s)
         sum->peak_bytes[r] = sum->persistent_bytes[r] + step_bytes[r] + transient;
     }
     free(per_unit);
-    return true;
+    /* The assignment's truth (docs/semantics.md §10): what the runtime
+     * allocates, and the live-bytes lower bound any assignment must meet. */
+    sum->allocated_bytes = s->mem_persistent + s->mem_transient;
+    if (sum->allocated_bytes == 0)
+        return true; /* not assigned yet (lowering): no bound to report */
+    mf_live lv;
+    if (!mf_live_build(s, &lv))
+        return false;
+    sum->live_bytes = mf_live_lower_bound(s, &lv);
+    mf_live_free(&lv);
+    return sum->live_bytes >= 0;
 }
 
 bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)

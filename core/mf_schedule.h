@@ -250,6 +250,9 @@ typedef struct mf_buffer {
     mf_placement place;
     int64_t count;          /* elements per rank */
     mf_lifetime lifetime;
+    int64_t offset;         /* bytes from the start of its region: the persistent
+                               region for persistent buffers, else the transient
+                               arena (planner/mf_assign.c; docs/semantics.md §10) */
 } mf_buffer;
 
 typedef struct mf_op {
@@ -273,7 +276,12 @@ typedef struct mf_summary {
     int64_t collectives[MF_OPKIND_COUNT][MF_MAX_AXES]; /* launches per step */
     int64_t bytes[MF_MAX_AXES];      /* bytes sent per rank per step (ring) */
     int64_t persistent_bytes[MF_ROLE_COUNT]; /* per rank */
-    int64_t peak_bytes[MF_ROLE_COUNT];       /* per rank, incl. transients */
+    int64_t peak_bytes[MF_ROLE_COUNT];       /* per rank, incl. transients: the
+                                                prefetch-window model by role */
+    int64_t live_bytes;      /* lower bound: most aligned transient bytes live at
+                                one instant (mf_live_lower_bound) */
+    int64_t allocated_bytes; /* what the runtime allocates per rank:
+                                mem_persistent + mem_transient */
 } mf_summary;
 
 typedef struct mf_schedule {
@@ -285,6 +293,8 @@ typedef struct mf_schedule {
     mf_reduce reduce;
     int64_t align;          /* shard alignment, bytes */
     int prefetch;           /* prefetch depth (units), >= 1 */
+    int64_t mem_persistent; /* bytes of the persistent region per rank */
+    int64_t mem_transient;  /* bytes of the transient arena per rank */
     int nunits, nbuckets, nbuffers, nops, nevents;
     mf_unit *units;         /* forward order */
     mf_bucket *buckets;

@@ -1,8 +1,8 @@
 /*
  * mfsdpc explain SPEC [--format text|yaml] [cost options]
  *
- * Runs the pipeline up to the transitions (mf_compile_file with stop_after =
- * MF_STAGE_TRANSITIONS) and prints the plan (mf_explain.h) on stdout.
+ * Runs the pipeline up to lowering and the buffer assignment (mf_compile_file
+ * with stop_after = MF_STAGE_LOWER) and prints the plan (mf_explain.h) on stdout.
  * Exit status: 0 success, 1 errors in the spec (diagnostics on stderr),
  * 2 usage errors, unreadable files, malformed cost options, write errors.
  */
@@ -93,7 +93,9 @@ int mf_cmd_explain(int argc, char **argv)
         free(cost_args);
         return rc;
     }
-    mf_compile_options opt = {.stop_after = MF_STAGE_TRANSITIONS, .ncost_args = ncost, .cost_args = cost_args};
+    /* Through lowering and the buffer assignment: the allocated peak is the
+     * assignment's (docs/semantics.md §10). */
+    mf_compile_options opt = {.stop_after = MF_STAGE_LOWER, .ncost_args = ncost, .cost_args = cost_args};
     mf_compilation c;
     rc = mf_compile_file(path, &opt, &c);
     if (rc == 0) {

@@ -318,6 +318,11 @@ static void mf_diff_totals(mf_diff_ctx *c)
         snprintf(what, sizeof what, "peak bytes per rank, %s", mf_role_name((mf_role)r));
         mf_diff_total(c, &header, what, x->peak_bytes[r], y->peak_bytes[r], true);
     }
+    /* the buffer assignment (docs/semantics.md §10) */
+    mf_diff_total(c, &header, "arena bytes per rank (transient)", a->mem_transient, b->mem_transient, true);
+    mf_diff_total(c, &header, "persistent region bytes per rank", a->mem_persistent, b->mem_persistent, true);
+    mf_diff_total(c, &header, "allocated bytes per rank", x->allocated_bytes, y->allocated_bytes, true);
+    mf_diff_total(c, &header, "live-bytes lower bound per rank", x->live_bytes, y->live_bytes, true);
     mf_diff_total(c, &header, "ops", a->nops, b->nops, false);
     mf_diff_total(c, &header, "events", a->nevents, b->nevents, false);
 }

@@ -263,6 +263,7 @@ static void mf_emit_buffers(mf_emit_ctx *c)
         mf_emit_placement(c, &bf->place);
         mf_emit_kv_int(c, "count", bf->count);
         mf_emit_kv_str(c, "lifetime", mf_lifetime_name(bf->lifetime));
+        mf_emit_kv_int(c, "offset", bf->offset);
         mf_emit_map_end(c);
     }
     mf_emit_seq_end(c);
@@ -360,6 +361,8 @@ static void mf_emit_summary(mf_emit_ctx *c)
     mf_emit_map_end(c);
     mf_emit_role_map(c, "persistent_bytes", sum->persistent_bytes);
     mf_emit_role_map(c, "peak_bytes", sum->peak_bytes);
+    mf_emit_kv_int(c, "live_bytes", sum->live_bytes);
+    mf_emit_kv_int(c, "allocated_bytes", sum->allocated_bytes);
     mf_emit_map_end(c);
 }
 
@@ -391,6 +394,11 @@ int mf_emit_yaml(const mf_schedule *s, FILE *out)
     mf_emit_units(&c);
     mf_emit_buckets(&c);
     mf_emit_buffers(&c);
+    mf_emit_key(&c, "arena");
+    mf_emit_map_begin(&c, true);
+    mf_emit_kv_int(&c, "persistent", s->mem_persistent);
+    mf_emit_kv_int(&c, "transient", s->mem_transient);
+    mf_emit_map_end(&c);
     mf_emit_kv_int(&c, "events", s->nevents);
     mf_emit_ops(&c);
     mf_emit_summary(&c);

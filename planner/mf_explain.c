@@ -193,6 +193,14 @@ static int text_totals(const mf_plan *p, FILE *out)
             human(mem.transient_peak_total, h2, sizeof h2), human(mem.peak_total, h3, sizeof h3),
             (long long)mem.peak_total);
     fprintf(out, "  (transient peak: the largest sum over prefetch+1 = %d consecutive units)\n", s->prefetch + 1);
+    /* The assignment's truth (docs/semantics.md §10): what the runtime allocates. */
+    const mf_summary *ss = &s->summary;
+    fprintf(out, "  peak/rank    allocated %s (%lld bytes) = persistent region %s + arena %s\n",
+            human(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
+            human(s->mem_persistent, h2, sizeof h2), human(s->mem_transient, h3, sizeof h3));
+    fprintf(out, "               arena lower bound (live bytes at one instant) %s (%lld bytes), arena/bound %.3f\n",
+            human(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
+            ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
     return 0;
 }
 
@@ -515,6 +523,10 @@ static bool yaml_totals(yout *y, const mf_plan *p)
     yaml_roles(y, "persistent", mem.persistent, mem.persistent_total);
     yaml_roles(y, "transient_peak", mem.transient_peak, mem.transient_peak_total);
     yaml_roles(y, "peak", mem.peak, mem.peak_total);
+    y_kint(y, "persistent_region", s->mem_persistent);
+    y_kint(y, "arena", s->mem_transient);
+    y_kint(y, "live_bytes", s->summary.live_bytes);
+    y_kint(y, "allocated", s->summary.allocated_bytes);
     y_end_map(y);
     y_end_map(y);
     return true;

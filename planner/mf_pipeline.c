@@ -6,6 +6,8 @@
  */
 #include "mf_pipeline.h"
 
+#include "mf_assign.h"
+
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -167,8 +169,15 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
         return mf_diag_errors(d) ? 1 : 0;
     if (!mf_transition_run(c->plan, d) || opt->stop_after == MF_STAGE_TRANSITIONS)
         return mf_diag_errors(d) ? 1 : 0;
-    if (!mf_lower_run(c->plan, d) || opt->stop_after == MF_STAGE_LOWER)
+    if (!mf_lower_run(c->plan, d))
         return mf_diag_errors(d) ? 1 : 0;
+    /* Buffer assignment: offsets in one arena and the waits reuse needs. */
+    if (!mf_assign_run(c->plan->sched, NULL)) {
+        fprintf(stderr, "mfsdpc: error: out of memory (buffer assignment)\n");
+        return 2;
+    }
+    if (opt->stop_after == MF_STAGE_LOWER)
+        return 0;
     if (opt->verify && mf_verify_run(c->plan->sched, d) != 0)
         return 1;
     return 0;

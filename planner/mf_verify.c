@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "mf_hash.h"
+#include "mf_verify_memory.h"
 #include "mf_layout.h"
 #include "mf_passes.h"
 #include "mf_struct.h"
@@ -679,6 +680,8 @@ int mf_verify_run(const mf_schedule *s, mf_diag *d)
     }
     mf_verify_roles(&c);
     mf_areplay_run(&c);
+    if (c.errors == 0) /* memory reuse: hazards per arena byte range */
+        c.errors += mf_verify_memory(s, d);
 done:
     free(c.delivered);
     free(c.full);

@@ -146,12 +146,8 @@ mfsdp_result mf_cuda_device_pick(mf_rt *rt, const mfsdp_nccl_config *nc, int *de
 
 static int64_t pool_bytes(const mf_schedule *s)
 {
-    int64_t total = 4096;
-    for (int b = 0; b < s->nbuffers; b++) {
-        int64_t bytes = s->buffers[b].count * (int64_t)mf_dtype_size(s->buffers[b].dtype);
-        total += (bytes + 255) / 256 * 256 + 256;
-    }
-    return total;
+    /* The runtime allocates one block at the planned size (mf_rt.c setup). */
+    return (s->mem_persistent + s->mem_transient + 255) / 256 * 256;
 }
 
 mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_config *nc, int64_t rank)

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "mf_rt.h"
+#include "mf_stress.h"
 
 /* Executes a local op or a collective, or completes/awaits an event. */
 mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
@@ -149,6 +150,8 @@ static void *stream_main(void *arg)
         pthread_mutex_unlock(&rt->mu);
 
         mfsdp_result res = MFSDP_OK;
+        if (q->stress && !skip)
+            mf_stress_delay(&q->stress);
         int64_t wait_ns = 0, t0 = mf_rt_now_ns();
         if (!skip)
             res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
@@ -176,6 +179,7 @@ mfsdp_result mf_streams_start(mf_rt *rt)
 {
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
         mf_rt_stream *q = &rt->streams[st];
+        q->stress = mf_stress_seed(rt->rank, st);
         if (pthread_create(&q->thread, NULL, stream_main, q) != 0) {
             mf_streams_stop(rt);
             return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread",

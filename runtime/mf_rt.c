@@ -371,6 +371,16 @@ MFSDP_API const char *mfsdp_schedule_axis_name(const mfsdp_schedule *h, int axis
     return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].name : NULL;
 }
 
+MFSDP_API int64_t mfsdp_schedule_peak_bytes(const mfsdp_schedule *h)
+{
+    return h ? h->s->mem_persistent + h->s->mem_transient : 0;
+}
+
+MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt)
+{
+    return rt ? rt->mem_bytes : 0;
+}
+
 MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *h, int axis)
 {
     return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].size : 0;
@@ -613,6 +623,47 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
     return mf_rt_set_error(NULL, MFSDP_ERR_MISMATCH, "%s", msg);
 }
 
+/* One allocation per rank: the persistent region, then the transient arena
+ * at the planned size; every buffer is a view at its offset (the loader
+ * checked that each lies inside its region, and that buffers sharing bytes
+ * are never live together). Check mode (CPU backends) poisons a buffer
+ * outside its window, which would overwrite the buffer sharing its bytes
+ * inside that one's window: there every transient buffer gets bytes of its
+ * own (the sum of the transient buffers, not the arena; docs/runtime.md §13). */
+static mfsdp_result place_buffers(mf_rt *rt)
+{
+    const mf_schedule *s = rt->s;
+    bool own = (rt->cfg.flags & MFSDP_FLAG_CHECK) && !rt->native;
+    int64_t align = s->align > 0 ? s->align : 1, transient = s->mem_transient;
+    if (own) {
+        transient = 0;
+        for (int b = 0; b < s->nbuffers; b++)
+            if (s->buffers[b].lifetime == MF_LIFETIME_MICROBATCH)
+                transient += (s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype) + align - 1) /
+                             align * align;
+    }
+    size_t total = (size_t)(s->mem_persistent + transient);
+    mfsdp_result res = rt->be->alloc(rt, total ? total : 1, &rt->mem_base);
+    if (res != MFSDP_OK) {
+        rt->mem_base = NULL;
+        return mf_rt_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
+    }
+    rt->mem_bytes = (int64_t)total;
+    char *next = (char *)rt->mem_base + s->mem_persistent;   /* check mode's own bytes */
+    for (int b = 0; b < s->nbuffers; b++) {
+        const mf_buffer *bf = &s->buffers[b];
+        if (bf->lifetime != MF_LIFETIME_MICROBATCH) {
+            rt->bufs[b] = (char *)rt->mem_base + bf->offset;
+        } else if (!own) {
+            rt->bufs[b] = (char *)rt->mem_base + s->mem_persistent + bf->offset;
+        } else {
+            rt->bufs[b] = next;
+            next += (bf->count * mf_dtype_size(bf->dtype) + align - 1) / align * align;
+        }
+    }
+    return MFSDP_OK;
+}
+
 /* Allocates buffers and tables; everything that can fail locally. */
 static mfsdp_result setup(mf_rt *rt)
 {
@@ -626,15 +677,7 @@ static mfsdp_result setup(mf_rt *rt)
     rt->bufs = mf_rt_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
     if (!rt->bufs)
         return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
-    for (int b = 0; b < s->nbuffers; b++) {
-        size_t bytes = (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype);
-        res = rt->be->alloc(rt, bytes ? bytes : 1, &rt->bufs[b]);
-        if (res != MFSDP_OK) {
-            rt->bufs[b] = NULL;
-            return mf_rt_set_error(NULL, res, "cannot allocate buffer %s (%zu bytes): %s",
-                                   s->buffers[b].name, bytes, rt->err);
-        }
-    }
+    MF_CHECKGOTO(place_buffers(rt), res, done);
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
@@ -657,12 +700,9 @@ done:
 
 static void release(mf_rt *rt)
 {
-    if (rt->bufs) {
-        for (int b = 0; b < rt->s->nbuffers; b++)
-            if (rt->bufs[b])
-                rt->be->free(rt, rt->bufs[b]);
-        mf_rt_free(rt->bufs);
-    }
+    if (rt->mem_base)
+        rt->be->free(rt, rt->mem_base);
+    mf_rt_free(rt->bufs);
     if (rt->be_state)
         rt->be->close(rt);
     for (int c = 0; rt->comms && c < rt->ncomms; c++)

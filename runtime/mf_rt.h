@@ -84,6 +84,7 @@ typedef struct mf_rt_entry {
 typedef struct mf_rt_stream {
     mf_rt *rt;
     mf_stream id;
+    uint64_t stress;        /* stress-mode generator (mf_stress.h); 0: off */
     pthread_t thread;
     bool started;
     pthread_cond_t work;    /* signalled when an entry is queued or on stop */
@@ -114,6 +115,9 @@ struct mfsdp_runtime {
     bool synchronous;           /* MFSDP_FLAG_SYNCHRONOUS (worker model only) */
 
     void **bufs;                /* per schedule buffer; backend memory */
+    void *mem_base;             /* the one allocation: persistent region, then the
+                                   transient arena (docs/runtime.md) */
+    int64_t mem_bytes;          /* its size */
     mf_rt_op *rops;             /* per schedule op */
     int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
     int *list_start;            /* nlists + 1 offsets into list_ops */

@@ -118,6 +118,10 @@ MFSDP_API const char *mfsdp_schedule_unit_name(const mfsdp_schedule *s, int unit
 MFSDP_API int mfsdp_schedule_reduce_is_avg(const mfsdp_schedule *s);
 /* The SHA-256 of the schedule file (what ranks compare at create). */
 MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *s, uint8_t out[32]);
+/* Bytes per rank the schedule's buffers take: its persistent region plus its
+ * transient arena (the summary's allocated_bytes, `mfsdpc explain`'s peak);
+ * exactly what mfsdp_create allocates for them. */
+MFSDP_API int64_t mfsdp_schedule_peak_bytes(const mfsdp_schedule *s);
 
 #define MFSDP_MAX_DIMS 8
 
@@ -228,6 +232,9 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt);
  * valid until the next call on the same handle; never NULL. */
 MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt);
 
+/* Bytes this rank allocated for the schedule's buffers: one block, the
+ * persistent region then the transient arena (docs/runtime.md). */
+MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt);
 MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt);
 MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt);
 /* This rank's coordinate on mesh axis `axis` (-1 when out of range). */

@@ -451,6 +451,7 @@ typedef struct rank_job {
     double rel_err;         /* max over tensors of max |a - b| / max |b| (every rank) */
     int failed;
     char msg[1200];
+    int64_t allocated;      /* mfsdp_allocated_bytes of this rank's runtime */
 } rank_job;
 
 /* A rank's runtime and per-tensor host arrays (index = tensor). */
@@ -483,6 +484,7 @@ static int rank_setup(rank_job *j, rank_state *rs)
     if (!rs->views || work_alloc(j->md, j->o->batch, &rs->w) != 0)
         return -1;
     CHECK(mfsdp_create(j->sh, &j->cfg, &rs->rt));
+    j->allocated = mfsdp_allocated_bytes(rs->rt);
     for (int k = 0; k < nt; k++)
         CHECK(mfsdp_tensor_view_get(rs->rt, k, &rs->views[k]));
     rs->W = arrays_new(j->md, nt, rs->views, 0);
@@ -828,6 +830,8 @@ static int run(const opts *o, const mfsdp_schedule *sh, int mpi, int mpi_rank, v
                (long long)o->batch, (long long)o->steps, o->adam ? "adam" : "sgd",
                o->clip > 0 ? ", clipped" : "");
         printf("max_rel_err=%.3e (tolerance %.1e)\n", e, tol);
+        printf("memory: allocated %lld bytes per rank (one arena), the schedule's peak %lld bytes\n",
+               (long long)jobs[0].allocated, (long long)mfsdp_schedule_peak_bytes(jobs[0].sh));
     }
     rc = e <= tol ? 0 : 1;
     if (rc && mpi_rank == 0)

@@ -411,19 +411,10 @@ static void check_gradient(rank_ctx *c)
             }
         uint32_t seed = grad_seed(c->step, b);
         int64_t lo = st->orange.offset, hi = lo + st->orange.len;
-        /* Tensor elements, then padding, tensor by tensor in offset order. */
-        int64_t at = 0;
+        /* Tensor elements, tensor by tensor in offset order. grad_local
+         * shares the arena with other buffers, so the delivered gradient's
+         * gaps and padding are unspecified (docs/runtime.md). */
         for (int t = 0; t <= bk->ntensors; t++) {
-            int64_t gap_end = t < bk->ntensors ? bk->tensors[t].offset : bk->length;
-            for (int64_t e = at > lo ? at : lo; e < gap_end && e < hi; e++) {
-                double got = mf_cpu_load(g, bf->dtype, e - lo);
-                if (got != 0.0) {
-                    mismatch(c, "step %lld: rank %lld, buffer %s, element %lld (padding): "
-                             "delivered gradient expected 0, got %.9g",
-                             (long long)c->step, (long long)c->rank, bf->name, (long long)e, got);
-                    return;
-                }
-            }
             if (t == bk->ntensors)
                 break;
             const mf_tensor *tn = &bk->tensors[t];
@@ -442,7 +433,6 @@ static void check_gradient(rank_ctx *c)
                     return;
                 }
             }
-            at = tn->offset + tn->numel;
         }
     }
 }
@@ -455,8 +445,11 @@ static void sgd(rank_ctx *c)
         void *mw = mf_rt_buffer(c->rt, st->mw);
         const void *g = mf_rt_buffer(c->rt, st->delivered);
         mf_dtype md = s->buffers[st->mw].dtype, gd = s->buffers[st->delivered].dtype;
+        /* Tensor elements only, like a trainer through its views: the
+         * gradient's padding is unspecified (docs/runtime.md). */
         for (int64_t i = 0; i < st->orange.len; i++)
-            mf_cpu_store(mw, md, i, mf_cpu_load(mw, md, i) - LR * mf_cpu_load(g, gd, i));
+            if (is_tensor(&s->buckets[b], st->orange.offset + i))
+                mf_cpu_store(mw, md, i, mf_cpu_load(mw, md, i) - LR * mf_cpu_load(g, gd, i));
     }
 }
 
@@ -529,6 +522,7 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
     c.world = sh->s->mesh.world;
     c.rank = cfg->rank;
     out->create_result = mfsdp_create(sh, cfg, &c.rt);
+    out->allocated_bytes = mfsdp_allocated_bytes(c.rt);
     report rep;
     memset(&rep, 0, sizeof rep);
     if (out->create_result != MFSDP_OK) {
@@ -618,6 +612,14 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
                 snprintf(out->msg, sizeof out->msg, "%s", all[r2].msg);
                 break;
             }
+    }
+    /* The master weights after the run, for bit-identity checks. */
+    out->digest = 1469598103934665603u;
+    for (int b = 0; c.rt && c.bs && b < c.s->nbuckets; b++) {
+        const mf_buffer *mb = &c.s->buffers[c.bs[b].mw];
+        const unsigned char *p = mf_rt_buffer(c.rt, c.bs[b].mw);
+        for (size_t i = 0; p && i < (size_t)mb->count * mf_dtype_size(mb->dtype); i++)
+            out->digest = (out->digest ^ p[i]) * 1099511628211u;
     }
     mfsdp_destroy(c.rt);
     free_state(&c);

@@ -51,6 +51,9 @@ typedef struct mf_check_outcome {
     mfsdp_result error;     /* this rank's first runtime error (MFSDP_OK if none) */
     char msg[1024];         /* the first problem seen by any rank (same on every rank) */
     char own[1024];         /* this rank's own first problem */
+    int64_t allocated_bytes; /* mfsdp_allocated_bytes of this rank's runtime */
+    uint64_t digest;        /* FNV-1a of this rank's main_weight buffers after the
+                               last step (bit-identical runs agree) */
 } mf_check_outcome;
 
 /* Bytes per rank the check's exchanges need at most for this schedule. */

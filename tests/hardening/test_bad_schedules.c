@@ -291,7 +291,7 @@ static const edit edits[] = {
     {"a control character", "{id: 7,", "all_gather", "all_\x01gather", "control characters are not allowed", NULL},
     {"summary not the ops'", "all_gather: {", "dp_outer: 2", "dp_outer: 3", "but the ops give 2", NULL},
     {"events fewer than used", "events:", "17", "16", "event 16 does not exist", "{id: 52,"},
-    {"a second document", "peak_bytes:", "}", "}\n---\n{format: x}", "a second YAML document", "{format: x}"},
+    {"a second document", "allocated_bytes:", "14848", "14848\n---\n{format: x}", "a second YAML document", "{format: x}"},
 };
 
 static char *apply(const char *text, const edit *e, int *line, int *at_line)

@@ -294,7 +294,8 @@ static void test_hostile_yaml(void **state)
     repeat(&b, "0", 64);
     puts_(&b, "\"\nmesh: {axes: [{name: a, size: 2}]}\nmicrobatches: 1\nreduce: avg\nalign: 256\nprefetch: 1\n"
               "units: [&u {name: u, reshard_after_forward: true, buckets: []}, *u, *u, *u]\n"
-              "buckets: []\nbuffers: []\nevents: 0\nops: []\nsummary: {}\n");
+              "buckets: []\nbuffers: []\narena: {persistent: 0, transient: 0}\nevents: 0\nops: []\n"
+              "summary: {}\n");
     expect_load_refused(&b, "duplicate unit name 'u'", "aliased units");
     b.len = 0;
     puts_(&b, "format: mfsdp-schedule/1\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");

@@ -5,6 +5,8 @@
  */
 #include "mf_test_builder.h"
 
+#include "mf_assign.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -593,7 +595,10 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
     s->nevents = b.nevents;
     if (!s->ops || !s->buffers)
         goto oom;
-    mf_schedule_summarize(s);
+    /* Offsets in one arena and the waits reuse needs (planner/mf_assign.c),
+     * as the compiler does. */
+    if (!mf_schedule_summarize(s) || !mf_assign_run(s, NULL))
+        goto oom;
     /* A hash of the structure (the builder has no file to hash). */
     uint64_t seed = spec->salt;
     fnv_fill(s->hash, s->ops, sizeof(mf_op) * (size_t)s->nops, seed);

@@ -66,6 +66,9 @@ int rt_check_local(const mfsdp_schedule *sh, int64_t steps, uint32_t flags, char
     mf_check_opts o = {.steps = steps, .stop_rank = -1, .stop_step = -1, .out = NULL};
     int rc = mf_check_local(sh, NULL, &cfg, &o, outs);
     snprintf(msg, msglen, "%s", outs[0].msg);
+    /* Every rank that ran allocated exactly the schedule's summary peak. */
+    for (int64_t r = 0; rc == 0 && r < world; r++)
+        assert_int_equal(outs[r].allocated_bytes, sh->s->summary.allocated_bytes);
     free(outs);
     return rc;
 }

@@ -246,7 +246,7 @@ static void test_sizes(void **state)
 {
     (void)state;
     /* an op count that does not fit its buffers */
-    bad("axis: dp_outer, dtype: bf16, count: 128", 1, "axis: dp_outer, dtype: bf16, count: 64", "64", 1,
+    bad("axis: dp_outer, dtype: bf16, count: 128", 1, "axis: dp_outer, dtype: bf16, count: 64", "64, src: u0", 1,
         "op 3 (all_gather): count 64 needs a source of 64 elements, but 'u0/L.T1.cast' holds 128");
     bad("axis: dp_inner, dtype: bf16, count: 256", 1, "axis: dp_inner, dtype: bf16, count: 255", "255", 1,
         "op 7 (all_gather): count 255 needs a source of 255 elements, but 'u0/L.weight' holds 256");

@@ -1,0 +1,739 @@
+/*
+ * mf_assign: see the header.
+ *
+ * Offsets: persistent buffers in buffer order; transient buffers greedily,
+ * largest first (ties: earliest start, then index) or earliest first (ties:
+ * largest), the smaller arena of the two, each at the lowest
+ * aligned offset free of every placed buffer whose live interval overlaps its
+ * own. Placed buffers are indexed by the hooks their segments cover, so a
+ * buffer only meets the few buffers live near it: near-linear in buffers.
+ *
+ * Waits: mf_arena_walk lists the pairs (a, b) of segments of different
+ * buffers where b takes over bytes a used. b's first writer w (an op, or the
+ * trainer for grad_local) must come after a's last access x on each stream.
+ * A replay of two steps in the trainer's hook order at every microbatch
+ * position (M = 1; first, last; first, middle, last), with every op's real
+ * predicate and vector clocks per stream, decides which pairs the schedule
+ * already orders (in stream order, or through records and waits): at each
+ * run of a writer in the second step, each last access of the buffer it takes
+ * over must be ordered before it. For a pair that is not, a record after x
+ * (an existing `every` record right after it on its stream is reused; for the
+ * trainer, a compute record at the hook that closes its window) and a wait
+ * right before w with w's predicate; the wait then runs in the replay, so
+ * later pairs it implies add nothing.
+ */
+#include "mf_assign.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_arena_check.h"
+#include "mf_live.h"
+
+/* ---- offsets ---- */
+
+static void assign_persistent(mf_schedule *s)
+{
+    int64_t at = 0;
+    for (int b = 0; b < s->nbuffers; b++)
+        if (!mf_live_in_arena(&s->buffers[b])) {
+            s->buffers[b].offset = at;
+            at += mf_live_bytes(s, b);
+        }
+    s->mem_persistent = at;
+}
+
+typedef struct range {
+    int64_t lo, hi;
+} range;
+
+typedef struct order_key {
+    int64_t bytes, start;
+    int b;
+} order_key;
+
+static int cmp_start(const void *x, const void *y)
+{
+    const order_key *a = x, *b = y;
+    if (a->start != b->start)
+        return a->start < b->start ? -1 : 1;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    return (a->b > b->b) - (a->b < b->b);
+}
+
+static int cmp_order(const void *x, const void *y)
+{
+    const order_key *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    if (a->start != b->start)
+        return a->start < b->start ? -1 : 1;
+    return (a->b > b->b) - (a->b < b->b);
+}
+
+static int cmp_range(const void *x, const void *y)
+{
+    const range *a = x, *b = y;
+    return (a->lo > b->lo) - (a->lo < b->lo);
+}
+
+static int hook_of_tick(const mf_live *lv, int64_t t)
+{
+    int lo = 0, hi = lv->nhooks - 1;
+    t %= lv->T;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (lv->hook_base[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Per hook, the placed buffers live there (a growable int list). */
+typedef struct slots {
+    int **list;
+    int *len, *cap;
+} slots;
+
+static bool slot_push(slots *sl, int h, int b)
+{
+    if (sl->len[h] == sl->cap[h]) {
+        int cap = sl->cap[h] ? 2 * sl->cap[h] : 4;
+        int *n = realloc(sl->list[h], sizeof *n * (size_t)cap);
+        if (!n)
+            return false;
+        sl->list[h] = n;
+        sl->cap[h] = cap;
+    }
+    sl->list[h][sl->len[h]++] = b;
+    return true;
+}
+
+/* For each hook the segments of buffer b cover: with place >= 0 adds b to
+ * the hook's list; else collects the listed buffers into cand (once each,
+ * by stamp). False on OOM. */
+static bool cover(const mf_live *lv, int b, slots *sl, int place, int *stamp, int mark, int *cand,
+                  int *ncand)
+{
+    for (int g = lv->buf_seg[b]; g < lv->buf_seg[b + 1]; g++) {
+        const mf_live_seg *x = &lv->segs[g];
+        int h0 = hook_of_tick(lv, x->start), h1 = hook_of_tick(lv, x->end);
+        int n = x->end >= lv->T ? lv->nhooks - h0 + h1 + 1 : h1 - h0 + 1;
+        if (x->end - x->start >= lv->T - 1 || n > lv->nhooks)
+            n = lv->nhooks;
+        for (int k = 0; k < n; k++) {
+            int h = (h0 + k) % lv->nhooks;
+            if (place >= 0) {
+                if (!slot_push(sl, h, place))
+                    return false;
+                continue;
+            }
+            for (int i = 0; i < sl->len[h]; i++) {
+                int c = sl->list[h][i];
+                if (stamp[c] != mark) {
+                    stamp[c] = mark;
+                    cand[(*ncand)++] = c;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+static bool buffers_meet(const mf_live *lv, int a, int b)
+{
+    for (int i = lv->buf_seg[a]; i < lv->buf_seg[a + 1]; i++)
+        for (int k = lv->buf_seg[b]; k < lv->buf_seg[b + 1]; k++)
+            if (mf_live_overlap(lv, &lv->segs[i], &lv->segs[k]))
+                return true;
+    return false;
+}
+
+static bool assign_order(mf_schedule *s, const mf_live *lv, int (*cmp)(const void *, const void *))
+{
+    bool ok = false;
+    int n = 0;
+    order_key *ord = malloc(sizeof *ord * (size_t)(s->nbuffers + 1));
+    int *stamp = malloc(sizeof *stamp * (size_t)(s->nbuffers + 1));
+    int *cand = malloc(sizeof *cand * (size_t)(s->nbuffers + 1));
+    range *rg = malloc(sizeof *rg * (size_t)(s->nbuffers + 1));
+    slots sl = {calloc((size_t)lv->nhooks, sizeof(int *)), calloc((size_t)lv->nhooks, sizeof(int)),
+                calloc((size_t)lv->nhooks, sizeof(int))};
+    if (!ord || !stamp || !cand || !rg || !sl.list || !sl.len || !sl.cap)
+        goto done;
+    for (int b = 0; b < s->nbuffers; b++) {
+        stamp[b] = -1;
+        if (lv->buf_seg[b + 1] > lv->buf_seg[b])
+            ord[n++] = (order_key){mf_live_bytes(s, b), lv->segs[lv->buf_seg[b]].start, b};
+        else if (mf_live_in_arena(&s->buffers[b]))
+            s->buffers[b].offset = 0; /* never accessed: shares anything */
+    }
+    qsort(ord, (size_t)n, sizeof *ord, cmp);
+    int64_t top = 0;
+    for (int i = 0; i < n; i++) {
+        int b = ord[i].b, ncand = 0, nr = 0;
+        if (!cover(lv, b, &sl, -1, stamp, b, cand, &ncand))
+            goto done;
+        for (int k = 0; k < ncand; k++)
+            if (buffers_meet(lv, b, cand[k]))
+                rg[nr++] = (range){s->buffers[cand[k]].offset,
+                                   s->buffers[cand[k]].offset + mf_live_bytes(s, cand[k])};
+        qsort(rg, (size_t)nr, sizeof *rg, cmp_range);
+        int64_t at = 0, need = ord[i].bytes;
+        for (int k = 0; k < nr && rg[k].lo < at + need; k++)
+            if (rg[k].hi > at)
+                at = rg[k].hi;
+        s->buffers[b].offset = at;
+        if (at + need > top)
+            top = at + need;
+        if (!cover(lv, b, &sl, b, NULL, 0, NULL, NULL))
+            goto done;
+    }
+    s->mem_transient = top;
+    ok = true;
+done:
+    for (int h = 0; sl.list && h < lv->nhooks; h++)
+        free(sl.list[h]);
+    free(sl.list);
+    free(sl.len);
+    free(sl.cap);
+    free(ord);
+    free(stamp);
+    free(cand);
+    free(rg);
+    return ok;
+}
+
+/* Two greedy orders, largest first and earliest first; each wins on some
+ * schedules (docs/performance.md; longest-lived first, largest area first and
+ * TFLite's greedy-by-breadth gained at most 1 % on two examples, not worth
+ * their compile time): keep the smaller arena. */
+static bool assign_transient(mf_schedule *s, const mf_live *lv)
+{
+    int (*const orders[])(const void *, const void *) = {cmp_order, cmp_start};
+    int64_t *keep = malloc(sizeof *keep * (size_t)(s->nbuffers + 1));
+    int64_t best = -1;
+    bool ok = keep != NULL;
+    for (size_t k = 0; ok && k < sizeof orders / sizeof orders[0]; k++) {
+        ok = assign_order(s, lv, orders[k]);
+        if (ok && (best < 0 || s->mem_transient < best)) {
+            best = s->mem_transient;
+            for (int b = 0; b < s->nbuffers; b++)
+                keep[b] = s->buffers[b].offset;
+        }
+    }
+    if (ok) {
+        for (int b = 0; b < s->nbuffers; b++)
+            s->buffers[b].offset = keep[b];
+        s->mem_transient = best;
+    }
+    free(keep);
+    return ok;
+}
+
+/* ---- the pairs that hand memory over ---- */
+
+typedef struct edge {
+    int a, b;               /* segments: a's last accesses before b's writer */
+} edge;
+
+typedef struct edge_vec {
+    edge *e;
+    int n, cap;
+} edge_vec;
+
+static bool collect_edge(void *ctx, int a, int b)
+{
+    edge_vec *v = ((void **)ctx)[0];
+    const mf_live *lv = ((void **)ctx)[1];
+    if (lv->segs[a].buffer == lv->segs[b].buffer || lv->segs[b].writer < -1)
+        return true;
+    if (v->n > 0 && v->e[v->n - 1].a == a && v->e[v->n - 1].b == b)
+        return true; /* the same pair at the next byte range */
+    if (v->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 64;
+        edge *e = realloc(v->e, sizeof *e * (size_t)cap);
+        if (!e)
+            return false;
+        v->e = e;
+        v->cap = cap;
+    }
+    v->e[v->n++] = (edge){a, b};
+    return true;
+}
+
+static int cmp_edge(const void *x, const void *y)
+{
+    const edge *a = x, *b = y;
+    if (a->b != b->b)
+        return a->b < b->b ? -1 : 1;
+    return (a->a > b->a) - (a->a < b->a);
+}
+
+/* ---- the waits ---- */
+
+typedef struct insert {
+    int next;               /* the next wait added for the same writer, -1 */
+    int anchor;             /* op id; -1: append at the end */
+    int after;              /* 0 before the anchor, 1 after */
+    int seq;
+    mf_op op;
+} insert;
+
+typedef struct vc {
+    int64_t c[MF_STREAM_COUNT];
+} vc;
+
+typedef struct order_ctx {
+    mf_schedule *s;
+    const mf_live *lv;
+    int *hstart, *hops;     /* ops of hook h: hops[hstart[h] .. hstart[h+1]) */
+    edge *edges;
+    int nedges;
+    int *wstart;            /* edges of writer key k: [wstart[k], wstart[k+1]) in wedge */
+    int *wedge;
+    vc *opstamp, *tickstamp, *ev;
+    bool *ev_set;
+    int nev, evcap;
+    int *rec_after;         /* op -> event of a record added right after it, -1 */
+    mf_when *rec_after_when; /* its predicate */
+    int *rec_tick;          /* hook -> event of the record closing its window */
+    int *whead;             /* writer key -> its first added wait (index in ins), -1 */
+    insert *ins;
+    int nins, inscap;
+    vc now[MF_STREAM_COUNT];
+    mf_assign_stats st;
+} order_ctx;
+
+static int hook_unit(const mf_schedule *s, int h)
+{
+    int U = s->nunits;
+    if (h == 0 || h >= 4 * U + 1)
+        return -1;
+    if (h <= 2 * U)
+        return (h - 1) / 2;
+    return U - 1 - (h - 2 * U - 1) / 2;
+}
+
+static bool step_hook(const mf_op *op)
+{
+    return op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
+}
+
+static mf_op *add_insert(order_ctx *c, int anchor, int after, int hook, mf_stream st, mf_opkind kind,
+                         mf_when when, int event)
+{
+    if (c->nins == c->inscap) {
+        int cap = c->inscap ? 2 * c->inscap : 64;
+        insert *n = realloc(c->ins, sizeof *n * (size_t)cap);
+        if (!n)
+            return NULL;
+        c->ins = n;
+        c->inscap = cap;
+    }
+    insert *in = &c->ins[c->nins];
+    in->next = -1;
+    in->anchor = anchor;
+    in->after = after;
+    in->seq = c->nins++;
+    mf_op *op = &in->op;
+    memset(op, 0, sizeof *op);
+    op->phase = mf_live_hook_phase(c->s, hook);
+    op->unit = hook_unit(c->s, hook);
+    op->when = when;
+    op->stream = st;
+    op->kind = kind;
+    op->bucket = op->axis = op->src = op->dst = -1;
+    op->dtype = MF_FP32;
+    op->event = event;
+    return op;
+}
+
+static int new_event(order_ctx *c)
+{
+    if (c->nev == c->evcap) {
+        int cap = 2 * c->evcap + 16;
+        vc *e = realloc(c->ev, sizeof *e * (size_t)cap);
+        if (!e)
+            return -1;
+        c->ev = e;
+        bool *f = realloc(c->ev_set, sizeof *f * (size_t)cap);
+        if (!f)
+            return -1;
+        c->ev_set = f;
+        c->evcap = cap;
+    }
+    c->ev_set[c->nev] = false;
+    return c->nev++;
+}
+
+/* The event of a record that follows access x (op, or -2 = the trainer's
+ * window of hook xh) on stream st, issued before op `limit`; added when none
+ * exists. -1 on OOM. */
+static int record_after(order_ctx *c, int x, int xh, mf_stream st, int limit, mf_when when)
+{
+    const mf_schedule *s = c->s;
+    int h = x == -2 ? (xh + 1) % c->lv->nhooks : xh;
+    int *memo = x == -2 ? &c->rec_tick[xh] : &c->rec_after[x];
+    if (*memo >= 0 && (x == -2 || c->rec_after_when[x] == when))
+        return *memo;
+    bool seen = x == -2;
+    for (int i = c->hstart[h]; i < c->hstart[h + 1]; i++) {
+        const mf_op *op = &s->ops[c->hops[i]];
+        if (!seen) {
+            seen = c->hops[i] == x;
+            continue;
+        }
+        if (op->stream != st)
+            continue;
+        if (op->kind == MF_OP_RECORD && op->when == when && c->hops[i] < limit) {
+            if (x >= 0 && *memo >= 0)
+                return op->event;
+            if (x >= 0)
+                c->rec_after_when[x] = when;
+            return *memo = op->event;
+        }
+        break;
+    }
+    int e = new_event(c);
+    if (e < 0)
+        return -1;
+    int first = c->hstart[h] < c->hstart[h + 1] ? c->hops[c->hstart[h]] : -1;
+    if (!add_insert(c, x == -2 ? first : x, x == -2 ? 0 : 1, h, st, MF_OP_RECORD, when, e))
+        return -1;
+    c->st.records_added++;
+    if (x >= 0 && *memo >= 0)
+        return e; /* keep the first memo; this record serves this predicate */
+    if (x >= 0)
+        c->rec_after_when[x] = when;
+    return *memo = e;
+}
+
+static void vc_max(vc *a, const vc *b)
+{
+    for (int k = 0; k < MF_STREAM_COUNT; k++)
+        if (b->c[k] > a->c[k])
+            a->c[k] = b->c[k];
+}
+
+static bool holds(mf_when w, bool first, bool last)
+{
+    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && first) || (w == MF_WHEN_LAST && last);
+}
+
+/* Applies the waits already added before writer key k (from an earlier
+ * instance of it), as the runtime would run them. */
+static void run_added(order_ctx *c, int k, mf_stream sw, bool first, bool last)
+{
+    for (int j = c->whead[k]; j >= 0; j = c->ins[j].next)
+        if (holds(c->ins[j].op.when, first, last) && c->ev_set[c->ins[j].op.event])
+            vc_max(&c->now[sw], &c->ev[c->ins[j].op.event]);
+}
+
+/* The pairs whose writer is key k (an op id, or nops + hook for the
+ * trainer), writing on stream sw with predicate `when`, anchored for a new
+ * wait at (anchor, after): a wait for each last access the clocks do not
+ * already order before the writer. */
+typedef struct cand {
+    int x, st, hook;
+    vc r;                   /* what a record right after x captures */
+    int64_t weight;
+} cand;
+
+static int cmp_cand(const void *p, const void *q)
+{
+    const cand *a = p, *b = q;
+    return (a->weight < b->weight) - (a->weight > b->weight); /* largest first */
+}
+
+static bool order_writer(order_ctx *c, int k, mf_stream sw, mf_when when, int anchor, int after, int hook)
+{
+    int n = c->wstart[k + 1] - c->wstart[k], nc = 0;
+    if (n == 0)
+        return true;
+    cand *cs = malloc(sizeof *cs * (size_t)n * MF_STREAM_COUNT);
+    if (!cs)
+        return false;
+    /* The last accesses not yet ordered before the writer. */
+    for (int i = c->wstart[k]; i < c->wstart[k + 1]; i++) {
+        const mf_live_seg *a = &c->lv->segs[c->edges[c->wedge[i]].a];
+
+        for (int st = 0; st < MF_STREAM_COUNT; st++) {
+            int x = a->last[st];
+            if (x == -1 || st == (int)sw)
+                continue;
+            const vc *stamp = x == -2 ? &c->tickstamp[a->last_hook[st]] : &c->opstamp[x];
+            if (stamp->c[st] == 0 || stamp->c[st] <= c->now[sw].c[st])
+                continue; /* never ran yet, or ordered */
+            cand *cd = &cs[nc++];
+            *cd = (cand){.x = x, .st = st, .hook = a->last_hook[st], .r = *stamp};
+            for (int j = 0; j < MF_STREAM_COUNT; j++)
+                cd->weight += stamp->c[j];
+        }
+    }
+    /* Greedy cover: a wait whose record captures more goes first; an access
+     * the waits kept so far already order needs none. */
+    qsort(cs, (size_t)nc, sizeof *cs, cmp_cand);
+    vc have = c->now[sw];
+    bool ok = true;
+    for (int i = 0; i < nc && ok; i++) {
+        int x = cs[i].x, st = cs[i].st;
+        if (cs[i].r.c[st] <= have.c[st])
+            continue;
+        int rh = x == -2 ? (cs[i].hook + 1) % c->lv->nhooks : cs[i].hook;
+        int e = record_after(c, x, cs[i].hook, (mf_stream)st, rh == hook && !after ? anchor : INT_MAX,
+                             MF_WHEN_EVERY);
+        if (e < 0) {
+            ok = false;
+            break;
+        }
+        if (!c->ev_set[e]) {
+            c->ev[e] = cs[i].r;
+            c->ev_set[e] = true;
+        }
+        bool dup = false;
+        for (int j = c->whead[k]; j >= 0 && !dup; j = c->ins[j].next)
+            dup = c->ins[j].op.event == e;
+        if (!dup) {
+            if (!add_insert(c, anchor, after, hook, sw, MF_OP_WAIT, when, e)) {
+                ok = false;
+                break;
+            }
+            c->ins[c->nins - 1].next = c->whead[k];
+            c->whead[k] = c->nins - 1;
+            c->st.waits_added++;
+        }
+        vc_max(&have, &c->ev[e]);
+    }
+    c->now[sw] = have;
+    free(cs);
+    return ok;
+}
+
+/* One hook at microbatch position (first, last); pairs are checked when
+ * `check` (the second step, once every access has run at least once). */
+static bool run_hook(order_ctx *c, int h, bool first, bool last, bool check)
+{
+    mf_schedule *s = c->s;
+    for (int i = c->hstart[h]; i < c->hstart[h + 1]; i++) {
+        int id = c->hops[i];
+        const mf_op *op = &s->ops[id];
+        if (!step_hook(op) && !holds(op->when, first, last))
+            continue;
+        vc *now = &c->now[op->stream];
+        run_added(c, id, op->stream, first, last);
+        if (check && !order_writer(c, id, op->stream, op->when, id, 0, h))
+            return false;
+        if (op->kind == MF_OP_WAIT && op->event >= 0 && c->ev_set[op->event])
+            vc_max(now, &c->ev[op->event]);
+        now->c[op->stream]++;
+        c->opstamp[id] = *now;
+        if (op->kind == MF_OP_RECORD && op->event >= 0) {
+            c->ev[op->event] = *now;
+            c->ev_set[op->event] = true;
+        }
+        if (c->rec_after[id] >= 0) {
+            c->ev[c->rec_after[id]] = *now;
+            c->ev_set[c->rec_after[id]] = true;
+        }
+    }
+    int key = s->nops + h, last_op = c->hstart[h] < c->hstart[h + 1] ? c->hops[c->hstart[h + 1] - 1] : -1;
+    run_added(c, key, MF_STREAM_COMPUTE, first, last);
+    if (check && !order_writer(c, key, MF_STREAM_COMPUTE, MF_WHEN_EVERY, last_op, 1, h))
+        return false;
+    vc *now = &c->now[MF_STREAM_COMPUTE];
+    now->c[MF_STREAM_COMPUTE]++;
+    c->tickstamp[h] = *now;
+    if (c->rec_tick[h] >= 0) {
+        c->ev[c->rec_tick[h]] = *now;
+        c->ev_set[c->rec_tick[h]] = true;
+    }
+    return true;
+}
+
+/* Two steps in the trainer's hook order at every microbatch position (M = 1;
+ * first, last; first, middle, last), like the verifier; pairs are decided in
+ * the second. */
+static bool replay(order_ctx *c)
+{
+    const mf_schedule *s = c->s;
+    int nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches, U = s->nunits;
+    for (int step = 0; step < 2; step++) {
+        bool chk = step == 1;
+        if (!run_hook(c, mf_live_hook(s, MF_PHASE_STEP_BEGIN, -1), true, false, chk))
+            return false;
+        for (int m = 0; m < nmb; m++) {
+            bool first = m == 0, last = m == nmb - 1;
+            for (int u = 0; u < U; u++)
+                for (int p = MF_PHASE_FORWARD_PRE; p <= MF_PHASE_FORWARD_POST; p++)
+                    if (!run_hook(c, mf_live_hook(s, (mf_phase)p, u), first, last, chk))
+                        return false;
+            for (int u = U - 1; u >= 0; u--)
+                for (int p = MF_PHASE_BACKWARD_PRE; p <= MF_PHASE_BACKWARD_POST; p++)
+                    if (!run_hook(c, mf_live_hook(s, (mf_phase)p, u), first, last, chk))
+                        return false;
+        }
+        if (!run_hook(c, mf_live_hook(s, MF_PHASE_STEP_END, -1), false, true, chk))
+            return false;
+    }
+    return true;
+}
+
+static int cmp_insert(const void *x, const void *y)
+{
+    const insert *a = x, *b = y;
+    if (a->anchor != b->anchor)
+        return a->anchor < b->anchor ? -1 : 1;
+    if (a->after != b->after)
+        return a->after - b->after;
+    if (a->op.kind != b->op.kind) /* records before waits at one place */
+        return a->op.kind == MF_OP_RECORD ? -1 : 1;
+    return a->seq - b->seq;
+}
+
+/* Merges the inserts into the op array and renumbers. */
+static bool rebuild(order_ctx *c)
+{
+    mf_schedule *s = c->s;
+    if (c->nins == 0)
+        return true;
+    qsort(c->ins, (size_t)c->nins, sizeof *c->ins, cmp_insert);
+    int total = s->nops + c->nins;
+    mf_op *ops = mf_arena_array(s->arena, (size_t)total, sizeof *ops);
+    if (!ops)
+        return false;
+    int n = 0, k = 0;
+    while (k < c->nins && c->ins[k].anchor < 0)
+        k++;
+    int tail = k;
+    for (int i = 0; i < s->nops; i++) {
+        while (k < c->nins && c->ins[k].anchor == i && !c->ins[k].after)
+            ops[n++] = c->ins[k++].op;
+        ops[n++] = s->ops[i];
+        while (k < c->nins && c->ins[k].anchor == i)
+            ops[n++] = c->ins[k++].op;
+    }
+    for (int j = 0; j < tail; j++)
+        ops[n++] = c->ins[j].op;
+    for (int i = 0; i < n; i++)
+        ops[i].id = i;
+    s->ops = ops;
+    s->nops = n;
+    return true;
+}
+
+static bool index_ops(order_ctx *c)
+{
+    const mf_schedule *s = c->s;
+    const mf_live *lv = c->lv;
+    int nk = s->nops + lv->nhooks;
+    c->hstart = calloc((size_t)lv->nhooks + 1, sizeof *c->hstart);
+    c->hops = malloc(sizeof *c->hops * (size_t)(s->nops + 1));
+    c->wstart = calloc((size_t)nk + 1, sizeof *c->wstart);
+    c->wedge = malloc(sizeof *c->wedge * (size_t)(c->nedges + 1));
+    c->opstamp = calloc((size_t)s->nops + 1, sizeof *c->opstamp);
+    c->tickstamp = calloc((size_t)lv->nhooks, sizeof *c->tickstamp);
+    c->rec_after = malloc(sizeof *c->rec_after * (size_t)(s->nops + 1));
+    c->rec_after_when = malloc(sizeof *c->rec_after_when * (size_t)(s->nops + 1));
+    c->rec_tick = malloc(sizeof *c->rec_tick * (size_t)lv->nhooks);
+    c->whead = malloc(sizeof *c->whead * (size_t)(nk + 1));
+    if (!c->whead)
+        return false;
+    for (int k = 0; k <= nk; k++)
+        c->whead[k] = -1;
+    if (!c->hstart || !c->hops || !c->wstart || !c->wedge || !c->opstamp || !c->tickstamp ||
+        !c->rec_after || !c->rec_after_when || !c->rec_tick)
+        return false;
+    for (int i = 0; i < s->nops; i++) {
+        c->hstart[lv->op_hook[i] + 1]++;
+        c->rec_after[i] = -1;
+    }
+    for (int h = 0; h < lv->nhooks; h++) {
+        c->hstart[h + 1] += c->hstart[h];
+        c->rec_tick[h] = -1;
+    }
+    int *fill = malloc(sizeof *fill * (size_t)(nk + 1));
+    if (!fill)
+        return false;
+    memcpy(fill, c->hstart, sizeof *fill * (size_t)lv->nhooks);
+    for (int i = 0; i < s->nops; i++)
+        c->hops[fill[lv->op_hook[i]]++] = i;
+    for (int i = 0; i < c->nedges; i++) {
+        const mf_live_seg *b = &lv->segs[c->edges[i].b];
+        c->wstart[(b->writer >= 0 ? b->writer : s->nops + b->writer_hook) + 1]++;
+    }
+    for (int k = 0; k < nk; k++)
+        c->wstart[k + 1] += c->wstart[k];
+    memcpy(fill, c->wstart, sizeof *fill * (size_t)nk);
+    for (int i = 0; i < c->nedges; i++) {
+        const mf_live_seg *b = &lv->segs[c->edges[i].b];
+        c->wedge[fill[b->writer >= 0 ? b->writer : s->nops + b->writer_hook]++] = i;
+    }
+    free(fill);
+    return true;
+}
+
+static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
+{
+    edge_vec v = {0};
+    void *wctx[2] = {&v, (void *)lv};
+    if (mf_arena_walk(s, lv, collect_edge, wctx, true) < 0) {
+        free(v.e);
+        return false;
+    }
+    if (v.n > 0)
+        qsort(v.e, (size_t)v.n, sizeof *v.e, cmp_edge);
+    int m = 0;
+    for (int i = 0; i < v.n; i++)
+        if (m == 0 || v.e[m - 1].a != v.e[i].a || v.e[m - 1].b != v.e[i].b)
+            v.e[m++] = v.e[i];
+    order_ctx c = {.s = s, .lv = lv, .edges = v.e, .nedges = m};
+    c.nev = c.evcap = s->nevents;
+    c.ev = calloc((size_t)s->nevents + 1, sizeof *c.ev);
+    c.ev_set = calloc((size_t)s->nevents + 1, sizeof *c.ev_set);
+    bool ok = c.ev && c.ev_set && index_ops(&c) && replay(&c) && rebuild(&c);
+    if (ok) {
+        s->nevents = c.nev;
+        if (stats)
+            *stats = c.st;
+    }
+    free(c.hstart);
+    free(c.hops);
+    free(c.wstart);
+    free(c.wedge);
+    free(c.opstamp);
+    free(c.tickstamp);
+    free(c.ev);
+    free(c.ev_set);
+    free(c.rec_after);
+    free(c.rec_after_when);
+    free(c.rec_tick);
+    free(c.whead);
+    free(c.ins);
+    free(v.e);
+    return ok;
+}
+
+bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
+{
+    if (stats)
+        memset(stats, 0, sizeof *stats);
+    assign_persistent(s);
+    mf_live lv;
+    if (!mf_live_build(s, &lv))
+        return false;
+    bool ok = assign_transient(s, &lv);
+    /* The added records and waits touch no buffer: the bound stands. */
+    int64_t live = ok ? mf_live_lower_bound(s, &lv) : -1;
+    ok = ok && live >= 0 && add_waits(s, &lv, stats);
+    mf_live_free(&lv);
+    if (ok) {
+        s->summary.live_bytes = live;
+        s->summary.allocated_bytes = s->mem_persistent + s->mem_transient;
+    }
+    return ok;
+}
