@@ -10,11 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 
-#include "mf_ckpt_io.h"
-#include "mf_ckpt_plan.h"
+#include "mf_ckpt_build.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -90,60 +88,50 @@ static int mf_ckpt_check_states(int n, const mfsdp_ckpt_state *st, char *err, si
     return 0;
 }
 
+/* The save's states: main_weight, then the options' states. */
+static void mf_ckpt_save_states(const mf_ckpt_saver *sv, mf_ckpt_states *st)
+{
+    st->n = 1 + sv->opt->nstates;
+    st->name[0] = "main_weight";
+    st->dtype[0] = sv->plan.ntensors ? sv->plan.t[0].dtype : MF_FP32;
+    for (int i = 0; i < sv->opt->nstates; i++) {
+        st->name[i + 1] = sv->opt->states[i].name;
+        st->dtype[i + 1] = (mf_dtype)sv->opt->states[i].dtype;
+    }
+}
+
 /* Writes this rank's data file into the temporary directory. */
 static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, size_t errlen)
 {
     mf_rt *rt = sv->rt;
     const mf_ckpt_plan *p = &sv->plan;
     int64_t r = rt->rank, np = p->first[r + 1] - p->first[r];
-    int nst = 1 + sv->opt->nstates, n = 0, rc = -1;
-    mf_ckpt_wentry *e = calloc((size_t)(np * nst + 2), sizeof *e);
-    if (!e)
+    mf_ckpt_states st;
+    mf_ckpt_wentry *e = NULL;
+    int n = 0, rc = -1;
+    mf_ckpt_save_states(sv, &st);
+    if (mf_ckpt_entries(p, r, &st, sv->opt->user_blob_bytes, &e, &n) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
-    for (int s = 0; s < nst; s++)
-        for (int64_t i = p->first[r]; i < p->first[r + 1]; i++) {
-            const mf_ckpt_piece *pc = &p->p[i];
-            mfsdp_tensor_view *v = &rt->views[sv->map[pc->tensor]];
-            const char *sname = s ? sv->opt->states[s - 1].name : "main_weight";
-            mfsdp_dtype dt = s ? sv->opt->states[s - 1].dtype : v->main_weight_dtype;
-            const char *base = s ? sv->opt->states[s - 1].shards[sv->map[pc->tensor]] : v->main_weight;
-            if (pc->start < v->shard_offset || pc->end > v->shard_offset + v->shard_count || !base) {
-                snprintf(err, errlen, "internal: piece [%lld, %lld) of %s is not in this rank's shard or the "
-                         "state's shard pointer is NULL", (long long)pc->start, (long long)pc->end, v->name);
-                goto done;
-            }
-            size_t es = mfsdp_dtype_size(dt);
-            mf_ckpt_wentry *w = &e[n++];
-            if (asprintf(&w->name, "%s:%s[%lld:%lld]", sname, v->name, (long long)pc->start,
-                         (long long)pc->end) < 0) {
-                w->name = NULL;
-                snprintf(err, errlen, "out of memory");
-                goto done;
-            }
-            w->dtype = mf_ckpt_st_dtype((mf_dtype)dt);
-            w->ndims = 1;
-            w->shape[0] = pc->end - pc->start;
-            w->data = base + (size_t)(pc->start - v->shard_offset) * es;
-            w->bytes = (uint64_t)(pc->end - pc->start) * es;
-        }
-    if (sv->opt->user_blob_bytes) {
-        mf_ckpt_wentry *w = &e[n++];
-        w->name = strdup("user_blob");
-        w->dtype = MF_ST_U8;
-        w->ndims = 1;
-        w->shape[0] = (int64_t)sv->opt->user_blob_bytes;
-        w->data = sv->opt->user_blob;
-        w->bytes = sv->opt->user_blob_bytes;
-        if (!w->name) {
-            snprintf(err, errlen, "out of memory");
+    for (int64_t i = 0; i < np * st.n; i++) {
+        int s = (int)(i / np);
+        const mf_ckpt_piece *pc = &p->p[p->first[r] + i % np];
+        mfsdp_tensor_view *v = &rt->views[sv->map[pc->tensor]];
+        const char *base = s ? sv->opt->states[s - 1].shards[sv->map[pc->tensor]] : v->main_weight;
+        if (pc->start < v->shard_offset || pc->end > v->shard_offset + v->shard_count || !base) {
+            snprintf(err, errlen, "piece [%lld, %lld) of %s is not in this rank's shard, or state %s has no "
+                     "buffer for it", (long long)pc->start, (long long)pc->end, v->name, st.name[s]);
             goto done;
         }
+        e[i].data = base + (size_t)(pc->start - v->shard_offset) * mf_dtype_size(st.dtype[s]);
     }
+    if (sv->opt->user_blob_bytes)
+        e[n - 1].data = sv->opt->user_blob;
     rc = 0;
     if (n > 0) {
-        char path[4096];
+        char path[4096], name[48];
         mf_ckpt_written wr;
-        snprintf(path, sizeof path, "%s/rank-%05" PRId64 ".safetensors", sv->tmp, r);
+        mf_ckpt_file_name(r, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", sv->tmp, name);
         rc = mf_ckpt_write_file(path, e, n, sv->id, r, NULL, NULL, &wr, err, errlen);
         out->has_file = rc == 0;
         out->bytes = wr.bytes;
@@ -152,9 +140,7 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
         out->blob_bytes = sv->opt->user_blob_bytes;
     }
 done:
-    for (int i = 0; i < n; i++)
-        free(e[i].name);
-    free(e);
+    mf_ckpt_entries_free(e, n);
     return rc;
 }
 
@@ -162,81 +148,24 @@ done:
 static int mf_ckpt_save_manifest(mf_ckpt_saver *sv, const mf_ckpt_msg *all, char *err, size_t errlen)
 {
     mf_rt *rt = sv->rt;
-    const mf_schedule *s = rt->s;
-    const mf_ckpt_plan *p = &sv->plan;
-    int nst = 1 + sv->opt->nstates, rc = -1;
-    mf_ckpt_manifest m = {0};
-    m.version = MF_CKPT_VERSION;
-    memcpy(m.id, sv->id, sizeof m.id);
-    m.step = sv->opt->step;
-    for (int i = 0; i < 32; i++)
-        snprintf(m.schedule_sha256 + 2 * i, 3, "%02x", s->hash[i]);
-    m.naxes = s->mesh.naxes;
-    for (int a = 0; a < m.naxes; a++) {
-        m.axis_name[a] = (char *)s->mesh.axes[a].name;
-        m.axis_size[a] = s->mesh.axes[a].size;
+    mf_ckpt_states st;
+    mf_ckpt_report *rep = calloc((size_t)rt->world, sizeof *rep);
+    char *text = NULL;
+    int rc = -1;
+    mf_ckpt_save_states(sv, &st);
+    if (rep) {
+        for (int64_t r = 0; r < rt->world; r++)
+            rep[r] = (mf_ckpt_report){(int)all[r].has_file, all[r].bytes, all[r].header_bytes, all[r].blob_bytes,
+                                      all[r].crc};
+        text = mf_ckpt_manifest_build(rt->s, &sv->plan, &st, sv->id, sv->opt->step, rep);
     }
-    m.world = rt->world;
-    m.nstates = nst;
-    m.ntensors = p->ntensors;
-    m.states = calloc((size_t)nst, sizeof *m.states);
-    m.tensors = calloc((size_t)p->ntensors + 1, sizeof *m.tensors);
-    m.files = calloc((size_t)rt->world, sizeof *m.files);
-    m.pieces = calloc((size_t)(p->npieces * nst + 1), sizeof *m.pieces);
-    char *text = NULL, (*names)[48] = calloc((size_t)rt->world, sizeof *names);
-    if (!m.states || !m.tensors || !m.files || !m.pieces || !names)
-        goto oom;
-    m.states[0] = (mf_ckpt_mstate){"main_weight", p->ntensors ? p->t[0].dtype : MF_FP32};
-    for (int i = 1; i < nst; i++)
-        m.states[i] = (mf_ckpt_mstate){(char *)sv->opt->states[i - 1].name, (mf_dtype)sv->opt->states[i - 1].dtype};
-    for (int k = 0; k < p->ntensors; k++) {
-        m.tensors[k].name = (char *)p->t[k].name;
-        m.tensors[k].ndims = p->t[k].ndims;
-        memcpy(m.tensors[k].dims, p->t[k].dims, sizeof m.tensors[k].dims);
-    }
-    for (int64_t r = 0; r < rt->world; r++) {
-        if (!all[r].has_file)
-            continue;
-        mf_ckpt_mfile *f = &m.files[m.nfiles++];
-        snprintf(names[r], sizeof names[r], "rank-%05" PRId64 ".safetensors", r);
-        *f = (mf_ckpt_mfile){names[r], r, all[r].bytes, all[r].crc, (int)m.npieces, 0, 0, all[r].blob_bytes};
-        uint64_t at = all[r].header_bytes;
-        for (int st = 0; st < nst; st++)
-            for (int64_t i = p->first[r]; i < p->first[r + 1]; i++) {
-                const mf_ckpt_piece *pc = &p->p[i];
-                m.pieces[m.npieces++] = (mf_ckpt_mpiece){st, pc->tensor, m.nfiles - 1, pc->start, pc->end, at};
-                at += (uint64_t)(pc->end - pc->start) * mf_dtype_size(m.states[st].dtype);
-                f->npieces++;
-            }
-        f->blob_offset = at;
-    }
-    text = mf_ckpt_manifest_dump(&m);
-    if (!text)
-        goto oom;
-    rc = mf_ckpt_write_small(sv->tmp, MF_CKPT_MANIFEST, text, strlen(text), err, errlen);
-    goto done;
-oom:
-    snprintf(err, errlen, "out of memory (manifest)");
-done:
+    if (text)
+        rc = mf_ckpt_write_small(sv->tmp, MF_CKPT_MANIFEST, text, strlen(text), err, errlen);
+    else
+        snprintf(err, errlen, "out of memory (manifest)");
     free(text);
-    free(names);
-    free(m.states);
-    free(m.tensors);
-    free(m.files);
-    free(m.pieces);
+    free(rep);
     return rc;
-}
-
-static void mf_ckpt_new_id(char id[33])
-{
-    uint8_t b[16];
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
-        uint64_t t = (uint64_t)mf_rt_now_ns();
-        for (int i = 0; i < 16; i++)
-            b[i] = (uint8_t)(t >> (8 * (i % 8))) ^ (uint8_t)(i * 37);
-    }
-    for (int i = 0; i < 16; i++)
-        snprintf(id + 2 * i, 3, "%02x", b[i]);
 }
 
 /* Round 1 on rank 0: the id and the temporary directory. */
