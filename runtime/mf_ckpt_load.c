@@ -20,11 +20,17 @@ typedef struct mf_ckpt_lmsg {
     char msg[248];
 } mf_ckpt_lmsg;
 
-static mfsdp_result mf_ckpt_lround(mf_rt *rt, const mf_ckpt_lmsg *mine, mf_ckpt_lmsg *all, const char *dir)
+/* One round; a rank that failed itself reports its own full message
+ * (`own`), the others the first failing rank's (truncated) one. */
+static mfsdp_result mf_ckpt_lround(mf_rt *rt, const mf_ckpt_lmsg *mine, mf_ckpt_lmsg *all, const char *dir,
+                                   const char *own)
 {
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK)
         return mf_rt_set_error(rt, res, "checkpoint load: exchange between ranks failed: %s", mfsdp_last_error(rt));
+    if (mine->status != MFSDP_OK)
+        return mf_rt_set_error(rt, (mfsdp_result)mine->status, "checkpoint load of %s refused: rank %" PRId64 ": %s",
+                               dir, rt->rank, own);
     for (int64_t r = 0; r < rt->world; r++)
         if (all[r].status != MFSDP_OK)
             return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "checkpoint load of %s refused: rank %" PRId64
@@ -157,7 +163,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     int *smap = calloc(64, sizeof *smap);
     mf_ckpt_reader r;
     int opened = 0;
-    char err[2048];
+    char err[2048] = "";
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all || !map || !smap) {
         mf_rt_set_error(rt, res, "out of memory");
@@ -180,7 +186,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
                 mf_ckpt_lfail(&mine, err);
             }
     }
-    res = mf_ckpt_lround(rt, &mine, all, dir ? dir : "(null)");
+    res = mf_ckpt_lround(rt, &mine, all, dir ? dir : "(null)", mine.status == MFSDP_ERR_LOAD ? err : mine.msg);
     if (res != MFSDP_OK)
         goto done;
     memset(&mine, 0, sizeof mine);
@@ -189,7 +195,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         mf_ckpt_lfail(&mine, err);
     }
     opt->step = r.m.step;
-    res = mf_ckpt_lround(rt, &mine, all, dir);
+    res = mf_ckpt_lround(rt, &mine, all, dir, err);
 done:
     if (opened)
         mf_ckpt_reader_close(&r);

@@ -425,6 +425,13 @@ int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, siz
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return mf_mf_err(err, errlen, "%s: no such checkpoint directory", dir);
+    /* DIR.tmp-ID: a save that never reached its rename (the commit point). */
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
+        return mf_mf_err(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
+                         "committed checkpoint", (int)n, dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return mf_mf_err(err, errlen, "%s: %s: not a committed checkpoint (no manifest: the save did not "

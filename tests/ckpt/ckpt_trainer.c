@@ -4,7 +4,8 @@
  * mfsdp_mpi.h).
  *
  *   ckpt-trainer --schedule S [--backend local|mpi] [--steps N] [--load DIR]
- *                [--save DIR] [--dump FILE] [--kill-after-ms MS]
+ *                [--save DIR] [--dump FILE] [--kill-after-us US]
+ *                [--kill-rank R]
  *
  * Every step each rank writes, per microbatch, a gradient that depends on the
  * unsharded weight, the step, the rank and the microbatch; after step_end it
@@ -16,8 +17,9 @@
  * last step. --dump writes every tensor's full master weight and both states
  * (tensors in name order, fp32 each) into FILE, assembled from the ranks'
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
- * --kill-after-ms makes rank 0 SIGKILL its own process that long after the
- * save starts (the crash tests).
+ * Rank 0 prints save_us=N, the save's duration in microseconds.
+ * --kill-after-us makes rank R (--kill-rank, default 0) SIGKILL its own
+ * process that many microseconds after the save starts (the crash tests).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -38,7 +40,7 @@
 typedef struct ct_opts {
     const char *schedule, *load, *save, *dump;
     int mpi;
-    int64_t steps, kill_ms;
+    int64_t steps, kill_us, kill_rank;
 } ct_opts;
 
 typedef struct ct_blob {
@@ -73,8 +75,8 @@ static float ct_init(const char *name, int64_t i)
 
 static void *ct_kill(void *arg)
 {
-    int64_t ms = *(int64_t *)arg;
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    int64_t us = *(int64_t *)arg;
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
     kill(getpid(), SIGKILL);
     return NULL;
@@ -233,11 +235,16 @@ static void ct_rank(ct_job *j)
     }
     if (o->save) {
         pthread_t killer;
-        if (o->kill_ms >= 0 && j->cfg.rank == 0)
-            pthread_create(&killer, NULL, ct_kill, (void *)&o->kill_ms);
+        if (o->kill_us >= 0 && j->cfg.rank == o->kill_rank)
+            pthread_create(&killer, NULL, ct_kill, (void *)&o->kill_us);
         mfsdp_ckpt_save_options so = {.step = blob.step, .nstates = 2, .states = st, .user_blob = &blob,
                                       .user_blob_bytes = sizeof blob};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         CT_CHECK(mfsdp_ckpt_save(rt, o->save, &so));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (j->cfg.rank == 0)
+            printf("save_us=%lld\n", (long long)((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000));
     }
     if (o->dump && ct_dump(rt, o->dump, m, v) != 0) {
         snprintf(j->msg, sizeof j->msg, "rank %lld: cannot write %s", (long long)j->cfg.rank, o->dump);
@@ -265,13 +272,13 @@ static void *ct_thread(void *arg)
 static int ct_usage(void)
 {
     fprintf(stderr, "usage: ckpt-trainer --schedule S [--backend local|mpi] [--steps N] [--load DIR] "
-                    "[--save DIR] [--dump FILE] [--kill-after-ms MS]\n");
+                    "[--save DIR] [--dump FILE] [--kill-after-us US] [--kill-rank R]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    ct_opts o = {.steps = 0, .kill_ms = -1};
+    ct_opts o = {.steps = 0, .kill_us = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -288,8 +295,10 @@ int main(int argc, char **argv)
             o.save = v;
         else if (!strcmp(a, "--dump"))
             o.dump = v;
-        else if (!strcmp(a, "--kill-after-ms"))
-            o.kill_ms = atoll(v);
+        else if (!strcmp(a, "--kill-after-us"))
+            o.kill_us = atoll(v);
+        else if (!strcmp(a, "--kill-rank"))
+            o.kill_rank = atoll(v);
         else
             return ct_usage();
         i++;

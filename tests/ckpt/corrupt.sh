@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# corrupt.sh TRAINER CKPT SCHEDULE: damaged checkpoints are refused, by
+# `mfsdp-ckpt verify` (exit 1) and by mfsdp_ckpt_load, naming the file: a
+# flipped bit in the data or in a header, a truncated file, a file from
+# another checkpoint, a missing manifest (a torn save), an edited manifest.
+TRAINER=$1 CKPT=$2 sched=$3
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+. "$(dirname "$0")/lib.sh"
+"$TRAINER" --schedule "$sched" --steps 2 --save "$WORK/good" || fail "save"
+"$TRAINER" --schedule "$sched" --steps 3 --save "$WORK/other" || fail "save other"
+"$CKPT" verify "$WORK/good" >/dev/null || fail "verify of a good checkpoint"
+n=0
+# check NAME REGEX: both the tool and the load refuse $WORK/bad, matching REGEX
+check() {
+  local name=$1 regex=$2 out rc
+  out=$("$CKPT" verify "$WORK/bad" 2>&1)
+  rc=$?
+  [ $rc -eq 1 ] || fail "$name: verify exit status $rc, expected 1: $out"
+  echo "$out" | grep -Eq -- "$regex" || fail "$name: verify message '$out' does not match /$regex/"
+  out=$("$TRAINER" --schedule "$sched" --load "$WORK/bad" 2>&1) && fail "$name: the load accepted it"
+  echo "$out" | grep -Eq -- "$regex" || fail "$name: load message '$out' does not match /$regex/"
+  echo "ok: $name: $(echo "$out" | grep -Eo -- "$regex.*" | head -c 160)"
+  n=$((n + 1))
+  rm -rf "$WORK/bad"
+}
+flip() { # flip FILE OFFSET: xor one byte with 0x10
+  local b
+  b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $((b ^ 16)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+cp -r "$WORK/good" "$WORK/bad"; f=$WORK/bad/rank-00002.safetensors
+flip "$f" $(($(stat -c %s "$f") - 20))
+check "bit flip in the data" "rank-00002.safetensors.*(CRC|corrupt)"
+cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 40
+check "bit flip in a header" "rank-00001.safetensors"
+cp -r "$WORK/good" "$WORK/bad"; f=$WORK/bad/rank-00003.safetensors
+truncate -s $(($(stat -c %s "$f") - 10)) "$f"
+check "truncated file" "rank-00003.safetensors: [0-9]+ bytes, the manifest says [0-9]+ \(truncated"
+cp -r "$WORK/good" "$WORK/bad"; cp "$WORK/other/rank-00004.safetensors" "$WORK/bad/"
+check "file from another checkpoint" "rank-00004.safetensors: belongs to checkpoint [0-9a-f]+, not to this one"
+cp -r "$WORK/good" "$WORK/bad"; rm "$WORK/bad/manifest.json"
+check "torn save (no manifest)" "manifest.json is missing: not a committed checkpoint"
+cp -r "$WORK/good" "$WORK/bad"; sed -i 's/"crc32c":"\([0-9a-f]\{7\}\)[0-9a-f]/"crc32c":"\1z/' "$WORK/bad/manifest.json"
+check "edited manifest" "manifest.json: files\[0\].*crc32c"
+cp -r "$WORK/good" "$WORK/bad"; sed -i 's/"step":2/"step":2,"step":3/' "$WORK/bad/manifest.json"
+check "duplicate key in the manifest" "manifest.json: line 1, column [0-9]+: duplicate object key"
+echo "$n passed, 0 failed"
