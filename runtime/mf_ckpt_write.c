@@ -119,7 +119,11 @@ static int mf_ckpt_header(const mf_ckpt_wentry *e, int n, const char *id, int64_
     snprintf(rk, sizeof rk, "%" PRId64, rank);
     const char *keys[] = {"mfsdp.format", "mfsdp.checkpoint_id", "mfsdp.rank", "mfsdp.crc32c"};
     const char *vals[] = {MF_CKPT_FILE_FORMAT, id, rk, crcs};
-    rc = mf_st_build(se, n, keys, vals, 4, out, out_len);
+    const char *hf_keys[] = {"format"}, *hf_vals[] = {"pt"};
+    if (id)
+        rc = mf_st_build(se, n, keys, vals, 4, out, out_len);
+    else /* a Hugging Face file: the metadata transformers expects */
+        rc = mf_st_build(se, n, hf_keys, hf_vals, 1, out, out_len);
 done:
     free(se);
     free(crcs);

@@ -6,6 +6,8 @@
  *   mfsdp-ckpt info DIR                  what a checkpoint holds
  *   mfsdp-ckpt verify DIR                every checksum and range (exit 0/1)
  *   mfsdp-ckpt reshard DIR NEW.yaml OUT  the same state for another schedule
+ *   mfsdp-ckpt import HF NEW.yaml OUT    from Hugging Face (mfsdp_ckpt_hf.c)
+ *   mfsdp-ckpt export DIR OUT_HF         to Hugging Face (mfsdp_ckpt_hf.c)
  *
  * Exit status: 0 success, 1 a refused checkpoint or input, 2 usage errors.
  * An output directory is committed like a save (temporary directory, fsync,
@@ -19,6 +21,7 @@
 
 #include "mf_ckpt_build.h"
 #include "mf_load.h"
+#include "mfsdp_ckpt_tool.h"
 
 static int ck_usage(FILE *out)
 {
@@ -26,6 +29,11 @@ static int ck_usage(FILE *out)
                  "  info DIR                         format, mesh, states, tensors, files, user blobs\n"
                  "  verify DIR                       check every file's and piece's CRC-32C (exit 0/1)\n"
                  "  reshard DIR SCHEDULE.yaml OUT    write the checkpoint for another schedule\n"
+                 "  import HF SCHEDULE.yaml OUT [--map FROM=TO]... [--tie NAME=SOURCE]...\n"
+                 "                                   main_weight from a Hugging Face model.safetensors,\n"
+                 "                                   its .index.json, or a directory with either\n"
+                 "  export DIR OUT [--dtype bf16|fp16|fp32] [--map FROM=TO]... [--tie NAME=SOURCE]...\n"
+                 "             [--max-file-bytes N]  consolidated Hugging Face files (+ index)\n"
                  "\n"
                  "exit status: 0 success, 1 refused input, 2 usage error\n");
     return out == stdout ? 0 : 2;
@@ -250,6 +258,14 @@ int main(int argc, char **argv)
         return ck_verify(argv[2]);
     if (!strcmp(cmd, "reshard") && argc == 5)
         return ck_reshard(argv[2], argv[3], argv[4]);
+    if (!strcmp(cmd, "import")) {
+        int rc = ck_import(argc - 1, argv + 1);
+        return rc == 2 ? ck_usage(stderr) : rc;
+    }
+    if (!strcmp(cmd, "export")) {
+        int rc = ck_export(argc - 1, argv + 1);
+        return rc == 2 ? ck_usage(stderr) : rc;
+    }
     fprintf(stderr, "mfsdp-ckpt: error: unknown command or wrong arguments: %s\n", cmd);
     return ck_usage(stderr);
 }

@@ -17,6 +17,7 @@
  * last step. --dump writes every tensor's full master weight and both states
  * (tensors in name order, fp32 each) into FILE, assembled from the ranks'
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
+ * --weights-only 1 loads main_weight only (an imported Hugging Face model).
  * Rank 0 prints save_us=N, the save's duration in microseconds.
  * --kill-after-us makes rank R (--kill-rank, default 0) SIGKILL its own
  * process that many microseconds after the save starts (the crash tests).
@@ -39,7 +40,7 @@
 
 typedef struct ct_opts {
     const char *schedule, *load, *save, *dump;
-    int mpi;
+    int mpi, weights_only;
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
 
@@ -219,10 +220,10 @@ static void ct_rank(ct_job *j)
     }
     mfsdp_ckpt_state st[2] = {{"exp_avg", MFSDP_FP32, (void **)m}, {"exp_avg_sq", MFSDP_FP32, (void **)v}};
     if (o->load) {
-        mfsdp_ckpt_load_options lo = {.nstates = 2, .states = st, .user_blob_rank = 0, .user_blob = &blob,
-                                      .user_blob_capacity = sizeof blob};
+        mfsdp_ckpt_load_options lo = {.nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
+                                      .user_blob = &blob, .user_blob_capacity = sizeof blob};
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
-        if (lo.user_blob_bytes != sizeof blob || lo.step != blob.step) {
+        if (!o->weights_only && (lo.user_blob_bytes != sizeof blob || lo.step != blob.step)) {
             snprintf(j->msg, sizeof j->msg, "rank %lld: user blob of %zu bytes, step %lld vs %lld",
                      (long long)j->cfg.rank, lo.user_blob_bytes, (long long)lo.step, (long long)blob.step);
             goto done;
@@ -297,6 +298,8 @@ int main(int argc, char **argv)
             o.dump = v;
         else if (!strcmp(a, "--kill-after-us"))
             o.kill_us = atoll(v);
+        else if (!strcmp(a, "--weights-only"))
+            o.weights_only = atoi(v);
         else if (!strcmp(a, "--kill-rank"))
             o.kill_rank = atoll(v);
         else
