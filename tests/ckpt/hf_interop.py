@@ -1,7 +1,7 @@
 """Hugging Face interop of mfsdp-ckpt, against the reference `safetensors`
 package (tests/ckpt/make-venv.sh installs it).
 
-    hf_interop.py MFSDP_CKPT TRAINER SCHEDULE.yaml
+    hf_interop.py MFSDP_CKPT TRAINER SCHEDULE.yaml MFSDPC
 
 Models are written by safetensors.numpy.save_file under Hugging Face names
 ("model." + the schedule's names), imported with --map model.=, loaded by
@@ -9,7 +9,9 @@ the runtime (ckpt-trainer --weights-only: its dump must hold the imported
 values, converted to fp32), exported, and re-read by the reference reader:
 bit-exact in fp32, bf16 (multi-file, with an index) and fp16; a tied tensor
 is imported from its source and exported once; mismatched models are refused
-with every mismatch in one message.
+with every mismatch in one message. `mfsdpc init` writes a spec for a
+Llama-like model (12 repeated blocks as one loop) that compiles, imports,
+trains and exports back bit-exact.
 """
 import json
 import os
@@ -21,7 +23,7 @@ import tempfile
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-CKPT, TRAINER, SCHED = sys.argv[1:4]
+CKPT, TRAINER, SCHED, MFSDPC = sys.argv[1:5]
 SHAPES = {"in.weight": (45, 27), "in.bias": (45,), "out.weight": (7, 45), "out.bias": (7,)}
 for i in range(2):
     SHAPES[f"hidden.{i}.weight"] = (45, 45)
@@ -185,4 +187,29 @@ with tempfile.TemporaryDirectory() as w:
           "'in.weight': Hugging Face tensor 'model.in.weight' has another shape" in msg and
           "'model.extra' (as 'extra') is not in the schedule" in msg and not os.path.exists(f"{w}/cx") and
           not [d for d in os.listdir(w) if d.startswith("cx.tmp-")], msg)
+    # mfsdpc init: a spec from a Llama-like checkpoint, then the whole path.
+    rng = np.random.default_rng(5)
+    shapes = {"model.embed_tokens.weight": (64, 16), "model.norm.weight": (16,), "lm_head.weight": (64, 16)}
+    for i in range(12):
+        shapes[f"model.layers.{i}.self_attn.q_proj.weight"] = (16, 16)
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = (16,)
+    lsrc = {k: rng.standard_normal(s).astype(np.float16) for k, s in shapes.items()}
+    os.mkdir(f"{w}/llm")
+    save_file(lsrc, f"{w}/llm/model.safetensors")
+    run(MFSDPC, "init", f"{w}/llm", "--mesh", "dp_outer=2,dp_inner=2", "--layout", "hfsdp", "--unit",
+        "model.layers.{i}.", "-o", f"{w}/llm.mfsdp")
+    spec = open(f"{w}/llm.mfsdp").read()
+    check("mfsdpc init writes one loop for the repeated blocks",
+          'unit "model.layers.{i}" for i in 0..12 layout hfsdp {' in spec and "weight      fp16 [Replicate, Flat];"
+          in spec and 'tensor "self_attn.q_proj.weight" [16, 16];' in spec, spec)
+    run(MFSDPC, "compile", f"{w}/llm.mfsdp", "-o", f"{w}/llm.yaml")
+    run(CKPT, "import", f"{w}/llm", f"{w}/llm.yaml", f"{w}/cl")
+    run(TRAINER, "--schedule", f"{w}/llm.yaml", "--load", f"{w}/cl", "--weights-only", "1", "--steps", "0")
+    run(CKPT, "export", f"{w}/cl", f"{w}/outl", "--dtype", "fp16")
+    back = load_file(f"{w}/outl/model.safetensors")
+    check("init -> compile -> import -> load -> export, bit-exact",
+          set(back) == set(lsrc) and all(np.array_equal(back[k], lsrc[k]) for k in lsrc))
+    p = run(MFSDPC, "init", f"{w}/llm", "--mesh", "dp=4", "--layout", "hsdp", ok=False)
+    check("init refuses a 2-axis mode on one axis", p.returncode == 2 and "needs a mesh of at least two axes"
+          in p.stderr, p.stderr)
 print(f"{passed} passed, 0 failed")
