@@ -64,6 +64,28 @@ static void test_crc_combine(void **state)
     }
 }
 
+/* Large buffers (the three-chain path) against a bit-at-a-time CRC-32C. */
+static void test_crc_large(void **state)
+{
+    (void)state;
+    size_t n = 200003;
+    uint8_t *buf = malloc(n);
+    assert_non_null(buf);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (uint8_t)((i * 2654435761u) >> 13);
+    for (size_t off = 0; off < 3; off++) {
+        uint32_t c = 0xffffffffu;
+        for (size_t i = off; i < n; i++) {
+            c ^= buf[i];
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+        }
+        assert_int_equal(mf_crc32c(0, buf + off, n - off), ~c);
+        assert_int_equal(mf_crc32c(mf_crc32c(0, buf + off, 1000), buf + off + 1000, n - off - 1000), ~c);
+    }
+    free(buf);
+}
+
 /* Parses json with a data section of data_len bytes; returns the message
  * ("" on success). */
 static const char *st_parse(const char *json, uint64_t data_len)
@@ -282,7 +304,7 @@ int main(int argc, char **argv)
     g_nsched = argc - 1;
     g_sched = argv + 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc_vectors),  cmocka_unit_test(test_crc_combine), cmocka_unit_test(test_st_valid),
+        cmocka_unit_test(test_crc_vectors),  cmocka_unit_test(test_crc_combine), cmocka_unit_test(test_crc_large), cmocka_unit_test(test_st_valid),
         cmocka_unit_test(test_st_refusals),  cmocka_unit_test(test_st_bounds),   cmocka_unit_test(test_st_build),
         cmocka_unit_test(test_manifest),     cmocka_unit_test(test_plan),
     };
