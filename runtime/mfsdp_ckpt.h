@@ -86,6 +86,26 @@ MFSDP_API mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp
  * mfsdp_last_error(NULL) naming the first bad file. */
 MFSDP_API mfsdp_result mfsdp_ckpt_verify(const char *dir);
 
+/* ---- Hugging Face checkpoints (docs/checkpoint.md, "Hugging Face") ---- */
+
+/* Name rules between Hugging Face and schedule tensor names: maps are
+ * "FROM=TO" prefix rewrites (Hugging Face FROM + rest <-> schedule TO +
+ * rest, first match wins); ties are "NAME=SOURCE" (schedule names: NAME
+ * holds SOURCE's values). NULL options: no rules. */
+typedef struct mfsdp_hf_options {
+    int nmaps;
+    const char *const *maps;
+    int nties;
+    const char *const *ties;
+} mfsdp_hf_options;
+
+/* Fills main_weight from a Hugging Face checkpoint (model.safetensors, its
+ * .index.json, or a directory with either; F32/BF16/F16, converted to the
+ * main_weight dtype). Collective; each rank reads only the element ranges it
+ * holds. Every tensor that does not map, or maps with another shape, is
+ * listed in one message before any buffer is written. */
+MFSDP_API mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfsdp_hf_options *opt);
+
 #ifdef __cplusplus
 }
 #endif

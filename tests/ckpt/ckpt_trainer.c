@@ -18,6 +18,8 @@
  * (tensors in name order, fp32 each) into FILE, assembled from the ranks'
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
  * --weights-only 1 loads main_weight only (an imported Hugging Face model).
+ * --import-hf PATH [--map FROM=TO] sets main_weight from a Hugging Face
+ * checkpoint through mfsdp_ckpt_import_hf (before any --load).
  * Rank 0 prints save_us=N, the save's duration in microseconds.
  * --kill-after-us makes rank R (--kill-rank, default 0) SIGKILL its own
  * process that many microseconds after the save starts (the crash tests).
@@ -39,7 +41,7 @@
 #endif
 
 typedef struct ct_opts {
-    const char *schedule, *load, *save, *dump;
+    const char *schedule, *load, *save, *dump, *import_hf, *map;
     int mpi, weights_only;
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
@@ -219,6 +221,10 @@ static void ct_rank(ct_job *j)
             ((float *)x.main_weight)[i] = ct_init(x.name, x.shard_offset + i);
     }
     mfsdp_ckpt_state st[2] = {{"exp_avg", MFSDP_FP32, (void **)m}, {"exp_avg_sq", MFSDP_FP32, (void **)v}};
+    if (o->import_hf) {
+        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map};
+        CT_CHECK(mfsdp_ckpt_import_hf(rt, o->import_hf, &ho));
+    }
     if (o->load) {
         mfsdp_ckpt_load_options lo = {.nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
                                       .user_blob = &blob, .user_blob_capacity = sizeof blob};
@@ -298,6 +304,10 @@ int main(int argc, char **argv)
             o.dump = v;
         else if (!strcmp(a, "--kill-after-us"))
             o.kill_us = atoll(v);
+        else if (!strcmp(a, "--import-hf"))
+            o.import_hf = v;
+        else if (!strcmp(a, "--map"))
+            o.map = v;
         else if (!strcmp(a, "--weights-only"))
             o.weights_only = atoi(v);
         else if (!strcmp(a, "--kill-rank"))

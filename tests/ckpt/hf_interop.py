@@ -126,6 +126,9 @@ with tempfile.TemporaryDirectory() as w:
     run(TRAINER, "--schedule", SCHED, "--load", f"{w}/c32", "--weights-only", "1", "--dump", f"{w}/d32")
     got = dump_main_weight(f"{w}/d32")
     check("fp32 import, runtime load", all(np.array_equal(got[k], src["model." + k]) for k in SHAPES))
+    run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf32", "--map", "model.=", "--dump", f"{w}/i32")
+    got = dump_main_weight(f"{w}/i32")
+    check("fp32 mfsdp_ckpt_import_hf in the runtime", all(np.array_equal(got[k], src["model." + k]) for k in SHAPES))
     run(CKPT, "export", f"{w}/c32", f"{w}/out32", "--map", "model.=")
     back = load_file(f"{w}/out32/model.safetensors")
     check("fp32 export re-read by safetensors", set(back) == set(src) and
@@ -141,6 +144,10 @@ with tempfile.TemporaryDirectory() as w:
     expect = {k: (bits["model." + k].astype(np.uint32) << 16).view(np.float32) for k in SHAPES}
     check("bf16 multi-file import, runtime load (exact widening)",
           all(np.array_equal(got[k], expect[k]) for k in SHAPES))
+    run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf16/model.safetensors.index.json", "--map", "model.=",
+        "--dump", f"{w}/ib")
+    got = dump_main_weight(f"{w}/ib")
+    check("bf16 multi-file mfsdp_ckpt_import_hf in the runtime", all(np.array_equal(got[k], expect[k]) for k in SHAPES))
     run(CKPT, "export", f"{w}/cb", f"{w}/outb", "--dtype", "bf16", "--map", "model.=", "--max-file-bytes", "5000")
     idx = json.load(open(f"{w}/outb/model.safetensors.index.json"))
     files = sorted(set(idx["weight_map"].values()))
@@ -187,6 +194,9 @@ with tempfile.TemporaryDirectory() as w:
           "'in.weight': Hugging Face tensor 'model.in.weight' has another shape" in msg and
           "'model.extra' (as 'extra') is not in the schedule" in msg and not os.path.exists(f"{w}/cx") and
           not [d for d in os.listdir(w) if d.startswith("cx.tmp-")], msg)
+    p = run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hfx", "--map", "model.=", ok=False)
+    check("mismatched model refused by mfsdp_ckpt_import_hf", p.returncode != 0 and "3 tensors do not match" in
+          p.stderr and "'out.bias': no Hugging Face tensor" in p.stderr, p.stderr)
     # mfsdpc init: a spec from a Llama-like checkpoint, then the whole path.
     rng = np.random.default_rng(5)
     shapes = {"model.embed_tokens.weight": (64, 16), "model.norm.weight": (16,), "lm_head.weight": (64, 16)}
