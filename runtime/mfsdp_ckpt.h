@@ -106,6 +106,17 @@ typedef struct mfsdp_hf_options {
  * listed in one message before any buffer is written. */
 MFSDP_API mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfsdp_hf_options *opt);
 
+/* Writes the full main_weight tensors as a consolidated Hugging Face
+ * checkpoint in directory `dir` (must not exist): model.safetensors, or
+ * model-0000k-of-0000N.safetensors files of at most max_file_bytes (0: 5 GB)
+ * plus model.safetensors.index.json; elements converted to `dtype`; tied
+ * tensors stored once. Collective and without gathering: the layout is
+ * computed from the schedule on every rank, rank 0 writes the headers, and
+ * every rank pwrites the element ranges it writes in a save into the final
+ * files; committed like a save (temporary directory, fsync, rename). */
+MFSDP_API mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir, mfsdp_dtype dtype,
+                                            const mfsdp_hf_options *opt, uint64_t max_file_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,10 @@
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
  * --weights-only 1 loads main_weight only (an imported Hugging Face model).
  * --import-hf PATH [--map FROM=TO] sets main_weight from a Hugging Face
- * checkpoint through mfsdp_ckpt_import_hf (before any --load).
+ * checkpoint through mfsdp_ckpt_import_hf (before any --load); --export-hf
+ * DIR [--export-dtype fp32|bf16|fp16] [--export-max-file-bytes N] writes one
+ * through mfsdp_ckpt_export_hf after training; --tie NAME=SOURCE applies to
+ * both.
  * Rank 0 prints save_us=N, the save's duration in microseconds.
  * --kill-after-us makes rank R (--kill-rank, default 0) SIGKILL its own
  * process that many microseconds after the save starts (the crash tests).
@@ -41,7 +44,8 @@
 #endif
 
 typedef struct ct_opts {
-    const char *schedule, *load, *save, *dump, *import_hf, *map;
+    const char *schedule, *load, *save, *dump, *import_hf, *map, *tie, *export_hf, *export_dtype;
+    int64_t export_max;
     int mpi, weights_only;
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
@@ -222,7 +226,7 @@ static void ct_rank(ct_job *j)
     }
     mfsdp_ckpt_state st[2] = {{"exp_avg", MFSDP_FP32, (void **)m}, {"exp_avg_sq", MFSDP_FP32, (void **)v}};
     if (o->import_hf) {
-        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map};
+        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map, .nties = o->tie ? 1 : 0, .ties = &o->tie};
         CT_CHECK(mfsdp_ckpt_import_hf(rt, o->import_hf, &ho));
     }
     if (o->load) {
@@ -252,6 +256,13 @@ static void ct_rank(ct_job *j)
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (j->cfg.rank == 0)
             printf("save_us=%lld\n", (long long)((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000));
+    }
+    if (o->export_hf) {
+        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map, .nties = o->tie ? 1 : 0, .ties = &o->tie};
+        mfsdp_dtype dt = !o->export_dtype || !strcmp(o->export_dtype, "fp32") ? MFSDP_FP32
+                         : !strcmp(o->export_dtype, "bf16")                   ? MFSDP_BF16
+                                                                               : MFSDP_FP16;
+        CT_CHECK(mfsdp_ckpt_export_hf(rt, o->export_hf, dt, &ho, (uint64_t)o->export_max));
     }
     if (o->dump && ct_dump(rt, o->dump, m, v) != 0) {
         snprintf(j->msg, sizeof j->msg, "rank %lld: cannot write %s", (long long)j->cfg.rank, o->dump);
@@ -308,6 +319,14 @@ int main(int argc, char **argv)
             o.import_hf = v;
         else if (!strcmp(a, "--map"))
             o.map = v;
+        else if (!strcmp(a, "--tie"))
+            o.tie = v;
+        else if (!strcmp(a, "--export-hf"))
+            o.export_hf = v;
+        else if (!strcmp(a, "--export-dtype"))
+            o.export_dtype = v;
+        else if (!strcmp(a, "--export-max-file-bytes"))
+            o.export_max = atoll(v);
         else if (!strcmp(a, "--weights-only"))
             o.weights_only = atoi(v);
         else if (!strcmp(a, "--kill-rank"))

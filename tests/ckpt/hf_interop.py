@@ -129,6 +129,10 @@ with tempfile.TemporaryDirectory() as w:
     run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf32", "--map", "model.=", "--dump", f"{w}/i32")
     got = dump_main_weight(f"{w}/i32")
     check("fp32 mfsdp_ckpt_import_hf in the runtime", all(np.array_equal(got[k], src["model." + k]) for k in SHAPES))
+    run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf32", "--map", "model.=", "--export-hf", f"{w}/rx32")
+    back = load_file(f"{w}/rx32/model.safetensors")
+    check("fp32 mfsdp_ckpt_export_hf (parallel, no gathering) re-read by safetensors",
+          set(back) == set(src) and all(np.array_equal(back[k], src[k]) for k in src))
     run(CKPT, "export", f"{w}/c32", f"{w}/out32", "--map", "model.=")
     back = load_file(f"{w}/out32/model.safetensors")
     check("fp32 export re-read by safetensors", set(back) == set(src) and
@@ -148,6 +152,15 @@ with tempfile.TemporaryDirectory() as w:
         "--dump", f"{w}/ib")
     got = dump_main_weight(f"{w}/ib")
     check("bf16 multi-file mfsdp_ckpt_import_hf in the runtime", all(np.array_equal(got[k], expect[k]) for k in SHAPES))
+    run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf16", "--map", "model.=", "--export-hf", f"{w}/rxb",
+        "--export-dtype", "bf16", "--export-max-file-bytes", "5000")
+    idx = json.load(open(f"{w}/rxb/model.safetensors.index.json"))
+    files = sorted(set(idx["weight_map"].values()))
+    back = {}
+    for fn in files:
+        back.update(read_bf16(f"{w}/rxb/{fn}"))
+    check(f"bf16 mfsdp_ckpt_export_hf in {len(files)} files + index, bit-exact",
+          len(files) > 1 and set(back) == set(bits) and all(np.array_equal(back[k], bits[k]) for k in bits))
     run(CKPT, "export", f"{w}/cb", f"{w}/outb", "--dtype", "bf16", "--map", "model.=", "--max-file-bytes", "5000")
     idx = json.load(open(f"{w}/outb/model.safetensors.index.json"))
     files = sorted(set(idx["weight_map"].values()))
@@ -179,6 +192,11 @@ with tempfile.TemporaryDirectory() as w:
     run(CKPT, "export", f"{w}/ct", f"{w}/outt", "--map", "model.=", "--tie", "hidden.0.bias=in.bias")
     back = load_file(f"{w}/outt/model.safetensors")
     check("tied tensor exported once", set(back) == set(tsrc) and all(np.array_equal(back[k], tsrc[k]) for k in tsrc))
+    run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hft", "--map", "model.=", "--tie", "hidden.0.bias=in.bias",
+        "--export-hf", f"{w}/rxt")
+    back = load_file(f"{w}/rxt/model.safetensors")
+    check("tied tensor through the runtime's import and export, stored once",
+          set(back) == set(tsrc) and all(np.array_equal(back[k], tsrc[k]) for k in tsrc))
 
     # Mismatches: all listed in one error, nothing written.
     bad = dict(src)
