@@ -297,7 +297,7 @@ static int ct_usage(void)
 int main(int argc, char **argv)
 {
     ct_opts o = {.steps = 0, .kill_us = -1};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
             return ct_usage();
@@ -333,7 +333,6 @@ int main(int argc, char **argv)
             o.kill_rank = atoll(v);
         else
             return ct_usage();
-        i++;
     }
     if (!o.schedule)
         return ct_usage();
