@@ -17,6 +17,7 @@
  * last step. --dump writes every tensor's full master weight and both states
  * (tensors in name order, fp32 each) into FILE, assembled from the ranks'
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
+ * --verify-files 1 loads with MFSDP_CKPT_VERIFY_FILES.
  * --weights-only 1 loads main_weight only (an imported Hugging Face model).
  * --import-hf PATH [--map FROM=TO] sets main_weight from a Hugging Face
  * checkpoint through mfsdp_ckpt_import_hf (before any --load); --export-hf
@@ -46,7 +47,7 @@
 typedef struct ct_opts {
     const char *schedule, *load, *save, *dump, *import_hf, *map, *tie, *export_hf, *export_dtype;
     int64_t export_max;
-    int mpi, weights_only;
+    int mpi, weights_only, verify_files;
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
 
@@ -230,7 +231,8 @@ static void ct_rank(ct_job *j)
         CT_CHECK(mfsdp_ckpt_import_hf(rt, o->import_hf, &ho));
     }
     if (o->load) {
-        mfsdp_ckpt_load_options lo = {.nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
+        mfsdp_ckpt_load_options lo = {.flags = o->verify_files ? MFSDP_CKPT_VERIFY_FILES : 0u,
+                                      .nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
                                       .user_blob = &blob, .user_blob_capacity = sizeof blob};
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
         if (!o->weights_only && (lo.user_blob_bytes != sizeof blob || lo.step != blob.step)) {
@@ -327,6 +329,8 @@ int main(int argc, char **argv)
             o.export_dtype = v;
         else if (!strcmp(a, "--export-max-file-bytes"))
             o.export_max = atoll(v);
+        else if (!strcmp(a, "--verify-files"))
+            o.verify_files = atoi(v);
         else if (!strcmp(a, "--weights-only"))
             o.weights_only = atoi(v);
         else if (!strcmp(a, "--kill-rank"))

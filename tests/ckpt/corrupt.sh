@@ -9,8 +9,22 @@ trap 'rm -rf "$WORK"' EXIT
 . "$(dirname "$0")/lib.sh"
 "$TRAINER" --schedule "$sched" --steps 2 --save "$WORK/good" || fail "save"
 "$TRAINER" --schedule "$sched" --steps 3 --save "$WORK/other" || fail "save other"
-"$CKPT" verify "$WORK/good" >/dev/null || fail "verify of a good checkpoint"
+"$CKPT" verify "$WORK/good" | grep -Eq "^ok: .*: 8 files, [0-9]+ bytes" || fail "verify of a good checkpoint"
 n=0
+# info: what a checkpoint holds (8 ranks of 2 x 4, 3 states, a 16-byte blob per rank, step 2)
+info=$("$CKPT" info "$WORK/good") || fail "info"
+for want in "format: mfsdp-checkpoint version 1" "step: 2" "mesh: dp_outer=2 x dp_inner=4 (8 ranks)" \
+            "states: main_weight (fp32), exp_avg (fp32), exp_avg_sq (fp32)" "tensors: 8 (5722 elements)" \
+            "user blobs: 8 ranks, 128 bytes" "  in.weight \[45, 27\] 1215 elements"; do
+  echo "$info" | grep -q -- "$want" || fail "info lacks '$want': $info"
+done
+echo "ok: info"
+# usage errors exit 2, a missing checkpoint 1
+"$CKPT" info >/dev/null 2>&1; [ $? -eq 2 ] || fail "info without DIR: not exit 2"
+"$CKPT" frobnicate x >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command: not exit 2"
+"$CKPT" verify "$WORK/none" >/dev/null 2>&1; [ $? -eq 1 ] || fail "missing checkpoint: not exit 1"
+echo "ok: exit status 2 on usage errors, 1 on a missing checkpoint"
+n=2
 # check NAME REGEX: both the tool and the load refuse $WORK/bad, matching REGEX
 check() {
   local name=$1 regex=$2 out rc
@@ -31,6 +45,11 @@ flip() { # flip FILE OFFSET: xor one byte with 0x10
 }
 cp -r "$WORK/good" "$WORK/bad"; f=$WORK/bad/rank-00002.safetensors
 flip "$f" $(($(stat -c %s "$f") - 20))
+out=$("$TRAINER" --schedule "$sched" --load "$WORK/bad" --verify-files 1 2>&1) && fail "verify-files load accepted a flip"
+echo "$out" | grep -Eq "rank 2: .*rank-00002.safetensors: entry [0-9]+ fails its CRC-32C" ||
+  fail "MFSDP_CKPT_VERIFY_FILES: $out"
+echo "ok: MFSDP_CKPT_VERIFY_FILES: rank 2 (the file's verifier) refuses it"
+n=$((n + 1))
 check "bit flip in the data" "rank-00002.safetensors.*(CRC|corrupt)"
 cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 40
 check "bit flip in a header" "rank-00001.safetensors"
