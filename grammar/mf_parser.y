@@ -1,5 +1,5 @@
 /*
- * mf_parser: the grammar of the .mfsdp language (DESIGN §5) and mf_parse().
+ * mf_parser: the grammar of the .mfsdp language (docs/language.md §7) and mf_parse().
  *
  *   file      := { statement }
  *   statement := "mesh" IDENT "=" INT { "," IDENT "=" INT } ";"

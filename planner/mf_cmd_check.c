@@ -22,7 +22,7 @@ static void check_usage(FILE *out)
     fprintf(out,
             "usage: mfsdpc check [--] SPEC...\n"
             "\n"
-            "Parses each spec and runs the semantic checks (DESIGN §3-§5): prints nothing\n"
+            "Parses each spec and runs the semantic checks (docs/language.md §4): prints nothing\n"
             "when a spec is valid, GCC-style diagnostics on stderr otherwise.\n"
             "\n"
             "  -h, --help   this text\n"

@@ -28,7 +28,7 @@ static void mf_compile_usage(FILE *out)
             "\n"
             "  -o OUT.yaml, --output=OUT.yaml   where to write it ('-' for stdout); written\n"
             "                         to a temporary file and renamed, never over SPEC\n"
-            "  --no-verify            skip the schedule verifier (DESIGN §9)\n"
+            "  --no-verify            skip the schedule verifier (docs/schedule.md §5)\n"
             "  --inner-bw=GBPS, --outer-bw=GBPS, --inner-lat=US, --outer-lat=US,\n"
             "  --axis-bw=NAME:GBPS, --axis-lat=NAME:US, --launch-lat=US, --local-bw=GBPS\n"
             "                         cost model used to choose between legal compositions\n"

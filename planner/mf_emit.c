@@ -1,5 +1,5 @@
 /*
- * mf_emit: writes a schedule as the canonical YAML of DESIGN §6 with libyaml's
+ * mf_emit: writes a schedule as the canonical YAML of docs/schedule.md §1 with libyaml's
  * emitter (docs/schedule.md describes every key).
  *
  * Invariants of the output:

@@ -1,5 +1,5 @@
 /*
- * mf_layout_pass: resolved spec -> plan->sched units and buckets (DESIGN §3.3).
+ * mf_layout_pass: resolved spec -> plan->sched units and buckets (docs/semantics.md §3).
  *
  * Reads: the spec (mesh, options, units, tensors, layouts). Writes: the
  * schedule's header fields, units (forward order) and buckets with their

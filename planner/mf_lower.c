@@ -1,6 +1,6 @@
 /*
  * mf_lower: plan->trans (T1..T4 of every bucket as single-axis steps) ->
- * plan->sched buffers, ops and events (DESIGN §4; op semantics and the
+ * plan->sched buffers, ops and events (docs/semantics.md §4; op semantics and the
  * normative buffer rules in runtime/mf_schedule.h; docs/schedule.md).
  *
  * Buffers, per bucket: main_weight@O, weight@W, grad@G (persistent);

@@ -2,11 +2,11 @@
  * mf_passes: the compiler pipeline, one pass per file:
  *
  *   mf_parse          grammar/   text      -> AST
- *   mf_sema_run       mf_sema.c  AST       -> resolved spec   (all DESIGN §3-§5 rules)
- *   mf_layout_run     mf_layout_pass.c     -> units, buckets   (DESIGN §3.3)
- *   mf_transition_run mf_transition.c      -> T1..T4 steps     (DESIGN §4)
+ *   mf_sema_run       mf_sema.c  AST       -> resolved spec   (all docs/language.md §4 rules)
+ *   mf_layout_run     mf_layout_pass.c     -> units, buckets   (docs/semantics.md §3)
+ *   mf_transition_run mf_transition.c      -> T1..T4 steps     (docs/semantics.md §4)
  *   mf_lower_run      mf_lower.c           -> buffers, ops, events
- *   mf_verify_run     mf_verify.c          checks a schedule (DESIGN §9)
+ *   mf_verify_run     mf_verify.c          checks a schedule (docs/schedule.md §5)
  *   mf_emit_yaml      mf_emit.c            schedule -> canonical YAML
  *
  * Each pass reports into an mf_diag and returns false when it found errors;

@@ -5,7 +5,7 @@
  *   mf_layout_pass   spec -> plan->sched: units, buckets (tensor offsets,
  *                    padded lengths, placements, dtypes)
  *   mf_transition    plan -> plan->trans: T1..T4 of every bucket as
- *                    single-axis steps in the order DESIGN §3.2 forces
+ *                    single-axis steps in the order docs/semantics.md §2 forces
  *   mf_lower         plan -> plan->sched: buffers, ops, events
  *
  * Ownership: a plan borrows its spec; it owns its schedule (plan->sched) until

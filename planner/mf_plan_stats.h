@@ -3,7 +3,7 @@
  * passes, shared by `mfsdpc explain` and by the lowering pass, which
  * cross-checks its compiled schedule's summary against them.
  *
- * Layout quanta (DESIGN §3.3), for one bucket with role dtypes dt[] and
+ * Layout quanta (docs/semantics.md §3), for one bucket with role dtypes dt[] and
  * placements pl[]:
  *   tensor quantum  T = lcm over roles of 16 / gcd(16, size): every tensor
  *                   offset is a multiple of T, i.e. 16-byte aligned in every

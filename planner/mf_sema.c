@@ -1,7 +1,7 @@
 /*
  * mf_sema: the semantic pass, AST (grammar/mf_ast.h) -> resolved spec
- * (mf_spec.h). It is the only place that knows the rules of DESIGN §3.1, §4
- * and §5; every later pass trusts its output.
+ * (mf_spec.h). It is the only place that knows the rules of docs/semantics.md §1, docs/semantics.md §4.1
+ * and docs/language.md §4; every later pass trusts its output.
  *
  * What it does, in order:
  *   1. settings: the one mesh (1..4 named axes, sizes >= 1, world size within
@@ -9,7 +9,7 @@
  *   2. named layouts: each role exactly once, known dtypes and placements, one
  *      placement per mesh axis, then the layout rules: no Partial in weight or
  *      main_weight, Flat axes a suffix of the mesh, and every per-axis step of
- *      T1..T4 legal (DESIGN §4);
+ *      T1..T4 legal (docs/semantics.md §4.1);
  *   3. units, once per declaration (templates): loop ranges, {var}
  *      substitutions, layout references, inline layouts (resolved like named
  *      ones, identical inline layouts shared), options, dimensions, element
@@ -396,7 +396,7 @@ static void check_settings(mf_sema *s)
 
 /* ---- layouts ---- */
 
-/* Allowed per-axis steps of T1..T4 (DESIGN §4): allowed[t][from][to]. */
+/* Allowed per-axis steps of T1..T4 (docs/semantics.md §4.1): allowed[t][from][to]. */
 typedef struct {
     const char *name;       /* "T1" */
     mf_role from, to;       /* T3's from is the local gradient, all Partial */

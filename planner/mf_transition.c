@@ -1,13 +1,13 @@
 /*
  * mf_transition: plan->sched buckets -> plan->trans, the transitions T1..T4 of
- * every bucket (DESIGN §4) as sequences of single-axis steps.
+ * every bucket (docs/semantics.md §4) as sequences of single-axis steps.
  *
  *   T1 first  main_weight@O -> weight@W        cast, then slices / all-gathers
  *   T2 every  weight@W -> Rep                  all-gathers, outermost first
  *   T3 every  grad_local@[P..P] -> G           reductions, then accumulate at G
  *   T4 last   grad@G -> O                      reductions, slices, all-gathers
  *
- * Single-axis moves and where they are legal (DESIGN §3.2, s = the first axis
+ * Single-axis moves and where they are legal (docs/semantics.md §2, s = the first axis
  * of the current Flat suffix, k = the number of axes):
  *   all_gather     F->R on axis s                (gathers run outermost-first)
  *   reduce_scatter P->F on axis s-1              (k-1 when nothing is Flat yet)
@@ -385,7 +385,7 @@ static int last_collective(const mf_transition *tr)
     return -1;
 }
 
-/* The streams of every step of one bucket (DESIGN §4 "Streams"): a collective
+/* The streams of every step of one bucket (docs/semantics.md §5): a collective
  * runs on inner for the innermost axis, on outer for the others; a local step
  * (cast, slice, accumulate) takes the stream of the next collective of its
  * transition (the one it feeds), else the previous one (the one it follows),

@@ -1,5 +1,5 @@
 /*
- * mf_verify: checks a schedule, compiled or loaded (DESIGN §9). Reads the
+ * mf_verify: checks a schedule, compiled or loaded (docs/schedule.md §5). Reads the
  * schedule only; every finding is an error naming the op (id, kind, axis,
  * bucket), the buffer and, for the simulation, the microbatch position.
  *

@@ -92,6 +92,9 @@ typedef struct mf_rt_comm {
 
 enum {
     MF_BE_NATIVE_STREAMS = 1u << 0, /* the backend enqueues ops itself (see above) */
+    MF_BE_KEEPS_PENDING = 1u << 1,  /* a failed collective may still be in flight (MPI
+                                       cannot cancel): its buffers must never be freed
+                                       (hand them to mf_rt_graveyard) */
 };
 
 typedef struct mf_backend_vtbl {
@@ -120,6 +123,15 @@ typedef struct mf_backend_vtbl {
                            char *err, size_t errlen);
     /* Native model: waits for every submitted op. */
     mfsdp_result (*synchronize)(mf_rt *rt, char *err, size_t errlen);
+    /* Host thread, after create (the helpers of mf_helpers.c): all-gather of
+     * `bytes` bytes per rank over the world into all[world * bytes], in rank
+     * order; every rank calls it in the same order with the same bytes;
+     * bounded by the timeout; the message goes to err. On failure `mine` and
+     * `all` may still be read or written later (MPI cannot cancel): the
+     * caller must not free them. NULL: the backend has none
+     * (MFSDP_ERR_UNSUPPORTED). */
+    mfsdp_result (*allgather)(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
+                              size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
     void (*abort)(mf_rt *rt, const char *why);

@@ -109,7 +109,7 @@ mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
                                (long long)nc->watchdog_poll_ms);
     uint32_t known = MFSDP_NCCL_NONBLOCKING | MFSDP_NCCL_MEM_ALLOC | MFSDP_NCCL_GRAPHS |
-                     MFSDP_NCCL_HOST_COMPUTE | MFSDP_NCCL_NO_IMPLICIT_ORDER;
+                     MFSDP_NCCL_HOST_COMPUTE | MFSDP_NCCL_NO_IMPLICIT_ORDER | MFSDP_NCCL_TIMELINE;
     if (nc->flags & ~known)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "unknown mfsdp_nccl_config flags 0x%x",
                                (unsigned)(nc->flags & ~known));
@@ -209,6 +209,23 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
         if ((e = cudaEventCreateWithFlags(&c->join_ev[st], cudaEventDisableTiming)) != cudaSuccess)
             goto cuda_fail;
 
+    c->open_timed = -1;
+    if (nc->flags & MFSDP_NCCL_TIMELINE) {
+        int64_t per_step = 0;
+        for (int st = 0; st < MF_STREAM_COUNT; st++)
+            per_step += mf_replay_stream_ops_per_step(rt, (mf_stream)st);
+        c->timed = mf_rt_calloc((size_t)per_step + 1, sizeof *c->timed);
+        if (!c->timed)
+            return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (timeline)");
+        for (int64_t i = 0; i < per_step + 1; i++) {
+            if ((e = cudaEventCreate(&c->timed[i].a)) != cudaSuccess)
+                goto cuda_fail;
+            c->cap_timed = (int)i + 1;
+            if ((e = cudaEventCreate(&c->timed[i].b)) != cudaSuccess)
+                goto cuda_fail;
+        }
+    }
+
     c->plan = mf_gpu_plan_build(s, rank, msg, sizeof msg);
     if (!c->plan)
         return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot map the schedule onto the device: %s", msg);
@@ -272,6 +289,14 @@ void mf_cuda_core_close(mf_cuda_core *c)
             cudaStreamDestroy(c->stream[st]);
         c->stream[st] = NULL;
     }
+    for (int i = 0; i < c->cap_timed; i++) {
+        cudaEventDestroy(c->timed[i].a);
+        if (c->timed[i].b)
+            cudaEventDestroy(c->timed[i].b);
+    }
+    mf_rt_free(c->timed);
+    c->timed = NULL;
+    c->cap_timed = 0;
     mf_gpu_plan_free(c->plan);
     c->plan = NULL;
     c->rt = NULL;
@@ -393,13 +418,13 @@ mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what
         pending = 0;
         cudaError_t e = cudaSuccess;
         if (ev) {
-            e = cudaEventQuery(ev);
+            e = mf_cuda_query_event(ev);
             pending = e == cudaErrorNotReady;
         } else {
             for (int st = 0; st < MF_STREAM_COUNT && (e == cudaSuccess || e == cudaErrorNotReady); st++) {
                 if (!c->stream[st])
                     continue;
-                cudaError_t q = cudaStreamQuery(c->stream[st]);
+                cudaError_t q = mf_cuda_query_stream(c->stream[st]);
                 if (q == cudaErrorNotReady)
                     pending++;
                 else
@@ -575,6 +600,63 @@ mfsdp_result mf_cuda_core_local(mf_cuda_core *c, const mf_rt_op *rop, int64_t mi
     return MFSDP_OK;
 }
 
+/* ---- timeline ---- */
+
+void mf_cuda_core_time_begin(mf_cuda_core *c, int op, int nops, mf_stream st, int64_t microbatch)
+{
+    if (!c->timed || c->ntimed >= c->cap_timed || atomic_load(&c->capturing))
+        return;
+    struct mf_cuda_timed *t = &c->timed[c->ntimed];
+    if (cudaEventRecord(t->a, c->stream[st]) != cudaSuccess)
+        return;
+    t->op = op;
+    t->nops = nops;
+    t->stream = st;
+    t->microbatch = microbatch;
+    c->open_timed = c->ntimed;
+}
+
+void mf_cuda_core_time_end(mf_cuda_core *c)
+{
+    if (c->open_timed < 0)
+        return;
+    struct mf_cuda_timed *t = &c->timed[c->open_timed];
+    c->open_timed = -1;
+    if (cudaEventRecord(t->b, c->stream[t->stream]) == cudaSuccess)
+        c->ntimed++;
+}
+
+MFSDP_API int mfsdp_nccl_timeline(mfsdp_runtime *rt, cudaEvent_t origin, mfsdp_nccl_op_time *out, int cap)
+{
+    if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local) || !out ||
+        cap < 0)
+        return -1;
+    mf_cuda_core *c = (mf_cuda_core *)rt->be_state;
+    if (!c->timed)
+        return -1;
+    int n = c->ntimed < cap ? c->ntimed : cap, res = n;
+    for (int i = 0; i < n; i++) {
+        const struct mf_cuda_timed *t = &c->timed[i];
+        const mf_op *op = &rt->s->ops[t->op];
+        float a = 0, b = 0;
+        if (cudaEventElapsedTime(&a, origin, t->a) != cudaSuccess ||
+            cudaEventElapsedTime(&b, origin, t->b) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not ready / not timed: reported as -1 */
+            res = -1;
+            break;
+        }
+        out[i] = (mfsdp_nccl_op_time){.op = t->op, .nops = t->nops, .stream = (int)t->stream,
+                                      .microbatch = t->microbatch, .start_us = 1e3 * a, .end_us = 1e3 * b};
+        if (mf_opkind_is_collective(op->kind))
+            snprintf(out[i].name, sizeof out[i].name, "%s %s", mf_opkind_name(op->kind),
+                     rt->s->mesh.axes[op->axis].name);
+        else
+            snprintf(out[i].name, sizeof out[i].name, "%s", mf_opkind_name(op->kind));
+    }
+    c->ntimed = 0;
+    return res;
+}
+
 /* ---- public queries ---- */
 
 MFSDP_API cudaStream_t mfsdp_nccl_stream(const mfsdp_runtime *rt, int stream)
@@ -592,4 +674,11 @@ MFSDP_API int mfsdp_nccl_device(const mfsdp_runtime *rt)
     if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
         return -1;
     return ((const mf_cuda_core *)rt->be_state)->device;
+}
+
+MFSDP_API const char *mfsdp_nccl_warning(const mfsdp_runtime *rt)
+{
+    if (!rt || !rt->be_state || (rt->be != &mf_backend_nccl && rt->be != &mf_backend_cuda_local))
+        return "";
+    return ((const mf_cuda_core *)rt->be_state)->warning;
 }

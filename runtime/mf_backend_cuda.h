@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "mf_backend_cuda_guard.h"
 #include "mf_gpu_plan.h"
 #include "mf_rt.h"
 #include "mfsdp_nccl.h"
@@ -82,6 +83,16 @@ typedef struct mf_cuda_core {
     unsigned long long capture_id;
     cudaEvent_t fork_ev, join_ev[MF_STREAM_COUNT];
     atomic_bool capturing;           /* read by watchdogs: no event queries then */
+    char warning[512];               /* mfsdp_nccl_warning(); "" when none */
+
+    /* MFSDP_NCCL_TIMELINE: two timing events per timed op */
+    struct mf_cuda_timed {
+        int op, nops;
+        mf_stream stream;
+        int64_t microbatch;
+        cudaEvent_t a, b;
+    } *timed;
+    int ntimed, cap_timed, open_timed; /* open_timed: begun and not ended, or -1 */
 } mf_cuda_core;
 
 /* Resolves the effective configuration: cfg->backend_config, or the host
@@ -139,6 +150,12 @@ typedef mfsdp_result (*mf_cuda_check_fn)(void *ctx, char *err, size_t errlen);
  * wait in messages. */
 mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what, mf_cuda_check_fn check,
                                void *ctx, char *err, size_t errlen);
+
+/* MFSDP_NCCL_TIMELINE: a timing event on `st` before the op(s) are enqueued,
+ * and one after. No-ops without the flag, while capturing, or when a step's
+ * worth is already held. */
+void mf_cuda_core_time_begin(mf_cuda_core *c, int op, int nops, mf_stream st, int64_t microbatch);
+void mf_cuda_core_time_end(mf_cuda_core *c);
 
 /* "op 12 (all_gather dp_inner, unit layers.3)" via the engine. */
 void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size);

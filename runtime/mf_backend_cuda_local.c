@@ -294,6 +294,9 @@ static mfsdp_result cl_submit(mf_rt *rt, const mf_rt_op *rop, int64_t microbatch
     mf_cuda_core *c = &be->core;
     mf_gpu_pos pos = mf_cuda_core_pos(c, rop->op, microbatch);
     mfsdp_result res;
+    bool timed = rop->op->kind != MF_OP_RECORD && rop->op->kind != MF_OP_WAIT;
+    if (timed)
+        mf_cuda_core_time_begin(c, rop->op->id, 1, rop->op->stream, microbatch);
     if (mf_opkind_is_collective(rop->op->kind)) {
         if (rop->comm < 0 || rop->comm >= be->ncomms) {
             snprintf(err, errlen, "rank %lld: op %d has no communicator", (long long)rt->rank, rop->op->id);
@@ -303,6 +306,8 @@ static mfsdp_result cl_submit(mf_rt *rt, const mf_rt_op *rop, int64_t microbatch
     } else {
         res = mf_cuda_core_local(c, rop, microbatch, event_seq, err, errlen);
     }
+    if (timed)
+        mf_cuda_core_time_end(c);
     if (res != MFSDP_OK)
         return res;
     return mf_cuda_core_after(c, rop, pos, err, errlen);

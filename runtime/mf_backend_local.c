@@ -78,6 +78,16 @@ struct mfsdp_local_group {
     bool broken;               /* an exchange timed out; reset when everyone left */
     char broken_msg[MF_LOCAL_MSG];
     mf_local_comm **comms;     /* [MF_STREAM_COUNT * MF_MAX_AXES * world] */
+    /* The helpers' world all-gather (local_allgather): posted sources. */
+    const void **ag_src;       /* per rank */
+    size_t *ag_bytes;          /* per rank */
+    uint8_t *ag_posted;        /* per rank */
+    int64_t ag_arrived, ag_departed;
+    bool ag_departing;         /* every rank arrived; sources are being read */
+    /* The group's first failure (the first abort), put into every later
+     * abort so that every survivor's error names the root cause. */
+    bool root_set;
+    char root_msg[MF_LOCAL_MSG];
 };
 
 typedef struct mf_local_rank {
@@ -107,12 +117,15 @@ MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group
     g->world = world;
     g->attached = mf_rt_calloc((size_t)world, 1);
     g->comms = mf_rt_calloc((size_t)(MF_STREAM_COUNT * MF_MAX_AXES * world), sizeof *g->comms);
+    g->ag_src = mf_rt_calloc((size_t)world, sizeof *g->ag_src);
+    g->ag_bytes = mf_rt_calloc((size_t)world, sizeof *g->ag_bytes);
+    g->ag_posted = mf_rt_calloc((size_t)world, 1);
     for (int p = 0; p < 2; p++) {
         g->xdata[p] = mf_rt_calloc((size_t)world, MF_LOCAL_XMAX);
         g->xposted[p] = mf_rt_calloc((size_t)world, 1);
     }
     bool ok = g->attached && g->comms && g->xdata[0] && g->xdata[1] && g->xposted[0] &&
-              g->xposted[1];
+              g->xposted[1] && g->ag_src && g->ag_bytes && g->ag_posted;
     bool mu = ok && pthread_mutex_init(&g->mu, NULL) == 0;
     bool cv = mu && mf_rt_cond_init(&g->cv) == 0;
     if (!cv) {
@@ -124,6 +137,9 @@ MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group
         }
         mf_rt_free(g->attached);
         mf_rt_free(g->comms);
+        mf_rt_free((void *)g->ag_src);
+        mf_rt_free(g->ag_bytes);
+        mf_rt_free(g->ag_posted);
         mf_rt_free(g);
         return mf_rt_set_error(NULL, ok ? MFSDP_ERR_INTERNAL : MFSDP_ERR_OUT_OF_MEMORY,
                                "cannot create the local group");
@@ -159,6 +175,9 @@ MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
     }
     mf_rt_free(g->attached);
     mf_rt_free(g->comms);
+    mf_rt_free((void *)g->ag_src);
+    mf_rt_free(g->ag_bytes);
+    mf_rt_free(g->ag_posted);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     mf_rt_free(g);
@@ -172,30 +191,38 @@ static mfsdp_result local_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank
     if (!g)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                "config.local_group is NULL (create one with mfsdp_local_group_create)");
-    if (cfg->rank < 0 || cfg->rank >= g->world)
+    if (cfg->rank < -1 || cfg->rank >= g->world)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "config.rank %lld is out of range for a local group of %lld ranks",
+                               "config.rank %lld is out of range for a local group of %lld ranks "
+                               "(or -1: the lowest rank without a runtime)",
                                (long long)cfg->rank, (long long)g->world);
     mf_local_rank *st = mf_rt_calloc(1, sizeof *st);
     if (!st)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     pthread_mutex_lock(&g->mu);
-    bool taken = g->attached[cfg->rank];
+    int64_t r = cfg->rank;
+    for (int64_t q = 0; r < 0 && q < g->world; q++)   /* rank -1: the lowest free one */
+        if (!g->attached[q])
+            r = q;
+    bool taken = r < 0 || g->attached[r];
     if (!taken) {
-        g->attached[cfg->rank] = 1;
+        g->attached[r] = 1;
         g->nattached++;
     }
     pthread_mutex_unlock(&g->mu);
     if (taken) {
         mf_rt_free(st);
+        if (r < 0)
+            return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                   "config.rank is -1 but every rank of this local group of %lld "
+                                   "already has a runtime", (long long)g->world);
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "rank %lld already has a runtime on this local group",
-                               (long long)cfg->rank);
+                               "rank %lld already has a runtime on this local group", (long long)r);
     }
     st->g = g;
-    st->rank = cfg->rank;
+    st->rank = r;
     rt->be_state = st;
-    *rank = cfg->rank;
+    *rank = r;
     *world = g->world;
     return MFSDP_OK;
 }
@@ -261,6 +288,91 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
 done:
     pthread_mutex_unlock(&g->mu);
     return res;
+}
+
+/* Records the group's first failure; returns the message every abort should
+ * carry (the root cause). Takes g->mu. */
+static void group_root(mfsdp_local_group *g, const char *why, char *out, size_t size)
+{
+    pthread_mutex_lock(&g->mu);
+    if (!g->root_set) {
+        g->root_set = true;
+        snprintf(g->root_msg, sizeof g->root_msg, "%s", why);
+    }
+    snprintf(out, size, "%s", g->root_msg);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The helpers' world all-gather: every rank posts its source, waits until
+ * all have, copies every source into `all` (rank order), then waits until
+ * every rank has copied (sources stay valid until then). A timeout breaks
+ * the group (like a failed create exchange) naming the missing ranks. */
+static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, void *all,
+                                    char *err, size_t errlen)
+{
+    mf_local_rank *st = rt->be_state;
+    mfsdp_local_group *g = st->g;
+    mfsdp_result res = MFSDP_OK;
+    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    bool posted = false;
+    pthread_mutex_lock(&g->mu);
+    while (g->ag_departing && !g->broken)       /* the previous call is still being read */
+        if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            g->ag_departing)
+            break;
+    if (!g->broken && !g->ag_departing) {
+        g->ag_src[st->rank] = mine;
+        g->ag_bytes[st->rank] = bytes;
+        g->ag_posted[st->rank] = 1;
+        posted = true;
+        if (++g->ag_arrived == g->world) {
+            g->ag_departing = true;
+            pthread_cond_broadcast(&g->cv);
+        }
+        while (!g->ag_departing && !g->broken)
+            if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                !g->ag_departing && !g->broken) {
+                snprintf(g->broken_msg, sizeof g->broken_msg,
+                         "rank %lld timed out after %lld ms in a world all-gather of a helper "
+                         "(every rank must call it); missing ranks: ",
+                         (long long)st->rank, (long long)rt->cfg.timeout_ms);
+                list_missing(g->broken_msg, sizeof g->broken_msg, g->ag_posted, NULL, g->world);
+                g->broken = true;
+                pthread_cond_broadcast(&g->cv);
+                res = MFSDP_ERR_TIMEOUT;
+            }
+    }
+    if (res == MFSDP_OK && (!posted || g->broken || !g->ag_departing))
+        res = g->broken ? MFSDP_ERR_ABORTED : MFSDP_ERR_TIMEOUT;
+    if (res != MFSDP_OK) {
+        snprintf(err, errlen, "%s", g->broken ? g->broken_msg : "a helper's world all-gather timed out");
+        pthread_mutex_unlock(&g->mu);
+        return res;
+    }
+    bool same = true;
+    for (int64_t r = 0; r < g->world; r++)
+        same &= g->ag_bytes[r] == bytes;
+    pthread_mutex_unlock(&g->mu);
+    /* Sources are stable until every rank departs. */
+    for (int64_t r = 0; r < g->world && same; r++)
+        memcpy((uint8_t *)all + r * (int64_t)bytes, g->ag_src[r], bytes);
+    pthread_mutex_lock(&g->mu);
+    if (++g->ag_departed == g->world) {
+        g->ag_arrived = g->ag_departed = 0;
+        g->ag_departing = false;
+        memset(g->ag_posted, 0, (size_t)g->world);
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (g->ag_departing && !g->broken)
+            mf_rt_cond_wait(&g->cv, &g->mu, 0, &deadline);   /* every rank arrived: no wait is long */
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!same) {
+        snprintf(err, errlen, "ranks called a helper's world all-gather with different sizes "
+                 "(every rank must call the same helpers in the same order)");
+        return MFSDP_ERR_MISMATCH;
+    }
+    return MFSDP_OK;
 }
 
 static mf_local_comm *comm_new(const mf_rt_comm *d)
@@ -446,6 +558,8 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         }
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
+        char root[MF_LOCAL_MSG];
+        group_root(st->g, msg, root, sizeof root);
         snprintf(err, errlen, "%s", msg);
         return MFSDP_ERR_TIMEOUT;
     }
@@ -540,9 +654,11 @@ static void local_abort(mf_rt *rt, const char *why)
     mf_local_rank *st = rt->be_state;
     if (!st || !st->comms)
         return;
+    char root[MF_LOCAL_MSG];
+    group_root(st->g, why, root, sizeof root);
     for (int c = 0; c < st->ncomms; c++)
         if (st->comms[c])
-            abort_comm(st->comms[c], why);
+            abort_comm(st->comms[c], root);
 }
 
 static void local_close(mf_rt *rt)
@@ -559,12 +675,17 @@ static void local_close(mf_rt *rt)
     mf_rt_free(st->seq);
     pthread_mutex_lock(&g->mu);
     g->attached[st->rank] = 0;
-    if (--g->nattached == 0 && g->broken) {
+    if (--g->nattached == 0)
+        g->root_set = false;   /* the next generation starts clean */
+    if (g->nattached == 0 && g->broken) {
         /* Everyone left after a failed exchange: the group is usable again. */
         g->broken = false;
         g->xarrived = 0;
         memset(g->xposted[0], 0, (size_t)g->world);
         memset(g->xposted[1], 0, (size_t)g->world);
+        g->ag_arrived = g->ag_departed = 0;
+        g->ag_departing = false;
+        memset(g->ag_posted, 0, (size_t)g->world);
     }
     pthread_mutex_unlock(&g->mu);
     mf_rt_free(st);
@@ -582,6 +703,7 @@ const mf_backend_vtbl mf_backend_local = {
     .collective = local_collective,
     .submit = NULL,
     .synchronize = NULL,
+    .allgather = local_allgather,
     .abort = local_abort,
     .close = local_close,
 };

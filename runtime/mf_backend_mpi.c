@@ -28,6 +28,13 @@
  * timeout. A timeout or an abort
  * returns an error and leaves the request pending (MPI cannot cancel a
  * collective); the runtime is failed from then on.
+ *
+ * Root cause across ranks: each runtime keeps one receive posted on its own
+ * duplicate of the world (the error communicator) for a peer's failure
+ * message. A rank that fails first (its abort is not caused by such a
+ * message) sends its message to every peer, fire and forget; a peer polling a
+ * collective picks it up (one thread at a time) and aborts with it, so its
+ * error names the first failing rank's own message instead of a timeout.
  */
 #include <limits.h>
 #include <mpi.h>
@@ -50,8 +57,20 @@ typedef struct mf_mpi_state {
     void *scratch[MF_STREAM_COUNT]; /* reduce-scatter packing, per stream */
     int64_t scratch_elems[MF_STREAM_COUNT];
     _Atomic bool aborted;
-    char why[256];
+    _Atomic int abandoned;     /* collectives left pending (timeout, abort): their
+                                  buffers may still be written, so none is freed */
+    char why[768];
+    /* the error channel (see the top of the file) */
+    MPI_Comm errcomm;
+    bool err_ok;               /* errcomm made and err_req posted */
+    bool err_done;             /* err_req completed (a peer's message is in err_in) */
+    bool sent;                 /* this rank sent its own failure */
+    pthread_mutex_t err_mu;    /* one thread tests err_req at a time */
+    MPI_Request err_req;
+    char err_in[640];
 } mf_mpi_state;
+
+#define MF_MPI_ERR_TAG 7411
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
@@ -81,6 +100,26 @@ static mfsdp_result mpi_fail(char *err, size_t errlen, int rc, const char *what)
     return MFSDP_ERR_BACKEND;
 }
 
+/* Checks the error channel for a peer's failure message; on one, aborts
+ * this runtime with it. Any thread; never blocks. */
+static void poll_peer_failure(mf_mpi_state *st)
+{
+    if (!st->err_ok || st->err_done || pthread_mutex_trylock(&st->err_mu) != 0)
+        return;
+    int done = 0;
+    MPI_Status status;
+    if (!st->err_done && MPI_Test(&st->err_req, &done, &status) == MPI_SUCCESS && done) {
+        st->err_done = true;
+        st->err_in[sizeof st->err_in - 1] = '\0';
+        if (!st->aborted) {
+            snprintf(st->why, sizeof st->why, "rank %d failed first: %s", status.MPI_SOURCE,
+                     st->err_in);
+            st->aborted = true;
+        }
+    }
+    pthread_mutex_unlock(&st->err_mu);
+}
+
 /* Polls a request until it completes, the timeout passes or the runtime is
  * aborted. */
 static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, const char *what,
@@ -97,12 +136,15 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
             return mpi_fail(err, errlen, rc, what);
         if (done)
             return MFSDP_OK;
+        poll_peer_failure(st);
         if (st->aborted) {
+            st->abandoned++;
             snprintf(err, errlen, "%s aborted: %s", what, st->why);
             return MFSDP_ERR_ABORTED;
         }
         int64_t waited = mf_rt_now_ns() - start;
         if (limit > 0 && waited > limit) {
+            st->abandoned++;
             snprintf(err, errlen,
                      "%s timed out after %lld ms (a peer never joined it; MPI cannot cancel the "
                      "collective, so this runtime is finished)",
@@ -142,6 +184,8 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     if (!st)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     st->world = MPI_COMM_NULL;
+    st->errcomm = MPI_COMM_NULL;
+    pthread_mutex_init(&st->err_mu, NULL);
     /* Nonblocking and polled, so that a rank that never calls mfsdp_create
      * gives a timeout here instead of a hang (MPI_Comm_dup is a blocking
      * collective). */
@@ -191,6 +235,22 @@ static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void
     if (res != MFSDP_OK)
         mf_rt_set_error(rt, res, "%s", msg);
     return res;
+}
+
+static mfsdp_result mpi_allgather(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
+                                  size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (bytes > INT_MAX) {
+        snprintf(err, errlen, "all-gather of %zu bytes per rank exceeds MPI's count limit", bytes);
+        return MFSDP_ERR_INVALID_ARGUMENT;
+    }
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, st->world, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(err, errlen, rc, "MPI_Iallgather over the world (helper)");
+    return wait_request(rt, st, &req, "the world all-gather of a helper (every rank must call it)",
+                        err, errlen);
 }
 
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
@@ -255,6 +315,14 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
                 return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
                                        "out of memory (reduce-scatter scratch)");
         }
+    /* The error channel: its own communicator, one receive always posted. */
+    rc = MPI_Comm_dup(st->world, &st->errcomm);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Irecv(st->err_in, (int)sizeof st->err_in - 1, MPI_CHAR, MPI_ANY_SOURCE,
+                       MF_MPI_ERR_TAG, st->errcomm, &st->err_req);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rt->err, sizeof rt->err, rc, "the error channel (MPI_Comm_dup, MPI_Irecv)");
+    st->err_ok = true;
     return MFSDP_OK;
 }
 
@@ -357,13 +425,50 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
     return res;
 }
 
+/* Sends this rank's own failure to every peer once (not when the abort was
+ * caused by a peer's message: that rank already told everyone). */
+static void send_failure(mf_rt *rt, mf_mpi_state *st, const char *why)
+{
+    poll_peer_failure(st);
+    if (!st->err_ok || st->sent || st->err_done)
+        return;
+    st->sent = true;
+    char msg[sizeof st->err_in];
+    snprintf(msg, sizeof msg, "%s", why);
+    int n = 0, me = 0;
+    MPI_Comm_size(st->errcomm, &n);
+    MPI_Comm_rank(st->errcomm, &me);
+    for (int q = 0; q < n; q++) {
+        MPI_Request req;
+        if (q != me && MPI_Isend(msg, (int)strlen(msg) + 1, MPI_CHAR, q, MF_MPI_ERR_TAG,
+                                 st->errcomm, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);   /* small: sent eagerly, completes on its own */
+    }
+    (void)rt;
+}
+
 static void mpi_abort(mf_rt *rt, const char *why)
 {
     mf_mpi_state *st = rt->be_state;
-    if (!st || st->aborted)
+    if (!st)
+        return;
+    send_failure(rt, st, why);
+    if (st->aborted)
         return;
     snprintf(st->why, sizeof st->why, "%s", why);
     st->aborted = true;
+}
+
+/* A buffer is freed unless a collective was left pending: MPI cannot cancel
+ * one, and a peer arriving late would complete it into freed memory. Then
+ * the runtime's buffers are leaked on purpose (the process is failing). */
+static void mpi_free(mf_rt *rt, void *p)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (!st || !st->abandoned)
+        mf_rt_host_free(rt, p);
+    else
+        mf_rt_graveyard(p);
 }
 
 static void mpi_close(mf_rt *rt)
@@ -373,12 +478,22 @@ static void mpi_close(mf_rt *rt)
         return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-        /* A communicator with a pending (timed-out) collective is only marked
-         * for deallocation by MPI_Comm_free, which does not block. */
+    /* With a collective left pending the communicators stay: MPI keeps
+     * progressing it, and Open MPI's nonblocking collectives use the
+     * communicator's internals until they complete. */
+    if (!finalized && !st->abandoned) {
         for (int c = 0; st->comms && c < st->ncomms; c++)
             if (st->comms[c] != MPI_COMM_NULL)
                 MPI_Comm_free(&st->comms[c]);
+        if (st->err_ok) {
+            pthread_mutex_lock(&st->err_mu);
+            if (!st->err_done) {
+                MPI_Cancel(&st->err_req);
+                MPI_Wait(&st->err_req, MPI_STATUS_IGNORE);
+            }
+            pthread_mutex_unlock(&st->err_mu);
+            MPI_Comm_free(&st->errcomm);
+        }
         if (st->ops_ok) {
             MPI_Op_free(&st->sum_bf16);
             MPI_Op_free(&st->sum_fp16);
@@ -387,23 +502,28 @@ static void mpi_close(mf_rt *rt)
             MPI_Comm_free(&st->world);
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
-        mf_rt_free(st->scratch[s]);
+        if (st->abandoned)
+            mf_rt_graveyard(st->scratch[s]);
+        else
+            mf_rt_free(st->scratch[s]);
     mf_rt_free(st->comms);
+    pthread_mutex_destroy(&st->err_mu);
     mf_rt_free(st);
     rt->be_state = NULL;
 }
 
 const mf_backend_vtbl mf_backend_mpi = {
     .name = "mpi",
-    .caps = 0,
+    .caps = MF_BE_KEEPS_PENDING,
     .open = mpi_open,
     .alloc = mf_rt_host_alloc,
-    .free = mf_rt_host_free,
+    .free = mpi_free,
     .exchange = mpi_exchange,
     .comm_init = mpi_comm_init,
     .collective = mpi_collective,
     .submit = NULL,
     .synchronize = NULL,
+    .allgather = mpi_allgather,
     .abort = mpi_abort,
     .close = mpi_close,
 };

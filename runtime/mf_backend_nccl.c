@@ -1,6 +1,6 @@
 /*
  * mf_backend_nccl: the production GPU backend, one rank per GPU over NCCL
- * (DESIGN §7), in the engine's native model (mf_backend.h).
+ * (docs/gpu.md), in the engine's native model (mf_backend.h).
  *
  * Communicators: at open the backend makes its own world communicator
  * (ncclCommSplit of the trainer's, or ncclCommInitRankConfig from a unique id,
@@ -18,16 +18,18 @@
  * group is ever left open across hooks or after an error. Local ops and events
  * go through mf_backend_cuda.c.
  *
- * Errors and hangs: every NCCL call is checked; with nonblocking communicators
- * an ncclInProgress result is polled (ncclCommGetAsyncError) until it settles,
- * bounded by the timeout. The optional watchdog thread polls every
- * communicator's asynchronous error and the completion of the oldest in-flight
- * collective per stream (an event recorded after it); on an error or a timeout
- * it records the failure in the runtime (sticky: the next hook returns it) and
- * aborts every communicator (ncclCommAbort), which ends the NCCL kernels that
- * wait for a dead peer. NCCL API calls and the abort are serialized by `mu`
- * (each call is short: nonblocking communicators never block the host), so no
- * call ever runs on an aborted communicator.
+ * Errors and hangs: every NCCL call is checked. Communicators are blocking by
+ * default (a nonblocking group costs a host thread per collective in NCCL
+ * 2.28); with MFSDP_NCCL_NONBLOCKING an ncclInProgress result is polled
+ * (ncclCommGetAsyncError) until it settles, bounded by the timeout. The
+ * optional watchdog (mf_backend_cuda_guard.c) polls every communicator's
+ * asynchronous error, the completion of the oldest in-flight collective per
+ * stream and how long an NCCL call of the trainer has been running; on an
+ * error or a timeout it records the failure in the runtime (sticky: the next
+ * hook returns it) and aborts every communicator (ncclCommAbort), which ends
+ * the NCCL kernels that wait for a dead peer. NCCL API calls are serialized
+ * by `mu`; the abort takes it too unless the trainer is stuck inside a call
+ * (see the guard). Collectives on the compute stream are refused at open.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,15 +40,6 @@
 #include "mf_backend_cuda.h"
 #include "mf_cuda_kernels.h"
 
-#define MF_TRACK 64 /* in-flight collectives tracked per stream */
-
-typedef struct track_ring {
-    cudaEvent_t ev[MF_TRACK];
-    int op[MF_TRACK];
-    int64_t t_ns[MF_TRACK];
-    int head, count;              /* oldest entry, entries in use */
-} track_ring;
-
 typedef struct nccl_be {
     mf_cuda_core core;            /* first: mfsdp_nccl_stream() reads it */
     mfsdp_nccl_config nc;
@@ -54,21 +47,16 @@ typedef struct nccl_be {
     ncclComm_t world;             /* own world communicator */
     int ncomms;
     ncclComm_t *comms;            /* per engine communicator (rt->comms order) */
+    char (*names)[96];            /* per communicator: config.commName, alive as long as it */
+    const char **name_ptrs;       /* the same, for the watchdog's messages */
     void **reg;                   /* [ncomms * MF_NCCL_MAX_REG] registration handles */
-    int nreg;                     /* regions registered per communicator */
+    int nreg;                     /* regions per communicator in reg (NULL: not registered) */
     pthread_mutex_t mu;           /* NCCL calls vs abort */
     bool mu_ready;
-    bool aborted;
     /* the deferred group */
     int *pending;                 /* op ids */
     int npending;
-    /* watchdog */
-    pthread_t wd;
-    bool wd_started, wd_stop;
-    pthread_mutex_t wd_mu;        /* wd_stop, the tracking rings */
-    pthread_cond_t wd_cv;
-    bool wd_ready;
-    track_ring ring[MF_STREAM_COUNT];
+    mf_watch watch;               /* the aborted flag; the watchdog thread when started */
 } nccl_be;
 
 #define MF_NCCL_MAX_REG 64
@@ -76,6 +64,11 @@ typedef struct nccl_be {
 static nccl_be *be_of(mf_rt *rt)
 {
     return (nccl_be *)rt->be_state;
+}
+
+static bool aborted(const nccl_be *be)
+{
+    return mf_watch_aborted(&be->watch);
 }
 
 /* "<what>: <nccl error string> (<ncclGetLastError>)" */
@@ -108,7 +101,7 @@ static ncclResult_t settle(nccl_be *be, ncclComm_t comm, ncclResult_t r, bool *t
         struct timespec ts = {0, iter < 100 ? 10000 : 1000000};
         nanosleep(&ts, NULL);
         pthread_mutex_lock(&be->mu);
-        if (be->aborted)
+        if (aborted(be))
             return ncclRemoteError;
     }
     return r;
@@ -128,137 +121,43 @@ static mfsdp_result check_nccl(nccl_be *be, ncclComm_t comm, ncclResult_t r, cha
                  (long long)be->core.timeout_ms);
         return MFSDP_ERR_TIMEOUT;
     }
-    if (be->aborted) {
+    if (aborted(be)) {
         snprintf(err, errlen, "%s: the communicators were aborted after an earlier failure", what);
         return MFSDP_ERR_ABORTED;
     }
     return nccl_fail(r, comm, err, errlen, what);
 }
 
-/* Aborts every communicator once; any thread. */
+/* Aborts every communicator once; any thread, without mu held. */
 static void abort_all(nccl_be *be)
 {
-    if (!be->mu_ready)
-        return;
-    pthread_mutex_lock(&be->mu);
-    if (!be->aborted) {
-        be->aborted = true;
-        for (int i = 0; i < be->ncomms; i++)
-            if (be->comms[i])
-                ncclCommAbort(be->comms[i]);
-        if (be->world)
-            ncclCommAbort(be->world);
-    }
-    pthread_mutex_unlock(&be->mu);
+    if (be->mu_ready)
+        mf_watch_abort(&be->watch, MF_WATCH_LOCK_MS);
 }
 
-/* ---- watchdog ---- */
-
-/* One pass: asynchronous errors, then the oldest in-flight collective of each
- * stream. Returns non-OK with a message when the runtime must fail. */
-static mfsdp_result watch_once(nccl_be *be, char *err, size_t errlen)
+/* The watchdog's failure report: sticky in the runtime (it aborts next). */
+static void watch_failed(void *ctx, mfsdp_result r, const char *msg)
 {
-    mf_rt *rt = be->core.rt;
-    pthread_mutex_lock(&be->mu);
-    mfsdp_result res = MFSDP_OK;
-    for (int i = -1; i < be->ncomms && res == MFSDP_OK && !be->aborted; i++) {
-        ncclComm_t comm = i < 0 ? be->world : be->comms[i];
-        if (!comm)
-            continue;
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-        if (q == ncclSuccess && (state == ncclSuccess || state == ncclInProgress))
-            continue;
-        char what[200];
-        if (i < 0)
-            snprintf(what, sizeof what, "rank %lld: watchdog: the world communicator reported an error",
-                     (long long)rt->rank);
-        else
-            snprintf(what, sizeof what, "rank %lld: watchdog: the %s communicator of axis %s reported an error",
-                     (long long)rt->rank, mf_stream_name(rt->comms[i].stream),
-                     rt->s->mesh.axes[rt->comms[i].axis].name);
-        res = nccl_fail(q != ncclSuccess ? q : state, comm, err, errlen, what);
-        if (res == MFSDP_ERR_TIMEOUT) /* cannot be: in progress is filtered above */
-            res = MFSDP_ERR_BACKEND;
-    }
-    pthread_mutex_unlock(&be->mu);
-    if (res != MFSDP_OK || atomic_load(&be->core.capturing))
-        return res;
-
-    int64_t now = mf_rt_now_ns();
-    pthread_mutex_lock(&be->wd_mu);
-    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT && res == MFSDP_OK; st++) {
-        track_ring *q = &be->ring[st];
-        while (q->count > 0) {
-            cudaError_t e = cudaEventQuery(q->ev[q->head]);
-            if (e == cudaSuccess) {
-                q->head = (q->head + 1) % MF_TRACK;
-                q->count--;
-                continue;
-            }
-            int64_t ms = (now - q->t_ns[q->head]) / 1000000;
-            if (e != cudaErrorNotReady) {
-                res = mf_cuda_fail(e, err, errlen, "rank %lld: watchdog: the %s stream failed", (long long)rt->rank,
-                                   mf_stream_name((mf_stream)st));
-            } else if (be->core.timeout_ms > 0 && ms >= be->core.timeout_ms) {
-                char what[200];
-                mf_rt_describe_op(rt, q->op[q->head], what, sizeof what);
-                snprintf(err, errlen,
-                         "rank %lld: watchdog: %s on the %s stream has not completed after %lld ms (timeout %lld "
-                         "ms): a peer stopped or died; the communicators were aborted",
-                         (long long)rt->rank, what, mf_stream_name((mf_stream)st), (long long)ms,
-                         (long long)be->core.timeout_ms);
-                res = MFSDP_ERR_TIMEOUT;
-            }
-            break;
-        }
-    }
-    pthread_mutex_unlock(&be->wd_mu);
-    return res;
+    nccl_be *be = ctx;
+    mf_rt_fail(be->core.rt, r, msg);
 }
 
-static void *watchdog_main(void *arg)
+/* Refuses collectives on the compute stream: NCCL would run them there, but
+ * nothing tracks them (the watchdog's events, the group plan and the graph
+ * regions assume inner and outer). */
+static mfsdp_result check_streams(mf_rt *rt)
 {
-    nccl_be *be = arg;
-    cudaSetDevice(be->core.device);
-    pthread_mutex_lock(&be->wd_mu);
-    while (!be->wd_stop) {
-        struct timespec deadline = mf_rt_deadline(be->nc.watchdog_poll_ms);
-        while (!be->wd_stop && mf_rt_cond_wait(&be->wd_cv, &be->wd_mu, be->nc.watchdog_poll_ms, &deadline) != ETIMEDOUT)
-            ;
-        if (be->wd_stop)
-            break;
-        pthread_mutex_unlock(&be->wd_mu);
-        char msg[MF_RT_ERRLEN];
-        mfsdp_result r = watch_once(be, msg, sizeof msg);
-        if (r != MFSDP_OK) {
-            mf_rt_fail(be->core.rt, r, msg);
-            abort_all(be);
-            pthread_mutex_lock(&be->wd_mu);
-            break;
+    const mf_schedule *s = rt->s;
+    for (int i = 0; i < s->nops; i++)
+        if (mf_opkind_is_collective(s->ops[i].kind) && s->ops[i].stream == MF_STREAM_COMPUTE) {
+            char what[200];
+            mf_rt_describe_op(rt, i, what, sizeof what);
+            return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                   "%s is a collective on the compute stream: the NCCL backend runs "
+                                   "collectives only on the inner and outer streams",
+                                   what);
         }
-        pthread_mutex_lock(&be->wd_mu);
-    }
-    pthread_mutex_unlock(&be->wd_mu);
-    return NULL;
-}
-
-/* Records a tracking event after a collective (eager launches only). */
-static void track(nccl_be *be, mf_stream st, int op)
-{
-    if (!be->wd_started || atomic_load(&be->core.capturing))
-        return;
-    pthread_mutex_lock(&be->wd_mu);
-    track_ring *q = &be->ring[st];
-    if (q->count < MF_TRACK) { /* when full, the older entries already witness a stall */
-        int slot = (q->head + q->count) % MF_TRACK;
-        if (cudaEventRecord(q->ev[slot], be->core.stream[st]) == cudaSuccess) {
-            q->op[slot] = op;
-            q->t_ns[slot] = mf_rt_now_ns();
-            q->count++;
-        }
-    }
-    pthread_mutex_unlock(&be->wd_mu);
+    return MFSDP_OK;
 }
 
 /* ---- vtbl ---- */
@@ -285,24 +184,27 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                "with a unique id, cfg->rank must be this rank in [0, %lld), not %lld",
                                (long long)mesh_world, (long long)cfg->rank);
-    /* The watchdog aborts from its own thread: only safe when no NCCL call
-     * blocks the host, i.e. with nonblocking communicators. */
-    be->nonblocking = (be->nc.flags & MFSDP_NCCL_NONBLOCKING) || be->nc.watchdog_poll_ms > 0;
+    if ((cr = check_streams(rt)) != MFSDP_OK)
+        return cr;
+    /* Blocking by default: the watchdog aborts them from its own thread (see
+     * mf_backend_cuda_guard.c). */
+    be->nonblocking = (be->nc.flags & MFSDP_NCCL_NONBLOCKING) != 0;
     if (pthread_mutex_init(&be->mu, NULL) != 0)
         return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
-    be->mu_ready = true;
-    if (pthread_mutex_init(&be->wd_mu, NULL) != 0)
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
-    if (mf_rt_cond_init(&be->wd_cv) != 0) {
-        pthread_mutex_destroy(&be->wd_mu);
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a condition variable");
+    if (mf_watch_init(&be->watch, rt, cfg->rank, cfg->timeout_ms, &be->mu) != 0) {
+        pthread_mutex_destroy(&be->mu);
+        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize the watchdog's locks");
     }
-    be->wd_ready = true;
+    be->watch.capturing = &be->core.capturing;
+    be->mu_ready = true;
     be->pending = mf_rt_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->pending);
     if (!be->pending)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
-    if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER))
-        setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
+    if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER)) {
+        mf_nccl_launch_order(be->nc.world_comm != NULL, be->core.warning, sizeof be->core.warning);
+        if (be->core.warning[0])
+            fprintf(stderr, "libmfsdp: warning: %s\n", be->core.warning);
+    }
     int device = -1;
     cr = mf_cuda_device_pick(rt, &be->nc, &device); /* before NCCL binds the communicator to it */
     if (cr != MFSDP_OK)
@@ -349,6 +251,8 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     }
 unlock:
     pthread_mutex_unlock(&be->mu);
+    be->watch.world = be->world;
+    be->watch.rank = r;
     if (res == MFSDP_ERR_TIMEOUT)
         abort_all(be); /* a peer never joined: do not leave a half-built communicator */
     if (res != MFSDP_OK)
@@ -374,7 +278,7 @@ static mfsdp_result async_check(void *ctx, char *err, size_t errlen)
     nccl_be *be = ctx;
     pthread_mutex_lock(&be->mu);
     mfsdp_result res = MFSDP_OK;
-    if (be->aborted) {
+    if (aborted(be)) {
         snprintf(err, errlen, "rank %lld: the communicators were aborted after a failure", (long long)be->core.rt->rank);
         res = MFSDP_ERR_ABORTED;
     }
@@ -407,7 +311,7 @@ static mfsdp_result nccl_exchange(mf_rt *rt, const void *mine, size_t bytes, voi
         goto done;
     }
     pthread_mutex_lock(&be->mu);
-    ncclResult_t nr = be->aborted ? ncclRemoteError
+    ncclResult_t nr = aborted(be) ? ncclRemoteError
                                   : ncclAllGather(d + (size_t)rt->rank * bytes, d, bytes, ncclUint8, be->world, st);
     res = check_nccl(be, be->world, nr, msg, sizeof msg, "exchange: ncclAllGather over the world");
     pthread_mutex_unlock(&be->mu);
@@ -434,11 +338,17 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
     nccl_be *be = be_of(rt);
     char msg[MF_RT_ERRLEN], what[256];
     mfsdp_result res = MFSDP_OK;
-    be->comms = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *be->comms);
-    be->reg = mf_rt_calloc((size_t)(ncomms ? ncomms : 1) * MF_NCCL_MAX_REG, sizeof *be->reg);
-    if (!be->comms || !be->reg)
+    size_t nc_ = (size_t)(ncomms ? ncomms : 1);
+    be->comms = mf_rt_calloc(nc_, sizeof *be->comms);
+    be->reg = mf_rt_calloc(nc_ * MF_NCCL_MAX_REG, sizeof *be->reg);
+    be->names = mf_rt_calloc(nc_, sizeof *be->names);
+    be->name_ptrs = mf_rt_calloc(nc_, sizeof *be->name_ptrs);
+    if (!be->comms || !be->reg || !be->names || !be->name_ptrs)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
     be->ncomms = ncomms;
+    be->watch.comms = be->comms;
+    be->watch.names = be->name_ptrs;
+    be->watch.ncomms = ncomms;
     for (int i = 0; i < ncomms; i++) {
         const mf_rt_comm *cm = &comms[i];
         int color, key;
@@ -448,15 +358,18 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
                                    "communicator %d (axis %d): split color/key %d/%d disagree with the engine's "
                                    "%lld/%lld",
                                    i, cm->axis, color, key, (long long)cm->color, (long long)cm->coord);
-        char name[96];
-        snprintf(name, sizeof name, "mfsdp-%s-%s", rt->s->mesh.axes[cm->axis].name, mf_stream_name(cm->stream));
+        /* NCCL keeps the pointer: the name lives as long as the communicator. */
+        char *name = be->names[i];
+        snprintf(name, sizeof be->names[i], "mfsdp-%s-%s", rt->s->mesh.axes[cm->axis].name,
+                 mf_stream_name(cm->stream));
+        be->name_ptrs[i] = name;
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = be->nonblocking ? 0 : 1;
         config.commName = name;
         snprintf(what, sizeof what, "ncclCommSplit for axis %s (%s stream, color %d, key %d)",
                  rt->s->mesh.axes[cm->axis].name, mf_stream_name(cm->stream), color, key);
         pthread_mutex_lock(&be->mu);
-        ncclResult_t nr = be->aborted ? ncclRemoteError : ncclCommSplit(be->world, color, key, &be->comms[i], &config);
+        ncclResult_t nr = aborted(be) ? ncclRemoteError : ncclCommSplit(be->world, color, key, &be->comms[i], &config);
         res = check_nccl(be, be->comms[i] ? be->comms[i] : be->world, nr, msg, sizeof msg, what);
         int n = 0;
         if (res == MFSDP_OK && (nr = ncclCommCount(be->comms[i], &n)) != ncclSuccess)
@@ -476,31 +389,35 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
      * use them in place (NVLS, CollNet, zero-copy P2P). */
     if (be->core.kind == MF_CUDA_MEM_NCCL) {
         const mf_cuda_block *regions[MF_NCCL_MAX_REG];
+        void *ptr[MF_NCCL_MAX_REG];
+        size_t bytes[MF_NCCL_MAX_REG];
         int nr_ = mf_cuda_core_regions(&be->core, regions, MF_NCCL_MAX_REG);
-        for (int i = 0; i < ncomms; i++)
-            for (int k = 0; k < nr_; k++) {
-                pthread_mutex_lock(&be->mu);
-                ncclResult_t nr = ncclCommRegister(be->comms[i], regions[k]->p, regions[k]->bytes,
-                                                   &be->reg[i * MF_NCCL_MAX_REG + k]);
-                res = check_nccl(be, be->comms[i], nr, msg, sizeof msg, "ncclCommRegister");
-                pthread_mutex_unlock(&be->mu);
-                if (res != MFSDP_OK)
-                    return mf_rt_set_error(rt, res, "%s", msg);
-            }
-        be->nreg = nr_;
+        for (int k = 0; k < nr_; k++) {
+            ptr[k] = regions[k]->p;
+            bytes[k] = regions[k]->bytes;
+        }
+        int bad_comm, bad_region;
+        be->nreg = nr_; /* close deregisters whatever is left (nothing after a failure) */
+        pthread_mutex_lock(&be->mu);
+        ncclResult_t nr = mf_nccl_register_all(be->comms, ncomms, ptr, bytes, nr_, be->reg, MF_NCCL_MAX_REG,
+                                               &bad_comm, &bad_region);
+        if (nr != ncclSuccess) {
+            snprintf(what, sizeof what, "ncclCommRegister of region %d (%zu bytes) with %s", bad_region,
+                     bytes[bad_region], be->names[bad_comm]);
+            res = nccl_fail(nr, be->comms[bad_comm], msg, sizeof msg, what);
+        }
+        pthread_mutex_unlock(&be->mu);
+        if (res != MFSDP_OK)
+            return mf_rt_set_error(rt, res, "%s", msg);
     }
     if (be->nc.watchdog_poll_ms > 0) {
-        for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
-            for (int k = 0; k < MF_TRACK; k++) {
-                cudaError_t e = cudaEventCreateWithFlags(&be->ring[st].ev[k], cudaEventDisableTiming);
-                if (e != cudaSuccess) {
-                    res = mf_cuda_fail(e, msg, sizeof msg, "watchdog events");
-                    return mf_rt_set_error(rt, res, "%s", msg);
-                }
-            }
-        if (pthread_create(&be->wd, NULL, watchdog_main, be) != 0)
+        cudaError_t e = mf_watch_create_events(&be->watch);
+        if (e != cudaSuccess) {
+            res = mf_cuda_fail(e, msg, sizeof msg, "watchdog events");
+            return mf_rt_set_error(rt, res, "%s", msg);
+        }
+        if (mf_watch_start(&be->watch, be->nc.watchdog_poll_ms, be->core.device, watch_failed, be) != 0)
             return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the watchdog thread");
-        be->wd_started = true;
     }
     return MFSDP_OK;
 }
@@ -569,11 +486,12 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     }
     pthread_mutex_lock(&be->mu);
     mfsdp_result res = MFSDP_OK;
-    if (be->aborted) {
+    if (aborted(be)) {
         snprintf(err, errlen, "%s: the communicators were aborted after an earlier failure", what);
         res = MFSDP_ERR_ABORTED;
         goto unlock;
     }
+    mf_watch_call_begin(&be->watch); /* a blocking call that never returns is the watchdog's */
     ncclResult_t first_err = ncclSuccess, nr;
     cudaError_t cuda_err = cudaSuccess;
     if (n > 1 && (nr = ncclGroupStart()) != ncclSuccess)
@@ -593,6 +511,7 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
         if (first_err == ncclSuccess)
             first_err = nr;
     }
+    mf_watch_call_end(&be->watch);
     res = check_nccl(be, be->comms[first->comm], first_err, err, errlen, what);
     if (res == MFSDP_OK && cuda_err != cudaSuccess)
         res = mf_cuda_fail(cuda_err, err, errlen, "%s: in-place staging copy", what);
@@ -608,7 +527,7 @@ unlock:
     pthread_mutex_unlock(&be->mu);
     mf_rt_free(posts);
     if (res == MFSDP_OK)
-        track(be, first->op->stream, be->pending[n - 1]);
+        mf_watch_track(&be->watch, first->op->stream, be->core.stream[first->op->stream], be->pending[n - 1]);
     else if (res == MFSDP_ERR_TIMEOUT)
         abort_all(be);
     return res;
@@ -635,12 +554,19 @@ static mfsdp_result nccl_submit(mf_rt *rt, const mf_rt_op *rop, int64_t microbat
         bool grouped = p->group[pos] && p->group[pos][op->id] >= 0;
         if (grouped && !p->group_end[pos][op->id])
             return MFSDP_OK; /* deferred until the group's last member */
+        mf_cuda_core_time_begin(c, be->pending[0], be->npending, op->stream, microbatch);
         res = flush_group(be, err, errlen);
+        mf_cuda_core_time_end(c);
     } else if (!skip) {
         if (be->npending) /* cannot be: groups are contiguous runs of collectives */
             res = flush_group(be, err, errlen);
+        bool timed = op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
+        if (timed)
+            mf_cuda_core_time_begin(c, op->id, 1, op->stream, microbatch);
         if (res == MFSDP_OK)
             res = mf_cuda_core_local(c, rop, microbatch, event_seq, err, errlen);
+        if (timed)
+            mf_cuda_core_time_end(c);
     }
     if (res != MFSDP_OK)
         return res;
@@ -668,25 +594,14 @@ static void nccl_close(mf_rt *rt)
     nccl_be *be = be_of(rt);
     if (!be)
         return;
-    if (be->wd_started) {
-        pthread_mutex_lock(&be->wd_mu);
-        be->wd_stop = true;
-        pthread_cond_broadcast(&be->wd_cv);
-        pthread_mutex_unlock(&be->wd_mu);
-        pthread_join(be->wd, NULL);
-    }
+    if (be->mu_ready)
+        mf_watch_destroy(&be->watch); /* stops the thread first */
     if (be->core.rt && be->core.stream[MF_STREAM_INNER])
         mf_cuda_core_free(&be->core, NULL); /* drains */
     if (be->mu_ready) {
         pthread_mutex_lock(&be->mu);
-        if (!be->aborted) {
-            for (int i = 0; i < be->ncomms; i++) {
-                if (!be->comms[i])
-                    continue;
-                for (int k = 0; k < be->nreg; k++)
-                    if (be->reg[i * MF_NCCL_MAX_REG + k])
-                        ncclCommDeregister(be->comms[i], be->reg[i * MF_NCCL_MAX_REG + k]);
-            }
+        if (!aborted(be)) {
+            mf_nccl_deregister_all(be->comms, be->ncomms, be->reg, be->nreg, MF_NCCL_MAX_REG);
             /* Finalize (flushes, may be in progress on nonblocking comms), then destroy. */
             char msg[MF_RT_ERRLEN];
             for (int i = -1; i < be->ncomms; i++) {
@@ -702,17 +617,11 @@ static void nccl_close(mf_rt *rt)
         pthread_mutex_unlock(&be->mu);
         pthread_mutex_destroy(&be->mu);
     }
-    for (int st = 0; st < MF_STREAM_COUNT; st++)
-        for (int k = 0; k < MF_TRACK; k++)
-            if (be->ring[st].ev[k])
-                cudaEventDestroy(be->ring[st].ev[k]);
-    if (be->wd_ready) {
-        pthread_cond_destroy(&be->wd_cv);
-        pthread_mutex_destroy(&be->wd_mu);
-    }
     mf_cuda_core_close(&be->core);
     mf_rt_free(be->comms);
     mf_rt_free(be->reg);
+    mf_rt_free(be->names);
+    mf_rt_free(be->name_ptrs);
     mf_rt_free(be->pending);
     mf_rt_free(be);
     rt->be_state = NULL;

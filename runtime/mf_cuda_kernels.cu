@@ -11,7 +11,9 @@
  * for fp32), otherwise element by element. A grid-stride loop over chunks
  * keeps the grid bounded (no host query of the device), and the ragged tail
  * (n mod 8 elements) is done by the first threads. The launch never blocks the
- * host and allocates nothing, so it can be captured into a CUDA graph.
+ * host and allocates nothing, so it can be captured into a CUDA graph; each
+ * call returns its own launch's result (cudaLaunchKernel), never a last error
+ * left behind by an earlier call on the thread.
  */
 #include "mf_cuda_kernels.h"
 
@@ -154,6 +156,16 @@ template <int T> __global__ void __launch_bounds__(kThreads) fill_kernel(void *b
         store1<T>(buf, i, pattern(seed, i));
 }
 
+/* One thread spinning on the device's nanosecond global timer. */
+__global__ void spin_kernel(int64_t ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while ((int64_t)(t - t0) < ns);
+}
+
 unsigned grid_for(int64_t work)
 {
     int64_t blocks = (work + kThreads - 1) / kThreads;
@@ -162,23 +174,36 @@ unsigned grid_for(int64_t work)
     return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
+/* Launches fn and returns the launch's own result. Not cudaGetLastError():
+ * that also returns whatever an earlier call on this thread left behind (a
+ * cudaErrorNotReady from an event or stream query, for one). A failed launch
+ * is cleared from the last-error state: it is returned here. */
+cudaError_t launch(const void *fn, unsigned grid, void **args, cudaStream_t s)
+{
+    cudaError_t e = cudaLaunchKernel(fn, dim3(grid), dim3(kThreads), args, 0, s);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError();
+    return e;
+}
+
 template <int S, int D>
-void launch_combine(const operands &ops, int64_t n, float scale, bool divide, bool add_dst, bool vec,
-                    cudaStream_t s)
+cudaError_t launch_combine(operands ops, int64_t n, float scale, bool divide, bool add_dst, bool vec,
+                           cudaStream_t s)
 {
     int64_t work = vec ? n / kVec + n % kVec : n;
-    combine_kernel<S, D><<<grid_for(work), kThreads, 0, s>>>(ops, n, scale, divide, add_dst, vec);
+    void *args[] = {&ops, &n, &scale, &divide, &add_dst, &vec};
+    return launch(reinterpret_cast<const void *>(&combine_kernel<S, D>), grid_for(work), args, s);
 }
 
 template <int S>
-bool dispatch_dst(mf_dtype dt, const operands &ops, int64_t n, float scale, bool divide, bool add_dst,
-                  bool vec, cudaStream_t s)
+cudaError_t dispatch_dst(mf_dtype dt, const operands &ops, int64_t n, float scale, bool divide, bool add_dst,
+                         bool vec, cudaStream_t s)
 {
     switch (dt) {
-    case MF_FP32: launch_combine<S, MF_FP32>(ops, n, scale, divide, add_dst, vec, s); return true;
-    case MF_BF16: launch_combine<S, MF_BF16>(ops, n, scale, divide, add_dst, vec, s); return true;
-    case MF_FP16: launch_combine<S, MF_FP16>(ops, n, scale, divide, add_dst, vec, s); return true;
-    default: return false;
+    case MF_FP32: return launch_combine<S, MF_FP32>(ops, n, scale, divide, add_dst, vec, s);
+    case MF_BF16: return launch_combine<S, MF_BF16>(ops, n, scale, divide, add_dst, vec, s);
+    case MF_FP16: return launch_combine<S, MF_FP16>(ops, n, scale, divide, add_dst, vec, s);
+    default: return cudaErrorInvalidValue;
     }
 }
 
@@ -228,19 +253,16 @@ cudaError_t mf_cuda_combine(void *const *dsts, int ndst, mf_dtype dt,
     }
     if (n == 0)
         return cudaSuccess;
-    bool ok = false, divide = how == MF_CUDA_DIV;
+    bool divide = how == MF_CUDA_DIV;
     if (scale == 1.0f) { /* x * 1 == x / 1 == x: one instantiation path, no extra op */
         divide = false;
     }
     switch (st) {
-    case MF_FP32: ok = dispatch_dst<MF_FP32>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
-    case MF_BF16: ok = dispatch_dst<MF_BF16>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
-    case MF_FP16: ok = dispatch_dst<MF_FP16>(dt, ops, n, scale, divide, add_dst, vec, stream); break;
-    default: break;
+    case MF_FP32: return dispatch_dst<MF_FP32>(dt, ops, n, scale, divide, add_dst, vec, stream);
+    case MF_BF16: return dispatch_dst<MF_BF16>(dt, ops, n, scale, divide, add_dst, vec, stream);
+    case MF_FP16: return dispatch_dst<MF_FP16>(dt, ops, n, scale, divide, add_dst, vec, stream);
+    default: return cudaErrorInvalidValue;
     }
-    if (!ok)
-        return cudaErrorInvalidValue;
-    return cudaGetLastError();
 }
 
 cudaError_t mf_cuda_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream)
@@ -285,12 +307,22 @@ cudaError_t mf_cuda_fill_pattern(void *buf, mf_dtype t, int64_t n, uint32_t seed
         return cudaErrorInvalidValue;
     if (n == 0)
         return cudaSuccess;
-    switch (t) {
-    case MF_FP32: fill_kernel<MF_FP32><<<grid_for(n), kThreads, 0, stream>>>(buf, n, seed); break;
-    case MF_BF16: fill_kernel<MF_BF16><<<grid_for(n), kThreads, 0, stream>>>(buf, n, seed); break;
-    default: fill_kernel<MF_FP16><<<grid_for(n), kThreads, 0, stream>>>(buf, n, seed); break;
-    }
-    return cudaGetLastError();
+    void *args[] = {&buf, &n, &seed};
+    const void *fn = t == MF_FP32   ? reinterpret_cast<const void *>(&fill_kernel<MF_FP32>)
+                     : t == MF_BF16 ? reinterpret_cast<const void *>(&fill_kernel<MF_BF16>)
+                                    : reinterpret_cast<const void *>(&fill_kernel<MF_FP16>);
+    return launch(fn, grid_for(n), args, stream);
+}
+
+cudaError_t mf_cuda_spin(int64_t ns, cudaStream_t stream)
+{
+    if (ns < 0)
+        return cudaErrorInvalidValue;
+    void *args[] = {&ns};
+    cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void *>(&spin_kernel), dim3(1), dim3(1), args, 0, stream);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError();
+    return e;
 }
 
 float mf_cuda_pattern(uint32_t seed, int64_t i)

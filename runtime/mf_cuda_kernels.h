@@ -16,7 +16,7 @@
  *
  * Invariants: every call only enqueues work on `stream` (no host
  * synchronization, no allocation, capturable into a CUDA graph) and returns
- * the launch error; n == 0 enqueues nothing. Element i of every dst is written
+ * its own launch's result (never a stale error of an earlier call); n == 0 enqueues nothing. Element i of every dst is written
  * by the same thread that read element i of every src, so a dst may alias a src
  * at the same element positions (in-place cast/accumulate/scale/reduce), but
  * two ranges that overlap at shifted positions are undefined. Pointers aligned
@@ -79,6 +79,11 @@ cudaError_t mf_cuda_copy(void *dst, const void *src, size_t bytes, cudaStream_t 
 /* A deterministic, non-constant test pattern: buf[i] = (t) mf_cuda_pattern(seed, i). */
 cudaError_t mf_cuda_fill_pattern(void *buf, mf_dtype t, int64_t n, uint32_t seed,
                                  cudaStream_t stream);
+
+/* A one-thread kernel that spins for ns nanoseconds of the device's global
+ * timer: a stand-in for compute in the device check (overlap, ordering
+ * stress). */
+cudaError_t mf_cuda_spin(int64_t ns, cudaStream_t stream);
 
 /* The pattern's value, identical on host and device: a multiple of 1/64 in
  * [-8, 8), distinct per seed and per element. */

@@ -6,7 +6,7 @@
  *   - communicators: one per mesh axis, split from the world communicator with
  *     color = mf_mesh_axis_color() (the other coordinates) and key = this
  *     axis's coordinate, so each axis group is one communicator whose ranks are
- *     ordered as the schedule's shard math expects (DESIGN §2, §3.2), and the
+ *     ordered as the schedule's shard math expects (docs/semantics.md §2), and the
  *     inner axis never shares a communicator with an outer one;
  *   - calls: what each op becomes (one NCCL call, one kernel, one copy or one
  *     event call), on which stream and communicator, with which reduction, and

@@ -1,5 +1,5 @@
 /*
- * mf_layout: rank coordinates, axis groups and shard ranges (DESIGN §3.2).
+ * mf_layout: rank coordinates, axis groups and shard ranges (docs/semantics.md §2).
  */
 #include "mf_layout.h"
 

@@ -1,5 +1,5 @@
 /*
- * mf_layout: the layout math of DESIGN §3.2, shared by the planner, the
+ * mf_layout: the layout math of docs/semantics.md §2, shared by the planner, the
  * verifier and the runtime. One function answers "which elements of a bucket
  * does rank r hold under placement p": mf_layout_range().
  *
@@ -32,7 +32,7 @@ int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank);
 
 /* First axis of the Flat suffix: s such that axes s..k-1 are Flat; k if none. */
 int mf_placement_flat_start(const mf_placement *p, int naxes);
-/* True when the Flat axes form a suffix of the mesh (DESIGN §3.1). */
+/* True when the Flat axes form a suffix of the mesh (docs/semantics.md §1). */
 bool mf_placement_suffix_ok(const mf_placement *p, int naxes);
 /* Number of shards: product of the sizes of the Flat axes. */
 int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p);

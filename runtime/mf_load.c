@@ -1,5 +1,5 @@
 /*
- * mf_load: reads a schedule file (DESIGN §6, docs/schedule.md) into an
+ * mf_load: reads a schedule file (docs/schedule.md §2) into an
  * mf_schedule with libyaml's document API.
  *
  * The runtime trusts what this returns, so the loader refuses, with the YAML
@@ -347,7 +347,7 @@ static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
     return mf_load_node(l, seq->data.sequence.items.start[i]);
 }
 
-/* A placement: one name per mesh axis, Flat axes a suffix (DESIGN §3.1). */
+/* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1). */
 static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
                               mf_placement *out)
 {

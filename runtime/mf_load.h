@@ -1,5 +1,5 @@
 /*
- * mf_load: reads a schedule file (DESIGN §6) back into an mf_schedule.
+ * mf_load: reads a schedule file (docs/schedule.md §2) back into an mf_schedule.
  * Shared by the runtime and mfsdpc. Every malformed input is refused with a
  * located message "file:line:col: error: ..." (unknown format, missing key,
  * wrong type, dangling reference, size inconsistent with the layout); there is

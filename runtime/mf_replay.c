@@ -7,7 +7,7 @@
  * ascending id (record: next sequence number of its event; wait: the latest
  * issued one) and advances the expected hook.
  *
- * The order (DESIGN §7): step_begin; per microbatch m, forward_pre/post for
+ * The order (docs/runtime.md §4): step_begin; per microbatch m, forward_pre/post for
  * units 0..U-1, then backward_pre/post for units U-1..0; step_end. A hook out
  * of order is refused with the expected hook named; nothing is issued and the
  * state does not move, so the trainer can still make the right call.
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_debug.h"
 #include "mf_rt.h"
 
 static int mb_class(const mf_schedule *s, int64_t m)
@@ -234,6 +235,8 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     }
 
     int l = mf_replay_list(rt, phase, unit, m);
+    if (rt->check && (res = mf_debug_before(rt, phase, unit, m, l)) != MFSDP_OK)
+        return res;
     int64_t t0 = mf_rt_now_ns(), wait_ns = 0;
     for (int k = rt->list_start[l]; k < rt->list_start[l + 1]; k++) {
         res = issue(rt, rt->list_ops[k], m, &wait_ns);
@@ -241,6 +244,8 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
             break;
     }
     advance(rt);
+    if (rt->check && res == MFSDP_OK)
+        mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)
         res = mf_streams_drain(rt);
     int64_t t1 = mf_rt_now_ns();
@@ -250,7 +255,9 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     if (phase == MF_PHASE_STEP_END && res == MFSDP_OK)
         rt->stats.steps++;
     pthread_mutex_unlock(&rt->mu);
-    if (res != MFSDP_OK) {
+    /* A native backend's watchdog fails the runtime from its own thread: a
+     * hook whose ops all enqueued must still report that. */
+    if (res != MFSDP_OK || rt->native) {
         mfsdp_result f = sticky(rt);
         return f != MFSDP_OK ? f : res;
     }

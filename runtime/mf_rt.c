@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_debug.h"
 #include "mf_load.h"
 
 /* ---- accounted allocation ---- */
@@ -517,8 +518,10 @@ MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **ou
                                "mfsdp_schedule_load: path and out must not be NULL");
     *out = NULL;
     mf_schedule *s = mf_schedule_load_file(path, thread_err, sizeof thread_err);
-    if (!s)
+    if (!s) {
+        mf_rt_spec_hint_file(path, thread_err, sizeof thread_err);
         return MFSDP_ERR_LOAD;
+    }
     return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
 }
 
@@ -531,8 +534,10 @@ MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *
     *out = NULL;
     mf_schedule *s = mf_schedule_load_buffer(name ? name : "<buffer>", text, len, thread_err,
                                              sizeof thread_err);
-    if (!s)
+    if (!s) {
+        mf_rt_spec_hint(name ? name : "<buffer>", text, len, thread_err, sizeof thread_err);
         return MFSDP_ERR_LOAD;
+    }
     return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
 }
 
@@ -745,6 +750,7 @@ typedef struct mf_rt_hello {
     uint8_t hash[32];
     int64_t status;         /* mfsdp_result of this rank's setup */
     int64_t mesh_world;     /* the world its schedule wants */
+    int64_t axes[MF_MAX_AXES]; /* its mesh shape (0 past the last axis) */
 } mf_rt_hello;
 
 /* Compares every rank's hello; on a difference formats a message naming the
@@ -784,10 +790,16 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
             }
         if (at < sizeof msg)
             at += (size_t)snprintf(msg + at, sizeof msg - at,
-                                   " %s %02x%02x%02x%02x%02x%02x%02x%02x (mesh of %lld ranks);",
+                                   " %s %02x%02x%02x%02x%02x%02x%02x%02x (mesh ",
                                    count > 1 ? "have" : "has", all[r].hash[0], all[r].hash[1],
                                    all[r].hash[2], all[r].hash[3], all[r].hash[4], all[r].hash[5],
-                                   all[r].hash[6], all[r].hash[7], (long long)all[r].mesh_world);
+                                   all[r].hash[6], all[r].hash[7]);
+        for (int j = 0; j < MF_MAX_AXES && all[r].axes[j] > 0 && at < sizeof msg; j++)
+            at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%lld", j ? " x " : "",
+                                   (long long)all[r].axes[j]);
+        if (at < sizeof msg)
+            at += (size_t)snprintf(msg + at, sizeof msg - at, ", %lld ranks);",
+                                   (long long)all[r].mesh_world);
     }
     if (at < sizeof msg)
         snprintf(msg + at, sizeof msg - at, " every rank must load the same schedule file");
@@ -819,6 +831,7 @@ static mfsdp_result setup(mf_rt *rt)
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
+    MF_CHECKGOTO(mf_debug_create(rt), res, done);
     rt->ev_issued = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
     rt->ev_done = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
     if (!rt->ev_issued || !rt->ev_done)
@@ -854,6 +867,7 @@ static void release(mf_rt *rt)
     mf_rt_free(rt->ev_issued);
     mf_rt_free(rt->ev_done);
     mf_rt_free(rt->views);
+    mf_debug_free(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
         mf_rt_free(rt->streams[st].queue);
         if (rt->sync_ready && st != MF_STREAM_COMPUTE)
@@ -893,9 +907,10 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     rt->sh = sh;
     rt->s = sh->s;
     rt->cfg = *cfg;
+    rt->cfg.flags = mf_debug_flags(cfg->flags);   /* MFSDP_CHECK=1 in the environment */
     rt->be = be;
     rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
-    rt->synchronous = !rt->native && (cfg->flags & MFSDP_FLAG_SYNCHRONOUS);
+    rt->synchronous = !rt->native && (rt->cfg.flags & MFSDP_FLAG_SYNCHRONOUS);
     rt->next_phase = MF_PHASE_STEP_BEGIN;
     rt->next_unit = -1;
     if (pthread_mutex_init(&rt->mu, NULL) != 0) {
@@ -943,6 +958,8 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     memcpy(mine.hash, rt->s->hash, 32);
     mine.status = local;
     mine.mesh_world = rt->s->mesh.world;
+    for (int j = 0; j < rt->s->mesh.naxes && j < MF_MAX_AXES; j++)
+        mine.axes[j] = rt->s->mesh.axes[j].size;
     mf_rt_hello *all = mf_rt_calloc((size_t)rt->world, sizeof *all);
     if (!all) {
         /* Cannot even take part in the exchange: peers will time out. */
@@ -994,10 +1011,18 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
     pthread_mutex_lock(&rt->mu);
     bool failed = rt->failed != MFSDP_OK;
     pthread_mutex_unlock(&rt->mu);
-    if (in_flight || failed) {
-        char why[128];
-        snprintf(why, sizeof why, "rank %lld was destroyed with %s", (long long)rt->rank,
-                 failed ? "a failed step" : "ops in flight");
+    /* A rank that gives up in the middle of a step after an error (e.g. a
+     * hook out of order) will never join its peers' collectives. */
+    bool gave_up = rt->next_phase != MF_PHASE_STEP_BEGIN && rt->err[0] != '\0';
+    if (in_flight || failed || gave_up) {
+        /* The rank's own last error is the root cause peers should see. */
+        char why[768];
+        pthread_mutex_lock(&rt->mu);
+        const char *cause = failed ? rt->fail_msg : rt->err;
+        snprintf(why, sizeof why, "rank %lld was destroyed with %s%s%.600s", (long long)rt->rank,
+                 failed ? "a failed step" : in_flight ? "ops in flight" : "a step half done",
+                 cause[0] ? "; its error: " : "", cause);
+        pthread_mutex_unlock(&rt->mu);
         rt->be->abort(rt, why);
     }
     if (!rt->native && !rt->synchronous)

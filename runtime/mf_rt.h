@@ -142,6 +142,7 @@ struct mfsdp_runtime {
 
     int nviews;
     mfsdp_tensor_view *views;
+    struct mf_debug *check;     /* check mode state (mf_debug.c); NULL when off */
     mfsdp_stats stats;          /* host-side counters; stream times merged on read */
 };
 
@@ -194,6 +195,17 @@ bool mf_streams_busy(mf_rt *rt);
 /* Runs one op on the calling thread (stream threads, compute ops, synchronous mode). */
 mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
                              size_t errlen, int64_t *wait_ns);
+
+/* mf_helpers.c: keeps an accounted allocation alive and reachable for the
+ * rest of the process (a pending MPI operation may still write it; a leak
+ * checker sees it as reachable). NULL is ignored. Thread-safe. */
+void mf_rt_graveyard(void *p);
+
+/* mf_helpers.c: when a failed load's input is a .mfsdp spec, replaces err
+ * with "this is a spec; compile it with `mfsdpc compile`" (the original
+ * message kept at its end); otherwise leaves err alone. */
+void mf_rt_spec_hint(const char *name, const void *text, size_t len, char *err, size_t errlen);
+void mf_rt_spec_hint_file(const char *path, char *err, size_t errlen);
 
 /* mf_rt.c: buffer pointer of schedule buffer b (for tools and tests). */
 void *mf_rt_buffer(const mf_rt *rt, int b);

@@ -1,5 +1,5 @@
 /*
- * mf_schedule: the in-memory model of a compiled schedule (DESIGN §6).
+ * mf_schedule: the in-memory model of a compiled schedule (docs/schedule.md §2).
  *
  * This is the contract between every stage after the planner's transitions:
  * the lowering pass fills it, the verifier checks it, the emitter writes it,

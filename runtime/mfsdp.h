@@ -1,6 +1,6 @@
 /*
  * mfsdp.h: the public interface of libmfsdp, the replay runtime of mfsdp
- * (DESIGN §7). This header is the contract with trainers; it is the only
+ * (docs/runtime.md). This header is the contract with trainers; it is the only
  * header a trainer includes (plus mfsdp_mpi.h for the MPI backend).
  *
  * A trainer
@@ -165,12 +165,28 @@ enum {
     /* Execute every op on the calling thread at issue, in issue order (no
      * stream threads). Slower; for debugging a schedule or a trainer. */
     MFSDP_FLAG_SYNCHRONOUS = 1u << 0,
+    /* Check mode (CPU backends; also turned on by MFSDP_CHECK=1 in the
+     * environment, no rebuild needed): every weight and grad_local outside
+     * its window holds a signalling-NaN pattern, so a read outside a window
+     * gives NaN; backward_post refuses a grad_local not completely
+     * overwritten this microbatch (naming the tensor and the first bad
+     * element); a hook refuses when the trainer wrote into a weight, or into
+     * any buffer outside its window. Implies MFSDP_FLAG_SYNCHRONOUS; costs a
+     * copy of every weight and grad_local and a few passes over them per
+     * hook (docs/runtime.md, "Check mode"). Ignored by GPU backends. */
+    MFSDP_FLAG_CHECK = 1u << 1,
 };
 
 typedef struct mfsdp_config {
     mfsdp_backend backend;
-    int64_t rank;              /* world rank of this runtime; -1 = ask the backend
-                                  (mpi: the rank in the communicator) */
+    int64_t rank;              /* world rank of this runtime, or -1 (the default):
+                                  local, cuda-local: the lowest rank of the group
+                                    without a runtime, in the order the creates
+                                    attach (read it back with mfsdp_rank());
+                                  mpi: the rank in the communicator (an explicit
+                                    rank must equal it);
+                                  nccl: the rank in world_comm, 0 for a world of
+                                    one; with a unique id it must be given */
     int64_t timeout_ms;        /* limit of every blocking wait (peers, events,
                                   streams); 0 = wait forever. Default 600000. */
     uint32_t flags;            /* MFSDP_FLAG_* */
@@ -182,7 +198,8 @@ typedef struct mfsdp_config {
                                   NULL for local and mpi */
 } mfsdp_config;
 
-/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms). */
+/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms,
+ * no flags). */
 MFSDP_API void mfsdp_config_init(mfsdp_config *cfg);
 
 /* ---- runtimes ---- */
@@ -231,11 +248,17 @@ MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis);
  *              backward_post(u); the runtime accumulates across microbatches.
  *  main_weight this rank's shard of the fp32 master weight: elements
  *              [shard_offset, shard_offset + shard_count) of the tensor
- *              (flattened, row-major). Update it after mfsdp_step_end.
+ *              (flattened, row-major). Write the initial weights between
+ *              mfsdp_create and the first mfsdp_step_begin (create zero-fills
+ *              it; mfsdp_main_weight_scatter does it from a full tensor);
+ *              update it after each mfsdp_step_end (the optimizer step),
+ *              never inside a step.
  *  grad        the delivered gradient for the same elements, valid after
  *              mfsdp_step_end until the next step's first backward_post.
- * shard_count is 0 (and main_weight/grad NULL) when this rank holds none of
- * the tensor; with a replicated main_weight every rank holds all of it.
+ * shard_count is 0 (and main_weight and grad are NULL) when this rank holds
+ * none of the tensor -- common for small tensors on many ranks, so loop
+ * `for (i = 0; i < shard_count; i++)` and never dereference them otherwise;
+ * with a replicated main_weight every rank holds all of it.
  */
 typedef struct mfsdp_tensor_view {
     const char *name;         /* full name: unit name + "." + tensor name */
@@ -293,6 +316,89 @@ typedef struct mfsdp_stats {
 } mfsdp_stats;
 
 MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *rt, mfsdp_stats *out);
+
+/* ---- helpers (runtime/mf_helpers.c; docs/runtime.md, "Helpers") ----
+ *
+ * What every trainer would otherwise write itself. They work on host memory:
+ * the local and mpi backends (a GPU backend returns MFSDP_ERR_UNSUPPORTED
+ * from the ones that touch buffers or communicate). The collective ones
+ * (gather, all-reduce, grad norm and clip) must be called by every rank of
+ * the world, in the same order, between hooks; they use the runtime's own
+ * world communicator (never the trainer's), allocate for the call, and a
+ * failure (a timeout: a peer never called) is sticky like a hook's.
+ */
+
+/* fp32 <-> bf16 / fp16 with round to nearest even; NaN stays NaN (quiet),
+ * overflow gives infinity. The exact conversions the runtime's casts use. */
+MFSDP_API uint16_t mfsdp_f32_to_bf16(float f);
+MFSDP_API float mfsdp_bf16_to_f32(uint16_t h);
+MFSDP_API uint16_t mfsdp_f32_to_fp16(float f);
+MFSDP_API float mfsdp_fp16_to_f32(uint16_t h);
+/* dst[i] = src[i] converted from src_dtype to dst_dtype, i < n (same dtype:
+ * a copy). dst and src must not overlap unless equal with equal dtypes. */
+MFSDP_API mfsdp_result mfsdp_convert(void *dst, mfsdp_dtype dst_dtype, const void *src,
+                                     mfsdp_dtype src_dtype, int64_t n);
+
+/* Index of the unit with this name, or -1 (like mfsdp_tensor_find). */
+MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name);
+MFSDP_API int mfsdp_schedule_unit_find(const mfsdp_schedule *s, const char *name);
+
+/*
+ * Copies this rank's shard of tensor `tensor` out of `full` (the whole
+ * tensor in host memory: numel elements of `dtype`, row-major) into its
+ * main_weight, converting to main_weight_dtype. Local: no communication;
+ * every rank passes the same full tensor (e.g. the same seeded init or a
+ * loaded checkpoint). A rank with shard_count 0 copies nothing. Call it
+ * between hooks outside a step: after mfsdp_create and before the first
+ * mfsdp_step_begin (the initial weights), or after mfsdp_step_end.
+ */
+MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, const void *full,
+                                                 mfsdp_dtype dtype);
+
+/* A root for mfsdp_main_weight_gather: every rank receives the tensor. */
+#define MFSDP_ALL_RANKS (-1)
+
+/*
+ * Gathers the whole master weight of tensor `tensor` (numel elements,
+ * converted to `dtype`) into `out` on rank `root`, or on every rank with
+ * MFSDP_ALL_RANKS (for logging, evaluation, export). Collective over the
+ * world; `out` may be NULL on ranks that do not receive. Each element comes
+ * from one rank that holds it (replicas are not compared).
+ */
+MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
+                                                mfsdp_dtype dtype, int64_t root);
+
+typedef enum mfsdp_reduce_op {
+    MFSDP_REDUCE_SUM = 0,
+    MFSDP_REDUCE_MAX = 1,
+    MFSDP_REDUCE_MIN = 2,
+} mfsdp_reduce_op;
+
+/*
+ * All-reduces n doubles in place over the world (a logged loss, token
+ * counts, norm partials): values[i] becomes op over every rank's values[i].
+ * Sums are taken in rank order in double, so every rank gets the same bits.
+ * Collective over the world; n in [0, 1 << 20].
+ */
+MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n, mfsdp_reduce_op op);
+
+/*
+ * The global L2 norm of the delivered gradient of every tensor: the square
+ * root of the sum of squares over every rank's grad shard, where a shard
+ * that several ranks hold (a replicated main_weight) counts once. Every rank
+ * gets the same value. Call after mfsdp_step_end and before the next
+ * mfsdp_step_begin. Collective over the world.
+ */
+MFSDP_API mfsdp_result mfsdp_grad_norm(mfsdp_runtime *rt, double *norm);
+
+/*
+ * Gradient clipping: computes the global norm as mfsdp_grad_norm does and,
+ * when it exceeds max_norm (> 0), scales every delivered gradient shard of
+ * this rank by max_norm / (norm + 1e-6) (the same factor on every rank, so
+ * replicas stay equal). *norm (may be NULL) receives the norm before
+ * clipping. Same calling rules as mfsdp_grad_norm.
+ */
+MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, double *norm);
 
 #ifdef __cplusplus
 }

@@ -23,18 +23,24 @@
  *
  * Launch order: one host thread issues each GPU's ops (the trainer's thread,
  * through the hooks), in the schedule's fixed order, which is the same on
- * every rank. The backend also sets NCCL_LAUNCH_ORDER_IMPLICIT=1 (unless the
- * environment sets it, or MFSDP_NCCL_NO_IMPLICIT_ORDER) before it creates its
- * communicators, so NCCL launches the kernels of the inner and the outer
- * communicator on the device in that host order and two ranks can never wait
- * on each other's other communicator.
+ * every rank. The backend also sets NCCL_LAUNCH_ORDER_IMPLICIT=1, once per
+ * process under a lock (unless the environment sets it, or
+ * MFSDP_NCCL_NO_IMPLICIT_ORDER) before it creates its communicators, so NCCL
+ * launches the kernels of the inner and the outer communicator on the device
+ * in that host order and two ranks can never wait on each other's other
+ * communicator. When that cannot take effect (the variable has another value,
+ * or the trainer's NCCL may have launched already) mfsdp_nccl_warning() says
+ * so.
  *
  * Errors: every CUDA and NCCL result is checked; the message names the op,
- * the call and NCCL's last error. With a watchdog (the default) a thread polls
- * ncclCommGetAsyncError and the completion of every in-flight collective; on
- * an error or when one exceeds cfg->timeout_ms it aborts the communicators
- * (ncclCommAbort), so a dead peer gives MFSDP_ERR_TIMEOUT or
- * MFSDP_ERR_ABORTED on the survivors' next hook instead of a hang.
+ * the call and NCCL's last error. Communicators are blocking by default (a
+ * collective is one short host call); with a watchdog (the default) a thread
+ * polls ncclCommGetAsyncError, the completion of every in-flight collective
+ * and how long an NCCL call has been running; on an error or past
+ * cfg->timeout_ms it aborts the communicators (ncclCommAbort), so a dead peer
+ * gives MFSDP_ERR_TIMEOUT or MFSDP_ERR_ABORTED on the survivors' next hook
+ * instead of a hang. Collectives must be on the inner or outer stream:
+ * mfsdp_create refuses a schedule with one on the compute stream.
  */
 #ifndef MFSDP_NCCL_H
 #define MFSDP_NCCL_H
@@ -51,9 +57,11 @@ extern "C" {
 
 /* mfsdp_nccl_config flags. */
 enum {
-    /* Communicators are nonblocking (ncclConfig_t.blocking = 0): creation,
-     * splits and every enqueue are bounded by cfg->timeout_ms and can be
-     * aborted by the watchdog. */
+    /* Communicators are nonblocking (ncclConfig_t.blocking = 0): creation
+     * and splits are bounded by cfg->timeout_ms too. The price, in NCCL
+     * 2.28: on 2 or more ranks every group (and lone collective) is run by a
+     * new host thread and polled until it settles -- tens of microseconds of
+     * host time per collective. Default: blocking (see docs/gpu.md). */
     MFSDP_NCCL_NONBLOCKING = 1u << 0,
     /* Buffers come from ncclMemAlloc (one pool) and are registered with every
      * communicator that moves them (ncclCommRegister). Else cudaMalloc. */
@@ -72,6 +80,10 @@ enum {
     MFSDP_NCCL_HOST_COMPUTE = 1u << 3,
     /* Leave NCCL_LAUNCH_ORDER_IMPLICIT alone. */
     MFSDP_NCCL_NO_IMPLICIT_ORDER = 1u << 4,
+    /* Time every op on the device (two timing events around it on its
+     * stream; not inside a capture); read with mfsdp_nccl_timeline(). For
+     * measurements: the extra events cost host time per op. */
+    MFSDP_NCCL_TIMELINE = 1u << 5,
 };
 
 typedef struct mfsdp_nccl_config {
@@ -90,12 +102,12 @@ typedef struct mfsdp_nccl_config {
 } mfsdp_nccl_config;
 
 /* Defaults: world_comm NULL, no unique id, the current device, no compute
- * stream, flags NONBLOCKING | MEM_ALLOC, watchdog every 100 ms. */
+ * stream, flags MEM_ALLOC (blocking communicators), watchdog every 100 ms. */
 static inline void mfsdp_nccl_config_init(mfsdp_nccl_config *nc)
 {
     memset(nc, 0, sizeof *nc);
     nc->device = -1;
-    nc->flags = MFSDP_NCCL_NONBLOCKING | MFSDP_NCCL_MEM_ALLOC;
+    nc->flags = MFSDP_NCCL_MEM_ALLOC;
     nc->watchdog_poll_ms = 100;
 }
 
@@ -129,6 +141,30 @@ MFSDP_API cudaStream_t mfsdp_nccl_stream(const mfsdp_runtime *rt, int stream);
 
 /* The CUDA device the runtime runs on; -1 when rt is not on a GPU backend. */
 MFSDP_API int mfsdp_nccl_device(const mfsdp_runtime *rt);
+
+/* One op's device time (MFSDP_NCCL_TIMELINE). */
+typedef struct mfsdp_nccl_op_time {
+    int op;                /* schedule op id; for an NCCL group, its first member */
+    int nops;              /* ops covered: 1, or the group's size */
+    int stream;            /* MFSDP_STREAM_* */
+    int64_t microbatch;    /* -1: a step_begin / step_end op */
+    double start_us;       /* when its stream reached it, since `origin` */
+    double end_us;         /* when it completed, since `origin` */
+    char name[64];         /* "all_gather dp_inner", "cast", ... */
+} mfsdp_nccl_op_time;
+
+/* Copies the ops timed since the previous call (at most cap, in issue order;
+ * at most one step's worth is kept) into out and forgets them. Times are
+ * relative to `origin`, an event with timing the caller recorded before the
+ * first of them. Call after mfsdp_synchronize(). Returns the number copied;
+ * -1 without MFSDP_NCCL_TIMELINE, when rt is not on a GPU backend, or when an
+ * event has not completed or cannot be timed. */
+MFSDP_API int mfsdp_nccl_timeline(mfsdp_runtime *rt, cudaEvent_t origin, mfsdp_nccl_op_time *out, int cap);
+
+/* A warning of mfsdp_create that did not stop it (today: why
+ * NCCL_LAUNCH_ORDER_IMPLICIT may not take effect), or "" when there is none
+ * or rt is not on a GPU backend. Owned by rt. */
+MFSDP_API const char *mfsdp_nccl_warning(const mfsdp_runtime *rt);
 
 #ifdef __cplusplus
 }

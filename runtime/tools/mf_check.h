@@ -1,5 +1,5 @@
 /*
- * mf_check: the DESIGN §9 oracle, run on every rank while it replays a
+ * mf_check: the oracle of docs/design.md §4.1, run on every rank while it replays a
  * schedule. Shared by mfsdp-replay (local threads or MPI processes) and the
  * runtime tests.
  *

@@ -1,7 +1,7 @@
 /*
  * mfsdp-replay: replays a compiled schedule on every rank of its mesh with
  * synthetic data distinct per rank, microbatch and element, and checks the
- * DESIGN §9 oracle on every rank after every step (mf_check.h).
+ * oracle of docs/design.md §4.1 on every rank after every step (mf_check.h).
  *
  *   mfsdp-replay SCHEDULE.yaml [--backend local|mpi|cuda-local|nccl] [--ranks N]
  *                [--steps S] [--timeout-ms T] [--sync] [--quiet]

@@ -11,7 +11,7 @@
  *   - when the input was itself canonical (emission == input), hash the same;
  *   - replay correctly: when small (world <= 8, a few MiB per rank, M <= 4,
  *     few ops), every rank runs one step on the local backend under the
- *     DESIGN §9 oracle (mf_check_local); a verified schedule that delivers a
+ *     docs/design.md §4.1 oracle (mf_check_local); a verified schedule that delivers a
  *     wrong gradient is a verifier bug, one that crashes a runtime bug.
  * fuzz_roundtrip_corpus feeds every seed through the same function.
  */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates seeds/schedules/*.yaml: small compiled schedules (every mode of
-# DESIGN §4.1 on small meshes, two units, tensors that do not divide evenly)
+# docs/semantics.md §4.5 on small meshes, two units, tensors that do not divide evenly)
 # for the schedule fuzz targets. Small seeds keep each libFuzzer execution
 # fast and mutations meaningful; schedules/*.yaml are seeds too.
 #

@@ -1,272 +1,435 @@
 #!/usr/bin/env bash
-# device-check.sh: everything mfsdp checks on a machine with one GPU, in one
-# run of under 8 minutes. Run from the repository root:
+# device-check.sh: everything mfsdp checks and measures on a machine with one
+# GPU, in one run of at most 8 minutes. Three ways to run it:
 #
-#   bash tests/gpu/device-check.sh                 # build, test, replay, bench
-#   bash tests/gpu/device-check.sh --fetch-debs D  # on a machine WITH apt access:
-#                                                  # download the build's Debian
-#                                                  # packages into D
+#   bash tests/gpu/device-check.sh --pack BUILD DIR
+#       HERE (a machine with the toolchain, no GPU needed): copy a CUDA build
+#       (nvcc, sm_80 + sm_90) into DIR with every runtime library it needs
+#       that is not glibc or the driver (libcudart, libyaml, libcmocka,
+#       libstdc++, ...) and a stub libnccl.so.2 (the real one is 218 MB, more
+#       than can be carried: the device's own NCCL is used when it has one, else
+#       the stub answers ncclSystemError and the NCCL stages fail cleanly).
+#       Refuses a tree over 64 MiB. Prints the size.
+#   bash DIR/device-check.sh --prebuilt DIR
+#       ON THE DEVICE: runs the stages below from DIR, builds nothing; needs
+#       bash, coreutils and the NVIDIA driver (CUDA 13: driver 580 or newer).
+#   bash tests/gpu/device-check.sh
+#       self-building, for an ordinary GPU machine: checks CMake (>= 3.25),
+#       nvcc, NCCL, flex, bison, pkg-config, libyaml, cmocka (apt when root and
+#       online, else .deb files from --fetch-debs D); stops with the list of
+#       what is missing (exit 2); builds for this GPU's architecture, packs
+#       into $BUILD/prebuilt and runs that.
 #
-# Stages (each bounded by `timeout`, skipped when the time budget is spent):
-#   1. prerequisites: nvcc, a GPU, NCCL (system, $NCCL_ROOT, or the pip wheel
-#      nvidia-nccl-cu13), cmake, and flex, bison, m4, pkg-config, libyaml and
-#      cmocka -- from the system, else installed with apt (short timeout: the
-#      machine may be offline), else unpacked without root from the .deb files
-#      in $MFSDP_DEBS (default ./.gpu-debs; make them with --fetch-debs);
-#      missing ones stop the script with a list and exit status 2;
-#   2. build (Release, CUDA for this GPU's architecture; warnings counted);
-#   3. ctest -L gpu: kernels bit-exact vs host references, the oracle through
-#      the one-GPU thread-rank backend (every mode x mesh) and NCCL (1x1),
-#      a CUDA trainer's path with CUDA graphs;
-#   4. mfsdp-replay --backend cuda-local on every example schedule
-#      (schedules/*.yaml; llama3_8b_hfsdp is skipped: 32 ranks of 8B
-#      parameters do not fit one GPU) and --backend nccl on a 1x1 HFSDP mesh;
-#   5. mfsdp-mlp on the GPU (when the example exists and has a GPU backend);
-#   6. mfsdp-gpu-bench: kernel bandwidth vs cudaMemcpy, host time per hook and
-#      device time per step (eager and CUDA graphs) on a llama-shaped 1x1 model.
-# Writes $OUT/summary.txt (OUT defaults to ./device-check-out) plus logs.
-# Exit status: 0 every stage passed, 1 a stage failed, 2 prerequisites missing.
+# Stages (each time-boxed; a stage that would pass the budget is skipped;
+# $OUT/summary.txt is written line by line, so a cut run still reports):
+#   0. probe: the device, the driver, NCCL (the device's or the stub);
+#   1. kernels bit-exact vs host references (+ the tests that need no GPU);
+#   2. the replay oracle through cuda-local (modes x {1x1, 2x2, 2x4}) and
+#      NCCL on 1x1, a CUDA trainer's path with graphs, thread-ranks on one
+#      GPU, and mfsdp-replay on the example schedules;
+#   3. overlap observed: a 1-rank cuda-local device trainer, a spin kernel per unit,
+#      per-op CUDA event timestamps on all three streams -> step / exposed /
+#      hidden / overlap, next to `mfsdpc simulate` of the same schedule, and
+#      a Chrome trace ($OUT/overlap-trace.json);
+#   4. ordering stress: a spin kernel on one stream at a time changes no bit;
+#   5. kernel bandwidth vs cudaMemcpyAsync, 64 KiB..64 MiB, aligned and not;
+#   6. host us per hook and per op, eager and as CUDA graphs; device time per
+#      step eager vs graphs.
+# Without a GPU every device stage says [SKIP] and the script exits 77 after
+# the stages that need none (tested in CTest: device_check_dry_run).
+# Exit status: 0 every stage passed, 1 a stage failed or timed out, 2 usage or
+# missing prerequisites, 77 no GPU (nothing failed).
 set -u
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$ROOT"
+SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+MAX_PACK_MIB=64
 
-DEB_PACKAGES="flex libfl2 libfl-dev bison m4 libyaml-0-2 libyaml-dev libcmocka0 libcmocka-dev pkgconf pkgconf-bin libpkgconf3"
+die() { echo "device-check: $*" >&2; exit 2; }
 
-if [ "${1:-}" = "--fetch-debs" ]; then
-    dir=${2:-.gpu-debs}
-    mkdir -p "$dir" && cd "$dir" || exit 2
-    apt-get download $DEB_PACKAGES || { echo "device-check: apt-get download failed" >&2; exit 2; }
-    echo "device-check: $(ls ./*.deb | wc -l) packages in $dir; carry that folder to the GPU machine"
-    exit 0
-fi
+# ---------------------------------------------------------------- pack ----
+# Libraries never carried: glibc's, the loader, the driver's.
+is_system_lib() {
+    case "$(basename "$1")" in
+        libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*|libutil.so*) return 0;;
+        libcuda.so*|libnvidia*|linux-vdso*) return 0;;
+    esac
+    return 1
+}
 
-OUT=${OUT:-$ROOT/device-check-out}
-mkdir -p "$OUT"
-SUMMARY=$OUT/summary.txt
-BUILD=${MFSDP_BUILD_DIR:-$ROOT/build-device}
-DEPS=${MFSDP_DEPS_PREFIX:-/tmp/mfsdp-device-deps}
-DEBS=${MFSDP_DEBS:-$ROOT/.gpu-debs}
+pack() {
+    local build=$1 dir=$2
+    [ -x "$build/tests/gpu/mfsdp-gpu-bench" ] || die "$build has no tests/gpu/mfsdp-gpu-bench: not a CUDA build of mfsdp"
+    local root
+    root=$(cd "$(dirname "$SELF")/../.." && pwd)
+    [ -d "$root/tests/gpu" ] || die "--pack runs from the repository (tests/gpu/device-check.sh)"
+    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/nccl-stub" "$dir/data/schedules" || die "cannot create $dir"
+    local bins=("$build/planner/mfsdpc" "$build/runtime/mfsdp-replay" "$build/tests/gpu/mfsdp-gpu-bench")
+    for t in "$build"/tests/gpu/test_*; do [ -x "$t" ] && [ -f "$t" ] && bins+=("$t"); done
+    for b in "${bins[@]}"; do
+        [ -x "$b" ] || die "missing $b"
+        cp "$b" "$dir/bin/" || die "cannot copy $b"
+        strip --strip-unneeded "$dir/bin/$(basename "$b")" 2>/dev/null || true
+    done
+    # Runtime libraries: everything ldd resolves except glibc and the driver;
+    # NCCL is replaced by the stub below.
+    local libs
+    libs=$(for b in "$dir"/bin/*; do ldd "$b" 2>/dev/null; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
+    for l in $libs; do
+        is_system_lib "$l" && continue
+        case "$(basename "$l")" in libnccl.so*) continue;; esac
+        cp -L "$l" "$dir/lib/$(basename "$l")" || die "cannot copy $l"
+    done
+    # The NCCL stub: every NCCL function the binaries import returns
+    # ncclSystemError; the two string functions say why.
+    local syms
+    syms=$(for b in "$dir"/bin/*; do objdump -T "$b" 2>/dev/null; done |
+           awk '$0 ~ /\*UND\*/ && $NF ~ /^nccl/ {print $NF}' | sort -u)
+    {
+        echo '/* generated by device-check.sh --pack: NCCL is not on this machine */'
+        echo 'static const char why[] = "NCCL is not installed on this machine (libnccl.so.2 is the device check'"'"'s stub; set NCCL_ROOT)";'
+        for s in $syms; do
+            case $s in
+                ncclGetErrorString|ncclGetLastError) echo "const char *$s(void) { return why; }";;
+                *) echo "int $s(void) { return 2; /* ncclSystemError */ }";;
+            esac
+        done
+    } >"$dir/nccl-stub/stub.c"
+    cc -shared -fPIC -O1 -Wl,-soname,libnccl.so.2 -o "$dir/nccl-stub/libnccl.so.2" "$dir/nccl-stub/stub.c" ||
+        die "cannot build the NCCL stub"
+    cp "$root"/schedules/*.yaml "$dir/data/schedules/" 2>/dev/null || true
+    cp "$root"/tests/gpu/*.mfsdp "$dir/data/" || die "cannot copy tests/gpu/*.mfsdp"
+    cp "$SELF" "$dir/device-check.sh"
+    local archs nvcc_v gencode
+    archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+    nvcc_v=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1)
+    gencode=$(grep -rho 'arch=compute_[0-9]*,code=\[[a-z_0-9,]*\]' "$build/runtime/CMakeFiles" "$build/build.ninja" 2>/dev/null | sort -u | tr '\n' ' ')
+    case "$gencode" in *sm_90*) ;; *) die "$build has no sm_90 device code (nvcc flags: ${gencode:-none}); configure with -DCMAKE_CUDA_ARCHITECTURES=\"80;90\"";; esac
+    local kib glibc
+    kib=$(du -sk "$dir" | cut -f1)
+    glibc=$(for b in "$dir"/bin/* "$dir"/lib/*; do objdump -T "$b" 2>/dev/null; done |
+            grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    {
+        echo "mfsdp device-check prebuilt tree"
+        echo "packed: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n) from $build"
+        echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+        echo "CUDA architectures: ${archs:-?} (nvcc ${nvcc_v:-?}: $gencode)"
+        echo "carried libraries: $(ls "$dir/lib" | tr '\n' ' ')"
+        echo "needs on the device: ${glibc:-glibc} or newer, an NVIDIA driver for CUDA 13 (580 or newer)"
+        echo "size: $((kib / 1024)) MiB ($kib KiB)"
+    } >"$dir/MANIFEST"
+    cat "$dir/MANIFEST"
+    if [ "$kib" -gt $((MAX_PACK_MIB * 1024)) ]; then
+        echo "device-check: $dir is $((kib / 1024)) MiB, over the ${MAX_PACK_MIB} MiB that can be carried" >&2
+        exit 1
+    fi
+}
+
+# --------------------------------------------------------------- stages ----
+OUT=${OUT:-$PWD/device-check-out}
 BUDGET=${MFSDP_CHECK_BUDGET_S:-460}   # seconds for everything (limit: 8 minutes)
 START=$(date +%s)
-STATUS=0
-: >"$SUMMARY"
+FAILED=0
+NOGPU=0
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
-# stage NAME SECONDS: true when the stage may run (enough budget left).
+# stage NAME SECONDS: true when the stage may run (budget left for it).
 stage() {
-    local name=$1 need=$2
-    if [ "$(left)" -lt "$need" ]; then
-        say "[SKIP] $name: only $(left) s of the ${BUDGET} s budget left"
-        STATUS=1
+    if [ "$(left)" -lt "$2" ]; then
+        say "[SKIP] $1: only $(left) s of the ${BUDGET} s budget left"
+        FAILED=1
         return 1
     fi
-    say "== $name (t=$(elapsed) s)"
-    return 0
+    say "== $1 (t=$(elapsed) s)"
 }
-# run LIMIT LOG CMD...: runs with a time limit (never past the budget),
-# appends to LOG; returns its status.
+# run LIMIT LOG CMD...: time-boxed (never past the budget), output to LOG.
 run() {
     local limit=$1 log=$2 l
     shift 2
-    l=$(( $(left) - 5 ))
+    l=$(( $(left) - 3 ))
     [ "$l" -lt "$limit" ] && limit=$l
-    [ "$limit" -lt 5 ] && limit=5
-    timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
+    [ "$limit" -lt 3 ] && limit=3
+    echo "### $* (limit ${limit} s)" >>"$log"
+    timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1 </dev/null
 }
-
-say "mfsdp device check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-
-# ---- 1. prerequisites ----
-stage "prerequisites" 10
-NVCC=$(command -v nvcc || true)
-[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
-MISSING=""
-[ -z "$NVCC" ] && MISSING="$MISSING nvcc"
-command -v cmake >/dev/null || MISSING="$MISSING cmake"
-CC_ARCH=""
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-    say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
-    CC_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-elif [ "${MFSDP_CHECK_NO_GPU_OK:-0}" = 1 ]; then
-    say "gpu: none visible (MFSDP_CHECK_NO_GPU_OK=1: going on; the GPU stages will fail or skip)"
-else
-    say "gpu: none visible (nvidia-smi missing or failing); set MFSDP_CHECK_NO_GPU_OK=1 to build anyway"
-    MISSING="$MISSING gpu"
-fi
-[ -n "$NVCC" ] && say "nvcc: $("$NVCC" --version | tail -1)"
-CUDA_ARCHS=${CC_ARCH:-90}
-
-# NCCL: system, $NCCL_ROOT, else the pip wheel (nvidia-nccl-cu13), exposed as a prefix.
-NCCL_PREFIX=""
-for d in "${NCCL_ROOT:-}" /usr/local/cuda /usr /usr/local; do
-    if [ -n "$d" ] && [ -f "$d/include/nccl.h" ] &&
-       { compgen -G "$d/lib*/libnccl.so*" >/dev/null || compgen -G "$d/lib/*/libnccl.so*" >/dev/null; }; then
-        NCCL_PREFIX=$d
-        break
-    fi
-done
-if [ -z "$NCCL_PREFIX" ]; then
-    wheel=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null \
-            || python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
-    if [ -n "$wheel" ] && [ -f "$wheel/include/nccl.h" ]; then
-        NCCL_PREFIX=$DEPS/nccl
-        mkdir -p "$NCCL_PREFIX/include" "$NCCL_PREFIX/lib"
-        ln -sf "$wheel/include/nccl.h" "$NCCL_PREFIX/include/nccl.h"
-        for f in "$wheel"/lib/libnccl.so*; do ln -sf "$f" "$NCCL_PREFIX/lib/$(basename "$f")"; done
-        [ -e "$NCCL_PREFIX/lib/libnccl.so" ] || ln -sf "$(ls "$wheel"/lib/libnccl.so* | head -1)" "$NCCL_PREFIX/lib/libnccl.so"
-        say "nccl: the pip wheel at $wheel"
-    fi
-fi
-if [ -z "$NCCL_PREFIX" ]; then
-    MISSING="$MISSING nccl"
-else
-    say "nccl: $(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH)' "$NCCL_PREFIX/include/nccl.h" | awk '{printf "%s.", $3}' | sed 's/\.$//') in $NCCL_PREFIX"
-    export LD_LIBRARY_PATH="$NCCL_PREFIX/lib:${LD_LIBRARY_PATH:-}"
-fi
-
-have_build_deps() {
-    command -v flex >/dev/null && command -v bison >/dev/null && command -v pkg-config >/dev/null &&
-        pkg-config --exists yaml-0.1 cmocka 2>/dev/null
-}
-if ! have_build_deps && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "build dependencies: trying apt-get (60 s limit; this machine may be offline)"
-    timeout 60 apt-get install -y --no-install-recommends flex bison m4 pkgconf libyaml-dev libcmocka-dev \
-        >>"$OUT/build.log" 2>&1 || say "  apt-get failed (see build.log)"
-fi
-if ! have_build_deps && ls "$DEBS"/*.deb >/dev/null 2>&1; then
-    say "build dependencies: unpacking $(ls "$DEBS"/*.deb | wc -l) packages from $DEBS into $DEPS/root"
-    mkdir -p "$DEPS/root"
-    for f in "$DEBS"/*.deb; do dpkg-deb -x "$f" "$DEPS/root" || say "  cannot unpack $f"; done
-    R=$DEPS/root
-    for pc in "$R"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc "$R"/usr/share/pkgconfig/*.pc; do
-        [ -f "$pc" ] && sed -i -e "s|=/usr\\b|=$R/usr|g" -e "s|-L/usr/|-L$R/usr/|g" -e "s|-I/usr/|-I$R/usr/|g" "$pc"
-    done
-    [ -e "$R/usr/bin/pkg-config" ] || ln -sf pkgconf "$R/usr/bin/pkg-config"
-    export PATH="$R/usr/bin:$PATH"
-    export PKG_CONFIG_PATH="$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
-    export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
-    export M4="$R/usr/bin/m4" BISON_PKGDATADIR="$R/usr/share/bison"
-    export CMAKE_PREFIX_PATH="$R/usr:${CMAKE_PREFIX_PATH:-}"
-fi
-command -v flex >/dev/null || MISSING="$MISSING flex"
-command -v bison >/dev/null || MISSING="$MISSING bison"
-command -v pkg-config >/dev/null || MISSING="$MISSING pkg-config"
-command -v pkg-config >/dev/null && { pkg-config --exists yaml-0.1 || MISSING="$MISSING libyaml-dev"; }
-command -v pkg-config >/dev/null && { pkg-config --exists cmocka || MISSING="$MISSING libcmocka-dev"; }
-if [ -n "$MISSING" ]; then
-    say "[FAIL] prerequisites missing:$MISSING"
-    case "$MISSING" in *flex*|*bison*|*pkg-config*|*libyaml*|*cmocka*)
-        say "  apt could not install the build dependencies. On a machine with apt access run"
-        say "    bash tests/gpu/device-check.sh --fetch-debs .gpu-debs"
-        say "  and bring .gpu-debs (or set MFSDP_DEBS) here.";;
+# verdict NAME RC [DETAIL]: one summary line per check.
+verdict() {
+    case $2 in
+        0) say "  [PASS] $1${3:+: $3}";;
+        77) say "  [SKIP] $1: needs a GPU";;
+        124|137) say "  [TIMEOUT] $1${3:+: $3}"; FAILED=1;;
+        *) say "  [FAIL] $1 (exit $2)${3:+: $3}"; FAILED=1;;
     esac
-    case "$MISSING" in *nccl*) say "  NCCL: set NCCL_ROOT to a prefix with include/nccl.h and lib/libnccl.so*.";; esac
-    exit 2
-fi
-say "[PASS] prerequisites (t=$(elapsed) s)"
+}
 
-# ---- 2. build ----
-if stage "build" 60; then
-    # Release (optimized host code: the hook timings are the product's). Not
-    # -Werror: at -O2 gcc adds maybe-uninitialized warnings CI (-O0) does not
-    # see; they are counted below and kept in build.log.
-    CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=OFF -DMFSDP_WITH_MPI=OFF
-                -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS"
-                -DNCCL_ROOT="$NCCL_PREFIX")
-    command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
-    if run 90 "$OUT/build.log" cmake "${CMAKE_ARGS[@]}" &&
-       grep -q "NCCL/CUDA backend ON" "$OUT/build.log" &&
-       run 240 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)"; then
-        say "[PASS] build: CUDA architecture sm_$CUDA_ARCHS, $(grep -c 'warning:' "$OUT/build.log") compiler warnings (t=$(elapsed) s)"
+find_nccl() {
+    local d
+    for d in "${NCCL_ROOT:-}/lib" "${NCCL_ROOT:-}/lib64" /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 \
+             /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/lib /usr/lib64; do
+        [ -f "$d/libnccl.so.2" ] && { echo "$d"; return; }
+    done
+    d=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')
+    [ -n "$d" ] && { dirname "$d"; return; }
+    for d in /usr/local/cuda-*/lib /usr/local/cuda-*/lib64 /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib \
+             /usr/lib/python3/dist-packages/nvidia/nccl/lib /opt/conda/lib \
+             /opt/conda/lib/python3*/site-packages/nvidia/nccl/lib "$HOME"/.local/lib/python3*/site-packages/nvidia/nccl/lib; do
+        [ -f "$d/libnccl.so.2" ] && { echo "$d"; return; }
+    done
+}
+
+run_prebuilt() {
+    local P=$1
+    P=$(cd "$P" 2>/dev/null && pwd) || die "no directory $1"
+    [ -x "$P/bin/mfsdp-gpu-bench" ] || die "$P is not a tree made by --pack (no bin/mfsdp-gpu-bench)"
+    mkdir -p "$OUT" || die "cannot create $OUT"
+    SUMMARY=$OUT/summary.txt
+    [ "${KEEP_SUMMARY:-0}" = 1 ] || : >"$SUMMARY" # self-build: keep its prerequisites and build lines
+    local B=$P/bin D=$P/data W=$OUT/work
+    mkdir -p "$W"
+    say "mfsdp device check, $(date -u '+%Y-%m-%d %H:%M UTC'), prebuilt tree $P"
+    sed 's/^/  /' "$P/MANIFEST" | tee -a "$SUMMARY" >/dev/null
+
+    # ---- 0. probe ----
+    stage "0. probe" 10
+    local nccl_dir=""
+    NCCL_OK=0
+    [ "${MFSDP_CHECK_NCCL_STUB:-0}" = 1 ] || nccl_dir=$(find_nccl)
+    if [ -n "$nccl_dir" ]; then
+        export LD_LIBRARY_PATH="$P/lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
+        say "  nccl: $nccl_dir/libnccl.so.2 (this machine's)"
+        NCCL_OK=1
     else
-        grep -q "NCCL/CUDA backend ON" "$OUT/build.log" || say "  CMake did not enable the CUDA/NCCL backend"
-        say "[FAIL] build (see build.log; last lines:)"
+        export LD_LIBRARY_PATH="$P/lib:$P/nccl-stub:${LD_LIBRARY_PATH:-}"
+        say "  nccl: none found on this machine (set NCCL_ROOT; MFSDP_CHECK_NCCL_STUB=${MFSDP_CHECK_NCCL_STUB:-0}): the stub; the NCCL checks fail or are skipped, the rest runs on cuda-local"
+    fi
+    say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
+    command -v nvidia-smi >/dev/null &&
+        say "  nvidia-smi: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -1)"
+    local rc
+    run 30 "$OUT/probe.log" "$B/mfsdp-gpu-bench" probe
+    rc=$?
+    if [ $rc = 0 ]; then
+        say "  [PASS] device: $(grep -v '^###' "$OUT/probe.log" | tail -1)"
+    elif [ $rc = 77 ]; then
+        say "  [SKIP] no CUDA device visible: every device stage is skipped"
+        NOGPU=1
+    else
+        verdict "probe" $rc "$(grep -v '^###' "$OUT/probe.log" | tail -1)"
+        NOGPU=1
+    fi
+
+    # ---- 1. kernels + the tests that need no GPU ----
+    if stage "1. kernels bit-exact, and the checks that need no GPU" 30; then
+        for t in test_cuda_kernels test_cuda_convert test_gpu_plan test_gpu_errors test_gpu_guard; do
+            [ -x "$B/$t" ] || { say "  [FAIL] $t: not in the tree"; FAILED=1; continue; }
+            run 60 "$OUT/stage1.log" "$B/$t"
+            verdict "$t" $?
+        done
+    fi
+
+    # ---- 2. the oracle ----
+    if stage "2. replay oracle (cuda-local, NCCL 1x1) and mfsdp-replay" 60; then
+        if [ $NOGPU = 1 ]; then
+            say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, mfsdp-replay: need a GPU"
+        else
+            run 120 "$OUT/stage2.log" env MFSDP_GPU_QUICK=1 "$B/test_gpu_replay"
+            verdict "test_gpu_replay (modes x {1x1, 2x2, 2x4} x M {1, 3} on cuda-local; every mode on NCCL 1x1$([ "$NCCL_OK" = 1 ] || echo ', which fails without NCCL'))" $?
+            for t in test_nccl_device test_cuda_local_device; do
+                run 60 "$OUT/stage2.log" "$B/$t"
+                verdict "$t" $?
+            done
+            for y in "$D"/schedules/*.yaml; do
+                [ -f "$y" ] || continue
+                local name
+                name=$(basename "$y" .yaml)
+                [ "$name" = llama3_8b_hfsdp ] && { say "  [SKIP] $name: 32 ranks x 8B parameters do not fit one GPU"; continue; }
+                [ "$(left)" -lt 200 ] && { say "  [SKIP] mfsdp-replay $name: time budget"; continue; }
+                run 40 "$OUT/stage2.log" "$B/mfsdp-replay" "$y" --backend cuda-local --steps 2 --timeout-ms 30000 --quiet
+                verdict "mfsdp-replay $name --backend cuda-local" $?
+            done
+            if [ "$NCCL_OK" = 1 ]; then
+                run 20 "$OUT/stage2.log" "$B/mfsdpc" compile "$D/hfsdp_1x1.mfsdp" -o "$W/hfsdp_1x1.yaml" &&
+                    run 40 "$OUT/stage2.log" "$B/mfsdp-replay" "$W/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet
+                verdict "mfsdp-replay hfsdp_1x1 --backend nccl" $?
+            else
+                say "  [SKIP] mfsdp-replay --backend nccl: no NCCL on this machine"
+            fi
+        fi
+    fi
+
+    # The 1-rank llama-shaped schedule of stages 3, 4 and 6.
+    local LLAMA=$W/llama_1x1.yaml
+    run 20 "$OUT/compile.log" "$B/mfsdpc" compile "$D/llama_1x1.mfsdp" -o "$LLAMA"
+    verdict "mfsdpc compile llama_1x1" $?
+
+    # ---- 3. overlap observed vs simulated ----
+    if stage "3. overlap: measured on the device vs mfsdpc simulate" 30; then
+        local U=${MFSDP_CHECK_UNIT_US:-200}
+        run 30 "$OUT/overlap.txt" "$B/mfsdpc" simulate "$LLAMA" --unit-time-us "$U" --host-async \
+            --trace "$OUT/simulate-trace.json"
+        verdict "mfsdpc simulate --unit-time-us $U --host-async" $?
+        if [ $NOGPU = 1 ]; then
+            say "  [SKIP] measured overlap: needs a GPU"
+        else
+            run 60 "$OUT/overlap.txt" "$B/mfsdp-gpu-bench" --local overlap "$LLAMA" --unit-us "$U" \
+                --trace "$OUT/overlap-trace.json"
+            verdict "measured overlap, cuda-local device trainer (trace: overlap-trace.json)" $?
+        fi
+        sed -n '/^step time/,/^communication/p;/^measured/,/^  overlap/p' "$OUT/overlap.txt" | sed 's/^/    /' |
+            tee -a "$SUMMARY" >/dev/null
+    fi
+
+    # ---- 4. ordering stress ----
+    if stage "4. ordering stress (spin kernel on one stream at a time)" 20; then
+        run 60 "$OUT/stress.txt" "$B/mfsdp-gpu-bench" --local stress "$LLAMA"
+        verdict "mfsdp-gpu-bench --local stress (cuda-local)" $?
+        if [ "$NCCL_OK" = 1 ]; then
+            run 60 "$OUT/stress.txt" "$B/mfsdp-gpu-bench" stress "$LLAMA"
+            verdict "mfsdp-gpu-bench stress (NCCL)" $?
+        fi
+        grep 'spin on' "$OUT/stress.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+    fi
+
+    # ---- 5. bandwidth ----
+    if stage "5. kernel bandwidth vs cudaMemcpyAsync" 20; then
+        run 60 "$OUT/bandwidth.txt" "$B/mfsdp-gpu-bench" sweep
+        verdict "mfsdp-gpu-bench sweep" $?
+        grep -E '^ +[0-9]+ KiB|per operand' "$OUT/bandwidth.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+    fi
+
+    # ---- 6. host time per hook and per op ----
+    if stage "6. host time per hook/op, eager and CUDA graphs" 20; then
+        if [ "$NCCL_OK" = 1 ]; then
+            run 90 "$OUT/hooks.txt" "$B/mfsdp-gpu-bench" hooks "$LLAMA" --steps 10 --graphs
+            verdict "mfsdp-gpu-bench hooks --graphs (NCCL)" $?
+        else
+            run 90 "$OUT/hooks.txt" "$B/mfsdp-gpu-bench" --local hooks "$LLAMA" --steps 10
+            verdict "mfsdp-gpu-bench --local hooks (no NCCL here: cuda-local, no graphs)" $?
+        fi
+        sed -n '/^hooks:/,$p' "$OUT/hooks.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+    fi
+
+    if [ $FAILED = 1 ]; then
+        say "done in $(elapsed) s: some check failed, timed out or was cut (see $OUT)"
+        exit 1
+    elif [ $NOGPU = 1 ]; then
+        say "done in $(elapsed) s: no GPU here; the checks that need none passed, the device stages were skipped"
+        exit 77
+    fi
+    say "done in $(elapsed) s: every stage passed"
+    exit 0
+}
+
+# ----------------------------------------------------------- self-build ----
+self_build() {
+    local ROOT
+    ROOT=$(cd "$(dirname "$SELF")/../.." && pwd)
+    mkdir -p "$OUT" || die "cannot create $OUT"
+    SUMMARY=$OUT/summary.txt
+    : >"$SUMMARY"
+    local BUILD=${MFSDP_BUILD_DIR:-$ROOT/build-device} DEPS=${MFSDP_DEPS_PREFIX:-/tmp/mfsdp-device-deps}
+    local DEBS=${MFSDP_DEBS:-$ROOT/.gpu-debs} MISSING=""
+    say "mfsdp device check (self-building), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    stage "prerequisites" 10 || exit 1
+    if command -v cmake >/dev/null; then
+        local v
+        v=$(cmake --version | head -1 | grep -o '[0-9][0-9.]*' | head -1)
+        if [ "$(printf '%s\n3.25\n' "$v" | sort -V | head -1)" != 3.25 ]; then
+            MISSING="$MISSING cmake>=3.25(have-$v)"
+        fi
+    else
+        MISSING="$MISSING cmake>=3.25"
+    fi
+    local NVCC
+    NVCC=$(command -v nvcc || true)
+    [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+    [ -z "$NVCC" ] && MISSING="$MISSING nvcc"
+    local CC_ARCH=""
+    command -v nvidia-smi >/dev/null &&
+        CC_ARCH=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    local ARCHS="80;90"
+    [ -n "$CC_ARCH" ] && [ "$CC_ARCH" != 80 ] && [ "$CC_ARCH" != 90 ] && ARCHS="80;90;$CC_ARCH"
+    local NCCL_PREFIX="" d
+    for d in "${NCCL_ROOT:-}" /usr/local/cuda /usr /usr/local; do
+        if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then NCCL_PREFIX=$d; break; fi
+    done
+    [ -z "$NCCL_PREFIX" ] && MISSING="$MISSING nccl(include/nccl.h;set-NCCL_ROOT)"
+    have_build_deps() {
+        command -v flex >/dev/null && command -v bison >/dev/null && command -v pkg-config >/dev/null &&
+            pkg-config --exists yaml-0.1 cmocka 2>/dev/null
+    }
+    if ! have_build_deps && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "  build dependencies: trying apt-get (60 s limit; this machine may be offline)"
+        timeout 60 apt-get install -y --no-install-recommends flex bison m4 pkgconf libyaml-dev libcmocka-dev \
+            >>"$OUT/build.log" 2>&1 || say "  apt-get failed (see build.log)"
+    fi
+    if ! have_build_deps && ls "$DEBS"/*.deb >/dev/null 2>&1; then
+        say "  build dependencies: unpacking $(ls "$DEBS"/*.deb | wc -l) packages from $DEBS into $DEPS/root"
+        local R=$DEPS/root pc f
+        mkdir -p "$R"
+        for f in "$DEBS"/*.deb; do dpkg-deb -x "$f" "$R" || say "  cannot unpack $f"; done
+        for pc in "$R"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc "$R"/usr/share/pkgconfig/*.pc; do
+            [ -f "$pc" ] && sed -i -e "s|=/usr\\b|=$R/usr|g" -e "s|-L/usr/|-L$R/usr/|g" -e "s|-I/usr/|-I$R/usr/|g" "$pc"
+        done
+        [ -e "$R/usr/bin/pkg-config" ] || ln -sf pkgconf "$R/usr/bin/pkg-config"
+        export PATH="$R/usr/bin:$PATH"
+        export PKG_CONFIG_PATH="$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
+        export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+        export M4="$R/usr/bin/m4" BISON_PKGDATADIR="$R/usr/share/bison"
+        export CMAKE_PREFIX_PATH="$R/usr:${CMAKE_PREFIX_PATH:-}"
+    fi
+    command -v flex >/dev/null || MISSING="$MISSING flex"
+    command -v bison >/dev/null || MISSING="$MISSING bison"
+    if command -v pkg-config >/dev/null; then
+        pkg-config --exists yaml-0.1 || MISSING="$MISSING libyaml-dev"
+        pkg-config --exists cmocka || MISSING="$MISSING libcmocka-dev"
+    else
+        MISSING="$MISSING pkg-config libyaml-dev libcmocka-dev"
+    fi
+    if [ -n "$MISSING" ]; then
+        say "[FAIL] missing:$MISSING"
+        say "  Without network: bash tests/gpu/device-check.sh --fetch-debs .gpu-debs on a machine with apt,"
+        say "  or build elsewhere: device-check.sh --pack BUILD DIR there, device-check.sh --prebuilt DIR here."
+        exit 2
+    fi
+    say "[PASS] prerequisites: cmake $(cmake --version | head -1 | grep -o '[0-9][0-9.]*' | head -1), $("$NVCC" --version | tail -1), CUDA architectures $ARCHS (t=$(elapsed) s)"
+    stage "build" 60 || exit 1
+    local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=OFF -DMFSDP_WITH_MPI=OFF
+                -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
+                -DNCCL_ROOT="$NCCL_PREFIX")
+    [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null && args+=(-G Ninja) # keep an existing tree's
+    if run 90 "$OUT/build.log" cmake "${args[@]}" && grep -q "NCCL/CUDA backend ON" "$OUT/build.log" &&
+       run 240 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)"; then
+        say "[PASS] build: $(grep -c 'warning:' "$OUT/build.log") compiler warnings (t=$(elapsed) s)"
+    else
+        say "[FAIL] build (see $OUT/build.log); last lines:"
         tail -15 "$OUT/build.log" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
         exit 1
     fi
-fi
-MFSDPC=$BUILD/planner/mfsdpc
-REPLAY=$BUILD/runtime/mfsdp-replay
-BENCH=$BUILD/tests/gpu/mfsdp-gpu-bench
+    (pack "$BUILD" "$BUILD/prebuilt") >>"$OUT/build.log" 2>&1 || { say "[FAIL] pack (see build.log)"; exit 1; }
+    KEEP_SUMMARY=1 run_prebuilt "$BUILD/prebuilt"
+}
 
-# ---- 3. GPU tests ----
-if stage "ctest -L gpu" 60; then
-    if run 180 "$OUT/ctest.log" \
-           ctest --test-dir "$BUILD" -L gpu --output-on-failure -j 4; then
-        say "[PASS] ctest -L gpu: $(grep -E 'tests passed' "$OUT/ctest.log" | tail -1)"
-    else
-        say "[FAIL] ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-        grep -E '\*\*\*(Failed|Timeout)|Skipped' "$OUT/ctest.log" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
-        STATUS=1
-    fi
-    grep -q "Skipped" "$OUT/ctest.log" && say "  note: some GPU tests were skipped (no device visible?)"
-fi
-
-# ---- 4. replays ----
-if stage "mfsdp-replay" 30; then
-    : >"$OUT/replay.log"
-    for y in "$ROOT"/schedules/*.yaml; do
-        name=$(basename "$y" .yaml)
-        if [ "$name" = llama3_8b_hfsdp ]; then
-            say "  [SKIP] $name: 32 ranks x 8B parameters do not fit one GPU"
-            continue
-        fi
-        [ "$(left)" -lt 40 ] && { say "  [SKIP] $name: time budget"; STATUS=1; continue; }
-        t0=$(date +%s)
-        echo "### $name --backend cuda-local" >>"$OUT/replay.log"
-        if run 60 "$OUT/replay.log" "$REPLAY" "$y" --backend cuda-local --steps 2 --timeout-ms 30000 --quiet; then
-            say "  [PASS] $name: cuda-local, $(grep -o 'verified: .*' "$OUT/replay.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
-        else
-            say "  [FAIL] $name: cuda-local: $(grep -E 'FAILED|error' "$OUT/replay.log" | tail -1)"
-            STATUS=1
-        fi
-    done
-    echo "### hfsdp_1x1 --backend nccl" >>"$OUT/replay.log"
-    if run 30 "$OUT/replay.log" "$MFSDPC" compile "$ROOT/tests/gpu/hfsdp_1x1.mfsdp" -o "$BUILD/hfsdp_1x1.yaml" &&
-       run 60 "$OUT/replay.log" "$REPLAY" "$BUILD/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet; then
-        say "  [PASS] hfsdp_1x1: nccl, $(grep -o 'verified: .*' "$OUT/replay.log" | tail -1)"
-    else
-        say "  [FAIL] hfsdp_1x1: nccl: $(grep -E 'FAILED|error' "$OUT/replay.log" | tail -1)"
-        STATUS=1
-    fi
-fi
-
-# ---- 5. mfsdp-mlp ----
-MLP=$(find "$BUILD" -name mfsdp-mlp -type f -perm -u+x 2>/dev/null | head -1)
-if [ -z "$MLP" ]; then
-    say "[SKIP] mfsdp-mlp: not built (examples/ has no mfsdp-mlp yet)"
-elif ! "$MLP" --help 2>&1 | grep -q "cuda-local"; then
-    say "[SKIP] mfsdp-mlp: it has no GPU backend option (--backend cuda-local) yet"
-elif stage "mfsdp-mlp" 30; then
-    if run 60 "$OUT/replay.log" "$MLP" --backend cuda-local; then
-        say "[PASS] mfsdp-mlp --backend cuda-local: $(tail -1 "$OUT/replay.log")"
-    else
-        say "[FAIL] mfsdp-mlp --backend cuda-local (see replay.log)"
-        STATUS=1
-    fi
-fi
-
-# ---- 6. bench ----
-if stage "mfsdp-gpu-bench" 30; then
-    : >"$OUT/bench.txt"
-    if run 90 "$OUT/bench.txt" "$BENCH" kernels --mib 1024; then
-        say "[PASS] kernel bandwidth:"
-        sed -n '/^kernel bandwidth/,$p' "$OUT/bench.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
-    else
-        say "[FAIL] mfsdp-gpu-bench kernels (see bench.txt)"
-        STATUS=1
-    fi
-    if run 30 "$OUT/bench.txt" "$MFSDPC" compile "$ROOT/tests/gpu/llama_1x1.mfsdp" -o "$BUILD/llama_1x1.yaml" &&
-       run 120 "$OUT/bench.txt" "$BENCH" hooks "$BUILD/llama_1x1.yaml" --steps 10 --graphs; then
-        say "[PASS] host time per hook (NCCL, 1 rank, device trainer):"
-        sed -n '/^hooks:/,$p' "$OUT/bench.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
-    else
-        say "[FAIL] mfsdp-gpu-bench hooks (see bench.txt)"
-        STATUS=1
-    fi
-fi
-
-say "done in $(elapsed) s: $([ $STATUS = 0 ] && echo 'every stage passed' || echo 'some stage failed or was skipped')"
-exit $STATUS
+case "${1:-}" in
+    --pack)
+        [ $# = 3 ] || die "usage: device-check.sh --pack BUILD DIR"
+        pack "$2" "$3"
+        ;;
+    --prebuilt)
+        [ $# = 2 ] || die "usage: device-check.sh --prebuilt DIR"
+        run_prebuilt "$2"
+        ;;
+    --fetch-debs)
+        dir=${2:-.gpu-debs}
+        mkdir -p "$dir" && cd "$dir" || exit 2
+        apt-get download flex libfl2 libfl-dev bison m4 libyaml-0-2 libyaml-dev libcmocka0 libcmocka-dev pkgconf \
+            pkgconf-bin libpkgconf3 || die "apt-get download failed"
+        echo "device-check: $(ls ./*.deb | wc -l) packages in $dir; carry that folder to the GPU machine"
+        ;;
+    "")
+        self_build
+        ;;
+    *)
+        die "unknown argument '$1' (usage: device-check.sh [--pack BUILD DIR | --prebuilt DIR | --fetch-debs D])"
+        ;;
+esac

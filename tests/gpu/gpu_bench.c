@@ -7,14 +7,38 @@
  *       fp32+=fp32 and fp32+=bf16, the 4-way reduce of the one-GPU backend)
  *       against cudaMemcpyAsync device-to-device, counting bytes read plus
  *       bytes written; median of 20 timed runs after 3 warm-ups (CUDA events).
+ *   mfsdp-gpu-bench sweep
+ *       the same for 64 KiB ... 64 MiB per operand (x4 steps), 16-byte
+ *       aligned and misaligned by 4 bytes: cudaMemcpyAsync, cast fp32->bf16,
+ *       accumulate fp32 += fp32 (median of 11 batches of 10 launches).
  *   mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]
  *       a 1-rank schedule on the NCCL backend driven like a CUDA trainer
  *       (device buffers, its own compute stream, grad_local written by a
  *       kernel): host time of every hook call by phase (median, p99, max, in
- *       microseconds), the device time of a step, and with --graphs the
- *       device time of a step replayed as three CUDA graphs.
+ *       microseconds), host time per op and per step, the device time of a
+ *       step, and with --graphs the host and device time of a step replayed
+ *       as three CUDA graphs.
+ *   mfsdp-gpu-bench stress SCHEDULE.yaml
+ *       ordering stress: the same 1-rank device trainer runs two steps from
+ *       the same state four times: plainly, then with a 20 us spin kernel
+ *       enqueued on the compute, the inner, then the outer stream before every
+ *       hook. Every unsharded weight and delivered gradient must be bit-equal
+ *       to the plain run's: a missing event edge shows up as a difference.
+ *   mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]
+ *       overlap as observed: one step of the 1-rank device trainer whose
+ *       compute is a spin kernel of U us per unit forward (2U backward), every
+ *       op timed with CUDA events on its stream (MFSDP_NCCL_TIMELINE): step
+ *       time, compute idle, per-stream busy / exposed / hidden and overlap,
+ *       the figures `mfsdpc simulate --unit-time-us U --host-async` predicts;
+ *       exposed = communication busy while compute is idle. Chrome trace.
+ *   mfsdp-gpu-bench probe
+ *       the device: name, compute capability, memory, driver and runtime.
  *
- * Exit status: 0, 1 on a failure, 2 on a usage error, 77 without a GPU.
+ * hooks, stress and overlap run on NCCL (a world of one); with --local on the
+ * one-GPU thread-rank backend (cuda-local, a group of one; no graphs).
+ *
+ * Exit status: 0, 1 on a failure (stress: a difference), 2 on a usage error,
+ * 77 without a GPU.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +163,98 @@ static int run_kernels(int64_t mib)
     return 0;
 }
 
+/* ---- backend ---- */
+
+/* --local: the one-GPU thread-rank backend (cuda-local, a group of one)
+ * instead of NCCL; for a device without NCCL. No CUDA graphs there. */
+static bool use_local;
+static mfsdp_local_group *group;
+
+static const char *backend_name(void)
+{
+    return use_local ? "cuda-local" : "NCCL";
+}
+
+static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc)
+{
+    if (!use_local) {
+        mfsdp_config_set_nccl(cfg, nc);
+        return;
+    }
+    if (!group && mfsdp_local_group_create(1, &group) != MFSDP_OK) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group\n");
+        exit(1);
+    }
+    mfsdp_config_set_cuda_local(cfg, group, nc);
+}
+
+/* ---- sweep ---- */
+
+static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEvent_t a, cudaEvent_t b)
+{
+    float ms[11];
+    for (int r = 0; r < 11; r++) {
+        CK(cudaEventRecord(a, s));
+        for (int i = 0; i < 10; i++)
+            launch(k, buf, n, s);
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[r], a, b));
+    }
+    qsort(ms, 11, sizeof ms[0], cmp_f);
+    return ms[5] / 10;
+}
+
+static int run_sweep(void)
+{
+    const int64_t max_n = 64ll * 1024 * 1024 / 4 + 16;
+    void *base[6], *buf[6];
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 6; i++) {
+        CK(cudaMalloc(&base[i], (size_t)max_n * 4));
+        CK(mf_cuda_fill_pattern(base[i], i == 5 ? MF_BF16 : MF_FP32, max_n, (uint32_t)i + 1, s));
+    }
+    printf("kernel bandwidth sweep (GB/s, bytes read + written, median of 11 x 10 launches)\n");
+    printf("  %10s %9s %12s %12s %12s\n", "per operand", "aligned", "memcpy", "cast->bf16", "acc f32");
+    for (int64_t bytes = 64 * 1024; bytes <= 64ll * 1024 * 1024; bytes *= 4)
+        for (int mis = 0; mis <= 1; mis++) {
+            int64_t n = bytes / 4;
+            for (int i = 0; i < 6; i++)
+                buf[i] = (char *)base[i] + (mis ? 4 : 0);
+            double t_copy = time_batch(K_MEMCPY, buf, n, s, a, b), t_cast = time_batch(K_CAST, buf, n, s, a, b),
+                   t_acc = time_batch(K_ACC32, buf, n, s, a, b);
+            printf("  %7lld KiB %9s %12.1f %12.1f %12.1f\n", (long long)(bytes / 1024), mis ? "no (+4 B)" : "yes",
+                   8.0 * (double)n / (t_copy * 1e6), 6.0 * (double)n / (t_cast * 1e6),
+                   12.0 * (double)n / (t_acc * 1e6));
+        }
+    for (int i = 0; i < 6; i++)
+        CK(cudaFree(base[i]));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaStreamDestroy(s));
+    return 0;
+}
+
+/* ---- probe ---- */
+
+static int run_probe(void)
+{
+    int dev = 0, drv = 0, rtv = 0;
+    struct cudaDeviceProp p;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&p, dev));
+    CK(cudaDriverGetVersion(&drv));
+    CK(cudaRuntimeGetVersion(&rtv));
+    printf("%s, sm_%d%d, %.0f MiB, %d SMs, driver CUDA %d.%d, runtime %d.%d\n", p.name, p.major, p.minor,
+           (double)p.totalGlobalMem / 1048576.0, p.multiProcessorCount, drv / 1000, drv % 1000 / 10, rtv / 1000,
+           rtv % 1000 / 10);
+    return 0;
+}
+
 /* ---- hooks ---- */
 
 typedef struct samples {
@@ -157,6 +273,71 @@ static void add(samples *s, int64_t ns)
         }
     }
     s->ns[s->n++] = ns;
+}
+
+/* The same step captured as three CUDA graphs (first, middle, last
+ * microbatch) and replayed: host time of the launches, device time per step. */
+static void hooks_graphs(mfsdp_runtime *rt, const mfsdp_tensor_view *views, int T, int U, int64_t M, int64_t steps,
+                         cudaStream_t compute, cudaEvent_t a, cudaEvent_t b, float *step_ms)
+{
+    /* Capture one step as three graphs (first, middle, last microbatch). */
+    cudaGraph_t g[3] = {NULL, NULL, NULL};
+    for (int64_t m = 0; m < M; m++) {
+        int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
+        CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+        if (m == 0)
+            MF(mfsdp_step_begin(rt));
+        for (int u = 0; u < U; u++) {
+            MF(mfsdp_forward_pre(rt, u, m));
+            MF(mfsdp_forward_post(rt, u, m));
+        }
+        for (int u = U - 1; u >= 0; u--) {
+            MF(mfsdp_backward_pre(rt, u, m));
+            for (int i = 0; i < T; i++)
+                if (views[i].unit == u)
+                    CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
+                                            views[i].numel, (uint32_t)(100 * m + i), compute));
+            MF(mfsdp_backward_post(rt, u, m));
+        }
+        if (m == M - 1)
+            MF(mfsdp_step_end(rt));
+        cudaGraph_t graph;
+        CK(cudaStreamEndCapture(compute, &graph));
+        if (g[pos])
+            CK(cudaGraphDestroy(graph));
+        else
+            g[pos] = graph;
+    }
+    cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
+    for (int p = 0; p < 3; p++)
+        if (g[p])
+            CK(cudaGraphInstantiate(&ge[p], g[p], 0));
+    int64_t graph_host_ns = 0;
+    for (int64_t s = 0; s <= steps; s++) {
+        CK(cudaEventRecord(a, compute));
+        int64_t g0 = now_ns();
+        CK(cudaGraphLaunch(ge[0], compute));
+        for (int64_t m = 1; m < M - 1; m++)
+            CK(cudaGraphLaunch(ge[1], compute));
+        if (M > 1)
+            CK(cudaGraphLaunch(ge[2], compute));
+        if (s > 0)
+            graph_host_ns += now_ns() - g0;
+        CK(cudaEventRecord(b, compute));
+        CK(cudaEventSynchronize(b));
+        if (s > 0)
+            CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
+    }
+    qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
+    printf("  host time per step (3 CUDA graphs): %.1f us (graph launches only)\n",
+           (double)graph_host_ns / 1e3 / (double)steps);
+    printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
+    for (int p = 0; p < 3; p++) {
+        if (ge[p])
+            CK(cudaGraphExecDestroy(ge[p]));
+        if (g[p])
+            CK(cudaGraphDestroy(g[p]));
+    }
 }
 
 static int run_hooks(const char *path, int64_t steps, bool graphs)
@@ -178,11 +359,13 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
         nc.flags |= MFSDP_NCCL_GRAPHS;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
-    mfsdp_config_set_nccl(&cfg, &nc);
+    select_backend(&cfg, &nc);
     cfg.rank = 0;
     int64_t t0 = now_ns();
     MF(mfsdp_create(sh, &cfg, &rt));
     int64_t create_ns = now_ns() - t0;
+    int64_t host_step_ns = 0; /* summed over the timed steps */
+    mfsdp_stats st0, st1;
     int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
     int64_t M = mfsdp_schedule_microbatches(sh);
     mfsdp_tensor_view *views = calloc((size_t)(T ? T : 1), sizeof *views);
@@ -212,7 +395,10 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
             add(&t[ph], now_ns() - h0);          \
     } while (0)
     for (int64_t s = 0; s <= steps; s++) { /* step 0 warms up */
+        if (s == 1)
+            MF(mfsdp_get_stats(rt, &st0));
         CK(cudaEventRecord(a, compute));
+        int64_t hs0 = now_ns();
         HOOK(0, mfsdp_step_begin(rt));
         for (int64_t m = 0; m < M; m++) {
             for (int u = 0; u < U; u++) {
@@ -229,6 +415,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
             }
         }
         HOOK(5, mfsdp_step_end(rt));
+        if (s > 0)
+            host_step_ns += now_ns() - hs0; /* includes the trainer's own fill launches */
         CK(cudaEventRecord(b, compute));
         MF(mfsdp_synchronize(rt));
         if (s > 0)
@@ -237,8 +425,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
 #undef HOOK
     static const char *const names[6] = {"step_begin",   "forward_pre",   "forward_post",
                                          "backward_pre", "backward_post", "step_end"};
-    printf("hooks: %s, %d units, %lld microbatches, %lld steps on NCCL (1 rank), create %.1f ms\n", path, U,
-           (long long)M, (long long)steps, (double)create_ns / 1e6);
+    printf("hooks: %s, %d units, %lld microbatches, %lld steps on %s (1 rank), create %.1f ms\n", path, U,
+           (long long)M, (long long)steps, backend_name(), (double)create_ns / 1e6);
     printf("  %-14s %8s %10s %10s %10s   (host time per call, us)\n", "hook", "calls", "median", "p99", "max");
     for (int ph = 0; ph < 6; ph++) {
         if (!t[ph].n)
@@ -247,65 +435,22 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
         int64_t med = t[ph].ns[t[ph].n / 2], p99 = t[ph].ns[(t[ph].n * 99) / 100], mx = t[ph].ns[t[ph].n - 1];
         printf("  %-14s %8d %10.2f %10.2f %10.2f\n", names[ph], t[ph].n, (double)med / 1e3, (double)p99 / 1e3,
                (double)mx / 1e3);
-        free(t[ph].ns);
     }
+    MF(mfsdp_get_stats(rt, &st1));
+    int64_t hook_ns = 0, ops = st1.ops - st0.ops;
+    for (int ph = 0; ph < 6; ph++)
+        for (int i = 0; i < t[ph].n; i++)
+            hook_ns += t[ph].ns[i];
+    printf("  host time in hooks per op (eager): %.2f us (%lld ops per step)\n",
+           ops ? (double)hook_ns / 1e3 / (double)ops : 0.0, (long long)(ops / steps));
+    printf("  host time per step (eager, hooks + fills): %.1f us\n", (double)host_step_ns / 1e3 / (double)steps);
     qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
     printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
 
-    if (graphs) {
-        /* Capture one step as three graphs (first, middle, last microbatch). */
-        cudaGraph_t g[3] = {NULL, NULL, NULL};
-        for (int64_t m = 0; m < M; m++) {
-            int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
-            CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
-            if (m == 0)
-                MF(mfsdp_step_begin(rt));
-            for (int u = 0; u < U; u++) {
-                MF(mfsdp_forward_pre(rt, u, m));
-                MF(mfsdp_forward_post(rt, u, m));
-            }
-            for (int u = U - 1; u >= 0; u--) {
-                MF(mfsdp_backward_pre(rt, u, m));
-                for (int i = 0; i < T; i++)
-                    if (views[i].unit == u)
-                        CK(mf_cuda_fill_pattern(views[i].grad_local, (mf_dtype)views[i].grad_local_dtype,
-                                                views[i].numel, (uint32_t)(100 * m + i), compute));
-                MF(mfsdp_backward_post(rt, u, m));
-            }
-            if (m == M - 1)
-                MF(mfsdp_step_end(rt));
-            cudaGraph_t graph;
-            CK(cudaStreamEndCapture(compute, &graph));
-            if (g[pos])
-                CK(cudaGraphDestroy(graph));
-            else
-                g[pos] = graph;
-        }
-        cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
-        for (int p = 0; p < 3; p++)
-            if (g[p])
-                CK(cudaGraphInstantiate(&ge[p], g[p], 0));
-        for (int64_t s = 0; s <= steps; s++) {
-            CK(cudaEventRecord(a, compute));
-            CK(cudaGraphLaunch(ge[0], compute));
-            for (int64_t m = 1; m < M - 1; m++)
-                CK(cudaGraphLaunch(ge[1], compute));
-            if (M > 1)
-                CK(cudaGraphLaunch(ge[2], compute));
-            CK(cudaEventRecord(b, compute));
-            CK(cudaEventSynchronize(b));
-            if (s > 0)
-                CK(cudaEventElapsedTime(&step_ms[s - 1], a, b));
-        }
-        qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
-        printf("  device time per step (3 CUDA graphs): median %.3f ms\n", (double)step_ms[steps / 2]);
-        for (int p = 0; p < 3; p++) {
-            if (ge[p])
-                CK(cudaGraphExecDestroy(ge[p]));
-            if (g[p])
-                CK(cudaGraphDestroy(g[p]));
-        }
-    }
+    if (graphs)
+        hooks_graphs(rt, views, T, U, M, steps, compute, a, b, step_ms);
+    for (int ph = 0; ph < 6; ph++)
+        free(t[ph].ns);
     free(step_ms);
     free(views);
     CK(cudaEventDestroy(a));
@@ -316,13 +461,390 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     return 0;
 }
 
-static void usage(FILE *f)
+/* ---- stress ---- */
+
+/* Two steps from the same state; before every hook a spin kernel on stream
+ * `spin` (-1: none). Appends every unsharded weight and delivered gradient to
+ * out (host bytes). */
+static size_t stress_run(mfsdp_runtime *rt, const mfsdp_tensor_view *v, int T, int U, int64_t M, int spin,
+                         cudaStream_t compute, unsigned char *out)
 {
-    fprintf(f, "usage: mfsdp-gpu-bench kernels [--mib N]\n"
-               "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n");
+    cudaStream_t ss = spin >= 0 ? mfsdp_nccl_stream(rt, spin) : NULL;
+#define SPIN()                                  \
+    do {                                        \
+        if (ss)                                 \
+            CK(mf_cuda_spin(20000, ss));        \
+    } while (0)
+    for (int i = 0; i < T; i++)
+        if (v[i].shard_count)
+            CK(mf_cuda_fill_pattern(v[i].main_weight, (mf_dtype)v[i].main_weight_dtype, v[i].shard_count,
+                                    7 + (uint32_t)i, compute));
+    size_t at = 0;
+    for (int step = 0; step < 2; step++) {
+        SPIN();
+        MF(mfsdp_step_begin(rt));
+        for (int64_t m = 0; m < M; m++) {
+            for (int u = 0; u < U; u++) {
+                SPIN();
+                MF(mfsdp_forward_pre(rt, u, m));
+                SPIN();
+                MF(mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                SPIN();
+                MF(mfsdp_backward_pre(rt, u, m));
+                for (int i = 0; i < T; i++)
+                    if (v[i].unit == u)
+                        CK(mf_cuda_fill_pattern(v[i].grad_local, (mf_dtype)v[i].grad_local_dtype, v[i].numel,
+                                                (uint32_t)(1000 * step + 100 * m + i), compute));
+                SPIN();
+                MF(mfsdp_backward_post(rt, u, m));
+            }
+        }
+        SPIN();
+        MF(mfsdp_step_end(rt));
+        MF(mfsdp_synchronize(rt));
+        for (int i = 0; i < T; i++) {
+            size_t wb = (size_t)v[i].numel * (v[i].weight_dtype == MFSDP_FP32 ? 4 : 2);
+            size_t gb = (size_t)v[i].shard_count * (v[i].grad_dtype == MFSDP_FP32 ? 4 : 2);
+            CK(cudaMemcpy(out + at, v[i].grad, gb, cudaMemcpyDeviceToHost));
+            at += gb;
+            if (v[i].weight) {
+                CK(cudaMemcpy(out + at, v[i].weight, wb, cudaMemcpyDeviceToHost));
+                at += wb;
+            }
+        }
+    }
+#undef SPIN
+    return at;
 }
 
+static int run_stress(const char *path)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: stress needs a 1-rank schedule\n");
+        return 2;
+    }
+    cudaStream_t compute;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = compute;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    select_backend(&cfg, &nc);
+    cfg.rank = 0;
+    cfg.timeout_ms = 60000;
+    MF(mfsdp_create(sh, &cfg, &rt));
+    int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    mfsdp_tensor_view *v = calloc((size_t)(T ? T : 1), sizeof *v);
+    size_t cap = 0;
+    for (int i = 0; v && i < T; i++) {
+        MF(mfsdp_tensor_view_get(rt, i, &v[i]));
+        cap += 2 * ((size_t)v[i].numel * 4 + (size_t)v[i].shard_count * 4);
+    }
+    unsigned char *ref = malloc(cap ? cap : 1), *got = malloc(cap ? cap : 1);
+    if (!v || !ref || !got)
+        return 1;
+    size_t n = stress_run(rt, v, T, U, M, -1, compute, ref);
+    static const char *const sname[3] = {"compute", "inner", "outer"};
+    int bad = 0;
+    printf("ordering stress: %s on %s, %d units, M=%lld, %zu result bytes per run\n", path, backend_name(), U,
+           (long long)M, n);
+    for (int st = 0; st < 3; st++) {
+        size_t m = stress_run(rt, v, T, U, M, st, compute, got);
+        size_t diff = 0;
+        for (size_t k = 0; k < n && k < m; k++)
+            diff += ref[k] != got[k];
+        printf("  spin on the %-7s stream before every hook: %s (%zu of %zu bytes differ)\n", sname[st],
+               diff || m != n ? "DIFFERENT" : "bit-equal", diff, n);
+        bad += diff || m != n;
+    }
+    free(ref);
+    free(got);
+    free(v);
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+    CK(cudaStreamDestroy(compute));
+    return bad ? 1 : 0;
+}
+
+/* ---- overlap ---- */
+
+typedef struct span {
+    double a, b;
+} span;
+
+static int cmp_span(const void *x, const void *y)
+{
+    double p = ((const span *)x)->a, q = ((const span *)y)->a;
+    return p < q ? -1 : p > q;
+}
+
+/* Sorts and merges in place; returns the count. */
+static int merge(span *v, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_span);
+    int k = 0;
+    for (int i = 1; i < n; i++) {
+        if (v[i].a <= v[k].b) {
+            if (v[i].b > v[k].b)
+                v[k].b = v[i].b;
+        } else {
+            v[++k] = v[i];
+        }
+    }
+    return k + 1;
+}
+
+static double length(const span *v, int n)
+{
+    double t = 0;
+    for (int i = 0; i < n; i++)
+        t += v[i].b - v[i].a;
+    return t;
+}
+
+/* Length of the intersection of two merged lists. */
+static double common(const span *x, int nx, const span *y, int ny)
+{
+    double t = 0;
+    for (int i = 0, j = 0; i < nx && j < ny;) {
+        double a = x[i].a > y[j].a ? x[i].a : y[j].a, b = x[i].b < y[j].b ? x[i].b : y[j].b;
+        if (b > a)
+            t += b - a;
+        if (x[i].b < y[j].b)
+            i++;
+        else
+            j++;
+    }
+    return t;
+}
+
+static void fmt_us(double us, char *buf, size_t n)
+{
+    if (us >= 1000)
+        snprintf(buf, n, "%.3f ms", us / 1000);
+    else
+        snprintf(buf, n, "%.3f us", us);
+}
+
+static const char *const stream_names[3] = {"compute", "inner", "outer"};
+
+/* The figures of `mfsdpc simulate` from measured intervals: compute = the
+ * spins plus compute-stream ops; exposed = a stream's busy time while compute
+ * idles. *first: the first start (the trace's zero). Returns 0, or 1 when out
+ * of memory. */
+static int overlap_figures(const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops, double *first)
+{
+    span *lists[3];
+    int n[3] = {0, 0, 0};
+    for (int s = 0; s < 3; s++) {
+        lists[s] = calloc((size_t)(nops + nspin + 1), sizeof(span));
+        if (!lists[s])
+            return 1;
+    }
+    double t0 = 1e300, t1 = -1e300;
+    for (int i = 0; i < nspin; i++)
+        lists[0][n[0]++] = sp[i];
+    for (int i = 0; i < nops; i++)
+        lists[ops[i].stream][n[ops[i].stream]++] = (span){ops[i].start_us, ops[i].end_us};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < n[s]; i++) {
+            t0 = lists[s][i].a < t0 ? lists[s][i].a : t0;
+            t1 = lists[s][i].b > t1 ? lists[s][i].b : t1;
+        }
+    for (int s = 0; s < 3; s++)
+        n[s] = merge(lists[s], n[s]);
+    double step = t1 - t0, busy[3], exposed[3], hidden[3];
+    for (int s = 0; s < 3; s++) {
+        busy[s] = length(lists[s], n[s]);
+        exposed[s] = s ? busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0;
+        hidden[s] = busy[s] - exposed[s];
+    }
+    char b1[32], b2[32], b3[32];
+    fmt_us(step, b1, sizeof b1);
+    printf("  step time          %s\n", b1);
+    fmt_us(busy[0], b1, sizeof b1);
+    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * busy[0] / step);
+    fmt_us(step - busy[0], b1, sizeof b1);
+    printf("  compute idle       %s\n", b1);
+    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
+    for (int s = 1; s < 3; s++) {
+        fmt_us(busy[s], b1, sizeof b1);
+        fmt_us(exposed[s], b2, sizeof b2);
+        fmt_us(hidden[s], b3, sizeof b3);
+        printf("  %-10s %14s %14s %14s\n", stream_names[s], b1, b2, b3);
+    }
+    double cb = busy[1] + busy[2];
+    fmt_us(cb, b1, sizeof b1);
+    fmt_us(exposed[1] + exposed[2], b2, sizeof b2);
+    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n",
+           cb > 0 ? 100 * (hidden[1] + hidden[2]) / cb : 100.0, b1, b2);
+    for (int s = 0; s < 3; s++)
+        free(lists[s]);
+    *first = t0;
+    return 0;
+}
+
+/* Chrome trace JSON (ui.perfetto.dev): one track per stream. */
+static int write_trace(const char *trace, const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops,
+                       double t0)
+{
+    FILE *f = fopen(trace, "w");
+    if (!f) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
+        return 1;
+    }
+    fprintf(f, "{\"traceEvents\": [\n");
+    for (int s = 0; s < 3; s++)
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                   "\"%s\"}},\n", s, stream_names[s]);
+    for (int i = 0; i < nspin; i++)
+        fprintf(f, "{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
+                   "\"dur\": %.3f}%s\n", sp[i].a - t0, sp[i].b - sp[i].a, i + 1 < nspin || nops ? "," : "");
+    for (int i = 0; i < nops; i++)
+        fprintf(f, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                   "\"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}%s\n",
+                ops[i].name, ops[i].stream, ops[i].start_us - t0, ops[i].end_us - ops[i].start_us, ops[i].op,
+                ops[i].nops, (long long)ops[i].microbatch, i + 1 < nops ? "," : "");
+    fprintf(f, "]}\n");
+    return fclose(f) == 0 ? 0 : 1;
+}
+
+/* One step of a 1-rank device trainer whose compute is a spin kernel of
+ * unit_us per unit forward and 2 * unit_us backward; every op timed on the
+ * device (MFSDP_NCCL_TIMELINE). Prints the figures of `mfsdpc simulate` for
+ * the measured timeline and writes a Chrome trace. */
+static int run_overlap(const char *path, int64_t unit_us, const char *trace)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: overlap needs a 1-rank schedule\n");
+        return 2;
+    }
+    cudaStream_t compute;
+    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = compute;
+    nc.flags |= MFSDP_NCCL_TIMELINE;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    select_backend(&cfg, &nc);
+    cfg.rank = 0;
+    cfg.timeout_ms = 60000;
+    MF(mfsdp_create(sh, &cfg, &rt));
+    int U = mfsdp_schedule_num_units(sh);
+    int64_t M = mfsdp_schedule_microbatches(sh);
+    int nspin = (int)(2 * U * M), cap = 0;
+    cudaEvent_t origin, *ev = calloc((size_t)nspin * 2, sizeof *ev);
+    span *sp = calloc((size_t)nspin, sizeof *sp);
+    if (!ev || !sp)
+        return 1;
+    CK(cudaEventCreate(&origin));
+    for (int i = 0; i < 2 * nspin; i++)
+        CK(cudaEventCreate(&ev[i]));
+    mfsdp_nccl_op_time *ops = NULL;
+    int nops = 0;
+    for (int step = 0; step < 2; step++) { /* step 0 warms up */
+        int k = 0;
+        CK(cudaEventRecord(origin, compute));
+        MF(mfsdp_step_begin(rt));
+        for (int64_t m = 0; m < M; m++) {
+            for (int u = 0; u < U; u++) {
+                MF(mfsdp_forward_pre(rt, u, m));
+                CK(cudaEventRecord(ev[2 * k], compute));
+                CK(mf_cuda_spin(unit_us * 1000, compute));
+                CK(cudaEventRecord(ev[2 * k++ + 1], compute));
+                MF(mfsdp_forward_post(rt, u, m));
+            }
+            for (int u = U - 1; u >= 0; u--) {
+                MF(mfsdp_backward_pre(rt, u, m));
+                CK(cudaEventRecord(ev[2 * k], compute));
+                CK(mf_cuda_spin(2 * unit_us * 1000, compute));
+                CK(cudaEventRecord(ev[2 * k++ + 1], compute));
+                MF(mfsdp_backward_post(rt, u, m));
+            }
+        }
+        MF(mfsdp_step_end(rt));
+        MF(mfsdp_synchronize(rt));
+        if (!ops) {
+            mfsdp_stats st;
+            MF(mfsdp_get_stats(rt, &st));
+            cap = (int)st.ops + 16;
+            ops = calloc((size_t)cap, sizeof *ops);
+            if (!ops)
+                return 1;
+        }
+        nops = mfsdp_nccl_timeline(rt, origin, ops, cap);
+        if (nops < 0) {
+            fprintf(stderr, "mfsdp-gpu-bench: mfsdp_nccl_timeline failed\n");
+            return 1;
+        }
+    }
+    for (int i = 0; i < nspin; i++) {
+        float a, b;
+        CK(cudaEventElapsedTime(&a, origin, ev[2 * i]));
+        CK(cudaEventElapsedTime(&b, origin, ev[2 * i + 1]));
+        sp[i] = (span){1e3 * a, 1e3 * b};
+    }
+    printf("measured on the device: %s, 1 rank (%s), compute = spin kernel of %lld us forward, %lld us "
+           "backward per unit and microbatch; %d timed ops\n",
+           path, backend_name(), (long long)unit_us, (long long)(2 * unit_us), nops);
+    double t0 = 0;
+    if (overlap_figures(sp, nspin, ops, nops, &t0) != 0 || (trace && write_trace(trace, sp, nspin, ops, nops, t0) != 0))
+        return 1;
+    for (int i = 0; i < 2 * nspin; i++)
+        CK(cudaEventDestroy(ev[i]));
+    CK(cudaEventDestroy(origin));
+    free(ev);
+    free(sp);
+    free(ops);
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+    CK(cudaStreamDestroy(compute));
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mfsdp-gpu-bench [--local] COMMAND ...  (--local: cuda-local instead of NCCL; no --graphs)\n"
+               "       mfsdp-gpu-bench kernels [--mib N]\n"
+               "       mfsdp-gpu-bench sweep\n"
+               "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n"
+               "       mfsdp-gpu-bench stress SCHEDULE.yaml\n"
+               "       mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]\n"
+               "       mfsdp-gpu-bench probe\n");
+}
+
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    int k = 1;
+    for (int i = 1; i < argc; i++) { /* --local anywhere */
+        if (!strcmp(argv[i], "--local"))
+            use_local = true;
+        else
+            argv[k++] = argv[i];
+    }
+    argc = k;
+    int rc = dispatch(argc, argv);
+    if (group)
+        mfsdp_local_group_destroy(group);
+    return rc;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -344,6 +866,31 @@ int main(int argc, char **argv)
         }
         return run_kernels(mib);
     }
+    if (!strcmp(argv[1], "probe"))
+        return run_probe();
+    if (!strcmp(argv[1], "sweep"))
+        return run_sweep();
+    if (!strcmp(argv[1], "stress") && argc == 3)
+        return run_stress(argv[2]);
+    if (!strcmp(argv[1], "overlap") && argc >= 3) {
+        int64_t unit_us = 200;
+        const char *trace = NULL;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--unit-us") && i + 1 < argc)
+                unit_us = atoll(argv[++i]);
+            else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
+                trace = argv[++i];
+            else {
+                usage(stderr);
+                return 2;
+            }
+        }
+        if (unit_us < 1) {
+            usage(stderr);
+            return 2;
+        }
+        return run_overlap(argv[2], unit_us, trace);
+    }
     if (!strcmp(argv[1], "hooks") && argc >= 3) {
         int64_t steps = 10;
         bool graphs = false;
@@ -353,7 +900,7 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "--graphs"))
                 graphs = true;
         }
-        if (steps < 1) {
+        if (steps < 1 || (graphs && use_local)) { /* cuda-local has no graph mode */
             usage(stderr);
             return 2;
         }

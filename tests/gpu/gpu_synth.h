@@ -1,6 +1,6 @@
 /*
  * Hand-built schedules for the GPU backends' logic tests, written the way the
- * lowering pass writes them (DESIGN §4), so the tests of the device plan do
+ * lowering pass writes them (docs/schedule.md §3), so the tests of the device plan do
  * not depend on the compiler:
  *
  *   synth_hfsdp(O, I, M, U, B): mesh [dp_outer=O, dp_inner=I], U units of B

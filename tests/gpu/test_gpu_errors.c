@@ -56,7 +56,7 @@ static void test_config_defaults(void **state)
     mfsdp_nccl_config_init(&nc);
     assert_int_equal(nc.device, -1);
     assert_null(nc.world_comm);
-    assert_true(nc.flags & MFSDP_NCCL_NONBLOCKING);
+    assert_false(nc.flags & MFSDP_NCCL_NONBLOCKING); /* blocking by default */
     assert_true(nc.watchdog_poll_ms > 0);
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);

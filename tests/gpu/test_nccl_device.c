@@ -2,7 +2,8 @@
  * The NCCL backend driven the way a CUDA trainer drives it: device buffers
  * (ncclMemAlloc pool registered with the communicators), the trainer's own
  * compute stream, grad_local written by a kernel on that stream, hooks that
- * never block the host, nonblocking communicators and the watchdog thread.
+ * never block the host, blocking communicators (the default) and the watchdog
+ * thread.
  * A 1x1 mesh (one GPU, real NCCL communicators of one rank):
  *   - eager steps: the delivered gradient equals the fp32 sum of the
  *     microbatches' local gradients and every unsharded weight equals the cast
@@ -10,6 +11,10 @@
  *   - CUDA graph mode: one step captured as three graphs (first, middle and
  *     last microbatch) and replayed twice gives the same bits, so nothing of
  *     the last microbatch (the outer reduction, step_end) is dropped;
+ *   - a capture in cudaStreamCaptureModeGlobal that starts right after eager
+ *     steps (the watchdog still holds their tracking events) and waits 3
+ *     watchdog periods before its first hook is not invalidated: the
+ *     watchdog's thread queries in relaxed capture mode;
  *   - out-of-order hooks are refused; a NULL stream query gives NULL.
  * Needs a GPU: exits 77 (skip) when cudaGetDeviceCount reports none.
  */
@@ -20,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "mf_cuda_kernels.h"
@@ -30,6 +36,8 @@
 #define OK(x) assert_int_equal((int)(x), (int)MFSDP_OK)
 
 static cudaStream_t compute;
+static enum cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeThreadLocal;
+static int capture_delay_ms; /* between cudaStreamBeginCapture and the first hook */
 
 static mfsdp_runtime *make_runtime(const mfsdp_schedule *sh, uint32_t extra_flags)
 {
@@ -87,8 +95,13 @@ static void step(mfsdp_runtime *rt, const mfsdp_schedule *sh, bool graphs, cudaG
     for (int64_t m = 0; m < M; m++) {
         int pos = m == 0 ? 0 : m == M - 1 ? 2 : 1;
         bool capture = graphs; /* every microbatch: the hooks must see each one */
-        if (capture)
-            CK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+        if (capture) {
+            CK(cudaStreamBeginCapture(compute, capture_mode));
+            if (capture_delay_ms) {
+                struct timespec ts = {0, (long)capture_delay_ms * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
         if (m == 0)
             OK(mfsdp_step_begin(rt));
         for (int u = 0; u < U; u++) {
@@ -234,6 +247,41 @@ static void test_graphs(void **state)
     }
 }
 
+static void test_graphs_global_mode(void **state)
+{
+    (void)state;
+    static const rt_mesh one = {"1x1", 2, {1, 1}};
+    mf_tb_spec spec;
+    rt_model_spec(&spec, "hfsdp", &one, 2, MF_REDUCE_AVG);
+    mfsdp_schedule *sh = rt_build(&spec);
+    mfsdp_runtime *rt = make_runtime(sh, MFSDP_NCCL_GRAPHS);
+    init_main_weight(rt);
+    zero_grads(rt);
+    step(rt, sh, false, NULL); /* eager: the watchdog tracks its collectives */
+    OK(mfsdp_synchronize(rt));
+    verify(rt, sh);
+    capture_mode = cudaStreamCaptureModeGlobal;
+    capture_delay_ms = 60; /* 3 watchdog periods */
+    cudaGraph_t g[3] = {NULL, NULL, NULL};
+    step(rt, sh, true, g);
+    capture_mode = cudaStreamCaptureModeThreadLocal;
+    capture_delay_ms = 0;
+    cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
+    zero_grads(rt);
+    for (int p = 0; p < 3; p += 2) {
+        CK(cudaGraphInstantiate(&ge[p], g[p], 0));
+        CK(cudaGraphLaunch(ge[p], compute));
+    }
+    CK(cudaStreamSynchronize(compute));
+    verify(rt, sh);
+    for (int p = 0; p < 3; p += 2) {
+        CK(cudaGraphExecDestroy(ge[p]));
+        CK(cudaGraphDestroy(g[p]));
+    }
+    mfsdp_destroy(rt);
+    mfsdp_schedule_free(sh);
+}
+
 static void test_queries(void **state)
 {
     (void)state;
@@ -256,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_queries),
         cmocka_unit_test(test_eager),
         cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_graphs_global_mode),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cudaStreamDestroy(compute);

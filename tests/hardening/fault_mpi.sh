@@ -7,8 +7,9 @@
 #    the whole job as soon as a rank exits non-zero or is killed, and exits
 #    non-zero itself, naming the rank;
 #  - with the abort disabled the survivors are on their own: each must
-#    return timeout from the hook it is in, then the same error again
-#    (sticky), and release its runtime.
+#    return timeout from the hook it is in (or aborted, when the first rank to
+#    time out told it over the runtime's error channel), then the same error
+#    again (sticky), and release its runtime.
 #
 #   fault_mpi.sh MPIEXEC FAULT_BINARY SCHEDULE.yaml
 set -u
@@ -30,7 +31,7 @@ run() {
   n=$((n + 1))
 }
 fail() { fails=$((fails + 1)); echo "FAIL: $*"; sed 's/^/    | /' "$out" "$err" | head -30; }
-survivors() { grep -c "survived: .* returned \(timeout\|aborted\).*then \(timeout\|aborted\); destroyed" "$out"; }
+survivors() { grep -c "survived: .* returned \(timeout\|aborted\).*then \(timeout\|aborted by a failed peer\); destroyed" "$out"; }
 
 run 120 -- ; scenario="no fault"
 if [ $rc = 0 ] && [ "$(grep -c 'completed 3 steps' "$out")" = 4 ]; then echo "ok: $scenario"; else fail "$scenario: rc $rc"; fi

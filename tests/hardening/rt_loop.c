@@ -2,7 +2,7 @@
  * mfsdp-rt-loop: a runtime lifecycle loop for leak checkers (the valgrind
  * test): loads a schedule, then `rounds` times creates every rank's runtime
  * on the local backend (one thread per rank), replays `steps` steps under
- * the DESIGN §9 oracle and destroys everything; also loads and frees a bad
+ * the docs/design.md §4.1 oracle and destroys everything; also loads and frees a bad
  * schedule (the error path). Exit status 0 when every round verified.
  *
  *   mfsdp-rt-loop SCHEDULE.yaml [ROUNDS [STEPS]]

@@ -8,7 +8,7 @@
  * (tests/fuzz/fuzz_common.h), verified, and replayed on the local backend:
  * whatever the result, nothing may crash, hang or touch memory outside a
  * buffer (this test runs in the sanitize build too, under ASan/UBSan), and a
- * mutant the verifier accepts must pass the DESIGN §9 oracle.
+ * mutant the verifier accepts must pass the docs/design.md §4.1 oracle.
  *
  * Seeds: the .yaml files of tests/fuzz/seeds/schedules and of schedules (those
  * 128 KiB). Counts of what was tried are printed for docs/reliability.md.

@@ -420,7 +420,7 @@ static void check_step_fields(const mf_plan *p, int b, int t, int i, const mf_pl
         assert_int_equal(st->bytes, 0);
         assert_true(st->stream == MF_STREAM_INNER || st->stream == MF_STREAM_OUTER);
     }
-    /* single-axis rules of DESIGN §3.2 */
+    /* single-axis rules of docs/semantics.md §2 */
     int s = mf_placement_flat_start(cur, m->naxes);
     switch (st->kind) {
     case MF_OP_ALL_GATHER:

@@ -1,7 +1,7 @@
 /*
  * The example specs (the .mfsdp files in schedules/) through the whole front end
  * (mf_compile_buffer up to the transitions): every one plans, its layout
- * keeps the §3.3 invariants, and every transition of every bucket small
+ * keeps the docs/semantics.md §3 invariants, and every transition of every bucket small
  * enough to simulate produces the contents its placements promise. The
  * explain listing renders for each. Exit 77 (skip) while the front end
  * cannot parse or check specs yet.

@@ -1,5 +1,5 @@
 /*
- * The layout pass (DESIGN §3.3): tensor and shard quanta in every role's
+ * The layout pass (docs/semantics.md §3): tensor and shard quanta in every role's
  * dtype, tight packing, minimal padding that keeps every placement's shards
  * equal and aligned, grouping into buckets (inline layouts identical to a
  * named one share its bucket), bucket names, merging under bucket_size, and

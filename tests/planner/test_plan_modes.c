@@ -1,6 +1,6 @@
 /*
- * Every mode of DESIGN §4.1 is just placements: for each, the collectives per
- * step by kind and axis (mf_plan_totals) match the formulas of §4.1 (HSDP:
+ * Every mode of docs/semantics.md §4.5 is just placements: for each, the collectives per
+ * step by kind and axis (mf_plan_totals) match the formulas of docs/semantics.md §4.5 (HSDP:
  * RS = U*M, AR = U; HFSDP: RS = U*(M+1), AR = 0, AG = U + 2*U*M; ZeRO-3:
  * AG = 2*U*M, RS = U*M; and the others row by row), and the bytes per rank per
  * step on every axis equal the ring lower bound computed here from each
@@ -127,7 +127,7 @@ static void check_mode(int mode, int U, int64_t M, int no_reshard_unit)
         if (sum.bytes[j] != bytes[j])
             fail_msg("%s U=%d M=%lld: axis %d: %lld bytes per rank per step, ring lower bound %lld", modes[mode].name,
                      U, (long long)M, j, (long long)sum.bytes[j], (long long)bytes[j]);
-    /* the DESIGN §4.1 closed forms, summed over axes */
+    /* the docs/semantics.md §4.5 closed forms, summed over axes */
     int64_t rs = sum.collectives[RS][0] + sum.collectives[RS][1], ar = sum.collectives[AR][0] + sum.collectives[AR][1],
             ag = sum.collectives[AG][0] + sum.collectives[AG][1];
     if (no_reshard_unit < 0) {

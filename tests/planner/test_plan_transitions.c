@@ -1,5 +1,5 @@
 /*
- * The transition planner (DESIGN §3.2, §4): for EVERY legal (weight, grad,
+ * The transition planner (docs/semantics.md §2, docs/semantics.md §4): for EVERY legal (weight, grad,
  * main_weight) placement triple on 2-D and 3-D meshes (axis sizes 1..5), the
  * composed steps of T1..T4, executed on per-rank arrays by the op-semantics
  * simulator of plan_testlib, produce exactly what each intermediate and the

@@ -1,6 +1,6 @@
 /*
  * Rank coordinates (row-major), axis groups and colors, the suffix rule; then
- * shard ranges (DESIGN §3.2, inner-major) on 1-D, 2-D and 3-D meshes with
+ * shard ranges (docs/semantics.md §2, inner-major) on 1-D, 2-D and 3-D meshes with
  * axis sizes 3 and 5, against hand-computed offsets; then, on every mesh of
  * up to three axes of sizes 1..5 and every legal placement, the structural
  * properties the planner relies on: each replica group partitions the bucket,

@@ -2,7 +2,7 @@
  * mf_test_builder: a small, test-only schedule generator, independent of the
  * planner, so the runtime is tested against schedules whose construction is
  * simple enough to trust: every transition is a chain of single-axis steps
- * (gathers outermost-first, reductions innermost-first, DESIGN §3.2), every
+ * (gathers outermost-first, reductions innermost-first, docs/semantics.md §2), every
  * hook starts with a compute record that every stream waits for, every chain
  * waits for its previous instance, consecutive ops on different streams are
  * joined by record/wait, and compute waits for what it reads. Deliberately
@@ -52,11 +52,11 @@ typedef struct mf_tb_spec {
 /* Builds the schedule; NULL with a message when the spec is illegal. */
 mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen);
 
-/* Placement letters of a DESIGN §4.1 mode on k axes (outer axes get the
+/* Placement letters of a docs/semantics.md §4.5 mode on k axes (outer axes get the
  * mode's outer placement). Returns false for an unknown mode. */
 bool mf_tb_mode(const char *mode, int naxes, mf_tb_layout *out);
 
-/* The mode names of DESIGN §4.1. */
+/* The mode names of docs/semantics.md §4.5. */
 extern const char *const mf_tb_modes[];
 extern const int mf_tb_nmodes;
 

@@ -1,9 +1,9 @@
 /*
- * End to end with the compiler: for every mode of DESIGN §4.1 x meshes
+ * End to end with the compiler: for every mode of docs/semantics.md §4.5 x meshes
  * {1x1, 1x4, 2x2, 2x4, 4x2, 3x2, 2x2x2} x M in {1, 3}, a spec is generated,
  * compiled in-process (mf_compile_buffer: parse .. lower, verify), emitted as
  * YAML, loaded back through the public loader, and replayed on the local
- * backend with the §9 oracle for two steps. Sizes do not divide by any world
+ * backend with the docs/design.md §4.1 oracle for two steps. Sizes do not divide by any world
  * size; one tensor of a unit has its own all-replicated layout; the last
  * unit keeps its weights after forward.
  */

@@ -1,7 +1,7 @@
 /*
- * Every mode of DESIGN §4.1 x meshes {1x1, 1x4, 2x2, 2x4, 4x2, 3x2, 2x2x2} x
+ * Every mode of docs/semantics.md §4.5 x meshes {1x1, 1x4, 2x2, 2x4, 4x2, 3x2, 2x2x2} x
  * M in {1, 3}, on the local backend, with builder schedules (independent of
- * the planner) and the §9 oracle on every rank for two steps: unsharded
+ * the planner) and the docs/design.md §4.1 oracle on every rank for two steps: unsharded
  * weights equal the cast main_weight (padding included), the delivered
  * gradient equals the reduction of every rank's local gradients.
  */

@@ -72,7 +72,7 @@ static void test_specs_match_goldens(void **state)
     (void)state;
     static char specs[MAX_SPECS][128];
     int n = list(".mfsdp", specs);
-    assert_true(n >= 9); /* every mode of DESIGN §4.1 at least */
+    assert_true(n >= 9); /* every mode of docs/semantics.md §4.5 at least */
     bool update = getenv("MFSDP_UPDATE_GOLDEN") && strcmp(getenv("MFSDP_UPDATE_GOLDEN"), "1") == 0;
     int failures = 0;
     for (int i = 0; i < n; i++) {

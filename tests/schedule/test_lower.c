@@ -1,7 +1,7 @@
 /*
- * Lowering: the collective counts of DESIGN §4.1 for every mode (meshes with
+ * Lowering: the collective counts of docs/semantics.md §4.5 for every mode (meshes with
  * even and odd sizes, M = 1, 2, 3, prefetch 1 and 2), streams, prefetch hook
- * placement, the overlap rules of §4, compute-stream edges, reshard false,
+ * placement, the overlap rules of docs/semantics.md §5, compute-stream edges, reshard false,
  * merged buckets, lifetimes; every schedule also verifies and round-trips.
  */
 #include <setjmp.h>
@@ -142,7 +142,7 @@ static void test_mode_counts(void **state)
                             int64_t got = s->summary.collectives[kinds[kd]][k - 1 - inside];
                             if (got != want)
                                 fail_msg("%s, mesh %d, M=%d, prefetch %d: %s on axis %d: %lld launches, "
-                                         "DESIGN §4.1 says %lld",
+                                         "docs/semantics.md §4.5 says %lld",
                                          md->name, mesh, M, pf, mf_opkind_name(kinds[kd]), k - 1 - inside,
                                          (long long)got, (long long)want);
                         }
@@ -210,7 +210,7 @@ static int count_ops(const mf_schedule *s, int phase, int unit, int kind, int st
     return n;
 }
 
-/* The compute stream is joined at every hook DESIGN §4 names. */
+/* The compute stream is joined at every hook docs/semantics.md §5 names. */
 static void test_compute_edges(void **state)
 {
     (void)state;

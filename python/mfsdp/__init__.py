@@ -1,0 +1,23 @@
+"""
+mfsdp: Python bindings of libmfsdp (the replay runtime) and mfsdpc (the
+compiler) for sharded data-parallel training.
+
+    import mfsdp
+    sched = mfsdp.Schedule.compile(open("model.mfsdp").read())   # or Schedule.load("m.yaml")
+    rt = mfsdp.Runtime(sched, backend="mpi")
+
+Importing mfsdp needs neither torch nor NumPy; `mfsdp.torch` (the torch
+integration) needs torch. See docs/pytorch.md.
+"""
+from ._lib import CompileError, MfsdpError, UsageError
+from .runtime import LocalGroup, Runtime, Stats, View, backend_available
+from .schedule import Schedule, TensorFacts
+
+__all__ = ["MfsdpError", "UsageError", "CompileError", "Schedule", "TensorFacts", "Runtime",
+           "LocalGroup", "View", "Stats", "backend_available", "version"]
+
+
+def version():
+    """The loaded libmfsdp's version string."""
+    from . import _lib
+    return _lib.load().mfsdp_version().decode()

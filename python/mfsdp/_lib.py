@@ -1,0 +1,232 @@
+"""
+_lib: the ctypes binding of libmfsdp's public C API (runtime/mfsdp.h, and the
+configuration structs of mfsdp_mpi.h and mfsdp_nccl.h).
+
+Nothing here is hand-written behaviour: each C function is declared with its
+argument and result types, and every call that returns an mfsdp_result goes
+through check(), which raises MfsdpError with mfsdp_last_error()'s message and
+the result code. The library is found, in order, from $MFSDP_LIBRARY, next to
+this package (lib/libmfsdp.so, as `pip install .` lays it out), or the system
+loader path.
+
+Why ctypes and not a C extension or cffi: see docs/pytorch.md ("Why ctypes").
+"""
+import ctypes
+import ctypes.util
+import os
+import threading
+
+# ---- results ----
+OK = 0
+RESULT_NAMES = {
+    0: "MFSDP_OK", 1: "MFSDP_ERR_INVALID_ARGUMENT", 2: "MFSDP_ERR_INVALID_USAGE",
+    3: "MFSDP_ERR_LOAD", 4: "MFSDP_ERR_MISMATCH", 5: "MFSDP_ERR_TIMEOUT",
+    6: "MFSDP_ERR_OUT_OF_MEMORY", 7: "MFSDP_ERR_BACKEND", 8: "MFSDP_ERR_UNSUPPORTED",
+    9: "MFSDP_ERR_ABORTED", 10: "MFSDP_ERR_INTERNAL",
+}
+
+# ---- dtypes (mfsdp_dtype) ----
+FP32, BF16, FP16 = 0, 1, 2
+DTYPE_NAMES = {FP32: "fp32", BF16: "bf16", FP16: "fp16"}
+DTYPE_SIZES = {FP32: 4, BF16: 2, FP16: 2}
+
+# ---- backends (mfsdp_backend) ----
+BACKEND_LOCAL, BACKEND_MPI, BACKEND_NCCL, BACKEND_CUDA_LOCAL = 1, 2, 3, 4
+
+MAX_DIMS = 8
+MAX_AXES = 4
+NUM_STREAMS = 3
+FLAG_SYNCHRONOUS = 1
+
+
+class MfsdpError(RuntimeError):
+    """A libmfsdp call returned something other than MFSDP_OK.
+
+    `code` is the mfsdp_result (an int), `code_name` its enum name and
+    `message` mfsdp_last_error()'s text."""
+
+    def __init__(self, code, message, call=None):
+        self.code = int(code)
+        self.code_name = RESULT_NAMES.get(self.code, "MFSDP_RESULT_%d" % self.code)
+        self.message = message
+        self.call = call
+        where = "%s: " % call if call else ""
+        super().__init__("%s%s (%s)" % (where, message, self.code_name))
+
+
+class UsageError(MfsdpError):
+    """A misuse detected in Python before any C call (MFSDP_ERR_INVALID_USAGE)."""
+
+    def __init__(self, message):
+        super().__init__(2, message)
+
+
+class CompileError(ValueError):
+    """mfsdpc rejected a spec; `diagnostics` is its stderr, `returncode` its exit status."""
+
+    def __init__(self, diagnostics, returncode):
+        self.diagnostics = diagnostics
+        self.returncode = returncode
+        super().__init__("mfsdpc failed (exit %d):\n%s" % (returncode, diagnostics.rstrip()))
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("unit", ctypes.c_int), ("ndims", ctypes.c_int),
+                ("dims", ctypes.c_int64 * MAX_DIMS), ("numel", ctypes.c_int64),
+                ("weight_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
+                ("main_weight_dtype", ctypes.c_int)]
+
+
+class TensorView(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("unit", ctypes.c_int), ("ndims", ctypes.c_int),
+                ("dims", ctypes.c_int64 * MAX_DIMS), ("numel", ctypes.c_int64),
+                ("weight", ctypes.c_void_p), ("weight_dtype", ctypes.c_int),
+                ("grad_local", ctypes.c_void_p), ("grad_local_dtype", ctypes.c_int),
+                ("main_weight", ctypes.c_void_p), ("main_weight_dtype", ctypes.c_int),
+                ("grad", ctypes.c_void_p), ("grad_dtype", ctypes.c_int),
+                ("shard_offset", ctypes.c_int64), ("shard_count", ctypes.c_int64)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("rank", ctypes.c_int64),
+                ("timeout_ms", ctypes.c_int64), ("flags", ctypes.c_uint32),
+                ("local_group", ctypes.c_void_p), ("mpi_comm", ctypes.c_void_p),
+                ("backend_config", ctypes.c_void_p)]
+
+
+class NcclConfig(ctypes.Structure):
+    """mfsdp_nccl_config (mfsdp_nccl.h); ncclUniqueId is 128 bytes."""
+    _fields_ = [("world_comm", ctypes.c_void_p), ("unique_id", ctypes.c_char * 128),
+                ("has_unique_id", ctypes.c_int), ("device", ctypes.c_int),
+                ("compute_stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                ("watchdog_poll_ms", ctypes.c_int64)]
+
+
+NCCL_NONBLOCKING, NCCL_MEM_ALLOC, NCCL_GRAPHS, NCCL_HOST_COMPUTE = 1, 2, 4, 8
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [("steps", ctypes.c_int64), ("ops", ctypes.c_int64),
+                ("collectives", ctypes.c_int64 * MAX_AXES), ("bytes", ctypes.c_int64 * MAX_AXES),
+                ("busy_ns", ctypes.c_int64 * NUM_STREAMS), ("wait_ns", ctypes.c_int64 * NUM_STREAMS)]
+
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_RES = ctypes.c_int
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "mfsdp_result_string": (ctypes.c_char_p, [_INT]),
+    "mfsdp_version": (ctypes.c_char_p, []),
+    "mfsdp_version_code": (_INT, []),
+    "mfsdp_dtype_size": (ctypes.c_size_t, [_INT]),
+    "mfsdp_schedule_load": (_RES, [ctypes.c_char_p, ctypes.POINTER(_P)]),
+    "mfsdp_schedule_load_buffer": (_RES, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                          ctypes.POINTER(_P)]),
+    "mfsdp_schedule_free": (None, [_P]),
+    "mfsdp_schedule_world_size": (_I64, [_P]),
+    "mfsdp_schedule_num_axes": (_INT, [_P]),
+    "mfsdp_schedule_axis_name": (ctypes.c_char_p, [_P, _INT]),
+    "mfsdp_schedule_axis_size": (_I64, [_P, _INT]),
+    "mfsdp_schedule_microbatches": (_I64, [_P]),
+    "mfsdp_schedule_num_units": (_INT, [_P]),
+    "mfsdp_schedule_unit_name": (ctypes.c_char_p, [_P, _INT]),
+    "mfsdp_schedule_reduce_is_avg": (_INT, [_P]),
+    "mfsdp_schedule_hash": (None, [_P, ctypes.c_char_p]),
+    "mfsdp_schedule_num_tensors": (_INT, [_P]),
+    "mfsdp_schedule_tensor_info": (_RES, [_P, _INT, ctypes.POINTER(TensorInfo)]),
+    "mfsdp_backend_available": (_INT, [_INT]),
+    "mfsdp_local_group_create": (_RES, [_I64, ctypes.POINTER(_P)]),
+    "mfsdp_local_group_destroy": (None, [_P]),
+    "mfsdp_config_init": (None, [ctypes.POINTER(Config)]),
+    "mfsdp_create": (_RES, [_P, ctypes.POINTER(Config), ctypes.POINTER(_P)]),
+    "mfsdp_destroy": (None, [_P]),
+    "mfsdp_last_error": (ctypes.c_char_p, [_P]),
+    "mfsdp_rank": (_I64, [_P]),
+    "mfsdp_world_size": (_I64, [_P]),
+    "mfsdp_coord": (_I64, [_P, _INT]),
+    "mfsdp_num_tensors": (_INT, [_P]),
+    "mfsdp_tensor_view_get": (_RES, [_P, _INT, ctypes.POINTER(TensorView)]),
+    "mfsdp_tensor_find": (_INT, [_P, ctypes.c_char_p]),
+    "mfsdp_step_begin": (_RES, [_P]),
+    "mfsdp_forward_pre": (_RES, [_P, _INT, _I64]),
+    "mfsdp_forward_post": (_RES, [_P, _INT, _I64]),
+    "mfsdp_backward_pre": (_RES, [_P, _INT, _I64]),
+    "mfsdp_backward_post": (_RES, [_P, _INT, _I64]),
+    "mfsdp_step_end": (_RES, [_P]),
+    "mfsdp_synchronize": (_RES, [_P]),
+    "mfsdp_get_stats": (_RES, [_P, ctypes.POINTER(Stats)]),
+}
+# Present only in a library built with the CUDA/NCCL backend.
+_OPTIONAL = {
+    "mfsdp_nccl_stream": (_P, [_P, _INT]),
+    "mfsdp_nccl_device": (_INT, [_P]),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def library_path():
+    """The libmfsdp that load() opens (see the module comment), or None."""
+    env = os.environ.get("MFSDP_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for sub in ("lib", "lib64"):
+        d = os.path.join(here, sub)
+        if os.path.isdir(d):
+            names = sorted(n for n in os.listdir(d) if n.startswith("libmfsdp.so"))
+            if names:
+                return os.path.join(d, names[0])
+    return ctypes.util.find_library("mfsdp")
+
+
+def load():
+    """Opens libmfsdp once and declares every prototype; returns the CDLL."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        path = library_path()
+        if not path:
+            raise ImportError("libmfsdp not found: install the package with `pip install .` "
+                              "or set MFSDP_LIBRARY to the path of libmfsdp.so")
+        # RTLD_GLOBAL: libmpi's plugins need its symbols visible (Open MPI dlopens
+        # its components, which look up libmpi's symbols globally).
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        for name, (res, args) in _PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        for name, (res, args) in _OPTIONAL.items():
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype, fn.argtypes = res, args
+        _lib = lib
+        return lib
+
+
+def nccl_unique_id():
+    """A fresh ncclUniqueId (128 bytes) from the libnccl that libmfsdp links."""
+    fn = getattr(load(), "ncclGetUniqueId", None)
+    if fn is None:
+        raise MfsdpError(8, "libmfsdp was built without NCCL")
+    buf = ctypes.create_string_buffer(128)
+    r = fn(buf)
+    if r != 0:
+        raise MfsdpError(7, "ncclGetUniqueId failed (ncclResult %d)" % r)
+    return buf.raw
+
+
+def last_error(handle=None):
+    msg = load().mfsdp_last_error(handle)
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(result, handle=None, call=None):
+    """Raises MfsdpError for any result but MFSDP_OK (message from the handle,
+    or the calling thread's last handle-less error when handle is None)."""
+    if result != OK:
+        raise MfsdpError(result, last_error(handle), call)
+    return result

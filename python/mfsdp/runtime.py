@@ -1,0 +1,255 @@
+"""
+runtime: mfsdp.Runtime, one rank's replay runtime (mfsdp_runtime), its hooks,
+its zero-copy views and its statistics.
+
+Views are plain descriptions (View: pointers, dtypes, shapes); array() turns
+one role of a view into a NumPy array over the runtime's memory (no copy;
+bf16 through ml_dtypes when installed, else as uint16 bits) and
+mfsdp.torch.tensor() into a torch tensor (CPU: torch.frombuffer; CUDA:
+__cuda_array_interface__). The arrays borrow the runtime's buffers: they are
+valid until close(), and within the windows the schedule gives each role
+(docs/runtime.md, "Views").
+"""
+import ctypes
+
+from . import _lib, _mpi
+from ._lib import MfsdpError, UsageError
+
+BACKENDS = {"local": _lib.BACKEND_LOCAL, "mpi": _lib.BACKEND_MPI, "nccl": _lib.BACKEND_NCCL,
+            "cuda_local": _lib.BACKEND_CUDA_LOCAL}
+ROLES = ("weight", "grad_local", "main_weight", "grad")
+
+
+def backend_available(name):
+    """True when libmfsdp was built with the backend ("local", "mpi", "nccl")."""
+    return bool(_lib.load().mfsdp_backend_available(BACKENDS[name]))
+
+
+class LocalGroup:
+    """The shared group of the local backend's thread-ranks (one per world)."""
+
+    def __init__(self, world):
+        self._h = ctypes.c_void_p()
+        _lib.check(_lib.load().mfsdp_local_group_create(int(world), ctypes.byref(self._h)),
+                   call="mfsdp_local_group_create")
+
+    def close(self):
+        if self._h:
+            _lib.load().mfsdp_local_group_destroy(self._h)
+            self._h = None
+
+
+class View:
+    """Where one tensor's data lives for this rank (mfsdp_tensor_view)."""
+    __slots__ = ("index", "name", "unit", "shape", "numel", "ptr", "dtype", "shard_offset",
+                 "shard_count")
+
+    def __init__(self, index, v):
+        self.index = index
+        self.name = v.name.decode("utf-8")
+        self.unit = v.unit
+        self.shape = tuple(v.dims[i] for i in range(v.ndims))
+        self.numel = v.numel
+        self.ptr = {"weight": v.weight, "grad_local": v.grad_local,
+                    "main_weight": v.main_weight, "grad": v.grad}
+        self.dtype = {"weight": _lib.DTYPE_NAMES[v.weight_dtype],
+                      "grad_local": _lib.DTYPE_NAMES[v.grad_local_dtype],
+                      "main_weight": _lib.DTYPE_NAMES[v.main_weight_dtype],
+                      "grad": _lib.DTYPE_NAMES[v.grad_dtype]}
+        self.shard_offset = v.shard_offset
+        self.shard_count = v.shard_count
+
+    def role_shape(self, role):
+        """weight and grad_local hold the whole tensor, main_weight and grad the shard."""
+        return self.shape if role in ("weight", "grad_local") else (self.shard_count,)
+
+    def nbytes(self, role):
+        n = self.numel if role in ("weight", "grad_local") else self.shard_count
+        return n * (4 if self.dtype[role] == "fp32" else 2)
+
+    def __repr__(self):
+        return "View(%r, unit=%d, shape=%r, shard=[%d, +%d))" % (
+            self.name, self.unit, self.shape, self.shard_offset, self.shard_count)
+
+
+class Stats:
+    """A snapshot of mfsdp_stats; subtract two for one step's figures."""
+    FIELDS = ("steps", "ops", "collectives", "bytes", "busy_ns", "wait_ns")
+
+    def __init__(self, s=None, **kw):
+        if s is not None:
+            kw = {"steps": s.steps, "ops": s.ops, "collectives": list(s.collectives),
+                  "bytes": list(s.bytes), "busy_ns": list(s.busy_ns), "wait_ns": list(s.wait_ns)}
+        for f in self.FIELDS:
+            setattr(self, f, kw[f])
+
+    def __sub__(self, o):
+        def d(a, b):
+            return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - b
+        return Stats(**{f: d(getattr(self, f), getattr(o, f)) for f in self.FIELDS})
+
+    def as_dict(self):
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    def __repr__(self):
+        return "Stats(%r)" % self.as_dict()
+
+
+class Runtime:
+    """One rank's runtime. backend: "local" (thread-ranks: pass group= and
+    rank=; a world of one needs neither), "mpi" (comm: None for
+    MPI_COMM_WORLD, or an mpi4py communicator) or "nccl" (device, stream:
+    the CUDA device and stream handle; mfsdp.torch passes torch's current
+    ones). Every failure raises MfsdpError with the library's message."""
+
+    def __init__(self, schedule, backend="local", rank=None, timeout_ms=None, synchronous=False,
+                 group=None, comm=None, device=None, stream=None, host_compute=False,
+                 nccl_unique_id=None):
+        lib = _lib.load()
+        if backend not in BACKENDS:
+            raise MfsdpError(1, "unknown backend %r (one of %s)" % (backend, ", ".join(BACKENDS)))
+        self.schedule = schedule   # borrowed by the C runtime: keep it alive
+        self.backend = backend
+        self._h = None
+        self._own_group = None
+        cfg = _lib.Config()
+        lib.mfsdp_config_init(ctypes.byref(cfg))
+        cfg.backend = BACKENDS[backend]
+        cfg.rank = -1 if rank is None else int(rank)
+        if timeout_ms is not None:
+            cfg.timeout_ms = int(timeout_ms)
+        if synchronous:
+            cfg.flags |= _lib.FLAG_SYNCHRONOUS
+        keep = []
+        if backend in ("local", "cuda_local"):
+            if group is None:
+                if schedule.world_size != 1:
+                    raise MfsdpError(1, "the local backend with a world of %d ranks needs a "
+                                        "shared LocalGroup (group=) and rank=" % schedule.world_size)
+                group = self._own_group = LocalGroup(1)
+                cfg.rank = 0
+            cfg.local_group = group._h
+            self._group = group
+        if backend == "mpi":
+            ptr = _mpi.comm_pointer(comm)
+            keep.append(ptr)
+            cfg.mpi_comm = ptr
+        if backend in ("nccl", "cuda_local") and (device is not None or stream is not None
+                                                  or host_compute or nccl_unique_id):
+            nc = _lib.NcclConfig()
+            nc.device = -1 if device is None else int(device)
+            nc.compute_stream = stream
+            nc.flags = _lib.NCCL_NONBLOCKING | _lib.NCCL_MEM_ALLOC
+            if host_compute:
+                nc.flags |= _lib.NCCL_HOST_COMPUTE
+            nc.watchdog_poll_ms = 100
+            if nccl_unique_id:
+                nc.unique_id = bytes(nccl_unique_id)
+                nc.has_unique_id = 1
+            keep.append(nc)
+            cfg.backend_config = ctypes.cast(ctypes.pointer(nc), ctypes.c_void_p)
+        h = ctypes.c_void_p()
+        _lib.check(lib.mfsdp_create(schedule.handle, ctypes.byref(cfg), ctypes.byref(h)),
+                   call="mfsdp_create")
+        self._h = h
+        schedule._users += 1
+        if backend == "mpi":
+            _mpi.track(self)
+        self.rank = int(lib.mfsdp_rank(h))
+        self.world_size = int(lib.mfsdp_world_size(h))
+        self.coords = [int(lib.mfsdp_coord(h, a)) for a in range(len(schedule.mesh))]
+        self.views = []
+        v = _lib.TensorView()
+        for i in range(lib.mfsdp_num_tensors(h)):
+            self._check(lib.mfsdp_tensor_view_get(h, i, ctypes.byref(v)), "mfsdp_tensor_view_get")
+            self.views.append(View(i, v))
+        self._by_name = {v.name: v for v in self.views}
+        self._lib = lib
+
+    # ---- lifetime ----
+    @property
+    def handle(self):
+        if not self._h:
+            raise UsageError("the runtime was closed")
+        return self._h
+
+    def close(self):
+        """Destroys the C runtime (arrays and tensors over its views become invalid)."""
+        if self._h:
+            _lib.load().mfsdp_destroy(self._h)
+            self._h = None
+            self.schedule._release()
+        if self._own_group is not None:
+            self._own_group.close()
+            self._own_group = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check(self, r, call):
+        if r != _lib.OK:
+            raise MfsdpError(r, _lib.last_error(self._h), call)
+
+    # ---- views ----
+    def view(self, name_or_index):
+        """The View of a tensor by full name or index; KeyError when absent."""
+        if isinstance(name_or_index, int):
+            return self.views[name_or_index]
+        return self._by_name[name_or_index]
+
+    def array(self, name_or_index, role="weight"):
+        """A NumPy array over one role of a tensor (zero-copy; CPU backends)."""
+        from ._arrays import numpy_view
+        return numpy_view(self.view(name_or_index), role)
+
+    # ---- hooks ----
+    def step_begin(self):
+        self._check(self._lib.mfsdp_step_begin(self.handle), "mfsdp_step_begin")
+
+    def forward_pre(self, unit, microbatch):
+        self._check(self._lib.mfsdp_forward_pre(self.handle, unit, microbatch), "mfsdp_forward_pre")
+
+    def forward_post(self, unit, microbatch):
+        self._check(self._lib.mfsdp_forward_post(self.handle, unit, microbatch),
+                    "mfsdp_forward_post")
+
+    def backward_pre(self, unit, microbatch):
+        self._check(self._lib.mfsdp_backward_pre(self.handle, unit, microbatch),
+                    "mfsdp_backward_pre")
+
+    def backward_post(self, unit, microbatch):
+        self._check(self._lib.mfsdp_backward_post(self.handle, unit, microbatch),
+                    "mfsdp_backward_post")
+
+    def step_end(self):
+        self._check(self._lib.mfsdp_step_end(self.handle), "mfsdp_step_end")
+
+    def synchronize(self):
+        self._check(self._lib.mfsdp_synchronize(self.handle), "mfsdp_synchronize")
+
+    # ---- statistics and GPU facts ----
+    def stats(self):
+        s = _lib.Stats()
+        self._check(self._lib.mfsdp_get_stats(self.handle, ctypes.byref(s)), "mfsdp_get_stats")
+        return Stats(s)
+
+    def cuda_stream(self, stream=0):
+        """The CUDA stream handle (int) of a GPU runtime's stream, else None."""
+        fn = getattr(self._lib, "mfsdp_nccl_stream", None)
+        return fn(self.handle, stream) if fn is not None else None
+
+    def cuda_device(self):
+        fn = getattr(self._lib, "mfsdp_nccl_device", None)
+        return fn(self.handle) if fn is not None else -1
+
+    def __repr__(self):
+        return "Runtime(%s, rank %d of %d)" % (self.backend, self.rank, self.world_size)

@@ -1,0 +1,17 @@
+"""
+mfsdp.torch: drive libmfsdp from a torch training loop (needs torch).
+
+    import mfsdp, mfsdp.torch as mt
+    spec = mt.spec_from_module(model, mesh={"dp_outer": 2, "dp_inner": 2}, layout="hfsdp",
+                               microbatches=M)
+    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi")
+    opt = torch.optim.AdamW(sm.main_parameters(), lr=3e-4)
+
+See docs/pytorch.md.
+"""
+from .shard import ModelMismatchError, ShardedModel, shard
+from .spec import LAYOUT_NAMES, layout_block, plan_units, spec_from_module
+from .tensors import tensor
+
+__all__ = ["spec_from_module", "shard", "ShardedModel", "ModelMismatchError", "tensor",
+           "plan_units", "layout_block", "LAYOUT_NAMES"]

@@ -1,0 +1,316 @@
+"""
+shard: mfsdp.torch.shard(model, schedule, backend), the torch side of the
+hook contract of runtime/mfsdp.h.
+
+What shard() does, in order:
+  1. checks the schedule against the model: every unit names a submodule,
+     every tensor a parameter of it with the same shape, every parameter is
+     covered; all mismatches are listed in one ModelMismatchError;
+  2. creates the runtime and copies each parameter's current value into this
+     rank's main_weight shard (so training starts from torch's init);
+  3. makes each parameter's .data a view of the runtime's unsharded weight
+     (valid inside its unit's windows, as FSDP2's unsharded parameters are);
+  4. installs, per unit module, a forward pre-hook (forward_pre; step_begin
+     before the first unit of the first microbatch), a forward hook
+     (forward_post, and a gradient hook on each output that calls
+     backward_pre when the gradient reaches the unit) and, per parameter, a
+     post-accumulate-grad hook that copies the gradient into grad_local (one
+     copy, cast when dtypes differ) and, once the unit's last parameter got
+     its gradient, calls backward_post — and after the last unit of the last
+     microbatch, step_end, then points each master parameter's .grad at the
+     delivered gradient shard.
+
+Microbatches are counted here: the user calls forward and backward, nothing
+else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
+re-runs a unit's forward inside backward; that recompute is recognised (it
+happens while the unit's backward window is open) and calls no hook.
+"""
+import time
+
+import torch
+
+from .. import _lib
+from .._lib import MfsdpError, UsageError
+from ..runtime import Runtime
+from .tensors import tensor
+
+
+class ModelMismatchError(UsageError):
+    """The schedule does not describe the model; `problems` lists every mismatch."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("the schedule does not match the model (%d problem%s):\n  %s" % (
+            len(self.problems), "" if len(self.problems) == 1 else "s",
+            "\n  ".join(self.problems)))
+
+
+def _match(model, sched):
+    """[(unit index, module, [(view index, parameter)])] or ModelMismatchError."""
+    problems = []
+    units = []
+    covered = set()
+    for u, uname in enumerate(sched.units):
+        try:
+            mod = model.get_submodule(uname)
+        except AttributeError:
+            problems.append("unit %r: the model has no submodule of that name" % uname)
+            units.append((u, None, []))
+            continue
+        params = []
+        for t in sched.unit_tensors(u):
+            tname = t.name[len(uname) + 1:]
+            try:
+                p = mod.get_parameter(tname)
+            except AttributeError:
+                problems.append("tensor %r: module %r has no parameter %r" % (
+                    t.name, uname, tname))
+                continue
+            if tuple(p.shape) != t.shape:
+                problems.append("tensor %r: the schedule says shape %s, the model has %s" % (
+                    t.name, list(t.shape), list(p.shape)))
+                covered.add(id(p))     # named, so not listed again as uncovered
+                continue
+            if id(p) in covered:
+                problems.append("tensor %r: this parameter is already another tensor of the "
+                                "schedule (tied weights belong to one unit)" % t.name)
+                continue
+            if not p.requires_grad:
+                problems.append("tensor %r: the parameter does not require grad (frozen "
+                                "parameters are not supported)" % t.name)
+            covered.add(id(p))
+            params.append((t.index, p))
+        units.append((u, mod, params))
+    for name, p in model.named_parameters():
+        if id(p) not in covered:
+            problems.append("parameter %r %s is in no unit of the schedule" % (
+                name, list(p.shape)))
+    if problems:
+        raise ModelMismatchError(problems)
+    return units
+
+
+def _tensors_in(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors_in(o)
+
+
+class ShardedModel:
+    """The model driven by an mfsdp runtime (returned by shard())."""
+
+    def __init__(self, model, schedule, backend="mpi", **runtime_kw):
+        self.model = model
+        self.schedule = schedule
+        units = _match(model, schedule)
+        if backend in ("nccl", "cuda_local"):
+            runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
+        self.runtime = rt = Runtime(schedule, backend=backend, **runtime_kw)
+        self.M = schedule.microbatches
+        self.U = len(schedule.units)
+        self._units = []       # per unit: (module, [(param, view, grad_local tensor)])
+        self._main = []        # (name, master Parameter, grad tensor, view)
+        with torch.no_grad():
+            for u, mod, params in units:
+                entries = []
+                for vi, p in params:
+                    v = rt.views[vi]
+                    if v.shard_count:
+                        main = tensor(rt, v, "main_weight")
+                        flat = p.detach().reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count]
+                        main.copy_(flat.to(device=main.device, dtype=main.dtype))
+                        self._main.append((v.name, torch.nn.Parameter(main), tensor(rt, v, "grad"), v))
+                    p.data = tensor(rt, v, "weight")
+                    entries.append((p, v, tensor(rt, v, "grad_local")))
+                self._units.append((mod, entries))
+        self._reset_step()
+        self.steps = 0
+        self.hook_seconds = 0.0   # host time inside this object's hooks (C calls included)
+        self._handles = []
+        for u, (mod, entries) in enumerate(self._units):
+            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_fwd_pre(u))))
+            self._handles.append(mod.register_forward_hook(self._timed(self._make_fwd_post(u))))
+            for k, (p, v, gl) in enumerate(entries):
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    self._timed(self._make_grad_ready(u, k))))
+
+    # ---- public ----
+    def main_parameters(self):
+        """This rank's fp32 master shards as Parameters (for the optimizer);
+        their .grad is the delivered gradient shard after each step's last backward."""
+        return [mp for _, mp, _, _ in self._main]
+
+    def named_main_parameters(self):
+        """(tensor name, master shard) pairs, e.g. to give norms no weight decay."""
+        return [(n, mp) for n, mp, _, _ in self._main]
+
+    def shards(self):
+        """[(tensor name, shard_offset, master shard)] of this rank (for checkpoints)."""
+        return [(n, v.shard_offset, mp) for n, mp, _, v in self._main]
+
+    def stats(self):
+        return self.runtime.stats()
+
+    def close(self):
+        """Removes the hooks and destroys the runtime. The parameters lose their
+        views (they become empty tensors, so a later use fails in torch instead
+        of reading freed memory); save shards() first to keep the weights."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        with torch.no_grad():
+            for _, entries in self._units:
+                for p, _, _ in entries:
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._main = []
+        self.runtime.close()
+
+    # ---- state ----
+    def _reset_step(self):
+        self.m = 0
+        self._reset_microbatch()
+        self.phase = "idle"
+
+    def _reset_microbatch(self):
+        self.fwd_done = [False] * self.U
+        self.bwd_open = [False] * self.U
+        self.pending = [len(e) for _, e in self._units]
+        self.recompute = [0] * self.U
+        self.phase = "idle"
+
+    def _unit_name(self, u):
+        return self.schedule.units[u]
+
+    # ---- hooks ----
+    def _timed(self, fn):
+        def hook(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.hook_seconds += time.perf_counter() - t0
+        return hook
+
+    def _make_fwd_pre(self, u):
+        def hook(module, args):
+            if self.bwd_open[u] or (self.phase == "bwd" and torch._C._current_graph_task_id() != -1
+                                    and self.fwd_done[u]):
+                self.recompute[u] += 1     # activation-checkpoint recompute: no hook
+                return None
+            if self.fwd_done[u]:
+                raise UsageError(
+                    "unit %r ran twice in the forward of microbatch %d: each unit's hooks "
+                    "bracket exactly one call per microbatch (make the repeated module its own "
+                    "unit per call, or put the calls inside one unit)" % (self._unit_name(u), self.m))
+            if self.phase == "bwd":
+                raise UsageError(
+                    "forward of unit %r while the backward of microbatch %d is unfinished: run "
+                    "loss.backward() before the next forward" % (self._unit_name(u), self.m))
+            if not torch.is_grad_enabled():
+                raise UsageError(
+                    "forward of unit %r under torch.no_grad(): mfsdp drives training steps (a "
+                    "forward is always followed by its backward); torch.utils.checkpoint with "
+                    "use_reentrant=True runs the forward so: use use_reentrant=False"
+                    % self._unit_name(u))
+            if self.phase == "idle" and self.m == 0 and u == 0:
+                self.runtime.step_begin()
+            self.phase = "fwd"
+            self.runtime.forward_pre(u, self.m)
+            self.fwd_done[u] = True
+            return None
+        return hook
+
+    def _make_fwd_post(self, u):
+        def hook(module, args, output):
+            if self.recompute[u]:
+                self.recompute[u] -= 1
+                return None
+            self.runtime.forward_post(u, self.m)
+            outs = [t for t in _tensors_in(output) if t.requires_grad]
+            if not outs:
+                raise UsageError(
+                    "unit %r returned no tensor that requires grad, so its backward cannot be "
+                    "hooked (torch.utils.checkpoint needs use_reentrant=False)" % self._unit_name(u))
+            for t in outs:
+                t.register_hook(self._timed(self._make_bwd_pre(u)))
+            return None
+        return hook
+
+    def _make_bwd_pre(self, u):
+        def hook(grad):
+            if self.bwd_open[u] or self.pending[u] == 0:
+                return None
+            late = [w for w in range(u + 1, self.U) if self.pending[w]]
+            if late:
+                w = late[0]
+                names = [v.name for p, v, _ in self._units[w][1] if p.grad is None]
+                raise UsageError(
+                    "unit %r's backward began while unit %r still waits for the gradients of %s: "
+                    "every parameter of a unit must receive its gradient in each microbatch" % (
+                        self._unit_name(u), self._unit_name(w), ", ".join(names[:8])))
+            self.phase = "bwd"
+            self.runtime.backward_pre(u, self.m)
+            self.bwd_open[u] = True
+            return None
+        return hook
+
+    def _make_grad_ready(self, u, k):
+        def hook(p):
+            if not self.bwd_open[u]:
+                raise UsageError(
+                    "parameter %r received a gradient outside the backward of its unit %r "
+                    "(used outside the unit? tied weights must belong to the first unit that "
+                    "uses them)" % (self._units[u][1][k][1].name, self._unit_name(u)))
+            _, v, gl = self._units[u][1][k]
+            gl.copy_(p.grad.view(gl.shape))
+            p.grad = None
+            self.pending[u] -= 1
+            if self.pending[u] == 0:
+                self.bwd_open[u] = False
+                self.runtime.backward_post(u, self.m)
+                if u == 0:
+                    self._microbatch_done()
+        return hook
+
+    def _microbatch_done(self):
+        self.m += 1
+        self._reset_microbatch()
+        if self.m == self.M:
+            self.runtime.step_end()
+            self.steps += 1
+            self.m = 0
+            for _, mp, g, _ in self._main:
+                mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
+
+
+def _nccl_args(kw, backend, world):
+    """torch's current device and stream as the runtime's compute stream; for
+    a world of several processes, an NCCL unique id made on rank 0 and
+    broadcast through torch.distributed (which must be initialised)."""
+    kw = dict(kw)
+    if not torch.cuda.is_available():
+        raise MfsdpError(8, "the %s backend needs a CUDA device (torch.cuda.is_available() "
+                            "is False)" % backend)
+    kw.setdefault("device", torch.cuda.current_device())
+    kw.setdefault("stream", torch.cuda.current_stream().cuda_stream)
+    if backend == "nccl" and world > 1 and "nccl_unique_id" not in kw:
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise UsageError("the nccl backend on %d ranks needs torch.distributed initialised "
+                             "(any backend, e.g. gloo) to share NCCL's unique id" % world)
+        obj = [_lib.nccl_unique_id() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(obj, src=0)
+        kw["nccl_unique_id"] = obj[0]
+        kw.setdefault("rank", dist.get_rank())
+    return kw
+
+
+def shard(model, schedule, backend="mpi", **runtime_kw):
+    """Drives `model` with `schedule` on `backend` ("local", "mpi", "nccl");
+    extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...)."""
+    return ShardedModel(model, schedule, backend=backend, **runtime_kw)

@@ -1,0 +1,245 @@
+"""
+spec: spec_from_module(), the .mfsdp spec of a torch module in one call.
+
+Units default to the children of the module that own parameters, in
+registration order (ModuleList / ModuleDict children are expanded, so
+`blocks` gives `blocks.0`, `blocks.1`, ...); consecutive units with the same
+tensors become one `unit "blocks.{i}" for i in A..B` loop. A parameter shared
+by several modules (tied weights) belongs to the first unit that reaches it,
+and when the layout shards the compute weight it gets the override layout
+`tied` (weight replicated on every axis) so that a later module may read it
+outside its unit's windows. Layouts are emitted as blocks (docs/language.md has
+no built-in layout names).
+"""
+import fnmatch
+import re
+
+import torch
+
+PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial"}
+DTYPES = {"fp32", "bf16", "fp16"}
+
+
+def _layout_roles(name, naxes):
+    """(weight, grad, main_weight) placements of a named layout on naxes axes,
+    outermost first; ValueError when the layout needs more axes."""
+    R, F, P = "R", "F", "P"
+    one = {
+        "ddp": ([R], [P], [R]),
+        "zero1": ([R], [P], [F]),
+        "zero2": ([R], [F], [F]),
+        "zero3": ([F], [F], [F]),
+        "replicated": ([R], [P], [R]),
+    }
+    if name in one:
+        w, g, m = one[name]
+        return w * naxes, g * naxes, m * naxes
+    if naxes < 2:
+        raise ValueError("layout %r needs a mesh of at least 2 axes (this one has %d)"
+                         % (name, naxes))
+    outer = naxes - 1
+    two = {
+        "hsdp": ([R] * outer + [F], [P] * outer + [F], [R] * outer + [F]),
+        "hsdp_nosync": ([R] * outer + [F], [P] * naxes, [R] * outer + [F]),
+        "hfsdp": ([R] * outer + [F], [P] * outer + [F], [F] * naxes),
+        "fsdp2d": ([F] * naxes, [F] * naxes, [F] * naxes),
+    }
+    if name not in two:
+        raise ValueError("unknown layout %r: use one of %s, or a layout block (dict)"
+                         % (name, ", ".join(LAYOUT_NAMES)))
+    return two[name]
+
+
+LAYOUT_NAMES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "hsdp_nosync", "hfsdp", "fsdp2d")
+
+
+def layout_block(name, naxes, dtype="fp32", grad_dtype="fp32"):
+    """The text of a named layout block."""
+    w, g, m = _layout_roles(name, naxes)
+    return _block(name, {"weight": (dtype, w), "grad": (grad_dtype, g),
+                         "main_weight": ("fp32", m)})
+
+
+def _block(name, roles):
+    lines = ["layout %s {" % name]
+    for role in ("weight", "grad", "main_weight"):
+        dt, places = roles[role]
+        places = [PLACE.get(p, p) for p in places]
+        lines.append("  %-11s %s [%s];" % (role, dt, ", ".join(places)))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _unit_modules(model, units):
+    """[(name, module)] of the units, in order."""
+    if units is not None:
+        out = []
+        for n in units:
+            try:
+                mod = model.get_submodule(n)
+            except AttributeError:
+                raise ValueError("unit %r is not a submodule of the model" % n) from None
+            if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                raise ValueError("unit %r is a %s, which has no forward to hook: name its "
+                                 "children (%r, ...)" % (n, type(mod).__name__, n + ".0"))
+            out.append((n, mod))
+        return out
+    out = []
+
+    def visit(prefix, mod):
+        for n, child in mod.named_children():
+            full = prefix + n
+            if not any(True for _ in child.parameters()):
+                continue
+            if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                visit(full + ".", child)
+            else:
+                out.append((full, child))
+    visit("", model)
+    return out
+
+
+def plan_units(model, units=None):
+    """[(unit name, module, [(tensor name, parameter)])], every parameter in
+    exactly one unit (the first that reaches it), units without parameters of
+    their own dropped. Raises ValueError naming uncovered parameters."""
+    seen = set()
+    plan = []
+    for name, mod in _unit_modules(model, units):
+        tensors = []
+        for pname, p in mod.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            tensors.append((pname, p))
+        if tensors:
+            plan.append((name, mod, tensors))
+    missing = [n for n, p in model.named_parameters() if id(p) not in seen]
+    if missing:
+        raise ValueError("parameters not covered by any unit: %s (give units= explicitly)"
+                         % ", ".join(missing))
+    return plan
+
+
+def tied_parameters(model):
+    """ids of parameters reachable under more than one name."""
+    count = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        count[id(p)] = count.get(id(p), 0) + 1
+    return {i for i, c in count.items() if c > 1}
+
+
+def _q(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dtype="fp32",
+                     grad_dtype="fp32", reduce="avg", overrides=None, prefetch=None,
+                     reshard_last=False):
+    """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
+
+    layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
+                fsdp2d) or a dict {"name": N, "weight": (dtype, [placements]),
+                "grad": ..., "main_weight": ...} with placements "Replicate",
+                "Flat", "Partial" (or R/F/P), outermost axis first
+    units       module names (default: the children that own parameters)
+    dtype       the compute weight's dtype (fp32, bf16, fp16)
+    overrides   {fnmatch pattern on the full tensor name: layout}, e.g.
+                {"*.ln_*": "replicated"}; a layout is a name or a dict as above
+    reshard_last  when False, the last unit keeps its weights unsharded from
+                forward to backward (`reshard_after_forward false`)
+    """
+    if not mesh:
+        raise ValueError("mesh must name at least one axis, e.g. {'dp': 4}")
+    if dtype not in DTYPES or grad_dtype not in DTYPES:
+        raise ValueError("dtype and grad_dtype are fp32, bf16 or fp16")
+    naxes = len(mesh)
+    blocks = {}
+
+    def declare(lay):
+        if isinstance(lay, str):
+            if lay not in blocks:
+                if lay in LAYOUT_NAMES or lay == "replicated":
+                    blocks[lay] = layout_block(lay, naxes, dtype, grad_dtype)
+                else:
+                    raise ValueError("unknown layout %r: use one of %s, replicated, or a dict"
+                                     % (lay, ", ".join(LAYOUT_NAMES)))
+            return lay
+        name = lay.get("name", "custom")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ValueError("layout name %r is not an identifier" % name)
+        blocks[name] = _block(name, lay)
+        return name
+
+    base = declare(layout)
+    base_weight = _layout_roles(base, naxes)[0] if isinstance(layout, str) else \
+        [p[0].upper() for p in layout["weight"][1]]
+    tied = tied_parameters(model)
+    over = [(pat, declare(lay)) for pat, lay in (overrides or {}).items()]
+    tied_name = None
+    if tied and any(p != "R" for p in base_weight):
+        w, g, m = ((["R"] * naxes), *_layout_roles(base, naxes)[1:]) if isinstance(layout, str) \
+            else (["R"] * naxes, layout["grad"][1], layout["main_weight"][1])
+        gd = grad_dtype if isinstance(layout, str) else layout["grad"][0]
+        blocks["tied"] = _block("tied", {"weight": (dtype, w), "grad": (gd, g),
+                                         "main_weight": ("fp32", m)})
+        tied_name = "tied"
+
+    plan = plan_units(model, units)
+    rows = []   # (unit name, [(tensor, shape, layout or None)])
+    for uname, _, tensors in plan:
+        items = []
+        for tname, p in tensors:
+            full = uname + "." + tname
+            lay = None
+            for pat, ln in over:
+                if fnmatch.fnmatchcase(full, pat):
+                    lay = ln
+            if lay is None and id(p) in tied and tied_name:
+                lay = tied_name
+            items.append((tname, tuple(p.shape), lay))
+        rows.append((uname, items))
+
+    out = ["# generated by mfsdp.torch.spec_from_module (%s, %d units)" % (
+        type(model).__name__, len(rows))]
+    out.append("mesh %s;" % ", ".join("%s = %d" % (k, v) for k, v in mesh.items()))
+    out.append("microbatches %d;" % microbatches)
+    out.append("reduce %s;" % reduce)
+    if prefetch:
+        out.append("prefetch %d;" % prefetch)
+    out.append("")
+    for b in blocks.values():
+        out.append(b)
+        out.append("")
+    out.extend(_units_text(rows, base, reshard_last))
+    return "\n".join(out) + "\n"
+
+
+def _units_text(rows, base, reshard_last):
+    """Unit declarations, with loops over runs of `prefix.N` units whose tensors match."""
+    out = []
+    i = 0
+    last = len(rows) - 1
+    while i < len(rows):
+        name, items = rows[i]
+        m = re.match(r"^(.*\.)(\d+)$", name)
+        j = i
+        if m:
+            k = int(m.group(2))
+            while (j + 1 < len(rows) and j + 1 != last and rows[j + 1][1] == items
+                   and rows[j + 1][0] == "%s%d" % (m.group(1), k + (j + 1 - i))):
+                j += 1
+        if j > i and i != last:
+            out.append('unit %s for i in %d..%d layout %s {' % (
+                _q(m.group(1) + "{i}"), int(m.group(2)), int(m.group(2)) + (j - i + 1), base))
+        else:
+            j = i
+            out.append("unit %s layout %s {" % (_q(name), base))
+        if j == last and not reshard_last:
+            out.append("  reshard_after_forward false;")
+        for tname, shape, lay in items:
+            tail = " layout %s" % lay if lay else ""
+            out.append("  tensor %s [%s]%s;" % (_q(tname), ", ".join(map(str, shape)), tail))
+        out.append("}")
+        i = j + 1
+    return out

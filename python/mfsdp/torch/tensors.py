@@ -1,0 +1,46 @@
+"""
+tensors: torch tensors over a runtime's views, zero-copy.
+
+CPU backends (local, mpi): torch.frombuffer over the runtime's host memory.
+GPU backends (nccl, cuda_local): torch.as_tensor over an object exposing
+__cuda_array_interface__ (bf16 travels as int16 bits and is viewed back).
+The tensors borrow the runtime's memory: valid until Runtime.close().
+"""
+import ctypes
+
+import torch
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TYPESTR = {"fp32": "<f4", "bf16": "<i2", "fp16": "<f2"}
+
+
+class _CudaArray:
+    def __init__(self, ptr, n, dtype):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": _TYPESTR[dtype],
+                                         "data": (ptr, False), "version": 2, "strides": None}
+
+
+def tensor(runtime, view, role):
+    """A torch tensor over `role` of `view` (a mfsdp.View) with its shape."""
+    dtype = view.dtype[role]
+    shape = view.role_shape(role)
+    n = 1
+    for d in shape:
+        n *= d
+    tdt = TORCH_DTYPES[dtype]
+    ptr = view.ptr[role]
+    gpu = runtime.backend in ("nccl", "cuda_local")
+    if not ptr or n == 0:
+        dev = "cuda:%d" % runtime.cuda_device() if gpu else "cpu"
+        return torch.zeros(shape, dtype=tdt, device=dev)
+    if gpu:
+        t = torch.as_tensor(_CudaArray(ptr, n, dtype), device="cuda:%d" % runtime.cuda_device())
+        if dtype == "bf16":
+            t = t.view(torch.bfloat16)
+        return t.view(shape)
+    buf = (ctypes.c_char * (n * (4 if dtype == "fp32" else 2))).from_address(ptr)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "non-writable buffer" does not apply: ctypes memory is
+        t = torch.frombuffer(buf, dtype=tdt, count=n)
+    return t.view(shape)

@@ -1,0 +1,331 @@
+/*
+ * mf_debug: the check mode (see mf_debug.h). Each tensor view has two
+ * regions, its weight and its grad_local, each in one of four states:
+ *
+ *   LIVE       the real data, no window open (before the first hook, or
+ *              for a moment inside a hook)
+ *   POISONED   outside its window: the region holds the check pattern and
+ *              `saved` the real data; the trainer must not touch it
+ *   W_OPEN     a weight inside its window (between forward_pre and
+ *              forward_post, or backward_pre and backward_post, of its
+ *              unit): `saved` holds a copy taken when the window opened, and
+ *              the region must still equal it when the window closes
+ *   G_OPEN     a grad_local inside its window (backward_pre .. backward_post):
+ *              filled with the pattern when the window opened; at its close
+ *              no element may still hold the pattern (not written) or a NaN
+ *              carrying its payload (added into, or computed from a poisoned
+ *              read)
+ *
+ * The pattern is a signalling NaN with a payload (fp32 0x7fa5a5a5, bf16
+ * 0x7fa5, fp16 0x7d5a): arithmetic on it gives a NaN that keeps the payload,
+ * so a read outside a window shows up as NaN in the trainer's results and,
+ * through its gradient, at the next backward_post. Before a hook issues its
+ * ops, every poisoned region of a buffer the ops read or write is checked
+ * (still the pattern, else the trainer wrote it) and restored; at step_end
+ * every poisoned region is checked. Cost: a copy of every weight and
+ * grad_local region, and per hook a few passes over the regions of the
+ * buckets it moves (docs/runtime.md gives the figure).
+ */
+#include "mf_debug.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_rt.h"
+
+enum { MF_DBG_LIVE, MF_DBG_POISONED, MF_DBG_W_OPEN, MF_DBG_G_OPEN };
+enum { MF_DBG_WEIGHT = 0, MF_DBG_GRAD_LOCAL = 1 };
+
+typedef struct mf_dbg_region {
+    int view;               /* tensor index */
+    int kind;               /* MF_DBG_WEIGHT or MF_DBG_GRAD_LOCAL */
+    int unit;
+    int buffer;             /* schedule buffer holding it */
+    void *p;
+    mf_dtype dtype;
+    int64_t n;              /* elements */
+    size_t bytes;
+    void *saved;            /* bytes; owned */
+    int state;
+    char since[160];        /* the hook after which it was poisoned */
+} mf_dbg_region;
+
+struct mf_debug {
+    int nregions;
+    mf_dbg_region *regions; /* owned */
+};
+
+uint32_t mf_debug_flags(uint32_t flags)
+{
+    const char *env = getenv("MFSDP_CHECK");
+    if (env && *env && strcmp(env, "0") != 0)
+        flags |= MFSDP_FLAG_CHECK;
+    if (flags & MFSDP_FLAG_CHECK)
+        flags |= MFSDP_FLAG_SYNCHRONOUS;
+    return flags;
+}
+
+/* ---- the pattern ---- */
+
+static void poison(mf_dbg_region *g)
+{
+    if (g->dtype == MF_FP32) {
+        uint32_t *p = g->p;
+        for (int64_t i = 0; i < g->n; i++)
+            p[i] = 0x7fa5a5a5u;
+    } else {
+        uint16_t v = g->dtype == MF_BF16 ? 0x7fa5 : 0x7d5a, *p = g->p;
+        for (int64_t i = 0; i < g->n; i++)
+            p[i] = v;
+    }
+}
+
+/* 1: exactly the pattern; 2: a NaN with its payload (the sign and the quiet
+ * bit aside; fp32 also any low half); 0: anything else. */
+static int patterned(const mf_dbg_region *g, int64_t i)
+{
+    if (g->dtype == MF_FP32) {
+        uint32_t x = ((const uint32_t *)g->p)[i];
+        if (x == 0x7fa5a5a5u)
+            return 1;
+        return (x & 0x7fbf0000u) == 0x7fa50000u ? 2 : 0;
+    }
+    uint16_t x = ((const uint16_t *)g->p)[i];
+    uint16_t pat = g->dtype == MF_BF16 ? 0x7fa5 : 0x7d5a;
+    uint16_t quiet = g->dtype == MF_BF16 ? 0x0040 : 0x0200;
+    if (x == pat)
+        return 1;
+    return (x & (uint16_t)~(0x8000u | quiet)) == pat ? 2 : 0;
+}
+
+/* ---- create / free ---- */
+
+static int buffer_of(const mf_rt *rt, const void *p)
+{
+    const mf_schedule *s = rt->s;
+    for (int b = 0; b < s->nbuffers; b++) {
+        const char *lo = rt->bufs[b];
+        size_t bytes = (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype);
+        if ((const char *)p >= lo && (const char *)p < lo + bytes)
+            return b;
+    }
+    return -1;
+}
+
+mfsdp_result mf_debug_create(mf_rt *rt)
+{
+    if (!(rt->cfg.flags & MFSDP_FLAG_CHECK) || rt->native)
+        return MFSDP_OK;
+    mf_debug *d = mf_rt_calloc(1, sizeof *d);
+    if (!d)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
+    rt->check = d;
+    d->regions = mf_rt_calloc((size_t)(2 * rt->nviews + 1), sizeof *d->regions);
+    if (!d->regions)
+        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
+    for (int k = 0; k < rt->nviews; k++) {
+        const mfsdp_tensor_view *v = &rt->views[k];
+        for (int kind = 0; kind < 2 && v->numel > 0; kind++) {
+            mf_dbg_region *g = &d->regions[d->nregions];
+            g->view = k;
+            g->kind = kind;
+            g->unit = v->unit;
+            g->p = kind == MF_DBG_WEIGHT ? v->weight : v->grad_local;
+            g->dtype = (mf_dtype)(kind == MF_DBG_WEIGHT ? v->weight_dtype : v->grad_local_dtype);
+            g->n = v->numel;
+            g->bytes = (size_t)v->numel * mf_dtype_size(g->dtype);
+            g->buffer = buffer_of(rt, g->p);
+            g->saved = mf_rt_malloc(g->bytes);
+            g->state = MF_DBG_LIVE;
+            if (!g->saved)
+                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
+                                       "out of memory (check mode: %zu bytes for %s)", g->bytes,
+                                       v->name);
+            d->nregions++;
+        }
+    }
+    return MFSDP_OK;
+}
+
+void mf_debug_free(mf_rt *rt)
+{
+    mf_debug *d = rt->check;
+    if (!d)
+        return;
+    for (int i = 0; d->regions && i < d->nregions; i++)
+        mf_rt_free(d->regions[i].saved);
+    mf_rt_free(d->regions);
+    mf_rt_free(d);
+    rt->check = NULL;
+}
+
+/* ---- messages ---- */
+
+static void hook_name(const mf_rt *rt, mf_phase phase, int unit, int64_t m, char *buf, size_t size)
+{
+    if (phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END)
+        snprintf(buf, size, "mfsdp_%s()", mf_phase_name(phase));
+    else
+        snprintf(buf, size, "mfsdp_%s(unit %d \"%s\", microbatch %lld)", mf_phase_name(phase),
+                 unit, rt->s->units[unit].name, (long long)m);
+}
+
+static const char *kind_name(const mf_dbg_region *g)
+{
+    return g->kind == MF_DBG_WEIGHT ? "weight" : "grad_local";
+}
+
+static mfsdp_result mistake(mf_rt *rt, const mf_dbg_region *g, int64_t i, const char *hook,
+                            const char *what)
+{
+    return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                           "check mode: %s: %s of tensor \"%s\" (unit %d \"%s\"), element %lld of "
+                           "%lld: %s",
+                           hook, kind_name(g), rt->views[g->view].name, g->unit,
+                           rt->s->units[g->unit].name, (long long)i, (long long)g->n, what);
+}
+
+/* ---- the checks ---- */
+
+/* First element that is no longer the pattern, or -1. */
+static int64_t first_unpoisoned(const mf_dbg_region *g)
+{
+    for (int64_t i = 0; i < g->n; i++)
+        if (patterned(g, i) != 1)
+            return i;
+    return -1;
+}
+
+static int64_t first_changed(const mf_dbg_region *g)
+{
+    size_t es = mf_dtype_size(g->dtype);
+    if (memcmp(g->p, g->saved, g->bytes) == 0)
+        return -1;
+    for (int64_t i = 0; i < g->n; i++)
+        if (memcmp((const char *)g->p + (size_t)i * es, (const char *)g->saved + (size_t)i * es,
+                   es) != 0)
+            return i;
+    return -1;
+}
+
+/* A closing window's check (weight unchanged, grad_local fully written). */
+static mfsdp_result check_close(mf_rt *rt, const mf_dbg_region *g, const char *hook)
+{
+    char what[320];
+    if (g->state == MF_DBG_W_OPEN) {
+        int64_t i = first_changed(g);
+        if (i >= 0) {
+            snprintf(what, sizeof what, "the trainer wrote into the weight since %s; weight is "
+                     "read-only (a gradient goes into grad_local)", g->since);
+            return mistake(rt, g, i, hook, what);
+        }
+    } else if (g->state == MF_DBG_G_OPEN) {
+        for (int64_t i = 0; i < g->n; i++) {
+            int p = patterned(g, i);
+            if (p == 1)
+                return mistake(rt, g, i, hook, "was not written this microbatch: it still holds "
+                               "the check pattern (overwrite every element of grad_local between "
+                               "backward_pre and backward_post)");
+            if (p == 2)
+                return mistake(rt, g, i, hook, "is a NaN made from the check pattern: grad_local "
+                               "was added into instead of overwritten, or the gradient was "
+                               "computed from a buffer read outside its window");
+        }
+    }
+    return MFSDP_OK;
+}
+
+/* Whether region g must be restored before list l's ops run. */
+static bool ops_touch(const mf_rt *rt, int l, int buffer)
+{
+    for (int k = rt->list_start[l]; k < rt->list_start[l + 1]; k++) {
+        const mf_op *op = &rt->s->ops[rt->list_ops[k]];
+        if (op->src == buffer || op->dst == buffer)
+            return true;
+    }
+    return false;
+}
+
+static bool opens_here(const mf_dbg_region *g, mf_phase phase, int unit)
+{
+    if (g->unit != unit)
+        return false;
+    if (g->kind == MF_DBG_WEIGHT)
+        return phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE;
+    return phase == MF_PHASE_BACKWARD_PRE;
+}
+
+static bool closes_here(const mf_dbg_region *g, mf_phase phase, int unit)
+{
+    if (g->unit != unit)
+        return false;
+    if (g->kind == MF_DBG_WEIGHT)
+        return phase == MF_PHASE_FORWARD_POST || phase == MF_PHASE_BACKWARD_POST;
+    return phase == MF_PHASE_BACKWARD_POST;
+}
+
+mfsdp_result mf_debug_before(mf_rt *rt, mf_phase phase, int unit, int64_t m, int l)
+{
+    mf_debug *d = rt->check;
+    char hook[160];
+    hook_name(rt, phase, unit, m, hook, sizeof hook);
+    /* Check everything first: a refused hook changes nothing. */
+    for (int i = 0; i < d->nregions; i++) {
+        mf_dbg_region *g = &d->regions[i];
+        mfsdp_result r = MFSDP_OK;
+        if (closes_here(g, phase, unit))
+            r = check_close(rt, g, hook);
+        bool restore = g->state == MF_DBG_POISONED &&
+                       (opens_here(g, phase, unit) || phase == MF_PHASE_STEP_END ||
+                        (g->buffer >= 0 && ops_touch(rt, l, g->buffer)));
+        if (r == MFSDP_OK && restore) {
+            int64_t e = first_unpoisoned(g);
+            if (e >= 0) {
+                char what[320];
+                snprintf(what, sizeof what, "the trainer wrote into it outside its window (it was "
+                         "filled with the check pattern after %s)", g->since);
+                r = mistake(rt, g, e, hook, what);
+            }
+        }
+        if (r != MFSDP_OK)
+            return r;
+    }
+    for (int i = 0; i < d->nregions; i++) {
+        mf_dbg_region *g = &d->regions[i];
+        if (closes_here(g, phase, unit) && g->state != MF_DBG_POISONED)
+            g->state = MF_DBG_LIVE;
+        bool restore = g->state == MF_DBG_POISONED &&
+                       (opens_here(g, phase, unit) || (g->buffer >= 0 && ops_touch(rt, l, g->buffer)));
+        if (restore) {
+            memcpy(g->p, g->saved, g->bytes);
+            g->state = MF_DBG_LIVE;
+        }
+    }
+    return MFSDP_OK;
+}
+
+void mf_debug_after(mf_rt *rt, mf_phase phase, int unit, int64_t m)
+{
+    mf_debug *d = rt->check;
+    char hook[160];
+    hook_name(rt, phase, unit, m, hook, sizeof hook);
+    for (int i = 0; i < d->nregions; i++) {
+        mf_dbg_region *g = &d->regions[i];
+        if (opens_here(g, phase, unit)) {
+            if (g->kind == MF_DBG_WEIGHT) {
+                memcpy(g->saved, g->p, g->bytes);
+                g->state = MF_DBG_W_OPEN;
+            } else {
+                poison(g);
+                g->state = MF_DBG_G_OPEN;
+            }
+            snprintf(g->since, sizeof g->since, "%s", hook);
+        } else if (g->state == MF_DBG_LIVE) {
+            memcpy(g->saved, g->p, g->bytes);
+            poison(g);
+            g->state = MF_DBG_POISONED;
+            snprintf(g->since, sizeof g->since, "%s", hook);
+        }
+    }
+}

@@ -1,0 +1,49 @@
+/*
+ * abi_layout: prints the size and field offsets of every public struct that
+ * the Python binding (python/mfsdp/_lib.py) declares with ctypes, one line
+ * per field ("struct field offset" and "struct sizeof size"), so that
+ * test_package.py can check the ctypes declarations against the C compiler's
+ * layout. The NCCL config is included when the library has the backend.
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "mfsdp.h"
+#ifdef MFSDP_ABI_NCCL
+#include "mfsdp_nccl.h"
+#endif
+
+#define F(s, f) printf("%s %s %zu\n", #s, #f, offsetof(s, f))
+#define S(s) printf("%s sizeof %zu\n", #s, sizeof(s))
+
+int main(void)
+{
+    S(mfsdp_tensor_info);
+    F(mfsdp_tensor_info, name); F(mfsdp_tensor_info, unit); F(mfsdp_tensor_info, ndims);
+    F(mfsdp_tensor_info, dims); F(mfsdp_tensor_info, numel);
+    F(mfsdp_tensor_info, weight_dtype); F(mfsdp_tensor_info, grad_dtype);
+    F(mfsdp_tensor_info, main_weight_dtype);
+    S(mfsdp_tensor_view);
+    F(mfsdp_tensor_view, name); F(mfsdp_tensor_view, unit); F(mfsdp_tensor_view, ndims);
+    F(mfsdp_tensor_view, dims); F(mfsdp_tensor_view, numel); F(mfsdp_tensor_view, weight);
+    F(mfsdp_tensor_view, weight_dtype); F(mfsdp_tensor_view, grad_local);
+    F(mfsdp_tensor_view, grad_local_dtype); F(mfsdp_tensor_view, main_weight);
+    F(mfsdp_tensor_view, main_weight_dtype); F(mfsdp_tensor_view, grad);
+    F(mfsdp_tensor_view, grad_dtype); F(mfsdp_tensor_view, shard_offset);
+    F(mfsdp_tensor_view, shard_count);
+    S(mfsdp_config);
+    F(mfsdp_config, backend); F(mfsdp_config, rank); F(mfsdp_config, timeout_ms);
+    F(mfsdp_config, flags); F(mfsdp_config, local_group); F(mfsdp_config, mpi_comm);
+    F(mfsdp_config, backend_config);
+    S(mfsdp_stats);
+    F(mfsdp_stats, steps); F(mfsdp_stats, ops); F(mfsdp_stats, collectives);
+    F(mfsdp_stats, bytes); F(mfsdp_stats, busy_ns); F(mfsdp_stats, wait_ns);
+#ifdef MFSDP_ABI_NCCL
+    S(mfsdp_nccl_config);
+    F(mfsdp_nccl_config, world_comm); F(mfsdp_nccl_config, unique_id);
+    F(mfsdp_nccl_config, has_unique_id); F(mfsdp_nccl_config, device);
+    F(mfsdp_nccl_config, compute_stream); F(mfsdp_nccl_config, flags);
+    F(mfsdp_nccl_config, watchdog_poll_ms);
+#endif
+    return 0;
+}

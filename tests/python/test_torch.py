@@ -1,0 +1,165 @@
+"""
+test_torch: mfsdp.torch in one process (a world of one rank, local backend):
+spec_from_module for every layout, the model/schedule check, refused misuse
+(a unit run twice, no_grad forward), and one-rank training equal to plain
+torch with tied weights and activation checkpointing.
+"""
+import re
+
+import pytest
+import torch
+
+import gpt
+import mfsdp
+import mfsdp.torch as mt
+import train
+
+MESH = {"dp_outer": 2, "dp_inner": 2}
+
+
+@pytest.mark.parametrize("layout", mt.LAYOUT_NAMES)
+def test_spec_compiles_for_every_layout(layout):
+    model = gpt.make_model()
+    spec = mt.spec_from_module(model, mesh=MESH, layout=layout, microbatches=3)
+    assert 'unit "blocks.{i}" for i in 0..4 layout %s {' % layout in spec
+    assert "layout %s {" % layout in spec
+    s = mfsdp.Schedule.compile(spec, name=layout)
+    assert s.units == ["wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f"]
+    names = {t.name for t in s.tensors}
+    assert names == {n for n, _ in model.named_parameters()}
+    tied = s.tensor("wte.weight")
+    # the tied embedding / LM head weight is whole on every rank in every layout
+    assert ("layout tied" in spec) == (layout in ("zero3", "hsdp", "hsdp_nosync", "hfsdp",
+                                                  "fsdp2d"))
+    assert tied.shape == (64, 32)
+
+
+def test_spec_overrides_and_dtypes():
+    spec = mt.spec_from_module(gpt.make_model(), mesh=MESH, layout="hfsdp", dtype="bf16",
+                               overrides={"*.ln_*": "replicated"}, prefetch=2)
+    assert "weight      bf16 [Replicate, Flat];" in spec and "\nprefetch 2;\n" in spec
+    assert re.search(r'tensor "ln_1.weight" \[32\] layout replicated;', spec)
+    mfsdp.Schedule.compile(spec)
+    with pytest.raises(ValueError, match="needs a mesh of at least 2 axes"):
+        mt.spec_from_module(gpt.make_model(), mesh={"dp": 4}, layout="hsdp")
+    with pytest.raises(ValueError, match="unknown layout"):
+        mt.spec_from_module(gpt.make_model(), mesh=MESH, layout="zero4")
+    with pytest.raises(ValueError, match="has no forward to hook"):
+        mt.spec_from_module(gpt.make_model(), mesh=MESH, units=["wte", "wpe", "blocks", "ln_f"])
+    units = ["wte", "wpe"] + ["blocks.%d" % i for i in range(4)]
+    with pytest.raises(ValueError, match="parameters not covered by any unit: ln_f.weight"):
+        mt.spec_from_module(gpt.make_model(), mesh=MESH, units=units)
+    custom = {"name": "mine", "weight": ("fp32", ["R", "F"]), "grad": ("fp32", ["P", "F"]),
+              "main_weight": ("fp32", ["F", "F"])}
+    assert "layout mine {" in mt.spec_from_module(gpt.make_model(), mesh=MESH, layout=custom)
+
+
+def one_rank_schedule(model, M=1, layout="zero3", text_filter=None):
+    spec = mt.spec_from_module(model, mesh={"dp": 1}, layout=layout, microbatches=M)
+    if text_filter:
+        spec = text_filter(spec)
+    return mfsdp.Schedule.compile(spec)
+
+
+def test_mismatch_lists_every_problem():
+    model = gpt.make_model()
+
+    def damage(spec):
+        spec = spec.replace('tensor "weight" [16, 32];', 'tensor "weight" [17, 32];')  # wpe
+        spec = spec.replace('tensor "proj.bias" [32];', 'tensor "proj.bais" [32];')
+        return spec.replace('  tensor "bias" [32];\n}', "}")                           # ln_f.bias
+    sched = one_rank_schedule(model, text_filter=damage)
+    with pytest.raises(mt.ModelMismatchError) as e:
+        mt.shard(model, sched, backend="local")
+    msg = str(e.value)
+    assert "tensor 'wpe.weight': the schedule says shape [17, 32], the model has [16, 32]" in msg
+    assert "module 'blocks.0' has no parameter 'proj.bais'" in msg
+    assert "parameter 'ln_f.bias' [32] is in no unit" in msg
+    assert "parameter 'blocks.3.proj.bias' [32] is in no unit" in msg
+    # 1 reshaped, 4 renamed (the loop), their 4 parameters uncovered, ln_f.bias missing
+    assert len(e.value.problems) == 1 + 4 + 4 + 1
+    assert e.value.code_name == "MFSDP_ERR_INVALID_USAGE"
+
+
+class Twice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(self.a(self.a(x))).sum()
+
+
+def test_unit_run_twice_is_refused():
+    model = Twice()
+    sm = mt.shard(model, one_rank_schedule(model), backend="local")
+    with pytest.raises(mfsdp.UsageError, match="unit 'a' ran twice in the forward of microbatch 0"):
+        model(torch.ones(2, 4))
+    sm.close()
+
+
+def test_no_grad_forward_is_refused():
+    model = gpt.make_model()
+    sm = mt.shard(model, one_rank_schedule(model), backend="local")
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    with torch.no_grad(), pytest.raises(mfsdp.UsageError, match="under torch.no_grad"):
+        model(X[0, 0, 0], Y[0, 0, 0])
+    sm.close()
+
+
+def test_reentrant_checkpoint_is_refused():
+    model = gpt.make_model()
+    sm = mt.shard(model, one_rank_schedule(model), backend="local")
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    blk = model.blocks[1]
+    model.blocks[1] = torch.nn.Identity()        # run block 1 through a reentrant checkpoint
+    orig = model.blocks[0].forward
+    model.blocks[0].forward = lambda x: torch.utils.checkpoint.checkpoint(
+        blk, orig(x), use_reentrant=True)
+    with pytest.raises(mfsdp.UsageError, match="use_reentrant=False"):
+        model(X[0, 0, 0], Y[0, 0, 0])
+    sm.close()
+
+
+@pytest.mark.parametrize("layout,M,ckpt", [("zero3", 2, ()), ("ddp", 1, (1, 2)),
+                                           ("zero2", 3, (0, 3))])
+def test_one_rank_training_equals_torch(layout, M, ckpt):
+    steps = 3
+    c = {"layout": layout, "M": M, "opt": "adamw", "dtype": "fp32", "ckpt": ckpt,
+         "steps": steps, "b": 2}
+    model = gpt.make_model(checkpoint=ckpt)
+    sm = mt.shard(model, one_rank_schedule(model, M, layout), backend="local")
+    opt = train.make_optimizer(sm.main_parameters(), "adamw")
+    X, Y = gpt.make_data(steps, 1, M, 2)
+    ref = gpt.make_model(checkpoint=ckpt)
+    ropt = train.make_optimizer(ref.parameters(), "adamw")
+    for s in range(steps):
+        for m in range(M):
+            (model(X[s, 0, m], Y[s, 0, m]) / M).backward()
+            (ref(X[s, 0, m], Y[s, 0, m]) / M).backward()
+        opt.step(); opt.zero_grad(); ropt.step(); ropt.zero_grad()
+    assert sm.steps == steps
+    got = {n: mp.detach().clone() for n, _, mp in sm.shards()}
+    sm.close()
+    for n, p in ref.named_parameters():
+        err = ((got[n] - p.detach().reshape(-1)).abs().max() / p.detach().abs().max()).item()
+        assert err <= 1e-5, (n, err)
+    assert model.wte.weight.numel() == 0      # no view of freed memory survives close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_nccl_backend_without_a_gpu_says_so():
+    model = gpt.make_model()
+    with pytest.raises(mfsdp.MfsdpError) as e:
+        mt.shard(model, one_rank_schedule(model), backend="nccl")
+    assert e.value.code_name == "MFSDP_ERR_UNSUPPORTED" and "needs a CUDA device" in str(e.value)
+
+
+def test_cuda_array_interface_of_views():
+    from mfsdp.torch.tensors import _CudaArray
+    a = _CudaArray(0x1000, 6, "bf16").__cuda_array_interface__
+    assert a == {"shape": (6,), "typestr": "<i2", "data": (0x1000, False), "version": 2,
+                 "strides": None}
+    assert _CudaArray(0x2000, 3, "fp32").__cuda_array_interface__["typestr"] == "<f4"
+    assert _CudaArray(0x2000, 3, "fp16").__cuda_array_interface__["typestr"] == "<f2"
