@@ -35,7 +35,8 @@ if(MFSDP_HAVE_CUDA)
   list(REMOVE_ITEM _mf_cpu_link CUDA::cudart NCCL::nccl)
   add_library(mfsdp_cpu_obj OBJECT ${_mf_cpu_sources})
   target_include_directories(mfsdp_cpu_obj PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>
-                             PRIVATE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/core>)
+                             PRIVATE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/core>
+                                     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/ckpt>)
   target_compile_options(mfsdp_cpu_obj PRIVATE ${MFSDP_WARNINGS})
   target_compile_definitions(mfsdp_cpu_obj PRIVATE MFSDP_BUILDING ${_mf_cpu_defines})
   set_target_properties(mfsdp_cpu_obj PROPERTIES C_VISIBILITY_PRESET hidden)
@@ -47,14 +48,16 @@ else()
 endif()
 
 # ---- the libraries ----
-set(MFSDP_PUBLIC_HEADERS ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp.h ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_mpi.h)
+set(MFSDP_PUBLIC_HEADERS ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp.h ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_mpi.h
+    ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_ckpt.h)
 
 # mf_package_libs(SHARED STATIC OBJ LINK...): one shared and one static
-# library from an object library and the core's objects (core/); LINK is
+# library from an object library, the core's and the checkpoint format's
+# objects (core/, ckpt/); LINK is
 # what the static one needs.
 function(mf_package_libs shared static obj)
-  add_library(${shared} SHARED $<TARGET_OBJECTS:mfsdp_core_obj> $<TARGET_OBJECTS:${obj}>)
-  add_library(${static} STATIC $<TARGET_OBJECTS:mfsdp_core_obj> $<TARGET_OBJECTS:${obj}>)
+  add_library(${shared} SHARED $<TARGET_OBJECTS:mfsdp_core_obj> $<TARGET_OBJECTS:mfsdp_ckpt_fmt_obj> $<TARGET_OBJECTS:${obj}>)
+  add_library(${static} STATIC $<TARGET_OBJECTS:mfsdp_core_obj> $<TARGET_OBJECTS:mfsdp_ckpt_fmt_obj> $<TARGET_OBJECTS:${obj}>)
   foreach(lib ${shared} ${static})
     set_target_properties(${lib} PROPERTIES OUTPUT_NAME ${shared} C_VISIBILITY_PRESET hidden)
     target_include_directories(${lib} PUBLIC

@@ -13,5 +13,7 @@ int mf_cmd_explain(int argc, char **argv);
 int mf_cmd_diff(int argc, char **argv);
 int mf_cmd_simulate(int argc, char **argv);
 int mf_cmd_plan(int argc, char **argv);
+int mf_cmd_reshard_plan(int argc, char **argv);
+int mf_cmd_init(int argc, char **argv);
 
 #endif

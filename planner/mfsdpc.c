@@ -31,6 +31,8 @@ static const mf_command commands[] = {
     {"diff", mf_cmd_diff, "diff A B                      semantic diff of two schedules or specs"},
     {"simulate", mf_cmd_simulate, "simulate SPEC|SCHEDULE        time one step on a two-stream model"},
     {"plan", mf_cmd_plan, "plan SPEC --memory SIZE       choose layouts: the front of memory vs step time"},
+    {"init", mf_cmd_init, "init MODEL --mesh A=N,... --layout MODE [--unit P] [-o F]  spec from a checkpoint"},
+    {"reshard-plan", mf_cmd_reshard_plan, "reshard-plan OLD.yaml NEW.yaml  checkpoint ranges each NEW rank reads"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,227 @@
+/*
+ * mfsdp-ckpt-bench: checkpoint save / load / reshard on the local backend
+ * (bench/ckpt/run.sh prints it next to dd on the same filesystem).
+ *
+ *   mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR
+ *
+ * Saves every rank's main_weight and two Adam states of SCHEDULE into
+ * DIR/a (timed from the moment every rank is ready until the last rank's
+ * call returns, after the commit), loads it
+ * back on the same schedule (timed), then loads it on RESHARD_SCHEDULE
+ * (timed). Prints bandwidths (unique bytes / time), bytes written vs unique
+ * bytes, the busiest writer vs the mean, bytes read vs needed, and how much
+ * a save or load raised the process's peak resident memory above what the
+ * runtimes and states already held (the checkpoint code's own footprint).
+ * Not a test: no assertion on speed.
+ */
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "mfsdp.h"
+#include "mfsdp_ckpt.h"
+
+static long g_hwm_before, g_hwm_growth; /* kB: peak before an op, the most any op added */
+
+typedef struct job {
+    const mfsdp_schedule *sh;
+    mfsdp_local_group *g;
+    int64_t rank;
+    int op;                 /* 0 save, 1 load */
+    const char *dir;
+    pthread_barrier_t *bar;
+    double *t0;
+    double t1;              /* when this rank's call returned */
+    int failed;
+    int64_t shard_bytes;    /* main_weight + states this rank holds */
+} job;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long rss_hwm_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+static void *rank_main(void *arg)
+{
+    job *j = arg;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.local_group = j->g;
+    cfg.rank = j->rank;
+    mfsdp_runtime *rt = NULL;
+    j->failed = 1;
+    if (mfsdp_create(j->sh, &cfg, &rt) != MFSDP_OK) {
+        fprintf(stderr, "create: %s\n", mfsdp_last_error(NULL));
+        for (int b = 0; b < 3; b++) /* the barriers the other ranks pass */
+            pthread_barrier_wait(j->bar);
+        return NULL;
+    }
+    int nt = mfsdp_num_tensors(rt);
+    void **m = calloc((size_t)nt, sizeof *m), **v = calloc((size_t)nt, sizeof *v);
+    for (int k = 0; k < nt; k++) {
+        mfsdp_tensor_view x;
+        mfsdp_tensor_view_get(rt, k, &x);
+        m[k] = calloc((size_t)x.shard_count + 1, 4);
+        v[k] = calloc((size_t)x.shard_count + 1, 4);
+        for (int64_t i = 0; i < x.shard_count; i++)
+            ((float *)x.main_weight)[i] = ((float *)m[k])[i] = ((float *)v[k])[i] = (float)(x.shard_offset + i) * 1e-3f;
+        j->shard_bytes += 12 * x.shard_count;
+    }
+    mfsdp_ckpt_state st[2] = {{"exp_avg", MFSDP_FP32, m}, {"exp_avg_sq", MFSDP_FP32, v}};
+    int64_t blob = j->rank;
+    pthread_barrier_wait(j->bar);
+    if (j->rank == 0) {
+        *j->t0 = now();
+        g_hwm_before = rss_hwm_kb(); /* every rank's buffers are allocated and touched */
+    }
+    pthread_barrier_wait(j->bar);
+    mfsdp_result r;
+    if (j->op == 0) {
+        mfsdp_ckpt_save_options so = {.step = 1, .nstates = 2, .states = st, .user_blob = &blob,
+                                      .user_blob_bytes = sizeof blob};
+        r = mfsdp_ckpt_save(rt, j->dir, &so);
+    } else {
+        mfsdp_ckpt_load_options lo = {.nstates = 2, .states = st, .user_blob_rank = -1, .user_blob = &blob,
+                                      .user_blob_capacity = sizeof blob};
+        r = mfsdp_ckpt_load(rt, j->dir, &lo);
+    }
+    j->t1 = now();
+    pthread_barrier_wait(j->bar);
+    if (j->rank == 0 && rss_hwm_kb() - g_hwm_before > g_hwm_growth)
+        g_hwm_growth = rss_hwm_kb() - g_hwm_before;
+    if (r != MFSDP_OK)
+        fprintf(stderr, "rank %lld: %s\n", (long long)j->rank, mfsdp_last_error(rt));
+    j->failed = r != MFSDP_OK;
+    mfsdp_destroy(rt);
+    for (int k = 0; k < nt; k++) {
+        free(m[k]);
+        free(v[k]);
+    }
+    free(m);
+    free(v);
+    return NULL;
+}
+
+/* Runs op on every rank; returns seconds (or -1) and the bytes the ranks hold. */
+static double run(const char *path, int op, const char *dir, int64_t *held)
+{
+    mfsdp_schedule *sh;
+    if (mfsdp_schedule_load(path, &sh) != MFSDP_OK) {
+        fprintf(stderr, "%s\n", mfsdp_last_error(NULL));
+        return -1;
+    }
+    int64_t w = mfsdp_schedule_world_size(sh);
+    mfsdp_local_group *g;
+    mfsdp_local_group_create(w, &g);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)w);
+    job *jobs = calloc((size_t)w, sizeof *jobs);
+    pthread_t *th = calloc((size_t)w, sizeof *th);
+    double t0 = 0;
+    for (int64_t r = 0; r < w; r++) {
+        jobs[r] = (job){.sh = sh, .g = g, .rank = r, .op = op, .dir = dir, .bar = &bar, .t0 = &t0};
+        pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+    }
+    int failed = 0;
+    double t1 = 0;
+    *held = 0;
+    for (int64_t r = 0; r < w; r++) {
+        pthread_join(th[r], NULL);
+        failed |= jobs[r].failed;
+        *held += jobs[r].shard_bytes;
+        t1 = jobs[r].t1 > t1 ? jobs[r].t1 : t1;
+    }
+    double t = t1 - t0;
+    pthread_barrier_destroy(&bar);
+    mfsdp_local_group_destroy(g);
+    mfsdp_schedule_free(sh);
+    free(jobs);
+    free(th);
+    return failed ? -1 : t;
+}
+
+/* Sizes of the data files: total, largest, count. */
+static void files(const char *dir, double *total, double *largest, int *n)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[4400];
+    *total = *largest = 0;
+    *n = 0;
+    while (d && (de = readdir(d)))
+        if (strstr(de->d_name, ".safetensors")) {
+            struct stat st;
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            stat(p, &st);
+            *total += (double)st.st_size;
+            *largest = (double)st.st_size > *largest ? (double)st.st_size : *largest;
+            (*n)++;
+        }
+    if (d)
+        closedir(d);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR\n");
+        return 2;
+    }
+    char a[4096];
+    snprintf(a, sizeof a, "%s/a", argv[3]);
+    int64_t held = 0, held2 = 0;
+    long base = rss_hwm_kb();
+    double ts = run(argv[1], 0, a, &held);
+    double tl = run(argv[1], 1, a, &held);
+    double tr = run(argv[2], 1, a, &held2);
+    long peak = rss_hwm_kb();
+    if (ts < 0 || tl < 0 || tr < 0)
+        return 1;
+    /* unique bytes: every tensor element x 3 states x 4 bytes */
+    mfsdp_schedule *sh;
+    mfsdp_schedule_load(argv[1], &sh);
+    double unique = 0;
+    for (int k = 0; k < mfsdp_schedule_num_tensors(sh); k++) {
+        mfsdp_tensor_info ti;
+        mfsdp_schedule_tensor_info(sh, k, &ti);
+        unique += 12.0 * (double)ti.numel;
+    }
+    int64_t world = mfsdp_schedule_world_size(sh);
+    mfsdp_schedule_free(sh);
+    double total, largest;
+    int n;
+    files(a, &total, &largest, &n);
+    double mib = 1024.0 * 1024.0;
+    printf("ckpt_unique_bytes=%.0f\nckpt_written_bytes=%.0f\nckpt_written_over_unique=%.4f\n", unique, total,
+           total / unique);
+    printf("ckpt_files=%d\nckpt_busiest_writer_over_mean=%.3f\n", n, largest / (total / n));
+    printf("ckpt_save_s=%.4f\nckpt_save_MiBps=%.0f\n", ts, unique / ts / mib);
+    printf("ckpt_load_s=%.4f\nckpt_load_MiBps=%.0f\nckpt_load_read_bytes=%lld\n", tl, (double)held / tl / mib,
+           (long long)held);
+    printf("ckpt_reshard_load_s=%.4f\nckpt_reshard_MiBps=%.0f\nckpt_reshard_read_bytes=%lld\n", tr,
+           (double)held2 / tr / mib, (long long)held2);
+    printf("ckpt_world=%lld\nckpt_peak_rss_MiB=%.0f (runtimes' buffers included)\nckpt_op_rss_growth_MiB=%.1f "
+           "(the most a save or load added to the peak, all 8 ranks)\n", (long long)world, peak / 1024.0,
+           g_hwm_growth / 1024.0);
+    (void)base;
+    return 0;
+}

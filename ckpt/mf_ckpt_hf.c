@@ -1,0 +1,274 @@
+/*
+ * mf_ckpt_hf: Hugging Face checkpoints: open, name rules, match, ranged
+ * converting reads (see the header).
+ */
+#include "mf_ckpt_hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mf_ckpt_io.h"
+
+int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    int *n = kind ? &r->ntie : &r->n;
+    if (!eq || *n >= MF_HF_MAX_RULES || (kind && (eq == arg || !eq[1])))
+        return -1;
+    char *from = strndup(arg, (size_t)(eq - arg));
+    if (!from)
+        return -1;
+    if (kind) {
+        r->tie[*n] = from;
+        r->tie_src[*n] = eq + 1;
+    } else {
+        r->from[*n] = from;
+        r->to[*n] = eq + 1;
+    }
+    (*n)++;
+    return 0;
+}
+
+void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size)
+{
+    for (int i = 0; i < r->n; i++) {
+        size_t k = strlen(r->from[i]);
+        if (strncmp(hf, r->from[i], k) == 0) {
+            snprintf(out, size, "%s%s", r->to[i], hf + k);
+            return;
+        }
+    }
+    snprintf(out, size, "%s", hf);
+}
+
+void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
+{
+    for (int i = 0; i < r->n; i++) {
+        size_t k = strlen(r->to[i]);
+        if (strncmp(name, r->to[i], k) == 0) {
+            snprintf(out, size, "%s%s", r->from[i], name + k);
+            return;
+        }
+    }
+    snprintf(out, size, "%s", name);
+}
+
+void mf_hf_close(mf_hf_model *m)
+{
+    for (int f = 0; f < m->nfiles; f++) {
+        if (m->fds && m->fds[f] >= 0)
+            close(m->fds[f]);
+        if (m->paths)
+            free(m->paths[f]);
+    }
+    for (int i = 0; m->t && i < m->n; i++)
+        free(m->t[i].name);
+    free(m->paths);
+    free(m->fds);
+    free(m->t);
+    memset(m, 0, sizeof *m);
+}
+
+/* Adds the tensors of safetensors file `path` (only those named in `only`
+ * when non-NULL: the index's entries for this file). */
+static int mf_hf_add_file(mf_hf_model *m, const char *path, json_t *only, char *err, size_t errlen)
+{
+    int f = m->nfiles;
+    char **np = realloc(m->paths, (size_t)(f + 1) * sizeof *np);
+    int *nf = np ? realloc(m->fds, (size_t)(f + 1) * sizeof *nf) : NULL;
+    if (np)
+        m->paths = np;
+    if (nf)
+        m->fds = nf;
+    if (!np || !nf || !(m->paths[f] = strdup(path)))
+        return snprintf(err, errlen, "out of memory"), -1;
+    m->fds[f] = open(path, O_RDONLY | O_CLOEXEC);
+    m->nfiles++;
+    struct stat st;
+    if (m->fds[f] < 0 || fstat(m->fds[f], &st) != 0)
+        return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
+    mf_st_file h;
+    if (mf_st_read(m->fds[f], path, (uint64_t)st.st_size, &h, err, errlen) != 0)
+        return -1;
+    mf_hf_tensor *nt = realloc(m->t, (size_t)(m->n + h.n + 1) * sizeof *nt);
+    if (!nt) {
+        mf_st_free(&h);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    m->t = nt;
+    for (int i = 0; i < h.n; i++) {
+        const mf_st_entry *e = &h.e[i];
+        if (only && !json_object_get(only, e->name))
+            continue;
+        mf_hf_tensor *t = &m->t[m->n];
+        *t = (mf_hf_tensor){.name = e->name, .file = f, .dtype = e->dtype, .ndims = e->ndims, .numel = e->numel,
+                            .offset = h.data_start + e->begin};
+        memcpy(t->dims, e->shape, sizeof t->dims);
+        e = NULL;
+        h.e[i].name = NULL; /* moved */
+        m->n++;
+    }
+    mf_st_free(&h);
+    return 0;
+}
+
+/* model.safetensors.index.json: {"weight_map": {tensor: file}}. */
+static int mf_hf_open_index(mf_hf_model *m, const char *path, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return snprintf(err, errlen, "%s: line %d, column %d: %s", path, je.line, je.column, je.text), -1;
+    json_t *wm = json_object_get(root, "weight_map"), *byfile = json_object();
+    int rc = -1;
+    const char *k;
+    json_t *v;
+    if (!json_is_object(wm) || !byfile) {
+        snprintf(err, errlen, "%s: no \"weight_map\" object", path);
+        goto done;
+    }
+    json_object_foreach(wm, k, v) {
+        const char *fn = json_string_value(v);
+        if (!fn || strchr(fn, '/') || fn[0] == '.') {
+            snprintf(err, errlen, "%s: weight_map[\"%s\"] is not a plain file name", path, k);
+            goto done;
+        }
+        json_t *set = json_object_get(byfile, fn);
+        if (!set) {
+            set = json_object();
+            json_object_set_new(byfile, fn, set);
+        }
+        json_object_set_new(set, k, json_true());
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    json_object_foreach(byfile, k, v) {
+        char fp[8300];
+        int before = m->n;
+        snprintf(fp, sizeof fp, "%s%s", dir, k);
+        if (mf_hf_add_file(m, fp, v, err, errlen) != 0)
+            goto done;
+        if ((size_t)(m->n - before) != json_object_size(v)) {
+            snprintf(err, errlen, "%s: holds %d of the %zu tensors the index assigns to it", fp, m->n - before,
+                     json_object_size(v));
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    json_decref(byfile);
+    json_decref(root);
+    return rc;
+}
+
+int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    struct stat st;
+    char buf[4200];
+    if (stat(path, &st) != 0)
+        return snprintf(err, errlen, "%s: %s", path, strerror(errno)), -1;
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(buf, sizeof buf, "%s/model.safetensors.index.json", path);
+        if (stat(buf, &st) != 0)
+            snprintf(buf, sizeof buf, "%s/model.safetensors", path);
+        path = buf;
+    }
+    size_t n = strlen(path);
+    int rc = n > 5 && strcmp(path + n - 5, ".json") == 0 ? mf_hf_open_index(m, path, err, errlen)
+                                                         : mf_hf_add_file(m, path, NULL, err, errlen);
+    for (int i = 0; rc == 0 && i < m->n; i++)
+        for (int j = i + 1; j < m->n; j++)
+            if (strcmp(m->t[i].name, m->t[j].name) == 0) {
+                snprintf(err, errlen, "%s: tensor '%s' is stored twice", path, m->t[i].name);
+                rc = -1;
+                break;
+            }
+    if (rc != 0)
+        mf_hf_close(m);
+    return rc;
+}
+
+int mf_hf_dtype(mf_st_dtype d)
+{
+    return d == MF_ST_F32 ? MF_FP32 : d == MF_ST_BF16 ? MF_BF16 : d == MF_ST_F16 ? MF_FP16 : -1;
+}
+
+static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...)
+{
+    size_t at = strlen(err);
+    va_list ap;
+    va_start(ap, fmt);
+    if (at + 8 < errlen) {
+        if ((*bad)++)
+            at += (size_t)snprintf(err + at, errlen - at, "\n  ");
+        vsnprintf(err + at, errlen - at, fmt, ap);
+    } else {
+        (*bad)++;
+    }
+    va_end(ap);
+}
+
+int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *const *names, const int *ndims,
+                const int64_t (*dims)[MF_MAX_DIMS], int *src, char *err, size_t errlen)
+{
+    int bad = 0;
+    char name[1024];
+    char *used = calloc((size_t)m->n + 1, 1);
+    if (!used)
+        return snprintf(err, errlen, "out of memory"), -1;
+    err[0] = '\0';
+    for (int k = 0; k < n; k++) {
+        const char *want = names[k];
+        for (int i = 0; i < r->ntie; i++)
+            if (strcmp(r->tie[i], names[k]) == 0)
+                want = r->tie_src[i];
+        src[k] = -1;
+        for (int i = 0; i < m->n && src[k] < 0; i++) {
+            mf_hf_to_sched(r, m->t[i].name, name, sizeof name);
+            if (strcmp(name, want) == 0)
+                src[k] = i;
+        }
+        if (src[k] < 0) {
+            mf_hf_note(err, errlen, &bad, "schedule tensor '%s': no Hugging Face tensor maps to '%s'", names[k], want);
+            continue;
+        }
+        const mf_hf_tensor *t = &m->t[src[k]];
+        used[src[k]] = 1;
+        if (t->ndims != ndims[k] || memcmp(t->dims, dims[k], sizeof(int64_t) * (size_t)ndims[k]) != 0)
+            mf_hf_note(err, errlen, &bad, "schedule tensor '%s': Hugging Face tensor '%s' has another shape",
+                       names[k], t->name);
+        if (mf_hf_dtype(t->dtype) < 0)
+            mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' is %s (only F32, BF16, F16)", t->name,
+                       mf_st_dtype_name(t->dtype));
+    }
+    for (int i = 0; i < m->n; i++)
+        if (!used[i]) {
+            mf_hf_to_sched(r, m->t[i].name, name, sizeof name);
+            mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' (as '%s') is not in the schedule", m->t[i].name,
+                       name);
+        }
+    free(used);
+    if (bad) {
+        char *copy = strdup(err);
+        if (copy) {
+            snprintf(err, errlen, "%d tensors do not match:\n  %s", bad, copy);
+            free(copy);
+        }
+        return -1;
+    }
+    return 0;
+}

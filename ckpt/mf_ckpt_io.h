@@ -1,0 +1,94 @@
+/*
+ * mf_ckpt_io: the checkpoint's file I/O (docs/checkpoint.md): writing one
+ * data file (safetensors, piece CRCs in its metadata, fsync'd), the commit's
+ * directory operations, and reading: a reader opens a committed checkpoint
+ * (its manifest), opens data files lazily, checks each file against the
+ * manifest before reading from it (size, checkpoint id, every entry's name,
+ * dtype, shape and offset), reads element ranges with pread and checks the
+ * CRC of every piece it reads whole. Nothing here knows about runtimes.
+ */
+#ifndef MF_CKPT_IO_H
+#define MF_CKPT_IO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mf_ckpt_manifest.h"
+#include "mf_ckpt_st.h"
+
+#define MF_CKPT_FILE_FORMAT "mfsdp-checkpoint/1"
+#define MF_CKPT_IO_CHUNK ((size_t)16 << 20) /* bounce buffer and largest single I/O */
+
+/* One entry of a data file to write: its bytes come from `data` when
+ * non-NULL, else from the fill callback. */
+typedef struct mf_ckpt_wentry {
+    char *name;
+    mf_st_dtype dtype;
+    int ndims;
+    int64_t shape[MF_ST_MAX_DIMS];
+    const void *data;
+    uint64_t bytes;
+} mf_ckpt_wentry;
+
+/* Writes bytes [off, off + n) of entry `entry` into buf. 0, or -1 with err. */
+typedef int (*mf_ckpt_fill_fn)(void *ctx, int entry, uint64_t off, void *buf, size_t n, char *err,
+                               size_t errlen);
+
+typedef struct mf_ckpt_written {
+    uint64_t bytes;         /* file size */
+    uint64_t header_bytes;  /* 8 + JSON header: the data section's first byte */
+    uint32_t crc32c;        /* of the whole file */
+} mf_ckpt_written;
+
+/* Creates `path` (must not exist) holding the entries in order, with
+ * metadata format, checkpoint id `id`, `rank` and the entries' CRCs (id
+ * NULL: a Hugging Face file, metadata {"format": "pt"}); fsyncs and closes it. On
+ * failure the file is removed. Returns 0 or -1 with a message. */
+int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const char *id, int64_t rank,
+                       mf_ckpt_fill_fn fill, void *ctx, mf_ckpt_written *out, char *err, size_t errlen);
+/* pwrite/pread of all n bytes (loops over short transfers). 0 or -1 (errno). */
+int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
+int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off);
+/* fsync of a directory. 0 or -1 (errno). */
+int mf_ckpt_fsync_dir(const char *path);
+/* Removes the regular files in `dir` and `dir` itself (best effort). */
+void mf_ckpt_remove_dir(const char *dir);
+/* Writes text to DIR/name (new file), fsyncs it. 0 or -1 with a message. */
+int mf_ckpt_write_small(const char *dir, const char *name, const char *text, size_t len, char *err,
+                        size_t errlen);
+/* Commits: fsync tmp, rename tmp -> dir, fsync the parent of dir. */
+int mf_ckpt_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen);
+/* The safetensors dtype of a schedule dtype. */
+mf_st_dtype mf_ckpt_st_dtype(mf_dtype d);
+
+/* ---- reading ---- */
+
+typedef struct mf_ckpt_rfile {
+    int fd;                 /* -1 until opened */
+    int checked;            /* 1 ok, -1 refused (msg kept in reader) */
+    uint32_t *crc;          /* per manifest piece of the file, file order */
+} mf_ckpt_rfile;
+
+typedef struct mf_ckpt_reader {
+    char *dir;
+    mf_ckpt_manifest m;
+    mf_ckpt_rfile *f;
+    uint64_t bytes_read;    /* data bytes read by mf_ckpt_read/blob */
+} mf_ckpt_reader;
+
+int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);
+void mf_ckpt_reader_close(mf_ckpt_reader *r);
+/* Opens and checks data file f against the manifest (once). */
+int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
+/* Reads elements [start, end) of (state, tensor) into dst (the state's
+ * dtype). Pieces read whole are CRC-checked. */
+int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_t end, void *dst, char *err,
+                 size_t errlen);
+/* The user blob saved by `rank`: *len its size (0: none); copies at most
+ * cap bytes into buf (buf may be NULL with cap 0 to ask the size). */
+int mf_ckpt_read_blob(mf_ckpt_reader *r, int64_t rank, void *buf, size_t cap, size_t *len, char *err,
+                      size_t errlen);
+/* Reads file f whole: the file CRC and every piece's CRC. */
+int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,190 @@
+/*
+ * mf_ckpt_plan: the writers of every tensor element range (see the header).
+ */
+#include "mf_ckpt_plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+
+void mf_ckpt_plan_free(mf_ckpt_plan *p)
+{
+    if (!p)
+        return;
+    free(p->t);
+    free(p->p);
+    free(p->first);
+    memset(p, 0, sizeof *p);
+}
+
+int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name)
+{
+    for (int k = 0; k < p->ntensors; k++)
+        if (strcmp(p->t[k].name, name) == 0)
+            return k;
+    return -1;
+}
+
+void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,
+                       int64_t *hi)
+{
+    const mf_ckpt_ptensor *pt = &p->t[k];
+    const mf_bucket *b = &s->buckets[pt->bucket];
+    const mf_tensor *t = &b->tensors[pt->index];
+    mf_range r = mf_layout_range(&s->mesh, &b->place[MF_ROLE_MAIN_WEIGHT], rank, b->length);
+    int64_t a = t->offset > r.offset ? t->offset : r.offset;
+    int64_t e = t->offset + t->numel < r.offset + r.len ? t->offset + t->numel : r.offset + r.len;
+    *lo = e > a ? a - t->offset : 0;
+    *hi = e > a ? e - t->offset : 0;
+}
+
+static int mf_ckpt_piece_cmp(const void *a, const void *b)
+{
+    const mf_ckpt_piece *x = a, *y = b;
+    if (x->writer != y->writer)
+        return x->writer < y->writer ? -1 : 1;
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+typedef struct mf_ckpt_pvec {
+    mf_ckpt_piece *p;
+    int64_t n, cap;
+} mf_ckpt_pvec;
+
+static int mf_ckpt_pvec_push(mf_ckpt_pvec *v, int tensor, int64_t start, int64_t end, int64_t writer)
+{
+    if (v->n == v->cap) {
+        int64_t cap = v->cap ? v->cap * 2 : 256;
+        mf_ckpt_piece *np = realloc(v->p, (size_t)cap * sizeof *np);
+        if (!np)
+            return -1;
+        v->p = np;
+        v->cap = cap;
+    }
+    v->p[v->n++] = (mf_ckpt_piece){tensor, start, end, writer};
+    return 0;
+}
+
+/* Emits the pieces of shard range [o, o + len) of bucket b (its tensors are
+ * plan tensors first .. first + ntensors) split among the replicas. */
+static int mf_ckpt_plan_shard(const mf_bucket *b, int first, int64_t o, int64_t len, const int64_t *reps,
+                              int64_t nrep, int64_t rot, mf_ckpt_pvec *v)
+{
+    int64_t total = 0;
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        int64_t lo = t->offset > o ? t->offset : o;
+        int64_t hi = t->offset + t->numel < o + len ? t->offset + t->numel : o + len;
+        total += hi > lo ? hi - lo : 0;
+    }
+    int64_t seen = 0; /* tensor elements of the shard before tensor i */
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        int64_t lo = t->offset > o ? t->offset : o;
+        int64_t hi = t->offset + t->numel < o + len ? t->offset + t->numel : o + len;
+        if (hi <= lo)
+            continue;
+        /* Part j covers ordinals [total*j/nrep, total*(j+1)/nrep). */
+        for (int64_t j = 0; j < nrep; j++) {
+            int64_t a = total * j / nrep, e = total * (j + 1) / nrep;
+            int64_t pa = a > seen ? a : seen, pe = e < seen + (hi - lo) ? e : seen + (hi - lo);
+            if (pe <= pa)
+                continue;
+            int64_t start = lo - t->offset + (pa - seen), end = start + (pe - pa);
+            if (mf_ckpt_pvec_push(v, first + i, start, end, reps[(j + rot) % nrep]) != 0)
+                return -1;
+        }
+        seen += hi - lo;
+    }
+    return 0;
+}
+
+/* Groups the world's ranks by their shard of bucket b and emits every shard. */
+static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t *q, int64_t *order,
+                               int64_t *start, mf_ckpt_pvec *v)
+{
+    const mf_bucket *b = &s->buckets[bi];
+    const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
+    int64_t world = s->mesh.world, shards = mf_placement_shards(&s->mesh, pl);
+    int64_t len = b->length / shards;
+    memset(start, 0, (size_t)(shards + 1) * sizeof *start);
+    for (int64_t r = 0; r < world; r++) {
+        mf_range rg = mf_layout_range(&s->mesh, pl, r, b->length);
+        q[r] = len ? rg.offset / len : 0;
+        start[q[r] + 1]++;
+    }
+    for (int64_t k = 0; k < shards; k++)
+        start[k + 1] += start[k];
+    for (int64_t r = 0; r < world; r++)
+        order[start[q[r]]++] = r; /* ascending ranks per shard */
+    for (int64_t k = shards; k > 0; k--)
+        start[k] = start[k - 1];
+    start[0] = 0;
+    for (int64_t k = 0; k < shards; k++) {
+        int64_t nrep = start[k + 1] - start[k];
+        if (nrep > 0 && mf_ckpt_plan_shard(b, first, k * len, len, order + start[k], nrep, (bi + k) % nrep, v) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int64_t world = s->mesh.world, maxshards = 1;
+    int nt = 0;
+    for (int b = 0; b < s->nbuckets; b++) {
+        nt += s->buckets[b].ntensors;
+        int64_t sh = mf_placement_shards(&s->mesh, &s->buckets[b].place[MF_ROLE_MAIN_WEIGHT]);
+        maxshards = sh > maxshards ? sh : maxshards;
+    }
+    out->world = world;
+    out->t = calloc((size_t)(nt ? nt : 1), sizeof *out->t);
+    out->first = calloc((size_t)world + 1, sizeof *out->first);
+    int64_t *q = malloc((size_t)world * sizeof *q), *order = malloc((size_t)world * sizeof *order);
+    int64_t *start = malloc((size_t)(maxshards + 1) * sizeof *start);
+    mf_ckpt_pvec v = {0};
+    int rc = -1;
+    if (!out->t || !out->first || !q || !order || !start)
+        goto done;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        int first = out->ntensors;
+        for (int i = 0; i < bk->ntensors; i++) {
+            mf_ckpt_ptensor *pt = &out->t[out->ntensors++];
+            const mf_tensor *t = &bk->tensors[i];
+            pt->name = t->name;
+            pt->bucket = b;
+            pt->index = i;
+            pt->ndims = t->ndims;
+            memcpy(pt->dims, t->dims, sizeof pt->dims);
+            pt->numel = t->numel;
+            pt->dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT];
+        }
+        if (mf_ckpt_plan_bucket(s, b, first, q, order, start, &v) != 0)
+            goto done;
+    }
+    qsort(v.p, (size_t)v.n, sizeof *v.p, mf_ckpt_piece_cmp);
+    for (int64_t i = 0; i < v.n; i++)
+        out->first[v.p[i].writer + 1]++;
+    for (int64_t r = 0; r < world; r++)
+        out->first[r + 1] += out->first[r];
+    out->p = v.p;
+    out->npieces = v.n;
+    v.p = NULL;
+    rc = 0;
+done:
+    free(v.p);
+    free(q);
+    free(order);
+    free(start);
+    if (rc != 0) {
+        snprintf(err, errlen, "out of memory (checkpoint plan)");
+        mf_ckpt_plan_free(out);
+    }
+    return rc;
+}

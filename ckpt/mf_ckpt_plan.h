@@ -1,0 +1,55 @@
+/*
+ * mf_ckpt_plan: which rank writes which element range of which tensor
+ * (docs/checkpoint.md, "Who writes what"), computed from the schedule alone,
+ * identically on every rank and in the offline tools.
+ *
+ * A tensor's master weight lives in its bucket's main_weight buffer; rank r
+ * holds the bucket elements mf_layout_range(mesh, main_weight placement, r, L),
+ * so its piece of a tensor is one contiguous element range of the tensor.
+ * Ranks holding the same shard are replicas. The tensor elements of a shard
+ * (bucket padding and alignment gaps excluded) are cut into as many
+ * contiguous parts as the shard has replicas; replica (i + bucket + shard)
+ * mod n writes part i. So every tensor element is written exactly once and
+ * the replicas of a shard write equal shares.
+ */
+#ifndef MF_CKPT_PLAN_H
+#define MF_CKPT_PLAN_H
+
+#include "mf_schedule.h"
+
+typedef struct mf_ckpt_ptensor {
+    const char *name;       /* borrowed from the schedule */
+    int bucket, index;      /* in the schedule */
+    int ndims;
+    int64_t dims[MF_MAX_DIMS];
+    int64_t numel;
+    mf_dtype dtype;         /* main_weight dtype */
+} mf_ckpt_ptensor;
+
+typedef struct mf_ckpt_piece {
+    int tensor;             /* index into plan.t */
+    int64_t start, end;     /* tensor-local elements [start, end) */
+    int64_t writer;         /* world rank */
+} mf_ckpt_piece;
+
+typedef struct mf_ckpt_plan {
+    int64_t world;
+    int ntensors;
+    mf_ckpt_ptensor *t;     /* schedule order: bucket, then declaration */
+    int64_t npieces;
+    mf_ckpt_piece *p;       /* sorted by writer, tensor, start */
+    int64_t *first;         /* world + 1: pieces of rank r are p[first[r] .. first[r+1]) */
+} mf_ckpt_plan;
+
+/* Builds the plan of schedule s. Returns 0, or -1 (out of memory) with a
+ * message. Release with mf_ckpt_plan_free. */
+int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_t errlen);
+void mf_ckpt_plan_free(mf_ckpt_plan *p);
+/* The tensor-local element range [*lo, *hi) of plan tensor k that rank r
+ * holds in main_weight (*lo == *hi when none). */
+void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,
+                       int64_t *hi);
+/* Index of the plan tensor named `name`, or -1. */
+int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name);
+
+#endif

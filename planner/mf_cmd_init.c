@@ -1,0 +1,366 @@
+/*
+ * mfsdpc init MODEL --mesh AXIS=N[,AXIS=N...] --layout MODE [--unit PATTERN]... [-o FILE]
+ *
+ * A readable spec (.mfsdp) for the tensors of a Hugging Face checkpoint
+ * (model.safetensors, model.safetensors.index.json, or a directory with
+ * either; docs/checkpoint.md, "mfsdpc init"):
+ *   - the mesh as given, outermost axis first;
+ *   - one layout named after MODE (ddp, zero1, zero2, zero3, hsdp,
+ *     hsdp_nosync, hfsdp, fsdp2d): weight in the checkpoint's dtype, grad
+ *     and main_weight fp32, the mode's placements (the 2-axis modes need at
+ *     least two axes; outer axes take the outer placement);
+ *   - --unit 'model.layers.{i}.': tensors named PREFIX + i + '.' + REST form
+ *     unit "model.layers.{i}" per i; when every block holds the same tensors
+ *     (names and shapes, in order) they are written as one loop
+ *     `unit "model.layers.{i}" for i in 0..N`, else one unit per block;
+ *   - every other tensor belongs to the unit named by its name up to the
+ *     last '.', units in the order their first tensor appears in the
+ *     checkpoint (file, then offset); a pattern's blocks stand together, by
+ *     index, where its first block appeared. Safetensors files are usually
+ *     sorted by name, not in forward order: reorder the units if it matters
+ *     (unit order is the schedule's prefetch order, not a correctness issue).
+ * Output: -o FILE (written whole, or not at all) or standard output.
+ * Exit status: 0, 1 when the checkpoint cannot be described, 2 usage errors.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mf_ckpt_hf.h"
+#include "mf_cli.h"
+
+#define MF_INIT_MAX_PATTERNS 16
+
+typedef struct mf_init_mode {
+    const char *name;
+    int two_axes;          /* needs >= 2 axes */
+    char w[2], g[2], m[2]; /* placement letters: outer, inner */
+} mf_init_mode;
+
+static const mf_init_mode mf_init_modes[] = {
+    {"ddp", 0, "RR", "PP", "RR"},    {"zero1", 0, "RR", "PP", "FF"},       {"zero2", 0, "RR", "FF", "FF"},
+    {"zero3", 0, "FF", "FF", "FF"},  {"hsdp", 1, "RF", "PF", "RF"},        {"hsdp_nosync", 1, "RF", "PP", "RF"},
+    {"hfsdp", 1, "RF", "PF", "FF"},  {"fsdp2d", 1, "FF", "FF", "FF"},
+};
+
+/* One unit of the output: a block of a pattern (pattern >= 0, index i) or a
+ * plain unit; tensors are model indices. */
+typedef struct mf_init_unit {
+    char *name;
+    int pattern;
+    long index;
+    int n, cap;
+    int *t;
+} mf_init_unit;
+
+typedef struct mf_init {
+    const mf_hf_model *m;
+    int npat;
+    const char *pat[MF_INIT_MAX_PATTERNS]; /* "model.layers.{i}." */
+    int nunits;
+    mf_init_unit *u;
+} mf_init;
+
+static void mf_init_usage(FILE *out)
+{
+    fprintf(out, "usage: mfsdpc init MODEL --mesh AXIS=N[,AXIS=N...] --layout MODE [--unit PATTERN]... [-o FILE]\n\n"
+                 "A spec for the tensors of a Hugging Face checkpoint (model.safetensors, its .index.json,\n"
+                 "or a directory with either). MODE: ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,\n"
+                 "fsdp2d. PATTERN: a name prefix with {i}, e.g. 'model.layers.{i}.' (repeated blocks).\n"
+                 "exit status: 0 ok, 1 the checkpoint cannot be described, 2 usage error\n");
+}
+
+/* Matches name against "PRE{i}POST" (POST usually "."): *i and the rest. */
+static const char *mf_init_match(const char *pat, const char *name, long *i)
+{
+    const char *brace = strstr(pat, "{i}");
+    size_t pre = (size_t)(brace - pat);
+    if (strncmp(name, pat, pre) != 0)
+        return NULL;
+    const char *p = name + pre;
+    char *end;
+    if (*p < '0' || *p > '9')
+        return NULL;
+    *i = strtol(p, &end, 10);
+    const char *post = brace + 3;
+    if (strncmp(end, post, strlen(post)) != 0 || (p[0] == '0' && end - p > 1))
+        return NULL;
+    return end + strlen(post);
+}
+
+static mf_init_unit *mf_init_unit_get(mf_init *in, const char *name, int pattern, long index)
+{
+    for (int k = 0; k < in->nunits; k++)
+        if (strcmp(in->u[k].name, name) == 0)
+            return &in->u[k];
+    mf_init_unit *nu = realloc(in->u, (size_t)(in->nunits + 1) * sizeof *nu);
+    if (!nu)
+        return NULL;
+    in->u = nu;
+    mf_init_unit *u = &in->u[in->nunits];
+    *u = (mf_init_unit){.name = strdup(name), .pattern = pattern, .index = index};
+    if (!u->name)
+        return NULL;
+    in->nunits++;
+    return u;
+}
+
+/* Model tensors in checkpoint order (file, offset). */
+static int mf_init_order_cmp(const void *a, const void *b, void *ctx)
+{
+    const mf_hf_model *m = ctx;
+    const mf_hf_tensor *x = &m->t[*(const int *)a], *y = &m->t[*(const int *)b];
+    if (x->file != y->file)
+        return x->file < y->file ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Units in output order: a pattern's blocks together, by index, where its
+ * first block appeared; the others where they appeared. */
+static int mf_init_unit_cmp(const void *a, const void *b, void *ctx)
+{
+    const int *first = ctx; /* per pattern: position of its first unit */
+    const mf_init_unit *x = a, *y = b;
+    long kx = x->pattern >= 0 ? first[x->pattern] : x->index, ky = y->pattern >= 0 ? first[y->pattern] : y->index;
+    if (kx != ky)
+        return kx < ky ? -1 : 1;
+    if (x->pattern != y->pattern)
+        return x->pattern < y->pattern ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static void mf_init_sort(mf_init *in)
+{
+    int first[MF_INIT_MAX_PATTERNS];
+    for (int p = 0; p < MF_INIT_MAX_PATTERNS; p++)
+        first[p] = -1;
+    for (int k = 0; k < in->nunits; k++) {
+        mf_init_unit *u = &in->u[k];
+        if (u->pattern >= 0 && first[u->pattern] < 0)
+            first[u->pattern] = k;
+        if (u->pattern < 0)
+            u->index = k; /* plain units sort by position */
+    }
+    qsort_r(in->u, (size_t)in->nunits, sizeof *in->u, mf_init_unit_cmp, first);
+}
+
+static int mf_init_group(mf_init *in)
+{
+    const mf_hf_model *m = in->m;
+    int *ord = malloc((size_t)(m->n + 1) * sizeof *ord), rc = 1;
+    if (!ord)
+        return fprintf(stderr, "mfsdpc: error: out of memory\n"), 1;
+    for (int k = 0; k < m->n; k++)
+        ord[k] = k;
+    qsort_r(ord, (size_t)m->n, sizeof *ord, mf_init_order_cmp, (void *)m);
+    for (int j = 0; j < m->n; j++) {
+        const char *name = m->t[ord[j]].name, *dot = strrchr(name, '.');
+        char unit[1024];
+        int pattern = -1;
+        long idx = 0;
+        for (int p = 0; p < in->npat && pattern < 0; p++)
+            if (mf_init_match(in->pat[p], name, &idx)) {
+                pattern = p;
+                const char *brace = strstr(in->pat[p], "{i}");
+                snprintf(unit, sizeof unit, "%.*s%ld", (int)(brace - in->pat[p]), in->pat[p], idx);
+            }
+        if (pattern < 0) {
+            if (!dot || dot == name || strchr(name, '"') || strchr(name, '\\')) {
+                fprintf(stderr, "mfsdpc: error: tensor '%s' is not UNIT.TENSOR (no '.'), or has a quote\n", name);
+                goto done;
+            }
+            snprintf(unit, sizeof unit, "%.*s", (int)(dot - name), name);
+        }
+        mf_init_unit *u = mf_init_unit_get(in, unit, pattern, idx);
+        if (!u || (u->n == u->cap && !(u->t = realloc(u->t, (size_t)(u->cap = u->cap ? 2 * u->cap : 8) * sizeof *u->t)))) {
+            fprintf(stderr, "mfsdpc: error: out of memory\n");
+            goto done;
+        }
+        u->t[u->n++] = ord[j];
+    }
+    mf_init_sort(in);
+    rc = 0;
+done:
+    free(ord);
+    return rc;
+}
+
+/* Same tensors (suffix names and shapes, in order) in two blocks. */
+static int mf_init_same(const mf_init *in, const mf_init_unit *a, const mf_init_unit *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (int k = 0; k < a->n; k++) {
+        const mf_hf_tensor *x = &in->m->t[a->t[k]], *y = &in->m->t[b->t[k]];
+        if (strcmp(x->name + strlen(a->name), y->name + strlen(b->name)) != 0 || x->ndims != y->ndims ||
+            memcmp(x->dims, y->dims, sizeof(int64_t) * (size_t)x->ndims) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+static void mf_init_unit_body(FILE *out, const mf_init *in, const mf_init_unit *u)
+{
+    for (int k = 0; k < u->n; k++) {
+        const mf_hf_tensor *t = &in->m->t[u->t[k]];
+        fprintf(out, "  tensor \"%s\" [", t->name + strlen(u->name) + 1);
+        for (int d = 0; d < t->ndims; d++)
+            fprintf(out, "%s%" PRId64, d ? ", " : "", t->dims[d]);
+        fprintf(out, "];\n");
+    }
+    fprintf(out, "}\n");
+}
+
+/* Writes the units; a pattern's blocks as one loop when they are 0..N-1 in
+ * order and all alike. */
+static void mf_init_units(FILE *out, const mf_init *in, const char *layout)
+{
+    for (int k = 0; k < in->nunits;) {
+        const mf_init_unit *u = &in->u[k];
+        int j = k + 1;
+        if (u->pattern >= 0 && u->index == 0)
+            while (j < in->nunits && in->u[j].pattern == u->pattern && in->u[j].index == j - k &&
+                   mf_init_same(in, u, &in->u[j]))
+                j++;
+        if (j - k > 1) {
+            const char *brace = strstr(in->pat[u->pattern], "{i}");
+            fprintf(out, "\nunit \"%.*s{i}\" for i in 0..%d layout %s {\n", (int)(brace - in->pat[u->pattern]),
+                    in->pat[u->pattern], j - k, layout);
+        } else {
+            j = k + 1;
+            fprintf(out, "\nunit \"%s\" layout %s {\n", u->name, layout);
+        }
+        mf_init_unit_body(out, in, u);
+        k = j;
+    }
+}
+
+static int mf_init_mesh(const char *arg, char names[MF_MAX_AXES][64], long *sizes, int *naxes)
+{
+    *naxes = 0;
+    const char *p = arg;
+    while (*p) {
+        const char *eq = strchr(p, '='), *comma = strchr(p, ',');
+        if (!eq || (comma && comma < eq) || eq == p || eq - p >= 64 || *naxes >= MF_MAX_AXES)
+            return -1;
+        snprintf(names[*naxes], 64, "%.*s", (int)(eq - p), p);
+        char *end;
+        sizes[*naxes] = strtol(eq + 1, &end, 10);
+        if (end == eq + 1 || sizes[*naxes] < 1 || (*end && *end != ','))
+            return -1;
+        (*naxes)++;
+        p = *end ? end + 1 : end;
+    }
+    return *naxes ? 0 : -1;
+}
+
+static void mf_init_place(FILE *out, const char *role, const char *dt, const char *lt, int naxes)
+{
+    fprintf(out, "  %-11s %s [", role, dt);
+    for (int a = 0; a < naxes; a++) {
+        char c = a == naxes - 1 ? lt[1] : lt[0];
+        fprintf(out, "%s%s", a ? ", " : "", c == 'R' ? "Replicate" : c == 'F' ? "Flat" : "Partial");
+    }
+    fprintf(out, "];\n");
+}
+
+static int mf_init_write(FILE *out, const mf_init *in, const mf_init_mode *mode, char names[MF_MAX_AXES][64],
+                         const long *sizes, int naxes, const char *cmdline)
+{
+    const mf_hf_model *m = in->m;
+    int64_t elems = 0;
+    for (int k = 0; k < m->n; k++)
+        elems += m->t[k].numel;
+    mf_st_dtype d0 = m->n ? m->t[0].dtype : MF_ST_F32;
+    const char *wdt = d0 == MF_ST_BF16 ? "bf16" : d0 == MF_ST_F16 ? "fp16" : "fp32";
+    fprintf(out, "# Generated by `mfsdpc init %s`\n# from %d tensors (%" PRId64 " elements).\nmesh ", cmdline, m->n,
+            elems);
+    for (int a = 0; a < naxes; a++)
+        fprintf(out, "%s%s = %ld", a ? ", " : "", names[a], sizes[a]);
+    fprintf(out, ";\nmicrobatches 1;\nreduce avg;\n\nlayout %s {\n", mode->name);
+    mf_init_place(out, "weight", wdt, mode->w, naxes);
+    mf_init_place(out, "grad", "fp32", mode->g, naxes);
+    mf_init_place(out, "main_weight", "fp32", mode->m, naxes);
+    fprintf(out, "}\n");
+    mf_init_units(out, in, mode->name);
+    return ferror(out) ? -1 : 0;
+}
+
+int mf_cmd_init(int argc, char **argv)
+{
+    const char *model = NULL, *mesh = NULL, *layout = NULL, *outp = NULL;
+    mf_init in = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            mf_init_usage(stdout);
+            return 0;
+        }
+        if (a[0] != '-' && !model) {
+            model = a;
+            continue;
+        }
+        if (!v)
+            return mf_init_usage(stderr), 2;
+        if (!strcmp(a, "--mesh"))
+            mesh = v;
+        else if (!strcmp(a, "--layout"))
+            layout = v;
+        else if (!strcmp(a, "-o"))
+            outp = v;
+        else if (!strcmp(a, "--unit") && in.npat < MF_INIT_MAX_PATTERNS && strstr(v, "{i}"))
+            in.pat[in.npat++] = v;
+        else
+            return fprintf(stderr, "mfsdpc: error: bad option %s %s\n", a, v), mf_init_usage(stderr), 2;
+        i++;
+    }
+    char names[MF_MAX_AXES][64];
+    long sizes[MF_MAX_AXES];
+    int naxes = 0;
+    const mf_init_mode *mode = NULL;
+    for (size_t k = 0; layout && k < sizeof mf_init_modes / sizeof mf_init_modes[0]; k++)
+        if (!strcmp(layout, mf_init_modes[k].name))
+            mode = &mf_init_modes[k];
+    if (!model || !mesh || !mode || mf_init_mesh(mesh, names, sizes, &naxes) != 0) {
+        fprintf(stderr, "mfsdpc: error: init needs MODEL, --mesh AXIS=N[,...] and --layout MODE\n");
+        return mf_init_usage(stderr), 2;
+    }
+    if (mode->two_axes && naxes < 2)
+        return fprintf(stderr, "mfsdpc: error: --layout %s needs a mesh of at least two axes\n", mode->name), 2;
+    mf_hf_model m;
+    char err[4096], cmdline[2048] = "";
+    if (mf_hf_open(model, &m, err, sizeof err) != 0)
+        return fprintf(stderr, "mfsdpc: error: %s\n", err), 1;
+    for (int i = 1, at = 0; i < argc && at < (int)sizeof cmdline - 1; i++)
+        at += snprintf(cmdline + at, sizeof cmdline - (size_t)at, "%s%s", i > 1 ? " " : "", argv[i]);
+    in.m = &m;
+    int rc = mf_init_group(&in);
+    if (rc == 0) {
+        char tmp[4200];
+        FILE *out = stdout;
+        if (outp) {
+            snprintf(tmp, sizeof tmp, "%.4000s.tmp-%ld", outp, (long)getpid());
+            if (!(out = fopen(tmp, "w"))) {
+                fprintf(stderr, "mfsdpc: error: cannot create %s: %s\n", tmp, strerror(errno));
+                rc = 2;
+            }
+        }
+        if (out && (mf_init_write(out, &in, mode, names, sizes, naxes, cmdline) != 0 ||
+                    (outp && (fclose(out) != 0 || rename(tmp, outp) != 0)))) {
+            fprintf(stderr, "mfsdpc: error: cannot write %s\n", outp ? outp : "standard output");
+            if (outp)
+                unlink(tmp);
+            rc = 2;
+        }
+    }
+    for (int k = 0; k < in.nunits; k++) {
+        free(in.u[k].name);
+        free(in.u[k].t);
+    }
+    free(in.u);
+    mf_hf_close(&m);
+    return rc;
+}

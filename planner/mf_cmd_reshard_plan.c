@@ -1,0 +1,140 @@
+/*
+ * mfsdpc reshard-plan OLD.yaml NEW.yaml
+ *
+ * The plan of loading a checkpoint saved under schedule OLD into a runtime
+ * of schedule NEW (docs/checkpoint.md, "Resharding"): for every rank of NEW,
+ * which element ranges of which data file of OLD's checkpoint it reads
+ * (rank-RRRRR.safetensors, written by OLD's rank RRRRR), computed from the
+ * two schedules alone with the runtime's own plan (mf_ckpt_plan). Every state
+ * (main_weight and each optimizer state) moves by the same element ranges.
+ * Ends with the totals: elements needed, elements read, their ratio.
+ * Exit status: 0, 1 when the schedules do not hold the same tensors, 2 on
+ * usage or unreadable input.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_ckpt_plan.h"
+#include "mf_cli.h"
+#include "mf_load.h"
+
+static void mf_rp_usage(FILE *out)
+{
+    fprintf(out, "usage: mfsdpc reshard-plan OLD.yaml NEW.yaml\n\n"
+                 "Which file ranges of a checkpoint saved under OLD each rank of NEW reads.\n"
+                 "exit status: 0 ok, 1 the schedules hold different tensors, 2 error\n");
+}
+
+static void mf_rp_mesh(const mf_schedule *s, char *buf, size_t size)
+{
+    size_t at = 0;
+    for (int a = 0; a < s->mesh.naxes && at < size; a++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%s=%" PRId64, a ? " x " : "", s->mesh.axes[a].name,
+                               s->mesh.axes[a].size);
+}
+
+/* Old pieces sorted by (tensor, start): index array. */
+static int mf_rp_cmp(const void *a, const void *b, void *ctx)
+{
+    const mf_ckpt_plan *p = ctx;
+    const mf_ckpt_piece *x = &p->p[*(const int64_t *)a], *y = &p->p[*(const int64_t *)b];
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static int mf_rp_match(const mf_ckpt_plan *o, const mf_ckpt_plan *n, int *tmap)
+{
+    int bad = 0;
+    for (int k = 0; k < n->ntensors; k++) {
+        int t = tmap[k] = mf_ckpt_plan_find(o, n->t[k].name);
+        if (t < 0)
+            fprintf(stderr, "mfsdpc: error: tensor '%s' of NEW is not in OLD\n", n->t[k].name), bad++;
+        else if (o->t[t].numel != n->t[k].numel || o->t[t].ndims != n->t[k].ndims ||
+                 memcmp(o->t[t].dims, n->t[k].dims, sizeof(int64_t) * (size_t)n->t[k].ndims) != 0 ||
+                 o->t[t].dtype != n->t[k].dtype)
+            fprintf(stderr, "mfsdpc: error: tensor '%s' has another shape or main_weight dtype in OLD\n",
+                    n->t[k].name), bad++;
+    }
+    if (o->ntensors != n->ntensors)
+        fprintf(stderr, "mfsdpc: error: OLD has %d tensors, NEW %d\n", o->ntensors, n->ntensors), bad++;
+    return bad;
+}
+
+static void mf_rp_print(const mf_schedule *ns, const mf_ckpt_plan *o, const mf_ckpt_plan *n, const int *tmap,
+                        const int64_t *idx)
+{
+    int64_t needed = 0, read = 0, lines = 0;
+    for (int64_t r = 0; r < n->world; r++) {
+        printf("rank %" PRId64 ":\n", r);
+        for (int k = 0; k < n->ntensors; k++) {
+            int64_t lo, hi;
+            mf_ckpt_plan_held(ns, n, k, r, &lo, &hi);
+            needed += hi - lo;
+            for (int64_t i = 0; i < o->npieces && lo < hi; i++) {
+                const mf_ckpt_piece *p = &o->p[idx[i]];
+                if (p->tensor != tmap[k] || p->end <= lo || p->start >= hi)
+                    continue;
+                int64_t a = p->start > lo ? p->start : lo, b = p->end < hi ? p->end : hi;
+                printf("  %s[%" PRId64 ":%" PRId64 "] <- rank-%05" PRId64 ".safetensors entry [%" PRId64 ":%" PRId64
+                       "], elements %" PRId64 "..%" PRId64 " of it\n", n->t[k].name, a, b, p->writer, p->start,
+                       p->end, a - p->start, b - p->start);
+                read += b - a;
+                lines++;
+            }
+        }
+    }
+    printf("totals: %" PRId64 " ranges; elements needed %" PRId64 ", read %" PRId64 " (%.3f x needed; per state, "
+           "plus each data file's header once per rank that opens it)\n", lines, needed, read,
+           needed ? (double)read / (double)needed : 1.0);
+}
+
+int mf_cmd_reshard_plan(int argc, char **argv)
+{
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        mf_rp_usage(stdout);
+        return 0;
+    }
+    if (argc != 3) {
+        mf_rp_usage(stderr);
+        return 2;
+    }
+    char err[1024], a[256] = "", b[256] = "";
+    mf_schedule *os = mf_schedule_load_file(argv[1], err, sizeof err), *ns = NULL;
+    mf_ckpt_plan o = {0}, n = {0};
+    int rc = 2, *tmap = NULL;
+    int64_t *idx = NULL;
+    if (!os || !(ns = mf_schedule_load_file(argv[2], err, sizeof err))) {
+        fprintf(stderr, "%s\n", err);
+        goto done;
+    }
+    if (mf_ckpt_plan_build(os, &o, err, sizeof err) != 0 || mf_ckpt_plan_build(ns, &n, err, sizeof err) != 0 ||
+        !(tmap = calloc((size_t)n.ntensors + 1, sizeof *tmap)) ||
+        !(idx = malloc((size_t)(o.npieces + 1) * sizeof *idx))) {
+        fprintf(stderr, "mfsdpc: error: out of memory\n");
+        goto done;
+    }
+    if (mf_rp_match(&o, &n, tmap) != 0) {
+        rc = 1;
+        goto done;
+    }
+    for (int64_t i = 0; i < o.npieces; i++)
+        idx[i] = i;
+    qsort_r(idx, (size_t)o.npieces, sizeof *idx, mf_rp_cmp, &o);
+    mf_rp_mesh(os, a, sizeof a);
+    mf_rp_mesh(ns, b, sizeof b);
+    printf("reshard plan: %s (%s, %" PRId64 " ranks) -> %s (%s, %" PRId64 " ranks)\n", argv[1], a, o.world, argv[2],
+           b, n.world);
+    mf_rp_print(ns, &o, &n, tmap, idx);
+    rc = 0;
+done:
+    free(idx);
+    free(tmap);
+    mf_ckpt_plan_free(&o);
+    mf_ckpt_plan_free(&n);
+    mf_schedule_free(os);
+    mf_schedule_free(ns);
+    return rc;
+}

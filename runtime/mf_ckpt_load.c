@@ -1,0 +1,222 @@
+/*
+ * mf_ckpt_load: mfsdp_ckpt_load and mfsdp_ckpt_verify (mfsdp_ckpt.h). Every
+ * rank opens the manifest, matches the checkpoint's tensors and states with
+ * its runtime (all mismatches in one message), the ranks agree that every
+ * rank passed, and only then does each rank pread the element ranges it
+ * holds, straight into its buffers.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_ckpt_io.h"
+#include "mf_rt.h"
+#include "mfsdp_ckpt.h"
+
+typedef struct mf_ckpt_lmsg {
+    int64_t status;
+    char msg[248];
+} mf_ckpt_lmsg;
+
+/* One round; a rank that failed itself reports its own full message
+ * (`own`), the others the first failing rank's (truncated) one. */
+static mfsdp_result mf_ckpt_lround(mf_rt *rt, const mf_ckpt_lmsg *mine, mf_ckpt_lmsg *all, const char *dir,
+                                   const char *own)
+{
+    mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
+    if (res != MFSDP_OK)
+        return mf_rt_set_error(rt, res, "checkpoint load: exchange between ranks failed: %s", mfsdp_last_error(rt));
+    if (mine->status != MFSDP_OK)
+        return mf_rt_set_error(rt, (mfsdp_result)mine->status, "checkpoint load of %s refused: rank %" PRId64 ": %s",
+                               dir, rt->rank, own);
+    for (int64_t r = 0; r < rt->world; r++)
+        if (all[r].status != MFSDP_OK)
+            return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "checkpoint load of %s refused: rank %" PRId64
+                                   ": %.*s", dir, r, (int)sizeof all[r].msg, all[r].msg);
+    return MFSDP_OK;
+}
+
+static void mf_ckpt_lfail(mf_ckpt_lmsg *m, const char *text)
+{
+    m->status = MFSDP_ERR_LOAD;
+    size_t n = strlen(text);
+    if (n >= sizeof m->msg)
+        n = sizeof m->msg - 1;
+    memcpy(m->msg, text, n);
+    m->msg[n] = '\0';
+}
+
+/* Appends one mismatch to err (keeps counting past the buffer). */
+static void mf_ckpt_note(char *err, size_t errlen, int *count, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void mf_ckpt_note(char *err, size_t errlen, int *count, const char *fmt, ...)
+{
+    size_t at = strlen(err);
+    va_list ap;
+    va_start(ap, fmt);
+    if (at + 4 < errlen) {
+        if ((*count)++ > 0)
+            at += (size_t)snprintf(err + at, errlen - at, "; ");
+        if (at < errlen)
+            vsnprintf(err + at, errlen - at, fmt, ap);
+    }
+    va_end(ap);
+}
+
+static void mf_ckpt_shape(const int64_t *d, int n, char *buf, size_t size)
+{
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < n && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%" PRId64, i ? ", " : "", d[i]);
+    if (at < size)
+        snprintf(buf + at, size - at, "]");
+}
+
+/* Matches runtime and checkpoint; map[k] = checkpoint tensor of runtime
+ * tensor k, smap[i] = checkpoint state of requested state i. */
+static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_load_options *opt, int *map,
+                         int *smap, char *err, size_t errlen)
+{
+    int bad = 0;
+    char a[160], b[160];
+    err[0] = '\0';
+    for (int k = 0; k < rt->nviews; k++) {
+        const mfsdp_tensor_view *v = &rt->views[k];
+        int t = map[k] = mf_ckpt_manifest_tensor(m, v->name);
+        if (t < 0) {
+            mf_ckpt_note(err, errlen, &bad, "tensor '%s' is not in the checkpoint", v->name);
+            continue;
+        }
+        if (m->tensors[t].ndims != v->ndims ||
+            memcmp(m->tensors[t].dims, v->dims, sizeof(int64_t) * (size_t)v->ndims) != 0) {
+            mf_ckpt_shape(m->tensors[t].dims, m->tensors[t].ndims, a, sizeof a);
+            mf_ckpt_shape(v->dims, v->ndims, b, sizeof b);
+            mf_ckpt_note(err, errlen, &bad, "tensor '%s' has shape %s in the checkpoint, %s in the schedule",
+                         v->name, a, b);
+        }
+        if ((int)v->main_weight_dtype != (int)m->states[0].dtype)
+            mf_ckpt_note(err, errlen, &bad, "tensor '%s': main_weight is %s in the checkpoint, %s in the schedule",
+                         v->name, mf_dtype_name(m->states[0].dtype), mfsdp_dtype_name(v->main_weight_dtype));
+    }
+    for (int t = 0; t < m->ntensors; t++)
+        if (mfsdp_tensor_find(rt, m->tensors[t].name) < 0)
+            mf_ckpt_note(err, errlen, &bad, "checkpoint tensor '%s' is not in the schedule", m->tensors[t].name);
+    for (int i = 0; i < opt->nstates; i++) {
+        const mfsdp_ckpt_state *st = &opt->states[i];
+        int s = smap[i] = st->name ? mf_ckpt_manifest_state(m, st->name) : -1;
+        if (s <= 0)
+            mf_ckpt_note(err, errlen, &bad, "state '%s' is not in the checkpoint", st->name ? st->name : "(null)");
+        else if ((int)st->dtype != (int)m->states[s].dtype)
+            mf_ckpt_note(err, errlen, &bad, "state '%s' is %s in the checkpoint, %s here", st->name,
+                         mf_dtype_name(m->states[s].dtype), mfsdp_dtype_name(st->dtype));
+        for (int k = 0; s > 0 && k < rt->nviews; k++)
+            if (rt->views[k].shard_count > 0 && (!st->shards || !st->shards[k])) {
+                mf_ckpt_note(err, errlen, &bad, "state '%s': no buffer for tensor '%s'", st->name,
+                             rt->views[k].name);
+                break;
+            }
+    }
+    if (bad > 1) {
+        char head[64];
+        snprintf(head, sizeof head, "%d mismatches: ", bad);
+        size_t hl = strlen(head), el = strlen(err);
+        if (hl + el + 1 > errlen)
+            el = errlen - hl - 1;
+        memmove(err + hl, err, el);
+        memcpy(err, head, hl);
+        err[hl + el] = '\0';
+    }
+    return bad ? -1 : 0;
+}
+
+/* Reads this rank's ranges of main_weight and every requested state. */
+static int mf_ckpt_load_data(mf_rt *rt, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt, const int *map,
+                             const int *smap, char *err, size_t errlen)
+{
+    for (int k = 0; k < rt->nviews; k++) {
+        const mfsdp_tensor_view *v = &rt->views[k];
+        if (v->shard_count == 0)
+            continue;
+        int64_t a = v->shard_offset, b = a + v->shard_count;
+        if (mf_ckpt_read(r, 0, map[k], a, b, v->main_weight, err, errlen) != 0)
+            return -1;
+        for (int i = 0; i < opt->nstates; i++)
+            if (mf_ckpt_read(r, smap[i], map[k], a, b, opt->states[i].shards[k], err, errlen) != 0)
+                return -1;
+    }
+    size_t len = 0;
+    int64_t who = opt->user_blob_rank < 0 ? rt->rank : opt->user_blob_rank;
+    if (mf_ckpt_read_blob(r, who, opt->user_blob, opt->user_blob_capacity, &len, err, errlen) != 0)
+        return -1;
+    opt->user_blob_bytes = len;
+    return 0;
+}
+
+mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load_options *opt)
+{
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_load: NULL runtime");
+    mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
+    int *map = calloc((size_t)rt->nviews + 1, sizeof *map);
+    int *smap = calloc(64, sizeof *smap);
+    mf_ckpt_reader r;
+    int opened = 0;
+    char err[2048] = "";
+    mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
+    if (!all || !map || !smap) {
+        mf_rt_set_error(rt, res, "out of memory");
+        goto done;
+    }
+    if (rt->native) {
+        mine.status = MFSDP_ERR_UNSUPPORTED;
+        snprintf(mine.msg, sizeof mine.msg, "checkpoints need host-memory master weights (local, mpi)");
+    } else if (!dir || !opt || opt->nstates < 0 || opt->nstates > 63 || (opt->nstates && !opt->states)) {
+        mine.status = MFSDP_ERR_INVALID_ARGUMENT;
+        snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");
+    } else if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0 || !(opened = 1) ||
+               mf_ckpt_match(rt, &r.m, opt, map, smap, err, sizeof err) != 0) {
+        mine.status = MFSDP_ERR_LOAD;
+        mf_ckpt_lfail(&mine, err);
+    } else if (opt->flags & MFSDP_CKPT_VERIFY_FILES) {
+        for (int f = (int)rt->rank; f < r.m.nfiles && mine.status == MFSDP_OK; f += (int)rt->world)
+            if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0) {
+                mine.status = MFSDP_ERR_LOAD;
+                mf_ckpt_lfail(&mine, err);
+            }
+    }
+    res = mf_ckpt_lround(rt, &mine, all, dir ? dir : "(null)", mine.status == MFSDP_ERR_LOAD ? err : mine.msg);
+    if (res != MFSDP_OK)
+        goto done;
+    memset(&mine, 0, sizeof mine);
+    if (mf_ckpt_load_data(rt, &r, opt, map, smap, err, sizeof err) != 0) {
+        mine.status = MFSDP_ERR_LOAD;
+        mf_ckpt_lfail(&mine, err);
+    }
+    opt->step = r.m.step;
+    res = mf_ckpt_lround(rt, &mine, all, dir, err);
+done:
+    if (opened)
+        mf_ckpt_reader_close(&r);
+    free(all);
+    free(map);
+    free(smap);
+    return res;
+}
+
+mfsdp_result mfsdp_ckpt_verify(const char *dir)
+{
+    mf_ckpt_reader r;
+    char err[2048];
+    if (!dir)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_verify: NULL directory");
+    if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0)
+        return mf_rt_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
+    mfsdp_result res = MFSDP_OK;
+    for (int f = 0; f < r.m.nfiles && res == MFSDP_OK; f++)
+        if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0)
+            res = mf_rt_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
+    mf_ckpt_reader_close(&r);
+    return res;
+}

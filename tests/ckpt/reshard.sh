@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# reshard.sh BACKEND TRAINER CKPT MFSDPC SCHEDDIR: a checkpoint trained on
+# 2x4 HFSDP is loaded and saved again on 4x2 HSDP (align 64), 1x8 ZeRO-3
+# (bucket_size 64KiB), 1x1 DDP, 2x4 HFSDP with align 1KiB and bucket_size
+# 32KiB, and back on 2x4 HFSDP: after every hop every master-weight and
+# Adam-moment element equals the original, bit for bit. The offline
+# `mfsdp-ckpt reshard` does the same hops, and `mfsdpc reshard-plan` reads
+# exactly the elements needed (ratio 1.000 <= 1.05).
+backend=$1 TRAINER=$2 CKPT=$3 MFSDPC=$4 S=$5
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+. "$(dirname "$0")/lib.sh"
+run_trainer "$backend" "$S/hfsdp_2x4.yaml" --steps 3 --save "$WORK/a" --dump "$WORK/a.bin" || fail "training"
+prev=a
+hops="hsdp_4x2 zero3_1x8 ddp_1x1 hfsdp_2x4_align hfsdp_2x4"
+for n in $hops; do
+  run_trainer "$backend" "$S/$n.yaml" --load "$WORK/$prev" --save "$WORK/$n" --dump "$WORK/$n.bin" ||
+    fail "load $prev into $n"
+  cmp "$WORK/a.bin" "$WORK/$n.bin" || fail "$prev -> $n changed the state"
+  echo "ok: runtime $prev -> $n: every element equal"
+  ratio=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$S/$n.yaml" | sed -n 's/.*(\([0-9.]*\) x needed.*/\1/p')
+  awk -v r="$ratio" 'BEGIN {exit !(r != "" && r <= 1.05)}' || fail "reshard-plan to $n reads $ratio x needed"
+  prev=$n
+done
+prev=a
+for n in $hops; do
+  "$CKPT" reshard "$WORK/$prev" "$S/$n.yaml" "$WORK/off_$n" >/dev/null || fail "mfsdp-ckpt reshard to $n"
+  "$CKPT" verify "$WORK/off_$n" >/dev/null || fail "verify off_$n"
+  run_trainer "$backend" "$S/$n.yaml" --load "$WORK/off_$n" --dump "$WORK/off_$n.bin" || fail "load off_$n"
+  cmp "$WORK/a.bin" "$WORK/off_$n.bin" || fail "mfsdp-ckpt reshard $prev -> $n changed the state"
+  echo "ok: mfsdp-ckpt reshard $prev -> $n: every element equal"
+  prev=off_$n
+done
+# A schedule with other tensors is refused with every mismatch named.
+out=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$S/other_model.yaml" 2>&1) && fail "reshard-plan accepted another model"
+echo "$out" | grep -q "tensor 'in.weight' has another shape" || fail "reshard-plan message: $out"
+out=$(run_trainer "$backend" "$S/other_model.yaml" --load "$WORK/a" 2>&1) && fail "loaded another model"
+echo "$out" | grep -Eq "mismatches: .*in.weight' has shape \[45, 27\] in the checkpoint, \[45, 28\]" ||
+  fail "load message: $out"
+echo "ok: another model refused: $(echo "$out" | grep -o 'mismatches.*' | head -c 200)"
+echo "11 passed, 0 failed"
