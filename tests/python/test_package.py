@@ -291,8 +291,12 @@ def test_convert_is_round_to_nearest_even():
     # 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to the even 1.0;
     # 1 + 3 * 2^-8 ties to the even 1 + 2^-6; 65520 = 0x477FF000 rounds up to 2^16
     assert bf[:5].tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0x4780] and bf[5] & 0x7F80 == 0x7F80
-    h = mfsdp.convert(x, "fp16")
-    assert h[:4].tolist() == [1.0, -2.5, 1.0, 1.0] and np.isinf(h[4]) and np.isnan(h[5])
+    # fp16 has 10 fraction bits: the ties are 1 + 2^-11 (to 1.0) and 1 + 3 * 2^-11
+    # (to 1 + 2^-9); 65520 is halfway between 65504 (the largest) and 2^16: infinity
+    y = np.array([1.0, -2.5, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 65520.0, np.nan], np.float32)
+    h = mfsdp.convert(y, "fp16")
+    assert h.dtype == np.float16 and h[:4].tolist() == [1.0, -2.5, 1.0, 1.0 + 2.0 ** -9]
+    assert np.isinf(h[4]) and np.isnan(h[5])
     back = mfsdp.convert(h, "fp32")
     assert back.dtype == np.float32 and back[:2].tolist() == [1.0, -2.5]
 
