@@ -11,6 +11,7 @@ valid until close(), and within the windows the schedule gives each role
 (docs/runtime.md, "Views").
 """
 import ctypes
+import numbers
 
 from . import _lib, _mpi
 from ._lib import MfsdpError, UsageError
@@ -290,7 +291,7 @@ class Runtime:
         Collective. Returns a float for a float, else a list."""
         if op not in _lib.REDUCE_OPS:
             raise UsageError("allreduce: op %r (one of sum, max, min)" % (op,))
-        one = isinstance(values, (int, float))
+        one = isinstance(values, numbers.Real)
         vals = [float(values)] if one else [float(x) for x in values]
         buf = (ctypes.c_double * max(1, len(vals)))(*vals)
         self._check(self._lib.mfsdp_allreduce(self.handle, buf, len(vals), _lib.REDUCE_OPS[op]),

@@ -231,7 +231,7 @@ def test_helpers_on_eight_thread_ranks():
                 rt.scatter(t.name, full(t))
             out["sum"] = rt.allreduce([r, 1.5])
             out["max"] = rt.allreduce([r, -1.0], "max")
-            out["min"] = rt.allreduce(float(r), "min")
+            out["min"] = rt.allreduce(np.float32(r), "min")     # a scalar: a float back
             out["all"] = {t.name: rt.gather(t.name) for t in s.tensors}
             out["root3"] = rt.gather(s.tensors[0].name, root=3)
             out["bf16"] = rt.gather(s.tensors[-1].name, dtype="bf16")
