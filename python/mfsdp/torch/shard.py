@@ -210,8 +210,8 @@ class ShardedModel:
         the model's own state_dict() of a single-process run): each rank copies
         its shard (mfsdp_main_weight_scatter, no communication; every rank passes
         the same values). strict: every parameter must be present and no other
-        key (the model's buffers and the other names of tied weights are ignored). The optimizer
-        state is not touched. Between steps."""
+        key (the model's buffers and the other names of tied weights are
+        ignored). The optimizer state is not touched. Between steps."""
         self._between_steps("load_full_state_dict")
         params = {v.name: v for v in self.runtime.views}
         known = {n for n, _ in self.model.named_buffers()}    # and tied weights' other names
