@@ -103,8 +103,9 @@ class Runtime:
     MPI_COMM_WORLD, or an mpi4py communicator) or "nccl" (device, stream:
     the CUDA device and stream handle; mfsdp.torch passes torch's current
     ones). check=True turns on the check mode (MFSDP_FLAG_CHECK, CPU
-    backends: reads and writes outside the windows are refused; docs/runtime.md
-    §13). Every failure raises MfsdpError with the library's message."""
+    backends: reads and writes outside the windows are refused;
+    docs/runtime.md §13). Every failure raises MfsdpError with the library's
+    message."""
 
     def __init__(self, schedule, backend="local", rank=None, timeout_ms=None, synchronous=False,
                  group=None, comm=None, device=None, stream=None, host_compute=False,
