@@ -9,12 +9,14 @@ compiler) for sharded data-parallel training.
 Importing mfsdp needs neither torch nor NumPy; `mfsdp.torch` (the torch
 integration) needs torch. See docs/pytorch.md.
 """
-from ._lib import CompileError, MfsdpError, UsageError
+from ._lib import ALL_RANKS, CompileError, MfsdpError, UsageError
+from .convert import convert
 from .runtime import LocalGroup, Runtime, Stats, View, backend_available
 from .schedule import Schedule, TensorFacts
 
 __all__ = ["MfsdpError", "UsageError", "CompileError", "Schedule", "TensorFacts", "Runtime",
-           "LocalGroup", "View", "Stats", "backend_available", "version"]
+           "LocalGroup", "View", "Stats", "backend_available", "version",
+           "convert", "ALL_RANKS"]
 
 
 def version():

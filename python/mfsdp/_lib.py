@@ -36,7 +36,12 @@ BACKEND_LOCAL, BACKEND_MPI, BACKEND_NCCL, BACKEND_CUDA_LOCAL = 1, 2, 3, 4
 MAX_DIMS = 8
 MAX_AXES = 4
 NUM_STREAMS = 3
-FLAG_SYNCHRONOUS = 1
+FLAG_SYNCHRONOUS, FLAG_CHECK = 1, 2          # MFSDP_FLAG_*
+
+# ---- helpers (docs/runtime.md §12) ----
+ALL_RANKS = -1                               # MFSDP_ALL_RANKS, a gather's root
+REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2  # mfsdp_reduce_op
+REDUCE_OPS = {"sum": REDUCE_SUM, "max": REDUCE_MAX, "min": REDUCE_MIN}
 
 
 class MfsdpError(RuntimeError):
@@ -157,6 +162,19 @@ _PROTOTYPES = {
     "mfsdp_step_end": (_RES, [_P]),
     "mfsdp_synchronize": (_RES, [_P]),
     "mfsdp_get_stats": (_RES, [_P, ctypes.POINTER(Stats)]),
+    # helpers (docs/runtime.md §12)
+    "mfsdp_f32_to_bf16": (ctypes.c_uint16, [ctypes.c_float]),
+    "mfsdp_bf16_to_f32": (ctypes.c_float, [ctypes.c_uint16]),
+    "mfsdp_f32_to_fp16": (ctypes.c_uint16, [ctypes.c_float]),
+    "mfsdp_fp16_to_f32": (ctypes.c_float, [ctypes.c_uint16]),
+    "mfsdp_convert": (_RES, [_P, _INT, _P, _INT, _I64]),
+    "mfsdp_unit_find": (_INT, [_P, ctypes.c_char_p]),
+    "mfsdp_schedule_unit_find": (_INT, [_P, ctypes.c_char_p]),
+    "mfsdp_main_weight_scatter": (_RES, [_P, _INT, _P, _INT]),
+    "mfsdp_main_weight_gather": (_RES, [_P, _INT, _P, _INT, _I64]),
+    "mfsdp_allreduce": (_RES, [_P, ctypes.POINTER(ctypes.c_double), _INT, _INT]),
+    "mfsdp_grad_norm": (_RES, [_P, ctypes.POINTER(ctypes.c_double)]),
+    "mfsdp_grad_clip": (_RES, [_P, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
 }
 # Present only in a library built with the CUDA/NCCL backend.
 _OPTIONAL = {

@@ -11,6 +11,7 @@ valid until close(), and within the windows the schedule gives each role
 (docs/runtime.md, "Views").
 """
 import ctypes
+import numbers
 
 from . import _lib, _mpi
 from ._lib import MfsdpError, UsageError
@@ -18,6 +19,7 @@ from ._lib import MfsdpError, UsageError
 BACKENDS = {"local": _lib.BACKEND_LOCAL, "mpi": _lib.BACKEND_MPI, "nccl": _lib.BACKEND_NCCL,
             "cuda_local": _lib.BACKEND_CUDA_LOCAL}
 ROLES = ("weight", "grad_local", "main_weight", "grad")
+_DTYPE_CODES = {name: code for code, name in _lib.DTYPE_NAMES.items()}
 
 
 def backend_available(name):
@@ -100,11 +102,14 @@ class Runtime:
     rank=; a world of one needs neither), "mpi" (comm: None for
     MPI_COMM_WORLD, or an mpi4py communicator) or "nccl" (device, stream:
     the CUDA device and stream handle; mfsdp.torch passes torch's current
-    ones). Every failure raises MfsdpError with the library's message."""
+    ones). check=True turns on the check mode (MFSDP_FLAG_CHECK, CPU
+    backends: reads and writes outside the windows are refused;
+    docs/runtime.md §13). Every failure raises MfsdpError with the library's
+    message."""
 
     def __init__(self, schedule, backend="local", rank=None, timeout_ms=None, synchronous=False,
                  group=None, comm=None, device=None, stream=None, host_compute=False,
-                 nccl_unique_id=None):
+                 nccl_unique_id=None, check=False):
         lib = _lib.load()
         if backend not in BACKENDS:
             raise MfsdpError(1, "unknown backend %r (one of %s)" % (backend, ", ".join(BACKENDS)))
@@ -120,6 +125,8 @@ class Runtime:
             cfg.timeout_ms = int(timeout_ms)
         if synchronous:
             cfg.flags |= _lib.FLAG_SYNCHRONOUS
+        if check:
+            cfg.flags |= _lib.FLAG_CHECK
         keep = []
         if backend in ("local", "cuda_local"):
             if group is None:
@@ -235,6 +242,78 @@ class Runtime:
 
     def synchronize(self):
         self._check(self._lib.mfsdp_synchronize(self.handle), "mfsdp_synchronize")
+
+    # ---- helpers (docs/runtime.md §12; CPU backends for those touching buffers) ----
+    def unit_find(self, name):
+        """The index of the unit with this name, or -1 (mfsdp_unit_find)."""
+        return int(self._lib.mfsdp_unit_find(self.handle, name.encode("utf-8")))
+
+    def _index(self, name_or_index):
+        v = self.view(name_or_index)
+        return v.index, v
+
+    def scatter(self, name_or_index, full):
+        """Copies this rank's shard of a tensor's master weight out of `full`,
+        the whole tensor (torch CPU tensor or NumPy array, fp32/bf16/fp16; any
+        other float dtype is converted to fp32 first), converting to the
+        main_weight dtype (mfsdp_main_weight_scatter). Local, no communication:
+        every rank passes the same tensor. Between steps only."""
+        from ._arrays import host_input
+        k, v = self._index(name_or_index)
+        ptr, dtype, keep = host_input(full, v.numel, "scatter of %r" % v.name)
+        self._check(self._lib.mfsdp_main_weight_scatter(self.handle, k, ptr,
+                                                        _DTYPE_CODES[dtype]),
+                    "mfsdp_main_weight_scatter")
+        del keep
+
+    def gather(self, name_or_index, root=_lib.ALL_RANKS, dtype="fp32", out=None):
+        """The whole master weight of a tensor, converted to `dtype`, on rank
+        `root` or on every rank (root=-1, the default) (mfsdp_main_weight_gather).
+        Collective: every rank calls it, in the same order. Returns `out` (a
+        contiguous host torch tensor or NumPy array of that dtype and numel) or
+        a new NumPy array of the tensor's shape on receiving ranks, None on the
+        others."""
+        from ._arrays import host_output
+        k, v = self._index(name_or_index)
+        if dtype not in _DTYPE_CODES:
+            raise UsageError("gather: dtype %r (one of fp32, bf16, fp16)" % (dtype,))
+        receives = root == _lib.ALL_RANKS or root == self.rank
+        ptr = None
+        if receives:
+            ptr, out = host_output(out, v.numel, dtype, v.shape, "gather of %r" % v.name)
+        self._check(self._lib.mfsdp_main_weight_gather(self.handle, k, ptr, _DTYPE_CODES[dtype],
+                                                       int(root)),
+                    "mfsdp_main_weight_gather")
+        return out if receives else None
+
+    def allreduce(self, values, op="sum"):
+        """op ("sum", "max", "min") of a float or a sequence of floats over the
+        world, in double (mfsdp_allreduce; every rank gets the same bits).
+        Collective. Returns a float for a float, else a list."""
+        if op not in _lib.REDUCE_OPS:
+            raise UsageError("allreduce: op %r (one of sum, max, min)" % (op,))
+        one = isinstance(values, numbers.Real)
+        vals = [float(values)] if one else [float(x) for x in values]
+        buf = (ctypes.c_double * max(1, len(vals)))(*vals)
+        self._check(self._lib.mfsdp_allreduce(self.handle, buf, len(vals), _lib.REDUCE_OPS[op]),
+                    "mfsdp_allreduce")
+        return buf[0] if one else list(buf[:len(vals)])
+
+    def grad_norm(self):
+        """The global L2 norm of the delivered gradient (replicated shards
+        counted once; the same on every rank). After step_end. Collective."""
+        norm = ctypes.c_double()
+        self._check(self._lib.mfsdp_grad_norm(self.handle, ctypes.byref(norm)), "mfsdp_grad_norm")
+        return norm.value
+
+    def clip_grad_norm(self, max_norm):
+        """Scales every delivered gradient shard by max_norm / (norm + 1e-6) when
+        the global norm exceeds max_norm (> 0); returns the norm before clipping
+        (mfsdp_grad_clip). After step_end. Collective."""
+        norm = ctypes.c_double()
+        self._check(self._lib.mfsdp_grad_clip(self.handle, float(max_norm), ctypes.byref(norm)),
+                    "mfsdp_grad_clip")
+        return norm.value
 
     # ---- statistics and GPU facts ----
     def stats(self):

@@ -100,12 +100,16 @@ class Schedule:
         """The TensorFacts of a full tensor name; KeyError when absent."""
         return self._by_name[name]
 
+    def unit_find(self, name):
+        """The index of the unit with this name, or -1 (mfsdp_schedule_unit_find)."""
+        return int(_lib.load().mfsdp_schedule_unit_find(self.handle, name.encode("utf-8")))
+
     def unit_index(self, name):
         """The index of a unit by name; KeyError when absent."""
-        try:
-            return self.units.index(name)
-        except ValueError:
-            raise KeyError(name) from None
+        u = self.unit_find(name)
+        if u < 0:
+            raise KeyError(name)
+        return u
 
     def unit_tensors(self, unit):
         return [t for t in self.tensors if t.unit == unit]

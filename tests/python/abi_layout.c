@@ -3,7 +3,9 @@
  * the Python binding (python/mfsdp/_lib.py) declares with ctypes, one line
  * per field ("struct field offset" and "struct sizeof size"), so that
  * test_package.py can check the ctypes declarations against the C compiler's
- * layout. The NCCL config is included when the library has the backend.
+ * layout, and the enum values and constants that _lib.py spells as numbers
+ * ("enum NAME value"). The NCCL config is included when the library has the
+ * backend.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 
 #define F(s, f) printf("%s %s %zu\n", #s, #f, offsetof(s, f))
 #define S(s) printf("%s sizeof %zu\n", #s, sizeof(s))
+#define E(c) printf("enum %s %lld\n", #c, (long long)(c))
 
 int main(void)
 {
@@ -38,6 +41,14 @@ int main(void)
     S(mfsdp_stats);
     F(mfsdp_stats, steps); F(mfsdp_stats, ops); F(mfsdp_stats, collectives);
     F(mfsdp_stats, bytes); F(mfsdp_stats, busy_ns); F(mfsdp_stats, wait_ns);
+    /* the enum values and constants that _lib.py spells as numbers */
+    printf("enum sizeof(mfsdp_reduce_op) %zu\n", sizeof(mfsdp_reduce_op));
+    E(MFSDP_REDUCE_SUM); E(MFSDP_REDUCE_MAX); E(MFSDP_REDUCE_MIN); E(MFSDP_ALL_RANKS);
+    E(MFSDP_FLAG_SYNCHRONOUS); E(MFSDP_FLAG_CHECK);
+    E(MFSDP_FP32); E(MFSDP_BF16); E(MFSDP_FP16);
+    E(MFSDP_BACKEND_LOCAL); E(MFSDP_BACKEND_MPI); E(MFSDP_BACKEND_NCCL);
+    E(MFSDP_BACKEND_CUDA_LOCAL);
+    E(MFSDP_OK); E(MFSDP_ERR_INVALID_USAGE); E(MFSDP_ERR_UNSUPPORTED); E(MFSDP_ERR_INTERNAL);
 #ifdef MFSDP_ABI_NCCL
     S(mfsdp_nccl_config);
     F(mfsdp_nccl_config, world_comm); F(mfsdp_nccl_config, unique_id);

@@ -4,8 +4,12 @@ example_train: the training script of docs/pytorch.md, runnable as is:
     PYTHONPATH=tests/python mpirun -np 4 python tests/python/example_train.py
 
 Trains the GPT of gpt.py through mfsdp (HFSDP on a 2 x 2 mesh, 3 microbatches,
-AdamW) and prints rank 0's loss of the first and the last step.
+AdamW, gradients clipped to global norm 1.0) and prints the loss of the
+first and the last step (averaged over the ranks) on rank 0; then saves the
+full parameters that rank 0 gathers to $MFSDP_EXAMPLE_SAVE when set.
 """
+import os
+
 import torch
 
 import mfsdp
@@ -28,8 +32,13 @@ for s in range(steps):
         loss = model(X[s, rank, m], Y[s, rank, m])
         (loss / M).backward()                # hooks fire; step_end runs in the last backward
         total += loss.item()
+    sm.clip_grad_norm_(1.0)                  # global norm over every rank's shards
     opt.step()
     opt.zero_grad()
+    mean = sm.mean_over_ranks(total / M)     # collective: every rank calls it
     if rank == 0 and s in (0, steps - 1):
-        print("step %d: loss %.4f" % (s, total / M))
+        print("step %d: loss %.4f" % (s, mean))
+full = sm.full_state_dict()                  # {name: whole tensor} on rank 0, {} elsewhere
+if rank == 0 and os.environ.get("MFSDP_EXAMPLE_SAVE"):
+    torch.save(full, os.environ["MFSDP_EXAMPLE_SAVE"])
 sm.close()

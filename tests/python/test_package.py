@@ -155,14 +155,29 @@ def test_ctypes_structs_match_the_c_layout():
     structs = {"mfsdp_tensor_info": _lib.TensorInfo, "mfsdp_tensor_view": _lib.TensorView,
                "mfsdp_config": _lib.Config, "mfsdp_stats": _lib.Stats,
                "mfsdp_nccl_config": _lib.NcclConfig}
+    enums = {"MFSDP_REDUCE_SUM": _lib.REDUCE_OPS["sum"], "MFSDP_REDUCE_MAX": _lib.REDUCE_OPS["max"],
+             "MFSDP_REDUCE_MIN": _lib.REDUCE_OPS["min"], "MFSDP_ALL_RANKS": mfsdp.ALL_RANKS,
+             "MFSDP_FLAG_SYNCHRONOUS": _lib.FLAG_SYNCHRONOUS, "MFSDP_FLAG_CHECK": _lib.FLAG_CHECK,
+             "MFSDP_FP32": _lib.FP32, "MFSDP_BF16": _lib.BF16, "MFSDP_FP16": _lib.FP16,
+             "MFSDP_BACKEND_LOCAL": _lib.BACKEND_LOCAL, "MFSDP_BACKEND_MPI": _lib.BACKEND_MPI,
+             "MFSDP_BACKEND_NCCL": _lib.BACKEND_NCCL,
+             "MFSDP_BACKEND_CUDA_LOCAL": _lib.BACKEND_CUDA_LOCAL, "MFSDP_OK": _lib.OK,
+             "MFSDP_ERR_INVALID_USAGE": 2, "MFSDP_ERR_UNSUPPORTED": 8, "MFSDP_ERR_INTERNAL": 10,
+             "sizeof(mfsdp_reduce_op)": ctypes.sizeof(ctypes.c_int)}
     checked = 0
     for line in out.splitlines():
         sname, field, value = line.split()
+        if sname == "enum":
+            assert enums.pop(field) == int(value), (field, value)
+            if field.startswith("MFSDP_ERR") or field == "MFSDP_OK":
+                assert _lib.RESULT_NAMES[int(value)] == field
+            continue
         cls = structs[sname]
         got = ctypes.sizeof(cls) if field == "sizeof" else getattr(cls, field).offset
         assert got == int(value), (sname, field, got, value)
         checked += 1
     assert checked >= 40
+    assert not enums, "not printed by the probe: %s" % sorted(enums)
 
 
 def test_schedule_outlives_its_runtimes():
@@ -173,3 +188,138 @@ def test_schedule_outlives_its_runtimes():
     rt.step_begin()
     rt.close()
     assert s._h is None            # freed with its last runtime
+
+
+def _on_threads(world, fn):
+    """Runs fn(rank) on `world` threads (the local backend's thread-ranks);
+    returns the results by rank and re-raises the first failure."""
+    import threading
+    res, errs = [None] * world, []
+
+    def body(r):
+        try:
+            res[r] = fn(r)
+        except BaseException as e:       # noqa: B902 - re-raised in the caller
+            errs.append(e)
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if errs:
+        raise errs[0]
+    return res
+
+
+def test_helpers_on_eight_thread_ranks():
+    """unit_find, scatter and gather of master weights, all-reduce, grad norm
+    and clip on the hfsdp example (2 x 4 mesh, replicated main weights across
+    dp_outer), checked against hand-worked values."""
+    s = mfsdp.Schedule.load(os.path.join(ROOT, "schedules", "hfsdp.yaml"))
+    assert s.unit_find("layers.2") == 3 and s.unit_find("nope") == -1
+    assert s.unit_index("layers.2") == 3
+    total = sum(t.numel for t in s.tensors)
+    g = mfsdp.LocalGroup(8)
+
+    def full(t):    # exact in fp32 and (integers below 256) in bf16
+        return (np.arange(t.numel, dtype=np.float32) % 251).reshape(t.shape) - 125
+
+    def rank(r):
+        with mfsdp.Runtime(s, backend="local", group=g, rank=r, timeout_ms=60000) as rt:
+            out = {"unit": rt.unit_find("head"), "none": rt.unit_find("")}
+            for t in s.tensors:
+                rt.scatter(t.name, full(t))
+            out["sum"] = rt.allreduce([r, 1.5])
+            out["max"] = rt.allreduce([r, -1.0], "max")
+            out["min"] = rt.allreduce(np.float32(r), "min")     # a scalar: a float back
+            out["all"] = {t.name: rt.gather(t.name) for t in s.tensors}
+            out["root3"] = rt.gather(s.tensors[0].name, root=3)
+            out["bf16"] = rt.gather(s.tensors[-1].name, dtype="bf16")
+            # rank r's grad_local is (r + 1)(m + 1): the delivered grad is the
+            # sum over m of the mean over the 8 ranks, 4.5 * (1 + 2) = 13.5
+            _run_step(rt, s, lambda v, m: (r + 1) * (m + 1) * np.ones(v.shape, np.float32))
+            out["norm"] = rt.grad_norm()
+            out["clip_noop"] = rt.clip_grad_norm(1e9)
+            out["grad_noop"] = [rt.array(v.name, "grad").copy() for v in rt.views]
+            out["clip"] = rt.clip_grad_norm(100.0)
+            out["grad"] = [rt.array(v.name, "grad").copy() for v in rt.views]
+            out["norm_after"] = rt.grad_norm()
+            return out
+    try:
+        res = _on_threads(8, rank)
+    finally:
+        g.close()
+    norm = 13.5 * np.sqrt(total)
+    scale = 100.0 / (norm + 1e-6)
+    for r, o in enumerate(res):
+        assert o["unit"] == 5 and o["none"] == -1
+        assert o["sum"] == [28.0, 12.0] and o["max"] == [7.0, -1.0] and o["min"] == 0.0
+        for t in s.tensors:
+            assert o["all"][t.name].shape == t.shape
+            assert (o["all"][t.name] == full(t)).all(), t.name
+        assert (o["root3"] is not None) == (r == 3)
+        bits = o["bf16"].view(np.uint16).astype(np.uint32) << 16
+        assert (bits.view(np.float32) == full(s.tensors[-1])).all()
+        assert o["norm"] == pytest.approx(norm, rel=1e-6)
+        assert o["clip_noop"] == o["norm"] == res[0]["norm"]        # same bits everywhere
+        assert all((gr == 13.5).all() for gr in o["grad_noop"])
+        assert o["clip"] == o["norm"]
+        assert all(np.allclose(gr, 13.5 * scale, rtol=1e-6) for gr in o["grad"])
+        assert o["norm_after"] == pytest.approx(100.0, rel=1e-5)
+    assert res[3]["root3"].tolist() == full(s.tensors[0]).tolist()
+
+
+def test_helper_misuse_raises():
+    s = mfsdp.Schedule.compile(SPEC_1)
+    with mfsdp.Runtime(s, backend="local") as rt:
+        with pytest.raises(mfsdp.UsageError, match="12 elements given, the tensor has 4"):
+            rt.scatter("a.b", np.zeros(12, np.float32))
+        with pytest.raises(mfsdp.UsageError, match="out= must be"):
+            rt.gather("a.w", out=np.zeros(12, np.float64))
+        with pytest.raises(mfsdp.UsageError, match="one of sum, max, min"):
+            rt.allreduce([1.0], "mean")
+        with pytest.raises(mfsdp.MfsdpError) as e:
+            rt.clip_grad_norm(-1.0)
+        assert e.value.code_name == "MFSDP_ERR_INVALID_ARGUMENT"
+        rt.scatter("a.b", [1.0, 2.0, 3.0, 4.0])                  # a list: taken as fp32
+        assert rt.gather("a.b").tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_convert_is_round_to_nearest_even():
+    x = np.array([1.0, -2.5, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 65520.0, np.nan], np.float32)
+    bf = mfsdp.convert(x, "bf16").view(np.uint16)
+    # 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to the even 1.0;
+    # 1 + 3 * 2^-8 ties to the even 1 + 2^-6; 65520 = 0x477FF000 rounds up to 2^16
+    assert bf[:5].tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0x4780] and bf[5] & 0x7F80 == 0x7F80
+    # fp16 has 10 fraction bits: the ties are 1 + 2^-11 (to 1.0) and 1 + 3 * 2^-11
+    # (to 1 + 2^-9); 65520 is halfway between 65504 (the largest) and 2^16: infinity
+    y = np.array([1.0, -2.5, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 65520.0, np.nan], np.float32)
+    h = mfsdp.convert(y, "fp16")
+    assert h.dtype == np.float16 and h[:4].tolist() == [1.0, -2.5, 1.0, 1.0 + 2.0 ** -9]
+    assert np.isinf(h[4]) and np.isnan(h[5])
+    back = mfsdp.convert(h, "fp32")
+    assert back.dtype == np.float32 and back[:2].tolist() == [1.0, -2.5]
+
+
+def test_check_mode_refuses_an_unwritten_gradient():
+    s = mfsdp.Schedule.compile(SPEC_1)
+    with mfsdp.Runtime(s, backend="local", check=True) as rt:
+        rt.step_begin()
+        for u in range(2):
+            rt.forward_pre(u, 0)
+            rt.forward_post(u, 0)
+        rt.backward_pre(1, 0)
+        rt.array("b.w", "grad_local")[:4] = 1.0     # element 4 of 5 left unwritten
+        with pytest.raises(mfsdp.MfsdpError) as e:
+            rt.backward_post(1, 0)
+        assert e.value.code_name == "MFSDP_ERR_INVALID_USAGE"
+        assert "check mode" in e.value.message and "element 4 of 5" in e.value.message
+        rt.array("b.w", "grad_local")[4] = 1.0
+        rt.backward_post(1, 0)                       # fixed: the hook goes through
+    with mfsdp.Runtime(s, backend="local") as rt:    # without check mode: not noticed
+        rt.step_begin()
+        for u in range(2):
+            rt.forward_pre(u, 0)
+            rt.forward_post(u, 0)
+        rt.backward_pre(1, 0)
+        rt.backward_post(1, 0)

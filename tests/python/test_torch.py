@@ -1,8 +1,10 @@
 """
 test_torch: mfsdp.torch in one process (a world of one rank, local backend):
 spec_from_module for every layout, the model/schedule check, refused misuse
-(a unit run twice, no_grad forward), and one-rank training equal to plain
-torch with tied weights and activation checkpointing.
+(a unit run twice, no_grad forward), one-rank training equal to plain
+torch with tied weights and activation checkpointing, and on one rank in
+check mode: clip_grad_norm_ against torch's, full_state_dict and
+load_full_state_dict with their refused misuse.
 """
 import re
 
@@ -163,3 +165,68 @@ def test_cuda_array_interface_of_views():
                  "strides": None}
     assert _CudaArray(0x2000, 3, "fp32").__cuda_array_interface__["typestr"] == "<f4"
     assert _CudaArray(0x2000, 3, "fp16").__cuda_array_interface__["typestr"] == "<f2"
+
+
+def _untied():
+    """The GPT with its LM head untied: the check mode refuses a tied weight read
+    outside its unit's windows (the `tied` layout's contract, docs/pytorch.md)."""
+    m = gpt.make_model()
+    m.lm_head.weight = torch.nn.Parameter(m.wte.weight.detach().clone())
+    return m
+
+
+def test_one_rank_clip_and_state_dict_in_check_mode():
+    """One rank, check mode (MFSDP_FLAG_CHECK): clipping equals
+    torch.nn.utils.clip_grad_norm_ step by step; full_state_dict equals the
+    reference's parameters; a state dict loads back bitwise."""
+    steps, M, clip = 2, 2, 3.0
+    model = _untied()
+    sm = mt.shard(model, one_rank_schedule(model, M, "zero3"), backend="local", check=True)
+    opt = train.make_optimizer(sm.main_parameters(), "sgd")
+    X, Y = gpt.make_data(steps, 1, M, 2)
+    ref = _untied()
+    ropt = train.make_optimizer(ref.parameters(), "sgd")
+    for s in range(steps):
+        for m in range(M):
+            (model(X[s, 0, m], Y[s, 0, m]) / M).backward()
+            (ref(X[s, 0, m], Y[s, 0, m]) / M).backward()
+        norm = sm.clip_grad_norm_(clip)
+        rnorm = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        assert abs(norm.item() - rnorm.item()) <= 1e-5 * rnorm.item()
+        assert rnorm.item() > clip                           # the clipping acts
+        assert abs(sm.grad_norm() - clip) <= 1e-5 * clip     # what is left is clipped
+        opt.step(); opt.zero_grad(); ropt.step(); ropt.zero_grad()
+    assert sm.mean_over_ranks(torch.tensor(2.5), count=3) == 2.5
+    full = sm.full_state_dict()
+    assert set(full) == set(dict(ref.named_parameters()))
+    for n, p in ref.named_parameters():
+        err = ((full[n] - p.detach()).abs().max() / p.detach().abs().max()).item()
+        assert full[n].shape == p.shape and err <= 1e-5, (n, err)
+    sd = ref.state_dict()
+    sm.load_full_state_dict(sd)
+    back = sm.full_state_dict(dtype=torch.float32)
+    assert all(torch.equal(back[n], p.detach()) for n, p in ref.named_parameters())
+    sm.close()
+
+
+def test_state_dict_and_clip_misuse_is_refused():
+    model = gpt.make_model()
+    sm = mt.shard(model, one_rank_schedule(model, 2, "ddp"), backend="local")
+    sd = {n: p.detach().clone() for n, p in model.named_parameters()}
+    bad = dict(sd, extra=torch.zeros(1))
+    del bad["wpe.weight"]
+    bad["ln_f.weight"] = torch.zeros(3)
+    with pytest.raises(mfsdp.UsageError) as e:
+        sm.load_full_state_dict(bad)
+    msg = str(e.value)
+    assert "missing parameter 'wpe.weight'" in msg and "unexpected key 'extra'" in msg
+    assert "'ln_f.weight': shape [3]" in msg
+    with pytest.raises(mfsdp.UsageError, match="only the L2 norm"):
+        sm.clip_grad_norm_(1.0, norm_type=1.0)
+    X, Y = gpt.make_data(1, 1, 2, 2)
+    (model(X[0, 0, 0], Y[0, 0, 0]) / 2).backward()      # microbatch 0 of 2 done
+    for call in (lambda: sm.clip_grad_norm_(1.0), sm.full_state_dict,
+                 lambda: sm.load_full_state_dict(sd)):
+        with pytest.raises(mfsdp.UsageError, match="inside a step"):
+            call()
+    sm.close()

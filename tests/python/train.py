@@ -4,7 +4,8 @@ mfsdp run, the single-process reference and FSDP2 run the same steps.
 
 A config is a dict: layout, M (microbatches), opt ("adamw" | "sgd"), dtype
 ("fp32" | "bf16"), ckpt (block indices under activation checkpointing),
-steps, b (samples per rank per microbatch). The global batch of a step is
+clip (> 0: clip the global gradient norm to it before each optimizer step,
+else 0), steps, b (samples per rank per microbatch). The global batch of a step is
 every rank's M microbatches of b samples.
 """
 import torch
@@ -17,8 +18,9 @@ LR = {"adamw": 3e-3, "sgd": 0.05}
 
 
 def config_name(c):
-    return "%s_M%d_%s_%s%s" % (c["layout"], c["M"], c["opt"], c["dtype"],
-                               "_ckpt" if c.get("ckpt") else "")
+    return "%s_M%d_%s_%s%s%s" % (c["layout"], c["M"], c["opt"], c["dtype"],
+                                 "_ckpt" if c.get("ckpt") else "",
+                                 "_clip%g" % c["clip"] if c.get("clip") else "")
 
 
 def make_optimizer(params, opt):
@@ -32,8 +34,9 @@ def data(c):
 
 
 def mfsdp_train(c, rank, backend="mpi", timeout_ms=60000):
-    """Trains on this rank; returns (per-step mean microbatch loss of this rank,
-    {tensor name: (offset, shard)}, sharded model)."""
+    """Trains on this rank; returns (per-step loss: the mean over microbatches
+    and ranks, per-step gradient norm before clipping (empty without clip),
+    sharded model)."""
     import mfsdp
     import mfsdp.torch as mt
     model = gpt.make_model(checkpoint=c.get("ckpt", ()))
@@ -43,29 +46,31 @@ def mfsdp_train(c, rank, backend="mpi", timeout_ms=60000):
                   timeout_ms=timeout_ms)
     opt = make_optimizer(sm.main_parameters(), c["opt"])
     X, Y = data(c)
-    losses = []
+    losses, norms = [], []
     for s in range(c["steps"]):
         tot = 0.0
         for m in range(c["M"]):
             loss = model(X[s, rank, m], Y[s, rank, m])
             (loss / c["M"]).backward()
             tot += loss.item()
+        if c.get("clip"):
+            norms.append(sm.clip_grad_norm_(c["clip"]).item())
         opt.step()
         opt.zero_grad()
-        losses.append(tot / c["M"])
-    shards = {n: (off, mp.detach().clone()) for n, off, mp in sm.shards()}
-    return losses, shards, sm
+        losses.append(sm.mean_over_ranks(tot / c["M"]))
+    return losses, norms, sm
 
 
 def reference_train(c):
     """Single-process training on the global batch; bf16 compute casts a copy
-    of the fp32 master weights each step, as mfsdp's T1 does."""
+    of the fp32 master weights each step, as mfsdp's T1 does. Returns (losses,
+    {name: parameter}, per-step gradient norms before clipping)."""
     master = gpt.make_model(checkpoint=c.get("ckpt", ()))
     opt = make_optimizer(master.parameters(), c["opt"])
     X, Y = data(c)
     x = X.reshape(c["steps"], -1, X.shape[-1])
     y = Y.reshape(c["steps"], -1, Y.shape[-1])
-    losses = []
+    losses, norms = [], []
     for s in range(c["steps"]):
         if c["dtype"] == "fp32":
             loss = master(x[s], y[s])
@@ -80,6 +85,8 @@ def reference_train(c):
             for pw, pm in zip(work.parameters(), master.parameters()):
                 pm.grad = pw.grad.float()
         losses.append(loss.item())
+        if c.get("clip"):
+            norms.append(torch.nn.utils.clip_grad_norm_(master.parameters(), c["clip"]).item())
         opt.step()
         opt.zero_grad()
-    return losses, dict(master.named_parameters())
+    return losses, dict(master.named_parameters()), norms

@@ -156,6 +156,98 @@ class ShardedModel:
     def stats(self):
         return self.runtime.stats()
 
+    # ---- whole-model helpers (collective: every rank calls them, in the same order) ----
+    def _between_steps(self, what):
+        if self.phase != "idle" or self.m != 0 or any(self.fwd_done):
+            raise UsageError("%s inside a step (microbatch %d of %d is under way): call it "
+                             "after the step's last backward and before the next forward"
+                             % (what, self.m, self.M))
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ over the whole model: the global L2
+        norm of the delivered gradient (every rank's shards, a replicated shard
+        counted once), and when it exceeds max_norm every gradient is scaled by
+        max_norm / (norm + 1e-6) (mfsdp_grad_clip). Every rank gets the same
+        norm and factor. Call after the step's last backward, before
+        optimizer.step(). Returns the norm before clipping (a 0-d float64 tensor)."""
+        if float(norm_type) != 2.0:
+            raise UsageError("clip_grad_norm_: only the L2 norm (norm_type=2.0) is supported, "
+                             "not %r" % (norm_type,))
+        self._between_steps("clip_grad_norm_")
+        norm = self.runtime.clip_grad_norm(max_norm)
+        with torch.no_grad():
+            for _, mp, g, _ in self._main:
+                if g.dtype != mp.dtype and mp.grad is not None:
+                    mp.grad.copy_(g)       # .grad is a converted copy: refresh it
+        return torch.tensor(norm, dtype=torch.float64)
+
+    def grad_norm(self):
+        """The global L2 norm of the delivered gradient (as clip_grad_norm_
+        computes it, without clipping), a float, the same on every rank."""
+        self._between_steps("grad_norm")
+        return self.runtime.grad_norm()
+
+    def full_state_dict(self, rank0_only=True, dtype=torch.float32):
+        """{parameter name: whole master weight} (CPU tensors of the parameter's
+        shape, in `dtype`) gathered from every rank's shards
+        (mfsdp_main_weight_gather): on rank 0 only (the others get {}) or, with
+        rank0_only=False, on every rank. Parameters only (buffers are the same on
+        every rank: take them from the model). Between steps; collective."""
+        self._between_steps("full_state_dict")
+        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+        if name is None:
+            raise UsageError("full_state_dict: dtype %r (float32, bfloat16 or float16)" % (dtype,))
+        root = _lib.ALL_RANKS if not rank0_only else 0
+        out = {}
+        for v in self.runtime.views:
+            t = torch.empty(v.shape, dtype=dtype) if root < 0 or self.runtime.rank == 0 else None
+            if self.runtime.gather(v.index, root=root, dtype=name, out=t) is not None:
+                out[v.name] = t
+        return out
+
+    def load_full_state_dict(self, state_dict, strict=True):
+        """Sets the master weights from whole tensors (a full_state_dict(), or
+        the model's own state_dict() of a single-process run): each rank copies
+        its shard (mfsdp_main_weight_scatter, no communication; every rank passes
+        the same values). strict: every parameter must be present and no other
+        key (the model's buffers and the other names of tied weights are
+        ignored). The optimizer state is not touched. Between steps."""
+        self._between_steps("load_full_state_dict")
+        params = {v.name: v for v in self.runtime.views}
+        known = {n for n, _ in self.model.named_buffers()}    # and tied weights' other names
+        known |= {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        problems = []
+        for n, v in params.items():
+            t = state_dict.get(n)
+            if t is None:
+                if strict:
+                    problems.append("missing parameter %r" % n)
+            elif tuple(t.shape) != v.shape:
+                problems.append("%r: shape %s, the parameter has %s" % (
+                    n, list(t.shape), list(v.shape)))
+        if strict:
+            problems += ["unexpected key %r" % k for k in state_dict
+                         if k not in params and k not in known]
+        if problems:
+            raise UsageError("load_full_state_dict: %s" % "; ".join(problems))
+        for n, v in params.items():
+            if n in state_dict:
+                self.runtime.scatter(v.index, state_dict[n])
+
+    def allreduce(self, values, op="sum"):
+        """Runtime.allreduce: op ("sum", "max", "min") of floats over the world."""
+        return self.runtime.allreduce(values, op)
+
+    def mean_over_ranks(self, value, count=1.0):
+        """The world's mean of a logged value (a float or a one-element tensor,
+        e.g. this rank's loss) weighted by `count` (this rank's samples or tokens):
+        sum(value * count) / sum(count) over the ranks, the same bits on every
+        rank. Collective."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().item()
+        s, c = self.runtime.allreduce([float(value) * float(count), float(count)], "sum")
+        return s / c
+
     def close(self):
         """Removes the hooks and destroys the runtime. The parameters lose their
         views (they become empty tensors, so a later use fails in torch instead
