@@ -216,6 +216,8 @@ typedef struct sim {
     int stream_last[MF_STREAM_COUNT];
     int *last_record;       /* per event: item index of the latest record issued, -1 */
     double *fwd, *bwd;      /* per unit seconds */
+    double *dur;            /* per op: seconds of one instance (mf_cost_op; the same every microbatch) */
+    int64_t *ibytes;        /* per op: bytes of one instance */
 } sim;
 
 static mf_sim_item *append(sim *st, mf_stream stream, double dur)
@@ -248,11 +250,7 @@ static void issue_op(sim *st, int opid, int unit, int m)
     if (st->cfg->single_stream && stream == MF_STREAM_OUTER)
         stream = MF_STREAM_INNER;
 
-    double dur = 0;
-    if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT)
-        dur = mf_cost_op(&st->cfg->cost, &s->mesh, op->kind, op->axis, op->count, op->dtype);
-    if (!(dur >= 0) || !isfinite(dur))
-        dur = 0;
+    double dur = st->dur[opid];
 
     mf_sim_item *it = append(st, stream, dur);
     it->op = opid;
@@ -284,20 +282,40 @@ static void issue_op(sim *st, int opid, int unit, int m)
         }
     }
     it->end = it->start + dur;
+    it->bytes = st->ibytes[opid];
     if (mf_opkind_is_collective(op->kind)) {
-        int64_t n = s->mesh.axes[op->axis].size;
-        it->bytes = mf_collective_bytes(op->kind, n, op->count, op->dtype);
         r->bytes[op->axis] += it->bytes;
         r->launches[op->axis]++;
-    } else if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT) {
-        mf_dtype sd = op->src >= 0 && op->src < s->nbuffers ? s->buffers[op->src].dtype : op->dtype;
-        int64_t n = op->count * (int64_t)(mf_dtype_size(sd) + mf_dtype_size(op->dtype));
-        /* accumulate also reads its destination */
-        it->bytes = op->kind == MF_OP_ACCUMULATE ? n + op->count * (int64_t)mf_dtype_size(op->dtype) : n;
     }
     commit(st, it);
     if (op->kind == MF_OP_RECORD)
         st->last_record[op->event] = r->nitems - 1;
+}
+
+/* Fills st->dur and st->ibytes: an op's duration and bytes depend on the op
+ * only, so they are computed once per op, not once per instance. */
+static void op_figures(sim *st)
+{
+    const mf_schedule *s = st->s;
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        double dur = 0;
+        if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT)
+            dur = mf_cost_op(&st->cfg->cost, &s->mesh, op->kind, op->axis, op->count, op->dtype);
+        if (!(dur >= 0) || !isfinite(dur))
+            dur = 0;
+        st->dur[i] = dur;
+        st->ibytes[i] = 0;
+        if (mf_opkind_is_collective(op->kind)) {
+            int64_t n = s->mesh.axes[op->axis].size;
+            st->ibytes[i] = mf_collective_bytes(op->kind, n, op->count, op->dtype);
+        } else if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT) {
+            mf_dtype sd = op->src >= 0 && op->src < s->nbuffers ? s->buffers[op->src].dtype : op->dtype;
+            int64_t n = op->count * (int64_t)(mf_dtype_size(sd) + mf_dtype_size(op->dtype));
+            /* accumulate also reads its destination */
+            st->ibytes[i] = op->kind == MF_OP_ACCUMULATE ? n + op->count * (int64_t)mf_dtype_size(op->dtype) : n;
+        }
+    }
 }
 
 static void issue_hook(sim *st, const hook_index *h, mf_phase p, int unit, int m)
@@ -438,10 +456,14 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     st.last_record = malloc(((size_t)s->nevents + 1) * sizeof *st.last_record);
     st.fwd = malloc(((size_t)s->nunits + 1) * sizeof *st.fwd);
     st.bwd = malloc(((size_t)s->nunits + 1) * sizeof *st.bwd);
-    if (!r->items || !st.last_record || !st.fwd || !st.bwd || build_hook_index(s, &h) != 0) {
+    st.dur = malloc(((size_t)s->nops + 1) * sizeof *st.dur);
+    st.ibytes = malloc(((size_t)s->nops + 1) * sizeof *st.ibytes);
+    if (!r->items || !st.last_record || !st.fwd || !st.bwd || !st.dur || !st.ibytes ||
+        build_hook_index(s, &h) != 0) {
         mf_errf(err, errlen, "out of memory");
         goto cleanup;
     }
+    op_figures(&st);
     for (int e = 0; e < s->nevents; e++)
         st.last_record[e] = -1;
     for (int k = 0; k < MF_STREAM_COUNT; k++)
@@ -494,6 +516,8 @@ cleanup:
     free(st.last_record);
     free(st.fwd);
     free(st.bwd);
+    free(st.dur);
+    free(st.ibytes);
     if (rc != 0)
         mf_sim_result_free(r);
     return rc;

@@ -18,18 +18,9 @@ mfsdpc=${1:-$root/build/test/planner/mfsdpc}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# auto_spec SRC MESH OUT: every unit `layout auto`, declared layouts dropped
-# (tensor overrides become the built-in ddp), no bucket_size, the given mesh.
+# auto_spec SRC MESH OUT: every unit `layout auto` (auto_spec.awk).
 auto_spec() {
-  awk -v mesh="$2" '
-    /^layout [a-z_0-9]+ \{/ { skip = 1; next }
-    skip && /^\}/ { skip = 0; next }
-    skip { next }
-    /^mesh / { print "mesh " mesh ";"; next }
-    /^bucket_size/ { next }
-    /^unit / { sub(/ layout [a-z_0-9]+ \{/, " layout auto {") }
-    { gsub(/ layout (replicated_norms|replicated);/, " layout ddp;"); print }
-  ' "$1" > "$3"
+  awk -v mesh="$2" -f "$here/auto_spec.awk" "$1" > "$3"
 }
 
 # cpu CMD...: prints "SECONDS STATUS" (fastest of 3), stdout of the last run in $work/last.txt

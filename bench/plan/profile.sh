@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Where the time of one `mfsdpc plan` goes (docs/performance.md, section on
+# `mfsdpc plan`): records the command under `perf record --call-graph dwarf`
+# and prints the inclusive share of the search's stages: the layout pass,
+# the transition pass, the memory figure, the lowering, the simulation, and
+# the text formatting inside them. Not a test; needs perf (linux-perf).
+#
+#   bench/plan/profile.sh MODEL MESH [BUDGET] [MFSDPC]
+#     MODEL   a spec of schedules/ without .mfsdp (llama3_8b_hfsdp, deepseek_moe)
+#     MESH    "dp_outer = 4, dp_inner = 8" or "node = 2, socket = 4, gpu = 4"
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+[ $# -ge 2 ] || { echo "usage: $0 MODEL MESH [BUDGET] [MFSDPC]" >&2; exit 2; }
+model=$1 mesh=$2 budget=${3:-16GiB}
+mfsdpc=${4:-$root/build/test/planner/mfsdpc}
+[ -x "$mfsdpc" ] || { echo "profile.sh: $mfsdpc not found" >&2; exit 2; }
+[ -f "$root/schedules/$model.mfsdp" ] || { echo "profile.sh: no schedules/$model.mfsdp" >&2; exit 2; }
+command -v perf >/dev/null || { echo "profile.sh: perf not found (apt-get install linux-perf)" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+awk -v mesh="$mesh" -f "$here/auto_spec.awk" "$root/schedules/$model.mfsdp" > "$work/in.mfsdp"
+perf record -q -F 499 --call-graph dwarf,16384 -o "$work/perf.data" \
+  "$mfsdpc" plan "$work/in.mfsdp" --memory "$budget" > "$work/out.txt" 2>/dev/null || true
+grep '^search:' "$work/out.txt" || true
+echo "inclusive share of the samples:"
+perf report -i "$work/perf.data" --children --stdio -g none 2>/dev/null |
+  awk '$NF ~ /^(mf_ps_evaluate_pruned|mf_layout_run|mf_transition_run|mf_plan_mem_of|mf_lower_run|mf_simulate|__vsnprintf_internal|mf_ps_lower_bounds)$/ {
+         printf "  %8s  %s\n", $1, $NF }'
