@@ -19,8 +19,10 @@
  * The last rank to depart recycles the slot for collective k + 2. With two
  * slots a fast rank can already post collective k + 1 while slow ones depart
  * from k. Reductions sum in coord order, so every member computes the same
- * bits. An op whose source and destination are the same buffer (in place)
- * posts a copy of its source (per-stream scratch sized at create).
+ * bits. An all-gather or reduce-scatter whose source and destination are the
+ * same buffer (in place) posts a copy of its source (per-stream scratch sized
+ * at create); an in-place all-reduce needs none (see local_collective).
+ * Waits first yield the core a few times, then sleep (comm_wait).
  *
  * Failure: every wait is bounded by the timeout. A rank that times out
  * aborts the communicator with a message naming the ranks that never
@@ -29,6 +31,7 @@
  * all get MFSDP_ERR_MISMATCH.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -459,7 +462,7 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
     size_t need[MF_STREAM_COUNT] = {0};
     for (int i = 0; i < rt->s->nops; i++) {
         const mf_rt_op *r = &rt->rops[i];
-        if (r->comm < 0 || !r->overlap)
+        if (r->comm < 0 || !r->overlap || r->op->kind == MF_OP_ALL_REDUCE)
             continue;
         int64_t n = r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
         size_t bytes = (size_t)n * mf_dtype_size(r->src_dtype);
@@ -487,6 +490,31 @@ static void abort_comm(mf_local_comm *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Number of sched_yield rounds a rendezvous wait spends before sleeping on
+ * the communicator's condition variable. */
+#ifndef MF_LOCAL_SPINS
+#define MF_LOCAL_SPINS 64
+#endif
+
+/* One round of a rendezvous wait (c->mu held; the caller re-checks its
+ * condition): the first MF_LOCAL_SPINS rounds release the mutex and yield the
+ * core (a peer about to arrive runs, and nobody pays a futex wake-up: the
+ * thread-ranks outnumber the cores, so a sleeping waiter costs a system call
+ * on both sides of every hand-off), later rounds sleep on c->cv until the
+ * deadline. Returns ETIMEDOUT past the deadline, like mf_rt_cond_wait. */
+static int comm_wait(mf_local_comm *c, int64_t timeout_ms, const struct timespec *deadline,
+                     int *spins)
+{
+    if (*spins < MF_LOCAL_SPINS) {
+        ++*spins;
+        pthread_mutex_unlock(&c->mu);
+        sched_yield();
+        pthread_mutex_lock(&c->mu);
+        return 0;
+    }
+    return mf_rt_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
+}
+
 static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
                                      size_t errlen)
 {
@@ -500,7 +528,13 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
     const char *axis = rt->s->mesh.axes[op->axis].name;
 
     const void *mine = r->src;
-    if (r->overlap) {
+    int spins = 0;
+    /* In place, an all-reduce needs no copy of its source: a member writes
+     * only its own chunk before the "reduced" barrier (no peer reads that
+     * chunk of its source) and the others' chunks after it (when no peer reads
+     * any source). A reduce-scatter or all-gather would overwrite what peers
+     * still read. */
+    if (r->overlap && op->kind != MF_OP_ALL_REDUCE) {
         int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
         memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
         mine = st->scratch[op->stream];
@@ -510,7 +544,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
     struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
     pthread_mutex_lock(&c->mu);
     while (res == MFSDP_OK && slot->seq != k && !c->aborted)
-        if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
             slot->seq != k)
             res = MFSDP_ERR_TIMEOUT;
     if (res == MFSDP_OK && !c->aborted) {
@@ -536,7 +570,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         if (++slot->arrived == n)
             pthread_cond_broadcast(&c->cv);
         while (res == MFSDP_OK && slot->arrived < n && !c->aborted)
-            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 slot->arrived < n)
                 res = MFSDP_ERR_TIMEOUT;
     }
@@ -595,7 +629,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
             if (++slot->reduced == n)
                 pthread_cond_broadcast(&c->cv);
             while (slot->reduced < n)
-                if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+                if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                     slot->reduced < n)
                     break;
             bool all_reduced = slot->reduced == n;
@@ -632,7 +666,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         pthread_cond_broadcast(&c->cv);
     } else {
         while (slot->seq == k)
-            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 slot->seq == k) {
                 res = MFSDP_ERR_TIMEOUT;
                 snprintf(err, errlen, "%s on axis %s: peers did not finish within %lld ms",
