@@ -501,9 +501,10 @@ static void abort_comm(mf_local_comm *c, const char *why)
  * core (a peer about to arrive runs, and nobody pays a futex wake-up: the
  * thread-ranks outnumber the cores, so a sleeping waiter costs a system call
  * on both sides of every hand-off), later rounds sleep on c->cv until the
- * deadline. Returns ETIMEDOUT past the deadline, like mf_rt_cond_wait. */
-static int comm_wait(mf_local_comm *c, int64_t timeout_ms, const struct timespec *deadline,
-                     int *spins)
+ * deadline, which the first of them sets (deadline->tv_sec < 0: not set
+ * yet; a rendezvous that completes while yielding reads no clock). Returns
+ * ETIMEDOUT past the deadline, like mf_rt_cond_wait. */
+static int comm_wait(mf_local_comm *c, int64_t timeout_ms, struct timespec *deadline, int *spins)
 {
     if (*spins < MF_LOCAL_SPINS) {
         ++*spins;
@@ -512,6 +513,8 @@ static int comm_wait(mf_local_comm *c, int64_t timeout_ms, const struct timespec
         pthread_mutex_lock(&c->mu);
         return 0;
     }
+    if (deadline->tv_sec < 0)
+        *deadline = mf_rt_deadline(timeout_ms);
     return mf_rt_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
 }
 
@@ -541,7 +544,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
     }
 
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};   /* set by the first sleep (comm_wait) */
     pthread_mutex_lock(&c->mu);
     while (res == MFSDP_OK && slot->seq != k && !c->aborted)
         if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&

@@ -46,10 +46,12 @@ static void kick_locked(mf_rt *rt, int except);
 /* One round of a wait on `cv` (rt->mu held; the caller re-checks its
  * condition): the first MF_STREAM_SPINS rounds release the mutex and yield
  * the core, so that a short wait costs neither side a futex system call;
- * later rounds sleep until the deadline (timeout_ms <= 0: no deadline).
- * Returns ETIMEDOUT past the deadline. */
-static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms,
-                     const struct timespec *deadline, int *spins)
+ * later rounds sleep until the deadline (timeout_ms <= 0: no deadline),
+ * which the first of them sets (*deadline with tv_sec < 0: not set yet), so
+ * a wait that ends while yielding reads no clock. Returns ETIMEDOUT past the
+ * deadline. */
+static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms, struct timespec *deadline,
+                     int *spins)
 {
     if (*spins < MF_STREAM_SPINS) {
         ++*spins;
@@ -58,6 +60,8 @@ static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms,
         pthread_mutex_lock(&rt->mu);
         return 0;
     }
+    if (deadline->tv_sec < 0)
+        *deadline = mf_rt_deadline(timeout_ms);
     return mf_rt_cond_wait(cv, &rt->mu, timeout_ms, deadline);
 }
 
@@ -78,18 +82,20 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
     case MF_OP_WAIT: {
         if (e->seq <= 0)
             return MFSDP_OK;        /* nothing recorded yet: like a never-recorded cudaEvent */
-        int64_t t0 = mf_rt_now_ns();
-        struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+        int64_t t0 = 0;             /* read only when the wait does not return at once */
+        struct timespec deadline = {-1, 0};
         mfsdp_result res = MFSDP_OK;
         int spins = 0;
         pthread_mutex_lock(&rt->mu);
         while (rt->ev_done[op->event] < e->seq) {
+            if (t0 == 0)
+                t0 = mf_rt_now_ns();
             if (rt->failed != MFSDP_OK || rt->stop) {
                 res = MFSDP_ERR_ABORTED;
                 break;
             }
             if (on == MF_STREAM_COMPUTE && help_one(rt)) {
-                deadline = mf_rt_deadline(rt->cfg.timeout_ms);   /* progress was made */
+                deadline.tv_sec = -1;   /* progress was made: the timeout starts again */
                 continue;
             }
             kick_locked(rt, -1);
@@ -129,7 +135,8 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
             }
         }
         pthread_mutex_unlock(&rt->mu);
-        *wait_ns += mf_rt_now_ns() - t0;
+        if (t0)
+            *wait_ns += mf_rt_now_ns() - t0;
         if (res != MFSDP_OK && !root_cause) {
             char what[200], stuck[260] = "";
             mf_rt_describe_op(rt, e->op, what, sizeof what);
@@ -266,8 +273,9 @@ static void *stream_main(void *arg)
     pthread_mutex_lock(&rt->mu);
     for (;;) {
         int spins = 0;
+        struct timespec none = {-1, 0};
         while (!rt->stop && (q->popped == q->pushed || q->current >= 0))
-            spin_wait(rt, &q->work, 0, NULL, &spins);
+            spin_wait(rt, &q->work, 0, &none, &spins);
         if (rt->stop)
             break;
         run_entry(rt, q);
@@ -322,7 +330,7 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
     mf_rt_stream *q = &rt->streams[op->stream];
     mfsdp_result res = MFSDP_OK;
     pthread_mutex_lock(&rt->mu);
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};
     while (res == MFSDP_OK && q->pushed - q->popped >= q->cap) {
         /* Only reachable when a schedule issues more than its per-step count
          * without a step_end (defensive: the ring is sized for one step). */
@@ -332,6 +340,8 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
         }
         rt->ops_waiting_space = true;
         kick_locked(rt, -1);
+        if (deadline.tv_sec < 0)
+            deadline = mf_rt_deadline(rt->cfg.timeout_ms);
         if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
             res = MFSDP_ERR_TIMEOUT;
         rt->ops_waiting_space = false;
@@ -361,7 +371,7 @@ static bool all_completed(const mf_rt *rt)
 mfsdp_result mf_streams_drain(mf_rt *rt)
 {
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};
     int spins = 0;
     pthread_mutex_lock(&rt->mu);
     while (!all_completed(rt)) {
@@ -370,7 +380,7 @@ mfsdp_result mf_streams_drain(mf_rt *rt)
             break;
         }
         if (help_one(rt)) {
-            deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+            deadline.tv_sec = -1;
             continue;
         }
         kick_locked(rt, -1);
