@@ -42,6 +42,11 @@ static void kick_locked(mf_rt *rt, int except);
 #ifndef MF_STREAM_SPINS
 #define MF_STREAM_SPINS 32
 #endif
+/* The same for an idle stream thread waiting for entries: each of its
+ * yields is a context switch when other threads are runnable. */
+#ifndef MF_STREAM_IDLE_SPINS
+#define MF_STREAM_IDLE_SPINS 4
+#endif
 
 /* One round of a wait on `cv` (rt->mu held; the caller re-checks its
  * condition): the first MF_STREAM_SPINS rounds release the mutex and yield
@@ -272,7 +277,7 @@ static void *stream_main(void *arg)
     mf_rt *rt = q->rt;
     pthread_mutex_lock(&rt->mu);
     for (;;) {
-        int spins = 0;
+        int spins = MF_STREAM_SPINS - MF_STREAM_IDLE_SPINS;
         struct timespec none = {-1, 0};
         while (!rt->stop && (q->popped == q->pushed || q->current >= 0))
             spin_wait(rt, &q->work, 0, &none, &spins);
