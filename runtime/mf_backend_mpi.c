@@ -22,12 +22,12 @@
  * reduce-scatter by packing each chunk's blocks into a scratch buffer.
  *
  * Waiting: by default every collective is nonblocking and polled with
- * MPI_Test and sched_yield between polls for its first MF_MPI_YIELD_MS
- * (Open MPI's nonblocking collectives progress only inside MPI calls, so a
- * sleeping poller stalls every round of the algorithm, and with more
- * processes than cores a yield hands the core to the peer that is due),
- * then with sleeps that back off from 1 us to 1 ms (a long wait: a peer is
- * late, burn no core), bounded by the timeout. A timeout or an abort
+ * MPI_Test back to back, like MPI_Wait, with a sched_yield every 16 polls,
+ * for its first MF_MPI_YIELD_MS (Open MPI's nonblocking collectives progress
+ * only inside MPI calls, so a sleeping poller stalls every round of the
+ * algorithm; with more processes than cores Open MPI's progress yields the
+ * core itself), then with sleeps that back off from 1 us to 1 ms (a long
+ * wait: a peer is late, burn no core), bounded by the timeout. A timeout or an abort
  * returns an error and leaves the request pending (MPI cannot cancel a
  * collective); the runtime is failed from then on.
  *
@@ -147,10 +147,13 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
             return mpi_fail(err, errlen, rc, what);
         if (done)
             return MFSDP_OK;
-        /* The error channel every 16th poll: its MPI_Test is a second round
-         * of progress (and, oversubscribed, a second yield) per poll. */
-        if (polls % 16 == 15)
-            poll_peer_failure(st);
+        /* Like MPI_Wait, poll back to back (Open MPI's progress yields the
+         * core itself when oversubscribed); every 16th poll: the error channel
+         * (its MPI_Test is another round of progress), the abort flag, the
+         * clock, and one yield of our own (a trainer thread on this core). */
+        if (polls % 16 != 15)
+            continue;
+        poll_peer_failure(st);
         if (st->aborted) {
             st->abandoned++;
             snprintf(err, errlen, "%s aborted: %s", what, st->why);
@@ -166,7 +169,7 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
             return MFSDP_ERR_TIMEOUT;
         }
         if (waited < (int64_t)MF_MPI_YIELD_MS * 1000000) {
-            sched_yield();          /* give peers the core, poll again when it comes back */
+            sched_yield();
             continue;
         }
         struct timespec ts = {0, nap};
