@@ -22,7 +22,11 @@
  * bits. An all-gather or reduce-scatter whose source and destination are the
  * same buffer (in place) posts a copy of its source (per-stream scratch sized
  * at create); an in-place all-reduce needs none (see local_collective).
- * Waits first yield the core a few times, then sleep (comm_wait).
+ * Waits first yield the core a few times, then sleep (comm_wait). Eager
+ * collectives (at most MF_LOCAL_EAGER bytes posted per member): each member
+ * copies its source into the slot, so nobody waits for the others to depart
+ * (one rendezvous instead of two, or three for an all-reduce, which every
+ * member then reduces whole, summing in the same order).
  *
  * Failure: every wait is bounded by the timeout. A rank that times out
  * aborts the communicator with a message naming the ranks that never
@@ -38,6 +42,12 @@
 #include "mf_rt.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
+/* Eager collectives: a member posting at most MF_LOCAL_EAGER bytes copies them
+ * into the slot (groups of at most MF_LOCAL_EAGER_RANKS members). */
+#ifndef MF_LOCAL_EAGER
+#define MF_LOCAL_EAGER 4096
+#endif
+#define MF_LOCAL_EAGER_RANKS 64
 #define MF_LOCAL_MSG 512
 
 typedef struct mf_local_slot {
@@ -47,6 +57,7 @@ typedef struct mf_local_slot {
     const void **src;          /* per coord: the posted source */
     void **dst;                /* per coord: the posted destination (all-reduce) */
     uint8_t *posted;           /* per coord */
+    uint8_t *eager;            /* per coord: c->eager_bytes for a copy of its source */
     mf_opkind kind;            /* from the first member to arrive */
     mf_dtype dtype;
     int64_t count;
@@ -57,6 +68,7 @@ typedef struct mf_local_slot {
 
 typedef struct mf_local_comm {
     int64_t n;                 /* members */
+    size_t eager_bytes;        /* per member and slot; 0: no eager copies */
     int refs;                  /* runtimes using it */
     int axis;
     mf_stream stream;
@@ -159,6 +171,7 @@ static void comm_free(mf_local_comm *c)
         mf_rt_free((void *)c->slot[k].src);
         mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
+        mf_rt_free(c->slot[k].eager);
     }
     mf_rt_free(c->ranks);
     pthread_cond_destroy(&c->cv);
@@ -388,13 +401,17 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
     c->stream = d->stream;
     c->color = d->color;
     c->ranks = mf_rt_calloc((size_t)d->nranks, sizeof *c->ranks);
+    c->eager_bytes = d->nranks <= MF_LOCAL_EAGER_RANKS ? MF_LOCAL_EAGER : 0;
     bool ok = c->ranks != NULL;
     for (int k = 0; k < 2 && ok; k++) {
         c->slot[k].seq = k;
         c->slot[k].src = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
         c->slot[k].dst = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].dst);
         c->slot[k].posted = mf_rt_calloc((size_t)d->nranks, 1);
-        ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted;
+        if (c->eager_bytes)
+            c->slot[k].eager = mf_rt_calloc((size_t)d->nranks, c->eager_bytes);
+        ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted &&
+             (!c->eager_bytes || c->slot[k].eager);
     }
     bool mu = ok && pthread_mutex_init(&c->mu, NULL) == 0;
     if (mu && mf_rt_cond_init(&c->cv) == 0) {
@@ -407,6 +424,7 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
         mf_rt_free((void *)c->slot[k].src);
         mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
+        mf_rt_free(c->slot[k].eager);
     }
     mf_rt_free(c->ranks);
     mf_rt_free(c);
@@ -537,7 +555,9 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
      * chunk of its source) and the others' chunks after it (when no peer reads
      * any source). A reduce-scatter or all-gather would overwrite what peers
      * still read. */
-    if (r->overlap && op->kind != MF_OP_ALL_REDUCE) {
+    size_t post_bytes = (size_t)(op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * es;
+    bool eager = post_bytes <= c->eager_bytes;
+    if (r->overlap && !eager && op->kind != MF_OP_ALL_REDUCE) {
         int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
         memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
         mine = st->scratch[op->stream];
@@ -566,6 +586,11 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
                          mf_opkind_name(slot->kind), mf_dtype_name(slot->dtype),
                          (long long)slot->count, slot->op);
             slot->mismatch = true;
+        }
+        if (eager) {
+            uint8_t *copy = slot->eager + (size_t)me * c->eager_bytes;
+            memcpy(copy, r->src, post_bytes);
+            mine = copy;
         }
         slot->src[me] = mine;
         slot->dst[me] = r->dst;
@@ -621,6 +646,10 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
             mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
             break;
         case MF_OP_ALL_REDUCE: {
+            if (eager) {   /* every member reduces it all: same sums, same order */
+                mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+                break;
+            }
             /* Reduce-scatter then all-gather: each member reduces its own
              * chunk into its destination (every chunk is reduced once, so
              * every member ends with the same bits), then copies the other
@@ -657,7 +686,8 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         }
     }
 
-    /* Depart; wait for every member (they read our source until then). No
+    /* Depart; wait for every member (they read our source until then), unless
+     * eager (they read the slot's copy, recycled only when all departed). No
      * abort check here: every member has arrived and finishes without
      * blocking. */
     pthread_mutex_lock(&c->mu);
@@ -667,7 +697,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
         slot->mismatch = false;
         slot->seq += 2;
         pthread_cond_broadcast(&c->cv);
-    } else {
+    } else if (!eager) {
         while (slot->seq == k)
             if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 slot->seq == k) {
