@@ -509,6 +509,53 @@ static void abort_comm(mf_local_comm *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* This member's part of a collective whose members all arrived (slot->src
+ * and slot->dst posted): writes its destination (and, for an all-reduce,
+ * its chunk of every member's). */
+static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slot *slot, int64_t n,
+                          bool eager)
+{
+    const mf_op *op = r->op;
+    int64_t me = r->coord, cnt = op->count;
+    int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
+    size_t es = mf_dtype_size(op->dtype);
+    switch (op->kind) {
+    case MF_OP_ALL_GATHER:
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
+        break;
+    case MF_OP_REDUCE_SCATTER:
+        mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
+        break;
+    case MF_OP_ALL_REDUCE: {
+        if (eager) {   /* every member reduces it all: same sums, same order */
+            mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+            break;
+        }
+        /* Each member reduces its own chunk (every chunk is reduced once,
+         * so every member ends with the same bits) and writes it into
+         * every member's destination, block by block while it is in
+         * cache: 2 S bytes of traffic per member, like a memcpy. Nobody
+         * else reads or writes chunk `me` of any source or destination
+         * (in place, the block read is the block written, read first),
+         * and peers stay until all depart, so no barrier is needed
+         * between reducing and writing. */
+        int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
+        for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
+            int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
+            size_t at = (size_t)b * es;
+            mf_cpu_reduce((char *)r->dst + at, slot->src, (int)n, b, len, op->dtype, div);
+            for (int64_t j = 0; j < n; j++)
+                if (j != me)
+                    memcpy((char *)slot->dst[j] + at, (const char *)r->dst + at, (size_t)len * es);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
 /* Number of sched_yield rounds a rendezvous wait spends before sleeping on
  * the communicator's condition variable. */
 #ifndef MF_LOCAL_SPINS
@@ -634,45 +681,8 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
     bool mismatch = slot->mismatch;
     pthread_mutex_unlock(&c->mu);
 
-    if (!mismatch) {
-        int64_t cnt = op->count;
-        int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
-        switch (op->kind) {
-        case MF_OP_ALL_GATHER:
-            for (int64_t i = 0; i < n; i++)
-                memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
-            break;
-        case MF_OP_REDUCE_SCATTER:
-            mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
-            break;
-        case MF_OP_ALL_REDUCE: {
-            if (eager) {   /* every member reduces it all: same sums, same order */
-                mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
-                break;
-            }
-            /* Each member reduces its own chunk (every chunk is reduced once,
-             * so every member ends with the same bits) and writes it into
-             * every member's destination, block by block while it is in
-             * cache: 2 S bytes of traffic per member, like a memcpy. Nobody
-             * else reads or writes chunk `me` of any source or destination
-             * (in place, the block read is the block written, read first),
-             * and peers stay until all depart, so no barrier is needed
-             * between reducing and writing. */
-            int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
-            for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
-                int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
-                size_t at = (size_t)b * es;
-                mf_cpu_reduce((char *)r->dst + at, slot->src, (int)n, b, len, op->dtype, div);
-                for (int64_t j = 0; j < n; j++)
-                    if (j != me)
-                        memcpy((char *)slot->dst[j] + at, (const char *)r->dst + at, (size_t)len * es);
-            }
-            break;
-        }
-        default:
-            break;
-        }
-    }
+    if (!mismatch)
+        local_compute(rt, r, slot, n, eager);
 
     /* Depart; wait for every member (they read our source until then), unless
      * eager (they read the slot's copy, recycled only when all departed). No
