@@ -13,14 +13,20 @@
  * computes its own destination by reading every member's source directly
  * (no intermediate copies), then departs and waits until every member has
  * departed, so no member's source is overwritten while a peer still reads it.
- * An all-reduce has one more stage: each member reduces one chunk into its
- * own destination, and once all chunks are reduced copies the others' chunks
- * from their owners (n times less arithmetic than every member reducing all).
+ * An all-reduce: each member reduces one chunk and writes it into every
+ * member's destination (n times less arithmetic than every member reducing
+ * all, and as much memory traffic as a memcpy).
  * The last rank to depart recycles the slot for collective k + 2. With two
  * slots a fast rank can already post collective k + 1 while slow ones depart
  * from k. Reductions sum in coord order, so every member computes the same
- * bits. An op whose source and destination are the same buffer (in place)
- * posts a copy of its source (per-stream scratch sized at create).
+ * bits. An all-gather or reduce-scatter whose source and destination are the
+ * same buffer (in place) posts a copy of its source (per-stream scratch sized
+ * at create); an in-place all-reduce needs none (see local_collective).
+ * Waits first yield the core a few times, then sleep (comm_wait). Eager
+ * collectives (at most MF_LOCAL_EAGER bytes posted per member): each member
+ * copies its source into the slot, so nobody waits for the others to depart
+ * (one rendezvous instead of two, or three for an all-reduce, which every
+ * member then reduces whole, summing in the same order).
  *
  * Failure: every wait is bounded by the timeout. A rank that times out
  * aborts the communicator with a message naming the ranks that never
@@ -29,21 +35,30 @@
  * all get MFSDP_ERR_MISMATCH.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "mf_rt.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
+/* Eager collectives: a member posting at most MF_LOCAL_EAGER bytes copies them
+ * into the slot (groups of at most MF_LOCAL_EAGER_RANKS members). */
+#ifndef MF_LOCAL_EAGER
+#define MF_LOCAL_EAGER 4096
+#endif
+#define MF_LOCAL_EAGER_RANKS 64
+/* Elements an all-reduce reduces before writing them to its peers. */
+#define MF_LOCAL_PUSH 8192
 #define MF_LOCAL_MSG 512
 
 typedef struct mf_local_slot {
     int64_t seq;               /* the collective number this slot serves */
     int64_t arrived, departed;
-    int64_t reduced;           /* all-reduce: members done with their own chunk */
     const void **src;          /* per coord: the posted source */
     void **dst;                /* per coord: the posted destination (all-reduce) */
     uint8_t *posted;           /* per coord */
+    uint8_t *eager;            /* per coord: c->eager_bytes for a copy of its source */
     mf_opkind kind;            /* from the first member to arrive */
     mf_dtype dtype;
     int64_t count;
@@ -54,6 +69,7 @@ typedef struct mf_local_slot {
 
 typedef struct mf_local_comm {
     int64_t n;                 /* members */
+    size_t eager_bytes;        /* per member and slot; 0: no eager copies */
     int refs;                  /* runtimes using it */
     int axis;
     mf_stream stream;
@@ -156,6 +172,7 @@ static void comm_free(mf_local_comm *c)
         mf_rt_free((void *)c->slot[k].src);
         mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
+        mf_rt_free(c->slot[k].eager);
     }
     mf_rt_free(c->ranks);
     pthread_cond_destroy(&c->cv);
@@ -385,13 +402,17 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
     c->stream = d->stream;
     c->color = d->color;
     c->ranks = mf_rt_calloc((size_t)d->nranks, sizeof *c->ranks);
+    c->eager_bytes = d->nranks <= MF_LOCAL_EAGER_RANKS ? MF_LOCAL_EAGER : 0;
     bool ok = c->ranks != NULL;
     for (int k = 0; k < 2 && ok; k++) {
         c->slot[k].seq = k;
         c->slot[k].src = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
         c->slot[k].dst = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].dst);
         c->slot[k].posted = mf_rt_calloc((size_t)d->nranks, 1);
-        ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted;
+        if (c->eager_bytes)
+            c->slot[k].eager = mf_rt_calloc((size_t)d->nranks, c->eager_bytes);
+        ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted &&
+             (!c->eager_bytes || c->slot[k].eager);
     }
     bool mu = ok && pthread_mutex_init(&c->mu, NULL) == 0;
     if (mu && mf_rt_cond_init(&c->cv) == 0) {
@@ -404,6 +425,7 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
         mf_rt_free((void *)c->slot[k].src);
         mf_rt_free(c->slot[k].dst);
         mf_rt_free(c->slot[k].posted);
+        mf_rt_free(c->slot[k].eager);
     }
     mf_rt_free(c->ranks);
     mf_rt_free(c);
@@ -459,7 +481,7 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
     size_t need[MF_STREAM_COUNT] = {0};
     for (int i = 0; i < rt->s->nops; i++) {
         const mf_rt_op *r = &rt->rops[i];
-        if (r->comm < 0 || !r->overlap)
+        if (r->comm < 0 || !r->overlap || r->op->kind == MF_OP_ALL_REDUCE)
             continue;
         int64_t n = r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
         size_t bytes = (size_t)n * mf_dtype_size(r->src_dtype);
@@ -487,37 +509,142 @@ static void abort_comm(mf_local_comm *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* One collective call of one rank: the communicator, its slot (calls
- * alternate between two), and this rank's place in it. */
-typedef struct local_call {
-    mf_rt *rt;
-    const mf_rt_op *r;
-    mf_local_comm *c;
-    mf_local_slot *slot;
-    int64_t k;              /* the call's sequence number on the communicator */
-    int64_t me, n;          /* coordinate along the axis, axis size */
-    size_t es;              /* element size */
-    const char *axis;
-    struct timespec deadline;
-} local_call;
-
-/* Arrive: wait for the slot, post src/dst, wait for every member. On
- * MFSDP_OK the mutex is released and *mismatch tells whether the members
- * issued different collectives; otherwise err says why (timeout: the ranks
- * that never arrived; abort: the first failure). */
-static mfsdp_result local_arrive(local_call *lc, const void *mine, bool *mismatch, char *err, size_t errlen)
+/* This member's part of a collective whose members all arrived (slot->src
+ * and slot->dst posted): writes its destination (and, for an all-reduce,
+ * its chunk of every member's). */
+static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slot *slot, int64_t n,
+                          bool eager)
 {
-    mf_rt *rt = lc->rt;
-    const mf_op *op = lc->r->op;
-    mf_local_comm *c = lc->c;
-    mf_local_slot *slot = lc->slot;
-    int64_t k = lc->k, me = lc->me, n = lc->n;
-    const char *axis = lc->axis;
-    struct timespec deadline = lc->deadline;
+    const mf_op *op = r->op;
+    int64_t me = r->coord, cnt = op->count;
+    int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
+    size_t es = mf_dtype_size(op->dtype);
+    switch (op->kind) {
+    case MF_OP_ALL_GATHER:
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
+        break;
+    case MF_OP_REDUCE_SCATTER:
+        mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
+        break;
+    case MF_OP_ALL_REDUCE: {
+        if (eager) {   /* every member reduces it all: same sums, same order */
+            mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+            break;
+        }
+        /* Each member reduces its own chunk (every chunk is reduced once,
+         * so every member ends with the same bits) and writes it into
+         * every member's destination, block by block while it is in
+         * cache: 2 S bytes of traffic per member, like a memcpy. Nobody
+         * else reads or writes chunk `me` of any source or destination
+         * (in place, the block read is the block written, read first),
+         * and peers stay until all depart, so no barrier is needed
+         * between reducing and writing. */
+        int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
+        for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
+            int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
+            size_t at = (size_t)b * es;
+            mf_cpu_reduce((char *)r->dst + at, slot->src, (int)n, b, len, op->dtype, div);
+            for (int64_t j = 0; j < n; j++)
+                if (j != me)
+                    memcpy((char *)slot->dst[j] + at, (const char *)r->dst + at, (size_t)len * es);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Number of sched_yield rounds a rendezvous wait spends before sleeping on
+ * the communicator's condition variable. */
+#ifndef MF_LOCAL_SPINS
+#define MF_LOCAL_SPINS 64
+#endif
+
+/* One round of a rendezvous wait (c->mu held; the caller re-checks its
+ * condition): the first MF_LOCAL_SPINS rounds release the mutex and yield the
+ * core (a peer about to arrive runs, and nobody pays a futex wake-up: the
+ * thread-ranks outnumber the cores, so a sleeping waiter costs a system call
+ * on both sides of every hand-off), later rounds sleep on c->cv until the
+ * deadline, which the first of them sets (deadline->tv_sec < 0: not set
+ * yet; a rendezvous that completes while yielding reads no clock). Returns
+ * ETIMEDOUT past the deadline, like mf_rt_cond_wait. */
+static int comm_wait(mf_local_comm *c, int64_t timeout_ms, struct timespec *deadline, int *spins)
+{
+    if (*spins < MF_LOCAL_SPINS) {
+        ++*spins;
+        pthread_mutex_unlock(&c->mu);
+        sched_yield();
+        pthread_mutex_lock(&c->mu);
+        return 0;
+    }
+    if (deadline->tv_sec < 0)
+        *deadline = mf_rt_deadline(timeout_ms);
+    return mf_rt_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
+}
+
+/* A member's arrival timed out (c->mu held; released here): aborts the
+ * communicator naming the ranks that never arrived, records the group's
+ * root cause, and says so in err. */
+static mfsdp_result local_timed_out(mf_rt *rt, mf_local_comm *c, const mf_local_slot *slot, const mf_op *op,
+                                    int64_t k, char *err, size_t errlen)
+{
+    mf_local_rank *st = rt->be_state;
+    char msg[MF_LOCAL_MSG];
+    snprintf(msg, sizeof msg,
+             "rank %lld timed out after %lld ms in %s on axis %s (collective #%lld of this "
+             "communicator); ranks that never arrived: ",
+             (long long)rt->rank, (long long)rt->cfg.timeout_ms, mf_opkind_name(op->kind),
+             rt->s->mesh.axes[op->axis].name, (long long)k);
+    if (slot->seq == k)
+        list_missing(msg, sizeof msg, slot->posted, c->ranks, c->n);
+    else
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "(the previous collective "
+                 "never finished)");
+    if (!c->aborted) {
+        c->aborted = true;
+        snprintf(c->abort_msg, sizeof c->abort_msg, "%s", msg);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    char root[MF_LOCAL_MSG];
+    group_root(st->g, msg, root, sizeof root);
+    snprintf(err, errlen, "%s", msg);
+    return MFSDP_ERR_TIMEOUT;
+}
+
+static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
+                                     size_t errlen)
+{
+    mf_local_rank *st = rt->be_state;
+    mf_local_comm *c = st->comms[r->comm];
+    const mf_op *op = r->op;
+    int64_t k = st->seq[r->comm]++;
+    mf_local_slot *slot = &c->slot[k & 1];
+    int64_t me = r->coord, n = c->n;
+    size_t es = mf_dtype_size(op->dtype);
+    const char *axis = rt->s->mesh.axes[op->axis].name;
+
+    const void *mine = r->src;
+    int spins = 0;
+    /* In place, an all-reduce needs no copy of its source: chunk `me` of
+     * every source and destination is read and written by member `me` alone
+     * (see below). A reduce-scatter or all-gather would overwrite what peers
+     * still read. */
+    size_t post_bytes = (size_t)(op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * es;
+    bool eager = post_bytes <= c->eager_bytes;
+    if (r->overlap && !eager && op->kind != MF_OP_ALL_REDUCE) {
+        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
+        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
+        mine = st->scratch[op->stream];
+    }
+
     mfsdp_result res = MFSDP_OK;
+    struct timespec deadline = {-1, 0};   /* set by the first sleep (comm_wait) */
     pthread_mutex_lock(&c->mu);
     while (res == MFSDP_OK && slot->seq != k && !c->aborted)
-        if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
             slot->seq != k)
             res = MFSDP_ERR_TIMEOUT;
     if (res == MFSDP_OK && !c->aborted) {
@@ -537,135 +664,49 @@ static mfsdp_result local_arrive(local_call *lc, const void *mine, bool *mismatc
                          (long long)slot->count, slot->op);
             slot->mismatch = true;
         }
+        if (eager) {
+            uint8_t *copy = slot->eager + (size_t)me * c->eager_bytes;
+            memcpy(copy, r->src, post_bytes);
+            mine = copy;
+        }
         slot->src[me] = mine;
-        slot->dst[me] = lc->r->dst;
+        slot->dst[me] = r->dst;
         slot->posted[me] = 1;
         if (++slot->arrived == n)
             pthread_cond_broadcast(&c->cv);
         while (res == MFSDP_OK && slot->arrived < n && !c->aborted)
-            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 slot->arrived < n)
                 res = MFSDP_ERR_TIMEOUT;
     }
-    if (res == MFSDP_ERR_TIMEOUT) {
-        char msg[MF_LOCAL_MSG];
-        snprintf(msg, sizeof msg,
-                 "rank %lld timed out after %lld ms in %s on axis %s (collective #%lld of this "
-                 "communicator); ranks that never arrived: ",
-                 (long long)rt->rank, (long long)rt->cfg.timeout_ms, mf_opkind_name(op->kind), axis,
-                 (long long)k);
-        if (slot->seq == k)
-            list_missing(msg, sizeof msg, slot->posted, c->ranks, n);
-        else
-            snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "(the previous collective "
-                     "never finished)");
-        if (!c->aborted) {
-            c->aborted = true;
-            snprintf(c->abort_msg, sizeof c->abort_msg, "%s", msg);
-        }
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-        char root[MF_LOCAL_MSG];
-        group_root(((mf_local_rank *)rt->be_state)->g, msg, root, sizeof root);
-        snprintf(err, errlen, "%s", msg);
-        return MFSDP_ERR_TIMEOUT;
-    }
+    if (res == MFSDP_ERR_TIMEOUT)
+        return local_timed_out(rt, c, slot, op, k, err, errlen);   /* unlocks c->mu */
     if (slot->arrived < n || slot->seq != k) {   /* aborted before everyone arrived */
         snprintf(err, errlen, "%s on axis %s aborted: %s", mf_opkind_name(op->kind), axis,
                  c->abort_msg);
         pthread_mutex_unlock(&c->mu);
         return MFSDP_ERR_ABORTED;
     }
-    *mismatch = slot->mismatch;
+    bool mismatch = slot->mismatch;
     pthread_mutex_unlock(&c->mu);
-    return MFSDP_OK;
-}
 
-/* Move the data once every member has posted (the op semantics of
- * core/mf_schedule.h); all_reduce waits for every member's chunk. */
-static mfsdp_result local_move(local_call *lc, char *err, size_t errlen)
-{
-    mf_rt *rt = lc->rt;
-    const mf_rt_op *r = lc->r;
-    const mf_op *op = r->op;
-    mf_local_comm *c = lc->c;
-    mf_local_slot *slot = lc->slot;
-    int64_t me = lc->me, n = lc->n;
-    size_t es = lc->es;
-    const char *axis = lc->axis;
-    struct timespec deadline = lc->deadline;
-    mfsdp_result res = MFSDP_OK;
-    int64_t cnt = op->count;
-    int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
-    switch (op->kind) {
-    case MF_OP_ALL_GATHER:
-        for (int64_t i = 0; i < n; i++)
-            memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
-        break;
-    case MF_OP_REDUCE_SCATTER:
-        mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
-        break;
-    case MF_OP_ALL_REDUCE: {
-        /* Reduce-scatter then all-gather: each member reduces its own
-         * chunk into its destination (every chunk is reduced once, so
-         * every member ends with the same bits), then copies the other
-         * chunks from their owners' destinations. */
-        int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
-        mf_cpu_reduce((char *)r->dst + (size_t)lo * es, slot->src, (int)n, lo, hi - lo, op->dtype,
-                      div);
-        pthread_mutex_lock(&c->mu);
-        if (++slot->reduced == n)
-            pthread_cond_broadcast(&c->cv);
-        while (slot->reduced < n)
-            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
-                slot->reduced < n)
-                break;
-        bool all_reduced = slot->reduced == n;
-        pthread_mutex_unlock(&c->mu);
-        if (!all_reduced) {
-            res = MFSDP_ERR_TIMEOUT;
-            snprintf(err, errlen, "all_reduce on axis %s: peers did not finish within %lld ms",
-                     axis, (long long)rt->cfg.timeout_ms);
-            break;
-        }
-        for (int64_t j = 0; j < n; j++) {
-            if (j == me)
-                continue;
-            int64_t jl = j * cnt / n, jh = (j + 1) * cnt / n;
-            memcpy((char *)r->dst + (size_t)jl * es, (const char *)slot->dst[j] + (size_t)jl * es,
-                   (size_t)(jh - jl) * es);
-        }
-        break;
-    }
-    default:
-        break;
-    }
-    return res;
-}
+    if (!mismatch)
+        local_compute(rt, r, slot, n, eager);
 
-/* Depart; the last member resets the slot for the call after next. */
-static mfsdp_result local_depart(local_call *lc, mfsdp_result res, bool mismatch, char *err, size_t errlen)
-{
-    mf_rt *rt = lc->rt;
-    const mf_op *op = lc->r->op;
-    mf_local_comm *c = lc->c;
-    mf_local_slot *slot = lc->slot;
-    int64_t k = lc->k, n = lc->n;
-    const char *axis = lc->axis;
-    struct timespec deadline = lc->deadline;
-    /* Depart; wait for every member (they read our source until then). No
+    /* Depart; wait for every member (they read our source until then), unless
+     * eager (they read the slot's copy, recycled only when all departed). No
      * abort check here: every member has arrived and finishes without
      * blocking. */
     pthread_mutex_lock(&c->mu);
     if (++slot->departed == n) {
-        slot->arrived = slot->departed = slot->reduced = 0;
+        slot->arrived = slot->departed = 0;
         memset(slot->posted, 0, (size_t)n);
         slot->mismatch = false;
         slot->seq += 2;
         pthread_cond_broadcast(&c->cv);
-    } else {
+    } else if (!eager) {
         while (slot->seq == k)
-            if (mf_rt_cond_wait(&c->cv, &c->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 slot->seq == k) {
                 res = MFSDP_ERR_TIMEOUT;
                 snprintf(err, errlen, "%s on axis %s: peers did not finish within %lld ms",
@@ -678,32 +719,8 @@ static mfsdp_result local_depart(local_call *lc, mfsdp_result res, bool mismatch
         res = MFSDP_ERR_MISMATCH;
     }
     pthread_mutex_unlock(&c->mu);
-    return res;
-}
-
-static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
-                                     size_t errlen)
-{
-    mf_local_rank *st = rt->be_state;
-    mf_local_comm *c = st->comms[r->comm];
-    const mf_op *op = r->op;
-    int64_t k = st->seq[r->comm]++;
-    local_call lc = {rt, r, c, &c->slot[k & 1], k, r->coord, c->n, mf_dtype_size(op->dtype),
-                     rt->s->mesh.axes[op->axis].name, mf_rt_deadline(rt->cfg.timeout_ms)};
-    const void *mine = r->src;
-    if (r->overlap) {
-        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? lc.n : 1);
-        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * lc.es);
-        mine = st->scratch[op->stream];
-    }
-    bool mismatch = false;
-    mfsdp_result res = local_arrive(&lc, mine, &mismatch, err, errlen);
-    if (res != MFSDP_OK)
-        return res;
-    if (!mismatch)
-        res = local_move(&lc, err, errlen);
     (void)microbatch;
-    return local_depart(&lc, res, mismatch, err, errlen);
+    return res;
 }
 
 static void local_abort(mf_rt *rt, const char *why)

@@ -21,13 +21,22 @@
  * all-reduce by ranges, all-gather with a strided receive type,
  * reduce-scatter by packing each chunk's blocks into a scratch buffer.
  *
- * Waiting: every collective is nonblocking and polled with MPI_Test, first
- * 64 times with sched_yield (a short collective finishes within a few
- * scheduling quanta of its peers), then with sleeps that back off from 1 us
- * to 200 us (never a busy spin; the polling drives progress), bounded by the
- * timeout. A timeout or an abort
+ * Waiting: by default every collective is nonblocking and polled with
+ * MPI_Test back to back, like MPI_Wait, with a sched_yield every 16 polls,
+ * for its first MF_MPI_YIELD_MS (Open MPI's nonblocking collectives progress
+ * only inside MPI calls, so a sleeping poller stalls every round of the
+ * algorithm; with more processes than cores Open MPI's progress yields the
+ * core itself), then with sleeps that back off from 1 us to 1 ms (a long
+ * wait: a peer is late, burn no core), bounded by the timeout. A timeout or an abort
  * returns an error and leaves the request pending (MPI cannot cancel a
  * collective); the runtime is failed from then on.
+ *
+ * MFSDP_MPI_BLOCKING=1 in the environment (read at create) selects the
+ * blocking calls instead (MPI_Allreduce, ...): Open MPI runs its tuned
+ * algorithms for them, faster than its nonblocking (libnbc) ones, but a
+ * blocking collective cannot be bounded, so the timeout does not apply to
+ * collectives and a peer that never joins one (or fails before it) leaves
+ * this rank waiting; the trade-off is measured in docs/performance.md.
  *
  * Root cause across ranks: each runtime keeps one receive posted on its own
  * duplicate of the world (the error communicator) for a peer's failure
@@ -54,6 +63,7 @@ typedef struct mf_mpi_state {
     MPI_Op sum_bf16, sum_fp16;
     bool ops_ok;
     int64_t max_count;         /* elements per MPI call */
+    bool blocking;             /* MFSDP_MPI_BLOCKING=1: blocking collectives */
     void *scratch[MF_STREAM_COUNT]; /* reduce-scatter packing, per stream */
     int64_t scratch_elems[MF_STREAM_COUNT];
     _Atomic bool aborted;
@@ -71,6 +81,8 @@ typedef struct mf_mpi_state {
 } mf_mpi_state;
 
 #define MF_MPI_ERR_TAG 7411
+/* How long a wait polls with sched_yield before it sleeps between polls. */
+#define MF_MPI_YIELD_MS 200
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
@@ -128,14 +140,19 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
     int64_t start = mf_rt_now_ns();
     int64_t limit = rt->cfg.timeout_ms * 1000000;
     long nap = 1000;
-    int polls = 0;
-    for (;;) {
+    for (unsigned polls = 0;; polls++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return mpi_fail(err, errlen, rc, what);
         if (done)
             return MFSDP_OK;
+        /* Like MPI_Wait, poll back to back (Open MPI's progress yields the
+         * core itself when oversubscribed); every 16th poll: the error channel
+         * (its MPI_Test is another round of progress), the abort flag, the
+         * clock, and one yield of our own (a trainer thread on this core). */
+        if (polls % 16 != 15)
+            continue;
         poll_peer_failure(st);
         if (st->aborted) {
             st->abandoned++;
@@ -151,13 +168,13 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
                      what, (long long)rt->cfg.timeout_ms);
             return MFSDP_ERR_TIMEOUT;
         }
-        if (++polls <= 64) {
-            sched_yield();          /* short collectives: give peers the core, stay close */
+        if (waited < (int64_t)MF_MPI_YIELD_MS * 1000000) {
+            sched_yield();
             continue;
         }
         struct timespec ts = {0, nap};
         nanosleep(&ts, NULL);
-        if (nap < 200000)
+        if (nap < 1000000)
             nap *= 2;
     }
 }
@@ -214,6 +231,8 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                "config.rank %lld differs from the rank %d in the MPI communicator",
                                (long long)cfg->rank, r);
+    const char *blk = getenv("MFSDP_MPI_BLOCKING");
+    st->blocking = blk && !strcmp(blk, "1");
     st->max_count = INT_MAX;
     const char *env = getenv("MFSDP_MPI_MAX_COUNT");   /* test knob: force chunking */
     if (env && atoll(env) > 0 && atoll(env) < INT_MAX)
@@ -326,8 +345,36 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
     return MFSDP_OK;
 }
 
-static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
-                                   size_t errlen)
+/* The collective calls of mpi_collective: nonblocking, or with
+ * MFSDP_MPI_BLOCKING=1 blocking (then *req is MPI_REQUEST_NULL, which
+ * wait_request finds complete at its first poll). */
+static int start_allreduce(const mf_mpi_state *st, const void *s, void *d, int n, MPI_Datatype t,
+                           MPI_Op op, MPI_Comm c, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    return st->blocking ? MPI_Allreduce(s, d, n, t, op, c) : MPI_Iallreduce(s, d, n, t, op, c, req);
+}
+
+static int start_reduce_scatter(const mf_mpi_state *st, const void *s, void *d, int n,
+                                MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    return st->blocking ? MPI_Reduce_scatter_block(s, d, n, t, op, c)
+                        : MPI_Ireduce_scatter_block(s, d, n, t, op, c, req);
+}
+
+static int start_allgather(const mf_mpi_state *st, const void *s, int n, MPI_Datatype t, void *d,
+                           int dn, MPI_Datatype dt, MPI_Comm c, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    return st->blocking ? MPI_Allgather(s, n, t, d, dn, dt, c)
+                        : MPI_Iallgather(s, n, t, d, dn, dt, c, req);
+}
+
+/* Runs one collective; messages start with what follows the collective's
+ * description (" timed out ..."), which mpi_collective puts in front (only
+ * on failure: formatting it costs as much as a tiny collective). */
+static mfsdp_result run_collective(mf_rt *rt, const mf_rt_op *r, char *err, size_t errlen)
 {
     mf_mpi_state *st = rt->be_state;
     const mf_op *op = r->op;
@@ -337,19 +384,16 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
     size_t es = mf_dtype_size(op->dtype);
     int64_t n = op->count, g = r->nranks;
     char *src = r->src, *dst = r->dst;
-    char what[160];
-    snprintf(what, sizeof what, "%s of %lld %s elements on axis %s", mf_opkind_name(op->kind),
-             (long long)n, mf_dtype_name(op->dtype), rt->s->mesh.axes[op->axis].name);
+    const char *what = "";
     mfsdp_result res = MFSDP_OK;
     MPI_Request req;
     int rc = MPI_SUCCESS;
-    (void)microbatch;
     switch (op->kind) {
     case MF_OP_ALL_REDUCE:
         for (int64_t o = 0; o < n && res == MFSDP_OK; o += st->max_count) {
             int64_t len = n - o < st->max_count ? n - o : st->max_count;
-            rc = MPI_Iallreduce(r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es, dst + o * (int64_t)es,
-                                (int)len, type, sum, comm, &req);
+            rc = start_allreduce(st, r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es,
+                                 dst + o * (int64_t)es, (int)len, type, sum, comm, &req);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(err, errlen, rc, what);
             res = wait_request(rt, st, &req, what, err, errlen);
@@ -357,8 +401,8 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
         break;
     case MF_OP_REDUCE_SCATTER:
         if (n <= st->max_count) {
-            rc = MPI_Ireduce_scatter_block(r->overlap ? MPI_IN_PLACE : src, dst, (int)n, type, sum,
-                                           comm, &req);
+            rc = start_reduce_scatter(st, r->overlap ? MPI_IN_PLACE : src, dst, (int)n, type, sum,
+                                      comm, &req);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(err, errlen, rc, what);
             res = wait_request(rt, st, &req, what, err, errlen);
@@ -374,8 +418,8 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
                 for (int64_t i = 0; i < g; i++)
                     memcpy(scratch + (size_t)(i * len) * es, src + (size_t)(i * n + o) * es,
                            (size_t)len * es);
-                rc = MPI_Ireduce_scatter_block(scratch, dst + o * (int64_t)es, (int)len, type, sum,
-                                               comm, &req);
+                rc = start_reduce_scatter(st, scratch, dst + o * (int64_t)es, (int)len, type, sum,
+                                          comm, &req);
                 if (rc != MPI_SUCCESS)
                     return mpi_fail(err, errlen, rc, what);
                 res = wait_request(rt, st, &req, what, err, errlen);
@@ -386,8 +430,8 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
         if (r->overlap)
             memmove(dst + (size_t)(r->coord * n) * es, src, (size_t)n * es);
         if (n <= st->max_count) {
-            rc = MPI_Iallgather(r->overlap ? MPI_IN_PLACE : src, (int)n, type, dst, (int)n, type, comm,
-                                &req);
+            rc = start_allgather(st, r->overlap ? MPI_IN_PLACE : src, (int)n, type, dst, (int)n, type,
+                                 comm, &req);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(err, errlen, rc, what);
             res = wait_request(rt, st, &req, what, err, errlen);
@@ -405,8 +449,8 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
                 rc = MPI_Type_commit(&strided);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(err, errlen, rc, what);
-            rc = MPI_Iallgather(r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es, (int)len, type,
-                                dst + o * (int64_t)es, 1, strided, comm, &req);
+            rc = start_allgather(st, r->overlap ? MPI_IN_PLACE : src + o * (int64_t)es, (int)len,
+                                 type, dst + o * (int64_t)es, 1, strided, comm, &req);
             if (rc == MPI_SUCCESS)
                 res = wait_request(rt, st, &req, what, err, errlen);
             MPI_Type_free(&strided);
@@ -416,12 +460,28 @@ static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microba
         }
         break;
     default:
-        snprintf(err, errlen, "%s is not a collective", mf_opkind_name(op->kind));
+        snprintf(err, errlen, ": not a collective");
         return MFSDP_ERR_INTERNAL;
     }
     if (res == MFSDP_OK && rt->s->reduce == MF_REDUCE_AVG &&
         (op->kind == MF_OP_ALL_REDUCE || op->kind == MF_OP_REDUCE_SCATTER))
         mf_cpu_divide(dst, op->dtype, n, g);
+    return res;
+}
+
+static mfsdp_result mpi_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
+                                   size_t errlen)
+{
+    (void)microbatch;
+    mfsdp_result res = run_collective(rt, r, err, errlen);
+    if (res != MFSDP_OK) {
+        const mf_op *op = r->op;
+        char tail[MF_RT_ERRLEN];
+        snprintf(tail, sizeof tail, "%s", err);
+        snprintf(err, errlen, "%s of %lld %s elements on axis %s%s", mf_opkind_name(op->kind),
+                 (long long)op->count, mf_dtype_name(op->dtype), rt->s->mesh.axes[op->axis].name,
+                 tail);
+    }
     return res;
 }
 

@@ -154,6 +154,17 @@ void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
         mf_cpu_store(dst, dd, i, mf_cpu_load(dst, dd, i) + mf_cpu_load(src, sd, i));
 }
 
+/* 1 / divisor when that is exact (divisor a power of two), else 0. Then
+ * x * inverse is x / divisor bit for bit: both round the same real number
+ * (x * 2^-k) once, subnormals and NaNs included; a multiply costs a fraction
+ * of a divide, which made the average of an all-reduce compute-bound. */
+static float exact_inverse(int64_t divisor)
+{
+    if (divisor <= 1 || divisor > ((int64_t)1 << 62) || (divisor & (divisor - 1)) != 0)
+        return 0.0f;
+    return 1.0f / (float)divisor;
+}
+
 /* Block size of the fp32 accumulator used by reduce (on the stack). */
 #define MF_REDUCE_BLOCK 512
 
@@ -161,7 +172,7 @@ void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, in
                    mf_dtype d, int64_t divisor)
 {
     float acc[MF_REDUCE_BLOCK];
-    float div = (float)divisor;
+    float div = (float)divisor, inv = exact_inverse(divisor);
     for (int64_t b = 0; b < n; b += MF_REDUCE_BLOCK) {
         int64_t len = n - b < MF_REDUCE_BLOCK ? n - b : MF_REDUCE_BLOCK;
         if (d == MF_FP32) {
@@ -180,7 +191,10 @@ void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, in
                 for (int64_t i = 0; i < len; i++)
                     acc[i] += mf_cpu_load(srcs[k], d, off + b + i);
         }
-        if (divisor > 1)
+        if (inv != 0.0f)
+            for (int64_t i = 0; i < len; i++)
+                acc[i] *= inv;
+        else if (divisor > 1)
             for (int64_t i = 0; i < len; i++)
                 acc[i] /= div;
         if (d == MF_FP32)
@@ -195,7 +209,17 @@ void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)
 {
     if (divisor <= 1)
         return;
-    float div = (float)divisor;
+    float div = (float)divisor, inv = exact_inverse(divisor);
+    if (d == MF_FP32) {                                 /* one vectorizable pass */
+        float *f = p;
+        if (inv != 0.0f)
+            for (int64_t i = 0; i < n; i++)
+                f[i] *= inv;
+        else
+            for (int64_t i = 0; i < n; i++)
+                f[i] /= div;
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         mf_cpu_store(p, d, i, mf_cpu_load(p, d, i) / div);
 }

@@ -5,20 +5,71 @@
  * issue. Events are counters: a record completes by raising its event's
  * counter to its sequence number; a wait sleeps on the rank's condition
  * variable until the counter reaches its target (the latest record issued
- * before it). Nothing spins: every blocking wait is a condition-variable wait
- * bounded by the configured timeout.
+ * before it). Every blocking wait is a condition-variable wait bounded by the
+ * configured timeout.
+ *
+ * Hand-offs are what a thread model costs (docs/performance.md, "Runtime"):
+ * waking a thread and sleeping until it answers is a few microseconds of
+ * kernel scheduling per op, far more than the op. So:
+ *   - a stream's entries have one executor at a time (q->current >= 0 while
+ *     one runs), which is the stream thread or the host thread "helping": a
+ *     compute-stream wait whose record has not run, or step_end's drain, runs
+ *     queued entries of an idle stream itself, in order, instead of sleeping
+ *     until that stream's thread runs them;
+ *   - the host queues a hook's entries without waking anyone and wakes each
+ *     stream with new entries once, at the end of the hook
+ *     (mf_streams_kick), so the streams still overlap with the trainer's
+ *     compute between hooks. Before the host runs an entry that can block
+ *     (a collective), it wakes the other streams, so that every stream always
+ *     has an executor and nothing waits on an entry nobody will run.
  *
  * Invariants: queues are rings sized at create to the most entries a stream
  * is issued in one step, and step_end drains them, so the host never waits
  * for space and nothing is allocated per step. After a failure (sticky, first
- * message wins) threads skip their remaining entries, so drains return.
+ * message wins) executors skip their remaining entries, so drains return.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "mf_rt.h"
 #include "mf_stress.h"
+
+static bool help_one(mf_rt *rt);
+static void kick_locked(mf_rt *rt, int except);
+
+/* sched_yield rounds a wait spends before sleeping on its condition variable. */
+#ifndef MF_STREAM_SPINS
+#define MF_STREAM_SPINS 32
+#endif
+/* The same for an idle stream thread waiting for entries: each of its
+ * yields is a context switch when other threads are runnable. */
+#ifndef MF_STREAM_IDLE_SPINS
+#define MF_STREAM_IDLE_SPINS 4
+#endif
+
+/* One round of a wait on `cv` (rt->mu held; the caller re-checks its
+ * condition): the first MF_STREAM_SPINS rounds release the mutex and yield
+ * the core, so that a short wait costs neither side a futex system call;
+ * later rounds sleep until the deadline (timeout_ms <= 0: no deadline),
+ * which the first of them sets (*deadline with tv_sec < 0: not set yet), so
+ * a wait that ends while yielding reads no clock. Returns ETIMEDOUT past the
+ * deadline. */
+static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms, struct timespec *deadline,
+                     int *spins)
+{
+    if (*spins < MF_STREAM_SPINS) {
+        ++*spins;
+        pthread_mutex_unlock(&rt->mu);
+        sched_yield();
+        pthread_mutex_lock(&rt->mu);
+        return 0;
+    }
+    if (deadline->tv_sec < 0)
+        *deadline = mf_rt_deadline(timeout_ms);
+    return mf_rt_cond_wait(cv, &rt->mu, timeout_ms, deadline);
+}
 
 /* Executes a local op or a collective, or completes/awaits an event. */
 mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
@@ -37,16 +88,24 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
     case MF_OP_WAIT: {
         if (e->seq <= 0)
             return MFSDP_OK;        /* nothing recorded yet: like a never-recorded cudaEvent */
-        int64_t t0 = mf_rt_now_ns();
-        struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+        int64_t t0 = 0;             /* read only when the wait does not return at once */
+        struct timespec deadline = {-1, 0};
         mfsdp_result res = MFSDP_OK;
+        int spins = 0;
         pthread_mutex_lock(&rt->mu);
         while (rt->ev_done[op->event] < e->seq) {
+            if (t0 == 0)
+                t0 = mf_rt_now_ns();
             if (rt->failed != MFSDP_OK || rt->stop) {
                 res = MFSDP_ERR_ABORTED;
                 break;
             }
-            if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (on == MF_STREAM_COMPUTE && help_one(rt)) {
+                deadline.tv_sec = -1;   /* progress was made: the timeout starts again */
+                continue;
+            }
+            kick_locked(rt, -1);
+            if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 rt->ev_done[op->event] < e->seq) {
                 res = MFSDP_ERR_TIMEOUT;
                 break;
@@ -82,7 +141,8 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
             }
         }
         pthread_mutex_unlock(&rt->mu);
-        *wait_ns += mf_rt_now_ns() - t0;
+        if (t0)
+            *wait_ns += mf_rt_now_ns() - t0;
         if (res != MFSDP_OK && !root_cause) {
             char what[200], stuck[260] = "";
             mf_rt_describe_op(rt, e->op, what, sizeof what);
@@ -132,44 +192,101 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
     }
 }
 
+/* Takes q's next entry and runs it on the calling thread (q's thread or the
+ * host). Called and returns with rt->mu held; q has an entry queued and no
+ * executor (q->current < 0). */
+static void run_entry(mf_rt *rt, mf_rt_stream *q)
+{
+    mf_rt_entry e = q->queue[q->popped % q->cap];
+    q->popped++;
+    q->current = e.op;
+    int64_t t0 = mf_rt_now_ns();
+    q->current_since = t0;
+    bool skip = rt->failed != MFSDP_OK;
+    pthread_mutex_unlock(&rt->mu);
+
+    mfsdp_result res = MFSDP_OK;
+    int64_t wait_ns = 0;
+    if (q->stress && !skip)   /* stress mode: a seeded random delay (counted as busy) */
+        mf_stress_delay(&q->stress);
+    if (!skip)
+        res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
+    int64_t t1 = mf_rt_now_ns();
+    if (res != MFSDP_OK) {
+        mf_rt_fail(rt, res, q->err);
+        /* Peers blocked with us on a communicator learn at once. */
+        rt->be->abort(rt, q->err);
+    }
+
+    pthread_mutex_lock(&rt->mu);
+    q->busy_ns += (t1 - t0) - wait_ns;
+    q->wait_ns += wait_ns;
+    q->completed++;
+    q->current = -1;
+    if (rt->ops_waiting_space || q->completed == q->pushed ||
+        rt->rops[e.op].op->kind == MF_OP_RECORD)
+        pthread_cond_broadcast(&rt->cv);
+}
+
+/* Wakes the threads of the streams (but `except`) that have entries queued
+ * and no executor. rt->mu held. Signalling a thread that is not waiting costs
+ * no system call. */
+static void kick_locked(mf_rt *rt, int except)
+{
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+        mf_rt_stream *q = &rt->streams[st];
+        if (st != except && q->popped != q->pushed && q->current < 0)
+            pthread_cond_signal(&q->work);
+    }
+}
+
+void mf_streams_kick(mf_rt *rt)
+{
+    pthread_mutex_lock(&rt->mu);
+    kick_locked(rt, -1);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* Host thread only: runs one queued entry of a stream that has no executor,
+ * if any (inner first); true when it ran one. rt->mu held (released while
+ * the entry runs). An unsatisfied wait is left to its stream's thread (the
+ * host would only sleep in it); before a collective the other streams are
+ * woken, since the host may block in it. */
+static bool help_one(mf_rt *rt)
+{
+    if (rt->stop || rt->synchronous)
+        return false;
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+        mf_rt_stream *q = &rt->streams[st];
+        if (q->popped == q->pushed || q->current >= 0)
+            continue;
+        const mf_rt_entry *e = &q->queue[q->popped % q->cap];
+        const mf_op *op = rt->rops[e->op].op;
+        if (op->kind == MF_OP_WAIT && rt->ev_done[op->event] < e->seq) {
+            pthread_cond_signal(&q->work);
+            continue;
+        }
+        if (mf_opkind_is_collective(op->kind))
+            kick_locked(rt, st);
+        run_entry(rt, q);
+        return true;
+    }
+    return false;
+}
+
 static void *stream_main(void *arg)
 {
     mf_rt_stream *q = arg;
     mf_rt *rt = q->rt;
     pthread_mutex_lock(&rt->mu);
     for (;;) {
-        while (!rt->stop && q->popped == q->pushed)
-            pthread_cond_wait(&q->work, &rt->mu);
+        int spins = MF_STREAM_SPINS - MF_STREAM_IDLE_SPINS;
+        struct timespec none = {-1, 0};
+        while (!rt->stop && (q->popped == q->pushed || q->current >= 0))
+            spin_wait(rt, &q->work, 0, &none, &spins);
         if (rt->stop)
             break;
-        mf_rt_entry e = q->queue[q->popped % q->cap];
-        q->popped++;
-        q->current = e.op;
-        q->current_since = mf_rt_now_ns();
-        bool skip = rt->failed != MFSDP_OK;
-        pthread_mutex_unlock(&rt->mu);
-
-        mfsdp_result res = MFSDP_OK;
-        if (q->stress && !skip)
-            mf_stress_delay(&q->stress);
-        int64_t wait_ns = 0, t0 = mf_rt_now_ns();
-        if (!skip)
-            res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
-        int64_t t1 = mf_rt_now_ns();
-        if (res != MFSDP_OK) {
-            mf_rt_fail(rt, res, q->err);
-            /* Peers blocked with us on a communicator learn at once. */
-            rt->be->abort(rt, q->err);
-        }
-
-        pthread_mutex_lock(&rt->mu);
-        q->busy_ns += (t1 - t0) - wait_ns;
-        q->wait_ns += wait_ns;
-        q->completed++;
-        q->current = -1;
-        if (rt->ops_waiting_space || q->completed == q->pushed ||
-            rt->rops[e.op].op->kind == MF_OP_RECORD)
-            pthread_cond_broadcast(&rt->cv);
+        run_entry(rt, q);
     }
     pthread_mutex_unlock(&rt->mu);
     return NULL;
@@ -222,7 +339,7 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
     mf_rt_stream *q = &rt->streams[op->stream];
     mfsdp_result res = MFSDP_OK;
     pthread_mutex_lock(&rt->mu);
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};
     while (res == MFSDP_OK && q->pushed - q->popped >= q->cap) {
         /* Only reachable when a schedule issues more than its per-step count
          * without a step_end (defensive: the ring is sized for one step). */
@@ -231,14 +348,16 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
             break;
         }
         rt->ops_waiting_space = true;
+        kick_locked(rt, -1);
+        if (deadline.tv_sec < 0)
+            deadline = mf_rt_deadline(rt->cfg.timeout_ms);
         if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
             res = MFSDP_ERR_TIMEOUT;
         rt->ops_waiting_space = false;
     }
     if (res == MFSDP_OK) {
         q->queue[q->pushed % q->cap] = e;
-        q->pushed++;
-        pthread_cond_signal(&q->work);
+        q->pushed++;                /* woken at the end of the hook (mf_streams_kick) */
     }
     pthread_mutex_unlock(&rt->mu);
     if (res == MFSDP_ERR_TIMEOUT) {
@@ -261,14 +380,20 @@ static bool all_completed(const mf_rt *rt)
 mfsdp_result mf_streams_drain(mf_rt *rt)
 {
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};
+    int spins = 0;
     pthread_mutex_lock(&rt->mu);
     while (!all_completed(rt)) {
         if (rt->failed != MFSDP_OK) {
             res = rt->failed;
             break;
         }
-        if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (help_one(rt)) {
+            deadline.tv_sec = -1;
+            continue;
+        }
+        kick_locked(rt, -1);
+        if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
             !all_completed(rt)) {
             res = MFSDP_ERR_TIMEOUT;
             break;

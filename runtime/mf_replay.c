@@ -243,6 +243,8 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
         if (res != MFSDP_OK)
             break;
     }
+    if (!rt->native && !rt->synchronous)
+        mf_streams_kick(rt);    /* the hook's entries were queued without waking anyone */
     advance(rt);
     if (rt->check && res == MFSDP_OK)
         mf_debug_after(rt, phase, unit, m);

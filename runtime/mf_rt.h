@@ -192,6 +192,8 @@ void mf_streams_stop(mf_rt *rt);
  * stream. */
 mfsdp_result mf_streams_issue(mf_rt *rt, int op, int64_t microbatch, int64_t seq,
                               int64_t *wait_ns);
+/* Wakes the stream threads that have entries queued (end of a hook). */
+void mf_streams_kick(mf_rt *rt);
 /* Waits until every queued entry completed (bounded by the timeout). */
 mfsdp_result mf_streams_drain(mf_rt *rt);
 /* True while some entry is queued or running. */

@@ -167,6 +167,57 @@ static void test_reduce(void **state)
     assert_int_equal(f_bits(mf_bf16_to_f32(rb[0])), f_bits(1.0f + 0x1p-7f));
 }
 
+/* A power-of-two divisor is applied as a multiply by its inverse: the result
+ * must equal a true division bit for bit, on every kind of float (normal,
+ * subnormal results, zero, infinity, NaN), fp32 and bf16. */
+static void test_average_power_of_two(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    static float x[N], out[N];
+    uint32_t r = 12345u;
+    for (int i = 0; i < N; i++) {
+        r = r * 1664525u + 1013904223u;          /* any bit pattern */
+        x[i] = bits_f(i % 8 == 0 ? (r & 0x807fffffu) | 0x00800000u : r);   /* some tiny ones */
+    }
+    x[0] = 0.0f;
+    x[1] = -INFINITY;
+    x[2] = bits_f(0x7fc00001u);
+    x[3] = bits_f(0x00000001u);
+    x[4] = 3.0f * 0x1p-126f;
+    const int64_t divisors[] = {2, 4, 8, 1024, 3, 6};
+    for (size_t k = 0; k < sizeof divisors / sizeof *divisors; k++) {
+        volatile float dv = (float)divisors[k];  /* a real division, not one the compiler rewrote */
+        const void *srcs[1] = {x};
+        mf_cpu_reduce(out, srcs, 1, 0, N, MF_FP32, divisors[k]);
+        for (int i = 0; i < N; i++) {
+            float want = x[i] / dv;
+            if (f_bits(out[i]) != f_bits(want) && !(isnan(want) && isnan(out[i])))
+                fail_msg("reduce avg over %lld of %a: got %a, want %a", (long long)divisors[k],
+                         (double)x[i], (double)out[i], (double)want);
+        }
+        memcpy(out, x, sizeof out);
+        mf_cpu_divide(out, MF_FP32, N, divisors[k]);
+        for (int i = 0; i < N; i++) {
+            float want = x[i] / dv;
+            if (f_bits(out[i]) != f_bits(want) && !(isnan(want) && isnan(out[i])))
+                fail_msg("divide by %lld of %a: got %a, want %a", (long long)divisors[k],
+                         (double)x[i], (double)out[i], (double)want);
+        }
+        uint16_t hb[64], rb[64];
+        for (int i = 0; i < 64; i++)
+            hb[i] = (uint16_t)(f_bits(x[i + 5]) >> 16);
+        const void *sb[1] = {hb};
+        mf_cpu_reduce(rb, sb, 1, 0, 64, MF_BF16, divisors[k]);
+        for (int i = 0; i < 64; i++) {
+            uint16_t want = mf_f32_to_bf16(mf_bf16_to_f32(hb[i]) / dv);
+            if (rb[i] != want && !(isnan(mf_bf16_to_f32(want)) && isnan(mf_bf16_to_f32(rb[i]))))
+                fail_msg("bf16 reduce avg over %lld of 0x%04x: got 0x%04x, want 0x%04x",
+                         (long long)divisors[k], hb[i], rb[i], want);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -178,6 +229,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_convert_add_divide),
         cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_average_power_of_two),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
