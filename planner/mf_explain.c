@@ -21,23 +21,6 @@
 #include "mf_plan_stats.h"
 #include "mf_yaml_str.h"
 
-/* "1.5 MiB"-style rendering of a byte count. */
-static char *human(int64_t bytes, char *buf, size_t size)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 6) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, size, "%lld B", (long long)bytes);
-    else
-        snprintf(buf, size, "%.1f %s", v, unit[u]);
-    return buf;
-}
-
 static int64_t local_elems(const mf_schedule *s, const mf_bucket *b, int role)
 {
     return b->length / mf_placement_shards(&s->mesh, &b->place[role]);
@@ -150,14 +133,14 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
     mf_bucket_memory m;
     mf_bucket_memory_of(p, bi, &m);
     char h3[32], h4[32];
-    fprintf(out, "    memory/rank main_weight  persistent %s\n", human(m.main_weight, h1, sizeof h1));
+    fprintf(out, "    memory/rank main_weight  persistent %s\n", mf_human_bytes(m.main_weight, h1, sizeof h1));
     fprintf(out, "    memory/rank weight       persistent %s (at rest)  transient %s (unsharded %s, stages %s)\n",
-            human(m.persistent[MF_ROLE_WEIGHT], h1, sizeof h1), human(m.transient[MF_ROLE_WEIGHT], h2, sizeof h2),
-            human(m.weight_full, h3, sizeof h3), human(m.weight_stage, h4, sizeof h4));
-    fprintf(out, "    memory/rank grad         persistent %s (accumulation %s, ", human(m.persistent[MF_ROLE_GRAD], h1, sizeof h1),
-            human(m.grad, h2, sizeof h2));
-    fprintf(out, "final %s)  transient %s ", human(m.grad_final, h1, sizeof h1), human(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
-    fprintf(out, "(local %s, stages %s)\n", human(m.grad_local, h1, sizeof h1), human(m.grad_stage, h2, sizeof h2));
+            mf_human_bytes(m.persistent[MF_ROLE_WEIGHT], h1, sizeof h1), mf_human_bytes(m.transient[MF_ROLE_WEIGHT], h2, sizeof h2),
+            mf_human_bytes(m.weight_full, h3, sizeof h3), mf_human_bytes(m.weight_stage, h4, sizeof h4));
+    fprintf(out, "    memory/rank grad         persistent %s (accumulation %s, ", mf_human_bytes(m.persistent[MF_ROLE_GRAD], h1, sizeof h1),
+            mf_human_bytes(m.grad, h2, sizeof h2));
+    fprintf(out, "final %s)  transient %s ", mf_human_bytes(m.grad_final, h1, sizeof h1), mf_human_bytes(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
+    fprintf(out, "(local %s, stages %s)\n", mf_human_bytes(m.grad_local, h1, sizeof h1), mf_human_bytes(m.grad_stage, h2, sizeof h2));
 }
 
 static int text_totals(const mf_plan *p, FILE *out)
@@ -183,23 +166,23 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "  bytes/rank   %-28s %14s\n", "axis", "bytes/step");
     for (int j = 0; j < s->mesh.naxes; j++)
         fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)sum.bytes[j],
-                human(sum.bytes[j], h1, sizeof h1));
+                mf_human_bytes(sum.bytes[j], h1, sizeof h1));
     fprintf(out, "  memory/rank  %-12s %14s %16s %14s\n", "role", "persistent", "transient peak", "peak");
     for (int r = 0; r < MF_ROLE_COUNT; r++)
         fprintf(out, "               %-12s %14s %16s %14s\n", mf_role_name((mf_role)r),
-                human(mem.persistent[r], h1, sizeof h1), human(mem.transient_peak[r], h2, sizeof h2),
-                human(mem.peak[r], h3, sizeof h3));
-    fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", human(mem.persistent_total, h1, sizeof h1),
-            human(mem.transient_peak_total, h2, sizeof h2), human(mem.peak_total, h3, sizeof h3),
+                mf_human_bytes(mem.persistent[r], h1, sizeof h1), mf_human_bytes(mem.transient_peak[r], h2, sizeof h2),
+                mf_human_bytes(mem.peak[r], h3, sizeof h3));
+    fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", mf_human_bytes(mem.persistent_total, h1, sizeof h1),
+            mf_human_bytes(mem.transient_peak_total, h2, sizeof h2), mf_human_bytes(mem.peak_total, h3, sizeof h3),
             (long long)mem.peak_total);
     fprintf(out, "  (transient peak: the largest sum over prefetch+1 = %d consecutive units)\n", s->prefetch + 1);
     /* The assignment's truth (docs/semantics.md §10): what the runtime allocates. */
     const mf_summary *ss = &s->summary;
     fprintf(out, "  peak/rank    allocated %s (%lld bytes) = persistent region %s + arena %s\n",
-            human(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
-            human(s->mem_persistent, h2, sizeof h2), human(s->mem_transient, h3, sizeof h3));
+            mf_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
+            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3));
     fprintf(out, "               arena lower bound (live bytes at one instant) %s (%lld bytes), arena/bound %.3f\n",
-            human(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
+            mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
             ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
     return 0;
 }

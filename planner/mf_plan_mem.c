@@ -101,27 +101,11 @@ int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
     return -1;
 }
 
-static const char *human(int64_t bytes, char *buf, size_t size)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 6) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, size, "%lld B", (long long)bytes);
-    else
-        snprintf(buf, size, "%.1f %s", v, units[u]);
-    return buf;
-}
-
 void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
 {
     char h1[32], h2[32], h3[32];
     fprintf(out, "memory/rank  model peak %s + optimizer state %s (%lld bytes per main_weight element "
                  "held) = peak %s (%lld bytes)\n",
-            human(m->model_peak, h1, sizeof h1), human(m->optimizer, h2, sizeof h2), (long long)optimizer_bytes,
-            human(m->peak, h3, sizeof h3), (long long)m->peak);
+            mf_human_bytes(m->model_peak, h1, sizeof h1), mf_human_bytes(m->optimizer, h2, sizeof h2), (long long)optimizer_bytes,
+            mf_human_bytes(m->peak, h3, sizeof h3), (long long)m->peak);
 }

@@ -6,6 +6,7 @@
  */
 #include "mf_plan_stats.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,4 +146,20 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
     memcpy(out->persistent_bytes, mem.persistent, sizeof mem.persistent);
     memcpy(out->peak_bytes, mem.peak, sizeof mem.peak);
     return true;
+}
+
+char *mf_human_bytes(int64_t bytes, char *buf, size_t size)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%lld B", (long long)bytes);
+    else
+        snprintf(buf, size, "%.1f %s", v, unit[u]);
+    return buf;
 }

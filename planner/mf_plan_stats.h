@@ -97,4 +97,8 @@ int64_t mf_transition_runs(const mf_plan *p, int b, int t);
  * False on OOM. */
 bool mf_plan_totals(const mf_plan *p, mf_summary *out);
 
+/* "1.5 MiB"-style rendering of a byte count (whole bytes below 1 KiB), for
+ * explain's and plan's reports. Returns buf. */
+char *mf_human_bytes(int64_t bytes, char *buf, size_t size);
+
 #endif
