@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "mf_cli.h"
+#include "mf_schedule.h"
 
 #ifndef MFSDP_VERSION
 #define MFSDP_VERSION "0.0.0"
@@ -56,7 +57,7 @@ static int mf_main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("mfsdpc %s (schedule format mfsdp-schedule/1)\n", MFSDP_VERSION);
+        printf("mfsdpc %s (schedule format %s)\n", MFSDP_VERSION, MF_SCHEDULE_FORMAT);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
