@@ -213,9 +213,8 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
         res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
     int64_t t1 = mf_rt_now_ns();
     if (res != MFSDP_OK) {
-        mf_rt_fail(rt, res, q->err);
         /* Peers blocked with us on a communicator learn at once. */
-        rt->be->abort(rt, q->err);
+        mf_rt_fail_and_abort(rt, res, q->err);
     }
 
     pthread_mutex_lock(&rt->mu);
@@ -331,8 +330,7 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
         msg[0] = '\0';
         mfsdp_result res = mf_streams_exec(rt, MF_STREAM_COMPUTE, &e, msg, sizeof msg, wait_ns);
         if (res != MFSDP_OK) {
-            mf_rt_fail(rt, res, msg);
-            rt->be->abort(rt, msg);
+            mf_rt_fail_and_abort(rt, res, msg);
         }
         return res;
     }
@@ -413,8 +411,7 @@ mfsdp_result mf_streams_drain(mf_rt *rt)
                  "done, outer %lld of %lld)",
                  (long long)rt->rank, (long long)rt->cfg.timeout_ms, (long long)in_done,
                  (long long)in_all, (long long)out_done, (long long)out_all);
-        mf_rt_fail(rt, res, msg);
-        rt->be->abort(rt, msg);
+        mf_rt_fail_and_abort(rt, res, msg);
     }
     return res;
 }

@@ -123,6 +123,19 @@ void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
     pthread_mutex_unlock(&rt->mu);
 }
 
+void mf_rt_fail_and_abort(mf_rt *rt, mfsdp_result code, const char *msg)
+{
+    mf_rt_fail(rt, code, msg);
+    /* Peers learn the root cause: the first failure of this runtime, which
+     * may be another stream's (a wait interrupted by it fails later, but
+     * can reach this point first). */
+    char first[sizeof rt->fail_msg];
+    pthread_mutex_lock(&rt->mu);
+    snprintf(first, sizeof first, "%s", rt->fail_msg);
+    pthread_mutex_unlock(&rt->mu);
+    rt->be->abort(rt, first);
+}
+
 int64_t mf_rt_now_ns(void)
 {
     struct timespec ts;

@@ -157,6 +157,9 @@ mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
 /* Records the first asynchronous failure (thread-safe; takes mu) and wakes
  * every waiter; later failures keep the first message. */
 void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg);
+/* mf_rt_fail, then aborts the backend's communicators with the runtime's
+ * first failure (the root cause peers are told), not necessarily msg. */
+void mf_rt_fail_and_abort(mf_rt *rt, mfsdp_result code, const char *msg);
 /* A short description of op i for messages: "op 12 (all_gather dp_inner, unit layers.3)". */
 void mf_rt_describe_op(const mf_rt *rt, int i, char *buf, size_t size);
 /* Monotonic clock, nanoseconds. */
