@@ -327,26 +327,40 @@ static void *skip_rank(void *p)
     return NULL;
 }
 
+/* Runs fn on one thread per rank of the first schedule's world, in one local
+ * group, and joins them. Returns the jobs (the caller frees them and *sh) with
+ * *world set; skips the test when the world has one rank. */
+static skip_job *run_each_rank(void *(*fn)(void *), mfsdp_schedule **sh, int64_t *world)
+{
+    assert_int_equal(mfsdp_schedule_load(g_paths[0], sh), MFSDP_OK);
+    *world = mfsdp_schedule_world_size(*sh);
+    if (*world < 2) {
+        mfsdp_schedule_free(*sh);
+        skip();
+    }
+    mfsdp_local_group *g = NULL;
+    assert_int_equal(mfsdp_local_group_create(*world, &g), MFSDP_OK);
+    skip_job *jobs = calloc((size_t)*world, sizeof *jobs);
+    pthread_t *th = calloc((size_t)*world, sizeof *th);
+    assert_non_null(jobs);
+    assert_non_null(th);
+    for (int64_t r = 0; r < *world; r++) {
+        jobs[r] = (skip_job){.sh = *sh, .g = g, .rank = r};
+        assert_int_equal(pthread_create(&th[r], NULL, fn, &jobs[r]), 0);
+    }
+    for (int64_t r = 0; r < *world; r++)
+        pthread_join(th[r], NULL);
+    free(th);
+    mfsdp_local_group_destroy(g);
+    return jobs;
+}
+
 static void test_local_missing_rank(void **state)
 {
     (void)state;
     mfsdp_schedule *sh = NULL;
-    assert_int_equal(mfsdp_schedule_load(g_paths[0], &sh), MFSDP_OK);
-    int64_t world = mfsdp_schedule_world_size(sh);
-    if (world < 2) {
-        mfsdp_schedule_free(sh);
-        skip();
-    }
-    mfsdp_local_group *g = NULL;
-    assert_int_equal(mfsdp_local_group_create(world, &g), MFSDP_OK);
-    skip_job *jobs = calloc((size_t)world, sizeof *jobs);
-    pthread_t *th = calloc((size_t)world, sizeof *th);
-    for (int64_t r = 0; r < world; r++) {
-        jobs[r] = (skip_job){.sh = sh, .g = g, .rank = r};
-        assert_int_equal(pthread_create(&th[r], NULL, skip_rank, &jobs[r]), 0);
-    }
-    for (int64_t r = 0; r < world; r++)
-        pthread_join(th[r], NULL);
+    int64_t world = 0;
+    skip_job *jobs = run_each_rank(skip_rank, &sh, &world);
     for (int64_t r = 0; r < world; r++) {
         if (r == 1)
             continue;
@@ -355,8 +369,6 @@ static void test_local_missing_rank(void **state)
             fail_msg("rank %lld: %s", (long long)r, jobs[r].msg);
     }
     free(jobs);
-    free(th);
-    mfsdp_local_group_destroy(g);
     mfsdp_schedule_free(sh);
 }
 
@@ -418,22 +430,8 @@ static void test_local_root_cause(void **state)
 {
     (void)state;
     mfsdp_schedule *sh = NULL;
-    assert_int_equal(mfsdp_schedule_load(g_paths[0], &sh), MFSDP_OK);
-    int64_t world = mfsdp_schedule_world_size(sh);
-    if (world < 2) {
-        mfsdp_schedule_free(sh);
-        skip();
-    }
-    mfsdp_local_group *g = NULL;
-    assert_int_equal(mfsdp_local_group_create(world, &g), MFSDP_OK);
-    skip_job *jobs = calloc((size_t)world, sizeof *jobs);
-    pthread_t *th = calloc((size_t)world, sizeof *th);
-    for (int64_t r = 0; r < world; r++) {
-        jobs[r] = (skip_job){.sh = sh, .g = g, .rank = r};
-        assert_int_equal(pthread_create(&th[r], NULL, bail_rank, &jobs[r]), 0);
-    }
-    for (int64_t r = 0; r < world; r++)
-        pthread_join(th[r], NULL);
+    int64_t world = 0;
+    skip_job *jobs = run_each_rank(bail_rank, &sh, &world);
     assert_int_equal(jobs[1].r, MFSDP_ERR_INVALID_USAGE);
     for (int64_t r = 0; r < world; r++) {
         if (r == 1)
@@ -443,8 +441,6 @@ static void test_local_root_cause(void **state)
             fail_msg("rank %lld: %s: %s", (long long)r, mfsdp_result_string(jobs[r].r), jobs[r].msg);
     }
     free(jobs);
-    free(th);
-    mfsdp_local_group_destroy(g);
     mfsdp_schedule_free(sh);
 }
 
