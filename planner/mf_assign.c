@@ -48,31 +48,6 @@ typedef struct range {
     int64_t lo, hi;
 } range;
 
-typedef struct order_key {
-    int64_t bytes, start;
-    int b;
-} order_key;
-
-static int cmp_start(const void *x, const void *y)
-{
-    const order_key *a = x, *b = y;
-    if (a->start != b->start)
-        return a->start < b->start ? -1 : 1;
-    if (a->bytes != b->bytes)
-        return a->bytes > b->bytes ? -1 : 1;
-    return (a->b > b->b) - (a->b < b->b);
-}
-
-static int cmp_order(const void *x, const void *y)
-{
-    const order_key *a = x, *b = y;
-    if (a->bytes != b->bytes)
-        return a->bytes > b->bytes ? -1 : 1;
-    if (a->start != b->start)
-        return a->start < b->start ? -1 : 1;
-    return (a->b > b->b) - (a->b < b->b);
-}
-
 static int cmp_range(const void *x, const void *y)
 {
     const range *a = x, *b = y;
@@ -93,7 +68,7 @@ static int hook_of_tick(const mf_live *lv, int64_t t)
     return lo;
 }
 
-/* Per hook, the placed buffers live there (a growable int list). */
+/* Per hook, the buffers live there (a growable int list). */
 typedef struct slots {
     int **list;
     int *len, *cap;
@@ -113,8 +88,8 @@ static bool slot_push(slots *sl, int h, int b)
     return true;
 }
 
-/* For each hook the segments of buffer b cover: with place >= 0 adds b to
- * the hook's list; else collects the listed buffers into cand (once each,
+/* For each hook the segments of buffer b cover: with place >= 0 adds place
+ * to the hook's list; else collects the listed entries into cand (once each,
  * by stamp). False on OOM. */
 static bool cover(const mf_live *lv, int b, slots *sl, int place, int *stamp, int mark, int *cand,
                   int *ncand)
@@ -153,47 +128,95 @@ static bool buffers_meet(const mf_live *lv, int a, int b)
     return false;
 }
 
-static bool assign_order(mf_schedule *s, const mf_live *lv, int (*cmp)(const void *, const void *))
+/* The packing problem: n transient buffers (local index i, buffer buf[i])
+ * and, per buffer, the others whose live intervals meet its own
+ * (adj[adj_start[i] .. adj_start[i+1])). An order places each buffer at the
+ * lowest offset free of its placed neighbours; every packing can be had from
+ * some order this way, so the search is over orders. */
+typedef struct pack {
+    int n;
+    int *buf;
+    int64_t *bytes, *start, *weight; /* weight: own + neighbours' bytes */
+    int *adj_start, *adj;
+    int *order, *pos;       /* pos[i]: i's place in order */
+    int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
+    range *rg;
+    int64_t work;           /* neighbour visits so far (the search budget) */
+} pack;
+
+static void pack_free(pack *p)
 {
-    bool ok = false;
-    int n = 0;
-    order_key *ord = malloc(sizeof *ord * (size_t)(s->nbuffers + 1));
-    int *stamp = malloc(sizeof *stamp * (size_t)(s->nbuffers + 1));
-    int *cand = malloc(sizeof *cand * (size_t)(s->nbuffers + 1));
-    range *rg = malloc(sizeof *rg * (size_t)(s->nbuffers + 1));
+    free(p->buf);
+    free(p->bytes);
+    free(p->start);
+    free(p->weight);
+    free(p->adj_start);
+    free(p->adj);
+    free(p->order);
+    free(p->pos);
+    free(p->off);
+    free(p->top);
+    free(p->rg);
+}
+
+/* Collects the transient buffers that have segments and their neighbours.
+ * Buffers never accessed get offset 0 (they share anything). */
+static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
+{
+    size_t nb = (size_t)s->nbuffers + 1;
+    int *loc = malloc(sizeof *loc * nb), *stamp = malloc(sizeof *stamp * nb);
+    int *cand = malloc(sizeof *cand * nb);
     slots sl = {calloc((size_t)lv->nhooks, sizeof(int *)), calloc((size_t)lv->nhooks, sizeof(int)),
                 calloc((size_t)lv->nhooks, sizeof(int))};
-    if (!ord || !stamp || !cand || !rg || !sl.list || !sl.len || !sl.cap)
+    p->buf = malloc(sizeof *p->buf * nb);
+    p->bytes = malloc(sizeof *p->bytes * nb);
+    p->start = malloc(sizeof *p->start * nb);
+    p->weight = malloc(sizeof *p->weight * nb);
+    p->adj_start = calloc(nb + 1, sizeof *p->adj_start);
+    p->order = malloc(sizeof *p->order * nb);
+    p->pos = malloc(sizeof *p->pos * nb);
+    p->off = malloc(sizeof *p->off * nb);
+    p->top = malloc(sizeof *p->top * nb);
+    p->rg = malloc(sizeof *p->rg * nb);
+    bool ok = false;
+    int nadj = 0, cap = 0;
+    if (!loc || !stamp || !cand || !sl.list || !sl.len || !sl.cap || !p->buf || !p->bytes || !p->start ||
+        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg)
         goto done;
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
-        if (lv->buf_seg[b + 1] > lv->buf_seg[b])
-            ord[n++] = (order_key){mf_live_bytes(s, b), lv->segs[lv->buf_seg[b]].start, b};
-        else if (mf_live_in_arena(&s->buffers[b]))
-            s->buffers[b].offset = 0; /* never accessed: shares anything */
+        loc[b] = -1;
+        if (lv->buf_seg[b + 1] > lv->buf_seg[b]) {
+            loc[b] = p->n;
+            p->buf[p->n] = b;
+            p->bytes[p->n] = mf_live_bytes(s, b);
+            p->start[p->n++] = lv->segs[lv->buf_seg[b]].start;
+            if (!cover(lv, b, &sl, b, NULL, 0, NULL, NULL))
+                goto done;
+        } else if (mf_live_in_arena(&s->buffers[b])) {
+            s->buffers[b].offset = 0;
+        }
     }
-    qsort(ord, (size_t)n, sizeof *ord, cmp);
-    int64_t top = 0;
-    for (int i = 0; i < n; i++) {
-        int b = ord[i].b, ncand = 0, nr = 0;
+    for (int i = 0; i < p->n; i++) {
+        int b = p->buf[i], ncand = 0;
         if (!cover(lv, b, &sl, -1, stamp, b, cand, &ncand))
             goto done;
-        for (int k = 0; k < ncand; k++)
-            if (buffers_meet(lv, b, cand[k]))
-                rg[nr++] = (range){s->buffers[cand[k]].offset,
-                                   s->buffers[cand[k]].offset + mf_live_bytes(s, cand[k])};
-        qsort(rg, (size_t)nr, sizeof *rg, cmp_range);
-        int64_t at = 0, need = ord[i].bytes;
-        for (int k = 0; k < nr && rg[k].lo < at + need; k++)
-            if (rg[k].hi > at)
-                at = rg[k].hi;
-        s->buffers[b].offset = at;
-        if (at + need > top)
-            top = at + need;
-        if (!cover(lv, b, &sl, b, NULL, 0, NULL, NULL))
-            goto done;
+        p->weight[i] = p->bytes[i];
+        for (int k = 0; k < ncand; k++) {
+            if (cand[k] == b || !buffers_meet(lv, b, cand[k]))
+                continue;
+            if (nadj == cap) {
+                cap = cap ? 2 * cap : 256;
+                int *n = realloc(p->adj, sizeof *n * (size_t)cap);
+                if (!n)
+                    goto done;
+                p->adj = n;
+            }
+            p->adj[nadj++] = loc[cand[k]];
+            p->weight[i] += p->bytes[loc[cand[k]]];
+        }
+        p->adj_start[i + 1] = nadj;
     }
-    s->mem_transient = top;
     ok = true;
 done:
     for (int h = 0; sl.list && h < lv->nhooks; h++)
@@ -201,37 +224,171 @@ done:
     free(sl.list);
     free(sl.len);
     free(sl.cap);
-    free(ord);
+    free(loc);
     free(stamp);
     free(cand);
-    free(rg);
     return ok;
 }
 
-/* Two greedy orders, largest first and earliest first; each wins on some
- * schedules (docs/performance.md; longest-lived first, largest area first and
- * TFLite's greedy-by-breadth gained at most 1 % on two examples, not worth
- * their compile time): keep the smaller arena. */
-static bool assign_transient(mf_schedule *s, const mf_live *lv)
+/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena. */
+static int64_t place_from(pack *p, int k0)
 {
-    int (*const orders[])(const void *, const void *) = {cmp_order, cmp_start};
-    int64_t *keep = malloc(sizeof *keep * (size_t)(s->nbuffers + 1));
-    int64_t best = -1;
-    bool ok = keep != NULL;
-    for (size_t k = 0; ok && k < sizeof orders / sizeof orders[0]; k++) {
-        ok = assign_order(s, lv, orders[k]);
-        if (ok && (best < 0 || s->mem_transient < best)) {
-            best = s->mem_transient;
-            for (int b = 0; b < s->nbuffers; b++)
-                keep[b] = s->buffers[b].offset;
+    int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
+    for (int k = k0; k < p->n; k++) {
+        int i = p->order[k], nr = 0;
+        for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
+            int j = p->adj[e];
+            if (p->pos[j] < k)
+                p->rg[nr++] = (range){p->off[j], p->off[j] + p->bytes[j]};
+        }
+        p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
+        qsort(p->rg, (size_t)nr, sizeof *p->rg, cmp_range);
+        int64_t at = 0;
+        for (int r = 0; r < nr && p->rg[r].lo < at + p->bytes[i]; r++)
+            if (p->rg[r].hi > at)
+                at = p->rg[r].hi;
+        p->off[i] = at;
+        if (at + p->bytes[i] > top)
+            top = at + p->bytes[i];
+        p->top[k] = top;
+    }
+    return top;
+}
+
+/* Greedy orders: largest first, earliest first, most crowded first (own
+ * bytes plus the bytes of every buffer it meets); ties by the other keys. */
+typedef struct order_key {
+    int64_t k1, k2;
+    int i;
+} order_key;
+
+static int cmp_key(const void *x, const void *y)
+{
+    const order_key *a = x, *b = y;
+    if (a->k1 != b->k1)
+        return a->k1 < b->k1 ? -1 : 1;
+    if (a->k2 != b->k2)
+        return a->k2 < b->k2 ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static void set_order(pack *p, const int *order)
+{
+    memcpy(p->order, order, sizeof *order * (size_t)p->n);
+    for (int k = 0; k < p->n; k++)
+        p->pos[p->order[k]] = k;
+}
+
+/* The search budget: neighbour visits and orders tried. Small schedules get
+ * the full search (a few ms); on the 100k-tensor benchmarks the budget ends it
+ * after a few orders (docs/performance.md). */
+#define MF_ASSIGN_WORK (1 << 22)
+#define MF_ASSIGN_TRIES 4000
+
+/* Hill climbing over orders from the best greedy one: move or swap two
+ * random entries (a fixed-seed xorshift: the output is deterministic); keep
+ * the change when the arena does not grow; stop at the live-bytes bound or
+ * when the budget is spent. best/best_order hold the smallest arena seen. */
+static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int *best_order,
+                   int *save_order, int64_t *save_off, int64_t *save_top)
+{
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    int64_t cur = *best;
+    set_order(p, best_order);
+    place_from(p, 0);
+    for (int t = 0; t < MF_ASSIGN_TRIES && p->n > 1 && cur > bound && p->work < MF_ASSIGN_WORK; t++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int i = (int)(x % (uint64_t)p->n), j = (int)((x >> 32) % (uint64_t)p->n);
+        if (i == j)
+            continue;
+        int lo = i < j ? i : j, hi = i < j ? j : i, len = p->n - lo;
+        memcpy(save_order, p->order + lo, sizeof *save_order * (size_t)len);
+        for (int k = lo; k < p->n; k++) {
+            save_off[k] = p->off[p->order[k]];
+            save_top[k] = p->top[k];
+        }
+        if (x & (1u << 20)) { /* swap */
+            int tmp = p->order[i];
+            p->order[i] = p->order[j];
+            p->order[j] = tmp;
+        } else {              /* move order[i] to j */
+            int v = p->order[i];
+            if (i < j)
+                memmove(p->order + i, p->order + i + 1, sizeof *p->order * (size_t)(j - i));
+            else
+                memmove(p->order + j + 1, p->order + j, sizeof *p->order * (size_t)(i - j));
+            p->order[j] = v;
+        }
+        for (int k = lo; k <= hi; k++)
+            p->pos[p->order[k]] = k;
+        int64_t v = place_from(p, lo);
+        if (v <= cur) {
+            cur = v;
+            if (v < *best) {
+                *best = v;
+                for (int k = 0; k < p->n; k++)
+                    best_off[k] = p->off[k];
+            }
+            continue;
+        }
+        memcpy(p->order + lo, save_order, sizeof *save_order * (size_t)len);
+        for (int k = lo; k < p->n; k++) {
+            p->pos[p->order[k]] = k;
+            p->off[p->order[k]] = save_off[k];
+            p->top[k] = save_top[k];
         }
     }
-    if (ok) {
-        for (int b = 0; b < s->nbuffers; b++)
-            s->buffers[b].offset = keep[b];
-        s->mem_transient = best;
+}
+
+/* Offsets of the transient buffers: the smallest arena of the greedy orders
+ * and the search from the best of them (docs/semantics.md §10). */
+static bool assign_transient(mf_schedule *s, const mf_live *lv, int64_t bound)
+{
+    pack p = {0};
+    bool ok = pack_build(&p, s, lv);
+    size_t n = (size_t)p.n + 1;
+    order_key *keys = malloc(sizeof *keys * n);
+    int *ord = malloc(sizeof *ord * n), *best_order = malloc(sizeof *best_order * n);
+    int *save_order = malloc(sizeof *save_order * n);
+    int64_t *best_off = malloc(sizeof *best_off * n), *save_off = malloc(sizeof *save_off * n);
+    int64_t *save_top = malloc(sizeof *save_top * n);
+    int64_t best = -1;
+    ok = ok && keys && ord && best_order && save_order && best_off && save_off && save_top;
+    for (int by = 0; ok && by < 3; by++) {
+        for (int i = 0; i < p.n; i++) {
+            int64_t size = -p.bytes[i], start = p.start[i], crowd = -p.weight[i];
+            keys[i] = by == 0   ? (order_key){size, start, i}
+                      : by == 1 ? (order_key){start, size, i}
+                                : (order_key){crowd, size, i};
+        }
+        qsort(keys, (size_t)p.n, sizeof *keys, cmp_key);
+        for (int i = 0; i < p.n; i++)
+            ord[i] = keys[i].i;
+        set_order(&p, ord);
+        int64_t v = place_from(&p, 0);
+        if (best < 0 || v < best) {
+            best = v;
+            memcpy(best_order, ord, sizeof *ord * (size_t)p.n);
+            memcpy(best_off, p.off, sizeof *best_off * (size_t)p.n);
+        }
     }
-    free(keep);
+    if (ok && p.n > 0 && best > bound)
+        search(&p, bound, &best, best_off, best_order, save_order, save_off, save_top);
+    if (ok) {
+        for (int i = 0; i < p.n; i++)
+            s->buffers[p.buf[i]].offset = best_off[i];
+        s->mem_transient = best > 0 ? best : 0;
+    }
+    pack_free(&p);
+    free(keys);
+    free(ord);
+    free(best_order);
+    free(save_order);
+    free(best_off);
+    free(save_off);
+    free(save_top);
     return ok;
 }
 
@@ -726,10 +883,9 @@ bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
     mf_live lv;
     if (!mf_live_build(s, &lv))
         return false;
-    bool ok = assign_transient(s, &lv);
     /* The added records and waits touch no buffer: the bound stands. */
-    int64_t live = ok ? mf_live_lower_bound(s, &lv) : -1;
-    ok = ok && live >= 0 && add_waits(s, &lv, stats);
+    int64_t live = mf_live_lower_bound(s, &lv);
+    bool ok = live >= 0 && assign_transient(s, &lv, live) && add_waits(s, &lv, stats);
     mf_live_free(&lv);
     if (ok) {
         s->summary.live_bytes = live;

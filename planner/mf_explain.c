@@ -167,7 +167,18 @@ static int text_totals(const mf_plan *p, FILE *out)
     for (int j = 0; j < s->mesh.naxes; j++)
         fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)sum.bytes[j],
                 mf_human_bytes(sum.bytes[j], h1, sizeof h1));
-    fprintf(out, "  memory/rank  %-12s %14s %16s %14s\n", "role", "persistent", "transient peak", "peak");
+    /* The one peak (docs/semantics.md §9): what the runtime allocates, from
+     * the buffer assignment; the live-bytes bound next to it. */
+    const mf_summary *ss = &s->summary;
+    fprintf(out, "  memory/rank  peak %s (%lld bytes) allocated = persistent region %s + arena %s\n",
+            mf_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
+            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3));
+    fprintf(out, "               arena live-bytes lower bound %s (%lld bytes), arena/bound %.3f\n",
+            mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
+            ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
+    fprintf(out, "  model/rank   by role, not the peak: persistent + the largest sum over prefetch+1 = %d "
+                 "consecutive units\n", s->prefetch + 1);
+    fprintf(out, "               %-12s %14s %16s %14s\n", "role", "persistent", "window", "model");
     for (int r = 0; r < MF_ROLE_COUNT; r++)
         fprintf(out, "               %-12s %14s %16s %14s\n", mf_role_name((mf_role)r),
                 mf_human_bytes(mem.persistent[r], h1, sizeof h1), mf_human_bytes(mem.transient_peak[r], h2, sizeof h2),
@@ -175,15 +186,6 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", mf_human_bytes(mem.persistent_total, h1, sizeof h1),
             mf_human_bytes(mem.transient_peak_total, h2, sizeof h2), mf_human_bytes(mem.peak_total, h3, sizeof h3),
             (long long)mem.peak_total);
-    fprintf(out, "  (transient peak: the largest sum over prefetch+1 = %d consecutive units)\n", s->prefetch + 1);
-    /* The assignment's truth (docs/semantics.md §10): what the runtime allocates. */
-    const mf_summary *ss = &s->summary;
-    fprintf(out, "  peak/rank    allocated %s (%lld bytes) = persistent region %s + arena %s\n",
-            mf_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
-            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3));
-    fprintf(out, "               arena lower bound (live bytes at one instant) %s (%lld bytes), arena/bound %.3f\n",
-            mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
-            ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
     return 0;
 }
 
@@ -503,13 +505,16 @@ static bool yaml_totals(yout *y, const mf_plan *p)
     y_end_seq(y);
     y_raw(y, "memory_per_rank");
     y_map(y, false);
-    yaml_roles(y, "persistent", mem.persistent, mem.persistent_total);
-    yaml_roles(y, "transient_peak", mem.transient_peak, mem.transient_peak_total);
-    yaml_roles(y, "peak", mem.peak, mem.peak_total);
+    y_kint(y, "peak", s->summary.allocated_bytes); /* allocated: the one peak */
     y_kint(y, "persistent_region", s->mem_persistent);
     y_kint(y, "arena", s->mem_transient);
     y_kint(y, "live_bytes", s->summary.live_bytes);
-    y_kint(y, "allocated", s->summary.allocated_bytes);
+    y_raw(y, "model");                            /* by role, not the peak */
+    y_map(y, false);
+    yaml_roles(y, "persistent", mem.persistent, mem.persistent_total);
+    yaml_roles(y, "window", mem.transient_peak, mem.transient_peak_total);
+    yaml_roles(y, "total", mem.peak, mem.peak_total);
+    y_end_map(y);
     y_end_map(y);
     y_end_map(y);
     return true;

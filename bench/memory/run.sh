@@ -7,6 +7,7 @@
 #   arena         the transient arena
 #   live bound    the most transient bytes live at one instant
 #   ratio         arena / live bound
+#   goal          "ok" when ratio <= 1.05 (the goal, docs/performance.md), else "over"
 #
 #   bench/memory/run.sh [BUILD_DIR] [SPEC...]
 set -euo pipefail
@@ -20,7 +21,7 @@ specs=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; }
-printf '%-26s %14s %14s %14s %14s %7s\n' schedule "every-buffer" allocated arena "live bound" ratio
+printf '%-26s %14s %14s %14s %14s %7s %5s\n' schedule "every-buffer" allocated arena "live bound" ratio goal
 for spec in "${specs[@]}"; do
   name=$(basename "$spec" .mfsdp)
   "$mfsdpc" compile "$spec" -o "$tmp/$name.yaml"
@@ -32,6 +33,7 @@ for spec in "${specs[@]}"; do
   alloc=$(sed -n 's/^  allocated_bytes: //p' "$tmp/$name.yaml")
   live=$(sed -n 's/^  live_bytes: //p' "$tmp/$name.yaml")
   ratio=$(awk -v a="$arena" -v l="$live" 'BEGIN { printf "%.3f", (l > 0 ? a / l : 1) }')
-  printf '%-26s %10s MiB %10s MiB %10s MiB %10s MiB %7s\n' "$name" "$(mib "$all")" "$(mib "$alloc")" \
-    "$(mib "$arena")" "$(mib "$live")" "$ratio"
+  goal=$(awk -v a="$arena" -v l="$live" 'BEGIN { print (a <= 1.05 * l ? "ok" : "over") }')
+  printf '%-26s %10s MiB %10s MiB %10s MiB %10s MiB %7s %5s\n' "$name" "$(mib "$all")" "$(mib "$alloc")" \
+    "$(mib "$arena")" "$(mib "$live")" "$ratio" "$goal"
 done

@@ -15,9 +15,16 @@ run(0 explain hfsdp.mfsdp)
 foreach(text "; mfsdpc explain hfsdp.mfsdp" "unit 0 embed" "bucket 0 embed/hfsdp  layout hfsdp"
              "padding (" "main_weight  fp32  [Flat, Flat]" "all_gather      dp_outer     outer  bf16"
              "reduce_scatter  dp_inner     inner  fp32" "why: " "memory/rank grad" "totals per step"
-             "bytes/rank   axis" "transient peak")
+             "bytes/rank   axis" "memory/rank  peak " "arena live-bytes lower bound"
+             "model/rank   by role, not the peak" "plan/rank    estimate")
   expect_contains(out "${text}")
 endforeach()
+# one peak: the allocated one (docs/semantics.md §9); the model is not called one
+string(REGEX MATCHALL "peak [0-9]" peaks "${out}")
+list(LENGTH peaks npeaks)
+if(NOT npeaks EQUAL 1)
+  message(FATAL_ERROR "explain prints ${npeaks} peak figures, expected one:\n${out}")
+endif()
 if(NOT err STREQUAL "")
   message(FATAL_ERROR "unexpected stderr:\n${err}")
 endif()
