@@ -804,9 +804,10 @@ static bool mf_load_summary(mf_loader *l, mf_node *n)
 {
     static const mf_key keys[] = {{"collectives", true}, {"bytes_per_rank", true},
                                   {"persistent_bytes", true}, {"peak_bytes", true},
-                                  {"live_bytes", true}, {"allocated_bytes", true}};
-    mf_node *v[6];
-    if (!mf_load_fields(l, n, "summary", keys, 6, v, NULL))
+                                  {"live_bytes", true}, {"interference_bytes", true},
+                                  {"allocated_bytes", true}};
+    mf_node *v[7];
+    if (!mf_load_fields(l, n, "summary", keys, 7, v, NULL))
         return false;
     mf_schedule *s = l->s;
     if (!mf_schedule_summarize(s))
@@ -832,7 +833,8 @@ static bool mf_load_summary(mf_loader *l, mf_node *n)
            mf_load_role_values(l, v[2], "persistent_bytes", sum->persistent_bytes) &&
            mf_load_role_values(l, v[3], "peak_bytes", sum->peak_bytes) &&
            mf_load_total(l, v[4], "live_bytes", sum->live_bytes) &&
-           mf_load_total(l, v[5], "allocated_bytes", sum->allocated_bytes);
+           mf_load_total(l, v[5], "interference_bytes", sum->interference_bytes) &&
+           mf_load_total(l, v[6], "allocated_bytes", sum->allocated_bytes);
 }
 
 /* The arena sizes, then every offset inside them and no overlap of buffers

@@ -4,6 +4,7 @@
  */
 #include "mf_schedule.h"
 
+#include "mf_interfere.h"
 #include "mf_live.h"
 
 #include <stdio.h>
@@ -204,8 +205,13 @@ bool mf_schedule_summarize(mf_schedule *s)
     if (!mf_live_build(s, &lv))
         return false;
     sum->live_bytes = mf_live_lower_bound(s, &lv);
+    mf_interfere x = {0};
+    bool ok = sum->live_bytes >= 0 && mf_interfere_bound(s, &lv, MF_INTERFERE_WORK, &x);
+    if (ok)
+        sum->interference_bytes = x.bytes;
+    mf_interfere_free(&x);
     mf_live_free(&lv);
-    return sum->live_bytes >= 0;
+    return ok;
 }
 
 bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)

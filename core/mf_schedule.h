@@ -280,6 +280,9 @@ typedef struct mf_summary {
                                                 prefetch-window model by role */
     int64_t live_bytes;      /* lower bound: most aligned transient bytes live at
                                 one instant (mf_live_lower_bound) */
+    int64_t interference_bytes; /* lower bound with one offset per buffer:
+                                the heaviest set of pairwise interfering
+                                buffers found (mf_interfere_bound) */
     int64_t allocated_bytes; /* what the runtime allocates per rank:
                                 mem_persistent + mem_transient */
 } mf_summary;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "mf_arena_check.h"
+#include "mf_interfere.h"
 #include "mf_live.h"
 
 /* ---- offsets ---- */
@@ -883,13 +884,19 @@ bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
     mf_live lv;
     if (!mf_live_build(s, &lv))
         return false;
-    /* The added records and waits touch no buffer: the bound stands. */
+    /* The added records and waits touch no buffer: the bounds stand. The
+     * order search stops at the interference bound (>= the live-bytes
+     * bound): no arena with one offset per buffer is smaller. */
     int64_t live = mf_live_lower_bound(s, &lv);
-    bool ok = live >= 0 && assign_transient(s, &lv, live) && add_waits(s, &lv, stats);
+    mf_interfere x = {0};
+    bool ok = live >= 0 && mf_interfere_bound(s, &lv, MF_INTERFERE_WORK, &x) &&
+              assign_transient(s, &lv, x.bytes > live ? x.bytes : live) && add_waits(s, &lv, stats);
     mf_live_free(&lv);
     if (ok) {
         s->summary.live_bytes = live;
+        s->summary.interference_bytes = x.bytes;
         s->summary.allocated_bytes = s->mem_persistent + s->mem_transient;
     }
+    mf_interfere_free(&x);
     return ok;
 }

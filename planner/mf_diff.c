@@ -323,6 +323,8 @@ static void mf_diff_totals(mf_diff_ctx *c)
     mf_diff_total(c, &header, "persistent region bytes per rank", a->mem_persistent, b->mem_persistent, true);
     mf_diff_total(c, &header, "allocated bytes per rank", x->allocated_bytes, y->allocated_bytes, true);
     mf_diff_total(c, &header, "live-bytes lower bound per rank", x->live_bytes, y->live_bytes, true);
+    mf_diff_total(c, &header, "interference lower bound per rank", x->interference_bytes,
+                  y->interference_bytes, true);
     mf_diff_total(c, &header, "ops", a->nops, b->nops, false);
     mf_diff_total(c, &header, "events", a->nevents, b->nevents, false);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "mf_interfere.h"
 #include "mf_layout.h"
 #include "mf_plan_stats.h"
 #include "mf_yaml_str.h"
@@ -143,6 +144,37 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
     fprintf(out, "(local %s, stages %s)\n", mf_human_bytes(m.grad_local, h1, sizeof h1), mf_human_bytes(m.grad_stage, h2, sizeof h2));
 }
 
+/* The interference bound with its clique (docs/semantics.md §10): the same
+ * search as the summary's interference_bytes, run again for the members. */
+static bool interference_of(const mf_schedule *s, mf_interfere *x)
+{
+    mf_live lv;
+    memset(x, 0, sizeof *x);
+    if (!mf_live_build(s, &lv))
+        return false;
+    bool ok = mf_interfere_bound(s, &lv, MF_INTERFERE_WORK, x);
+    mf_live_free(&lv);
+    return ok;
+}
+
+/* How many clique members the text form names. */
+#define MF_EXPLAIN_CLIQUE_SHOWN 8
+
+static void text_interference(const mf_schedule *s, const mf_interfere *x, FILE *out)
+{
+    char h1[32];
+    fprintf(out, "               arena interference lower bound %s%s (%lld bytes), arena/bound %.3f\n",
+            x->exact ? "" : "at least ", mf_human_bytes(x->bytes, h1, sizeof h1), (long long)x->bytes,
+            x->bytes > 0 ? (double)s->mem_transient / (double)x->bytes : 1.0);
+    fprintf(out, "               = %d buffers whose live ranges pairwise meet; with one address per buffer "
+                 "for the run they must be disjoint:\n", x->nmembers);
+    for (int k = 0; k < x->nmembers && k < MF_EXPLAIN_CLIQUE_SHOWN; k++)
+        fprintf(out, "                 %s (%lld bytes)\n", s->buffers[x->members[k]].name,
+                (long long)mf_live_bytes(s, x->members[k]));
+    if (x->nmembers > MF_EXPLAIN_CLIQUE_SHOWN)
+        fprintf(out, "                 ... and %d more\n", x->nmembers - MF_EXPLAIN_CLIQUE_SHOWN);
+}
+
 static int text_totals(const mf_plan *p, FILE *out)
 {
     const mf_schedule *s = p->sched;
@@ -176,6 +208,11 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "               arena live-bytes lower bound %s (%lld bytes), arena/bound %.3f\n",
             mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
             ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
+    mf_interfere x;
+    if (!interference_of(s, &x))
+        return -1;
+    text_interference(s, &x, out);
+    mf_interfere_free(&x);
     fprintf(out, "  model/rank   by role, not the peak: persistent + the largest sum over prefetch+1 = %d "
                  "consecutive units\n", s->prefetch + 1);
     fprintf(out, "               %-12s %14s %16s %14s\n", "role", "persistent", "window", "model");
@@ -509,6 +546,17 @@ static bool yaml_totals(yout *y, const mf_plan *p)
     y_kint(y, "persistent_region", s->mem_persistent);
     y_kint(y, "arena", s->mem_transient);
     y_kint(y, "live_bytes", s->summary.live_bytes);
+    mf_interfere x;
+    if (!interference_of(s, &x))
+        return false;
+    y_kint(y, "interference_bytes", x.bytes);
+    y_kbool(y, "interference_exact", x.exact);
+    y_raw(y, "interference_clique");             /* pairwise live at once */
+    y_seq(y, true);
+    for (int k = 0; k < x.nmembers; k++)
+        y_str(y, s->buffers[x.members[k]].name);
+    y_end_seq(y);
+    mf_interfere_free(&x);
     y_raw(y, "model");                            /* by role, not the peak */
     y_map(y, false);
     yaml_roles(y, "persistent", mem.persistent, mem.persistent_total);
