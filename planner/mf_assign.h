@@ -19,7 +19,8 @@ typedef struct mf_assign_stats {
 } mf_assign_stats;
 
 /* Assigns offsets, sets mem_persistent / mem_transient, inserts the waits
- * (renumbering op ids) and sets the summary's live_bytes and allocated_bytes
+ * (renumbering op ids) and sets the summary's live_bytes, interference_bytes
+ * (core/mf_interfere.h) and allocated_bytes
  * (the rest of the summary, which waits do not change, must be computed
  * already: mf_schedule_summarize). stats may be NULL.
  * Returns false on OOM (the schedule is then unusable). */
