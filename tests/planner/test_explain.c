@@ -184,6 +184,13 @@ static void test_yaml_same_data(void **state)
     assert_int_equal(num(get(&doc, mpr, "peak")), num(get(&doc, mpr, "persistent_region")) + num(get(&doc, mpr, "arena")));
     assert_int_equal(num(get(&doc, mpr, "live_bytes")), p->sched->summary.live_bytes);
     assert_true(num(get(&doc, mpr, "arena")) >= num(get(&doc, mpr, "live_bytes")));
+    /* the interference bound: the summary's, between the live bound and the
+     * arena, with its clique (tests/schedule/test_interfere.c checks members) */
+    assert_int_equal(num(get(&doc, mpr, "interference_bytes")), p->sched->summary.interference_bytes);
+    assert_true(num(get(&doc, mpr, "interference_bytes")) >= num(get(&doc, mpr, "live_bytes")));
+    assert_true(num(get(&doc, mpr, "arena")) >= num(get(&doc, mpr, "interference_bytes")));
+    assert_string_equal(str(get(&doc, mpr, "interference_exact")), "true");
+    assert_int_equal(get(&doc, mpr, "interference_clique")->type, YAML_SEQUENCE_NODE);
     yaml_node_t *model = get(&doc, get(&doc, mpr, "model"), "total");
     assert_int_equal(num(get(&doc, model, "total")), mem.peak_total);
     assert_int_equal(num(get(&doc, model, "grad")), mem.peak[MF_ROLE_GRAD]);

@@ -12,7 +12,8 @@
 #                  tests/schedule/test_interfere.c's job)
 # and prints A / L next to it. Also checks, per spec, that the one peak
 # `mfsdpc explain` prints is the schedule's allocated_bytes = the persistent
-# region + the arena, byte for byte (docs/semantics.md §9).
+# region + the arena, byte for byte (docs/semantics.md §9), and that the
+# interference bound it prints is the summary's.
 #
 #   arena_ratio.sh MFSDPC SOURCE_DIR
 set -euo pipefail
@@ -46,6 +47,10 @@ for spec in schedules/*.mfsdp examples/mlp/*.mfsdp tests/runtime/specs/*.mfsdp t
   inter=$(sed -n 's/^  interference_bytes: \([0-9]*\)$/\1/p' "$out")
   if [ -z "$arena" ] || [ -z "$live" ] || [ -z "$inter" ]; then
     echo "FAIL $spec: no arena, live_bytes or interference_bytes in the compiled schedule"; fail=1; continue
+  fi
+  shown=$(sed -n 's/^ *arena interference lower bound .* (\([0-9]*\) bytes), arena\/bound .*/\1/p' "$tmp/explain")
+  if [ "$shown" != "$inter" ]; then
+    echo "FAIL $spec: explain prints the interference bound '$shown', the summary has '$inter'"; fail=1; continue
   fi
   ratio() { awk -v a="$1" -v l="$2" 'BEGIN { printf "%.4f", (l > 0 ? a / l : 1) }'; }
   if awk -v a="$arena" -v l="$live" -v i="$inter" 'BEGIN { exit !(i < l || a < i || a > 1.05 * i) }'; then

@@ -259,6 +259,9 @@ static void test_diff_equivalence(void **state)
     assert_int_equal(run(args), 1);
     so = out_of("stdout");
     assert_non_null(strstr(so, "prefetch: 2 -> 1\n"));
+    /* the arena and both of its lower bounds (docs/semantics.md §10) */
+    assert_non_null(strstr(so, "  arena bytes per rank (transient): 822784 -> 716288 "));
+    assert_non_null(strstr(so, "  interference lower bound per rank: 822784 -> 716288 "));
     assert_non_null(strstr(so, "~ all_gather on dp (T2 at forward_pre) [layers.1/fsdp]: issued at forward_pre of "
                                "embed -> forward_pre of layers.0\n"));
     free(so);
