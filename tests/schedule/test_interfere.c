@@ -11,7 +11,10 @@
  *     ranges, not the interference graph), naming both, while the same layout
  *     without the shared bytes passes; and its members' bytes, from each
  *     buffer's count and dtype, add up to the printed bound and to the
- *     summary's interference_bytes.
+ *     summary's interference_bytes;
+ *   - with no budget, the search keeps its start, whose bytes are the
+ *     live-bytes bound of the separate sweep in core/mf_live.c; and the loader
+ *     refuses a summary whose interference_bytes differs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -242,6 +245,29 @@ static void check_example(const char *name)
                 fail_msg("%s: refused for another reason: %s", name, msg);
         }
     free(member);
+    /* with no budget the search keeps its start, the peak instant's buffers:
+     * exactly the live-bytes bound (a separate sweep, mf_live_lower_bound) */
+    mf_live lv;
+    assert_true(mf_live_build(s, &lv));
+    mf_interfere z;
+    assert_true(mf_interfere_bound(s, &lv, 0, &z));
+    assert_false(z.exact);
+    assert_int_equal(z.bytes, s->summary.live_bytes);
+    mf_interfere_free(&z);
+    mf_live_free(&lv);
+    /* the loader recomputes the summary's bound and refuses another */
+    char find[96], *at;
+    snprintf(find, sizeof find, "\n  interference_bytes: %lld\n", (long long)printed);
+    assert_non_null(at = strstr(text, find));
+    char *edited = malloc(strlen(text) + 2);
+    memcpy(edited, text, (size_t)(at - text));
+    snprintf(edited + (at - text), strlen(text) + 2 - (size_t)(at - text), "\n  interference_bytes: %lld\n%s",
+             (long long)printed - 256, at + strlen(find));
+    mf_schedule *bad = mf_schedule_load_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
+    assert_null(bad);
+    if (!strstr(err, "summary interference_bytes is"))
+        fail_msg("%s: unexpected: %s", name, err);
+    free(edited);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     free(ex);
