@@ -803,7 +803,7 @@ static bool mf_load_total(mf_loader *l, mf_node *n, const char *what, int64_t wa
 static bool mf_load_summary(mf_loader *l, mf_node *n)
 {
     static const mf_key keys[] = {{"collectives", true}, {"bytes_per_rank", true},
-                                  {"persistent_bytes", true}, {"peak_bytes", true},
+                                  {"persistent_bytes", true}, {"model_bytes", true},
                                   {"live_bytes", true}, {"interference_bytes", true},
                                   {"allocated_bytes", true}};
     mf_node *v[7];
@@ -831,7 +831,7 @@ static bool mf_load_summary(mf_loader *l, mf_node *n)
     }
     return mf_load_axis_values(l, v[1], "bytes_per_rank", sum->bytes) &&
            mf_load_role_values(l, v[2], "persistent_bytes", sum->persistent_bytes) &&
-           mf_load_role_values(l, v[3], "peak_bytes", sum->peak_bytes) &&
+           mf_load_role_values(l, v[3], "model_bytes", sum->model_bytes) &&
            mf_load_total(l, v[4], "live_bytes", sum->live_bytes) &&
            mf_load_total(l, v[5], "interference_bytes", sum->interference_bytes) &&
            mf_load_total(l, v[6], "allocated_bytes", sum->allocated_bytes);

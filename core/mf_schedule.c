@@ -193,7 +193,7 @@ bool mf_schedule_summarize(mf_schedule *s)
             if (w > transient)
                 transient = w;
         }
-        sum->peak_bytes[r] = sum->persistent_bytes[r] + step_bytes[r] + transient;
+        sum->model_bytes[r] = sum->persistent_bytes[r] + step_bytes[r] + transient;
     }
     free(per_unit);
     /* The assignment's truth (docs/semantics.md §10): what the runtime

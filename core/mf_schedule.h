@@ -276,7 +276,7 @@ typedef struct mf_summary {
     int64_t collectives[MF_OPKIND_COUNT][MF_MAX_AXES]; /* launches per step */
     int64_t bytes[MF_MAX_AXES];      /* bytes sent per rank per step (ring) */
     int64_t persistent_bytes[MF_ROLE_COUNT]; /* per rank */
-    int64_t peak_bytes[MF_ROLE_COUNT];       /* per rank, incl. transients: the
+    int64_t model_bytes[MF_ROLE_COUNT];       /* per rank, incl. transients: the
                                                 prefetch-window model by role */
     int64_t live_bytes;      /* lower bound: most aligned transient bytes live at
                                 one instant (mf_live_lower_bound) */

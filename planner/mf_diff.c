@@ -8,7 +8,7 @@
  *   added (+), removed (-) and changed (~: predicate, stream, count, dtype,
  *   hook), each with its bytes per rank per step when it is a collective;
  *   totals per step before -> after: collectives by kind and axis, bytes per
- *   rank by axis, persistent and peak bytes per rank by role, ops and events.
+ *   rank by axis, persistent and model (prefetch-window) bytes per rank by role, the arena and its bounds, ops and events.
  * Equivalence is decided on the canonical YAML (minus source and its hash),
  * so any difference, even one only in event numbering, exits 1.
  */
@@ -315,8 +315,8 @@ static void mf_diff_totals(mf_diff_ctx *c)
         mf_diff_total(c, &header, what, x->persistent_bytes[r], y->persistent_bytes[r], true);
     }
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        snprintf(what, sizeof what, "peak bytes per rank, %s", mf_role_name((mf_role)r));
-        mf_diff_total(c, &header, what, x->peak_bytes[r], y->peak_bytes[r], true);
+        snprintf(what, sizeof what, "model bytes per rank (prefetch window), %s", mf_role_name((mf_role)r));
+        mf_diff_total(c, &header, what, x->model_bytes[r], y->model_bytes[r], true);
     }
     /* the buffer assignment (docs/semantics.md §10) */
     mf_diff_total(c, &header, "arena bytes per rank (transient)", a->mem_transient, b->mem_transient, true);

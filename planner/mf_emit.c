@@ -360,7 +360,7 @@ static void mf_emit_summary(mf_emit_ctx *c)
         mf_emit_kv_int(c, s->mesh.axes[j].name, sum->bytes[j]);
     mf_emit_map_end(c);
     mf_emit_role_map(c, "persistent_bytes", sum->persistent_bytes);
-    mf_emit_role_map(c, "peak_bytes", sum->peak_bytes);
+    mf_emit_role_map(c, "model_bytes", sum->model_bytes);
     mf_emit_kv_int(c, "live_bytes", sum->live_bytes);
     mf_emit_kv_int(c, "interference_bytes", sum->interference_bytes);
     mf_emit_kv_int(c, "allocated_bytes", sum->allocated_bytes);

@@ -586,7 +586,7 @@ static void mf_lower_cross_check(mf_lower_ctx *c)
     const mf_summary *got = &c->s->summary;
     bool same = memcmp(want.bytes, got->bytes, sizeof want.bytes) == 0 &&
                 memcmp(want.persistent_bytes, got->persistent_bytes, sizeof want.persistent_bytes) == 0 &&
-                memcmp(want.peak_bytes, got->peak_bytes, sizeof want.peak_bytes) == 0;
+                memcmp(want.model_bytes, got->model_bytes, sizeof want.model_bytes) == 0;
     for (int k = 0; k < MF_OPKIND_COUNT && same; k++)
         for (int j = 0; j < MF_MAX_AXES && same; j++)
             same = want.collectives[k][j] == got->collectives[k][j];

@@ -55,9 +55,9 @@ bool mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem 
     memset(out, 0, sizeof *out);
     int64_t pers = 0, peak = 0;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        out->peak_role[r] = s->summary.peak_bytes[r];
+        out->peak_role[r] = s->summary.model_bytes[r];
         pers = sat_add(pers, s->summary.persistent_bytes[r]);
-        peak = sat_add(peak, s->summary.peak_bytes[r]);
+        peak = sat_add(peak, s->summary.model_bytes[r]);
     }
     out->persistent = pers;
     out->model_peak = peak;

@@ -144,7 +144,7 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
     if (!mf_plan_memory_of(p, &mem))
         return false;
     memcpy(out->persistent_bytes, mem.persistent, sizeof mem.persistent);
-    memcpy(out->peak_bytes, mem.peak, sizeof mem.peak);
+    memcpy(out->model_bytes, mem.peak, sizeof mem.peak);
     return true;
 }
 

@@ -92,7 +92,7 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out);
 int64_t mf_transition_runs(const mf_plan *p, int b, int t);
 
 /* Collectives per step by kind and axis, bytes per rank per step by axis, and
- * persistent / peak bytes per rank by role, in the shape of the compiled
+ * persistent / model bytes per rank by role, in the shape of the compiled
  * schedule's summary (mf_schedule_summarize()). Sums saturate at INT64_MAX.
  * False on OOM. */
 bool mf_plan_totals(const mf_plan *p, mf_summary *out);

@@ -188,7 +188,7 @@ static void test_hfsdp_memory_by_hand(void **state)
     mf_summary sum;
     assert_true(mf_plan_totals(p, &sum));
     assert_memory_equal(sum.persistent_bytes, mem.persistent, sizeof mem.persistent);
-    assert_memory_equal(sum.peak_bytes, mem.peak, sizeof mem.peak);
+    assert_memory_equal(sum.model_bytes, mem.peak, sizeof mem.peak);
     mf_plan_free(p);
 
     /* prefetch 2: all three units' transients at once */

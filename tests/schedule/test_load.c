@@ -315,13 +315,13 @@ static void test_summary(void **state)
     bad("all_gather: {dp_outer: 2,", 1, "all_gather: {dp_outer: 3,", "3, dp_inner", 1,
         "summary collectives.all_gather.dp_outer is 3, but the ops give 2");
     /* one more than the true value */
-    const char *at = strstr(base, "peak_bytes: {weight: ");
+    const char *at = strstr(base, "model_bytes: {weight: ");
     assert_non_null(at);
-    long long v = strtoll(at + strlen("peak_bytes: {weight: "), NULL, 10);
+    long long v = strtoll(at + strlen("model_bytes: {weight: "), NULL, 10);
     char find[64], repl[64], msg[128];
-    snprintf(find, sizeof find, "peak_bytes: {weight: %lld,", v);
-    snprintf(repl, sizeof repl, "peak_bytes: {weight: %lld,", v + 1);
-    snprintf(msg, sizeof msg, "summary peak_bytes.weight is %lld, but the buffers give %lld", v + 1, v);
+    snprintf(find, sizeof find, "model_bytes: {weight: %lld,", v);
+    snprintf(repl, sizeof repl, "model_bytes: {weight: %lld,", v + 1);
+    snprintf(msg, sizeof msg, "summary model_bytes.weight is %lld, but the buffers give %lld", v + 1, v);
     char mark[32];
     snprintf(mark, sizeof mark, "%lld, grad", v + 1);
     bad(find, 1, repl, mark, 1, msg);
