@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_assign.h"
 #include "mf_ast.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
@@ -279,7 +280,9 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         rc = 1;
         goto done;
     }
-    if (!mf_lower_run(p, &d))
+    /* the buffer assignment adds the waits buffer reuse needs, which the
+       simulator honours: run it as the compiler does (mf_pipeline.c) */
+    if (!mf_lower_run(p, &d) || !mf_assign_run(p->sched, NULL))
         goto broken;
     char err[256];
     if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
