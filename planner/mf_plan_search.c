@@ -280,11 +280,30 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         rc = 1;
         goto done;
     }
-    /* the buffer assignment adds the waits buffer reuse needs, which the
-       simulator honours: run it as the compiler does (mf_pipeline.c) */
-    if (!mf_lower_run(p, &d) || !mf_assign_run(p->sched, NULL))
+    if (!mf_lower_run(p, &d))
         goto broken;
     char err[256];
+    if (lb_time >= 0) {
+        /* The lowering's schedule before the buffer assignment: the
+           assignment only inserts waits and zero-time records, so every
+           item of the simulation starts no earlier with them (docs/plan.md
+           §3) and this step time is a lower bound of the candidate's. */
+        if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
+            snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
+            goto done;
+        }
+        bool dominated = front_dominates(ps, (double)pt->mem.peak, res.step_time);
+        mf_sim_result_free(&res);
+        if (dominated) {
+            ps->sim_pruned++;
+            rc = 1;
+            goto done;
+        }
+    }
+    /* the buffer assignment adds the waits buffer reuse needs, which the
+       simulator honours: run it as the compiler does (mf_pipeline.c) */
+    if (!mf_assign_run(p->sched, NULL))
+        goto broken;
     if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;

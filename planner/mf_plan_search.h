@@ -95,6 +95,8 @@ typedef struct mf_plan_search {
     int64_t ncandidates;
     int64_t evaluated;      /* candidates compiled and simulated */
     int64_t memory_only;    /* candidates whose exact memory and time bound were dominated */
+    int64_t sim_pruned;     /* candidates dominated by their exact memory and the step time
+                               simulated before the buffer assignment (a lower bound) */
     double compute_time;    /* seconds, the same for every candidate */
     double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
                                candidate; they depend on the tensors only) */
