@@ -126,6 +126,43 @@ static int build_groups(mf_plan_search *ps, const mf_ast *ast, const int *search
     return 0;
 }
 
+/* The unit's tensors with every run of consecutive tensors of one layout
+ * class (the unit's default layout, or one override layout) fused into one
+ * tensor of their summed elements, named after the first, when every tensor
+ * of the run but the last has a multiple of 16 elements. The layout pass
+ * (mf_layout_pass.c) packs a bucket's tensors in declaration order, each
+ * offset rounded up to the tensor quantum, which divides 16 for every dtype,
+ * so such a run occupies the same span and ends at the same element whether
+ * fused or not, in whichever bucket its class lands; the buckets, their
+ * lengths, the units they cover and the elements per unit, hence every
+ * figure of the candidate, are the same, for a fraction of the tensors
+ * (DeepSeek-MoE's ~200 tensors per unit become 3). A run whose sum would
+ * overflow is not fused. Returns the count, or -1 on OOM (*out malloc'ed). */
+static int fuse_tensors(const mf_spec_unit *su, mf_spec_tensor **out)
+{
+    mf_spec_tensor *ft = malloc(((size_t)su->ntensors + 1) * sizeof *ft);
+    if (!ft)
+        return -1;
+    int n = 0;
+    for (int t = 0; t < su->ntensors; t++) {
+        const mf_spec_tensor *x = &su->tensors[t];
+        mf_spec_tensor *last = n > 0 ? &ft[n - 1] : NULL;
+        int64_t sum;
+        if (last && last->unit_default == x->unit_default && (x->unit_default || last->layout == x->layout) &&
+            last->numel % 16 == 0 && !__builtin_add_overflow(last->numel, x->numel, &sum)) {
+            last->numel = sum;
+            last->dims[0] = sum;
+            continue;
+        }
+        ft[n] = *x;
+        ft[n].ndims = 1;
+        ft[n].dims[0] = x->numel;
+        n++;
+    }
+    *out = ft;
+    return n;
+}
+
 static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
 {
     for (const mf_ast_setting *s = ast->settings; s; s = s->next)
@@ -145,14 +182,16 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     if (!ps->spec.units || build_layouts(ps, search, &nsearch) != 0)
         goto oom;
     memcpy(ps->spec.units, base->units, (size_t)base->nunits * sizeof *ps->spec.units);
+    for (int u = 0; u < base->nunits; u++)
+        ps->spec.units[u].tensors = NULL; /* owned from here on (mf_ps_free) */
     for (int u = 0; u < base->nunits; u++) {
         mf_spec_unit *su = &ps->spec.units[u];
-        if (!su->layout_auto)
-            continue;
-        su->tensors = calloc((size_t)su->ntensors, sizeof *su->tensors);
-        if (!su->tensors)
+        mf_spec_tensor *ft;
+        int n = fuse_tensors(&base->units[u], &ft);
+        if (n < 0)
             goto oom;
-        memcpy(su->tensors, base->units[u].tensors, (size_t)su->ntensors * sizeof *su->tensors);
+        su->tensors = ft;
+        su->ntensors = n;
         su->layout_auto = false;
     }
     rc = build_groups(ps, ast, search, nsearch);
@@ -194,8 +233,7 @@ oom:
 void mf_ps_free(mf_plan_search *ps)
 {
     for (int u = 0; ps->spec.units && u < ps->base->nunits; u++)
-        if (ps->base->units[u].layout_auto)
-            free(ps->spec.units[u].tensors);
+        free(ps->spec.units[u].tensors);
     free(ps->spec.units);
     free(ps->spec.layouts);
     for (int g = 0; ps->groups && g < ps->ngroups; g++) {
