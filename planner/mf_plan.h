@@ -47,6 +47,11 @@ typedef struct mf_plan {
     mf_schedule *sched;     /* owned until taken */
     mf_transition (*trans)[MF_NTRANSITIONS]; /* per bucket, indexed by bucket id */
     mf_cost_model cost;
+    bool quiet;             /* skip the human-readable text no figure depends on:
+                               transitions' `why` (and the search for the
+                               alternative it names), buffer names (the
+                               bucket's name instead); set by the plan
+                               search, whose candidates are never printed */
 } mf_plan;
 
 #endif

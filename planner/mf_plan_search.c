@@ -311,6 +311,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
+    p->quiet = true; /* candidates are measured, never printed */
     if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
         goto broken;
     if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {

@@ -462,7 +462,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
      * bytes against launches (different bytes per rank), else the best that
      * differs in launches or cost, else the best mere reordering. */
     int alt_rank = -1;
-    for (size_t i = 0; best && i < cs->paths.len; i++) {
+    for (size_t i = 0; best && nvalid > 1 && !p->quiet && i < cs->paths.len; i++) {
         if (&paths[i] == best)
             continue;
         eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
@@ -510,7 +510,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
     for (int i = 0; i < n; i++)
         tr->cost += mf_cost_op(&p->cost, m, tr->steps[i].kind, tr->steps[i].axis, tr->steps[i].count,
                                tr->steps[i].dtype);
-    if (nvalid > 1) {
+    if (nvalid > 1 && !p->quiet) {
         tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
         if (!tr->why) {
             *oom = true;
