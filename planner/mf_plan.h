@@ -41,6 +41,15 @@ typedef struct mf_transition {
     double cost;            /* modeled seconds per launch of the whole transition */
 } mf_transition;
 
+/* Transitions already built, keyed by what they depend on: a bucket's
+ * dtypes, placements and padded length and the schedule's alignment (the
+ * mesh and cost model must be the same for every plan that shares one:
+ * the plan search's candidates). Owned by whoever created it
+ * (mf_trans_cache_new/free, mf_transition.c); steps live in its arena. */
+typedef struct mf_trans_cache mf_trans_cache;
+mf_trans_cache *mf_trans_cache_new(void);
+void mf_trans_cache_free(mf_trans_cache *c);
+
 typedef struct mf_plan {
     mf_arena *arena;
     const mf_spec *spec;    /* borrowed */
@@ -52,6 +61,8 @@ typedef struct mf_plan {
                                alternative it names), buffer names (the
                                bucket's name instead); set by the plan
                                search, whose candidates are never printed */
+    mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
+                               (and fills) it; set only with quiet */
 } mf_plan;
 
 #endif

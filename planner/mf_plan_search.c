@@ -222,7 +222,8 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
         n *= ps->groups[g].nchoices;
     }
     ps->ncandidates = n;
-    if (mf_ps_bounds_prepare(ps) != 0)
+    ps->tcache = mf_trans_cache_new();
+    if (!ps->tcache || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
     return 0;
 oom:
@@ -253,6 +254,7 @@ void mf_ps_free(mf_plan_search *ps)
     free(ps->lb_scratch);
     if (ps->sink)
         fclose(ps->sink);
+    mf_trans_cache_free(ps->tcache);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
     free(ps->front);
@@ -312,6 +314,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         goto done;
     }
     p->quiet = true; /* candidates are measured, never printed */
+    p->tcache = ps->tcache;
     if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
         goto broken;
     if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {

@@ -102,6 +102,7 @@ typedef struct mf_plan_search {
                                candidate; they depend on the tensors only) */
     double *lb_scratch;     /* 5 x nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
+    struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
     char err[512];
