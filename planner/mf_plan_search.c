@@ -330,7 +330,9 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
            assignment only inserts waits and zero-time records, so every
            item of the simulation starts no earlier with them (docs/plan.md
            §3) and this step time is a lower bound of the candidate's. */
-        if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
+        mf_sim_config quick = cfg;
+        quick.time_only = true;
+        if (mf_simulate(p->sched, &quick, &res, err, sizeof err) != 0) {
             snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
             goto done;
         }
