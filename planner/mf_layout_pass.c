@@ -174,6 +174,7 @@ typedef struct bucket_build {
 
 typedef struct layout_state {
     const mf_spec *spec;
+    bool quiet;             /* the plan's: names borrowed from the spec */
     mf_diag *d;
     int *canon;             /* per spec layout */
     int *sig_group;         /* per canonical layout: its group in the current unit, or -1 */
@@ -366,6 +367,13 @@ static const char *bucket_label(layout_state *st, mf_arena *a, const group *g)
     return mf_arena_printf(a, "inline.%s", shortname);
 }
 
+/* A copy of s in the schedule's arena, or s itself (borrowed from the spec,
+ * which outlives the plan) for a quiet plan, whose names are never printed. */
+static const char *name_of(const layout_state *st, mf_arena *a, const char *s)
+{
+    return st->quiet ? s : mf_arena_strdup(a, s);
+}
+
 /* Writes units and buckets into the schedule; false on OOM. */
 static bool materialize(layout_state *st, mf_schedule *s)
 {
@@ -379,7 +387,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
     if (!s->units || !s->buckets)
         return false;
     for (int u = 0; u < spec->nunits; u++) {
-        s->units[u].name = mf_arena_strdup(a, spec->units[u].name);
+        s->units[u].name = name_of(st, a, spec->units[u].name);
         if (!s->units[u].name)
             return false;
         s->units[u].reshard_after_forward = spec->units[u].reshard_after_forward;
@@ -394,11 +402,13 @@ static bool materialize(layout_state *st, mf_schedule *s)
         for (int g = bb[b].head; g >= 0; g = groups[g].next)
             ntensors += groups[g].ntensors;
         out->tensors = mf_arena_array(a, (size_t)ntensors, sizeof *out->tensors);
-        const char *label = bucket_label(st, a, head);
+        const char *label = st->quiet ? "" : bucket_label(st, a, head);
         if (!out->tensors || !label)
             return false;
-        out->name = mf_arena_printf(a, "%s/%s", spec->units[bb[b].unit].name, label);
-        out->layout = mf_arena_strdup(a, spec->layouts[head->named >= 0 ? head->named : head->sig].name);
+        /* quiet: the unit's name stands for the bucket's */
+        out->name = st->quiet ? spec->units[bb[b].unit].name
+                              : mf_arena_printf(a, "%s/%s", spec->units[bb[b].unit].name, label);
+        out->layout = name_of(st, a, spec->layouts[head->named >= 0 ? head->named : head->sig].name);
         if (!out->name || !out->layout)
             return false;
         out->unit = bb[b].unit;
@@ -410,7 +420,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
             used = place_group(st, &groups[g], used, tq, out->tensors + out->ntensors);
             for (int i = 0; i < groups[g].ntensors; i++) {
                 mf_tensor *t = &out->tensors[out->ntensors + i];
-                t->name = mf_arena_strdup(a, t->name);
+                t->name = name_of(st, a, t->name);
                 if (!t->name)
                     return false;
             }
@@ -447,7 +457,7 @@ static bool copy_header(const mf_spec *spec, mf_schedule *s)
 bool mf_layout_run(mf_plan *p, mf_diag *d)
 {
     const mf_spec *spec = p->spec;
-    layout_state st = {.spec = spec, .d = d};
+    layout_state st = {.spec = spec, .d = d, .quiet = p->quiet};
     mf_vec_init(&st.groups, sizeof(group));
     mf_vec_init(&st.buckets, sizeof(bucket_build));
     size_t nl = spec->nlayouts ? (size_t)spec->nlayouts : 1, nu = (size_t)spec->nunits + 1;

@@ -58,9 +58,11 @@ typedef struct mf_plan {
     mf_cost_model cost;
     bool quiet;             /* skip the human-readable text no figure depends on:
                                transitions' `why` (and the search for the
-                               alternative it names), buffer names (the
-                               bucket's name instead); set by the plan
-                               search, whose candidates are never printed */
+                               alternative it names); bucket and buffer names
+                               are their unit's, unit and tensor names are
+                               borrowed from the spec (which must outlive the
+                               plan); set by the plan search, whose candidates
+                               are never printed */
     mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
                                (and fills) it; set only with quiet */
 } mf_plan;
