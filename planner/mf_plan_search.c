@@ -8,11 +8,21 @@
 #include <string.h>
 
 #include "mf_assign.h"
+#include "mf_hash.h"
 #include "mf_ast.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
 
 #define MF_PS_MAX_CANDIDATES INT64_C(20000000)
+
+/* Figures computed per laid-out schedule (see "candidates with the same
+ * buckets" below). */
+typedef struct ps_memo {
+    int stage;              /* 1: mem known; 2: also the step time before the assignment; 3: the point */
+    mf_plan_mem mem;
+    double t0;
+    mf_ps_point point;      /* figures only (choice, index not used) */
+} ps_memo;
 
 static const int64_t bucket_ladder[] = {0, INT64_C(16) << 20, INT64_C(64) << 20};
 
@@ -222,6 +232,7 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
         n *= ps->groups[g].nchoices;
     }
     ps->ncandidates = n;
+    mf_vec_init(&ps->memo, sizeof(ps_memo));
     ps->tcache = mf_trans_cache_new();
     if (!ps->tcache || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
@@ -255,6 +266,9 @@ void mf_ps_free(mf_plan_search *ps)
     if (ps->sink)
         fclose(ps->sink);
     mf_trans_cache_free(ps->tcache);
+    mf_hash_free(&ps->memo_index);
+    mf_vec_free(&ps->memo);
+    free(ps->memo_key);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
     free(ps->front);
@@ -293,67 +307,80 @@ int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *
     return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, pt);
 }
 
-int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          mf_ps_point *pt)
+/* ---- candidates with the same buckets ----
+ *
+ * Different candidates often lay out to the same buckets (e.g. two
+ * bucket_size values that merge the same units, or choices that differ
+ * only where no tensor uses them). Everything after the layout pass reads
+ * of the spec only what the schedule it wrote holds (the transition pass,
+ * the memory figure, the lowering, the assignment and the simulator read
+ * the schedule; the spec only for names in diagnostics), and the compute
+ * times are fixed per search (ps->fwd), so two candidates with equal
+ * schedules after the layout pass -- the header fields a search varies
+ * (prefetch), every unit's reshard_after_forward and every bucket's
+ * dtypes, placements, padded length and units -- have equal figures. The
+ * search keeps, per such schedule, the figures already computed: the peak,
+ * the step time before the assignment, and the exact point; a later
+ * candidate with the same schedule takes them instead of running the passes
+ * again. Keys are the full bytes (no digest), so equal keys mean equal
+ * schedules. */
+
+/* The memo entry of the plan's laid-out schedule (created at stage 0),
+ * or NULL on OOM. */
+static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
 {
-    apply(ps, prefetch, bucket, choice);
-    int rc = -1;
-    mf_sim_result res = {0};
-    mf_sim_config cfg = ps->opt.sim;
-    if (ps->fwd) {
-        cfg.fwd_time = ps->fwd;
-        cfg.bwd_time = ps->bwd;
+    size_t n = 0, need = 1 + (size_t)s->nunits + (size_t)s->nbuckets * (MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16);
+    if (need > ps->memo_keycap) {
+        uint8_t *k = realloc(ps->memo_key, need);
+        if (!k)
+            return NULL;
+        ps->memo_key = k;
+        ps->memo_keycap = need;
     }
-    if (!ps->sink)
-        ps->sink = fopen("/dev/null", "w");
-    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
-    mf_diag d;
-    mf_diag_init(&d, NULL, ps->sink);
-    if (!p) {
+    uint8_t *key = ps->memo_key;
+    key[n++] = (uint8_t)s->prefetch;
+    for (int u = 0; u < s->nunits; u++)
+        key[n++] = s->units[u].reshard_after_forward;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            key[n++] = (uint8_t)bk->dtype[r];
+            for (int j = 0; j < s->mesh.naxes; j++)
+                key[n++] = bk->place[r].p[j];
+        }
+        int32_t range[2] = {bk->unit, bk->last_unit};
+        memcpy(key + n, &bk->length, sizeof bk->length);
+        memcpy(key + n + sizeof bk->length, range, sizeof range);
+        n += sizeof bk->length + sizeof range;
+    }
+    int64_t at = mf_hash_get(&ps->memo_index, key, n);
+    if (at < 0) {
+        ps_memo *m = mf_vec_push(&ps->memo);
+        if (!m || mf_hash_put(&ps->memo_index, key, n, (int64_t)ps->memo.len - 1) < 0)
+            return NULL;
+        memset(m, 0, sizeof *m);
+        return m;
+    }
+    ps->reused++;
+    return (ps_memo *)ps->memo.data + at;
+}
+
+/* The exact point of a lowered plan: buffer assignment, simulation. */
+static int finish_point(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, mf_ps_point *pt)
+{
+    mf_sim_result res = {0};
+    char err[256];
+    int rc = -1;
+    /* the buffer assignment adds the waits buffer reuse needs, which the
+       simulator honours: run it as the compiler does (mf_pipeline.c) */
+    if (!mf_assign_run(p->sched, NULL)) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
-    p->quiet = true; /* candidates are measured, never printed */
-    p->tcache = ps->tcache;
-    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
-        goto broken;
-    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
-        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
-        rc = 1;
-        goto done;
-    }
-    if (!mf_lower_run(p, &d))
-        goto broken;
-    char err[256];
-    if (lb_time >= 0) {
-        /* The lowering's schedule before the buffer assignment: the
-           assignment only inserts waits and zero-time records, so every
-           item of the simulation starts no earlier with them (docs/plan.md
-           §3) and this step time is a lower bound of the candidate's. */
-        mf_sim_config quick = cfg;
-        quick.time_only = true;
-        if (mf_simulate(p->sched, &quick, &res, err, sizeof err) != 0) {
-            snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
-            goto done;
-        }
-        bool dominated = front_dominates(ps, (double)pt->mem.peak, res.step_time);
-        mf_sim_result_free(&res);
-        if (dominated) {
-            ps->sim_pruned++;
-            rc = 1;
-            goto done;
-        }
-    }
-    /* the buffer assignment adds the waits buffer reuse needs, which the
-       simulator honours: run it as the compiler does (mf_pipeline.c) */
-    if (!mf_assign_run(p->sched, NULL))
-        goto broken;
-    if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
+    if (mf_simulate(p->sched, cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;
     }
-    pt->prefetch = prefetch;
-    pt->bucket_size = bucket;
     pt->step_time = res.step_time;
     pt->overlap = res.overlap;
     pt->comm_exposed = res.comm_exposed;
@@ -379,12 +406,115 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     }
     ps->evaluated++;
     rc = 0;
+done:
+    mf_sim_result_free(&res);
+    return rc;
+}
+
+/* The step time of the lowered plan before the buffer assignment. The
+ * assignment only inserts waits and zero-time records, so every item of the
+ * simulation starts no earlier with them (docs/plan.md §3): a lower bound
+ * of the candidate's step time. 0, or -1 with ps->err. */
+static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, double *t0)
+{
+    mf_sim_result res = {0};
+    mf_sim_config quick = *cfg;
+    quick.time_only = true;
+    char err[256];
+    if (mf_simulate(p->sched, &quick, &res, err, sizeof err) != 0) {
+        snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
+        return -1;
+    }
+    *t0 = res.step_time;
+    mf_sim_result_free(&res);
+    return 0;
+}
+
+/* Runs the transition pass (unless it ran) and the lowering on a plan laid
+ * out, once; false when a pass failed. */
+static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
+{
+    if (*lowered)
+        return true;
+    if (!p->trans && !mf_transition_run(p, d))
+        return false;
+    *lowered = mf_lower_run(p, d);
+    return *lowered;
+}
+
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt)
+{
+    apply(ps, prefetch, bucket, choice);
+    int rc = -1;
+    mf_sim_config cfg = ps->opt.sim;
+    if (ps->fwd) {
+        cfg.fwd_time = ps->fwd;
+        cfg.bwd_time = ps->bwd;
+    }
+    if (!ps->sink)
+        ps->sink = fopen("/dev/null", "w");
+    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    mf_diag d;
+    mf_diag_init(&d, NULL, ps->sink);
+    ps_memo *m = NULL;
+    bool lowered = false;
+    if (!p)
+        goto oom;
+    p->quiet = true; /* candidates are measured, never printed */
+    p->tcache = ps->tcache;
+    if (!mf_layout_run(p, &d))
+        goto broken;
+    if (!(m = memo_of(ps, p->sched)))
+        goto oom;
+    if (m->stage < 1) {
+        if (!mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &m->mem))
+            goto broken;
+        m->stage = 1;
+    }
+    pt->mem = m->mem;
+    pt->prefetch = prefetch;
+    pt->bucket_size = bucket;
+    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
+        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+        rc = 1;
+        goto done;
+    }
+    if (lb_time >= 0) {
+        if (m->stage < 2) {
+            if (!lower_once(p, &d, &lowered))
+                goto broken;
+            if (step_before_assignment(ps, p, &cfg, &m->t0) != 0)
+                goto done;
+            m->stage = 2;
+        }
+        if (front_dominates(ps, (double)pt->mem.peak, m->t0)) {
+            ps->sim_pruned++;
+            rc = 1;
+            goto done;
+        }
+    }
+    if (m->stage < 3) {
+        if (!lower_once(p, &d, &lowered))
+            goto broken;
+        if (finish_point(ps, p, &cfg, &m->point) != 0)
+            goto done;
+        m->stage = 3;
+    }
+    pt->step_time = m->point.step_time;
+    pt->overlap = m->point.overlap;
+    pt->comm_exposed = m->point.comm_exposed;
+    pt->outer_bytes = m->point.outer_bytes;
+    memcpy(pt->bytes, m->point.bytes, sizeof pt->bytes);
+    rc = 0;
+    goto done;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
     goto done;
 broken:
     snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
              prefetch, (long long)bucket);
 done:
-    mf_sim_result_free(&res);
     mf_plan_free(p);
     return rc;
 }

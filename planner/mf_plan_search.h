@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mf_hash.h" /* mf_hash, and mf_vec through mf_arena.h */
 #include "mf_plan_mem.h"
 #include "mf_simulate.h"
 #include "mf_spec.h"
@@ -103,6 +104,11 @@ typedef struct mf_plan_search {
     double *lb_scratch;     /* 5 x nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
+    mf_hash memo_index;     /* laid-out schedule -> memo entry (mf_plan_search.c) */
+    mf_vec memo;            /* figures computed per laid-out schedule */
+    uint8_t *memo_key;      /* scratch for the key */
+    size_t memo_keycap;
+    int64_t reused;         /* candidates whose laid-out schedule was seen before */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
     char err[512];

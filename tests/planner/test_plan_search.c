@@ -227,8 +227,10 @@ static void test_random_fronts(void **state)
 
 /* The search evaluates a candidate on its own copy of the spec, with runs
  * of consecutive tensors of one layout class fused (mf_plan_search.c,
- * fuse_tensors) and the schedule simulated before and after the buffer
- * assignment. Its figures must equal those of the spec it writes for that
+ * fuse_tensors), transitions shared between candidates, the schedule
+ * simulated before and after the buffer assignment, and figures reused
+ * between candidates that lay out to the same buckets (the search runs
+ * first, so most candidates below are answered by its memo). Its figures must equal those of the spec it writes for that
  * candidate, compiled from the text by the whole pipeline (assignment
  * included), as `explain` and `simulate` would. Random units mix tensors of
  * a multiple of 16 elements (fusable) with odd ones and interleave override
@@ -272,6 +274,11 @@ static void test_candidates_equal_compiled_spec(void **state)
         mf_sim_config_defaults(&opt.sim, &c.spec->mesh);
         mf_plan_search ps;
         assert_int_equal(mf_ps_init(&ps, c.spec, c.ast, &opt), 0);
+        /* the search first: its memo of figures per laid-out schedule then
+           answers most of the candidates below, at every stage (peak only,
+           step time before the assignment, exact point) */
+        assert_int_equal(mf_ps_run(&ps), 0);
+        int64_t reused = ps.reused;
         int *ch = calloc((size_t)ps.ngroups + 1, sizeof *ch);
         assert_non_null(ch);
         for (int k = 0; k < 16; k++) {
@@ -299,6 +306,8 @@ static void test_candidates_equal_compiled_spec(void **state)
             mf_compilation_free(&w);
             free(out);
         }
+        if (ps.reused == reused)
+            fail_msg("seed %d: no candidate took its figures from the memo", seed);
         free(ch);
         mf_ps_free(&ps);
         mf_compilation_free(&c);
