@@ -104,24 +104,41 @@ int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
     return s;
 }
 
-bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
-                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
-                             int64_t *length)
+/* What a padded length depends on besides `used`: the padding quantum q (a
+ * shard quantum times the sizes of the padded axes) and the widest dtype
+ * size; false when q overflows. */
+static bool pad_quantum(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT], const mf_placement pl[MF_ROLE_COUNT],
+                        int64_t align, int64_t *q, int64_t *widest)
 {
-    int64_t q = mf_layout_shard_quantum(dt, align);
+    *q = mf_layout_shard_quantum(dt, align);
     for (int j = mf_layout_pad_start(m, pl); j < m->naxes; j++)
-        if (__builtin_mul_overflow(q, m->axes[j].size, &q))
+        if (__builtin_mul_overflow(*q, m->axes[j].size, q))
             return false;
-    int64_t widest = 1;
+    *widest = 1;
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if ((int64_t)mf_dtype_size(dt[r]) > widest)
-            widest = (int64_t)mf_dtype_size(dt[r]);
+        if ((int64_t)mf_dtype_size(dt[r]) > *widest)
+            *widest = (int64_t)mf_dtype_size(dt[r]);
+    return true;
+}
+
+/* used rounded up to q (at least one q), checked against 63 bits for twice
+ * the widest dtype. */
+static bool pad_to(int64_t q, int64_t widest, int64_t used, int64_t *length)
+{
     int64_t units = used <= 0 ? 1 : used / q + (used % q != 0);
     int64_t len, bytes;
     if (__builtin_mul_overflow(units, q, &len) || __builtin_mul_overflow(len, 2 * widest, &bytes))
         return false;
     *length = len;
     return true;
+}
+
+bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
+                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
+                             int64_t *length)
+{
+    int64_t q, widest;
+    return pad_quantum(m, dt, pl, align, &q, &widest) && pad_to(q, widest, used, length);
 }
 
 /* ---- grouping ---- */
@@ -177,6 +194,8 @@ typedef struct layout_state {
     bool quiet;             /* the plan's: names borrowed from the spec */
     mf_diag *d;
     int *canon;             /* per spec layout */
+    int64_t *pad_q, *pad_w; /* per canonical layout: pad_quantum, computed on first
+                               use (pad_q 0: not yet; -1: overflows) */
     int *sig_group;         /* per canonical layout: its group in the current unit, or -1 */
     int *sig_open;          /* per canonical layout: open bucket for merging, or -1 */
     mf_vec groups;          /* group */
@@ -220,8 +239,12 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
 
 static bool padded(layout_state *st, int sig, int64_t used, int64_t *len)
 {
-    const mf_spec_layout *l = sig_layout(st, sig);
-    return mf_layout_padded_length(&st->spec->mesh, l->dtype, l->place, st->spec->align, used, len);
+    if (st->pad_q[sig] == 0) {
+        const mf_spec_layout *l = sig_layout(st, sig);
+        if (!pad_quantum(&st->spec->mesh, l->dtype, l->place, st->spec->align, &st->pad_q[sig], &st->pad_w[sig]))
+            st->pad_q[sig] = -1;
+    }
+    return st->pad_q[sig] > 0 && pad_to(st->pad_q[sig], st->pad_w[sig], used, len);
 }
 
 static void overflow_error(layout_state *st, const group *g, int64_t used)
@@ -454,6 +477,22 @@ static bool copy_header(const mf_spec *spec, mf_schedule *s)
     return s->source != NULL;
 }
 
+/* canonical_layouts, taken from (or saved into) the plan's shared map when
+ * it has one (mf_plan.layout_canon). */
+static bool canonical_of(mf_plan *p, int *canon)
+{
+    size_t n = (size_t)p->spec->nlayouts;
+    if (p->layout_canon && n > 0 && p->layout_canon[0] >= 0) {
+        memcpy(canon, p->layout_canon, n * sizeof *canon);
+        return true;
+    }
+    if (!canonical_layouts(p->spec, canon))
+        return false;
+    if (p->layout_canon && n > 0)
+        memcpy(p->layout_canon, canon, n * sizeof *canon);
+    return true;
+}
+
 bool mf_layout_run(mf_plan *p, mf_diag *d)
 {
     const mf_spec *spec = p->spec;
@@ -462,14 +501,17 @@ bool mf_layout_run(mf_plan *p, mf_diag *d)
     mf_vec_init(&st.buckets, sizeof(bucket_build));
     size_t nl = spec->nlayouts ? (size_t)spec->nlayouts : 1, nu = (size_t)spec->nunits + 1;
     st.canon = malloc(nl * sizeof *st.canon);
+    st.pad_q = calloc(nl, sizeof *st.pad_q);
+    st.pad_w = calloc(nl, sizeof *st.pad_w);
     st.sig_group = malloc(nl * sizeof *st.sig_group);
     st.sig_open = malloc(nl * sizeof *st.sig_open);
     st.order = calloc(nu, sizeof *st.order);
     st.unit_first_group = malloc(nu * sizeof *st.unit_first_group);
-    bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group;
+    bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group || !st.pad_q ||
+               !st.pad_w;
     bool ok = false;
     if (!oom)
-        oom = !copy_header(spec, p->sched) || !canonical_layouts(spec, st.canon) || !group_units(&st);
+        oom = !copy_header(spec, p->sched) || !canonical_of(p, st.canon) || !group_units(&st);
     if (!oom && assign_buckets(&st, &oom))
         ok = materialize(&st, p->sched) || !(oom = true);
     if (oom) {
@@ -482,6 +524,8 @@ bool mf_layout_run(mf_plan *p, mf_diag *d)
     free(st.order);
     free(st.unit_first_group);
     free(st.canon);
+    free(st.pad_q);
+    free(st.pad_w);
     free(st.sig_group);
     free(st.sig_open);
     mf_vec_free(&st.groups);

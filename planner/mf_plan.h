@@ -65,6 +65,10 @@ typedef struct mf_plan {
                                are never printed */
     mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
                                (and fills) it; set only with quiet */
+    int *layout_canon;      /* borrowed, or NULL: spec->nlayouts entries, each spec
+                               layout's canonical index (mf_layout_pass.c), filled
+                               by the first layout pass that finds entry 0 < 0;
+                               shared by plans of one spec's layouts */
 } mf_plan;
 
 #endif

@@ -234,8 +234,10 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     ps->ncandidates = n;
     mf_vec_init(&ps->memo, sizeof(ps_memo));
     ps->tcache = mf_trans_cache_new();
-    if (!ps->tcache || mf_ps_bounds_prepare(ps) != 0)
+    ps->layout_canon = malloc((size_t)(ps->spec.nlayouts + 1) * sizeof *ps->layout_canon);
+    if (!ps->tcache || !ps->layout_canon || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
+    ps->layout_canon[0] = -1; /* filled by the first layout pass */
     return 0;
 oom:
     snprintf(ps->err, sizeof ps->err, "out of memory");
@@ -269,6 +271,7 @@ void mf_ps_free(mf_plan_search *ps)
     mf_hash_free(&ps->memo_index);
     mf_vec_free(&ps->memo);
     free(ps->memo_key);
+    free(ps->layout_canon);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
     free(ps->front);
@@ -463,6 +466,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
     p->tcache = ps->tcache;
+    p->layout_canon = ps->layout_canon;
     if (!mf_layout_run(p, &d))
         goto broken;
     if (!(m = memo_of(ps, p->sched)))

@@ -109,6 +109,7 @@ typedef struct mf_plan_search {
     uint8_t *memo_key;      /* scratch for the key */
     size_t memo_keycap;
     int64_t reused;         /* candidates whose laid-out schedule was seen before */
+    int *layout_canon;      /* spec.nlayouts entries, for mf_plan.layout_canon */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
     char err[512];
