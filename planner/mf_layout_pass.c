@@ -196,6 +196,7 @@ typedef struct layout_state {
     int *canon;             /* per spec layout */
     int64_t *pad_q, *pad_w; /* per canonical layout: pad_quantum, computed on first
                                use (pad_q 0: not yet; -1: overflows) */
+    int64_t *tq;            /* per canonical layout: tensor quantum, 0 until first use */
     int *sig_group;         /* per canonical layout: its group in the current unit, or -1 */
     int *sig_open;          /* per canonical layout: open bucket for merging, or -1 */
     mf_vec groups;          /* group */
@@ -235,6 +236,13 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
         }
     }
     return used;
+}
+
+static int64_t tensor_quantum(layout_state *st, int sig)
+{
+    if (st->tq[sig] == 0)
+        st->tq[sig] = mf_layout_tensor_quantum(sig_layout(st, sig)->dtype);
+    return st->tq[sig];
 }
 
 static bool padded(layout_state *st, int sig, int64_t used, int64_t *len)
@@ -338,8 +346,7 @@ static bool assign_buckets(layout_state *st, bool *oom)
     bool ok = true;
     for (int g = 0; g < (int)st->groups.len; g++) {
         group *gp = &groups[g];
-        const mf_spec_layout *l = sig_layout(st, gp->sig);
-        int64_t tq = mf_layout_tensor_quantum(l->dtype);
+        int64_t tq = tensor_quantum(st, gp->sig);
         gp->used = place_group(st, gp, 0, tq, NULL);
         if (gp->used < 0) {
             ok = false;
@@ -438,7 +445,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
         out->last_unit = bb[b].last_unit;
         memcpy(out->dtype, l->dtype, sizeof out->dtype);
         memcpy(out->place, l->place, sizeof out->place);
-        int64_t tq = mf_layout_tensor_quantum(l->dtype), used = 0;
+        int64_t tq = tensor_quantum(st, head->sig), used = 0;
         for (int g = bb[b].head; g >= 0; g = groups[g].next) {
             used = place_group(st, &groups[g], used, tq, out->tensors + out->ntensors);
             for (int i = 0; i < groups[g].ntensors; i++) {
@@ -503,12 +510,13 @@ bool mf_layout_run(mf_plan *p, mf_diag *d)
     st.canon = malloc(nl * sizeof *st.canon);
     st.pad_q = calloc(nl, sizeof *st.pad_q);
     st.pad_w = calloc(nl, sizeof *st.pad_w);
+    st.tq = calloc(nl, sizeof *st.tq);
     st.sig_group = malloc(nl * sizeof *st.sig_group);
     st.sig_open = malloc(nl * sizeof *st.sig_open);
     st.order = calloc(nu, sizeof *st.order);
     st.unit_first_group = malloc(nu * sizeof *st.unit_first_group);
     bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group || !st.pad_q ||
-               !st.pad_w;
+               !st.pad_w || !st.tq;
     bool ok = false;
     if (!oom)
         oom = !copy_header(spec, p->sched) || !canonical_of(p, st.canon) || !group_units(&st);
@@ -526,6 +534,7 @@ bool mf_layout_run(mf_plan *p, mf_diag *d)
     free(st.canon);
     free(st.pad_q);
     free(st.pad_w);
+    free(st.tq);
     free(st.sig_group);
     free(st.sig_open);
     mf_vec_free(&st.groups);
