@@ -260,11 +260,13 @@ void mf_ps_free(mf_plan_search *ps)
         free(ps->groups[g].lb_tail);
         free(ps->groups[g].lb_drain);
         free(ps->groups[g].lb_t2);
+        free(ps->groups[g].lb_fifo);
     }
     free(ps->groups);
     free(ps->fwd);
     free(ps->bwd);
     free(ps->lb_scratch);
+    free(ps->lb_fifo_of);
     if (ps->sink)
         fclose(ps->sink);
     mf_trans_cache_free(ps->tcache);
