@@ -104,24 +104,41 @@ int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
     return s;
 }
 
-bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
-                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
-                             int64_t *length)
+/* What a padded length depends on besides `used`: the padding quantum q (a
+ * shard quantum times the sizes of the padded axes) and the widest dtype
+ * size; false when q overflows. */
+static bool pad_quantum(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT], const mf_placement pl[MF_ROLE_COUNT],
+                        int64_t align, int64_t *q, int64_t *widest)
 {
-    int64_t q = mf_layout_shard_quantum(dt, align);
+    *q = mf_layout_shard_quantum(dt, align);
     for (int j = mf_layout_pad_start(m, pl); j < m->naxes; j++)
-        if (__builtin_mul_overflow(q, m->axes[j].size, &q))
+        if (__builtin_mul_overflow(*q, m->axes[j].size, q))
             return false;
-    int64_t widest = 1;
+    *widest = 1;
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if ((int64_t)mf_dtype_size(dt[r]) > widest)
-            widest = (int64_t)mf_dtype_size(dt[r]);
+        if ((int64_t)mf_dtype_size(dt[r]) > *widest)
+            *widest = (int64_t)mf_dtype_size(dt[r]);
+    return true;
+}
+
+/* used rounded up to q (at least one q), checked against 63 bits for twice
+ * the widest dtype. */
+static bool pad_to(int64_t q, int64_t widest, int64_t used, int64_t *length)
+{
     int64_t units = used <= 0 ? 1 : used / q + (used % q != 0);
     int64_t len, bytes;
     if (__builtin_mul_overflow(units, q, &len) || __builtin_mul_overflow(len, 2 * widest, &bytes))
         return false;
     *length = len;
     return true;
+}
+
+bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
+                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
+                             int64_t *length)
+{
+    int64_t q, widest;
+    return pad_quantum(m, dt, pl, align, &q, &widest) && pad_to(q, widest, used, length);
 }
 
 /* ---- grouping ---- */
@@ -174,8 +191,12 @@ typedef struct bucket_build {
 
 typedef struct layout_state {
     const mf_spec *spec;
+    bool quiet;             /* the plan's: names borrowed from the spec */
     mf_diag *d;
     int *canon;             /* per spec layout */
+    int64_t *pad_q, *pad_w; /* per canonical layout: pad_quantum, computed on first
+                               use (pad_q 0: not yet; -1: overflows) */
+    int64_t *tq;            /* per canonical layout: tensor quantum, 0 until first use */
     int *sig_group;         /* per canonical layout: its group in the current unit, or -1 */
     int *sig_open;          /* per canonical layout: open bucket for merging, or -1 */
     mf_vec groups;          /* group */
@@ -217,10 +238,21 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
     return used;
 }
 
+static int64_t tensor_quantum(layout_state *st, int sig)
+{
+    if (st->tq[sig] == 0)
+        st->tq[sig] = mf_layout_tensor_quantum(sig_layout(st, sig)->dtype);
+    return st->tq[sig];
+}
+
 static bool padded(layout_state *st, int sig, int64_t used, int64_t *len)
 {
-    const mf_spec_layout *l = sig_layout(st, sig);
-    return mf_layout_padded_length(&st->spec->mesh, l->dtype, l->place, st->spec->align, used, len);
+    if (st->pad_q[sig] == 0) {
+        const mf_spec_layout *l = sig_layout(st, sig);
+        if (!pad_quantum(&st->spec->mesh, l->dtype, l->place, st->spec->align, &st->pad_q[sig], &st->pad_w[sig]))
+            st->pad_q[sig] = -1;
+    }
+    return st->pad_q[sig] > 0 && pad_to(st->pad_q[sig], st->pad_w[sig], used, len);
 }
 
 static void overflow_error(layout_state *st, const group *g, int64_t used)
@@ -314,8 +346,7 @@ static bool assign_buckets(layout_state *st, bool *oom)
     bool ok = true;
     for (int g = 0; g < (int)st->groups.len; g++) {
         group *gp = &groups[g];
-        const mf_spec_layout *l = sig_layout(st, gp->sig);
-        int64_t tq = mf_layout_tensor_quantum(l->dtype);
+        int64_t tq = tensor_quantum(st, gp->sig);
         gp->used = place_group(st, gp, 0, tq, NULL);
         if (gp->used < 0) {
             ok = false;
@@ -366,6 +397,13 @@ static const char *bucket_label(layout_state *st, mf_arena *a, const group *g)
     return mf_arena_printf(a, "inline.%s", shortname);
 }
 
+/* A copy of s in the schedule's arena, or s itself (borrowed from the spec,
+ * which outlives the plan) for a quiet plan, whose names are never printed. */
+static const char *name_of(const layout_state *st, mf_arena *a, const char *s)
+{
+    return st->quiet ? s : mf_arena_strdup(a, s);
+}
+
 /* Writes units and buckets into the schedule; false on OOM. */
 static bool materialize(layout_state *st, mf_schedule *s)
 {
@@ -379,7 +417,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
     if (!s->units || !s->buckets)
         return false;
     for (int u = 0; u < spec->nunits; u++) {
-        s->units[u].name = mf_arena_strdup(a, spec->units[u].name);
+        s->units[u].name = name_of(st, a, spec->units[u].name);
         if (!s->units[u].name)
             return false;
         s->units[u].reshard_after_forward = spec->units[u].reshard_after_forward;
@@ -394,23 +432,25 @@ static bool materialize(layout_state *st, mf_schedule *s)
         for (int g = bb[b].head; g >= 0; g = groups[g].next)
             ntensors += groups[g].ntensors;
         out->tensors = mf_arena_array(a, (size_t)ntensors, sizeof *out->tensors);
-        const char *label = bucket_label(st, a, head);
+        const char *label = st->quiet ? "" : bucket_label(st, a, head);
         if (!out->tensors || !label)
             return false;
-        out->name = mf_arena_printf(a, "%s/%s", spec->units[bb[b].unit].name, label);
-        out->layout = mf_arena_strdup(a, spec->layouts[head->named >= 0 ? head->named : head->sig].name);
+        /* quiet: the unit's name stands for the bucket's */
+        out->name = st->quiet ? spec->units[bb[b].unit].name
+                              : mf_arena_printf(a, "%s/%s", spec->units[bb[b].unit].name, label);
+        out->layout = name_of(st, a, spec->layouts[head->named >= 0 ? head->named : head->sig].name);
         if (!out->name || !out->layout)
             return false;
         out->unit = bb[b].unit;
         out->last_unit = bb[b].last_unit;
         memcpy(out->dtype, l->dtype, sizeof out->dtype);
         memcpy(out->place, l->place, sizeof out->place);
-        int64_t tq = mf_layout_tensor_quantum(l->dtype), used = 0;
+        int64_t tq = tensor_quantum(st, head->sig), used = 0;
         for (int g = bb[b].head; g >= 0; g = groups[g].next) {
             used = place_group(st, &groups[g], used, tq, out->tensors + out->ntensors);
             for (int i = 0; i < groups[g].ntensors; i++) {
                 mf_tensor *t = &out->tensors[out->ntensors + i];
-                t->name = mf_arena_strdup(a, t->name);
+                t->name = name_of(st, a, t->name);
                 if (!t->name)
                     return false;
             }
@@ -444,22 +484,42 @@ static bool copy_header(const mf_spec *spec, mf_schedule *s)
     return s->source != NULL;
 }
 
+/* canonical_layouts, taken from (or saved into) the plan's shared map when
+ * it has one (mf_plan.layout_canon). */
+static bool canonical_of(mf_plan *p, int *canon)
+{
+    size_t n = (size_t)p->spec->nlayouts;
+    if (p->layout_canon && n > 0 && p->layout_canon[0] >= 0) {
+        memcpy(canon, p->layout_canon, n * sizeof *canon);
+        return true;
+    }
+    if (!canonical_layouts(p->spec, canon))
+        return false;
+    if (p->layout_canon && n > 0)
+        memcpy(p->layout_canon, canon, n * sizeof *canon);
+    return true;
+}
+
 bool mf_layout_run(mf_plan *p, mf_diag *d)
 {
     const mf_spec *spec = p->spec;
-    layout_state st = {.spec = spec, .d = d};
+    layout_state st = {.spec = spec, .d = d, .quiet = p->quiet};
     mf_vec_init(&st.groups, sizeof(group));
     mf_vec_init(&st.buckets, sizeof(bucket_build));
     size_t nl = spec->nlayouts ? (size_t)spec->nlayouts : 1, nu = (size_t)spec->nunits + 1;
     st.canon = malloc(nl * sizeof *st.canon);
+    st.pad_q = calloc(nl, sizeof *st.pad_q);
+    st.pad_w = calloc(nl, sizeof *st.pad_w);
+    st.tq = calloc(nl, sizeof *st.tq);
     st.sig_group = malloc(nl * sizeof *st.sig_group);
     st.sig_open = malloc(nl * sizeof *st.sig_open);
     st.order = calloc(nu, sizeof *st.order);
     st.unit_first_group = malloc(nu * sizeof *st.unit_first_group);
-    bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group;
+    bool oom = !st.canon || !st.sig_group || !st.sig_open || !st.order || !st.unit_first_group || !st.pad_q ||
+               !st.pad_w || !st.tq;
     bool ok = false;
     if (!oom)
-        oom = !copy_header(spec, p->sched) || !canonical_layouts(spec, st.canon) || !group_units(&st);
+        oom = !copy_header(spec, p->sched) || !canonical_of(p, st.canon) || !group_units(&st);
     if (!oom && assign_buckets(&st, &oom))
         ok = materialize(&st, p->sched) || !(oom = true);
     if (oom) {
@@ -472,6 +532,9 @@ bool mf_layout_run(mf_plan *p, mf_diag *d)
     free(st.order);
     free(st.unit_first_group);
     free(st.canon);
+    free(st.pad_q);
+    free(st.pad_w);
+    free(st.tq);
     free(st.sig_group);
     free(st.sig_open);
     mf_vec_free(&st.groups);

@@ -143,7 +143,7 @@ static int mf_lower_buffer(mf_lower_ctx *c, int b, mf_bufkind kind, const char *
         c->oom = true;
         return -1;
     }
-    bf->name = mf_arena_printf(c->s->arena, "%s.%s", bk->name, suffix);
+    bf->name = c->p->quiet ? bk->name : mf_arena_printf(c->s->arena, "%s.%s", bk->name, suffix);
     if (!bf->name)
         c->oom = true;
     bf->bucket = b;
@@ -200,7 +200,9 @@ static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
 
 static char *mf_lower_stage_name(mf_lower_ctx *c, int t, const mf_step *st, char *buf, size_t size)
 {
-    if (st->axis >= 0)
+    if (c->p->quiet)
+        buf[0] = '\0'; /* not used: quiet buffers take the bucket's name */
+    else if (st->axis >= 0)
         snprintf(buf, size, "T%d.%s.%s", t + 1, mf_opkind_name(st->kind), c->s->mesh.axes[st->axis].name);
     else
         snprintf(buf, size, "T%d.%s", t + 1, mf_opkind_name(st->kind));
@@ -654,8 +656,10 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
                                                                            : p->spec ? p->spec->path : NULL));
         if (d->src && d->src->text)
             mf_sha256(d->src->text, d->src->len, NULL, s->source_sha256);
-        else
-            snprintf(s->source_sha256, sizeof s->source_sha256, "%064d", 0);
+        else {
+            memset(s->source_sha256, '0', 64); /* no source text: 64 zeros */
+            s->source_sha256[64] = '\0';
+        }
         c.oom = !s->buffers || !s->ops || !s->source;
         if (!c.oom)
             c.oom = !mf_schedule_summarize(s);

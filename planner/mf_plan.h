@@ -41,12 +41,34 @@ typedef struct mf_transition {
     double cost;            /* modeled seconds per launch of the whole transition */
 } mf_transition;
 
+/* Transitions already built, keyed by what they depend on: a bucket's
+ * dtypes, placements and padded length and the schedule's alignment (the
+ * mesh and cost model must be the same for every plan that shares one:
+ * the plan search's candidates). Owned by whoever created it
+ * (mf_trans_cache_new/free, mf_transition.c); steps live in its arena. */
+typedef struct mf_trans_cache mf_trans_cache;
+mf_trans_cache *mf_trans_cache_new(void);
+void mf_trans_cache_free(mf_trans_cache *c);
+
 typedef struct mf_plan {
     mf_arena *arena;
     const mf_spec *spec;    /* borrowed */
     mf_schedule *sched;     /* owned until taken */
     mf_transition (*trans)[MF_NTRANSITIONS]; /* per bucket, indexed by bucket id */
     mf_cost_model cost;
+    bool quiet;             /* skip the human-readable text no figure depends on:
+                               transitions' `why` (and the search for the
+                               alternative it names); bucket and buffer names
+                               are their unit's, unit and tensor names are
+                               borrowed from the spec (which must outlive the
+                               plan); set by the plan search, whose candidates
+                               are never printed */
+    mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
+                               (and fills) it; set only with quiet */
+    int *layout_canon;      /* borrowed, or NULL: spec->nlayouts entries, each spec
+                               layout's canonical index (mf_layout_pass.c), filled
+                               by the first layout pass that finds entry 0 < 0;
+                               shared by plans of one spec's layouts */
 } mf_plan;
 
 #endif

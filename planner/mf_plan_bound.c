@@ -24,8 +24,12 @@
  * bB) every axis j with A=Flat, B=Replicate needs an all_gather on j, with
  * A=Partial, B=Flat a reduce_scatter, with A=Partial, B=Replicate an
  * all_reduce (or a reduce_scatter and an all_gather, the same bytes); the
- * per-rank count of each is at least n/S(A|B), the shard of the placement
- * Flat wherever A or B is, and b >= min(bA, bB). T1 (O -> W) runs once, T2
+ * per-rank count of each is at least n over the sizes of the other axes a
+ * composition may have made Flat by then -- those Flat in A or B, and those
+ * going Partial -> Replicate, which may reduce_scatter first and gather
+ * last (so the reduction of one such axis may run on a shard of another's:
+ * reduce_scatter inner, all_reduce outer on 1/n_inner, all_gather inner) --
+ * over n_j too for a gather or reduce_scatter on j, and b >= min(bA, bB). T1 (O -> W) runs once, T2
  * (W -> Replicate) M times per pre-hook when W is sharded, T3 (Partial ->
  * G) M times, T4 (G -> O, grad dtype) once. The innermost axis's
  * collectives run on the inner stream, the others on the outer stream, so
@@ -58,19 +62,28 @@ static void move_lb(const mf_plan_search *ps, const mf_placement *A, const mf_pl
 {
     const mf_mesh *m = &ps->spec.mesh;
     const mf_cost_model *cm = &ps->opt.sim.cost;
-    mf_placement u = *A;
-    for (int j = 0; j < m->naxes; j++)
-        if (B->p[j] == MF_PLACE_FLAT)
-            u.p[j] = MF_PLACE_FLAT;
-    double c = n / shards(m, &u), b = (double)(mf_dtype_size(da) < mf_dtype_size(db) ? mf_dtype_size(da)
-                                                                                  : mf_dtype_size(db));
+    /* axes a composition may make Flat on the way: Flat in A or B, or
+       Partial -> Replicate (a reduce_scatter there, an all_gather later) */
+    double flat = 1;
+    bool can_flat[MF_MAX_AXES];
+    for (int j = 0; j < m->naxes; j++) {
+        can_flat[j] = A->p[j] == MF_PLACE_FLAT || B->p[j] == MF_PLACE_FLAT ||
+                      (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_REPLICATE);
+        if (can_flat[j])
+            flat *= (double)m->axes[j].size;
+    }
+    double b = (double)(mf_dtype_size(da) < mf_dtype_size(db) ? mf_dtype_size(da) : mf_dtype_size(db));
     for (int j = 0; j < m->naxes; j++) {
         double nj = (double)m->axes[j].size, x = 0, f = 0;
         if (nj < 2)
             continue;
+        /* the per-rank count when axis j's collective runs is at least n
+           over the other axes that may be Flat then (c), and c / nj with
+           axis j Flat before a gather or after a reduce_scatter */
+        double c = n / (can_flat[j] ? flat / nj : flat);
         if ((A->p[j] == MF_PLACE_FLAT && B->p[j] == MF_PLACE_REPLICATE) ||
             (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_FLAT)) {
-            x = (nj - 1) * c * b;
+            x = (nj - 1) * (c / nj) * b;
             f = cm->launch + (nj - 1) * cm->axis[j].alpha;
         } else if (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_REPLICATE) {
             x = 2 * (nj - 1) / nj * c * b;
@@ -96,6 +109,9 @@ typedef struct unit_lb {
     double head, tail;      /* chains before the first forward and after the last backward */
     double drain_bw[2], drain_fixed[2]; /* last-microbatch T3 + T4 seconds per comm stream */
     double t2;              /* T2 chain (weight gather before a compute), without merging */
+    double r3[2], g2[2];    /* per comm stream (inner, outer): seconds of one T3 of all the
+                               unit's layouts, of one T2 of its sharded ones */
+    bool gathers[2];        /* some T2 of the unit has an all_gather on that stream */
 } unit_lb;
 
 /* Adds per-axis bounds to the two comm streams (innermost axis: inner). */
@@ -158,6 +174,22 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
             out->t2 = g2 > out->t2 ? g2 : out->t2;
         }
         by_stream(ps, tb, tf, out->drain_bw, out->drain_fixed);
+        double rb[MF_MAX_AXES] = {0}, rf[MF_MAX_AXES] = {0}, r3[2] = {0, 0}, f3[2] = {0, 0};
+        move_lb(ps, &part, G, dg, dg, n, 1, rb, rf);
+        by_stream(ps, rb, rf, r3, f3);
+        for (int k = 0; k < 2; k++)
+            out->r3[k] += r3[k] + f3[k];
+        if (wsh) {
+            double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0}, g2[2] = {0, 0}, f2[2] = {0, 0};
+            move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
+            by_stream(ps, gb, gf, g2, f2);
+            for (int k = 0; k < 2; k++)
+                out->g2[k] += g2[k] + f2[k];
+            /* W Flat -> Replicate takes an all_gather on that axis, on its stream */
+            for (int j = 0; j < m->naxes; j++)
+                if (W->p[j] == MF_PLACE_FLAT && m->axes[j].size > 1)
+                    out->gathers[j == m->naxes - 1 ? 0 : 1] = true;
+        }
         out->head = h > out->head ? h : out->head;
         out->tail = tl > out->tail ? tl : out->tail;
         move_lb(ps, O, W, dO, dw, n, 1, out->bytes, out->fixed);
@@ -182,8 +214,9 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         gr->lb_tail = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
         gr->lb_t2 = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_fifo = calloc((size_t)gr->nchoices * 6, sizeof(double));
         if (!gr->lb_persistent || !gr->lb_transient || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
-            !gr->lb_tail || !gr->lb_drain || !gr->lb_t2)
+            !gr->lb_tail || !gr->lb_drain || !gr->lb_t2 || !gr->lb_fifo)
             return -1;
         for (int c = 0; c < gr->nchoices; c++) {
             unit_lb ub;
@@ -194,6 +227,12 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             gr->lb_head[c] = ub.head;
             gr->lb_tail[c] = ub.tail;
             gr->lb_t2[c] = ub.t2;
+            double *fi = &gr->lb_fifo[(size_t)c * 6];
+            for (int k = 0; k < 2; k++) {
+                fi[k] = ub.r3[k];
+                fi[2 + k] = ub.g2[k];
+                fi[4 + k] = ub.gathers[k] ? 1 : 0;
+            }
             for (int k = 0; k < 2; k++) {
                 gr->lb_drain[(size_t)c * 4 + (size_t)k] = ub.drain_bw[k];
                 gr->lb_drain[(size_t)c * 4 + 2 + (size_t)k] = ub.drain_fixed[k];
@@ -204,8 +243,9 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             }
         }
     }
-    ps->lb_scratch = calloc((size_t)ps->base->nunits * 5 + 5, sizeof(double));
-    return ps->lb_scratch ? 0 : -1;
+    ps->lb_scratch = calloc((size_t)ps->base->nunits * 7 + 7, sizeof(double));
+    ps->lb_fifo_of = calloc((size_t)ps->base->nunits + 1, sizeof *ps->lb_fifo_of);
+    return ps->lb_scratch && ps->lb_fifo_of ? 0 : -1;
 }
 
 /* The compute chain with its weight gathers (host-synchronous issue only):
@@ -218,17 +258,42 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
  * u starts no earlier than that hook time plus t2(u). The first forward starts after the
  * first unit's T1 and T2 (g0). After bwd(u) of the last microbatch, the
  * last-microbatch T3 and T4 collectives of units 0..u must still run on
- * each comm stream (drain). Returns the largest finish this forces. */
+ * each comm stream (drain).
+ *
+ * Streams run their ops in issue order (FIFO). Two places where a gather
+ * the compute waits for is issued right after reductions on the same
+ * streams, merged buckets or not:
+ *   - forward of unit 0 in microbatch m >= 1: the T3 of every bucket of
+ *     unit 0 is issued at backward_post(0) of m-1, when bwd(0, m-1) has
+ *     ended (host-synchronous: the hook; host-asynchronous: its first step
+ *     waits for the compute's record there), and unit 0's T2 gathers at
+ *     forward_pre(0) of m, the next hook (forward_pre(max(0 - p, 0)));
+ *     forward_pre(0) waits for each bucket with a T2 (a sharded weight).
+ *     On a comm stream s where such a T2 has an op (an all_gather on an
+ *     axis of s of size > 1 where the weight is Flat), that op runs after
+ *     every T3 op on s, all after that end: fwd(0, m) starts >= end
+ *     bwd(0, m-1) + r3_s(0) + g2_s(0), r3_s and g2_s the stream's bounds of
+ *     one T3 of all of the unit's layouts and one T2 of its sharded ones (a
+ *     merged bucket starting at unit 0 only moves more; every layout is its
+ *     own bucket, one launch per step at least);
+ *   - without merging, the re-gather of a unit u that reshards is issued at
+ *     backward_pre(u + p) when u + p < U - 1, after the T3 of unit
+ *     w = u + p + 1 issued at backward_post(w), the hook before: bwd(u, m)
+ *     starts >= end bwd(w, m) + r3_s(w) + g2_s(u) on each stream s where
+ *     u's T2 has an op.
+ * Returns the largest finish this forces. */
 static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double g0)
 {
     int U = ps->base->nunits, M = (int)ps->spec.microbatches, p = prefetch;
-    double *t2 = ps->lb_scratch, *rs = t2 + U, *fs = rs + U, *bs = fs + U, *dsum = bs + U;
+    double *t2 = ps->lb_scratch, *rs = t2 + U, *fs = rs + U, *bs = fs + U, *dsum = bs + U, *be = dsum + U;
+    const double **fifo = ps->lb_fifo_of;
     double sum[2] = {0, 0};
     int u = 0;
     for (int g = 0; g < ps->ngroups; g++) {
         const mf_ps_group *gr = &ps->groups[g];
         const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
         for (int k = 0; k < gr->nunits; k++, u++) {
+            fifo[u] = &gr->lb_fifo[(size_t)choice[g] * 6];
             t2[u] = bucket > 0 || ps->opt.sim.host_async ? 0 : gr->lb_t2[choice[g]];
             rs[u] = gr->choices[choice[g]].reshard ? 1 : 0;
             for (int s = 0; s < 2; s++)
@@ -248,6 +313,9 @@ static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t buck
                 t = fs[at] + t2[u];
             if (m == 0 && u == 0 && g0 > t)
                 t = g0;
+            for (int s = 0; m > 0 && u == 0 && s < 2; s++)
+                if (fifo[0][4 + s] > 0 && be[0] + fifo[0][s] + fifo[0][2 + s] > t)
+                        t = be[0] + fifo[0][s] + fifo[0][2 + s];
             t += ps->fwd[u];
         }
         for (u = U - 1; u >= 0; u--) {
@@ -255,7 +323,11 @@ static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t buck
             int at = u + p > U - 1 ? U - 1 : u + p;
             if (rs[u] > 0 && bs[at] + t2[u] > t)
                 t = bs[at] + t2[u];
+            for (int s = 0; bucket == 0 && rs[u] > 0 && at < U - 1 && s < 2; s++)
+                if (fifo[u][4 + s] > 0 && be[at + 1] + fifo[at + 1][s] + fifo[u][2 + s] > t)
+                        t = be[at + 1] + fifo[at + 1][s] + fifo[u][2 + s];
             t += ps->bwd[u];
+            be[u] = t;
             if (m == M - 1 && t + dsum[u] > best)
                 best = t + dsum[u];
         }

@@ -7,11 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_assign.h"
+#include "mf_hash.h"
 #include "mf_ast.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
 
 #define MF_PS_MAX_CANDIDATES INT64_C(20000000)
+
+/* Figures computed per laid-out schedule (see "candidates with the same
+ * buckets" below). */
+typedef struct ps_memo {
+    int stage;              /* 1: mem known; 2: also the step time before the assignment; 3: the point */
+    mf_plan_mem mem;
+    double t0;
+    mf_ps_point point;      /* figures only (choice, index not used) */
+} ps_memo;
 
 static const int64_t bucket_ladder[] = {0, INT64_C(16) << 20, INT64_C(64) << 20};
 
@@ -125,6 +136,43 @@ static int build_groups(mf_plan_search *ps, const mf_ast *ast, const int *search
     return 0;
 }
 
+/* The unit's tensors with every run of consecutive tensors of one layout
+ * class (the unit's default layout, or one override layout) fused into one
+ * tensor of their summed elements, named after the first, when every tensor
+ * of the run but the last has a multiple of 16 elements. The layout pass
+ * (mf_layout_pass.c) packs a bucket's tensors in declaration order, each
+ * offset rounded up to the tensor quantum, which divides 16 for every dtype,
+ * so such a run occupies the same span and ends at the same element whether
+ * fused or not, in whichever bucket its class lands; the buckets, their
+ * lengths, the units they cover and the elements per unit, hence every
+ * figure of the candidate, are the same, for a fraction of the tensors
+ * (DeepSeek-MoE's ~200 tensors per unit become 3). A run whose sum would
+ * overflow is not fused. Returns the count, or -1 on OOM (*out malloc'ed). */
+static int fuse_tensors(const mf_spec_unit *su, mf_spec_tensor **out)
+{
+    mf_spec_tensor *ft = malloc(((size_t)su->ntensors + 1) * sizeof *ft);
+    if (!ft)
+        return -1;
+    int n = 0;
+    for (int t = 0; t < su->ntensors; t++) {
+        const mf_spec_tensor *x = &su->tensors[t];
+        mf_spec_tensor *last = n > 0 ? &ft[n - 1] : NULL;
+        int64_t sum;
+        if (last && last->unit_default == x->unit_default && (x->unit_default || last->layout == x->layout) &&
+            last->numel % 16 == 0 && !__builtin_add_overflow(last->numel, x->numel, &sum)) {
+            last->numel = sum;
+            last->dims[0] = sum;
+            continue;
+        }
+        ft[n] = *x;
+        ft[n].ndims = 1;
+        ft[n].dims[0] = x->numel;
+        n++;
+    }
+    *out = ft;
+    return n;
+}
+
 static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
 {
     for (const mf_ast_setting *s = ast->settings; s; s = s->next)
@@ -144,14 +192,16 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     if (!ps->spec.units || build_layouts(ps, search, &nsearch) != 0)
         goto oom;
     memcpy(ps->spec.units, base->units, (size_t)base->nunits * sizeof *ps->spec.units);
+    for (int u = 0; u < base->nunits; u++)
+        ps->spec.units[u].tensors = NULL; /* owned from here on (mf_ps_free) */
     for (int u = 0; u < base->nunits; u++) {
         mf_spec_unit *su = &ps->spec.units[u];
-        if (!su->layout_auto)
-            continue;
-        su->tensors = calloc((size_t)su->ntensors, sizeof *su->tensors);
-        if (!su->tensors)
+        mf_spec_tensor *ft;
+        int n = fuse_tensors(&base->units[u], &ft);
+        if (n < 0)
             goto oom;
-        memcpy(su->tensors, base->units[u].tensors, (size_t)su->ntensors * sizeof *su->tensors);
+        su->tensors = ft;
+        su->ntensors = n;
         su->layout_auto = false;
     }
     rc = build_groups(ps, ast, search, nsearch);
@@ -182,8 +232,12 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
         n *= ps->groups[g].nchoices;
     }
     ps->ncandidates = n;
-    if (mf_ps_bounds_prepare(ps) != 0)
+    mf_vec_init(&ps->memo, sizeof(ps_memo));
+    ps->tcache = mf_trans_cache_new();
+    ps->layout_canon = malloc((size_t)(ps->spec.nlayouts + 1) * sizeof *ps->layout_canon);
+    if (!ps->tcache || !ps->layout_canon || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
+    ps->layout_canon[0] = -1; /* filled by the first layout pass */
     return 0;
 oom:
     snprintf(ps->err, sizeof ps->err, "out of memory");
@@ -193,8 +247,7 @@ oom:
 void mf_ps_free(mf_plan_search *ps)
 {
     for (int u = 0; ps->spec.units && u < ps->base->nunits; u++)
-        if (ps->base->units[u].layout_auto)
-            free(ps->spec.units[u].tensors);
+        free(ps->spec.units[u].tensors);
     free(ps->spec.units);
     free(ps->spec.layouts);
     for (int g = 0; ps->groups && g < ps->ngroups; g++) {
@@ -207,13 +260,20 @@ void mf_ps_free(mf_plan_search *ps)
         free(ps->groups[g].lb_tail);
         free(ps->groups[g].lb_drain);
         free(ps->groups[g].lb_t2);
+        free(ps->groups[g].lb_fifo);
     }
     free(ps->groups);
     free(ps->fwd);
     free(ps->bwd);
     free(ps->lb_scratch);
+    free(ps->lb_fifo_of);
     if (ps->sink)
         fclose(ps->sink);
+    mf_trans_cache_free(ps->tcache);
+    mf_hash_free(&ps->memo_index);
+    mf_vec_free(&ps->memo);
+    free(ps->memo_key);
+    free(ps->layout_canon);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
     free(ps->front);
@@ -252,42 +312,80 @@ int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *
     return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, pt);
 }
 
-int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          mf_ps_point *pt)
+/* ---- candidates with the same buckets ----
+ *
+ * Different candidates often lay out to the same buckets (e.g. two
+ * bucket_size values that merge the same units, or choices that differ
+ * only where no tensor uses them). Everything after the layout pass reads
+ * of the spec only what the schedule it wrote holds (the transition pass,
+ * the memory figure, the lowering, the assignment and the simulator read
+ * the schedule; the spec only for names in diagnostics), and the compute
+ * times are fixed per search (ps->fwd), so two candidates with equal
+ * schedules after the layout pass -- the header fields a search varies
+ * (prefetch), every unit's reshard_after_forward and every bucket's
+ * dtypes, placements, padded length and units -- have equal figures. The
+ * search keeps, per such schedule, the figures already computed: the peak,
+ * the step time before the assignment, and the exact point; a later
+ * candidate with the same schedule takes them instead of running the passes
+ * again. Keys are the full bytes (no digest), so equal keys mean equal
+ * schedules. */
+
+/* The memo entry of the plan's laid-out schedule (created at stage 0),
+ * or NULL on OOM. */
+static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
 {
-    apply(ps, prefetch, bucket, choice);
-    int rc = -1;
-    mf_sim_result res = {0};
-    mf_sim_config cfg = ps->opt.sim;
-    if (ps->fwd) {
-        cfg.fwd_time = ps->fwd;
-        cfg.bwd_time = ps->bwd;
+    size_t n = 0, need = 1 + (size_t)s->nunits + (size_t)s->nbuckets * (MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16);
+    if (need > ps->memo_keycap) {
+        uint8_t *k = realloc(ps->memo_key, need);
+        if (!k)
+            return NULL;
+        ps->memo_key = k;
+        ps->memo_keycap = need;
     }
-    if (!ps->sink)
-        ps->sink = fopen("/dev/null", "w");
-    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
-    mf_diag d;
-    mf_diag_init(&d, NULL, ps->sink);
-    if (!p) {
+    uint8_t *key = ps->memo_key;
+    key[n++] = (uint8_t)s->prefetch;
+    for (int u = 0; u < s->nunits; u++)
+        key[n++] = s->units[u].reshard_after_forward;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            key[n++] = (uint8_t)bk->dtype[r];
+            for (int j = 0; j < s->mesh.naxes; j++)
+                key[n++] = bk->place[r].p[j];
+        }
+        int32_t range[2] = {bk->unit, bk->last_unit};
+        memcpy(key + n, &bk->length, sizeof bk->length);
+        memcpy(key + n + sizeof bk->length, range, sizeof range);
+        n += sizeof bk->length + sizeof range;
+    }
+    int64_t at = mf_hash_get(&ps->memo_index, key, n);
+    if (at < 0) {
+        ps_memo *m = mf_vec_push(&ps->memo);
+        if (!m || mf_hash_put(&ps->memo_index, key, n, (int64_t)ps->memo.len - 1) < 0)
+            return NULL;
+        memset(m, 0, sizeof *m);
+        return m;
+    }
+    ps->reused++;
+    return (ps_memo *)ps->memo.data + at;
+}
+
+/* The exact point of a lowered plan: buffer assignment, simulation. */
+static int finish_point(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, mf_ps_point *pt)
+{
+    mf_sim_result res = {0};
+    char err[256];
+    int rc = -1;
+    /* the buffer assignment adds the waits buffer reuse needs, which the
+       simulator honours: run it as the compiler does (mf_pipeline.c) */
+    if (!mf_assign_run(p->sched, NULL)) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
-    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &pt->mem))
-        goto broken;
-    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
-        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
-        rc = 1;
-        goto done;
-    }
-    if (!mf_lower_run(p, &d))
-        goto broken;
-    char err[256];
-    if (mf_simulate(p->sched, &cfg, &res, err, sizeof err) != 0) {
+    if (mf_simulate(p->sched, cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;
     }
-    pt->prefetch = prefetch;
-    pt->bucket_size = bucket;
     pt->step_time = res.step_time;
     pt->overlap = res.overlap;
     pt->comm_exposed = res.comm_exposed;
@@ -313,12 +411,116 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     }
     ps->evaluated++;
     rc = 0;
+done:
+    mf_sim_result_free(&res);
+    return rc;
+}
+
+/* The step time of the lowered plan before the buffer assignment. The
+ * assignment only inserts waits and zero-time records, so every item of the
+ * simulation starts no earlier with them (docs/plan.md §3): a lower bound
+ * of the candidate's step time. 0, or -1 with ps->err. */
+static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, double *t0)
+{
+    mf_sim_result res = {0};
+    mf_sim_config quick = *cfg;
+    quick.time_only = true;
+    char err[256];
+    if (mf_simulate(p->sched, &quick, &res, err, sizeof err) != 0) {
+        snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
+        return -1;
+    }
+    *t0 = res.step_time;
+    mf_sim_result_free(&res);
+    return 0;
+}
+
+/* Runs the transition pass (unless it ran) and the lowering on a plan laid
+ * out, once; false when a pass failed. */
+static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
+{
+    if (*lowered)
+        return true;
+    if (!p->trans && !mf_transition_run(p, d))
+        return false;
+    *lowered = mf_lower_run(p, d);
+    return *lowered;
+}
+
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          mf_ps_point *pt)
+{
+    apply(ps, prefetch, bucket, choice);
+    int rc = -1;
+    mf_sim_config cfg = ps->opt.sim;
+    if (ps->fwd) {
+        cfg.fwd_time = ps->fwd;
+        cfg.bwd_time = ps->bwd;
+    }
+    if (!ps->sink)
+        ps->sink = fopen("/dev/null", "w");
+    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    mf_diag d;
+    mf_diag_init(&d, NULL, ps->sink);
+    ps_memo *m = NULL;
+    bool lowered = false;
+    if (!p)
+        goto oom;
+    p->quiet = true; /* candidates are measured, never printed */
+    p->tcache = ps->tcache;
+    p->layout_canon = ps->layout_canon;
+    if (!mf_layout_run(p, &d))
+        goto broken;
+    if (!(m = memo_of(ps, p->sched)))
+        goto oom;
+    if (m->stage < 1) {
+        if (!mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &m->mem))
+            goto broken;
+        m->stage = 1;
+    }
+    pt->mem = m->mem;
+    pt->prefetch = prefetch;
+    pt->bucket_size = bucket;
+    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
+        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+        rc = 1;
+        goto done;
+    }
+    if (lb_time >= 0) {
+        if (m->stage < 2) {
+            if (!lower_once(p, &d, &lowered))
+                goto broken;
+            if (step_before_assignment(ps, p, &cfg, &m->t0) != 0)
+                goto done;
+            m->stage = 2;
+        }
+        if (front_dominates(ps, (double)pt->mem.peak, m->t0)) {
+            ps->sim_pruned++;
+            rc = 1;
+            goto done;
+        }
+    }
+    if (m->stage < 3) {
+        if (!lower_once(p, &d, &lowered))
+            goto broken;
+        if (finish_point(ps, p, &cfg, &m->point) != 0)
+            goto done;
+        m->stage = 3;
+    }
+    pt->step_time = m->point.step_time;
+    pt->overlap = m->point.overlap;
+    pt->comm_exposed = m->point.comm_exposed;
+    pt->outer_bytes = m->point.outer_bytes;
+    memcpy(pt->bytes, m->point.bytes, sizeof pt->bytes);
+    rc = 0;
+    goto done;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
     goto done;
 broken:
     snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
              prefetch, (long long)bucket);
 done:
-    mf_sim_result_free(&res);
     mf_plan_free(p);
     return rc;
 }

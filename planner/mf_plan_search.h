@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mf_hash.h" /* mf_hash, and mf_vec through mf_arena.h */
 #include "mf_plan_mem.h"
 #include "mf_simulate.h"
 #include "mf_spec.h"
@@ -58,6 +59,10 @@ typedef struct mf_ps_group {
     double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
     double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
     double *lb_t2;          /* per choice: T2 chain seconds of one unit (no merging) */
+    double *lb_fifo;        /* per choice x 6: one T3 of the unit's layouts on the inner and
+                               outer streams, one T2 of its sharded ones on each, then 1
+                               where such a T2 has an all_gather (mf_plan_bound.c,
+                               compute_chain) */
     double *lb_drain;       /* per choice x 4: last-microbatch T3 + T4 seconds per unit on the
                                inner and outer streams (bandwidth), then their fixed parts */
 } mf_ps_group;
@@ -95,11 +100,21 @@ typedef struct mf_plan_search {
     int64_t ncandidates;
     int64_t evaluated;      /* candidates compiled and simulated */
     int64_t memory_only;    /* candidates whose exact memory and time bound were dominated */
+    int64_t sim_pruned;     /* candidates dominated by their exact memory and the step time
+                               simulated before the buffer assignment (a lower bound) */
     double compute_time;    /* seconds, the same for every candidate */
     double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
                                candidate; they depend on the tensors only) */
-    double *lb_scratch;     /* 5 x nunits, for mf_ps_lower_bounds */
+    double *lb_scratch;     /* 7 x nunits, for mf_ps_lower_bounds */
+    const double **lb_fifo_of; /* nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
+    struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
+    mf_hash memo_index;     /* laid-out schedule -> memo entry (mf_plan_search.c) */
+    mf_vec memo;            /* figures computed per laid-out schedule */
+    uint8_t *memo_key;      /* scratch for the key */
+    size_t memo_keycap;
+    int64_t reused;         /* candidates whose laid-out schedule was seen before */
+    int *layout_canon;      /* spec.nlayouts entries, for mf_plan.layout_canon */
     int nfront;
     mf_ps_point *front;     /* sorted by memory, then step time */
     char err[512];

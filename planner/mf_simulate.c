@@ -500,6 +500,10 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     for (int k = 0; k < MF_STREAM_COUNT; k++)
         if (st.stream_end[k] > r->step_time)
             r->step_time = st.stream_end[k];
+    if (cfg->time_only) {
+        rc = 0;
+        goto cleanup;
+    }
     if (find_critical_path(r) != 0 ||
         find_exposed(r, st.stream_end[MF_STREAM_COMPUTE]) != 0) {
         mf_errf(err, errlen, "out of memory");

@@ -35,12 +35,19 @@
  * Per-axis legality is checked again here (the semantic pass rejects illegal
  * specs first); a violation is a located error naming the unit, role, axis
  * and a fix, and the bucket gets no transitions.
+ *
+ * A bucket's transitions depend only on its dtypes, placements and padded
+ * length, the alignment, the mesh and the cost model. Plans that share a
+ * cache (mf_plan.tcache: the plan search's candidates, one mesh and cost
+ * model) take a bucket's transitions from it when a bucket with the same
+ * key was built before, legality included, and add the ones they build.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_hash.h"
 #include "mf_layout.h"
 #include "mf_passes.h"
 #include "mf_plan_stats.h"
@@ -462,7 +469,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
      * bytes against launches (different bytes per rank), else the best that
      * differs in launches or cost, else the best mere reordering. */
     int alt_rank = -1;
-    for (size_t i = 0; best && i < cs->paths.len; i++) {
+    for (size_t i = 0; best && nvalid > 1 && !p->quiet && i < cs->paths.len; i++) {
         if (&paths[i] == best)
             continue;
         eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
@@ -510,7 +517,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
     for (int i = 0; i < n; i++)
         tr->cost += mf_cost_op(&p->cost, m, tr->steps[i].kind, tr->steps[i].axis, tr->steps[i].count,
                                tr->steps[i].dtype);
-    if (nvalid > 1) {
+    if (nvalid > 1 && !p->quiet) {
         tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
         if (!tr->why) {
             *oom = true;
@@ -518,6 +525,92 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
         }
     }
     return true;
+}
+
+/* ---- the cache shared by a search's candidates ---- */
+
+struct mf_trans_cache {
+    mf_hash index;          /* key -> entry */
+    mf_vec entries;         /* mf_transition[MF_NTRANSITIONS] */
+    mf_arena *arena;        /* their steps */
+};
+
+mf_trans_cache *mf_trans_cache_new(void)
+{
+    mf_trans_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    mf_vec_init(&c->entries, sizeof(mf_transition[MF_NTRANSITIONS]));
+    c->arena = mf_arena_create();
+    if (!c->arena) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void mf_trans_cache_free(mf_trans_cache *c)
+{
+    if (!c)
+        return;
+    mf_hash_free(&c->index);
+    mf_vec_free(&c->entries);
+    mf_arena_destroy(c->arena);
+    free(c);
+}
+
+/* Everything build() and check_legal() read of a bucket besides the plan's
+ * mesh and cost model: dtypes, placements, padded length, alignment. */
+static size_t cache_key(const mf_schedule *s, const mf_bucket *b, uint8_t *key)
+{
+    size_t n = 0;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        key[n++] = (uint8_t)b->dtype[r];
+        for (int j = 0; j < s->mesh.naxes; j++)
+            key[n++] = b->place[r].p[j];
+    }
+    memcpy(key + n, &b->length, sizeof b->length);
+    n += sizeof b->length;
+    memcpy(key + n, &s->align, sizeof s->align);
+    return n + sizeof s->align;
+}
+
+/* Copies the bucket's transitions from the cache when there; 1 found, 0 not,
+ * -1 OOM. */
+static int cache_get(mf_plan *p, int b, const uint8_t *key, size_t n)
+{
+    int64_t e = mf_hash_get(&p->tcache->index, key, n);
+    if (e < 0)
+        return 0;
+    const mf_transition *src = (const mf_transition *)p->tcache->entries.data + (size_t)e * MF_NTRANSITIONS;
+    for (int t = 0; t < MF_NTRANSITIONS; t++) {
+        mf_transition *tr = &p->trans[b][t];
+        *tr = src[t];
+        tr->steps = mf_arena_array(p->arena, (size_t)(src[t].nsteps ? src[t].nsteps : 1), sizeof *tr->steps);
+        if (!tr->steps)
+            return -1;
+        memcpy(tr->steps, src[t].steps, (size_t)src[t].nsteps * sizeof *tr->steps);
+    }
+    return 1;
+}
+
+/* Stores the bucket's transitions (built without errors); false on OOM. */
+static bool cache_put(mf_plan *p, int b, const uint8_t *key, size_t n)
+{
+    mf_trans_cache *c = p->tcache;
+    mf_transition *dst = mf_vec_push(&c->entries);
+    if (!dst)
+        return false;
+    for (int t = 0; t < MF_NTRANSITIONS; t++) {
+        const mf_transition *tr = &p->trans[b][t];
+        dst[t] = *tr;
+        dst[t].why = NULL;
+        dst[t].steps = mf_arena_array(c->arena, (size_t)(tr->nsteps ? tr->nsteps : 1), sizeof *tr->steps);
+        if (!dst[t].steps)
+            return false;
+        memcpy(dst[t].steps, tr->steps, (size_t)tr->nsteps * sizeof *tr->steps);
+    }
+    return mf_hash_put(&c->index, key, n, (int64_t)c->entries.len - 1) >= 0;
 }
 
 bool mf_transition_run(mf_plan *p, mf_diag *d)
@@ -530,6 +623,15 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
     p->trans = mf_arena_array(p->arena, s->nbuckets ? (size_t)s->nbuckets : 1, sizeof *p->trans);
     oom = !p->trans;
     for (int b = 0; b < s->nbuckets && !oom; b++) {
+        uint8_t key[MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16];
+        size_t kn = 0;
+        if (p->tcache) {
+            kn = cache_key(s, &s->buckets[b], key);
+            int got = cache_get(p, b, key, kn);
+            oom = got < 0;
+            if (got != 0)
+                continue;
+        }
         if (check_legal(&ts, b)) {
             ok = false;
             continue;
@@ -539,6 +641,8 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
             built = build(&ts, b, t, &oom) && built;
         if (built)
             assign_streams(p->trans[b], ts.k);
+        if (built && !oom && p->tcache)
+            oom = !cache_put(p, b, key, kn);
         ok = ok && built;
     }
     if (oom) {

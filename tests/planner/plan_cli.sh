@@ -57,6 +57,18 @@ exp_peak=$(sed -n 's/^plan\/rank    estimate .* = .* (\([0-9]*\) bytes)$/\1/p' o
 expect 0 "" "$mfsdpc" compile best.mfsdp -o best.yaml
 expect 0 'verified' "$replay" best.yaml --steps 2 --timeout-ms 120000
 
+# the buffer assignment's waits count: on this DeepSeek plan (4 x 8, prefetch 2,
+# no merging) the waits that buffer reuse adds delay the step by 0.19 ms; a
+# search that simulated the lowering without the assignment found 18.027 ms,
+# simulate on the written spec 18.212 ms, and plan exited 1 (internal error)
+sed -e 's/^mesh .*/mesh dp_outer = 4, dp_inner = 8;/' -e 's/^bucket_size .*/bucket_size 0;\nprefetch 2;/' \
+  -e 's/^\(unit "embed"\) layout hfsdp/\1 layout zero2_inner_zero1_outer/' \
+  -e 's/^\(unit "layers.0"\) layout hfsdp/\1 layout zero2_inner_zero1_outer/' \
+  -e 's/^\(unit "layers.{i}" for i in 1..4\) layout hfsdp/\1 layout zero2/' \
+  -e 's/^\(unit "head"\) layout hfsdp/\1 layout zero3/' "$schedules/deepseek_moe.mfsdp" > waits.mfsdp
+[ "$(grep -c 'layout zero' waits.mfsdp)" = 4 ] || fail "waits.mfsdp: the sed did not apply"
+expect 0 'chosen: step time 18\.21' "$mfsdpc" plan waits.mfsdp --memory 16GiB
+
 # nothing fits: exit 1, the smallest reachable peak and what dominates it
 expect 1 'no plan fits --memory 1.00 KiB.*smallest peak reachable is .*largest part is' \
   "$mfsdpc" plan auto.mfsdp --memory 1KiB

@@ -1,11 +1,16 @@
 /*
  * mfsdpc plan's search (planner/mf_plan_search.c, docs/plan.md §3):
- *   - on 24 seeded random small instances (1-6 unit declarations, 2- and
- *     3-level meshes, random links, some settings fixed by the spec) the
+ *   - on 120 seeded random small instances (1-6 unit declarations, 2- and
+ *     3-level meshes, random links, host-synchronous or asynchronous issue,
+ *     some settings fixed by the spec; seeds 65 and 114 caught two unsound
+ *     time bounds, 1000 seeds were run once) the
  *     front equals a brute-force front computed here from every candidate,
  *     and equals the search's own --exhaustive front; the chosen point for
  *     several budgets equals the brute-force choice; every lower bound
  *     (mf_plan_bound.c) is at most the figure it bounds;
+ *   - a candidate's figures equal those of the spec written for it,
+ *     compiled by the whole pipeline (random units built to exercise the
+ *     search's fused tensors);
  *   - every built-in layout compiles and verifies on every mesh rank it
  *     claims;
  *   - the known winners (see each test's comment).
@@ -23,6 +28,7 @@
 #include "mf_builtin_layouts.h"
 #include "mf_pipeline.h"
 #include "mf_plan_search.h"
+#include "mf_plan_write.h"
 
 /* ---- helpers ---- */
 
@@ -150,6 +156,7 @@ static void check_instance(int seed)
     for (int j = 0; j < naxes - 1; j++)
         opt.sim.cost.axis[j].beta = (5.0 + rnd(400)) * 1e9;
     opt.sim.unit_time = rnd(2) ? 0 : 1e-6 * (1 + rnd(50));
+    opt.sim.host_async = rnd(4) == 0;
 
     /* brute force over every candidate, with the bounds checked */
     mf_plan_search all;
@@ -217,8 +224,97 @@ static void check_instance(int seed)
 static void test_random_fronts(void **state)
 {
     (void)state;
-    for (int seed = 0; seed < 24; seed++)
+    for (int seed = 0; seed < 120; seed++)
         check_instance(seed);
+}
+
+/* The search evaluates a candidate on its own copy of the spec, with runs
+ * of consecutive tensors of one layout class fused (mf_plan_search.c,
+ * fuse_tensors), transitions shared between candidates, the schedule
+ * simulated before and after the buffer assignment, and figures reused
+ * between candidates that lay out to the same buckets (the search runs
+ * first, so most candidates below are answered by its memo). Its figures must equal those of the spec it writes for that
+ * candidate, compiled from the text by the whole pipeline (assignment
+ * included), as `explain` and `simulate` would. Random units mix tensors of
+ * a multiple of 16 elements (fusable) with odd ones and interleave override
+ * layouts, so runs break at every kind of boundary; mesh sizes vary; the
+ * alignment is the smallest, so a gap of a few elements changes a padded
+ * length (and fusing across a tensor that leaves a gap fails this test). */
+static void test_candidates_equal_compiled_spec(void **state)
+{
+    (void)state;
+    static const char *const over[] = {"ddp", "zero1", "zero3"};
+    for (int seed = 0; seed < 12; seed++) {
+        rng_state = 0x2545f4914f6cdd1dULL * (uint64_t)(seed + 7);
+        char text[8192];
+        size_t o = 0;
+        int three = rnd(3) == 0;
+        if (three)
+            o += (size_t)snprintf(text + o, sizeof text - o, "mesh node = 2, socket = 2, gpu = 2;\n");
+        else
+            o += (size_t)snprintf(text + o, sizeof text - o, "mesh node = %d, gpu = 2;\n", 1 + (int)rnd(3));
+        /* the smallest alignment: padded lengths then move with every gap */
+        o += (size_t)snprintf(text + o, sizeof text - o, "microbatches %d;\nalign 16;\n", 1 + (int)rnd(3));
+        int ndecl = 1 + (int)rnd(3);
+        for (int d = 0; d < ndecl; d++) {
+            if (rnd(2))
+                o += (size_t)snprintf(text + o, sizeof text - o, "unit \"u%d.{i}\" for i in 0..%d layout auto {\n",
+                                      d, 2 + (int)rnd(2));
+            else
+                o += (size_t)snprintf(text + o, sizeof text - o, "unit \"u%d\" layout auto {\n", d);
+            int nt = 2 + (int)rnd(7);
+            for (int t = 0; t < nt; t++) {
+                int a = rnd(2) ? 16 * (1 + (int)rnd(40)) : 1 + (int)rnd(300), b = 1 + (int)rnd(200);
+                int ov = rnd(4);
+                o += (size_t)snprintf(text + o, sizeof text - o, "  tensor \"t%d\" [%d, %d]%s%s;\n", t, a, b,
+                                      ov < 3 ? "" : " layout ", ov < 3 ? "" : over[rnd(3)]);
+            }
+            o += (size_t)snprintf(text + o, sizeof text - o, "}\n");
+        }
+        mf_compilation c;
+        sema(text, &c);
+        mf_ps_options opt = {.optimizer_bytes = 8};
+        mf_sim_config_defaults(&opt.sim, &c.spec->mesh);
+        mf_plan_search ps;
+        assert_int_equal(mf_ps_init(&ps, c.spec, c.ast, &opt), 0);
+        /* the search first: its memo of figures per laid-out schedule then
+           answers most of the candidates below, at every stage (peak only,
+           step time before the assignment, exact point) */
+        assert_int_equal(mf_ps_run(&ps), 0);
+        int64_t reused = ps.reused;
+        int *ch = calloc((size_t)ps.ngroups + 1, sizeof *ch);
+        assert_non_null(ch);
+        for (int k = 0; k < 16; k++) {
+            int64_t idx = (int64_t)rnd((uint32_t)(ps.ncandidates < 100000 ? ps.ncandidates : 100000));
+            int pf;
+            int64_t bk;
+            decode(&ps, idx, &pf, &bk, ch);
+            mf_ps_point p = {.index = idx, .choice = ch};
+            assert_int_equal(mf_ps_evaluate(&ps, pf, bk, ch, &p), 0);
+            char *out = mf_plan_write_spec(&ps, c.ast, text, strlen(text), &p, NULL);
+            assert_non_null(out);
+            mf_compile_options copt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .cost = &opt.sim.cost};
+            mf_compilation w;
+            if (mf_compile_buffer("written.mfsdp", out, strlen(out), &copt, &w) != 0)
+                fail_msg("seed %d candidate %lld: the written spec does not compile:\n%s", seed, (long long)idx, out);
+            mf_plan_mem mem;
+            mf_sim_result res;
+            char err[256];
+            assert_true(mf_plan_mem_of(w.plan, 8, &mem));
+            assert_int_equal(mf_simulate(w.plan->sched, &opt.sim, &res, err, sizeof err), 0);
+            if (mem.peak != p.mem.peak || res.step_time != p.step_time || res.bytes[0] != p.bytes[0])
+                fail_msg("seed %d candidate %lld: search (%lld, %.12g), written spec (%lld, %.12g)\n%s", seed,
+                         (long long)idx, (long long)p.mem.peak, p.step_time, (long long)mem.peak, res.step_time, out);
+            mf_sim_result_free(&res);
+            mf_compilation_free(&w);
+            free(out);
+        }
+        if (ps.reused == reused)
+            fail_msg("seed %d: no candidate took its figures from the memo", seed);
+        free(ch);
+        mf_ps_free(&ps);
+        mf_compilation_free(&c);
+    }
 }
 
 /* Every built-in layout compiles and verifies on each mesh rank it fits. */
@@ -378,6 +474,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_fronts),
         cmocka_unit_test(test_builtins_compile),
+        cmocka_unit_test(test_candidates_equal_compiled_spec),
         cmocka_unit_test(test_hsdp_beats_fsdp_on_slow_outer_links),
         cmocka_unit_test(test_budget_rules_out_hsdp),
         cmocka_unit_test(test_fast_links_keep_whole_weights),
