@@ -135,7 +135,8 @@ class CkptLoadOptions(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint32), ("nstates", ctypes.c_int),
                 ("states", ctypes.POINTER(CkptState)), ("user_blob_rank", ctypes.c_int64),
                 ("user_blob", ctypes.c_void_p), ("user_blob_capacity", ctypes.c_size_t),
-                ("user_blob_bytes", ctypes.c_size_t), ("step", ctypes.c_int64)]
+                ("user_blob_bytes", ctypes.c_size_t), ("step", ctypes.c_int64),
+                ("bytes_read", ctypes.c_uint64)]
 
 
 class HfOptions(ctypes.Structure):

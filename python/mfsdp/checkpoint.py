@@ -24,12 +24,14 @@ _DTYPE_CODES = {name: code for code, name in _lib.DTYPE_NAMES.items()}
 
 class Loaded:
     """What load_checkpoint returns: the saved `step`, the `user_blob` (bytes;
-    None when the chosen rank saved none) and the `states` it filled
-    ({state name: {tensor name: array}})."""
-    __slots__ = ("step", "user_blob", "states")
+    None when the chosen rank saved none), the `states` it filled ({state
+    name: {tensor name: array}}) and `bytes_read`, the bytes this rank read
+    from the data files (replicas share reads: docs/checkpoint.md)."""
+    __slots__ = ("step", "user_blob", "states", "bytes_read")
 
-    def __init__(self, step, user_blob, states):
+    def __init__(self, step, user_blob, states, bytes_read=0):
         self.step, self.user_blob, self.states = step, user_blob, states
+        self.bytes_read = bytes_read
 
     def __repr__(self):
         return "Loaded(step=%d, user_blob=%s, states=%s)" % (
@@ -191,7 +193,7 @@ def load(rt, path, states=None, user_blob_rank=None, verify_files=False):
                          "read before the load said %d (was %s replaced during the load?)"
                          % (who, opt.user_blob_bytes, cap, os.fsdecode(path)))
     data = blob.raw[:opt.user_blob_bytes] if opt.user_blob_bytes else None
-    return Loaded(int(opt.step), data, states or {})
+    return Loaded(int(opt.step), data, states or {}, int(opt.bytes_read))
 
 
 def _rules(rules, what):

@@ -235,6 +235,7 @@ static void ct_rank(ct_job *j)
                                       .nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
                                       .user_blob = &blob, .user_blob_capacity = sizeof blob};
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
+        printf("bytes_read=%llu\n", (unsigned long long)lo.bytes_read);
         if (!o->weights_only && (lo.user_blob_bytes != sizeof blob || lo.step != blob.step)) {
             snprintf(j->msg, sizeof j->msg, "rank %lld: user blob of %zu bytes, step %lld vs %lld",
                      (long long)j->cfg.rank, lo.user_blob_bytes, (long long)lo.step, (long long)blob.step);

@@ -53,6 +53,7 @@ int main(void)
     F(mfsdp_ckpt_load_options, states); F(mfsdp_ckpt_load_options, user_blob_rank);
     F(mfsdp_ckpt_load_options, user_blob); F(mfsdp_ckpt_load_options, user_blob_capacity);
     F(mfsdp_ckpt_load_options, user_blob_bytes); F(mfsdp_ckpt_load_options, step);
+    F(mfsdp_ckpt_load_options, bytes_read);
     S(mfsdp_hf_options);
     F(mfsdp_hf_options, nmaps); F(mfsdp_hf_options, maps); F(mfsdp_hf_options, nties);
     F(mfsdp_hf_options, ties);
