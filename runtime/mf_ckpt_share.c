@@ -143,17 +143,21 @@ static char *mf_ckpt_lplan_at(mf_rt *rt, const mfsdp_ckpt_load_options *opt, con
 int mf_ckpt_lplan_read(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
                        const int *map, const int *smap, char *err, size_t errlen)
 {
-    for (int64_t i = 0; i < lp->n; i++) {
-        const mf_ckpt_lpiece *q = &lp->p[i];
-        if (q->reader != rt->rank)
-            continue;
-        for (int s = 0; s <= opt->nstates; s++) {
+    /* State by state, then in plan order: the order of the entries in the
+     * data files, so that a load on the saving schedule reads each file
+     * front to back in one sequential pass (tensor by tensor, the three
+     * states' regions of a file would be three interleaved streams, which
+     * defeats the kernel's readahead). */
+    for (int s = 0; s <= opt->nstates; s++)
+        for (int64_t i = 0; i < lp->n; i++) {
+            const mf_ckpt_lpiece *q = &lp->p[i];
+            if (q->reader != rt->rank)
+                continue;
             size_t es;
             char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
             if (mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen) != 0)
                 return -1;
         }
-    }
     return 0;
 }
 
