@@ -13,7 +13,9 @@ master weight and moment, assembled from the ranks' shards, bit-equal to the
 saved ones. In one process: the Runtime-level API with NumPy states and a
 user blob, the refusal of another model's checkpoint (nothing written), and
 a Hugging Face checkpoint written by the reference `safetensors` package
-imported (bf16, with a prefix rule), exported and re-read bit-exactly.
+imported (bf16, with a prefix rule), exported and re-read bit-exactly; on
+8 thread-ranks of the HSDP example, a load reads each unique byte once
+(Loaded.bytes_read) though every byte is held at least twice.
 """
 import glob
 import json
@@ -189,3 +191,48 @@ def test_hf_import_export_through_the_package(tmp_path):
     assert "'model.extra'" in e.value.message
     assert_bitwise(sm.full_state_dict()["wte.weight"], hf["model.wte.weight"].float(), "unchanged")
     sm.close()
+
+
+def test_replicas_share_reads_on_thread_ranks(tmp_path):
+    """8 thread-ranks of the HSDP example (master weights replicated across
+    dp_outer, some tensors on every rank): a save and a load through the package with one optimizer
+    state; the load reads every unique byte once over the ranks
+    (Loaded.bytes_read), while the ranks hold each byte at least twice, and every
+    rank's shards come back."""
+    from test_package import ROOT, _on_threads
+    s = mfsdp.Schedule.load(os.path.join(ROOT, "schedules", "hsdp.yaml"))
+    assert s.world_size == 8
+    unique = sum(t.numel for t in s.tensors) * 4 * 2       # fp32 main_weight + one fp32 state
+    ck = str(tmp_path / "ck")
+
+    def value(t):
+        return (np.arange(t.numel, dtype=np.float32) % 251).reshape(t.shape) - 125
+
+    def save(g, r):
+        with mfsdp.Runtime(s, backend="local", group=g, rank=r, timeout_ms=60000) as rt:
+            for t in s.tensors:
+                rt.scatter(t.name, value(t))
+            m = {v.name: rt.array(v.name, "main_weight") * 2 + 1 for v in rt.views if v.shard_count}
+            rt.save_checkpoint(ck, step=5, states={"m": m})
+
+    def load(g, r):
+        with mfsdp.Runtime(s, backend="local", group=g, rank=r, timeout_ms=60000) as rt:
+            got = rt.load_checkpoint(ck, states=["m"])
+            bad = 0
+            for v in rt.views:
+                if v.shard_count:
+                    want = value(v).reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count]
+                    bad += int((rt.array(v.name, "main_weight") != want).sum())
+                    bad += int((got.states["m"][v.name] != want * 2 + 1).sum())
+            held = sum(v.shard_count * 8 for v in rt.views)
+            return got.step, got.bytes_read, held, bad
+
+    g = mfsdp.LocalGroup(8)
+    _on_threads(8, lambda r: save(g, r))
+    g.close()
+    g = mfsdp.LocalGroup(8)
+    res = _on_threads(8, lambda r: load(g, r))
+    g.close()
+    assert all(step == 5 and bad == 0 for step, _, _, bad in res), res
+    assert sum(h for _, _, h, _ in res) >= 2 * unique           # every byte held at least twice
+    assert sum(b for _, b, _, _ in res) == unique, [b for _, b, _, _ in res]
