@@ -18,6 +18,7 @@
 
 #define MF_CKPT_FILE_FORMAT "mfsdp-checkpoint/1"
 #define MF_CKPT_IO_CHUNK ((size_t)16 << 20) /* bounce buffer and largest single I/O */
+#define MF_CKPT_READ_CHUNK ((size_t)2 << 20) /* a load's pread, CRC'd while in cache */
 
 /* One entry of a data file to write: its bytes come from `data` when
  * non-NULL, else from the fill callback. */

@@ -40,6 +40,36 @@ void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64
     *hi = e > a ? e - t->offset : 0;
 }
 
+int64_t mf_ckpt_plan_replicas(const mf_schedule *s, int bucket, int64_t rank, int64_t *out)
+{
+    const mf_bucket *b = &s->buckets[bucket];
+    const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
+    mf_range mine = mf_layout_range(&s->mesh, pl, rank, b->length);
+    int64_t n = 0;
+    for (int64_t r = 0; r < s->mesh.world; r++) {
+        mf_range x = mf_layout_range(&s->mesh, pl, r, b->length);
+        if (x.offset == mine.offset && x.len == mine.len)
+            out[n++] = r;
+    }
+    return n;
+}
+
+void mf_ckpt_plan_pieces_of(const mf_ckpt_plan *p, int64_t w, int k, int64_t *lo, int64_t *hi)
+{
+    int64_t a = p->first[w], e = p->first[w + 1];
+    while (a < e) { /* the first piece of tensor >= k */
+        int64_t m = a + (e - a) / 2;
+        if (p->p[m].tensor < k)
+            a = m + 1;
+        else
+            e = m;
+    }
+    *lo = a;
+    for (e = a; e < p->first[w + 1] && p->p[e].tensor == k; e++)
+        ;
+    *hi = e;
+}
+
 static int mf_ckpt_piece_cmp(const void *a, const void *b)
 {
     const mf_ckpt_piece *x = a, *y = b;

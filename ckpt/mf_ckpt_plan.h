@@ -49,6 +49,13 @@ void mf_ckpt_plan_free(mf_ckpt_plan *p);
  * holds in main_weight (*lo == *hi when none). */
 void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,
                        int64_t *hi);
+/* The ranks holding the same main_weight shard of bucket `bucket` as
+ * `rank` (its replicas, itself included), ascending, into out[world];
+ * returns how many. */
+int64_t mf_ckpt_plan_replicas(const mf_schedule *s, int bucket, int64_t rank, int64_t *out);
+/* The pieces writer w writes of plan tensor k: p->p[*lo .. *hi) (sorted by
+ * start; empty when none). */
+void mf_ckpt_plan_pieces_of(const mf_ckpt_plan *p, int64_t w, int k, int64_t *lo, int64_t *hi);
 /* Index of the plan tensor named `name`, or -1. */
 int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name);
 

@@ -95,7 +95,17 @@ enum {
     MF_BE_KEEPS_PENDING = 1u << 1,  /* a failed collective may still be in flight (MPI
                                        cannot cancel): its buffers must never be freed
                                        (hand them to mf_rt_graveyard) */
+    MF_BE_SHARED_MEMORY = 1u << 2,  /* every rank's host buffers are addressable by every
+                                       other rank (threads of one process: local) */
 };
+
+/* One point-to-point transfer of be->transfer (checkpoint loads). */
+typedef struct mf_be_xfer {
+    int64_t peer;             /* world rank */
+    void *buf;                /* host memory: sent from, or received into */
+    size_t bytes;             /* <= INT_MAX */
+    int send;                 /* 1: send buf to peer; 0: receive it from peer */
+} mf_be_xfer;
 
 typedef struct mf_backend_vtbl {
     const char *name;
@@ -132,6 +142,14 @@ typedef struct mf_backend_vtbl {
      * (MFSDP_ERR_UNSUPPORTED). */
     mfsdp_result (*allgather)(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
                               size_t errlen);
+    /* Host thread (mf_ckpt_load.c): the point-to-point transfers x[0..n)
+     * over the world. Each send matches the receive its peer lists for this
+     * rank at the same position among their transfers with each other; all
+     * are in flight together, so no order of waiting can deadlock; bounded
+     * by the timeout; the message goes to err. On failure the buffers may
+     * still be written later (MPI cannot cancel). NULL: the backend has none
+     * (a backend with MF_BE_SHARED_MEMORY copies instead). */
+    mfsdp_result (*transfer)(mf_rt *rt, const mf_be_xfer *x, int64_t n, char *err, size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
     void (*abort)(mf_rt *rt, const char *why);

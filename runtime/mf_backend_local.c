@@ -768,7 +768,7 @@ static void local_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_local = {
     .name = "local",
-    .caps = 0,
+    .caps = MF_BE_SHARED_MEMORY,
     .open = local_open,
     .alloc = mf_rt_host_alloc,
     .free = mf_rt_host_free,

@@ -81,6 +81,7 @@ typedef struct mf_mpi_state {
 } mf_mpi_state;
 
 #define MF_MPI_ERR_TAG 7411
+#define MF_MPI_CKPT_TAG 7412
 /* How long a wait polls with sched_yield before it sleeps between polls. */
 #define MF_MPI_YIELD_MS 200
 
@@ -270,6 +271,48 @@ static mfsdp_result mpi_allgather(mf_rt *rt, const void *mine, size_t bytes, voi
         return mpi_fail(err, errlen, rc, "MPI_Iallgather over the world (helper)");
     return wait_request(rt, st, &req, "the world all-gather of a helper (every rank must call it)",
                         err, errlen);
+}
+
+/* Checkpoint loads' point-to-point transfers (be->transfer): every send and
+ * receive posted at once on the world communicator (collectives there never
+ * match point-to-point messages), then each waited for in turn, bounded by
+ * the timeout. Posting in list order keeps MPI's per-pair ordering equal to
+ * the lists' order. */
+static mfsdp_result mpi_transfer(mf_rt *rt, const mf_be_xfer *x, int64_t n, char *err, size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    if (n <= 0)
+        return MFSDP_OK;
+    MPI_Request *req = mf_rt_calloc((size_t)n, sizeof *req);
+    if (!req) {
+        snprintf(err, errlen, "out of memory (%lld transfer requests)", (long long)n);
+        return MFSDP_ERR_OUT_OF_MEMORY;
+    }
+    mfsdp_result res = MFSDP_OK;
+    int64_t posted = 0;
+    for (; posted < n; posted++) {
+        const mf_be_xfer *t = &x[posted];
+        int rc = t->bytes > INT_MAX ? MPI_ERR_COUNT
+                 : t->send ? MPI_Isend(t->buf, (int)t->bytes, MPI_BYTE, (int)t->peer, MF_MPI_CKPT_TAG,
+                                       st->world, &req[posted])
+                           : MPI_Irecv(t->buf, (int)t->bytes, MPI_BYTE, (int)t->peer, MF_MPI_CKPT_TAG,
+                                       st->world, &req[posted]);
+        if (rc != MPI_SUCCESS) {
+            res = mpi_fail(err, errlen, rc, t->send ? "MPI_Isend (checkpoint load)" : "MPI_Irecv (checkpoint load)");
+            break;
+        }
+    }
+    for (int64_t i = 0; i < posted && res == MFSDP_OK; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "a checkpoint load's transfer %s rank %lld", x[i].send ? "to" : "from",
+                 (long long)x[i].peer);
+        res = wait_request(rt, st, &req[i], what, err, errlen);
+    }
+    if (res != MFSDP_OK && posted > 0)
+        st->abandoned++;       /* requests may be pending: never free their buffers */
+    else
+        mf_rt_free(req);      /* all complete */
+    return res;
 }
 
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
@@ -584,6 +627,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .submit = NULL,
     .synchronize = NULL,
     .allgather = mpi_allgather,
+    .transfer = mpi_transfer,
     .abort = mpi_abort,
     .close = mpi_close,
 };

@@ -3,7 +3,11 @@
  * rank opens the manifest, matches the checkpoint's tensors and states with
  * its runtime (all mismatches in one message), the ranks agree that every
  * rank passed, and only then does each rank pread the element ranges it
- * holds, straight into its buffers.
+ * reads, straight into its buffers: the ranges it holds, or where the
+ * backend lets replicas share (mf_ckpt_share.h) only its share of them. The
+ * ranks agree that every read succeeded (so a refused checkpoint is refused
+ * on every rank with the same message), the replicas receive what the others
+ * read, and a last round reports the outcome.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -12,6 +16,7 @@
 #include <string.h>
 
 #include "mf_ckpt_io.h"
+#include "mf_ckpt_share.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -131,21 +136,12 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
     return bad ? -1 : 0;
 }
 
-/* Reads this rank's ranges of main_weight and every requested state. */
-static int mf_ckpt_load_data(mf_rt *rt, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt, const int *map,
-                             const int *smap, char *err, size_t errlen)
+/* Reads the pieces this rank reads (mf_ckpt_share.h) and the user blob. */
+static int mf_ckpt_load_data(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt,
+                             const int *map, const int *smap, char *err, size_t errlen)
 {
-    for (int k = 0; k < rt->nviews; k++) {
-        const mfsdp_tensor_view *v = &rt->views[k];
-        if (v->shard_count == 0)
-            continue;
-        int64_t a = v->shard_offset, b = a + v->shard_count;
-        if (mf_ckpt_read(r, 0, map[k], a, b, v->main_weight, err, errlen) != 0)
-            return -1;
-        for (int i = 0; i < opt->nstates; i++)
-            if (mf_ckpt_read(r, smap[i], map[k], a, b, opt->states[i].shards[k], err, errlen) != 0)
-                return -1;
-    }
+    if (mf_ckpt_lplan_read(rt, lp, r, opt, map, smap, err, errlen) != 0)
+        return -1;
     size_t len = 0;
     int64_t who = opt->user_blob_rank < 0 ? rt->rank : opt->user_blob_rank;
     if (mf_ckpt_read_blob(r, who, opt->user_blob, opt->user_blob_capacity, &len, err, errlen) != 0)
@@ -162,6 +158,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     int *map = calloc((size_t)rt->nviews + 1, sizeof *map);
     int *smap = calloc(64, sizeof *smap);
     mf_ckpt_reader r;
+    mf_ckpt_lplan lp = {0};
     int opened = 0;
     char err[2048] = "";
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
@@ -190,15 +187,26 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     if (res != MFSDP_OK)
         goto done;
     memset(&mine, 0, sizeof mine);
-    if (mf_ckpt_load_data(rt, &r, opt, map, smap, err, sizeof err) != 0) {
+    if (mf_ckpt_lplan_build(rt, &lp, err, sizeof err) != 0 ||
+        mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err) != 0) {
         mine.status = MFSDP_ERR_LOAD;
         mf_ckpt_lfail(&mine, err);
     }
     opt->step = r.m.step;
+    opt->bytes_read = r.bytes_read;
+    res = mf_ckpt_lround(rt, &mine, all, dir, err);
+    if (res != MFSDP_OK || !lp.share)
+        goto done;
+    mfsdp_result sr = mf_ckpt_lplan_share(rt, &lp, opt, err, sizeof err);
+    if (sr != MFSDP_OK) {
+        mf_ckpt_lfail(&mine, err);
+        mine.status = sr;
+    }
     res = mf_ckpt_lround(rt, &mine, all, dir, err);
 done:
     if (opened)
         mf_ckpt_reader_close(&r);
+    mf_ckpt_lplan_free(&lp);
     free(all);
     free(map);
     free(smap);

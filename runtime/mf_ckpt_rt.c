@@ -2,8 +2,10 @@
  * mf_ckpt_rt: mfsdp_ckpt_save / mfsdp_ckpt_load / mfsdp_ckpt_verify
  * (mfsdp_ckpt.h, docs/checkpoint.md). The ranks agree through the
  * backend's small all-gather (be->exchange, as mfsdp_create does): three
- * rounds per save (directory ready, files written, committed), two per load
- * (checked, read). No tensor data crosses ranks.
+ * rounds per save (directory ready, files written, committed); no tensor
+ * data crosses ranks in a save. The load (mf_ckpt_load.c) agrees in two or
+ * three rounds (checked, read, shared) and moves the pieces one replica read
+ * to the others (mf_ckpt_share.c).
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -67,6 +67,11 @@ typedef struct mfsdp_ckpt_load_options {
     size_t user_blob_capacity;
     size_t user_blob_bytes;        /* out: the blob's size (0: that rank saved none) */
     int64_t step;                  /* out: the saved step */
+    uint64_t bytes_read;           /* out: bytes this rank read from the checkpoint's data
+                                    * files (tensor data and user blob; with
+                                    * MFSDP_CKPT_VERIFY_FILES also the files it verified).
+                                    * Replicas of a shard share the reads on the local and
+                                    * MPI backends: over the world, about the unique bytes */
 } mfsdp_ckpt_load_options;
 
 /* Saves main_weight and the states into directory `dir` (must not exist;

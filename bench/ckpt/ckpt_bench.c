@@ -2,25 +2,32 @@
  * mfsdp-ckpt-bench: checkpoint save / load / reshard on the local backend
  * (bench/ckpt/run.sh prints it next to dd on the same filesystem).
  *
- *   mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR
+ *   mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS]
  *
  * Saves every rank's main_weight and two Adam states of SCHEDULE into
  * DIR/a (timed from the moment every rank is ready until the last rank's
- * call returns, after the commit), loads it
- * back on the same schedule (timed), then loads it on RESHARD_SCHEDULE
- * (timed). Prints bandwidths (unique bytes / time), bytes written vs unique
- * bytes, the busiest writer vs the mean, bytes read vs needed, and how much
- * a save or load raised the process's peak resident memory above what the
- * runtimes and states already held (the checkpoint code's own footprint).
- * Not a test: no assertion on speed.
+ * call returns, after the commit), loads it back on the same schedule
+ * (timed) warm (the files in the page cache, as the save left them) and cold
+ * (after posix_fadvise(POSIX_FADV_DONTNEED) on every data file: read from
+ * the disk), then loads it on RESHARD_SCHEDULE (warm, timed). Each load is
+ * repeated REPEATS times (default 5) and the median printed. Prints
+ * bandwidths (unique bytes / time: the bytes a load reads from disk, as
+ * dd's file holds), bytes written vs unique bytes, the busiest writer vs the
+ * mean, bytes read (the ranks' mfsdp_ckpt_load_options.bytes_read) vs unique
+ * and vs held, and how much a save or load raised the process's peak
+ * resident memory above what the runtimes and states already held (the
+ * checkpoint code's own footprint). bench/ckpt/run.sh measures dd the same
+ * ways. Not a test: no assertion on speed.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mfsdp.h"
 #include "mfsdp_ckpt.h"
@@ -38,6 +45,7 @@ typedef struct job {
     double t1;              /* when this rank's call returned */
     int failed;
     int64_t shard_bytes;    /* main_weight + states this rank holds */
+    uint64_t bytes_read;    /* mfsdp_ckpt_load_options.bytes_read */
 } job;
 
 static double now(void)
@@ -103,6 +111,7 @@ static void *rank_main(void *arg)
         mfsdp_ckpt_load_options lo = {.nstates = 2, .states = st, .user_blob_rank = -1, .user_blob = &blob,
                                       .user_blob_capacity = sizeof blob};
         r = mfsdp_ckpt_load(rt, j->dir, &lo);
+        j->bytes_read = lo.bytes_read;
     }
     j->t1 = now();
     pthread_barrier_wait(j->bar);
@@ -121,8 +130,9 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-/* Runs op on every rank; returns seconds (or -1) and the bytes the ranks hold. */
-static double run(const char *path, int op, const char *dir, int64_t *held)
+/* Runs op on every rank; returns seconds (or -1), the bytes the ranks hold
+ * and the bytes they read. */
+static double run(const char *path, int op, const char *dir, int64_t *held, uint64_t *read)
 {
     mfsdp_schedule *sh;
     if (mfsdp_schedule_load(path, &sh) != MFSDP_OK) {
@@ -144,10 +154,12 @@ static double run(const char *path, int op, const char *dir, int64_t *held)
     int failed = 0;
     double t1 = 0;
     *held = 0;
+    *read = 0;
     for (int64_t r = 0; r < w; r++) {
         pthread_join(th[r], NULL);
         failed |= jobs[r].failed;
         *held += jobs[r].shard_bytes;
+        *read += jobs[r].bytes_read;
         t1 = jobs[r].t1 > t1 ? jobs[r].t1 : t1;
     }
     double t = t1 - t0;
@@ -180,21 +192,67 @@ static void files(const char *dir, double *total, double *largest, int *n)
         closedir(d);
 }
 
+/* Drops the page cache of every file in dir (they were fsync'd: clean). */
+static void drop_cache(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[4400];
+    while (d && (de = readdir(d))) {
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        int fd = open(p, O_RDONLY);
+        if (fd >= 0) {
+            fdatasync(fd);
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of `reps` loads of dir on schedule path (cold: cache dropped
+ * before each); -1 when one failed. */
+static double median_load(const char *path, const char *dir, int reps, int cold, int64_t *held, uint64_t *read)
+{
+    double t[64];
+    for (int i = 0; i < reps; i++) {
+        if (cold)
+            drop_cache(dir);
+        if ((t[i] = run(path, 1, dir, held, read)) < 0)
+            return -1;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    return t[reps / 2];
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS]\n");
+        return 2;
+    }
+    int reps = argc == 5 ? atoi(argv[4]) : 5;
+    if (reps < 1 || reps > 64) {
+        fprintf(stderr, "mfsdp-ckpt-bench: REPEATS must be 1..64\n");
         return 2;
     }
     char a[4096];
     snprintf(a, sizeof a, "%s/a", argv[3]);
     int64_t held = 0, held2 = 0;
-    long base = rss_hwm_kb();
-    double ts = run(argv[1], 0, a, &held);
-    double tl = run(argv[1], 1, a, &held);
-    double tr = run(argv[2], 1, a, &held2);
+    uint64_t rd = 0, rd2 = 0;
+    double ts = run(argv[1], 0, a, &held, &rd);
+    double tl = median_load(argv[1], a, reps, 0, &held, &rd);
+    double tc = median_load(argv[1], a, reps, 1, &held, &rd);
+    double tr = median_load(argv[2], a, reps, 0, &held2, &rd2);
     long peak = rss_hwm_kb();
-    if (ts < 0 || tl < 0 || tr < 0)
+    if (ts < 0 || tl < 0 || tc < 0 || tr < 0)
         return 1;
     /* unique bytes: every tensor element x 3 states x 4 bytes */
     mfsdp_schedule *sh;
@@ -215,13 +273,16 @@ int main(int argc, char **argv)
            total / unique);
     printf("ckpt_files=%d\nckpt_busiest_writer_over_mean=%.3f\n", n, largest / (total / n));
     printf("ckpt_save_s=%.4f\nckpt_save_MiBps=%.0f\n", ts, unique / ts / mib);
-    printf("ckpt_load_s=%.4f\nckpt_load_MiBps=%.0f\nckpt_load_read_bytes=%lld\n", tl, (double)held / tl / mib,
-           (long long)held);
-    printf("ckpt_reshard_load_s=%.4f\nckpt_reshard_MiBps=%.0f\nckpt_reshard_read_bytes=%lld\n", tr,
-           (double)held2 / tr / mib, (long long)held2);
+    printf("ckpt_repeats=%d (loads: the median)\n", reps);
+    printf("ckpt_load_warm_s=%.4f\nckpt_load_warm_MiBps=%.0f\n", tl, unique / tl / mib);
+    printf("ckpt_load_cold_s=%.4f\nckpt_load_cold_MiBps=%.0f\n", tc, unique / tc / mib);
+    printf("ckpt_load_read_bytes=%llu (%.4f x unique; the ranks hold %lld)\n", (unsigned long long)rd,
+           (double)rd / unique, (long long)held);
+    printf("ckpt_reshard_load_s=%.4f\nckpt_reshard_MiBps=%.0f\nckpt_reshard_read_bytes=%llu (%.4f x unique)\n", tr,
+           unique / tr / mib, (unsigned long long)rd2, (double)rd2 / unique);
     printf("ckpt_world=%lld\nckpt_peak_rss_MiB=%.0f (runtimes' buffers included)\nckpt_op_rss_growth_MiB=%.1f "
            "(the most a save or load added to the peak, all 8 ranks)\n", (long long)world, peak / 1024.0,
            g_hwm_growth / 1024.0);
-    (void)base;
+    (void)held2;
     return 0;
 }

@@ -1,12 +1,20 @@
 #!/bin/sh
-# bench/ckpt/run.sh [BUILD_DIR] [DIR]: the checkpoint benchmark next to dd on
-# the same filesystem (DIR, default a fresh directory under /tmp or $TMPDIR):
-# dd writes (conv=fsync) and reads back as many bytes as the checkpoint holds,
-# then mfsdp-ckpt-bench saves, loads and reshards; prints both and the ratios.
-# Both read back what was just written (page cache), like for like.
+# bench/ckpt/run.sh [BUILD_DIR] [DIR] [ROUNDS]: the checkpoint benchmark next
+# to dd on the same filesystem (DIR, default a fresh directory under /tmp or
+# $TMPDIR), interleaved so that both see the same machine: ROUNDS times
+# (default 5), mfsdp-ckpt-bench saves, loads warm, loads cold and reshards
+# (one of each), then dd writes as many bytes as the checkpoint holds
+# (conv=fsync, like the save's fsyncs), reads them back warm (from the page
+# cache, as the warm load does) and cold (after dropping the file's pages
+# with `dd iflag=nocache count=0`, i.e. posix_fadvise(POSIX_FADV_DONTNEED),
+# which is what the bench does to the checkpoint's files before a cold
+# load). Prints the last round's bench output, then per quantity the median
+# over the rounds and the median of the per-round ratios save/dd-write,
+# warm load/dd-read-warm and cold load/dd-read-cold.
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-bench}
+rounds=${3:-5}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
 fi
@@ -14,20 +22,52 @@ cmake --build "$build" --target mfsdp-ckpt-bench -j2 >/dev/null
 work=${2:-$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-ckpt-bench.XXXXXX")}
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
-out=$("$build/bench/ckpt/mfsdp-ckpt-bench" "$build/bench/ckpt/hsdp_2x4.yaml" "$build/bench/ckpt/zero3_1x8.yaml" "$work")
+now() { date +%s.%N; }
+log=$work/rounds.txt
+: >"$log"
+i=0
+while [ "$i" -lt "$rounds" ]; do
+  rm -rf "$work/b" "$work/dd"
+  mkdir -p "$work/b"
+  out=$("$build/bench/ckpt/mfsdp-ckpt-bench" "$build/bench/ckpt/hsdp_2x4.yaml" \
+        "$build/bench/ckpt/zero3_1x8.yaml" "$work/b" 1)
+  mib=$(($(echo "$out" | sed -n 's/^ckpt_unique_bytes=//p') / 1048576))
+  t0=$(now)
+  dd if=/dev/zero of="$work/dd" bs=1M count="$mib" conv=fsync status=none
+  t1=$(now)
+  dd if="$work/dd" of=/dev/null bs=1M status=none
+  t2=$(now)
+  dd if="$work/dd" iflag=nocache count=0 status=none
+  t3=$(now)
+  dd if="$work/dd" of=/dev/null bs=1M status=none
+  t4=$(now)
+  echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -F= '
+    {split($2, w, " "); v[$1] = w[1]}
+    END {
+      printf "%s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
+             v["ckpt_load_cold_MiBps"], v["ckpt_reshard_MiBps"], mib / (t1 - t0), mib / (t2 - t1),
+             mib / (t4 - t3)
+    }' >>"$log"
+  i=$((i + 1))
+done
 echo "$out"
-bytes=$(echo "$out" | sed -n 's/^ckpt_unique_bytes=//p')
-mib=$((bytes / 1048576))
-t0=$(date +%s.%N)
-dd if=/dev/zero of="$work/dd" bs=1M count="$mib" conv=fsync status=none
-t1=$(date +%s.%N)
-dd if="$work/dd" of=/dev/null bs=1M status=none
-t2=$(date +%s.%N)
-echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -F= '
-  {v[$1] = $2}
+awk -v n="$rounds" '
+  function median(a, k,    b, i, j, t) {
+    for (i = 1; i <= k; i++) b[i] = a[i]
+    for (i = 2; i <= k; i++) for (j = i; j > 1 && b[j - 1] > b[j]; j--) { t = b[j]; b[j] = b[j - 1]; b[j - 1] = t }
+    return k % 2 ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
+  }
+  { for (c = 1; c <= 7; c++) col[c, NR] = $c
+    rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7 }
   END {
-    w = mib / (t1 - t0); r = mib / (t2 - t1)
-    printf "dd_write_MiBps=%.0f (conv=fsync, %d MiB)\ndd_read_MiBps=%.0f\n", w, mib, r
-    printf "save_over_dd_write=%.2f\nload_over_dd_read=%.2f\n", v["ckpt_save_MiBps"] / w, v["ckpt_load_MiBps"] / r
-  }'
+    split("save_MiBps load_warm_MiBps load_cold_MiBps reshard_MiBps dd_write_MiBps dd_read_warm_MiBps dd_read_cold_MiBps", name, " ")
+    printf "rounds=%d (medians; dd: bs=1M, write conv=fsync, cold read after iflag=nocache count=0)\n", n
+    for (c = 1; c <= 7; c++) { for (r = 1; r <= NR; r++) x[r] = col[c, r]; printf "%s=%.0f\n", name[c], median(x, NR) }
+    printf "save_over_dd_write=%.2f\n", median(rs, NR)
+    printf "load_warm_over_dd_read_warm=%.2f\n", median(rw, NR)
+    printf "load_cold_over_dd_read_cold=%.2f\n", median(rc, NR)
+    printf "per round (save/ddw, warm/ddr, cold/ddr):"
+    for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f", rs[r], rw[r], rc[r]
+    printf "\n"
+  }' "$log"
 df -T "$work" | tail -1 | awk '{print "filesystem=" $2 " (" $7 ")"}'

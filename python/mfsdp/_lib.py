@@ -116,6 +116,34 @@ class Stats(ctypes.Structure):
                 ("busy_ns", ctypes.c_int64 * NUM_STREAMS), ("wait_ns", ctypes.c_int64 * NUM_STREAMS)]
 
 
+# ---- checkpoints (mfsdp_ckpt.h) ----
+CKPT_VERIFY_FILES = 1                        # MFSDP_CKPT_VERIFY_FILES
+
+
+class CkptState(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int),
+                ("shards", ctypes.POINTER(ctypes.c_void_p))]
+
+
+class CkptSaveOptions(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("nstates", ctypes.c_int),
+                ("states", ctypes.POINTER(CkptState)), ("user_blob", ctypes.c_void_p),
+                ("user_blob_bytes", ctypes.c_size_t)]
+
+
+class CkptLoadOptions(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint32), ("nstates", ctypes.c_int),
+                ("states", ctypes.POINTER(CkptState)), ("user_blob_rank", ctypes.c_int64),
+                ("user_blob", ctypes.c_void_p), ("user_blob_capacity", ctypes.c_size_t),
+                ("user_blob_bytes", ctypes.c_size_t), ("step", ctypes.c_int64),
+                ("bytes_read", ctypes.c_uint64)]
+
+
+class HfOptions(ctypes.Structure):
+    _fields_ = [("nmaps", ctypes.c_int), ("maps", ctypes.POINTER(ctypes.c_char_p)),
+                ("nties", ctypes.c_int), ("ties", ctypes.POINTER(ctypes.c_char_p))]
+
+
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
@@ -175,6 +203,13 @@ _PROTOTYPES = {
     "mfsdp_allreduce": (_RES, [_P, ctypes.POINTER(ctypes.c_double), _INT, _INT]),
     "mfsdp_grad_norm": (_RES, [_P, ctypes.POINTER(ctypes.c_double)]),
     "mfsdp_grad_clip": (_RES, [_P, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+    # checkpoints (mfsdp_ckpt.h)
+    "mfsdp_ckpt_save": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptSaveOptions)]),
+    "mfsdp_ckpt_load": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptLoadOptions)]),
+    "mfsdp_ckpt_verify": (_RES, [ctypes.c_char_p]),
+    "mfsdp_ckpt_import_hf": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(HfOptions)]),
+    "mfsdp_ckpt_export_hf": (_RES, [_P, ctypes.c_char_p, _INT, ctypes.POINTER(HfOptions),
+                                    ctypes.c_uint64]),
 }
 # Present only in a library built with the CUDA/NCCL backend.
 _OPTIONAL = {

@@ -315,6 +315,37 @@ class Runtime:
                     "mfsdp_grad_clip")
         return norm.value
 
+    # ---- checkpoints (docs/checkpoint.md; python/mfsdp/checkpoint.py) ----
+    def save_checkpoint(self, path, step=0, states=None, user_blob=None):
+        """Saves this runtime's master weights, optimizer states ({name: {tensor
+        name: this rank's shard as a host array}}) and this rank's user blob
+        (bytes) as a sharded checkpoint in directory `path` (must not exist;
+        committed by rename: complete or absent). Collective, between steps."""
+        from . import checkpoint
+        checkpoint.save(self, path, step, states, user_blob)
+
+    def load_checkpoint(self, path, states=None, user_blob_rank=None, verify_files=False):
+        """Loads master weights and states from a checkpoint saved under any
+        schedule of the same tensors (resharding is an ordinary load). states:
+        names (new NumPy arrays) or {name: {tensor name: array}} filled in
+        place. Returns a mfsdp.checkpoint.Loaded (step, user_blob, states).
+        Collective, between steps."""
+        from . import checkpoint
+        return checkpoint.load(self, path, states, user_blob_rank, verify_files)
+
+    def import_hf(self, path, maps=None, ties=None):
+        """Fills the master weights from a Hugging Face safetensors checkpoint,
+        each rank reading only its ranges (mfsdp_ckpt_import_hf). Collective."""
+        from . import checkpoint
+        checkpoint.import_hf(self, path, maps, ties)
+
+    def export_hf(self, path, dtype=None, maps=None, ties=None, max_file_bytes=0):
+        """Writes the full master weights as a Hugging Face checkpoint in
+        directory `path`, every rank writing its ranges in parallel
+        (mfsdp_ckpt_export_hf). Collective."""
+        from . import checkpoint
+        checkpoint.export_hf(self, path, dtype, maps, ties, max_file_bytes)
+
     # ---- statistics and GPU facts ----
     def stats(self):
         s = _lib.Stats()

@@ -19,6 +19,8 @@
  * shards by pwrite, so two runs compare with cmp whatever their layouts.
  * --verify-files 1 loads with MFSDP_CKPT_VERIFY_FILES.
  * --weights-only 1 loads main_weight only (an imported Hugging Face model).
+ * --all-errors 1 (local backend) prints every failing rank's message, not
+ * only the first.
  * --import-hf PATH [--map FROM=TO] sets main_weight from a Hugging Face
  * checkpoint through mfsdp_ckpt_import_hf (before any --load); --export-hf
  * DIR [--export-dtype fp32|bf16|fp16] [--export-max-file-bytes N] writes one
@@ -47,7 +49,7 @@
 typedef struct ct_opts {
     const char *schedule, *load, *save, *dump, *import_hf, *map, *tie, *export_hf, *export_dtype;
     int64_t export_max;
-    int mpi, weights_only, verify_files;
+    int mpi, weights_only, verify_files, all_errors;
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
 
@@ -235,6 +237,7 @@ static void ct_rank(ct_job *j)
                                       .nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
                                       .user_blob = &blob, .user_blob_capacity = sizeof blob};
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
+        printf("bytes_read=%llu\n", (unsigned long long)lo.bytes_read);
         if (!o->weights_only && (lo.user_blob_bytes != sizeof blob || lo.step != blob.step)) {
             snprintf(j->msg, sizeof j->msg, "rank %lld: user blob of %zu bytes, step %lld vs %lld",
                      (long long)j->cfg.rank, lo.user_blob_bytes, (long long)lo.step, (long long)blob.step);
@@ -333,6 +336,8 @@ int main(int argc, char **argv)
             o.verify_files = atoi(v);
         else if (!strcmp(a, "--weights-only"))
             o.weights_only = atoi(v);
+        else if (!strcmp(a, "--all-errors"))
+            o.all_errors = atoi(v);
         else if (!strcmp(a, "--kill-rank"))
             o.kill_rank = atoll(v);
         else
@@ -386,7 +391,7 @@ int main(int argc, char **argv)
         for (int64_t r = 0; r < world; r++) {
             pthread_join(th[r], NULL);
             if (jobs[r].failed) {
-                if (!failed)
+                if (!failed || o.all_errors)
                     fprintf(stderr, "ckpt-trainer: %s\n", jobs[r].msg);
                 failed = 1;
             }

@@ -50,6 +50,14 @@ echo "$out" | grep -Eq "rank 2: .*rank-00002.safetensors: entry [0-9]+ fails its
   fail "MFSDP_CKPT_VERIFY_FILES: $out"
 echo "ok: MFSDP_CKPT_VERIFY_FILES: rank 2 (the file's verifier) refuses it"
 n=$((n + 1))
+# Replicas share reads: only rank 2 reads the flipped piece (it wrote it),
+# and every rank refuses the load with rank 2's message.
+out=$("$TRAINER" --schedule "$sched" --load "$WORK/bad" --all-errors 1 2>&1) && fail "load accepted a flip"
+lines=$(echo "$out" | grep -c "refused: rank 2: .*rank-00002.safetensors: entry .* fails its CRC-32C")
+msgs=$(echo "$out" | grep "refused: " | sed 's/.*refused: //' | sort -u | wc -l)
+[ "$lines" -eq 8 ] && [ "$msgs" -eq 1 ] || fail "not refused by all 8 ranks with rank 2's message: $out"
+echo "ok: a corrupt piece read by one replica: all 8 ranks refuse with its message"
+n=$((n + 1))
 check "bit flip in the data" "rank-00002.safetensors.*(CRC|corrupt)"
 cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 40
 check "bit flip in a header" "rank-00001.safetensors"

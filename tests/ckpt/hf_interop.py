@@ -1,5 +1,5 @@
 """Hugging Face interop of mfsdp-ckpt, against the reference `safetensors`
-package (tests/ckpt/make-venv.sh installs it).
+package (.ci/install-python installs it into build/venv).
 
     hf_interop.py MFSDP_CKPT TRAINER SCHEDULE.yaml MFSDPC
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# hf_interop.sh VENV ARGS...: runs hf_interop.py with the virtual
-# environment that make-venv.sh made (the ckpt_venv test); skips (77) when
-# that environment could not be made (no package index).
-venv=$1
+# hf_interop.sh PYTHON ARGS...: runs hf_interop.py with PYTHON, the virtual
+# environment of .ci/install-python (build/venv), which has the reference
+# `safetensors` package. Without it the test fails with a hint: it is only
+# registered when that environment exists, so a missing package is an error,
+# never a silent skip.
+py=$1
 shift
-[ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import safetensors" 2>/dev/null || {
-  echo "hf_interop.sh: no $venv with safetensors (see the ckpt_venv test): skipped" >&2
-  exit 77
+"$py" -c "import safetensors.numpy, numpy" || {
+  echo "hf_interop.sh: $py cannot import safetensors and numpy: run .ci/install-python" >&2
+  exit 1
 }
-exec "$venv/bin/python" "$(dirname "$0")/hf_interop.py" "$@"
+exec "$py" "$(dirname "$0")/hf_interop.py" "$@"

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "mfsdp.h"
+#include "mfsdp_ckpt.h"
 #ifdef MFSDP_ABI_NCCL
 #include "mfsdp_nccl.h"
 #endif
@@ -41,11 +42,26 @@ int main(void)
     S(mfsdp_stats);
     F(mfsdp_stats, steps); F(mfsdp_stats, ops); F(mfsdp_stats, collectives);
     F(mfsdp_stats, bytes); F(mfsdp_stats, busy_ns); F(mfsdp_stats, wait_ns);
+    S(mfsdp_ckpt_state);
+    F(mfsdp_ckpt_state, name); F(mfsdp_ckpt_state, dtype); F(mfsdp_ckpt_state, shards);
+    S(mfsdp_ckpt_save_options);
+    F(mfsdp_ckpt_save_options, step); F(mfsdp_ckpt_save_options, nstates);
+    F(mfsdp_ckpt_save_options, states); F(mfsdp_ckpt_save_options, user_blob);
+    F(mfsdp_ckpt_save_options, user_blob_bytes);
+    S(mfsdp_ckpt_load_options);
+    F(mfsdp_ckpt_load_options, flags); F(mfsdp_ckpt_load_options, nstates);
+    F(mfsdp_ckpt_load_options, states); F(mfsdp_ckpt_load_options, user_blob_rank);
+    F(mfsdp_ckpt_load_options, user_blob); F(mfsdp_ckpt_load_options, user_blob_capacity);
+    F(mfsdp_ckpt_load_options, user_blob_bytes); F(mfsdp_ckpt_load_options, step);
+    F(mfsdp_ckpt_load_options, bytes_read);
+    S(mfsdp_hf_options);
+    F(mfsdp_hf_options, nmaps); F(mfsdp_hf_options, maps); F(mfsdp_hf_options, nties);
+    F(mfsdp_hf_options, ties);
     /* the enum values and constants that _lib.py spells as numbers */
     printf("enum sizeof(mfsdp_reduce_op) %zu\n", sizeof(mfsdp_reduce_op));
     E(MFSDP_REDUCE_SUM); E(MFSDP_REDUCE_MAX); E(MFSDP_REDUCE_MIN); E(MFSDP_ALL_RANKS);
     E(MFSDP_FLAG_SYNCHRONOUS); E(MFSDP_FLAG_CHECK);
-    E(MFSDP_FP32); E(MFSDP_BF16); E(MFSDP_FP16);
+    E(MFSDP_CKPT_VERIFY_FILES); E(MFSDP_FP32); E(MFSDP_BF16); E(MFSDP_FP16);
     E(MFSDP_BACKEND_LOCAL); E(MFSDP_BACKEND_MPI); E(MFSDP_BACKEND_NCCL);
     E(MFSDP_BACKEND_CUDA_LOCAL);
     E(MFSDP_OK); E(MFSDP_ERR_INVALID_USAGE); E(MFSDP_ERR_UNSUPPORTED); E(MFSDP_ERR_INTERNAL);

@@ -154,10 +154,14 @@ def test_ctypes_structs_match_the_c_layout():
                          check=True).stdout
     structs = {"mfsdp_tensor_info": _lib.TensorInfo, "mfsdp_tensor_view": _lib.TensorView,
                "mfsdp_config": _lib.Config, "mfsdp_stats": _lib.Stats,
-               "mfsdp_nccl_config": _lib.NcclConfig}
+               "mfsdp_nccl_config": _lib.NcclConfig, "mfsdp_ckpt_state": _lib.CkptState,
+               "mfsdp_ckpt_save_options": _lib.CkptSaveOptions,
+               "mfsdp_ckpt_load_options": _lib.CkptLoadOptions,
+               "mfsdp_hf_options": _lib.HfOptions}
     enums = {"MFSDP_REDUCE_SUM": _lib.REDUCE_OPS["sum"], "MFSDP_REDUCE_MAX": _lib.REDUCE_OPS["max"],
              "MFSDP_REDUCE_MIN": _lib.REDUCE_OPS["min"], "MFSDP_ALL_RANKS": mfsdp.ALL_RANKS,
              "MFSDP_FLAG_SYNCHRONOUS": _lib.FLAG_SYNCHRONOUS, "MFSDP_FLAG_CHECK": _lib.FLAG_CHECK,
+             "MFSDP_CKPT_VERIFY_FILES": _lib.CKPT_VERIFY_FILES,
              "MFSDP_FP32": _lib.FP32, "MFSDP_BF16": _lib.BF16, "MFSDP_FP16": _lib.FP16,
              "MFSDP_BACKEND_LOCAL": _lib.BACKEND_LOCAL, "MFSDP_BACKEND_MPI": _lib.BACKEND_MPI,
              "MFSDP_BACKEND_NCCL": _lib.BACKEND_NCCL,

@@ -234,6 +234,47 @@ class ShardedModel:
             if n in state_dict:
                 self.runtime.scatter(v.index, state_dict[n])
 
+    # ---- checkpoints (python/mfsdp/torch/checkpoint.py, docs/checkpoint.md) ----
+    def save_checkpoint(self, path, optimizer=None, step=None, user_blob=None):
+        """Saves a sharded checkpoint in directory `path` (must not exist): the
+        master weights, the state of `optimizer` (over main_parameters(); its
+        tensors shaped like the parameters as sharded states, its shared scalars
+        such as Adam's step and the param groups' numeric hyper-parameters in
+        this rank's blob), `step` (default: self.steps) and this rank's
+        `user_blob` (bytes: data-loader position, RNG state). Every rank writes
+        only its own unique bytes; committed by rename. Between steps;
+        collective."""
+        from . import checkpoint
+        checkpoint.save(self, path, optimizer, step, user_blob)
+
+    def load_checkpoint(self, path, optimizer=None, user_blob_rank=None, verify_files=False):
+        """Loads a checkpoint saved by save_checkpoint under any mesh or layout
+        of the same model (resharding is an ordinary load): the master weights
+        and, with `optimizer` (a new optimizer of the same class over
+        main_parameters()), its state. Returns (step, user blob of rank
+        user_blob_rank, default this rank's number; None when that rank saved
+        none) and sets self.steps to the step. Between steps; collective."""
+        from . import checkpoint
+        return checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
+
+    def import_hf(self, path, maps=None, ties=None):
+        """Sets the master weights from a Hugging Face safetensors checkpoint
+        (model.safetensors, its .index.json or a directory with either), each
+        rank reading only its shards, converted to fp32 (Runtime.import_hf).
+        maps: {HF prefix: parameter prefix}; ties: {name: source}. Between
+        steps; collective."""
+        self._between_steps("import_hf")
+        self.runtime.import_hf(path, maps, ties)
+
+    def export_hf(self, path, dtype=None, maps=None, ties=None, max_file_bytes=0):
+        """Writes the full master weights as a Hugging Face checkpoint in
+        directory `path`, every rank writing its own ranges, no gathering
+        (Runtime.export_hf). dtype: "fp32", "bf16", "fp16" or a torch dtype.
+        Between steps; collective."""
+        self._between_steps("export_hf")
+        from .checkpoint import _DTYPE_NAMES
+        self.runtime.export_hf(path, _DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
+
     def allreduce(self, values, op="sum"):
         """Runtime.allreduce: op ("sum", "max", "min") of floats over the world."""
         return self.runtime.allreduce(values, op)

@@ -1,0 +1,54 @@
+/*
+ * mf_ckpt_share: what a checkpoint load reads on this rank, and how the
+ * replicas of a shard share what one of them read (docs/checkpoint.md,
+ * "Who reads what").
+ *
+ * The loading schedule's save plan (mf_ckpt_plan) already splits every
+ * shard's tensor elements evenly among the shard's replicas. A load follows
+ * it: the rank that would write a piece in a save reads it from the
+ * checkpoint, into its own buffers, and the piece then reaches the shard's
+ * other replicas over the backend (be->transfer: MPI point-to-point into
+ * their buffers) or, where ranks share memory (MF_BE_SHARED_MEMORY: the
+ * local backend's threads), by a memcpy from the reader's buffer. Each byte
+ * is read once per replica group; no staging buffer is allocated (data goes
+ * from the file into the reader's buffer, from there into the replicas').
+ * A backend with neither reads every replica's copy, as before.
+ */
+#ifndef MF_CKPT_SHARE_H
+#define MF_CKPT_SHARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mf_ckpt_io.h"
+#include "mf_rt.h"
+#include "mfsdp_ckpt.h"
+
+/* One element range of a tensor this rank holds, and who reads it. */
+typedef struct mf_ckpt_lpiece {
+    int view;               /* runtime tensor index */
+    int bucket;             /* schedule bucket */
+    int64_t start, end;     /* tensor-local elements */
+    int64_t reader;         /* world rank that reads it from the checkpoint */
+} mf_ckpt_lpiece;
+
+typedef struct mf_ckpt_lplan {
+    int share;              /* 1: replicas share reads (backend permitting) */
+    int64_t n;
+    mf_ckpt_lpiece *p;      /* plan order: tensor, then start */
+} mf_ckpt_lplan;
+
+/* The pieces this rank holds. 0, or -1 (out of memory) with a message. */
+int mf_ckpt_lplan_build(mf_rt *rt, mf_ckpt_lplan *lp, char *err, size_t errlen);
+void mf_ckpt_lplan_free(mf_ckpt_lplan *lp);
+/* Reads the pieces this rank is the reader of (main_weight and every
+ * requested state; map: runtime tensor -> checkpoint tensor, smap: requested
+ * state -> checkpoint state). 0, or -1 with a message. */
+int mf_ckpt_lplan_read(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
+                       const int *map, const int *smap, char *err, size_t errlen);
+/* Moves every piece from its reader to the other replicas (collective:
+ * after every rank's reads succeeded). A backend failure fails the runtime. */
+mfsdp_result mf_ckpt_lplan_share(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
+                                 size_t errlen);
+
+#endif
