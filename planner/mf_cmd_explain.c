@@ -106,12 +106,8 @@ int mf_cmd_explain(int argc, char **argv)
         if (w == 0 && !yaml) {
             /* plan's budget figure, labelled as such: the peak is the
              * allocated one above (docs/semantics.md §9). */
-            char h1[32], h2[32], h3[32];
             if (mf_plan_mem_of(c.plan, optb, &mem))
-                printf("plan/rank    estimate (what `mfsdpc plan` budgets; not the peak): model %s + optimizer state "
-                       "%s (%lld bytes per main_weight element held) = %s (%lld bytes)\n",
-                       mf_human_bytes(mem.model_peak, h1, sizeof h1), mf_human_bytes(mem.optimizer, h2, sizeof h2),
-                       (long long)optb, mf_human_bytes(mem.peak, h3, sizeof h3), (long long)mem.peak);
+                mf_plan_mem_print(stdout, &mem, optb);
             else
                 w = -1;
         }

@@ -23,6 +23,7 @@
 #include "mf_opts.h"
 #include "mf_pipeline.h"
 #include "mf_plan_mem.h"
+#include "mf_plan_stats.h"
 #include "mf_simulate.h"
 
 static void usage(FILE *out)
@@ -342,6 +343,9 @@ int mf_cmd_simulate(int argc, char **argv)
         fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
         goto done;
     }
+    char h1[32];
+    printf("memory/rank  peak %s (%lld bytes) allocated = persistent region + arena (docs/semantics.md §10)\n",
+           mf_human_bytes(s->summary.allocated_bytes, h1, sizeof h1), (long long)s->summary.allocated_bytes);
     mf_plan_mem_print(stdout, &mem, a.optb);
     if (a.compare) {
         mf_sim_config one = cfg;

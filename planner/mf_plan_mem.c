@@ -104,8 +104,8 @@ int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
 void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
 {
     char h1[32], h2[32], h3[32];
-    fprintf(out, "memory/rank  model peak %s + optimizer state %s (%lld bytes per main_weight element "
-                 "held) = peak %s (%lld bytes)\n",
-            mf_human_bytes(m->model_peak, h1, sizeof h1), mf_human_bytes(m->optimizer, h2, sizeof h2), (long long)optimizer_bytes,
-            mf_human_bytes(m->peak, h3, sizeof h3), (long long)m->peak);
+    fprintf(out, "plan/rank    estimate (what `mfsdpc plan` budgets; not the peak): model %s + optimizer state "
+                 "%s (%lld bytes per main_weight element held) = %s (%lld bytes)\n",
+            mf_human_bytes(m->model_peak, h1, sizeof h1), mf_human_bytes(m->optimizer, h2, sizeof h2),
+            (long long)optimizer_bytes, mf_human_bytes(m->peak, h3, sizeof h3), (long long)m->peak);
 }

@@ -43,7 +43,8 @@ int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out);
  * naming `opt` on stderr. */
 int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out);
 
-/* Writes the memory lines shared by explain and simulate. */
+/* Writes plan's estimate line (model + optimizer state, what `mfsdpc plan`
+ * budgets; not the peak), shared by explain and simulate. */
 void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes);
 
 #endif
