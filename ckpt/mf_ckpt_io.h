@@ -75,6 +75,11 @@ typedef struct mf_ckpt_reader {
     mf_ckpt_manifest m;
     mf_ckpt_rfile *f;
     uint64_t bytes_read;    /* data bytes read by mf_ckpt_read/blob */
+    /* Optional (NULL: none): called by mf_ckpt_read after each chunk it
+     * read and added to the piece's CRC, while the chunk is in the CPU's
+     * cache: data = dst + off of that call, n bytes. */
+    void (*chunk)(void *ctx, size_t off, const void *data, size_t n);
+    void *chunk_ctx;
 } mf_ckpt_reader;
 
 int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);

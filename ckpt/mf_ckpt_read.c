@@ -159,6 +159,7 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
 {
     const mf_ckpt_manifest *m = &r->m;
     size_t es = mf_dtype_size(m->states[state].dtype);
+    const char *base = dst;
     int64_t n = 0, first = mf_ckpt_pieces_of(m, state, tensor, &n);
     for (int64_t i = first; i < first + n && start < end; i++) {
         int64_t pi = m->by_tensor[i];
@@ -179,6 +180,8 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
                 return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
                                 strerror(errno)), -1;
             crc = mf_crc32c(crc, to + at, k);
+            if (r->chunk)
+                r->chunk(r->chunk_ctx, (size_t)(to - base) + at, to + at, k);
         }
         r->bytes_read += bytes;
         if (a == p->start && b == p->end && crc != r->f[p->file].crc[pi - m->files[p->file].first]) {

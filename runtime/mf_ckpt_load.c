@@ -6,8 +6,11 @@
  * reads, straight into its buffers: the ranges it holds, or where the
  * backend lets replicas share (mf_ckpt_share.h) only its share of them. The
  * ranks agree that every read succeeded (so a refused checkpoint is refused
- * on every rank with the same message), the replicas receive what the others
- * read, and a last round reports the outcome.
+ * on every rank with the same message). Replicas receive what the others
+ * read: with shared memory (local backend) the reader copies each chunk
+ * into them during its reads, and that agreement round is the last; with
+ * message passing (MPI) the transfers follow it and a last round reports
+ * the outcome.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -22,8 +25,35 @@
 
 typedef struct mf_ckpt_lmsg {
     int64_t status;
-    char msg[248];
+    uint64_t states;        /* hash of the requested states (names, dtypes, order) */
+    char msg[240];
 } mf_ckpt_lmsg;
+
+/* FNV-1a of the requested states' names and dtypes, in order: replicas
+ * that share reads index each other's buffers by the state's position. */
+static uint64_t mf_ckpt_states_hash(const mfsdp_ckpt_load_options *opt)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)opt->nstates;
+    for (int i = 0; i < opt->nstates; i++) {
+        const char *c = opt->states[i].name ? opt->states[i].name : "";
+        for (; *c; c++)
+            h = (h ^ (unsigned char)*c) * 1099511628211ull;
+        h = (h ^ (uint64_t)(0x100 + opt->states[i].dtype)) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Sharing ranks must ask for the same states: the same check, with the same
+ * verdict, on every rank (all[] is the same everywhere). */
+static mfsdp_result mf_ckpt_same_states(mf_rt *rt, const mf_ckpt_lmsg *all, const char *dir)
+{
+    for (int64_t r = 1; r < rt->world; r++)
+        if (all[r].states != all[0].states)
+            return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "checkpoint load of %s refused: rank %" PRId64
+                                   " asks for other states than rank 0 (names, dtypes or order): replicas share "
+                                   "their reads, so every rank must pass the same states", dir, r);
+    return MFSDP_OK;
+}
 
 /* One round; a rank that failed itself reports its own full message
  * (`own`), the others the first failing rank's (truncated) one. */
@@ -137,7 +167,7 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
 }
 
 /* Reads the pieces this rank reads (mf_ckpt_share.h) and the user blob. */
-static int mf_ckpt_load_data(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt,
+static int mf_ckpt_load_data(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt,
                              const int *map, const int *smap, char *err, size_t errlen)
 {
     if (mf_ckpt_lplan_read(rt, lp, r, opt, map, smap, err, errlen) != 0)
@@ -172,7 +202,8 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     } else if (!dir || !opt || opt->nstates < 0 || opt->nstates > 63 || (opt->nstates && !opt->states)) {
         mine.status = MFSDP_ERR_INVALID_ARGUMENT;
         snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");
-    } else if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0 || !(opened = 1) ||
+    } else if (mf_ckpt_lplan_build(rt, opt->nstates, &lp, err, sizeof err) != 0 ||
+               mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0 || !(opened = 1) ||
                mf_ckpt_match(rt, &r.m, opt, map, smap, err, sizeof err) != 0) {
         mine.status = MFSDP_ERR_LOAD;
         mf_ckpt_lfail(&mine, err);
@@ -183,20 +214,30 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
                 mf_ckpt_lfail(&mine, err);
             }
     }
+    if (mine.status == MFSDP_OK)
+        mine.states = mf_ckpt_states_hash(opt);
     res = mf_ckpt_lround(rt, &mine, all, dir ? dir : "(null)", mine.status == MFSDP_ERR_LOAD ? err : mine.msg);
+    if (res == MFSDP_OK && lp.share)
+        res = mf_ckpt_same_states(rt, all, dir);
     if (res != MFSDP_OK)
         goto done;
+    /* Shared memory: the replicas' buffer addresses; the reads then copy
+     * into the replicas' buffers too (only now that every rank passed). */
+    res = mf_ckpt_lplan_peers(rt, &lp, opt, err, sizeof err);
+    if (res != MFSDP_OK) {
+        mf_rt_set_error(rt, res, "checkpoint load of %s: exchange between ranks failed: %s", dir, err);
+        goto done;
+    }
     memset(&mine, 0, sizeof mine);
-    if (mf_ckpt_lplan_build(rt, &lp, err, sizeof err) != 0 ||
-        mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err) != 0) {
+    if (mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err) != 0) {
         mine.status = MFSDP_ERR_LOAD;
         mf_ckpt_lfail(&mine, err);
     }
     opt->step = r.m.step;
     opt->bytes_read = r.bytes_read;
     res = mf_ckpt_lround(rt, &mine, all, dir, err);
-    if (res != MFSDP_OK || !lp.share)
-        goto done;
+    if (res != MFSDP_OK || !lp.share || (rt->be->caps & MF_BE_SHARED_MEMORY))
+        goto done; /* with shared memory the copies were made during the reads */
     mfsdp_result sr = mf_ckpt_lplan_share(rt, &lp, opt, err, sizeof err);
     if (sr != MFSDP_OK) {
         mf_ckpt_lfail(&mine, err);

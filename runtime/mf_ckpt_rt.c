@@ -3,9 +3,10 @@
  * (mfsdp_ckpt.h, docs/checkpoint.md). The ranks agree through the
  * backend's small all-gather (be->exchange, as mfsdp_create does): three
  * rounds per save (directory ready, files written, committed); no tensor
- * data crosses ranks in a save. The load (mf_ckpt_load.c) agrees in two or
- * three rounds (checked, read, shared) and moves the pieces one replica read
- * to the others (mf_ckpt_share.c).
+ * data crosses ranks in a save. The load (mf_ckpt_load.c) agrees in two
+ * rounds (checked, read; plus the buffer addresses' all-gather with shared
+ * memory, a third round after the transfers with MPI) and moves the pieces
+ * one replica read to the others (mf_ckpt_share.c).
  */
 #include <errno.h>
 #include <inttypes.h>

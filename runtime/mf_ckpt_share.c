@@ -41,6 +41,9 @@ static int mf_ckpt_lpiece_cmp(const void *a, const void *b)
 void mf_ckpt_lplan_free(mf_ckpt_lplan *lp)
 {
     free(lp->p);
+    free(lp->mine);
+    free(lp->all);
+    free(lp->reps);
     memset(lp, 0, sizeof *lp);
 }
 
@@ -70,10 +73,20 @@ static int mf_ckpt_lplan_tensor(const mf_ckpt_plan *plan, int k, int view, int b
     return 0;
 }
 
-int mf_ckpt_lplan_build(mf_rt *rt, mf_ckpt_lplan *lp, char *err, size_t errlen)
+int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, size_t errlen)
 {
     memset(lp, 0, sizeof *lp);
     lp->share = (rt->be->caps & MF_BE_SHARED_MEMORY) || rt->be->transfer;
+    if (lp->share && (rt->be->caps & MF_BE_SHARED_MEMORY)) {
+        lp->per = (size_t)rt->nviews * (size_t)(nstates + 1);
+        lp->mine = calloc(lp->per ? lp->per : 1, sizeof *lp->mine);
+        lp->all = calloc((lp->per ? lp->per : 1) * (size_t)rt->world, sizeof *lp->all);
+        lp->reps = malloc((size_t)rt->world * sizeof *lp->reps);
+        if (!lp->mine || !lp->all || !lp->reps) {
+            mf_ckpt_lplan_free(lp);
+            return snprintf(err, errlen, "out of memory (load buffer table)"), -1;
+        }
+    }
     mf_ckpt_lvec v = {0};
     mf_ckpt_plan plan;
     int have_plan = 0, rc = -1, last_bucket = -1;
@@ -119,9 +132,10 @@ done:
     if (have_plan)
         mf_ckpt_plan_free(&plan);
     free(reps);
-    if (rc != 0)
+    if (rc != 0) {
         free(v.p);
-    else {
+        mf_ckpt_lplan_free(lp);
+    } else {
         lp->p = v.p;
         lp->n = v.n;
     }
@@ -140,7 +154,43 @@ static char *mf_ckpt_lplan_at(mf_rt *rt, const mfsdp_ckpt_load_options *opt, con
     return base + (size_t)(q->start - v->shard_offset) * *es;
 }
 
-int mf_ckpt_lplan_read(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
+/* Where one piece's state goes in the shard's other replicas' buffers
+ * (shared memory): the reader's chunk callback copies into them. */
+typedef struct mf_ckpt_push {
+    mf_rt *rt;
+    const mf_ckpt_lplan *lp;
+    size_t col;             /* the piece's (view, state) column of lp->all */
+    size_t at;              /* byte offset of the piece in a replica's buffer */
+    int64_t nrep;           /* lp->reps[0..nrep): the replicas, this rank included */
+} mf_ckpt_push;
+
+static void mf_ckpt_push_chunk(void *ctx, size_t off, const void *data, size_t n)
+{
+    const mf_ckpt_push *p = ctx;
+    const mf_ckpt_lplan *lp = p->lp;
+    for (int64_t m = 0; m < p->nrep; m++)
+        if (lp->reps[m] != p->rt->rank)
+            memcpy((char *)lp->all[(size_t)lp->reps[m] * lp->per + p->col] + p->at + off, data, n);
+}
+
+mfsdp_result mf_ckpt_lplan_peers(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
+                                 size_t errlen)
+{
+    if (!lp->share || !lp->all)
+        return MFSDP_OK;
+    for (int k = 0; k < rt->nviews; k++)
+        for (int s = 0; s <= opt->nstates; s++)
+            lp->mine[(size_t)k * (size_t)(opt->nstates + 1) + (size_t)s] =
+                (uintptr_t)(s == 0 ? rt->views[k].main_weight : opt->states[s - 1].shards[k]);
+    mfsdp_result res = rt->be->allgather(rt, lp->mine, lp->per * sizeof *lp->mine, lp->all, err, errlen);
+    if (res != MFSDP_OK) {
+        mf_rt_fail(rt, res, err); /* others may still read the tables: the runtime is finished */
+        lp->mine = lp->all = NULL; /* left allocated rather than freed under a reader */
+    }
+    return res;
+}
+
+int mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
                        const int *map, const int *smap, char *err, size_t errlen)
 {
     /* State by state, then in plan order: the order of the entries in the
@@ -148,58 +198,30 @@ int mf_ckpt_lplan_read(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, co
      * front to back in one sequential pass (tensor by tensor, the three
      * states' regions of a file would be three interleaved streams, which
      * defeats the kernel's readahead). */
-    for (int s = 0; s <= opt->nstates; s++)
-        for (int64_t i = 0; i < lp->n; i++) {
+    mf_ckpt_push push = {rt, lp, 0, 0, 0};
+    int last_bucket = -1, rc = 0;
+    for (int s = 0; s <= opt->nstates && rc == 0; s++)
+        for (int64_t i = 0; i < lp->n && rc == 0; i++) {
             const mf_ckpt_lpiece *q = &lp->p[i];
             if (q->reader != rt->rank)
                 continue;
             size_t es;
             char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
-            if (mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen) != 0)
-                return -1;
+            if (lp->all) { /* shared memory: copy each chunk to the replicas while in cache */
+                if (q->bucket != last_bucket) {
+                    last_bucket = q->bucket;
+                    push.nrep = mf_ckpt_plan_replicas(rt->s, q->bucket, rt->rank, lp->reps);
+                }
+                push.col = (size_t)q->view * (size_t)(opt->nstates + 1) + (size_t)s;
+                push.at = (size_t)(q->start - rt->views[q->view].shard_offset) * es;
+                r->chunk = mf_ckpt_push_chunk;
+                r->chunk_ctx = &push;
+            }
+            rc = mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen);
         }
-    return 0;
-}
-
-/* Shared memory: every rank publishes its buffer addresses (one world
- * all-gather), then copies the pieces it did not read from their readers'
- * buffers. The caller's next round keeps every reader's buffers unchanged
- * until every rank has copied. */
-static mfsdp_result mf_ckpt_share_copy(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt,
-                                       char *err, size_t errlen)
-{
-    size_t per = (size_t)rt->nviews * (size_t)(opt->nstates + 1);
-    uintptr_t *mine = calloc(per ? per : 1, sizeof *mine);
-    uintptr_t *all = calloc((per ? per : 1) * (size_t)rt->world, sizeof *all);
-    if (!mine || !all) {
-        free(mine);
-        free(all);
-        snprintf(err, errlen, "out of memory (load buffer table)");
-        return MFSDP_ERR_OUT_OF_MEMORY;
-    }
-    for (int k = 0; k < rt->nviews; k++)
-        for (int s = 0; s <= opt->nstates; s++)
-            mine[(size_t)k * (size_t)(opt->nstates + 1) + (size_t)s] =
-                (uintptr_t)(s == 0 ? rt->views[k].main_weight : opt->states[s - 1].shards[k]);
-    mfsdp_result res = rt->be->allgather(rt, mine, per * sizeof *mine, all, err, errlen);
-    if (res != MFSDP_OK)
-        return res; /* mine and all may still be read: not freed */
-    for (int64_t i = 0; i < lp->n; i++) {
-        const mf_ckpt_lpiece *q = &lp->p[i];
-        if (q->reader == rt->rank)
-            continue;
-        const mfsdp_tensor_view *v = &rt->views[q->view];
-        for (int s = 0; s <= opt->nstates; s++) {
-            size_t es;
-            char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
-            const char *src = (const char *)all[(size_t)q->reader * per +
-                                                (size_t)q->view * (size_t)(opt->nstates + 1) + (size_t)s];
-            memcpy(dst, src + (size_t)(q->start - v->shard_offset) * es, (size_t)(q->end - q->start) * es);
-        }
-    }
-    free(mine);
-    free(all);
-    return MFSDP_OK;
+    r->chunk = NULL;
+    r->chunk_ctx = NULL;
+    return rc;
 }
 
 /* Appends the transfers of one piece's state: to every other replica when
@@ -267,10 +289,9 @@ oom:
 mfsdp_result mf_ckpt_lplan_share(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
                                  size_t errlen)
 {
-    if (!lp->share)
-        return MFSDP_OK;
-    mfsdp_result res = (rt->be->caps & MF_BE_SHARED_MEMORY) ? mf_ckpt_share_copy(rt, lp, opt, err, errlen)
-                                                            : mf_ckpt_share_transfer(rt, lp, opt, err, errlen);
+    if (!lp->share || (rt->be->caps & MF_BE_SHARED_MEMORY))
+        return MFSDP_OK; /* nothing shared, or copied during the reads */
+    mfsdp_result res = mf_ckpt_share_transfer(rt, lp, opt, err, errlen);
     if (res != MFSDP_OK && res != MFSDP_ERR_OUT_OF_MEMORY)
         mf_rt_fail(rt, res, err); /* a transfer may still be pending: the runtime is finished */
     return res;

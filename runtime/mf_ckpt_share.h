@@ -11,7 +11,9 @@
  * their buffers) or, where ranks share memory (MF_BE_SHARED_MEMORY: the
  * local backend's threads), by a memcpy from the reader's buffer. Each byte
  * is read once per replica group; no staging buffer is allocated (data goes
- * from the file into the reader's buffer, from there into the replicas').
+ * from the file into the reader's buffer, from there into the replicas'):
+ * with shared memory the reader copies each chunk into the replicas'
+ * buffers as soon as it has read it, still in the CPU's cache.
  * A backend with neither reads every replica's copy, as before.
  */
 #ifndef MF_CKPT_SHARE_H
@@ -36,18 +38,41 @@ typedef struct mf_ckpt_lplan {
     int share;              /* 1: replicas share reads (backend permitting) */
     int64_t n;
     mf_ckpt_lpiece *p;      /* plan order: tensor, then start */
+    /* Shared memory (MF_BE_SHARED_MEMORY) only: every rank's buffer
+     * addresses, [rank][view][state] (state 0: main_weight, i + 1:
+     * requested state i; per = nviews * (nstates + 1) per rank), filled by
+     * mf_ckpt_lplan_peers; mine is this rank's row. */
+    uintptr_t *mine, *all;
+    size_t per;
+    int64_t *reps;          /* scratch: a bucket's replicas, world entries */
 } mf_ckpt_lplan;
 
-/* The pieces this rank holds. 0, or -1 (out of memory) with a message. */
-int mf_ckpt_lplan_build(mf_rt *rt, mf_ckpt_lplan *lp, char *err, size_t errlen);
+/* The pieces this rank holds (nstates: how many states the load asks
+ * for, to size the address table). 0, or -1 (out of memory) with a
+ * message. Local: call it before the first agreement round, so that a
+ * failure is reported there. */
+int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, size_t errlen);
 void mf_ckpt_lplan_free(mf_ckpt_lplan *lp);
+/* Shared memory only (else a no-op): every rank publishes its buffer
+ * addresses (one world all-gather; collective, after the ranks agreed that
+ * the checkpoint matches every runtime). A backend failure fails the
+ * runtime. */
+mfsdp_result mf_ckpt_lplan_peers(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
+                                 size_t errlen);
 /* Reads the pieces this rank is the reader of (main_weight and every
  * requested state; map: runtime tensor -> checkpoint tensor, smap: requested
- * state -> checkpoint state). 0, or -1 with a message. */
-int mf_ckpt_lplan_read(mf_rt *rt, const mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
+ * state -> checkpoint state). With shared memory (after
+ * mf_ckpt_lplan_peers) each chunk read and CRC'd is also copied at once,
+ * while in the CPU's cache, into the same place of the shard's other
+ * replicas' buffers: nothing is left for mf_ckpt_lplan_share to do, and
+ * the caller's next agreement round is where every copy is complete.
+ * 0, or -1 with a message. */
+int mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
                        const int *map, const int *smap, char *err, size_t errlen);
-/* Moves every piece from its reader to the other replicas (collective:
- * after every rank's reads succeeded). A backend failure fails the runtime. */
+/* Message passing: moves every piece from its reader to the other replicas
+ * (collective: after every rank's reads succeeded); a no-op with shared
+ * memory (done during the reads) or without sharing. A backend failure
+ * fails the runtime. */
 mfsdp_result mf_ckpt_lplan_share(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
                                  size_t errlen);
 

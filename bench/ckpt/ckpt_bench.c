@@ -10,7 +10,13 @@
  * (timed) warm (the files in the page cache, as the save left them) and cold
  * (after posix_fadvise(POSIX_FADV_DONTNEED) on every data file: read from
  * the disk), then loads it on RESHARD_SCHEDULE (warm, timed). Each load is
- * repeated REPEATS times (default 5) and the median printed. Prints
+ * repeated REPEATS times (default 5) and the median printed. Then the
+ * reference read, warm and cold the same way: one thread reads the data
+ * files front to back (read(2), 1 MiB requests, as dd bs=1M does) into one
+ * buffer as large as the files, touched beforehand as the runtimes'
+ * buffers are: the same bytes, filesystem and page-cache state as the
+ * load, landing in distinct memory as a load's do (dd's 1 MiB buffer is
+ * reused and stays in the CPU's cache: not the same work when warm). Prints
  * bandwidths (unique bytes / time: the bytes a load reads from disk, as
  * dd's file holds), bytes written vs unique bytes, the busiest writer vs the
  * mean, bytes read (the ranks' mfsdp_ckpt_load_options.bytes_read) vs unique
@@ -217,6 +223,54 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Seconds for one reference read of dir's data files into buf (cold:
+ * cache dropped first), or -1. */
+static double ref_read_once(const char *dir, char *buf, size_t cap, int cold)
+{
+    if (cold)
+        drop_cache(dir);
+    double t0 = now();
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[4400];
+    size_t at = 0;
+    int bad = !d;
+    while (!bad && (de = readdir(d)))
+        if (strstr(de->d_name, ".safetensors")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            int fd = open(p, O_RDONLY);
+            ssize_t k = fd < 0 ? -1 : 1;
+            while (fd >= 0 && k > 0 && at < cap) {
+                k = read(fd, buf + at, cap - at < (1u << 20) ? cap - at : (1u << 20));
+                at += k > 0 ? (size_t)k : 0;
+            }
+            bad = fd < 0 || k < 0;
+            if (fd >= 0)
+                close(fd);
+        }
+    if (d)
+        closedir(d);
+    return bad ? -1 : now() - t0;
+}
+
+/* The median of `reps` reference reads (ref_read_once), or -1. */
+static double ref_read(const char *dir, int reps, int cold, double bytes)
+{
+    double t[64];
+    char *buf = malloc((size_t)bytes);
+    if (!buf)
+        return -1;
+    memset(buf, 1, (size_t)bytes);
+    for (int i = 0; i < reps; i++)
+        if ((t[i] = ref_read_once(dir, buf, (size_t)bytes, cold)) < 0) {
+            free(buf);
+            return -1;
+        }
+    free(buf);
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    return t[reps / 2];
+}
+
 /* The median of `reps` loads of dir on schedule path (cold: cache dropped
  * before each); -1 when one failed. */
 static double median_load(const char *path, const char *dir, int reps, int cold, int64_t *held, uint64_t *read)
@@ -269,6 +323,9 @@ int main(int argc, char **argv)
     int n;
     files(a, &total, &largest, &n);
     double mib = 1024.0 * 1024.0;
+    double rw = ref_read(a, reps, 0, total), rc = ref_read(a, reps, 1, total);
+    if (rw < 0 || rc < 0)
+        return 1;
     printf("ckpt_unique_bytes=%.0f\nckpt_written_bytes=%.0f\nckpt_written_over_unique=%.4f\n", unique, total,
            total / unique);
     printf("ckpt_files=%d\nckpt_busiest_writer_over_mean=%.3f\n", n, largest / (total / n));
@@ -276,6 +333,8 @@ int main(int argc, char **argv)
     printf("ckpt_repeats=%d (loads: the median)\n", reps);
     printf("ckpt_load_warm_s=%.4f\nckpt_load_warm_MiBps=%.0f\n", tl, unique / tl / mib);
     printf("ckpt_load_cold_s=%.4f\nckpt_load_cold_MiBps=%.0f\n", tc, unique / tc / mib);
+    printf("ckpt_ref_read_warm_s=%.4f\nckpt_ref_read_warm_MiBps=%.0f\n", rw, unique / rw / mib);
+    printf("ckpt_ref_read_cold_s=%.4f\nckpt_ref_read_cold_MiBps=%.0f\n", rc, unique / rc / mib);
     printf("ckpt_load_read_bytes=%llu (%.4f x unique; the ranks hold %lld)\n", (unsigned long long)rd,
            (double)rd / unique, (long long)held);
     printf("ckpt_reshard_load_s=%.4f\nckpt_reshard_MiBps=%.0f\nckpt_reshard_read_bytes=%llu (%.4f x unique)\n", tr,
