@@ -50,6 +50,7 @@ typedef struct ct_opts {
     const char *schedule, *load, *save, *dump, *import_hf, *map, *tie, *export_hf, *export_dtype;
     int64_t export_max;
     int mpi, weights_only, verify_files, all_errors;
+    int64_t swap_states_rank; /* this rank passes the states in the other order (-1: none) */
     int64_t steps, kill_us, kill_rank;
 } ct_opts;
 
@@ -232,9 +233,11 @@ static void ct_rank(ct_job *j)
         mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map, .nties = o->tie ? 1 : 0, .ties = &o->tie};
         CT_CHECK(mfsdp_ckpt_import_hf(rt, o->import_hf, &ho));
     }
+    mfsdp_ckpt_state swapped[2] = {st[1], st[0]};
     if (o->load) {
         mfsdp_ckpt_load_options lo = {.flags = o->verify_files ? MFSDP_CKPT_VERIFY_FILES : 0u,
-                                      .nstates = o->weights_only ? 0 : 2, .states = st, .user_blob_rank = 0,
+                                      .nstates = o->weights_only ? 0 : 2,
+                                      .states = j->cfg.rank == o->swap_states_rank ? swapped : st, .user_blob_rank = 0,
                                       .user_blob = &blob, .user_blob_capacity = sizeof blob};
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
         printf("bytes_read=%llu\n", (unsigned long long)lo.bytes_read);
@@ -295,13 +298,13 @@ static void *ct_thread(void *arg)
 static int ct_usage(void)
 {
     fprintf(stderr, "usage: ckpt-trainer --schedule S [--backend local|mpi] [--steps N] [--load DIR] "
-                    "[--save DIR] [--dump FILE] [--kill-after-us US] [--kill-rank R]\n");
+                    "[--save DIR] [--dump FILE] [--kill-after-us US] [--kill-rank R] [--swap-states-rank R]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    ct_opts o = {.steps = 0, .kill_us = -1};
+    ct_opts o = {.steps = 0, .kill_us = -1, .swap_states_rank = -1};
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -338,6 +341,8 @@ int main(int argc, char **argv)
             o.weights_only = atoi(v);
         else if (!strcmp(a, "--all-errors"))
             o.all_errors = atoi(v);
+        else if (!strcmp(a, "--swap-states-rank"))
+            o.swap_states_rank = atoll(v);
         else if (!strcmp(a, "--kill-rank"))
             o.kill_rank = atoll(v);
         else

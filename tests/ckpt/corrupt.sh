@@ -58,6 +58,15 @@ msgs=$(echo "$out" | grep "refused: " | sed 's/.*refused: //' | sort -u | wc -l)
 [ "$lines" -eq 8 ] && [ "$msgs" -eq 1 ] || fail "not refused by all 8 ranks with rank 2's message: $out"
 echo "ok: a corrupt piece read by one replica: all 8 ranks refuse with its message"
 n=$((n + 1))
+# Replicas that share reads index each other's buffers by the states'
+# order: a rank passing them in another order is refused by all 8 ranks in
+# the match round, before any rank reads.
+out=$("$TRAINER" --schedule "$sched" --load "$WORK/good" --swap-states-rank 3 --all-errors 1 2>&1) &&
+  fail "load accepted states in another order on rank 3"
+lines=$(echo "$out" | grep -c "refused: rank 3 asks for other states than rank 0")
+[ "$lines" -eq 8 ] || fail "states in another order on rank 3: not refused by all 8 ranks: $out"
+echo "ok: states in another order on one rank: all 8 ranks refuse"
+n=$((n + 1))
 check "bit flip in the data" "rank-00002.safetensors.*(CRC|corrupt)"
 cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 40
 check "bit flip in a header" "rank-00001.safetensors"
