@@ -370,12 +370,17 @@ static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
     return (ps_memo *)ps->memo.data + at;
 }
 
-/* The exact point of a lowered plan: buffer assignment, simulation. */
-static int finish_point(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, mf_ps_point *pt)
+/* The exact point of a lowered plan: its summary (lazy_summary), buffer
+ * assignment, simulation. */
+static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg, mf_ps_point *pt)
 {
     mf_sim_result res = {0};
     char err[256];
     int rc = -1;
+    if (!mf_lower_summarize(p, d)) {
+        snprintf(ps->err, sizeof ps->err, "internal error: a candidate's lowered totals differ from its plan's");
+        goto done;
+    }
     /* the buffer assignment adds the waits buffer reuse needs, which the
        simulator honours: run it as the compiler does (mf_pipeline.c) */
     if (!mf_assign_run(p->sched, NULL)) {
@@ -467,6 +472,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (!p)
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
+    p->lazy_summary = true; /* summarized only when finished (finish_point) */
     p->tcache = ps->tcache;
     p->layout_canon = ps->layout_canon;
     if (!mf_layout_run(p, &d))
@@ -503,7 +509,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (m->stage < 3) {
         if (!lower_once(p, &d, &lowered))
             goto broken;
-        if (finish_point(ps, p, &cfg, &m->point) != 0)
+        if (finish_point(ps, p, &d, &cfg, &m->point) != 0)
             goto done;
         m->stage = 3;
     }
