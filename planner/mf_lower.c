@@ -576,16 +576,30 @@ static const char *mf_lower_source_name(const char *path)
     return slash[1] ? slash + 1 : path;
 }
 
-/* Compares the lowered summary with the plan's own totals (mf_plan_stats.h). */
-static void mf_lower_cross_check(mf_lower_ctx *c)
+/* Gives an empty vector room for about n elements up front (the plan
+ * search lowers hundreds of thousands of small schedules; growing from 8 by
+ * doubling was a tenth of the lowering). A failed allocation leaves it
+ * empty: it then grows as usual. */
+static void reserve(mf_vec *v, size_t n)
+{
+    void *d = n < SIZE_MAX / v->elem ? malloc(n * v->elem) : NULL;
+    if (d) {
+        v->data = d;
+        v->cap = n;
+    }
+}
+
+/* Summarizes the lowered schedule and compares the summary with the plan's
+ * own totals (mf_plan_stats.h). */
+bool mf_lower_summarize(mf_plan *p, mf_diag *d)
 {
     mf_summary want;
     mf_span none = {0, 0, 0, 0};
-    if (!mf_plan_totals(c->p, &want)) {
-        c->oom = true;
-        return;
+    if (!mf_schedule_summarize(p->sched) || !mf_plan_totals(p, &want)) {
+        mf_diag_error(d, none, "out of memory while lowering the schedule");
+        return false;
     }
-    const mf_summary *got = &c->s->summary;
+    const mf_summary *got = &p->sched->summary;
     bool same = memcmp(want.bytes, got->bytes, sizeof want.bytes) == 0 &&
                 memcmp(want.persistent_bytes, got->persistent_bytes, sizeof want.persistent_bytes) == 0 &&
                 memcmp(want.model_bytes, got->model_bytes, sizeof want.model_bytes) == 0;
@@ -593,8 +607,9 @@ static void mf_lower_cross_check(mf_lower_ctx *c)
         for (int j = 0; j < MF_MAX_AXES && same; j++)
             same = want.collectives[k][j] == got->collectives[k][j];
     if (!same)
-        mf_diag_error(c->d, none, "internal error: the lowered schedule's per-step totals differ from the "
+        mf_diag_error(d, none, "internal error: the lowered schedule's per-step totals differ from the "
                       "plan's (collectives, bytes or memory)");
+    return same;
 }
 
 bool mf_lower_run(mf_plan *p, mf_diag *d)
@@ -609,6 +624,8 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
     mf_vec_init(&c.ops, sizeof(mf_op));
     mf_vec_init(&c.bufs, sizeof(mf_buffer));
     size_t nb = s->nbuckets ? (size_t)s->nbuckets : 1, nu = s->nunits ? (size_t)s->nunits : 1;
+    reserve(&c.ops, 24 * nb + 8 * nu + 16);
+    reserve(&c.bufs, 8 * nb + 8);
     c.bk = calloc(nb, sizeof *c.bk);
     c.ev_fd = malloc(nu * sizeof *c.ev_fd);
     c.ev_bp = malloc(nu * sizeof *c.ev_bp);
@@ -661,10 +678,8 @@ bool mf_lower_run(mf_plan *p, mf_diag *d)
             s->source_sha256[64] = '\0';
         }
         c.oom = !s->buffers || !s->ops || !s->source;
-        if (!c.oom)
-            c.oom = !mf_schedule_summarize(s);
-        if (!c.oom)
-            mf_lower_cross_check(&c);
+        if (!c.oom && !p->lazy_summary)
+            ok = mf_lower_summarize(p, d);
     }
     mf_vec_free(&c.bufs);
     mf_vec_free(&c.ops);

@@ -35,6 +35,9 @@ void mf_plan_free(mf_plan *p);
 bool mf_layout_run(mf_plan *p, mf_diag *d);
 bool mf_transition_run(mf_plan *p, mf_diag *d);
 bool mf_lower_run(mf_plan *p, mf_diag *d);
+/* The lowering's last step, which mf_lower_run runs unless p->lazy_summary:
+ * the schedule's summary, checked against the plan's totals. */
+bool mf_lower_summarize(mf_plan *p, mf_diag *d);
 
 /* Checks a schedule (compiled or loaded); errors name op ids and buffers.
  * Returns the number of errors found (0 = verified). */

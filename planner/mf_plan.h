@@ -63,6 +63,11 @@ typedef struct mf_plan {
                                borrowed from the spec (which must outlive the
                                plan); set by the plan search, whose candidates
                                are never printed */
+    bool lazy_summary;      /* mf_lower_run leaves the schedule's summary and its
+                               cross-check against the plan to
+                               mf_lower_summarize (the plan search: only
+                               candidates it finishes need them; the step
+                               time and the peak do not read them) */
     mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
                                (and fills) it; set only with quiet */
     int *layout_canon;      /* borrowed, or NULL: spec->nlayouts entries, each spec

@@ -370,32 +370,78 @@ static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
     return (ps_memo *)ps->memo.data + at;
 }
 
-/* The exact point of a lowered plan: buffer assignment, simulation. */
-static int finish_point(mf_plan_search *ps, mf_plan *p, const mf_sim_config *cfg, mf_ps_point *pt)
+static bool beats(const mf_ps_point *a, const mf_ps_point *b);
+
+/* The figures of a point that a simulation gives (time_only included). */
+static void sim_figures(const mf_plan_search *ps, const mf_sim_result *res, mf_ps_point *pt)
+{
+    pt->step_time = res->step_time;
+    pt->outer_bytes = 0;
+    int naxes = ps->spec.mesh.naxes;
+    for (int j = 0; j < MF_MAX_AXES; j++) {
+        pt->bytes[j] = j < naxes ? res->bytes[j] : 0;
+        if (j < naxes - 1)
+            pt->outer_bytes += res->bytes[j];
+    }
+}
+
+/* Whether a front point beats x (front_insert would then drop x). */
+static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
+{
+    for (int i = 0; i < ps->nfront; i++)
+        if (beats(&ps->front[i], x))
+            return true;
+    return false;
+}
+
+/* The exact point of a lowered plan: its summary (lazy_summary), buffer
+ * assignment, simulation. With `cand` (the candidate's peak and index), the
+ * step time and bytes come first from a time-only simulation (the same
+ * figures: mf_sim_config.time_only), and when a front point beats that
+ * point, front_insert would drop it: returns 1 with only pt->step_time set,
+ * without the full simulation (critical path, exposed spans) the front's
+ * overlap figures need. 0 with *pt filled, or -1 with ps->err. */
+static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg,
+                        const mf_ps_point *cand, mf_ps_point *pt)
 {
     mf_sim_result res = {0};
     char err[256];
     int rc = -1;
+    if (!mf_lower_summarize(p, d)) {
+        snprintf(ps->err, sizeof ps->err, "internal error: a candidate's lowered totals differ from its plan's");
+        goto done;
+    }
     /* the buffer assignment adds the waits buffer reuse needs, which the
        simulator honours: run it as the compiler does (mf_pipeline.c) */
     if (!mf_assign_run(p->sched, NULL)) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
+    if (cand) {
+        mf_sim_config quick = *cfg;
+        quick.time_only = true;
+        mf_sim_result qr;
+        if (mf_simulate(p->sched, &quick, &qr, err, sizeof err) != 0) {
+            snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
+            goto done;
+        }
+        mf_ps_point x = *cand;
+        sim_figures(ps, &qr, &x);
+        mf_sim_result_free(&qr);
+        if (front_beats(ps, &x)) {
+            pt->step_time = x.step_time;
+            ps->evaluated++;
+            rc = 1;
+            goto done;
+        }
+    }
     if (mf_simulate(p->sched, cfg, &res, err, sizeof err) != 0) {
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;
     }
-    pt->step_time = res.step_time;
+    sim_figures(ps, &res, pt);
     pt->overlap = res.overlap;
     pt->comm_exposed = res.comm_exposed;
-    pt->outer_bytes = 0;
-    int naxes = ps->spec.mesh.naxes;
-    for (int j = 0; j < MF_MAX_AXES; j++) {
-        pt->bytes[j] = j < naxes ? res.bytes[j] : 0;
-        if (j < naxes - 1)
-            pt->outer_bytes += res.bytes[j];
-    }
     if (!ps->fwd) {
         /* compute times depend on the tensors only: computed once, by the
            simulator's own function, then passed to it explicitly */
@@ -467,6 +513,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (!p)
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
+    p->lazy_summary = true; /* summarized only when finished (finish_point) */
     p->tcache = ps->tcache;
     p->layout_canon = ps->layout_canon;
     if (!mf_layout_run(p, &d))
@@ -503,8 +550,17 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (m->stage < 3) {
         if (!lower_once(p, &d, &lowered))
             goto broken;
-        if (finish_point(ps, p, &cfg, &m->point) != 0)
+        int fr = finish_point(ps, p, &d, &cfg, lb_time >= 0 ? pt : NULL, &m->point);
+        if (fr < 0)
             goto done;
+        if (fr == 1) {
+            /* beaten by the front, which only gets better: the exact step
+               time is kept as this schedule's lower bound (stage 2) */
+            m->t0 = m->point.step_time;
+            ps->sim_pruned++;
+            rc = 1;
+            goto done;
+        }
         m->stage = 3;
     }
     pt->step_time = m->point.step_time;

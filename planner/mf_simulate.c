@@ -215,15 +215,20 @@ typedef struct sim {
     double stream_end[MF_STREAM_COUNT];
     int stream_last[MF_STREAM_COUNT];
     int *last_record;       /* per event: item index of the latest record issued, -1 */
+    double *rec_end;        /* per event: end of that record */
+    int *rec_stream;        /* per event: stream of that record */
     double *fwd, *bwd;      /* per unit seconds */
     double *dur;            /* per op: seconds of one instance (mf_cost_op; the same every microbatch) */
     int64_t *ibytes;        /* per op: bytes of one instance */
+    bool *coll;             /* per op: a collective */
+    void *block;            /* owns the arrays above */
+    mf_sim_item scratch;    /* time_only: the item being issued (no items are kept) */
 } sim;
 
 static mf_sim_item *append(sim *st, mf_stream stream, double dur)
 {
     mf_sim_result *r = st->r;
-    mf_sim_item *it = &r->items[r->nitems];
+    mf_sim_item *it = r->items ? &r->items[r->nitems] : &st->scratch;
     memset(it, 0, sizeof *it);
     it->stream = stream;
     it->dep = -1;
@@ -271,10 +276,10 @@ static void issue_op(sim *st, int opid, int unit, int m)
             r->unmatched_waits++;
         } else {
             it->dep = rec;
-            if (r->items[rec].stream == stream)
+            if (st->rec_stream[op->event] == (int)stream)
                 r->same_stream_waits++;
-            else if (r->items[rec].end > it->start) {
-                it->start = r->items[rec].end;
+            else if (st->rec_end[op->event] > it->start) {
+                it->start = st->rec_end[op->event];
                 it->pred = rec;
                 it->blocked = true;
                 it->host_gated = false;
@@ -283,13 +288,16 @@ static void issue_op(sim *st, int opid, int unit, int m)
     }
     it->end = it->start + dur;
     it->bytes = st->ibytes[opid];
-    if (mf_opkind_is_collective(op->kind)) {
+    if (st->coll[opid]) {
         r->bytes[op->axis] += it->bytes;
         r->launches[op->axis]++;
     }
     commit(st, it);
-    if (op->kind == MF_OP_RECORD)
+    if (op->kind == MF_OP_RECORD) {
         st->last_record[op->event] = r->nitems - 1;
+        st->rec_end[op->event] = it->end;
+        st->rec_stream[op->event] = (int)stream;
+    }
 }
 
 /* Fills st->dur and st->ibytes: an op's duration and bytes depend on the op
@@ -306,7 +314,8 @@ static void op_figures(sim *st)
             dur = 0;
         st->dur[i] = dur;
         st->ibytes[i] = 0;
-        if (mf_opkind_is_collective(op->kind)) {
+        st->coll[i] = mf_opkind_is_collective(op->kind);
+        if (st->coll[i]) {
             int64_t n = s->mesh.axes[op->axis].size;
             st->ibytes[i] = mf_collective_bytes(op->kind, n, op->count, op->dtype);
         } else if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT) {
@@ -452,14 +461,23 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     sim st = {.s = s, .cfg = cfg, .r = r, .cap = (int)nitems};
     hook_index h = {0};
     int rc = -1;
-    r->items = malloc(((size_t)nitems + 1) * sizeof *r->items);
-    st.last_record = malloc(((size_t)s->nevents + 1) * sizeof *st.last_record);
-    st.fwd = malloc(((size_t)s->nunits + 1) * sizeof *st.fwd);
-    st.bwd = malloc(((size_t)s->nunits + 1) * sizeof *st.bwd);
-    st.dur = malloc(((size_t)s->nops + 1) * sizeof *st.dur);
-    st.ibytes = malloc(((size_t)s->nops + 1) * sizeof *st.ibytes);
-    if (!r->items || !st.last_record || !st.fwd || !st.bwd || !st.dur || !st.ibytes ||
-        build_hook_index(s, &h) != 0) {
+    /* time_only keeps no items: each is built in st.scratch */
+    r->items = cfg->time_only ? NULL : malloc(((size_t)nitems + 1) * sizeof *r->items);
+    /* the per-event, per-unit and per-op arrays in one block, 8-byte
+       elements first */
+    size_t ne = (size_t)s->nevents + 1, nu = (size_t)s->nunits + 1, no = (size_t)s->nops + 1;
+    st.block = malloc(8 * (ne + 2 * nu + 2 * no) + sizeof(int) * 2 * ne + sizeof(bool) * no);
+    if (st.block) {
+        st.rec_end = st.block;
+        st.fwd = st.rec_end + ne;
+        st.bwd = st.fwd + nu;
+        st.dur = st.bwd + nu;
+        st.ibytes = (int64_t *)(st.dur + no);
+        st.last_record = (int *)(st.ibytes + no);
+        st.rec_stream = st.last_record + ne;
+        st.coll = (bool *)(st.rec_stream + ne);
+    }
+    if ((!r->items && !cfg->time_only) || !st.block || build_hook_index(s, &h) != 0) {
         mf_errf(err, errlen, "out of memory");
         goto cleanup;
     }
@@ -517,11 +535,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
 cleanup:
     free(h.start);
     free(h.idx);
-    free(st.last_record);
-    free(st.fwd);
-    free(st.bwd);
-    free(st.dur);
-    free(st.ibytes);
+    free(st.block);
     if (rc != 0)
         mf_sim_result_free(r);
     return rc;

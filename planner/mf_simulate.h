@@ -91,7 +91,8 @@ typedef struct mf_sim_config {
     bool single_stream;     /* run the outer stream's ops on the inner stream */
     bool host_async;        /* the host runs ahead of the GPU: hooks issue at time 0
                                (default false: host-synchronous, see above) */
-    bool time_only;         /* fill the times, busy, bytes and items only: no
+    bool time_only;         /* fill the step time, busy, bytes and launches only:
+                               no items (nitems counts them, items is NULL), no
                                critical path, no exposed spans, overlap 0 (the
                                plan search's lower bound needs the step time) */
 } mf_sim_config;

@@ -306,6 +306,25 @@ static void test_candidates_equal_compiled_spec(void **state)
                 fail_msg("seed %d candidate %lld: search (%lld, %.12g), written spec (%lld, %.12g)\n%s", seed,
                          (long long)idx, (long long)p.mem.peak, p.step_time, (long long)mem.peak, res.step_time, out);
             mf_sim_result_free(&res);
+            /* the search's quick simulation (time_only, no items kept) gives
+               the full simulation's step time and bytes, host-synchronous
+               or not */
+            for (int async = 0; async < 2; async++) {
+                mf_sim_config full = opt.sim, quick = opt.sim;
+                full.host_async = quick.host_async = async;
+                quick.time_only = true;
+                mf_sim_result fr, qr;
+                assert_int_equal(mf_simulate(w.plan->sched, &full, &fr, err, sizeof err), 0);
+                assert_int_equal(mf_simulate(w.plan->sched, &quick, &qr, err, sizeof err), 0);
+                assert_true(qr.step_time == fr.step_time);
+                assert_null(qr.items);
+                assert_int_equal(qr.nitems, fr.nitems);
+                assert_int_equal(qr.unmatched_waits, fr.unmatched_waits);
+                for (int j = 0; j < MF_MAX_AXES; j++)
+                    assert_int_equal(qr.bytes[j], fr.bytes[j]);
+                mf_sim_result_free(&fr);
+                mf_sim_result_free(&qr);
+            }
             mf_compilation_free(&w);
             free(out);
         }
