@@ -882,9 +882,14 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     const char *f = NULL;
     if (!mf_load_str(l, fmt, "format", &f))
         return false;
-    if (strcmp(f, "mfsdp-schedule/1") == 0)   /* before the buffer assignment (docs/schedule.md §2) */
-        return mf_load_fail(l, fmt, "format '%s' was written by an older mfsdpc: it has no buffer offsets or "
-                            "arena; compile the spec again with this mfsdpc (expected %s)", f, MF_SCHEDULE_FORMAT);
+    /* Formats of older mfsdpc versions (docs/schedule.md §2): a hint, not a guess. */
+    const char *older = strcmp(f, "mfsdp-schedule/1") == 0 ? "it has no buffer offsets or arena"
+                        : strcmp(f, "mfsdp-schedule/2") == 0
+                            ? "its summary has no interference_bytes and calls the per-role model peak_bytes"
+                            : NULL;
+    if (older)
+        return mf_load_fail(l, fmt, "format '%s' was written by an older mfsdpc: %s; compile the spec again "
+                            "with this mfsdpc (expected %s)", f, older, MF_SCHEDULE_FORMAT);
     if (strcmp(f, MF_SCHEDULE_FORMAT) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
 

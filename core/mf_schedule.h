@@ -53,7 +53,7 @@
 
 #define MF_MAX_AXES 4
 #define MF_MAX_DIMS 8
-#define MF_SCHEDULE_FORMAT "mfsdp-schedule/2"
+#define MF_SCHEDULE_FORMAT "mfsdp-schedule/3"
 
 /* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
 

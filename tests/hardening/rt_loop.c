@@ -26,7 +26,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "mfsdp-rt-loop: ROUNDS and STEPS must be positive\n");
         return 2;
     }
-    const char *bad = "format: mfsdp-schedule/2\nsource: x\n";
+    const char *bad = "format: mfsdp-schedule/3\nsource: x\n";
     mfsdp_schedule *b = NULL;
     if (mfsdp_schedule_load_buffer("bad.yaml", bad, strlen(bad), &b) != MFSDP_ERR_LOAD || b) {
         fprintf(stderr, "mfsdp-rt-loop: a bad schedule loaded\n");

@@ -26,7 +26,7 @@ gen() { # family n -> file
     nested-blocks)  { echo "$hdr"; printf 'unit "u" layout l { '; for ((i = 0; i < n; i++)); do printf 'for a in 0..1 { '; done; echo; } ;;
     many-tensors)   { echo "$hdr2"; echo 'unit "u" layout l {'; seq "$n" | sed 's/.*/  tensor "t&" [3, 5];/'; echo '}'; } ;;
     many-units)     { echo "$hdr2"; echo "unit \"u{i}\" for i in 0..$n layout l { tensor \"w\" [33, 7]; tensor \"b\" [5]; }"; } ;;
-    yaml-nesting)   { printf 'format: mfsdp-schedule/2\nsource: '; head -c "$n" /dev/zero | tr '\0' '['; echo; } ;;
+    yaml-nesting)   { printf 'format: mfsdp-schedule/3\nsource: '; head -c "$n" /dev/zero | tr '\0' '['; echo; } ;;
   esac
 }
 

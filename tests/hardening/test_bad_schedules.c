@@ -251,9 +251,10 @@ typedef struct edit {
 } edit;
 
 static const edit edits[] = {
-    {"wrong format version", "format:", "mfsdp-schedule/2", "mfsdp-schedule/3", "unknown format 'mfsdp-schedule/3'", NULL},
-    {"format before the buffer assignment", "format:", "mfsdp-schedule/2", "mfsdp-schedule/1", "written by an older mfsdpc", NULL},
-    {"format missing", "format:", "format: mfsdp-schedule/2", "formats: mfsdp-schedule/2", "missing key 'format'", "format"},
+    {"wrong format version", "format:", "mfsdp-schedule/3", "mfsdp-schedule/9", "unknown format 'mfsdp-schedule/9'", NULL},
+    {"format before the buffer assignment", "format:", "mfsdp-schedule/3", "mfsdp-schedule/1", "written by an older mfsdpc", NULL},
+    {"format before the interference bound", "format:", "mfsdp-schedule/3", "mfsdp-schedule/2", "written by an older mfsdpc", NULL},
+    {"format missing", "format:", "format: mfsdp-schedule/3", "formats: mfsdp-schedule/3", "missing key 'format'", "format"},
     {"buffer count not matching the layout", "{name: embed/main.weight,", "count: 256", "count: 255",
      "does not match its bucket's length 512", NULL},
     {"bucket length not matching its buffers", "length: 512", "512", "1024", "does not match its bucket's length 1024",

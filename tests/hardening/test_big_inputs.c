@@ -273,7 +273,7 @@ static void test_hostile_yaml(void **state)
     const char *opens[] = {"[", "{a: ", "[\n", "{\n", "[a, "};
     for (size_t i = 0; i < sizeof opens / sizeof opens[0]; i++) {
         buf b = {0};
-        puts_(&b, "format: mfsdp-schedule/2\nsource: ");
+        puts_(&b, "format: mfsdp-schedule/3\nsource: ");
         repeat(&b, opens[i], 100000);
         expect_load_refused(&b, "nested more than 32 deep", opens[i]);
         free(b.p);
@@ -281,7 +281,7 @@ static void test_hostile_yaml(void **state)
     /* block nesting needs indentation, so its depth grows with the square
      * root of the size; 2000 levels (2 MB) */
     buf blk = {0};
-    puts_(&blk, "format: mfsdp-schedule/2\nsource:\n");
+    puts_(&blk, "format: mfsdp-schedule/3\nsource:\n");
     for (int i = 1; i <= 2000; i++) {
         repeat(&blk, " ", i);
         puts_(&blk, "-\n");
@@ -290,7 +290,7 @@ static void test_hostile_yaml(void **state)
     free(blk.p);
     /* aliases: the document API shares nodes; the loader refuses repeats */
     buf b = {0};
-    puts_(&b, "format: mfsdp-schedule/2\nsource: x\nsource_sha256: \"");
+    puts_(&b, "format: mfsdp-schedule/3\nsource: x\nsource_sha256: \"");
     repeat(&b, "0", 64);
     puts_(&b, "\"\nmesh: {axes: [{name: a, size: 2}]}\nmicrobatches: 1\nreduce: avg\nalign: 256\nprefetch: 1\n"
               "units: [&u {name: u, reshard_after_forward: true, buckets: []}, *u, *u, *u]\n"
@@ -298,7 +298,7 @@ static void test_hostile_yaml(void **state)
               "summary: {}\n");
     expect_load_refused(&b, "duplicate unit name 'u'", "aliased units");
     b.len = 0;
-    puts_(&b, "format: mfsdp-schedule/2\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    puts_(&b, "format: mfsdp-schedule/3\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
     for (int i = 1; i < 9; i++) {
         printf_(&b, "a%d: &a%d [", i, i);
         for (int j = 0; j < 10; j++)
@@ -307,7 +307,7 @@ static void test_hostile_yaml(void **state)
     }
     expect_load_refused(&b, "unknown key 'a0'", "billion laughs");
     b.len = 0;
-    puts_(&b, "format: mfsdp-schedule/2\n");
+    puts_(&b, "format: mfsdp-schedule/3\n");
     repeat(&b, "k", 1 << 20);
     puts_(&b, ": 1\n");
     expect_load_refused(&b, "error:", "1 MB key");

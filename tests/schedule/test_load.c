@@ -165,12 +165,15 @@ static void test_non_canonical_input(void **state)
 static void test_format_and_keys(void **state)
 {
     (void)state;
-    bad("mfsdp-schedule/2", 1, "mfsdp-schedule/9", "mfsdp-schedule/9", 1,
-        "unknown format 'mfsdp-schedule/9' (expected mfsdp-schedule/2)");
-    bad("mfsdp-schedule/2", 1, "mfsdp-schedule/1", "mfsdp-schedule/1", 1,
+    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/9", "mfsdp-schedule/9", 1,
+        "unknown format 'mfsdp-schedule/9' (expected mfsdp-schedule/3)");
+    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/1", "mfsdp-schedule/1", 1,
         "format 'mfsdp-schedule/1' was written by an older mfsdpc: it has no buffer offsets or arena; "
-        "compile the spec again with this mfsdpc (expected mfsdp-schedule/2)");
-    bad("format: mfsdp-schedule/2\n", 1, "", "source:", 1, "missing key 'format' (expected format: mfsdp-schedule/2)");
+        "compile the spec again with this mfsdpc (expected mfsdp-schedule/3)");
+    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/2", "mfsdp-schedule/2", 1,
+        "format 'mfsdp-schedule/2' was written by an older mfsdpc: its summary has no interference_bytes and "
+        "calls the per-role model peak_bytes; compile the spec again with this mfsdpc (expected mfsdp-schedule/3)");
+    bad("format: mfsdp-schedule/3\n", 1, "", "source:", 1, "missing key 'format' (expected format: mfsdp-schedule/3)");
     bad("microbatches: 2\n", 1, "", "format", 1, "missing key 'microbatches' in the schedule");
     bad("reduce: avg\n", 1, "reduce: avg\nextra: 1\n", "extra", 1, "unknown key 'extra' in the schedule");
     bad("{id: 0, phase", 1, "{id: 0, id: 0, phase", "id: 0", 2, "duplicate key 'id' in an op");
@@ -199,7 +202,7 @@ static void test_types(void **state)
     bad("mesh: {axes:", 1, "mesh: {axes: 3, xkey:", "xkey", 1, "unknown key 'xkey' in mesh");
     bad("dims: [37, 11]", 1, "dims: 37", "37}", 1, "expected a sequence for dims, got a scalar");
     bad("name: u0/L\n", 1, "name: [u0/L]\n", "[u0/L]\n", 1, "expected a string for the bucket name, got a sequence");
-    bad("format: mfsdp-schedule/2\n", 1, "- format: mfsdp-schedule/2\n", "source:", 1,
+    bad("format: mfsdp-schedule/3\n", 1, "- format: mfsdp-schedule/3\n", "source:", 1,
         "invalid YAML: did not find expected '-' indicator while parsing a block collection");
 }
 
@@ -330,7 +333,7 @@ static void test_summary(void **state)
 static void test_documents(void **state)
 {
     (void)state;
-    expect_refused("", NULL, 0, "the file is empty (expected a schedule, format mfsdp-schedule/2)");
+    expect_refused("", NULL, 0, "the file is empty (expected a schedule, format mfsdp-schedule/3)");
     expect_refused("- a\n- b\n", "- a", 1, "expected a schedule (a mapping), got a sequence");
     char *two = malloc(base_len + 32);
     snprintf(two, base_len + 32, "%s---\nx: 1\n", base);
@@ -344,7 +347,7 @@ static void test_documents(void **state)
     assert_non_null(strstr(err, ": error: invalid YAML: "));
     free(cut);
     /* a NUL inside a name */
-    char nul[] = "format: \"mfsdp-schedule/2\\0x\"\n";
+    char nul[] = "format: \"mfsdp-schedule/3\\0x\"\n";
     expect_refused(nul, "\"mfsdp", 1, "format contains a NUL character");
 }
 

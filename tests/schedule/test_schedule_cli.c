@@ -280,11 +280,11 @@ static void test_diff_errors(void **state)
     free(err);
     char bad[512], args[4096];
     tmp_path("broken.yaml", bad, sizeof bad);
-    write_file(bad, "format: mfsdp-schedule/3\n");
+    write_file(bad, "format: mfsdp-schedule/9\n");
     snprintf(args, sizeof args, "diff schedules/hsdp.mfsdp '%s'", bad);
     assert_int_equal(run(args), 2);
     err = out_of("stderr");
-    assert_non_null(strstr(err, "broken.yaml:1:9: error: unknown format 'mfsdp-schedule/3'"));
+    assert_non_null(strstr(err, "broken.yaml:1:9: error: unknown format 'mfsdp-schedule/9'"));
     free(err);
     assert_int_equal(run("diff --help"), 0);
     unlink(bad);
