@@ -188,6 +188,42 @@ static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc)
     mfsdp_config_set_cuda_local(cfg, group, nc);
 }
 
+/* A 1-rank runtime on SCHEDULE driven from its own non-blocking compute
+ * stream, with the NCCL flags given; `what` names the subcommand in the
+ * error. Returns 0, or 2 when the schedule has more than one rank. The
+ * runtime and schedule live until exit (the bench runs one subcommand). */
+static int open_one_rank(const char *path, const char *what, unsigned flags, int timeout_ms,
+                         mfsdp_schedule **sh_out, mfsdp_runtime **rt_out, cudaStream_t *compute,
+                         int64_t *create_ns)
+{
+    mfsdp_runtime *rt = NULL;
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    if (mfsdp_schedule_world_size(sh) != 1) {
+        fprintf(stderr, "mfsdp-gpu-bench: %s needs a 1-rank schedule (%s has %lld ranks)\n", what, path,
+                (long long)mfsdp_schedule_world_size(sh));
+        return 2;
+    }
+    CK(cudaStreamCreateWithFlags(compute, cudaStreamNonBlocking));
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.compute_stream = *compute;
+    nc.flags |= flags;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    select_backend(&cfg, &nc);
+    cfg.rank = 0;
+    if (timeout_ms)
+        cfg.timeout_ms = timeout_ms;
+    int64_t t0 = now_ns();
+    MF(mfsdp_create(sh, &cfg, &rt));
+    if (create_ns)
+        *create_ns = now_ns() - t0;
+    *sh_out = sh;
+    *rt_out = rt;
+    return 0;
+}
+
 /* ---- sweep ---- */
 
 static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEvent_t a, cudaEvent_t b)
@@ -344,26 +380,11 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
 {
     mfsdp_runtime *rt = NULL;
     mfsdp_schedule *sh = NULL;
-    MF(mfsdp_schedule_load(path, &sh));
-    if (mfsdp_schedule_world_size(sh) != 1) {
-        fprintf(stderr, "mfsdp-gpu-bench: hooks needs a 1-rank schedule (%s has %lld ranks)\n", path,
-                (long long)mfsdp_schedule_world_size(sh));
-        return 2;
-    }
     cudaStream_t compute;
-    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    mfsdp_nccl_config nc;
-    mfsdp_nccl_config_init(&nc);
-    nc.compute_stream = compute;
-    if (graphs)
-        nc.flags |= MFSDP_NCCL_GRAPHS;
-    mfsdp_config cfg;
-    mfsdp_config_init(&cfg);
-    select_backend(&cfg, &nc);
-    cfg.rank = 0;
-    int64_t t0 = now_ns();
-    MF(mfsdp_create(sh, &cfg, &rt));
-    int64_t create_ns = now_ns() - t0;
+    int64_t create_ns = 0;
+    int rc = open_one_rank(path, "hooks", graphs ? MFSDP_NCCL_GRAPHS : 0, 0, &sh, &rt, &compute, &create_ns);
+    if (rc)
+        return rc;
     int64_t host_step_ns = 0; /* summed over the timed steps */
     mfsdp_stats st0, st1;
     int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
@@ -523,22 +544,10 @@ static int run_stress(const char *path)
 {
     mfsdp_runtime *rt = NULL;
     mfsdp_schedule *sh = NULL;
-    MF(mfsdp_schedule_load(path, &sh));
-    if (mfsdp_schedule_world_size(sh) != 1) {
-        fprintf(stderr, "mfsdp-gpu-bench: stress needs a 1-rank schedule\n");
-        return 2;
-    }
     cudaStream_t compute;
-    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    mfsdp_nccl_config nc;
-    mfsdp_nccl_config_init(&nc);
-    nc.compute_stream = compute;
-    mfsdp_config cfg;
-    mfsdp_config_init(&cfg);
-    select_backend(&cfg, &nc);
-    cfg.rank = 0;
-    cfg.timeout_ms = 60000;
-    MF(mfsdp_create(sh, &cfg, &rt));
+    int rc = open_one_rank(path, "stress", 0, 60000, &sh, &rt, &compute, NULL);
+    if (rc)
+        return rc;
     int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
     int64_t M = mfsdp_schedule_microbatches(sh);
     mfsdp_tensor_view *v = calloc((size_t)(T ? T : 1), sizeof *v);
@@ -726,23 +735,10 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
 {
     mfsdp_runtime *rt = NULL;
     mfsdp_schedule *sh = NULL;
-    MF(mfsdp_schedule_load(path, &sh));
-    if (mfsdp_schedule_world_size(sh) != 1) {
-        fprintf(stderr, "mfsdp-gpu-bench: overlap needs a 1-rank schedule\n");
-        return 2;
-    }
     cudaStream_t compute;
-    CK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    mfsdp_nccl_config nc;
-    mfsdp_nccl_config_init(&nc);
-    nc.compute_stream = compute;
-    nc.flags |= MFSDP_NCCL_TIMELINE;
-    mfsdp_config cfg;
-    mfsdp_config_init(&cfg);
-    select_backend(&cfg, &nc);
-    cfg.rank = 0;
-    cfg.timeout_ms = 60000;
-    MF(mfsdp_create(sh, &cfg, &rt));
+    int rc = open_one_rank(path, "overlap", MFSDP_NCCL_TIMELINE, 60000, &sh, &rt, &compute, NULL);
+    if (rc)
+        return rc;
     int U = mfsdp_schedule_num_units(sh);
     int64_t M = mfsdp_schedule_microbatches(sh);
     int nspin = (int)(2 * U * M), cap = 0;
