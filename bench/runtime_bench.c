@@ -253,13 +253,28 @@ static double run_local(const mfsdp_schedule *sh, int steps, uint32_t flags, int
     return worst;
 }
 
+/* One row of issue 18's goal table: appended to the file named by
+ * MFSDP_BENCH_SUMMARY (bench/run collects the rows of all its runs and
+ * prints them last), tab-separated: figure, value, reference, goal, met. */
+static void summary(const char *figure, double value, const char *reference, const char *goal,
+                    int met)
+{
+    const char *path = getenv("MFSDP_BENCH_SUMMARY");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    if (!f)
+        return;
+    fprintf(f, "%s\t%.2f\t%s\t%s\t%s\n", figure, value, reference, goal, met ? "yes" : "no");
+    fclose(f);
+}
+
 static void bench_overhead(int quick)
 {
     printf("\n1. host overhead per replayed op (8 units x 4 tensors of 64 elements, HFSDP, M = 4)\n");
     printf("   fastest step of the slowest rank; goal: us/op with stream threads\n");
     printf("%-8s %-12s %10s %14s %14s %8s\n", "mesh", "model", "ops/step", "us/step", "us/op", "goal");
     int64_t meshes[2][2] = {{1, 1}, {2, 4}};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
+        double per_op[2] = {0, 0};   /* streams, synchronous */
         for (int sync = 0; sync < 2; sync++) {
             mfsdp_schedule *sh = tiny_schedule(meshes[k][0], meshes[k][1]);
             int64_t ops = 0;
@@ -271,8 +286,15 @@ static void bench_overhead(int quick)
                 snprintf(goal, sizeof goal, "<= %d", k == 0 ? 1 : 3);
             printf("%-8s %-12s %10lld %14.1f %14.2f %8s\n", mesh, sync ? "synchronous" : "streams",
                    (long long)ops, t * 1e6, t * 1e6 / (double)ops, goal);
+            per_op[sync] = t * 1e6 / (double)ops;
             mfsdp_schedule_free(sh);
         }
+        char figure[96], ref[64];
+        snprintf(figure, sizeof figure, "host overhead per op (us), stream threads, %lld x %lld",
+                 (long long)meshes[k][0], (long long)meshes[k][1]);
+        snprintf(ref, sizeof ref, "synchronous model %.2f us", per_op[1]);
+        summary(figure, per_op[0], ref, k == 0 ? "<= 1" : "<= 3", per_op[0] <= (k == 0 ? 1.0 : 3.0));
+    }
 }
 
 static volatile char bench_sink;
@@ -376,6 +398,14 @@ static void bench_local_collectives(int quick)
                 printf("%-15s %6lld %10.2f %12.1f %12.2f %12.2f %7.2f %7s %7s\n", kind_name(kinds[ki]),
                        (long long)ranks[ri], bytes / 1e6, t * 1e6, bytes / t / 1e9, mc,
                        bytes / t / 1e9 / mc, ceil, goal);
+                if (*goal) {
+                    char figure[96], ref[96];
+                    double ratio = bytes / t / 1e9 / mc, want = kinds[ki] == MF_OP_ALL_REDUCE ? 0.5 : 0.8;
+                    snprintf(figure, sizeof figure, "local %s %.0f MB, 2 thread-ranks / memcpy",
+                             kind_name(kinds[ki]), bytes / 1e6);
+                    snprintf(ref, sizeof ref, "memcpy %.2f GB/s; two at once: %.2f of it", mc, mc2 / mc);
+                    summary(figure, ratio, ref, goal, ratio >= want);
+                }
                 mfsdp_schedule_free(sh);
             }
     }
@@ -513,6 +543,16 @@ static void bench_mpi(int quick, const char *only)
                 printf("%-15s %9.3f %11.1f %11.1f %11.1f %11.1f %11s %7.2f %7.2f %7.2f\n",
                        kind_name(kinds[ki]), (double)L * 4 / 1e6, best[0] * 1e6, best[1] * 1e6,
                        best[2] * 1e6, best[3] * 1e6, avg, best[0] / raw, best[1] / raw, goal);
+            if (rank == 0 && (si == 0 || kinds[ki] == MF_OP_ALL_REDUCE)) {
+                char figure[96], ref[96];
+                snprintf(figure, sizeof figure, "MPI / best raw MPI, %s %.3f MB, %d procs",
+                         kind_name(kinds[ki]), (double)L * 4 / 1e6, world);
+                snprintf(ref, sizeof ref, "raw %.1f us; mfsdp %.1f us; blocking mode %.2f", raw * 1e6,
+                         best[0] * 1e6, best[1] / raw);
+                char g[16];
+                snprintf(g, sizeof g, "<= %.2f", goal);
+                summary(figure, best[0] / raw, ref, g, best[0] / raw <= goal);
+            }
             mfsdp_schedule_free(sh);
             if (sha)
                 mfsdp_schedule_free(sha);
