@@ -1,11 +1,15 @@
 /*
- * test_mpi_rh: the MPI backend's own small reduce-scatter (recursive halving
- * over point-to-point, rh_reduce_scatter in runtime/mf_backend_mpi.c) under
- * mpirun on a power-of-2 number of ranks. A hand-built schedule of one
- * reduce-scatter of grad_local into grad (256 elements per rank), run twice
- * (the scratch is reused). Inputs are non-integer values whose
- * sums round, so the order of the additions shows in the bits; the oracle is
- * Open MPI's own MPI_Ireduce_scatter_block (libnbc, what the backend ran
+ * test_mpi_rh: the MPI backend's own small reduce-scatter (recursive
+ * halving over point-to-point, rh_reduce_scatter in runtime/mf_backend_mpi.c)
+ * under mpirun on a power-of-2 number of ranks, and the bits of its small
+ * all-reduce (libnbc's; a recursive-doubling one measured slower and would
+ * change them unless it pairs ranks alike). Hand-built schedules: one
+ * reduce-scatter of grad_local into grad (256 elements per rank); an
+ * all-reduce of grad_local into weight_full, then one in place. Each runs
+ * twice (the scratch is reused).
+ * Inputs are non-integer values whose sums round, so the order of the
+ * additions shows in the bits; the oracle is Open MPI's own
+ * MPI_Ireduce_scatter_block / MPI_Iallreduce (libnbc, what the backend ran
  * before) on the same inputs, which must match bit for bit, in fp32 and in
  * bf16 (whose sum op, like the backend's, adds in fp32 and rounds once).
  *
@@ -27,7 +31,7 @@
 
 #define PER_RANK 256
 
-static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt)
+static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind)
 {
     mf_tb_spec spec;
     memset(&spec, 0, sizeof spec);
@@ -46,27 +50,32 @@ static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt)
                 s ? "the bucket is padded" : err);
         return NULL;
     }
-    int local = -1, grad = -1;
+    int local = -1, grad = -1, full = -1;
     for (int i = 0; i < s->nbuffers; i++) {
         if (s->buffers[i].kind == MF_BUF_GRAD_LOCAL)
             local = i;
         if (s->buffers[i].kind == MF_BUF_GRAD)
             grad = i;
+        if (s->buffers[i].kind == MF_BUF_WEIGHT_FULL)
+            full = i;
     }
-    mf_op *ops = mf_arena_array(s->arena, 3, sizeof *ops);
-    ops[0] = (mf_op){.id = 0, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
-                     .stream = MF_STREAM_INNER, .kind = MF_OP_REDUCE_SCATTER, .bucket = 0,
-                     .axis = 0, .dtype = dt, .event = -1, .count = PER_RANK, .src = local,
-                     .dst = grad};
-    ops[1] = (mf_op){.id = 1, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
-                     .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
-                     .src = -1, .dst = -1, .event = 0};
-    ops[2] = ops[1];
-    ops[2].id = 2;
-    ops[2].stream = MF_STREAM_COMPUTE;
-    ops[2].kind = MF_OP_WAIT;
+    int nc = kind == MF_OP_ALL_REDUCE ? 2 : 1;   /* collectives */
+    mf_op *ops = mf_arena_array(s->arena, (size_t)nc + 2, sizeof *ops);
+    for (int k = 0; k < nc; k++)
+        ops[k] = (mf_op){.id = k, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
+                         .stream = MF_STREAM_INNER, .kind = kind, .bucket = 0, .axis = 0,
+                         .dtype = dt, .event = -1, .src = local,
+                         .count = kind == MF_OP_ALL_REDUCE ? PER_RANK * g : PER_RANK,
+                         .dst = kind == MF_OP_REDUCE_SCATTER ? grad : k == 0 ? full : local};
+    ops[nc] = (mf_op){.id = nc, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
+                      .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
+                      .src = -1, .dst = -1, .event = 0};
+    ops[nc + 1] = ops[nc];
+    ops[nc + 1].id = nc + 1;
+    ops[nc + 1].stream = MF_STREAM_COMPUTE;
+    ops[nc + 1].kind = MF_OP_WAIT;
     s->ops = ops;
-    s->nops = 3;
+    s->nops = nc + 2;
     s->nevents = 1;
     mf_schedule_summarize(s);
     mfsdp_schedule *h = NULL;
@@ -110,9 +119,10 @@ static float input(int r, int64_t i)
     return (float)(h % 100003u) / 997.0f * (float)(1 + (h >> 20) % 7) - 50.0f;
 }
 
-/* Fills grad_local, computes the oracle with MPI_Ireduce_scatter_block,
- * runs the step, compares grad with it. */
-static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, MPI_Op bsum)
+/* Fills grad_local, computes the oracle with MPI_Ireduce_scatter_block
+ * (MPI_Iallreduce), runs the step, compares grad (weight_full and the
+ * in-place grad_local) with it. */
+static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, MPI_Op bsum)
 {
     mfsdp_tensor_view v;
     size_t es = dt == MF_FP32 ? 4 : 2;
@@ -122,7 +132,8 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, MPI_Op bsum)
         return 1;
     }
     char *local = v.grad_local;
-    char *in = malloc((size_t)v.numel * es), *want = malloc(PER_RANK * es);
+    size_t out = kind == MF_OP_ALL_REDUCE ? (size_t)v.numel * es : PER_RANK * es;
+    char *in = malloc((size_t)v.numel * es), *want = malloc(out);
     if (!in || !want)
         return 1;
     for (int64_t i = 0; i < v.numel; i++) {
@@ -136,17 +147,22 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, MPI_Op bsum)
     }
     memcpy(local, in, (size_t)v.numel * es);
     MPI_Request req;
-    MPI_Ireduce_scatter_block(in, want, PER_RANK, dt == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T,
-                              dt == MF_FP32 ? MPI_SUM : bsum, MPI_COMM_WORLD, &req);
+    MPI_Datatype type = dt == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = dt == MF_FP32 ? MPI_SUM : bsum;
+    if (kind == MF_OP_ALL_REDUCE)
+        MPI_Iallreduce(in, want, (int)v.numel, type, op, MPI_COMM_WORLD, &req);
+    else
+        MPI_Ireduce_scatter_block(in, want, PER_RANK, type, op, MPI_COMM_WORLD, &req);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
     int bad = 0;
     mfsdp_result r = run_step(rt);
     if (r != MFSDP_OK) {
         fprintf(stderr, "rank %d: %s\n", me, mfsdp_last_error(rt));
         bad = 1;
-    } else if (memcmp(v.grad, want, PER_RANK * es) != 0) {
-        fprintf(stderr, "rank %d: %s reduce-scatter differs from MPI_Ireduce_scatter_block\n", me,
-                dt == MF_FP32 ? "fp32" : "bf16");
+    } else if (kind == MF_OP_REDUCE_SCATTER ? memcmp(v.grad, want, out) != 0
+                                            : memcmp(v.weight, want, out) || memcmp(local, want, out)) {
+        fprintf(stderr, "rank %d: %s %s differs from libnbc's\n", me, dt == MF_FP32 ? "fp32" : "bf16",
+                mf_opkind_name(kind));
         bad = 1;
     }
     free(in);
@@ -154,9 +170,9 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, MPI_Op bsum)
     return bad;
 }
 
-static int run_dtype(int me, int g, mf_dtype dt, int stop, MPI_Op bsum)
+static int run_dtype(int me, int g, mf_dtype dt, mf_opkind kind, int stop, MPI_Op bsum)
 {
-    mfsdp_schedule *sh = rs_schedule(g, dt);
+    mfsdp_schedule *sh = rs_schedule(g, dt, kind);
     MPI_Comm comm = MPI_COMM_WORLD;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
@@ -167,7 +183,7 @@ static int run_dtype(int me, int g, mf_dtype dt, int stop, MPI_Op bsum)
     if (bad)
         fprintf(stderr, "rank %d: setup failed: %s\n", me, mfsdp_last_error(NULL));
     else if (stop < 0)
-        bad = check(rt, me, g, dt, bsum) || check(rt, me, g, dt, bsum);   /* scratch reused */
+        bad = check(rt, me, g, dt, kind, bsum) || check(rt, me, g, dt, kind, bsum); /* reused */
     else if (me != stop) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -199,14 +215,17 @@ int main(int argc, char **argv)
     int any = (g & (g - 1)) != 0 || g < 2;
     if (any && me == 0)
         fprintf(stderr, "test_mpi_rh: needs a power-of-2 number of ranks (have %d)\n", g);
-    if (!any)
-        any = run_dtype(me, g, MF_FP32, stop, bsum);
-    if (!any && stop < 0)
-        any = run_dtype(me, g, MF_BF16, stop, bsum);
+    mf_opkind kinds[2] = {MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE};
+    for (int k = 0; k < 2 && !any; k++) {
+        any = run_dtype(me, g, MF_FP32, kinds[k], stop, bsum);
+        if (!any && stop < 0)
+            any = run_dtype(me, g, MF_BF16, kinds[k], stop, bsum);
+    }
     MPI_Op_free(&bsum);
     if (me == 0 && !any)
         printf("test_mpi_rh: %s\n", stop >= 0 ? "every survivor failed, none hung"
-                                              : "fp32 and bf16 match MPI_Ireduce_scatter_block bit for bit");
+                                              : "fp32 and bf16 reduce-scatter and all-reduce match "
+                                                "libnbc's bit for bit");
     MPI_Finalize();
     return any;
 }
