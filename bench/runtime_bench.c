@@ -498,7 +498,7 @@ static void bench_mpi(int quick, const char *only)
                                                                MF_REDUCE_AVG)
                                          : NULL;
             int64_t L = sh->s->buckets[0].length, n = kinds[ki] == MF_OP_ALL_REDUCE ? L : L / world;
-            int steps = quick ? 5 : si == 2 ? 8 : 20;
+            int steps = quick ? 5 : si == 2 ? 8 : si == 1 ? 30 : 60;   /* tiny rows: more, cheap steps */
             mfsdp_runtime *rt[3] = {mpi_runtime(sh, rank, 0), mpi_runtime(sh, rank, 1),
                                     sha ? mpi_runtime(sha, rank, 0) : NULL};
             float *src = calloc((size_t)L, 4), *dst = calloc((size_t)L, 4);
