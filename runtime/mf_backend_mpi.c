@@ -31,6 +31,18 @@
  * returns an error and leaves the request pending (MPI cannot cancel a
  * collective); the runtime is failed from then on.
  *
+ * Small reduce-scatters (at most MF_MPI_RH_MAX bytes in all, on a power-of-2
+ * group) do not use libnbc: rh_reduce_scatter runs recursive halving over
+ * MPI_Isend/MPI_Irecv, partner distance 1 first, each rank keeping the blocks
+ * whose index agrees with its own rank in the bits seen so far, so it ends
+ * with its own block: log2(p) exchanges where libnbc's binomial reduce to
+ * rank 0 and linear scatter take log2(p) + 1 latency-bound rounds. Its sums
+ * pair the same groups of ranks as that binomial tree ((r0 + r1) + (r2 +
+ * r3), ...), each combination with MPI_Reduce_local and the same MPI_Op, so
+ * the bits equal libnbc's (addition commutes; test_mpi_rh compares them).
+ * Its waits are wait_request's. MFSDP_MPI_P2P=0 (read at create) turns it
+ * off.
+ *
  * MFSDP_MPI_BLOCKING=1 in the environment (read at create) selects the
  * blocking calls instead (MPI_Allreduce, ...): Open MPI runs its tuned
  * algorithms for them, faster than its nonblocking (libnbc) ones, but a
@@ -66,6 +78,9 @@ typedef struct mf_mpi_state {
     bool blocking;             /* MFSDP_MPI_BLOCKING=1: blocking collectives */
     void *scratch[MF_STREAM_COUNT]; /* reduce-scatter packing, per stream */
     int64_t scratch_elems[MF_STREAM_COUNT];
+    bool p2p;                  /* small reduce-scatters by rh_reduce_scatter */
+    void *rh[MF_STREAM_COUNT]; /* its scratch, per stream */
+    size_t rh_bytes[MF_STREAM_COUNT];
     _Atomic bool aborted;
     _Atomic int abandoned;     /* collectives left pending (timeout, abort): their
                                   buffers may still be written, so none is freed */
@@ -84,6 +99,10 @@ typedef struct mf_mpi_state {
 #define MF_MPI_CKPT_TAG 7412
 /* How long a wait polls with sched_yield before it sleeps between polls. */
 #define MF_MPI_YIELD_MS 200
+/* Reduce-scatters of at most this many bytes in all (every rank's blocks)
+ * run by rh_reduce_scatter on power-of-2 groups. */
+#define MF_MPI_RH_MAX 16384
+#define MF_MPI_RH_TAG 7413
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
@@ -234,6 +253,8 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
                                (long long)cfg->rank, r);
     const char *blk = getenv("MFSDP_MPI_BLOCKING");
     st->blocking = blk && !strcmp(blk, "1");
+    const char *p2p = getenv("MFSDP_MPI_P2P");
+    st->p2p = !(p2p && !strcmp(p2p, "0"));
     st->max_count = INT_MAX;
     const char *env = getenv("MFSDP_MPI_MAX_COUNT");   /* test knob: force chunking */
     if (env && atoll(env) > 0 && atoll(env) < INT_MAX)
@@ -315,6 +336,72 @@ static mfsdp_result mpi_transfer(mf_rt *rt, const mf_be_xfer *x, int64_t n, char
     return res;
 }
 
+/* Bytes of every rank's blocks of a reduce-scatter. */
+static size_t rh_total(const mf_rt_op *r)
+{
+    return (size_t)(r->op->count * r->nranks) * mf_dtype_size(r->op->dtype);
+}
+
+/* Whether rh_reduce_scatter runs this op (decided alike on every rank: the
+ * op, the group size and the environment are the same everywhere). */
+static bool rh_applies(const mf_mpi_state *st, const mf_rt_op *r)
+{
+    int64_t g = r->nranks;
+    return st->p2p && !st->blocking && r->op->kind == MF_OP_REDUCE_SCATTER && g >= 2 &&
+           (g & (g - 1)) == 0 && r->op->count <= st->max_count && rh_total(r) <= MF_MPI_RH_MAX;
+}
+
+/* Recursive-halving reduce-scatter of n elements per block over the group
+ * `comm` of g = 2^k ranks (the top of the file). In the step of distance d
+ * (1, 2, 4, ...) this rank `me` holds the blocks b with b % d == me % d and
+ * trades with me ^ d: it sends those whose bit d differs from its own
+ * (packed) and adds the partner's copy of those it keeps; after the last
+ * step it holds block me. The scratch (rh_bytes of its stream) holds the
+ * accumulator (all g blocks), the packed half sent and the half received.
+ * src is read in the first step only and dst written at the end, so src ==
+ * dst (in place: the result at dst[0..n)) needs no copy. */
+static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_op *r,
+                                      const char *src, char *dst, MPI_Datatype type, MPI_Op sum,
+                                      MPI_Comm comm, char *err, size_t errlen)
+{
+    int64_t n = r->op->count, g = r->nranks, me = r->coord;
+    size_t es = mf_dtype_size(r->op->dtype), blk = (size_t)n * es;
+    char *acc = st->rh[r->op->stream], *out = acc + (size_t)g * blk, *in = out + (size_t)g / 2 * blk;
+    for (int64_t d = 1; d < g; d *= 2) {
+        const char *from = d == 1 ? src : acc;
+        int k = 0;
+        for (int64_t b = me % d; b < g; b += d)
+            if ((b & d) != (me & d))
+                memcpy(out + (size_t)k++ * blk, from + (size_t)b * blk, blk);
+        MPI_Request req[2];
+        int peer = (int)(me ^ d);
+        int rc = MPI_Irecv(in, k * (int)n, type, peer, MF_MPI_RH_TAG, comm, &req[0]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(out, k * (int)n, type, peer, MF_MPI_RH_TAG, comm, &req[1]);
+        if (rc != MPI_SUCCESS) {
+            st->abandoned++;   /* the receive may be posted */
+            return mpi_fail(err, errlen, rc, " (MPI_Isend/MPI_Irecv)");
+        }
+        mfsdp_result res = wait_request(rt, st, &req[0], "", err, errlen);
+        if (res == MFSDP_OK)
+            res = wait_request(rt, st, &req[1], "", err, errlen);
+        if (res != MFSDP_OK)
+            return res;
+        k = 0;
+        for (int64_t b = me % d; b < g; b += d)
+            if ((b & d) == (me & d)) {
+                char *a = acc + (size_t)b * blk;
+                if (d == 1)
+                    memcpy(a, src + (size_t)b * blk, blk);
+                rc = MPI_Reduce_local(in + (size_t)k++ * blk, a, (int)n, type, sum);
+                if (rc != MPI_SUCCESS)
+                    return mpi_fail(err, errlen, rc, " (MPI_Reduce_local)");
+            }
+    }
+    memcpy(dst, acc + (size_t)me * blk, blk);
+    return MFSDP_OK;
+}
+
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_mpi_state *st = rt->be_state;
@@ -370,6 +457,16 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
         if (elems > st->scratch_elems[r->op->stream])
             st->scratch_elems[r->op->stream] = elems;
     }
+    for (int i = 0; i < rt->s->nops; i++) {
+        const mf_rt_op *r = &rt->rops[i];
+        if (rh_applies(st, r))
+            if (2 * rh_total(r) > st->rh_bytes[r->op->stream])
+                st->rh_bytes[r->op->stream] = 2 * rh_total(r);
+    }
+    for (int s = 0; s < MF_STREAM_COUNT; s++)
+        if (st->rh_bytes[s] && !(st->rh[s] = mf_rt_aligned_zalloc(256, st->rh_bytes[s])))
+            return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                   "out of memory (reduce-scatter scratch)");
     for (int s = 0; s < MF_STREAM_COUNT; s++)
         if (st->scratch_elems[s]) {
             st->scratch[s] = mf_rt_aligned_zalloc(256, (size_t)st->scratch_elems[s] * 4);
@@ -443,6 +540,10 @@ static mfsdp_result run_collective(mf_rt *rt, const mf_rt_op *r, char *err, size
         }
         break;
     case MF_OP_REDUCE_SCATTER:
+        if (rh_applies(st, r)) {
+            res = rh_reduce_scatter(rt, st, r, src, dst, type, sum, comm, err, errlen);
+            break;
+        }
         if (n <= st->max_count) {
             rc = start_reduce_scatter(st, r->overlap ? MPI_IN_PLACE : src, dst, (int)n, type, sum,
                                       comm, &req);
@@ -605,10 +706,13 @@ static void mpi_close(mf_rt *rt)
             MPI_Comm_free(&st->world);
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
-        if (st->abandoned)
+        if (st->abandoned) {
             mf_rt_graveyard(st->scratch[s]);
-        else
+            mf_rt_graveyard(st->rh[s]);
+        } else {
             mf_rt_free(st->scratch[s]);
+            mf_rt_free(st->rh[s]);
+        }
     mf_rt_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
     mf_rt_free(st);

@@ -70,21 +70,43 @@ static void write_grad(mfsdp_runtime *rt, int unit, mistake mk, float extra)
         }                                                                           \
     } while (0)
 
+/* One rank of the tiny schedule on the local backend: the schedule, its
+ * group and the runtime, opened by one_rank_open (flags; timeout_ms > 0
+ * replaces the default) and freed by one_rank_close. */
+typedef struct one_rank {
+    mfsdp_schedule *sh;
+    mfsdp_local_group *g;
+    mfsdp_runtime *rt;
+} one_rank;
+
+static void one_rank_open(one_rank *o, uint32_t flags, int64_t timeout_ms)
+{
+    memset(o, 0, sizeof *o);
+    assert_int_equal(mfsdp_schedule_load(g_path, &o->sh), MFSDP_OK);
+    assert_int_equal(mfsdp_local_group_create(1, &o->g), MFSDP_OK);
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.local_group = o->g;
+    cfg.rank = 0;
+    cfg.flags = flags;
+    if (timeout_ms > 0)
+        cfg.timeout_ms = timeout_ms;
+    assert_int_equal(mfsdp_create(o->sh, &cfg, &o->rt), MFSDP_OK);
+}
+
+static void one_rank_close(one_rank *o)
+{
+    mfsdp_destroy(o->rt);
+    mfsdp_local_group_destroy(o->g);
+    mfsdp_schedule_free(o->sh);
+}
+
 static void run(mistake mk, uint32_t flags, outcome *o)
 {
     memset(o, 0, sizeof *o);
-    mfsdp_schedule *sh = NULL;
-    mfsdp_local_group *g = NULL;
-    mfsdp_runtime *rt = NULL;
-    assert_int_equal(mfsdp_schedule_load(g_path, &sh), MFSDP_OK);
-    assert_int_equal(mfsdp_local_group_create(1, &g), MFSDP_OK);
-    mfsdp_config cfg;
-    mfsdp_config_init(&cfg);
-    cfg.local_group = g;
-    cfg.rank = 0;
-    cfg.flags = flags;
-    cfg.timeout_ms = 10000;
-    assert_int_equal(mfsdp_create(sh, &cfg, &rt), MFSDP_OK);
+    one_rank one;
+    one_rank_open(&one, flags, 10000);
+    mfsdp_runtime *rt = one.rt;
     mfsdp_tensor_view w0;
     assert_int_equal(mfsdp_tensor_view_get(rt, mfsdp_tensor_find(rt, "fc0.weight"), &w0), MFSDP_OK);
     for (int k = 0; k < mfsdp_num_tensors(rt); k++) {
@@ -117,9 +139,7 @@ static void run(mistake mk, uint32_t flags, outcome *o)
             o->delivered_ok &= ((float *)v.grad)[i] == gval(k, v.shard_offset + i);
     }
 done:
-    mfsdp_destroy(rt);
-    mfsdp_local_group_destroy(g);
-    mfsdp_schedule_free(sh);
+    one_rank_close(&one);
 }
 
 static void expect(mistake mk, const char *a, const char *b)
@@ -190,18 +210,11 @@ static void test_read_weight_outside_window(void **state)
 static void test_refused_hook_can_be_retried(void **state)
 {
     (void)state;
-    mfsdp_schedule *sh = NULL;
-    mfsdp_local_group *g = NULL;
-    mfsdp_runtime *rt = NULL;
-    assert_int_equal(mfsdp_schedule_load(g_path, &sh), MFSDP_OK);
-    assert_int_equal(mfsdp_local_group_create(1, &g), MFSDP_OK);
-    mfsdp_config cfg;
-    mfsdp_config_init(&cfg);
-    cfg.local_group = g;
-    cfg.rank = 0;
+    one_rank one;
     assert_int_equal(setenv("MFSDP_CHECK", "1", 1), 0);   /* the environment, no flag */
-    assert_int_equal(mfsdp_create(sh, &cfg, &rt), MFSDP_OK);
+    one_rank_open(&one, 0, 0);
     unsetenv("MFSDP_CHECK");
+    mfsdp_runtime *rt = one.rt;
     assert_int_equal(mfsdp_step_begin(rt), MFSDP_OK);
     for (int u = 0; u < 2; u++) {
         assert_int_equal(mfsdp_forward_pre(rt, u, 0), MFSDP_OK);
@@ -217,9 +230,7 @@ static void test_refused_hook_can_be_retried(void **state)
     write_grad(rt, 0, NONE, 0.0f);
     assert_int_equal(mfsdp_backward_post(rt, 0, 0), MFSDP_OK);
     assert_int_equal(mfsdp_step_end(rt), MFSDP_OK);
-    mfsdp_destroy(rt);
-    mfsdp_local_group_destroy(g);
-    mfsdp_schedule_free(sh);
+    one_rank_close(&one);
 }
 
 int main(int argc, char **argv)
