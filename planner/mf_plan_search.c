@@ -12,14 +12,15 @@
 #include "mf_ast.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
+#include "mf_plan_stats.h"
 
 #define MF_PS_MAX_CANDIDATES INT64_C(20000000)
 
 /* Figures computed per laid-out schedule (see "candidates with the same
  * buckets" below). */
 typedef struct ps_memo {
-    int stage;              /* 1: mem known; 2: also the step time before the assignment; 3: the point */
-    mf_plan_mem mem;
+    int stage;              /* 1: lb_mem known; 2: also the step time before the assignment; 3: the point */
+    double lb_mem;          /* a lower bound of the peak from the buckets (layout_mem_bound) */
     double t0;
     mf_ps_point point;      /* figures only (choice, index not used) */
 } ps_memo;
@@ -253,7 +254,8 @@ void mf_ps_free(mf_plan_search *ps)
     for (int g = 0; ps->groups && g < ps->ngroups; g++) {
         free(ps->groups[g].choices);
         free(ps->groups[g].lb_persistent);
-        free(ps->groups[g].lb_transient);
+        free(ps->groups[g].lb_wf);
+        free(ps->groups[g].lb_gl);
         free(ps->groups[g].lb_bytes);
         free(ps->groups[g].lb_fixed);
         free(ps->groups[g].lb_head);
@@ -267,6 +269,7 @@ void mf_ps_free(mf_plan_search *ps)
     free(ps->bwd);
     free(ps->lb_scratch);
     free(ps->lb_fifo_of);
+    free(ps->lb_items);
     if (ps->sink)
         fclose(ps->sink);
     mf_trans_cache_free(ps->tcache);
@@ -395,10 +398,11 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
 }
 
 /* The exact point of a lowered plan: its summary (lazy_summary), buffer
- * assignment, simulation. With `cand` (the candidate's peak and index), the
+ * assignment, peak, simulation. With `cand` (the candidate's index), the
  * step time and bytes come first from a time-only simulation (the same
  * figures: mf_sim_config.time_only), and when a front point beats that
- * point, front_insert would drop it: returns 1 with only pt->step_time set,
+ * point, front_insert would drop it: returns 1 with only pt->mem and
+ * pt->step_time set,
  * without the full simulation (critical path, exposed spans) the front's
  * overlap figures need. 0 with *pt filled, or -1 with ps->err. */
 static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg,
@@ -417,6 +421,9 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
+    /* the peak: what the runtime allocates plus the optimizer state, by the
+       function explain and simulate call (mf_plan_mem.h) */
+    mf_sched_mem_of(p->sched, ps->opt.optimizer_bytes, &pt->mem);
     if (cand) {
         mf_sim_config quick = *cfg;
         quick.time_only = true;
@@ -426,6 +433,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
             goto done;
         }
         mf_ps_point x = *cand;
+        x.mem = pt->mem;
         sim_figures(ps, &qr, &x);
         mf_sim_result_free(&qr);
         if (front_beats(ps, &x)) {
@@ -481,6 +489,35 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
     return 0;
 }
 
+/* A lower bound of the peak of a laid-out plan, from its buckets (the
+ * passes after the layout need not run): the persistent buffers of every
+ * bucket and the optimizer state as the lowering sizes them (before the
+ * rounding to `align`, which only adds), plus the arena bound over the
+ * buckets (mf_ps_arena_bound, mf_plan_bound.c). -1 on OOM. */
+static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
+{
+    const mf_schedule *s = p->sched;
+    mf_ps_live_item *items = malloc(sizeof *items * ((size_t)s->nbuckets + 1));
+    double *scratch = malloc(sizeof *scratch * (2 * (size_t)s->nunits + 1));
+    double pers = 0, r = -1;
+    if (!items || !scratch)
+        goto done;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        mf_bucket_memory bm;
+        mf_bucket_memory_of(p, b, &bm);
+        pers += (double)bm.main_weight + (double)bm.weight + (double)bm.grad + (double)bm.grad_final;
+        items[b] = (mf_ps_live_item){bk->unit, bk->last_unit, (double)bm.weight_full, (double)bm.grad_local,
+                                     !s->units[bk->unit].reshard_after_forward};
+    }
+    r = mf_ps_arena_bound(s->nunits, s->prefetch, items, s->nbuckets, scratch);
+    r = (pers + r + (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+done:
+    free(items);
+    free(scratch);
+    return r;
+}
+
 /* Runs the transition pass (unless it ran) and the lowering on a plan laid
  * out, once; false when a pass failed. */
 static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
@@ -521,15 +558,15 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (!(m = memo_of(ps, p->sched)))
         goto oom;
     if (m->stage < 1) {
-        if (!mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &m->mem))
-            goto broken;
+        m->lb_mem = layout_mem_bound(ps, p);
+        if (m->lb_mem < 0)
+            goto oom;
         m->stage = 1;
     }
-    pt->mem = m->mem;
     pt->prefetch = prefetch;
     pt->bucket_size = bucket;
-    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
-        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+    if (lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time)) {
+        ps->memory_only++; /* memory bound and time bound dominated: not lowered */
         rc = 1;
         goto done;
     }
@@ -541,7 +578,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
                 goto done;
             m->stage = 2;
         }
-        if (front_dominates(ps, (double)pt->mem.peak, m->t0)) {
+        if (front_dominates(ps, m->lb_mem, m->t0)) {
             ps->sim_pruned++;
             rc = 1;
             goto done;
@@ -554,8 +591,9 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         if (fr < 0)
             goto done;
         if (fr == 1) {
-            /* beaten by the front, which only gets better: the exact step
-               time is kept as this schedule's lower bound (stage 2) */
+            /* beaten by the front, which only gets better: the exact peak
+               and step time are kept as this schedule's bounds (stage 2) */
+            m->lb_mem = (double)m->point.mem.peak;
             m->t0 = m->point.step_time;
             ps->sim_pruned++;
             rc = 1;
@@ -563,6 +601,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         }
         m->stage = 3;
     }
+    pt->mem = m->point.mem;
     pt->step_time = m->point.step_time;
     pt->overlap = m->point.overlap;
     pt->comm_exposed = m->point.comm_exposed;
