@@ -20,7 +20,9 @@
  * buckets" below). */
 typedef struct ps_memo {
     int stage;              /* 1: lb_mem known; 2: also the step time before the assignment; 3: the point */
-    double lb_mem;          /* a lower bound of the peak from the buckets (layout_mem_bound) */
+    bool lowered_bound;     /* lb_mem is the lowered schedule's (live_mem_bound) */
+    double lb_mem;          /* a lower bound of the peak: from the buckets (layout_mem_bound), then
+                               from the lowered schedule's live bytes */
     double t0;
     mf_ps_point point;      /* figures only (choice, index not used) */
 } ps_memo;
@@ -398,7 +400,8 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
 }
 
 /* The exact point of a lowered plan: its summary (lazy_summary), buffer
- * assignment, peak, simulation. With `cand` (the candidate's index), the
+ * assignment (with the live intervals lv and their live-bytes bound `live`
+ * when built already, else NULL), peak, simulation. With `cand` (the candidate's index), the
  * step time and bytes come first from a time-only simulation (the same
  * figures: mf_sim_config.time_only), and when a front point beats that
  * point, front_insert would drop it: returns 1 with only pt->mem and
@@ -406,7 +409,7 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
  * without the full simulation (critical path, exposed spans) the front's
  * overlap figures need. 0 with *pt filled, or -1 with ps->err. */
 static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg,
-                        const mf_ps_point *cand, mf_ps_point *pt)
+                        const mf_live *lv, int64_t live, const mf_ps_point *cand, mf_ps_point *pt)
 {
     mf_sim_result res = {0};
     char err[256];
@@ -417,7 +420,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
     }
     /* the buffer assignment adds the waits buffer reuse needs, which the
        simulator honours: run it as the compiler does (mf_pipeline.c) */
-    if (!mf_assign_run(p->sched, NULL)) {
+    if (!(lv ? mf_assign_run_live(p->sched, lv, live, NULL) : mf_assign_run(p->sched, NULL))) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
@@ -518,6 +521,22 @@ done:
     return r;
 }
 
+/* A tighter lower bound of the peak once the plan is lowered: the
+ * persistent region exactly as the assignment lays it out, the live-bytes
+ * bound of the arena (the most transient bytes live at one tick, below every
+ * packing, docs/semantics.md §10) and the optimizer state. Builds *lv (the
+ * caller frees it) and *live for the assignment. -1 on OOM. */
+static double live_mem_bound(const mf_plan_search *ps, const mf_schedule *s, mf_live *lv, int64_t *live)
+{
+    if (!mf_live_build(s, lv))
+        return -1;
+    *live = mf_live_lower_bound(s, lv);
+    if (*live < 0)
+        return -1;
+    return ((double)mf_assign_persistent_bytes(s) + (double)*live +
+            (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+}
+
 /* Runs the transition pass (unless it ran) and the lowering on a plan laid
  * out, once; false when a pass failed. */
 static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
@@ -546,7 +565,9 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     mf_diag d;
     mf_diag_init(&d, NULL, ps->sink);
     ps_memo *m = NULL;
-    bool lowered = false;
+    bool lowered = false, have_lv = false;
+    mf_live lv;
+    int64_t live = -1;
     if (!p)
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
@@ -578,16 +599,33 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
                 goto done;
             m->stage = 2;
         }
-        if (front_dominates(ps, m->lb_mem, m->t0)) {
+        double tb = m->t0 > lb_time ? m->t0 : lb_time;
+        if (front_dominates(ps, m->lb_mem, tb)) {
             ps->sim_pruned++;
             rc = 1;
             goto done;
+        }
+        if (!m->lowered_bound) {
+            /* the live-bytes bound, tighter than the buckets' */
+            if (!lower_once(p, &d, &lowered))
+                goto broken;
+            double lb = live_mem_bound(ps, p->sched, &lv, &live);
+            if (lb < 0)
+                goto oom;
+            have_lv = true;
+            m->lb_mem = lb > m->lb_mem ? lb : m->lb_mem;
+            m->lowered_bound = true;
+            if (front_dominates(ps, m->lb_mem, tb)) {
+                ps->sim_pruned++;
+                rc = 1;
+                goto done;
+            }
         }
     }
     if (m->stage < 3) {
         if (!lower_once(p, &d, &lowered))
             goto broken;
-        int fr = finish_point(ps, p, &d, &cfg, lb_time >= 0 ? pt : NULL, &m->point);
+        int fr = finish_point(ps, p, &d, &cfg, have_lv ? &lv : NULL, live, lb_time >= 0 ? pt : NULL, &m->point);
         if (fr < 0)
             goto done;
         if (fr == 1) {
@@ -616,6 +654,8 @@ broken:
     snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
              prefetch, (long long)bucket);
 done:
+    if (have_lv)
+        mf_live_free(&lv);
     mf_plan_free(p);
     return rc;
 }
