@@ -272,11 +272,20 @@ done:
     return ok;
 }
 
-/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena. */
-static int64_t place_from(pack *p, int k0)
+/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
+ * Once the arena exceeds `limit` it stops placing (the caller rejects the
+ * order then, and restores what it saved) and returns a value above limit;
+ * the work budget still counts every remaining buffer as placed, so the
+ * search takes the same steps as with every buffer placed. */
+static int64_t place_from(pack *p, int k0, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
     for (int k = k0; k < p->n; k++) {
+        if (top > limit) {
+            for (int r = k; r < p->n; r++)
+                p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
+            return top;
+        }
         int i = p->order[k], nr = 0;
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
             int j = p->adj[e];
@@ -337,7 +346,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
     uint64_t x = 0x9e3779b97f4a7c15u;
     int64_t cur = *best;
     set_order(p, best_order);
-    place_from(p, 0);
+    place_from(p, 0, INT64_MAX);
     for (int t = 0; t < MF_ASSIGN_TRIES && p->n > 1 && cur > bound && p->work < MF_ASSIGN_WORK; t++) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -365,7 +374,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
         }
         for (int k = lo; k <= hi; k++)
             p->pos[p->order[k]] = k;
-        int64_t v = place_from(p, lo);
+        int64_t v = place_from(p, lo, cur);
         if (v <= cur) {
             cur = v;
             if (v < *best) {
@@ -409,7 +418,7 @@ static bool assign_transient(mf_schedule *s, const mf_live *lv, int64_t bound)
         for (int i = 0; i < p.n; i++)
             ord[i] = keys[i].i;
         set_order(&p, ord);
-        int64_t v = place_from(&p, 0);
+        int64_t v = place_from(&p, 0, INT64_MAX);
         if (best < 0 || v < best) {
             best = v;
             memcpy(best_order, ord, sizeof *ord * (size_t)p.n);
@@ -917,7 +926,8 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
     return ok;
 }
 
-bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, mf_assign_stats *stats)
+bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, int64_t interference,
+                        mf_assign_stats *stats)
 {
     if (stats)
         memset(stats, 0, sizeof *stats);
@@ -927,8 +937,8 @@ bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, mf_assi
      * bound): no arena with one offset per buffer is smaller. */
     if (live < 0)
         live = mf_live_lower_bound(s, lv);
-    mf_interfere x = {0};
-    bool ok = live >= 0 && mf_interfere_bound(s, lv, MF_INTERFERE_WORK, &x) &&
+    mf_interfere x = {.bytes = interference};
+    bool ok = live >= 0 && (interference >= 0 || mf_interfere_bound(s, lv, MF_INTERFERE_WORK, &x)) &&
               assign_transient(s, lv, x.bytes > live ? x.bytes : live) && add_waits(s, lv, stats);
     if (ok) {
         s->summary.live_bytes = live;
@@ -944,7 +954,7 @@ bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
     mf_live lv;
     if (!mf_live_build(s, &lv))
         return false;
-    bool ok = mf_assign_run_live(s, &lv, -1, stats);
+    bool ok = mf_assign_run_live(s, &lv, -1, -1, stats);
     mf_live_free(&lv);
     return ok;
 }

@@ -28,10 +28,12 @@ typedef struct mf_assign_stats {
 bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats);
 
 /* The same with s's live intervals already built (mf_live_build on s as it
- * is; borrowed) and their live-bytes bound (mf_live_lower_bound; -1 to
- * compute it here): what `mfsdpc plan` calls after it bounded a candidate's
- * arena with them. */
-bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, mf_assign_stats *stats);
+ * is; borrowed), their live-bytes bound (mf_live_lower_bound) and the
+ * interference bound (mf_interfere_bound with MF_INTERFERE_WORK; .bytes),
+ * each -1 to compute it here: what `mfsdpc plan` calls after it bounded a
+ * candidate's arena with them. */
+bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, int64_t interference,
+                        mf_assign_stats *stats);
 
 /* The persistent region mf_assign_run lays out: every buffer outside the
  * arena, each rounded up to align. */

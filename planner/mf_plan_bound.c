@@ -138,6 +138,18 @@ static double chain(const mf_plan_search *ps, const double *bytes, const double 
  *   - a bucket with a - p <= u <= z: gathered at forward_pre(max(a - p, 0)),
  *     at or before forward_pre(u), read at forward_pre(max(a, u)) or later;
  *   - a bucket with z < u that keeps its weight (as above).
+ * With the transitions known, more: a buffer whose last access is an op on
+ * a communication stream stays live until the trainer's compute after the
+ * next forward_pre or backward_pre hook (core/mf_live.c, the extension;
+ * never into the buffer's own next write, which comes a pre-hook later at
+ * the earliest). So the T2 stage buffers (each written by one step of T2
+ * and read by the next, at the same hook) whose reader runs on such a
+ * stream are live at the compute after the hook that issued T2:
+ * forward_pre(max(a - p, 0)), and backward_pre(min(z + p, U - 1)) when the
+ * bucket reshards; and grad_local (whose last access is T3's first step)
+ * and the T3 stage buffers, when read on such a stream, are live at the
+ * compute after backward_pre(a - 1), the next window after T3's hook
+ * backward_post(a) (a >= 1). Each is a buffer of its own, counted once.
  * The arena is at least the largest such sum. scratch: 2 x nunits doubles.
  */
 double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch)
@@ -159,6 +171,12 @@ double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, in
         RANGE(bw, x->a, x->z, x->wf + x->gl);
         RANGE(bw, x->z + 1, x->nr ? U - 1 : x->z + p, x->wf);
         RANGE(fw, x->a - p, x->nr ? U - 1 : x->z, x->wf);
+        int f = x->a - p < 0 ? 0 : x->a - p, r = x->z + p > U - 1 ? U - 1 : x->z + p;
+        RANGE(fw, f, f, x->t2_stage);
+        if (!x->nr)
+            RANGE(bw, r, r, x->t2_stage);
+        if (x->a >= 1)
+            RANGE(bw, x->a - 1, x->a - 1, x->t3_after);
     }
 #undef RANGE
     double b = 0, f = 0, best = 0;
@@ -451,7 +469,7 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
             fixed[j] += gr->lb_fixed[(size_t)c * MF_MAX_AXES + (size_t)j];
         }
         for (int k = 0; k < gr->nunits; k++, u++)
-            items[u] = (mf_ps_live_item){u, u, gr->lb_wf[c], gr->lb_gl[c], !gr->choices[c].reshard};
+            items[u] = (mf_ps_live_item){u, u, gr->lb_wf[c], gr->lb_gl[c], !gr->choices[c].reshard, 0, 0};
     }
     double peak_t = mf_ps_arena_bound(u, prefetch, items, u, ps->lb_scratch); /* scratch reused below */
     double inner = 0, outer = 0;

@@ -10,8 +10,10 @@
 #include "mf_assign.h"
 #include "mf_hash.h"
 #include "mf_ast.h"
+#include "mf_interfere.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
+#include "mf_layout.h"
 #include "mf_plan_stats.h"
 
 #define MF_PS_MAX_CANDIDATES INT64_C(20000000)
@@ -23,6 +25,7 @@ typedef struct ps_memo {
     bool lowered_bound;     /* lb_mem is the lowered schedule's (live_mem_bound) */
     double lb_mem;          /* a lower bound of the peak: from the buckets (layout_mem_bound), then
                                from the lowered schedule's live bytes */
+    double lb_planned;      /* the bound from the buckets alone (kept for the tests) */
     double t0;
     mf_ps_point point;      /* figures only (choice, index not used) */
 } ps_memo;
@@ -400,8 +403,9 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
 }
 
 /* The exact point of a lowered plan: its summary (lazy_summary), buffer
- * assignment (with the live intervals lv and their live-bytes bound `live`
- * when built already, else NULL), peak, simulation. With `cand` (the candidate's index), the
+ * assignment (with the live intervals lv, their live-bytes bound `live` and
+ * the interference bound when built already, else NULL and -1), peak,
+ * simulation. With `cand` (the candidate's index), the
  * step time and bytes come first from a time-only simulation (the same
  * figures: mf_sim_config.time_only), and when a front point beats that
  * point, front_insert would drop it: returns 1 with only pt->mem and
@@ -409,7 +413,8 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
  * without the full simulation (critical path, exposed spans) the front's
  * overlap figures need. 0 with *pt filled, or -1 with ps->err. */
 static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg,
-                        const mf_live *lv, int64_t live, const mf_ps_point *cand, mf_ps_point *pt)
+                        const mf_live *lv, int64_t live, int64_t interference, const mf_ps_point *cand,
+                        mf_ps_point *pt)
 {
     mf_sim_result res = {0};
     char err[256];
@@ -420,7 +425,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
     }
     /* the buffer assignment adds the waits buffer reuse needs, which the
        simulator honours: run it as the compiler does (mf_pipeline.c) */
-    if (!(lv ? mf_assign_run_live(p->sched, lv, live, NULL) : mf_assign_run(p->sched, NULL))) {
+    if (!(lv ? mf_assign_run_live(p->sched, lv, live, interference, NULL) : mf_assign_run(p->sched, NULL))) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
@@ -492,11 +497,12 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
     return 0;
 }
 
-/* A lower bound of the peak of a laid-out plan, from its buckets (the
- * passes after the layout need not run): the persistent buffers of every
+/* A lower bound of the peak of a planned spec (layout and transitions; the
+ * lowering need not run), from its buckets: the persistent buffers of every
  * bucket and the optimizer state as the lowering sizes them (before the
  * rounding to `align`, which only adds), plus the arena bound over the
- * buckets (mf_ps_arena_bound, mf_plan_bound.c). -1 on OOM. */
+ * buckets and their transitions' stage buffers (mf_ps_arena_bound,
+ * mf_plan_bound.c). -1 on OOM. */
 static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
 {
     const mf_schedule *s = p->sched;
@@ -511,7 +517,21 @@ static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
         mf_bucket_memory_of(p, b, &bm);
         pers += (double)bm.main_weight + (double)bm.weight + (double)bm.grad + (double)bm.grad_final;
         items[b] = (mf_ps_live_item){bk->unit, bk->last_unit, (double)bm.weight_full, (double)bm.grad_local,
-                                     !s->units[bk->unit].reshard_after_forward};
+                                     !s->units[bk->unit].reshard_after_forward, 0, 0};
+        /* stage buffers as mf_lower.c makes them: one per step output but
+           the last, T2's in the weight dtype (only when W is not Replicate:
+           weight_full exists), T3's in the grad dtype */
+        const mf_transition *t2 = &p->trans[b][MF_T2], *t3 = &p->trans[b][MF_T3];
+        for (int i = 0; bm.weight_full > 0 && i + 1 < t2->nsteps; i++)
+            if (t2->steps[i + 1].stream != MF_STREAM_COMPUTE)
+                items[b].t2_stage += (double)(bk->length / mf_placement_shards(&s->mesh, &t2->steps[i].to)) *
+                                     (double)mf_dtype_size(bk->dtype[MF_ROLE_WEIGHT]);
+        for (int i = 0; i + 1 < t3->nsteps; i++)
+            if (t3->steps[i + 1].stream != MF_STREAM_COMPUTE)
+                items[b].t3_after += (double)(bk->length / mf_placement_shards(&s->mesh, &t3->steps[i].to)) *
+                                     (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
+        if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
+            items[b].t3_after += (double)bm.grad_local;
     }
     r = mf_ps_arena_bound(s->nunits, s->prefetch, items, s->nbuckets, scratch);
     r = (pers + r + (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
@@ -567,7 +587,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     ps_memo *m = NULL;
     bool lowered = false, have_lv = false;
     mf_live lv;
-    int64_t live = -1;
+    int64_t live = -1, interference = -1;
     if (!p)
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
@@ -579,13 +599,16 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (!(m = memo_of(ps, p->sched)))
         goto oom;
     if (m->stage < 1) {
-        m->lb_mem = layout_mem_bound(ps, p);
+        if (!mf_transition_run(p, &d))
+            goto broken;
+        m->lb_mem = m->lb_planned = layout_mem_bound(ps, p);
         if (m->lb_mem < 0)
             goto oom;
         m->stage = 1;
     }
     pt->prefetch = prefetch;
     pt->bucket_size = bucket;
+    pt->lb_planned = m->lb_planned;
     if (lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time)) {
         ps->memory_only++; /* memory bound and time bound dominated: not lowered */
         rc = 1;
@@ -620,12 +643,29 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
                 rc = 1;
                 goto done;
             }
+            /* the interference bound (the heaviest set of buffers that
+               must be disjoint, >= the live bytes; the assignment needs it
+               anyway): the arena is at least that */
+            mf_interfere x;
+            if (!mf_interfere_bound(p->sched, &lv, MF_INTERFERE_WORK, &x))
+                goto oom;
+            interference = x.bytes;
+            mf_interfere_free(&x);
+            double ib = ((double)mf_assign_persistent_bytes(p->sched) + (double)interference +
+                         (double)mf_optimizer_bytes_of(p->sched, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+            m->lb_mem = ib > m->lb_mem ? ib : m->lb_mem;
+            if (front_dominates(ps, m->lb_mem, tb)) {
+                ps->sim_pruned++;
+                rc = 1;
+                goto done;
+            }
         }
     }
     if (m->stage < 3) {
         if (!lower_once(p, &d, &lowered))
             goto broken;
-        int fr = finish_point(ps, p, &d, &cfg, have_lv ? &lv : NULL, live, lb_time >= 0 ? pt : NULL, &m->point);
+        int fr = finish_point(ps, p, &d, &cfg, have_lv ? &lv : NULL, live, interference, lb_time >= 0 ? pt : NULL,
+                              &m->point);
         if (fr < 0)
             goto done;
         if (fr == 1) {

@@ -75,6 +75,7 @@ typedef struct mf_ps_point {
     int64_t bucket_size;
     int *choice;            /* per group, owned by the search */
     mf_plan_mem mem;
+    double lb_planned;      /* the search's lower bound of mem.peak from the planned buckets */
     double step_time;
     double overlap;
     double comm_exposed;
@@ -152,12 +153,16 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
 /* The arena bound (mf_plan_bound.c): units [a, z] whose weight_full (wf
  * bytes, 0 when none) and grad_local (gl) are one bucket's, or one unit's
  * elements' share of its buckets'; nr: the units keep their weight after
- * forward. Returns a lower bound on the bytes of those buffers live at one
+ * forward; t2_stage and t3_after (0 when unknown) the bytes of the buffers
+ * the extension of core/mf_live.c keeps live after the hook that issues
+ * T2 and T3. Returns a lower bound on the bytes of those buffers live at one
  * instant, hence on the arena. scratch: 2 x nunits doubles. */
 typedef struct mf_ps_live_item {
     int a, z;
     double wf, gl;
     bool nr;
+    double t2_stage;        /* T2 stage buffers read by a step on a communication stream */
+    double t3_after;        /* grad_local and T3 stage buffers read by such a step */
 } mf_ps_live_item;
 double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch);
 
