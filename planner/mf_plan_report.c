@@ -7,19 +7,12 @@
 #include <string.h>
 
 #include "mf_pipeline.h"
+#include "mf_plan_stats.h"
 
-/* Bytes with a binary unit that keeps three significant digits. */
+/* Bytes with a binary unit and two decimals (mf_human_bytes_digits). */
 static const char *gib(int64_t bytes, char *buf, size_t n)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 6) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-    return buf;
+    return mf_human_bytes_digits(bytes, 2, buf, n);
 }
 
 void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)
