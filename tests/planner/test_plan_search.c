@@ -3,7 +3,8 @@
  *   - on 120 seeded random small instances (1-6 unit declarations, 2- and
  *     3-level meshes, random links, host-synchronous or asynchronous issue,
  *     some settings fixed by the spec; seeds 65 and 114 caught two unsound
- *     time bounds, 1000 seeds were run once; MF_PLAN_SEEDS sets the count) the
+ *     time bounds, 1000 seeds were run once with the earlier memory model
+ *     and 500 with the allocated peak; MF_PLAN_SEEDS sets the count) the
  *     front equals a brute-force front computed here from every candidate,
  *     and equals the search's own --exhaustive front; the chosen point for
  *     several budgets equals the brute-force choice; every lower bound
@@ -445,7 +446,10 @@ static void test_hsdp_beats_fsdp_on_slow_outer_links(void **state)
 /* When the budget rules HSDP out, the planner falls back to HFSDP or ZeRO-3.
  * HSDP replicates main_weight and the optimizer state across nodes; HFSDP
  * shards them over all 32 ranks and ZeRO-3 shards everything, so both need
- * less. With a budget just under the smallest peak of every layout that
+ * less (the peak is the allocated persistent region and arena plus the
+ * optimizer state; the arena holds about the same unsharded weights and
+ * gradients under all three, the persistent region and optimizer state
+ * shrink with the sharding). With a budget just under the smallest peak of every layout that
  * keeps whole weights or node-replicated optimizer state (hsdp,
  * hsdp_nosync, ddp, zero1, zero2, zero2_inner_zero1_outer), only HFSDP and
  * ZeRO-3 remain, and HFSDP, whose weight gathers stay inside the node, is
