@@ -34,6 +34,8 @@
 
 /* ---- offsets ---- */
 
+/* Persistent buffers one after another (mf_assign_persistent_bytes sums
+ * the same). */
 static void assign_persistent(mf_schedule *s)
 {
     int64_t at = 0;
@@ -49,10 +51,49 @@ typedef struct range {
     int64_t lo, hi;
 } range;
 
-static int cmp_range(const void *x, const void *y)
+/* Sorts ranges by lo (in place; no allocation, no callback: place_from
+ * runs it for every buffer of every order tried). The order among equal lo
+ * does not matter to place_from: it raises its offset to the largest hi of
+ * the ranges it meets, in any order, and stops at the first range that
+ * starts at or past its end, which holds for all ranges of one lo alike. */
+static void sort_ranges(range *r, int n)
 {
-    const range *a = x, *b = y;
-    return (a->lo > b->lo) - (a->lo < b->lo);
+    while (n > 16) {
+        /* median of three as the pivot, Hoare partition */
+        int64_t a = r[0].lo, b = r[n / 2].lo, c = r[n - 1].lo;
+        int64_t pv = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        int i = 0, j = n - 1;
+        for (;;) {
+            while (r[i].lo < pv)
+                i++;
+            while (r[j].lo > pv)
+                j--;
+            if (i >= j)
+                break;
+            range t = r[i];
+            r[i++] = r[j];
+            r[j--] = t;
+        }
+        /* recurse on the smaller part, loop on the larger */
+        int left = j + 1;
+        if (left < n - left) {
+            sort_ranges(r, left);
+            r += left;
+            n -= left;
+        } else {
+            sort_ranges(r + left, n - left);
+            n = left;
+        }
+    }
+    for (int i = 1; i < n; i++) {
+        range t = r[i];
+        int j = i - 1;
+        while (j >= 0 && r[j].lo > t.lo) {
+            r[j + 1] = r[j];
+            j--;
+        }
+        r[j + 1] = t;
+    }
 }
 
 static int hook_of_tick(const mf_live *lv, int64_t t)
@@ -231,11 +272,20 @@ done:
     return ok;
 }
 
-/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena. */
-static int64_t place_from(pack *p, int k0)
+/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
+ * Once the arena exceeds `limit` it stops placing (the caller rejects the
+ * order then, and restores what it saved) and returns a value above limit;
+ * the work budget still counts every remaining buffer as placed, so the
+ * search takes the same steps as with every buffer placed. */
+static int64_t place_from(pack *p, int k0, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
     for (int k = k0; k < p->n; k++) {
+        if (top > limit) {
+            for (int r = k; r < p->n; r++)
+                p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
+            return top;
+        }
         int i = p->order[k], nr = 0;
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
             int j = p->adj[e];
@@ -243,7 +293,7 @@ static int64_t place_from(pack *p, int k0)
                 p->rg[nr++] = (range){p->off[j], p->off[j] + p->bytes[j]};
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
-        qsort(p->rg, (size_t)nr, sizeof *p->rg, cmp_range);
+        sort_ranges(p->rg, nr);
         int64_t at = 0;
         for (int r = 0; r < nr && p->rg[r].lo < at + p->bytes[i]; r++)
             if (p->rg[r].hi > at)
@@ -296,7 +346,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
     uint64_t x = 0x9e3779b97f4a7c15u;
     int64_t cur = *best;
     set_order(p, best_order);
-    place_from(p, 0);
+    place_from(p, 0, INT64_MAX);
     for (int t = 0; t < MF_ASSIGN_TRIES && p->n > 1 && cur > bound && p->work < MF_ASSIGN_WORK; t++) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -324,7 +374,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
         }
         for (int k = lo; k <= hi; k++)
             p->pos[p->order[k]] = k;
-        int64_t v = place_from(p, lo);
+        int64_t v = place_from(p, lo, cur);
         if (v <= cur) {
             cur = v;
             if (v < *best) {
@@ -368,7 +418,7 @@ static bool assign_transient(mf_schedule *s, const mf_live *lv, int64_t bound)
         for (int i = 0; i < p.n; i++)
             ord[i] = keys[i].i;
         set_order(&p, ord);
-        int64_t v = place_from(&p, 0);
+        int64_t v = place_from(&p, 0, INT64_MAX);
         if (best < 0 || v < best) {
             best = v;
             memcpy(best_order, ord, sizeof *ord * (size_t)p.n);
@@ -876,22 +926,20 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
     return ok;
 }
 
-bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
+bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, int64_t interference,
+                        mf_assign_stats *stats)
 {
     if (stats)
         memset(stats, 0, sizeof *stats);
     assign_persistent(s);
-    mf_live lv;
-    if (!mf_live_build(s, &lv))
-        return false;
     /* The added records and waits touch no buffer: the bounds stand. The
      * order search stops at the interference bound (>= the live-bytes
      * bound): no arena with one offset per buffer is smaller. */
-    int64_t live = mf_live_lower_bound(s, &lv);
-    mf_interfere x = {0};
-    bool ok = live >= 0 && mf_interfere_bound(s, &lv, MF_INTERFERE_WORK, &x) &&
-              assign_transient(s, &lv, x.bytes > live ? x.bytes : live) && add_waits(s, &lv, stats);
-    mf_live_free(&lv);
+    if (live < 0)
+        live = mf_live_lower_bound(s, lv);
+    mf_interfere x = {.bytes = interference};
+    bool ok = live >= 0 && (interference >= 0 || mf_interfere_bound(s, lv, MF_INTERFERE_WORK, &x)) &&
+              assign_transient(s, lv, x.bytes > live ? x.bytes : live) && add_waits(s, lv, stats);
     if (ok) {
         s->summary.live_bytes = live;
         s->summary.interference_bytes = x.bytes;
@@ -899,4 +947,23 @@ bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
     }
     mf_interfere_free(&x);
     return ok;
+}
+
+bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats)
+{
+    mf_live lv;
+    if (!mf_live_build(s, &lv))
+        return false;
+    bool ok = mf_assign_run_live(s, &lv, -1, -1, stats);
+    mf_live_free(&lv);
+    return ok;
+}
+
+int64_t mf_assign_persistent_bytes(const mf_schedule *s)
+{
+    int64_t at = 0;
+    for (int b = 0; b < s->nbuffers; b++)
+        if (!mf_live_in_arena(&s->buffers[b]))
+            at += mf_live_bytes(s, b);
+    return at;
 }

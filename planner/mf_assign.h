@@ -11,6 +11,7 @@
 #ifndef MF_ASSIGN_H
 #define MF_ASSIGN_H
 
+#include "mf_live.h"
 #include "mf_schedule.h"
 
 typedef struct mf_assign_stats {
@@ -25,5 +26,17 @@ typedef struct mf_assign_stats {
  * already: mf_schedule_summarize). stats may be NULL.
  * Returns false on OOM (the schedule is then unusable). */
 bool mf_assign_run(mf_schedule *s, mf_assign_stats *stats);
+
+/* The same with s's live intervals already built (mf_live_build on s as it
+ * is; borrowed), their live-bytes bound (mf_live_lower_bound) and the
+ * interference bound (mf_interfere_bound with MF_INTERFERE_WORK; .bytes),
+ * each -1 to compute it here: what `mfsdpc plan` calls after it bounded a
+ * candidate's arena with them. */
+bool mf_assign_run_live(mf_schedule *s, const mf_live *lv, int64_t live, int64_t interference,
+                        mf_assign_stats *stats);
+
+/* The persistent region mf_assign_run lays out: every buffer outside the
+ * arena, each rounded up to align. */
+int64_t mf_assign_persistent_bytes(const mf_schedule *s);
 
 #endif

@@ -29,7 +29,7 @@ static void explain_usage(FILE *out)
             "\n"
             "  --format text|yaml     human-readable listing (default) or the same data as YAML\n"
             "  --optimizer-bytes N    optimizer state per main_weight element (default 8, Adam);\n"
-            "                         the text listing ends with plan's estimate including it\n"
+            "                         the text listing ends with the peak plus it (what plan budgets)\n"
             "  --inner-bw=GBPS        bandwidth per rank of the innermost axis (default 360)\n"
             "  --outer-bw=GBPS        bandwidth per rank of every other axis (default 45)\n"
             "  --inner-lat=US         latency per ring step, innermost axis (default 2)\n"
@@ -102,14 +102,12 @@ int mf_cmd_explain(int argc, char **argv)
     if (rc == 0) {
         bool yaml = strcmp(format, "yaml") == 0;
         int w = yaml ? mf_explain_yaml(c.plan, stdout) : mf_explain_text(c.plan, stdout);
-        mf_plan_mem mem;
         if (w == 0 && !yaml) {
-            /* plan's budget figure, labelled as such: the peak is the
-             * allocated one above (docs/semantics.md §9). */
-            if (mf_plan_mem_of(c.plan, optb, &mem))
-                mf_plan_mem_print(stdout, &mem, optb);
-            else
-                w = -1;
+            /* the figure plan budgets: the allocated peak above plus the
+             * optimizer state (docs/semantics.md §9, docs/plan.md §2) */
+            mf_plan_mem mem;
+            mf_sched_mem_of(c.plan->sched, optb, &mem);
+            mf_plan_mem_print(stdout, &mem, optb);
         }
         if (w != 0) {
             fprintf(stderr, "mfsdpc explain: error: cannot write the listing\n");

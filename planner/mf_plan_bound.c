@@ -4,16 +4,18 @@
  * (docs/plan.md §3). Each bound drops something the real figure adds, so it
  * is never above it:
  *
- * Memory per rank. A bucket's padded length L is at least the sum of its
- * tensors' elements n, and every buffer of mf_plan_stats.h holds L/S or L
- * elements, so per tensor of layout (W, G, O):
- *   persistent >= n*(size(O)/S_O + size(W)/S_W + size(G)/S_G
- *                   + [G != O] size(G)/S_O + optimizer_bytes/S_O)
- *   transient  >= n*([W not all Replicate] size(W) + size(G))
- * (stage buffers dropped). The transient peak is at least the largest sum
- * over prefetch+1 consecutive units without bucket merging; with merging a
- * unit's tensors may sit in an earlier unit's bucket, so only the largest
- * single unit counts.
+ * Memory per rank: the allocated bytes (persistent region + transient
+ * arena of the buffer assignment, docs/semantics.md §10) plus the optimizer
+ * state. A bucket's padded length L is at least the sum of its tensors'
+ * elements n, and every buffer of the lowering (mf_lower.c) holds L/S or L
+ * elements, rounded up to `align` bytes, so per tensor of layout (W, G, O)
+ * the persistent region holds at least
+ *   n*(size(O)/S_O + size(W)/S_W + size(G)/S_G + [G != O] size(G)/S_O)
+ * (main_weight, weight, grad, grad_final) and the optimizer state is
+ * n*optimizer_bytes/S_O. The arena is at least the bytes of the transient
+ * buffers live at any one instant (its live-bytes bound, core/mf_live.h);
+ * mf_ps_arena_bound (below) finds buffers provably live together at the
+ * trainer's compute of one unit, stage buffers dropped.
  *
  * Step time. Compute runs on one stream, so step >= the compute time (the
  * same for every candidate, taken from the first simulation). Every stream
@@ -103,8 +105,94 @@ static double chain(const mf_plan_search *ps, const double *bytes, const double 
     return t;
 }
 
+/*
+ * The arena bound. Time is core/mf_live.h's cycle of one microbatch: the
+ * hooks in the trainer's order, each hook's ops, then the trainer's compute
+ * after it. Each item is a run of units [a, z] with the bytes of its
+ * weight_full (wf, 0 when W is Replicate: no such buffer) and grad_local
+ * (gl) and whether it keeps its weight after forward (nr): a bucket of the
+ * lowering, or, for a bound from the spec alone, one unit's tensors (every
+ * bucket holding them covers that unit, so the buffers found live below for
+ * the unit hold its elements; each unit is counted once, and a bucket's
+ * tensors occupy disjoint spans of its L, so the sum over the units never
+ * exceeds the live buffers' bytes). A merged bucket's units agree on
+ * reshard_after_forward (mf_layout_pass.c).
+ *
+ * What writes these buffers over (mf_lower.c, mf_live.c): weight_full only
+ * by the last step of T2, issued every microbatch at forward_pre(a - p) and,
+ * when the bucket reshards, again at backward_pre(z + p) (clamped to the
+ * first and last unit; p = prefetch); grad_local only by the trainer at
+ * backward_pre(z). The trainer reads weight_full at the compute after
+ * forward_pre(a .. z) and backward_pre(z .. a), and writes grad_local at
+ * backward_pre(z .. a). A buffer is live at every tick from a write over
+ * it to its last access before the next (a buffer never written over is
+ * live all the time). Hence, at the compute after backward_pre(u):
+ *   - a bucket covering u (a <= u <= z): both buffers are accessed there;
+ *   - a bucket with z < u that keeps its weight: its forward gather came
+ *     before forward_pre(a), the trainer reads it again at backward_pre(a),
+ *     after backward_pre(u) (a < u), and nothing wrote it over in between;
+ *   - a bucket with z < u <= z + p that reshards: its re-gather was issued
+ *     at backward_pre(min(z + p, U - 1)), at or before backward_pre(u), and
+ *     is read at backward_pre(a), later;
+ * and at the compute after forward_pre(u), the weight_full of
+ *   - a bucket with a - p <= u <= z: gathered at forward_pre(max(a - p, 0)),
+ *     at or before forward_pre(u), read at forward_pre(max(a, u)) or later;
+ *   - a bucket with z < u that keeps its weight (as above).
+ * With the transitions known, more: a buffer whose last access is an op on
+ * a communication stream stays live until the trainer's compute after the
+ * next forward_pre or backward_pre hook (core/mf_live.c, the extension;
+ * never into the buffer's own next write, which comes a pre-hook later at
+ * the earliest). So the T2 stage buffers (each written by one step of T2
+ * and read by the next, at the same hook) whose reader runs on such a
+ * stream are live at the compute after the hook that issued T2:
+ * forward_pre(max(a - p, 0)), and backward_pre(min(z + p, U - 1)) when the
+ * bucket reshards; and grad_local (whose last access is T3's first step)
+ * and the T3 stage buffers, when read on such a stream, are live at the
+ * compute after backward_pre(a - 1), the next window after T3's hook
+ * backward_post(a) (a >= 1). Each is a buffer of its own, counted once.
+ * The arena is at least the largest such sum. scratch: 2 x nunits doubles.
+ */
+double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch)
+{
+    int U = nunits, p = prefetch;
+    double *bw = scratch, *fw = scratch + U; /* difference arrays: backward and forward ticks */
+    memset(scratch, 0, sizeof *scratch * 2 * (size_t)U);
+#define RANGE(arr, lo, hi, v)                                                                                     \
+    do {                                                                                                          \
+        int lo_ = (lo) < 0 ? 0 : (lo), hi_ = (hi) > U - 1 ? U - 1 : (hi);                                          \
+        if (lo_ <= hi_) {                                                                                         \
+            (arr)[lo_] += (v);                                                                                    \
+            if (hi_ + 1 < U)                                                                                      \
+                (arr)[hi_ + 1] -= (v);                                                                            \
+        }                                                                                                         \
+    } while (0)
+    for (int i = 0; i < n; i++) {
+        const mf_ps_live_item *x = &it[i];
+        RANGE(bw, x->a, x->z, x->wf + x->gl);
+        RANGE(bw, x->z + 1, x->nr ? U - 1 : x->z + p, x->wf);
+        RANGE(fw, x->a - p, x->nr ? U - 1 : x->z, x->wf);
+        int f = x->a - p < 0 ? 0 : x->a - p, r = x->z + p > U - 1 ? U - 1 : x->z + p;
+        RANGE(fw, f, f, x->t2_stage);
+        if (!x->nr)
+            RANGE(bw, r, r, x->t2_stage);
+        if (x->a >= 1)
+            RANGE(bw, x->a - 1, x->a - 1, x->t3_after);
+    }
+#undef RANGE
+    double b = 0, f = 0, best = 0;
+    for (int u = 0; u < U; u++) {
+        b += bw[u];
+        f += fw[u];
+        if (b > best)
+            best = b;
+        if (f > best)
+            best = f;
+    }
+    return best;
+}
+
 typedef struct unit_lb {
-    double pers, trans;
+    double pers, wf, gl;    /* persistent incl. optimizer; weight_full and grad_local bytes */
     double bytes[MF_MAX_AXES], fixed[MF_MAX_AXES]; /* per step, per axis */
     double head, tail;      /* chains before the first forward and after the last backward */
     double drain_bw[2], drain_fixed[2]; /* last-microbatch T3 + T4 seconds per comm stream */
@@ -159,7 +247,8 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         out->pers += n * (so / shards(m, O) + sw / shards(m, W) + sg / shards(m, G) + optb / shards(m, O));
         if (!mf_placement_equal(G, O, m->naxes))
             out->pers += n * sg / shards(m, O);
-        out->trans += n * ((wsh ? sw : 0) + sg);
+        out->wf += wsh ? n * sw : 0;
+        out->gl += n * sg;
         double hb[MF_MAX_AXES] = {0}, hf[MF_MAX_AXES] = {0}, tb[MF_MAX_AXES] = {0}, tf[MF_MAX_AXES] = {0};
         move_lb(ps, O, W, dO, dw, n, 1, hb, hf);
         if (wsh)
@@ -207,7 +296,8 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
     for (int g = 0; g < ps->ngroups; g++) {
         mf_ps_group *gr = &ps->groups[g];
         gr->lb_persistent = calloc((size_t)gr->nchoices, sizeof(double));
-        gr->lb_transient = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_wf = calloc((size_t)gr->nchoices, sizeof(double));
+        gr->lb_gl = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_bytes = calloc((size_t)gr->nchoices * MF_MAX_AXES, sizeof(double));
         gr->lb_fixed = calloc((size_t)gr->nchoices * MF_MAX_AXES, sizeof(double));
         gr->lb_head = calloc((size_t)gr->nchoices, sizeof(double));
@@ -215,7 +305,7 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
         gr->lb_t2 = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_fifo = calloc((size_t)gr->nchoices * 6, sizeof(double));
-        if (!gr->lb_persistent || !gr->lb_transient || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
+        if (!gr->lb_persistent || !gr->lb_wf || !gr->lb_gl || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
             !gr->lb_tail || !gr->lb_drain || !gr->lb_t2 || !gr->lb_fifo)
             return -1;
         for (int c = 0; c < gr->nchoices; c++) {
@@ -223,7 +313,8 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             if (unit_bounds(ps, g, c, &ub) != 0)
                 return -1;
             gr->lb_persistent[c] = ub.pers * gr->nunits;
-            gr->lb_transient[c] = ub.trans;
+            gr->lb_wf[c] = ub.wf;
+            gr->lb_gl[c] = ub.gl;
             gr->lb_head[c] = ub.head;
             gr->lb_tail[c] = ub.tail;
             gr->lb_t2[c] = ub.t2;
@@ -245,7 +336,8 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
     }
     ps->lb_scratch = calloc((size_t)ps->base->nunits * 7 + 7, sizeof(double));
     ps->lb_fifo_of = calloc((size_t)ps->base->nunits + 1, sizeof *ps->lb_fifo_of);
-    return ps->lb_scratch && ps->lb_fifo_of ? 0 : -1;
+    ps->lb_items = calloc((size_t)ps->base->nunits + 1, sizeof *ps->lb_items);
+    return ps->lb_scratch && ps->lb_fifo_of && ps->lb_items ? 0 : -1;
 }
 
 /* The compute chain with its weight gathers (host-synchronous issue only):
@@ -365,11 +457,9 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
                         double *lb_time)
 {
     const mf_mesh *m = &ps->spec.mesh;
-    double pers = 0, bytes[MF_MAX_AXES] = {0}, fixed[MF_MAX_AXES] = {0}, peak_t = 0;
-    /* transient: a window of prefetch+1 units (no merging) or one unit */
-    int window = bucket > 0 || prefetch + 1 > 64 ? 1 : prefetch + 1;
-    double ring[64] = {0}, sum = 0; /* the last `window` unit values */
-    int seen = 0;
+    double pers = 0, bytes[MF_MAX_AXES] = {0}, fixed[MF_MAX_AXES] = {0};
+    mf_ps_live_item *items = ps->lb_items;
+    int u = 0;
     for (int g = 0; g < ps->ngroups; g++) {
         const mf_ps_group *gr = &ps->groups[g];
         int c = choice[g];
@@ -378,15 +468,10 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
             bytes[j] += gr->lb_bytes[(size_t)c * MF_MAX_AXES + (size_t)j];
             fixed[j] += gr->lb_fixed[(size_t)c * MF_MAX_AXES + (size_t)j];
         }
-        for (int u = 0; u < gr->nunits && u < window + 1; u++) {
-            /* identical units: after `window` of them the window sum repeats */
-            sum += gr->lb_transient[c] - ring[seen % window];
-            ring[seen % window] = gr->lb_transient[c];
-            seen++;
-            if (sum > peak_t)
-                peak_t = sum;
-        }
+        for (int k = 0; k < gr->nunits; k++, u++)
+            items[u] = (mf_ps_live_item){u, u, gr->lb_wf[c], gr->lb_gl[c], !gr->choices[c].reshard, 0, 0};
     }
+    double peak_t = mf_ps_arena_bound(u, prefetch, items, u, ps->lb_scratch); /* scratch reused below */
     double inner = 0, outer = 0;
     for (int j = 0; j < m->naxes; j++) {
         /* merged buckets share launches: fixed costs count only without merging */

@@ -1,5 +1,5 @@
 /*
- * mf_plan_mem: the peak memory per rank of a plan or a schedule with the
+ * mf_plan_mem: the allocated bytes per rank of an assigned schedule with the
  * optimizer state added (see mf_plan_mem.h).
  */
 #include "mf_plan_mem.h"
@@ -24,8 +24,7 @@ static int64_t sat_mul(int64_t a, int64_t b)
     return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
-/* Optimizer bytes: per bucket, the main_weight elements this rank holds. */
-static int64_t optimizer_of(const mf_schedule *s, int64_t optimizer_bytes)
+int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes)
 {
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
@@ -35,36 +34,14 @@ static int64_t optimizer_of(const mf_schedule *s, int64_t optimizer_bytes)
     return sat_mul(elems, optimizer_bytes);
 }
 
-bool mf_plan_mem_of(const mf_plan *p, int64_t optimizer_bytes, mf_plan_mem *out)
+void mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
 {
     memset(out, 0, sizeof *out);
-    mf_plan_memory m;
-    if (!mf_plan_memory_of(p, &m))
-        return false;
-    memcpy(out->peak_role, m.peak, sizeof m.peak);
-    out->persistent = m.persistent_total;
-    out->transient_peak = m.transient_peak_total;
-    out->model_peak = m.peak_total;
-    out->optimizer = optimizer_of(p->sched, optimizer_bytes);
-    out->peak = sat_add(out->model_peak, out->optimizer);
-    return true;
-}
-
-bool mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
-{
-    memset(out, 0, sizeof *out);
-    int64_t pers = 0, peak = 0;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        out->peak_role[r] = s->summary.model_bytes[r];
-        pers = sat_add(pers, s->summary.persistent_bytes[r]);
-        peak = sat_add(peak, s->summary.model_bytes[r]);
-    }
-    out->persistent = pers;
-    out->model_peak = peak;
-    out->transient_peak = peak - pers;
-    out->optimizer = optimizer_of(s, optimizer_bytes);
-    out->peak = sat_add(out->model_peak, out->optimizer);
-    return true;
+    out->persistent = s->mem_persistent;
+    out->arena = s->mem_transient;
+    out->allocated = sat_add(s->mem_persistent, s->mem_transient);
+    out->optimizer = mf_optimizer_bytes_of(s, optimizer_bytes);
+    out->peak = sat_add(out->allocated, out->optimizer);
 }
 
 int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
@@ -104,8 +81,8 @@ int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
 void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
 {
     char h1[32], h2[32], h3[32];
-    fprintf(out, "plan/rank    estimate (what `mfsdpc plan` budgets; not the peak): model %s + optimizer state "
-                 "%s (%lld bytes per main_weight element held) = %s (%lld bytes)\n",
-            mf_human_bytes(m->model_peak, h1, sizeof h1), mf_human_bytes(m->optimizer, h2, sizeof h2),
-            (long long)optimizer_bytes, mf_human_bytes(m->peak, h3, sizeof h3), (long long)m->peak);
+    fprintf(out, "plan/rank    %s (%lld bytes) = allocated %s (%lld bytes) + optimizer state %s (%lld bytes per "
+                 "main_weight element held): what `mfsdpc plan` budgets\n",
+            mf_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_human_bytes(m->allocated, h2, sizeof h2),
+            (long long)m->allocated, mf_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
 }

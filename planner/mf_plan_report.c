@@ -7,19 +7,12 @@
 #include <string.h>
 
 #include "mf_pipeline.h"
+#include "mf_plan_stats.h"
 
-/* Bytes with a binary unit that keeps three significant digits. */
+/* Bytes with a binary unit and two decimals (mf_human_bytes_digits). */
 static const char *gib(int64_t bytes, char *buf, size_t n)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 6) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-    return buf;
+    return mf_human_bytes_digits(bytes, 2, buf, n);
 }
 
 void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)
@@ -56,7 +49,7 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
         printf("%s%s=%lld", j ? " x " : " ", m->axes[j].name, (long long)m->axes[j].size);
     printf(", %d units in %d declarations, budget %s per rank\n", ps->base->nunits, ps->ngroups,
            gib(budget, h, sizeof h));
-    printf("search: %lld candidates, %lld simulated, %lld more planned for memory only%s; optimizer state %lld "
+    printf("search: %lld candidates, %lld simulated, %lld more laid out only%s; optimizer state %lld "
            "bytes per main_weight element\n",
            (long long)ps->ncandidates, (long long)ps->evaluated, (long long)ps->memory_only,
            ps->opt.exhaustive ? " (exhaustive)" : " (the rest dominated by lower bounds)",
@@ -83,21 +76,20 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
 int mf_plan_infeasible(const mf_plan_search *ps, int64_t budget)
 {
     const mf_ps_point *p = &ps->front[0];
-    char h1[32], h2[32], h3[32], h4[32], h5[32], lay[1024];
+    char h1[32], h2[32], h3[32], h4[32], h5[32], h6[32], lay[1024];
     mf_plan_point_layouts(ps, p, lay, sizeof lay);
-    static const char *const roles[] = {"weight", "grad", "main_weight"};
+    const int64_t part[3] = {p->mem.persistent, p->mem.arena, p->mem.optimizer};
+    static const char *const names[3] = {"the persistent region", "the transient arena", "the optimizer state"};
     int big = 0;
-    for (int r = 1; r < MF_ROLE_COUNT; r++)
-        if (p->mem.peak_role[r] > p->mem.peak_role[big])
-            big = r;
-    const char *what = p->mem.optimizer > p->mem.peak_role[big] ? "the optimizer state" : roles[big];
+    for (int k = 1; k < 3; k++)
+        if (part[k] > part[big])
+            big = k;
     fprintf(stderr,
             "%s: error: no plan fits --memory %s per rank; the smallest peak reachable is %s (%s, prefetch %d): "
-            "persistent %s, transient window %s, optimizer state %s; the largest part is %s (%s)\n",
+            "persistent region %s + transient arena %s allocated, optimizer state %s; the largest part is %s (%s)\n",
             ps->base->path ? ps->base->path : "spec", gib(budget, h1, sizeof h1), gib(p->mem.peak, h2, sizeof h2),
-            lay, p->prefetch, gib(p->mem.persistent, h3, sizeof h3), gib(p->mem.transient_peak, h4, sizeof h4),
-            gib(p->mem.optimizer, h5, sizeof h5), what,
-            gib(what == roles[big] ? p->mem.peak_role[big] : p->mem.optimizer, h1, sizeof h1));
+            lay, p->prefetch, gib(p->mem.persistent, h3, sizeof h3), gib(p->mem.arena, h4, sizeof h4),
+            gib(p->mem.optimizer, h5, sizeof h5), names[big], gib(part[big], h6, sizeof h6));
     return 1;
 }
 
@@ -175,8 +167,8 @@ int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text
         fprintf(stderr, "mfsdpc plan: internal error: the chosen spec does not compile\n");
         goto done;
     }
-    if (!mf_plan_mem_of(c.plan, ps->opt.optimizer_bytes, &mem) ||
-        mf_simulate(c.plan->sched, &ps->opt.sim, &res, err, sizeof err) != 0) {
+    mf_sched_mem_of(c.plan->sched, ps->opt.optimizer_bytes, &mem);
+    if (mf_simulate(c.plan->sched, &ps->opt.sim, &res, err, sizeof err) != 0) {
         fprintf(stderr, "mfsdpc plan: internal error: the chosen spec cannot be simulated\n");
         goto done;
     }

@@ -10,16 +10,22 @@
 #include "mf_assign.h"
 #include "mf_hash.h"
 #include "mf_ast.h"
+#include "mf_interfere.h"
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
+#include "mf_layout.h"
+#include "mf_plan_stats.h"
 
 #define MF_PS_MAX_CANDIDATES INT64_C(20000000)
 
 /* Figures computed per laid-out schedule (see "candidates with the same
  * buckets" below). */
 typedef struct ps_memo {
-    int stage;              /* 1: mem known; 2: also the step time before the assignment; 3: the point */
-    mf_plan_mem mem;
+    int stage;              /* 1: lb_mem known; 2: also the step time before the assignment; 3: the point */
+    bool lowered_bound;     /* lb_mem is the lowered schedule's (live_mem_bound) */
+    double lb_mem;          /* a lower bound of the peak: from the buckets (layout_mem_bound), then
+                               from the lowered schedule's live bytes */
+    double lb_planned;      /* the bound from the buckets alone (kept for the tests) */
     double t0;
     mf_ps_point point;      /* figures only (choice, index not used) */
 } ps_memo;
@@ -253,7 +259,8 @@ void mf_ps_free(mf_plan_search *ps)
     for (int g = 0; ps->groups && g < ps->ngroups; g++) {
         free(ps->groups[g].choices);
         free(ps->groups[g].lb_persistent);
-        free(ps->groups[g].lb_transient);
+        free(ps->groups[g].lb_wf);
+        free(ps->groups[g].lb_gl);
         free(ps->groups[g].lb_bytes);
         free(ps->groups[g].lb_fixed);
         free(ps->groups[g].lb_head);
@@ -267,6 +274,7 @@ void mf_ps_free(mf_plan_search *ps)
     free(ps->bwd);
     free(ps->lb_scratch);
     free(ps->lb_fifo_of);
+    free(ps->lb_items);
     if (ps->sink)
         fclose(ps->sink);
     mf_trans_cache_free(ps->tcache);
@@ -395,14 +403,18 @@ static bool front_beats(const mf_plan_search *ps, const mf_ps_point *x)
 }
 
 /* The exact point of a lowered plan: its summary (lazy_summary), buffer
- * assignment, simulation. With `cand` (the candidate's peak and index), the
+ * assignment (with the live intervals lv, their live-bytes bound `live` and
+ * the interference bound when built already, else NULL and -1), peak,
+ * simulation. With `cand` (the candidate's index), the
  * step time and bytes come first from a time-only simulation (the same
  * figures: mf_sim_config.time_only), and when a front point beats that
- * point, front_insert would drop it: returns 1 with only pt->step_time set,
+ * point, front_insert would drop it: returns 1 with only pt->mem and
+ * pt->step_time set,
  * without the full simulation (critical path, exposed spans) the front's
  * overlap figures need. 0 with *pt filled, or -1 with ps->err. */
 static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim_config *cfg,
-                        const mf_ps_point *cand, mf_ps_point *pt)
+                        const mf_live *lv, int64_t live, int64_t interference, const mf_ps_point *cand,
+                        mf_ps_point *pt)
 {
     mf_sim_result res = {0};
     char err[256];
@@ -413,10 +425,13 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
     }
     /* the buffer assignment adds the waits buffer reuse needs, which the
        simulator honours: run it as the compiler does (mf_pipeline.c) */
-    if (!mf_assign_run(p->sched, NULL)) {
+    if (!(lv ? mf_assign_run_live(p->sched, lv, live, interference, NULL) : mf_assign_run(p->sched, NULL))) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
+    /* the peak: what the runtime allocates plus the optimizer state, by the
+       function explain and simulate call (mf_plan_mem.h) */
+    mf_sched_mem_of(p->sched, ps->opt.optimizer_bytes, &pt->mem);
     if (cand) {
         mf_sim_config quick = *cfg;
         quick.time_only = true;
@@ -426,6 +441,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
             goto done;
         }
         mf_ps_point x = *cand;
+        x.mem = pt->mem;
         sim_figures(ps, &qr, &x);
         mf_sim_result_free(&qr);
         if (front_beats(ps, &x)) {
@@ -481,6 +497,66 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
     return 0;
 }
 
+/* A lower bound of the peak of a planned spec (layout and transitions; the
+ * lowering need not run), from its buckets: the persistent buffers of every
+ * bucket and the optimizer state as the lowering sizes them (before the
+ * rounding to `align`, which only adds), plus the arena bound over the
+ * buckets and their transitions' stage buffers (mf_ps_arena_bound,
+ * mf_plan_bound.c). -1 on OOM. */
+static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
+{
+    const mf_schedule *s = p->sched;
+    mf_ps_live_item *items = malloc(sizeof *items * ((size_t)s->nbuckets + 1));
+    double *scratch = malloc(sizeof *scratch * (2 * (size_t)s->nunits + 1));
+    double pers = 0, r = -1;
+    if (!items || !scratch)
+        goto done;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        mf_bucket_memory bm;
+        mf_bucket_memory_of(p, b, &bm);
+        pers += (double)bm.main_weight + (double)bm.weight + (double)bm.grad + (double)bm.grad_final;
+        items[b] = (mf_ps_live_item){bk->unit, bk->last_unit, (double)bm.weight_full, (double)bm.grad_local,
+                                     !s->units[bk->unit].reshard_after_forward, 0, 0};
+        /* stage buffers as mf_lower.c makes them: one per step output but
+           the last, T2's in the weight dtype (only when W is not Replicate:
+           weight_full exists), T3's in the grad dtype */
+        const mf_transition *t2 = &p->trans[b][MF_T2], *t3 = &p->trans[b][MF_T3];
+        for (int i = 0; bm.weight_full > 0 && i + 1 < t2->nsteps; i++)
+            if (t2->steps[i + 1].stream != MF_STREAM_COMPUTE)
+                items[b].t2_stage += (double)(bk->length / mf_placement_shards(&s->mesh, &t2->steps[i].to)) *
+                                     (double)mf_dtype_size(bk->dtype[MF_ROLE_WEIGHT]);
+        for (int i = 0; i + 1 < t3->nsteps; i++)
+            if (t3->steps[i + 1].stream != MF_STREAM_COMPUTE)
+                items[b].t3_after += (double)(bk->length / mf_placement_shards(&s->mesh, &t3->steps[i].to)) *
+                                     (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
+        if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
+            items[b].t3_after += (double)bm.grad_local;
+    }
+    r = mf_ps_arena_bound(s->nunits, s->prefetch, items, s->nbuckets, scratch);
+    r = (pers + r + (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+done:
+    free(items);
+    free(scratch);
+    return r;
+}
+
+/* A tighter lower bound of the peak once the plan is lowered: the
+ * persistent region exactly as the assignment lays it out, the live-bytes
+ * bound of the arena (the most transient bytes live at one tick, below every
+ * packing, docs/semantics.md §10) and the optimizer state. Builds *lv (the
+ * caller frees it) and *live for the assignment. -1 on OOM. */
+static double live_mem_bound(const mf_plan_search *ps, const mf_schedule *s, mf_live *lv, int64_t *live)
+{
+    if (!mf_live_build(s, lv))
+        return -1;
+    *live = mf_live_lower_bound(s, lv);
+    if (*live < 0)
+        return -1;
+    return ((double)mf_assign_persistent_bytes(s) + (double)*live +
+            (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+}
+
 /* Runs the transition pass (unless it ran) and the lowering on a plan laid
  * out, once; false when a pass failed. */
 static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
@@ -509,7 +585,9 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     mf_diag d;
     mf_diag_init(&d, NULL, ps->sink);
     ps_memo *m = NULL;
-    bool lowered = false;
+    bool lowered = false, have_lv = false;
+    mf_live lv;
+    int64_t live = -1, interference = -1;
     if (!p)
         goto oom;
     p->quiet = true; /* candidates are measured, never printed */
@@ -521,15 +599,18 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     if (!(m = memo_of(ps, p->sched)))
         goto oom;
     if (m->stage < 1) {
-        if (!mf_transition_run(p, &d) || !mf_plan_mem_of(p, ps->opt.optimizer_bytes, &m->mem))
+        if (!mf_transition_run(p, &d))
             goto broken;
+        m->lb_mem = m->lb_planned = layout_mem_bound(ps, p);
+        if (m->lb_mem < 0)
+            goto oom;
         m->stage = 1;
     }
-    pt->mem = m->mem;
     pt->prefetch = prefetch;
     pt->bucket_size = bucket;
-    if (lb_time >= 0 && front_dominates(ps, (double)pt->mem.peak, lb_time)) {
-        ps->memory_only++; /* exact memory and time bound dominated: not simulated */
+    pt->lb_planned = m->lb_planned;
+    if (lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time)) {
+        ps->memory_only++; /* memory bound and time bound dominated: not lowered */
         rc = 1;
         goto done;
     }
@@ -541,21 +622,56 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
                 goto done;
             m->stage = 2;
         }
-        if (front_dominates(ps, (double)pt->mem.peak, m->t0)) {
+        double tb = m->t0 > lb_time ? m->t0 : lb_time;
+        if (front_dominates(ps, m->lb_mem, tb)) {
             ps->sim_pruned++;
             rc = 1;
             goto done;
+        }
+        if (!m->lowered_bound) {
+            /* the live-bytes bound, tighter than the buckets' */
+            if (!lower_once(p, &d, &lowered))
+                goto broken;
+            double lb = live_mem_bound(ps, p->sched, &lv, &live);
+            if (lb < 0)
+                goto oom;
+            have_lv = true;
+            m->lb_mem = lb > m->lb_mem ? lb : m->lb_mem;
+            m->lowered_bound = true;
+            if (front_dominates(ps, m->lb_mem, tb)) {
+                ps->sim_pruned++;
+                rc = 1;
+                goto done;
+            }
+            /* the interference bound (the heaviest set of buffers that
+               must be disjoint, >= the live bytes; the assignment needs it
+               anyway): the arena is at least that */
+            mf_interfere x;
+            if (!mf_interfere_bound(p->sched, &lv, MF_INTERFERE_WORK, &x))
+                goto oom;
+            interference = x.bytes;
+            mf_interfere_free(&x);
+            double ib = ((double)mf_assign_persistent_bytes(p->sched) + (double)interference +
+                         (double)mf_optimizer_bytes_of(p->sched, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+            m->lb_mem = ib > m->lb_mem ? ib : m->lb_mem;
+            if (front_dominates(ps, m->lb_mem, tb)) {
+                ps->sim_pruned++;
+                rc = 1;
+                goto done;
+            }
         }
     }
     if (m->stage < 3) {
         if (!lower_once(p, &d, &lowered))
             goto broken;
-        int fr = finish_point(ps, p, &d, &cfg, lb_time >= 0 ? pt : NULL, &m->point);
+        int fr = finish_point(ps, p, &d, &cfg, have_lv ? &lv : NULL, live, interference, lb_time >= 0 ? pt : NULL,
+                              &m->point);
         if (fr < 0)
             goto done;
         if (fr == 1) {
-            /* beaten by the front, which only gets better: the exact step
-               time is kept as this schedule's lower bound (stage 2) */
+            /* beaten by the front, which only gets better: the exact peak
+               and step time are kept as this schedule's bounds (stage 2) */
+            m->lb_mem = (double)m->point.mem.peak;
             m->t0 = m->point.step_time;
             ps->sim_pruned++;
             rc = 1;
@@ -563,6 +679,7 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
         }
         m->stage = 3;
     }
+    pt->mem = m->point.mem;
     pt->step_time = m->point.step_time;
     pt->overlap = m->point.overlap;
     pt->comm_exposed = m->point.comm_exposed;
@@ -577,6 +694,8 @@ broken:
     snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
              prefetch, (long long)bucket);
 done:
+    if (have_lv)
+        mf_live_free(&lv);
     mf_plan_free(p);
     return rc;
 }

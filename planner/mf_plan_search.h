@@ -12,9 +12,10 @@
  * i numbers them with prefetch slowest, then bucket_size, then the groups in
  * declaration order, the last fastest (mixed radix).
  *
- * A candidate's figures come from the compiler's own code: the layout and
- * transition passes and mf_plan_mem_of (peak memory per rank), the lowering
- * and mf_simulate (step time, bytes per axis, overlap) -- exactly what
+ * A candidate's figures come from the compiler's own code: the layout,
+ * transition, lowering and buffer assignment passes and mf_sched_mem_of
+ * (peak memory per rank: allocated bytes + optimizer state), and
+ * mf_simulate (step time, bytes per axis, overlap) -- exactly what
  * `explain` and `simulate` print for the spec the planner writes.
  *
  * The front is the set of candidates no other candidate dominates (less or
@@ -54,7 +55,7 @@ typedef struct mf_ps_group {
     mf_ps_choice *choices;
     /* lower-bound contributions per choice (mf_plan_bound.c), nchoices rows */
     double *lb_persistent;  /* bytes per rank, incl. optimizer state */
-    double *lb_transient;   /* per choice x unit: transient bytes of that unit */
+    double *lb_wf, *lb_gl;  /* per choice: weight_full and grad_local bytes of one unit */
     double *lb_bytes;       /* per choice x axis: bytes per rank per step */
     double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
     double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
@@ -74,6 +75,7 @@ typedef struct mf_ps_point {
     int64_t bucket_size;
     int *choice;            /* per group, owned by the search */
     mf_plan_mem mem;
+    double lb_planned;      /* the search's lower bound of mem.peak from the planned buckets */
     double step_time;
     double overlap;
     double comm_exposed;
@@ -99,7 +101,8 @@ typedef struct mf_plan_search {
     int64_t bucket[4];
     int64_t ncandidates;
     int64_t evaluated;      /* candidates compiled and simulated */
-    int64_t memory_only;    /* candidates whose exact memory and time bound were dominated */
+    int64_t memory_only;    /* candidates laid out only: the memory bound from their buckets and
+                               their time bound were dominated */
     int64_t sim_pruned;     /* candidates dominated by their exact memory and the step time
                                simulated before the buffer assignment (a lower bound) */
     double compute_time;    /* seconds, the same for every candidate */
@@ -107,6 +110,7 @@ typedef struct mf_plan_search {
                                candidate; they depend on the tensors only) */
     double *lb_scratch;     /* 7 x nunits, for mf_ps_lower_bounds */
     const double **lb_fifo_of; /* nunits, for mf_ps_lower_bounds */
+    struct mf_ps_live_item *lb_items; /* nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
     mf_hash memo_index;     /* laid-out schedule -> memo entry (mf_plan_search.c) */
@@ -145,6 +149,22 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
 int mf_ps_bounds_prepare(mf_plan_search *ps);
 void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
                         double *lb_mem, double *lb_time);
+
+/* The arena bound (mf_plan_bound.c): units [a, z] whose weight_full (wf
+ * bytes, 0 when none) and grad_local (gl) are one bucket's, or one unit's
+ * elements' share of its buckets'; nr: the units keep their weight after
+ * forward; t2_stage and t3_after (0 when unknown) the bytes of the buffers
+ * the extension of core/mf_live.c keeps live after the hook that issues
+ * T2 and T3. Returns a lower bound on the bytes of those buffers live at one
+ * instant, hence on the arena. scratch: 2 x nunits doubles. */
+typedef struct mf_ps_live_item {
+    int a, z;
+    double wf, gl;
+    bool nr;
+    double t2_stage;        /* T2 stage buffers read by a step on a communication stream */
+    double t3_after;        /* grad_local and T3 stage buffers read by such a step */
+} mf_ps_live_item;
+double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch);
 
 /* Name of the layout of choice c of group g ("hsdp", or the spec's own). */
 const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c);

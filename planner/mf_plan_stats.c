@@ -148,7 +148,7 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
     return true;
 }
 
-char *mf_human_bytes(int64_t bytes, char *buf, size_t size)
+char *mf_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)bytes;
@@ -160,6 +160,11 @@ char *mf_human_bytes(int64_t bytes, char *buf, size_t size)
     if (u == 0)
         snprintf(buf, size, "%lld B", (long long)bytes);
     else
-        snprintf(buf, size, "%.1f %s", v, unit[u]);
+        snprintf(buf, size, "%.*f %s", digits, v, unit[u]);
     return buf;
+}
+
+char *mf_human_bytes(int64_t bytes, char *buf, size_t size)
+{
+    return mf_human_bytes_digits(bytes, 1, buf, size);
 }

@@ -100,5 +100,7 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out);
 /* "1.5 MiB"-style rendering of a byte count (whole bytes below 1 KiB), for
  * explain's and plan's reports. Returns buf. */
 char *mf_human_bytes(int64_t bytes, char *buf, size_t size);
+/* The same with `digits` decimals ("9.85 GiB" with 2; plan's table). */
+char *mf_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size);
 
 #endif

@@ -2,7 +2,7 @@
 # Where the time of one `mfsdpc plan` goes (docs/performance.md, section on
 # `mfsdpc plan`): records the command under `perf record --call-graph dwarf`
 # and prints the inclusive share of the search's stages: the layout pass,
-# the transition pass, the memory figure, the lowering, the simulation, and
+# the transition pass, the memory bound, the lowering, the simulation, and
 # the text formatting inside them. Not a test; needs perf (linux-perf).
 #
 #   bench/plan/profile.sh MODEL MESH [BUDGET] [MFSDPC]
@@ -25,5 +25,5 @@ perf record -q -F 499 --call-graph dwarf,16384 -o "$work/perf.data" \
 grep '^search:' "$work/out.txt" || true
 echo "inclusive share of the samples:"
 perf report -i "$work/perf.data" --children --stdio -g none 2>/dev/null |
-  awk '$NF ~ /^(mf_ps_evaluate_pruned|mf_layout_run|mf_transition_run|mf_plan_mem_of|mf_lower_run|mf_simulate|__vsnprintf_internal|mf_ps_lower_bounds|mf_assign_run|mf_plan_new|mf_plan_free|place_group|mf_arena_printf|mf_arena_strdup|malloc|free|mf_schedule_summarize|mf_lower_drop_redundant_waits|mf_lower_cross_check|candidates|evaluate|build|check_legal|mf_simulate_run|find_critical_path|find_exposed|issue_hook|mf_arena_create|mf_arena_destroy|mf_schedule_new|mf_schedule_free|mf_layout_tensor_quantum)$/ {
+  awk '$NF ~ /^(mf_ps_evaluate_pruned|mf_layout_run|mf_transition_run|layout_mem_bound|mf_live_build|mf_live_lower_bound|mf_interfere_bound|mf_assign_run_live|mf_lower_run|mf_simulate|__vsnprintf_internal|mf_ps_lower_bounds|mf_assign_run|mf_plan_new|mf_plan_free|place_group|mf_arena_printf|mf_arena_strdup|malloc|free|mf_schedule_summarize|mf_lower_drop_redundant_waits|mf_lower_cross_check|candidates|evaluate|build|check_legal|mf_simulate_run|find_critical_path|find_exposed|issue_hook|mf_arena_create|mf_arena_destroy|mf_schedule_new|mf_schedule_free|mf_layout_tensor_quantum)$/ {
          printf "  %8s  %s\n", $1, $NF }'

@@ -16,7 +16,7 @@ foreach(text "; mfsdpc explain hfsdp.mfsdp" "unit 0 embed" "bucket 0 embed/hfsdp
              "padding (" "main_weight  fp32  [Flat, Flat]" "all_gather      dp_outer     outer  bf16"
              "reduce_scatter  dp_inner     inner  fp32" "why: " "memory/rank grad" "totals per step"
              "bytes/rank   axis" "memory/rank  peak " "arena live-bytes lower bound"
-             "model/rank   by role, not the peak" "plan/rank    estimate")
+             "model/rank   by role, not the peak" "plan/rank    " "+ optimizer state")
   expect_contains(out "${text}")
 endforeach()
 # one peak: the allocated one (docs/semantics.md §9); the model is not called one
@@ -27,6 +27,13 @@ if(NOT npeaks EQUAL 1)
 endif()
 if(NOT err STREQUAL "")
   message(FATAL_ERROR "unexpected stderr:\n${err}")
+endif()
+# plan's figure is that peak plus the optimizer state (docs/plan.md §2)
+string(REGEX MATCH "memory/rank  peak [^\n]* \\(([0-9]+) bytes\\) allocated" m "${out}")
+set(allocated "${CMAKE_MATCH_1}")
+string(REGEX MATCH "plan/rank    [^\n]* = allocated [^\n]* \\(([0-9]+) bytes\\) \\+ optimizer state" m "${out}")
+if(allocated STREQUAL "" OR NOT CMAKE_MATCH_1 STREQUAL allocated)
+  message(FATAL_ERROR "plan's line does not add to the allocated peak (${allocated}):\n${out}")
 endif()
 
 # yaml: the same data, canonical (two runs identical)
