@@ -146,6 +146,7 @@ static int mf_ckpt_dio_fill(mf_ckpt_reader *r, int f, uint64_t o, uint64_t want)
             return 1;
         }
     }
+    r->direct_bytes += got;
     r->bfile = f;
     r->bat = a;
     r->blen = a + got < rf->size ? got : (size_t)(rf->size - a);

@@ -90,6 +90,7 @@ typedef struct mf_ckpt_reader {
     /* Direct reads' bounce buffer (NULL until the first) and the window it
      * holds: file bfile's bytes [bat, bat + blen) (bfile -1: none). */
     char *bounce;
+    uint64_t direct_bytes;  /* bytes read from the disk by direct reads */
     int bfile;
     uint64_t bat;
     size_t blen;
