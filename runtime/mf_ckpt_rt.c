@@ -5,8 +5,8 @@
  * rounds per save (directory ready, files written, committed); no tensor
  * data crosses ranks in a save. The load (mf_ckpt_load.c) agrees in two
  * rounds (checked, read; plus the buffer addresses' all-gather with shared
- * memory, a third round after the transfers with MPI) and moves the pieces
- * one replica read to the others (mf_ckpt_share.c).
+ * memory) and moves the pieces one replica read to the others while it
+ * reads (mf_ckpt_share.c).
  */
 #include <errno.h>
 #include <inttypes.h>
