@@ -23,7 +23,9 @@
  * fits the bounce buffer, and the file can be mapped. A direct read that
  * fails with EINVAL turns the file to plain reads for good; other errors are
  * read errors. Memory: one 4 MiB bounce buffer per reader, allocated on the
- * first direct read.
+ * first direct read (and with reader->nodst a 2 MiB scratch buffer for the
+ * cached path: the destination is then device memory, reached only through
+ * the chunk callback).
  */
 #include "mf_ckpt_io.h"
 
@@ -153,12 +155,12 @@ static int mf_ckpt_dio_fill(mf_ckpt_reader *r, int f, uint64_t o, uint64_t want)
     return r->bat + r->blen > o ? 0 : (errno = EIO, -1);
 }
 
-/* CRC, then the chunk callback, over dst[pos, pos + n) (already there). */
-static void mf_ckpt_dio_took(mf_ckpt_reader *r, char *dst, size_t base, size_t pos, size_t n, uint32_t *crc)
+/* CRC, then the chunk callback (position `at`), over data[0, n). */
+static void mf_ckpt_dio_took(mf_ckpt_reader *r, const char *data, size_t at, size_t n, uint32_t *crc)
 {
-    *crc = mf_crc32c(*crc, dst + pos, n);
+    *crc = mf_crc32c(*crc, data, n);
     if (r->chunk)
-        r->chunk(r->chunk_ctx, base + pos, dst + pos, n);
+        r->chunk(r->chunk_ctx, at, data, n);
 }
 
 int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc)
@@ -172,9 +174,10 @@ int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, s
                 size_t m = k - s < MF_CKPT_DIO_SUB ? k - s : MF_CKPT_DIO_SUB;
                 const char *src = r->bounce + (o - r->bat) + s;
                 *crc = mf_crc32c(*crc, src, m);
-                memcpy(dst + pos + s, src, m);
+                if (!r->nodst)
+                    memcpy(dst + pos + s, src, m);
                 if (r->chunk)
-                    r->chunk(r->chunk_ctx, base + pos + s, dst + pos + s, m);
+                    r->chunk(r->chunk_ctx, base + pos + s, r->nodst ? src : dst + pos + s, m);
             }
             pos += k;
             continue;
@@ -187,9 +190,17 @@ int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, s
             if (rc == 0)
                 continue;
         }
-        if (mf_ckpt_pread_all(rf->fd, dst + pos, k, o) != 0)
-            return -1;
-        mf_ckpt_dio_took(r, dst, base, pos, k, crc);
+        if (r->nodst) { /* through the scratch buffer: dst is not host memory */
+            if (!r->scratch && !(r->scratch = malloc(MF_CKPT_READ_CHUNK)))
+                return errno = ENOMEM, -1;
+            if (mf_ckpt_pread_all(rf->fd, r->scratch, k, o) != 0)
+                return -1;
+            mf_ckpt_dio_took(r, r->scratch, base + pos, k, crc);
+        } else {
+            if (mf_ckpt_pread_all(rf->fd, dst + pos, k, o) != 0)
+                return -1;
+            mf_ckpt_dio_took(r, dst + pos, base + pos, k, crc);
+        }
         pos += k;
     }
     return 0;

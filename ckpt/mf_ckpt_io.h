@@ -87,6 +87,11 @@ typedef struct mf_ckpt_reader {
      * cache: data = dst + off of that call, n bytes. */
     void (*chunk)(void *ctx, size_t off, const void *data, size_t n);
     void *chunk_ctx;
+    /* 1: mf_ckpt_read's dst is not host memory (device buffers): the bytes
+     * go only to the chunk callback, from the bounce buffer or a 2 MiB
+     * scratch buffer (allocated on first use), and dst is never touched. */
+    int nodst;
+    char *scratch;
     /* Direct reads' bounce buffer (NULL until the first) and the window it
      * holds: file bfile's bytes [bat, bat + blen) (bfile -1: none). */
     char *bounce;

@@ -42,6 +42,7 @@ void mf_ckpt_reader_close(mf_ckpt_reader *r)
     }
     free(r->f);
     free(r->bounce);
+    free(r->scratch);
     free(r->dir);
     mf_ckpt_manifest_free(&r->m);
     memset(r, 0, sizeof *r);

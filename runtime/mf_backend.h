@@ -157,6 +157,17 @@ typedef struct mf_backend_vtbl {
     mfsdp_result (*transfer_post)(mf_rt *rt, void **set, const mf_be_xfer *x, int64_t n, char *err,
                                   size_t errlen);
     mfsdp_result (*transfer_wait)(mf_rt *rt, void *set, char *err, size_t errlen);
+    /* Host thread (checkpoints: mf_ckpt_stage.c): copies `bytes` between the
+     * runtime's buffer memory (a buffer from alloc, or an optimizer state's
+     * shard given with a checkpoint call, which lives in the same memory)
+     * and host memory: dst and src, one of each. Blocking: dst is complete
+     * on return; the caller has synchronized the backend first. The message
+     * goes to err. memcpy on the CPU backends, cudaMemcpy on the GPU ones.
+     * A checkpoint goes through it on a native backend (device memory), and
+     * on the CPU backends when MFSDP_CKPT_STAGE=1 (a test and debug option:
+     * every checkpoint access to buffer memory then goes through here, and
+     * the local backend counts the bytes: mf_backend_local_staged). */
+    mfsdp_result (*stage)(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
     void (*abort)(mf_rt *rt, const char *why);
@@ -166,6 +177,8 @@ typedef struct mf_backend_vtbl {
 
 /* The backends built into this library. */
 extern const mf_backend_vtbl mf_backend_local;
+/* Bytes the local backend's stage hook has copied, process-wide (tests). */
+uint64_t mf_backend_local_staged(void);
 #ifdef MFSDP_HAVE_MPI
 extern const mf_backend_vtbl mf_backend_mpi;
 #endif

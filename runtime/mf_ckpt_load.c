@@ -20,6 +20,7 @@
 
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -199,9 +200,10 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         mf_rt_set_error(rt, res, "out of memory");
         goto done;
     }
-    if (rt->native) {
-        mine.status = MFSDP_ERR_UNSUPPORTED;
-        snprintf(mine.msg, sizeof mine.msg, "checkpoints need host-memory master weights (local, mpi)");
+    mfsdp_result sr = MFSDP_OK;
+    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK) {
+        mf_ckpt_lfail(&mine, err);
+        mine.status = sr;
     } else if (!dir || !opt || opt->nstates < 0 || opt->nstates > 63 || (opt->nstates && !opt->states)) {
         mine.status = MFSDP_ERR_INVALID_ARGUMENT;
         snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");

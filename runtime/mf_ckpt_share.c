@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mf_ckpt_plan.h"
+#include "mf_ckpt_stage.h"
 
 /* Largest single message between replicas: a reader sends each as soon as
  * it has read it, while it reads the next. */
@@ -77,7 +78,8 @@ static int mf_ckpt_lplan_tensor(const mf_ckpt_plan *plan, int k, int view, int b
 int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, size_t errlen)
 {
     memset(lp, 0, sizeof *lp);
-    lp->share = (rt->be->caps & MF_BE_SHARED_MEMORY) || (rt->be->transfer_post && rt->be->transfer_wait);
+    lp->share = !mf_ckpt_staged(rt) &&
+                ((rt->be->caps & MF_BE_SHARED_MEMORY) || (rt->be->transfer_post && rt->be->transfer_wait));
     if (lp->share) {
         int shm = (rt->be->caps & MF_BE_SHARED_MEMORY) != 0;
         lp->per = (size_t)rt->nviews * (size_t)(nstates + 1);
@@ -301,6 +303,12 @@ mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r,
     char berr[512] = "";
     mf_ckpt_push push = {rt, lp, 0, 0, 0};
     mf_ckpt_send send = {.rt = rt, .set = &set, .res = MFSDP_OK, .err = berr, .errlen = sizeof berr};
+    mf_ckpt_stage_dst stage = {.rt = rt, .res = MFSDP_OK};
+    if (mf_ckpt_staged(rt)) { /* buffer memory only through the stage hook (no sharing then) */
+        r->nodst = 1;
+        r->chunk = mf_ckpt_stage_chunk;
+        r->chunk_ctx = &stage;
+    }
     if (msg) /* every receive first: a send never waits for its match to be posted */
         send.res = mf_ckpt_post_recvs(rt, lp, opt, &set, berr, sizeof berr);
     for (int s = 0; s <= opt->nstates && send.res == MFSDP_OK; s++)
@@ -312,17 +320,23 @@ mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r,
             char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
             if (lp->share)
                 mf_ckpt_lplan_route(rt, lp, opt, q, s, r, &push, &send, &last_bucket);
+            stage.dst = dst;
             /* After a data error the reads stop, but a reader still posts
              * every send (of whatever its buffers hold), so that every
              * replica's receives complete; the agreement round that follows
              * fails the load on every rank. */
             if (rc == 0)
                 rc = mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen);
+            if (rc == 0 && stage.res != MFSDP_OK) {
+                snprintf(err, errlen, "copying host memory to buffer memory failed: %s", stage.err);
+                rc = -1;
+            }
             if (msg)
                 mf_ckpt_send_upto(&send, send.bytes);
         }
     r->chunk = NULL;
     r->chunk_ctx = NULL;
+    r->nodst = 0;
     mfsdp_result wr = msg ? rt->be->transfer_wait(rt, set, berr, sizeof berr) : MFSDP_OK;
     mfsdp_result br = send.res != MFSDP_OK ? send.res : wr;
     if (br != MFSDP_OK) { /* a transfer may still be pending: the runtime is finished */
