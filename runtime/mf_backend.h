@@ -166,7 +166,7 @@ typedef struct mf_backend_vtbl {
      * A checkpoint goes through it on a native backend (device memory), and
      * on the CPU backends when MFSDP_CKPT_STAGE=1 (a test and debug option:
      * every checkpoint access to buffer memory then goes through here, and
-     * the local backend counts the bytes: mf_backend_local_staged). */
+     * the CPU backends' hook counts the bytes: mf_ckpt_host_staged). */
     mfsdp_result (*stage)(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
@@ -177,8 +177,6 @@ typedef struct mf_backend_vtbl {
 
 /* The backends built into this library. */
 extern const mf_backend_vtbl mf_backend_local;
-/* Bytes the local backend's stage hook has copied, process-wide (tests). */
-uint64_t mf_backend_local_staged(void);
 #ifdef MFSDP_HAVE_MPI
 extern const mf_backend_vtbl mf_backend_mpi;
 #endif

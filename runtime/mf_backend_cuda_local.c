@@ -350,19 +350,6 @@ static void cl_close(mf_rt *rt)
     rt->be_state = NULL;
 }
 
-/* Checkpoint staging (be->stage) between device and host memory; the
- * checkpoint code synchronized the backend first. cudaMemcpyDefault: the
- * pointers say which side is which (unified addressing). */
-static mfsdp_result cl_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
-{
-    (void)rt;
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-    if (e == cudaSuccess)
-        return MFSDP_OK;
-    snprintf(err, errlen, "cudaMemcpy of %zu bytes (checkpoint staging): %s", bytes, cudaGetErrorString(e));
-    return MFSDP_ERR_BACKEND;
-}
-
 const mf_backend_vtbl mf_backend_cuda_local = {
     .name = "cuda-local",
     .caps = MF_BE_NATIVE_STREAMS,
@@ -374,7 +361,7 @@ const mf_backend_vtbl mf_backend_cuda_local = {
     .collective = NULL,
     .submit = cl_submit,
     .synchronize = cl_synchronize,
-    .stage = cl_stage,
+    .stage = mf_cuda_stage,
     .abort = cl_abort,
     .close = cl_close,
 };

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
@@ -766,25 +767,6 @@ static void local_close(mf_rt *rt)
     rt->be_state = NULL;
 }
 
-/* Checkpoint staging (be->stage): buffers are host memory; the bytes are
- * counted so that a test can see every checkpoint access go through here. */
-static _Atomic uint64_t local_staged_bytes;
-
-uint64_t mf_backend_local_staged(void)
-{
-    return local_staged_bytes;
-}
-
-static mfsdp_result local_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
-{
-    (void)rt;
-    (void)err;
-    (void)errlen;
-    memcpy(dst, src, bytes);
-    local_staged_bytes += bytes;
-    return MFSDP_OK;
-}
-
 const mf_backend_vtbl mf_backend_local = {
     .name = "local",
     .caps = MF_BE_SHARED_MEMORY,
@@ -797,7 +779,7 @@ const mf_backend_vtbl mf_backend_local = {
     .submit = NULL,
     .synchronize = NULL,
     .allgather = local_allgather,
-    .stage = local_stage,
+    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
     .abort = local_abort,
     .close = local_close,
 };

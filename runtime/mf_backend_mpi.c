@@ -53,6 +53,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 
 typedef struct mf_mpi_state {
@@ -373,16 +374,6 @@ static mfsdp_result mpi_transfer_wait(mf_rt *rt, void *set, char *err, size_t er
     return res;
 }
 
-/* Checkpoint staging (be->stage): buffers are host memory. */
-static mfsdp_result mpi_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
-{
-    (void)rt;
-    (void)err;
-    (void)errlen;
-    memcpy(dst, src, bytes);
-    return MFSDP_OK;
-}
-
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_mpi_state *st = rt->be_state;
@@ -697,7 +688,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .allgather = mpi_allgather,
     .transfer_post = mpi_transfer_post,
     .transfer_wait = mpi_transfer_wait,
-    .stage = mpi_stage,
+    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
     .abort = mpi_abort,
     .close = mpi_close,
 };

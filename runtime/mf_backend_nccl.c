@@ -627,19 +627,6 @@ static void nccl_close(mf_rt *rt)
     rt->be_state = NULL;
 }
 
-/* Checkpoint staging (be->stage) between device and host memory; the
- * checkpoint code synchronized the backend first. cudaMemcpyDefault: the
- * pointers say which side is which (unified addressing). */
-static mfsdp_result nccl_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
-{
-    (void)rt;
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-    if (e == cudaSuccess)
-        return MFSDP_OK;
-    snprintf(err, errlen, "cudaMemcpy of %zu bytes (checkpoint staging): %s", bytes, cudaGetErrorString(e));
-    return MFSDP_ERR_BACKEND;
-}
-
 const mf_backend_vtbl mf_backend_nccl = {
     .name = "nccl",
     .caps = MF_BE_NATIVE_STREAMS,
@@ -651,7 +638,7 @@ const mf_backend_vtbl mf_backend_nccl = {
     .collective = NULL,
     .submit = nccl_submit,
     .synchronize = nccl_synchronize,
-    .stage = nccl_stage,
+    .stage = mf_cuda_stage,
     .abort = nccl_abort,
     .close = nccl_close,
 };

@@ -22,14 +22,10 @@ typedef struct mf_ckpt_lvec {
 
 static int mf_ckpt_lvec_push(mf_ckpt_lvec *v, mf_ckpt_lpiece x)
 {
-    if (v->n == v->cap) {
-        int64_t cap = v->cap ? v->cap * 2 : 64;
-        mf_ckpt_lpiece *np = realloc(v->p, (size_t)cap * sizeof *np);
-        if (!np)
-            return -1;
-        v->p = np;
-        v->cap = cap;
-    }
+    mf_ckpt_lpiece *np = mf_ckpt_reserve(v->p, &v->cap, v->n, sizeof *np, 64);
+    if (!np)
+        return -1;
+    v->p = np;
     v->p[v->n++] = x;
     return 0;
 }

@@ -5,7 +5,7 @@
  * 8 thread-ranks fill main_weight and two Adam states with values that
  * depend on the element only, save staged, load staged into zeroed buffers,
  * and load the same checkpoint again without staging. Every value must come
- * back bit for bit, and the local backend's count of staged bytes must be
+ * back bit for bit, and the CPU backends' count of staged bytes must be
  * exactly what each operation has to move through the hook: the save, every
  * tensor element of the 3 states once (4 bytes each; the schedule's tensor
  * sizes); the staged load, every element each rank holds (replicas do not
@@ -24,8 +24,8 @@
 
 #include <unistd.h>
 
-#include "mf_backend.h"
 #include "mf_ckpt_io.h"
+#include "mf_ckpt_stage.h"
 #include "mfsdp.h"
 #include "mfsdp_ckpt.h"
 
@@ -110,7 +110,7 @@ static uint64_t run(int op, const char *dir)
     assert_true(w <= MAXR);
     assert_int_equal(mfsdp_local_group_create(w, &g_group), MFSDP_OK);
     pthread_barrier_init(&g_bar, NULL, (unsigned)w);
-    uint64_t before = mf_backend_local_staged();
+    uint64_t before = mf_ckpt_host_staged();
     for (int64_t r = 0; r < w; r++) {
         jobs[r] = (rank_job){r, op, dir};
         pthread_create(&th[r], NULL, rank_main, &jobs[r]);
@@ -121,7 +121,7 @@ static uint64_t run(int op, const char *dir)
     mfsdp_local_group_destroy(g_group);
     for (int64_t r = 0; r < w; r++)
         assert_int_equal(g_bad[r], 0);
-    return mf_backend_local_staged() - before;
+    return mf_ckpt_host_staged() - before;
 }
 
 static void test_staged_round_trip(void **state)
