@@ -2,12 +2,15 @@
  * mf_ckpt_stage: checkpoints of buffers that are not host memory
  * (docs/checkpoint.md, "GPU backends"). On a native backend (CUDA/NCCL:
  * master weights in device memory), and on the CPU backends when the test
- * and debug option MFSDP_CKPT_STAGE=1 is set, a save and a load touch the
- * runtime's buffers and the optimizer states' shards only through the
- * backend's stage hook (be->stage), by bounded host buffers: a save's
- * writer fills its 16 MiB buffer through the hook, a load's reader hands
- * each chunk it has read and CRC'd (in its bounce or 2 MiB scratch buffer)
- * to the hook. Replicas then do not share reads (each reads its own).
+ * and debug option MFSDP_CKPT_STAGE=1 is set, a save, a load, a Hugging
+ * Face import and export touch the runtime's buffers and the optimizer
+ * states' shards only through the backend's stage hook (be->stage), by
+ * bounded host buffers: a save's writer fills its 16 MiB buffer through the
+ * hook, a load's reader hands each chunk it has read and CRC'd (in its
+ * bounce or 2 MiB scratch buffer) to the hook, an import converts into 4
+ * MiB and an export copies 1 MiB at a time (mf_ckpt_hf_rt.c,
+ * mf_ckpt_hf_export.c). Replicas then do not share reads (each reads its
+ * own).
  */
 #ifndef MF_CKPT_STAGE_H
 #define MF_CKPT_STAGE_H

@@ -4,12 +4,15 @@
  * MFSDP_CKPT_STAGE=1 (argv: a compiled schedule, a scratch directory):
  * 8 thread-ranks fill main_weight and two Adam states with values that
  * depend on the element only, save staged, load staged into zeroed buffers,
- * and load the same checkpoint again without staging. Every value must come
+ * export main_weight as a Hugging Face checkpoint and import it back into
+ * zeroed buffers, staged, then load and import again without staging. Every value must come
  * back bit for bit, and the CPU backends' count of staged bytes must be
  * exactly what each operation has to move through the hook: the save, every
  * tensor element of the 3 states once (4 bytes each; the schedule's tensor
  * sizes); the staged load, every element each rank holds (replicas do not
- * share reads when staged); the plain load, nothing. A save or load that
+ * share reads when staged); the export, every element of main_weight once;
+ * the import, every main_weight element each rank holds; the plain load
+ * and import, nothing. A save or load that
  * touched a buffer directly would move fewer bytes through the hook.
  */
 #include <pthread.h>
@@ -40,7 +43,8 @@ static int g_bad[MAXR];            /* per rank: a failed call or a wrong value *
 
 typedef struct rank_job {
     int64_t rank;
-    int op;                        /* 0 save, 1 load (check values) */
+    int op;                        /* 0 save, 1 load (check values), 2 export (after a load), 3 import (check
+                                      main_weight) */
     const char *dir;
 } rank_job;
 
@@ -69,7 +73,7 @@ static void *rank_main(void *arg)
             st[s][k] = calloc((size_t)v[k].shard_count + 1, sizeof(float));
         for (int64_t i = 0; i < v[k].shard_count; i++) {
             float *w = v[k].main_weight;
-            w[i] = j->op == 0 ? value(0, v[k].shard_offset + i, k) : 0.0f;
+            w[i] = j->op == 0 || j->op == 2 ? value(0, v[k].shard_offset + i, k) : 0.0f;
             for (int s = 0; s < 2; s++)
                 ((float *)st[s][k])[i] = j->op == 0 ? value(s + 1, v[k].shard_offset + i, k) : 0.0f;
         }
@@ -79,6 +83,13 @@ static void *rank_main(void *arg)
     if (!bad && j->op == 0) {
         mfsdp_ckpt_save_options so = {.step = 7, .nstates = 2, .states = states};
         bad = mfsdp_ckpt_save(rt, j->dir, &so) != MFSDP_OK;
+    } else if (!bad && j->op == 2) {
+        bad = mfsdp_ckpt_export_hf(rt, j->dir, MFSDP_FP32, NULL, 0) != MFSDP_OK;
+    } else if (!bad && j->op == 3) {
+        bad = mfsdp_ckpt_import_hf(rt, j->dir, NULL) != MFSDP_OK;
+        for (int k = 0; k < nt && !bad; k++)
+            for (int64_t i = 0; i < v[k].shard_count && !bad; i++)
+                bad = ((float *)v[k].main_weight)[i] != value(0, v[k].shard_offset + i, k);
     } else if (!bad) {
         mfsdp_ckpt_load_options lo = {.nstates = 2, .states = states, .user_blob_rank = -1};
         bad = mfsdp_ckpt_load(rt, j->dir, &lo) != MFSDP_OK || lo.step != 7;
@@ -146,10 +157,18 @@ static void test_staged_round_trip(void **state)
         held += g_held[r];
     assert_true(held > numel); /* the schedule has replicas: each reads its own when staged */
     assert_int_equal(loaded, (uint64_t)held * 3 * 4);
+    /* Hugging Face export (fp32: every element once, as the save plan
+     * splits them) and import (every element each rank holds). */
+    char hf[4300];
+    snprintf(hf, sizeof hf, "%s/hf", tmp);
+    assert_int_equal(run(2, hf), (uint64_t)numel * 4);
+    assert_int_equal(run(3, hf), (uint64_t)held * 4);
     unsetenv("MFSDP_CKPT_STAGE");
     assert_int_equal(run(1, dir), 0); /* the plain path: same bytes, nothing staged */
+    assert_int_equal(run(3, hf), 0);
     mfsdp_schedule_free(g_sh);
     mf_ckpt_remove_dir(dir);
+    mf_ckpt_remove_dir(hf);
     rmdir(tmp);
 }
 

@@ -241,7 +241,7 @@ run_prebuilt() {
             done
             run 20 "$OUT/stage2.log" "$B/mfsdpc" compile "$D/hsdp_4x2.mfsdp" -o "$W/hsdp_4x2.yaml" &&
                 run 60 "$OUT/stage2.log" "$B/test_ckpt_gpu" "$W/hsdp_4x2.yaml" "$W"
-            verdict "test_ckpt_gpu (checkpoint save + load on cuda-local 4 x 2 HSDP: device buffers through the stage hook, bit for bit)" $?
+            verdict "test_ckpt_gpu (checkpoint save + load, Hugging Face export + import on cuda-local 4 x 2 HSDP: device buffers through the stage hook, bit for bit)" $?
             for y in "$D"/schedules/*.yaml; do
                 [ -f "$y" ] || continue
                 local name

@@ -4,7 +4,8 @@
  * device Adam states with values that depend on the element only, saves
  * (through the backend's stage hook: cudaMemcpy to host, runtime/
  * mf_ckpt_stage.h), zeroes them on the device, loads, and copies them back:
- * every value bit for bit. Needs a GPU: exits 77 (skip) when
+ * every value bit for bit; then exports main_weight as a Hugging Face
+ * checkpoint, zeroes it, imports it back: bit for bit again. Needs a GPU: exits 77 (skip) when
  * cudaGetDeviceCount reports none. Run by tests/gpu/device-check.sh.
  */
 #include <pthread.h>
@@ -101,6 +102,27 @@ static void *rank_main(void *arg)
                          (long long)(v.shard_offset + i), (double)host[i], (double)value(s, v.shard_offset + i, k));
         }
     }
+    /* Hugging Face export of main_weight, zeroed, imported back. */
+    char hf[4200];
+    snprintf(hf, sizeof hf, "%s-hf", g_dir);
+    if (mfsdp_ckpt_export_hf(rt, hf, MFSDP_FP32, NULL, 0) != MFSDP_OK)
+        FAIL("export: %s", mfsdp_last_error(rt));
+    for (int k = 0; k < nt; k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        CK(cudaMemset(v.main_weight, 0, (size_t)v.shard_count * sizeof(float)));
+    }
+    if (mfsdp_ckpt_import_hf(rt, hf, NULL) != MFSDP_OK)
+        FAIL("import: %s", mfsdp_last_error(rt));
+    for (int k = 0; k < nt; k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        CK(cudaMemcpy(host, v.main_weight, (size_t)v.shard_count * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < v.shard_count; i++)
+            if (host[i] != value(0, v.shard_offset + i, k))
+                FAIL("tensor %s element %lld: %g after export and import", v.name, (long long)(v.shard_offset + i),
+                     (double)host[i]);
+    }
 done:
     if (!waited)
         pthread_barrier_wait(&g_bar); /* the others' save then fails on this rank's absence: bounded by the timeout */
@@ -155,8 +177,8 @@ int main(int argc, char **argv)
     }
     mfsdp_local_group_destroy(g_group);
     mfsdp_schedule_free(sh);
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s-hf'", dir, dir);
     if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", dir);
     printf("%s: checkpoint round trip on cuda-local, %lld ranks\n", bad ? "FAIL" : "ok", (long long)w);
