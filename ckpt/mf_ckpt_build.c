@@ -4,11 +4,13 @@
  */
 #include "mf_ckpt_build.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 
 void mf_ckpt_file_name(int64_t r, char *buf, size_t size)
@@ -135,4 +137,30 @@ void mf_ckpt_new_id(char id[33])
     }
     for (int i = 0; i < 16; i++)
         snprintf(id + 2 * i, 3, "%02x", b[i]);
+}
+
+int mf_ckpt_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, char *err, size_t errlen)
+{
+    struct stat sb;
+    if (stat(out, &sb) == 0)
+        return snprintf(err, errlen, "%s already exists (a checkpoint is never overwritten)", out), -1;
+    mf_ckpt_new_id(id);
+    if ((size_t)snprintf(tmp, tmplen, "%s.tmp-%s", out, id) >= tmplen)
+        return snprintf(err, errlen, "%.200s...: the name is too long", out), -1;
+    if (mkdir(tmp, 0755) != 0)
+        return snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno)), -1;
+    return 0;
+}
+
+int mf_ckpt_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
+                       int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
+                       size_t errlen)
+{
+    char *text = mf_ckpt_manifest_build(s, p, st, id, step, rep);
+    if (!text)
+        return snprintf(err, errlen, "out of memory (manifest)"), -1;
+    int rc = mf_ckpt_write_small(tmp, MF_CKPT_MANIFEST, text, strlen(text), err, errlen) != 0 ||
+             mf_ckpt_commit_dir(tmp, out, err, errlen) != 0 ? -1 : 0;
+    free(text);
+    return rc;
 }

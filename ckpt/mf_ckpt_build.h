@@ -40,5 +40,17 @@ char *mf_ckpt_manifest_build(const mf_schedule *s, const mf_ckpt_plan *p, const 
                              const char *id, int64_t step, const mf_ckpt_report *rep);
 /* A fresh random checkpoint id (32 hex digits). */
 void mf_ckpt_new_id(char id[33]);
+/* An offline save into `out` (the tools' reshard and import), committed
+ * like a runtime save. Begin: refuses an existing out (a checkpoint is
+ * never overwritten), picks a fresh id and creates the temporary directory
+ * out.tmp-ID (its path into tmp[tmplen]). Finish: the manifest of schedule s
+ * with plan p, states st, step and every rank's report, written into tmp
+ * and fsync'd, then tmp committed to out (mf_ckpt_commit_dir). Both return
+ * 0, or -1 with a message; on a failure after begin the caller removes tmp
+ * (mf_ckpt_remove_dir). */
+int mf_ckpt_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, char *err, size_t errlen);
+int mf_ckpt_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
+                       int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
+                       size_t errlen);
 
 #endif

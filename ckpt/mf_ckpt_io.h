@@ -68,6 +68,13 @@ typedef struct mf_ckpt_rfile {
     int fd;                 /* -1 until opened */
     int checked;            /* 1 ok, -1 refused (msg kept in reader) */
     uint32_t *crc;          /* per manifest piece of the file, file order */
+    /* Direct reads (mf_ckpt_dio.c): dfd the O_DIRECT descriptor (-1:
+     * plain reads only), align its alignment, map a read-only mapping of
+     * the file (to ask which pages are cached), size its bytes. */
+    int dfd;
+    uint32_t align;
+    void *map;
+    uint64_t size;
 } mf_ckpt_rfile;
 
 typedef struct mf_ckpt_reader {
@@ -80,6 +87,18 @@ typedef struct mf_ckpt_reader {
      * cache: data = dst + off of that call, n bytes. */
     void (*chunk)(void *ctx, size_t off, const void *data, size_t n);
     void *chunk_ctx;
+    /* 1: mf_ckpt_read's dst is not host memory (device buffers): the bytes
+     * go only to the chunk callback, from the bounce buffer or a 2 MiB
+     * scratch buffer (allocated on first use), and dst is never touched. */
+    int nodst;
+    char *scratch;
+    /* Direct reads' bounce buffer (NULL until the first) and the window it
+     * holds: file bfile's bytes [bat, bat + blen) (bfile -1: none). */
+    char *bounce;
+    uint64_t direct_bytes;  /* bytes read from the disk by direct reads */
+    int bfile;
+    uint64_t bat;
+    size_t blen;
 } mf_ckpt_reader;
 
 int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);
@@ -94,6 +113,16 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
  * cap bytes into buf (buf may be NULL with cap 0 to ask the size). */
 int mf_ckpt_read_blob(mf_ckpt_reader *r, int64_t rank, void *buf, size_t cap, size_t *len, char *err,
                       size_t errlen);
+/* Direct reads (mf_ckpt_dio.c): after file f was checked (rf->fd open,
+ * size bytes), sets up its O_DIRECT descriptor where the file system does
+ * direct I/O (else leaves plain reads); mf_ckpt_dio_close undoes it. */
+void mf_ckpt_dio_open(mf_ckpt_rfile *rf, const char *path, uint64_t size);
+void mf_ckpt_dio_close(mf_ckpt_rfile *rf);
+/* Bytes [off, off + n) of file f into dst, direct from the disk when they
+ * are not in the page cache, else by pread; adds them to *crc and passes
+ * each chunk to r->chunk (offset base + its position in dst). 0, or -1
+ * (errno) on a read error. */
+int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc);
 /* Reads file f whole: the file CRC and every piece's CRC. */
 int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
 

@@ -19,6 +19,17 @@ void mf_ckpt_plan_free(mf_ckpt_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+void *mf_ckpt_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first)
+{
+    if (n < *cap)
+        return p;
+    int64_t c = *cap ? *cap * 2 : first;
+    void *np = realloc(p, (size_t)c * elem);
+    if (np)
+        *cap = c;
+    return np;
+}
+
 int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name)
 {
     for (int k = 0; k < p->ntensors; k++)
@@ -87,14 +98,10 @@ typedef struct mf_ckpt_pvec {
 
 static int mf_ckpt_pvec_push(mf_ckpt_pvec *v, int tensor, int64_t start, int64_t end, int64_t writer)
 {
-    if (v->n == v->cap) {
-        int64_t cap = v->cap ? v->cap * 2 : 256;
-        mf_ckpt_piece *np = realloc(v->p, (size_t)cap * sizeof *np);
-        if (!np)
-            return -1;
-        v->p = np;
-        v->cap = cap;
-    }
+    mf_ckpt_piece *np = mf_ckpt_reserve(v->p, &v->cap, v->n, sizeof *np, 256);
+    if (!np)
+        return -1;
+    v->p = np;
     v->p[v->n++] = (mf_ckpt_piece){tensor, start, end, writer};
     return 0;
 }

@@ -45,6 +45,10 @@ typedef struct mf_ckpt_plan {
  * message. Release with mf_ckpt_plan_free. */
 int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_t errlen);
 void mf_ckpt_plan_free(mf_ckpt_plan *p);
+/* Room for element n of a growing array p of elem-byte elements with
+ * capacity *cap (doubled when full, `first` when empty): p itself or its
+ * reallocation (then *cap updated), NULL when out of memory (p unchanged). */
+void *mf_ckpt_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first);
 /* The tensor-local element range [*lo, *hi) of plan tensor k that rank r
  * holds in main_weight (*lo == *hi when none). */
 void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,

@@ -27,18 +27,22 @@ int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t er
         return snprintf(err, errlen, "%s: out of memory", dir), -1;
     }
     for (int f = 0; f < r->m.nfiles; f++)
-        r->f[f].fd = -1;
+        r->f[f].fd = r->f[f].dfd = -1;
+    r->bfile = -1;
     return 0;
 }
 
 void mf_ckpt_reader_close(mf_ckpt_reader *r)
 {
     for (int f = 0; r->f && f < r->m.nfiles; f++) {
+        mf_ckpt_dio_close(&r->f[f]);
         if (r->f[f].fd >= 0)
             close(r->f[f].fd);
         free(r->f[f].crc);
     }
     free(r->f);
+    free(r->bounce);
+    free(r->scratch);
     free(r->dir);
     mf_ckpt_manifest_free(&r->m);
     memset(r, 0, sizeof *r);
@@ -129,8 +133,10 @@ int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
         return -1;
     int rc = mf_ckpt_check_header(r, f, &h, path, err, errlen);
     mf_st_free(&h);
-    if (rc == 0)
+    if (rc == 0) {
         rf->checked = 1;
+        mf_ckpt_dio_open(rf, path, mf->bytes);
+    }
     return rc;
 }
 
@@ -172,17 +178,10 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
         char *to = (char *)dst + (size_t)(a - start) * es;
         size_t bytes = (size_t)(b - a) * es;
         uint32_t crc = 0;
-        /* In chunks, each CRC'd right after its read while it is in the CPU's
-         * cache (one pass over memory instead of a read and a re-read). */
-        for (size_t at = 0; at < bytes; at += MF_CKPT_READ_CHUNK) {
-            size_t k = bytes - at < MF_CKPT_READ_CHUNK ? bytes - at : MF_CKPT_READ_CHUNK;
-            if (mf_ckpt_pread_all(r->f[p->file].fd, to + at, k, p->offset + (uint64_t)(a - p->start) * es + at) != 0)
-                return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
-                                strerror(errno)), -1;
-            crc = mf_crc32c(crc, to + at, k);
-            if (r->chunk)
-                r->chunk(r->chunk_ctx, (size_t)(to - base) + at, to + at, k);
-        }
+        if (mf_ckpt_fetch(r, p->file, p->offset + (uint64_t)(a - p->start) * es, bytes, to, (size_t)(to - base),
+                          &crc) != 0)
+            return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
+                            strerror(errno)), -1;
         r->bytes_read += bytes;
         if (a == p->start && b == p->end && crc != r->f[p->file].crc[pi - m->files[p->file].first]) {
             char name[1200];

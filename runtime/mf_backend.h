@@ -99,7 +99,7 @@ enum {
                                        other rank (threads of one process: local) */
 };
 
-/* One point-to-point transfer of be->transfer (checkpoint loads). */
+/* One point-to-point transfer of be->transfer_post (checkpoint loads). */
 typedef struct mf_be_xfer {
     int64_t peer;             /* world rank */
     void *buf;                /* host memory: sent from, or received into */
@@ -142,14 +142,32 @@ typedef struct mf_backend_vtbl {
      * (MFSDP_ERR_UNSUPPORTED). */
     mfsdp_result (*allgather)(mf_rt *rt, const void *mine, size_t bytes, void *all, char *err,
                               size_t errlen);
-    /* Host thread (mf_ckpt_load.c): the point-to-point transfers x[0..n)
-     * over the world. Each send matches the receive its peer lists for this
-     * rank at the same position among their transfers with each other; all
-     * are in flight together, so no order of waiting can deadlock; bounded
-     * by the timeout; the message goes to err. On failure the buffers may
-     * still be written later (MPI cannot cancel). NULL: the backend has none
-     * (a backend with MF_BE_SHARED_MEMORY copies instead). */
-    mfsdp_result (*transfer)(mf_rt *rt, const mf_be_xfer *x, int64_t n, char *err, size_t errlen);
+    /* Host thread (mf_ckpt_share.c): point-to-point transfers over the
+     * world, posted in batches while a load reads. transfer_post posts
+     * x[0..n) (non-blocking) into the set *set (NULL: a new one) and makes
+     * progress on the set's earlier transfers (n == 0: progress only). Each
+     * send matches the receive its peer posts for this rank at the same
+     * position among their transfers with each other. Everything posted is
+     * waited for by one transfer_wait(set) (set NULL: nothing), which the
+     * caller makes once after posting, even after a failed post: bounded by
+     * the timeout, the message goes to err; it releases the set. On failure
+     * the buffers may still be written later (MPI cannot cancel). NULL:
+     * the backend has none (a backend with MF_BE_SHARED_MEMORY copies
+     * instead). */
+    mfsdp_result (*transfer_post)(mf_rt *rt, void **set, const mf_be_xfer *x, int64_t n, char *err,
+                                  size_t errlen);
+    mfsdp_result (*transfer_wait)(mf_rt *rt, void *set, char *err, size_t errlen);
+    /* Host thread (checkpoints: mf_ckpt_stage.c): copies `bytes` between the
+     * runtime's buffer memory (a buffer from alloc, or an optimizer state's
+     * shard given with a checkpoint call, which lives in the same memory)
+     * and host memory: dst and src, one of each. Blocking: dst is complete
+     * on return; the caller has synchronized the backend first. The message
+     * goes to err. memcpy on the CPU backends, cudaMemcpy on the GPU ones.
+     * A checkpoint goes through it on a native backend (device memory), and
+     * on the CPU backends when MFSDP_CKPT_STAGE=1 (a test and debug option:
+     * every checkpoint access to buffer memory then goes through here, and
+     * the CPU backends' hook counts the bytes: mf_ckpt_host_staged). */
+    mfsdp_result (*stage)(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */
     void (*abort)(mf_rt *rt, const char *why);

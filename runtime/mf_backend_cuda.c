@@ -678,3 +678,10 @@ MFSDP_API const char *mfsdp_nccl_warning(const mfsdp_runtime *rt)
         return "";
     return ((const mf_cuda_core *)rt->be_state)->warning;
 }
+
+mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    (void)rt;
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    return e == cudaSuccess ? MFSDP_OK : mf_cuda_fail(e, err, errlen, "cudaMemcpy of %zu bytes (checkpoint staging)", bytes);
+}

@@ -160,6 +160,11 @@ void mf_cuda_core_time_end(mf_cuda_core *c);
 /* "op 12 (all_gather dp_inner, unit layers.3)" via the engine. */
 void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size);
 
+/* The GPU backends' stage hook (be->stage, checkpoints): cudaMemcpy between
+ * device and host memory (cudaMemcpyDefault: the pointers say which is
+ * which); the checkpoint code synchronized the backend first. */
+mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+
 /* Formats "<what>: <cuda error name> (<string>)" into err and returns the mapped result. */
 mfsdp_result mf_cuda_fail(cudaError_t e, char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

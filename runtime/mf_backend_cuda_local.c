@@ -361,6 +361,7 @@ const mf_backend_vtbl mf_backend_cuda_local = {
     .collective = NULL,
     .submit = cl_submit,
     .synchronize = cl_synchronize,
+    .stage = mf_cuda_stage,
     .abort = cl_abort,
     .close = cl_close,
 };

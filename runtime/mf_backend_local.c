@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
@@ -778,6 +779,7 @@ const mf_backend_vtbl mf_backend_local = {
     .submit = NULL,
     .synchronize = NULL,
     .allgather = local_allgather,
+    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
     .abort = local_abort,
     .close = local_close,
 };

@@ -65,6 +65,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 
 typedef struct mf_mpi_state {
@@ -294,45 +295,103 @@ static mfsdp_result mpi_allgather(mf_rt *rt, const void *mine, size_t bytes, voi
                         err, errlen);
 }
 
-/* Checkpoint loads' point-to-point transfers (be->transfer): every send and
- * receive posted at once on the world communicator (collectives there never
- * match point-to-point messages), then each waited for in turn, bounded by
- * the timeout. Posting in list order keeps MPI's per-pair ordering equal to
- * the lists' order. */
-static mfsdp_result mpi_transfer(mf_rt *rt, const mf_be_xfer *x, int64_t n, char *err, size_t errlen)
+/* Checkpoint loads' point-to-point transfers (be->transfer_post / _wait):
+ * sends and receives posted on the world communicator (collectives there
+ * never match point-to-point messages) as the load reads, then each waited
+ * for in turn, bounded by the timeout. Posting in list order keeps MPI's
+ * per-pair ordering equal to the lists' order. */
+typedef struct mpi_xfer_set {
+    MPI_Request *req;
+    int64_t *peer;              /* world rank, negated - 1 for a receive (for messages) */
+    int64_t n, cap, done;       /* req[0..done) are known complete */
+    mfsdp_result res;           /* the first failed post */
+} mpi_xfer_set;
+
+static int mpi_xfer_grow(mpi_xfer_set *t, int64_t need)
+{
+    if (t->n + need <= t->cap)
+        return 0;
+    int64_t cap = t->cap ? t->cap : 64;
+    while (cap < t->n + need)
+        cap *= 2;
+    MPI_Request *req = mf_rt_calloc((size_t)cap, sizeof *req);
+    int64_t *peer = mf_rt_calloc((size_t)cap, sizeof *peer);
+    if (!req || !peer) {
+        mf_rt_free(req);
+        mf_rt_free(peer);
+        return -1;
+    }
+    if (t->n) {
+        memcpy(req, t->req, (size_t)t->n * sizeof *req);
+        memcpy(peer, t->peer, (size_t)t->n * sizeof *peer);
+    }
+    mf_rt_free(t->req);
+    mf_rt_free(t->peer);
+    t->req = req;
+    t->peer = peer;
+    t->cap = cap;
+    return 0;
+}
+
+static mfsdp_result mpi_transfer_post(mf_rt *rt, void **set, const mf_be_xfer *x, int64_t n, char *err,
+                                      size_t errlen)
 {
     mf_mpi_state *st = rt->be_state;
-    if (n <= 0)
-        return MFSDP_OK;
-    MPI_Request *req = mf_rt_calloc((size_t)n, sizeof *req);
-    if (!req) {
-        snprintf(err, errlen, "out of memory (%lld transfer requests)", (long long)n);
+    mpi_xfer_set *t = *set;
+    if (!t && !(t = *set = mf_rt_calloc(1, sizeof *t))) {
+        snprintf(err, errlen, "out of memory (transfer requests)");
         return MFSDP_ERR_OUT_OF_MEMORY;
     }
-    mfsdp_result res = MFSDP_OK;
-    int64_t posted = 0;
-    for (; posted < n; posted++) {
-        const mf_be_xfer *t = &x[posted];
-        int rc = t->bytes > INT_MAX ? MPI_ERR_COUNT
-                 : t->send ? MPI_Isend(t->buf, (int)t->bytes, MPI_BYTE, (int)t->peer, MF_MPI_CKPT_TAG,
-                                       st->world, &req[posted])
-                           : MPI_Irecv(t->buf, (int)t->bytes, MPI_BYTE, (int)t->peer, MF_MPI_CKPT_TAG,
-                                       st->world, &req[posted]);
-        if (rc != MPI_SUCCESS) {
-            res = mpi_fail(err, errlen, rc, t->send ? "MPI_Isend (checkpoint load)" : "MPI_Irecv (checkpoint load)");
-            break;
-        }
+    if (t->res != MFSDP_OK)
+        return t->res;
+    if (mpi_xfer_grow(t, n) != 0) {
+        snprintf(err, errlen, "out of memory (%lld transfer requests)", (long long)(t->n + n));
+        return t->res = MFSDP_ERR_OUT_OF_MEMORY;
     }
-    for (int64_t i = 0; i < posted && res == MFSDP_OK; i++) {
+    for (int64_t i = 0; i < n; i++) {
+        const mf_be_xfer *x1 = &x[i];
+        int rc = x1->bytes > INT_MAX ? MPI_ERR_COUNT
+                 : x1->send ? MPI_Isend(x1->buf, (int)x1->bytes, MPI_BYTE, (int)x1->peer, MF_MPI_CKPT_TAG,
+                                        st->world, &t->req[t->n])
+                            : MPI_Irecv(x1->buf, (int)x1->bytes, MPI_BYTE, (int)x1->peer, MF_MPI_CKPT_TAG,
+                                        st->world, &t->req[t->n]);
+        if (rc != MPI_SUCCESS)
+            return t->res = mpi_fail(err, errlen, rc, x1->send ? "MPI_Isend (checkpoint load)"
+                                                                : "MPI_Irecv (checkpoint load)");
+        t->peer[t->n++] = x1->send ? x1->peer : -x1->peer - 1;
+    }
+    /* Progress (Open MPI moves data only inside MPI calls): test the oldest
+     * transfers not known complete. */
+    for (int flag = 1; flag && t->done < t->n;) {
+        int rc = MPI_Test(&t->req[t->done], &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return t->res = mpi_fail(err, errlen, rc, "MPI_Test (checkpoint load)");
+        t->done += flag;
+    }
+    return MFSDP_OK;
+}
+
+static mfsdp_result mpi_transfer_wait(mf_rt *rt, void *set, char *err, size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    mpi_xfer_set *t = set;
+    if (!t)
+        return MFSDP_OK;
+    mfsdp_result res = t->res;
+    for (int64_t i = t->done; i < t->n && res == MFSDP_OK; i++) {
         char what[96];
-        snprintf(what, sizeof what, "a checkpoint load's transfer %s rank %lld", x[i].send ? "to" : "from",
-                 (long long)x[i].peer);
-        res = wait_request(rt, st, &req[i], what, err, errlen);
+        int64_t p = t->peer[i];
+        snprintf(what, sizeof what, "a checkpoint load's transfer %s rank %lld", p >= 0 ? "to" : "from",
+                 (long long)(p >= 0 ? p : -p - 1));
+        res = wait_request(rt, st, &t->req[i], what, err, errlen);
     }
-    if (res != MFSDP_OK && posted > 0)
-        st->abandoned++;       /* requests may be pending: never free their buffers */
-    else
-        mf_rt_free(req);      /* all complete */
+    if (res != MFSDP_OK && t->n > t->done) {
+        st->abandoned++;       /* requests may be pending: never free them or their buffers */
+        return res;
+    }
+    mf_rt_free(t->req);       /* all complete */
+    mf_rt_free(t->peer);
+    mf_rt_free(t);
     return res;
 }
 
@@ -731,7 +790,9 @@ const mf_backend_vtbl mf_backend_mpi = {
     .submit = NULL,
     .synchronize = NULL,
     .allgather = mpi_allgather,
-    .transfer = mpi_transfer,
+    .transfer_post = mpi_transfer_post,
+    .transfer_wait = mpi_transfer_wait,
+    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
     .abort = mpi_abort,
     .close = mpi_close,
 };

@@ -638,6 +638,7 @@ const mf_backend_vtbl mf_backend_nccl = {
     .collective = NULL,
     .submit = nccl_submit,
     .synchronize = nccl_synchronize,
+    .stage = mf_cuda_stage,
     .abort = nccl_abort,
     .close = nccl_close,
 };

@@ -19,6 +19,7 @@
 #include "mf_backend.h"
 #include "mf_ckpt_build.h"
 #include "mf_ckpt_hf.h"
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -174,11 +175,11 @@ static int mf_hx_prepare(const mf_ckpt_plan *p, const mf_hx_layout *l, const cha
 static int mf_hx_write(mf_rt *rt, const mf_ckpt_plan *p, const mf_hx_layout *l, mf_dtype dt, const char *tmp,
                        char *err, size_t errlen)
 {
-    int *fds = malloc((size_t)l->nfiles * sizeof *fds), rc = -1;
-    uint8_t *bounce = malloc((size_t)1 << 20);
-    char path[4400], fn[64];
+    int *fds = malloc((size_t)l->nfiles * sizeof *fds), rc = -1, staged = mf_ckpt_staged(rt);
+    uint8_t *bounce = malloc((size_t)1 << 20), *host = staged ? malloc((size_t)1 << 20) : NULL;
+    char path[4400], fn[64], msg[256] = "";
     size_t ds = mf_dtype_size(dt);
-    if (!fds || !bounce) {
+    if (!fds || !bounce || (staged && !host)) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -200,11 +201,19 @@ static int mf_hx_write(mf_rt *rt, const mf_ckpt_plan *p, const mf_hx_layout *l, 
                 goto done;
             }
         }
-        int64_t per = (int64_t)(((size_t)1 << 20) / ds);
+        size_t ss = mf_dtype_size(sd);
+        int64_t per = (int64_t)(((size_t)1 << 20) / (ds > ss ? ds : ss));
         for (int64_t a = pc->start; a < pc->end; a += per) {
             int64_t n = pc->end - a < per ? pc->end - a : per;
-            mf_cpu_convert(bounce, dt, (const char *)v->main_weight + (size_t)(a - v->shard_offset) * mf_dtype_size(sd),
-                           sd, n);
+            const char *from = (const char *)v->main_weight + (size_t)(a - v->shard_offset) * ss;
+            if (staged) { /* buffer memory only through the stage hook (mf_ckpt_stage.h) */
+                if (rt->be->stage(rt, host, from, (size_t)n * ss, msg, sizeof msg) != MFSDP_OK) {
+                    snprintf(err, errlen, "copying buffer memory to host memory failed: %s", msg);
+                    goto done;
+                }
+                from = (const char *)host;
+            }
+            mf_cpu_convert(bounce, dt, from, sd, n);
             if (mf_ckpt_pwrite_all(fds[f], bounce, (size_t)n * ds, l->offset[pc->tensor] + (uint64_t)a * ds) != 0) {
                 snprintf(err, errlen, "write error: %s", strerror(errno));
                 goto done;
@@ -221,6 +230,7 @@ done:
             close(fds[f]);
     free(fds);
     free(bounce);
+    free(host);
     return rc;
 }
 
@@ -265,9 +275,9 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir, mfsdp_dtyp
         res = mf_rt_set_error(rt, res, "out of memory");
         goto done;
     }
-    if (rt->native)
-        snprintf(err, sizeof err, "checkpoints need host-memory master weights (local, mpi)"),
-            mf_hx_fail(&mine, MFSDP_ERR_UNSUPPORTED, err);
+    mfsdp_result sr = MFSDP_OK;
+    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+        mf_hx_fail(&mine, sr, err);
     else if (!dir || bad || mfsdp_dtype_size(dtype) == 0)
         snprintf(err, sizeof err, "needs a directory, a dtype and rules FROM=TO / NAME=SOURCE"),
             mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);

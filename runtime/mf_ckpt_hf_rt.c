@@ -14,6 +14,7 @@
 #include "mf_ckpt_hf.h"
 #include "mf_ckpt_hf_read.h"
 #include "mf_ckpt_io.h"
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -90,6 +91,29 @@ int mf_hf_read(const mf_hf_model *m, int t, int64_t start, int64_t end, void *ds
     return 0;
 }
 
+/* Reads view v's held elements of model tensor t into its main_weight;
+ * staged (mf_ckpt_stage.h): through a 4 MiB host buffer and the stage hook. */
+static int mf_hf_read_view(mf_rt *rt, const mf_hf_model *m, int t, const mfsdp_tensor_view *v, char *err,
+                           size_t errlen)
+{
+    mf_dtype d = (mf_dtype)v->main_weight_dtype;
+    int64_t lo = v->shard_offset, hi = v->shard_offset + v->shard_count;
+    if (!mf_ckpt_staged(rt))
+        return mf_hf_read(m, t, lo, hi, v->main_weight, d, err, errlen);
+    size_t ds = mf_dtype_size(d), cap = (size_t)4 << 20;
+    char *host = malloc(cap), msg[256] = "";
+    int rc = host ? 0 : (snprintf(err, errlen, "out of memory"), -1);
+    for (int64_t a = lo; a < hi && rc == 0; a += (int64_t)(cap / ds)) {
+        int64_t b = hi - a < (int64_t)(cap / ds) ? hi : a + (int64_t)(cap / ds);
+        rc = mf_hf_read(m, t, a, b, host, d, err, errlen);
+        if (rc == 0 && rt->be->stage(rt, (char *)v->main_weight + (size_t)(a - lo) * ds, host, (size_t)(b - a) * ds,
+                                     msg, sizeof msg) != MFSDP_OK)
+            rc = -1, snprintf(err, errlen, "copying host memory to buffer memory failed: %s", msg);
+    }
+    free(host);
+    return rc;
+}
+
 /* Matches the runtime's tensors with the model: src[k] per view k. */
 static int mf_hf_rt_match(mf_rt *rt, const mf_hf_model *m, const mf_hf_rules *rules, int *src, char *err,
                           size_t errlen)
@@ -129,9 +153,9 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
         res = mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
-    if (rt->native)
-        snprintf(err, sizeof err, "checkpoints need host-memory master weights (local, mpi)"),
-            mf_hf_fail(&mine, MFSDP_ERR_UNSUPPORTED, err);
+    mfsdp_result sr = MFSDP_OK;
+    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+        mf_hf_fail(&mine, sr, err);
     else if (!path || bad_rules)
         snprintf(err, sizeof err, "needs a path, and rules of the form FROM=TO / NAME=SOURCE"),
             mf_hf_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
@@ -142,8 +166,7 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
         goto done;
     for (int k = 0; k < rt->nviews && mine.status == MFSDP_OK; k++) {
         const mfsdp_tensor_view *v = &rt->views[k];
-        if (v->shard_count > 0 && mf_hf_read(&m, src[k], v->shard_offset, v->shard_offset + v->shard_count,
-                                             v->main_weight, (mf_dtype)v->main_weight_dtype, err, sizeof err) != 0)
+        if (v->shard_count > 0 && mf_hf_read_view(rt, &m, src[k], v, err, sizeof err) != 0)
             mf_hf_fail(&mine, MFSDP_ERR_LOAD, err);
     }
     res = mf_hf_round(rt, &mine, all, err);

@@ -7,10 +7,10 @@
  * backend lets replicas share (mf_ckpt_share.h) only its share of them. The
  * ranks agree that every read succeeded (so a refused checkpoint is refused
  * on every rank with the same message). Replicas receive what the others
- * read: with shared memory (local backend) the reader copies each chunk
- * into them during its reads, and that agreement round is the last; with
- * message passing (MPI) the transfers follow it and a last round reports
- * the outcome.
+ * read during the reads: with shared memory (local backend) the reader
+ * copies each chunk into them, with message passing (MPI) it sends each
+ * message as soon as it is read; either way every transfer is complete
+ * before that last agreement round.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -20,6 +20,7 @@
 
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -166,18 +167,21 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
     return bad ? -1 : 0;
 }
 
-/* Reads the pieces this rank reads (mf_ckpt_share.h) and the user blob. */
-static int mf_ckpt_load_data(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt,
-                             const int *map, const int *smap, char *err, size_t errlen)
+/* Reads the pieces this rank reads, hands the replicas theirs
+ * (mf_ckpt_share.h), and reads the user blob. MFSDP_OK, MFSDP_ERR_LOAD (a
+ * data error) or a backend's failure; the message in err. */
+static mfsdp_result mf_ckpt_load_data(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, mfsdp_ckpt_load_options *opt,
+                                      const int *map, const int *smap, char *err, size_t errlen)
 {
-    if (mf_ckpt_lplan_read(rt, lp, r, opt, map, smap, err, errlen) != 0)
-        return -1;
+    mfsdp_result res = mf_ckpt_lplan_read(rt, lp, r, opt, map, smap, err, errlen);
+    if (res != MFSDP_OK)
+        return res;
     size_t len = 0;
     int64_t who = opt->user_blob_rank < 0 ? rt->rank : opt->user_blob_rank;
     if (mf_ckpt_read_blob(r, who, opt->user_blob, opt->user_blob_capacity, &len, err, errlen) != 0)
-        return -1;
+        return MFSDP_ERR_LOAD;
     opt->user_blob_bytes = len;
-    return 0;
+    return MFSDP_OK;
 }
 
 mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load_options *opt)
@@ -196,9 +200,10 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         mf_rt_set_error(rt, res, "out of memory");
         goto done;
     }
-    if (rt->native) {
-        mine.status = MFSDP_ERR_UNSUPPORTED;
-        snprintf(mine.msg, sizeof mine.msg, "checkpoints need host-memory master weights (local, mpi)");
+    mfsdp_result sr = MFSDP_OK;
+    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK) {
+        mf_ckpt_lfail(&mine, err);
+        mine.status = sr;
     } else if (!dir || !opt || opt->nstates < 0 || opt->nstates > 63 || (opt->nstates && !opt->states)) {
         mine.status = MFSDP_ERR_INVALID_ARGUMENT;
         snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");
@@ -229,20 +234,13 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         goto done;
     }
     memset(&mine, 0, sizeof mine);
-    if (mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err) != 0) {
-        mine.status = MFSDP_ERR_LOAD;
+    mfsdp_result dr = mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err);
+    if (dr != MFSDP_OK) {
         mf_ckpt_lfail(&mine, err);
+        mine.status = dr;
     }
     opt->step = r.m.step;
     opt->bytes_read = r.bytes_read;
-    res = mf_ckpt_lround(rt, &mine, all, dir, err);
-    if (res != MFSDP_OK || !lp.share || (rt->be->caps & MF_BE_SHARED_MEMORY))
-        goto done; /* with shared memory the copies were made during the reads */
-    mfsdp_result sr = mf_ckpt_lplan_share(rt, &lp, opt, err, sizeof err);
-    if (sr != MFSDP_OK) {
-        mf_ckpt_lfail(&mine, err);
-        mine.status = sr;
-    }
     res = mf_ckpt_lround(rt, &mine, all, dir, err);
 done:
     if (opened)

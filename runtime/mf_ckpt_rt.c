@@ -5,8 +5,8 @@
  * rounds per save (directory ready, files written, committed); no tensor
  * data crosses ranks in a save. The load (mf_ckpt_load.c) agrees in two
  * rounds (checked, read; plus the buffer addresses' all-gather with shared
- * memory, a third round after the transfers with MPI) and moves the pieces
- * one replica read to the others (mf_ckpt_share.c).
+ * memory) and moves the pieces one replica read to the others while it
+ * reads (mf_ckpt_share.c).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "mf_ckpt_build.h"
+#include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -115,6 +116,14 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
     mf_ckpt_save_states(sv, &st);
     if (mf_ckpt_entries(p, r, &st, sv->opt->user_blob_bytes, &e, &n) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
+    /* Staged (buffer memory is not host memory, mf_ckpt_stage.h): the
+     * buffers' entries are filled through the stage hook, by the writer's
+     * bounded buffer. */
+    mf_ckpt_stage_src stage = {rt, NULL};
+    if (mf_ckpt_staged(rt) && !(stage.src = calloc((size_t)n + 1, sizeof *stage.src))) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
     for (int64_t i = 0; i < np * st.n; i++) {
         int s = (int)(i / np);
         const mf_ckpt_piece *pc = &p->p[p->first[r] + i % np];
@@ -126,6 +135,10 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
             goto done;
         }
         e[i].data = base + (size_t)(pc->start - v->shard_offset) * mf_dtype_size(st.dtype[s]);
+        if (stage.src) {
+            stage.src[i] = e[i].data;
+            e[i].data = NULL;
+        }
     }
     if (sv->opt->user_blob_bytes)
         e[n - 1].data = sv->opt->user_blob;
@@ -135,7 +148,8 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
         mf_ckpt_written wr;
         mf_ckpt_file_name(r, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", sv->tmp, name);
-        rc = mf_ckpt_write_file(path, e, n, sv->id, r, NULL, NULL, &wr, err, errlen);
+        rc = mf_ckpt_write_file(path, e, n, sv->id, r, stage.src ? mf_ckpt_stage_fill : NULL, &stage, &wr, err,
+                                errlen);
         out->has_file = rc == 0;
         out->bytes = wr.bytes;
         out->header_bytes = wr.header_bytes;
@@ -144,6 +158,7 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
     }
 done:
     mf_ckpt_entries_free(e, n);
+    free(stage.src);
     return rc;
 }
 
@@ -198,8 +213,8 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir, const mfsdp_ckp
     mfsdp_result res;
     if (!all)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if (rt->native)
-        mf_ckpt_fail(&mine, MFSDP_ERR_UNSUPPORTED, "checkpoints need host-memory master weights (local, mpi)");
+    if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+        mf_ckpt_fail(&mine, res, err);
     else if (!dir || !*dir || !opt || opt->step < 0 || (opt->user_blob_bytes && !opt->user_blob))
         mf_ckpt_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, "needs a directory and options (step >= 0, a blob "
                      "pointer with its size)");

@@ -9,9 +9,11 @@
 #include <string.h>
 
 #include "mf_ckpt_plan.h"
+#include "mf_ckpt_stage.h"
 
-/* Largest single transfer between replicas. */
-#define MF_CKPT_SHARE_CHUNK ((size_t)256 << 20)
+/* Largest single message between replicas: a reader sends each as soon as
+ * it has read it, while it reads the next. */
+#define MF_CKPT_SHARE_MSG ((size_t)4 << 20)
 
 typedef struct mf_ckpt_lvec {
     mf_ckpt_lpiece *p;
@@ -20,14 +22,10 @@ typedef struct mf_ckpt_lvec {
 
 static int mf_ckpt_lvec_push(mf_ckpt_lvec *v, mf_ckpt_lpiece x)
 {
-    if (v->n == v->cap) {
-        int64_t cap = v->cap ? v->cap * 2 : 64;
-        mf_ckpt_lpiece *np = realloc(v->p, (size_t)cap * sizeof *np);
-        if (!np)
-            return -1;
-        v->p = np;
-        v->cap = cap;
-    }
+    mf_ckpt_lpiece *np = mf_ckpt_reserve(v->p, &v->cap, v->n, sizeof *np, 64);
+    if (!np)
+        return -1;
+    v->p = np;
     v->p[v->n++] = x;
     return 0;
 }
@@ -76,13 +74,15 @@ static int mf_ckpt_lplan_tensor(const mf_ckpt_plan *plan, int k, int view, int b
 int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, size_t errlen)
 {
     memset(lp, 0, sizeof *lp);
-    lp->share = (rt->be->caps & MF_BE_SHARED_MEMORY) || rt->be->transfer;
-    if (lp->share && (rt->be->caps & MF_BE_SHARED_MEMORY)) {
+    lp->share = !mf_ckpt_staged(rt) &&
+                ((rt->be->caps & MF_BE_SHARED_MEMORY) || (rt->be->transfer_post && rt->be->transfer_wait));
+    if (lp->share) {
+        int shm = (rt->be->caps & MF_BE_SHARED_MEMORY) != 0;
         lp->per = (size_t)rt->nviews * (size_t)(nstates + 1);
-        lp->mine = calloc(lp->per ? lp->per : 1, sizeof *lp->mine);
-        lp->all = calloc((lp->per ? lp->per : 1) * (size_t)rt->world, sizeof *lp->all);
+        lp->mine = shm ? calloc(lp->per ? lp->per : 1, sizeof *lp->mine) : NULL;
+        lp->all = shm ? calloc((lp->per ? lp->per : 1) * (size_t)rt->world, sizeof *lp->all) : NULL;
         lp->reps = malloc((size_t)rt->world * sizeof *lp->reps);
-        if (!lp->mine || !lp->all || !lp->reps) {
+        if ((shm && (!lp->mine || !lp->all)) || !lp->reps) {
             mf_ckpt_lplan_free(lp);
             return snprintf(err, errlen, "out of memory (load buffer table)"), -1;
         }
@@ -190,109 +190,155 @@ mfsdp_result mf_ckpt_lplan_peers(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_
     return res;
 }
 
-int mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
-                       const int *map, const int *smap, char *err, size_t errlen)
+/* Message passing: the sends of one piece's state that its reader posts as
+ * its bytes arrive (the reader's chunk callback), in messages of
+ * MF_CKPT_SHARE_MSG bytes cut the same way on both sides. */
+typedef struct mf_ckpt_send {
+    mf_rt *rt;
+    void **set;             /* the backend's transfer set */
+    const int64_t *reps;    /* the replicas, this rank included */
+    int64_t nrep;
+    char *at;               /* the piece's state in this rank's buffer */
+    size_t bytes, posted;   /* its size; bytes whose sends are posted */
+    mfsdp_result res;       /* the first backend failure */
+    char *err;
+    size_t errlen;
+} mf_ckpt_send;
+
+/* Posts the sends of every message that lies inside [0, upto), then makes
+ * progress on the earlier ones. */
+static void mf_ckpt_send_upto(mf_ckpt_send *s, size_t upto)
+{
+    mf_be_xfer x[8];
+    while (s->res == MFSDP_OK && s->posted < s->bytes) {
+        size_t len = s->bytes - s->posted < MF_CKPT_SHARE_MSG ? s->bytes - s->posted : MF_CKPT_SHARE_MSG;
+        if (s->posted + len > upto)
+            break;
+        int k = 0;
+        for (int64_t m = 0; m < s->nrep && s->res == MFSDP_OK; m++) {
+            if (s->reps[m] != s->rt->rank)
+                x[k++] = (mf_be_xfer){s->reps[m], s->at + s->posted, len, 1};
+            if (k == 8 || (k > 0 && m + 1 == s->nrep)) {
+                s->res = s->rt->be->transfer_post(s->rt, s->set, x, k, s->err, s->errlen);
+                k = 0;
+            }
+        }
+        s->posted += len;
+    }
+    if (s->res == MFSDP_OK)
+        s->res = s->rt->be->transfer_post(s->rt, s->set, NULL, 0, s->err, s->errlen);
+}
+
+static void mf_ckpt_send_chunk(void *ctx, size_t off, const void *data, size_t n)
+{
+    (void)data;
+    mf_ckpt_send_upto(ctx, off + n);
+}
+
+/* Message passing: posts the receives of every piece state this rank gets
+ * from another replica, in the order its reader sends them. */
+static mfsdp_result mf_ckpt_post_recvs(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt,
+                                       void **set, char *err, size_t errlen)
+{
+    mfsdp_result res = MFSDP_OK;
+    for (int s = 0; s <= opt->nstates; s++)
+        for (int64_t i = 0; i < lp->n && res == MFSDP_OK; i++) {
+            const mf_ckpt_lpiece *q = &lp->p[i];
+            if (q->reader == rt->rank)
+                continue;
+            size_t es;
+            char *at = mf_ckpt_lplan_at(rt, opt, q, s, &es);
+            size_t bytes = (size_t)(q->end - q->start) * es;
+            for (size_t off = 0; off < bytes && res == MFSDP_OK; off += MF_CKPT_SHARE_MSG) {
+                mf_be_xfer x = {q->reader, at + off, bytes - off < MF_CKPT_SHARE_MSG ? bytes - off : MF_CKPT_SHARE_MSG,
+                                0};
+                res = rt->be->transfer_post(rt, set, &x, 1, err, errlen);
+            }
+        }
+    return res;
+}
+
+/* Points the reader's chunk callback at piece q's state s: the copies into
+ * the replicas' buffers (shared memory) or the sends to them (messages). */
+static void mf_ckpt_lplan_route(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt,
+                                const mf_ckpt_lpiece *q, int s, mf_ckpt_reader *r, mf_ckpt_push *push,
+                                mf_ckpt_send *send, int *last_bucket)
+{
+    size_t es;
+    char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
+    if (q->bucket != *last_bucket) {
+        *last_bucket = q->bucket;
+        push->nrep = mf_ckpt_plan_replicas(rt->s, q->bucket, rt->rank, lp->reps);
+    }
+    if (lp->all) {
+        push->col = (size_t)q->view * (size_t)(opt->nstates + 1) + (size_t)s;
+        push->at = (size_t)(q->start - rt->views[q->view].shard_offset) * es;
+        r->chunk = mf_ckpt_push_chunk;
+        r->chunk_ctx = push;
+    } else {
+        send->reps = lp->reps;
+        send->nrep = push->nrep;
+        send->at = dst;
+        send->bytes = (size_t)(q->end - q->start) * es;
+        send->posted = 0;
+        r->chunk = mf_ckpt_send_chunk;
+        r->chunk_ctx = send;
+    }
+}
+
+mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
+                                const int *map, const int *smap, char *err, size_t errlen)
 {
     /* State by state, then in plan order: the order of the entries in the
      * data files, so that a load on the saving schedule reads each file
      * front to back in one sequential pass (tensor by tensor, the three
      * states' regions of a file would be three interleaved streams, which
      * defeats the kernel's readahead). */
+    void *set = NULL;
+    int msg = lp->share && !lp->all, last_bucket = -1, rc = 0;
+    char berr[512] = "";
     mf_ckpt_push push = {rt, lp, 0, 0, 0};
-    int last_bucket = -1, rc = 0;
-    for (int s = 0; s <= opt->nstates && rc == 0; s++)
-        for (int64_t i = 0; i < lp->n && rc == 0; i++) {
+    mf_ckpt_send send = {.rt = rt, .set = &set, .res = MFSDP_OK, .err = berr, .errlen = sizeof berr};
+    mf_ckpt_stage_dst stage = {.rt = rt, .res = MFSDP_OK};
+    if (mf_ckpt_staged(rt)) { /* buffer memory only through the stage hook (no sharing then) */
+        r->nodst = 1;
+        r->chunk = mf_ckpt_stage_chunk;
+        r->chunk_ctx = &stage;
+    }
+    if (msg) /* every receive first: a send never waits for its match to be posted */
+        send.res = mf_ckpt_post_recvs(rt, lp, opt, &set, berr, sizeof berr);
+    for (int s = 0; s <= opt->nstates && send.res == MFSDP_OK; s++)
+        for (int64_t i = 0; i < lp->n && send.res == MFSDP_OK; i++) {
             const mf_ckpt_lpiece *q = &lp->p[i];
             if (q->reader != rt->rank)
                 continue;
             size_t es;
             char *dst = mf_ckpt_lplan_at(rt, opt, q, s, &es);
-            if (lp->all) { /* shared memory: copy each chunk to the replicas while in cache */
-                if (q->bucket != last_bucket) {
-                    last_bucket = q->bucket;
-                    push.nrep = mf_ckpt_plan_replicas(rt->s, q->bucket, rt->rank, lp->reps);
-                }
-                push.col = (size_t)q->view * (size_t)(opt->nstates + 1) + (size_t)s;
-                push.at = (size_t)(q->start - rt->views[q->view].shard_offset) * es;
-                r->chunk = mf_ckpt_push_chunk;
-                r->chunk_ctx = &push;
+            if (lp->share)
+                mf_ckpt_lplan_route(rt, lp, opt, q, s, r, &push, &send, &last_bucket);
+            stage.dst = dst;
+            /* After a data error the reads stop, but a reader still posts
+             * every send (of whatever its buffers hold), so that every
+             * replica's receives complete; the agreement round that follows
+             * fails the load on every rank. */
+            if (rc == 0)
+                rc = mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen);
+            if (rc == 0 && stage.res != MFSDP_OK) {
+                snprintf(err, errlen, "copying host memory to buffer memory failed: %s", stage.err);
+                rc = -1;
             }
-            rc = mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen);
+            if (msg)
+                mf_ckpt_send_upto(&send, send.bytes);
         }
     r->chunk = NULL;
     r->chunk_ctx = NULL;
-    return rc;
-}
-
-/* Appends the transfers of one piece's state: to every other replica when
- * this rank read it, else from its reader; in chunks of at most
- * MF_CKPT_SHARE_CHUNK, in the same order on both sides. */
-static int mf_ckpt_share_piece(mf_rt *rt, const mf_ckpt_lpiece *q, char *at, size_t bytes, const int64_t *reps,
-                               int64_t nrep, mf_be_xfer **x, int64_t *n, int64_t *cap)
-{
-    for (size_t off = 0; off < bytes; off += MF_CKPT_SHARE_CHUNK) {
-        size_t len = bytes - off < MF_CKPT_SHARE_CHUNK ? bytes - off : MF_CKPT_SHARE_CHUNK;
-        for (int64_t m = 0; m < (q->reader == rt->rank ? nrep : 1); m++) {
-            int64_t peer = q->reader == rt->rank ? reps[m] : q->reader;
-            if (peer == rt->rank)
-                continue;
-            if (*n == *cap) {
-                int64_t c = *cap ? *cap * 2 : 64;
-                mf_be_xfer *nx = realloc(*x, (size_t)c * sizeof *nx);
-                if (!nx)
-                    return -1;
-                *x = nx;
-                *cap = c;
-            }
-            (*x)[(*n)++] = (mf_be_xfer){peer, at + off, len, q->reader == rt->rank};
-        }
+    r->nodst = 0;
+    mfsdp_result wr = msg ? rt->be->transfer_wait(rt, set, berr, sizeof berr) : MFSDP_OK;
+    mfsdp_result br = send.res != MFSDP_OK ? send.res : wr;
+    if (br != MFSDP_OK) { /* a transfer may still be pending: the runtime is finished */
+        snprintf(err, errlen, "transfer between replicas failed: %s", berr);
+        mf_rt_fail(rt, br, err);
+        return br;
     }
-    return 0;
-}
-
-/* Message passing: the readers send, the other replicas receive, straight
- * between the runtimes' buffers (be->transfer). */
-static mfsdp_result mf_ckpt_share_transfer(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt,
-                                           char *err, size_t errlen)
-{
-    mf_be_xfer *x = NULL;
-    int64_t n = 0, cap = 0, nrep = 0;
-    int last_bucket = -1;
-    int64_t *reps = malloc((size_t)rt->world * sizeof *reps);
-    mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
-    if (!reps)
-        goto oom;
-    for (int64_t i = 0; i < lp->n; i++) {
-        const mf_ckpt_lpiece *q = &lp->p[i];
-        if (q->reader == rt->rank && q->bucket != last_bucket) {
-            last_bucket = q->bucket;
-            nrep = mf_ckpt_plan_replicas(rt->s, q->bucket, rt->rank, reps);
-        }
-        for (int s = 0; s <= opt->nstates; s++) {
-            size_t es;
-            char *at = mf_ckpt_lplan_at(rt, opt, q, s, &es);
-            if (mf_ckpt_share_piece(rt, q, at, (size_t)(q->end - q->start) * es, reps, nrep, &x, &n, &cap) != 0)
-                goto oom;
-        }
-    }
-    free(reps);
-    res = rt->be->transfer(rt, x, n, err, errlen);
-    free(x);
-    return res;
-oom:
-    free(reps);
-    free(x);
-    snprintf(err, errlen, "out of memory (load transfers)");
-    return res;
-}
-
-mfsdp_result mf_ckpt_lplan_share(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
-                                 size_t errlen)
-{
-    if (!lp->share || (rt->be->caps & MF_BE_SHARED_MEMORY))
-        return MFSDP_OK; /* nothing shared, or copied during the reads */
-    mfsdp_result res = mf_ckpt_share_transfer(rt, lp, opt, err, errlen);
-    if (res != MFSDP_OK && res != MFSDP_ERR_OUT_OF_MEMORY)
-        mf_rt_fail(rt, res, err); /* a transfer may still be pending: the runtime is finished */
-    return res;
+    return rc == 0 ? MFSDP_OK : MFSDP_ERR_LOAD;
 }

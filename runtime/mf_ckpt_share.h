@@ -7,9 +7,10 @@
  * shard's tensor elements evenly among the shard's replicas. A load follows
  * it: the rank that would write a piece in a save reads it from the
  * checkpoint, into its own buffers, and the piece then reaches the shard's
- * other replicas over the backend (be->transfer: MPI point-to-point into
- * their buffers) or, where ranks share memory (MF_BE_SHARED_MEMORY: the
- * local backend's threads), by a memcpy from the reader's buffer. Each byte
+ * other replicas over the backend (be->transfer_post: MPI point-to-point into
+ * their buffers, sent while the reader reads on) or, where ranks share
+ * memory (MF_BE_SHARED_MEMORY: the local backend's threads), by a memcpy
+ * from the reader's buffer. Each byte
  * is read once per replica group; no staging buffer is allocated (data goes
  * from the file into the reader's buffer, from there into the replicas'):
  * with shared memory the reader copies each chunk into the replicas'
@@ -44,7 +45,7 @@ typedef struct mf_ckpt_lplan {
      * mf_ckpt_lplan_peers; mine is this rank's row. */
     uintptr_t *mine, *all;
     size_t per;
-    int64_t *reps;          /* scratch: a bucket's replicas, world entries */
+    int64_t *reps;          /* sharing only, scratch: a bucket's replicas, world entries */
 } mf_ckpt_lplan;
 
 /* The pieces this rank holds (nstates: how many states the load asks
@@ -61,19 +62,20 @@ mfsdp_result mf_ckpt_lplan_peers(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_
                                  size_t errlen);
 /* Reads the pieces this rank is the reader of (main_weight and every
  * requested state; map: runtime tensor -> checkpoint tensor, smap: requested
- * state -> checkpoint state). With shared memory (after
- * mf_ckpt_lplan_peers) each chunk read and CRC'd is also copied at once,
- * while in the CPU's cache, into the same place of the shard's other
- * replicas' buffers: nothing is left for mf_ckpt_lplan_share to do, and
- * the caller's next agreement round is where every copy is complete.
- * 0, or -1 with a message. */
-int mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
-                       const int *map, const int *smap, char *err, size_t errlen);
-/* Message passing: moves every piece from its reader to the other replicas
- * (collective: after every rank's reads succeeded); a no-op with shared
- * memory (done during the reads) or without sharing. A backend failure
- * fails the runtime. */
-mfsdp_result mf_ckpt_lplan_share(mf_rt *rt, const mf_ckpt_lplan *lp, const mfsdp_ckpt_load_options *opt, char *err,
-                                 size_t errlen);
+ * state -> checkpoint state) and hands each to the shard's other replicas
+ * as it is read: with shared memory (after mf_ckpt_lplan_peers) each chunk
+ * read and CRC'd is copied at once, while in the CPU's cache, into the
+ * same place of their buffers; with message passing every receive is posted
+ * first, the sends of each message of MF_CKPT_SHARE_MSG bytes as soon as it
+ * is read (in flight while the next is read), and all are waited for at
+ * the end. After a data error the reads stop but every send is still
+ * posted, so that no replica waits for a message that never comes.
+ * Collective with message passing (every rank calls it, after the ranks
+ * agreed that the checkpoint matches every runtime). Returns MFSDP_OK,
+ * MFSDP_ERR_LOAD (a data error, message in err: the caller's next agreement
+ * round fails the load everywhere), or a backend's failure (the runtime is
+ * failed: a transfer may still be pending). */
+mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
+                                const int *map, const int *smap, char *err, size_t errlen);
 
 #endif

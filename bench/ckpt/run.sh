@@ -8,14 +8,16 @@
 # cache, as the warm load does) and cold (after dropping the file's pages
 # with `dd iflag=nocache count=0`, i.e. posix_fadvise(POSIX_FADV_DONTNEED),
 # which is what the bench does to the checkpoint's files before a cold
-# load). The bench also reads the same files into one buffer as large as
+# load) and cold with O_DIRECT (`iflag=direct bs=4M`: the disk without the
+# page cache, as a cold load reads it now). The bench also reads the same files into one buffer as large as
 # they are (the reference read, warm and cold: see ckpt_bench.c), because a
 # warm dd into a reused 1 MiB buffer that stays in the CPU's cache is not
 # the work a load does (filling distinct memory). Prints the last round's
 # bench output, then per quantity the median over the rounds and the
 # median of the per-round ratios save/dd-write, warm load/dd-read-warm,
 # cold load/dd-read-cold (the issue's goal: >= 0.8), warm load/ref-read-warm
-# and cold load/ref-read-cold, and the load average.
+# cold load/ref-read-cold and cold load/dd-read-direct, and the load
+# average.
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-bench}
@@ -46,12 +48,14 @@ while [ "$i" -lt "$rounds" ]; do
   t3=$(now)
   dd if="$work/dd" of=/dev/null bs=1M status=none
   t4=$(now)
-  echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -F= '
+  dd if="$work/dd" of=/dev/null bs=4M iflag=direct status=none
+  t5=$(now)
+  echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -v t5="$t5" -F= '
     {split($2, w, " "); v[$1] = w[1]}
     END {
-      printf "%s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
+      printf "%s %s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
              v["ckpt_load_cold_MiBps"], v["ckpt_reshard_MiBps"], mib / (t1 - t0), mib / (t2 - t1),
-             mib / (t4 - t3), v["ckpt_ref_read_warm_MiBps"], v["ckpt_ref_read_cold_MiBps"]
+             mib / (t4 - t3), v["ckpt_ref_read_warm_MiBps"], v["ckpt_ref_read_cold_MiBps"], mib / (t5 - t4)
     }' >>"$log"
   i=$((i + 1))
 done
@@ -62,19 +66,20 @@ awk -v n="$rounds" '
     for (i = 2; i <= k; i++) for (j = i; j > 1 && b[j - 1] > b[j]; j--) { t = b[j]; b[j] = b[j - 1]; b[j - 1] = t }
     return k % 2 ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
   }
-  { for (c = 1; c <= 9; c++) col[c, NR] = $c
-    rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7; qw[NR] = $2 / $8; qc[NR] = $3 / $9 }
+  { for (c = 1; c <= 10; c++) col[c, NR] = $c
+    rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7; qw[NR] = $2 / $8; qc[NR] = $3 / $9; rd[NR] = $3 / $10 }
   END {
-    split("save_MiBps load_warm_MiBps load_cold_MiBps reshard_MiBps dd_write_MiBps dd_read_warm_MiBps dd_read_cold_MiBps ref_read_warm_MiBps ref_read_cold_MiBps", name, " ")
+    split("save_MiBps load_warm_MiBps load_cold_MiBps reshard_MiBps dd_write_MiBps dd_read_warm_MiBps dd_read_cold_MiBps ref_read_warm_MiBps ref_read_cold_MiBps dd_read_direct_MiBps", name, " ")
     printf "rounds=%d (medians; dd: bs=1M, write conv=fsync, cold read after iflag=nocache count=0)\n", n
-    for (c = 1; c <= 9; c++) { for (r = 1; r <= NR; r++) x[r] = col[c, r]; printf "%s=%.0f\n", name[c], median(x, NR) }
+    for (c = 1; c <= 10; c++) { for (r = 1; r <= NR; r++) x[r] = col[c, r]; printf "%s=%.0f\n", name[c], median(x, NR) }
     printf "save_over_dd_write=%.2f\n", median(rs, NR)
     printf "load_warm_over_dd_read_warm=%.2f\n", median(rw, NR)
     printf "load_cold_over_dd_read_cold=%.2f\n", median(rc, NR)
     printf "load_warm_over_ref_read_warm=%.2f\n", median(qw, NR)
     printf "load_cold_over_ref_read_cold=%.2f\n", median(qc, NR)
-    printf "per round (save/ddw, warm/ddr, cold/ddr, warm/ref, cold/ref):"
-    for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f/%.2f/%.2f", rs[r], rw[r], rc[r], qw[r], qc[r]
+    printf "load_cold_over_dd_read_direct=%.2f\n", median(rd, NR)
+    printf "per round (save/ddw, warm/ddr, cold/ddr, warm/ref, cold/ref, cold/dd-direct):"
+    for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f/%.2f/%.2f/%.2f", rs[r], rw[r], rc[r], qw[r], qc[r], rd[r]
     printf "\n"
   }' "$log"
 df -T "$work" | tail -1 | awk '{print "filesystem=" $2 " (" $7 ")"}'

@@ -186,8 +186,6 @@ static int ck_reshard(const char *dir, const char *sched, const char *out)
     char err[2048], id[33], tmp[4096];
     int rc = 1, *tmap = NULL, made = 0;
     mf_ckpt_report *rep = NULL;
-    char *text = NULL;
-    struct stat sb;
     if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0) {
         fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
         return 1;
@@ -201,16 +199,8 @@ static int ck_reshard(const char *dir, const char *sched, const char *out)
     rep = calloc((size_t)p.world, sizeof *rep);
     if (!tmap || !rep || ck_match(&r.m, &p, tmap, err, sizeof err) != 0)
         goto fail;
-    if (stat(out, &sb) == 0) {
-        snprintf(err, sizeof err, "%s already exists (a checkpoint is never overwritten)", out);
+    if (mf_ckpt_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
         goto fail;
-    }
-    mf_ckpt_new_id(id);
-    snprintf(tmp, sizeof tmp, "%.4000s.tmp-%s", out, id);
-    if (strlen(out) > 4000 || mkdir(tmp, 0755) != 0) {
-        snprintf(err, sizeof err, "cannot create %.2000s", tmp);
-        goto fail;
-    }
     made = 1;
     mf_ckpt_states st = {.n = r.m.nstates};
     for (int i = 0; i < st.n; i++) {
@@ -220,12 +210,7 @@ static int ck_reshard(const char *dir, const char *sched, const char *out)
     for (int64_t k = 0; k < p.world; k++)
         if (ck_reshard_rank(&r, &p, tmap, &st, tmp, id, k, &rep[k], err, sizeof err) != 0)
             goto fail;
-    if (!(text = mf_ckpt_manifest_build(s, &p, &st, id, r.m.step, rep))) {
-        snprintf(err, sizeof err, "out of memory (manifest)");
-        goto fail;
-    }
-    if (mf_ckpt_write_small(tmp, MF_CKPT_MANIFEST, text, strlen(text), err, sizeof err) != 0 ||
-        mf_ckpt_commit_dir(tmp, out, err, sizeof err) != 0)
+    if (mf_ckpt_finish_dir(s, &p, &st, id, r.m.step, rep, tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;
     printf("resharded %s -> %s: %" PRId64 " ranks, %" PRIu64 " bytes read\n", dir, out, p.world, r.bytes_read);
@@ -236,7 +221,6 @@ fail:
 done:
     if (made)
         mf_ckpt_remove_dir(tmp);
-    free(text);
     free(rep);
     free(tmap);
     mf_ckpt_plan_free(&p);

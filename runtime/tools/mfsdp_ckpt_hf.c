@@ -85,8 +85,6 @@ int ck_import(int argc, char **argv)
     const char **names = NULL;
     int64_t(*dims)[MF_MAX_DIMS] = NULL;
     mf_ckpt_report *rep = NULL;
-    char *text = NULL;
-    struct stat sb;
     if (argc < 4 || ck_hf_opts(argc, argv, 4, &rules, NULL, NULL) != 0) {
         ck_hf_rules_free(&rules);
         return 2;
@@ -111,16 +109,8 @@ int ck_import(int argc, char **argv)
     }
     if (mf_hf_match(&m, &rules, p.ntensors, names, nd, (const int64_t(*)[MF_MAX_DIMS])dims, src, err, sizeof err))
         goto fail;
-    if (stat(out, &sb) == 0 || strlen(out) > 4000) {
-        snprintf(err, sizeof err, "%.4000s already exists (or its name is too long)", out);
+    if (mf_ckpt_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
         goto fail;
-    }
-    mf_ckpt_new_id(id);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%s", out, id);
-    if (mkdir(tmp, 0755) != 0) {
-        snprintf(err, sizeof err, "cannot create %s", tmp);
-        goto fail;
-    }
     made = 1;
     mf_ckpt_states st = {.n = 1, .name = {"main_weight"}, .dtype = {p.ntensors ? p.t[0].dtype : MF_FP32}};
     for (int64_t r = 0; r < p.world; r++) {
@@ -145,12 +135,7 @@ int ck_import(int argc, char **argv)
         }
         mf_ckpt_entries_free(e, n);
     }
-    if (!(text = mf_ckpt_manifest_build(s, &p, &st, id, 0, rep))) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    if (mf_ckpt_write_small(tmp, MF_CKPT_MANIFEST, text, strlen(text), err, sizeof err) != 0 ||
-        mf_ckpt_commit_dir(tmp, out, err, sizeof err) != 0)
+    if (mf_ckpt_finish_dir(s, &p, &st, id, 0, rep, tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;
     printf("imported %s -> %s: %d tensors for %" PRId64 " ranks\n", argv[1], out, p.ntensors, p.world);
@@ -161,7 +146,6 @@ fail:
 done:
     if (made)
         mf_ckpt_remove_dir(tmp);
-    free(text);
     free(rep);
     free(src);
     free(nd);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# corrupt.sh TRAINER CKPT SCHEDULE: damaged checkpoints are refused, by
+# corrupt.sh TRAINER CKPT SCHEDULE [mpi]: damaged checkpoints are refused, by
 # `mfsdp-ckpt verify` (exit 1) and by mfsdp_ckpt_load, naming the file: a
 # flipped bit in the data or in a header, a truncated file, a file from
 # another checkpoint, a missing manifest (a torn save), an edited manifest.
-TRAINER=$1 CKPT=$2 sched=$3
+# With `mpi`, also under mpirun: a corrupt first piece that one replica
+# reads (it still posts its later sends) makes all 8 ranks refuse, promptly.
+TRAINER=$1 CKPT=$2 sched=$3 with_mpi=${4:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 . "$(dirname "$0")/lib.sh"
@@ -58,6 +60,21 @@ msgs=$(echo "$out" | grep "refused: " | sed 's/.*refused: //' | sort -u | wc -l)
 [ "$lines" -eq 8 ] && [ "$msgs" -eq 1 ] || fail "not refused by all 8 ranks with rank 2's message: $out"
 echo "ok: a corrupt piece read by one replica: all 8 ranks refuse with its message"
 n=$((n + 1))
+if [ "$with_mpi" = mpi ]; then
+  # The first data byte of rank 2's file: main_weight's first piece, so the
+  # reader fails before all its sends are due; the replicas must not wait.
+  rm -rf "$WORK/bad"; cp -r "$WORK/good" "$WORK/bad"; f=$WORK/bad/rank-00002.safetensors
+  hdr=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+  flip "$f" $((8 + hdr + 4))
+  start=$(date +%s)
+  out=$(timeout 120 mpirun -np 8 --oversubscribe "$TRAINER" --backend mpi --schedule "$sched" --load "$WORK/bad" \
+        --all-errors 1 2>&1) && fail "MPI load accepted a flip"
+  lines=$(echo "$out" | grep -c "refused: rank 2: .*rank-00002.safetensors: entry 'main_weight:.*fails its CRC-32C")
+  [ "$lines" -eq 8 ] || fail "MPI: not refused by all 8 ranks with rank 2's message: $out"
+  [ $(($(date +%s) - start)) -lt 60 ] || fail "MPI: the refusal took $(($(date +%s) - start)) s"
+  echo "ok: MPI: a corrupt first piece read by one replica: all 8 ranks refuse with its message"
+  n=$((n + 1))
+fi
 # Replicas that share reads index each other's buffers by the states'
 # order: a rank passing them in another order is refused by all 8 ranks in
 # the match round, before any rank reads.

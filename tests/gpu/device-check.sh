@@ -97,6 +97,7 @@ pack() {
         die "cannot build the NCCL stub"
     cp "$root"/schedules/*.yaml "$dir/data/schedules/" 2>/dev/null || true
     cp "$root"/tests/gpu/*.mfsdp "$dir/data/" || die "cannot copy tests/gpu/*.mfsdp"
+    cp "$root"/tests/ckpt/specs/hsdp_4x2.mfsdp "$dir/data/" || die "cannot copy tests/ckpt/specs/hsdp_4x2.mfsdp"
     cp "$SELF" "$dir/device-check.sh"
     local archs nvcc_v gencode
     archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
@@ -230,7 +231,7 @@ run_prebuilt() {
     # ---- 2. the oracle ----
     if stage "2. replay oracle (cuda-local, NCCL 1x1) and mfsdp-replay" 60; then
         if [ $NOGPU = 1 ]; then
-            say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, mfsdp-replay: need a GPU"
+            say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, test_ckpt_gpu, mfsdp-replay: need a GPU"
         else
             run 120 "$OUT/stage2.log" env MFSDP_GPU_QUICK=1 "$B/test_gpu_replay"
             verdict "test_gpu_replay (modes x {1x1, 2x2, 2x4} x M {1, 3} on cuda-local; every mode on NCCL 1x1$([ "$NCCL_OK" = 1 ] || echo ', which fails without NCCL'))" $?
@@ -238,6 +239,9 @@ run_prebuilt() {
                 run 60 "$OUT/stage2.log" "$B/$t"
                 verdict "$t" $?
             done
+            run 20 "$OUT/stage2.log" "$B/mfsdpc" compile "$D/hsdp_4x2.mfsdp" -o "$W/hsdp_4x2.yaml" &&
+                run 60 "$OUT/stage2.log" "$B/test_ckpt_gpu" "$W/hsdp_4x2.yaml" "$W"
+            verdict "test_ckpt_gpu (checkpoint save + load, Hugging Face export + import on cuda-local 4 x 2 HSDP: device buffers through the stage hook, bit for bit)" $?
             for y in "$D"/schedules/*.yaml; do
                 [ -f "$y" ] || continue
                 local name
