@@ -527,7 +527,7 @@ static bool mf_load_unit_buckets(mf_loader *l, mf_node **lists)
         mf_node *list = lists[u];
         int n = mf_load_seq_len(list);
         for (int i = 0; i < n; i++) {
-            int x;
+            int x = -1;
             if (!mf_load_ref(l, mf_load_item(l, list, i), &l->buckets, "bucket", &x))
                 return false;
             if (s->buckets[x].unit != u)

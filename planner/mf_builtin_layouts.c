@@ -60,6 +60,8 @@ static bool expand(const char *pat, int naxes, mf_placement *out)
 {
     size_t n = strlen(pat);
     memset(out, 0, sizeof *out);
+    if (naxes < 1 || naxes > MF_MAX_AXES)
+        return false;
     for (int j = 0; j < naxes; j++) {
         char c = n == 1 ? pat[0] : n == 2 ? pat[j == 0 ? 0 : 1] : pat[j];
         if (n > 2 && n != (size_t)naxes)
