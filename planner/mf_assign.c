@@ -183,6 +183,7 @@ typedef struct pack {
     int *order, *pos;       /* pos[i]: i's place in order */
     int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
     range *rg;
+    uint64_t *keys;         /* lowest_fit's sort keys */
     int64_t work;           /* neighbour visits so far (the search budget) */
 } pack;
 
@@ -199,6 +200,7 @@ static void pack_free(pack *p)
     free(p->off);
     free(p->top);
     free(p->rg);
+    free(p->keys);
 }
 
 /* Collects the transient buffers that have segments and their neighbours.
@@ -220,10 +222,11 @@ static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
     p->off = malloc(sizeof *p->off * nb);
     p->top = malloc(sizeof *p->top * nb);
     p->rg = malloc(sizeof *p->rg * nb);
+    p->keys = malloc(sizeof *p->keys * nb);
     bool ok = false;
     int nadj = 0, cap = 0;
     if (!loc || !stamp || !cand || !sl.list || !sl.len || !sl.cap || !p->buf || !p->bytes || !p->start ||
-        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg)
+        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys)
         goto done;
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
@@ -277,6 +280,44 @@ done:
  * order then, and restores what it saved) and returns a value above limit;
  * the work budget still counts every remaining buffer as placed, so the
  * search takes the same steps as with every buffer placed. */
+/* The lowest offset at >= 0 with [at, at + bytes) free of the n ranges:
+ * the ranges in order of start, at raised to the end of each that meets
+ * [at, at + bytes), until one starts at or past at + bytes. The order is a
+ * sort of keys start << KEY_SHIFT | index (one 8-byte value each) when every
+ * start and the count fit; else sort_ranges. Equal starts may come in
+ * either order (sort_ranges), so both give the same offset. keys: room for
+ * n entries. */
+#define KEY_SHIFT 20
+static int64_t lowest_fit(range *rg, uint64_t *keys, int n, int64_t bytes)
+{
+    int64_t at = 0;
+    uint64_t big = 0;
+    for (int r = 0; r < n; r++)
+        big |= (uint64_t)rg[r].lo;
+    if (n >= (1 << KEY_SHIFT) || big >> (63 - KEY_SHIFT)) {
+        sort_ranges(rg, n);
+        for (int r = 0; r < n && rg[r].lo < at + bytes; r++)
+            if (rg[r].hi > at)
+                at = rg[r].hi;
+        return at;
+    }
+    for (int r = 0; r < n; r++) {
+        uint64_t k = (uint64_t)rg[r].lo << KEY_SHIFT | (uint64_t)r;
+        int j = r - 1;
+        while (j >= 0 && keys[j] > k) {
+            keys[j + 1] = keys[j];
+            j--;
+        }
+        keys[j + 1] = k;
+    }
+    for (int r = 0; r < n && (int64_t)(keys[r] >> KEY_SHIFT) < at + bytes; r++) {
+        int64_t hi = rg[keys[r] & ((1u << KEY_SHIFT) - 1)].hi;
+        if (hi > at)
+            at = hi;
+    }
+    return at;
+}
+
 static int64_t place_from(pack *p, int k0, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
@@ -293,11 +334,7 @@ static int64_t place_from(pack *p, int k0, int64_t limit)
                 p->rg[nr++] = (range){p->off[j], p->off[j] + p->bytes[j]};
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
-        sort_ranges(p->rg, nr);
-        int64_t at = 0;
-        for (int r = 0; r < nr && p->rg[r].lo < at + p->bytes[i]; r++)
-            if (p->rg[r].hi > at)
-                at = p->rg[r].hi;
+        int64_t at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
         p->off[i] = at;
         if (at + p->bytes[i] > top)
             top = at + p->bytes[i];
