@@ -219,7 +219,7 @@ static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
     p->adj_start = calloc(nb + 1, sizeof *p->adj_start);
     p->order = malloc(sizeof *p->order * nb);
     p->pos = malloc(sizeof *p->pos * nb);
-    p->off = malloc(sizeof *p->off * nb);
+    p->off = calloc(nb, sizeof *p->off); /* read before placed (place_from) */
     p->top = malloc(sizeof *p->top * nb);
     p->rg = malloc(sizeof *p->rg * nb);
     p->keys = malloc(sizeof *p->keys * nb);
@@ -330,8 +330,9 @@ static int64_t place_from(pack *p, int k0, int64_t limit)
         int i = p->order[k], nr = 0;
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
             int j = p->adj[e];
-            if (p->pos[j] < k)
-                p->rg[nr++] = (range){p->off[j], p->off[j] + p->bytes[j]};
+            /* written always, kept when j is placed (no branch to mispredict) */
+            p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
+            nr += p->pos[j] < k;
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
         int64_t at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
