@@ -512,12 +512,27 @@ static bool collect_edge(void *ctx, int a, int b)
     return true;
 }
 
-static int cmp_edge(const void *x, const void *y)
+/* Sorts the edges by (b, a) (segments 0 .. nsegs-1): a counting sort by a,
+ * then a stable one by b. False on OOM. */
+static bool sort_edges(edge_vec *v, int nsegs)
 {
-    const edge *a = x, *b = y;
-    if (a->b != b->b)
-        return a->b < b->b ? -1 : 1;
-    return (a->a > b->a) - (a->a < b->a);
+    edge *tmp = malloc(sizeof *tmp * (size_t)v->n);
+    int *at = malloc(sizeof *at * ((size_t)nsegs + 1));
+    bool ok = tmp && at;
+    for (int pass = 0; ok && pass < 2; pass++) {
+        const edge *from = pass == 0 ? v->e : tmp;
+        edge *to = pass == 0 ? tmp : v->e;
+        memset(at, 0, sizeof *at * ((size_t)nsegs + 1));
+        for (int i = 0; i < v->n; i++)
+            at[(pass == 0 ? from[i].a : from[i].b) + 1]++;
+        for (int g = 0; g < nsegs; g++)
+            at[g + 1] += at[g];
+        for (int i = 0; i < v->n; i++)
+            to[at[pass == 0 ? from[i].a : from[i].b]++] = from[i];
+    }
+    free(tmp);
+    free(at);
+    return ok;
 }
 
 /* ---- the waits ---- */
@@ -931,8 +946,10 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
         free(v.e);
         return false;
     }
-    if (v.n > 0)
-        qsort(v.e, (size_t)v.n, sizeof *v.e, cmp_edge);
+    if (v.n > 0 && !sort_edges(&v, lv->nsegs)) {
+        free(v.e);
+        return false;
+    }
     int m = 0;
     for (int i = 0; i < v.n; i++)
         if (m == 0 || v.e[m - 1].a != v.e[i].a || v.e[m - 1].b != v.e[i].b)
