@@ -196,14 +196,6 @@ typedef struct pair {
     int a, b;               /* a < b */
 } pair;
 
-static int cmp_pair(const void *x, const void *y)
-{
-    const pair *p = x, *q = y;
-    if (p->a != q->a)
-        return p->a < q->a ? -1 : 1;
-    return (p->b > q->b) - (p->b < q->b);
-}
-
 typedef struct graph {
     int n;
     int *buf;               /* vertex -> buffer */
@@ -276,6 +268,29 @@ static bool sweep(graph *g)
     return ok;
 }
 
+/* Sorts the pairs by (a, b), a before b: a counting sort
+ * by b, then a stable one by a (vertices are 0 .. n-1). False on OOM. */
+static bool sort_pairs(graph *g)
+{
+    pair *tmp = malloc(sizeof *tmp * (size_t)g->npairs);
+    int *at = malloc(sizeof *at * ((size_t)g->n + 1));
+    bool ok = tmp && at;
+    for (int pass = 0; ok && pass < 2; pass++) {
+        const pair *from = pass == 0 ? g->pairs : tmp;
+        pair *to = pass == 0 ? tmp : g->pairs;
+        memset(at, 0, sizeof *at * ((size_t)g->n + 1));
+        for (int i = 0; i < g->npairs; i++)
+            at[(pass == 0 ? from[i].b : from[i].a) + 1]++;
+        for (int v = 0; v < g->n; v++)
+            at[v + 1] += at[v];
+        for (int i = 0; i < g->npairs; i++)
+            to[at[pass == 0 ? from[i].b : from[i].a]++] = from[i];
+    }
+    free(tmp);
+    free(at);
+    return ok;
+}
+
 static bool build(graph *g, const mf_schedule *s, const mf_live *lv)
 {
     g->buf = malloc(sizeof *g->buf * (size_t)(s->nbuffers + 1));
@@ -300,7 +315,7 @@ static bool build(graph *g, const mf_schedule *s, const mf_live *lv)
         ok = sweep(g);
     }
     if (ok && g->npairs > 0)
-        qsort(g->pairs, (size_t)g->npairs, sizeof *g->pairs, cmp_pair);
+        ok = sort_pairs(g);
     int m = 0;
     for (int i = 0; ok && i < g->npairs; i++)
         if (m == 0 || g->pairs[m - 1].a != g->pairs[i].a || g->pairs[m - 1].b != g->pairs[i].b)

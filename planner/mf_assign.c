@@ -183,6 +183,7 @@ typedef struct pack {
     int *order, *pos;       /* pos[i]: i's place in order */
     int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
     range *rg;
+    uint64_t *keys;         /* lowest_fit's sort keys */
     int64_t work;           /* neighbour visits so far (the search budget) */
 } pack;
 
@@ -199,6 +200,7 @@ static void pack_free(pack *p)
     free(p->off);
     free(p->top);
     free(p->rg);
+    free(p->keys);
 }
 
 /* Collects the transient buffers that have segments and their neighbours.
@@ -217,13 +219,14 @@ static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
     p->adj_start = calloc(nb + 1, sizeof *p->adj_start);
     p->order = malloc(sizeof *p->order * nb);
     p->pos = malloc(sizeof *p->pos * nb);
-    p->off = malloc(sizeof *p->off * nb);
+    p->off = calloc(nb, sizeof *p->off); /* read before placed (place_from) */
     p->top = malloc(sizeof *p->top * nb);
     p->rg = malloc(sizeof *p->rg * nb);
+    p->keys = malloc(sizeof *p->keys * nb);
     bool ok = false;
     int nadj = 0, cap = 0;
     if (!loc || !stamp || !cand || !sl.list || !sl.len || !sl.cap || !p->buf || !p->bytes || !p->start ||
-        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg)
+        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys)
         goto done;
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
@@ -277,6 +280,44 @@ done:
  * order then, and restores what it saved) and returns a value above limit;
  * the work budget still counts every remaining buffer as placed, so the
  * search takes the same steps as with every buffer placed. */
+/* The lowest offset at >= 0 with [at, at + bytes) free of the n ranges:
+ * the ranges in order of start, at raised to the end of each that meets
+ * [at, at + bytes), until one starts at or past at + bytes. The order is a
+ * sort of keys start << KEY_SHIFT | index (one 8-byte value each) when every
+ * start and the count fit; else sort_ranges. Equal starts may come in
+ * either order (sort_ranges), so both give the same offset. keys: room for
+ * n entries. */
+#define KEY_SHIFT 20
+static int64_t lowest_fit(range *rg, uint64_t *keys, int n, int64_t bytes)
+{
+    int64_t at = 0;
+    uint64_t big = 0;
+    for (int r = 0; r < n; r++)
+        big |= (uint64_t)rg[r].lo;
+    if (n >= (1 << KEY_SHIFT) || big >> (63 - KEY_SHIFT)) {
+        sort_ranges(rg, n);
+        for (int r = 0; r < n && rg[r].lo < at + bytes; r++)
+            if (rg[r].hi > at)
+                at = rg[r].hi;
+        return at;
+    }
+    for (int r = 0; r < n; r++) {
+        uint64_t k = (uint64_t)rg[r].lo << KEY_SHIFT | (uint64_t)r;
+        int j = r - 1;
+        while (j >= 0 && keys[j] > k) {
+            keys[j + 1] = keys[j];
+            j--;
+        }
+        keys[j + 1] = k;
+    }
+    for (int r = 0; r < n && (int64_t)(keys[r] >> KEY_SHIFT) < at + bytes; r++) {
+        int64_t hi = rg[keys[r] & ((1u << KEY_SHIFT) - 1)].hi;
+        if (hi > at)
+            at = hi;
+    }
+    return at;
+}
+
 static int64_t place_from(pack *p, int k0, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
@@ -289,15 +330,12 @@ static int64_t place_from(pack *p, int k0, int64_t limit)
         int i = p->order[k], nr = 0;
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
             int j = p->adj[e];
-            if (p->pos[j] < k)
-                p->rg[nr++] = (range){p->off[j], p->off[j] + p->bytes[j]};
+            /* written always, kept when j is placed (no branch to mispredict) */
+            p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
+            nr += p->pos[j] < k;
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
-        sort_ranges(p->rg, nr);
-        int64_t at = 0;
-        for (int r = 0; r < nr && p->rg[r].lo < at + p->bytes[i]; r++)
-            if (p->rg[r].hi > at)
-                at = p->rg[r].hi;
+        int64_t at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
         p->off[i] = at;
         if (at + p->bytes[i] > top)
             top = at + p->bytes[i];
@@ -474,12 +512,27 @@ static bool collect_edge(void *ctx, int a, int b)
     return true;
 }
 
-static int cmp_edge(const void *x, const void *y)
+/* Sorts the edges by (b, a) (segments 0 .. nsegs-1): a counting sort by a,
+ * then a stable one by b. False on OOM. */
+static bool sort_edges(edge_vec *v, int nsegs)
 {
-    const edge *a = x, *b = y;
-    if (a->b != b->b)
-        return a->b < b->b ? -1 : 1;
-    return (a->a > b->a) - (a->a < b->a);
+    edge *tmp = malloc(sizeof *tmp * (size_t)v->n);
+    int *at = malloc(sizeof *at * ((size_t)nsegs + 1));
+    bool ok = tmp && at;
+    for (int pass = 0; ok && pass < 2; pass++) {
+        const edge *from = pass == 0 ? v->e : tmp;
+        edge *to = pass == 0 ? tmp : v->e;
+        memset(at, 0, sizeof *at * ((size_t)nsegs + 1));
+        for (int i = 0; i < v->n; i++)
+            at[(pass == 0 ? from[i].a : from[i].b) + 1]++;
+        for (int g = 0; g < nsegs; g++)
+            at[g + 1] += at[g];
+        for (int i = 0; i < v->n; i++)
+            to[at[pass == 0 ? from[i].a : from[i].b]++] = from[i];
+    }
+    free(tmp);
+    free(at);
+    return ok;
 }
 
 /* ---- the waits ---- */
@@ -893,8 +946,10 @@ static bool add_waits(mf_schedule *s, const mf_live *lv, mf_assign_stats *stats)
         free(v.e);
         return false;
     }
-    if (v.n > 0)
-        qsort(v.e, (size_t)v.n, sizeof *v.e, cmp_edge);
+    if (v.n > 0 && !sort_edges(&v, lv->nsegs)) {
+        free(v.e);
+        return false;
+    }
     int m = 0;
     for (int i = 0; i < v.n; i++)
         if (m == 0 || v.e[m - 1].a != v.e[i].a || v.e[m - 1].b != v.e[i].b)

@@ -113,10 +113,12 @@ typedef struct mf_plan_search {
     struct mf_ps_live_item *lb_items; /* nunits, for mf_ps_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
-    mf_hash memo_index;     /* laid-out schedule -> memo entry (mf_plan_search.c) */
     mf_vec memo;            /* figures computed per laid-out schedule */
-    uint8_t *memo_key;      /* scratch for the key */
-    size_t memo_keycap;
+    uint64_t *memo_hash;    /* open addressing, memo_cap slots: the key's hash */
+    int32_t *memo_slot;     /* memo entry + 1 per slot; 0: empty */
+    size_t memo_cap;        /* a power of 2 (0 before the first entry) */
+    uint8_t *memo_keys;     /* every entry's key, one after another */
+    size_t memo_keys_len, memo_keys_cap;
     int64_t reused;         /* candidates whose laid-out schedule was seen before */
     int *layout_canon;      /* spec.nlayouts entries, for mf_plan.layout_canon */
     int nfront;

@@ -222,13 +222,12 @@ typedef struct sim {
     int64_t *ibytes;        /* per op: bytes of one instance */
     bool *coll;             /* per op: a collective */
     void *block;            /* owns the arrays above */
-    mf_sim_item scratch;    /* time_only: the item being issued (no items are kept) */
 } sim;
 
 static mf_sim_item *append(sim *st, mf_stream stream, double dur)
 {
     mf_sim_result *r = st->r;
-    mf_sim_item *it = r->items ? &r->items[r->nitems] : &st->scratch;
+    mf_sim_item *it = &r->items[r->nitems];
     memset(it, 0, sizeof *it);
     it->stream = stream;
     it->dep = -1;
@@ -327,8 +326,52 @@ static void op_figures(sim *st)
     }
 }
 
+/* issue_op for time_only: the same start and end arithmetic (the stream's
+ * end, then the host gate, then the record's end), the same counters, but
+ * no item is built. */
+static void issue_op_time(sim *st, int opid)
+{
+    const mf_op *op = &st->s->ops[opid];
+    mf_sim_result *r = st->r;
+    int stream = op->stream;
+    if (st->cfg->single_stream && stream == MF_STREAM_OUTER)
+        stream = MF_STREAM_INNER;
+    double start = st->stream_end[stream];
+    if (!st->cfg->host_async && stream != MF_STREAM_COMPUTE && st->stream_end[MF_STREAM_COMPUTE] > start)
+        start = st->stream_end[MF_STREAM_COMPUTE];
+    if (op->kind == MF_OP_WAIT) {
+        if (st->last_record[op->event] < 0)
+            r->unmatched_waits++;
+        else if (st->rec_stream[op->event] == stream)
+            r->same_stream_waits++;
+        else if (st->rec_end[op->event] > start)
+            start = st->rec_end[op->event];
+    }
+    double end = start + st->dur[opid];
+    if (st->coll[opid]) {
+        r->bytes[op->axis] += st->ibytes[opid];
+        r->launches[op->axis]++;
+    }
+    int idx = r->nitems++;
+    st->stream_end[stream] = end;
+    r->busy[stream] += end - start;
+    if (op->kind == MF_OP_RECORD) {
+        st->last_record[op->event] = idx;
+        st->rec_end[op->event] = end;
+        st->rec_stream[op->event] = stream;
+    }
+}
+
 static void issue_hook(sim *st, const hook_index *h, mf_phase p, int unit, int m)
 {
+    if (st->cfg->time_only) {
+        int k = hook_key(h, p, unit);
+        bool step_phase = p == MF_PHASE_STEP_BEGIN || p == MF_PHASE_STEP_END;
+        for (int i = h->start[k]; i < h->start[k + 1]; i++)
+            if (step_phase || when_holds(st->s->ops[h->idx[i]].when, m, st->s->microbatches))
+                issue_op_time(st, h->idx[i]);
+        return;
+    }
     int k = hook_key(h, p, unit);
     for (int i = h->start[k]; i < h->start[k + 1]; i++) {
         const mf_op *op = &st->s->ops[h->idx[i]];
@@ -340,6 +383,15 @@ static void issue_hook(sim *st, const hook_index *h, mf_phase p, int unit, int m
 
 static void issue_compute(sim *st, int unit, int m, bool backward)
 {
+    if (st->cfg->time_only) { /* issue_op_time's counterpart */
+        double start = st->stream_end[MF_STREAM_COMPUTE];
+        double end = start + (backward ? st->bwd[unit] : st->fwd[unit]);
+        st->r->compute_time += end - start;
+        st->r->nitems++;
+        st->stream_end[MF_STREAM_COMPUTE] = end;
+        st->r->busy[MF_STREAM_COMPUTE] += end - start;
+        return;
+    }
     mf_sim_item *it = append(st, MF_STREAM_COMPUTE, backward ? st->bwd[unit] : st->fwd[unit]);
     it->op = -1;
     it->unit = unit;
@@ -461,7 +513,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     sim st = {.s = s, .cfg = cfg, .r = r, .cap = (int)nitems};
     hook_index h = {0};
     int rc = -1;
-    /* time_only keeps no items: each is built in st.scratch */
+    /* time_only keeps no items (issue_op_time, issue_compute) */
     r->items = cfg->time_only ? NULL : malloc(((size_t)nitems + 1) * sizeof *r->items);
     /* the per-event, per-unit and per-op arrays in one block, 8-byte
        elements first */
