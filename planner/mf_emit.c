@@ -34,10 +34,12 @@ typedef struct mf_emit_ctx {
     FILE *out;
     bool ok;            /* false after the first emitter or write error */
     bool em_live;       /* em is initialized (a segment is open) */
-    /* Whether each bucket / buffer name needs quotes, decided once: ops name
-     * them hundreds of thousands of times. NULL (out of memory) = decide each time. */
+    /* Whether each bucket / buffer name needs quotes, decided once when
+     * mf_emit_ops writes the ops (they name them hundreds of thousands of
+     * times). NULL (out of memory) = decide each time. */
     yaml_scalar_style_t *bucket_style;
     yaml_scalar_style_t *buffer_style;
+    mf_emit_lines *lines; /* the direct writer; NULL: out of memory */
 } mf_emit_ctx;
 
 static int mf_emit_write(void *data, unsigned char *buffer, size_t size)
@@ -302,6 +304,12 @@ static void mf_emit_ops(mf_emit_ctx *c)
 {
     static const char *const tnames[] = {"T0", "T1", "T2", "T3", "T4"};
     const mf_schedule *s = c->s;
+    c->bucket_style = malloc(sizeof *c->bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
+    c->buffer_style = malloc(sizeof *c->buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
+    for (int i = 0; c->bucket_style && i < s->nbuckets; i++)
+        c->bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
+    for (int i = 0; c->buffer_style && i < s->nbuffers; i++)
+        c->buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
     mf_emit_key(c, "ops");
     mf_emit_seq_begin(c, false);
     for (int i = 0; i < s->nops; i++) {
@@ -331,6 +339,9 @@ static void mf_emit_ops(mf_emit_ctx *c)
         mf_emit_map_end(c);
     }
     mf_emit_seq_end(c);
+    free(c->bucket_style);
+    free(c->buffer_style);
+    c->bucket_style = c->buffer_style = NULL;
 }
 
 static void mf_emit_role_map(mf_emit_ctx *c, const char *key, const int64_t v[MF_ROLE_COUNT])
@@ -418,12 +429,12 @@ static void mf_emit_seg_end(mf_emit_ctx *c)
 
 /* One of the sections of mf_emit_lines.h: written directly when it can be,
  * else as a segment of its own by libyaml's emitter (section(c)). */
-static void mf_emit_section(mf_emit_ctx *c, int (*direct)(const mf_schedule *, FILE *),
+static void mf_emit_section(mf_emit_ctx *c, int (*direct)(mf_emit_lines *, FILE *),
                             void (*section)(mf_emit_ctx *))
 {
     if (!c->ok)
         return;
-    int rc = direct(c->s, c->out);
+    int rc = direct(c->lines, c->out);
     if (rc == MF_EMIT_LINES_IO)
         c->ok = false;
     if (rc != MF_EMIT_LINES_NOT_PLAIN)
@@ -455,12 +466,7 @@ static void mf_emit_arena_events(mf_emit_ctx *c)
 int mf_emit_yaml(const mf_schedule *s, FILE *out)
 {
     mf_emit_ctx c = {.s = s, .out = out, .ok = true};
-    c.bucket_style = malloc(sizeof *c.bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
-    c.buffer_style = malloc(sizeof *c.buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
-    for (int i = 0; c.bucket_style && i < s->nbuckets; i++)
-        c.bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
-    for (int i = 0; c.buffer_style && i < s->nbuffers; i++)
-        c.buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
+    c.lines = mf_emit_lines_new(s); /* NULL (out of memory): libyaml writes all */
 
     mf_emit_seg_begin(&c);
     mf_emit_header(&c);
@@ -476,7 +482,6 @@ int mf_emit_yaml(const mf_schedule *s, FILE *out)
     mf_emit_summary(&c);
     mf_emit_seg_end(&c);
 
-    free(c.bucket_style);
-    free(c.buffer_style);
+    mf_emit_lines_free(c.lines);
     return c.ok ? 0 : -1;
 }

@@ -21,12 +21,20 @@
 /* Results of the writers below. */
 enum { MF_EMIT_LINES_OK = 0, MF_EMIT_LINES_NOT_PLAIN = 1, MF_EMIT_LINES_IO = -1 };
 
-/* Writes the `buffers:` section (key and items, ending in a newline) of s to
- * out, or nothing (MF_EMIT_LINES_NOT_PLAIN) when a string would need quotes.
- * MF_EMIT_LINES_IO: a write failed (out then holds part of the section). */
-int mf_emit_lines_buffers(const mf_schedule *s, FILE *out);
+/* The names of one schedule, measured once for both sections. */
+typedef struct mf_emit_lines mf_emit_lines;
+
+/* Measures the names of s (which must outlive the result); NULL when out of
+ * memory. Free with mf_emit_lines_free(). */
+mf_emit_lines *mf_emit_lines_new(const mf_schedule *s);
+void mf_emit_lines_free(mf_emit_lines *l);
+
+/* Writes the `buffers:` section (key and items, ending in a newline) to out,
+ * or nothing (MF_EMIT_LINES_NOT_PLAIN) when a string would need quotes or l
+ * is NULL. MF_EMIT_LINES_IO: a write failed (out then holds part of it). */
+int mf_emit_lines_buffers(mf_emit_lines *l, FILE *out);
 
 /* The same for the `ops:` section. */
-int mf_emit_lines_ops(const mf_schedule *s, FILE *out);
+int mf_emit_lines_ops(mf_emit_lines *l, FILE *out);
 
 #endif
