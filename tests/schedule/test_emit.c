@@ -146,8 +146,8 @@ static void test_bucket_axis_quoted(void **state)
     int b = st_bucket(sched, "u0/L");
     assert_true(b >= 0);
     check_rename(&sched->buckets[b].name, "0/L", "\"0/L\"", bctx, 8);
-    /* The summary's per-axis keys are always written plain (docs/schedule.md
-     * §2.4): spell them first, then the quoted values. */
+    /* planner/mf_emit.c writes every mapping key plain, the summary's
+     * per-axis keys included: spell those first, then the quoted values. */
     int n1;
     char *keys = replace_all(plain, ", dp_inner: ", ", yes: ", &n1);
     char *saved = plain;
