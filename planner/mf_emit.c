@@ -1,6 +1,10 @@
 /*
  * mf_emit: writes a schedule as the canonical YAML of docs/schedule.md §1 with libyaml's
- * emitter (docs/schedule.md describes every key).
+ * emitter (docs/schedule.md describes every key). The `buffers:` and `ops:`
+ * sections, one line per buffer and per op, are written directly by
+ * mf_emit_lines.c with the same bytes when all their strings are plain: an
+ * emitter event per scalar was a third of a large compile (see
+ * mf_emit_lines.c for why that is safe).
  *
  * Invariants of the output:
  *   - canonical: the bytes depend only on the schedule; keys come in a fixed
@@ -20,6 +24,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "mf_emit_lines.h"
 #include "mf_passes.h"
 #include "mf_yaml_str.h"
 
@@ -28,10 +33,13 @@ typedef struct mf_emit_ctx {
     const mf_schedule *s;
     FILE *out;
     bool ok;            /* false after the first emitter or write error */
-    /* Whether each bucket / buffer name needs quotes, decided once: ops name
-     * them hundreds of thousands of times. NULL (out of memory) = decide each time. */
+    bool em_live;       /* em is initialized (a segment is open) */
+    /* Whether each bucket / buffer name needs quotes, decided once when
+     * mf_emit_ops writes the ops (they name them hundreds of thousands of
+     * times). NULL (out of memory) = decide each time. */
     yaml_scalar_style_t *bucket_style;
     yaml_scalar_style_t *buffer_style;
+    mf_emit_lines *lines; /* the direct writer; NULL: out of memory */
 } mf_emit_ctx;
 
 static int mf_emit_write(void *data, unsigned char *buffer, size_t size)
@@ -296,6 +304,12 @@ static void mf_emit_ops(mf_emit_ctx *c)
 {
     static const char *const tnames[] = {"T0", "T1", "T2", "T3", "T4"};
     const mf_schedule *s = c->s;
+    c->bucket_style = malloc(sizeof *c->bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
+    c->buffer_style = malloc(sizeof *c->buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
+    for (int i = 0; c->bucket_style && i < s->nbuckets; i++)
+        c->bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
+    for (int i = 0; c->buffer_style && i < s->nbuffers; i++)
+        c->buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
     mf_emit_key(c, "ops");
     mf_emit_seq_begin(c, false);
     for (int i = 0; i < s->nops; i++) {
@@ -325,6 +339,9 @@ static void mf_emit_ops(mf_emit_ctx *c)
         mf_emit_map_end(c);
     }
     mf_emit_seq_end(c);
+    free(c->bucket_style);
+    free(c->buffer_style);
+    c->bucket_style = c->buffer_style = NULL;
 }
 
 static void mf_emit_role_map(mf_emit_ctx *c, const char *key, const int64_t v[MF_ROLE_COUNT])
@@ -367,52 +384,104 @@ static void mf_emit_summary(mf_emit_ctx *c)
     mf_emit_map_end(c);
 }
 
+/* Starts a segment: a stream holding one document whose root is a block
+ * mapping. The document is written as several such segments (see
+ * mf_emit_yaml); each ends where the next top-level key would start. */
+static void mf_emit_seg_begin(mf_emit_ctx *c)
+{
+    yaml_event_t ev;
+    if (!c->ok)
+        return;
+    if (!yaml_emitter_initialize(&c->em)) {
+        c->ok = false;
+        return;
+    }
+    c->em_live = true;
+    yaml_emitter_set_output(&c->em, mf_emit_write, c);
+    yaml_emitter_set_unicode(&c->em, 1);
+    yaml_emitter_set_indent(&c->em, 2);
+    yaml_emitter_set_width(&c->em, -1); /* never wrap: one op per line */
+    yaml_emitter_set_break(&c->em, YAML_LN_BREAK);
+    int ok = yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING);
+    mf_emit_event(c, &ev, ok);
+    ok = yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1);
+    mf_emit_event(c, &ev, ok);
+    mf_emit_map_begin(c, false);
+}
+
+/* Ends the segment: closes the mapping, the document and the stream and
+ * flushes. The implicit document end writes only the last line's break. */
+static void mf_emit_seg_end(mf_emit_ctx *c)
+{
+    yaml_event_t ev;
+    if (!c->em_live)
+        return;
+    mf_emit_map_end(c);
+    int ok = yaml_document_end_event_initialize(&ev, 1);
+    mf_emit_event(c, &ev, ok);
+    ok = yaml_stream_end_event_initialize(&ev);
+    mf_emit_event(c, &ev, ok);
+    if (c->ok && !yaml_emitter_flush(&c->em))
+        c->ok = false;
+    yaml_emitter_delete(&c->em);
+    c->em_live = false;
+}
+
+/* One of the sections of mf_emit_lines.h: written directly when it can be,
+ * else as a segment of its own by libyaml's emitter (section(c)). */
+static void mf_emit_section(mf_emit_ctx *c, int (*direct)(mf_emit_lines *, FILE *),
+                            void (*section)(mf_emit_ctx *))
+{
+    if (!c->ok)
+        return;
+    int rc = direct(c->lines, c->out);
+    if (rc == MF_EMIT_LINES_IO)
+        c->ok = false;
+    if (rc != MF_EMIT_LINES_NOT_PLAIN)
+        return;
+    mf_emit_seg_begin(c);
+    section(c);
+    mf_emit_seg_end(c);
+}
+
+static void mf_emit_arena_events(mf_emit_ctx *c)
+{
+    mf_emit_key(c, "arena");
+    mf_emit_map_begin(c, true);
+    mf_emit_kv_int(c, "persistent", c->s->mem_persistent);
+    mf_emit_kv_int(c, "transient", c->s->mem_transient);
+    mf_emit_map_end(c);
+    mf_emit_kv_int(c, "events", c->s->nevents);
+}
+
+/*
+ * The document is one block mapping at indent 0, written in five segments:
+ * header..buckets, buffers, arena+events, ops, summary. The buffers and ops
+ * sections (nearly all the bytes) come from mf_emit_lines.c when every string
+ * in them is plain; the others, and those two otherwise, each come from a
+ * libyaml stream of their own. A stream whose root is a block mapping at
+ * indent 0 writes exactly the lines that mapping's keys would write inside one
+ * bigger mapping, so the bytes are those of a single stream.
+ */
 int mf_emit_yaml(const mf_schedule *s, FILE *out)
 {
     mf_emit_ctx c = {.s = s, .out = out, .ok = true};
-    if (!yaml_emitter_initialize(&c.em))
-        return -1;
-    yaml_emitter_set_output(&c.em, mf_emit_write, &c);
-    yaml_emitter_set_unicode(&c.em, 1);
-    yaml_emitter_set_indent(&c.em, 2);
-    yaml_emitter_set_width(&c.em, -1); /* never wrap: one op per line */
-    yaml_emitter_set_break(&c.em, YAML_LN_BREAK);
-    c.bucket_style = malloc(sizeof *c.bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
-    c.buffer_style = malloc(sizeof *c.buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
-    for (int i = 0; c.bucket_style && i < s->nbuckets; i++)
-        c.bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
-    for (int i = 0; c.buffer_style && i < s->nbuffers; i++)
-        c.buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
+    c.lines = mf_emit_lines_new(s); /* NULL (out of memory): libyaml writes all */
 
-    yaml_event_t ev;
-    int ok = yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING);
-    mf_emit_event(&c, &ev, ok);
-    ok = yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1);
-    mf_emit_event(&c, &ev, ok);
-
-    mf_emit_map_begin(&c, false);
+    mf_emit_seg_begin(&c);
     mf_emit_header(&c);
     mf_emit_units(&c);
     mf_emit_buckets(&c);
-    mf_emit_buffers(&c);
-    mf_emit_key(&c, "arena");
-    mf_emit_map_begin(&c, true);
-    mf_emit_kv_int(&c, "persistent", s->mem_persistent);
-    mf_emit_kv_int(&c, "transient", s->mem_transient);
-    mf_emit_map_end(&c);
-    mf_emit_kv_int(&c, "events", s->nevents);
-    mf_emit_ops(&c);
+    mf_emit_seg_end(&c);
+    mf_emit_section(&c, mf_emit_lines_buffers, mf_emit_buffers);
+    mf_emit_seg_begin(&c);
+    mf_emit_arena_events(&c);
+    mf_emit_seg_end(&c);
+    mf_emit_section(&c, mf_emit_lines_ops, mf_emit_ops);
+    mf_emit_seg_begin(&c);
     mf_emit_summary(&c);
-    mf_emit_map_end(&c);
+    mf_emit_seg_end(&c);
 
-    ok = yaml_document_end_event_initialize(&ev, 1);
-    mf_emit_event(&c, &ev, ok);
-    ok = yaml_stream_end_event_initialize(&ev);
-    mf_emit_event(&c, &ev, ok);
-    if (c.ok && !yaml_emitter_flush(&c.em))
-        c.ok = false;
-    yaml_emitter_delete(&c.em);
-    free(c.bucket_style);
-    free(c.buffer_style);
+    mf_emit_lines_free(c.lines);
     return c.ok ? 0 : -1;
 }

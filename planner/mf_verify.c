@@ -276,28 +276,29 @@ __attribute__((format(printf, 4, 5))) static void mf_areplay_bad(mf_areplay *sim
         mf_verify_err(c, "%s %s (microbatch %s)", mf_areplay_actor(sim, actor, a, sizeof a), msg, sim->pos);
 }
 
-/* Checks that buffer b holds something readable now; false when not. */
+/* Checks that buffer b holds something readable now; false when not. Runs
+ * for every read of every op, so the name is looked up for a message only. */
 static bool mf_areplay_readable(mf_areplay *sim, int actor, int b)
 {
     const mf_schedule *s = sim->c->s;
     const mf_bufstate *st = &sim->buf[b];
     const mf_buffer *bf = &s->buffers[b];
-    const char *name = mf_verify_bufname(s, b);
     if (st->v.kind == V_NONE) {
-        mf_areplay_bad(sim, actor, b, "reads %s, which holds nothing yet in this step", name);
+        mf_areplay_bad(sim, actor, b, "reads %s, which holds nothing yet in this step", mf_verify_bufname(s, b));
         return false;
     }
     if (st->v.released) {
         mf_areplay_bad(sim, actor, b, "reads %s after it was released at forward_post (its unit reshards after forward) "
-                   "and before it was gathered again", name);
+                   "and before it was gathered again", mf_verify_bufname(s, b));
         return false;
     }
     if (bf->lifetime == MF_LIFETIME_MICROBATCH && (st->v.step != sim->step || st->v.mb != sim->mb)) {
-        mf_areplay_bad(sim, actor, b, "reads %s (lifetime microbatch) written in an earlier microbatch", name);
+        mf_areplay_bad(sim, actor, b, "reads %s (lifetime microbatch) written in an earlier microbatch",
+                       mf_verify_bufname(s, b));
         return false;
     }
     if (bf->lifetime == MF_LIFETIME_STEP && st->v.step != sim->step) {
-        mf_areplay_bad(sim, actor, b, "reads %s (lifetime step) written in an earlier step", name);
+        mf_areplay_bad(sim, actor, b, "reads %s (lifetime step) written in an earlier step", mf_verify_bufname(s, b));
         return false;
     }
     return true;
