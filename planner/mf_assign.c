@@ -184,6 +184,8 @@ typedef struct pack {
     int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
     range *rg;
     uint64_t *keys;         /* lowest_fit's sort keys */
+    int *mark;              /* mark[i] == stamp: i's fit inputs changed (place_from) */
+    int stamp;
     int64_t work;           /* neighbour visits so far (the search budget) */
 } pack;
 
@@ -201,6 +203,7 @@ static void pack_free(pack *p)
     free(p->top);
     free(p->rg);
     free(p->keys);
+    free(p->mark);
 }
 
 /* Collects the transient buffers that have segments and their neighbours.
@@ -223,10 +226,12 @@ static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
     p->top = malloc(sizeof *p->top * nb);
     p->rg = malloc(sizeof *p->rg * nb);
     p->keys = malloc(sizeof *p->keys * nb);
+    p->mark = calloc(nb, sizeof *p->mark);
     bool ok = false;
     int nadj = 0, cap = 0;
     if (!loc || !stamp || !cand || !sl.list || !sl.len || !sl.cap || !p->buf || !p->bytes || !p->start ||
-        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys)
+        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys ||
+        !p->mark)
         goto done;
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
@@ -275,11 +280,6 @@ done:
     return ok;
 }
 
-/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
- * Once the arena exceeds `limit` it stops placing (the caller rejects the
- * order then, and restores what it saved) and returns a value above limit;
- * the work budget still counts every remaining buffer as placed, so the
- * search takes the same steps as with every buffer placed. */
 /* The lowest offset at >= 0 with [at, at + bytes) free of the n ranges:
  * the ranges in order of start, at raised to the end of each that meets
  * [at, at + bytes), until one starts at or past at + bytes. The order is a
@@ -318,25 +318,50 @@ static int64_t lowest_fit(range *rg, uint64_t *keys, int n, int64_t bytes)
     return at;
 }
 
-static int64_t place_from(pack *p, int k0, int64_t limit)
+/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
+ * Once the arena exceeds `limit` it stops placing (the caller rejects the
+ * order then, and restores what it saved) and returns a value above limit;
+ * the work budget still counts every remaining buffer as placed, so the
+ * search takes the same steps as with every buffer placed.
+ *
+ * With hi >= k0, off[] holds the placement of an order that differs from
+ * this one only in positions k0..hi, where the buffers whose order relative
+ * to others changed are marked (mark[i] == stamp) by the caller. A buffer's
+ * fit depends only on the set of its neighbours placed before it and their
+ * offsets. For an unmarked buffer past hi, the neighbours before it are the
+ * same set as before (the order past hi is the old one), so when none of
+ * them is marked its fit is its old offset; at or before hi a marked
+ * neighbour after it may have been before it, so any marked neighbour counts.
+ * Such a buffer keeps its offset without the sort (the same offsets and work
+ * count as a full placement); a buffer whose offset changes is marked for
+ * the ones after it. hi = -1: every buffer is placed. */
+static int64_t place_from(pack *p, int k0, int hi, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
+    int stamp = p->stamp;
     for (int k = k0; k < p->n; k++) {
         if (top > limit) {
             for (int r = k; r < p->n; r++)
                 p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
             return top;
         }
-        int i = p->order[k], nr = 0;
+        int i = p->order[k], nr = 0, dirty = hi < 0 || p->mark[i] == stamp;
+        int near = k <= hi; /* any marked neighbour counts */
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
-            int j = p->adj[e];
+            int j = p->adj[e], placed = p->pos[j] < k;
             /* written always, kept when j is placed (no branch to mispredict) */
             p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
-            nr += p->pos[j] < k;
+            nr += placed;
+            dirty |= (placed | near) & (p->mark[j] == stamp);
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
-        int64_t at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
-        p->off[i] = at;
+        int64_t at = p->off[i];
+        if (dirty) {
+            at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
+            if (at != p->off[i])
+                p->mark[i] = stamp;
+            p->off[i] = at;
+        }
         if (at + p->bytes[i] > top)
             top = at + p->bytes[i];
         p->top[k] = top;
@@ -384,7 +409,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
     uint64_t x = 0x9e3779b97f4a7c15u;
     int64_t cur = *best;
     set_order(p, best_order);
-    place_from(p, 0, INT64_MAX);
+    place_from(p, 0, -1, INT64_MAX);
     for (int t = 0; t < MF_ASSIGN_TRIES && p->n > 1 && cur > bound && p->work < MF_ASSIGN_WORK; t++) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -398,12 +423,16 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
             save_off[k] = p->off[p->order[k]];
             save_top[k] = p->top[k];
         }
+        /* the buffers whose order relative to others changes */
+        p->stamp = t + 1;
         if (x & (1u << 20)) { /* swap */
+            p->mark[p->order[i]] = p->mark[p->order[j]] = p->stamp;
             int tmp = p->order[i];
             p->order[i] = p->order[j];
             p->order[j] = tmp;
         } else {              /* move order[i] to j */
             int v = p->order[i];
+            p->mark[v] = p->stamp;
             if (i < j)
                 memmove(p->order + i, p->order + i + 1, sizeof *p->order * (size_t)(j - i));
             else
@@ -412,7 +441,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
         }
         for (int k = lo; k <= hi; k++)
             p->pos[p->order[k]] = k;
-        int64_t v = place_from(p, lo, cur);
+        int64_t v = place_from(p, lo, hi, cur);
         if (v <= cur) {
             cur = v;
             if (v < *best) {
@@ -456,7 +485,7 @@ static bool assign_transient(mf_schedule *s, const mf_live *lv, int64_t bound)
         for (int i = 0; i < p.n; i++)
             ord[i] = keys[i].i;
         set_order(&p, ord);
-        int64_t v = place_from(&p, 0, INT64_MAX);
+        int64_t v = place_from(&p, 0, -1, INT64_MAX);
         if (best < 0 || v < best) {
             best = v;
             memcpy(best_order, ord, sizeof *ord * (size_t)p.n);
