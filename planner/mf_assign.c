@@ -184,7 +184,7 @@ typedef struct pack {
     int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
     range *rg;
     uint64_t *keys;         /* lowest_fit's sort keys */
-    int *mark;              /* mark[i] == stamp: i's fit inputs changed (place_from) */
+    int *mark;              /* stamp << 2 | MOVED | SHIFTED in this try (place_from) */
     int stamp;
     int64_t work;           /* neighbour visits so far (the search budget) */
 } pack;
@@ -324,42 +324,48 @@ static int64_t lowest_fit(range *rg, uint64_t *keys, int n, int64_t bytes)
  * the work budget still counts every remaining buffer as placed, so the
  * search takes the same steps as with every buffer placed.
  *
- * With hi >= k0, off[] holds the placement of an order that differs from
- * this one only in positions k0..hi, where the buffers whose order relative
- * to others changed are marked (mark[i] == stamp) by the caller. A buffer's
- * fit depends only on the set of its neighbours placed before it and their
- * offsets. For an unmarked buffer past hi, the neighbours before it are the
- * same set as before (the order past hi is the old one), so when none of
- * them is marked its fit is its old offset; at or before hi a marked
- * neighbour after it may have been before it, so any marked neighbour counts.
- * Such a buffer keeps its offset without the sort (the same offsets and work
- * count as a full placement); a buffer whose offset changes is marked for
- * the ones after it. hi = -1: every buffer is placed. */
+ * With hi >= k0 (the search's tries), off[] holds the placement of an order
+ * that differs from this one only in positions k0..hi, and the caller has
+ * marked MOVED (mark >> 2 == stamp) the buffers whose order relative to
+ * others changed. A buffer's fit depends only on the set of its neighbours
+ * placed before it and their offsets, so it is its old offset, kept without
+ * the sort, unless the buffer is MOVED, or a neighbour placed before it was
+ * SHIFTED (placed at another offset in this try), or, at or before hi, a
+ * neighbour is MOVED (it may have been before it and now be after, or the
+ * reverse); past hi the neighbours before a buffer are the old set. When no
+ * buffer has SHIFTED by hi, the rest is the old placement: its work is
+ * counted and the old arena returned. Same offsets, arena and work count as
+ * a full placement. hi = -1: every buffer is placed. */
+#define MOVED 1
+#define SHIFTED 2
 static int64_t place_from(pack *p, int k0, int hi, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
-    int stamp = p->stamp;
+    int stamp = p->stamp, shifted = 0;
     for (int k = k0; k < p->n; k++) {
-        if (top > limit) {
+        if (top > limit || (k == hi + 1 && hi >= 0 && !shifted)) {
             for (int r = k; r < p->n; r++)
                 p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
-            return top;
+            return top > limit ? top : p->top[p->n - 1];
         }
-        int i = p->order[k], nr = 0, dirty = hi < 0 || p->mark[i] == stamp;
-        int near = k <= hi; /* any marked neighbour counts */
+        int i = p->order[k], nr = 0, mi = p->mark[i];
+        int dirty = hi < 0 || mi >> 2 == stamp; /* only MOVED is set before i is placed */
+        int near = k <= hi;
         for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
-            int j = p->adj[e], placed = p->pos[j] < k;
+            int j = p->adj[e], placed = p->pos[j] < k, m = p->mark[j];
             /* written always, kept when j is placed (no branch to mispredict) */
             p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
             nr += placed;
-            dirty |= (placed | near) & (p->mark[j] == stamp);
+            dirty |= (m >> 2 == stamp) & ((near & m & MOVED) | (placed & (m >> 1) & 1));
         }
         p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
         int64_t at = p->off[i];
         if (dirty) {
             at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
-            if (at != p->off[i])
-                p->mark[i] = stamp;
+            if (at != p->off[i]) {
+                p->mark[i] = stamp << 2 | (mi >> 2 == stamp ? mi & MOVED : 0) | SHIFTED;
+                shifted = 1;
+            }
             p->off[i] = at;
         }
         if (at + p->bytes[i] > top)
@@ -426,13 +432,13 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
         /* the buffers whose order relative to others changes */
         p->stamp = t + 1;
         if (x & (1u << 20)) { /* swap */
-            p->mark[p->order[i]] = p->mark[p->order[j]] = p->stamp;
+            p->mark[p->order[i]] = p->mark[p->order[j]] = p->stamp << 2 | MOVED;
             int tmp = p->order[i];
             p->order[i] = p->order[j];
             p->order[j] = tmp;
         } else {              /* move order[i] to j */
             int v = p->order[i];
-            p->mark[v] = p->stamp;
+            p->mark[v] = p->stamp << 2 | MOVED;
             if (i < j)
                 memmove(p->order + i, p->order + i + 1, sizeof *p->order * (size_t)(j - i));
             else
