@@ -348,19 +348,22 @@ static int64_t place_from(pack *p, int k0, int hi, int64_t limit)
                 p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
             return top > limit ? top : p->top[p->n - 1];
         }
-        int i = p->order[k], nr = 0, mi = p->mark[i];
+        int i = p->order[k], nr = 0, mi = p->mark[i], e0 = p->adj_start[i], e1 = p->adj_start[i + 1];
         int dirty = hi < 0 || mi >> 2 == stamp; /* only MOVED is set before i is placed */
         int near = k <= hi;
-        for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
-            int j = p->adj[e], placed = p->pos[j] < k, m = p->mark[j];
-            /* written always, kept when j is placed (no branch to mispredict) */
-            p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
-            nr += placed;
-            dirty |= (m >> 2 == stamp) & ((near & m & MOVED) | (placed & (m >> 1) & 1));
+        for (int e = e0; e < e1 && !dirty; e++) {
+            int j = p->adj[e], m = p->mark[j];
+            dirty = (m >> 2 == stamp) & ((near & m & MOVED) | ((p->pos[j] < k) & (m >> 1) & 1));
         }
-        p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
+        p->work += e1 - e0 + 1;
         int64_t at = p->off[i];
         if (dirty) {
+            for (int e = e0; e < e1; e++) {
+                int j = p->adj[e];
+                /* written always, kept when j is placed (no branch to mispredict) */
+                p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
+                nr += p->pos[j] < k;
+            }
             at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
             if (at != p->off[i]) {
                 p->mark[i] = stamp << 2 | (mi >> 2 == stamp ? mi & MOVED : 0) | SHIFTED;
