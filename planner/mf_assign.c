@@ -409,8 +409,10 @@ static void set_order(pack *p, const int *order)
 #define MF_ASSIGN_TRIES 4000
 
 /* Hill climbing over orders from the best greedy one: move or swap two
- * random entries (a fixed-seed xorshift: the output is deterministic); keep
- * the change when the arena does not grow; stop at the live-bytes bound or
+ * random entries (a fixed-seed xorshift: the output is deterministic),
+ * re-placing from the first changed position (only the buffers whose fit
+ * can change are refitted, place_from); keep the change when the arena does
+ * not grow; stop at the live-bytes bound or
  * when the budget is spent. best/best_order hold the smallest arena seen. */
 static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int *best_order,
                    int *save_order, int64_t *save_off, int64_t *save_top)
