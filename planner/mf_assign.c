@@ -184,6 +184,8 @@ typedef struct pack {
     int64_t *off, *top;     /* top[k]: arena after placing order[0..k] */
     range *rg;
     uint64_t *keys;         /* lowest_fit's sort keys */
+    int *mark;              /* stamp << 2 | MOVED | SHIFTED in this try (place_from) */
+    int stamp;
     int64_t work;           /* neighbour visits so far (the search budget) */
 } pack;
 
@@ -201,6 +203,7 @@ static void pack_free(pack *p)
     free(p->top);
     free(p->rg);
     free(p->keys);
+    free(p->mark);
 }
 
 /* Collects the transient buffers that have segments and their neighbours.
@@ -223,10 +226,12 @@ static bool pack_build(pack *p, mf_schedule *s, const mf_live *lv)
     p->top = malloc(sizeof *p->top * nb);
     p->rg = malloc(sizeof *p->rg * nb);
     p->keys = malloc(sizeof *p->keys * nb);
+    p->mark = calloc(nb, sizeof *p->mark);
     bool ok = false;
     int nadj = 0, cap = 0;
     if (!loc || !stamp || !cand || !sl.list || !sl.len || !sl.cap || !p->buf || !p->bytes || !p->start ||
-        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys)
+        !p->weight || !p->adj_start || !p->order || !p->pos || !p->off || !p->top || !p->rg || !p->keys ||
+        !p->mark)
         goto done;
     for (int b = 0; b < s->nbuffers; b++) {
         stamp[b] = -1;
@@ -275,11 +280,6 @@ done:
     return ok;
 }
 
-/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
- * Once the arena exceeds `limit` it stops placing (the caller rejects the
- * order then, and restores what it saved) and returns a value above limit;
- * the work budget still counts every remaining buffer as placed, so the
- * search takes the same steps as with every buffer placed. */
 /* The lowest offset at >= 0 with [at, at + bytes) free of the n ranges:
  * the ranges in order of start, at raised to the end of each that meets
  * [at, at + bytes), until one starts at or past at + bytes. The order is a
@@ -318,25 +318,59 @@ static int64_t lowest_fit(range *rg, uint64_t *keys, int n, int64_t bytes)
     return at;
 }
 
-static int64_t place_from(pack *p, int k0, int64_t limit)
+/* Places order[k0..n) (order[0..k0) stay where they are); returns the arena.
+ * Once the arena exceeds `limit` it stops placing (the caller rejects the
+ * order then, and restores what it saved) and returns a value above limit;
+ * the work budget still counts every remaining buffer as placed, so the
+ * search takes the same steps as with every buffer placed.
+ *
+ * With hi >= k0 (the search's tries), off[] holds the placement of an order
+ * that differs from this one only in positions k0..hi, and the caller has
+ * marked MOVED (mark >> 2 == stamp) the buffers whose order relative to
+ * others changed. A buffer's fit depends only on the set of its neighbours
+ * placed before it and their offsets, so it is its old offset, kept without
+ * the sort, unless the buffer is MOVED, or a neighbour placed before it was
+ * SHIFTED (placed at another offset in this try), or, at or before hi, a
+ * neighbour is MOVED (it may have been before it and now be after, or the
+ * reverse); past hi the neighbours before a buffer are the old set. When no
+ * buffer has SHIFTED by hi, the rest is the old placement: its work is
+ * counted and the old arena returned. Same offsets, arena and work count as
+ * a full placement. hi = -1: every buffer is placed. */
+#define MOVED 1
+#define SHIFTED 2
+static int64_t place_from(pack *p, int k0, int hi, int64_t limit)
 {
     int64_t top = k0 > 0 ? p->top[k0 - 1] : 0;
+    int stamp = p->stamp, shifted = 0;
     for (int k = k0; k < p->n; k++) {
-        if (top > limit) {
+        if (top > limit || (k == hi + 1 && hi >= 0 && !shifted)) {
             for (int r = k; r < p->n; r++)
                 p->work += p->adj_start[p->order[r] + 1] - p->adj_start[p->order[r]] + 1;
-            return top;
+            return top > limit ? top : p->top[p->n - 1];
         }
-        int i = p->order[k], nr = 0;
-        for (int e = p->adj_start[i]; e < p->adj_start[i + 1]; e++) {
-            int j = p->adj[e];
-            /* written always, kept when j is placed (no branch to mispredict) */
-            p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
-            nr += p->pos[j] < k;
+        int i = p->order[k], nr = 0, mi = p->mark[i], e0 = p->adj_start[i], e1 = p->adj_start[i + 1];
+        int dirty = hi < 0 || mi >> 2 == stamp; /* only MOVED is set before i is placed */
+        int near = k <= hi;
+        for (int e = e0; e < e1 && !dirty; e++) {
+            int j = p->adj[e], m = p->mark[j];
+            dirty = (m >> 2 == stamp) & ((near & m & MOVED) | ((p->pos[j] < k) & (m >> 1) & 1));
         }
-        p->work += p->adj_start[i + 1] - p->adj_start[i] + 1;
-        int64_t at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
-        p->off[i] = at;
+        p->work += e1 - e0 + 1;
+        int64_t at = p->off[i];
+        if (dirty) {
+            for (int e = e0; e < e1; e++) {
+                int j = p->adj[e];
+                /* written always, kept when j is placed (no branch to mispredict) */
+                p->rg[nr] = (range){p->off[j], p->off[j] + p->bytes[j]};
+                nr += p->pos[j] < k;
+            }
+            at = lowest_fit(p->rg, p->keys, nr, p->bytes[i]);
+            if (at != p->off[i]) {
+                p->mark[i] = stamp << 2 | (mi >> 2 == stamp ? mi & MOVED : 0) | SHIFTED;
+                shifted = 1;
+            }
+            p->off[i] = at;
+        }
         if (at + p->bytes[i] > top)
             top = at + p->bytes[i];
         p->top[k] = top;
@@ -375,8 +409,10 @@ static void set_order(pack *p, const int *order)
 #define MF_ASSIGN_TRIES 4000
 
 /* Hill climbing over orders from the best greedy one: move or swap two
- * random entries (a fixed-seed xorshift: the output is deterministic); keep
- * the change when the arena does not grow; stop at the live-bytes bound or
+ * random entries (a fixed-seed xorshift: the output is deterministic),
+ * re-placing from the first changed position (only the buffers whose fit
+ * can change are refitted, place_from); keep the change when the arena does
+ * not grow; stop at the live-bytes bound or
  * when the budget is spent. best/best_order hold the smallest arena seen. */
 static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int *best_order,
                    int *save_order, int64_t *save_off, int64_t *save_top)
@@ -384,7 +420,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
     uint64_t x = 0x9e3779b97f4a7c15u;
     int64_t cur = *best;
     set_order(p, best_order);
-    place_from(p, 0, INT64_MAX);
+    place_from(p, 0, -1, INT64_MAX);
     for (int t = 0; t < MF_ASSIGN_TRIES && p->n > 1 && cur > bound && p->work < MF_ASSIGN_WORK; t++) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -398,12 +434,16 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
             save_off[k] = p->off[p->order[k]];
             save_top[k] = p->top[k];
         }
+        /* the buffers whose order relative to others changes */
+        p->stamp = t + 1;
         if (x & (1u << 20)) { /* swap */
+            p->mark[p->order[i]] = p->mark[p->order[j]] = p->stamp << 2 | MOVED;
             int tmp = p->order[i];
             p->order[i] = p->order[j];
             p->order[j] = tmp;
         } else {              /* move order[i] to j */
             int v = p->order[i];
+            p->mark[v] = p->stamp << 2 | MOVED;
             if (i < j)
                 memmove(p->order + i, p->order + i + 1, sizeof *p->order * (size_t)(j - i));
             else
@@ -412,7 +452,7 @@ static void search(pack *p, int64_t bound, int64_t *best, int64_t *best_off, int
         }
         for (int k = lo; k <= hi; k++)
             p->pos[p->order[k]] = k;
-        int64_t v = place_from(p, lo, cur);
+        int64_t v = place_from(p, lo, hi, cur);
         if (v <= cur) {
             cur = v;
             if (v < *best) {
@@ -456,7 +496,7 @@ static bool assign_transient(mf_schedule *s, const mf_live *lv, int64_t bound)
         for (int i = 0; i < p.n; i++)
             ord[i] = keys[i].i;
         set_order(&p, ord);
-        int64_t v = place_from(&p, 0, INT64_MAX);
+        int64_t v = place_from(&p, 0, -1, INT64_MAX);
         if (best < 0 || v < best) {
             best = v;
             memcpy(best_order, ord, sizeof *ord * (size_t)p.n);
