@@ -29,3 +29,17 @@ yaml_scalar_style_t mf_yaml_str_style(const char *v)
             return YAML_ANY_SCALAR_STYLE;
     return YAML_PLAIN_SCALAR_STYLE;
 }
+
+const char *mf_yaml_int_text(int64_t v, char buf[24])
+{
+    char *p = buf + 24;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    *--p = '\0';
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--p = '-';
+    return p;
+}

@@ -83,17 +83,8 @@ static void mf_emit_str(mf_emit_ctx *c, const char *v)
 
 static void mf_emit_int(mf_emit_ctx *c, int64_t v)
 {
-    /* Hand-rolled: snprintf was a tenth of the time of a 400k-op schedule. */
-    char buf[24], *p = buf + sizeof buf;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    *--p = '\0';
-    do {
-        *--p = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--p = '-';
-    mf_emit_scalar_style(c, p, YAML_PLAIN_SCALAR_STYLE);
+    char buf[24];
+    mf_emit_scalar_style(c, mf_yaml_int_text(v, buf), YAML_PLAIN_SCALAR_STYLE);
 }
 
 static void mf_emit_map_begin(mf_emit_ctx *c, bool flow)

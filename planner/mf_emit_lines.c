@@ -75,15 +75,9 @@ static void mf_lines_put(mf_emit_lines *o, const char *p, size_t len)
 
 static void mf_lines_int(mf_emit_lines *o, int64_t v)
 {
-    char tmp[24], *p = tmp + sizeof tmp;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        *--p = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--p = '-';
-    mf_lines_put(o, p, (size_t)(tmp + sizeof tmp - p));
+    char buf[24];
+    const char *p = mf_yaml_int_text(v, buf);
+    mf_lines_put(o, p, (size_t)(buf + sizeof buf - 1 - p));
 }
 
 /* Length of v when mf_yaml_str_style() calls it plain, else -1. */
