@@ -39,6 +39,12 @@ typedef struct mf_transition {
     mf_step *steps;
     const char *why;        /* why this composition, when several were legal; else NULL */
     double cost;            /* modeled seconds per launch of the whole transition */
+    /* per stream: modeled seconds of the steps on it, of the steps before
+       the first of them and of those after the last (0 when none is on it);
+       has_on: some step is on it (the plan search's time bound,
+       mf_plan_tbound.c) */
+    double on[MF_STREAM_COUNT], before[MF_STREAM_COUNT], after[MF_STREAM_COUNT];
+    bool has_on[MF_STREAM_COUNT];
 } mf_transition;
 
 /* Transitions already built, keyed by what they depend on: a bucket's

@@ -199,6 +199,7 @@ typedef struct unit_lb {
     double t2;              /* T2 chain (weight gather before a compute), without merging */
     double r3[2], g2[2];    /* per comm stream (inner, outer): seconds of one T3 of all the
                                unit's layouts, of one T2 of its sharded ones */
+    double r3bw[2], g2bw[2]; /* the same, bandwidth terms only (what merging keeps) */
     bool gathers[2];        /* some T2 of the unit has an all_gather on that stream */
 } unit_lb;
 
@@ -266,14 +267,18 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         double rb[MF_MAX_AXES] = {0}, rf[MF_MAX_AXES] = {0}, r3[2] = {0, 0}, f3[2] = {0, 0};
         move_lb(ps, &part, G, dg, dg, n, 1, rb, rf);
         by_stream(ps, rb, rf, r3, f3);
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
             out->r3[k] += r3[k] + f3[k];
+            out->r3bw[k] += r3[k];
+        }
         if (wsh) {
             double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0}, g2[2] = {0, 0}, f2[2] = {0, 0};
             move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
             by_stream(ps, gb, gf, g2, f2);
-            for (int k = 0; k < 2; k++)
+            for (int k = 0; k < 2; k++) {
                 out->g2[k] += g2[k] + f2[k];
+                out->g2bw[k] += g2[k];
+            }
             /* W Flat -> Replicate takes an all_gather on that axis, on its stream */
             for (int j = 0; j < m->naxes; j++)
                 if (W->p[j] == MF_PLACE_FLAT && m->axes[j].size > 1)
@@ -304,7 +309,7 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
         gr->lb_tail = calloc((size_t)gr->nchoices, sizeof(double));
         gr->lb_drain = calloc((size_t)gr->nchoices * 4, sizeof(double));
         gr->lb_t2 = calloc((size_t)gr->nchoices, sizeof(double));
-        gr->lb_fifo = calloc((size_t)gr->nchoices * 6, sizeof(double));
+        gr->lb_fifo = calloc((size_t)gr->nchoices * MF_PS_FIFO, sizeof(double));
         if (!gr->lb_persistent || !gr->lb_wf || !gr->lb_gl || !gr->lb_bytes || !gr->lb_fixed || !gr->lb_head ||
             !gr->lb_tail || !gr->lb_drain || !gr->lb_t2 || !gr->lb_fifo)
             return -1;
@@ -318,11 +323,13 @@ int mf_ps_bounds_prepare(mf_plan_search *ps)
             gr->lb_head[c] = ub.head;
             gr->lb_tail[c] = ub.tail;
             gr->lb_t2[c] = ub.t2;
-            double *fi = &gr->lb_fifo[(size_t)c * 6];
+            double *fi = &gr->lb_fifo[(size_t)c * MF_PS_FIFO];
             for (int k = 0; k < 2; k++) {
                 fi[k] = ub.r3[k];
                 fi[2 + k] = ub.g2[k];
                 fi[4 + k] = ub.gathers[k] ? 1 : 0;
+                fi[6 + k] = ub.r3bw[k];
+                fi[8 + k] = ub.g2bw[k];
             }
             for (int k = 0; k < 2; k++) {
                 gr->lb_drain[(size_t)c * 4 + (size_t)k] = ub.drain_bw[k];
@@ -385,7 +392,7 @@ static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t buck
         const mf_ps_group *gr = &ps->groups[g];
         const double *dr = &gr->lb_drain[(size_t)choice[g] * 4];
         for (int k = 0; k < gr->nunits; k++, u++) {
-            fifo[u] = &gr->lb_fifo[(size_t)choice[g] * 6];
+            fifo[u] = &gr->lb_fifo[(size_t)choice[g] * MF_PS_FIFO];
             t2[u] = bucket > 0 || ps->opt.sim.host_async ? 0 : gr->lb_t2[choice[g]];
             rs[u] = gr->choices[choice[g]].reshard ? 1 : 0;
             for (int s = 0; s < 2; s++)
@@ -397,7 +404,18 @@ static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t buck
        hook (the end of the compute before it), where the lowering issues the
        gather of unit u + p (forward) or u - p (backward), clamped */
     double t = 0, best = 0;
+    int merged = bucket > 0 ? 6 : 0; /* merged buckets share launches: bandwidth terms only */
     for (int m = 0; m < M; m++) {
+        /* turn[s]: the latest end_bwd(v, m - 1) + the T3 seconds of units
+           0..v on stream s (see the FIFO argument above); -1: none */
+        double turn[2] = {-1, -1}, r[2] = {0, 0}, gsum[2] = {0, 0};
+        bool gathered[2] = {false, false};
+        for (int v = 0; m > 0 && v < U; v++)
+            for (int s = 0; s < 2; s++) {
+                r[s] += fifo[v][merged + s];
+                if ((r[s] > 0 || !ps->opt.sim.host_async) && be[v] + r[s] > turn[s])
+                    turn[s] = be[v] + r[s];
+            }
         for (u = 0; u < U; u++) {
             fs[u] = t;
             int at = u - p < 0 ? 0 : u - p;
@@ -408,6 +426,12 @@ static double compute_chain(const mf_plan_search *ps, int prefetch, int64_t buck
             for (int s = 0; m > 0 && u == 0 && s < 2; s++)
                 if (fifo[0][4 + s] > 0 && be[0] + fifo[0][s] + fifo[0][2 + s] > t)
                         t = be[0] + fifo[0][s] + fifo[0][2 + s];
+            for (int s = 0; m > 0 && s < 2; s++) {
+                gsum[s] += fifo[u][2 + merged + s];
+                gathered[s] = gathered[s] || fifo[u][4 + s] > 0;
+                if (gathered[s] && turn[s] >= 0 && turn[s] + gsum[s] > t)
+                    t = turn[s] + gsum[s];
+            }
             t += ps->fwd[u];
         }
         for (u = U - 1; u >= 0; u--) {

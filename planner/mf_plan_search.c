@@ -23,10 +23,12 @@
 typedef struct ps_memo {
     int stage;              /* 1: lb_mem known; 2: also the step time before the assignment; 3: the point */
     bool lowered_bound;     /* lb_mem is the lowered schedule's (live_mem_bound) */
-    double lb_mem;          /* a lower bound of the peak: from the buckets (layout_mem_bound), then
+    double lb_mem;          /* a lower bound of the peak: from the buckets (layout_mem_bounds), then
                                from the lowered schedule's live bytes */
     double lb_planned;      /* the bound from the buckets alone (kept for the tests) */
-    double t0;
+    double t1;              /* a lower bound of the step time from the planned buckets
+                               (mf_ps_planned_time_bound) */
+    double t0;              /* the step time simulated before the buffer assignment */
     mf_ps_point point;      /* figures only (choice, index not used) */
     size_t key_off, key_len; /* its key: memo_keys[key_off .. key_off + key_len) */
 } ps_memo;
@@ -188,6 +190,8 @@ static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
     return false;
 }
 
+static int compute_times(mf_plan_search *ps);
+
 int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const mf_ps_options *opt)
 {
     memset(ps, 0, sizeof *ps);
@@ -245,7 +249,7 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     if (!ps->tcache || !ps->layout_canon || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
     ps->layout_canon[0] = -1; /* filled by the first layout pass */
-    return 0;
+    return compute_times(ps);
 oom:
     snprintf(ps->err, sizeof ps->err, "out of memory");
     return -1;
@@ -317,9 +321,68 @@ static void apply(mf_plan_search *ps, int prefetch, int64_t bucket, const int *c
     }
 }
 
+/* A plan of the candidate, not laid out yet, quiet (its text is never
+ * printed), sharing the search's transition cache; NULL on OOM. */
+static mf_plan *candidate_plan(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice)
+{
+    apply(ps, prefetch, bucket, choice);
+    if (!ps->sink)
+        ps->sink = fopen("/dev/null", "w");
+    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    if (!p)
+        return NULL;
+    p->quiet = true; /* candidates are measured, never printed */
+    p->lazy_summary = true; /* summarized only when finished (finish_point) */
+    p->tcache = ps->tcache;
+    p->layout_canon = ps->layout_canon;
+    return p;
+}
+
+/* The compute times, the same for every candidate (they depend on the
+ * tensors only): the simulator's own function on the first candidate's
+ * layout, then passed to it explicitly (ps->fwd, ps->bwd), and their sum
+ * over the step in the simulator's issue order (ps->compute_time, for the
+ * bounds). 0, or -1 with ps->err. */
+static int compute_times(mf_plan_search *ps)
+{
+    int *choice = calloc((size_t)ps->ngroups + 1, sizeof *choice);
+    mf_plan *p = choice ? candidate_plan(ps, ps->prefetch[0], ps->bucket[0], choice) : NULL;
+    mf_diag d;
+    mf_diag_init(&d, NULL, ps->sink);
+    int rc = -1;
+    if (!p)
+        goto oom;
+    if (!mf_layout_run(p, &d)) {
+        snprintf(ps->err, sizeof ps->err, "internal error: a candidate does not compile");
+        goto done;
+    }
+    int U = p->sched->nunits;
+    ps->fwd = calloc((size_t)U + 1, sizeof *ps->fwd);
+    ps->bwd = calloc((size_t)U + 1, sizeof *ps->bwd);
+    if (!ps->fwd || !ps->bwd)
+        goto oom;
+    for (int u = 0; u < U; u++)
+        mf_sim_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
+    ps->compute_time = 0;
+    for (int64_t m = 0; m < p->sched->microbatches; m++) {
+        for (int u = 0; u < U; u++)
+            ps->compute_time += ps->fwd[u];
+        for (int u = U - 1; u >= 0; u--)
+            ps->compute_time += ps->bwd[u];
+    }
+    rc = 0;
+    goto done;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
+done:
+    mf_plan_free(p);
+    free(choice);
+    return rc;
+}
+
 int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)
 {
-    return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, pt);
+    return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, NULL, pt);
 }
 
 /* ---- candidates with the same buckets ----
@@ -532,19 +595,6 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
     sim_figures(ps, &res, pt);
     pt->overlap = res.overlap;
     pt->comm_exposed = res.comm_exposed;
-    if (!ps->fwd) {
-        /* compute times depend on the tensors only: computed once, by the
-           simulator's own function, then passed to it explicitly */
-        ps->compute_time = res.compute_time;
-        ps->fwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->fwd);
-        ps->bwd = calloc((size_t)p->sched->nunits + 1, sizeof *ps->bwd);
-        for (int u = 0; ps->fwd && ps->bwd && u < p->sched->nunits; u++)
-            mf_sim_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
-        if (!ps->fwd || !ps->bwd) {
-            snprintf(ps->err, sizeof ps->err, "out of memory");
-            goto done;
-        }
-    }
     ps->evaluated++;
     rc = 0;
 done:
@@ -571,18 +621,21 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
     return 0;
 }
 
-/* A lower bound of the peak of a planned spec (layout and transitions; the
- * lowering need not run), from its buckets: the persistent buffers of every
- * bucket and the optimizer state as the lowering sizes them (before the
- * rounding to `align`, which only adds), plus the arena bound over the
- * buckets and their transitions' stage buffers (mf_ps_arena_bound,
- * mf_plan_bound.c). -1 on OOM. */
-static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
+/* Lower bounds of the peak of a planned spec (layout and transitions; the
+ * lowering need not run), from its buckets, one per prefetch depth in
+ * prefetch[0..n) (the plan's own is not read) into out[]: the persistent
+ * buffers of every bucket and the optimizer state as the lowering sizes
+ * them (before the rounding to `align`, which only adds), plus the arena
+ * bound over the buckets and their transitions' stage buffers
+ * (mf_ps_arena_bound, mf_plan_bound.c), the only part that depends on the
+ * prefetch depth. 0, or -1 on OOM. */
+static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const int *prefetch, int n, double *out)
 {
     const mf_schedule *s = p->sched;
     mf_ps_live_item *items = malloc(sizeof *items * ((size_t)s->nbuckets + 1));
     double *scratch = malloc(sizeof *scratch * (2 * (size_t)s->nunits + 1));
-    double pers = 0, r = -1;
+    double pers = 0;
+    int rc = -1;
     if (!items || !scratch)
         goto done;
     for (int b = 0; b < s->nbuckets; b++) {
@@ -607,12 +660,15 @@ static double layout_mem_bound(const mf_plan_search *ps, const mf_plan *p)
         if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
             items[b].t3_after += (double)bm.grad_local;
     }
-    r = mf_ps_arena_bound(s->nunits, s->prefetch, items, s->nbuckets, scratch);
-    r = (pers + r + (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+    double opt = (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes);
+    for (int i = 0; i < n; i++)
+        out[i] = (pers + mf_ps_arena_bound(s->nunits, prefetch[i], items, s->nbuckets, scratch) + opt) *
+                 (1 - 1e-9);
+    rc = 0;
 done:
     free(items);
     free(scratch);
-    return r;
+    return rc;
 }
 
 /* A tighter lower bound of the peak once the plan is lowered: the
@@ -644,18 +700,13 @@ static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
 }
 
 int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          mf_ps_point *pt)
+                          const double *planned, mf_ps_point *pt)
 {
-    apply(ps, prefetch, bucket, choice);
     int rc = -1;
     mf_sim_config cfg = ps->opt.sim;
-    if (ps->fwd) {
-        cfg.fwd_time = ps->fwd;
-        cfg.bwd_time = ps->bwd;
-    }
-    if (!ps->sink)
-        ps->sink = fopen("/dev/null", "w");
-    mf_plan *p = ps->sink ? mf_plan_new(&ps->spec, &ps->opt.sim.cost) : NULL;
+    cfg.fwd_time = ps->fwd;
+    cfg.bwd_time = ps->bwd;
+    mf_plan *p = candidate_plan(ps, prefetch, bucket, choice);
     mf_diag d;
     mf_diag_init(&d, NULL, ps->sink);
     ps_memo *m = NULL;
@@ -664,27 +715,43 @@ int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, cons
     int64_t live = -1, interference = -1;
     if (!p)
         goto oom;
-    p->quiet = true; /* candidates are measured, never printed */
-    p->lazy_summary = true; /* summarized only when finished (finish_point) */
-    p->tcache = ps->tcache;
-    p->layout_canon = ps->layout_canon;
     if (!mf_layout_run(p, &d))
         goto broken;
     if (!(m = memo_of(ps, p->sched)))
         goto oom;
+    if (m->stage < 1 && planned) {
+        m->lb_mem = m->lb_planned = planned[0];
+        m->t1 = planned[1];
+        m->stage = 1;
+    }
     if (m->stage < 1) {
         if (!mf_transition_run(p, &d))
             goto broken;
-        m->lb_mem = m->lb_planned = layout_mem_bound(ps, p);
-        if (m->lb_mem < 0)
+        if (layout_mem_bounds(ps, p, &prefetch, 1, &m->lb_mem) != 0)
             goto oom;
+        m->lb_planned = m->lb_mem;
+        m->t1 = -1; /* computed when needed */
         m->stage = 1;
     }
     pt->prefetch = prefetch;
     pt->bucket_size = bucket;
     pt->lb_planned = m->lb_planned;
-    if (lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time)) {
-        ps->memory_only++; /* memory bound and time bound dominated: not lowered */
+    /* memory bound and time bound dominated: not lowered; first with the
+       time bound from the spec, then with the one from the planned buckets */
+    bool dominated = lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time);
+    if (!dominated && m->t1 < 0) {
+        if (!p->trans && !mf_transition_run(p, &d))
+            goto broken;
+        if (mf_ps_planned_time_bounds(ps, p, &prefetch, 1, &m->t1) != 0)
+            goto oom;
+    }
+    pt->lb_planned_time = m->t1 > 0 ? m->t1 : 0;
+    if (!dominated && lb_time >= 0 && m->t1 > lb_time) {
+        lb_time = m->t1;
+        dominated = front_dominates(ps, m->lb_mem, lb_time);
+    }
+    if (dominated) {
+        ps->memory_only++;
         rc = 1;
         goto done;
     }
@@ -868,13 +935,63 @@ static int cand_cmp(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, int *choice)
+/* ---- bounds per layout group ----
+ *
+ * The prefetch depth is read by no pass before the lowering (the layout
+ * and transition passes do not look at it), so the candidates that differ
+ * only in it -- a layout group: the candidate index modulo the candidates
+ * per prefetch value -- lay out to the same buckets and transitions. Their
+ * bounds from the planned buckets (memory: layout_mem_bounds, time:
+ * mf_ps_planned_time_bound) are computed together, from one layout, the
+ * first time any of them is visited; a candidate those bounds and the front
+ * dominate is skipped without a layout of its own. The visiting order
+ * (by memory bound) is unchanged, so this only saves passes. */
+
+typedef struct ps_group_bounds {
+    bool done;
+    double mem[3], time[3]; /* per prefetch value (ps->prefetch order) */
+} ps_group_bounds;
+
+/* the most layout groups whose bounds are kept (48 MB) */
+#define MF_PS_MAX_GROUP_BOUNDS (INT64_C(1) << 20)
+
+static int group_bounds(mf_plan_search *ps, int64_t lg, int *choice, ps_group_bounds *gb)
+{
+    int prefetch;
+    int64_t bucket;
+    decode(ps, lg, &prefetch, &bucket, choice); /* lg < per-prefetch count: prefetch index 0 */
+    mf_plan *p = candidate_plan(ps, prefetch, bucket, choice);
+    mf_diag d;
+    mf_diag_init(&d, NULL, ps->sink);
+    int rc = -1;
+    if (!p) {
+        snprintf(ps->err, sizeof ps->err, "out of memory");
+        goto done;
+    }
+    if (!mf_layout_run(p, &d) || !mf_transition_run(p, &d)) {
+        snprintf(ps->err, sizeof ps->err,
+                 "internal error: a candidate (bucket_size %lld) does not compile", (long long)bucket);
+        goto done;
+    }
+    if (mf_ps_planned_time_bounds(ps, p, ps->prefetch, ps->nprefetch, gb->time) != 0 ||
+        layout_mem_bounds(ps, p, ps->prefetch, ps->nprefetch, gb->mem) != 0) {
+        snprintf(ps->err, sizeof ps->err, "out of memory");
+        goto done;
+    }
+    gb->done = true;
+    rc = 0;
+done:
+    mf_plan_free(p);
+    return rc;
+}
+
+static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, const double *planned, int *choice)
 {
     mf_ps_point pt = {.index = idx, .choice = choice};
     int prefetch;
     int64_t bucket;
     decode(ps, idx, &prefetch, &bucket, choice);
-    int rc = mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, &pt);
+    int rc = mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, planned, &pt);
     if (rc != 0)
         return rc == 1 ? 0 : -1;
     if (front_insert(ps, &pt) != 0) {
@@ -888,12 +1005,13 @@ int mf_ps_run(mf_plan_search *ps)
 {
     int *choice = malloc((size_t)(ps->ngroups ? ps->ngroups : 1) * sizeof *choice);
     cand *cs = NULL;
+    ps_group_bounds *gbs = NULL;
     int rc = -1;
     if (!choice)
         goto oom;
     if (ps->opt.exhaustive) {
         for (int64_t i = 0; i < ps->ncandidates; i++)
-            if (eval_insert(ps, i, -1, choice) != 0)
+            if (eval_insert(ps, i, -1, NULL, choice) != 0)
                 goto done;
         rc = 0;
         goto done;
@@ -909,17 +1027,27 @@ int mf_ps_run(mf_plan_search *ps)
         mf_ps_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
     }
     qsort(cs, (size_t)ps->ncandidates, sizeof *cs, cand_cmp);
+    int64_t per_prefetch = ps->ncandidates / ps->nprefetch;
+    if (per_prefetch <= MF_PS_MAX_GROUP_BOUNDS && !(gbs = calloc((size_t)per_prefetch, sizeof *gbs)))
+        goto oom;
     for (int64_t i = 0; i < ps->ncandidates; i++) {
-        if (ps->evaluated > 0) {
-            /* recomputed: the compute time is known once one candidate ran */
-            int prefetch;
-            int64_t bucket;
-            decode(ps, cs[i].index, &prefetch, &bucket, choice);
-            mf_ps_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
-            if (front_dominates(ps, cs[i].lb_mem, cs[i].lb_time))
+        if (front_dominates(ps, cs[i].lb_mem, cs[i].lb_time))
+            continue;
+        double planned[2], *known = NULL;
+        if (gbs) {
+            int64_t lg = cs[i].index % per_prefetch;
+            int pi = (int)(cs[i].index / per_prefetch);
+            if (!gbs[lg].done && group_bounds(ps, lg, choice, &gbs[lg]) != 0)
+                goto done;
+            planned[0] = gbs[lg].mem[pi];
+            planned[1] = gbs[lg].time[pi];
+            known = planned;
+            if (front_dominates(ps, planned[0], planned[1] > cs[i].lb_time ? planned[1] : cs[i].lb_time)) {
+                ps->memory_only++;
                 continue;
+            }
         }
-        if (eval_insert(ps, cs[i].index, ps->evaluated > 0 ? cs[i].lb_time : -1, choice) != 0)
+        if (eval_insert(ps, cs[i].index, cs[i].lb_time, known, choice) != 0)
             goto done;
     }
     rc = 0;
@@ -927,6 +1055,7 @@ int mf_ps_run(mf_plan_search *ps)
 oom:
     snprintf(ps->err, sizeof ps->err, "out of memory");
 done:
+    free(gbs);
     free(cs);
     free(choice);
     return rc;

@@ -46,6 +46,8 @@ typedef struct mf_ps_choice {
     bool reshard;
 } mf_ps_choice;
 
+#define MF_PS_FIFO 10 /* values per choice in mf_ps_group.lb_fifo */
+
 typedef struct mf_ps_group {
     const char *name;       /* the declaration's name as written ("layers.{i}") */
     int first_unit, nunits; /* spec units [first, first + n) */
@@ -60,9 +62,10 @@ typedef struct mf_ps_group {
     double *lb_fixed;       /* per choice x axis: launch + latency seconds per step (no merging) */
     double *lb_head, *lb_tail; /* per choice: chains before its first forward, after its last backward */
     double *lb_t2;          /* per choice: T2 chain seconds of one unit (no merging) */
-    double *lb_fifo;        /* per choice x 6: one T3 of the unit's layouts on the inner and
-                               outer streams, one T2 of its sharded ones on each, then 1
-                               where such a T2 has an all_gather (mf_plan_bound.c,
+    double *lb_fifo;        /* per choice x MF_PS_FIFO: one T3 of the unit's layouts on the
+                               inner and outer streams, one T2 of its sharded ones on each,
+                               then 1 where such a T2 has an all_gather, then the T3 and
+                               T2 seconds again without the fixed terms (mf_plan_bound.c,
                                compute_chain) */
     double *lb_drain;       /* per choice x 4: last-microbatch T3 + T4 seconds per unit on the
                                inner and outer streams (bandwidth), then their fixed parts */
@@ -76,6 +79,7 @@ typedef struct mf_ps_point {
     int *choice;            /* per group, owned by the search */
     mf_plan_mem mem;
     double lb_planned;      /* the search's lower bound of mem.peak from the planned buckets */
+    double lb_planned_time; /* its lower bound of step_time from them (0: not computed) */
     double step_time;
     double overlap;
     double comm_exposed;
@@ -142,15 +146,25 @@ const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget);
 /* Evaluates one candidate (prefetch, bucket_size, choice per group) into *pt
  * (pt->choice must point to ngroups ints). 0, or -1 with ps->err. */
 int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt);
-/* Same, but when lb_time >= 0 stops after the memory (returns 1, not
- * simulated) when a front point dominates (its memory, lb_time). */
+/* Same, but when lb_time >= 0 stops (returns 1, not simulated) as soon as
+ * a front point dominates its bounds (lb_time and the tighter ones it
+ * computes). planned: NULL, or the bounds on memory and step time from its
+ * planned buckets, already computed. */
 int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          mf_ps_point *pt);
+                          const double *planned, mf_ps_point *pt);
 
 /* Lower bounds of a candidate (mf_plan_bound.c). */
 int mf_ps_bounds_prepare(mf_plan_search *ps);
 void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
                         double *lb_mem, double *lb_time);
+
+/* Lower bounds on the step time of a laid-out plan whose transitions are
+ * planned, before the lowering (mf_plan_tbound.c), one per prefetch depth
+ * in prefetch[0..n) (the plan's own is not read) into out[]; 0 until the
+ * compute times are known (ps->fwd). 0, or -1 on OOM. */
+struct mf_plan;
+int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
+                              double *out);
 
 /* The arena bound (mf_plan_bound.c): units [a, z] whose weight_full (wf
  * bytes, 0 when none) and grad_local (gl) are one bucket's, or one unit's

@@ -419,6 +419,33 @@ static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
         }
 }
 
+/* The seconds of each transition's steps per stream (mf_transition.on,
+ * before, after), once their streams are assigned. */
+static void stream_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
+{
+    for (int t = 0; t < MF_NTRANSITIONS; t++) {
+        mf_transition *x = &tr[t];
+        double at = 0, last_end[MF_STREAM_COUNT] = {0};
+        for (int k = 0; k < MF_STREAM_COUNT; k++) {
+            x->on[k] = x->before[k] = x->after[k] = 0;
+            x->has_on[k] = false;
+        }
+        for (int i = 0; i < x->nsteps; i++) {
+            const mf_step *st = &x->steps[i];
+            int k = (int)st->stream;
+            if (!x->has_on[k])
+                x->before[k] = at;
+            x->has_on[k] = true;
+            double d = mf_cost_op(&p->cost, &p->sched->mesh, st->kind, st->axis, st->count, st->dtype);
+            at += d;
+            x->on[k] += d;
+            last_end[k] = at;
+        }
+        for (int k = 0; k < MF_STREAM_COUNT; k++)
+            x->after[k] = x->has_on[k] ? at - last_end[k] : 0;
+    }
+}
+
 /* Builds transition t of bucket bi; false on error (reported) or OOM (*oom). */
 static bool build(trans_state *ts, int bi, int t, bool *oom)
 {
@@ -639,8 +666,10 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
         bool built = true;
         for (int t = 0; t < MF_NTRANSITIONS && !oom; t++)
             built = build(&ts, b, t, &oom) && built;
-        if (built)
+        if (built) {
             assign_streams(p->trans[b], ts.k);
+            stream_figures(p, p->trans[b]);
+        }
         if (built && !oom && p->tcache)
             oom = !cache_put(p, b, key, kn);
         ok = ok && built;

@@ -178,9 +178,11 @@ static void check_instance(int seed)
         pts[i] = (pt){i, p.mem.peak, p.outer_bytes, p.step_time};
         double lbm, lbt;
         mf_ps_lower_bounds(&all, pf, bk, ch, &lbm, &lbt);
-        if (lbm > (double)p.mem.peak || lbt > p.step_time || p.lb_planned > (double)p.mem.peak)
-            fail_msg("seed %d candidate %lld: bound (%.0f or %.0f, %.9g) above figure (%lld, %.9g)\n%s", seed,
-                     (long long)i, lbm, p.lb_planned, lbt, (long long)p.mem.peak, p.step_time, text);
+        if (lbm > (double)p.mem.peak || lbt > p.step_time || p.lb_planned > (double)p.mem.peak ||
+            p.lb_planned_time > p.step_time)
+            fail_msg("seed %d candidate %lld: bound (%.0f or %.0f, %.9g or %.9g) above figure (%lld, %.9g)\n%s",
+                     seed, (long long)i, lbm, p.lb_planned, lbt, p.lb_planned_time, (long long)p.mem.peak,
+                     p.step_time, text);
     }
     int64_t nf = 0;
     for (int64_t i = 0; i < n; i++)
