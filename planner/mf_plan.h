@@ -75,7 +75,9 @@ typedef struct mf_plan {
                                candidates it finishes need them; the step
                                time and the peak do not read them) */
     mf_trans_cache *tcache; /* borrowed, or NULL: the transition pass reuses
-                               (and fills) it; set only with quiet */
+                               (and fills) it; set only with quiet; the
+                               plan's transitions then point to steps in the
+                               cache's arena, so it must outlive the plan */
     int *layout_canon;      /* borrowed, or NULL: spec->nlayouts entries, each spec
                                layout's canonical index (mf_layout_pass.c), filled
                                by the first layout pass that finds entry 0 < 0;

@@ -63,6 +63,7 @@ typedef struct tb_ctx {
     const mf_plan_search *ps;
     const mf_schedule *s;
     tchain (*ch)[MF_NTRANSITIONS];
+    tchain *ch12;           /* per bucket: T1 then T2 (the first microbatch's gather) */
     int U, nb, p;
     int *by_a, *a_start;    /* bucket ids by first unit (counting sort) */
     int *by_z, *z_start;    /* bucket ids by last unit */
@@ -204,25 +205,25 @@ static double forward(tb_ctx *x, int m, double t)
             const mf_bucket *bk = &s->buckets[b];
             /* the gather: T1 then T2 in the first microbatch (T1 after
                step_begin), T2 alone later */
-            tchain c = m == 0 ? concat(&x->ch[b][MF_T1], &x->ch[b][MF_T2]) : x->ch[b][MF_T2];
+            const tchain *c = m == 0 ? &x->ch12[b] : &x->ch[b][MF_T2];
             int h = fwd_hook(x, bk);
             double issue = async ? 0 : x->fs[h], ready = issue;
             if (m == 0)
-                ready = issue + c.total;
-            else if (c.total > 0)
-                ready = (issue > x->be_prev[u] ? issue : x->be_prev[u]) + c.total;
+                ready = issue + c->total;
+            else if (c->total > 0)
+                ready = (issue > x->be_prev[u] ? issue : x->be_prev[u]) + c->total;
             if (ready > t)
                 t = ready;
             for (int k = 0; k < NS; k++) {
-                if (!c.has[k])
+                if (!c->has[k])
                     continue;
-                sum[k] += c.on[k];
-                if (m == 0 && (base[k] < 0 || issue + c.pre[k] < base[k]))
-                    base[k] = issue + c.pre[k];
+                sum[k] += c->on[k];
+                if (m == 0 && (base[k] < 0 || issue + c->pre[k] < base[k]))
+                    base[k] = issue + c->pre[k];
                 if (h > last_hook[k] || (h == last_hook[k] && b > last_b[k])) {
                     last_hook[k] = h;
                     last_b[k] = b;
-                    post[k] = c.post[k];
+                    post[k] = c->post[k];
                 }
             }
         }
@@ -299,7 +300,23 @@ static double bound_for(tb_ctx *x, int prefetch)
     double turn[NS];
     turn_of(x, x->be_prev, true, turn);
     for (int k = 0; k < NS; k++)
-        r = turn[k] > r ? turn[k] : r;
+        if (turn[k] >= 0) {
+            /* the last of these steps on k is the last-issued bucket's:
+               the least first unit, the highest id there (T4 after T3);
+               its chain's later steps follow it */
+            double post = 0;
+            bool found = false;
+            for (int v = 0; v < x->U && !found; v++)
+                for (int i = x->a_start[v]; i < x->a_start[v + 1]; i++) {
+                    int b = x->by_a[i];
+                    tchain c = concat(&x->ch[b][MF_T3], &x->ch[b][MF_T4]);
+                    if (c.has[k]) {
+                        post = c.post[k];
+                        found = true;
+                    }
+                }
+            r = turn[k] + post > r ? turn[k] + post : r;
+        }
     return r * (1 - 1e-9);
 }
 
@@ -313,10 +330,11 @@ int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p,
         return 0;
     tb_ctx x = {.ps = ps, .s = s, .U = s->nunits, .nb = s->nbuckets};
     x.ch = malloc(sizeof *x.ch * ((size_t)x.nb + 1));
+    x.ch12 = malloc(sizeof *x.ch12 * ((size_t)x.nb + 1));
     double *d = malloc(sizeof *d * ((4 + 4 * NS) * (size_t)x.U + 1));
     int *ix = malloc(sizeof *ix * (2 * (size_t)x.nb + 4 * (size_t)x.U + 4));
     int rc = -1;
-    if (!x.ch || !d || !ix)
+    if (!x.ch || !x.ch12 || !d || !ix)
         goto done;
     x.by_a = ix;
     x.by_z = ix + x.nb;
@@ -333,12 +351,15 @@ int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p,
     for (int b = 0; b < x.nb; b++)
         for (int t = 0; t < MF_NTRANSITIONS; t++)
             chain_of(ps, &p->trans[b][t], &x.ch[b][t]);
+    for (int b = 0; b < x.nb; b++)
+        x.ch12[b] = concat(&x.ch[b][MF_T1], &x.ch[b][MF_T2]);
     turn_terms(&x);
     for (int i = 0; i < n; i++)
         out[i] = bound_for(&x, prefetch[i]);
     rc = 0;
 done:
     free(x.ch);
+    free(x.ch12);
     free(d);
     free(ix);
     return rc;

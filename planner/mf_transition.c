@@ -610,14 +610,10 @@ static int cache_get(mf_plan *p, int b, const uint8_t *key, size_t n)
     if (e < 0)
         return 0;
     const mf_transition *src = (const mf_transition *)p->tcache->entries.data + (size_t)e * MF_NTRANSITIONS;
-    for (int t = 0; t < MF_NTRANSITIONS; t++) {
-        mf_transition *tr = &p->trans[b][t];
-        *tr = src[t];
-        tr->steps = mf_arena_array(p->arena, (size_t)(src[t].nsteps ? src[t].nsteps : 1), sizeof *tr->steps);
-        if (!tr->steps)
-            return -1;
-        memcpy(tr->steps, src[t].steps, (size_t)src[t].nsteps * sizeof *tr->steps);
-    }
+    /* the steps stay in the cache's arena: no pass writes a step after
+       this one, and the cache outlives the plans that share it */
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        p->trans[b][t] = src[t];
     return 1;
 }
 
