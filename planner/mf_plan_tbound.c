@@ -49,7 +49,6 @@
 
 #include "mf_plan_search.h"
 
-
 enum { NS = 2 }; /* communication streams: 0 inner, 1 outer */
 
 /* Per bucket and transition: the chain's seconds, and per stream the
