@@ -206,6 +206,17 @@ void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
  * sum. dst may alias srcs[k] + off only when it is the same position. */
 void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, int64_t n,
                    mf_dtype d, int64_t divisor);
+/* The same sums (the same bits), written into every dsts[j] at the position
+ * read: dsts[j][off + i], i < n, j < ndst, with streaming stores
+ * (mf_cpu_stream_copy; fenced before it returns). A dst may be a source
+ * (in place): each block is read from every source before it is written. */
+void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                       int64_t off, int64_t n, mf_dtype d, int64_t divisor);
+/* memcpy(dst, src, bytes) writing dst with streaming (non-temporal) stores
+ * where the CPU has them (mf_cpu_stream.c): no read for ownership of dst's
+ * cache lines. Call mf_cpu_stream_fence before another thread reads dst. */
+void mf_cpu_stream_copy(void *dst, const void *src, size_t bytes);
+void mf_cpu_stream_fence(void);
 /* p[i] = p[i] / divisor, i < n. */
 void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor);
 

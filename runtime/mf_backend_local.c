@@ -15,7 +15,12 @@
  * departed, so no member's source is overwritten while a peer still reads it.
  * An all-reduce: each member reduces one chunk and writes it into every
  * member's destination (n times less arithmetic than every member reducing
- * all, and as much memory traffic as a memcpy).
+ * all, and as much memory traffic as a memcpy). From MF_LOCAL_STREAM_MIN
+ * bytes per destination (larger than the members' buffers can share the
+ * last-level cache) the destinations are written with streaming stores
+ * (mf_cpu_stream.c: no read for ownership of their lines), and an
+ * all-gather pushes instead of pulling: each member reads its own source
+ * once and streams it into every member's destination.
  * The last rank to depart recycles the slot for collective k + 2. With two
  * slots a fast rank can already post collective k + 1 while slow ones depart
  * from k. Reductions sum in coord order, so every member computes the same
@@ -51,13 +56,21 @@
 #define MF_LOCAL_EAGER_RANKS 64
 /* Elements an all-reduce reduces before writing them to its peers. */
 #define MF_LOCAL_PUSH 8192
+/* Bytes of a collective's destination (per member) from which its members
+ * write the destinations with streaming stores (local_compute): below, the
+ * members' buffers fit in the last-level cache together and stay there for
+ * their readers; above, writing them with ordinary stores would first read
+ * every destination line from memory. */
+#ifndef MF_LOCAL_STREAM_MIN
+#define MF_LOCAL_STREAM_MIN ((size_t)8 << 20)
+#endif
 #define MF_LOCAL_MSG 512
 
 typedef struct mf_local_slot {
     int64_t seq;               /* the collective number this slot serves */
     int64_t arrived, departed;
     const void **src;          /* per coord: the posted source */
-    void **dst;                /* per coord: the posted destination (all-reduce) */
+    void **dst;                /* per coord: the posted destination */
     uint8_t *posted;           /* per coord */
     uint8_t *eager;            /* per coord: c->eager_bytes for a copy of its source */
     mf_opkind kind;            /* from the first member to arrive */
@@ -520,8 +533,23 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
     int64_t me = r->coord, cnt = op->count;
     int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
     size_t es = mf_dtype_size(op->dtype);
+    size_t full = (size_t)(op->kind == MF_OP_ALL_GATHER ? n * cnt : cnt) * es;
+    bool stream = !eager && full >= MF_LOCAL_STREAM_MIN;
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
+        if (stream) {
+            /* Large: push. Member `me` reads its source once and streams it
+             * into chunk `me` of every member's destination (read S, write
+             * n S, no read for ownership), instead of reading all n sources
+             * into its own. Peers stay until all depart. */
+            for (int64_t k = 1; k <= n; k++) {
+                int64_t j = (me + k) % n;
+                mf_cpu_stream_copy((char *)slot->dst[j] + (size_t)(me * cnt) * es, slot->src[me],
+                                   (size_t)cnt * es);
+            }
+            mf_cpu_stream_fence();
+            break;
+        }
         for (int64_t i = 0; i < n; i++)
             memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
         break;
@@ -542,6 +570,12 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
          * and peers stay until all depart, so no barrier is needed
          * between reducing and writing. */
         int64_t lo = me * cnt / n, hi = (me + 1) * cnt / n;
+        if (stream) {
+            /* Large: the same sums, streamed into every destination from a
+             * cache-resident block (no read for ownership of the lines). */
+            mf_cpu_reduce_out(slot->dst, (int)n, slot->src, (int)n, lo, hi - lo, op->dtype, div);
+            break;
+        }
         for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
             int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
             size_t at = (size_t)b * es;

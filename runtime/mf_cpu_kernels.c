@@ -168,41 +168,73 @@ static float exact_inverse(int64_t divisor)
 /* Block size of the fp32 accumulator used by reduce (on the stack). */
 #define MF_REDUCE_BLOCK 512
 
+/* acc[i] = (sum over k < nsrc of srcs[k][at + i]) / divisor, i < len <=
+ * MF_REDUCE_BLOCK, summed in fp32 in k order: the one arithmetic of
+ * mf_cpu_reduce and mf_cpu_reduce_out (inv: exact_inverse(divisor)). */
+static void reduce_block(float *acc, const void *const *srcs, int nsrc, int64_t at, int64_t len,
+                         mf_dtype d, int64_t divisor, float inv)
+{
+    float div = (float)divisor;
+    if (d == MF_FP32) {
+        const float *s0 = (const float *)srcs[0] + at;
+        for (int64_t i = 0; i < len; i++)
+            acc[i] = s0[i];
+        for (int k = 1; k < nsrc; k++) {
+            const float *sk = (const float *)srcs[k] + at;
+            for (int64_t i = 0; i < len; i++)
+                acc[i] += sk[i];
+        }
+    } else {
+        for (int64_t i = 0; i < len; i++)
+            acc[i] = mf_cpu_load(srcs[0], d, at + i);
+        for (int k = 1; k < nsrc; k++)
+            for (int64_t i = 0; i < len; i++)
+                acc[i] += mf_cpu_load(srcs[k], d, at + i);
+    }
+    if (inv != 0.0f)
+        for (int64_t i = 0; i < len; i++)
+            acc[i] *= inv;
+    else if (divisor > 1)
+        for (int64_t i = 0; i < len; i++)
+            acc[i] /= div;
+}
+
 void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, int64_t n,
                    mf_dtype d, int64_t divisor)
 {
     float acc[MF_REDUCE_BLOCK];
-    float div = (float)divisor, inv = exact_inverse(divisor);
+    float inv = exact_inverse(divisor);
     for (int64_t b = 0; b < n; b += MF_REDUCE_BLOCK) {
         int64_t len = n - b < MF_REDUCE_BLOCK ? n - b : MF_REDUCE_BLOCK;
-        if (d == MF_FP32) {
-            const float *s0 = (const float *)srcs[0] + off + b;
-            for (int64_t i = 0; i < len; i++)
-                acc[i] = s0[i];
-            for (int k = 1; k < nsrc; k++) {
-                const float *sk = (const float *)srcs[k] + off + b;
-                for (int64_t i = 0; i < len; i++)
-                    acc[i] += sk[i];
-            }
-        } else {
-            for (int64_t i = 0; i < len; i++)
-                acc[i] = mf_cpu_load(srcs[0], d, off + b + i);
-            for (int k = 1; k < nsrc; k++)
-                for (int64_t i = 0; i < len; i++)
-                    acc[i] += mf_cpu_load(srcs[k], d, off + b + i);
-        }
-        if (inv != 0.0f)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] *= inv;
-        else if (divisor > 1)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] /= div;
+        reduce_block(acc, srcs, nsrc, off + b, len, d, divisor, inv);
         if (d == MF_FP32)
             memcpy((float *)dst + b, acc, (size_t)len * sizeof(float));
         else
             for (int64_t i = 0; i < len; i++)
                 mf_cpu_store(dst, d, b + i, acc[i]);
     }
+}
+
+void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                       int64_t off, int64_t n, mf_dtype d, int64_t divisor)
+{
+    float acc[MF_REDUCE_BLOCK];
+    uint16_t half[MF_REDUCE_BLOCK];
+    float inv = exact_inverse(divisor);
+    size_t es = mf_dtype_size(d);
+    for (int64_t b = 0; b < n; b += MF_REDUCE_BLOCK) {
+        int64_t len = n - b < MF_REDUCE_BLOCK ? n - b : MF_REDUCE_BLOCK;
+        reduce_block(acc, srcs, nsrc, off + b, len, d, divisor, inv);
+        const void *out = acc;
+        if (d != MF_FP32) {
+            for (int64_t i = 0; i < len; i++)
+                mf_cpu_store(half, d, i, acc[i]);
+            out = half;
+        }
+        for (int j = 0; j < ndst; j++)
+            mf_cpu_stream_copy((char *)dsts[j] + (size_t)(off + b) * es, out, (size_t)len * es);
+    }
+    mf_cpu_stream_fence();
 }
 
 void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)

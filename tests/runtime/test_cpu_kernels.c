@@ -2,7 +2,8 @@
  * The CPU kernels: fp32 <-> bf16/fp16 conversions (round to nearest even,
  * subnormals, overflow, NaN), exhaustively where the domain is small, and
  * against the compiler's _Float16 on random inputs; add, reduce (sum order,
- * avg), divide.
+ * avg), divide; the streaming copy and the streaming reduce (the same bits
+ * as memcpy and mf_cpu_reduce).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -218,6 +219,104 @@ static void test_average_power_of_two(void **state)
     }
 }
 
+/* mf_cpu_stream_copy writes exactly memcpy's bytes: every length around the
+ * 16- and 64-byte steps, every misalignment of source and destination, and
+ * nothing outside [dst, dst + len). */
+static void test_stream_copy(void **state)
+{
+    (void)state;
+    static unsigned char src[512], dst[512 + 64];
+    for (int i = 0; i < (int)sizeof src; i++)
+        src[i] = (unsigned char)(i * 37 + 11);
+    for (int len = 0; len <= 300; len += len < 140 ? 1 : 23)
+        for (int da = 0; da < 16; da++)
+            for (int sa = 0; sa < 16; sa += 5) {
+                memset(dst, 0xa5, sizeof dst);
+                mf_cpu_stream_copy(dst + 16 + da, src + sa, (size_t)len);
+                mf_cpu_stream_fence();
+                for (int i = 0; i < (int)sizeof dst; i++) {
+                    int k = i - 16 - da;
+                    unsigned char want = k >= 0 && k < len ? src[sa + k] : 0xa5;
+                    if (dst[i] != want)
+                        fail_msg("stream copy of %d bytes, dst+%d, src+%d: byte %d is 0x%02x, "
+                                 "want 0x%02x", len, da, sa, i, dst[i], want);
+                }
+            }
+}
+
+/* mf_cpu_reduce_out gives every destination the bits mf_cpu_reduce gives one
+ * (fp32, bf16, fp16; sum, exact and inexact averages; odd lengths across the
+ * accumulator's blocks; odd offsets and destinations off every alignment),
+ * writes nothing outside [off, off + n), and reduces in place (a destination
+ * that is a source). */
+static void test_reduce_out(void **state)
+{
+    (void)state;
+    enum { CAP = 3000, PAD = 8 };
+    static unsigned char src_mem[3][CAP * 4 + 64], dst_mem[3][CAP * 4 + 64 + 2 * PAD];
+    static unsigned char want[CAP * 4];
+    const mf_dtype dts[3] = {MF_FP32, MF_BF16, MF_FP16};
+    const int64_t lens[] = {1, 7, 511, 512, 513, 1237};
+    const int64_t offs[] = {0, 3, 1029};
+    const int64_t divisors[] = {1, 2, 3};
+    uint32_t rng = 777u;
+    for (int t = 0; t < 3; t++) {
+        mf_dtype d = dts[t];
+        size_t es = d == MF_FP32 ? 4 : 2;
+        for (int nsrc = 1; nsrc <= 3; nsrc++)
+            for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+                for (size_t oi = 0; oi < sizeof offs / sizeof *offs; oi++)
+                    for (size_t vi = 0; vi < sizeof divisors / sizeof *divisors; vi++)
+                        for (int inplace = 0; inplace < 2; inplace++) {
+                            int64_t n = lens[li], off = offs[oi];
+                            int mis = (int)(li + oi) % 3;   /* dst/src misaligned by mis elements */
+                            const void *srcs[3];
+                            void *dsts[3];
+                            for (int k = 0; k < nsrc; k++) {
+                                unsigned char *p = src_mem[k] + (size_t)(k + mis) * es;
+                                for (int64_t i = 0; i < off + n; i++) {
+                                    rng = rng * 1664525u + 1013904223u;
+                                    float v = (float)(int32_t)(rng >> 8) * 0x1p-20f;
+                                    mf_cpu_store(p, d, i, v);
+                                }
+                                srcs[k] = p;
+                            }
+                            mf_cpu_reduce(want, srcs, nsrc, off, n, d, divisors[vi]);
+                            int ndst = nsrc;
+                            for (int j = 0; j < ndst; j++) {
+                                unsigned char *base = dst_mem[j] + PAD + (size_t)(j + 2 * mis) * es;
+                                if (inplace) {
+                                    /* the destination is the source: the
+                                     * reduction must read it before writing */
+                                    dsts[j] = (void *)srcs[j];
+                                } else {
+                                    memset(dst_mem[j], 0x5a, sizeof dst_mem[j]);
+                                    dsts[j] = base;
+                                }
+                            }
+                            unsigned char before[3][2 * 4];   /* the elements around the range */
+                            for (int j = 0; j < ndst; j++) {
+                                unsigned char *p = dsts[j];
+                                memcpy(before[j], p + (off ? off - 1 : 0) * (int64_t)es, es);
+                                memcpy(before[j] + 4, p + (off + n) * (int64_t)es, es);
+                            }
+                            mf_cpu_reduce_out(dsts, ndst, srcs, nsrc, off, n, d, divisors[vi]);
+                            for (int j = 0; j < ndst; j++) {
+                                unsigned char *p = dsts[j];
+                                if (memcmp(p + off * (int64_t)es, want, (size_t)n * es) != 0)
+                                    fail_msg("reduce_out %s nsrc %d n %lld off %lld div %lld "
+                                             "in place %d: destination %d differs from "
+                                             "mf_cpu_reduce", mf_dtype_name(d), nsrc,
+                                             (long long)n, (long long)off,
+                                             (long long)divisors[vi], inplace, j);
+                                if (off)
+                                    assert_memory_equal(p + (off - 1) * (int64_t)es, before[j], es);
+                                assert_memory_equal(p + (off + n) * (int64_t)es, before[j] + 4, es);
+                            }
+                        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +329,8 @@ int main(void)
         cmocka_unit_test(test_convert_add_divide),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_average_power_of_two),
+        cmocka_unit_test(test_stream_copy),
+        cmocka_unit_test(test_reduce_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
