@@ -23,8 +23,10 @@
  * and step time are one point, represented by the one with fewer outer bytes,
  * then the earliest in enumeration order. The search is exact: it evaluates a
  * candidate unless a front point already found is at most its lower bounds
- * on memory and step time with one strictly below (mf_plan_bound.c), and a
- * candidate so skipped is dominated by that point.
+ * on memory and step time with one strictly below -- from the spec
+ * (mf_plan_bound.c), from its planned buckets (mf_plan_tbound.c and the
+ * memory bound here), from its lowered schedule -- and a candidate so
+ * skipped is dominated by that point.
  */
 #ifndef MF_PLAN_SEARCH_H
 #define MF_PLAN_SEARCH_H
