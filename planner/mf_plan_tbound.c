@@ -63,6 +63,7 @@ typedef struct tb_ctx {
     const mf_schedule *s;
     tchain (*ch)[MF_NTRANSITIONS];
     tchain *ch12;           /* per bucket: T1 then T2 (the first microbatch's gather) */
+    tchain *ch34;           /* per bucket: T3 then T4 (the last microbatch's reduction) */
     int U, nb, p;
     int *by_a, *a_start;    /* bucket ids by first unit (counting sort) */
     int *by_z, *z_start;    /* bucket ids by last unit */
@@ -147,15 +148,11 @@ static void turn_terms(tb_ctx *x)
                 double pre = -1, on = 0;
                 for (int i = x->a_start[v]; i < x->a_start[v + 1]; i++) {
                     int b = x->by_a[i];
-                    for (int t = MF_T3; t <= (last ? MF_T4 : MF_T3); t++) {
-                        const tchain *c = &x->ch[b][t];
-                        if (!c->has[k])
-                            continue;
-                        /* T4 follows its T3 in the chain: it starts after it */
-                        double at = (t == MF_T4 ? x->ch[b][MF_T3].total : 0) + c->pre[k];
-                        pre = pre < 0 || at < pre ? at : pre;
-                        on += c->on[k];
-                    }
+                    const tchain *c = last ? &x->ch34[b] : &x->ch[b][MF_T3];
+                    if (!c->has[k])
+                        continue;
+                    pre = pre < 0 || c->pre[k] < pre ? c->pre[k] : pre;
+                    on += c->on[k];
                 }
                 size_t at = ((size_t)v * 2 + (size_t)last) * NS + (size_t)k;
                 x->turn_pre[at] = pre;
@@ -307,10 +304,9 @@ static double bound_for(tb_ctx *x, int prefetch)
             bool found = false;
             for (int v = 0; v < x->U && !found; v++)
                 for (int i = x->a_start[v]; i < x->a_start[v + 1]; i++) {
-                    int b = x->by_a[i];
-                    tchain c = concat(&x->ch[b][MF_T3], &x->ch[b][MF_T4]);
-                    if (c.has[k]) {
-                        post = c.post[k];
+                    const tchain *c = &x->ch34[x->by_a[i]];
+                    if (c->has[k]) {
+                        post = c->post[k];
                         found = true;
                     }
                 }
@@ -329,7 +325,8 @@ int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p,
         return 0;
     tb_ctx x = {.ps = ps, .s = s, .U = s->nunits, .nb = s->nbuckets};
     x.ch = malloc(sizeof *x.ch * ((size_t)x.nb + 1));
-    x.ch12 = malloc(sizeof *x.ch12 * ((size_t)x.nb + 1));
+    x.ch12 = malloc(sizeof *x.ch12 * (2 * (size_t)x.nb + 1));
+    x.ch34 = x.ch12 + x.nb;
     double *d = malloc(sizeof *d * ((4 + 4 * NS) * (size_t)x.U + 1));
     int *ix = malloc(sizeof *ix * (2 * (size_t)x.nb + 4 * (size_t)x.U + 4));
     int rc = -1;
@@ -350,8 +347,10 @@ int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p,
     for (int b = 0; b < x.nb; b++)
         for (int t = 0; t < MF_NTRANSITIONS; t++)
             chain_of(ps, &p->trans[b][t], &x.ch[b][t]);
-    for (int b = 0; b < x.nb; b++)
+    for (int b = 0; b < x.nb; b++) {
         x.ch12[b] = concat(&x.ch[b][MF_T1], &x.ch[b][MF_T2]);
+        x.ch34[b] = concat(&x.ch[b][MF_T3], &x.ch[b][MF_T4]);
+    }
     turn_terms(&x);
     for (int i = 0; i < n; i++)
         out[i] = bound_for(&x, prefetch[i]);

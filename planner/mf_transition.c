@@ -419,9 +419,9 @@ static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
         }
 }
 
-/* The seconds of each transition's steps per stream (mf_transition.on,
- * before, after), once their streams are assigned. */
-static void stream_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
+/* The seconds of each transition's steps (mf_transition.cost) and per
+ * stream (on, before, after), once their streams are assigned. */
+static void step_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
 {
     for (int t = 0; t < MF_NTRANSITIONS; t++) {
         mf_transition *x = &tr[t];
@@ -441,6 +441,7 @@ static void stream_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
             x->on[k] += d;
             last_end[k] = at;
         }
+        x->cost = at;
         for (int k = 0; k < MF_STREAM_COUNT; k++)
             x->after[k] = x->has_on[k] ? at - last_end[k] : 0;
     }
@@ -539,11 +540,7 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
         tr->steps[n++] = (mf_step){.kind = MF_OP_CAST, .axis = -1, .dtype = dw, .from = st, .to = st, .count = c};
     if (t == MF_T3)
         tr->steps[n++] = (mf_step){.kind = MF_OP_ACCUMULATE, .axis = -1, .dtype = dg, .from = st, .to = st, .count = c};
-    tr->nsteps = n;
-    tr->cost = 0;
-    for (int i = 0; i < n; i++)
-        tr->cost += mf_cost_op(&p->cost, m, tr->steps[i].kind, tr->steps[i].axis, tr->steps[i].count,
-                               tr->steps[i].dtype);
+    tr->nsteps = n; /* its seconds: step_figures, once the streams are assigned */
     if (nvalid > 1 && !p->quiet) {
         tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
         if (!tr->why) {
@@ -664,7 +661,7 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
             built = build(&ts, b, t, &oom) && built;
         if (built) {
             assign_streams(p->trans[b], ts.k);
-            stream_figures(p, p->trans[b]);
+            step_figures(p, p->trans[b]);
         }
         if (built && !oom && p->tcache)
             oom = !cache_put(p, b, key, kn);
