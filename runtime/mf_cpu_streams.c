@@ -3,10 +3,13 @@
  * rank has two stream threads, inner and outer, each taking its queued ops in
  * order; the compute stream is the trainer's thread, which runs its ops at
  * issue. Events are counters: a record completes by raising its event's
- * counter to its sequence number; a wait sleeps on the rank's condition
- * variable until the counter reaches its target (the latest record issued
- * before it). Every blocking wait is a condition-variable wait bounded by the
- * configured timeout.
+ * counter to its sequence number; a wait on the compute stream sleeps on the
+ * rank's condition variable until the counter reaches its target (the latest
+ * record issued before it). A wait on a worker stream never blocks its
+ * thread: it only starts once its record has completed (can_start), and until
+ * then its stream has no executor. Every blocking wait is a condition-variable
+ * wait bounded by the configured timeout (a worker stream held up by a wait
+ * is bounded by step_end's drain, whose message names the record).
  *
  * Hand-offs are what a thread model costs (docs/performance.md, "Runtime"):
  * waking a thread and sleeping until it answers is a few microseconds of
@@ -21,7 +24,14 @@
  *     (mf_streams_kick), so the streams still overlap with the trainer's
  *     compute between hooks. Before the host runs an entry that can block
  *     (a collective), it wakes the other streams, so that every stream always
- *     has an executor and nothing waits on an entry nobody will run.
+ *     has an executor and nothing waits on an entry nobody will run;
+ *   - waking is kick_locked: records and satisfied waits at the head of an
+ *     idle stream run on the waker's thread (they take no time, a wake-up
+ *     costs two context switches), so a stream's thread is woken only for an
+ *     entry with work in it. A stream thread kicks the other streams after
+ *     each entry, the host at the end of each hook and whenever its wait or
+ *     drain has nothing to help with: that is how a completed record reaches
+ *     the waits on it.
  *
  * Invariants: queues are rings sized at create to the most entries a stream
  * is issued in one step, and step_end drains them, so the host never waits
@@ -37,7 +47,20 @@
 #include "mf_stress.h"
 
 static bool help_one(mf_rt *rt);
-static void kick_locked(mf_rt *rt, int except);
+static bool kick_locked(mf_rt *rt, int except);
+
+/* True when q's next entry can start now: one is queued, nobody executes q,
+ * and it is not a wait whose record has not completed (after a failure
+ * every entry can start: executors skip them). rt->mu held. */
+static bool can_start(const mf_rt *rt, const mf_rt_stream *q)
+{
+    if (q->popped == q->pushed || q->current >= 0)
+        return false;
+    const mf_rt_entry *e = &q->queue[q->popped % q->cap];
+    const mf_op *op = rt->rops[e->op].op;
+    return op->kind != MF_OP_WAIT || rt->ev_done[op->event] >= e->seq ||
+           rt->failed != MFSDP_OK || rt->stop;
+}
 
 /* sched_yield rounds a wait spends before sleeping on its condition variable. */
 #ifndef MF_STREAM_SPINS
@@ -104,7 +127,8 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
                 deadline.tv_sec = -1;   /* progress was made: the timeout starts again */
                 continue;
             }
-            kick_locked(rt, -1);
+            if (kick_locked(rt, -1))
+                continue;
             if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
                 rt->ev_done[op->event] < e->seq) {
                 res = MFSDP_ERR_TIMEOUT;
@@ -119,7 +143,8 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         for (int i = 0; res != MFSDP_OK && i < rt->s->nops; i++)
             if (rt->s->ops[i].kind == MF_OP_RECORD && rt->s->ops[i].event == op->event)
                 rec = rt->s->ops[i].stream;
-        if (res != MFSDP_OK && rec != MF_STREAM_COMPUTE && rt->streams[rec].current >= 0) {
+        if (res != MFSDP_OK && rec != MF_STREAM_COMPUTE && rt->streams[rec].current >= 0 &&
+            rt->streams[rec].current_since != 0) {   /* 0: an untimed record or wait */
             busy_op = rt->streams[rec].current;
             busy_for = mf_rt_now_ns() - rt->streams[rec].current_since;
         }
@@ -200,7 +225,11 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
     mf_rt_entry e = q->queue[q->popped % q->cap];
     q->popped++;
     q->current = e.op;
-    int64_t t0 = mf_rt_now_ns();
+    /* Records and waits are not timed: a record takes no time, and a wait
+     * counts its own waiting (it reads the clock only when it waits). */
+    mf_opkind kind = rt->rops[e.op].op->kind;
+    bool timed = q->stress || (kind != MF_OP_RECORD && kind != MF_OP_WAIT);
+    int64_t t0 = timed ? mf_rt_now_ns() : 0;
     q->current_since = t0;
     bool skip = rt->failed != MFSDP_OK;
     pthread_mutex_unlock(&rt->mu);
@@ -211,7 +240,7 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
         mf_stress_delay(&q->stress);
     if (!skip)
         res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
-    int64_t t1 = mf_rt_now_ns();
+    int64_t t1 = timed ? mf_rt_now_ns() : wait_ns;
     if (res != MFSDP_OK) {
         /* Peers blocked with us on a communicator learn at once. */
         mf_rt_fail_and_abort(rt, res, q->err);
@@ -222,21 +251,39 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
     q->wait_ns += wait_ns;
     q->completed++;
     q->current = -1;
-    if (rt->ops_waiting_space || q->completed == q->pushed ||
-        rt->rops[e.op].op->kind == MF_OP_RECORD)
+    if (rt->ops_waiting_space || q->completed == q->pushed || kind == MF_OP_RECORD)
         pthread_cond_broadcast(&rt->cv);
 }
 
-/* Wakes the threads of the streams (but `except`) that have entries queued
- * and no executor. rt->mu held. Signalling a thread that is not waiting costs
- * no system call. */
-static void kick_locked(mf_rt *rt, int except)
+/* Brings the streams (but `except`) that nobody executes up to date, rt->mu
+ * held: their records and satisfied waits at the head of their queues run
+ * here, on the calling thread (they take no time; waking a thread for them
+ * costs two context switches), and the threads of those left with an entry
+ * that can start are woken. Signalling a thread that is not waiting costs no
+ * system call. True when it ran an entry: rt->mu was released meanwhile, so
+ * the caller re-checks what it waits for before sleeping. */
+static bool kick_locked(mf_rt *rt, int except)
 {
+    bool ran_any = false;
+    for (bool ran = true; ran; ran_any |= ran) {
+        ran = false;
+        for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
+            mf_rt_stream *q = &rt->streams[st];
+            if (st == except || !can_start(rt, q))
+                continue;
+            mf_opkind kind = rt->rops[q->queue[q->popped % q->cap].op].op->kind;
+            if (kind == MF_OP_WAIT || kind == MF_OP_RECORD) {
+                run_entry(rt, q);
+                ran = true;
+            }
+        }
+    }
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
         mf_rt_stream *q = &rt->streams[st];
-        if (st != except && q->popped != q->pushed && q->current < 0)
+        if (st != except && can_start(rt, q))
             pthread_cond_signal(&q->work);
     }
+    return ran_any;
 }
 
 void mf_streams_kick(mf_rt *rt)
@@ -257,16 +304,13 @@ static bool help_one(mf_rt *rt)
         return false;
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
         mf_rt_stream *q = &rt->streams[st];
-        if (q->popped == q->pushed || q->current >= 0)
+        if (!can_start(rt, q))
             continue;
-        const mf_rt_entry *e = &q->queue[q->popped % q->cap];
-        const mf_op *op = rt->rops[e->op].op;
-        if (op->kind == MF_OP_WAIT && rt->ev_done[op->event] < e->seq) {
-            pthread_cond_signal(&q->work);
-            continue;
-        }
-        if (mf_opkind_is_collective(op->kind))
-            kick_locked(rt, st);
+        const mf_op *op = rt->rops[q->queue[q->popped % q->cap].op].op;
+        /* The kick may run entries, releasing rt->mu: q's thread may have
+         * taken this one meanwhile (progress either way). */
+        if (mf_opkind_is_collective(op->kind) && kick_locked(rt, st) && !can_start(rt, q))
+            return true;
         run_entry(rt, q);
         return true;
     }
@@ -281,11 +325,12 @@ static void *stream_main(void *arg)
     for (;;) {
         int spins = MF_STREAM_SPINS - MF_STREAM_IDLE_SPINS;
         struct timespec none = {-1, 0};
-        while (!rt->stop && (q->popped == q->pushed || q->current >= 0))
+        while (!rt->stop && !can_start(rt, q))
             spin_wait(rt, &q->work, 0, &none, &spins);
         if (rt->stop)
             break;
         run_entry(rt, q);
+        kick_locked(rt, q->id);
     }
     pthread_mutex_unlock(&rt->mu);
     return NULL;
@@ -346,7 +391,10 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
             break;
         }
         rt->ops_waiting_space = true;
-        kick_locked(rt, -1);
+        if (kick_locked(rt, -1)) {
+            rt->ops_waiting_space = false;
+            continue;
+        }
         if (deadline.tv_sec < 0)
             deadline = mf_rt_deadline(rt->cfg.timeout_ms);
         if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
@@ -375,6 +423,31 @@ static bool all_completed(const mf_rt *rt)
     return true;
 }
 
+/* For a drain that timed out: how far q got, and what holds it up (the op it
+ * is in, or the record its next op waits for). rt->mu held. Returns the
+ * characters written, like snprintf. */
+static int describe_stream(const mf_rt *rt, const mf_rt_stream *q, char *buf, size_t size)
+{
+    int n = snprintf(buf, size, "; %s stream: %lld of %lld ops done", mf_stream_name((mf_stream)q->id),
+                     (long long)q->completed, (long long)q->pushed);
+    size_t at = (size_t)n < size ? (size_t)n : size;   /* where the rest goes (truncated) */
+    char what[200];
+    if (q->current >= 0) {
+        mf_rt_describe_op(rt, q->current, what, sizeof what);
+        return n + snprintf(buf + at, size - at, ", in %s", what);
+    }
+    if (q->popped == q->pushed)
+        return n;
+    const mf_rt_entry *e = &q->queue[q->popped % q->cap];
+    const mf_op *op = rt->rops[e->op].op;
+    if (op->kind != MF_OP_WAIT || rt->ev_done[op->event] >= e->seq)
+        return n;
+    mf_rt_describe_op(rt, e->op, what, sizeof what);
+    return n + snprintf(buf + at, size - at,
+                        ", %s waits for record #%lld of event %d (latest completed #%lld)", what,
+                        (long long)e->seq, op->event, (long long)rt->ev_done[op->event]);
+}
+
 mfsdp_result mf_streams_drain(mf_rt *rt)
 {
     mfsdp_result res = MFSDP_OK;
@@ -390,7 +463,8 @@ mfsdp_result mf_streams_drain(mf_rt *rt)
             deadline.tv_sec = -1;
             continue;
         }
-        kick_locked(rt, -1);
+        if (kick_locked(rt, -1))
+            continue;
         if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
             !all_completed(rt)) {
             res = MFSDP_ERR_TIMEOUT;
@@ -399,20 +473,16 @@ mfsdp_result mf_streams_drain(mf_rt *rt)
     }
     if (res == MFSDP_OK && rt->failed != MFSDP_OK)
         res = rt->failed;
-    int64_t in_done = rt->streams[MF_STREAM_INNER].completed;
-    int64_t in_all = rt->streams[MF_STREAM_INNER].pushed;
-    int64_t out_done = rt->streams[MF_STREAM_OUTER].completed;
-    int64_t out_all = rt->streams[MF_STREAM_OUTER].pushed;
-    pthread_mutex_unlock(&rt->mu);
+    char msg[MF_RT_ERRLEN];
     if (res == MFSDP_ERR_TIMEOUT) {
-        char msg[256];
-        snprintf(msg, sizeof msg,
-                 "rank %lld: the streams did not finish within %lld ms (inner %lld of %lld ops "
-                 "done, outer %lld of %lld)",
-                 (long long)rt->rank, (long long)rt->cfg.timeout_ms, (long long)in_done,
-                 (long long)in_all, (long long)out_done, (long long)out_all);
-        mf_rt_fail_and_abort(rt, res, msg);
+        int n = snprintf(msg, sizeof msg, "rank %lld: the streams did not finish within %lld ms",
+                         (long long)rt->rank, (long long)rt->cfg.timeout_ms);
+        for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT && n < (int)sizeof msg; st++)
+            n += describe_stream(rt, &rt->streams[st], msg + n, sizeof msg - (size_t)n);
     }
+    pthread_mutex_unlock(&rt->mu);
+    if (res == MFSDP_ERR_TIMEOUT)
+        mf_rt_fail_and_abort(rt, res, msg);
     return res;
 }
 

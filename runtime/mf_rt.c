@@ -120,6 +120,8 @@ void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
         snprintf(rt->fail_msg, sizeof rt->fail_msg, "%s", msg);
     }
     pthread_cond_broadcast(&rt->cv);
+    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
+        pthread_cond_broadcast(&rt->streams[st].work);
     pthread_mutex_unlock(&rt->mu);
 }
 

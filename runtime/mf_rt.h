@@ -94,7 +94,7 @@ typedef struct mf_rt_stream {
     int64_t popped;         /* entries taken by the thread */
     int64_t completed;      /* entries finished (executed or skipped after a failure) */
     int current;            /* op being executed, -1 when idle */
-    int64_t current_since;  /* ns (mf_rt_now_ns) when it started */
+    int64_t current_since;  /* ns (mf_rt_now_ns) when it started; 0 for a record or wait */
     int64_t busy_ns;        /* executing ops */
     int64_t wait_ns;        /* blocked in event waits */
     char err[MF_RT_ERRLEN]; /* message of this stream's failing op */
