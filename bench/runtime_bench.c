@@ -338,7 +338,10 @@ static double memcpy_gbs(size_t bytes, int threads)
     pthread_barrier_init(&start, NULL, (unsigned)threads);
     int batches = (int)(((size_t)1 << 30) / bytes / 10) + 3;
     for (int t = 0; t < threads; t++) {
-        c[t] = (copier){malloc(bytes), malloc(bytes), bytes, batches, 0, threads > 1 ? &start : NULL};
+        /* allocated like the runtime's buffers (huge pages from 2 MiB): the
+           reference moves bytes through the same kind of memory */
+        c[t] = (copier){mf_rt_aligned_zalloc(256, bytes), mf_rt_aligned_zalloc(256, bytes), bytes,
+                        batches, 0, threads > 1 ? &start : NULL};
         if (!c[t].a || !c[t].b)
             exit(2);
         memset(c[t].a, 1, bytes);
@@ -351,8 +354,8 @@ static double memcpy_gbs(size_t bytes, int threads)
         pthread_join(th[t], NULL);
         if (c[t].best > worst)
             worst = c[t].best;
-        free(c[t].a);
-        free(c[t].b);
+        mf_rt_free(c[t].a);
+        mf_rt_free(c[t].b);
     }
     pthread_barrier_destroy(&start);
     return (double)bytes * 10 / worst / 1e9;
@@ -500,13 +503,16 @@ static void bench_mpi(int quick, const char *only)
                                                                MF_REDUCE_AVG)
                                          : NULL;
             int64_t L = sh->s->buckets[0].length, n = kinds[ki] == MF_OP_ALL_REDUCE ? L : L / world;
-            /* tiny rows: more, cheap steps; the 16.8 MB rows 16 (with 8, the fastest of
-               8 steps of 8 oversubscribed processes moved by 10-20 % between runs, and raw
-               MPI's figure, the better of two variants' fastest, gains from the extra draw) */
-            int steps = quick ? 5 : si == 2 ? 16 : si == 1 ? 30 : 60;
+            /* The fastest of few steps of oversubscribed processes moves by 10-20 % between
+               runs, and raw MPI's figure, the better of two variants' fastest, gains from
+               the extra draw: the 0.26 MB rows take 60 steps like the tiny ones, the 16.8 MB
+               all-reduce (a goal row) 32, the other 16.8 MB rows 16 (the bench's time). */
+            int steps = quick ? 5 : si < 2 ? 60 : kinds[ki] == MF_OP_ALL_REDUCE ? 32 : 16;
             mfsdp_runtime *rt[3] = {mpi_runtime(sh, rank, 0), mpi_runtime(sh, rank, 1),
                                     sha ? mpi_runtime(sha, rank, 0) : NULL};
-            float *src = calloc((size_t)L, 4), *dst = calloc((size_t)L, 4);
+            /* allocated like the runtime's buffers (huge pages from 2 MiB) */
+            float *src = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+            float *dst = mf_rt_aligned_zalloc(256, (size_t)L * 4);
             if (!src || !dst)
                 MPI_Abort(MPI_COMM_WORLD, 2);
             /* touched, like the runtime's buffers (calloc's untouched pages
@@ -537,8 +543,8 @@ static void bench_mpi(int quick, const char *only)
             for (int i = 0; i < 3; i++)
                 if (rt[i])
                     mfsdp_destroy(rt[i]);
-            free(src);
-            free(dst);
+            mf_rt_free(src);
+            mf_rt_free(dst);
             double raw = best[2] < best[3] ? best[2] : best[3];
             double goal = L * 4 <= 4096 ? 1.10 : 1.05;
             char avg[16] = "-";

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "mf_debug.h"
@@ -64,13 +65,28 @@ void *mf_rt_calloc(size_t n, size_t size)
     return p;
 }
 
+/* Whether allocations of MF_RT_HUGE_MIN bytes and more ask for transparent
+ * huge pages (MFSDP_HUGE_PAGES=0 in the environment: no). */
+static bool huge_pages_wanted(void)
+{
+    const char *env = getenv("MFSDP_HUGE_PAGES");
+    return !(env && strcmp(env, "0") == 0);
+}
+
 void *mf_rt_aligned_zalloc(size_t align, size_t n)
 {
     if (alloc_injected_failure())
         return NULL;
     void *p = NULL;
+    bool huge = n >= MF_RT_HUGE_MIN && huge_pages_wanted();
+    if (huge && align < MF_RT_HUGE_MIN)
+        align = MF_RT_HUGE_MIN;
     if (posix_memalign(&p, align, n ? n : 1) != 0)
         return NULL;
+    /* Before the first touch, so that the zeroing below already faults in
+     * huge pages (a hint: without THP the pages stay small). */
+    if (huge)
+        (void)madvise(p, n & ~(MF_RT_HUGE_MIN - 1), MADV_HUGEPAGE);
     memset(p, 0, n);
     atomic_fetch_add(&alloc_live, 1);
     return p;

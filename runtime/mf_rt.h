@@ -39,11 +39,17 @@
 
 void *mf_rt_malloc(size_t n);
 void *mf_rt_calloc(size_t n, size_t size);
-/* Zero-filled, `align` a power of two >= sizeof(void *). */
+/* Zero-filled, `align` a power of two >= sizeof(void *). From MF_RT_HUGE_MIN
+ * bytes on, aligned to it and backed by transparent huge pages where the
+ * kernel has them (madvise; MFSDP_HUGE_PAGES=0 turns it off): memory-bound
+ * collectives over buffers of megabytes pay a TLB miss per 4 KiB page
+ * otherwise (docs/runtime.md §6). */
+#define MF_RT_HUGE_MIN ((size_t)2 << 20)
 void *mf_rt_aligned_zalloc(size_t align, size_t n);
 void mf_rt_free(void *p);
 /* Backend buffer allocation in host memory (the CPU backends' alloc/free):
- * 256-byte aligned, zeroed; out of memory is reported on rt. */
+ * 256-byte aligned (huge pages from MF_RT_HUGE_MIN bytes), zeroed; out of
+ * memory is reported on rt. */
 mfsdp_result mf_rt_host_alloc(mf_rt *rt, size_t bytes, void **out);
 void mf_rt_host_free(mf_rt *rt, void *p);
 /* Test hook: the k-th accounted allocation from now (0 = the next) fails;
