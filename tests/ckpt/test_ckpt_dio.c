@@ -120,21 +120,33 @@ static int teardown(void **state)
 static const uint64_t g_cuts[] = {0, 8, 4096, 5000, 5001, 70000, ((uint64_t)3 << 20) + 7, ((uint64_t)4 << 20) - 1,
                                   ((uint64_t)9 << 20) + 333, ((uint64_t)9 << 20) + 400, FILE_BYTES - 5, FILE_BYTES};
 
+/* All cached: nothing is read past the page cache. The kernel may evict a
+ * page between the warming read and the fetch (reclaim while parallel tests
+ * write gigabytes), so a try that read directly is retried; a reader that
+ * mistook cached pages for uncached ones reads directly on every try. */
 static void test_warm(void **state)
 {
     (void)state;
-    mf_ckpt_reader r;
-    mf_ckpt_rfile rf;
-    int fd = open(g_path, O_RDONLY); /* make every page cached */
-    unsigned char *tmp = malloc(FILE_BYTES);
-    assert_int_equal(mf_ckpt_pread_all(fd, tmp, FILE_BYTES, 0), 0);
-    free(tmp);
-    close(fd);
-    reader_open(&r, &rf);
-    for (size_t i = 0; i + 1 < sizeof g_cuts / sizeof *g_cuts; i++)
-        fetch(&r, g_cuts[i], (size_t)(g_cuts[i + 1] - g_cuts[i]));
-    assert_int_equal(r.direct_bytes, 0); /* all cached: nothing read past the page cache */
-    reader_close(&r);
+    uint64_t direct = 0;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        mf_ckpt_reader r;
+        mf_ckpt_rfile rf;
+        int fd = open(g_path, O_RDONLY); /* make every page cached */
+        unsigned char *tmp = malloc(FILE_BYTES);
+        assert_int_equal(mf_ckpt_pread_all(fd, tmp, FILE_BYTES, 0), 0);
+        free(tmp);
+        close(fd);
+        reader_open(&r, &rf);
+        for (size_t i = 0; i + 1 < sizeof g_cuts / sizeof *g_cuts; i++)
+            fetch(&r, g_cuts[i], (size_t)(g_cuts[i + 1] - g_cuts[i]));
+        direct = r.direct_bytes;
+        reader_close(&r);
+        if (direct == 0)
+            break;
+        print_message("try %d: %llu bytes read directly (pages evicted?); again\n", attempt + 1,
+                      (unsigned long long)direct);
+    }
+    assert_int_equal(direct, 0);
 }
 
 static void test_cold_in_order(void **state)
