@@ -49,6 +49,25 @@
 static bool help_one(mf_rt *rt);
 static bool kick_locked(mf_rt *rt, int except);
 
+/* q's next entry (one is queued) and its op. rt->mu held. */
+static const mf_rt_entry *head(const mf_rt_stream *q)
+{
+    return &q->queue[q->popped % q->cap];
+}
+
+static const mf_op *head_op(const mf_rt *rt, const mf_rt_stream *q)
+{
+    return rt->rops[head(q)->op].op;
+}
+
+/* True when q's next entry (one is queued) is a wait whose record has not
+ * completed. rt->mu held. */
+static bool head_waits(const mf_rt *rt, const mf_rt_stream *q)
+{
+    const mf_op *op = head_op(rt, q);
+    return op->kind == MF_OP_WAIT && rt->ev_done[op->event] < head(q)->seq;
+}
+
 /* True when q's next entry can start now: one is queued, nobody executes q,
  * and it is not a wait whose record has not completed (after a failure
  * every entry can start: executors skip them). rt->mu held. */
@@ -56,10 +75,7 @@ static bool can_start(const mf_rt *rt, const mf_rt_stream *q)
 {
     if (q->popped == q->pushed || q->current >= 0)
         return false;
-    const mf_rt_entry *e = &q->queue[q->popped % q->cap];
-    const mf_op *op = rt->rops[e->op].op;
-    return op->kind != MF_OP_WAIT || rt->ev_done[op->event] >= e->seq ||
-           rt->failed != MFSDP_OK || rt->stop;
+    return !head_waits(rt, q) || rt->failed != MFSDP_OK || rt->stop;
 }
 
 /* sched_yield rounds a wait spends before sleeping on its condition variable. */
@@ -222,7 +238,7 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
  * executor (q->current < 0). */
 static void run_entry(mf_rt *rt, mf_rt_stream *q)
 {
-    mf_rt_entry e = q->queue[q->popped % q->cap];
+    mf_rt_entry e = *head(q);
     q->popped++;
     q->current = e.op;
     /* Records and waits are not timed: a record takes no time, and a wait
@@ -271,7 +287,7 @@ static bool kick_locked(mf_rt *rt, int except)
             mf_rt_stream *q = &rt->streams[st];
             if (st == except || !can_start(rt, q))
                 continue;
-            mf_opkind kind = rt->rops[q->queue[q->popped % q->cap].op].op->kind;
+            mf_opkind kind = head_op(rt, q)->kind;
             if (kind == MF_OP_WAIT || kind == MF_OP_RECORD) {
                 run_entry(rt, q);
                 ran = true;
@@ -306,7 +322,7 @@ static bool help_one(mf_rt *rt)
         mf_rt_stream *q = &rt->streams[st];
         if (!can_start(rt, q))
             continue;
-        const mf_op *op = rt->rops[q->queue[q->popped % q->cap].op].op;
+        const mf_op *op = head_op(rt, q);
         /* The kick may run entries, releasing rt->mu: q's thread may have
          * taken this one meanwhile (progress either way). */
         if (mf_opkind_is_collective(op->kind) && kick_locked(rt, st) && !can_start(rt, q))
@@ -436,12 +452,10 @@ static int describe_stream(const mf_rt *rt, const mf_rt_stream *q, char *buf, si
         mf_rt_describe_op(rt, q->current, what, sizeof what);
         return n + snprintf(buf + at, size - at, ", in %s", what);
     }
-    if (q->popped == q->pushed)
+    if (q->popped == q->pushed || !head_waits(rt, q))
         return n;
-    const mf_rt_entry *e = &q->queue[q->popped % q->cap];
-    const mf_op *op = rt->rops[e->op].op;
-    if (op->kind != MF_OP_WAIT || rt->ev_done[op->event] >= e->seq)
-        return n;
+    const mf_rt_entry *e = head(q);
+    const mf_op *op = head_op(rt, q);
     mf_rt_describe_op(rt, e->op, what, sizeof what);
     return n + snprintf(buf + at, size - at,
                         ", %s waits for record #%lld of event %d (latest completed #%lld)", what,
