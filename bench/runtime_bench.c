@@ -471,8 +471,9 @@ static mfsdp_runtime *mpi_runtime(const mfsdp_schedule *sh, int rank, int blocki
  * The schedule sums (what the raw calls do); the default mode also runs the
  * same schedule with `avg` (column mf-avg: the sum, then one pass dividing
  * the result). The variants take turns step by step (a step: 10
- * collectives), so the machine's load falls on all of them alike; each
- * keeps its fastest step (every rank's, then the slowest rank). */
+ * collectives), in a new order each step, so the machine's load falls on all
+ * of them alike; each keeps its fastest step (every rank's, then the slowest
+ * rank). */
 static void bench_mpi(int quick, const char *only)
 {
     int rank, world;
@@ -505,26 +506,47 @@ static void bench_mpi(int quick, const char *only)
             int64_t L = sh->s->buckets[0].length, n = kinds[ki] == MF_OP_ALL_REDUCE ? L : L / world;
             /* The fastest of few steps of oversubscribed processes moves by 10-20 % between
                runs, and raw MPI's figure, the better of two variants' fastest, gains from
-               the extra draw: the 0.26 MB rows take 60 steps like the tiny ones, the 16.8 MB
-               all-reduce (a goal row) 32, the other 16.8 MB rows 16 (the bench's time). */
-            int steps = quick ? 5 : si < 2 ? 60 : kinds[ki] == MF_OP_ALL_REDUCE ? 32 : 16;
+               the extra draw: the 4 KB and 0.26 MB rows take 200 steps (a few seconds), the
+               16.8 MB all-reduce (a goal row) 32, the other 16.8 MB rows 16 (the bench's
+               time). */
+            int steps = quick ? 5 : si < 2 ? 200 : kinds[ki] == MF_OP_ALL_REDUCE ? 32 : 16;
             mfsdp_runtime *rt[3] = {mpi_runtime(sh, rank, 0), mpi_runtime(sh, rank, 1),
                                     sha ? mpi_runtime(sha, rank, 0) : NULL};
-            /* allocated like the runtime's buffers (huge pages from 2 MiB) */
-            float *src = mf_rt_aligned_zalloc(256, (size_t)L * 4);
-            float *dst = mf_rt_aligned_zalloc(256, (size_t)L * 4);
-            if (!src || !dst)
-                MPI_Abort(MPI_COMM_WORLD, 2);
-            /* touched, like the runtime's buffers (calloc's untouched pages
-             * all read the one zero page, which is always in cache) */
-            for (int64_t i = 0; i < L; i++) {
-                src[i] = (float)(i % 7);
-                dst[i] = 1.0f;
+            /* Each raw variant has buffers of its own, as each runtime has its
+             * arena: a variant that ran on the buffers its predecessor had just
+             * used would find them in cache (sharing them, nonblocking raw MPI
+             * measured 2-3 % faster than blocking raw MPI right before it at
+             * 0.26 MB on 8 processes, and as fast with buffers of its own).
+             * Allocated like the runtime's buffers (huge pages from 2 MiB). */
+            float *src[2], *dst[2];
+            for (int b = 0; b < 2; b++) {
+                src[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+                dst[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+                if (!src[b] || !dst[b])
+                    MPI_Abort(MPI_COMM_WORLD, 2);
+                /* touched, like the runtime's buffers (calloc's untouched pages
+                 * all read the one zero page, which is always in cache) */
+                for (int64_t i = 0; i < L; i++) {
+                    src[b][i] = (float)(i % 7);
+                    dst[b][i] = 1.0f;
+                }
             }
             /* mfsdp, mf-block, MPI, MPI_I*, mf-avg */
             double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
-            for (int step = 0; step < steps + 2; step++)
-                for (int v = 0; v < nv; v++) {   /* no barrier: the collectives keep ranks in step */
+            int order[5] = {0, 1, 2, 3, 4};
+            uint32_t seed = 12345;   /* the same on every rank: the same order everywhere */
+            for (int step = 0; step < steps + 2; step++) {
+                /* A new order each step: a variant inherits the skew between ranks
+                 * its predecessor left (mf-avg's last pass ends unevenly), so none
+                 * follows the same one every step. */
+                for (int i = nv - 1; i > 0; i--) {
+                    seed = seed * 1664525u + 1013904223u;
+                    int j = (int)((seed >> 16) % (uint32_t)(i + 1)), x = order[i];
+                    order[i] = order[j];
+                    order[j] = x;
+                }
+                for (int k = 0; k < nv; k++) {   /* no barrier: the collectives keep ranks in step */
+                    int v = order[k];
                     double t0 = now_s();
                     if (v < 2 || v == 4) {
                         mfsdp_runtime *x = rt[v == 4 ? 2 : v];
@@ -533,18 +555,21 @@ static void bench_mpi(int quick, const char *only)
                             MPI_Abort(MPI_COMM_WORLD, 1);
                         }
                     } else {
-                        raw_batch(kinds[ki], v == 3, src, dst, (int)n);
+                        raw_batch(kinds[ki], v == 3, src[v - 2], dst[v - 2], (int)n);
                     }
                     double t = (now_s() - t0) / 10;
                     if (step >= 2 && t < best[v])
                         best[v] = t;
                 }
+            }
             MPI_Allreduce(MPI_IN_PLACE, best, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             for (int i = 0; i < 3; i++)
                 if (rt[i])
                     mfsdp_destroy(rt[i]);
-            mf_rt_free(src);
-            mf_rt_free(dst);
+            for (int b = 0; b < 2; b++) {
+                mf_rt_free(src[b]);
+                mf_rt_free(dst[b]);
+            }
             double raw = best[2] < best[3] ? best[2] : best[3];
             double goal = L * 4 <= 4096 ? 1.10 : 1.05;
             char avg[16] = "-";
