@@ -31,8 +31,9 @@
  * returns an error and leaves the request pending (MPI cannot cancel a
  * collective); the runtime is failed from then on.
  *
- * Small reduce-scatters (at most MF_MPI_RH_MAX bytes in all, on a power-of-2
- * group) do not use libnbc: rh_reduce_scatter runs recursive halving over
+ * Small and large reduce-scatters on a power-of-2 group (at most
+ * MF_MPI_RH_MAX or at least MF_MPI_RH_LARGE bytes in all) do not use libnbc:
+ * rh_reduce_scatter runs recursive halving over
  * MPI_Isend/MPI_Irecv, partner distance 1 first, each rank keeping the blocks
  * whose index agrees with its own rank in the bits seen so far, so it ends
  * with its own block: log2(p) exchanges where libnbc's binomial reduce to
@@ -40,8 +41,12 @@
  * pair the same groups of ranks as that binomial tree ((r0 + r1) + (r2 +
  * r3), ...), each combination with MPI_Reduce_local and the same MPI_Op, so
  * the bits equal libnbc's (addition commutes; test_mpi_rh compares them).
- * Its waits are wait_request's. MFSDP_MPI_P2P=0 (read at create) turns it
- * off.
+ * Its waits are wait_request's. A large one runs chunk by chunk (the same
+ * elements of every block; each element's sums are the same whatever the
+ * chunk), so its scratch stays under MF_MPI_RH_SCRATCH: libnbc's binomial
+ * reduce moves the whole vector at every level of its tree and measured 3-4 x
+ * slower at 16 MiB (docs/performance.md); in between the two measured alike.
+ * MFSDP_MPI_P2P=0 (read at create) turns it off.
  *
  * MFSDP_MPI_BLOCKING=1 in the environment (read at create) selects the
  * blocking calls instead (MPI_Allreduce, ...): Open MPI runs its tuned
@@ -100,9 +105,12 @@ typedef struct mf_mpi_state {
 #define MF_MPI_CKPT_TAG 7412
 /* How long a wait polls with sched_yield before it sleeps between polls. */
 #define MF_MPI_YIELD_MS 200
-/* Reduce-scatters of at most this many bytes in all (every rank's blocks)
- * run by rh_reduce_scatter on power-of-2 groups. */
+/* Reduce-scatters of at most MF_MPI_RH_MAX or at least MF_MPI_RH_LARGE bytes
+ * in all (every rank's blocks) run by rh_reduce_scatter on power-of-2
+ * groups, in chunks whose scratch fits MF_MPI_RH_SCRATCH bytes per stream. */
 #define MF_MPI_RH_MAX 16384
+#define MF_MPI_RH_LARGE ((size_t)16 << 20)
+#define MF_MPI_RH_SCRATCH ((size_t)8 << 20)
 #define MF_MPI_RH_TAG 7413
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
@@ -407,57 +415,76 @@ static bool rh_applies(const mf_mpi_state *st, const mf_rt_op *r)
 {
     int64_t g = r->nranks;
     return st->p2p && !st->blocking && r->op->kind == MF_OP_REDUCE_SCATTER && g >= 2 &&
-           (g & (g - 1)) == 0 && r->op->count <= st->max_count && rh_total(r) <= MF_MPI_RH_MAX;
+           (g & (g - 1)) == 0 && r->op->count <= st->max_count &&
+           (rh_total(r) <= MF_MPI_RH_MAX || rh_total(r) >= MF_MPI_RH_LARGE);
+}
+
+/* Elements of every block that one round of rh_reduce_scatter takes: all of
+ * them, or as many as keep its scratch (2 g blocks of that length) within
+ * MF_MPI_RH_SCRATCH. */
+static int64_t rh_chunk(const mf_rt_op *r)
+{
+    int64_t fit = (int64_t)(MF_MPI_RH_SCRATCH / (2 * (size_t)r->nranks * mf_dtype_size(r->op->dtype)));
+    return r->op->count < fit ? r->op->count : fit > 0 ? fit : 1;
+}
+
+/* Bytes of scratch rh_reduce_scatter needs for r. */
+static size_t rh_scratch_bytes(const mf_rt_op *r)
+{
+    return 2 * (size_t)r->nranks * (size_t)rh_chunk(r) * mf_dtype_size(r->op->dtype);
 }
 
 /* Recursive-halving reduce-scatter of n elements per block over the group
- * `comm` of g = 2^k ranks (the top of the file). In the step of distance d
- * (1, 2, 4, ...) this rank `me` holds the blocks b with b % d == me % d and
- * trades with me ^ d: it sends those whose bit d differs from its own
- * (packed) and adds the partner's copy of those it keeps; after the last
- * step it holds block me. The scratch (rh_bytes of its stream) holds the
- * accumulator (all g blocks), the packed half sent and the half received.
- * src is read in the first step only and dst written at the end, so src ==
- * dst (in place: the result at dst[0..n)) needs no copy. */
+ * `comm` of g = 2^k ranks (the top of the file), elements [o, o + len) of
+ * every block at a time (rh_chunk). In the step of distance d (1, 2, 4, ...)
+ * this rank `me` holds the blocks b with b % d == me % d and trades with
+ * me ^ d: it sends those whose bit d differs from its own (packed) and adds
+ * the partner's copy of those it keeps; after the last step it holds block
+ * me. The scratch (rh_bytes of its stream) holds the accumulator (all g
+ * blocks of a chunk), the packed half sent and the half received. */
 static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_op *r,
                                       const char *src, char *dst, MPI_Datatype type, MPI_Op sum,
                                       MPI_Comm comm, char *err, size_t errlen)
 {
-    int64_t n = r->op->count, g = r->nranks, me = r->coord;
-    size_t es = mf_dtype_size(r->op->dtype), blk = (size_t)n * es;
-    char *acc = st->rh[r->op->stream], *out = acc + (size_t)g * blk, *in = out + (size_t)g / 2 * blk;
-    for (int64_t d = 1; d < g; d *= 2) {
-        const char *from = d == 1 ? src : acc;
-        int k = 0;
-        for (int64_t b = me % d; b < g; b += d)
-            if ((b & d) != (me & d))
-                memcpy(out + (size_t)k++ * blk, from + (size_t)b * blk, blk);
-        MPI_Request req[2];
-        int peer = (int)(me ^ d);
-        int rc = MPI_Irecv(in, k * (int)n, type, peer, MF_MPI_RH_TAG, comm, &req[0]);
-        if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(out, k * (int)n, type, peer, MF_MPI_RH_TAG, comm, &req[1]);
-        if (rc != MPI_SUCCESS) {
-            st->abandoned++;   /* the receive may be posted */
-            return mpi_fail(err, errlen, rc, " (MPI_Isend/MPI_Irecv)");
-        }
-        mfsdp_result res = wait_request(rt, st, &req[0], "", err, errlen);
-        if (res == MFSDP_OK)
-            res = wait_request(rt, st, &req[1], "", err, errlen);
-        if (res != MFSDP_OK)
-            return res;
-        k = 0;
-        for (int64_t b = me % d; b < g; b += d)
-            if ((b & d) == (me & d)) {
-                char *a = acc + (size_t)b * blk;
-                if (d == 1)
-                    memcpy(a, src + (size_t)b * blk, blk);
-                rc = MPI_Reduce_local(in + (size_t)k++ * blk, a, (int)n, type, sum);
-                if (rc != MPI_SUCCESS)
-                    return mpi_fail(err, errlen, rc, " (MPI_Reduce_local)");
+    int64_t n = r->op->count, g = r->nranks, me = r->coord, chunk = rh_chunk(r);
+    size_t es = mf_dtype_size(r->op->dtype), cap = (size_t)chunk * es;
+    char *acc = st->rh[r->op->stream], *out = acc + (size_t)g * cap, *in = out + (size_t)g / 2 * cap;
+    for (int64_t o = 0; o < n; o += chunk) {
+        int64_t len = n - o < chunk ? n - o : chunk;
+        size_t blk = (size_t)len * es, at = (size_t)o * es;   /* a block's chunk; its start */
+        for (int64_t d = 1; d < g; d *= 2) {
+            int k = 0;
+            for (int64_t b = me % d; b < g; b += d)
+                if ((b & d) != (me & d))
+                    memcpy(out + (size_t)k++ * blk,
+                           d == 1 ? src + (size_t)b * (size_t)n * es + at : acc + (size_t)b * blk, blk);
+            MPI_Request req[2];
+            int peer = (int)(me ^ d);
+            int rc = MPI_Irecv(in, k * (int)len, type, peer, MF_MPI_RH_TAG, comm, &req[0]);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Isend(out, k * (int)len, type, peer, MF_MPI_RH_TAG, comm, &req[1]);
+            if (rc != MPI_SUCCESS) {
+                st->abandoned++;   /* the receive may be posted */
+                return mpi_fail(err, errlen, rc, " (MPI_Isend/MPI_Irecv)");
             }
+            mfsdp_result res = wait_request(rt, st, &req[0], "", err, errlen);
+            if (res == MFSDP_OK)
+                res = wait_request(rt, st, &req[1], "", err, errlen);
+            if (res != MFSDP_OK)
+                return res;
+            k = 0;
+            for (int64_t b = me % d; b < g; b += d)
+                if ((b & d) == (me & d)) {
+                    char *a = acc + (size_t)b * blk;
+                    if (d == 1)
+                        memcpy(a, src + (size_t)b * (size_t)n * es + at, blk);
+                    rc = MPI_Reduce_local(in + (size_t)k++ * blk, a, (int)len, type, sum);
+                    if (rc != MPI_SUCCESS)
+                        return mpi_fail(err, errlen, rc, " (MPI_Reduce_local)");
+                }
+        }
+        memcpy(dst + at, acc + (size_t)me * blk, blk);
     }
-    memcpy(dst, acc + (size_t)me * blk, blk);
     return MFSDP_OK;
 }
 
@@ -518,9 +545,8 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
     }
     for (int i = 0; i < rt->s->nops; i++) {
         const mf_rt_op *r = &rt->rops[i];
-        if (rh_applies(st, r))
-            if (2 * rh_total(r) > st->rh_bytes[r->op->stream])
-                st->rh_bytes[r->op->stream] = 2 * rh_total(r);
+        if (rh_applies(st, r) && rh_scratch_bytes(r) > st->rh_bytes[r->op->stream])
+            st->rh_bytes[r->op->stream] = rh_scratch_bytes(r);
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
         if (st->rh_bytes[s] && !(st->rh[s] = mf_rt_aligned_zalloc(256, st->rh_bytes[s])))

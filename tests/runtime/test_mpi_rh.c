@@ -3,10 +3,12 @@
  * halving over point-to-point, rh_reduce_scatter in runtime/mf_backend_mpi.c)
  * under mpirun on a power-of-2 number of ranks, and the bits of its small
  * all-reduce (libnbc's; a recursive-doubling one measured slower and would
- * change them unless it pairs ranks alike). Hand-built schedules: one
- * reduce-scatter of grad_local into grad (256 elements per rank); an
- * all-reduce of grad_local into weight_full, then one in place. Each runs
- * twice (the scratch is reused).
+ * change them unless it pairs ranks alike). Hand-built schedules: a
+ * reduce-scatter of grad_local into grad at 256 elements per rank (small:
+ * one round) and at 16 MiB of blocks in all plus 4352 elements per rank
+ * (large: rounds of rh_chunk elements, the last one short); an all-reduce of
+ * grad_local into weight_full, then one in place. Each runs twice (the
+ * scratch is reused).
  * Inputs are non-integer values whose sums round, so the order of the
  * additions shows in the bits; the oracle is Open MPI's own
  * MPI_Ireduce_scatter_block / MPI_Iallreduce (libnbc, what the backend ran
@@ -29,9 +31,17 @@
 #include "mfsdp.h"
 #include "mfsdp_mpi.h"
 
-#define PER_RANK 256
+#define SMALL_PER_RANK 256
 
-static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind)
+/* Elements per rank of the large reduce-scatter: its blocks take 16 MiB in
+ * all (where rh_reduce_scatter takes large ones back from libnbc), plus 17
+ * times the small count (no padding), so its last round is short. */
+static int64_t large_per_rank(int64_t g, mf_dtype dt)
+{
+    return ((int64_t)16 << 20) / (g * (int64_t)mf_dtype_size(dt)) + 17 * SMALL_PER_RANK;
+}
+
+static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind, int64_t per_rank)
 {
     mf_tb_spec spec;
     memset(&spec, 0, sizeof spec);
@@ -42,10 +52,10 @@ static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind)
     spec.nlayouts = 1;
     spec.layouts[0] = (mf_tb_layout){{dt, dt, MF_FP32}, {"F", "F", "F"}};
     spec.nunits = 1;
-    spec.units[0] = (mf_tb_unit){"u", false, 1, {{"t", PER_RANK * g, 0}}};
+    spec.units[0] = (mf_tb_unit){"u", false, 1, {{"t", per_rank * g, 0}}};
     char err[256];
     mf_schedule *s = mf_tb_build(&spec, err, sizeof err);
-    if (!s || s->buckets[0].length != PER_RANK * g) {
+    if (!s || s->buckets[0].length != per_rank * g) {
         fprintf(stderr, "test_mpi_rh: cannot build the schedule: %s\n",
                 s ? "the bucket is padded" : err);
         return NULL;
@@ -59,13 +69,13 @@ static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind)
         if (s->buffers[i].kind == MF_BUF_WEIGHT_FULL)
             full = i;
     }
-    int nc = kind == MF_OP_ALL_REDUCE ? 2 : 1;   /* collectives */
+    int nc = kind == MF_OP_ALL_REDUCE ? 2 : 1;   /* collectives (never an in-place reduce-scatter) */
     mf_op *ops = mf_arena_array(s->arena, (size_t)nc + 2, sizeof *ops);
     for (int k = 0; k < nc; k++)
         ops[k] = (mf_op){.id = k, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
                          .stream = MF_STREAM_INNER, .kind = kind, .bucket = 0, .axis = 0,
                          .dtype = dt, .event = -1, .src = local,
-                         .count = kind == MF_OP_ALL_REDUCE ? PER_RANK * g : PER_RANK,
+                         .count = kind == MF_OP_ALL_REDUCE ? per_rank * g : per_rank,
                          .dst = kind == MF_OP_REDUCE_SCATTER ? grad : k == 0 ? full : local};
     ops[nc] = (mf_op){.id = nc, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
                       .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
@@ -122,17 +132,18 @@ static float input(int r, int64_t i)
 /* Fills grad_local, computes the oracle with MPI_Ireduce_scatter_block
  * (MPI_Iallreduce), runs the step, compares grad (weight_full and the
  * in-place grad_local) with it. */
-static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, MPI_Op bsum)
+static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, int64_t per_rank,
+                 MPI_Op bsum)
 {
     mfsdp_tensor_view v;
     size_t es = dt == MF_FP32 ? 4 : 2;
-    if (mfsdp_tensor_view_get(rt, 0, &v) != MFSDP_OK || v.numel != PER_RANK * g ||
-        v.shard_count != PER_RANK) {
+    if (mfsdp_tensor_view_get(rt, 0, &v) != MFSDP_OK || v.numel != per_rank * g ||
+        v.shard_count != per_rank) {
         fprintf(stderr, "rank %d: unexpected tensor view\n", me);
         return 1;
     }
     char *local = v.grad_local;
-    size_t out = kind == MF_OP_ALL_REDUCE ? (size_t)v.numel * es : PER_RANK * es;
+    size_t out = kind == MF_OP_ALL_REDUCE ? (size_t)v.numel * es : (size_t)per_rank * es;
     char *in = malloc((size_t)v.numel * es), *want = malloc(out);
     if (!in || !want)
         return 1;
@@ -152,7 +163,7 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, 
     if (kind == MF_OP_ALL_REDUCE)
         MPI_Iallreduce(in, want, (int)v.numel, type, op, MPI_COMM_WORLD, &req);
     else
-        MPI_Ireduce_scatter_block(in, want, PER_RANK, type, op, MPI_COMM_WORLD, &req);
+        MPI_Ireduce_scatter_block(in, want, (int)per_rank, type, op, MPI_COMM_WORLD, &req);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
     int bad = 0;
     mfsdp_result r = run_step(rt);
@@ -161,8 +172,8 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, 
         bad = 1;
     } else if (kind == MF_OP_REDUCE_SCATTER ? memcmp(v.grad, want, out) != 0
                                             : memcmp(v.weight, want, out) || memcmp(local, want, out)) {
-        fprintf(stderr, "rank %d: %s %s differs from libnbc's\n", me, dt == MF_FP32 ? "fp32" : "bf16",
-                mf_opkind_name(kind));
+        fprintf(stderr, "rank %d: %s %s of %lld elements per rank differs from libnbc's\n", me,
+                dt == MF_FP32 ? "fp32" : "bf16", mf_opkind_name(kind), (long long)per_rank);
         bad = 1;
     }
     free(in);
@@ -170,9 +181,10 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, 
     return bad;
 }
 
-static int run_dtype(int me, int g, mf_dtype dt, mf_opkind kind, int stop, MPI_Op bsum)
+static int run_dtype(int me, int g, mf_dtype dt, mf_opkind kind, int64_t per_rank, int stop,
+                     MPI_Op bsum)
 {
-    mfsdp_schedule *sh = rs_schedule(g, dt, kind);
+    mfsdp_schedule *sh = rs_schedule(g, dt, kind, per_rank);
     MPI_Comm comm = MPI_COMM_WORLD;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
@@ -183,7 +195,8 @@ static int run_dtype(int me, int g, mf_dtype dt, mf_opkind kind, int stop, MPI_O
     if (bad)
         fprintf(stderr, "rank %d: setup failed: %s\n", me, mfsdp_last_error(NULL));
     else if (stop < 0)
-        bad = check(rt, me, g, dt, kind, bsum) || check(rt, me, g, dt, kind, bsum); /* reused */
+        bad = check(rt, me, g, dt, kind, per_rank, bsum) ||
+              check(rt, me, g, dt, kind, per_rank, bsum);   /* reused */
     else if (me != stop) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -215,17 +228,19 @@ int main(int argc, char **argv)
     int any = (g & (g - 1)) != 0 || g < 2;
     if (any && me == 0)
         fprintf(stderr, "test_mpi_rh: needs a power-of-2 number of ranks (have %d)\n", g);
-    mf_opkind kinds[2] = {MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE};
-    for (int k = 0; k < 2 && !any; k++) {
-        any = run_dtype(me, g, MF_FP32, kinds[k], stop, bsum);
-        if (!any && stop < 0)
-            any = run_dtype(me, g, MF_BF16, kinds[k], stop, bsum);
+    /* the small and the large reduce-scatter, the small all-reduce */
+    mf_opkind kinds[3] = {MF_OP_REDUCE_SCATTER, MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE};
+    for (int k = 0; k < 3 && !any; k++) {
+        mf_dtype dts[2] = {MF_FP32, MF_BF16};
+        for (int i = 0; i < (stop < 0 ? 2 : 1) && !any; i++)
+            any = run_dtype(me, g, dts[i], kinds[k], k == 1 ? large_per_rank(g, dts[i]) : SMALL_PER_RANK,
+                            stop, bsum);
     }
     MPI_Op_free(&bsum);
     if (me == 0 && !any)
         printf("test_mpi_rh: %s\n", stop >= 0 ? "every survivor failed, none hung"
-                                              : "fp32 and bf16 reduce-scatter and all-reduce match "
-                                                "libnbc's bit for bit");
+                                              : "fp32 and bf16 reduce-scatters (small and large) "
+                                                "and all-reduces match libnbc's bit for bit");
     MPI_Finalize();
     return any;
 }
