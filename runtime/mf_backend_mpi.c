@@ -447,7 +447,8 @@ static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_o
                                       MPI_Comm comm, char *err, size_t errlen)
 {
     int64_t n = r->op->count, g = r->nranks, me = r->coord, chunk = rh_chunk(r);
-    size_t es = mf_dtype_size(r->op->dtype), cap = (size_t)chunk * es;
+    /* src holds block b at b * row; the scratch holds blocks of cap bytes */
+    size_t es = mf_dtype_size(r->op->dtype), cap = (size_t)chunk * es, row = (size_t)n * es;
     char *acc = st->rh[r->op->stream], *out = acc + (size_t)g * cap, *in = out + (size_t)g / 2 * cap;
     for (int64_t o = 0; o < n; o += chunk) {
         int64_t len = n - o < chunk ? n - o : chunk;
@@ -457,7 +458,7 @@ static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_o
             for (int64_t b = me % d; b < g; b += d)
                 if ((b & d) != (me & d))
                     memcpy(out + (size_t)k++ * blk,
-                           d == 1 ? src + (size_t)b * (size_t)n * es + at : acc + (size_t)b * blk, blk);
+                           d == 1 ? src + (size_t)b * row + at : acc + (size_t)b * blk, blk);
             MPI_Request req[2];
             int peer = (int)(me ^ d);
             int rc = MPI_Irecv(in, k * (int)len, type, peer, MF_MPI_RH_TAG, comm, &req[0]);
@@ -477,7 +478,7 @@ static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_o
                 if ((b & d) == (me & d)) {
                     char *a = acc + (size_t)b * blk;
                     if (d == 1)
-                        memcpy(a, src + (size_t)b * (size_t)n * es + at, blk);
+                        memcpy(a, src + (size_t)b * row + at, blk);
                     rc = MPI_Reduce_local(in + (size_t)k++ * blk, a, (int)len, type, sum);
                     if (rc != MPI_SUCCESS)
                         return mpi_fail(err, errlen, rc, " (MPI_Reduce_local)");
