@@ -302,8 +302,22 @@ MFSDP_API mfsdp_result mfsdp_backward_pre(mfsdp_runtime *rt, int unit, int64_t m
 /* Call after the unit's grad_local has been written for this microbatch. */
 MFSDP_API mfsdp_result mfsdp_backward_post(mfsdp_runtime *rt, int unit, int64_t microbatch);
 /* Issues the step's last ops. On CPU backends it returns when every op of the
- * step has completed, so the delivered gradient may be read at once. */
+ * step has completed, so the delivered gradient may be read at once. A step
+ * may end early, after backward_post(unit 0, microbatch m - 1) for any
+ * 1 <= m < M (a short step: the end of an epoch or a data shard); the
+ * delivered gradient is then the sum over the m microbatches run (scale each
+ * microbatch's loss by 1/m for their mean), averaged over ranks under
+ * `reduce avg`. */
 MFSDP_API mfsdp_result mfsdp_step_end(mfsdp_runtime *rt);
+/* A forward-only (evaluation) pass between steps: after step_end (or before
+ * the first step_begin), call eval_forward_pre/post for units 0..U-1 in
+ * order. Unit u's unsharded weights (the same views as in training) are the
+ * current main_weight between its pre and post; no gradient buffer is
+ * touched. After any eval_forward_post a new pass may start at unit 0, or a
+ * step may begin. A schedule compiled before format 4 has no evaluation
+ * program: these return MFSDP_ERR_INVALID_USAGE (recompile it). */
+MFSDP_API mfsdp_result mfsdp_eval_forward_pre(mfsdp_runtime *rt, int unit);
+MFSDP_API mfsdp_result mfsdp_eval_forward_post(mfsdp_runtime *rt, int unit);
 /* Waits until every op issued so far has completed (any point in the step). */
 MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt);
 
