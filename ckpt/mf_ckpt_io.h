@@ -77,11 +77,26 @@ typedef struct mf_ckpt_rfile {
     uint64_t size;
 } mf_ckpt_rfile;
 
+/* Bytes [off, off + len) of manifest piece `piece` (off from the piece's
+ * first byte), read by mf_ckpt_read without the rest of the piece: their
+ * CRC-32C, the piece's own from its file's header (want), and the rank
+ * that read them (0 unless a load sets it). A piece's CRC can be checked
+ * once its parts, however many readers took them, cover it
+ * (mf_ckpt_parts_check). */
+typedef struct mf_ckpt_part {
+    int64_t piece;
+    uint64_t off, len;      /* bytes */
+    uint32_t crc, want;
+    int64_t rank;
+} mf_ckpt_part;
+
 typedef struct mf_ckpt_reader {
     char *dir;
     mf_ckpt_manifest m;
     mf_ckpt_rfile *f;
     uint64_t bytes_read;    /* data bytes read by mf_ckpt_read/blob */
+    mf_ckpt_part *parts;    /* the pieces read in part so far, in read order */
+    int64_t nparts, partcap;
     /* Optional (NULL: none): called by mf_ckpt_read after each chunk it
      * read and added to the piece's CRC, while the chunk is in the CPU's
      * cache: data = dst + off of that call, n bytes. */
@@ -106,7 +121,10 @@ void mf_ckpt_reader_close(mf_ckpt_reader *r);
 /* Opens and checks data file f against the manifest (once). */
 int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
 /* Reads elements [start, end) of (state, tensor) into dst (the state's
- * dtype). Pieces read whole are CRC-checked. */
+ * dtype). Pieces read whole are CRC-checked; a piece read in part is
+ * recorded in r->parts (adjacent parts of one piece merged), whose CRCs
+ * mf_ckpt_parts_check checks: a caller that reads in part must call it
+ * before it trusts the data. */
 int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_t end, void *dst, char *err,
                  size_t errlen);
 /* The user blob saved by `rank`: *len its size (0: none); copies at most
@@ -123,6 +141,12 @@ void mf_ckpt_dio_close(mf_ckpt_rfile *rf);
  * each chunk to r->chunk (offset base + its position in dst). 0, or -1
  * (errno) on a read error. */
 int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc);
+/* Checks the CRC of every piece that parts[0..n) (from any ranks) read in
+ * part and whose first part, sorted by piece, offset, length and rank, was
+ * read by rank `me`: the parts' CRCs combined in order, bytes that no part
+ * covers read here (pread, counted in bytes_read). Sorts parts in place.
+ * 0, or -1 with a message naming the file and the entry. */
+int mf_ckpt_parts_check(mf_ckpt_reader *r, mf_ckpt_part *parts, int64_t n, int64_t me, char *err, size_t errlen);
 /* Reads file f whole: the file CRC and every piece's CRC. */
 int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
 

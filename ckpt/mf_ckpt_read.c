@@ -41,6 +41,7 @@ void mf_ckpt_reader_close(mf_ckpt_reader *r)
         free(r->f[f].crc);
     }
     free(r->f);
+    free(r->parts);
     free(r->bounce);
     free(r->scratch);
     free(r->dir);
@@ -160,6 +161,29 @@ static int64_t mf_ckpt_pieces_of(const mf_ckpt_manifest *m, int state, int tenso
     return lo;
 }
 
+/* Records bytes [off, off + len) of piece pi as read in part, merged with
+ * the previous part when it ends where this one starts. */
+static int mf_ckpt_note_part(mf_ckpt_reader *r, int64_t pi, uint64_t off, uint64_t len, uint32_t crc,
+                             uint32_t want)
+{
+    mf_ckpt_part *last = r->nparts ? &r->parts[r->nparts - 1] : NULL;
+    if (last && last->piece == pi && last->off + last->len == off) {
+        last->crc = mf_crc32c_combine(last->crc, crc, len);
+        last->len += len;
+        return 0;
+    }
+    if (r->nparts == r->partcap) {
+        int64_t cap = r->partcap ? 2 * r->partcap : 64;
+        mf_ckpt_part *p = realloc(r->parts, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        r->parts = p;
+        r->partcap = cap;
+    }
+    r->parts[r->nparts++] = (mf_ckpt_part){pi, off, len, crc, want, 0};
+    return 0;
+}
+
 int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_t end, void *dst, char *err,
                  size_t errlen)
 {
@@ -183,7 +207,11 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
                             strerror(errno)), -1;
         r->bytes_read += bytes;
-        if (a == p->start && b == p->end && crc != r->f[p->file].crc[pi - m->files[p->file].first]) {
+        uint32_t want = r->f[p->file].crc[pi - m->files[p->file].first];
+        if ((a != p->start || b != p->end) &&
+            mf_ckpt_note_part(r, pi, (uint64_t)(a - p->start) * es, bytes, crc, want) != 0)
+            return snprintf(err, errlen, "%s: out of memory", r->dir), -1;
+        if (a == p->start && b == p->end && crc != want) {
             char name[1200];
             mf_ckpt_piece_name(m, p, name, sizeof name);
             return snprintf(err, errlen, "%s/%s: entry '%s' fails its CRC-32C: the file is corrupt", r->dir,
@@ -215,7 +243,18 @@ int mf_ckpt_read_blob(mf_ckpt_reader *r, int64_t rank, void *buf, size_t cap, si
         if (mf_ckpt_pread_all(r->f[f].fd, buf, k, mf->blob_offset) != 0)
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, mf->name, strerror(errno)), -1;
         r->bytes_read += k;
-        if (k == *len && mf_crc32c(0, buf, k) != r->f[f].crc[mf->npieces])
+        /* A blob read in part is checked whole: the rest is read too. */
+        uint32_t crc = mf_crc32c(0, buf, k);
+        char rest[4096];
+        for (size_t at = k; at < *len;) {
+            size_t n = *len - at < sizeof rest ? *len - at : sizeof rest;
+            if (mf_ckpt_pread_all(r->f[f].fd, rest, n, mf->blob_offset + at) != 0)
+                return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, mf->name, strerror(errno)), -1;
+            crc = mf_crc32c(crc, rest, n);
+            r->bytes_read += n;
+            at += n;
+        }
+        if (crc != r->f[f].crc[mf->npieces])
             return snprintf(err, errlen, "%s/%s: the user blob fails its CRC-32C: the file is corrupt", r->dir,
                             mf->name), -1;
         return 0;

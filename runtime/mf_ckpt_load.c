@@ -184,6 +184,55 @@ static mfsdp_result mf_ckpt_load_data(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_read
     return MFSDP_OK;
 }
 
+/* The CRC check of the pieces read in part (mf_ckpt_parts_check), over
+ * every rank's parts: the ranks all-gather them (their counts first) and
+ * each checks the pieces whose first part it read. Collective. A backend
+ * without an all-gather (the GPU backends) checks its own parts, reading
+ * the rest of each such piece itself. Returns MFSDP_OK, MFSDP_ERR_LOAD (a
+ * piece fails, message in err) or a backend's failure (the runtime is
+ * failed). */
+static mfsdp_result mf_ckpt_load_parts(mf_rt *rt, mf_ckpt_reader *r, char *err, size_t errlen)
+{
+    for (int64_t i = 0; i < r->nparts; i++)
+        r->parts[i].rank = rt->rank;
+    if (!rt->be->allgather || rt->world == 1)
+        return mf_ckpt_parts_check(r, r->parts, r->nparts, rt->rank, err, errlen) == 0 ? MFSDP_OK : MFSDP_ERR_LOAD;
+    /* On a failed all-gather MPI may still write the buffers: they are
+     * left allocated then (mf_backend.h). */
+    int64_t mine = r->nparts, *counts = calloc((size_t)rt->world, sizeof *counts), most = 0;
+    if (!counts)
+        return snprintf(err, errlen, "out of memory"), MFSDP_ERR_OUT_OF_MEMORY;
+    mfsdp_result res = rt->be->allgather(rt, &mine, sizeof mine, counts, err, errlen);
+    if (res != MFSDP_OK)
+        return mf_rt_fail(rt, res, err), res;
+    for (int64_t k = 0; k < rt->world; k++)
+        most = counts[k] > most ? counts[k] : most;
+    free(counts);
+    if (most == 0)
+        return MFSDP_OK;
+    size_t per = (size_t)most * sizeof(mf_ckpt_part);
+    mf_ckpt_part *own = calloc((size_t)most, sizeof *own), *all = calloc((size_t)most * (size_t)rt->world, sizeof *all);
+    if (!own || !all) {
+        free(own);
+        free(all);
+        return snprintf(err, errlen, "out of memory"), MFSDP_ERR_OUT_OF_MEMORY;
+    }
+    memcpy(own, r->parts, (size_t)r->nparts * sizeof *own);
+    for (int64_t i = r->nparts; i < most; i++)
+        own[i].piece = -1; /* padding: no piece */
+    res = rt->be->allgather(rt, own, per, all, err, errlen);
+    if (res != MFSDP_OK)
+        return mf_rt_fail(rt, res, err), res;
+    int64_t n = 0;
+    for (int64_t i = 0; i < most * rt->world; i++)
+        if (all[i].piece >= 0)
+            all[n++] = all[i];
+    res = mf_ckpt_parts_check(r, all, n, rt->rank, err, errlen) == 0 ? MFSDP_OK : MFSDP_ERR_LOAD;
+    free(own);
+    free(all);
+    return res;
+}
+
 mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load_options *opt)
 {
     if (!rt)
@@ -235,6 +284,14 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     }
     memset(&mine, 0, sizeof mine);
     mfsdp_result dr = mf_ckpt_load_data(rt, &lp, &r, opt, map, smap, err, sizeof err);
+    if (dr == MFSDP_OK || dr == MFSDP_ERR_LOAD) { /* collective: after a data error too */
+        char perr[2048] = "";
+        mfsdp_result pr = mf_ckpt_load_parts(rt, &r, perr, sizeof perr);
+        if (dr == MFSDP_OK && pr != MFSDP_OK) {
+            dr = pr;
+            memcpy(err, perr, sizeof perr);
+        }
+    }
     if (dr != MFSDP_OK) {
         mf_ckpt_lfail(&mine, err);
         mine.status = dr;

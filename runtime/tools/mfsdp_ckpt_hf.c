@@ -305,7 +305,9 @@ int ck_export(int argc, char **argv)
             goto fail;
         i = j;
     }
-    if ((nfiles > 1 && ck_exp_index(tmp, e, file_of, n, nfiles, total, err, sizeof err) != 0) ||
+    /* Tensors are read in chunks, so pieces in part: their CRCs now. */
+    if (mf_ckpt_parts_check(&r, r.parts, r.nparts, 0, err, sizeof err) != 0 ||
+        (nfiles > 1 && ck_exp_index(tmp, e, file_of, n, nfiles, total, err, sizeof err) != 0) ||
         mf_ckpt_commit_dir(tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;

@@ -85,6 +85,26 @@ lines=$(echo "$out" | grep -c "refused: rank 3 asks for other states than rank 0
 echo "ok: states in another order on one rank: all 8 ranks refuse"
 n=$((n + 1))
 check "bit flip in the data" "rank-00002.safetensors.*(CRC|corrupt)"
+# A resharding load reads pieces in part (2 x 4 HFSDP onto 3 ZeRO-3 ranks):
+# each piece's CRC is formed from the parts the ranks read, so a flip in a
+# piece that no rank reads whole is refused too, with default flags, and by
+# the export tool (which reads in chunks).
+z3=$(dirname "$sched")/zero3_1x3.yaml
+cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 2800
+part_re="rank-00001.safetensors: entry '[a-z_]+:[a-z.0-9]+\[[0-9]+:[0-9]+\]' fails its CRC-32C \(read in part\)"
+out=$("$TRAINER" --schedule "$z3" --load "$WORK/bad" --all-errors 1 2>&1) && fail "resharding load accepted a flip"
+[ "$(echo "$out" | grep -Ec "refused: rank [0-9]: .*$part_re")" -eq 3 ] ||
+  fail "resharding load: not refused by all 3 ranks naming the piece read in part: $out"
+if [ "$with_mpi" = mpi ]; then
+  out=$(timeout 120 mpirun -np 3 --oversubscribe "$TRAINER" --backend mpi --schedule "$z3" --load "$WORK/bad" \
+        2>&1) && fail "MPI resharding load accepted a flip"
+  echo "$out" | grep -Eq "refused: rank [0-9]: .*$part_re" || fail "MPI resharding load: $out"
+fi
+out=$("$CKPT" export "$WORK/bad" "$WORK/bad_hf" 2>&1) && fail "export accepted a flip"
+echo "$out" | grep -Eq "rank-00001.safetensors: entry .* fails its CRC-32C" && [ ! -e "$WORK/bad_hf" ] || fail "export of a flip: $out"
+"$TRAINER" --schedule "$z3" --load "$WORK/good" >/dev/null || fail "resharding load of the good checkpoint"
+echo "ok: a flip in a piece read in part: the resharding load (3 ranks${with_mpi:+, and under mpirun}) and export refuse it"
+n=$((n + 1)); rm -rf "$WORK/bad"
 cp -r "$WORK/good" "$WORK/bad"; flip "$WORK/bad/rank-00001.safetensors" 40
 check "bit flip in a header" "rank-00001.safetensors"
 cp -r "$WORK/good" "$WORK/bad"; f=$WORK/bad/rank-00003.safetensors
