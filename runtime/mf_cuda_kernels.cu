@@ -16,6 +16,7 @@
  * left behind by an earlier call on the thread.
  */
 #include "mf_cuda_kernels.h"
+#include "mf_pattern.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -140,20 +141,11 @@ combine_kernel(operands ops, int64_t n, float scale, bool divide, bool add_dst, 
     }
 }
 
-__host__ __device__ __forceinline__ float pattern(uint32_t seed, int64_t i)
-{
-    uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + ((uint64_t)seed << 32 | seed) + 0x632BE59BD9B4E019ull;
-    z ^= z >> 31;
-    z *= 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 29;
-    return (float)((int)(z & 1023u) - 512) / 64.0f;
-}
-
 template <int T> __global__ void __launch_bounds__(kThreads) fill_kernel(void *buf, int64_t n, uint32_t seed)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        store1<T>(buf, i, pattern(seed, i));
+        store1<T>(buf, i, mf_pattern(seed, i));
 }
 
 /* One thread spinning on the device's nanosecond global timer. */
@@ -327,7 +319,7 @@ cudaError_t mf_cuda_spin(int64_t ns, cudaStream_t stream)
 
 float mf_cuda_pattern(uint32_t seed, int64_t i)
 {
-    return pattern(seed, i);
+    return mf_pattern(seed, i);
 }
 
 /* ---- host references ---- */

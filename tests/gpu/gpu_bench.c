@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_presence.h"
 #include "mf_cuda_kernels.h"
 #include "mfsdp_nccl.h"
 
@@ -846,11 +847,9 @@ static int dispatch(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    int presence = gpu_presence();
+    if (presence != GPU_PRESENT)
+        return presence;
     if (!strcmp(argv[1], "kernels")) {
         int64_t mib = 1024;
         for (int i = 2; i < argc; i++)

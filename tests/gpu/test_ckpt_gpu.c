@@ -5,8 +5,8 @@
  * (through the backend's stage hook: cudaMemcpy to host, runtime/
  * mf_ckpt_stage.h), zeroes them on the device, loads, and copies them back:
  * every value bit for bit; then exports main_weight as a Hugging Face
- * checkpoint, zeroes it, imports it back: bit for bit again. Needs a GPU: exits 77 (skip) when
- * cudaGetDeviceCount reports none. Run by tests/gpu/device-check.sh.
+ * checkpoint, zeroes it, imports it back: bit for bit again. Needs a GPU: exits 77 (skip) only when there is no
+ * device (gpu_presence.h). Run by tests/gpu/device-check.sh.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <cuda_runtime.h>
 
+#include "gpu_presence.h"
 #include "mfsdp.h"
 #include "mfsdp_ckpt.h"
 #include "mfsdp_nccl.h"
@@ -139,11 +140,9 @@ done:
 
 int main(int argc, char **argv)
 {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    int presence = gpu_presence();
+    if (presence != GPU_PRESENT)
+        return presence;
     if (argc != 3) {
         fprintf(stderr, "usage: test_ckpt_gpu SCHEDULE DIR\n");
         return 2;

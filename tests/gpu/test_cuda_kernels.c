@@ -5,7 +5,7 @@
  * (vectorized) and unaligned pointers, ragged sizes, guard elements past the
  * end that must stay untouched, capture into a CUDA graph (no host
  * synchronization inside), and argument errors. Needs a GPU: exits 77 (skip)
- * when cudaGetDeviceCount reports none.
+ * only when there is no device (gpu_presence.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_presence.h"
 #include "mf_cuda_kernels.h"
 
 #define CK(x) assert_int_equal((int)(x), (int)cudaSuccess)
@@ -376,11 +377,9 @@ static int teardown(void **state)
 
 int main(void)
 {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    int presence = gpu_presence();
+    if (presence != GPU_PRESENT)
+        return presence;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast_all_pairs),
         cmocka_unit_test(test_accumulate),
