@@ -14,11 +14,15 @@
  *     (names and shapes, in order) they are written as one loop
  *     `unit "model.layers.{i}" for i in 0..N`, else one unit per block;
  *   - every other tensor belongs to the unit named by its name up to the
- *     last '.', units in the order their first tensor appears in the
+ *     last '.' (a name without one, such as timm's cls_token, to unit
+ *     "root"), units in the order their first tensor appears in the
  *     checkpoint (file, then offset); a pattern's blocks stand together, by
  *     index, where its first block appeared. Safetensors files are usually
  *     sorted by name, not in forward order: reorder the units if it matters
- *     (unit order is the schedule's prefetch order, not a correctness issue).
+ *     (unit order is the schedule's prefetch order, not a correctness issue);
+ *   - tied tensors (mf_init_ties.h) are listed once, under their input
+ *     side's name, with the layout `tied`: MODE's placements but the weight
+ *     replicated on every axis, valid for the whole step.
  * Output: -o FILE (written whole, or not at all) or standard output.
  * Exit status: 0, 1 when the checkpoint cannot be described, 2 usage errors.
  */
@@ -31,8 +35,10 @@
 
 #include "mf_ckpt_hf.h"
 #include "mf_cli.h"
+#include "mf_init_ties.h"
 
 #define MF_INIT_MAX_PATTERNS 16
+#define MF_INIT_ROOT "root" /* the unit of tensors whose name has no '.' */
 
 typedef struct mf_init_mode {
     const char *name;
@@ -58,19 +64,52 @@ typedef struct mf_init_unit {
 
 typedef struct mf_init {
     const mf_hf_model *m;
+    mf_init_ties ties;
     int npat;
     const char *pat[MF_INIT_MAX_PATTERNS]; /* "model.layers.{i}." */
     int nunits;
     mf_init_unit *u;
 } mf_init;
 
+#define MF_INIT_NMODES (sizeof mf_init_modes / sizeof mf_init_modes[0])
+
+static void mf_init_mode_list(FILE *out)
+{
+    for (size_t k = 0; k < MF_INIT_NMODES; k++)
+        fprintf(out, "%s%s", k ? ", " : "", mf_init_modes[k].name);
+}
+
 static void mf_init_usage(FILE *out)
 {
     fprintf(out, "usage: mfsdpc init MODEL --mesh AXIS=N[,AXIS=N...] --layout MODE [--unit PATTERN]... [-o FILE]\n\n"
                  "A spec for the tensors of a Hugging Face checkpoint (model.safetensors, its .index.json,\n"
-                 "or a directory with either). MODE: ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,\n"
-                 "fsdp2d. PATTERN: a name prefix with {i}, e.g. 'model.layers.{i}.' (repeated blocks).\n"
+                 "or a directory with either). MODE: ");
+    mf_init_mode_list(out);
+    fprintf(out, ".\nPATTERN: a name prefix with {i}, e.g. 'model.layers.{i}.' (repeated blocks).\n"
                  "exit status: 0 ok, 1 the checkpoint cannot be described, 2 usage error\n");
+}
+
+/* The name the spec gives model tensor k (a tie's may differ from the stored one). */
+static const char *mf_init_name(const mf_init *in, int k)
+{
+    return in->ties.name[k] ? in->ties.name[k] : in->m->t[k].name;
+}
+
+/* Whether a tensor name has no UNIT.TENSOR split (no '.' inside it): it goes to unit "root". */
+static int mf_init_rootless(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return !dot || dot == name || !dot[1];
+}
+
+/* Writes s[0..len) as the inside of a spec string (\" and \\ escaped). */
+static void mf_init_put(FILE *out, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            fputc('\\', out);
+        fputc(s[i], out);
+    }
 }
 
 /* Matches name against "PRE{i}POST" (POST usually "."): *i and the rest. */
@@ -157,8 +196,16 @@ static int mf_init_group(mf_init *in)
         ord[k] = k;
     qsort_r(ord, (size_t)m->n, sizeof *ord, mf_init_order_cmp, (void *)m);
     for (int j = 0; j < m->n; j++) {
-        const char *name = m->t[ord[j]].name, *dot = strrchr(name, '.');
+        if (in->ties.dropped[ord[j]])
+            continue;
+        const char *name = mf_init_name(in, ord[j]), *dot = strrchr(name, '.');
         char unit[1024];
+        for (const char *c = name; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == '{' || *c == '}') {
+                fprintf(stderr, "mfsdpc: error: tensor '%s' has a %s, which a spec name cannot hold\n", name,
+                        *c == '{' || *c == '}' ? "brace ({var} substitutes a loop variable)" : "control character");
+                goto done;
+            }
         int pattern = -1;
         long idx = 0;
         for (int p = 0; p < in->npat && pattern < 0; p++)
@@ -167,13 +214,10 @@ static int mf_init_group(mf_init *in)
                 const char *brace = strstr(in->pat[p], "{i}");
                 snprintf(unit, sizeof unit, "%.*s%ld", (int)(brace - in->pat[p]), in->pat[p], idx);
             }
-        if (pattern < 0) {
-            if (!dot || dot == name || strchr(name, '"') || strchr(name, '\\')) {
-                fprintf(stderr, "mfsdpc: error: tensor '%s' is not UNIT.TENSOR (no '.'), or has a quote\n", name);
-                goto done;
-            }
+        if (pattern < 0 && mf_init_rootless(name))
+            snprintf(unit, sizeof unit, "%s", MF_INIT_ROOT);
+        else if (pattern < 0)
             snprintf(unit, sizeof unit, "%.*s", (int)(dot - name), name);
-        }
         mf_init_unit *u = mf_init_unit_get(in, unit, pattern, idx);
         if (!u || (u->n == u->cap && !(u->t = realloc(u->t, (size_t)(u->cap = u->cap ? 2 * u->cap : 8) * sizeof *u->t)))) {
             fprintf(stderr, "mfsdpc: error: out of memory\n");
@@ -188,35 +232,47 @@ done:
     return rc;
 }
 
-/* Same tensors (suffix names and shapes, in order) in two blocks. */
+/* The name of tensor k within unit u (the whole name in the root unit). */
+static const char *mf_init_tensor_name(const mf_init *in, const mf_init_unit *u, int k)
+{
+    const char *name = mf_init_name(in, u->t[k]);
+    size_t n = strlen(u->name);
+    return strncmp(name, u->name, n) == 0 && name[n] == '.' ? name + n + 1 : name;
+}
+
+/* Same tensors (names within the unit, tied or not, shapes, in order) in two blocks. */
 static int mf_init_same(const mf_init *in, const mf_init_unit *a, const mf_init_unit *b)
 {
     if (a->n != b->n)
         return 0;
     for (int k = 0; k < a->n; k++) {
         const mf_hf_tensor *x = &in->m->t[a->t[k]], *y = &in->m->t[b->t[k]];
-        if (strcmp(x->name + strlen(a->name), y->name + strlen(b->name)) != 0 || x->ndims != y->ndims ||
-            memcmp(x->dims, y->dims, sizeof(int64_t) * (size_t)x->ndims) != 0)
+        if (strcmp(mf_init_tensor_name(in, a, k), mf_init_tensor_name(in, b, k)) != 0 || x->ndims != y->ndims ||
+            memcmp(x->dims, y->dims, sizeof(int64_t) * (size_t)x->ndims) != 0 ||
+            in->ties.tied[a->t[k]] != in->ties.tied[b->t[k]])
             return 0;
     }
     return 1;
 }
 
-static void mf_init_unit_body(FILE *out, const mf_init *in, const mf_init_unit *u)
+static void mf_init_unit_body(FILE *out, const mf_init *in, const mf_init_unit *u, int tied_layout)
 {
     for (int k = 0; k < u->n; k++) {
         const mf_hf_tensor *t = &in->m->t[u->t[k]];
-        fprintf(out, "  tensor \"%s\" [", t->name + strlen(u->name) + 1);
+        const char *name = mf_init_tensor_name(in, u, k);
+        fprintf(out, "  tensor \"");
+        mf_init_put(out, name, strlen(name));
+        fprintf(out, "\" [");
         for (int d = 0; d < t->ndims; d++)
             fprintf(out, "%s%" PRId64, d ? ", " : "", t->dims[d]);
-        fprintf(out, "];\n");
+        fprintf(out, "]%s;\n", tied_layout && in->ties.tied[u->t[k]] ? " layout tied" : "");
     }
     fprintf(out, "}\n");
 }
 
 /* Writes the units; a pattern's blocks as one loop when they are 0..N-1 in
  * order and all alike. */
-static void mf_init_units(FILE *out, const mf_init *in, const char *layout)
+static void mf_init_units(FILE *out, const mf_init *in, const char *layout, int tied_layout)
 {
     for (int k = 0; k < in->nunits;) {
         const mf_init_unit *u = &in->u[k];
@@ -227,13 +283,16 @@ static void mf_init_units(FILE *out, const mf_init *in, const char *layout)
                 j++;
         if (j - k > 1) {
             const char *brace = strstr(in->pat[u->pattern], "{i}");
-            fprintf(out, "\nunit \"%.*s{i}\" for i in 0..%d layout %s {\n", (int)(brace - in->pat[u->pattern]),
-                    in->pat[u->pattern], j - k, layout);
+            fprintf(out, "\nunit \"");
+            mf_init_put(out, in->pat[u->pattern], (size_t)(brace - in->pat[u->pattern]));
+            fprintf(out, "{i}\" for i in 0..%d layout %s {\n", j - k, layout);
         } else {
             j = k + 1;
-            fprintf(out, "\nunit \"%s\" layout %s {\n", u->name, layout);
+            fprintf(out, "\nunit \"");
+            mf_init_put(out, u->name, strlen(u->name));
+            fprintf(out, "\" layout %s {\n", layout);
         }
-        mf_init_unit_body(out, in, u);
+        mf_init_unit_body(out, in, u, tied_layout);
         k = j;
     }
 }
@@ -276,8 +335,20 @@ static int mf_init_write(FILE *out, const mf_init *in, const mf_init_mode *mode,
         elems += m->t[k].numel;
     mf_st_dtype d0 = m->n ? m->t[0].dtype : MF_ST_F32;
     const char *wdt = d0 == MF_ST_BF16 ? "bf16" : d0 == MF_ST_F16 ? "fp16" : "fp32";
-    fprintf(out, "# Generated by `mfsdpc init %s`\n# from %d tensors (%" PRId64 " elements).\nmesh ", cmdline, m->n,
+    fprintf(out, "# Generated by `mfsdpc init %s`\n# from %d tensors (%" PRId64 " elements).\n", cmdline, m->n,
             elems);
+    int ntied = 0, whole = strchr(mode->w, 'F') == NULL; /* the mode's weight is replicated already */
+    for (int k = 0; k < m->n; k++)
+        ntied += in->ties.tied[k];
+    for (int i = 0; i < in->ties.nnotes; i++)
+        fprintf(out, "# %s\n", in->ties.notes[i]);
+    for (int j = 0; j < m->n; j++) {
+        const char *name = mf_init_name(in, j);
+        if (!in->ties.dropped[j] && mf_init_rootless(name))
+            fprintf(out, "# \"%s\" has no unit prefix: here it is \"%s.%s\" (import with the rule %s=%s.%s)\n", name,
+                    MF_INIT_ROOT, name, name, MF_INIT_ROOT, name);
+    }
+    fprintf(out, "mesh ");
     for (int a = 0; a < naxes; a++)
         fprintf(out, "%s%s = %ld", a ? ", " : "", names[a], sizes[a]);
     fprintf(out, ";\nmicrobatches 1;\nreduce avg;\n\nlayout %s {\n", mode->name);
@@ -285,7 +356,14 @@ static int mf_init_write(FILE *out, const mf_init *in, const mf_init_mode *mode,
     mf_init_place(out, "grad", "fp32", mode->g, naxes);
     mf_init_place(out, "main_weight", "fp32", mode->m, naxes);
     fprintf(out, "}\n");
-    mf_init_units(out, in, mode->name);
+    if (ntied && !whole) {
+        fprintf(out, "\n# read outside its unit's windows (tied): the weight whole on every rank\nlayout tied {\n");
+        mf_init_place(out, "weight", wdt, "RR", naxes);
+        mf_init_place(out, "grad", "fp32", mode->g, naxes);
+        mf_init_place(out, "main_weight", "fp32", mode->m, naxes);
+        fprintf(out, "}\n");
+    }
+    mf_init_units(out, in, mode->name, ntied && !whole);
     return ferror(out) ? -1 : 0;
 }
 
@@ -321,9 +399,14 @@ int mf_cmd_init(int argc, char **argv)
     long sizes[MF_MAX_AXES];
     int naxes = 0;
     const mf_init_mode *mode = NULL;
-    for (size_t k = 0; layout && k < sizeof mf_init_modes / sizeof mf_init_modes[0]; k++)
+    for (size_t k = 0; layout && k < MF_INIT_NMODES; k++)
         if (!strcmp(layout, mf_init_modes[k].name))
             mode = &mf_init_modes[k];
+    if (layout && !mode) {
+        fprintf(stderr, "mfsdpc: error: unknown layout '%s' for --layout; use one of ", layout);
+        mf_init_mode_list(stderr);
+        return fprintf(stderr, "\n"), 2;
+    }
     if (!model || !mesh || !mode || mf_init_mesh(mesh, names, sizes, &naxes) != 0) {
         fprintf(stderr, "mfsdpc: error: init needs MODEL, --mesh AXIS=N[,...] and --layout MODE\n");
         return mf_init_usage(stderr), 2;
@@ -337,7 +420,11 @@ int mf_cmd_init(int argc, char **argv)
     for (int i = 1, at = 0; i < argc && at < (int)sizeof cmdline - 1; i++)
         at += snprintf(cmdline + at, sizeof cmdline - (size_t)at, "%s%s", i > 1 ? " " : "", argv[i]);
     in.m = &m;
-    int rc = mf_init_group(&in);
+    int rc = 1;
+    if (mf_init_ties_find(&m, model, &in.ties, err, sizeof err) != 0)
+        fprintf(stderr, "mfsdpc: error: %s\n", err);
+    else
+        rc = mf_init_group(&in);
     if (rc == 0) {
         char tmp[4200];
         FILE *out = stdout;
@@ -361,6 +448,7 @@ int mf_cmd_init(int argc, char **argv)
         free(in.u[k].t);
     }
     free(in.u);
+    mf_init_ties_free(&in.ties, m.n);
     mf_hf_close(&m);
     return rc;
 }

@@ -4,17 +4,22 @@ spec: spec_from_module(), the .mfsdp spec of a torch module in one call.
 Units default to the children of the module that own parameters, in
 registration order (ModuleList / ModuleDict children are expanded, so
 `blocks` gives `blocks.0`, `blocks.1`, ...); consecutive units with the same
-tensors become one `unit "blocks.{i}" for i in A..B` loop. A parameter shared
-by several modules (tied weights) belongs to the first unit that reaches it,
-and when the layout shards the compute weight it gets the override layout
-`tied` (weight replicated on every axis) so that a later module may read it
-outside its unit's windows. Layouts are emitted as blocks (docs/language.md has
+tensors become one `unit "blocks.{i}" for i in A..B` loop. A parameter that
+is read outside its unit's windows (tied weights) belongs to the first unit
+that reaches it by name, and when the layout shards the compute weight it
+gets the override layout `tied` (weight replicated on every axis). Ties are
+found by name (a parameter under several names), by use (a forward traced on
+an example microbatch: a parameter read while another unit, or no unit, runs)
+and as declared (`ties=`). Layouts are emitted as blocks (docs/language.md has
 no built-in layout names).
 """
 import fnmatch
 import re
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from .shard import _tensors_in
 
 PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial"}
 DTYPES = {"fp32", "bf16", "fp16"}
@@ -129,13 +134,95 @@ def tied_parameters(model):
     return {i for i, c in count.items() if c > 1}
 
 
+class _ParameterReads(TorchFunctionMode):
+    """Calls on_read(parameter) for every parameter a torch function reads."""
+
+    def __init__(self, on_read):
+        super().__init__()
+        self.on_read = on_read
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in _tensors_in([args, kwargs]):
+            if isinstance(t, torch.nn.Parameter):
+                self.on_read(t)
+        return func(*args, **kwargs)
+
+
+def used_ties(model, plan, example):
+    """ids of parameters that the forward of `model` on `example` (a tuple of
+    positional arguments, a dict of keywords, or one tensor) reads outside
+    their own unit: while another unit runs, or between units. The forward
+    runs once under torch.no_grad(); the buffers are restored after it.
+    Raises ValueError when such a parameter is read before its own unit's
+    forward began (mfsdp gathers a tied weight in its unit's forward_pre)."""
+    owner = {id(p): (uname, n) for uname, _, tensors in plan for n, p in tensors}
+    running = []         # unit names, innermost last
+    started = set()
+    ties = {}            # id -> (unit name read in or None, parameter name)
+
+    def on_read(p):
+        if id(p) not in owner:
+            return
+        own, tname = owner[id(p)]
+        where = running[-1] if running else None
+        if where == own:
+            return
+        full = own + "." + tname
+        if own not in started:
+            raise ValueError(
+                "parameter %r (unit %r) is read %s before its own unit runs: a weight read "
+                "outside its unit must belong to a unit that runs before every reader (give "
+                "units= so that %r comes first, or put the readers in that unit)"
+                % (full, own, "by unit %r" % where if where else "outside every unit", own))
+        ties.setdefault(id(p), (where, full))
+
+    def enter(uname):
+        def hook(module, args):
+            running.append(uname)
+            started.add(uname)
+        return hook
+
+    def leave(module, args, output):
+        running.pop()
+
+    handles = []
+    for uname, mod, _ in plan:
+        handles.append(mod.register_forward_pre_hook(enter(uname)))
+        handles.append(mod.register_forward_hook(leave))
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    args, kwargs = (example, {}) if isinstance(example, tuple) else \
+        ((), example) if isinstance(example, dict) else ((example,), {})
+    try:
+        with torch.no_grad(), _ParameterReads(on_read):
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    return set(ties)
+
+
+def declared_ties(model, names):
+    """ids of the parameters named in `names` (any of their qualified names);
+    ValueError listing the names the model does not have."""
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError("ties= names %s, which %s not a parameter of the model"
+                         % (", ".join(map(repr, unknown)), "is" if len(unknown) == 1 else "are"))
+    return {id(by_name[n]) for n in names}
+
+
 def _q(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dtype="fp32",
                      grad_dtype="fp32", reduce="avg", overrides=None, prefetch=None,
-                     reshard_last=False):
+                     reshard_last=False, example=None, ties=()):
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
@@ -148,6 +235,12 @@ def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dt
                 {"*.ln_*": "replicated"}; a layout is a name or a dict as above
     reshard_last  when False, the last unit keeps its weights unsharded from
                 forward to backward (`reshard_after_forward false`)
+    example     a microbatch (tuple of arguments, dict of keywords, or one
+                tensor): the forward runs once on it, under torch.no_grad(),
+                to find the parameters read outside their own unit (tied by
+                use, e.g. F.linear(h, self.tok.weight) in a head)
+    ties        parameter names read outside their own unit, declared
+                (instead of, or besides, `example`)
     """
     if not mesh:
         raise ValueError("mesh must name at least one axis, e.g. {'dp': 4}")
@@ -174,7 +267,10 @@ def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dt
     base = declare(layout)
     base_weight = _layout_roles(base, naxes)[0] if isinstance(layout, str) else \
         [p[0].upper() for p in layout["weight"][1]]
-    tied = tied_parameters(model)
+    plan = plan_units(model, units)
+    tied = tied_parameters(model) | declared_ties(model, ties)
+    if example is not None:
+        tied |= used_ties(model, plan, example)
     over = [(pat, declare(lay)) for pat, lay in (overrides or {}).items()]
     tied_name = None
     if tied and any(p != "R" for p in base_weight):
@@ -185,7 +281,6 @@ def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dt
                                          "main_weight": ("fp32", m)})
         tied_name = "tied"
 
-    plan = plan_units(model, units)
     rows = []   # (unit name, [(tensor, shape, layout or None)])
     for uname, _, tensors in plan:
         items = []
