@@ -19,7 +19,11 @@
  * The pattern is a signalling NaN with a payload (fp32 0x7fa5a5a5, bf16
  * 0x7fa5, fp16 0x7d5a): arithmetic on it gives a NaN that keeps the payload,
  * so a read outside a window shows up as NaN in the trainer's results and,
- * through its gradient, at the next backward_post. Before a hook issues its
+ * through its gradient, at the next backward_post. An fp32 weight's pattern
+ * carries its tensor in the low half (0x7fa5 << 16 | tensor + 1), so that
+ * backward_post names the weight that was read outside its windows (a tie
+ * the spec does not declare, typically), not only the gradient it reached
+ * (16-bit patterns have no room for it). Before a hook issues its
  * ops, every poisoned region of a buffer the ops read or write is checked
  * (still the pattern, else the trainer wrote it) and restored; at step_end
  * every poisoned region is checked. Cost: a copy of every weight and
@@ -47,6 +51,7 @@ typedef struct mf_dbg_region {
     int64_t n;              /* elements */
     size_t bytes;
     void *saved;            /* bytes; owned */
+    uint32_t pattern32;     /* the fp32 pattern; a weight's names its tensor */
     int state;
     char since[160];        /* the hook after which it was poisoned */
 } mf_dbg_region;
@@ -68,12 +73,29 @@ uint32_t mf_debug_flags(uint32_t flags)
 
 /* ---- the pattern ---- */
 
+#define MF_DBG_PATTERN32 0x7fa5a5a5u
+#define MF_DBG_PAYLOAD32 0x7fa50000u /* high half of every fp32 pattern */
+
+/* A weight's fp32 pattern names tensor `view` when it fits in the low half. */
+static uint32_t pattern_of(int kind, int view)
+{
+    uint32_t low = (uint32_t)view + 1u;
+    return kind == MF_DBG_WEIGHT && low < (MF_DBG_PATTERN32 & 0xffffu) ? MF_DBG_PAYLOAD32 | low : MF_DBG_PATTERN32;
+}
+
+/* The tensor whose weight pattern NaN x (fp32, patterned) carries, or -1. */
+static int pattern_view(const mf_rt *rt, uint32_t x)
+{
+    uint32_t low = x & 0xffffu;
+    return low >= 1u && low <= (uint32_t)rt->nviews && low < (MF_DBG_PATTERN32 & 0xffffu) ? (int)low - 1 : -1;
+}
+
 static void poison(mf_dbg_region *g)
 {
     if (g->dtype == MF_FP32) {
         uint32_t *p = g->p;
         for (int64_t i = 0; i < g->n; i++)
-            p[i] = 0x7fa5a5a5u;
+            p[i] = g->pattern32;
     } else {
         uint16_t v = g->dtype == MF_BF16 ? 0x7fa5 : 0x7d5a, *p = g->p;
         for (int64_t i = 0; i < g->n; i++)
@@ -87,9 +109,9 @@ static int patterned(const mf_dbg_region *g, int64_t i)
 {
     if (g->dtype == MF_FP32) {
         uint32_t x = ((const uint32_t *)g->p)[i];
-        if (x == 0x7fa5a5a5u)
+        if (x == g->pattern32)
             return 1;
-        return (x & 0x7fbf0000u) == 0x7fa50000u ? 2 : 0;
+        return (x & 0x7fbf0000u) == MF_DBG_PAYLOAD32 ? 2 : 0;
     }
     uint16_t x = ((const uint16_t *)g->p)[i];
     uint16_t pat = g->dtype == MF_BF16 ? 0x7fa5 : 0x7d5a;
@@ -137,6 +159,7 @@ mfsdp_result mf_debug_create(mf_rt *rt)
             g->bytes = (size_t)v->numel * mf_dtype_size(g->dtype);
             g->buffer = buffer_of(rt, g->p);
             g->saved = mf_rt_malloc(g->bytes);
+            g->pattern32 = pattern_of(kind, k);
             g->state = MF_DBG_LIVE;
             if (!g->saved)
                 return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
@@ -209,6 +232,53 @@ static int64_t first_changed(const mf_dbg_region *g)
     return -1;
 }
 
+static const mf_dbg_region *weight_region(const mf_debug *d, int view)
+{
+    for (int i = 0; i < d->nregions; i++)
+        if (d->regions[i].view == view && d->regions[i].kind == MF_DBG_WEIGHT)
+            return &d->regions[i];
+    return NULL;
+}
+
+/* Whether the compute weight of region w's bucket is replicated on every
+ * axis at rest (the `tied` layout's, DDP's): whole on every rank, yet held to
+ * its unit's windows. */
+static bool replicated_weight(const mf_rt *rt, const mf_dbg_region *w)
+{
+    if (w->buffer < 0)
+        return false;
+    const mf_placement *pl = &rt->s->buckets[rt->s->buffers[w->buffer].bucket].place[MF_ROLE_WEIGHT];
+    for (int a = 0; a < rt->s->mesh.naxes; a++)
+        if (pl->p[a] != MF_PLACE_REPLICATE)
+            return false;
+    return true;
+}
+
+/* grad_local of g holds, at element i, a NaN made from a pattern: names the
+ * weight it was made from when the NaN carries one. */
+static mfsdp_result pattern_in_grad(mf_rt *rt, const mf_dbg_region *g, int64_t i, const char *hook)
+{
+    char what[900];
+    int view = g->dtype == MF_FP32 ? pattern_view(rt, ((const uint32_t *)g->p)[i]) : -1;
+    const mf_dbg_region *w = view >= 0 ? weight_region(rt->check, view) : NULL;
+    if (!w)
+        return mistake(rt, g, i, hook, "is a NaN made from the check pattern: grad_local was added into instead "
+                       "of overwritten, or the gradient was computed from a buffer read outside its window");
+    const char *hint = w->unit == g->unit
+                           ? "read a weight only between its unit's forward_pre and forward_post, or backward_pre "
+                             "and backward_post"
+                       : replicated_weight(rt, w)
+                           ? "that weight is replicated on every axis (the tied layout), but the check mode holds "
+                             "every weight to its own unit's windows: check the model with it untied"
+                           : "a weight that another unit reads (a tie, e.g. an LM head reading the embedding) needs "
+                             "the tied layout (docs/pytorch.md, \"Tied weights\")";
+    snprintf(what, sizeof what,
+             "is a NaN made from the check pattern of the weight of tensor \"%s\" (unit %d \"%s\"): the gradient "
+             "was computed from a buffer read outside its window (that weight, outside its unit's windows); %s",
+             rt->views[view].name, w->unit, rt->s->units[w->unit].name, hint);
+    return mistake(rt, g, i, hook, what);
+}
+
 /* A closing window's check (weight unchanged, grad_local fully written). */
 static mfsdp_result check_close(mf_rt *rt, const mf_dbg_region *g, const char *hook)
 {
@@ -228,9 +298,7 @@ static mfsdp_result check_close(mf_rt *rt, const mf_dbg_region *g, const char *h
                                "the check pattern (overwrite every element of grad_local between "
                                "backward_pre and backward_post)");
             if (p == 2)
-                return mistake(rt, g, i, hook, "is a NaN made from the check pattern: grad_local "
-                               "was added into instead of overwritten, or the gradient was "
-                               "computed from a buffer read outside its window");
+                return pattern_in_grad(rt, g, i, hook);
         }
     }
     return MFSDP_OK;

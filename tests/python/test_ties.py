@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import check
 import conftest
+import gpt
 import mfsdp
 import mfsdp.torch as mt
 from mfsdp.compile import mfsdpc_path
@@ -204,3 +205,17 @@ def test_tied_models_train_like_torch(tmp_path):
         for n, p in ref_params.items():
             err = ((got["full"][n] - p.detach()).abs().max() / p.detach().abs().max()).item()
             assert err <= TOL, (name, n, err)
+
+
+def test_check_mode_names_an_undeclared_tie():
+    """The GPT model with its tie undeclared (the spec `mfsdpc init` wrote
+    before): check mode names the tied weight, not only ln_f's gradient."""
+    model = gpt.make_model()
+    spec = mt.spec_from_module(model, mesh={"dp": 1}, layout="zero3").replace(" layout tied;", ";")
+    assert tied_lines(spec) == []
+    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="local", check=True)
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    with pytest.raises(mfsdp.MfsdpError) as e:
+        model(X[0, 0, 0], Y[0, 0, 0]).backward()
+    assert "wte.weight" in str(e.value), str(e.value)
+    sm.close()
