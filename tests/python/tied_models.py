@@ -27,10 +27,11 @@ def _init_norms(m):
 
 
 def _causal_lm(x_of, blocks, ln_f, head_weight, idx, targets):
+    """head_weight() is called at the head, so the parameter is read there."""
     x = x_of(idx)
     for blk in blocks:
         x = blk(x)
-    logits = F.linear(ln_f(x), head_weight)
+    logits = F.linear(ln_f(x), head_weight())
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -46,7 +47,7 @@ class ByUse(nn.Module):
         return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
 
     def forward(self, idx, targets):
-        return _causal_lm(self.embed, self.blocks, self.ln_f, self.tok.weight, idx, targets)
+        return _causal_lm(self.embed, self.blocks, self.ln_f, lambda: self.tok.weight, idx, targets)
 
 
 class _Transformer(nn.Module):
@@ -70,7 +71,7 @@ class GPT2(nn.Module):
 
     def forward(self, idx, targets):
         t = self.transformer
-        return _causal_lm(t.embed, t.h, t.ln_f, self.lm_head.weight, idx, targets)
+        return _causal_lm(t.embed, t.h, t.ln_f, lambda: self.lm_head.weight, idx, targets)
 
 
 MODELS = {"byuse": ByUse, "gpt2": GPT2}
