@@ -320,6 +320,16 @@ static mfsdp_result new_block(mf_cuda_core *c, size_t bytes, mf_cuda_block *b)
     char msg[MF_RT_ERRLEN];
     void *p = NULL;
     cudaError_t e = raw_alloc(c, bytes, &p);
+    if (e != cudaSuccess && c->kind == MF_CUDA_MEM_NCCL) {
+        /* ncclMemAlloc needs the driver's cuMem support (and a real NCCL):
+         * without it, plain device memory, not registered with NCCL, for this
+         * block and every later one. */
+        fprintf(stderr, "libmfsdp: warning: rank %lld: ncclMemAlloc of %zu bytes failed: using cudaMalloc (buffers "
+                        "not registered with NCCL)\n",
+                (long long)c->rt->rank, bytes);
+        c->kind = MF_CUDA_MEM_DEVICE;
+        e = raw_alloc(c, bytes, &p);
+    }
     if (e != cudaSuccess) {
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cannot allocate %zu bytes of %s memory on device %d",
                                       bytes,

@@ -71,7 +71,8 @@ typedef struct mf_cuda_core {
     int region_last[MF_GPU_POS_COUNT]; /* last op id of each position's region; -1 */
 
     /* memory: one pool sized from the schedule, then single blocks */
-    mf_cuda_mem kind;                /* of every allocation */
+    mf_cuda_mem kind;                /* of every allocation (NCCL becomes DEVICE when
+                                        ncclMemAlloc fails: mf_backend_cuda.c) */
     mf_cuda_block pool;
     size_t pool_used;
     mf_cuda_block *blocks;

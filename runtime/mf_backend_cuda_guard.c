@@ -19,25 +19,17 @@
 
 /* ---- the call table ---- */
 
-static const mf_cuda_api real_calls = {
-    .event_query = cudaEventQuery,
-    .stream_query = cudaStreamQuery,
-    .get_last_error = cudaGetLastError,
-    .comm_async_error = ncclCommGetAsyncError,
-    .comm_abort = ncclCommAbort,
-    .comm_register = ncclCommRegister,
-    .comm_deregister = ncclCommDeregister,
-};
+#define MF_REAL_CALLS                                                                      \
+    {                                                                                      \
+        .event_query = cudaEventQuery, .stream_query = cudaStreamQuery,                    \
+        .get_last_error = cudaGetLastError, .comm_async_error = ncclCommGetAsyncError,     \
+        .comm_abort = ncclCommAbort, .comm_register = ncclCommRegister,                    \
+        .comm_deregister = ncclCommDeregister, .group_start = ncclGroupStart,              \
+        .group_end = ncclGroupEnd,                                                         \
+    }
 
-mf_cuda_api mf_cuda_calls = {
-    .event_query = cudaEventQuery,
-    .stream_query = cudaStreamQuery,
-    .get_last_error = cudaGetLastError,
-    .comm_async_error = ncclCommGetAsyncError,
-    .comm_abort = ncclCommAbort,
-    .comm_register = ncclCommRegister,
-    .comm_deregister = ncclCommDeregister,
-};
+static const mf_cuda_api real_calls = MF_REAL_CALLS;
+mf_cuda_api mf_cuda_calls = MF_REAL_CALLS;
 
 void mf_cuda_calls_reset(void)
 {
@@ -380,4 +372,22 @@ void mf_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen)
     }
     snprintf(warn, warnlen, "%s", launch_order_warn);
     pthread_mutex_unlock(&launch_order_mu);
+}
+
+/* ---- groups ---- */
+
+ncclResult_t mf_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx)
+{
+    if (n == 1)
+        return enqueue(ctx, 0);
+    ncclResult_t first = mf_cuda_calls.group_start();
+    if (first != ncclSuccess)
+        return first; /* no group is open: nothing to close */
+    for (int k = 0; k < n && first == ncclSuccess; k++) {
+        ncclResult_t r = enqueue(ctx, k);
+        if (r != ncclSuccess && r != ncclInProgress)
+            first = r;
+    }
+    ncclResult_t end = mf_cuda_calls.group_end(); /* also after a failed member */
+    return first != ncclSuccess ? first : end;
 }

@@ -17,6 +17,7 @@
  *     (the only way to release that call).
  *   - registration of buffers with every communicator, undone completely on a
  *     partial failure.
+ *   - the issue of a group of collectives: balanced ncclGroupStart/End.
  *   - NCCL_LAUNCH_ORDER_IMPLICIT, set once per process under a lock, with a
  *     warning when it cannot take effect.
  *
@@ -47,6 +48,8 @@ typedef struct mf_cuda_api {
     ncclResult_t (*comm_abort)(ncclComm_t comm);
     ncclResult_t (*comm_register)(ncclComm_t comm, void *buf, size_t bytes, void **handle);
     ncclResult_t (*comm_deregister)(ncclComm_t comm, void *handle);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
 } mf_cuda_api;
 
 /* The entry points in use (the real ones unless a test replaced them). */
@@ -143,6 +146,17 @@ ncclResult_t mf_nccl_register_all(const ncclComm_t *comms, int ncomms, void *con
                                   int *failed_comm, int *failed_region);
 /* Deregisters every non-NULL handle (and NULLs it). */
 void mf_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles, int nregions, int stride);
+
+/* ---- groups ---- */
+
+/* Issues n >= 1 collectives: enqueue(ctx, k) for k = 0, 1, ... in order,
+ * stopping after the first that fails (ncclInProgress is no failure); with
+ * n > 1 inside one ncclGroupStart/ncclGroupEnd, where ncclGroupEnd is called
+ * exactly when ncclGroupStart succeeded -- also after a failed member, since
+ * a started group must be closed. Returns the first failure, else (n > 1)
+ * ncclGroupEnd's result, else (n == 1) the call's own result (ncclSuccess or
+ * ncclInProgress). Allocates nothing. */
+ncclResult_t mf_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx);
 
 /* ---- launch order ---- */
 

@@ -15,7 +15,9 @@
  * (consecutive collectives of one hook on one stream and communicator) are
  * issued as one ncclGroupStart/End: their members are deferred until the last
  * one is submitted (nothing else can come between them by construction), so no
- * group is ever left open across hooks or after an error. Local ops and events
+ * group is ever left open across hooks or after an error (mf_nccl_group_issue:
+ * ncclGroupEnd exactly when ncclGroupStart succeeded); a flush allocates
+ * nothing (the pending list and the post-copies are sized at open). Local ops and events
  * go through mf_backend_cuda.c.
  *
  * Errors and hangs: every NCCL call is checked. Communicators are blocking by
@@ -40,6 +42,13 @@
 #include "mf_backend_cuda.h"
 #include "mf_cuda_kernels.h"
 
+/* A copy to run after a collective's NCCL call. */
+typedef struct post_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} post_copy;
+
 typedef struct nccl_be {
     mf_cuda_core core;            /* first: mfsdp_nccl_stream() reads it */
     mfsdp_nccl_config nc;
@@ -56,6 +65,8 @@ typedef struct nccl_be {
     /* the deferred group */
     int *pending;                 /* op ids */
     int npending;
+    post_copy *posts;             /* per pending collective: its copy after the call
+                                     (allocated at open: nothing per flush) */
     mf_watch watch;               /* the aborted flag; the watchdog thread when started */
 } nccl_be;
 
@@ -198,7 +209,8 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     be->watch.capturing = &be->core.capturing;
     be->mu_ready = true;
     be->pending = mf_rt_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->pending);
-    if (!be->pending)
+    be->posts = mf_rt_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->posts);
+    if (!be->pending || !be->posts)
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
     if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER)) {
         mf_nccl_launch_order(be->nc.world_comm != NULL, be->core.warning, sizeof be->core.warning);
@@ -424,11 +436,6 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
 
 /* Enqueues one collective (mu held). `post` receives the copy to run after the
  * NCCL call (in-place reduce-scatter of a rank whose shard is not first). */
-typedef struct post_copy {
-    void *dst;
-    const void *src;
-    size_t bytes;
-} post_copy;
 
 static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_copy *post, cudaError_t *pre_err)
 {
@@ -463,6 +470,24 @@ static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_co
     }
 }
 
+/* mf_nccl_group_issue's member k: pending collective k; the first staging
+ * copy error is kept in cuda_err. */
+typedef struct group_ctx {
+    nccl_be *be;
+    cudaError_t cuda_err;
+} group_ctx;
+
+static ncclResult_t enqueue_pending(void *ctx, int k)
+{
+    group_ctx *g = ctx;
+    nccl_be *be = g->be;
+    cudaError_t pe;
+    ncclResult_t nr = enqueue_collective(be, &be->core.rt->rops[be->pending[k]], &be->posts[k], &pe);
+    if (pe != cudaSuccess && g->cuda_err == cudaSuccess)
+        g->cuda_err = pe;
+    return nr;
+}
+
 /* Issues the deferred collectives as one group (or one call when alone). */
 static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
 {
@@ -479,11 +504,7 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
                  (long long)rt->rank, desc, n, be->pending[0]);
     else
         snprintf(what, sizeof what, "rank %lld: %s", (long long)rt->rank, desc);
-    post_copy *posts = mf_rt_calloc((size_t)n, sizeof *posts);
-    if (!posts) {
-        snprintf(err, errlen, "%s: out of memory", what);
-        return MFSDP_ERR_OUT_OF_MEMORY;
-    }
+    post_copy *posts = be->posts;
     pthread_mutex_lock(&be->mu);
     mfsdp_result res = MFSDP_OK;
     if (aborted(be)) {
@@ -492,25 +513,9 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
         goto unlock;
     }
     mf_watch_call_begin(&be->watch); /* a blocking call that never returns is the watchdog's */
-    ncclResult_t first_err = ncclSuccess, nr;
-    cudaError_t cuda_err = cudaSuccess;
-    if (n > 1 && (nr = ncclGroupStart()) != ncclSuccess)
-        first_err = nr;
-    for (int k = 0; k < n && first_err == ncclSuccess; k++) {
-        cudaError_t pe;
-        nr = enqueue_collective(be, &rt->rops[be->pending[k]], &posts[k], &pe);
-        if (pe != cudaSuccess && cuda_err == cudaSuccess)
-            cuda_err = pe;
-        if (nr != ncclSuccess && nr != ncclInProgress)
-            first_err = nr;
-        else if (n == 1)
-            first_err = nr;
-    }
-    if (n > 1) { /* always close the group, even after a failed member */
-        nr = ncclGroupEnd();
-        if (first_err == ncclSuccess)
-            first_err = nr;
-    }
+    group_ctx g = {.be = be, .cuda_err = cudaSuccess};
+    ncclResult_t first_err = mf_nccl_group_issue(n, enqueue_pending, &g);
+    cudaError_t cuda_err = g.cuda_err;
     mf_watch_call_end(&be->watch);
     res = check_nccl(be, be->comms[first->comm], first_err, err, errlen, what);
     if (res == MFSDP_OK && cuda_err != cudaSuccess)
@@ -525,7 +530,6 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     }
 unlock:
     pthread_mutex_unlock(&be->mu);
-    mf_rt_free(posts);
     if (res == MFSDP_OK)
         mf_watch_track(&be->watch, first->op->stream, be->core.stream[first->op->stream], be->pending[n - 1]);
     else if (res == MFSDP_ERR_TIMEOUT)
@@ -623,6 +627,7 @@ static void nccl_close(mf_rt *rt)
     mf_rt_free(be->names);
     mf_rt_free(be->name_ptrs);
     mf_rt_free(be->pending);
+    mf_rt_free(be->posts);
     mf_rt_free(be);
     rt->be_state = NULL;
 }

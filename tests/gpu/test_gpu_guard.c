@@ -9,6 +9,9 @@
  *     abort: every communicator once, with the lock, or without it when the
  *     trainer is stuck inside a blocking call;
  *   - a partial registration failure deregisters what it registered;
+ *   - a group of collectives: ncclGroupEnd exactly when ncclGroupStart
+ *     succeeded (also after a failed member), members in order up to the
+ *     first failure, no group for one collective;
  *   - NCCL_LAUNCH_ORDER_IMPLICIT: the decision table, once per process from
  *     many threads;
  *   - a hook whose ops enqueued returns the failure a watchdog recorded
@@ -333,6 +336,64 @@ static void test_register_partial_failure(void **state)
 
 /* ---- 4. launch order ---- */
 
+/* ---- groups ---- */
+
+static char group_log[64]; /* 'S' start, 'E' end, digit: member k */
+static ncclResult_t group_start_result, member_result[8];
+
+static void group_note(char c)
+{
+    size_t n = strlen(group_log);
+    assert_true(n + 1 < sizeof group_log);
+    group_log[n] = c;
+}
+static ncclResult_t fake_group_start(void)
+{
+    group_note('S');
+    return group_start_result;
+}
+static ncclResult_t fake_group_end(void)
+{
+    group_note('E');
+    return ncclSuccess;
+}
+static ncclResult_t fake_member(void *ctx, int k)
+{
+    assert_ptr_equal(ctx, group_log);
+    group_note((char)('0' + k));
+    return member_result[k];
+}
+
+/* The calls one mf_nccl_group_issue of n members makes, and its result. */
+static ncclResult_t issue(int n, const char *want)
+{
+    memset(group_log, 0, sizeof group_log);
+    ncclResult_t r = mf_nccl_group_issue(n, fake_member, group_log);
+    assert_string_equal(group_log, want);
+    return r;
+}
+
+static void test_group_issue(void **state)
+{
+    (void)state;
+    mf_cuda_calls.group_start = fake_group_start;
+    mf_cuda_calls.group_end = fake_group_end;
+    memset(member_result, 0, sizeof member_result);
+    group_start_result = ncclSuccess;
+    assert_int_equal(issue(3, "S012E"), ncclSuccess);
+    assert_int_equal(issue(1, "0"), ncclSuccess); /* alone: no group */
+    member_result[0] = ncclInProgress;            /* nonblocking: not a failure */
+    assert_int_equal(issue(2, "S01E"), ncclSuccess);
+    assert_int_equal(issue(1, "0"), ncclInProgress);
+    member_result[0] = ncclSuccess;
+    member_result[1] = ncclInvalidUsage; /* a failed member: the rest not issued, the group closed */
+    assert_int_equal(issue(3, "S01E"), ncclInvalidUsage);
+    member_result[1] = ncclSuccess;
+    group_start_result = ncclSystemError; /* no group opened: none closed, nothing issued */
+    assert_int_equal(issue(3, "S"), ncclSystemError);
+    mf_cuda_calls_reset();
+}
+
 static void test_launch_order_decide(void **state)
 {
     (void)state;
@@ -474,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_watch_rings),
         cmocka_unit_test(test_watch_open_call),
         cmocka_unit_test(test_register_partial_failure),
+        cmocka_unit_test(test_group_issue),
         cmocka_unit_test(test_launch_order_decide),
         cmocka_unit_test(test_launch_order_once),
         cmocka_unit_test(test_hook_reports_watchdog_failure),
