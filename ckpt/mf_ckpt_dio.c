@@ -68,7 +68,7 @@ void mf_ckpt_dio_open(mf_ckpt_rfile *rf, const char *path, uint64_t size)
     rf->map = NULL;
     rf->size = size;
     struct stat a, b;
-    int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    int dfd = open(path, O_RDONLY | O_DIRECT | O_NONBLOCK | O_CLOEXEC); /* the inode is compared below */
     if (dfd < 0)
         return; /* EINVAL: the file system does not do direct I/O */
     uint32_t al = mf_ckpt_dio_align(dfd);

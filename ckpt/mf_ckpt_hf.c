@@ -89,11 +89,11 @@ static int mf_hf_add_file(mf_hf_model *m, const char *path, json_t *only, char *
         m->fds = nf;
     if (!np || !nf || !(m->paths[f] = strdup(path)))
         return snprintf(err, errlen, "out of memory"), -1;
-    m->fds[f] = open(path, O_RDONLY | O_CLOEXEC);
-    m->nfiles++;
     struct stat st;
-    if (m->fds[f] < 0 || fstat(m->fds[f], &st) != 0)
-        return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
+    m->fds[f] = mf_ckpt_open_regular(path, 0, &st, err, errlen);
+    m->nfiles++;
+    if (m->fds[f] < 0)
+        return -1;
     mf_st_file h;
     if (mf_st_read(m->fds[f], path, (uint64_t)st.st_size, &h, err, errlen) != 0)
         return -1;
@@ -119,11 +119,31 @@ static int mf_hf_add_file(mf_hf_model *m, const char *path, json_t *only, char *
     return 0;
 }
 
+/* The first name of `names` (the index's entries for one file) that is not
+ * among tensors m->t[from..n): the one the file lacks. */
+static const char *mf_hf_missing(const mf_hf_model *m, int from, json_t *names)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(names, k, v) {
+        int found = 0;
+        for (int i = from; i < m->n && !found; i++)
+            found = strcmp(m->t[i].name, k) == 0;
+        if (!found)
+            return k;
+    }
+    return "?";
+}
+
 /* model.safetensors.index.json: {"weight_map": {tensor: file}}. */
 static int mf_hf_open_index(mf_hf_model *m, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    int fd = mf_ckpt_open_regular(path, 0, NULL, err, errlen);
+    if (fd < 0)
+        return -1;
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root)
         return snprintf(err, errlen, "%s: line %d, column %d: %s", path, je.line, je.column, je.text), -1;
     json_t *wm = json_object_get(root, "weight_map"), *byfile = json_object();
@@ -161,8 +181,8 @@ static int mf_hf_open_index(mf_hf_model *m, const char *path, char *err, size_t 
         if (mf_hf_add_file(m, fp, v, err, errlen) != 0)
             goto done;
         if ((size_t)(m->n - before) != json_object_size(v)) {
-            snprintf(err, errlen, "%s: holds %d of the %zu tensors the index assigns to it", fp, m->n - before,
-                     json_object_size(v));
+            snprintf(err, errlen, "%s: holds %d of the %zu tensors the index assigns to it: '%s' is not in it", fp,
+                     m->n - before, json_object_size(v), mf_hf_missing(m, before, v));
             goto done;
         }
     }

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "mf_ckpt_manifest.h"
 #include "mf_ckpt_st.h"
@@ -50,6 +51,13 @@ int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const c
 /* pwrite/pread of all n bytes (loops over short transfers). 0 or -1 (errno). */
 int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
 int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off);
+/* Opens `path` for reading (O_RDONLY | O_CLOEXEC | flags) only when it is
+ * a regular file: the open is O_NONBLOCK, so that a FIFO or a device in
+ * its place cannot block it, then fstat (into *st when non-NULL) refuses
+ * anything else; the descriptor is returned blocking. -1 with errno kept
+ * from the failing call and a message naming the path ("cannot open: ...",
+ * "a FIFO, not a regular file: refused"). */
+int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen);
 /* fsync of a directory. 0 or -1 (errno). */
 int mf_ckpt_fsync_dir(const char *path);
 /* Removes the regular files in `dir` and `dir` itself (best effort). */

@@ -2,6 +2,7 @@
  * mf_ckpt_manifest: manifest.json, dump and parse-and-check (see the header).
  */
 #include "mf_ckpt_manifest.h"
+#include "mf_ckpt_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -355,21 +356,35 @@ static int mf_mf_coverage(mf_mf_ctx *c, mf_ckpt_manifest *m)
     for (int s = 0; s < m->nstates; s++)
         for (int t = 0; t < m->ntensors; t++) {
             int64_t at = 0;
-            const char *tn = m->tensors[t].name, *sn = m->states[s].name;
+            const char *tn = m->tensors[t].name, *sn = m->states[s].name, *prev = NULL; /* file of the last piece */
             for (; i < m->npieces && m->pieces[m->by_tensor[i]].state == s &&
                    m->pieces[m->by_tensor[i]].tensor == t; i++) {
                 const mf_ckpt_mpiece *p = &m->pieces[m->by_tensor[i]];
-                if (p->start != at)
-                    return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) %s (in "
-                                     "file \"%s\")", c->fname, sn, tn, (long long)(p->start < at ? p->start : at),
-                                     (long long)(p->start < at ? at : p->start),
-                                     p->start < at ? "are stored twice" : "are stored nowhere",
-                                     m->files[p->file].name);
+                const char *file = m->files[p->file].name;
+                if (p->start < at)
+                    return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) are stored "
+                                     "twice (in file \"%s\" and in file \"%s\")", c->fname, sn, tn,
+                                     (long long)p->start, (long long)at, prev, file);
+                if (p->start > at && prev)
+                    return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) are stored "
+                                     "nowhere (the piece before them ends at %lld in file \"%s\", the next starts "
+                                     "at %lld in file \"%s\")", c->fname, sn, tn, (long long)at,
+                                     (long long)p->start, (long long)at, prev, (long long)p->start, file);
+                if (p->start > at)
+                    return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) are stored "
+                                     "nowhere (the first piece starts at %lld, in file \"%s\")", c->fname, sn, tn,
+                                     (long long)at, (long long)p->start, (long long)p->start, file);
                 at = p->end;
+                prev = file;
             }
+            if (at != m->tensors[t].numel && prev)
+                return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) are stored "
+                                 "nowhere (the last piece ends at %lld, in file \"%s\")", c->fname, sn, tn,
+                                 (long long)at, (long long)m->tensors[t].numel, (long long)at, prev);
             if (at != m->tensors[t].numel)
                 return mf_mf_err(c->err, c->errlen, "%s: %s of tensor \"%s\": elements [%lld, %lld) are stored "
-                                 "nowhere", c->fname, sn, tn, (long long)at, (long long)m->tensors[t].numel);
+                                 "nowhere (no piece)", c->fname, sn, tn, (long long)at,
+                                 (long long)m->tensors[t].numel);
         }
     return 0;
 }
@@ -432,13 +447,15 @@ int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, siz
     if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
         return mf_mf_err(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
                          "committed checkpoint", (int)n, dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = mf_ckpt_open_regular(path, 0, &st, err, errlen);
+    if (fd < 0 && errno == ENOENT)
+        return mf_mf_err(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
+                         "save did not complete)", dir);
     if (fd < 0)
-        return mf_mf_err(err, errlen, "%s: %s: not a committed checkpoint (no manifest: the save did not "
-                         "complete)", dir, errno == ENOENT ? "manifest.json is missing" : strerror(errno));
+        return -1;
     int rc = -1;
     char *text = NULL;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
+    if ((uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
         mf_mf_err(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
         goto done;
     }

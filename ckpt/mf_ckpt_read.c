@@ -15,6 +15,34 @@
 
 #include "mf_ckpt_crc.h"
 
+static const char *mf_ckpt_file_kind(mode_t mode)
+{
+    return S_ISFIFO(mode) ? "a FIFO" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a plain file";
+}
+
+int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen)
+{
+    struct stat own;
+    st = st ? st : &own;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | flags);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        return errno = e, -1;
+    }
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        if (S_ISREG(st->st_mode))
+            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        else
+            snprintf(err, errlen, "%s: %s, not a regular file: refused", path, mf_ckpt_file_kind(st->st_mode));
+        close(fd);
+        return errno = S_ISREG(st->st_mode) ? e : EINVAL, -1;
+    }
+    return fd;
+}
+
 int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
@@ -119,13 +147,10 @@ int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
     if (rf->checked < 0)
         return snprintf(err, errlen, "%s: refused before", path), -1;
     rf->checked = -1;
-    rf->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (rf->fd < 0)
-        return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
-    (void)posix_fadvise(rf->fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: larger readahead */
     struct stat st;
-    if (fstat(rf->fd, &st) != 0 || !S_ISREG(st.st_mode))
-        return snprintf(err, errlen, "%s: not a regular file", path), -1;
+    if ((rf->fd = mf_ckpt_open_regular(path, 0, &st, err, errlen)) < 0)
+        return -1;
+    (void)posix_fadvise(rf->fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: larger readahead */
     if ((uint64_t)st.st_size != mf->bytes)
         return snprintf(err, errlen, "%s: %llu bytes, the manifest says %llu (truncated or replaced)", path,
                         (unsigned long long)st.st_size, (unsigned long long)mf->bytes), -1;

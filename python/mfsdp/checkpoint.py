@@ -15,6 +15,7 @@ collective: every rank calls it with the same directory and state names.
 import ctypes
 import json
 import os
+import stat
 
 from . import _lib
 from ._lib import UsageError
@@ -41,14 +42,26 @@ class Loaded:
 
 def read_manifest(path):
     """The manifest of checkpoint directory `path` as a dict (docs/checkpoint.md,
-    "The manifest"), or None when it cannot be read or parsed (the library's
-    load then says why)."""
+    "The manifest"), or None when it cannot be read or parsed, or is not a
+    regular file (a FIFO there would block a plain open; the library's load
+    then says why)."""
     try:
-        with open(os.path.join(os.fsdecode(path), "manifest.json"), "rb") as f:
+        fd = os.open(os.path.join(os.fsdecode(path), "manifest.json"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # the file object owns it now
             m = json.load(f)
         return m if isinstance(m, dict) else None
     except (OSError, ValueError):
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def verify(path):

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "mf_ckpt_crc.h"
+#include "mf_ckpt_io.h"
 #include "mf_ckpt_manifest.h"
 #include "mf_ckpt_plan.h"
 #include "mf_ckpt_st.h"
@@ -231,6 +232,48 @@ static const char *mani(int version, const char *file, const char *pieces)
     return err;
 }
 
+#define MANI2_HEAD                                                                                         \
+    "{\"format\":\"mfsdp-checkpoint\",\"version\":1,\"checkpoint_id\":\"0123456789abcdef0123456789abcdef\"," \
+    "\"step\":1,\"schedule_sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\","   \
+    "\"mesh\":[{\"axis\":\"dp\",\"size\":2}],\"world\":2,\"states\":[{\"name\":\"main_weight\",\"dtype\":"   \
+    "\"fp32\"}],\"tensors\":[{\"name\":\"t\",\"shape\":[10]}],\"files\":[{\"name\":\"a.safetensors\","       \
+    "\"rank\":0,\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]},{\"name\":\"b.safetensors\",\"rank\":1,"  \
+    "\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]}]}"
+
+/* The refusal of a manifest whose two files hold pieces a and b. */
+static const char *mani2(const char *a, const char *b)
+{
+    static char text[2048], err[1024];
+    snprintf(text, sizeof text, MANI2_HEAD, a, b);
+    mf_ckpt_manifest m;
+    err[0] = '\0';
+    if (mf_ckpt_manifest_parse("manifest.json", text, strlen(text), &m, err, sizeof err) == 0)
+        mf_ckpt_manifest_free(&m);
+    return err;
+}
+
+/* A gap or an overlap names the files on both sides of it. */
+static void test_manifest_coverage_files(void **state)
+{
+    (void)state;
+    assert_string_equal(mani2("[0,0,0,4,8]", "[0,0,4,10,8]"), "");
+    assert_string_equal(mani2("[0,0,0,4,8]", "[0,0,5,10,8]"),
+                        "manifest.json: main_weight of tensor \"t\": elements [4, 5) are stored nowhere (the piece "
+                        "before them ends at 4 in file \"a.safetensors\", the next starts at 5 in file "
+                        "\"b.safetensors\")");
+    assert_non_null(strstr(mani2("[0,0,6,10,8]", "[0,0,0,5,8]"), "ends at 5 in file \"b.safetensors\", the next "
+                                                                  "starts at 6 in file \"a.safetensors\")"));
+    assert_non_null(strstr(mani2("[0,0,0,5,8]", "[0,0,4,10,8]"),
+                           "elements [4, 5) are stored twice (in file \"a.safetensors\" and in file "
+                           "\"b.safetensors\")"));
+    assert_non_null(strstr(mani2("[0,0,2,4,8]", "[0,0,4,10,8]"),
+                           "elements [0, 2) are stored nowhere (the first piece starts at 2, in file "
+                           "\"a.safetensors\")"));
+    assert_non_null(strstr(mani2("[0,0,0,4,8]", "[0,0,4,9,8]"),
+                           "elements [9, 10) are stored nowhere (the last piece ends at 9, in file "
+                           "\"b.safetensors\")"));
+}
+
 static void test_manifest(void **state)
 {
     (void)state;
@@ -244,6 +287,98 @@ static void test_manifest(void **state)
                            "main_weight of tensor \"t\": elements [4, 5) are stored twice"));
     assert_non_null(strstr(mani(1, "a.safetensors", "[0,0,0,4,8]"), "elements [4, 10) are stored nowhere"));
     assert_non_null(strstr(mani(1, "a.safetensors", "[0,1,0,10,8]"), "files[0].pieces[0]: not [state, tensor"));
+}
+
+/* Pieces read in part (mf_ckpt_parts_check): one file of 100 bytes whose
+ * single piece, tensor t's 10 fp32 elements, is bytes [8, 48). */
+typedef struct parts_fx {
+    char dir[64];
+    unsigned char bytes[100];
+    mf_ckpt_reader r;
+    mf_ckpt_rfile rf;
+} parts_fx;
+
+static void parts_open(parts_fx *x)
+{
+    snprintf(x->dir, sizeof x->dir, "/tmp/mf-parts-XXXXXX");
+    assert_non_null(mkdtemp(x->dir));
+    char path[128], text[2048], err[1024];
+    snprintf(path, sizeof path, "%s/a.safetensors", x->dir);
+    for (int i = 0; i < 100; i++)
+        x->bytes[i] = (unsigned char)(i * 37 + 11);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, x->bytes, 100), 100);
+    memset(&x->r, 0, sizeof x->r);
+    snprintf(text, sizeof text, MANI_HEAD, 1, "a.safetensors", "[0,0,0,10,8]");
+    assert_int_equal(mf_ckpt_manifest_parse("manifest.json", text, strlen(text), &x->r.m, err, sizeof err), 0);
+    x->rf = (mf_ckpt_rfile){.fd = fd, .checked = 1, .dfd = -1};
+    x->r.f = &x->rf;
+    x->r.dir = x->dir;
+}
+
+static void parts_close(parts_fx *x)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/a.safetensors", x->dir);
+    close(x->rf.fd);
+    unlink(path);
+    rmdir(x->dir);
+    mf_ckpt_manifest_free(&x->r.m);
+}
+
+/* Part [off, off + len) of the piece as rank `rank` read it. */
+static mf_ckpt_part part(const parts_fx *x, uint64_t off, uint64_t len, int64_t rank)
+{
+    return (mf_ckpt_part){0, off, len, mf_crc32c(0, x->bytes + 8 + off, len), mf_crc32c(0, x->bytes + 8, 40), rank};
+}
+
+static void test_parts(void **state)
+{
+    (void)state;
+    parts_fx x;
+    char err[1024] = "";
+    parts_open(&x);
+    /* Two ranks' parts, given out of order: combined, nothing read. */
+    mf_ckpt_part two[2] = {part(&x, 16, 24, 1), part(&x, 0, 16, 0)};
+    assert_int_equal(mf_ckpt_parts_check(&x.r, two, 2, 0, err, sizeof err), 0);
+    assert_int_equal(x.r.bytes_read, 0);
+    /* Bytes no part covers (a head and a tail) are read by the checker. */
+    mf_ckpt_part mid[1] = {part(&x, 8, 8, 0)};
+    assert_int_equal(mf_ckpt_parts_check(&x.r, mid, 1, 0, err, sizeof err), 0);
+    assert_int_equal(x.r.bytes_read, 32);
+    /* Replicas that read the same part: counted once. */
+    mf_ckpt_part dup[3] = {part(&x, 0, 16, 0), part(&x, 0, 16, 2), part(&x, 16, 24, 1)};
+    assert_int_equal(mf_ckpt_parts_check(&x.r, dup, 3, 0, err, sizeof err), 0);
+    /* A part whose bytes were corrupt when read (its CRC is of other bytes). */
+    mf_ckpt_part bad[2] = {part(&x, 0, 16, 0), part(&x, 16, 24, 1)};
+    bad[1].crc ^= 1;
+    assert_int_equal(mf_ckpt_parts_check(&x.r, bad, 2, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/a.safetensors: entry 'main_weight:t[0:10]' fails its CRC-32C (read in part): the "
+                                "file is corrupt"));
+    /* Only the reader of the first part checks: rank 1 leaves it to rank 0. */
+    bad[1].crc ^= 1;
+    bad[0].crc ^= 1;
+    assert_int_equal(mf_ckpt_parts_check(&x.r, bad, 2, 1, err, sizeof err), 0);
+    assert_int_equal(mf_ckpt_parts_check(&x.r, bad, 2, 0, err, sizeof err), -1);
+    /* Replicas that read different bytes, overlapping parts, a part past the piece. */
+    mf_ckpt_part diff[3] = {part(&x, 0, 16, 0), part(&x, 0, 16, 2), part(&x, 16, 24, 1)};
+    diff[1].crc ^= 1;
+    assert_int_equal(mf_ckpt_parts_check(&x.r, diff, 3, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "ranks 0 and 2 read different bytes"));
+    mf_ckpt_part over[2] = {part(&x, 0, 16, 0), part(&x, 8, 32, 1)};
+    assert_int_equal(mf_ckpt_parts_check(&x.r, over, 2, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "ranks 0 and 1 read overlapping parts"));
+    mf_ckpt_part past[1] = {part(&x, 32, 8, 0)};
+    past[0].len = 16;
+    assert_int_equal(mf_ckpt_parts_check(&x.r, past, 1, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "rank 0 read bytes [32, 48) of it, which has 40"));
+    /* A flip in bytes that no part covered: found by the checker's own read. */
+    assert_int_equal(pwrite(x.rf.fd, "\xff", 1, 8 + 30), 1);
+    mf_ckpt_part head[1] = {part(&x, 0, 16, 0)};
+    assert_int_equal(mf_ckpt_parts_check(&x.r, head, 1, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "fails its CRC-32C (read in part)"));
+    parts_close(&x);
 }
 
 /* Plan properties on each compiled schedule given on the command line. */
@@ -306,7 +441,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc_vectors),  cmocka_unit_test(test_crc_combine), cmocka_unit_test(test_crc_large), cmocka_unit_test(test_st_valid),
         cmocka_unit_test(test_st_refusals),  cmocka_unit_test(test_st_bounds),   cmocka_unit_test(test_st_build),
-        cmocka_unit_test(test_manifest),     cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_manifest),     cmocka_unit_test(test_manifest_coverage_files),
+        cmocka_unit_test(test_parts),        cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
