@@ -691,7 +691,16 @@ MFSDP_API const char *mfsdp_nccl_warning(const mfsdp_runtime *rt)
 
 mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
 {
-    (void)rt;
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-    return e == cudaSuccess ? MFSDP_OK : mf_cuda_fail(e, err, errlen, "cudaMemcpy of %zu bytes (checkpoint staging)", bytes);
+    /* Both GPU backends keep their core first in their state. On the inner
+     * stream, not the legacy default one: the runtime's streams are
+     * non-blocking, so a plain cudaMemcpy would not be ordered with them (and
+     * from pageable memory it may return before its DMA is done). */
+    const mf_cuda_core *c = (const mf_cuda_core *)rt->be_state;
+    cudaStream_t st = c->stream[MF_STREAM_INNER];
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(st);
+    return e == cudaSuccess ? MFSDP_OK
+                            : mf_cuda_fail(e, err, errlen, "copy of %zu bytes on the inner stream (checkpoint staging)",
+                                           bytes);
 }

@@ -161,9 +161,11 @@ void mf_cuda_core_time_end(mf_cuda_core *c);
 /* "op 12 (all_gather dp_inner, unit layers.3)" via the engine. */
 void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size);
 
-/* The GPU backends' stage hook (be->stage, checkpoints): cudaMemcpy between
+/* The GPU backends' stage hook (be->stage, checkpoints): a copy between
  * device and host memory (cudaMemcpyDefault: the pointers say which is
- * which); the checkpoint code synchronized the backend first. */
+ * which) on the runtime's inner stream, complete on return, so it is ordered
+ * with the runtime's non-blocking streams on both backends; the checkpoint
+ * code synchronized the backend first. */
 mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 
 /* Formats "<what>: <cuda error name> (<string>)" into err and returns the mapped result. */

@@ -4,7 +4,8 @@
  * multi-destination reduce with an aliased (in-place) destination, aligned
  * (vectorized) and unaligned pointers, ragged sizes, guard elements past the
  * end that must stay untouched, capture into a CUDA graph (no host
- * synchronization inside), and argument errors. Needs a GPU: exits 77 (skip)
+ * synchronization inside), a launch right after polling a pending event
+ * (the stale cudaErrorNotReady of the first device run), and argument errors. Needs a GPU: exits 77 (skip)
  * only when there is no device (gpu_presence.h).
  */
 #include <setjmp.h>
@@ -20,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_presence.h"
+#include "mf_backend_cuda_guard.h"
 #include "mf_cuda_kernels.h"
 
 #define CK(x) assert_int_equal((int)(x), (int)cudaSuccess)
@@ -296,6 +298,37 @@ static void test_fill_pattern(void **state)
     }
 }
 
+/* The old first-run bug: a query that finds an event not ready leaves
+ * cudaErrorNotReady as the thread's last error, and a launch checked by
+ * cudaGetLastError then failed with "device not ready". Polled while a spin
+ * kernel keeps the event pending, with the raw query and the runtime's
+ * (mf_cuda_query_event), each later launch returns success and computes. */
+static void test_poll_before_launch(void **state)
+{
+    (void)state;
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    int64_t n = 4096;
+    float *want = malloc((size_t)n * sizeof *want);
+    assert_non_null(want);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = mf_cuda_pattern(9, i);
+    dbuf d = dalloc(MF_FP32, n, 1);
+    CK(mf_cuda_spin(300 * 1000 * 1000, stream)); /* 300 ms: the host's polls below take microseconds */
+    CK(cudaEventRecord(ev, stream));
+    assert_int_equal(cudaEventQuery(ev), cudaErrorNotReady);
+    CK(mf_cuda_fill_pattern(d.p, MF_FP32, n, 9, stream)); /* its own launch's result, not the stale one */
+    assert_int_equal(mf_cuda_query_event(ev), cudaErrorNotReady);
+    CK(cudaGetLastError()); /* the runtime's poll left nothing behind */
+    CK(mf_cuda_scale(d.p, MF_FP32, n, 1.0f, stream));
+    void *got = download(&d);
+    expect_equal(MF_FP32, got, want, n, "fill after polls");
+    free(got);
+    free(want);
+    dfree(&d);
+    CK(cudaEventDestroy(ev));
+}
+
 /* Kernels enqueue only: they can be captured into a graph and replayed. */
 static void test_graph_capture(void **state)
 {
@@ -386,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_scale),
         cmocka_unit_test(test_combine_reduce),
         cmocka_unit_test(test_fill_pattern),
+        cmocka_unit_test(test_poll_before_launch),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_bad_arguments),
     };
