@@ -211,10 +211,14 @@ _PROTOTYPES = {
     "mfsdp_ckpt_export_hf": (_RES, [_P, ctypes.c_char_p, _INT, ctypes.POINTER(HfOptions),
                                     ctypes.c_uint64]),
 }
-# Present only in a library built with the CUDA/NCCL backend.
+# Present only in a library built with the CUDA/NCCL backend; and the
+# evaluation hooks, declared in mfsdp.h before every build defines them
+# (Runtime.eval_forward_pre says so when they are missing).
 _OPTIONAL = {
     "mfsdp_nccl_stream": (_P, [_P, _INT]),
     "mfsdp_nccl_device": (_INT, [_P]),
+    "mfsdp_eval_forward_pre": (_RES, [_P, _INT]),
+    "mfsdp_eval_forward_post": (_RES, [_P, _INT]),
 }
 
 _lock = threading.Lock()

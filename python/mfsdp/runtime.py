@@ -238,7 +238,25 @@ class Runtime:
                     "mfsdp_backward_post")
 
     def step_end(self):
+        """Ends the step; after backward_post(0, m - 1) for any 1 <= m <= M
+        (a short step: the gradient is the sum over the m microbatches run)."""
         self._check(self._lib.mfsdp_step_end(self.handle), "mfsdp_step_end")
+
+    def eval_forward_pre(self, unit):
+        """An evaluation (forward-only) pass between steps: unit u's weights
+        are valid from eval_forward_pre(u) to eval_forward_post(u), units
+        0..U-1 in order; no gradient buffer is touched."""
+        self._eval_hook("mfsdp_eval_forward_pre", unit)
+
+    def eval_forward_post(self, unit):
+        self._eval_hook("mfsdp_eval_forward_post", unit)
+
+    def _eval_hook(self, name, unit):
+        fn = getattr(self._lib, name, None)
+        if fn is None:
+            raise MfsdpError(8, "this libmfsdp has no %s (a build older than the evaluation "
+                                "hooks): rebuild it to run a forward between steps" % name, name)
+        self._check(fn(self.handle, unit), name)
 
     def synchronize(self):
         self._check(self._lib.mfsdp_synchronize(self.handle), "mfsdp_synchronize")

@@ -25,13 +25,17 @@ else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
 re-runs a unit's forward inside backward; that recompute is recognised (it
 happens while the unit's backward window is open) and calls no hook.
 """
+import re
 import time
+import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _lib
 from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
+from .guard import GuardedParameter, ParamSlot, holders_of
 from .tensors import tensor
 
 
@@ -47,6 +51,12 @@ class ModelMismatchError(UsageError):
 
 def _match(model, sched):
     """[(unit index, module, [(view index, parameter)])] or ModelMismatchError."""
+    taken = [n for n, p in model.named_parameters() if isinstance(p, GuardedParameter)]
+    if taken:
+        raise ModelMismatchError([
+            "parameter %r is already sharded (%s): a model is driven by one ShardedModel, and "
+            "close() frees its weights; shard a fresh model" % (
+                n, model.get_parameter(n)._mfsdp_slot.state) for n in taken])
     problems = []
     units = []
     covered = set()
@@ -115,21 +125,33 @@ class ShardedModel:
         self.U = len(schedule.units)
         self._units = []       # per unit: (module, [(param, view, grad_local tensor)])
         self._main = []        # (name, master Parameter, grad tensor, view)
+        self._slots = []       # per unit: [ParamSlot] (guard.py)
+        holders = holders_of(model)
+        whole_step = _replicated_weights(schedule, holders, units)
         with torch.no_grad():
             for u, mod, params in units:
-                entries = []
+                entries, slots = [], []
                 for vi, p in params:
                     v = rt.views[vi]
                     if v.shard_count:
-                        main = tensor(rt, v, "main_weight")
+                        main = torch.nn.Parameter(tensor(rt, v, "main_weight"))
                         flat = p.detach().reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count]
-                        main.copy_(flat.to(device=main.device, dtype=main.dtype))
-                        self._main.append((v.name, torch.nn.Parameter(main), tensor(rt, v, "grad"), v))
+                        main.data.copy_(flat.to(device=main.device, dtype=main.dtype))
+                        main.full_name, main.full_shape = v.name, torch.Size(v.shape)
+                        self._main.append((v.name, main, tensor(rt, v, "grad"), v))
                     p.data = tensor(rt, v, "weight")
                     entries.append((p, v, tensor(rt, v, "grad_local")))
+                    slots.append(ParamSlot(v.name, schedule.units[u], p, holders[id(p)],
+                                           v.name in whole_step))
                 self._units.append((mod, entries))
+                self._slots.append(slots)
+        self._closed = False
+        self._in_step = False      # between step_begin and step_end
+        self._grad_unused = False  # a step delivered its gradient and no optimizer stepped since
+        self._evaluating = None    # the unit whose evaluation forward is under way
         self._reset_step()
         self.steps = 0
+        self._shut_all("between steps (no step has run yet)")
         self.hook_seconds = 0.0   # host time inside this object's hooks (C calls included)
         self._handles = []
         for u, (mod, entries) in enumerate(self._units):
@@ -138,16 +160,34 @@ class ShardedModel:
             for k, (p, v, gl) in enumerate(entries):
                 self._handles.append(p.register_post_accumulate_grad_hook(
                     self._timed(self._make_grad_ready(u, k))))
+        _watch_optimizers(self)
 
     # ---- public ----
     def main_parameters(self):
         """This rank's fp32 master shards as Parameters (for the optimizer);
-        their .grad is the delivered gradient shard after each step's last backward."""
+        their .grad is the delivered gradient shard after each step's last
+        backward. Each carries its whole tensor's name and shape (`full_name`,
+        `full_shape`: a shard is 1-D, its tensor need not be)."""
         return [mp for _, mp, _, _ in self._main]
 
     def named_main_parameters(self):
         """(tensor name, master shard) pairs, e.g. to give norms no weight decay."""
         return [(n, mp) for n, mp, _, _ in self._main]
+
+    def param_groups(self, weight_decay, no_decay=None, **options):
+        """The optimizer's two parameter groups over main_parameters(): those
+        that decay (weight_decay) and those that do not (0.0), chosen by the
+        whole tensor: no_decay(full name, full shape) is true for the second
+        group (default: fewer than 2 dimensions, nanoGPT's rule: biases and
+        norms). Both groups are always present (a rank may hold no shard of
+        some tensors). `options` go into both groups (lr=, betas=, ...)."""
+        if no_decay is None:
+            no_decay = _fewer_than_two_dims
+        decay, keep = [], []
+        for name, mp, _, _ in self._main:
+            (keep if no_decay(name, mp.full_shape) else decay).append(mp)
+        return [dict(options, params=decay, weight_decay=weight_decay),
+                dict(options, params=keep, weight_decay=0.0)]
 
     def shards(self):
         """[(tensor name, shard_offset, master shard)] of this rank (for checkpoints)."""
@@ -156,13 +196,36 @@ class ShardedModel:
     def stats(self):
         return self.runtime.stats()
 
+    def finish_step(self):
+        """Ends the step after the m < M microbatches run so far (a short
+        step: the end of an epoch or a data shard): mfsdp_step_end, and the
+        delivered gradient, the sum over those m microbatches averaged over
+        ranks, is in the master shards' .grad; scale each microbatch's loss by
+        1/m for their mean. Call after a microbatch's backward."""
+        self._refuse_if_closed("finish_step")
+        if self.phase != "idle" or any(self.fwd_done):
+            raise UsageError("finish_step() during microbatch %d (its forward or backward is "
+                             "under way): call it after that microbatch's loss.backward()"
+                             % self.m)
+        if not self._in_step or self.m == 0:
+            raise UsageError("finish_step() with no microbatch run in this step: call it after "
+                             "the backward of the step's last microbatch (1 to %d of them)"
+                             % self.M)
+        self._end_step()
+
     # ---- whole-model helpers (collective: every rank calls them, in the same order) ----
     def _between_steps(self, what):
-        if self.phase != "idle" or self.m != 0 or any(self.fwd_done):
-            raise UsageError("%s inside a step (microbatch %d of %d is under way): call it "
-                             "after the step's last backward and before the next forward"
-                             % (what, self.m, self.M))
+        self._refuse_if_closed(what)
+        if self._in_step or self.phase != "idle" or any(self.fwd_done):
+            raise UsageError("%s inside a step (%d of the schedule's %d microbatches have run): "
+                             "call it after the step's last backward (or sm.finish_step()) and "
+                             "before the next step's forward" % (what, self.m, self.M))
 
+    def _refuse_if_closed(self, what):
+        if self._closed:
+            raise UsageError("%s after sm.close(): the runtime is gone; shard the model again "
+                             "with mt.shard (take sm.full_state_dict() before closing to keep "
+                             "the weights)" % what)
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """torch.nn.utils.clip_grad_norm_ over the whole model: the global L2
         norm of the delivered gradient (every rank's shards, a replicated shard
@@ -276,30 +339,42 @@ class ShardedModel:
         self.runtime.export_hf(path, _DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
     def allreduce(self, values, op="sum"):
-        """Runtime.allreduce: op ("sum", "max", "min") of floats over the world."""
+        """Runtime.allreduce: op ("sum", "max", "min") of floats over the world.
+        Between steps; collective."""
+        self._between_steps("allreduce")
         return self.runtime.allreduce(values, op)
 
     def mean_over_ranks(self, value, count=1.0):
         """The world's mean of a logged value (a float or a one-element tensor,
         e.g. this rank's loss) weighted by `count` (this rank's samples or tokens):
         sum(value * count) / sum(count) over the ranks, the same bits on every
-        rank. Collective."""
+        rank. Between steps (log the step's losses after it); collective."""
+        self._between_steps("mean_over_ranks")
         if isinstance(value, torch.Tensor):
             value = value.detach().item()
         s, c = self.runtime.allreduce([float(value) * float(count), float(count)], "sum")
         return s / c
 
     def close(self):
-        """Removes the hooks and destroys the runtime. The parameters lose their
-        views (they become empty tensors, so a later use fails in torch instead
-        of reading freed memory); save shards() first to keep the weights."""
+        """Removes the hooks and destroys the runtime; works at any point, also
+        inside a step or after an error. The model's parameters become
+        stand-ins that refuse any use naming the fix (guard.py), and the real
+        parameters lose their views (no tensor over freed memory survives);
+        save shards() or full_state_dict() first to keep the weights."""
+        if self._closed:
+            return
+        self._closed = True
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._shut_all("closed")
         with torch.no_grad():
             for _, entries in self._units:
                 for p, _, _ in entries:
                     p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            for _, mp, _, _ in self._main:
+                mp.grad = None
+                mp.data = torch.empty(0, dtype=mp.dtype, device=mp.device)
         self._main = []
         self.runtime.close()
 
@@ -319,6 +394,62 @@ class ShardedModel:
     def _unit_name(self, u):
         return self.schedule.units[u]
 
+    # ---- windows: which parameters the modules see (guard.py) ----
+    def _open(self, u):
+        for s in self._slots[u]:
+            s.open()
+
+    def _shut(self, u, state):
+        for s in self._slots[u]:
+            if not s.whole_step:
+                s.shut(state)
+
+    def _shut_all(self, state):
+        for slots in self._slots:
+            for s in slots:
+                s.shut(state)
+
+    def _shut_whole_step(self, state):
+        for slots in self._slots:
+            for s in slots:
+                if s.whole_step:
+                    s.shut(state)
+
+    # ---- steps ----
+    def _begin_step(self, u):
+        if self._grad_unused and any(mp.grad is not None for _, mp, _, _ in self._main):
+            raise UsageError(
+                "forward of unit %r would begin step %d, but step %d's delivered gradient was "
+                "never used: a step is the schedule's %d microbatch%s (this would be microbatch "
+                "%d), then optimizer.step() over sm.main_parameters() and optimizer.zero_grad(); "
+                "end a step early with sm.finish_step(), or drop its gradient with zero_grad()"
+                % (self._unit_name(u), self.steps + 1, self.steps, self.M,
+                   "" if self.M == 1 else "es", self.M + 1))
+        self._shut_whole_step("between steps")
+        self.runtime.step_begin()
+        self._in_step = True
+
+    def _end_step(self):
+        self.runtime.step_end()
+        self._in_step = False
+        self._grad_unused = True
+        self.steps += 1
+        self._reset_step()
+        self._shut_all("between steps, after step %d" % self.steps)
+        for _, mp, g, _ in self._main:
+            mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
+
+    def _optimizer_step(self):
+        """An optimizer over this model's main parameters is about to step."""
+        self._refuse_if_closed("optimizer.step()")
+        if self._in_step:
+            raise UsageError(
+                "optimizer.step() inside a step: %d of the schedule's %d microbatches have run "
+                "and the gradient is delivered after the last; run the remaining microbatches, or "
+                "end the step early with sm.finish_step() (each microbatch's loss scaled by 1/m)"
+                % (self.m, self.M))
+        self._grad_unused = False
+
     # ---- hooks ----
     def _timed(self, fn):
         def hook(*args):
@@ -334,36 +465,59 @@ class ShardedModel:
             if self.bwd_open[u] or (self.phase == "bwd" and torch._C._current_graph_task_id() != -1
                                     and self.fwd_done[u]):
                 self.recompute[u] += 1     # activation-checkpoint recompute: no hook
+                self._open(u)
                 return None
+            if not torch.is_grad_enabled():
+                return self._eval_forward_pre(u)
             if self.fwd_done[u]:
                 raise UsageError(
                     "unit %r ran twice in the forward of microbatch %d: each unit's hooks "
                     "bracket exactly one call per microbatch (make the repeated module its own "
-                    "unit per call, or put the calls inside one unit)" % (self._unit_name(u), self.m))
+                    "unit per call, or put the calls inside one unit; a forward repeated without "
+                    "its backward needs loss.backward() first)" % (self._unit_name(u), self.m))
             if self.phase == "bwd":
                 raise UsageError(
                     "forward of unit %r while the backward of microbatch %d is unfinished: run "
                     "loss.backward() before the next forward" % (self._unit_name(u), self.m))
-            if not torch.is_grad_enabled():
-                raise UsageError(
-                    "forward of unit %r under torch.no_grad(): mfsdp drives training steps (a "
-                    "forward is always followed by its backward); torch.utils.checkpoint with "
-                    "use_reentrant=True runs the forward so: use use_reentrant=False"
-                    % self._unit_name(u))
-            if self.phase == "idle" and self.m == 0 and u == 0:
-                self.runtime.step_begin()
+            if not self._in_step:
+                self._begin_step(u)
             self.phase = "fwd"
             self.runtime.forward_pre(u, self.m)
             self.fwd_done[u] = True
+            self._open(u)
             return None
         return hook
+
+    def _eval_forward_pre(self, u):
+        if self._in_step:
+            raise UsageError(
+                "forward of unit %r under torch.no_grad() or inference_mode inside a step "
+                "(%d of the schedule's %d microbatches have run): an evaluation forward runs "
+                "between steps, so finish the step first (its remaining microbatches, or "
+                "sm.finish_step()); torch.utils.checkpoint with use_reentrant=True runs its "
+                "forward so too: use use_reentrant=False" % (self._unit_name(u), self.m, self.M))
+        if u == 0:
+            self._shut_whole_step("between evaluation passes")
+        self.runtime.eval_forward_pre(u)
+        self._evaluating = u
+        self._open(u)
+        return None
 
     def _make_fwd_post(self, u):
         def hook(module, args, output):
             if self.recompute[u]:
                 self.recompute[u] -= 1
+                if not self.bwd_open[u]:
+                    self._shut(u, "after its recomputed forward")
+                return None
+            if self._evaluating == u:
+                self._evaluating = None
+                self.runtime.eval_forward_post(u)
+                self._shut(u, "after its evaluation forward")
                 return None
             self.runtime.forward_post(u, self.m)
+            self._shut(u, "after its forward in microbatch %d; it reopens in its backward"
+                       % self.m)
             outs = [t for t in _tensors_in(output) if t.requires_grad]
             if not outs:
                 raise UsageError(
@@ -376,8 +530,15 @@ class ShardedModel:
 
     def _make_bwd_pre(self, u):
         def hook(grad):
+            self._refuse_if_closed("the backward of a graph built before close()")
             if self.bwd_open[u] or self.pending[u] == 0:
                 return None
+            if not self.fwd_done[u]:
+                raise UsageError(
+                    "backward of unit %r with no forward of it in microbatch %d: a second "
+                    "loss.backward() over a graph whose backward already ran (retain_graph=True) "
+                    "or over an earlier microbatch's graph; each microbatch is one forward, then "
+                    "one backward" % (self._unit_name(u), self.m))
             late = [w for w in range(u + 1, self.U) if self.pending[w]]
             if late:
                 w = late[0]
@@ -389,11 +550,13 @@ class ShardedModel:
             self.phase = "bwd"
             self.runtime.backward_pre(u, self.m)
             self.bwd_open[u] = True
+            self._open(u)
             return None
         return hook
 
     def _make_grad_ready(self, u, k):
         def hook(p):
+            self._refuse_if_closed("the backward of a graph built before close()")
             if not self.bwd_open[u]:
                 raise UsageError(
                     "parameter %r received a gradient outside the backward of its unit %r "
@@ -406,6 +569,7 @@ class ShardedModel:
             if self.pending[u] == 0:
                 self.bwd_open[u] = False
                 self.runtime.backward_post(u, self.m)
+                self._shut(u, "after its backward in microbatch %d" % self.m)
                 if u == 0:
                     self._microbatch_done()
         return hook
@@ -414,11 +578,90 @@ class ShardedModel:
         self.m += 1
         self._reset_microbatch()
         if self.m == self.M:
-            self.runtime.step_end()
-            self.steps += 1
-            self.m = 0
-            for _, mp, g, _ in self._main:
-                mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
+            self._end_step()
+
+
+def _fewer_than_two_dims(name, shape):
+    return len(shape) < 2
+
+
+_HOOK = []     # the one global optimizer step pre-hook, once installed
+
+
+def _watch_optimizers(sm):
+    """Marks sm's parameters for the global optimizer step pre-hook
+    (torch.optim.optimizer.register_optimizer_step_pre_hook, installed
+    once): the real parameters carry their ParamSlot, the main parameters
+    their ShardedModel (a weak reference)."""
+    owner = weakref.ref(sm)
+    for _, mp, _, _ in sm._main:
+        mp._mfsdp_owner = owner
+    for slots in sm._slots:
+        for s in slots:
+            s.real._mfsdp_slot = s
+    if not _HOOK:
+        _HOOK.append(register_optimizer_step_pre_hook(_check_optimizer))
+
+
+def _check_optimizer(optimizer, args, kwargs):
+    """Refuses a step over a sharded model's own parameters (its stand-ins or
+    the real ones: they never hold a gradient, so nothing would train) and
+    lets each ShardedModel whose main parameters it steps check its state."""
+    owners = {}
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            slot = getattr(p, "_mfsdp_slot", None)
+            if slot is not None:
+                raise UsageError(
+                    "%s.step() over parameter %r of a sharded model (model.parameters()): the "
+                    "model's own parameters are views of the runtime's unsharded weights and "
+                    "never hold a gradient, so nothing would train; give the optimizer "
+                    "sm.main_parameters() (or sm.param_groups(weight_decay=...))"
+                    % (type(optimizer).__name__, slot.name))
+            owner = getattr(p, "_mfsdp_owner", None)
+            if owner is not None:
+                owners[id(owner)] = owner
+    for owner in owners.values():
+        sm = owner()
+        if sm is None or sm._closed:
+            raise UsageError("%s.step() over the main parameters of a closed ShardedModel: "
+                             "their memory is gone; create the optimizer over the main "
+                             "parameters of a new mt.shard" % type(optimizer).__name__)
+        sm._optimizer_step()
+    return None
+
+
+def _replicated_weights(schedule, holders, units):
+    """Names of the tensors whose compute weight is replicated on every axis
+    (the `tied` layout, DDP's): gathered once per step, valid for the whole
+    step. From the schedule's YAML (its buckets' weight placements); for a
+    schedule loaded from a file that is no longer readable, the parameters
+    held by several modules (ties by name)."""
+    text = schedule.text
+    if text is None:
+        try:
+            with open(schedule.name, "rb") as f:
+                text = f.read()
+        except OSError:
+            return {schedule.tensors[ti].name for _, _, params in units for ti, p in params
+                    if len(holders[id(p)]) > 1}
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    out, replicated = set(), False
+    for line in text.splitlines():
+        if line.startswith("- name: "):
+            replicated = False
+        m = _WEIGHT_PLACEMENT.match(line)
+        if m:
+            replicated = all(p.strip() == "Replicate" for p in m.group(1).split(","))
+        m = _BUCKET_TENSOR.match(line)
+        if m and replicated:
+            out.add(m.group(1).strip().strip('"'))
+    return out
+
+
+_WEIGHT_PLACEMENT = re.compile(r"^  weight: \{.*placement: \[([^\]]*)\]")
+_BUCKET_TENSOR = re.compile(r'^  - \{name: ("[^"]*"|[^,]+),')
 
 
 def _nccl_args(kw, backend, world):

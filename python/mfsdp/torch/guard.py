@@ -1,0 +1,124 @@
+"""
+guard: the sharded model's parameters outside their windows.
+
+A parameter of a sharded model is a view of the runtime's unsharded weight,
+which holds the tensor only inside the windows the schedule gives it (its
+unit's forward hooks and backward hooks; the whole step for a weight
+replicated on every axis, the `tied` layout). Outside them the same bytes
+may hold another unit's weight, so a read there trains silently wrong.
+
+Each parameter therefore has a stand-in, a GuardedParameter of the same
+shape, dtype and device over no data (one element, expanded), that every
+module holding the parameter sees outside the windows: metadata (shape,
+dim, numel, dtype, device, requires_grad, grad) answers as for the real
+parameter; any computation raises a UsageError naming the parameter, its
+unit and why no window is open. ParamSlot swaps the real parameter and its
+stand-in in the holders' _parameters dicts (a few dict stores per
+parameter per hook: the generation check costs no tensor work). Autograd
+is unaffected: the graph holds the real parameter it read in the window.
+"""
+import torch
+
+from .._lib import UsageError
+
+_T = torch.Tensor
+# what a stand-in answers: the facts of the tensor, never its data
+_METADATA = frozenset([
+    _T.dim, _T.ndimension, _T.numel, _T.nelement, _T.size, _T.element_size,
+    _T.shape.__get__, _T.ndim.__get__, _T.dtype.__get__, _T.device.__get__,
+    _T.is_cuda.__get__, _T.is_leaf.__get__, _T.requires_grad.__get__, _T.grad.__get__,
+    _T.grad.__set__, _T.__hash__, _T.layout.__get__, _T.is_floating_point, _T.is_complex,
+    _T.is_sparse.__get__, _T.is_meta.__get__, _T.is_quantized.__get__, _T.__len__,
+])
+
+
+class GuardedParameter(torch.nn.Parameter):
+    """The stand-in of a sharded parameter outside its windows (see above)."""
+
+    def __new__(cls, like, slot):
+        data = torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
+        g = torch.Tensor._make_subclass(cls, data, like.requires_grad)
+        g._mfsdp_slot = slot
+        return g
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        guard = next((a for a in _flat(args, kwargs) if isinstance(a, GuardedParameter)), None)
+        what = getattr(func, "__name__", str(func))
+        if guard is None:
+            raise UsageError("%s on a parameter of a sharded model outside its windows" % what)
+        raise UsageError(guard._mfsdp_slot.refusal(what))
+
+    def __repr__(self):
+        return "GuardedParameter(%r, shape=%s: %s)" % (
+            self._mfsdp_slot.name, list(self.shape), self._mfsdp_slot.state)
+
+    def __reduce_ex__(self, proto):
+        raise UsageError(self._mfsdp_slot.refusal("pickling"))
+
+
+def _flat(args, kwargs):
+    for a in list(args) + list((kwargs or {}).values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
+class ParamSlot:
+    """One sharded parameter: the real one, its stand-in and every
+    (module, attribute) that holds it. `state` says why no window is open
+    (shown in the refusal); open() shows the real parameter, shut() the
+    stand-in."""
+    __slots__ = ("name", "unit", "real", "stand_in", "holders", "is_open", "state",
+                 "whole_step")
+
+    def __init__(self, name, unit, real, holders, whole_step):
+        self.name = name                # the tensor's full name
+        self.unit = unit                # its unit's name
+        self.real = real
+        self.holders = holders          # [(module, attribute name)]
+        self.whole_step = whole_step    # weight replicated on every axis: open for the step
+        self.stand_in = GuardedParameter(real, self)
+        self.is_open = True
+        self.state = "before the first step"
+
+    def open(self):
+        if not self.is_open:
+            for mod, attr in self.holders:
+                mod._parameters[attr] = self.real
+            self.is_open = True
+
+    def shut(self, state):
+        self.state = state
+        if self.is_open:
+            for mod, attr in self.holders:
+                mod._parameters[attr] = self.stand_in
+            self.is_open = False
+
+    def refusal(self, what):
+        if self.state == "closed":
+            return ("%s of parameter %r: its ShardedModel was closed (sm.close()), so the "
+                    "parameter has no data; take sm.full_state_dict() before close() and load it "
+                    "into an unsharded model, or shard the model again with mt.shard"
+                    % (what, self.name))
+        return ("%s of parameter %r outside the windows of its unit %r (%s): the runtime holds "
+                "the weight only between that unit's hooks. A weight read by another unit's "
+                "module (F.linear(h, self.tok.weight)) is a tie: declare it so that "
+                "spec_from_module gives it the `tied` layout (valid for the whole step); between "
+                "steps, read the weights with sm.full_state_dict()" % (what, self.name,
+                                                                        self.unit, self.state))
+
+
+def holders_of(model):
+    """{id(parameter): [(module, attribute name)]} over every module of the
+    model, tied parameters listed under each module that holds them."""
+    out = {}
+    for mod in model.modules():
+        for attr, p in mod._parameters.items():
+            if p is not None:
+                out.setdefault(id(p), []).append((mod, attr))
+    return out
