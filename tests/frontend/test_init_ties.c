@@ -142,6 +142,20 @@ static void check_clean(const char *text)
     free(diag);
 }
 
+/* Writes NAME (a safetensors file in the scratch directory) and runs init on
+ * it, which must succeed and write a spec that checks clean; returns its path. */
+static char *init_ok(init_run *r, const char *name, const st_tensor *t, int n, const char *const *meta, int nmeta,
+                     const char *mesh, const char *layout, const char *unit)
+{
+    char *f = path_in(name);
+    write_st(f, t, n, meta, nmeta);
+    run_init(r, f, mesh, layout, unit);
+    if (r->rc != 0)
+        fail_msg("init %s: status %d: %s", name, r->rc, r->err);
+    check_clean(r->out);
+    return f;
+}
+
 static const st_tensor g_gpt[] = {
     {"lm_head.weight", 2, {8, 4}}, {"transformer.h.0.w", 2, {4, 4}}, {"transformer.ln_f.weight", 1, {4}},
     {"transformer.wpe.weight", 2, {3, 4}}};
@@ -150,11 +164,8 @@ static void test_save_model_head_kept(void **state)
 {
     (void)state;
     const char *meta[] = {"format", "pt", "transformer.wte.weight", "lm_head.weight"};
-    char *f = path_in("head.safetensors");
-    write_st(f, g_gpt, 4, meta, 2);
     init_run r;
-    run_init(&r, f, "dp_outer=2,dp_inner=2", "hsdp", "transformer.h.{i}.");
-    assert_int_equal(r.rc, 0);
+    char *f = init_ok(&r, "head.safetensors", g_gpt, 4, meta, 2, "dp_outer=2,dp_inner=2", "hsdp", "transformer.h.{i}.");
     const char *want_tail =
         "# tied: \"transformer.wte.weight\" (also \"lm_head.weight\") is stored as \"lm_head.weight\": import "
         "with the tie transformer.wte.weight=lm_head.weight\n"
@@ -171,7 +182,6 @@ static void test_save_model_head_kept(void **state)
     const char *tail = strstr(r.out, "# tied:");
     if (!tail || strcmp(tail, want_tail) != 0)
         fail_msg("got:\n%s\nwant (after the first two lines):\n%s", r.out, want_tail);
-    check_clean(r.out);
     /* a replicated compute weight (ddp) needs no override layout */
     run_init(&r, f, "dp=4", "ddp", NULL);
     assert_int_equal(r.rc, 0);
@@ -186,14 +196,10 @@ static void test_save_model_embedding_kept(void **state)
     memcpy(t, g_gpt, sizeof t);
     t[0].name = "transformer.wte.weight";
     const char *meta[] = {"lm_head.weight", "transformer.wte.weight"};
-    char *f = path_in("wte.safetensors");
-    write_st(f, t, 4, meta, 1);
     init_run r;
-    run_init(&r, f, "dp=4", "zero3", NULL);
-    assert_int_equal(r.rc, 0);
+    init_ok(&r, "wte.safetensors", t, 4, meta, 1, "dp=4", "zero3", NULL);
     assert_non_null(strstr(r.out, "unit \"transformer.wte\" layout zero3 {\n  tensor \"weight\" [8, 4] layout tied;"));
     assert_null(strstr(r.out, "lm_head\" layout"));
-    check_clean(r.out);
 }
 
 static void test_config_tie_word_embeddings(void **state)
@@ -234,15 +240,11 @@ static void test_any_name_and_unknown_layout(void **state)
 {
     (void)state;
     const st_tensor t[] = {{"cls_token", 2, {1, 4}}, {"patch.proj.weight", 2, {4, 3}}, {"we\"ird.w", 1, {2}}};
-    char *f = path_in("vit.safetensors");
-    write_st(f, t, 3, NULL, 0);
     init_run r;
-    run_init(&r, f, "dp=2", "zero3", NULL);
-    assert_int_equal(r.rc, 0);
+    char *f = init_ok(&r, "vit.safetensors", t, 3, NULL, 0, "dp=2", "zero3", NULL);
     assert_non_null(strstr(r.out, "# \"cls_token\" has no unit prefix: here it is \"root.cls_token\""));
     assert_non_null(strstr(r.out, "unit \"root\" layout zero3 {\n  tensor \"cls_token\" [1, 4];"));
     assert_non_null(strstr(r.out, "unit \"we\\\"ird\" layout zero3 {"));
-    check_clean(r.out);
     run_init(&r, f, "dp=2", "zero9", NULL);
     assert_int_equal(r.rc, 2);
     assert_string_equal(r.err, "mfsdpc: error: unknown layout 'zero9' for --layout; use one of ddp, zero1, zero2, "

@@ -2,7 +2,7 @@
 test_ties: tied weights found wherever the tie is written down.
 
 spec_from_module: a head reading the embedding's weight through
-F.linear(h, self.tok.weight) (one parameter, one name) gets the `tied`
+F.linear(h, self.wte.weight) (one parameter, one name) gets the `tied`
 layout when the forward is traced on an example microbatch or the tie is
 declared with ties=; a reader that runs before the owning unit is refused.
 `mfsdpc init`: safetensors' save_model deduplication (either name kept) and
@@ -49,20 +49,20 @@ def test_spec_finds_a_tie_by_use():
     model = tied_models.make("byuse")
     plain = mt.spec_from_module(model, mesh=MESH, layout="hsdp")
     traced = mt.spec_from_module(model, mesh=MESH, layout="hsdp", example=example())
-    declared = mt.spec_from_module(model, mesh=MESH, layout="hsdp", ties=["tok.weight"])
+    declared = mt.spec_from_module(model, mesh=MESH, layout="hsdp", ties=["wte.weight"])
     assert tied_lines(plain) == []
     assert tied_lines(traced) == ['tensor "weight" [64, 32] layout tied;']
     assert declared == traced
     s = mfsdp.Schedule.compile(traced)
-    assert s.units[0] == "tok" and s.tensor("tok.weight").shape == (64, 32)
+    assert s.units[0] == "wte" and s.tensor("wte.weight").shape == (64, 32)
     # a replicated compute weight needs no override
     assert tied_lines(mt.spec_from_module(model, mesh=MESH, layout="zero2", example=example())) == []
 
 
 def test_spec_ties_misuse_is_refused():
     model = tied_models.make("byuse")
-    with pytest.raises(ValueError, match=r"ties= names 'tok.wieght', which is not a parameter"):
-        mt.spec_from_module(model, mesh=MESH, layout="hsdp", ties=["tok.wieght"])
+    with pytest.raises(ValueError, match=r"ties= names 'wte.wieght', which is not a parameter"):
+        mt.spec_from_module(model, mesh=MESH, layout="hsdp", ties=["wte.wieght"])
 
     class Early(nn.Module):          # reads b's weight before b's unit has run
         def __init__(self):
@@ -193,7 +193,7 @@ def test_tied_models_train_like_torch(tmp_path):
             # the tie unseen: refused at the read (the parameter guard), or
             # without it wrong from the first step (22.85 vs 4.22 before)
             print("%s: %s" % (name, got.get("error") or got["losses"]))
-            assert ("tok.weight" in got["error"] if "error" in got else
+            assert ("wte.weight" in got["error"] if "error" in got else
                     check.rel_err(got["losses"][:1], ref_losses[:1]) > 1e-2)
             continue
         assert "error" not in got, got["error"]

@@ -1,10 +1,11 @@
 """
-tied_models: the two tied GPT variants of test_ties.py, built from gpt.py's
-blocks (same sizes, same data):
+tied_models: the two tied GPT variants of test_ties.py: gpt.py's model
+(same blocks, sizes, data and initial values: make() copies them from
+gpt.make_model) under other module trees:
 
-  ByUse    the head is F.linear(ln_f(x), self.tok.weight): one parameter
-           under one name, read outside its unit (a tie only a traced
-           forward, or ties=, can find);
+  ByUse    the head is F.linear(ln_f(x), self.wte.weight) in the model's
+           own forward: one parameter under one name, read outside its unit
+           (a tie only a traced forward, or ties=, can find);
   GPT2     Hugging Face GPT-2's names (transformer.wte / wpe / h.{i} /
            ln_f, lm_head.weight = transformer.wte.weight), so that
            safetensors' save_model stores the tie once and `mfsdpc init`
@@ -17,66 +18,53 @@ import torch.nn.functional as F
 import gpt
 
 
-def _init_norms(m):
-    with torch.no_grad():   # non-trivial norms so their gradients matter
-        for mod in m.modules():
-            if isinstance(mod, nn.LayerNorm):
-                mod.weight.uniform_(0.5, 1.5)
-                mod.bias.uniform_(-0.1, 0.1)
-    return m
+class _Trunk(nn.Module):
+    """Embeddings, blocks and the final norm of gpt.GPT."""
 
-
-def _causal_lm(x_of, blocks, ln_f, head_weight, idx, targets):
-    """head_weight() is called at the head, so the parameter is read there."""
-    x = x_of(idx)
-    for blk in blocks:
-        x = blk(x)
-    logits = F.linear(ln_f(x), head_weight())
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-class ByUse(nn.Module):
     def __init__(self, vocab=64, d=32, heads=4, layers=4, seq=16):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(gpt.Block(d, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-
-    def embed(self, idx):
-        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-
-    def forward(self, idx, targets):
-        return _causal_lm(self.embed, self.blocks, self.ln_f, lambda: self.tok.weight, idx, targets)
-
-
-class _Transformer(nn.Module):
-    def __init__(self, vocab, d, heads, layers, seq):
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(seq, d)
         self.h = nn.ModuleList(gpt.Block(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
 
-    def embed(self, idx):
-        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+    def hidden(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.h:
+            x = blk(x)
+        return self.ln_f(x)
+
+
+def _loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ByUse(_Trunk):
+    def forward(self, idx, targets):
+        return _loss(F.linear(self.hidden(idx), self.wte.weight), targets)
 
 
 class GPT2(nn.Module):
-    def __init__(self, vocab=64, d=32, heads=4, layers=4, seq=16):
+    def __init__(self):
         super().__init__()
-        self.transformer = _Transformer(vocab, d, heads, layers, seq)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.transformer = _Trunk()
+        self.lm_head = nn.Linear(32, 64, bias=False)
         self.lm_head.weight = self.transformer.wte.weight    # tied
 
     def forward(self, idx, targets):
-        t = self.transformer
-        return _causal_lm(t.embed, t.h, t.ln_f, lambda: self.lm_head.weight, idx, targets)
+        return _loss(self.lm_head(self.transformer.hidden(idx)), targets)
 
 
-MODELS = {"byuse": ByUse, "gpt2": GPT2}
+MODELS = {"byuse": (ByUse, ""), "gpt2": (GPT2, "transformer.")}
 
 
 def make(kind, seed=0):
-    torch.manual_seed(seed)
-    return _init_norms(MODELS[kind]())
+    """The model of `kind` holding gpt.make_model(seed)'s values."""
+    cls, prefix = MODELS[kind]
+    model = cls()
+    src = gpt.make_model(seed).state_dict()
+    values = {prefix + k.replace("blocks.", "h."): v for k, v in src.items() if k != "lm_head.weight"}
+    model.load_state_dict(values, strict=False)
+    missing = {n for n, _ in model.named_parameters()} - set(values)
+    assert not missing, missing
+    return model
