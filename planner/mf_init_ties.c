@@ -151,6 +151,9 @@ static int ties_from_config(const mf_hf_model *m, const char *model_path, mf_ini
         return absent ? 0 : -1;
     int rc = 0;
     json_t *tie = json_object_get(cfg, "tie_word_embeddings"), *vocab = json_object_get(cfg, "vocab_size");
+    for (int k = 0; k < m->n; k++)
+        if (t->tied[k])
+            goto done; /* save_model's metadata named the tie already */
     if (!json_is_true(tie))
         goto done;
     if (!json_is_integer(vocab) || json_integer_value(vocab) < 1) {
@@ -179,8 +182,6 @@ static int ties_from_config(const mf_hf_model *m, const char *model_path, mf_ini
         rc = -1;
         goto done;
     }
-    if (t->tied[embed])
-        goto done; /* save_model's metadata said it already */
     t->tied[embed] = 1;
     if (head >= 0 && m->t[head].dims[1] == m->t[embed].dims[1]) {
         t->dropped[head] = 1;

@@ -12,7 +12,8 @@
  *   - "tie_word_embeddings": true in the config.json beside the checkpoint:
  *     the input embedding (the 2-D tensor with vocab_size rows that is not an
  *     output head) is tied to the output head; a head stored as well is a
- *     copy, left out of the spec.
+ *     copy, left out of the spec. Not consulted when the metadata named a
+ *     tie (a save_model file beside its config.json).
  * Of a tie's names the spec uses the stored one unless it is an output
  * head's (its unit's last part is lm_head, head, output or embed_out) and an
  * alias is not.

@@ -187,6 +187,17 @@ static void test_save_model_head_kept(void **state)
     assert_int_equal(r.rc, 0);
     assert_null(strstr(r.out, "layout tied"));
     assert_non_null(strstr(r.out, "unit \"transformer.wte\" layout ddp {\n  tensor \"weight\" [8, 4];"));
+    /* a config.json beside it that says the same adds nothing */
+    char *cfg = path_in("config.json");
+    FILE *c = fopen(cfg, "w");
+    assert_non_null(c);
+    fputs("{\"tie_word_embeddings\": true, \"vocab_size\": 8}", c);
+    fclose(c);
+    run_init(&r, f, "dp_outer=2,dp_inner=2", "hsdp", "transformer.h.{i}.");
+    unlink(cfg);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, want_tail) || strstr(r.out, "config.json"))
+        fail_msg("with config.json: got:\n%s", r.out);
 }
 
 static void test_save_model_embedding_kept(void **state)
