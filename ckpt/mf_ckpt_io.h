@@ -58,6 +58,10 @@ int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off);
  * from the failing call and a message naming the path ("cannot open: ...",
  * "a FIFO, not a regular file: refused"). */
 int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen);
+/* The length of directory name `dir` without its trailing slashes
+ * ("ckpt/" and "ckpt//" name "ckpt"; "/" stays "/"): outputs are created
+ * as DIR.tmp-ID next to DIR, so the slash must go. */
+size_t mf_ckpt_dir_len(const char *dir);
 /* fsync of a directory. 0 or -1 (errno). */
 int mf_ckpt_fsync_dir(const char *path);
 /* Removes the regular files in `dir` and `dir` itself (best effort). */

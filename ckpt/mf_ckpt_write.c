@@ -67,6 +67,14 @@ int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+size_t mf_ckpt_dir_len(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    return n;
+}
+
 int mf_ckpt_fsync_dir(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -255,9 +255,12 @@ static void mf_hx_fail(mf_hx_msg *m, mfsdp_result code, const char *text)
     snprintf(m->msg, sizeof m->msg, "%.200s", text);
 }
 
-mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir, mfsdp_dtype dtype,
+mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_dtype dtype,
                                   const mfsdp_hf_options *opt, uint64_t max_file_bytes)
 {
+    char dir[4001] = ""; /* without trailing slashes: DIR.tmp-ID is made next to it */
+    if (dir_arg)
+        snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_dir_len(dir_arg), dir_arg);
     if (!rt)
         return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_export_hf: NULL runtime");
     mf_hx_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
@@ -278,7 +281,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir, mfsdp_dtyp
     mfsdp_result sr = MFSDP_OK;
     if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_hx_fail(&mine, sr, err);
-    else if (!dir || bad || mfsdp_dtype_size(dtype) == 0)
+    else if (!dir_arg || bad || mfsdp_dtype_size(dtype) == 0)
         snprintf(err, sizeof err, "needs a directory, a dtype and rules FROM=TO / NAME=SOURCE"),
             mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (mf_ckpt_plan_build(rt->s, &p, err, sizeof err) != 0 || !(have_plan = 1) ||

@@ -203,16 +203,20 @@ static void mf_ckpt_save_prepare(mf_ckpt_saver *sv, const char *dir, mf_ckpt_msg
     }
 }
 
-mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir, const mfsdp_ckpt_save_options *opt)
+mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp_ckpt_save_options *opt)
 {
     if (!rt)
         return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_save: NULL runtime");
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};
     mf_ckpt_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     char err[1024];
+    char *dir = dir_arg ? strndup(dir_arg, mf_ckpt_dir_len(dir_arg)) : NULL; /* "ckpt/" saves "ckpt" */
     mfsdp_result res;
-    if (!all)
+    if (!all || (dir_arg && !dir)) {
+        free(all);
+        free(dir);
         return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_ckpt_fail(&mine, res, err);
     else if (!dir || !*dir || !opt || opt->step < 0 || (opt->user_blob_bytes && !opt->user_blob))
@@ -254,6 +258,7 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir, const mfsdp_ckp
     if (res == MFSDP_OK)
         res = mf_ckpt_round(rt, &mine, all, "commit");
 done:
+    free(dir);
     free(sv.tmp);
     free(sv.map);
     mf_ckpt_plan_free(&sv.plan);

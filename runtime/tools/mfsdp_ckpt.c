@@ -178,8 +178,9 @@ static int ck_reshard_rank(mf_ckpt_reader *r, const mf_ckpt_plan *p, const int *
     return rc;
 }
 
-static int ck_reshard(const char *dir, const char *sched, const char *out)
+static int ck_reshard(const char *dir, const char *sched, char *out)
 {
+    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
     mf_ckpt_reader r;
     mf_ckpt_plan p = {0};
     mf_schedule *s = NULL;

@@ -89,7 +89,8 @@ int ck_import(int argc, char **argv)
         ck_hf_rules_free(&rules);
         return 2;
     }
-    const char *out = argv[3];
+    char *out = argv[3];
+    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
     if (mf_hf_open(argv[1], &m, err, sizeof err) != 0 || !(s = mf_schedule_load_file(argv[2], err, sizeof err)) ||
         mf_ckpt_plan_build(s, &p, err, sizeof err) != 0)
         goto fail;
@@ -252,7 +253,8 @@ int ck_export(int argc, char **argv)
         ck_hf_rules_free(&rules);
         return 2;
     }
-    const char *out = argv[2];
+    char *out = argv[2];
+    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
     if (mf_ckpt_reader_open(argv[1], &r, err, sizeof err) != 0)
         goto fail;
     opened = 1;

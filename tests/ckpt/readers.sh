@@ -6,7 +6,9 @@
 # runtime import, `mfsdpc init` and (with PYTHON, the package's environment)
 # mfsdp.read_manifest; every run is bounded by a timeout, so a reader that
 # blocks in open() fails the test (exit 124) instead of hanging it. Also: an
-# index that assigns a file a tensor it lacks is refused naming the tensor.
+# index that assigns a file a tensor it lacks is refused naming the tensor,
+# and output directories given with a trailing `/` are written (a save, a
+# runtime export, the tool's export, import and reshard).
 TRAINER=$1 CKPT=$2 MFSDPC=$3 sched=$4 py=${5:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -76,4 +78,16 @@ sed -i "s/\"$moved\": \"model-00002-of-00004.safetensors\"/\"$moved\": \"model-0
 refuses "import, an index that assigns a file a tensor it lacks" \
   "model-00001-of-00004.safetensors: holds [0-9]+ of the [0-9]+ tensors the index assigns to it: '$moved' is not in it" \
   "$CKPT" import "$WORK/hf3m" "$sched" "$WORK/imp3"
+
+# Output paths ending in '/': DIR.tmp-ID is made next to DIR, not inside it.
+"$TRAINER" --schedule "$sched" --steps 1 --save "$WORK/s/" --export-hf "$WORK/rh//" >/dev/null ||
+  fail "save to a path ending in /"
+"$CKPT" verify "$WORK/s" >/dev/null || fail "verify of the save to s/"
+"$CKPT" export "$WORK/s/" "$WORK/e/" >/dev/null || fail "export to a path ending in /"
+"$CKPT" import "$WORK/e/" "$sched" "$WORK/i/" >/dev/null || fail "import to a path ending in /"
+"$CKPT" reshard "$WORK/s/" "$sched" "$WORK/r/" >/dev/null || fail "reshard to a path ending in /"
+for d in s rh e i r; do [ -d "$WORK/$d" ] || fail "no $d after writing $d/"; done
+[ -z "$(ls -d "$WORK"/*.tmp-* 2>/dev/null)" ] || fail "a temporary directory is left: $(ls -d "$WORK"/*.tmp-*)"
+echo "ok: save, runtime export, export, import and reshard to paths ending in /"
+n=$((n + 1))
 echo "$n passed, 0 failed"
