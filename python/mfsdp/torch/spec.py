@@ -159,7 +159,7 @@ def used_ties(model, plan, example):
     owner = {id(p): (uname, n) for uname, _, tensors in plan for n, p in tensors}
     running = []         # unit names, innermost last
     started = set()
-    ties = {}            # id -> (unit name read in or None, parameter name)
+    ties = set()
 
     def on_read(p):
         if id(p) not in owner:
@@ -168,14 +168,14 @@ def used_ties(model, plan, example):
         where = running[-1] if running else None
         if where == own:
             return
-        full = own + "." + tname
         if own not in started:
             raise ValueError(
                 "parameter %r (unit %r) is read %s before its own unit runs: a weight read "
                 "outside its unit must belong to a unit that runs before every reader (give "
                 "units= so that %r comes first, or put the readers in that unit)"
-                % (full, own, "by unit %r" % where if where else "outside every unit", own))
-        ties.setdefault(id(p), (where, full))
+                % (own + "." + tname, own, "by unit %r" % where if where else "outside every unit",
+                   own))
+        ties.add(id(p))
 
     def enter(uname):
         def hook(module, args):
@@ -202,12 +202,13 @@ def used_ties(model, plan, example):
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
-    return set(ties)
+    return ties
 
 
 def declared_ties(model, names):
     """ids of the parameters named in `names` (any of their qualified names);
     ValueError listing the names the model does not have."""
+    names = [names] if isinstance(names, str) else list(names)
     by_name = dict(model.named_parameters(remove_duplicate=False))
     unknown = [n for n in names if n not in by_name]
     if unknown:
