@@ -288,7 +288,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
         for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
             int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
             mf_cpu_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, len);
-            const float *all = x->allgather(x->ctx, c->rank, mine, (size_t)len * sizeof(float));
+            const float *all = x->allgather(x->ctx, c->rank, mine, (size_t)len * sizeof(float), false);
             if (!all) {
                 ok = false;
                 break;
@@ -502,14 +502,28 @@ static void print_step(const mf_schedule *s, FILE *out, int64_t step, const repo
     for (int64_t r = 0; r < world; r++)
         if (all[r].status != 0 && all[r].status != 3) {
             fprintf(out, " FAILED: %s\n", all[r].msg);
+            fflush(out);
             return;
         }
     for (int64_t r = 0; r < world; r++)
         if (all[r].status == 3) {
             fprintf(out, " rank %lld stopped calling hooks (fault injection)\n", (long long)r);
+            fflush(out);
             return;
         }
     fprintf(out, " verified\n");
+    fflush(out);   /* progress shows under mpirun and in a file */
+}
+
+/* The check's own exchange failed: the same words as this rank's result and
+ * its own problem (a survivor names the peer that never arrived). */
+static void xchg_failed(const mf_check_xchg *x, mf_check_outcome *out)
+{
+    const char *why = x->why ? x->why(x->ctx) : NULL;
+    snprintf(out->msg, sizeof out->msg, "the check's own exchange failed%s%s", why ? ": " : "",
+             why ? why : "");
+    if (!out->own[0])
+        snprintf(out->own, sizeof out->own, "%s", out->msg);
 }
 
 int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_check_xchg *x,
@@ -545,11 +559,11 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
         }
     }
     /* Everyone learns whether everyone is ready. */
-    const report *all = x->allgather(x->ctx, c.rank, &rep, sizeof rep);
+    const report *all = x->allgather(x->ctx, c.rank, &rep, sizeof rep, rep.status == 2);
     int rc = 0;
     if (!all) {
         rc = 1;
-        snprintf(out->msg, sizeof out->msg, "the check's own exchange failed");
+        xchg_failed(x, out);
     } else {
         for (int64_t r = 0; r < c.world && rc == 0; r++)
             if (all[r].status != 0) {
@@ -563,7 +577,7 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
         memset(&rep, 0, sizeof rep);
         if (!assemble(&c, x)) {
             rc = 1;
-            snprintf(out->msg, sizeof out->msg, "the check's own exchange failed");
+            xchg_failed(x, out);
             break;
         }
         bool stop = c.rank == o->stop_rank && c.step == o->stop_step;
@@ -592,10 +606,10 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
         }
         if (rep.status != 0 && !out->own[0])
             snprintf(out->own, sizeof out->own, "%s", rep.status == 3 ? "rank stopped calling hooks (fault injection)" : rep.msg);
-        all = x->allgather(x->ctx, c.rank, &rep, sizeof rep);
+        all = x->allgather(x->ctx, c.rank, &rep, sizeof rep, rep.status == 2);
         if (!all) {
             rc = 1;
-            snprintf(out->msg, sizeof out->msg, "the check's own exchange failed");
+            xchg_failed(x, out);
             break;
         }
         if (c.rank == 0 && o->out)
@@ -638,9 +652,11 @@ typedef struct local_xchg {
     uint8_t *data[2];
 } local_xchg;
 
-static const void *local_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+static const void *local_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes,
+                                   bool failing)
 {
     local_xchg *x = ctx;
+    (void)failing;   /* threads cannot stop alone: wait for every rank */
     if (bytes > x->cap)
         return NULL;
     pthread_mutex_lock(&x->mu);
@@ -700,7 +716,7 @@ int mf_check_local(const mfsdp_schedule *sh, const mfsdp_schedule *const *per_ra
     pthread_cond_init(&lx.cv, NULL);
     if (mfsdp_local_group_create(world, &g) != MFSDP_OK)
         goto sync_done;
-    mf_check_xchg x = {local_allgather, &lx};
+    mf_check_xchg x = {local_allgather, NULL, &lx};
     int64_t started = 0;
     for (int64_t r = 0; r < world; r++) {
         args[r].sh = per_rank ? per_rank[r] : sh;

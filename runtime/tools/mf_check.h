@@ -19,20 +19,28 @@
  *
  * Ranks meet through an mf_check_xchg (an all-gather the caller provides:
  * threads or MPI) once after create and once per step, so a failing rank
- * never leaves the others waiting.
+ * never leaves the others waiting; a rank that never arrives (dead, stopped)
+ * fails the exchange of a caller that bounds it (mfsdp-replay --backend mpi:
+ * the runtime's timeout), and the check ends with rc 1 naming it. Every
+ * rank's rc is 0 only when every rank's oracle agreed on every step.
  */
 #ifndef MF_CHECK_H
 #define MF_CHECK_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "mfsdp.h"
 
 /* All-gather among the ranks of the check (not through libmfsdp): returns a
  * pointer to world * bytes bytes in rank order, valid until the next call,
- * or NULL on failure. */
+ * or NULL on failure (a peer that never arrived: then `why`, when set, says
+ * which). `failing`: this rank's runtime failed in this step, so every live
+ * peer's runtime is failing too (its error channel) and arrives soon; an
+ * exchange with a deadline may wait less for the others. */
 typedef struct mf_check_xchg {
-    const void *(*allgather)(void *ctx, int64_t rank, const void *mine, size_t bytes);
+    const void *(*allgather)(void *ctx, int64_t rank, const void *mine, size_t bytes, bool failing);
+    const char *(*why)(void *ctx);   /* the last failure; NULL: not said */
     void *ctx;
 } mf_check_xchg;
 

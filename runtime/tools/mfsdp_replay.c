@@ -12,16 +12,21 @@
  * a 1-rank mesh on one GPU through NCCL. The GPU backends run in their
  * host-compute mode (managed memory), so the oracle reads buffers directly. Prints per step the collectives and bytes by axis, the
  * time per stream and `verified` or the first mismatch. Exit status: 0 when
- * every rank verified every step, 1 on a mismatch or a runtime error, 2 on a
+ * every rank verified every step (`verified` is printed only then), 1 on a
+ * mismatch, a runtime error or a peer that died or stopped (under mpi every
+ * surviving rank exits 1 within the timeout and about a second, naming it), 2 on a
  * usage error, an unreadable schedule or a world size that does not match the
  * mesh. Fault injection for tests: --stop-rank R --stop-step S (rank R stops
  * calling hooks after step_begin of step S), --mismatch-rank R (rank R's
  * schedule hash differs).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "mf_check.h"
 #include "mf_rt.h"
@@ -255,10 +260,11 @@ typedef struct one_xchg {
     size_t cap;
 } one_xchg;
 
-static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes, bool failing)
 {
     one_xchg *x = ctx;
     (void)rank;
+    (void)failing;
     if (bytes > x->cap)
         return NULL;
     memcpy(x->buf, mine, bytes);
@@ -282,7 +288,7 @@ static int run_nccl(const args *a, mfsdp_schedule *sh)
         fprintf(stderr, "mfsdp-replay: error: out of memory\n");
         return 2;
     }
-    mf_check_xchg xc = {one_allgather, &x};
+    mf_check_xchg xc = {one_allgather, NULL, &x};
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
     cfg.backend = MFSDP_BACKEND_NCCL; /* backend_config NULL: one GPU, host compute */
@@ -303,22 +309,231 @@ static int run_nccl(const args *a, mfsdp_schedule *sh)
 }
 
 #ifdef MFSDP_HAVE_MPI
+/*
+ * The tool's own exchanges over MPI (the oracle's, and the start-up and
+ * final agreements): point to point on MPI_COMM_WORLD with tags of the
+ * tool's own (the runtime works on duplicates), polled under the runtime's
+ * timeout like its collectives, so a dead or stopped peer ends the wait
+ * instead of hanging it: a live peer arrives within the timeout (a runtime
+ * wait of its own ends by then) and FAILING_GRACE_MS. A rank that gives up
+ * names the peers that never arrived and tells every peer (XCHG_QUIT), so
+ * they give up at once with the same names instead of waiting out their own
+ * deadline. When this rank's runtime already failed in the step, every live
+ * peer's is failing too (the runtime's error channel): it waits only
+ * FAILING_GRACE_MS for them. Either way a survivor exits within the timeout
+ * and about a second of the fault.
+ */
+enum { XCHG_DATA = 7301, XCHG_QUIT = 7302, FAILING_GRACE_MS = 1000, QUIT_SEND_MS = 200 };
+
 typedef struct mpi_xchg {
-    MPI_Comm comm;
-    uint8_t *buf;
+    int rank, world;
+    int64_t timeout_ms;     /* 0: wait for ever (like the runtime) */
+    uint8_t *buf;           /* world * cap bytes: the oracle's exchanges */
     size_t cap;
-    int world;
+    MPI_Request *reqs;      /* per exchange: world receives, then world sends */
+    int *done;              /* MPI_Testsome's indices (2 * world) */
+    MPI_Request quit_req;   /* a peer's XCHG_QUIT, posted once */
+    int quit_msg;           /* ... the first rank it found missing */
+    int quit_out;           /* the XCHG_QUIT this rank sends (MPI reads it later) */
+    bool broken;            /* an exchange failed: the tool's ranks are apart for good */
+    char why[256];
 } mpi_xchg;
 
-static const void *mpi_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool xchg_open(mpi_xchg *x, int rank, int world, int64_t timeout_ms)
+{
+    memset(x, 0, sizeof *x);
+    x->rank = rank;
+    x->world = world;
+    x->timeout_ms = timeout_ms;
+    x->reqs = malloc(2 * (size_t)world * sizeof *x->reqs);
+    x->done = malloc(2 * (size_t)world * sizeof *x->done);
+    if (!x->reqs || !x->done)
+        return false;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    return MPI_Irecv(&x->quit_msg, 1, MPI_INT, MPI_ANY_SOURCE, XCHG_QUIT, MPI_COMM_WORLD,
+                     &x->quit_req) == MPI_SUCCESS;
+}
+
+/* Names the peers this exchange still waits for: those whose part never
+ * came, or when every part came, those that never took this rank's (they
+ * died or stopped inside the exchange). Returns the first; writes the list. */
+static int xchg_missing(const mpi_xchg *x, char *names, size_t cap, int *count)
+{
+    int first = -1, n = 0, len = 0;
+    names[0] = '\0';
+    for (int pass = 0; pass < 2 && n == 0; pass++)
+        for (int q = 0; q < x->world; q++) {
+            if (q == x->rank || x->reqs[pass * x->world + q] == MPI_REQUEST_NULL)
+                continue;
+            if (first < 0)
+                first = q;
+            if (len < (int)cap - 16)
+                len += snprintf(names + len, cap - (size_t)len, "%s%d", n ? ", " : "", q);
+            n++;
+        }
+    *count = n;
+    return first;
+}
+
+/* Gives up this exchange: names the peers it waits for and tells every peer
+ * (fire and forget: small messages go eagerly; a stopped one reads it when
+ * it goes on). */
+static void xchg_give_up(mpi_xchg *x, int64_t waited_ms)
+{
+    char names[128];
+    int n, first = xchg_missing(x, names, sizeof names, &n);
+    snprintf(x->why, sizeof x->why,
+             "rank %d: %s %s did not reach the check's exchange within %lld ms (dead or stopped)",
+             x->rank, n == 1 ? "rank" : "ranks", names, (long long)waited_ms);
+    /* The exchange's requests stay pending (MPI cannot cancel a send); the
+     * process ends soon. The notes to the peers are progressed for
+     * QUIT_SEND_MS before it does (a dead peer's never completes). */
+    x->quit_out = first;
+    MPI_Request *quits = x->reqs + x->world;   /* reused: the pending sends are not polled again */
+    for (int q = 0; q < x->world; q++)
+        if (q == x->rank || MPI_Isend(&x->quit_out, 1, MPI_INT, q, XCHG_QUIT, MPI_COMM_WORLD,
+                                      &quits[q]) != MPI_SUCCESS)
+            quits[q] = MPI_REQUEST_NULL;
+    int64_t until = now_ms() + QUIT_SEND_MS;
+    int done = 0;
+    while (!done && now_ms() < until) {
+        if (MPI_Testall(x->world, quits, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    x->broken = true;
+}
+
+/* All-gather of `bytes` from every rank into all (world * bytes), bounded by
+ * the timeout (FAILING_GRACE_MS when failing). False once any exchange
+ * failed; then x->why says why. */
+static bool xchg_allgather(mpi_xchg *x, const void *mine, size_t bytes, void *all, bool failing)
+{
+    if (x->broken)
+        return false;
+    if (bytes > (size_t)0x7fffffff) {
+        snprintf(x->why, sizeof x->why, "rank %d: an exchange of %zu bytes is too large", x->rank, bytes);
+        x->broken = true;
+        return false;
+    }
+    int n = x->world;
+    MPI_Request *recvs = x->reqs, *sends = x->reqs + n;
+    memcpy((uint8_t *)all + (size_t)x->rank * bytes, mine, bytes);
+    for (int q = 0; q < n; q++) {
+        recvs[q] = sends[q] = MPI_REQUEST_NULL;
+        if (q == x->rank)
+            continue;
+        if (MPI_Irecv((uint8_t *)all + (size_t)q * bytes, (int)bytes, MPI_BYTE, q, XCHG_DATA,
+                      MPI_COMM_WORLD, &recvs[q]) != MPI_SUCCESS ||
+            MPI_Isend(mine, (int)bytes, MPI_BYTE, q, XCHG_DATA, MPI_COMM_WORLD, &sends[q]) != MPI_SUCCESS) {
+            snprintf(x->why, sizeof x->why, "rank %d: MPI refused the check's exchange with rank %d",
+                     x->rank, q);
+            x->broken = true;
+            return false;
+        }
+    }
+    /* A live peer may be in a runtime wait that ends only at the timeout:
+     * it arrives within the timeout and the grace. */
+    int64_t start = now_ms(), limit = x->timeout_ms ? x->timeout_ms + FAILING_GRACE_MS : 0;
+    if (failing && limit > FAILING_GRACE_MS)
+        limit = FAILING_GRACE_MS;
+    long nap_us = 10;
+    for (;;) {
+        int done = 0, quit = 0;
+        MPI_Status st;
+        /* Testsome, not Testall: it frees what completed (MPI_REQUEST_NULL
+         * then marks an arrived peer). */
+        if (MPI_Testsome(2 * n, x->reqs, &done, x->done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            snprintf(x->why, sizeof x->why, "rank %d: the check's exchange failed in MPI", x->rank);
+            x->broken = true;
+            return false;
+        }
+        if (done == MPI_UNDEFINED)
+            return true;   /* no active request left: every part came and went */
+        if (MPI_Test(&x->quit_req, &quit, &st) == MPI_SUCCESS && quit) {
+            /* This rank's own view names the missing (a quitter's first may
+             * be a live peer it could not tell from a dead one). */
+            char names[128];
+            int count;
+            xchg_missing(x, names, sizeof names, &count);
+            snprintf(x->why, sizeof x->why,
+                     "rank %d: %s %s did not reach the check's exchange (rank %d gave up waiting, "
+                     "for rank %d first)",
+                     x->rank, count == 1 ? "rank" : "ranks", names, st.MPI_SOURCE, x->quit_msg);
+            x->broken = true;
+            return false;
+        }
+        int64_t waited = now_ms() - start;
+        if (limit > 0 && waited > limit) {
+            xchg_give_up(x, waited);
+            return false;
+        }
+        struct timespec ts = {0, nap_us * 1000};
+        nanosleep(&ts, NULL);
+        if (nap_us < 1000)
+            nap_us *= 2;
+    }
+}
+
+static const void *mpi_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes, bool failing)
 {
     mpi_xchg *x = ctx;
     (void)rank;
-    if (bytes > x->cap || bytes > (size_t)0x7fffffff)
+    if (bytes > x->cap)
         return NULL;
-    if (MPI_Allgather(mine, (int)bytes, MPI_BYTE, x->buf, (int)bytes, MPI_BYTE, x->comm) != MPI_SUCCESS)
-        return NULL;
-    return x->buf;
+    return xchg_allgather(x, mine, bytes, x->buf, failing) ? x->buf : NULL;
+}
+
+static const char *mpi_why(void *ctx)
+{
+    mpi_xchg *x = ctx;
+    return x->why[0] ? x->why : NULL;
+}
+
+/* Every rank's flag, minimum over ranks (a bounded MPI_Allreduce(MIN)). */
+static bool xchg_all(mpi_xchg *x, int flag, int *all_flag)
+{
+    int *flags = malloc((size_t)x->world * sizeof *flags);
+    bool ok = flags && xchg_allgather(x, &flag, sizeof flag, flags, false);
+    *all_flag = ok;
+    for (int q = 0; ok && q < x->world; q++)
+        if (flags[q] < *all_flag)
+            *all_flag = flags[q];
+    free(flags);
+    return ok;
+}
+
+/* How many ranks share this rank's machine (by processor name). */
+static bool xchg_node_ranks(mpi_xchg *x, int *node_ranks)
+{
+    char mine[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int len = 0;
+    MPI_Get_processor_name(mine, &len);
+    char *names = malloc((size_t)x->world * sizeof mine);
+    bool ok = names && xchg_allgather(x, mine, sizeof mine, names, false);
+    *node_ranks = 0;
+    for (int q = 0; ok && q < x->world; q++)
+        *node_ranks += strcmp(names + (size_t)q * sizeof mine, mine) == 0;
+    free(names);
+    return ok;
+}
+
+/* A rank the tool cannot reach any more ends here: its peers cannot meet in
+ * MPI_Finalize (it would wait for the dead one), so no finalize. */
+static void mpi_apart(const mpi_xchg *x)
+{
+    fprintf(stderr, "mfsdp-replay: error: %s\n", x->why);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
 }
 
 static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
@@ -332,29 +547,30 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
                     size, a->path, (long long)world, (long long)world);
         return 2;
     }
-    MPI_Comm node;
-    int node_ranks = 1, fit, all_fit = 0;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &node_ranks);
-    MPI_Comm_free(&node);
-    fit = rank == 0 ? fits(sh, a->path, node_ranks) : 1;
-    MPI_Allreduce(&fit, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    mpi_xchg x;
+    int node_ranks = 1, all_fit = 0, all_ok = 0;
+    if (!xchg_open(&x, rank, size, a->timeout_ms)) {
+        fprintf(stderr, "mfsdp-replay: error: rank %d: cannot start the check's exchange\n", rank);
+        _exit(2);
+    }
+    if (!xchg_node_ranks(&x, &node_ranks) ||
+        !xchg_all(&x, rank == 0 ? fits(sh, a->path, node_ranks) : 1, &all_fit))
+        mpi_apart(&x);
     if (!all_fit)
         return 2;
     if (rank == a->mismatch_rank)
         perturb(sh);
-    mpi_xchg x = {.cap = mf_check_xchg_bytes(sh), .world = size};
+    x.cap = mf_check_xchg_bytes(sh);
     x.buf = malloc(x.cap * (size_t)size);
-    int ok = x.buf != NULL, all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!xchg_all(&x, x.buf != NULL, &all_ok))
+        mpi_apart(&x);
     if (!all_ok) {
         free(x.buf);
         if (rank == 0)
             fprintf(stderr, "mfsdp-replay: error: out of memory\n");
         return 2;
     }
-    MPI_Comm_dup(MPI_COMM_WORLD, &x.comm);
-    mf_check_xchg xc = {mpi_allgather, &x};
+    mf_check_xchg xc = {mpi_allgather, mpi_why, &x};
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
     MPI_Comm world_comm = MPI_COMM_WORLD;
@@ -369,8 +585,11 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
         describe(sh, a->path, "mpi", stdout);
     mf_check_outcome out;
     int rc = mf_check_rank(sh, &cfg, &xc, &o, &out);
+    if (x.broken)
+        mpi_apart(&x);
     if (out.own[0])
         fprintf(stderr, "%s\n", out.own);
+    /* rc is 0 only when every rank's report of the last step said so. */
     if (rank == 0) {
         if (rc == 0)
             printf("verified: %d ranks, %lld steps\n", size, (long long)a->steps);
@@ -378,10 +597,38 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
             printf("FAILED: %s\n", out.msg);
         fflush(stdout);
     }
-    MPI_Barrier(x.comm);
-    MPI_Comm_free(&x.comm);
+    int all_done = 0;
+    if (!xchg_all(&x, 1, &all_done))
+        mpi_apart(&x);
     free(x.buf);
+    free(x.reqs);
+    free(x.done);
     return rc == 0 ? 0 : 1;
+}
+
+/* MPI_Finalize waits for every peer; one that died after the last exchange
+ * would hold it for ever: bounded by the timeout (the outcome is known). */
+static volatile sig_atomic_t finalize_rc;
+
+static void finalize_expired(int sig)
+{
+    (void)sig;
+    static const char msg[] = "mfsdp-replay: error: MPI_Finalize did not return within the timeout "
+                              "(a peer died after the last exchange)\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(1);
+    _exit(finalize_rc ? finalize_rc : 1);
+}
+
+static void finalize_bounded(int rc, int64_t timeout_ms)
+{
+    finalize_rc = rc;
+    if (timeout_ms > 0) {
+        signal(SIGALRM, finalize_expired);
+        alarm((unsigned)((timeout_ms + 999) / 1000));
+    }
+    MPI_Finalize();
+    alarm(0);
 }
 #endif
 
@@ -434,7 +681,7 @@ int main(int argc, char **argv)
     mfsdp_schedule_free(sh);
 #ifdef MFSDP_HAVE_MPI
     if (mpi)
-        MPI_Finalize();
+        finalize_bounded(rc, a.timeout_ms);
 #endif
     fflush(stdout);
     return rc;
