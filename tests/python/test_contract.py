@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import gpt
 import mfsdp
 import mfsdp.torch as mt
-import train
+import phases
 
 
 def schedule(model, M=1, layout="zero3"):
@@ -266,85 +266,15 @@ def test_main_parameters_carry_full_names_and_shapes():
     sm.close()
 
 
-def train_with_phases(layout, M, plan, evals, rank=0, world=1, backend="local", **kw):
-    """Trains the GPT through mfsdp: step s runs plan[s] microbatches (a step
-    of fewer than M ends with finish_step), each loss scaled by 1/plan[s];
-    after the steps in `evals` (and before the first, -1), an evaluation
-    forward under no_grad (or inference_mode) on this rank's evaluation
-    batch. Returns (per-step mean loss over the microbatches run, evaluation
-    losses, sm)."""
-    model = gpt.make_model()
-    spec = mt.spec_from_module(model, mesh=kw.pop("mesh", {"dp": 1}), layout=layout,
-                               microbatches=M)
-    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend=backend, **kw)
-    opt = train.make_optimizer(sm.param_groups(weight_decay=0.1), "adamw")
-    X, Y = gpt.make_data(len(plan), world, M, 2)
-    EX, EY = gpt.make_data(1, world, 1, 3, seed=7)
-    losses, eval_losses = [], []
-
-    def evaluate(mode):
-        model.eval()
-        with mode():
-            eval_losses.append(model(EX[0, rank, 0], EY[0, rank, 0]).item())
-        model.train()
-
-    if -1 in evals:
-        evaluate(torch.no_grad)
-    for s, m_run in enumerate(plan):
-        tot = 0.0
-        for m in range(m_run):
-            tot += microbatch(model, X, Y, s, m, 1.0 / m_run).item()
-        if m_run < M:
-            sm.finish_step()
-        opt.step()
-        opt.zero_grad()
-        losses.append(tot / m_run)
-        if s in evals:
-            evaluate(torch.inference_mode if s % 2 else torch.no_grad)
-    return losses, eval_losses, sm
-
-
-def reference_with_phases(M, plan, evals, world=1):
-    """The same run in plain torch on the global batch (every rank's
-    microbatches of the step); evaluation losses on the global evaluation
-    batch."""
-    model = gpt.make_model()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    keep = [p for p in model.parameters() if p.dim() < 2]
-    opt = train.make_optimizer([{"params": decay, "weight_decay": 0.1},
-                                {"params": keep, "weight_decay": 0.0}], "adamw")
-    X, Y = gpt.make_data(len(plan), world, M, 2)
-    EX, EY = gpt.make_data(1, world, 1, 3, seed=7)
-    losses, eval_losses = [], []
-
-    def evaluate():
-        with torch.no_grad():
-            eval_losses.append(model(EX[0].reshape(-1, 16), EY[0].reshape(-1, 16)).item())
-
-    if -1 in evals:
-        evaluate()
-    for s, m_run in enumerate(plan):
-        x = X[s, :, :m_run].reshape(-1, 16)
-        y = Y[s, :, :m_run].reshape(-1, 16)
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-        if s in evals:
-            evaluate()
-    return losses, eval_losses, dict(model.named_parameters())
-
-
-PLAN, EVALS = [3, 2, 3, 1], (-1, 0, 1, 3)      # short steps in the middle and at the end
+PLAN, EVALS = phases.PLAN, phases.EVALS
 
 
 @needs_phases
 def test_evaluation_and_short_steps_equal_torch():
-    losses, evals, sm = train_with_phases("zero3", 3, PLAN, EVALS)
+    losses, evals, sm = phases.train("zero3", 3, PLAN, EVALS)
     full = sm.full_state_dict()
     sm.close()
-    ref_losses, ref_evals, ref = reference_with_phases(3, PLAN, EVALS)
+    ref_losses, ref_evals, ref = phases.reference(3, PLAN, EVALS)
     assert len(evals) == len(ref_evals) == len(EVALS)
     for a, b in zip(losses + evals, ref_losses + ref_evals):
         assert abs(a - b) <= 1e-6 * abs(b), (a, b)

@@ -376,6 +376,11 @@ class ShardedModel:
                 mp.grad = None
                 mp.data = torch.empty(0, dtype=mp.dtype, device=mp.device)
         self._main = []
+        if self._in_step:
+            try:            # no op left in flight: a half-done step's collectives complete
+                self.runtime.synchronize()
+            except MfsdpError:
+                pass        # a failed runtime: destroy tells its peers
         self.runtime.close()
 
     # ---- state ----
