@@ -77,7 +77,7 @@ MFSDP_API int mfsdp_schedule_unit_find(const mfsdp_schedule *sh, const char *nam
 
 MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name)
 {
-    return rt ? mfsdp_schedule_unit_find(rt->sh, name) : -1;
+    return mf_rt_live(rt) ? mfsdp_schedule_unit_find(rt->sh, name) : -1;
 }
 
 /* ---- shared checks ---- */
@@ -86,8 +86,9 @@ MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name)
  * helper in the message. */
 static mfsdp_result usable(mf_rt *rt, const char *fn)
 {
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "%s: rt is NULL", fn);
+    mfsdp_result res = mf_rt_handle_check(rt, fn);
+    if (res != MFSDP_OK)
+        return res;
     if (rt->native || !rt->be->allgather)
         return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
                                "%s: the %s backend keeps its buffers on the device; the helpers "
@@ -333,7 +334,7 @@ static mfsdp_result grad_norm(mf_rt *rt, const char *fn, double *norm)
 
 MFSDP_API mfsdp_result mfsdp_grad_norm(mfsdp_runtime *rt, double *norm)
 {
-    if (rt && !norm)
+    if (mf_rt_live(rt) && !norm)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_grad_norm: norm is NULL");
     return grad_norm(rt, "mfsdp_grad_norm", norm);
 }
@@ -341,7 +342,7 @@ MFSDP_API mfsdp_result mfsdp_grad_norm(mfsdp_runtime *rt, double *norm)
 MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, double *norm_out)
 {
     static const char fn[] = "mfsdp_grad_clip";
-    if (rt && !(max_norm > 0))
+    if (mf_rt_live(rt) && !(max_norm > 0))
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "%s: max_norm %g must be > 0", fn,
                                max_norm);
     double norm = 0;

@@ -129,6 +129,26 @@ mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
 }
 
 void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
+/* Reads the magic of a handle that may have been freed: ASan would report
+ * that read, and its quarantine keeps the memory mapped, which is what the
+ * check is for (best effort). */
+__attribute__((no_sanitize_address)) bool mf_rt_live(const mf_rt *rt)
+{
+    return rt && rt->magic == MF_RT_MAGIC;
+}
+
+mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn)
+{
+    if (mf_rt_live(rt))
+        return MFSDP_OK;
+    if (!rt)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "%s: rt is NULL", fn);
+    return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_USAGE,
+                           "%s: rt is not a live runtime (destroyed by mfsdp_destroy, or not made "
+                           "by mfsdp_create)",
+                           fn);
+}
+
 {
     pthread_mutex_lock(&rt->mu);
     if (rt->failed == MFSDP_OK) {
@@ -409,7 +429,7 @@ MFSDP_API int64_t mfsdp_schedule_peak_bytes(const mfsdp_schedule *h)
 
 MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt)
 {
-    return rt ? rt->mem_bytes : 0;
+    return mf_rt_live(rt) ? rt->mem_bytes : 0;
 }
 
 MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *h, int axis)
@@ -885,6 +905,7 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
         }
     }
     rt->err[0] = '\0';
+    rt->magic = MF_RT_MAGIC;
     *out = rt;
     return MFSDP_OK;
 
@@ -895,8 +916,8 @@ fail:
 
 MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
 {
-    if (!rt)
-        return;
+    if (!mf_rt_live(rt))
+        return;   /* NULL, or destroyed already */
     bool in_flight = !rt->native && !rt->synchronous && mf_streams_busy(rt);
     pthread_mutex_lock(&rt->mu);
     bool failed = rt->failed != MFSDP_OK;
@@ -917,6 +938,7 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
     }
     if (!rt->native && !rt->synchronous)
         mf_streams_stop(rt);
+    rt->magic = 0;
     release(rt);
 }
 
@@ -924,33 +946,36 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
 
 MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt)
 {
-    return rt ? rt->err : thread_err;
+    return mf_rt_live(rt) ? rt->err : thread_err;
 }
 
 MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt)
 {
-    return rt ? rt->rank : -1;
+    return mf_rt_live(rt) ? rt->rank : -1;
 }
 
 MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt)
 {
-    return rt ? rt->world : 0;
+    return mf_rt_live(rt) ? rt->world : 0;
 }
 
 MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis)
 {
-    return rt && axis >= 0 && axis < rt->s->mesh.naxes ? rt->coords[axis] : -1;
+    if (!mf_rt_live(rt) || axis < 0 || axis >= rt->s->mesh.naxes)
+        return -1;
+    return rt->coords[axis];
 }
 
 MFSDP_API int mfsdp_num_tensors(const mfsdp_runtime *rt)
 {
-    return rt ? rt->nviews : 0;
+    return mf_rt_live(rt) ? rt->nviews : 0;
 }
 
 MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp_tensor_view *out)
 {
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_tensor_view_get: rt is NULL");
+    mfsdp_result res = mf_rt_handle_check(rt, "mfsdp_tensor_view_get");
+    if (res != MFSDP_OK)
+        return res;
     if (!out || index < 0 || index >= rt->nviews)
         return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                "mfsdp_tensor_view_get: tensor index %d out of range [0, %d)", index,
@@ -961,7 +986,7 @@ MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp
 
 MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name)
 {
-    if (!rt || !name)
+    if (!mf_rt_live(rt) || !name)
         return -1;
     for (int i = 0; i < rt->nviews; i++)
         if (strcmp(rt->views[i].name, name) == 0)
@@ -971,9 +996,11 @@ MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name)
 
 MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *crt, mfsdp_stats *out)
 {
-    if (!crt || !out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_get_stats: rt and out must not be NULL");
+    mfsdp_result res = mf_rt_handle_check(crt, "mfsdp_get_stats");
+    if (res != MFSDP_OK)
+        return res;
+    if (!out)
+        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_get_stats: out is NULL");
     mf_rt *rt = (mf_rt *)crt;   /* the mutex is the only thing touched */
     pthread_mutex_lock(&rt->mu);
     *out = rt->stats;

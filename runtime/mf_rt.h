@@ -106,10 +106,16 @@ typedef struct mf_rt_stream {
     char err[MF_RT_ERRLEN]; /* message of this stream's failing op */
 } mf_rt_stream;
 
-/* Microbatch classes: which `when` predicates hold. */
-enum { MF_MB_MIDDLE = 0, MF_MB_FIRST = 1, MF_MB_LAST = 2, MF_MB_ONLY = 3, MF_MB_CLASSES = 4 };
+/* Op lists per hook: one per position a hook is issued at (MF_POS_* bits
+ * of core/mf_schedule.h: middle, first, last, both, a short step's end). */
+enum { MF_MB_CLASSES = MF_POS_SHORT + 1 };
+
+/* A live runtime's first field: set by mfsdp_create, cleared by
+ * mfsdp_destroy before the memory is freed. */
+#define MF_RT_MAGIC 0x6d667364702d7274ull   /* "mfsdp-rt" */
 
 struct mfsdp_runtime {
+    uint64_t magic;             /* MF_RT_MAGIC while live */
     const mfsdp_schedule *sh;   /* borrowed */
     const mf_schedule *s;       /* sh->s */
     mfsdp_config cfg;
@@ -159,6 +165,14 @@ struct mfsdp_runtime {
 /* Formats rt->err (or the thread's handle-less message when rt is NULL) and
  * returns code. */
 mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
+/* Every public entry taking a runtime calls this first: MFSDP_OK for a live
+ * runtime; a NULL one is MFSDP_ERR_INVALID_ARGUMENT, one whose magic is gone
+ * (destroyed, or never created) MFSDP_ERR_INVALID_USAGE, the message in the
+ * thread's last error naming fn. Best effort: a destroyed handle's memory
+ * may be unmapped or reused (docs/runtime.md). */
+mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn);
+/* The same test without a message, for the queries that return a value. */
+bool mf_rt_live(const mf_rt *rt);
     __attribute__((format(printf, 3, 4)));
 /* Records the first asynchronous failure (thread-safe; takes mu) and wakes
  * every waiter; later failures keep the first message. */

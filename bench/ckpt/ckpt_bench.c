@@ -2,14 +2,17 @@
  * mfsdp-ckpt-bench: checkpoint save / load / reshard on the local backend
  * (bench/ckpt/run.sh prints it next to dd on the same filesystem).
  *
- *   mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS]
+ *   mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS [CUT_SCHEDULE]]
  *
  * Saves every rank's main_weight and two Adam states of SCHEDULE into
  * DIR/a (timed from the moment every rank is ready until the last rank's
  * call returns, after the commit), loads it back on the same schedule
  * (timed) warm (the files in the page cache, as the save left them) and cold
  * (after posix_fadvise(POSIX_FADV_DONTNEED) on every data file: read from
- * the disk), then loads it on RESHARD_SCHEDULE (warm, timed). Each load is
+ * the disk), then loads it on RESHARD_SCHEDULE (warm, timed) and, when
+ * given, on CUT_SCHEDULE warm and cold: a layout whose ranges cut the saved
+ * pieces, so that most are read in part by several ranks and their CRCs
+ * are combined across ranks (docs/checkpoint.md). Each load is
  * repeated REPEATS times (default 5) and the median printed. Then the
  * reference read, warm and cold the same way: one thread reads the data
  * files front to back (read(2), 1 MiB requests, as dd bs=1M does) into one
@@ -288,11 +291,12 @@ static double median_load(const char *path, const char *dir, int reps, int cold,
 
 int main(int argc, char **argv)
 {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS]\n");
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "usage: mfsdp-ckpt-bench SCHEDULE RESHARD_SCHEDULE DIR [REPEATS [CUT_SCHEDULE]]\n");
         return 2;
     }
-    int reps = argc == 5 ? atoi(argv[4]) : 5;
+    int reps = argc >= 5 ? atoi(argv[4]) : 5;
+    const char *cut = argc == 6 ? argv[5] : NULL;
     if (reps < 1 || reps > 64) {
         fprintf(stderr, "mfsdp-ckpt-bench: REPEATS must be 1..64\n");
         return 2;
@@ -305,8 +309,12 @@ int main(int argc, char **argv)
     double tl = median_load(argv[1], a, reps, 0, &held, &rd);
     double tc = median_load(argv[1], a, reps, 1, &held, &rd);
     double tr = median_load(argv[2], a, reps, 0, &held2, &rd2);
+    int64_t held3 = 0;
+    uint64_t rd3 = 0;
+    double tw3 = cut ? median_load(cut, a, reps, 0, &held3, &rd3) : 0;
+    double tc3 = cut ? median_load(cut, a, reps, 1, &held3, &rd3) : 0;
     long peak = rss_hwm_kb();
-    if (ts < 0 || tl < 0 || tc < 0 || tr < 0)
+    if (ts < 0 || tl < 0 || tc < 0 || tr < 0 || tw3 < 0 || tc3 < 0)
         return 1;
     /* unique bytes: every tensor element x 3 states x 4 bytes */
     mfsdp_schedule *sh;
@@ -339,9 +347,14 @@ int main(int argc, char **argv)
            (double)rd / unique, (long long)held);
     printf("ckpt_reshard_load_s=%.4f\nckpt_reshard_MiBps=%.0f\nckpt_reshard_read_bytes=%llu (%.4f x unique)\n", tr,
            unique / tr / mib, (unsigned long long)rd2, (double)rd2 / unique);
+    if (cut)
+        printf("ckpt_cut_load_warm_s=%.4f\nckpt_cut_load_warm_MiBps=%.0f\nckpt_cut_load_cold_s=%.4f\n"
+               "ckpt_cut_load_cold_MiBps=%.0f\nckpt_cut_read_bytes=%llu (%.4f x unique)\n", tw3, unique / tw3 / mib, tc3,
+               unique / tc3 / mib, (unsigned long long)rd3, (double)rd3 / unique);
     printf("ckpt_world=%lld\nckpt_peak_rss_MiB=%.0f (runtimes' buffers included)\nckpt_op_rss_growth_MiB=%.1f "
            "(the most a save or load added to the peak, all 8 ranks)\n", (long long)world, peak / 1024.0,
            g_hwm_growth / 1024.0);
     (void)held2;
+    (void)held3;
     return 0;
 }

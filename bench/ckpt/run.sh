@@ -2,8 +2,9 @@
 # bench/ckpt/run.sh [BUILD_DIR] [DIR] [ROUNDS]: the checkpoint benchmark next
 # to dd on the same filesystem (DIR, default a fresh directory under /tmp or
 # $TMPDIR), interleaved so that both see the same machine: ROUNDS times
-# (default 5), mfsdp-ckpt-bench saves, loads warm, loads cold and reshards
-# (one of each), then dd writes as many bytes as the checkpoint holds
+# (default 5), mfsdp-ckpt-bench saves, loads warm, loads cold, reshards
+# (one of each) and loads warm and cold on zero3_1x6, whose ranges cut the
+# saved pieces (read in part, their CRCs combined across ranks), then dd writes as many bytes as the checkpoint holds
 # (conv=fsync, like the save's fsyncs), reads them back warm (from the page
 # cache, as the warm load does) and cold (after dropping the file's pages
 # with `dd iflag=nocache count=0`, i.e. posix_fadvise(POSIX_FADV_DONTNEED),
@@ -16,8 +17,8 @@
 # bench output, then per quantity the median over the rounds and the
 # median of the per-round ratios save/dd-write, warm load/dd-read-warm,
 # cold load/dd-read-cold (the issue's goal: >= 0.8), warm load/ref-read-warm
-# cold load/ref-read-cold and cold load/dd-read-direct, and the load
-# average.
+# cold load/ref-read-cold and cold load/dd-read-direct, cut cold load/cold
+# load and cut cold load/dd-read-cold, and the load average.
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-bench}
@@ -37,7 +38,7 @@ while [ "$i" -lt "$rounds" ]; do
   rm -rf "$work/b" "$work/dd"
   mkdir -p "$work/b"
   out=$("$build/bench/ckpt/mfsdp-ckpt-bench" "$build/bench/ckpt/hsdp_2x4.yaml" \
-        "$build/bench/ckpt/zero3_1x8.yaml" "$work/b" 1)
+        "$build/bench/ckpt/zero3_1x8.yaml" "$work/b" 1 "$build/bench/ckpt/zero3_1x6.yaml")
   mib=$(($(echo "$out" | sed -n 's/^ckpt_unique_bytes=//p') / 1048576))
   t0=$(now)
   dd if=/dev/zero of="$work/dd" bs=1M count="$mib" conv=fsync status=none
@@ -53,9 +54,10 @@ while [ "$i" -lt "$rounds" ]; do
   echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -v t5="$t5" -F= '
     {split($2, w, " "); v[$1] = w[1]}
     END {
-      printf "%s %s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
+      printf "%s %s %s %s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
              v["ckpt_load_cold_MiBps"], v["ckpt_reshard_MiBps"], mib / (t1 - t0), mib / (t2 - t1),
-             mib / (t4 - t3), v["ckpt_ref_read_warm_MiBps"], v["ckpt_ref_read_cold_MiBps"], mib / (t5 - t4)
+             mib / (t4 - t3), v["ckpt_ref_read_warm_MiBps"], v["ckpt_ref_read_cold_MiBps"], mib / (t5 - t4),
+             v["ckpt_cut_load_warm_MiBps"], v["ckpt_cut_load_cold_MiBps"]
     }' >>"$log"
   i=$((i + 1))
 done
@@ -66,20 +68,23 @@ awk -v n="$rounds" '
     for (i = 2; i <= k; i++) for (j = i; j > 1 && b[j - 1] > b[j]; j--) { t = b[j]; b[j] = b[j - 1]; b[j - 1] = t }
     return k % 2 ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
   }
-  { for (c = 1; c <= 10; c++) col[c, NR] = $c
-    rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7; qw[NR] = $2 / $8; qc[NR] = $3 / $9; rd[NR] = $3 / $10 }
+  { for (c = 1; c <= 12; c++) col[c, NR] = $c
+    rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7; qw[NR] = $2 / $8; qc[NR] = $3 / $9; rd[NR] = $3 / $10
+    xc[NR] = $12 / $3; xd[NR] = $12 / $7 }
   END {
-    split("save_MiBps load_warm_MiBps load_cold_MiBps reshard_MiBps dd_write_MiBps dd_read_warm_MiBps dd_read_cold_MiBps ref_read_warm_MiBps ref_read_cold_MiBps dd_read_direct_MiBps", name, " ")
+    split("save_MiBps load_warm_MiBps load_cold_MiBps reshard_MiBps dd_write_MiBps dd_read_warm_MiBps dd_read_cold_MiBps ref_read_warm_MiBps ref_read_cold_MiBps dd_read_direct_MiBps cut_load_warm_MiBps cut_load_cold_MiBps", name, " ")
     printf "rounds=%d (medians; dd: bs=1M, write conv=fsync, cold read after iflag=nocache count=0)\n", n
-    for (c = 1; c <= 10; c++) { for (r = 1; r <= NR; r++) x[r] = col[c, r]; printf "%s=%.0f\n", name[c], median(x, NR) }
+    for (c = 1; c <= 12; c++) { for (r = 1; r <= NR; r++) x[r] = col[c, r]; printf "%s=%.0f\n", name[c], median(x, NR) }
     printf "save_over_dd_write=%.2f\n", median(rs, NR)
     printf "load_warm_over_dd_read_warm=%.2f\n", median(rw, NR)
     printf "load_cold_over_dd_read_cold=%.2f\n", median(rc, NR)
     printf "load_warm_over_ref_read_warm=%.2f\n", median(qw, NR)
     printf "load_cold_over_ref_read_cold=%.2f\n", median(qc, NR)
     printf "load_cold_over_dd_read_direct=%.2f\n", median(rd, NR)
-    printf "per round (save/ddw, warm/ddr, cold/ddr, warm/ref, cold/ref, cold/dd-direct):"
-    for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f/%.2f/%.2f/%.2f", rs[r], rw[r], rc[r], qw[r], qc[r], rd[r]
+    printf "cut_load_cold_over_load_cold=%.2f\n", median(xc, NR)
+    printf "cut_load_cold_over_dd_read_cold=%.2f\n", median(xd, NR)
+    printf "per round (save/ddw, warm/ddr, cold/ddr, warm/ref, cold/ref, cold/dd-direct, cut cold/cold):"
+    for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f/%.2f/%.2f/%.2f/%.2f", rs[r], rw[r], rc[r], qw[r], qc[r], rd[r], xc[r]
     printf "\n"
   }' "$log"
 df -T "$work" | tail -1 | awk '{print "filesystem=" $2 " (" $7 ")"}'
