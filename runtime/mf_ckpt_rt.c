@@ -205,8 +205,9 @@ static void mf_ckpt_save_prepare(mf_ckpt_saver *sv, const char *dir, mf_ckpt_msg
 
 mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp_ckpt_save_options *opt)
 {
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_save: NULL runtime");
+    mfsdp_result live = mf_rt_handle_check(rt, "mfsdp_ckpt_save");
+    if (live != MFSDP_OK)
+        return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};
     mf_ckpt_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     char err[1024];

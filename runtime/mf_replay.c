@@ -204,9 +204,11 @@ static mfsdp_result sticky(mf_rt *rt)
 
 mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
 {
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_%s: rt is NULL",
-                               mf_phase_name(phase));
+    if (!mf_rt_live(rt)) {
+        char fn[48];
+        snprintf(fn, sizeof fn, "mfsdp_%s", mf_phase_name(phase));
+        return mf_rt_handle_check(rt, fn);
+    }
     const mf_schedule *s = rt->s;
     mfsdp_result res = sticky(rt);
     if (res != MFSDP_OK)
@@ -298,9 +300,9 @@ MFSDP_API mfsdp_result mfsdp_step_end(mfsdp_runtime *rt)
 
 MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt)
 {
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_synchronize: rt is NULL");
-    mfsdp_result res = sticky(rt);
+    mfsdp_result res = mf_rt_handle_check(rt, "mfsdp_synchronize");
+    if (res == MFSDP_OK)
+        res = sticky(rt);
     if (res != MFSDP_OK)
         return res;
     if (rt->native) {

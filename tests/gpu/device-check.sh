@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # device-check.sh: everything mfsdp checks and measures on a machine with one
-# GPU, in one run of at most 8 minutes. Three ways to run it:
+# GPU, in one run of at most 6 minutes (docs/gpu.md). Four ways to run it:
 #
 #   bash tests/gpu/device-check.sh --pack BUILD DIR
 #       HERE (a machine with the toolchain, no GPU needed): copy a CUDA build
-#       (nvcc, sm_80 + sm_90) into DIR with every runtime library it needs
-#       that is not glibc or the driver (libcudart, libyaml, libcmocka,
-#       libstdc++, ...) and a stub libnccl.so.2 (the real one is 218 MB, more
-#       than can be carried: the device's own NCCL is used when it has one, else
-#       the stub answers ncclSystemError and the NCCL stages fail cleanly).
-#       Refuses a tree over 64 MiB. Prints the size.
+#       (nvcc, sm_80 + sm_90) into DIR with the runtime libraries the image may
+#       lack (libcudart, libyaml, libjansson, libcmocka) and stubs for NCCL
+#       (the real one is 218 MB: the device's own is used, found by find_nccl)
+#       and MPI (never used on one GPU; Open MPI's libraries need a newer
+#       glibc than the image's). glibc, libstdc++, libgcc_s and the driver
+#       come from the image. Refuses a tree over 64 MiB or one that needs a
+#       glibc newer than GLIBC_FLOOR (or libstdc++ newer than GLIBCXX_FLOOR).
 #   bash DIR/device-check.sh --prebuilt DIR
 #       ON THE DEVICE: runs the stages below from DIR, builds nothing; needs
-#       bash, coreutils and the NVIDIA driver (CUDA 13: driver 580 or newer).
+#       bash, coreutils, tar and the NVIDIA driver (CUDA 13: driver 580 or newer).
+#   bash tests/gpu/device-check.sh --rehearse BUILD
+#       HERE: --pack BUILD, then runs the packed tree the way the device tool
+#       will: a fresh copy of the tree, no network (unshare -n), a bare
+#       environment, $OUT a fresh folder that must end with at most 8 files
+#       (summary.txt + logs.tar.gz), each within the tool's limits. Without a
+#       GPU it wants exit 77 and every stage named; prints the tree's size and
+#       the glibc it needs. CTest: device_check_rehearsal.
 #   bash tests/gpu/device-check.sh
 #       self-building, for an ordinary GPU machine: checks CMake (>= 3.25),
 #       nvcc, NCCL, flex, bison, pkg-config, libyaml, cmocka (apt when root and
@@ -21,38 +29,88 @@
 #       into $BUILD/prebuilt and runs that.
 #
 # Stages (each time-boxed; a stage that would pass the budget is skipped;
-# $OUT/summary.txt is written line by line, so a cut run still reports):
-#   0. probe: the device, the driver, NCCL (the device's or the stub);
-#   1. kernels bit-exact vs host references (+ the tests that need no GPU);
+# $OUT/summary.txt is written line by line, so a cut run still reports; every
+# log goes into $OUT/logs.tar.gz at exit, nothing else is written under $OUT):
+#   0. probe: the device, the driver, NCCL (the device's or the stub); a CUDA
+#      error other than "no device" is a FAIL, not a skip;
+#   1. kernels bit-exact vs host references, an event polled before a launch
+#      (+ the tests that need no GPU);
 #   2. the replay oracle through cuda-local (modes x {1x1, 2x2, 2x4}) and
 #      NCCL on 1x1, a CUDA trainer's path with graphs, thread-ranks on one
-#      GPU, and mfsdp-replay on the example schedules;
-#   3. overlap observed: a 1-rank cuda-local device trainer, a spin kernel per unit,
-#      per-op CUDA event timestamps on all three streams -> step / exposed /
-#      hidden / overlap, next to `mfsdpc simulate` of the same schedule, and
-#      a Chrome trace ($OUT/overlap-trace.json);
+#      GPU, a checkpoint round trip on device buffers, mfsdp-replay on the
+#      example schedules;
+#   3. overlap observed: 1-rank device trainers (real NCCL world of one, and
+#      cuda-local), a spin kernel per unit, per-op CUDA event timestamps on all
+#      three streams -> step / exposed / hidden / overlap, next to `mfsdpc
+#      simulate` of the same schedule, and Chrome traces;
 #   4. ordering stress: a spin kernel on one stream at a time changes no bit;
-#   5. kernel bandwidth vs cudaMemcpyAsync, 64 KiB..64 MiB, aligned and not;
+#   5. kernel bandwidth vs cudaMemcpyAsync and vs the HBM peak, 64 KiB..64 MiB;
 #   6. host us per hook and per op, eager and as CUDA graphs; device time per
 #      step eager vs graphs.
-# Without a GPU every device stage says [SKIP] and the script exits 77 after
-# the stages that need none (tested in CTest: device_check_dry_run).
+# At the end one table: each figure next to its reference from the same run.
 # Exit status: 0 every stage passed, 1 a stage failed or timed out, 2 usage or
 # missing prerequisites, 77 no GPU (nothing failed).
 set -u
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 MAX_PACK_MIB=64
+# The oldest glibc the packed tree must load on. 2.34: a binary linked on a
+# glibc >= 2.34 host needs GLIBC_2.34 (__libc_start_main, pthread_* moved into
+# libc); older needs a build on an older image. The device images seen run
+# 2.35 and newer.
+GLIBC_FLOOR=${MFSDP_GLIBC_FLOOR:-2.34}
+GLIBCXX_FLOOR=${MFSDP_GLIBCXX_FLOOR:-3.4.30}  # GCC 12's libstdc++ (Ubuntu 22.04)
+HBM_PEAK_GBS=${MFSDP_HBM_PEAK_GBS:-4800}      # H200: 4.8 TB/s
+OUT_MAX_FILES=8
 
 die() { echo "device-check: $*" >&2; exit 2; }
 
 # ---------------------------------------------------------------- pack ----
-# Libraries never carried: glibc's, the loader, the driver's.
-is_system_lib() {
+# Libraries never carried: glibc's, the loader, the C++ runtime (every image
+# with CUDA has it; the binaries need no versioned symbol of it: checked by
+# the floor), the driver's.
+is_image_lib() {
     case "$(basename "$1")" in
         libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*|libutil.so*) return 0;;
+        libstdc++.so*|libgcc_s.so*) return 0;;
         libcuda.so*|libnvidia*|linux-vdso*) return 0;;
     esac
     return 1
+}
+
+# highest_version PREFIX FILE...: the highest PREFIX_x.y[.z] symbol version
+# the files need (empty when none).
+highest_version() {
+    local p=$1
+    shift
+    for f in "$@"; do objdump -T "$f" 2>/dev/null; done | grep -o "(${p}_[0-9][0-9.]*)" | tr -d '()' |
+        sed "s/^${p}_//" | sort -uV | tail -1
+}
+# version_le A B: A <= B (versions; empty A is <= anything).
+version_le() { [ -z "$1" ] || [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
+
+# make_stub SONAME REGEX DIR WHY: a library named SONAME that defines every
+# symbol matching REGEX the binaries import: functions return 2 (NCCL's
+# ncclSystemError; MPI's MPI_ERR_COUNT, never success), data is a zeroed block,
+# the string functions of NCCL say WHY.
+make_stub() {
+    local soname=$1 re=$2 dir=$3 why=$4
+    local src
+    src=$(mktemp "${TMPDIR:-/tmp}/mfsdp-stub.XXXXXX.c") || die "cannot create a temporary file"
+    {
+        echo "/* generated by device-check.sh --pack: $why */"
+        echo "static const char why[] = \"$why\";"
+        for b in "$dir"/../bin/*; do objdump -T "$b" 2>/dev/null; done |
+            awk -v re="$re" '/\*UND\*/ && $NF ~ re {print (/ DO / ? "O " : "F ") $NF}' |
+            sort -u | while read -r kind s; do
+                case $kind:$s in
+                    F:ncclGetErrorString|F:ncclGetLastError) echo "const char *$s(void) { return why; }";;
+                    F:*) echo "int $s(void) { return 2; }";;
+                    O:*) echo "char ${s}[4096] __attribute__((aligned(64)));";;
+                esac
+            done
+    } >"$src"
+    cc -shared -fPIC -O1 -Wl,-soname,"$soname" -o "$dir/$soname" "$src" || { rm -f "$src"; die "cannot build the $soname stub"; }
+    rm -f "$src"
 }
 
 pack() {
@@ -69,32 +127,35 @@ pack() {
         cp "$b" "$dir/bin/" || die "cannot copy $b"
         strip --strip-unneeded "$dir/bin/$(basename "$b")" 2>/dev/null || true
     done
-    # Runtime libraries: everything ldd resolves except glibc and the driver;
-    # NCCL is replaced by the stub below.
-    local libs
+    # Runtime libraries: what ldd resolves for the binaries themselves, except
+    # the image's; NCCL and MPI are replaced by stubs below.
+    local libs mpi=0
     libs=$(for b in "$dir"/bin/*; do ldd "$b" 2>/dev/null; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
     for l in $libs; do
-        is_system_lib "$l" && continue
-        case "$(basename "$l")" in libnccl.so*) continue;; esac
+        is_image_lib "$l" && continue
+        case "$(basename "$l")" in
+            libnccl.so*) continue;;
+            libmpi.so*) mpi=1; continue;;
+            libopen-rte.so*|libopen-pal.so*|libhwloc.so*|libevent*|libudev.so*|libz.so*)
+                # Open MPI's own dependencies: not needed once libmpi is a stub
+                # (unless a binary needs one directly, checked below)
+                continue;;
+        esac
         cp -L "$l" "$dir/lib/$(basename "$l")" || die "cannot copy $l"
     done
-    # The NCCL stub: every NCCL function the binaries import returns
-    # ncclSystemError; the two string functions say why.
-    local syms
-    syms=$(for b in "$dir"/bin/*; do objdump -T "$b" 2>/dev/null; done |
-           awk '$0 ~ /\*UND\*/ && $NF ~ /^nccl/ {print $NF}' | sort -u)
-    {
-        echo '/* generated by device-check.sh --pack: NCCL is not on this machine */'
-        echo 'static const char why[] = "NCCL is not installed on this machine (libnccl.so.2 is the device check'"'"'s stub; set NCCL_ROOT)";'
-        for s in $syms; do
-            case $s in
-                ncclGetErrorString|ncclGetLastError) echo "const char *$s(void) { return why; }";;
-                *) echo "int $s(void) { return 2; /* ncclSystemError */ }";;
-            esac
+    make_stub libnccl.so.2 '^nccl' "$dir/nccl-stub" \
+        "NCCL is not installed on this machine (libnccl.so.2 is the device check's stub; set NCCL_ROOT)"
+    [ $mpi = 1 ] && make_stub libmpi.so.40 '^(MPI_|PMPI_|ompi_)' "$dir/lib" \
+        "the device check's MPI stub: the MPI backend is not used on one GPU"
+    # Every library a binary needs directly must resolve inside the tree or
+    # from the image's own set.
+    local need
+    for b in "$dir"/bin/*; do
+        for need in $(readelf -d "$b" 2>/dev/null | awk '/NEEDED/ {gsub(/[][]/, "", $5); print $5}'); do
+            [ -e "$dir/lib/$need" ] || [ -e "$dir/nccl-stub/$need" ] || is_image_lib "$need" ||
+                die "$(basename "$b") needs $need, which is neither packed nor the image's"
         done
-    } >"$dir/nccl-stub/stub.c"
-    cc -shared -fPIC -O1 -Wl,-soname,libnccl.so.2 -o "$dir/nccl-stub/libnccl.so.2" "$dir/nccl-stub/stub.c" ||
-        die "cannot build the NCCL stub"
+    done
     cp "$root"/schedules/*.yaml "$dir/data/schedules/" 2>/dev/null || true
     cp "$root"/tests/gpu/*.mfsdp "$dir/data/" || die "cannot copy tests/gpu/*.mfsdp"
     cp "$root"/tests/ckpt/specs/hsdp_4x2.mfsdp "$dir/data/" || die "cannot copy tests/ckpt/specs/hsdp_4x2.mfsdp"
@@ -104,17 +165,18 @@ pack() {
     nvcc_v=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1)
     gencode=$(grep -rho 'arch=compute_[0-9]*,code=\[[a-z_0-9,]*\]' "$build/runtime/CMakeFiles" "$build/build.ninja" 2>/dev/null | sort -u | tr '\n' ' ')
     case "$gencode" in *sm_90*) ;; *) die "$build has no sm_90 device code (nvcc flags: ${gencode:-none}); configure with -DCMAKE_CUDA_ARCHITECTURES=\"80;90\"";; esac
-    local kib glibc
+    local kib glibc glibcxx
     kib=$(du -sk "$dir" | cut -f1)
-    glibc=$(for b in "$dir"/bin/* "$dir"/lib/*; do objdump -T "$b" 2>/dev/null; done |
-            grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    glibc=$(highest_version GLIBC "$dir"/bin/* "$dir"/lib/* "$dir"/nccl-stub/*.so*)
+    glibcxx=$(highest_version GLIBCXX "$dir"/bin/* "$dir"/lib/*)
     {
         echo "mfsdp device-check prebuilt tree"
         echo "packed: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n) from $build"
         echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
         echo "CUDA architectures: ${archs:-?} (nvcc ${nvcc_v:-?}: $gencode)"
         echo "carried libraries: $(ls "$dir/lib" | tr '\n' ' ')"
-        echo "needs on the device: ${glibc:-glibc} or newer, an NVIDIA driver for CUDA 13 (580 or newer)"
+        echo "glibc needed: ${glibc:-none} (floor $GLIBC_FLOOR); libstdc++ needed: ${glibcxx:+GLIBCXX_}${glibcxx:-no versioned symbol} (floor GLIBCXX_$GLIBCXX_FLOOR, the image's)"
+        echo "needs on the device: glibc ${glibc:-any} or newer, libstdc++.so.6, an NVIDIA driver for CUDA 13 (580 or newer)"
         echo "size: $((kib / 1024)) MiB ($kib KiB)"
     } >"$dir/MANIFEST"
     cat "$dir/MANIFEST"
@@ -122,11 +184,22 @@ pack() {
         echo "device-check: $dir is $((kib / 1024)) MiB, over the ${MAX_PACK_MIB} MiB that can be carried" >&2
         exit 1
     fi
+    if ! version_le "$glibc" "$GLIBC_FLOOR" || ! version_le "$glibcxx" "$GLIBCXX_FLOOR"; then
+        echo "device-check: the packed tree needs GLIBC_$glibc${glibcxx:+ / GLIBCXX_$glibcxx}, over the floor" \
+             "GLIBC_$GLIBC_FLOOR / GLIBCXX_$GLIBCXX_FLOOR; the files that do:" >&2
+        for f in "$dir"/bin/* "$dir"/lib/* "$dir"/nccl-stub/*.so*; do
+            local v x
+            v=$(highest_version GLIBC "$f")
+            x=$(highest_version GLIBCXX "$f")
+            version_le "$v" "$GLIBC_FLOOR" && version_le "$x" "$GLIBCXX_FLOOR" || echo "  $f: GLIBC_$v ${x:+GLIBCXX_$x}" >&2
+        done
+        exit 1
+    fi
 }
 
 # --------------------------------------------------------------- stages ----
 OUT=${OUT:-$PWD/device-check-out}
-BUDGET=${MFSDP_CHECK_BUDGET_S:-460}   # seconds for everything (limit: 8 minutes)
+BUDGET=${MFSDP_CHECK_BUDGET_S:-340}   # seconds for everything (limit: 6 minutes)
 START=$(date +%s)
 FAILED=0
 NOGPU=0
@@ -162,20 +235,44 @@ verdict() {
         *) say "  [FAIL] $1 (exit $2)${3:+: $3}"; FAILED=1;;
     esac
 }
+# row WHAT VALUE REFERENCE: one line of the final table (tab-separated).
+row() { printf '%s\t%s\t%s\n' "$1" "${2:-n/a}" "${3:-}" >>"$LOGS/table.tsv"; }
+# ratio A B: A / B as a percentage, or empty.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b + 0 > 0) printf "%.0f%%", 100 * a / b }'; }
 
+# NCCL wherever this machine has it: NCCL_ROOT, the pip wheel of any python3
+# (`import nvidia.nccl`: a venv, pyenv, conda or a site-packages wheel), the
+# loader's cache, the usual prefixes. Prints "DIR<TAB>how found".
 find_nccl() {
-    local d
-    for d in "${NCCL_ROOT:-}/lib" "${NCCL_ROOT:-}/lib64" /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 \
-             /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/lib /usr/lib64; do
-        [ -f "$d/libnccl.so.2" ] && { echo "$d"; return; }
+    local d py
+    for d in "${NCCL_ROOT:-}/lib" "${NCCL_ROOT:-}/lib64"; do
+        [ -n "${NCCL_ROOT:-}" ] && [ -f "$d/libnccl.so.2" ] && { printf '%s\tNCCL_ROOT\n' "$d"; return; }
+    done
+    for py in python3 /opt/conda/bin/python3 /usr/bin/python3; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        d=$(timeout 20 "$py" -c 'import nvidia.nccl as m; print("\n".join(list(getattr(m, "__path__", [])) or [__import__("os").path.dirname(m.__file__)]))' 2>/dev/null |
+            while read -r p; do find "$p" -maxdepth 3 -name 'libnccl.so.2' 2>/dev/null; done | head -1)
+        [ -n "$d" ] && { printf '%s\t%s nvidia.nccl\n' "$(dirname "$d")" "$(command -v "$py")"; return; }
     done
     d=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')
-    [ -n "$d" ] && { dirname "$d"; return; }
-    for d in /usr/local/cuda-*/lib /usr/local/cuda-*/lib64 /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib \
-             /usr/lib/python3/dist-packages/nvidia/nccl/lib /opt/conda/lib \
-             /opt/conda/lib/python3*/site-packages/nvidia/nccl/lib "$HOME"/.local/lib/python3*/site-packages/nvidia/nccl/lib; do
-        [ -f "$d/libnccl.so.2" ] && { echo "$d"; return; }
+    [ -n "$d" ] && { printf '%s\tldconfig\n' "$(dirname "$d")"; return; }
+    for d in /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+             /usr/local/lib /usr/lib64 /usr/local/cuda-*/lib /usr/local/cuda-*/lib64 /opt/conda/lib; do
+        [ -f "$d/libnccl.so.2" ] && { printf '%s\t%s\n' "$d" "$d"; return; }
     done
+}
+
+# At exit: the table, then every log into $OUT/logs.tar.gz (the only file
+# beside summary.txt), and the work folder removed.
+finish() {
+    local rc=$?
+    if [ -s "$LOGS/table.tsv" ]; then
+        say "measured (each figure next to its reference from this run):"
+        awk -F'\t' '{ printf "  %-58s %-22s %s\n", $1, $2, $3 }' "$LOGS/table.tsv" | tee -a "$SUMMARY" >/dev/null
+    fi
+    tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null || echo "device-check: cannot write $OUT/logs.tar.gz" >&2
+    rm -rf "$LOGS" "$WORK"
+    exit $rc
 }
 
 run_prebuilt() {
@@ -185,136 +282,200 @@ run_prebuilt() {
     mkdir -p "$OUT" || die "cannot create $OUT"
     SUMMARY=$OUT/summary.txt
     [ "${KEEP_SUMMARY:-0}" = 1 ] || : >"$SUMMARY" # self-build: keep its prerequisites and build lines
-    local B=$P/bin D=$P/data W=$OUT/work
-    mkdir -p "$W"
-    say "mfsdp device check, $(date -u '+%Y-%m-%d %H:%M UTC'), prebuilt tree $P"
+    LOGS=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-check-logs.XXXXXX") || die "cannot create a log folder"
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-check-work.XXXXXX") || die "cannot create a work folder"
+    trap finish EXIT
+    local B=$P/bin D=$P/data W=$WORK L=$LOGS
+    say "mfsdp device check, $(date -u '+%Y-%m-%d %H:%M UTC'), prebuilt tree $P, budget ${BUDGET} s"
     sed 's/^/  /' "$P/MANIFEST" | tee -a "$SUMMARY" >/dev/null
 
     # ---- 0. probe ----
     stage "0. probe" 10
-    local nccl_dir=""
+    local nccl="" nccl_dir="" rc
     NCCL_OK=0
-    [ "${MFSDP_CHECK_NCCL_STUB:-0}" = 1 ] || nccl_dir=$(find_nccl)
+    [ "${MFSDP_CHECK_NCCL_STUB:-0}" = 1 ] || nccl=$(find_nccl)
+    nccl_dir=$(printf '%s' "$nccl" | cut -f1)
     if [ -n "$nccl_dir" ]; then
         export LD_LIBRARY_PATH="$P/lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
-        say "  nccl: $nccl_dir/libnccl.so.2 (this machine's)"
+        say "  nccl: $nccl_dir/libnccl.so.2 (found by $(printf '%s' "$nccl" | cut -f2))"
         NCCL_OK=1
     else
         export LD_LIBRARY_PATH="$P/lib:$P/nccl-stub:${LD_LIBRARY_PATH:-}"
-        say "  nccl: none found on this machine (set NCCL_ROOT; MFSDP_CHECK_NCCL_STUB=${MFSDP_CHECK_NCCL_STUB:-0}): the stub; the NCCL checks fail or are skipped, the rest runs on cuda-local"
+        say "  nccl: none found on this machine (set NCCL_ROOT; MFSDP_CHECK_NCCL_STUB=${MFSDP_CHECK_NCCL_STUB:-0}): the stub; the NCCL checks are skipped, the rest runs on cuda-local"
     fi
     say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
     command -v nvidia-smi >/dev/null &&
         say "  nvidia-smi: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -1)"
-    local rc
-    run 30 "$OUT/probe.log" "$B/mfsdp-gpu-bench" probe
+    run 30 "$L/probe.log" "$B/mfsdp-gpu-bench" probe
     rc=$?
     if [ $rc = 0 ]; then
-        say "  [PASS] device: $(grep -v '^###' "$OUT/probe.log" | tail -1)"
+        say "  [PASS] device: $(grep -v '^###' "$L/probe.log" | tail -1)"
     elif [ $rc = 77 ]; then
-        say "  [SKIP] no CUDA device visible: every device stage is skipped"
+        say "  [SKIP] $(grep -v '^###' "$L/probe.log" | tail -1): every device stage is skipped"
         NOGPU=1
     else
-        verdict "probe" $rc "$(grep -v '^###' "$OUT/probe.log" | tail -1)"
+        verdict "probe: the driver or the CUDA runtime fails (not a missing device)" $rc "$(grep -v '^###' "$L/probe.log" | tail -1)"
         NOGPU=1
     fi
 
     # ---- 1. kernels + the tests that need no GPU ----
-    if stage "1. kernels bit-exact, and the checks that need no GPU" 30; then
-        for t in test_cuda_kernels test_cuda_convert test_gpu_plan test_gpu_errors test_gpu_guard; do
-            [ -x "$B/$t" ] || { say "  [FAIL] $t: not in the tree"; FAILED=1; continue; }
-            run 60 "$OUT/stage1.log" "$B/$t"
+    if stage "1. kernels (bit-exact vs host references) and the GPU tests that need no device" 20; then
+        for t in test_gpu_plan test_gpu_guard test_gpu_errors test_cuda_convert test_trainer_check_local; do
+            [ -x "$B/$t" ] || continue
+            run 60 "$L/stage1.log" "$B/$t"
             verdict "$t" $?
         done
+        run 60 "$L/stage1.log" "$B/test_cuda_kernels"
+        rc=$?
+        verdict "test_cuda_kernels (every dtype pair, aligned and not, graph capture, an event polled before a launch)" $rc
+        if [ $rc != 77 ]; then
+            grep -q '\[       OK \] test_poll_before_launch' "$L/stage1.log" && row "event polled while pending, then launches" "PASS" \
+                "the first device run's stale cudaErrorNotReady" ||
+                row "event polled while pending, then launches" "FAIL" "the first device run's stale cudaErrorNotReady"
+        fi
     fi
 
-    # ---- 2. the oracle ----
-    if stage "2. replay oracle (cuda-local, NCCL 1x1) and mfsdp-replay" 60; then
+    # ---- 2. replay oracle ----
+    if stage "2. replay oracle (cuda-local, NCCL 1x1), device trainers, checkpoint, mfsdp-replay" 60; then
         if [ $NOGPU = 1 ]; then
             say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, test_ckpt_gpu, mfsdp-replay: need a GPU"
         else
-            run 120 "$OUT/stage2.log" env MFSDP_GPU_QUICK=1 "$B/test_gpu_replay"
-            verdict "test_gpu_replay (modes x {1x1, 2x2, 2x4} x M {1, 3} on cuda-local; every mode on NCCL 1x1$([ "$NCCL_OK" = 1 ] || echo ', which fails without NCCL'))" $?
-            for t in test_nccl_device test_cuda_local_device; do
-                run 60 "$OUT/stage2.log" "$B/$t"
-                verdict "$t" $?
-            done
-            run 20 "$OUT/stage2.log" "$B/mfsdpc" compile "$D/hsdp_4x2.mfsdp" -o "$W/hsdp_4x2.yaml" &&
-                run 60 "$OUT/stage2.log" "$B/test_ckpt_gpu" "$W/hsdp_4x2.yaml" "$W"
-            verdict "test_ckpt_gpu (checkpoint save + load, Hugging Face export + import on cuda-local 4 x 2 HSDP: device buffers through the stage hook, bit for bit)" $?
+            run 90 "$L/stage2.log" env MFSDP_GPU_QUICK=1 "$B/test_gpu_replay"
+            verdict "test_gpu_replay (modes x {1x1, 2x2, 2x4} x M {1, 3} on cuda-local; every mode on NCCL 1x1)" $?
+            if [ "$NCCL_OK" = 1 ]; then
+                run 60 "$L/stage2.log" "$B/test_nccl_device"
+                verdict "test_nccl_device (NCCL 1x1: eager, CUDA graphs, global capture mode)" $?
+            else
+                say "  [SKIP] test_nccl_device: no NCCL on this machine"
+            fi
+            run 60 "$L/stage2.log" "$B/test_cuda_local_device"
+            verdict "test_cuda_local_device (thread-ranks on one GPU, every mode on 1x4, 2x2, 2x4, 2x2x2)" $?
+            local t0 t1
+            t0=$(date +%s%N)
+            run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/hsdp_4x2.mfsdp" -o "$W/hsdp_4x2.yaml" &&
+                run 60 "$L/stage2.log" "$B/test_ckpt_gpu" "$W/hsdp_4x2.yaml" "$W"
+            rc=$?
+            t1=$(date +%s%N)
+            verdict "test_ckpt_gpu (checkpoint save + load, Hugging Face export + import on cuda-local 4 x 2 HSDP: device buffers through the stage hook, bit for bit)" $rc
+            row "checkpoint save+load+HF round trip, device buffers" \
+                "$([ $rc = 0 ] && echo PASS || echo FAIL), $(( (t1 - t0) / 1000000 )) ms" "cuda-local 4x2 HSDP, wall time"
+            local y name heavy=""
             for y in "$D"/schedules/*.yaml; do
                 [ -f "$y" ] || continue
-                local name
                 name=$(basename "$y" .yaml)
-                [ "$name" = llama3_8b_hfsdp ] && { say "  [SKIP] $name: 32 ranks x 8B parameters do not fit one GPU"; continue; }
-                [ "$(left)" -lt 200 ] && { say "  [SKIP] mfsdp-replay $name: time budget"; continue; }
-                run 40 "$OUT/stage2.log" "$B/mfsdp-replay" "$y" --backend cuda-local --steps 2 --timeout-ms 30000 --quiet
+                case $name in
+                    llama3_8b_hfsdp) say "  [SKIP] $name: 32 ranks x 8B parameters do not fit one GPU"; continue;;
+                    deepseek_moe) heavy=$y; continue;; # 8 ranks x 410 MB of managed memory: last, if time is left
+                esac
+                [ "$(left)" -lt 150 ] && { say "  [SKIP] mfsdp-replay $name: time budget"; continue; }
+                run 30 "$L/stage2.log" "$B/mfsdp-replay" "$y" --backend cuda-local --steps 2 --timeout-ms 25000 --quiet
                 verdict "mfsdp-replay $name --backend cuda-local" $?
             done
             if [ "$NCCL_OK" = 1 ]; then
-                run 20 "$OUT/stage2.log" "$B/mfsdpc" compile "$D/hfsdp_1x1.mfsdp" -o "$W/hfsdp_1x1.yaml" &&
-                    run 40 "$OUT/stage2.log" "$B/mfsdp-replay" "$W/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet
+                run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/hfsdp_1x1.mfsdp" -o "$W/hfsdp_1x1.yaml" &&
+                    run 40 "$L/stage2.log" "$B/mfsdp-replay" "$W/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet
                 verdict "mfsdp-replay hfsdp_1x1 --backend nccl" $?
             else
                 say "  [SKIP] mfsdp-replay --backend nccl: no NCCL on this machine"
+            fi
+            if [ -n "$heavy" ]; then
+                if [ "$(left)" -ge 200 ]; then
+                    run 60 "$L/stage2.log" "$B/mfsdp-replay" "$heavy" --backend cuda-local --steps 1 --timeout-ms 50000 --quiet
+                    verdict "mfsdp-replay deepseek_moe --backend cuda-local (1 step: 8 ranks x 410 MB managed)" $?
+                else
+                    say "  [SKIP] mfsdp-replay deepseek_moe: needs 200 s of budget, $(left) s left"
+                fi
             fi
         fi
     fi
 
     # The 1-rank llama-shaped schedule of stages 3, 4 and 6.
     local LLAMA=$W/llama_1x1.yaml
-    run 20 "$OUT/compile.log" "$B/mfsdpc" compile "$D/llama_1x1.mfsdp" -o "$LLAMA"
+    run 20 "$L/compile.log" "$B/mfsdpc" compile "$D/llama_1x1.mfsdp" -o "$LLAMA"
     verdict "mfsdpc compile llama_1x1" $?
 
     # ---- 3. overlap observed vs simulated ----
     if stage "3. overlap: measured on the device vs mfsdpc simulate" 30; then
-        local U=${MFSDP_CHECK_UNIT_US:-200}
-        run 30 "$OUT/overlap.txt" "$B/mfsdpc" simulate "$LLAMA" --unit-time-us "$U" --host-async \
-            --trace "$OUT/simulate-trace.json"
+        local U=${MFSDP_CHECK_UNIT_US:-200} sim be flag
+        run 30 "$L/simulate.txt" "$B/mfsdpc" simulate "$LLAMA" --unit-time-us "$U" --host-async \
+            --trace "$L/simulate-trace.json"
         verdict "mfsdpc simulate --unit-time-us $U --host-async" $?
+        sim=$(grep -o 'overlap [0-9.]*%' "$L/simulate.txt" | head -1 | grep -o '[0-9.]*%')
+        sed -n '/^step time/,/^communication/p' "$L/simulate.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
         if [ $NOGPU = 1 ]; then
             say "  [SKIP] measured overlap: needs a GPU"
         else
-            run 60 "$OUT/overlap.txt" "$B/mfsdp-gpu-bench" --local overlap "$LLAMA" --unit-us "$U" \
-                --trace "$OUT/overlap-trace.json"
-            verdict "measured overlap, cuda-local device trainer (trace: overlap-trace.json)" $?
+            for be in nccl local; do
+                if [ $be = nccl ] && [ "$NCCL_OK" != 1 ]; then
+                    say "  [SKIP] measured overlap on NCCL: no NCCL on this machine"
+                    continue
+                fi
+                flag=()
+                [ $be = local ] && flag=(--local)
+                run 45 "$L/overlap-$be.txt" "$B/mfsdp-gpu-bench" "${flag[@]}" overlap "$LLAMA" \
+                    --unit-us "$U" --trace "$L/overlap-trace-$be.json"
+                verdict "measured overlap, $([ $be = nccl ] && echo 'NCCL world of one' || echo 'cuda-local') device trainer" $?
+                sed -n '/^measured/,/^  overlap/p' "$L/overlap-$be.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+                row "inner/outer overlap, $([ $be = nccl ] && echo 'NCCL world of one' || echo 'cuda-local 1 rank')" \
+                    "$(grep -o '^  overlap [0-9.]*%' "$L/overlap-$be.txt" | grep -o '[0-9.]*%')" "simulated: ${sim:-n/a}"
+            done
         fi
-        sed -n '/^step time/,/^communication/p;/^measured/,/^  overlap/p' "$OUT/overlap.txt" | sed 's/^/    /' |
-            tee -a "$SUMMARY" >/dev/null
     fi
 
     # ---- 4. ordering stress ----
     if stage "4. ordering stress (spin kernel on one stream at a time)" 20; then
-        run 60 "$OUT/stress.txt" "$B/mfsdp-gpu-bench" --local stress "$LLAMA"
+        run 45 "$L/stress.txt" "$B/mfsdp-gpu-bench" --local stress "$LLAMA"
         verdict "mfsdp-gpu-bench --local stress (cuda-local)" $?
         if [ "$NCCL_OK" = 1 ]; then
-            run 60 "$OUT/stress.txt" "$B/mfsdp-gpu-bench" stress "$LLAMA"
+            run 45 "$L/stress.txt" "$B/mfsdp-gpu-bench" stress "$LLAMA"
             verdict "mfsdp-gpu-bench stress (NCCL)" $?
         fi
-        grep 'spin on' "$OUT/stress.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+        grep 'spin on' "$L/stress.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
     fi
 
     # ---- 5. bandwidth ----
-    if stage "5. kernel bandwidth vs cudaMemcpyAsync" 20; then
-        run 60 "$OUT/bandwidth.txt" "$B/mfsdp-gpu-bench" sweep
+    if stage "5. kernel bandwidth vs cudaMemcpyAsync and the HBM peak" 20; then
+        run 45 "$L/bandwidth.txt" "$B/mfsdp-gpu-bench" sweep
         verdict "mfsdp-gpu-bench sweep" $?
-        grep -E '^ +[0-9]+ KiB|per operand' "$OUT/bandwidth.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+        grep -E '^ +[0-9]+ KiB|per operand' "$L/bandwidth.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+        # the largest aligned size: memcpy, cast->bf16, acc f32 (GB/s)
+        local big mc cast acc
+        big=$(grep -E '^ +[0-9]+ KiB +yes' "$L/bandwidth.txt" | tail -1)
+        if [ -n "$big" ]; then
+            read -r mc cast acc <<<"$(echo "$big" | awk '{print $(NF-2), $(NF-1), $NF}')"
+            row "cudaMemcpyAsync D2D, $(echo "$big" | awk '{print $1, $2}') per operand" "$mc GB/s" \
+                "$(ratio "$mc" "$HBM_PEAK_GBS") of the ${HBM_PEAK_GBS} GB/s HBM peak"
+            row "cast fp32->bf16 kernel" "$cast GB/s" \
+                "$(ratio "$cast" "$mc") of memcpy, $(ratio "$cast" "$HBM_PEAK_GBS") of HBM peak"
+            row "accumulate fp32 kernel" "$acc GB/s" \
+                "$(ratio "$acc" "$mc") of memcpy, $(ratio "$acc" "$HBM_PEAK_GBS") of HBM peak"
+        fi
     fi
 
     # ---- 6. host time per hook and per op ----
     if stage "6. host time per hook/op, eager and CUDA graphs" 20; then
         if [ "$NCCL_OK" = 1 ]; then
-            run 90 "$OUT/hooks.txt" "$B/mfsdp-gpu-bench" hooks "$LLAMA" --steps 10 --graphs
+            run 60 "$L/hooks.txt" "$B/mfsdp-gpu-bench" hooks "$LLAMA" --steps 10 --graphs
             verdict "mfsdp-gpu-bench hooks --graphs (NCCL)" $?
         else
-            run 90 "$OUT/hooks.txt" "$B/mfsdp-gpu-bench" --local hooks "$LLAMA" --steps 10
+            run 60 "$L/hooks.txt" "$B/mfsdp-gpu-bench" --local hooks "$LLAMA" --steps 10
             verdict "mfsdp-gpu-bench --local hooks (no NCCL here: cuda-local, no graphs)" $?
         fi
-        sed -n '/^hooks:/,$p' "$OUT/hooks.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+        sed -n '/^hooks:/,$p' "$L/hooks.txt" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+        local he hg de dg
+        he=$(sed -n 's/.*host time per step (eager, hooks + fills): \([0-9.]*\) us.*/\1/p' "$L/hooks.txt")
+        hg=$(sed -n 's/.*host time per step (3 CUDA graphs): \([0-9.]*\) us.*/\1/p' "$L/hooks.txt")
+        de=$(sed -n 's/.*device time per step (eager): median \([0-9.]*\) ms.*/\1/p' "$L/hooks.txt")
+        dg=$(sed -n 's/.*device time per step (3 CUDA graphs): median \([0-9.]*\) ms.*/\1/p' "$L/hooks.txt")
+        [ -n "$he$hg" ] && row "host us per step, CUDA graphs" "${hg:-n/a} us" "eager: ${he:-n/a} us ($(ratio "$hg" "$he"))"
+        [ -n "$de$dg" ] && row "device ms per step, CUDA graphs" "${dg:-n/a} ms" "eager: ${de:-n/a} ms ($(ratio "$dg" "$de"))"
+        local per_op
+        per_op=$(sed -n 's/.*host time in hooks per op (eager): \([0-9.]*\) us.*/\1/p' "$L/hooks.txt")
+        [ -n "$per_op" ] && row "host us in hooks per op, eager" "$per_op us" "$(grep -o '([0-9]* ops per step)' "$L/hooks.txt" | head -1)"
     fi
 
     if [ $FAILED = 1 ]; then
-        say "done in $(elapsed) s: some check failed, timed out or was cut (see $OUT)"
+        say "done in $(elapsed) s: some check failed, timed out or was cut (logs: $OUT/logs.tar.gz)"
         exit 1
     elif [ $NOGPU = 1 ]; then
         say "done in $(elapsed) s: no GPU here; the checks that need none passed, the device stages were skipped"
@@ -322,6 +483,99 @@ run_prebuilt() {
     fi
     say "done in $(elapsed) s: every stage passed"
     exit 0
+}
+
+# ------------------------------------------------------------ rehearsal ----
+# rehearse BUILD: pack, then run the packed tree as the device tool will (see
+# the top); checks what comes back. Exit 0 when the rehearsal holds (the run
+# itself exited 77 without a GPU, or 0 with one), else 1.
+rehearse() {
+    local build=$1 T
+    T=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-rehearse.XXXXXX") || die "cannot create a temporary folder"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$T'" EXIT
+    fail() { echo "device-check --rehearse: $*" >&2; [ -f "$T/out/summary.txt" ] && sed 's/^/  | /' "$T/out/summary.txt" >&2; exit 1; }
+    (pack "$build" "$T/pack") >"$T/pack.log" 2>&1 || { cat "$T/pack.log" >&2; fail "--pack failed"; }
+    local f
+    for f in bin/mfsdp-gpu-bench bin/mfsdpc bin/mfsdp-replay bin/test_cuda_kernels bin/test_gpu_guard \
+             bin/test_trainer_check_local nccl-stub/libnccl.so.2 data/llama_1x1.mfsdp device-check.sh MANIFEST; do
+        [ -e "$T/pack/$f" ] || fail "the packed tree has no $f"
+    done
+    for f in libcudart.so libyaml libcmocka; do compgen -G "$T/pack/lib/$f*" >/dev/null || fail "$f is not carried"; done
+    for f in libc.so libstdc++ libgcc_s libevent libnccl.so; do
+        compgen -G "$T/pack/lib/$f*" >/dev/null && fail "$f must not be carried (the image's, or a stub)"
+    done
+    nm -D --defined-only "$T/pack/nccl-stub/libnccl.so.2" | grep -q ' ncclCommSplit$' || fail "the NCCL stub lacks ncclCommSplit"
+    local kib glibc glibcxx
+    kib=$(du -sk "$T/pack" | cut -f1)
+    glibc=$(highest_version GLIBC "$T"/pack/bin/* "$T"/pack/lib/* "$T"/pack/nccl-stub/*.so*)
+    glibcxx=$(highest_version GLIBCXX "$T"/pack/bin/* "$T"/pack/lib/*)
+    [ "$kib" -le $((MAX_PACK_MIB * 1024)) ] || fail "the packed tree is $kib KiB, over $MAX_PACK_MIB MiB"
+    version_le "$glibc" "$GLIBC_FLOOR" || fail "the packed tree needs GLIBC_$glibc, over the floor $GLIBC_FLOOR"
+    version_le "$glibcxx" "$GLIBCXX_FLOOR" || fail "the packed tree needs GLIBCXX_$glibcxx, over the floor $GLIBCXX_FLOOR"
+    # What travels: a copy of the tree (the device tool copies the checkout
+    # and the carried paths); nothing of this machine's build is reachable.
+    mkdir -p "$T/device/repo" "$T/out" || fail "cannot lay out the rehearsal"
+    cp -a "$T/pack" "$T/device/repo/pack" || fail "cannot copy the packed tree"
+    # Where NCCL would come from on the device: a pip wheel's layout found
+    # through python3 (here the stub stands in for the real library, so the
+    # NCCL checks are exercised up to loading it).
+    local py=""
+    if command -v python3 >/dev/null; then
+        mkdir -p "$T/device/site/nvidia/nccl/lib" && : >"$T/device/site/nvidia/__init__.py" &&
+            : >"$T/device/site/nvidia/nccl/__init__.py" &&
+            cp "$T/pack/nccl-stub/libnccl.so.2" "$T/device/site/nvidia/nccl/lib/" && py=$T/device/site
+    fi
+    local net=(unshare -n)
+    unshare -n true 2>/dev/null || { net=(); echo "device-check --rehearse: unshare -n is not allowed here: the network stays on" >&2; }
+    local t0 rc
+    t0=$(date +%s)
+    (cd "$T/device/repo" &&
+        env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="$T/device" TMPDIR="$T/device" \
+            OUT="$T/out" ${py:+PYTHONPATH="$py"} MFSDP_CHECK_BUDGET_S="${MFSDP_CHECK_BUDGET_S:-340}" \
+            timeout 420 "${net[@]}" bash pack/device-check.sh --prebuilt pack) >"$T/run.log" 2>&1
+    rc=$?
+    local secs=$(( $(date +%s) - t0 ))
+    local S=$T/out/summary.txt
+    [ -f "$S" ] || { cat "$T/run.log" >&2; fail "no summary.txt came back (exit $rc)"; }
+    # What comes back: at most 8 plain files, 16 MiB each, 64 MiB together,
+    # at most 2 folders down, names of letters, digits, '.', '_', '-'.
+    local n bytes bad
+    n=$(find "$T/out" -mindepth 1 -not -type d | wc -l)
+    [ "$n" -le $OUT_MAX_FILES ] || fail "\$OUT holds $n files (the device tool brings back $OUT_MAX_FILES): $(cd "$T/out" && find . -not -type d | tr '\n' ' ')"
+    bad=$(cd "$T/out" && find . -mindepth 1 \( -not -type f -not -type d \) -o -mindepth 3 -type f -o -size +16M |
+          head -3; cd "$T/out" && find . -mindepth 1 | sed 's|^\./||' | tr '/' '\n' | grep -v '^[A-Za-z0-9._-]*$' | head -3)
+    [ -z "$bad" ] || fail "\$OUT holds what the device tool does not bring back: $bad"
+    bytes=$(du -sb "$T/out" | cut -f1)
+    [ "$bytes" -le $((64 * 1024 * 1024)) ] || fail "\$OUT holds $bytes bytes, over 64 MiB"
+    [ -f "$T/out/logs.tar.gz" ] || fail "no logs.tar.gz"
+    tar -tzf "$T/out/logs.tar.gz" | grep -q 'probe.log' || fail "logs.tar.gz lacks probe.log"
+    for f in "0. probe" "1. kernels" "2. replay oracle" "3. overlap" "4. ordering stress" "5. kernel bandwidth" \
+             "6. host time" "done in"; do
+        grep -q "$f" "$S" || fail "the summary has no '$f'"
+    done
+    grep -q '\[FAIL\]\|\[TIMEOUT\]' "$S" && fail "a check failed"
+    if [ -n "$py" ]; then
+        grep -q "nccl: $T/device/site/nvidia/nccl/lib/libnccl.so.2 (found by .*nvidia.nccl)" "$S" ||
+            fail "find_nccl did not find the wheel's libnccl.so.2 through python3"
+    fi
+    case $rc in
+        77) for f in test_gpu_guard test_gpu_errors test_gpu_plan test_cuda_convert test_trainer_check_local \
+                     "mfsdpc simulate"; do
+                grep -q "\[PASS\] $f" "$S" || fail "'$f' did not pass"
+            done
+            grep -q "no NVIDIA driver library\|the runtime counts none" "$S" || fail "the probe did not say why it skipped";;
+        0) ;;
+        *) cat "$T/run.log" >&2; fail "--prebuilt exited $rc (want 77 without a GPU, 0 with one)";;
+    esac
+    echo "device-check --rehearse: passed: the run exited $rc in $secs s (budget ${MFSDP_CHECK_BUDGET_S:-340} s)" \
+         "$([ ${#net[@]} -gt 0 ] && echo 'without network' || echo 'WITH network (unshare unavailable)')," \
+         "$n files came back ($bytes bytes)"
+    echo "  packed tree: $((kib / 1024)) MiB ($kib KiB, limit $MAX_PACK_MIB MiB)"
+    echo "  glibc needed: GLIBC_${glibc:-none} (floor GLIBC_$GLIBC_FLOOR); libstdc++: ${glibcxx:+GLIBCXX_}${glibcxx:-no versioned symbol} (floor GLIBCXX_$GLIBCXX_FLOOR)"
+    echo "  carried: $(ls "$T/pack/lib" | tr '\n' ' ')"
+    echo "  the run's summary.txt:"
+    sed 's/^/  | /' "$S"
 }
 
 # ----------------------------------------------------------- self-build ----
@@ -423,6 +677,10 @@ case "${1:-}" in
         [ $# = 2 ] || die "usage: device-check.sh --prebuilt DIR"
         run_prebuilt "$2"
         ;;
+    --rehearse)
+        [ $# = 2 ] || die "usage: device-check.sh --rehearse BUILD"
+        rehearse "$2"
+        ;;
     --fetch-debs)
         dir=${2:-.gpu-debs}
         mkdir -p "$dir" && cd "$dir" || exit 2
@@ -434,6 +692,6 @@ case "${1:-}" in
         self_build
         ;;
     *)
-        die "unknown argument '$1' (usage: device-check.sh [--pack BUILD DIR | --prebuilt DIR | --fetch-debs D])"
+        die "unknown argument '$1' (usage: device-check.sh [--pack BUILD DIR | --prebuilt DIR | --rehearse BUILD | --fetch-debs D])"
         ;;
 esac
