@@ -8,7 +8,7 @@
  *   - nccl: every mode on a 1x1 mesh through a real NCCL communicator;
  *   - a rank that stops calling hooks: the others fail with a timeout or an
  *     abort within the timeout instead of hanging.
- * Needs a GPU: exits 77 (skip) when cudaGetDeviceCount reports none.
+ * Needs a GPU: exits 77 (skip) only when there is no device (gpu_presence.h).
  * MFSDP_GPU_QUICK=1 limits cuda-local to the meshes 1x1, 2x2 and 2x4.
  */
 #include <setjmp.h>
@@ -22,6 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_presence.h"
 #include "rt_testlib.h"
 
 static int check_cuda_local(const mfsdp_schedule *sh, const mf_check_opts *o, int64_t timeout_ms,
@@ -80,10 +81,11 @@ MODE_TEST(zero2_inner_zero1_outer, MF_REDUCE_AVG)
 
 /* The check's exchange for a world of one. */
 static uint8_t one_buf[1 << 16];
-static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes)
+static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes, bool failing)
 {
     (void)ctx;
     (void)rank;
+    (void)failing;
     if (bytes > sizeof one_buf)
         return NULL;
     memcpy(one_buf, mine, bytes);
@@ -106,7 +108,7 @@ static void test_nccl_one_rank(void **state)
             cfg.backend = MFSDP_BACKEND_NCCL;
             cfg.rank = 0;
             cfg.timeout_ms = 60000;
-            mf_check_xchg x = {one_allgather, NULL};
+            mf_check_xchg x = {one_allgather, NULL, NULL};
             mf_check_opts o = {.steps = 2, .stop_rank = -1, .stop_step = -1, .out = NULL};
             mf_check_outcome out;
             int rc = mf_check_rank(sh, &cfg, &x, &o, &out);
@@ -139,11 +141,9 @@ static void test_dead_rank(void **state)
 
 int main(void)
 {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    int presence = gpu_presence();
+    if (presence != GPU_PRESENT)
+        return presence;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ddp),   cmocka_unit_test(test_zero1),
         cmocka_unit_test(test_zero2), cmocka_unit_test(test_zero3),
