@@ -59,6 +59,16 @@ def test_spec_finds_a_tie_by_use():
     assert tied_lines(mt.spec_from_module(model, mesh=MESH, layout="zero2", example=example())) == []
 
 
+def test_trace_leaves_the_random_state():
+    """The traced forward (dropout draws) does not move torch's generator."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 4))
+    torch.manual_seed(3)
+    want = torch.rand(4)
+    torch.manual_seed(3)
+    mt.spec_from_module(model, mesh={"dp": 2}, layout="zero3", example=torch.ones(2, 4))
+    assert torch.equal(torch.rand(4), want)
+
+
 def test_spec_ties_misuse_is_refused():
     model = tied_models.make("byuse")
     with pytest.raises(ValueError, match=r"ties= names 'wte.wieght', which is not a parameter"):

@@ -153,7 +153,8 @@ def used_ties(model, plan, example):
     """ids of parameters that the forward of `model` on `example` (a tuple of
     positional arguments, a dict of keywords, or one tensor) reads outside
     their own unit: while another unit runs, or between units. The forward
-    runs once under torch.no_grad(); the buffers are restored after it.
+    runs once under torch.no_grad(); the buffers and the random number
+    generators (dropout draws from them) are restored after it.
     Raises ValueError when such a parameter is read before its own unit's
     forward began (mfsdp gathers a tied weight in its unit's forward_pre)."""
     owner = {id(p): (uname, n) for uname, _, tensors in plan for n, p in tensors}
@@ -194,7 +195,7 @@ def used_ties(model, plan, example):
     args, kwargs = (example, {}) if isinstance(example, tuple) else \
         ((), example) if isinstance(example, dict) else ((example,), {})
     try:
-        with torch.no_grad(), _ParameterReads(on_read):
+        with torch.no_grad(), torch.random.fork_rng(), _ParameterReads(on_read):
             model(*args, **kwargs)
     finally:
         for h in handles:
