@@ -3,8 +3,9 @@
  *
  * Runs the whole pipeline (mf_compile_file up to MF_STAGE_VERIFY) and writes
  * the canonical schedule (mf_emit_yaml). The file is written to a temporary
- * next to OUT and renamed (mf_write_file_atomic): on any error nothing is
- * written and an existing OUT is untouched; OUT may not be the spec itself.
+ * next to OUT and renamed (mf_outputs.h): on any error or SIGINT/SIGTERM
+ * nothing is written, no temporary is left and an existing OUT is
+ * untouched; OUT may not be the spec itself.
  * `-o -` writes the schedule to stdout.
  *
  * Exit status: 0 success, 1 errors in the spec or a schedule the verifier
@@ -17,6 +18,7 @@
 
 #include "mf_cli.h"
 #include "mf_opts.h"
+#include "mf_outputs.h"
 #include "mf_pipeline.h"
 
 static void mf_compile_usage(FILE *out)
@@ -117,8 +119,12 @@ int mf_cmd_compile(int argc, char **argv)
                 fprintf(stderr, "mfsdpc compile: error: cannot write the schedule to stdout\n");
                 rc = 2;
             }
-        } else if (mf_write_file_atomic(out, spec, mf_compile_write, s) != 0) {
-            rc = 2;
+        } else {
+            mf_outputs os;
+            mf_outputs_begin(&os, spec);
+            int wrote = mf_outputs_add(&os, out, mf_compile_write, s);
+            if (mf_outputs_commit(&os) != 0 || wrote != 0)
+                rc = 2;
         }
     }
     mf_compilation_free(&c);

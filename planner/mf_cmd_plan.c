@@ -4,7 +4,9 @@
  * Reads a spec whose units may say `layout auto`, searches the layouts,
  * reshard_after_forward, prefetch depth and bucket_size (mf_plan_search.c),
  * prints the Pareto front of peak memory per rank against simulated step
- * time, and writes the chosen spec (mf_plan_write.c) with -o. The figures
+ * time, and writes the chosen spec (mf_plan_write.c) with -o and the front's
+ * picture with --svg, both or neither (mf_outputs.h: a command that exits
+ * non-zero, or gets SIGINT/SIGTERM, writes nothing). The figures
  * printed for the chosen spec are recomputed from the written text through
  * the same passes `explain` and `simulate` run, and must equal the search's.
  *
@@ -19,6 +21,7 @@
 
 #include "mf_cli.h"
 #include "mf_opts.h"
+#include "mf_outputs.h"
 #include "mf_pipeline.h"
 #include "mf_plan_report.h"
 #include "mf_plan_search.h"
@@ -176,8 +179,9 @@ int mf_cmd_plan(int argc, char **argv)
         return 2;
     }
     mf_compilation c;
-    bool have_c = false, have_ps = false;
+    bool have_c = false, have_ps = false, have_os = false;
     mf_plan_search ps;
+    mf_outputs os;
     char *text = NULL;
     int rc = parse_args(argc, argv, &a);
     if (rc != 0) {
@@ -203,7 +207,9 @@ int mf_cmd_plan(int argc, char **argv)
     const mf_ps_point *best = mf_ps_choose(&ps, a.budget);
     mf_plan_print_front(&ps, a.input, a.budget, best);
     svg_ctx sc = {&ps, a.budget, best};
-    if (a.svg && mf_write_file_atomic(a.svg, a.input, write_svg, &sc) != 0) {
+    mf_outputs_begin(&os, a.input);
+    have_os = true;
+    if (a.svg && mf_outputs_add(&os, a.svg, write_svg, &sc) != 0) {
         rc = 2;
         goto done;
     }
@@ -226,11 +232,15 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     }
     rc = mf_plan_confirm(&ps, a.out ? a.out : "<chosen>", text, best);
-    if (rc == 0 && a.out && mf_write_file_atomic(a.out, a.input, write_text, text) != 0)
+    if (rc == 0 && a.out && mf_outputs_add(&os, a.out, write_text, text) != 0)
         rc = 2;
-    else if (rc == 0 && a.out)
-        printf("wrote %s\n", a.out);
 done:
+    if (have_os && rc != 0)
+        mf_outputs_discard(&os);   /* the picture and the plan, or neither */
+    else if (have_os && mf_outputs_commit(&os) != 0)
+        rc = 2;
+    else if (have_os && a.out)
+        printf("wrote %s\n", a.out);
     free(text);
     if (have_ps)
         mf_ps_free(&ps);

@@ -4,7 +4,8 @@
  * Reads a spec (compiled and verified in memory with mf_compile_file) or a
  * schedule file (mf_schedule_load_file), simulates one step (mf_simulate.c),
  * prints the report, and optionally writes a Chrome trace and an SVG
- * picture, each atomically (mf_write_file_atomic). With
+ * picture, both or neither (mf_outputs.h: a failure or SIGINT/SIGTERM
+ * leaves every existing output untouched and no temporary). With
  * --compare-single-stream it simulates the same schedule a second time with
  * the outer stream's ops moved onto the inner stream and prints the
  * difference.
@@ -21,6 +22,7 @@
 #include "mf_cli.h"
 #include "mf_load.h"
 #include "mf_opts.h"
+#include "mf_outputs.h"
 #include "mf_pipeline.h"
 #include "mf_plan_mem.h"
 #include "mf_plan_stats.h"
@@ -356,11 +358,13 @@ int mf_cmd_simulate(int argc, char **argv)
     fflush(stdout);
 
     out_ctx ctx = {s, &res, a.win0, a.win1};
-    rc = 0;
-    if (a.trace && mf_write_file_atomic(a.trace, a.input, write_trace, &ctx) != 0)
-        rc = 2;
-    if (a.svg && mf_write_file_atomic(a.svg, a.input, write_svg, &ctx) != 0)
-        rc = 2;
+    mf_outputs os;
+    mf_outputs_begin(&os, a.input);
+    if (a.trace)
+        mf_outputs_add(&os, a.trace, write_trace, &ctx);
+    if (a.svg && !os.failed)
+        mf_outputs_add(&os, a.svg, write_svg, &ctx);
+    rc = mf_outputs_commit(&os) == 0 ? 0 : 2;   /* every output, or none */
 
 done:
     mf_sim_result_free(&res);
