@@ -243,6 +243,16 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b + 0 > 0) printf "%.0
 # NCCL wherever this machine has it: NCCL_ROOT, the pip wheel of any python3
 # (`import nvidia.nccl`: a venv, pyenv, conda or a site-packages wheel), the
 # loader's cache, the usual prefixes. Prints "DIR<TAB>how found".
+NVIDIA_PATHS='
+import importlib
+for name in ("nvidia.nccl", "nvidia"):
+    try:
+        m = importlib.import_module(name)
+    except Exception:
+        continue
+    print("\n".join(getattr(m, "__path__", [])))
+    break
+'
 find_nccl() {
     local d py
     for d in "${NCCL_ROOT:-}/lib" "${NCCL_ROOT:-}/lib64"; do
@@ -250,8 +260,10 @@ find_nccl() {
     done
     for py in python3 /opt/conda/bin/python3 /usr/bin/python3; do
         command -v "$py" >/dev/null 2>&1 || continue
-        d=$(timeout 20 "$py" -c 'import nvidia.nccl as m; print("\n".join(list(getattr(m, "__path__", [])) or [__import__("os").path.dirname(m.__file__)]))' 2>/dev/null |
-            while read -r p; do find "$p" -maxdepth 3 -name 'libnccl.so.2' 2>/dev/null; done | head -1)
+        # nvidia.nccl's folders, else those of the nvidia namespace (a wheel
+        # may keep its libraries elsewhere under it, e.g. nvidia/cu13/lib)
+        d=$(timeout 20 "$py" -c "$NVIDIA_PATHS" 2>/dev/null |
+            while read -r p; do find "$p" -maxdepth 4 -name 'libnccl.so.2' 2>/dev/null; done | head -1)
         [ -n "$d" ] && { printf '%s\t%s nvidia.nccl\n' "$(dirname "$d")" "$(command -v "$py")"; return; }
     done
     d=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')
