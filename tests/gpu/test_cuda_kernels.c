@@ -278,6 +278,16 @@ static void test_combine_reduce(void **state)
         }
 }
 
+/* d's contents equal want (host, n elements of d's dtype); frees both. */
+static void expect_pattern_and_free(dbuf *d, void *want, const char *what)
+{
+    void *got = download(d);
+    expect_equal(d->t, got, want, d->n, what);
+    free(got);
+    free(want);
+    dfree(d);
+}
+
 static void test_fill_pattern(void **state)
 {
     (void)state;
@@ -290,11 +300,7 @@ static void test_fill_pattern(void **state)
             enc(t, want, i, mf_cuda_pattern(42, i));
         dbuf d = dalloc(t, n, 1);
         CK(mf_cuda_fill_pattern(d.p, t, n, 42, stream));
-        void *got = download(&d);
-        expect_equal(t, got, want, n, "fill");
-        free(got);
-        free(want);
-        dfree(&d);
+        expect_pattern_and_free(&d, want, "fill");
     }
 }
 
@@ -321,11 +327,7 @@ static void test_poll_before_launch(void **state)
     assert_int_equal(mf_cuda_query_event(ev), cudaErrorNotReady);
     CK(cudaGetLastError()); /* the runtime's poll left nothing behind */
     CK(mf_cuda_scale(d.p, MF_FP32, n, 1.0f, stream));
-    void *got = download(&d);
-    expect_equal(MF_FP32, got, want, n, "fill after polls");
-    free(got);
-    free(want);
-    dfree(&d);
+    expect_pattern_and_free(&d, want, "fill after polls");
     CK(cudaEventDestroy(ev));
 }
 

@@ -38,6 +38,22 @@ static bool hook(tc_trainer *tr, mfsdp_result r, const char *what, int u, int64_
                  mfsdp_last_error(tr->rt));
 }
 
+/* *buf grown to v's shard_count floats, for a shard of role `what` that must
+ * be fp32 (dt); NULL after failf. */
+static float *fp32_shard(tc_trainer *tr, float **buf, const mfsdp_tensor_view *v, mfsdp_dtype dt, const char *what)
+{
+    if (dt != MFSDP_FP32) {
+        failf(tr, "%s: %s is not fp32", v->name, what);
+        return NULL;
+    }
+    float *b = realloc(*buf, (size_t)v->shard_count * sizeof *b);
+    if (!b) {
+        failf(tr, "out of memory");
+        return NULL;
+    }
+    return *buf = b;
+}
+
 uint32_t tc_grad_seed(int64_t rank, int64_t m, int t)
 {
     return 5000u + 1000u * (uint32_t)rank + 100u * (uint32_t)m + (uint32_t)t;
@@ -77,16 +93,8 @@ bool tc_open(tc_trainer *tr, mfsdp_runtime *rt, const mfsdp_schedule *sh, int64_
                 ok = failf(tr, "cannot allocate %zu bytes for %s's weight copy", bytes, v.name);
         if (!ok || !v.shard_count)
             continue;
-        if (v.main_weight_dtype != MFSDP_FP32) {
-            ok = failf(tr, "%s: main_weight is not fp32", v.name);
+        if (!(ok = fp32_shard(tr, &host, &v, v.main_weight_dtype, "main_weight") != NULL))
             break;
-        }
-        float *h = realloc(host, (size_t)v.shard_count * sizeof *h);
-        if (!h) {
-            ok = failf(tr, "out of memory");
-            break;
-        }
-        host = h;
         for (int64_t i = 0; i < v.shard_count; i++)
             host[i] = mf_pattern(7 + (uint32_t)t, v.shard_offset + i);
         ok = ops->write(ctx, v.main_weight, host, (size_t)v.shard_count * sizeof *host) ||
@@ -192,11 +200,18 @@ static bool weights_ok(tc_trainer *tr, const mfsdp_tensor_view *v, int t, const 
     return ok;
 }
 
-bool tc_verify(tc_trainer *tr)
+/* Every op issued so far has completed. */
+static bool synchronized(tc_trainer *tr)
 {
     mfsdp_result r = mfsdp_synchronize(tr->rt);
-    if (r != MFSDP_OK)
-        return failf(tr, "synchronize: %s: %s", mfsdp_result_string(r), mfsdp_last_error(tr->rt));
+    return r == MFSDP_OK ||
+           failf(tr, "synchronize: %s: %s", mfsdp_result_string(r), mfsdp_last_error(tr->rt));
+}
+
+bool tc_verify(tc_trainer *tr)
+{
+    if (!synchronized(tr))
+        return false;
     int64_t N = mfsdp_schedule_world_size(tr->sh), M = mfsdp_schedule_microbatches(tr->sh);
     bool avg = mfsdp_schedule_reduce_is_avg(tr->sh);
     float *got = NULL;
@@ -206,16 +221,8 @@ bool tc_verify(tc_trainer *tr)
         if (!(ok = view(tr, t, &v)))
             break;
         if (v.shard_count) {
-            if (v.grad_dtype != MFSDP_FP32) {
-                ok = failf(tr, "%s: the delivered gradient is not fp32", v.name);
+            if (!(ok = fp32_shard(tr, &got, &v, v.grad_dtype, "the delivered gradient") != NULL))
                 break;
-            }
-            float *g = realloc(got, (size_t)v.shard_count * sizeof *g);
-            if (!g) {
-                ok = failf(tr, "out of memory");
-                break;
-            }
-            got = g;
             ok = tr->ops->read(tr->ctx, got, v.grad, (size_t)v.shard_count * sizeof *got) ||
                  failf(tr, "%s: cannot read grad", v.name);
             for (int64_t i = 0; ok && i < v.shard_count; i++) {
@@ -251,9 +258,8 @@ bool tc_train(tc_trainer *tr, int steps)
 
 bool tc_verify_weights_after_step(tc_trainer *tr)
 {
-    mfsdp_result r = mfsdp_synchronize(tr->rt);
-    if (r != MFSDP_OK)
-        return failf(tr, "synchronize: %s: %s", mfsdp_result_string(r), mfsdp_last_error(tr->rt));
+    if (!synchronized(tr))
+        return false;
     for (int t = 0; t < tr->ntensors; t++) {
         mfsdp_tensor_view v;
         if (!view(tr, t, &v) || !weights_ok(tr, &v, t, v.weight, "after the step"))
