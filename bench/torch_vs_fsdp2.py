@@ -2,11 +2,16 @@
 torch_vs_fsdp2: the GPT model of tests/python trained on a 2 x 2 mesh by 4
 processes, through mfsdp (MPI backend, hsdp / hsdp_nosync layouts) or PyTorch
 FSDP2 (fully_shard on a 2-D DeviceMesh over gloo = HSDP; "nosync" calls
-set_requires_all_reduce(False) on all but the last microbatch). One rank
-process of one framework; bench/torch_vs_fsdp2 runs them all and prints the
+set_requires_gradient_sync(False) on all but the last microbatch: no
+reduce-scatter and no all-reduce until the last one, as mfsdp's hsdp_nosync
+defers both). Both train with the same AdamW settings (one make_optimizer,
+--foreach the same for both). One rank process of one framework;
+bench/torch_vs_fsdp2 runs them all, in alternated rounds, and prints the
 table. Per step (median over the measured steps, max over ranks):
 
   wall      the step's wall time (forward + backward of M microbatches + optimizer)
+  cpu       the process's CPU time in the step (every thread: compute, the
+            framework's and the communication library's), time.process_time
   hooks     host time inside the framework's hooks (mfsdp: mfsdp.torch's hooks,
             C calls included; FSDP2: FSDPParamGroup pre/post forward/backward,
             finalize_backward and the root pre-forward)
@@ -58,23 +63,33 @@ class Counter:
         self.blocked = 0.0
 
 
+def make_optimizer(params, a):
+    """The one optimizer both frameworks train with."""
+    return torch.optim.AdamW(params, lr=1e-3, foreach=bool(a.foreach))
+
+
+def step_clock():
+    return time.perf_counter(), time.process_time()
+
+
 def run_mfsdp(a, rank, X, Y):
     import mfsdp
     import mfsdp.torch as mt
     model = gpt.make_model(**a.model)
     spec = mt.spec_from_module(model, mesh=MESH, layout=a.layout, microbatches=a.M)
     sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi")
-    opt = torch.optim.AdamW(sm.main_parameters(), lr=1e-3, foreach=False)
+    opt = make_optimizer(sm.main_parameters(), a)
     rows = []
     for s in range(a.steps):
-        st0, h0, t0 = sm.stats(), sm.hook_seconds, time.perf_counter()
+        st0, h0 = sm.stats(), sm.hook_seconds
+        t0, c0 = step_clock()
         for m in range(a.M):
             (model(X[s, rank, m], Y[s, rank, m]) / a.M).backward()
         opt.step()
         opt.zero_grad()
-        wall = time.perf_counter() - t0
+        t1, c1 = step_clock()
         d = sm.stats() - st0
-        rows.append({"wall": wall, "hooks": sm.hook_seconds - h0,
+        rows.append({"wall": t1 - t0, "cpu": c1 - c0, "hooks": sm.hook_seconds - h0,
                      "blocked": d.wait_ns[0] / 1e9, "launches": d.collectives[:2],
                      "bytes": d.bytes[:2]})
     sm.close()
@@ -141,19 +156,19 @@ def run_fsdp2(a, rank, X, Y):
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    opt = make_optimizer(model.parameters(), a)
     rows = []
     for s in range(a.steps):
         before = (list(counter.launches), list(counter.bytes), counter.blocked, hook_time[0])
-        t0 = time.perf_counter()
+        t0, c0 = step_clock()
         for m in range(a.M):
             if a.layout == "hsdp_nosync":
-                model.set_requires_all_reduce(m == a.M - 1)
+                model.set_requires_gradient_sync(m == a.M - 1)
             (model(X[s, rank, m], Y[s, rank, m]) / a.M).backward()
         opt.step()
         opt.zero_grad()
-        wall = time.perf_counter() - t0
-        rows.append({"wall": wall, "hooks": hook_time[0] - before[3],
+        t1, c1 = step_clock()
+        rows.append({"wall": t1 - t0, "cpu": c1 - c0, "hooks": hook_time[0] - before[3],
                      "blocked": counter.blocked - before[2],
                      "launches": [x - y for x, y in zip(counter.launches, before[0])],
                      "bytes": [x - y for x, y in zip(counter.bytes, before[1])]})
@@ -174,6 +189,7 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--foreach", type=int, default=0, help="AdamW's foreach, for both frameworks")
     a = ap.parse_args()
     a.model = {"vocab": a.vocab, "d": a.d, "heads": 4, "layers": 4, "seq": a.seq}
     torch.set_num_threads(1)
@@ -182,7 +198,7 @@ def main():
     base = rss_mib()
     rows = (run_mfsdp if a.framework == "mfsdp" else run_fsdp2)(a, rank, X, Y)
     rows = rows[a.warmup:]
-    res = {k: statistics.median(r[k] for r in rows) for k in ("wall", "hooks", "blocked")}
+    res = {k: statistics.median(r[k] for r in rows) for k in ("wall", "cpu", "hooks", "blocked")}
     res["launches"] = rows[-1]["launches"]
     res["bytes"] = rows[-1]["bytes"]
     res["peak_mib"] = peak_mib() - base
