@@ -20,6 +20,14 @@ What shard() does, in order:
      microbatch, step_end, then points each master parameter's .grad at the
      delivered gradient shard.
 
+Outside its windows each parameter is swapped for a stand-in that refuses
+any computation (guard.py). The loop is held to the schedule (docs/pytorch.md,
+"The loop's contract"): each departure raises a UsageError naming the fix at
+the call where it happens, and a global optimizer step pre-hook refuses an
+optimizer over the model's own parameters or one stepping inside a step. With
+grad disabled between steps a forward is an evaluation pass (the runtime's
+eval hooks); finish_step() ends a step after m < M microbatches.
+
 Microbatches are counted here: the user calls forward and backward, nothing
 else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
 re-runs a unit's forward inside backward; that recompute is recognised (it
@@ -654,8 +662,8 @@ def _replicated_weights(schedule, holders, units):
         text = text.decode("utf-8", "replace")
     out, replicated = set(), False
     for line in text.splitlines():
-        if line.startswith("- name: "):
-            replicated = False
+        if line.startswith("- name: ") or not line.startswith((" ", "-")):
+            replicated = False      # the next bucket, or the next top-level key
         m = _WEIGHT_PLACEMENT.match(line)
         if m:
             replicated = all(p.strip() == "Replicate" for p in m.group(1).split(","))
