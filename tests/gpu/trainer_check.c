@@ -13,7 +13,7 @@
 #include "mf_backend.h"
 #include "mf_pattern.h"
 
-static bool failf(tc_trainer *tr, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static bool failf(tc_trainer *tr, const char *fmt, ...)
 {
     if (!tr->err[0]) {
         int n = snprintf(tr->err, sizeof tr->err, "rank %lld: ", (long long)tr->rank);
