@@ -413,6 +413,7 @@ run_prebuilt() {
             --trace "$L/simulate-trace.json"
         verdict "mfsdpc simulate --unit-time-us $U --host-async" $?
         sim=$(grep -o 'overlap [0-9.]*%' "$L/simulate.txt" | head -1 | grep -o '[0-9.]*%')
+        row "overlap simulated (mfsdpc simulate, ${U} us per unit)" "${sim:-n/a}" "the model the measured rows are read against"
         sed -n '/^step time/,/^communication/p' "$L/simulate.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
         if [ $NOGPU = 1 ]; then
             say "  [SKIP] measured overlap: needs a GPU"
@@ -575,6 +576,7 @@ rehearse() {
         grep -q "$f" "$S" || fail "the summary has no '$f'"
     done
     grep -q '\[FAIL\]\|\[TIMEOUT\]' "$S" && fail "a check failed"
+    grep -q '^measured (each figure next to its reference' "$S" || fail "the summary has no table of figures"
     if [ -n "$py" ]; then
         grep -q "nccl: $T/device/site/nvidia/nccl/lib/libnccl.so.2 (found by .*nvidia.nccl)" "$S" ||
             fail "find_nccl did not find the wheel's libnccl.so.2 through python3"
