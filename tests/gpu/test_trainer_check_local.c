@@ -76,6 +76,14 @@ static bool rank_main(void *arg, mfsdp_local_group *g, int64_t rank, char *err, 
                  mfsdp_last_error(NULL));
         return false;
     }
+    /* one arena of the schedule's size, views at the schedule's offsets: the
+     * layout the GPU backends use */
+    if (mfsdp_allocated_bytes(rt) != mfsdp_schedule_peak_bytes(p->sh)) {
+        snprintf(err, errlen, "rank %lld: %lld bytes allocated, the schedule's arena is %lld", (long long)rank,
+                 (long long)mfsdp_allocated_bytes(rt), (long long)mfsdp_schedule_peak_bytes(p->sh));
+        mfsdp_destroy(rt);
+        return false;
+    }
     tc_trainer tr;
     bool ok = tc_open(&tr, rt, p->sh, rank, &host_ops, NULL) && tc_train(&tr, p->steps) &&
               (!p->after_step || tc_verify_weights_after_step(&tr));
