@@ -33,6 +33,7 @@
 #include "mf_hash.h"
 #include "mf_arena_check.h"
 #include "mf_layout.h"
+#include "mf_limits.h"
 #include "mf_struct.h"
 
 /* ---- loader context ---- */
@@ -45,6 +46,7 @@ typedef struct mf_loader {
     size_t errlen;
     bool failed;
     mf_hash units, buckets, buffers, axes, tensors; /* name -> index */
+    int64_t ntensors;       /* tensors so far, against MF_LIMIT_TENSORS */
 } mf_loader;
 
 typedef yaml_node_t mf_node;
@@ -189,6 +191,9 @@ static bool mf_load_name(mf_loader *l, mf_node *n, const char *what, const char 
         return false;
     if (!v[0])
         return mf_load_fail(l, n, "%s is empty", what);
+    if (n->data.scalar.length > MF_LIMIT_NAME_BYTES)
+        return mf_load_fail(l, n, "%s of %zu bytes is too long (limit is %d)", what,
+                            (size_t)n->data.scalar.length, MF_LIMIT_NAME_BYTES);
     *out = mf_arena_strdup(l->s->arena, v);
     return *out ? true : mf_load_oom(l);
 }
@@ -371,12 +376,13 @@ static bool mf_load_mesh(mf_loader *l, mf_node *n)
         mf_node *ax = mf_load_item(l, v[0], j);
         if (!mf_load_fields(l, ax, "a mesh axis", axis_keys, 2, a, NULL) ||
             !mf_load_name(l, a[0], "the axis name", &m->axes[j].name) ||
-            !mf_load_int(l, a[1], "the axis size", 1, INT64_MAX, &m->axes[j].size) ||
+            !mf_load_int(l, a[1], "the axis size", 1, MF_LIMIT_WORLD, &m->axes[j].size) ||
             !mf_load_register(l, &l->axes, m->axes[j].name, a[0], "axis", j))
             return false;
-        if (m->world > INT64_MAX / m->axes[j].size)
-            return mf_load_fail(l, a[1], "the mesh size (product of the axis sizes) overflows 64 bits");
-        m->world *= m->axes[j].size;
+        m->world *= m->axes[j].size;   /* both at most MF_LIMIT_WORLD: no overflow */
+        if (m->world > MF_LIMIT_WORLD)
+            return mf_load_fail(l, a[1], "the mesh has %lld ranks (limit is %d)", (long long)m->world,
+                                MF_LIMIT_WORLD);
     }
     return true;
 }
@@ -392,6 +398,8 @@ static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
     *bucket_lists = mf_arena_array(s->arena, (size_t)(s->nunits ? s->nunits : 1), sizeof **bucket_lists);
     if (!s->units || !*bucket_lists)
         return mf_load_oom(l);
+    if (s->nunits > MF_LIMIT_UNITS)
+        return mf_load_fail(l, n, "the schedule has %d units (limit is %d)", s->nunits, MF_LIMIT_UNITS);
     for (int u = 0; u < s->nunits; u++) {
         mf_node *v[3];
         mf_unit *un = &s->units[u];
@@ -414,6 +422,8 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
     bk->ntensors = mf_load_seq_len(n);
     if (bk->ntensors < 1)
         return mf_load_fail(l, n, "bucket '%s' has no tensors", bk->name);
+    if ((l->ntensors += bk->ntensors) > MF_LIMIT_TENSORS)
+        return mf_load_fail(l, n, "the schedule has more than %d tensors (the limit)", MF_LIMIT_TENSORS);
     bk->tensors = mf_arena_array(l->s->arena, (size_t)bk->ntensors, sizeof *bk->tensors);
     if (!bk->tensors)
         return mf_load_oom(l);
@@ -914,7 +924,7 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     int64_t align;
     mf_node **bucket_lists, **buffer_where, **op_where;
     if (!mf_load_mesh(l, v[T_MESH]) ||
-        !mf_load_int(l, v[T_MB], "microbatches", 1, INT64_MAX, &s->microbatches) ||
+        !mf_load_int(l, v[T_MB], "microbatches", 1, MF_LIMIT_MICROBATCHES, &s->microbatches) ||
         !mf_load_enum(l, v[T_REDUCE], "reduce op", mf_reduce_from_name, mf_reduce_choices, &x))
         return false;
     s->reduce = (mf_reduce)x;

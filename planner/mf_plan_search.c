@@ -14,9 +14,9 @@
 #include "mf_builtin_layouts.h"
 #include "mf_passes.h"
 #include "mf_layout.h"
+#include "mf_limits.h"
 #include "mf_plan_stats.h"
 
-#define MF_PS_MAX_CANDIDATES INT64_C(20000000)
 
 /* Figures computed per laid-out schedule (see "candidates with the same
  * buckets" below). */
@@ -232,14 +232,20 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     else
         for (size_t k = 0; k < sizeof bucket_ladder / sizeof bucket_ladder[0]; k++)
             ps->bucket[ps->nbucket++] = bucket_ladder[k];
+    /* Refused before any work when it could not finish in the documented
+     * time (docs/plan.md): the limit is on candidates, what the search's
+     * time and memory grow with. */
+    int64_t limit = opt->exhaustive ? MF_LIMIT_PLAN_EXHAUSTIVE : MF_LIMIT_PLAN_CANDIDATES;
     int64_t n = (int64_t)ps->nprefetch * ps->nbucket;
     for (int g = 0; g < ps->ngroups; g++) {
-        if (n > MF_PS_MAX_CANDIDATES / ps->groups[g].nchoices) {
+        if (n > limit / ps->groups[g].nchoices) {
             snprintf(ps->err, sizeof ps->err,
-                     "the search space is too large (more than %lld candidates): declare repeated units "
-                     "with a loop ('unit \"layers.{i}\" for i in 0..N layout auto'), which share one choice, "
-                     "or fix the layouts of some units",
-                     (long long)MF_PS_MAX_CANDIDATES);
+                     "the search space is too large: more than %lld candidates%s (%d auto unit "
+                     "declarations, %d prefetch depths x %d bucket sizes); narrow it: declare repeated "
+                     "units with a loop ('unit \"layers.{i}\" for i in 0..N layout auto'), which share "
+                     "one choice, fix the layouts of some units, or set prefetch and bucket_size",
+                     (long long)limit, opt->exhaustive ? " for --exhaustive" : "", ps->ngroups,
+                     ps->nprefetch, ps->nbucket);
             return -1;
         }
         n *= ps->groups[g].nchoices;

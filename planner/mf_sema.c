@@ -33,16 +33,17 @@
 
 #include "mf_builtin_layouts.h"
 #include "mf_hash.h"
+#include "mf_limits.h"
 #include "mf_passes.h"
 #include "mf_trans_rules.h"
 
-/* Limits (documented in docs/language.md). */
+/* Limits: the shared ones from core/mf_limits.h (docs/language.md). */
 enum {
-    MF_SEMA_MAX_UNITS = 65536,          /* units after loop expansion */
-    MF_SEMA_MAX_TENSORS = 1 << 20,      /* tensors after loop expansion */
-    MF_SEMA_MAX_MICROBATCHES = 65536,
-    MF_SEMA_MAX_PREFETCH = 1024,
-    MF_SEMA_MAX_WORLD = 1 << 24,        /* ranks */
+    MF_SEMA_MAX_UNITS = MF_LIMIT_UNITS,
+    MF_SEMA_MAX_TENSORS = MF_LIMIT_TENSORS,
+    MF_SEMA_MAX_MICROBATCHES = MF_LIMIT_MICROBATCHES,
+    MF_SEMA_MAX_PREFETCH = MF_LIMIT_PREFETCH,
+    MF_SEMA_MAX_WORLD = MF_LIMIT_WORLD,
     MF_SEMA_MIN_ALIGN = 16,             /* bytes */
     MF_SEMA_MAX_ALIGN = 1 << 30,        /* bytes */
     MF_SEMA_MAX_SCOPE = MF_PARSE_MAX_NESTING + 2,

@@ -273,8 +273,9 @@ static void test_sizes(void **state)
     bad("offset: 0", 1, "offset: -1", "-1", 1, "the tensor offset must not be negative, got -1");
     bad("count: 128", 1, "count: 99999999999999999999", "9999", 1,
         "the buffer count overflows 64 bits: '99999999999999999999'");
+    /* sizes beyond the shared limits (core/mf_limits.h) */
     bad("size: 2}, {name: dp_inner, size: 2}", 1, "size: 4294967296}, {name: dp_inner, size: 4294967296}",
-        "4294967296}]", 1, "the mesh size (product of the axis sizes) overflows 64 bits");
+        "4294967296}", 1, "the axis size must be at most 16777216, got 4294967296");
     bad("dims: [37, 11]", 1, "dims: [4294967296, 4294967296, 4]", "4294967296, 4]", 1,
         "the size of tensor 'u0.a' overflows 64 bits");
     bad("microbatches: 2", 1, "microbatches: 0", "0\n", 1, "microbatches must be at least 1, got 0");
