@@ -1,4 +1,5 @@
-# FindNCCL: locates nccl.h and libnccl.
+# FindNCCL: locates nccl.h and libnccl (NCCL_ROOT, the CUDA toolkit, the
+# system, then the nvidia.nccl pip wheel of python3).
 # Defines NCCL_FOUND, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_VERSION and the
 # imported target NCCL::nccl.
 find_path(NCCL_INCLUDE_DIR nccl.h
@@ -7,6 +8,20 @@ find_path(NCCL_INCLUDE_DIR nccl.h
 find_library(NCCL_LIBRARY nccl
   HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda
   PATH_SUFFIXES lib lib64)
+# Not in the usual places: the pip wheel (nvidia-nccl-cu*) of the python3 on
+# PATH, as in a PyTorch venv; it ships libnccl.so.2 without the libnccl.so link.
+if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+  find_program(_nccl_python3 python3)
+  if(_nccl_python3)
+    execute_process(
+      COMMAND ${_nccl_python3} -c "import nvidia.nccl as m; print(';'.join(m.__path__))"
+      OUTPUT_VARIABLE _nccl_wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET TIMEOUT 20)
+    if(_nccl_wheel)
+      find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_wheel} PATH_SUFFIXES include)
+      find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_wheel} PATH_SUFFIXES lib lib64)
+    endif()
+  endif()
+endif()
 if(NCCL_INCLUDE_DIR AND EXISTS ${NCCL_INCLUDE_DIR}/nccl.h)
   file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h _nccl_major REGEX "^#define NCCL_MAJOR")
   file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h _nccl_minor REGEX "^#define NCCL_MINOR")

@@ -634,6 +634,10 @@ self_build() {
     for d in "${NCCL_ROOT:-}" /usr/local/cuda /usr /usr/local; do
         if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then NCCL_PREFIX=$d; break; fi
     done
+    if [ -z "$NCCL_PREFIX" ]; then # a pip wheel keeps include/ beside lib/
+        d=$(dirname "$(find_nccl | cut -f1)")
+        [ -f "$d/include/nccl.h" ] && NCCL_PREFIX=$d
+    fi
     [ -z "$NCCL_PREFIX" ] && MISSING="$MISSING nccl(include/nccl.h;set-NCCL_ROOT)"
     have_build_deps() {
         command -v flex >/dev/null && command -v bison >/dev/null && command -v pkg-config >/dev/null &&
