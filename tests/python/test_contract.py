@@ -281,3 +281,19 @@ def test_evaluation_and_short_steps_equal_torch():
     for n, p in ref.items():
         err = ((full[n] - p.detach()).abs().max() / p.detach().abs().max()).item()
         assert err <= 1e-5, (n, err)
+
+
+def test_a_tie_in_a_schedule_file_is_read_for_the_whole_step(tmp_path):
+    """A schedule loaded from its file (no text kept): the tied layout's
+    weight is still valid for the whole step (the LM head reads it after
+    the embedding's window), and the model trains as torch does."""
+    model, ref = gpt.make_model(), gpt.make_model()
+    path = tmp_path / "gpt.yaml"
+    path.write_bytes(schedule(model).text)
+    sm = mt.shard(model, mfsdp.Schedule.load(str(path)), backend="local")
+    X, Y = batch()
+    loss, rloss = model(X[0, 0, 0], Y[0, 0, 0]), ref(X[0, 0, 0], Y[0, 0, 0])
+    loss.backward()
+    rloss.backward()
+    assert abs(loss.item() - rloss.item()) <= 1e-6 * rloss.item()
+    sm.close()
