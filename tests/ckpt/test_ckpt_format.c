@@ -214,17 +214,19 @@ static void test_st_build(void **state)
     free(out);
 }
 
-#define MANI_HEAD                                                                                          \
+#define MANI_FMT                                                                                           \
     "{\"format\":\"mfsdp-checkpoint\",\"version\":%d,\"checkpoint_id\":\"0123456789abcdef0123456789abcdef\"," \
     "\"step\":1,\"schedule_sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\","   \
     "\"mesh\":[{\"axis\":\"dp\",\"size\":2}],\"world\":2,\"states\":[{\"name\":\"main_weight\",\"dtype\":"   \
-    "\"fp32\"}],\"tensors\":[{\"name\":\"t\",\"shape\":[10]}],\"files\":[{\"name\":\"%s\",\"rank\":0,"       \
-    "\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]}]}"
+    "\"fp32\"}],\"tensors\":[{\"name\":\"t\",\"shape\":[10]}],\"files\":[%s]}"
+#define MANI_FILE "{\"name\":\"%s\",\"rank\":%d,\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]}"
 
-static const char *mani(int version, const char *file, const char *pieces)
+/* The parser's refusal of a manifest of tensor t[10] whose files are
+ * `files` (MANI_FILE objects), "" when it accepts it. */
+static const char *mani_files(int version, const char *files)
 {
     static char text[2048], err[1024];
-    snprintf(text, sizeof text, MANI_HEAD, version, file, pieces);
+    snprintf(text, sizeof text, MANI_FMT, version, files);
     mf_ckpt_manifest m;
     err[0] = '\0';
     if (mf_ckpt_manifest_parse("manifest.json", text, strlen(text), &m, err, sizeof err) == 0)
@@ -232,24 +234,21 @@ static const char *mani(int version, const char *file, const char *pieces)
     return err;
 }
 
-#define MANI2_HEAD                                                                                         \
-    "{\"format\":\"mfsdp-checkpoint\",\"version\":1,\"checkpoint_id\":\"0123456789abcdef0123456789abcdef\"," \
-    "\"step\":1,\"schedule_sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\","   \
-    "\"mesh\":[{\"axis\":\"dp\",\"size\":2}],\"world\":2,\"states\":[{\"name\":\"main_weight\",\"dtype\":"   \
-    "\"fp32\"}],\"tensors\":[{\"name\":\"t\",\"shape\":[10]}],\"files\":[{\"name\":\"a.safetensors\","       \
-    "\"rank\":0,\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]},{\"name\":\"b.safetensors\",\"rank\":1,"  \
-    "\"bytes\":100,\"crc32c\":\"00000000\",\"pieces\":[%s]}]}"
+/* One file, rank 0's. */
+static const char *mani(int version, const char *file, const char *pieces)
+{
+    char f[1024];
+    snprintf(f, sizeof f, MANI_FILE, file, 0, pieces);
+    return mani_files(version, f);
+}
 
-/* The refusal of a manifest whose two files hold pieces a and b. */
+/* Two files, a.safetensors (rank 0) holding pieces a and b.safetensors
+ * (rank 1) holding pieces b. */
 static const char *mani2(const char *a, const char *b)
 {
-    static char text[2048], err[1024];
-    snprintf(text, sizeof text, MANI2_HEAD, a, b);
-    mf_ckpt_manifest m;
-    err[0] = '\0';
-    if (mf_ckpt_manifest_parse("manifest.json", text, strlen(text), &m, err, sizeof err) == 0)
-        mf_ckpt_manifest_free(&m);
-    return err;
+    char f[1024];
+    snprintf(f, sizeof f, MANI_FILE "," MANI_FILE, "a.safetensors", 0, a, "b.safetensors", 1, b);
+    return mani_files(1, f);
 }
 
 /* A gap or an overlap names the files on both sides of it. */
@@ -310,7 +309,9 @@ static void parts_open(parts_fx *x)
     assert_true(fd >= 0);
     assert_int_equal(write(fd, x->bytes, 100), 100);
     memset(&x->r, 0, sizeof x->r);
-    snprintf(text, sizeof text, MANI_HEAD, 1, "a.safetensors", "[0,0,0,10,8]");
+    char file[256];
+    snprintf(file, sizeof file, MANI_FILE, "a.safetensors", 0, "[0,0,0,10,8]");
+    snprintf(text, sizeof text, MANI_FMT, 1, file);
     assert_int_equal(mf_ckpt_manifest_parse("manifest.json", text, strlen(text), &x->r.m, err, sizeof err), 0);
     x->rf = (mf_ckpt_rfile){.fd = fd, .checked = 1, .dfd = -1};
     x->r.f = &x->rf;
