@@ -169,7 +169,7 @@ mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
  * runtime; a NULL one is MFSDP_ERR_INVALID_ARGUMENT, one whose magic is gone
  * (destroyed, or never created) MFSDP_ERR_INVALID_USAGE, the message in the
  * thread's last error naming fn. Best effort: a destroyed handle's memory
- * may be unmapped or reused (docs/runtime.md). */
+ * may be unmapped or reused (docs/reliability.md). */
 mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn);
 /* The same test without a message, for the queries that return a value. */
 bool mf_rt_live(const mf_rt *rt);
