@@ -103,8 +103,10 @@ static bool build_time(const mf_schedule *s, mf_live *lv)
     if (!n)
         return false;
     for (int i = 0; i < s->nops; i++) {
-        lv->op_hook[i] = mf_live_hook(s, s->ops[i].phase, s->ops[i].unit);
-        n[lv->op_hook[i]]++;
+        /* the short-step and evaluation programs are not in the cycle */
+        lv->op_hook[i] = mf_op_in_step(&s->ops[i]) ? mf_live_hook(s, s->ops[i].phase, s->ops[i].unit) : -1;
+        if (lv->op_hook[i] >= 0)
+            n[lv->op_hook[i]]++;
     }
     int64_t t = 0;
     for (int h = 0; h < lv->nhooks; h++) {
@@ -115,7 +117,7 @@ static bool build_time(const mf_schedule *s, mf_live *lv)
     lv->hook_base[lv->nhooks] = t;
     lv->T = t;
     for (int i = 0; i < s->nops; i++)
-        lv->op_tick[i] = n[lv->op_hook[i]]++;
+        lv->op_tick[i] = lv->op_hook[i] >= 0 ? n[lv->op_hook[i]]++ : -1;
     free(n);
     return true;
 }
@@ -132,6 +134,8 @@ static access *collect(const mf_schedule *s, const mf_live *lv, int *start)
     if (!cnt)
         return NULL;
     for (int i = 0; i < s->nops; i++) {
+        if (lv->op_hook[i] < 0)
+            continue;
         if (transient(s, s->ops[i].src))
             cnt[s->ops[i].src]++;
         if (transient(s, s->ops[i].dst))
@@ -152,6 +156,8 @@ static access *collect(const mf_schedule *s, const mf_live *lv, int *start)
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
         int h = lv->op_hook[i];
+        if (h < 0)
+            continue;
         if (transient(s, op->src))
             add(acc, cnt, op->src, lv->op_tick[i], op->stream, i, h, false);
         if (transient(s, op->dst))

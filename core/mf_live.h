@@ -48,7 +48,7 @@ typedef struct mf_live {
     int64_t T;              /* ticks per microbatch */
     int64_t *hook_base;     /* [nhooks + 1]: first tick of each hook; the
                                trainer's tick of hook h is hook_base[h+1] - 1 */
-    int *op_hook;           /* [nops]: hook of each op */
+    int *op_hook;           /* [nops]: hook of each op; -1 outside the step (!mf_op_in_step) */
     int64_t *op_tick;       /* [nops] */
     int nsegs;
     mf_live_seg *segs;      /* grouped by buffer, in time order */

@@ -642,7 +642,7 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
         return false;
     op->kind = (mf_opkind)x;
 
-    bool step_phase = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
+    bool step_phase = mf_phase_is_step(op->phase);
     op->unit = -1;
     if (step_phase && v[K_UNIT])
         return mf_load_fail(l, k[K_UNIT], "op %d: a %s op has no unit", i, mf_phase_name(op->phase));
@@ -900,7 +900,10 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     if (older)
         return mf_load_fail(l, fmt, "format '%s' was written by an older mfsdpc: %s; compile the spec again "
                             "with this mfsdpc (expected %s)", f, older, MF_SCHEDULE_FORMAT);
-    if (strcmp(f, MF_SCHEDULE_FORMAT) != 0)
+    /* Format 3 is format 4 without the short-step and evaluation programs
+     * (docs/schedule.md §2): it loads and trains; those hooks are refused. */
+    s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0;
+    if (!s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
 
     mf_node *v[T_NKEYS];

@@ -140,9 +140,56 @@ int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d)
     }
 }
 
+bool mf_when_holds(mf_when w, unsigned pos)
+{
+    if (w == MF_WHEN_SHORT || (pos & MF_POS_SHORT))
+        return w == MF_WHEN_SHORT && (pos & MF_POS_SHORT);
+    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && (pos & MF_POS_FIRST)) ||
+           (w == MF_WHEN_LAST && (pos & MF_POS_LAST));
+}
+
+int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX])
+{
+    int full = s->microbatches >= 3 ? 3 : (int)s->microbatches, n = 0;
+    if (!s->programs) {
+        runs[n++] = full;
+        runs[n++] = full;
+        return n;
+    }
+    /* every boundary: full->full, full->eval, eval->eval, eval->short,
+     * short->short, short->full, eval->full */
+    runs[n++] = full;
+    runs[n++] = full;
+    runs[n++] = 0;
+    runs[n++] = 0;
+    for (int m = 1; m < full; m++)
+        runs[n++] = m;
+    runs[n++] = full;
+    runs[n++] = 0;
+    runs[n++] = full;
+    return n;
+}
+
+bool mf_phase_is_step(mf_phase phase)
+{
+    return phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END;
+}
+
+bool mf_phase_is_eval(mf_phase phase)
+{
+    return phase == MF_PHASE_EVAL_PRE || phase == MF_PHASE_EVAL_POST;
+}
+
+bool mf_op_in_step(const mf_op *op)
+{
+    return !mf_phase_is_eval(op->phase) && op->when != MF_WHEN_SHORT;
+}
+
 int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches)
 {
-    if (phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END)
+    if (mf_phase_is_eval(phase) || when == MF_WHEN_SHORT)
+        return 0;
+    if (mf_phase_is_step(phase))
         return 1;
     return when == MF_WHEN_EVERY ? microbatches : 1;
 }

@@ -41,6 +41,14 @@
  * (first: m == 0, last: m == M-1, every: always). step_begin and step_end ops
  * have unit -1 and when = every (once per step). Ops on stream `compute` are
  * executed by the trainer's thread (CPU) or on its compute stream (GPU).
+ *
+ * Two more programs share the buffers and the arena (planner/mf_programs.c,
+ * docs/schedule.md §3.1): a short step's end -- step_end ops with when =
+ * short, which run instead of the `every` ones when a step ends after
+ * m < M microbatches -- and the forward-only (evaluation) pass between steps:
+ * ops at eval_forward_pre(unit), when = every. Neither is part of the
+ * training step's cycle (mf_op_in_step), its per-step totals or its live
+ * intervals.
  */
 #ifndef MF_SCHEDULE_H
 #define MF_SCHEDULE_H
@@ -53,7 +61,9 @@
 
 #define MF_MAX_AXES 4
 #define MF_MAX_DIMS 8
-#define MF_SCHEDULE_FORMAT "mfsdp-schedule/3"
+#define MF_SCHEDULE_FORMAT "mfsdp-schedule/4"
+/* The same without the short-step and evaluation programs (!programs). */
+#define MF_SCHEDULE_FORMAT_STEP_ONLY "mfsdp-schedule/3"
 
 /* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
 
@@ -82,13 +92,16 @@
     X(FORWARD_POST, "forward_post")  \
     X(BACKWARD_PRE, "backward_pre")  \
     X(BACKWARD_POST, "backward_post") \
-    X(STEP_END, "step_end")
+    X(STEP_END, "step_end")          \
+    X(EVAL_PRE, "eval_forward_pre")  \
+    X(EVAL_POST, "eval_forward_post")
 
 /* microbatch predicates: X(ENUM, name) */
 #define MF_WHEN_LIST(X) \
     X(FIRST, "first")   \
     X(EVERY, "every")   \
-    X(LAST, "last")
+    X(LAST, "last")     \
+    X(SHORT, "short")
 
 /* streams: X(ENUM, name) */
 #define MF_STREAM_LIST(X)   \
@@ -305,6 +318,8 @@ typedef struct mf_schedule {
     mf_op *ops;
     mf_summary summary;
     uint8_t hash[32];       /* sha256 of the schedule file (set by the loader/emitter) */
+    bool programs;          /* has the short-step and evaluation programs (format 4;
+                               set by planner/mf_programs.c and the loader) */
 } mf_schedule;
 
 /* Returns an owned, empty schedule with its arena; NULL on OOM. */
@@ -326,8 +341,33 @@ int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d);
  * communicator keeps their order the same on every rank). */
 mf_stream mf_axis_stream(int naxes, int axis);
 
-/* Times an op with predicate `when` at phase `phase` runs per step. */
+/* Times an op with predicate `when` at phase `phase` runs per (full) step;
+ * 0 for the short-step and evaluation programs. */
 int64_t mf_when_runs_per_step(mf_when when, mf_phase phase, int64_t microbatches);
+/* Where a hook is issued, for predicates: bits of the microbatch position
+ * (first, last; both for M = 1 and for the once-per-step hooks), or a short
+ * step's end (alone). */
+enum { MF_POS_MIDDLE = 0, MF_POS_FIRST = 1, MF_POS_LAST = 2, MF_POS_SHORT = 4 };
+/* Whether an op with predicate w runs at a hook issued at `pos`: short only
+ * at a short step's end, which runs nothing else; every anywhere else;
+ * first and last at their positions. */
+bool mf_when_holds(mf_when w, unsigned pos);
+/* The runs the verifiers replay in a row (docs/schedule.md §5), standing for
+ * every sequence of steps and evaluation passes: each entry is a step of
+ * that many microbatch positions (min(M, 3): first, middle, last; fewer is a
+ * short step) or 0 for an evaluation pass. Without the programs
+ * (!s->programs): two full steps. Returns the count (at most
+ * MF_REPLAY_RUNS_MAX). */
+#define MF_REPLAY_RUNS_MAX 10
+int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX]);
+/* step_begin or step_end: once per step, unit -1. */
+bool mf_phase_is_step(mf_phase phase);
+/* eval_forward_pre or eval_forward_post: the evaluation program. */
+bool mf_phase_is_eval(mf_phase phase);
+/* The op belongs to the full training step (not to the short-step or the
+ * evaluation program): what the live intervals, the buffer assignment and
+ * the per-step totals see. */
+bool mf_op_in_step(const mf_op *op);
 
 /* Placement helpers. */
 bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes);

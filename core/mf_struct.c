@@ -358,7 +358,7 @@ static bool mf_struct_buffer_ranges(const mf_schedule *s, int i, mf_struct_sink 
 static bool mf_struct_op_ranges(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_op *op = &s->ops[i];
-    bool step = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
+    bool step = mf_phase_is_step(op->phase);
     if (op->id != i)
         return mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_NONE, "op at index %d has id %d (ids are indices)", i, op->id);
     if ((int)op->kind < 0 || op->kind >= MF_OPKIND_COUNT || (int)op->phase < 0 || op->phase >= MF_PHASE_COUNT ||
@@ -366,6 +366,13 @@ static bool mf_struct_op_ranges(const mf_schedule *s, int i, mf_struct_sink *k)
         (step ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits)))
         return mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_NONE,
                               "op %d has an invalid phase, unit, kind, stream or predicate", i);
+    /* The programs the runtime builds its hook lists from (mf_schedule.h). */
+    if (op->when == MF_WHEN_SHORT ? op->phase != MF_PHASE_STEP_END
+                                  : mf_phase_is_eval(op->phase) && op->when != MF_WHEN_EVERY)
+        return mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_NONE,
+                              "op %d has predicate %s at %s: predicate short belongs to step_end (a short step's "
+                              "end), and the evaluation hooks' ops run on every pass (predicate every)",
+                              i, mf_when_name(op->when), mf_phase_name(op->phase));
     if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) {
         if (op->event < 0 || op->event >= s->nevents)
             return mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_NONE,
@@ -541,8 +548,9 @@ static void mf_struct_strict_data_op(const mf_schedule *s, const mf_op *op, bool
                        op->transition);
     if (op->event != -1)
         mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE, "%s carries an event", od);
-    if (op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END)
-        mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE, "%s: data ops run at unit hooks, not at %s", od,
+    if (mf_phase_is_step(op->phase) && op->when != MF_WHEN_SHORT)
+        mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE,
+                       "%s: data ops run at unit hooks (or at a short step's end), not at %s", od,
                        mf_phase_name(op->phase));
     if (mf_opkind_is_collective(op->kind)) {
         mf_stream want = mf_axis_stream(naxes, op->axis);
@@ -574,12 +582,12 @@ static void mf_struct_strict_data_op(const mf_schedule *s, const mf_op *op, bool
     mf_struct_ranks(s, op, memo, k);
 }
 
-/* A record or wait: once per step at step hooks, no data fields. */
+/* A record or wait: once per step at step hooks (or at a short step's end),
+ * no data fields. */
 static void mf_struct_strict_op(const mf_schedule *s, const mf_op *op, mf_struct_sink *k)
 {
     char ob[160];
-    bool step = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
-    if (step && op->when != MF_WHEN_EVERY)
+    if (mf_phase_is_step(op->phase) && op->when != MF_WHEN_EVERY && op->when != MF_WHEN_SHORT)
         mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE,
                        "%s has predicate %s, but %s ops run once per step (predicate every)",
                        mf_struct_opdesc(s, op, ob, sizeof ob), mf_when_name(op->when), mf_phase_name(op->phase));

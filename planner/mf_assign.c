@@ -723,7 +723,7 @@ static void vc_max(vc *a, const vc *b)
 
 static bool holds(mf_when w, bool first, bool last)
 {
-    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && first) || (w == MF_WHEN_LAST && last);
+    return mf_when_holds(w, (first ? MF_POS_FIRST : 0) | (last ? MF_POS_LAST : 0));
 }
 
 /* Applies the waits already added before writer key k (from an earlier
@@ -950,7 +950,8 @@ static bool index_ops(order_ctx *c)
         !c->rec_after || !c->rec_after_when || !c->rec_tick)
         return false;
     for (int i = 0; i < s->nops; i++) {
-        c->hstart[lv->op_hook[i] + 1]++;
+        if (lv->op_hook[i] >= 0) /* outside the step: no hook of the cycle */
+            c->hstart[lv->op_hook[i] + 1]++;
         c->rec_after[i] = -1;
     }
     for (int h = 0; h < lv->nhooks; h++) {
@@ -962,7 +963,8 @@ static bool index_ops(order_ctx *c)
         return false;
     memcpy(fill, c->hstart, sizeof *fill * (size_t)lv->nhooks);
     for (int i = 0; i < s->nops; i++)
-        c->hops[fill[lv->op_hook[i]]++] = i;
+        if (lv->op_hook[i] >= 0)
+            c->hops[fill[lv->op_hook[i]]++] = i;
     for (int i = 0; i < c->nedges; i++) {
         const mf_live_seg *b = &lv->segs[c->edges[i].b];
         c->wstart[(b->writer >= 0 ? b->writer : s->nops + b->writer_hook) + 1]++;

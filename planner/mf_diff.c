@@ -94,15 +94,26 @@ static int64_t mf_diff_op_bytes(const mf_schedule *s, const mf_op *op)
            mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
 }
 
+/* "forward_pre of layers.3", or "step_end" (a short step's end). */
+static const char *mf_diff_hook(const mf_schedule *s, const mf_op *op, char *buf, size_t size)
+{
+    if (op->unit < 0 || op->unit >= s->nunits)
+        snprintf(buf, size, "%s", mf_phase_name(op->phase));
+    else
+        snprintf(buf, size, "%s of %s", mf_phase_name(op->phase), s->units[op->unit].name);
+    return buf;
+}
+
 static void mf_diff_print_op(mf_diff_ctx *c, char mark, const mf_schedule *s, const mf_op *op)
 {
+    char hk[160];
     char hb[32];
     mf_diff_unit_header(c);
     fprintf(c->out, "  %c %s", mark, mf_opkind_name(op->kind));
     if (op->axis >= 0)
         fprintf(c->out, " on %s", mf_diff_axis(s, op->axis));
-    fprintf(c->out, " (T%d, %s, %s of %s, stream %s, %s x %lld", op->transition, mf_when_name(op->when),
-            mf_phase_name(op->phase), s->units[op->unit].name, mf_stream_name(op->stream), mf_dtype_name(op->dtype),
+    fprintf(c->out, " (T%d, %s, %s, stream %s, %s x %lld", op->transition, mf_when_name(op->when),
+            mf_diff_hook(s, op, hk, sizeof hk), mf_stream_name(op->stream), mf_dtype_name(op->dtype),
             (long long)op->count);
     int64_t bytes = mf_diff_op_bytes(s, op);
     if (bytes)
@@ -130,9 +141,9 @@ static void mf_diff_change_op(mf_diff_ctx *c, const mf_op *x, const mf_op *y)
         MF_DIFF_ADD("count %lld -> %lld", (long long)x->count, (long long)y->count);
     if (x->dtype != y->dtype)
         MF_DIFF_ADD("dtype %s -> %s", mf_dtype_name(x->dtype), mf_dtype_name(y->dtype));
-    if (x->phase != y->phase || strcmp(a->units[x->unit].name, b->units[y->unit].name) != 0)
-        MF_DIFF_ADD("issued at %s of %s -> %s of %s", mf_phase_name(x->phase), a->units[x->unit].name,
-                    mf_phase_name(y->phase), b->units[y->unit].name);
+    char hx[160], hy[160];
+    if (strcmp(mf_diff_hook(a, x, hx, sizeof hx), mf_diff_hook(b, y, hy, sizeof hy)) != 0)
+        MF_DIFF_ADD("issued at %s -> %s", hx, hy);
     int64_t bx = mf_diff_op_bytes(a, x), by = mf_diff_op_bytes(b, y);
     if (bx != by) {
         char h1[32], h2[32];
@@ -151,7 +162,9 @@ static void mf_diff_change_op(mf_diff_ctx *c, const mf_op *x, const mf_op *y)
 
 static bool mf_diff_same_key(const mf_schedule *a, const mf_op *x, const mf_schedule *b, const mf_op *y)
 {
-    return x->transition == y->transition && x->kind == y->kind &&
+    /* an op of the step matches one of the step, a program's one of the same program */
+    return x->transition == y->transition && x->kind == y->kind && mf_op_in_step(x) == mf_op_in_step(y) &&
+           mf_phase_is_eval(x->phase) == mf_phase_is_eval(y->phase) &&
            strcmp(mf_diff_axis(a, x->axis), mf_diff_axis(b, y->axis)) == 0;
 }
 

@@ -159,7 +159,7 @@ static const char *mf_emit_unit_name(const mf_schedule *s, int u)
 static void mf_emit_header(mf_emit_ctx *c)
 {
     const mf_schedule *s = c->s;
-    mf_emit_kv_str(c, "format", MF_SCHEDULE_FORMAT);
+    mf_emit_kv_str(c, "format", s->programs ? MF_SCHEDULE_FORMAT : MF_SCHEDULE_FORMAT_STEP_ONLY);
     mf_emit_kv_str(c, "source", s->source ? s->source : "");
     mf_emit_key(c, "source_sha256");
     mf_emit_scalar_style(c, s->source_sha256, YAML_DOUBLE_QUOTED_SCALAR_STYLE);

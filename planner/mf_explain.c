@@ -20,6 +20,7 @@
 #include "mf_interfere.h"
 #include "mf_layout.h"
 #include "mf_plan_stats.h"
+#include "mf_programs.h"
 #include "mf_yaml_str.h"
 
 static int64_t local_elems(const mf_schedule *s, const mf_bucket *b, int role)
@@ -175,6 +176,28 @@ static void text_interference(const mf_schedule *s, const mf_interfere *x, FILE 
         fprintf(out, "                 ... and %d more\n", x->nmembers - MF_EXPLAIN_CLIQUE_SHOWN);
 }
 
+/* The evaluation pass and the short step (docs/schedule.md §3.1). */
+static int text_eval(const mf_schedule *s, FILE *out)
+{
+    mf_eval_figures ev;
+    char h1[32], h2[32];
+    if (!s->programs)
+        return 0;
+    if (!mf_programs_eval_figures(s, &ev))
+        return -1;
+    fprintf(out, "evaluation pass (eval_forward_pre/post, between steps; no gradient buffers)\n");
+    fprintf(out, "  memory/rank  peak transient %s (%lld bytes) of the arena's %s; allocated as for the step\n",
+            mf_human_bytes(ev.peak_transient, h1, sizeof h1), (long long)ev.peak_transient,
+            mf_human_bytes(s->mem_transient, h2, sizeof h2));
+    fprintf(out, "  bytes/rank   %-28s %14s  (%lld launches a pass)\n", "axis", "bytes/pass", (long long)ev.launches);
+    for (int j = 0; j < s->mesh.naxes; j++)
+        fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)ev.bytes[j],
+                mf_human_bytes(ev.bytes[j], h1, sizeof h1));
+    fprintf(out, "short step (step_end after m < M microbatches): the T4 reductions back to back, the "
+                 "step's memory\n");
+    return 0;
+}
+
 static int text_totals(const mf_plan *p, FILE *out)
 {
     const mf_schedule *s = p->sched;
@@ -223,7 +246,7 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", mf_human_bytes(mem.persistent_total, h1, sizeof h1),
             mf_human_bytes(mem.transient_peak_total, h2, sizeof h2), mf_human_bytes(mem.peak_total, h3, sizeof h3),
             (long long)mem.peak_total);
-    return 0;
+    return text_eval(s, out);
 }
 
 int mf_explain_text(const mf_plan *p, FILE *out)
@@ -564,6 +587,25 @@ static bool yaml_totals(yout *y, const mf_plan *p)
     yaml_roles(y, "total", mem.peak, mem.peak_total);
     y_end_map(y);
     y_end_map(y);
+    mf_eval_figures ev;
+    if (s->programs) {
+        if (!mf_programs_eval_figures(s, &ev))
+            return false;
+        y_raw(y, "evaluation_pass");
+        y_map(y, false);
+        y_kint(y, "peak_transient", ev.peak_transient);
+        y_kint(y, "launches", ev.launches);
+        y_raw(y, "bytes_per_rank");
+        y_seq(y, false);
+        for (int j = 0; j < s->mesh.naxes; j++) {
+            y_map(y, true);
+            y_kstr(y, "axis", s->mesh.axes[j].name);
+            y_kint(y, "bytes", ev.bytes[j]);
+            y_end_map(y);
+        }
+        y_end_seq(y);
+        y_end_map(y);
+    }
     y_end_map(y);
     return true;
 }

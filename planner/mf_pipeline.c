@@ -7,6 +7,7 @@
 #include "mf_pipeline.h"
 
 #include "mf_assign.h"
+#include "mf_programs.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -174,6 +175,11 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
     /* Buffer assignment: offsets in one arena and the waits reuse needs. */
     if (!mf_assign_run(c->plan->sched, NULL)) {
         fprintf(stderr, "mfsdpc: error: out of memory (buffer assignment)\n");
+        return 2;
+    }
+    /* The short-step and evaluation programs, on the assigned buffers. */
+    if (!mf_programs_run(c->plan->sched)) {
+        fprintf(stderr, "mfsdpc: error: out of memory (short-step and evaluation programs)\n");
         return 2;
     }
     if (opt->stop_after == MF_STAGE_LOWER)

@@ -201,9 +201,12 @@ static int build_hook_index(const mf_schedule *s, hook_index *h)
     return 0;
 }
 
-static bool when_holds(mf_when w, int64_t m, int64_t M)
+/* A full step's hook at microbatch m (step hooks: once, at both ends). */
+static bool when_holds(mf_when w, mf_phase p, int64_t m, int64_t M)
 {
-    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && m == 0) || (w == MF_WHEN_LAST && m == M - 1);
+    if (mf_phase_is_step(p))
+        return mf_when_holds(w, MF_POS_FIRST | MF_POS_LAST);
+    return mf_when_holds(w, (m == 0 ? MF_POS_FIRST : 0) | (m == M - 1 ? MF_POS_LAST : 0));
 }
 
 /* The running state of the simulation. */
@@ -366,9 +369,8 @@ static void issue_hook(sim *st, const hook_index *h, mf_phase p, int unit, int m
 {
     if (st->cfg->time_only) {
         int k = hook_key(h, p, unit);
-        bool step_phase = p == MF_PHASE_STEP_BEGIN || p == MF_PHASE_STEP_END;
         for (int i = h->start[k]; i < h->start[k + 1]; i++)
-            if (step_phase || when_holds(st->s->ops[h->idx[i]].when, m, st->s->microbatches))
+            if (when_holds(st->s->ops[h->idx[i]].when, p, m, st->s->microbatches))
                 issue_op_time(st, h->idx[i]);
         return;
     }
@@ -376,7 +378,7 @@ static void issue_hook(sim *st, const hook_index *h, mf_phase p, int unit, int m
     for (int i = h->start[k]; i < h->start[k + 1]; i++) {
         const mf_op *op = &st->s->ops[h->idx[i]];
         bool step_phase = p == MF_PHASE_STEP_BEGIN || p == MF_PHASE_STEP_END;
-        if (step_phase || when_holds(op->when, m, st->s->microbatches))
+        if (when_holds(op->when, p, m, st->s->microbatches))
             issue_op(st, h->idx[i], unit, step_phase ? -1 : m);
     }
 }

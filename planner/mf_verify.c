@@ -167,7 +167,7 @@ typedef struct mf_vclock {
 } mf_vclock;
 
 /* Trainer actions, named in messages. */
-enum { A_FORWARD, A_BACKWARD, A_OPTIMIZER };
+enum { A_FORWARD, A_BACKWARD, A_OPTIMIZER, A_EVAL, A_KINDS };
 
 /* Buckets grouped by unit: those of unit u are ids[start[u] .. start[u + 1]),
  * in ascending bucket order. */
@@ -186,11 +186,14 @@ typedef struct mf_areplay {
     mf_vclock stream[MF_STREAM_COUNT];
     mf_vclock *event;
     bool *event_set;
-    int step;               /* 1, 2 */
-    int mb;                 /* simulated microbatch index 0.. */
-    int nmb;                /* simulated microbatches per step */
-    bool first, last;
-    const char *pos;        /* "first", "middle", "last", "only" */
+    int step;               /* 1, 2, ...: the step running, or the last one run */
+    int version;            /* the main_weight version the trainer must compute with */
+    int mb;                 /* simulated microbatch index 0.., EVAL_MB in an evaluation pass */
+    int nmb;                /* simulated microbatches per full step */
+    int nrun;               /* microbatches run in this step (< nmb: a short step) */
+    unsigned at;            /* MF_POS_* of the hook being issued */
+    bool first;
+    const char *pos;        /* "first", "middle", "last", "only", "evaluation pass" ... */
     int actor_kind, actor_unit; /* the trainer action in progress */
 } mf_areplay;
 
@@ -200,18 +203,19 @@ static const char *mf_areplay_actor(const mf_areplay *sim, int actor, char *buf,
     if (actor >= 0)
         return mf_struct_opdesc(s, &s->ops[actor], buf, size);
     int a = -1 - actor;
-    int kind = a % 3, unit = a / 3;
+    int kind = a % A_KINDS, unit = a / A_KINDS;
     if (kind == A_OPTIMIZER)
         snprintf(buf, size, "the optimizer (after step_end, on compute)");
     else
-        snprintf(buf, size, "the %s of unit %s (on compute)", kind == A_FORWARD ? "forward" : "backward",
+        snprintf(buf, size, "the %s of unit %s (on compute)",
+                 kind == A_FORWARD ? "forward" : kind == A_EVAL ? "evaluation forward" : "backward",
                  mf_verify_unit(s, unit));
     return buf;
 }
 
 static int mf_areplay_trainer_actor(int kind, int unit)
 {
-    return -1 - (unit * 3 + kind);
+    return -1 - (unit * A_KINDS + kind);
 }
 
 static bool mf_areplay_ordered(const mf_areplay *sim, int stream, const mf_access *prev)
@@ -304,9 +308,10 @@ static bool mf_areplay_readable(mf_areplay *sim, int actor, int b)
     return true;
 }
 
+/* The microbatches the step ran (all M of a full step, m of a short one). */
 static uint32_t mf_areplay_all_mbs(const mf_areplay *sim)
 {
-    return (1u << sim->nmb) - 1u;
+    return (1u << sim->nrun) - 1u;
 }
 
 static void mf_areplay_data_op(mf_areplay *sim, const mf_op *op)
@@ -391,7 +396,7 @@ static void mf_areplay_event_op(mf_areplay *sim, const mf_op *op)
 
 static bool mf_areplay_when(const mf_areplay *sim, mf_when w)
 {
-    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && sim->first) || (w == MF_WHEN_LAST && sim->last);
+    return mf_when_holds(w, sim->at);
 }
 
 /* Issues the ops of one hook, in id order. */
@@ -461,9 +466,10 @@ static void mf_areplay_compute_reads(mf_areplay *sim, int kind, int v)
         const mf_absval *val = &sim->buf[fb].v;
         if (val->kind != V_WEIGHT)
             mf_areplay_bad(sim, actor, fb, "computes with %s, which holds a gradient", mf_verify_bufname(s, fb));
-        else if (val->version != sim->step)
-            mf_areplay_bad(sim, actor, fb, "computes with %s holding the main_weight of the previous step (T1 did not "
-                       "refresh it)", mf_verify_bufname(s, fb));
+        else if (val->version != sim->version)
+            mf_areplay_bad(sim, actor, fb, "computes with %s holding the main_weight of %s (T1 did not refresh it)",
+                           mf_verify_bufname(s, fb), kind == A_EVAL ? "before the last optimizer step"
+                                                                    : "the previous step");
         else if (!mf_placement_equal(&val->place, &c->rep, s->mesh.naxes))
             mf_areplay_bad(sim, actor, fb, "computes with %s holding %s, not the unsharded weight",
                        mf_verify_bufname(s, fb), mf_placement_format(&val->place, s->mesh.naxes, pa, sizeof pa));
@@ -513,7 +519,7 @@ static void mf_areplay_optimizer(mf_areplay *sim)
         } else if (val->mbs != mf_areplay_all_mbs(sim)) {
             char missing[64] = "";
             int n = 0;
-            for (int m = 0; m < sim->nmb; m++)
+            for (int m = 0; m < sim->nrun; m++)
                 if (!(val->mbs & (1u << m)))
                     n += snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s",
                                   n ? ", " : "", m == 0 ? "first" : m == sim->nmb - 1 ? "last" : "middle") > 0;
@@ -544,15 +550,24 @@ static void mf_areplay_run_hook(mf_areplay *sim, const mf_areplay_hooks *h, mf_p
     mf_areplay_hook(sim, h->ids + h->start[i], h->start[i + 1] - h->start[i]);
 }
 
+/* A step of sim->nrun microbatch positions (< sim->nmb: a short step, whose
+ * step_end runs the `short` program). */
 static void mf_areplay_step(mf_areplay *sim, const mf_areplay_hooks *h)
 {
     const mf_schedule *s = sim->c->s;
+    bool full = sim->nrun == sim->nmb;
+    sim->version = sim->step;
+    sim->at = MF_POS_FIRST | MF_POS_LAST;
     mf_areplay_run_hook(sim, h, MF_PHASE_STEP_BEGIN, -1);
-    for (int m = 0; m < sim->nmb; m++) {
+    for (int m = 0; m < sim->nrun; m++) {
+        bool last = full && m == sim->nmb - 1;
         sim->mb = m;
         sim->first = m == 0;
-        sim->last = m == sim->nmb - 1;
-        sim->pos = sim->nmb == 1 ? "first=last" : sim->first ? "first" : sim->last ? "last" : "middle";
+        sim->at = (sim->first ? MF_POS_FIRST : 0) | (last ? MF_POS_LAST : 0);
+        if (full)
+            sim->pos = sim->nmb == 1 ? "first=last" : sim->first ? "first" : last ? "last" : "middle";
+        else
+            sim->pos = sim->first ? "first (short step)" : "middle (short step)";
         sim->ncover = 0;
         for (int v = 0; v < s->nunits; v++) {
             mf_areplay_run_hook(sim, h, MF_PHASE_FORWARD_PRE, v);
@@ -575,8 +590,32 @@ static void mf_areplay_step(mf_areplay *sim, const mf_areplay_hooks *h)
             mf_areplay_run_hook(sim, h, MF_PHASE_BACKWARD_POST, v);
         }
     }
+    sim->at = full ? MF_POS_FIRST | MF_POS_LAST : MF_POS_SHORT;
     mf_areplay_run_hook(sim, h, MF_PHASE_STEP_END, -1);
     mf_areplay_optimizer(sim);
+}
+
+/* A microbatch index no step uses: what an evaluation pass writes is never
+ * taken for a microbatch's own value. */
+enum { EVAL_MB = 31 };
+
+/* An evaluation pass after step sim->step: the trainer reads each unit's
+ * unsharded weight, which must be the main_weight the optimizer just wrote. */
+static void mf_areplay_eval(mf_areplay *sim, const mf_areplay_hooks *h)
+{
+    const mf_schedule *s = sim->c->s;
+    sim->version = sim->step + 1;
+    sim->mb = EVAL_MB;
+    sim->first = false;
+    sim->at = MF_POS_FIRST | MF_POS_LAST;
+    sim->pos = "evaluation pass";
+    sim->ncover = 0;
+    for (int v = 0; v < s->nunits; v++) {
+        mf_areplay_run_hook(sim, h, MF_PHASE_EVAL_PRE, v);
+        mf_areplay_cover(sim, v, true);
+        mf_areplay_compute_reads(sim, A_EVAL, v);
+        mf_areplay_run_hook(sim, h, MF_PHASE_EVAL_POST, v);
+    }
 }
 
 /* Groups the buckets by first unit (`first`) or last unit, ascending within a
@@ -642,8 +681,16 @@ static void mf_areplay_run(mf_verify_ctx *c)
                                             .dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT], .version = 1, .step = 0};
     }
     sim.nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches;
-    for (sim.step = 1; sim.step <= 2; sim.step++)
+    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_replay_runs(s, runs);
+    for (int r = 0; r < nruns; r++) {
+        if (runs[r] == 0) {
+            mf_areplay_eval(&sim, &h);
+            continue;
+        }
+        sim.step++;
+        sim.nrun = runs[r];
         mf_areplay_step(&sim, &h);
+    }
 done:
     free(h.start);
     free(h.ids);

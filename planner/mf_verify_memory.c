@@ -2,8 +2,9 @@
  * mf_verify_memory: the verifier's hazards per memory region
  * (docs/semantics.md §10, docs/schedule.md "The verifier"). Buffers of the
  * transient arena share bytes when their live intervals do not overlap; this
- * replays two steps at every microbatch position (M = 1; first, last; first,
- * middle, last), with the trainer's accesses on the compute stream and vector
+ * replays the runs of mf_replay_runs (full steps at every microbatch
+ * position, short steps, evaluation passes between them), with the trainer's
+ * accesses on the compute stream and vector
  * clocks per stream, and tracks, per elementary byte range of the arena, the
  * last write and the latest read per stream. An access by one buffer must come
  * after (through the streams' order and event edges) every access of another
@@ -141,11 +142,6 @@ static void touch(vm_ctx *c, int b, bool write, int actor, int st)
     }
 }
 
-static bool holds(mf_when w, bool first, bool last)
-{
-    return w == MF_WHEN_EVERY || (w == MF_WHEN_FIRST && first) || (w == MF_WHEN_LAST && last);
-}
-
 static void run_op(vm_ctx *c, const mf_op *op)
 {
     int st = op->stream;
@@ -215,51 +211,69 @@ static bool index_units(vm_ctx *c)
     return true;
 }
 
-static void hook(vm_ctx *c, const int *list, int n, mf_phase phase, int u, bool first, bool last)
+/* Runs the ops of hook (phase, u) whose predicate holds at `pos` (MF_POS_*),
+ * then the trainer's accesses. */
+static void hook(vm_ctx *c, const int *list, int n, mf_phase phase, int u, unsigned pos)
 {
     const mf_schedule *s = c->s;
     for (int i = 0; i < n; i++) {
         const mf_op *op = &s->ops[list[i]];
         if (op->phase == phase && (u < 0 || op->unit == u) &&
-            (phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END || holds(op->when, first, last)))
+            mf_when_holds(op->when, pos))
             run_op(c, op);
     }
-    if (phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE)
+    if (phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE || phase == MF_PHASE_EVAL_PRE)
         trainer(c, phase, u);
 }
 
-/* Ops grouped by hook: lists[h] = op ids of hook h (mf_live_hook order). */
-static void replay(vm_ctx *c, const int *start, const int *ops, int nmb)
+/* The list of hook (phase, u): training hooks in mf_live_hook order, then
+ * the evaluation hooks by unit. */
+static int hook_key(const mf_schedule *s, mf_phase phase, int u)
+{
+    return mf_phase_is_eval(phase) ? 4 * s->nunits + 2 + u : mf_live_hook(s, phase, u);
+}
+
+static void run_hook(vm_ctx *c, const int *start, const int *ops, mf_phase phase, int u, unsigned pos)
+{
+    int h = hook_key(c->s, phase, u);
+    hook(c, ops + start[h], start[h + 1] - start[h], phase, u, pos);
+}
+
+/* A step of nrun microbatch positions out of nmb (fewer: a short step). */
+static void replay_step(vm_ctx *c, const int *start, const int *ops, int nrun, int nmb)
 {
     const mf_schedule *s = c->s;
     static const char *const names[3][3] = {{"only", "", ""}, {"first", "last", ""}, {"first", "middle", "last"}};
-    for (int step = 0; step < 2; step++) {
-        int h = mf_live_hook(s, MF_PHASE_STEP_BEGIN, -1);
-        c->mbname = "first";
-        hook(c, ops + start[h], start[h + 1] - start[h], MF_PHASE_STEP_BEGIN, -1, true, false);
-        for (int m = 0; m < nmb; m++) {
-            bool first = m == 0, last = m == nmb - 1;
-            c->mbname = names[nmb - 1][m];
-            for (int u = 0; u < s->nunits; u++)
-                for (int p = MF_PHASE_FORWARD_PRE; p <= MF_PHASE_FORWARD_POST; p++) {
-                    h = mf_live_hook(s, (mf_phase)p, u);
-                    hook(c, ops + start[h], start[h + 1] - start[h], (mf_phase)p, u, first, last);
-                }
-            for (int u = s->nunits - 1; u >= 0; u--)
-                for (int p = MF_PHASE_BACKWARD_PRE; p <= MF_PHASE_BACKWARD_POST; p++) {
-                    h = mf_live_hook(s, (mf_phase)p, u);
-                    hook(c, ops + start[h], start[h + 1] - start[h], (mf_phase)p, u, first, last);
-                }
-        }
-        h = mf_live_hook(s, MF_PHASE_STEP_END, -1);
-        hook(c, ops + start[h], start[h + 1] - start[h], MF_PHASE_STEP_END, -1, false, true);
+    static const char *const short_names[2] = {"first (short step)", "middle (short step)"};
+    bool full = nrun == nmb;
+    c->mbname = full ? "first" : short_names[0];
+    run_hook(c, start, ops, MF_PHASE_STEP_BEGIN, -1, MF_POS_FIRST | MF_POS_LAST);
+    for (int m = 0; m < nrun; m++) {
+        unsigned pos = (m == 0 ? MF_POS_FIRST : 0) | (full && m == nmb - 1 ? MF_POS_LAST : 0);
+        c->mbname = full ? names[nmb - 1][m] : short_names[m > 0];
+        for (int u = 0; u < s->nunits; u++)
+            for (int p = MF_PHASE_FORWARD_PRE; p <= MF_PHASE_FORWARD_POST; p++)
+                run_hook(c, start, ops, (mf_phase)p, u, pos);
+        for (int u = s->nunits - 1; u >= 0; u--)
+            for (int p = MF_PHASE_BACKWARD_PRE; p <= MF_PHASE_BACKWARD_POST; p++)
+                run_hook(c, start, ops, (mf_phase)p, u, pos);
+    }
+    run_hook(c, start, ops, MF_PHASE_STEP_END, -1, full ? MF_POS_FIRST | MF_POS_LAST : MF_POS_SHORT);
+}
+
+static void replay_eval(vm_ctx *c, const int *start, const int *ops)
+{
+    c->mbname = "evaluation pass";
+    for (int u = 0; u < c->s->nunits; u++) {
+        run_hook(c, start, ops, MF_PHASE_EVAL_PRE, u, MF_POS_FIRST | MF_POS_LAST);
+        run_hook(c, start, ops, MF_PHASE_EVAL_POST, u, MF_POS_FIRST | MF_POS_LAST);
     }
 }
 
 int mf_verify_memory(const mf_schedule *s, mf_diag *d)
 {
     vm_ctx c = {.s = s, .d = d};
-    int nh = 4 * s->nunits + 2, rc = -1;
+    int nh = 5 * s->nunits + 2, rc = -1;
     int *start = calloc((size_t)nh + 1, sizeof *start), *ops = malloc(sizeof *ops * (size_t)(s->nops + 1));
     int *fill = malloc(sizeof *fill * (size_t)(nh + 1));
     c.cut = malloc(sizeof *c.cut * (size_t)(2 * s->nbuffers + 2));
@@ -287,13 +301,20 @@ int mf_verify_memory(const mf_schedule *s, mf_diag *d)
             c.reg[r].read[t].buf = -1;
     }
     for (int i = 0; i < s->nops; i++)
-        start[mf_live_hook(s, s->ops[i].phase, s->ops[i].unit) + 1]++;
+        start[hook_key(s, s->ops[i].phase, s->ops[i].unit) + 1]++;
     for (int h = 0; h < nh; h++)
         start[h + 1] += start[h];
     memcpy(fill, start, sizeof *fill * (size_t)nh);
     for (int i = 0; i < s->nops; i++)
-        ops[fill[mf_live_hook(s, s->ops[i].phase, s->ops[i].unit)]++] = i;
-    replay(&c, start, ops, s->microbatches >= 3 ? 3 : (int)s->microbatches);
+        ops[fill[hook_key(s, s->ops[i].phase, s->ops[i].unit)]++] = i;
+    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_replay_runs(s, runs);
+    int nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches;
+    for (int r = 0; r < nruns; r++) {
+        if (runs[r] == 0)
+            replay_eval(&c, start, ops);
+        else
+            replay_step(&c, start, ops, runs[r], nmb);
+    }
     rc = c.errors;
 done:
     if (rc < 0) {

@@ -320,7 +320,7 @@ static bool opens_here(const mf_dbg_region *g, mf_phase phase, int unit)
     if (g->unit != unit)
         return false;
     if (g->kind == MF_DBG_WEIGHT)
-        return phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE;
+        return phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE || phase == MF_PHASE_EVAL_PRE;
     return phase == MF_PHASE_BACKWARD_PRE;
 }
 
@@ -329,7 +329,7 @@ static bool closes_here(const mf_dbg_region *g, mf_phase phase, int unit)
     if (g->unit != unit)
         return false;
     if (g->kind == MF_DBG_WEIGHT)
-        return phase == MF_PHASE_FORWARD_POST || phase == MF_PHASE_BACKWARD_POST;
+        return phase == MF_PHASE_FORWARD_POST || phase == MF_PHASE_BACKWARD_POST || phase == MF_PHASE_EVAL_POST;
     return phase == MF_PHASE_BACKWARD_POST;
 }
 

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "mf_rt.h"
+#include "mf_trace.h"
 
 /* ---- conversions ---- */
 
@@ -105,7 +106,7 @@ static mfsdp_result usable(mf_rt *rt, const char *fn)
 /* Between steps: before the first step_begin or after a step_end. */
 static mfsdp_result between_steps(mf_rt *rt, const char *fn, const char *what)
 {
-    if (rt->next_phase == MF_PHASE_STEP_BEGIN)
+    if (mf_trace_between_steps(rt))
         return MFSDP_OK;
     return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
                            "%s called inside a step: %s only between mfsdp_step_end and the next "

@@ -7,45 +7,20 @@
  * ascending id (record: next sequence number of its event; wait: the latest
  * issued one) and advances the expected hook.
  *
- * The order (docs/runtime.md §4): step_begin; per microbatch m, forward_pre/post for
- * units 0..U-1, then backward_pre/post for units U-1..0; step_end. A hook out
- * of order is refused with the expected hook named; nothing is issued and the
- * state does not move, so the trainer can still make the right call.
+ * The order is checked by mf_trace.c before anything is issued; its answer
+ * (the microbatch position, or a short step's end) picks the list.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "mf_debug.h"
 #include "mf_rt.h"
-
-static int mb_class(const mf_schedule *s, int64_t m)
-{
-    if (m < 0)
-        return MF_MB_ONLY;      /* step_begin / step_end: once per step */
-    return (m == 0 ? MF_MB_FIRST : 0) | (m == s->microbatches - 1 ? MF_MB_LAST : 0);
-}
-
-static bool when_holds(mf_when w, int cls)
-{
-    switch (w) {
-    case MF_WHEN_FIRST:
-        return (cls & MF_MB_FIRST) != 0;
-    case MF_WHEN_LAST:
-        return (cls & MF_MB_LAST) != 0;
-    default:
-        return true;
-    }
-}
+#include "mf_trace.h"
 
 static int list_index(const mf_schedule *s, mf_phase phase, int unit, int cls)
 {
     int slot = unit < 0 ? s->nunits : unit;
     return (((int)phase * (s->nunits + 1)) + slot) * MF_MB_CLASSES + cls;
-}
-
-int mf_replay_list(const mf_rt *rt, mf_phase phase, int unit, int64_t microbatch)
-{
-    return list_index(rt->s, phase, unit, mb_class(rt->s, microbatch));
 }
 
 mfsdp_result mf_replay_build_lists(mf_rt *rt)
@@ -59,7 +34,7 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
     int total = 0;
     for (int i = 0; i < s->nops; i++)
         for (int c = 0; c < MF_MB_CLASSES; c++)
-            if (when_holds(s->ops[i].when, c)) {
+            if (mf_when_holds(s->ops[i].when, (unsigned)c)) {
                 rt->list_start[list_index(s, s->ops[i].phase, s->ops[i].unit, c) + 1]++;
                 total++;
             }
@@ -73,7 +48,7 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
     }
     for (int i = 0; i < s->nops; i++)
         for (int c = 0; c < MF_MB_CLASSES; c++)
-            if (when_holds(s->ops[i].when, c)) {
+            if (mf_when_holds(s->ops[i].when, (unsigned)c)) {
                 int l = list_index(s, s->ops[i].phase, s->ops[i].unit, c);
                 rt->list_ops[rt->list_start[l] + fill[l]++] = i;
             }
@@ -91,68 +66,13 @@ int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st)
     return n;
 }
 
-/* ---- the hook order ---- */
-
-static void advance(mf_rt *rt)
+int64_t mf_replay_stream_capacity(const mf_rt *rt, mf_stream st)
 {
     const mf_schedule *s = rt->s;
-    int U = s->nunits;
-    switch (rt->next_phase) {
-    case MF_PHASE_STEP_BEGIN:
-        rt->next_mb = 0;
-        if (U == 0) {
-            rt->next_phase = MF_PHASE_STEP_END;
-            rt->next_unit = -1;
-        } else {
-            rt->next_phase = MF_PHASE_FORWARD_PRE;
-            rt->next_unit = 0;
-        }
-        break;
-    case MF_PHASE_FORWARD_PRE:
-        rt->next_phase = MF_PHASE_FORWARD_POST;
-        break;
-    case MF_PHASE_FORWARD_POST:
-        if (rt->next_unit + 1 < U) {
-            rt->next_phase = MF_PHASE_FORWARD_PRE;
-            rt->next_unit++;
-        } else {
-            rt->next_phase = MF_PHASE_BACKWARD_PRE;
-        }
-        break;
-    case MF_PHASE_BACKWARD_PRE:
-        rt->next_phase = MF_PHASE_BACKWARD_POST;
-        break;
-    case MF_PHASE_BACKWARD_POST:
-        if (rt->next_unit > 0) {
-            rt->next_phase = MF_PHASE_BACKWARD_PRE;
-            rt->next_unit--;
-        } else if (rt->next_mb + 1 < s->microbatches) {
-            rt->next_phase = MF_PHASE_FORWARD_PRE;
-            rt->next_mb++;
-        } else {
-            rt->next_phase = MF_PHASE_STEP_END;
-            rt->next_unit = -1;
-        }
-        break;
-    default:
-        rt->next_phase = MF_PHASE_STEP_BEGIN;
-        rt->next_unit = -1;
-        rt->next_mb = 0;
-        break;
-    }
-}
-
-/* "mfsdp_forward_pre(unit 2 \"layers.1\", microbatch 0)" */
-static void describe_hook(const mf_rt *rt, mf_phase phase, int unit, int64_t m, char *buf,
-                          size_t size)
-{
-    if (phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END) {
-        snprintf(buf, size, "mfsdp_%s()", mf_phase_name(phase));
-        return;
-    }
-    const char *name = unit >= 0 && unit < rt->s->nunits ? rt->s->units[unit].name : "?";
-    snprintf(buf, size, "mfsdp_%s(unit %d \"%s\", microbatch %lld)", mf_phase_name(phase), unit,
-             name, (long long)m);
+    int64_t n = mf_replay_stream_ops_per_step(rt, st);
+    for (int i = 0; i < s->nops; i++) /* a short step or an evaluation pass at most adds its program */
+        n += s->ops[i].stream == st && !mf_op_in_step(&s->ops[i]);
+    return n;
 }
 
 /* Issues one op (all execution models). */
@@ -209,34 +129,17 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
         snprintf(fn, sizeof fn, "mfsdp_%s", mf_phase_name(phase));
         return mf_rt_handle_check(rt, fn);
     }
-    const mf_schedule *s = rt->s;
     mfsdp_result res = sticky(rt);
     if (res != MFSDP_OK)
         return res;
-    bool per_unit = phase != MF_PHASE_STEP_BEGIN && phase != MF_PHASE_STEP_END;
-    if (per_unit && (unit < 0 || unit >= s->nunits))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_%s: unit %d is out of range (the schedule has %d units)",
-                               mf_phase_name(phase), unit, s->nunits);
-    if (per_unit && (m < 0 || m >= s->microbatches))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_%s: microbatch %lld is out of range (the schedule has %lld)",
-                               mf_phase_name(phase), (long long)m, (long long)s->microbatches);
-    if (!per_unit) {
+    unsigned pos;
+    if ((res = mf_trace_admit(rt, phase, unit, m, &pos)) != MFSDP_OK)
+        return res;
+    if (mf_phase_is_step(phase)) {
         unit = -1;
         m = -1;
     }
-    bool expected = phase == rt->next_phase &&
-                    (!per_unit || (unit == rt->next_unit && m == rt->next_mb));
-    if (!expected) {
-        char got[160], want[160];
-        describe_hook(rt, phase, unit, m, got, sizeof got);
-        describe_hook(rt, rt->next_phase, rt->next_unit, rt->next_mb, want, sizeof want);
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "%s called out of order: the schedule expects %s next", got, want);
-    }
-
-    int l = mf_replay_list(rt, phase, unit, m);
+    int l = list_index(rt->s, phase, unit, (int)pos);
     if (rt->check && (res = mf_debug_before(rt, phase, unit, m, l)) != MFSDP_OK)
         return res;
     int64_t t0 = mf_rt_now_ns(), wait_ns = 0;
@@ -247,7 +150,7 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     }
     if (!rt->native && !rt->synchronous)
         mf_streams_kick(rt);    /* the hook's entries were queued without waking anyone */
-    advance(rt);
+    mf_trace_advance(rt, phase, unit, m);
     if (rt->check && res == MFSDP_OK)
         mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)
@@ -296,6 +199,16 @@ MFSDP_API mfsdp_result mfsdp_backward_post(mfsdp_runtime *rt, int unit, int64_t 
 MFSDP_API mfsdp_result mfsdp_step_end(mfsdp_runtime *rt)
 {
     return mf_replay_hook(rt, MF_PHASE_STEP_END, -1, -1);
+}
+
+MFSDP_API mfsdp_result mfsdp_eval_forward_pre(mfsdp_runtime *rt, int unit)
+{
+    return mf_replay_hook(rt, MF_PHASE_EVAL_PRE, unit, -1);
+}
+
+MFSDP_API mfsdp_result mfsdp_eval_forward_post(mfsdp_runtime *rt, int unit)
+{
+    return mf_replay_hook(rt, MF_PHASE_EVAL_POST, unit, -1);
 }
 
 MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt)

@@ -10,6 +10,7 @@
  * number of thread-ranks may share it.
  */
 #include "mf_rt.h"
+#include "mf_trace.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -128,7 +129,6 @@ mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
     return code;
 }
 
-void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
 /* Reads the magic of a handle that may have been freed: ASan would report
  * that read, and its quarantine keeps the memory mapped, which is what the
  * check is for (best effort). */
@@ -149,6 +149,7 @@ mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn)
                            fn);
 }
 
+void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
 {
     pthread_mutex_lock(&rt->mu);
     if (rt->failed == MFSDP_OK) {
@@ -740,7 +741,7 @@ static mfsdp_result setup(mf_rt *rt)
     if (!rt->native && !rt->synchronous)
         for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
             mf_rt_stream *q = &rt->streams[st];
-            q->cap = mf_replay_stream_ops_per_step(rt, (mf_stream)st);
+            q->cap = mf_replay_stream_capacity(rt, (mf_stream)st);
             q->queue = mf_rt_calloc((size_t)(q->cap ? q->cap : 1), sizeof *q->queue);
             if (!q->queue)
                 return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (queues)");
@@ -873,8 +874,7 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     rt->be = be;
     rt->native = (be->caps & MF_BE_NATIVE_STREAMS) != 0;
     rt->synchronous = !rt->native && (rt->cfg.flags & MFSDP_FLAG_SYNCHRONOUS);
-    rt->next_phase = MF_PHASE_STEP_BEGIN;
-    rt->next_unit = -1;
+    mf_trace_reset(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
         rt->streams[st].rt = rt;
         rt->streams[st].id = (mf_stream)st;
@@ -924,7 +924,7 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
     pthread_mutex_unlock(&rt->mu);
     /* A rank that gives up in the middle of a step after an error (e.g. a
      * hook out of order) will never join its peers' collectives. */
-    bool gave_up = rt->next_phase != MF_PHASE_STEP_BEGIN && rt->err[0] != '\0';
+    bool gave_up = !mf_trace_between_steps(rt) && rt->err[0] != '\0';
     if (in_flight || failed || gave_up) {
         /* The rank's own last error is the root cause peers should see. */
         char why[768];

@@ -147,10 +147,13 @@ struct mfsdp_runtime {
     bool ops_waiting_space;     /* the host waits for room in a queue */
     mf_rt_stream streams[MF_STREAM_COUNT]; /* [MF_STREAM_COMPUTE] unused by threads */
 
-    /* hook state (host only): the next hook expected */
+    /* hook state (host only; mf_trace.c): the next hook expected */
     mf_phase next_phase;
     int next_unit;
     int64_t next_mb;
+    int eval_unit;              /* evaluation pass: the unit of the open window, or
+                                   the next one; -1 outside a pass */
+    bool eval_open;             /* between eval_forward_pre and _post */
 
     mfsdp_result failed;        /* sticky asynchronous failure (under mu) */
     char fail_msg[MF_RT_ERRLEN];
@@ -162,9 +165,6 @@ struct mfsdp_runtime {
     mfsdp_stats stats;          /* host-side counters; stream times merged on read */
 };
 
-/* Formats rt->err (or the thread's handle-less message when rt is NULL) and
- * returns code. */
-mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
 /* Every public entry taking a runtime calls this first: MFSDP_OK for a live
  * runtime; a NULL one is MFSDP_ERR_INVALID_ARGUMENT, one whose magic is gone
  * (destroyed, or never created) MFSDP_ERR_INVALID_USAGE, the message in the
@@ -173,6 +173,9 @@ mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
 mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn);
 /* The same test without a message, for the queries that return a value. */
 bool mf_rt_live(const mf_rt *rt);
+/* Formats rt->err (or the thread's handle-less message when rt is NULL) and
+ * returns code. */
+mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records the first asynchronous failure (thread-safe; takes mu) and wakes
  * every waiter; later failures keep the first message. */
@@ -198,12 +201,13 @@ const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b);
 /* mf_replay.c */
 /* Builds rt->list_start/list_ops. */
 mfsdp_result mf_replay_build_lists(mf_rt *rt);
-/* Index of the list for (phase, unit or -1, microbatch). */
-int mf_replay_list(const mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
 /* Runs a hook: checks the order, issues its ops, advances the state. */
 mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
-/* The most entries a stream is issued in one step (its queue capacity). */
+/* The most entries a stream is issued in one full step. */
 int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st);
+/* Its queue capacity: a full step's, plus the short-step and evaluation
+ * programs' ops on it. */
+int64_t mf_replay_stream_capacity(const mf_rt *rt, mf_stream st);
 
 /* mf_cpu_streams.c */
 /* Starts the inner and outer stream threads. */

@@ -86,6 +86,11 @@ static void check_shape(const mf_schedule *s)
             assert_int_equal(op->stream, op->axis == k - 1 ? MF_STREAM_INNER : MF_STREAM_OUTER);
         if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT)
             continue;
+        if (!mf_op_in_step(op)) { /* the programs: test_programs_shape */
+            assert_true(op->when == MF_WHEN_SHORT ? op->phase == MF_PHASE_STEP_END && op->transition == 4
+                                                  : op->phase == MF_PHASE_EVAL_PRE && op->transition <= 2);
+            continue;
+        }
         const mf_bucket *bk = &s->buckets[op->bucket];
         /* prefetch: forward gathers at forward_pre(unit - prefetch), backward
          * re-gathers at backward_pre(last_unit + prefetch), clamped */
@@ -206,8 +211,73 @@ static int count_ops(const mf_schedule *s, int phase, int unit, int kind, int st
     int n = 0;
     for (int i = 0; i < s->nops; i++)
         n += (int)s->ops[i].phase == phase && (unit < 0 || s->ops[i].unit == unit) && (int)s->ops[i].kind == kind &&
-             (int)s->ops[i].stream == stream;
+             (int)s->ops[i].stream == stream && mf_op_in_step(&s->ops[i]);
     return n;
+}
+
+static bool same_data(const mf_op *x, const mf_op *y)
+{
+    return x->kind == y->kind && x->bucket == y->bucket && x->axis == y->axis && x->count == y->count &&
+           x->src == y->src && x->dst == y->dst && x->dtype == y->dtype && x->stream == y->stream;
+}
+
+/* The short-step and evaluation programs (planner/mf_programs.c): the step's
+ * own T4 ops at a short step's end, in order; per unit its buckets' forward
+ * T1 and T2 at eval_forward_pre, compute waiting last; and the verifier
+ * refuses either program with any one of its data ops taken out. */
+static void test_programs_shape(void **state)
+{
+    (void)state;
+    const char *layouts[][3] = {{"RF", "PF", "FF"}, {"RF", "PF", "RF"}, {"FF", "FF", "FF"}};
+    for (int md = 0; md < 3; md++) {
+        char *text = st_mode_spec("dp_outer = 2, dp_inner = 4", layouts[md][0], layouts[md][1], layouts[md][2], 3, 3,
+                                  "", false);
+        mf_schedule *s = compile_or_fail(text);
+        free(text);
+        assert_true(s->programs);
+        int t4 = 0, k = 0;
+        for (int i = 0; i < s->nops; i++)
+            t4 += mf_op_in_step(&s->ops[i]) && s->ops[i].transition == 4;
+        for (int i = 0; i < s->nops; i++) {
+            const mf_op *op = &s->ops[i];
+            if (op->when != MF_WHEN_SHORT || op->transition != 4)
+                continue;
+            while (k < s->nops && !(mf_op_in_step(&s->ops[k]) && s->ops[k].transition == 4))
+                k++;
+            assert_true(k < s->nops && same_data(op, &s->ops[k]));
+            k++;
+            t4--;
+        }
+        assert_int_equal(t4, 0);
+        for (int u = 0; u < s->nunits; u++) {
+            int last = -1, gathers = 0;
+            for (int i = 0; i < s->nops; i++)
+                if (s->ops[i].phase == MF_PHASE_EVAL_PRE && s->ops[i].unit == u) {
+                    last = i;
+                    gathers += s->ops[i].transition >= 1;
+                }
+            if (gathers == 0)
+                continue;
+            assert_int_equal(s->ops[last].kind, MF_OP_WAIT);
+            assert_int_equal(s->ops[last].stream, MF_STREAM_COMPUTE);
+        }
+        size_t len;
+        char *yaml = st_emit(s, &len), err[1024];
+        for (int i = 0; i < s->nops; i++) {
+            if (mf_op_in_step(&s->ops[i]) || s->ops[i].kind == MF_OP_RECORD || s->ops[i].kind == MF_OP_WAIT)
+                continue;
+            mf_schedule *m = mf_schedule_load_buffer("t.yaml", yaml, len, err, sizeof err);
+            assert_non_null(m);
+            st_drop_op(m, i);
+            char *msgs = NULL;
+            if (st_verify(m, &msgs) == 0)
+                fail_msg("mode %d: the verifier accepts the programs without op %d", md, i);
+            free(msgs);
+            mf_schedule_free(m);
+        }
+        free(yaml);
+        mf_schedule_free(s);
+    }
 }
 
 /* The compute stream is joined at every hook docs/semantics.md §5 names. */
@@ -371,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_mode_counts),
         cmocka_unit_test(test_hfsdp_overlap),
         cmocka_unit_test(test_compute_edges),
+        cmocka_unit_test(test_programs_shape),
         cmocka_unit_test(test_keep_last),
         cmocka_unit_test(test_merged_buckets),
         cmocka_unit_test(test_buffers_and_lifetimes),

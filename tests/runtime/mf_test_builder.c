@@ -6,6 +6,7 @@
 #include "mf_test_builder.h"
 
 #include "mf_assign.h"
+#include "mf_programs.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -597,7 +598,7 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
         goto oom;
     /* Offsets in one arena and the waits reuse needs (planner/mf_assign.c),
      * as the compiler does. */
-    if (!mf_schedule_summarize(s) || !mf_assign_run(s, NULL))
+    if (!mf_schedule_summarize(s) || !mf_assign_run(s, NULL) || !mf_programs_run(s))
         goto oom;
     /* A hash of the structure (the builder has no file to hash). */
     uint64_t seed = spec->salt;

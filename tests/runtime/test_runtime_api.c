@@ -214,14 +214,18 @@ static void test_hook_order(void **state)
     mfsdp_schedule *sh = small("zero3", &mesh_1x1, 2, 0);
     mfsdp_local_group *g;
     mfsdp_runtime *rt = create_one(sh, &g);
-    expect_usage(mfsdp_forward_pre(rt, 0, 0), rt, "expects mfsdp_step_begin() next");
-    expect_usage(mfsdp_step_end(rt), rt, "mfsdp_step_end() called out of order");
+    expect_usage(mfsdp_forward_pre(rt, 0, 0), rt, "expects mfsdp_step_begin()");
+    expect_usage(mfsdp_step_end(rt), rt, "mfsdp_step_end() outside a step");
     assert_int_equal(mfsdp_step_begin(rt), MFSDP_OK);
     expect_usage(mfsdp_step_begin(rt), rt, "expects mfsdp_forward_pre(unit 0 \"embed\", microbatch 0)");
     expect_usage(mfsdp_forward_pre(rt, 1, 0), rt, "mfsdp_forward_pre(unit 1 \"layer\", microbatch 0) called out of order");
     expect_usage(mfsdp_forward_pre(rt, 0, 1), rt, "expects mfsdp_forward_pre(unit 0 \"embed\", microbatch 0)");
     assert_int_equal(mfsdp_forward_pre(rt, 5, 0), MFSDP_ERR_INVALID_ARGUMENT);
-    assert_int_equal(mfsdp_forward_pre(rt, 0, 2), MFSDP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(mfsdp_forward_pre(rt, 0, -1), MFSDP_ERR_INVALID_ARGUMENT);
+    /* One microbatch too many is a loop mistake, named as such. */
+    expect_usage(mfsdp_forward_pre(rt, 0, 2), rt,
+                 "mfsdp_forward_pre(unit 0 \"embed\", microbatch 2) but the schedule has 2 microbatches (0..1); "
+                 "call mfsdp_step_end");
     assert_int_equal(mfsdp_forward_pre(rt, 0, 0), MFSDP_OK);
     /* A skipped forward_post. */
     expect_usage(mfsdp_forward_pre(rt, 1, 0), rt, "expects mfsdp_forward_post(unit 0 \"embed\", microbatch 0)");
@@ -238,9 +242,14 @@ static void test_hook_order(void **state)
         assert_int_equal(mfsdp_backward_pre(rt, u, 0), MFSDP_OK);
         assert_int_equal(mfsdp_backward_post(rt, u, 0), MFSDP_OK);
     }
-    expect_usage(mfsdp_step_end(rt), rt, "expects mfsdp_forward_pre(unit 0 \"embed\", microbatch 1)");
+    /* An evaluation pass inside a step is refused; ending the step here would
+     * be a short step (test_short_step), but not inside a microbatch. */
+    expect_usage(mfsdp_eval_forward_pre(rt, 0), rt, "inside a step");
+    assert_int_equal(mfsdp_forward_pre(rt, 0, 1), MFSDP_OK);
+    expect_usage(mfsdp_step_end(rt), rt, "expects mfsdp_forward_post(unit 0 \"embed\", microbatch 1)");
     for (int u = 0; u < 3; u++) {
-        assert_int_equal(mfsdp_forward_pre(rt, u, 1), MFSDP_OK);
+        if (u > 0)
+            assert_int_equal(mfsdp_forward_pre(rt, u, 1), MFSDP_OK);
         assert_int_equal(mfsdp_forward_post(rt, u, 1), MFSDP_OK);
     }
     for (int u = 2; u >= 0; u--) {

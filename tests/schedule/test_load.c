@@ -165,20 +165,20 @@ static void test_non_canonical_input(void **state)
 static void test_format_and_keys(void **state)
 {
     (void)state;
-    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/9", "mfsdp-schedule/9", 1,
-        "unknown format 'mfsdp-schedule/9' (expected mfsdp-schedule/3)");
-    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/1", "mfsdp-schedule/1", 1,
+    bad("mfsdp-schedule/4", 1, "mfsdp-schedule/9", "mfsdp-schedule/9", 1,
+        "unknown format 'mfsdp-schedule/9' (expected mfsdp-schedule/4)");
+    bad("mfsdp-schedule/4", 1, "mfsdp-schedule/1", "mfsdp-schedule/1", 1,
         "format 'mfsdp-schedule/1' was written by an older mfsdpc: it has no buffer offsets or arena; "
-        "compile the spec again with this mfsdpc (expected mfsdp-schedule/3)");
-    bad("mfsdp-schedule/3", 1, "mfsdp-schedule/2", "mfsdp-schedule/2", 1,
+        "compile the spec again with this mfsdpc (expected mfsdp-schedule/4)");
+    bad("mfsdp-schedule/4", 1, "mfsdp-schedule/2", "mfsdp-schedule/2", 1,
         "format 'mfsdp-schedule/2' was written by an older mfsdpc: its summary has no interference_bytes and "
-        "calls the per-role model peak_bytes; compile the spec again with this mfsdpc (expected mfsdp-schedule/3)");
-    bad("format: mfsdp-schedule/3\n", 1, "", "source:", 1, "missing key 'format' (expected format: mfsdp-schedule/3)");
+        "calls the per-role model peak_bytes; compile the spec again with this mfsdpc (expected mfsdp-schedule/4)");
+    bad("format: mfsdp-schedule/4\n", 1, "", "source:", 1, "missing key 'format' (expected format: mfsdp-schedule/4)");
     bad("microbatches: 2\n", 1, "", "format", 1, "missing key 'microbatches' in the schedule");
     bad("reduce: avg\n", 1, "reduce: avg\nextra: 1\n", "extra", 1, "unknown key 'extra' in the schedule");
     bad("{id: 0, phase", 1, "{id: 0, id: 0, phase", "id: 0", 2, "duplicate key 'id' in an op");
     bad("{name: u0, reshard", 1, "{reshard", "{reshard", 1, "missing key 'name' in a unit");
-    bad("events: 15\n", 1, "", "format", 1, "missing key 'events' in the schedule");
+    bad("events: 29\n", 1, "", "format", 1, "missing key 'events' in the schedule");
     bad("op: cast,", 1, "op: cast, event: 3,", "event: 3", 1, "op 2: a cast op has no key 'event'");
     bad("op: record, event: 0}", 1, "op: record, event: 0, count: 77}", "count: 77", 1,
         "op 0: a record op has no key 'count'");
@@ -202,7 +202,7 @@ static void test_types(void **state)
     bad("mesh: {axes:", 1, "mesh: {axes: 3, xkey:", "xkey", 1, "unknown key 'xkey' in mesh");
     bad("dims: [37, 11]", 1, "dims: 37", "37}", 1, "expected a sequence for dims, got a scalar");
     bad("name: u0/L\n", 1, "name: [u0/L]\n", "[u0/L]\n", 1, "expected a string for the bucket name, got a sequence");
-    bad("format: mfsdp-schedule/3\n", 1, "- format: mfsdp-schedule/3\n", "source:", 1,
+    bad("format: mfsdp-schedule/4\n", 1, "- format: mfsdp-schedule/4\n", "source:", 1,
         "invalid YAML: did not find expected '-' indicator while parsing a block collection");
 }
 
@@ -214,8 +214,8 @@ static void test_enums(void **state)
     bad("placement: [Replicate, Flat]", 1, "placement: [Replicate, Sharded]", "Sharded", 1,
         "unknown placement 'Sharded' (expected Replicate, Flat, Partial)");
     bad("phase: forward_pre", 1, "phase: forward", "forward,", 1,
-        "unknown phase 'forward' (expected step_begin, forward_pre, forward_post, backward_pre, backward_post, step_end)");
-    bad("when: first", 1, "when: sometimes", "sometimes", 1, "unknown when 'sometimes' (expected first, every, last)");
+        "unknown phase 'forward' (expected step_begin, forward_pre, forward_post, backward_pre, backward_post, step_end, eval_forward_pre, eval_forward_post)");
+    bad("when: first", 1, "when: sometimes", "sometimes", 1, "unknown when 'sometimes' (expected first, every, last, short)");
     bad("stream: outer", 1, "stream: side", "side", 1, "unknown stream 'side' (expected compute, inner, outer)");
     bad("op: all_gather", 1, "op: broadcast", "broadcast", 1,
         "unknown op 'broadcast' (expected all_gather, reduce_scatter, all_reduce, slice, cast, accumulate, record, wait)");
@@ -238,10 +238,10 @@ static void test_references(void **state)
     bad("buckets: [u0/L]", 1, "buckets: [u1/L]", "u1/L]", 1, "unit 'u0' lists bucket 'u1/L', whose unit is 'u1'");
     bad("buckets: [u0/L]", 1, "buckets: []", "[]", 1, "unit 'u0' lists 0 buckets, but 1 buckets name it as their unit");
     bad("op: record, event: 0}", 1, "op: record, event: 99}", "99", 1,
-        "op 0: event 99 does not exist (the schedule has 15 events)");
+        "op 0: event 99 does not exist (the schedule has 29 events)");
     char msg[128];
     snprintf(msg, sizeof msg, "the schedule declares 100000 events but has only %d ops", base_nops);
-    bad("events: 15", 1, "events: 100000", "- {id: 0,", 1, msg);
+    bad("events: 29", 1, "events: 100000", "- {id: 0,", 1, msg);
     bad("last_unit: u1", 1, "last_unit: u0", "u0\n  layout", 2,
         "bucket 'u1/L': last_unit 'u0' comes before its unit 'u1'");
     bad("dst: u0/L.T1.cast}", 1, "dst: u1/L.T1.cast}", "u1/L.T1.cast}", 1,
@@ -334,7 +334,7 @@ static void test_summary(void **state)
 static void test_documents(void **state)
 {
     (void)state;
-    expect_refused("", NULL, 0, "the file is empty (expected a schedule, format mfsdp-schedule/3)");
+    expect_refused("", NULL, 0, "the file is empty (expected a schedule, format mfsdp-schedule/4)");
     expect_refused("- a\n- b\n", "- a", 1, "expected a schedule (a mapping), got a sequence");
     char *two = malloc(base_len + 32);
     snprintf(two, base_len + 32, "%s---\nx: 1\n", base);
@@ -348,7 +348,7 @@ static void test_documents(void **state)
     assert_non_null(strstr(err, ": error: invalid YAML: "));
     free(cut);
     /* a NUL inside a name */
-    char nul[] = "format: \"mfsdp-schedule/3\\0x\"\n";
+    char nul[] = "format: \"mfsdp-schedule/4\\0x\"\n";
     expect_refused(nul, "\"mfsdp", 1, "format contains a NUL character");
 }
 
