@@ -936,8 +936,11 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
     if (align & (align - 1))
         return mf_load_fail(l, v[T_ALIGN], "align must be a power of two, got %lld", (long long)align);
     s->align = align;
-    if (!mf_load_int32(l, v[T_PREFETCH], "prefetch", 1, &s->prefetch) ||
-        !mf_load_units(l, v[T_UNITS], &bucket_lists) || !mf_load_buckets(l, v[T_BUCKETS]) ||
+    int64_t prefetch;
+    if (!mf_load_int(l, v[T_PREFETCH], "prefetch", 1, MF_LIMIT_PREFETCH, &prefetch))
+        return false;
+    s->prefetch = (int)prefetch;
+    if (!mf_load_units(l, v[T_UNITS], &bucket_lists) || !mf_load_buckets(l, v[T_BUCKETS]) ||
         !mf_load_unit_buckets(l, bucket_lists) || !mf_load_buffers(l, v[T_BUFFERS], &buffer_where) ||
         !mf_load_bucket_buffers(l, buffer_where, v[T_BUFFERS]) ||
         !mf_load_int32(l, v[T_EVENTS], "events", 0, &s->nevents) ||

@@ -49,6 +49,8 @@ expect 2 "$loads" "$replay" mb_max.yaml --ranks 3
 expect 2 "mb_over.yaml:[0-9]+:[0-9]+: error: microbatches must be at most 65536, got 1099511627776" \
   "$replay" mb_over.yaml --ranks 3
 expect 1 "microbatches must be at most 65536" "$mfsdpc" simulate mb_over.yaml
+sub s.yaml pf_over.yaml "$(grep -m1 '^prefetch:' s.yaml)" "prefetch: 1025"
+expect 2 "pf_over.yaml:[0-9]+:[0-9]+: error: prefetch must be at most 1024, got 1025" "$replay" pf_over.yaml
 
 # ---- the mesh: 2^24 ranks, each axis size too ----
 mesh=$(grep -m1 '^mesh ' "$spec")
