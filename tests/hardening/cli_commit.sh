@@ -11,13 +11,12 @@
 #   cli_commit.sh MFSDPC SLOW_FSYNC_SO SPEC AUTO_SPEC WORKDIR
 set -u
 mfsdpc=$1 shim=$2 spec=$3 auto=$4 work=$5
-fails=0 ran=0
-rm -rf "$work" && mkdir -p "$work/d" && cd "$work" || exit 2
+. "$(dirname "$0")/cli_lib.sh"
+cli_begin "$work"
 cp "$spec" in.mfsdp
 cp "$auto" auto.mfsdp
 reset_d() { rm -rf d && mkdir d && for f in t.json t.svg out.yaml front.svg p.mfsdp; do echo "old $f" >"d/$f"; done; }
 snapshot() { (cd d && ls -A | sort | tr '\n' ' '; cat -- * | cksum); }
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
 
 # unchanged RC PATTERN CMD...: exit status RC, stderr matching PATTERN, d/ as before
 unchanged() {
@@ -70,5 +69,4 @@ signalled INT "$mfsdpc" compile in.mfsdp -o d/out.yaml
 signalled TERM "$mfsdpc" simulate in.mfsdp --trace d/t.json --svg d/t.svg
 signalled TERM "$mfsdpc" plan auto.mfsdp --memory 4MiB --svg d/front.svg -o d/p.mfsdp
 
-echo "$ran cases, $fails failed"
-[ $fails = 0 ]
+cli_end

@@ -9,9 +9,8 @@
 # that plan accepts with --memory 4MiB. Both start with a comment line.
 set -u
 mfsdpc=$1 spec=$2 auto=$3 work=$4
-fails=0 ran=0
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/cli_lib.sh"
+cli_begin "$work"
 
 # nul_at WHERE IN OUT: writes IN with one NUL byte put WHERE (comment: after
 # the first '#'; token: right after the first ';'); prints its line:col
@@ -29,15 +28,11 @@ PY
 }
 
 run_all() {  # run_all FILE AUTO_FILE WANT_RC PATTERN [AUTO_PATTERN]
-  local f=$1 a=$2 want=$3 c rc pat
+  local f=$1 a=$2 want=$3 c pat
   for c in "check $f" "compile $f -o out.yaml" "explain $f" "simulate $f" "plan $a --memory 4MiB"; do
-    ran=$((ran + 1))
     pat=$4; [ "${c%% *}" = plan ] && pat=${5:-$4}
     # shellcheck disable=SC2086
-    "$mfsdpc" $c >out.txt 2>err.txt; rc=$?
-    if [ "$rc" != "$want" ] || { [ -n "$pat" ] && ! grep -Eq -- "$pat" err.txt; }; then
-      fail "mfsdpc $c -> rc $rc (want $want${pat:+, /$pat/}): $(head -c 300 err.txt)"
-    else echo "ok: mfsdpc $c -> $rc${pat:+: $(head -n 1 err.txt)}"; fi
+    expect "$want" "$pat" "$mfsdpc" $c
   done
 }
 
@@ -54,5 +49,4 @@ printf 'unit "a\0b" layout zero3 {}\n' >name.mfsdp; cat "$spec" >>name.mfsdp
 printf 'unit "a\0b" layout zero3 {}\n' >name_auto.mfsdp; cat "$auto" >>name_auto.mfsdp
 run_all name.mfsdp name_auto.mfsdp 1 ":1:8: error: control character \\\\x00 in a string"
 
-echo "$ran runs, $fails failed"
-[ $fails = 0 ]
+cli_end

@@ -9,20 +9,8 @@
 # SPEC: a valid spec of 4 ranks whose first `microbatches` line is its own.
 set -u
 mfsdpc=$1 replay=$2 spec=$3 work=$4
-fails=0 ran=0
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
-fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
-
-# expect RC PATTERN CMD...: exit status RC and stderr matching PATTERN
-expect() {
-  local want=$1 pat=$2; shift 2
-  ran=$((ran + 1))
-  "$@" >out.txt 2>err.txt
-  local rc=$?
-  if [ "$rc" != "$want" ] || { [ -n "$pat" ] && ! grep -Eq -- "$pat" err.txt; }; then
-    fail "$(echo "$*" | cut -c1-120) -> rc $rc (want $want, /$pat/): $(head -c 300 err.txt)"
-  else echo "ok: $(echo "$*" | cut -c1-100) -> $rc: $(head -n 1 err.txt | cut -c1-160)"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
+cli_begin "$work"
 
 # sub IN OUT OLD NEW [N]: OUT is IN with the first OLD replaced by NEW, in
 # which each '@' stands for N bytes 'n' (a 1 MiB name, too long for argv)
@@ -92,5 +80,4 @@ if timeout 60 "$mfsdpc" plan plan4.mfsdp --memory 1GiB >out.txt 2>err.txt && gre
   echo "ok: plan4.mfsdp (within the limit) is searched: $(grep '^search:' out.txt | cut -c1-80)"
 else fail "plan within the limit: $(head -c 300 err.txt)"; fi
 
-echo "$ran cases, $fails failed"
-[ $fails = 0 ]
+cli_end
