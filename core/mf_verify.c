@@ -55,7 +55,7 @@
 #include "mf_hash.h"
 #include "mf_verify_memory.h"
 #include "mf_layout.h"
-#include "mf_passes.h"
+#include "mf_verify.h"
 #include "mf_struct.h"
 
 /* ---- context and findings ---- */

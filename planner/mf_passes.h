@@ -7,7 +7,7 @@
  *   mf_transition_run mf_transition.c      -> T1..T4 steps     (docs/semantics.md §4; the rules
  *                                          of T1..T4: mf_trans_rules.h)
  *   mf_lower_run      mf_lower.c           -> buffers, ops, events
- *   mf_verify_run     mf_verify.c          checks a schedule (docs/schedule.md §5): the core's
+ *   mf_verify_run     core/mf_verify.c         checks a schedule (docs/schedule.md §5): the core's
  *                                          structural rules (core/mf_struct.c), then
  *                                          the abstract replay
  *   mf_emit_yaml      mf_emit.c            schedule -> canonical YAML
@@ -22,6 +22,7 @@
 
 #include "mf_ast.h"
 #include "mf_plan.h"
+#include "mf_verify.h"
 
 /* Borrows ast; returns a spec allocated in `a`, or NULL when errors were reported. */
 mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a);
@@ -39,9 +40,7 @@ bool mf_lower_run(mf_plan *p, mf_diag *d);
  * the schedule's summary, checked against the plan's totals. */
 bool mf_lower_summarize(mf_plan *p, mf_diag *d);
 
-/* Checks a schedule (compiled or loaded); errors name op ids and buffers.
- * Returns the number of errors found (0 = verified). */
-int mf_verify_run(const mf_schedule *s, mf_diag *d);
+/* mf_verify_run: core/mf_verify.h (the runtime runs it on every load). */
 
 /* Writes the canonical YAML of s to out. Returns 0, or -1 on a write error. */
 int mf_emit_yaml(const mf_schedule *s, FILE *out);

@@ -11,6 +11,7 @@
  */
 #include "mf_rt.h"
 #include "mf_trace.h"
+#include "mf_verify.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -370,6 +371,44 @@ mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err
     return MFSDP_OK;
 }
 
+/*
+ * Verify on load (docs/runtime.md §2): the verifier's structure, replay and
+ * memory checks (core/mf_verify.c) on every schedule a trainer loads, so a
+ * hand-edited or damaged schedule is refused with the verifier's located
+ * message instead of replaying wrong. MFSDP_VERIFY=0 in the environment skips
+ * it for a trusted schedule (the loader's own checks still run). Takes s on
+ * failure.
+ */
+static bool verify_loaded(mf_schedule *s, char *err, size_t errlen)
+{
+    const char *env = getenv("MFSDP_VERIFY");
+    if (env && strcmp(env, "0") == 0)
+        return true;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) {
+        snprintf(err, errlen, "%s: out of memory (verifying the schedule)", s->source ? s->source : "<schedule>");
+        mf_schedule_free(s);
+        return false;
+    }
+    mf_source src = {s->source ? s->source : "<schedule>", NULL, 0};
+    mf_diag d;
+    mf_diag_init(&d, &src, mem);
+    d.max_errors = 1;
+    int n = mf_verify_run(s, &d);
+    fclose(mem);
+    if (n > 0) {
+        size_t first = text ? strcspn(text, "\n") : 0;
+        snprintf(err, errlen, "%.*s (the verifier found %d error%s; mfsdpc compile the spec again, or check "
+                 "the schedule with mfsdpc check)",
+                 (int)(first < 700 ? first : 700), text ? text : "", n, n == 1 ? "" : "s");
+        mf_schedule_free(s);
+    }
+    free(text);
+    return n == 0;
+}
+
 MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **out)
 {
     if (!path || !out)
@@ -381,6 +420,8 @@ MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **ou
         mf_rt_spec_hint_file(path, thread_err, sizeof thread_err);
         return MFSDP_ERR_LOAD;
     }
+    if (!verify_loaded(s, thread_err, sizeof thread_err))
+        return MFSDP_ERR_LOAD;
     return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
 }
 
@@ -397,6 +438,8 @@ MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *
         mf_rt_spec_hint(name ? name : "<buffer>", text, len, thread_err, sizeof thread_err);
         return MFSDP_ERR_LOAD;
     }
+    if (!verify_loaded(s, thread_err, sizeof thread_err))
+        return MFSDP_ERR_LOAD;
     return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
 }
 
