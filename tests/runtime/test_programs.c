@@ -6,6 +6,9 @@
  *
  *   test_programs SCHEDULE...          local backend, every schedule
  *   test_programs --mpi SCHEDULE       this process is one MPI rank
+ *   test_programs --mpi-recreate SCHEDULE   the same after a runtime destroyed
+ *                                      half-way through a step (and a refused
+ *                                      hook) in the same processes
  *
  * Each rank runs: an evaluation pass; a full step; two passes; a short step
  * of 1 microbatch; a short step of M-1; a full step; a pass; a full step.
@@ -263,7 +266,23 @@ static void test_programs_local(void **state)
         run_local(paths[i]);
 }
 
-static int run_mpi(const char *path, int *argc, char ***argv)
+#ifdef MFSDP_HAVE_MPI
+/* A runtime given up half-way through a step, after a hook the trace check
+ * refused: destroy must not hang or crash, and the next create must work. */
+static int abandon_mid_step(rank_run *r)
+{
+    OK(mfsdp_create(r->sh, &r->cfg, &r->rt));
+    OK(mfsdp_step_begin(r->rt));
+    OK(mfsdp_forward_pre(r->rt, 0, 0));
+    if (mfsdp_backward_pre(r->rt, 0, 0) != MFSDP_ERR_INVALID_USAGE)
+        FAIL("a backward_pre inside a forward window was not refused");
+    mfsdp_destroy(r->rt);
+    r->rt = NULL;
+    return 0;
+}
+#endif
+
+static int run_mpi(const char *path, bool recreate, int *argc, char ***argv)
 {
 #ifdef MFSDP_HAVE_MPI
     int provided;
@@ -277,7 +296,9 @@ static int run_mpi(const char *path, int *argc, char ***argv)
     mfsdp_config_init(&r.cfg);
     mfsdp_config_set_mpi(&r.cfg, &comm);
     r.cfg.timeout_ms = 60000;
-    r.rc = run_rank(&r);
+    r.rc = recreate ? abandon_mid_step(&r) : 0;
+    if (!r.rc)
+        r.rc = run_rank(&r);
     if (r.rc)
         fprintf(stderr, "FAILED: %s\n", r.msg);
     finish_rank(&r);
@@ -292,6 +313,7 @@ static int run_mpi(const char *path, int *argc, char ***argv)
     return any ? 1 : 0;
 #else
     (void)path;
+    (void)recreate;
     (void)argc;
     (void)argv;
     fprintf(stderr, "built without MPI\n");
@@ -301,8 +323,8 @@ static int run_mpi(const char *path, int *argc, char ***argv)
 
 int main(int argc, char **argv)
 {
-    if (argc >= 3 && !strcmp(argv[1], "--mpi"))
-        return run_mpi(argv[2], &argc, &argv);
+    if (argc >= 3 && (!strcmp(argv[1], "--mpi") || !strcmp(argv[1], "--mpi-recreate")))
+        return run_mpi(argv[2], !strcmp(argv[1], "--mpi-recreate"), &argc, &argv);
     paths = argv + 1;
     npaths = argc - 1;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_programs_local)};
