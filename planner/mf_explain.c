@@ -533,6 +533,20 @@ static void yaml_roles(yout *y, const char *k, const int64_t v[MF_ROLE_COUNT], i
     y_end_map(y);
 }
 
+/* key: [{axis, bytes}, ...] over the mesh's axes. */
+static void yaml_axis_bytes(yout *y, const mf_schedule *s, const char *key, const int64_t *bytes)
+{
+    y_raw(y, key);
+    y_seq(y, false);
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        y_map(y, true);
+        y_kstr(y, "axis", s->mesh.axes[j].name);
+        y_kint(y, "bytes", bytes[j]);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+}
+
 static bool yaml_totals(yout *y, const mf_plan *p)
 {
     const mf_schedule *s = p->sched;
@@ -554,15 +568,7 @@ static bool yaml_totals(yout *y, const mf_plan *p)
                 y_end_map(y);
             }
     y_end_seq(y);
-    y_raw(y, "bytes_per_rank_per_step");
-    y_seq(y, false);
-    for (int j = 0; j < s->mesh.naxes; j++) {
-        y_map(y, true);
-        y_kstr(y, "axis", s->mesh.axes[j].name);
-        y_kint(y, "bytes", sum.bytes[j]);
-        y_end_map(y);
-    }
-    y_end_seq(y);
+    yaml_axis_bytes(y, s, "bytes_per_rank_per_step", sum.bytes);
     y_raw(y, "memory_per_rank");
     y_map(y, false);
     y_kint(y, "peak", s->summary.allocated_bytes); /* allocated: the one peak */
@@ -595,15 +601,7 @@ static bool yaml_totals(yout *y, const mf_plan *p)
         y_map(y, false);
         y_kint(y, "peak_transient", ev.peak_transient);
         y_kint(y, "launches", ev.launches);
-        y_raw(y, "bytes_per_rank");
-        y_seq(y, false);
-        for (int j = 0; j < s->mesh.naxes; j++) {
-            y_map(y, true);
-            y_kstr(y, "axis", s->mesh.axes[j].name);
-            y_kint(y, "bytes", ev.bytes[j]);
-            y_end_map(y);
-        }
-        y_end_seq(y);
+        yaml_axis_bytes(y, s, "bytes_per_rank", ev.bytes);
         y_end_map(y);
     }
     y_end_map(y);

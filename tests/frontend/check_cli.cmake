@@ -51,3 +51,13 @@ expect_contains(out "usage: mfsdpc check")
 run(0 check --version)
 expect_contains(out "mfsdpc ")
 expect_contains(out "mfsdp-schedule/4")
+
+# explain shows the evaluation pass (docs/runtime.md §4.3): its peak within
+# the arena, its bytes per axis, and the short step's note.
+run(0 explain ${SCHEDULES}/hfsdp.mfsdp)
+expect_contains(out "evaluation pass (eval_forward_pre/post, between steps; no gradient buffers)")
+expect_contains(out "peak transient 141.8 KiB (145152 bytes) of the arena's 732.0 KiB")
+expect_contains(out "(12 launches a pass)")
+expect_contains(out "short step (step_end after m < M microbatches)")
+run(0 explain ${SCHEDULES}/hfsdp.mfsdp --format yaml)
+expect_contains(out "evaluation_pass:\n    peak_transient: 145152")
