@@ -280,7 +280,7 @@ static void test_sizes(void **state)
         "the size of tensor 'u0.a' overflows 64 bits");
     bad("microbatches: 2", 1, "microbatches: 0", "0\n", 1, "microbatches must be at least 1, got 0");
     bad("align: 256", 1, "align: 100", "100", 1, "align must be a power of two, got 100");
-    bad("prefetch: 1", 1, "prefetch: 3000000000", "3000000000", 1, "prefetch must be at most 2147483647, got 3000000000");
+    bad("prefetch: 1", 1, "prefetch: 3000000000", "3000000000", 1, "prefetch must be at most 1024, got 3000000000");
 }
 
 static void test_names_and_rules(void **state)
