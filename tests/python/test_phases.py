@@ -5,7 +5,9 @@ ranks (2 x 2 mesh) equal single-process torch for HSDP, HFSDP and ZeRO-3
 no_grad and inference_mode before the first step and after steps 0, 1 and 3);
 a runtime closed in the middle of a step, and one closed after a refused
 call, are followed by a fresh shard in the same processes that trains one
-step as torch does.
+step as torch does. (phases_worker's `lifecycle_runtime_error`, a close after
+a hook the runtime refused, is not run here: the runtime still segfaults or
+hangs in the next mfsdp_create in about 1 run of 4.)
 """
 import os
 
@@ -55,6 +57,10 @@ def test_eval_and_short_steps_match_single_process(runs, reference, layout):
     got = torch.load(os.path.join(runs, layout + ".pt"))
     ref_losses, ref_evals, ref = reference
     assert len(got["losses"]) == len(ref_losses) and len(got["evals"]) == len(ref_evals)
+    print("%s: eval loss rel err %.1e, train loss %.1e, params %.1e" % (
+        layout, max(abs(a - b) / abs(b) for a, b in zip(got["evals"], ref_evals)),
+        max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses)),
+        worst_param_err(got["full"], ref)))
     for a, b in zip(got["evals"], ref_evals):
         assert abs(a - b) <= 1e-6 * abs(b), ("eval", a, b)
     for a, b in zip(got["losses"], ref_losses):
@@ -68,11 +74,16 @@ def test_the_short_steps_matter(reference):
     assert worst_param_err({n: p.detach() for n, p in full_steps.items()}, reference[2]) > 1e-3
 
 
-def test_shard_again_after_closing_mid_step(tmp_path_factory):
-    got = torch.load(os.path.join(run_worker(tmp_path_factory, ["lifecycle"]), "lifecycle.pt"))
+def lifecycle_matches_torch(out, name):
+    got = torch.load(os.path.join(out, name + ".pt"))
     ref = gpt.make_model()
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     X, Y = gpt.make_data(1, train.WORLD, 2, 2)
     ref(X[0].reshape(-1, 16), Y[0].reshape(-1, 16)).backward()
     opt.step()
     assert worst_param_err(got["full"], dict(ref.named_parameters())) <= 1e-5
+
+
+def test_shard_again_after_closing_mid_step(tmp_path_factory):
+    lifecycle_matches_torch(run_worker(tmp_path_factory, ["lifecycle"]), "lifecycle")
+
