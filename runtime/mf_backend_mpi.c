@@ -770,8 +770,15 @@ static void mpi_close(mf_rt *rt)
     MPI_Finalized(&finalized);
     /* With a collective left pending the communicators stay: MPI keeps
      * progressing it, and Open MPI's nonblocking collectives use the
-     * communicator's internals until they complete. */
-    if (!finalized && !st->abandoned) {
+     * communicator's internals until they complete. They stay too after any
+     * abort (this rank's or a peer's), even with nothing pending here: a
+     * peer may still send into them (its half of a collective this rank
+     * never joined, its failure message), and Open MPI keeps a message for a
+     * freed context id until a new communicator takes that id -- where it
+     * would match the next runtime's collectives (a hang or a crash seen
+     * when a runtime was created again after one destroyed mid-step). */
+    bool keep = finalized || st->abandoned || st->aborted;
+    if (!keep) {
         for (int c = 0; st->comms && c < st->ncomms; c++)
             if (st->comms[c] != MPI_COMM_NULL)
                 MPI_Comm_free(&st->comms[c]);
@@ -801,7 +808,11 @@ static void mpi_close(mf_rt *rt)
         }
     mf_rt_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
-    mf_rt_free(st);
+    /* A kept error channel's receive is still posted into st->err_in. */
+    if (keep && st->err_ok && !st->err_done)
+        mf_rt_graveyard(st);
+    else
+        mf_rt_free(st);
     rt->be_state = NULL;
 }
 

@@ -203,6 +203,9 @@ _PROTOTYPES = {
     "mfsdp_allreduce": (_RES, [_P, ctypes.POINTER(ctypes.c_double), _INT, _INT]),
     "mfsdp_grad_norm": (_RES, [_P, ctypes.POINTER(ctypes.c_double)]),
     "mfsdp_grad_clip": (_RES, [_P, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+    # evaluation passes (mfsdp.h; docs/runtime.md §4.3)
+    "mfsdp_eval_forward_pre": (_RES, [_P, _INT]),
+    "mfsdp_eval_forward_post": (_RES, [_P, _INT]),
     # checkpoints (mfsdp_ckpt.h)
     "mfsdp_ckpt_save": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptSaveOptions)]),
     "mfsdp_ckpt_load": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptLoadOptions)]),
@@ -211,14 +214,10 @@ _PROTOTYPES = {
     "mfsdp_ckpt_export_hf": (_RES, [_P, ctypes.c_char_p, _INT, ctypes.POINTER(HfOptions),
                                     ctypes.c_uint64]),
 }
-# Present only in a library built with the CUDA/NCCL backend; and the
-# evaluation hooks, declared in mfsdp.h before every build defines them
-# (Runtime.eval_forward_pre says so when they are missing).
+# Present only in a library built with the CUDA/NCCL backend.
 _OPTIONAL = {
     "mfsdp_nccl_stream": (_P, [_P, _INT]),
     "mfsdp_nccl_device": (_INT, [_P]),
-    "mfsdp_eval_forward_pre": (_RES, [_P, _INT]),
-    "mfsdp_eval_forward_post": (_RES, [_P, _INT]),
 }
 
 _lock = threading.Lock()

@@ -246,17 +246,10 @@ class Runtime:
         """An evaluation (forward-only) pass between steps: unit u's weights
         are valid from eval_forward_pre(u) to eval_forward_post(u), units
         0..U-1 in order; no gradient buffer is touched."""
-        self._eval_hook("mfsdp_eval_forward_pre", unit)
+        self._check(self._lib.mfsdp_eval_forward_pre(self.handle, unit), "mfsdp_eval_forward_pre")
 
     def eval_forward_post(self, unit):
-        self._eval_hook("mfsdp_eval_forward_post", unit)
-
-    def _eval_hook(self, name, unit):
-        fn = getattr(self._lib, name, None)
-        if fn is None:
-            raise MfsdpError(8, "this libmfsdp has no %s (a build older than the evaluation "
-                                "hooks): rebuild it to run a forward between steps" % name, name)
-        self._check(fn(self.handle, unit), name)
+        self._check(self._lib.mfsdp_eval_forward_post(self.handle, unit), "mfsdp_eval_forward_post")
 
     def synchronize(self):
         self._check(self._lib.mfsdp_synchronize(self.handle), "mfsdp_synchronize")

@@ -42,10 +42,6 @@ def microbatch(model, X, Y, s, m, scale):
     return loss
 
 
-# the runtime's evaluation program and short steps (issue 24), in every libmfsdp from then on
-needs_phases = pytest.mark.skipif(
-    not hasattr(mfsdp._lib.load(), "mfsdp_eval_forward_pre"),
-    reason="this libmfsdp predates the evaluation hooks and short steps")
 
 
 def usage_error(fn, *needles):
@@ -128,7 +124,6 @@ def test_helpers_inside_a_step_are_refused():
     sm.close()
 
 
-@needs_phases
 def test_finish_step_misuse_is_refused():
     model, sm = sharded(M=3)
     X, Y = batch(3)
@@ -269,7 +264,6 @@ def test_main_parameters_carry_full_names_and_shapes():
 PLAN, EVALS = phases.PLAN, phases.EVALS
 
 
-@needs_phases
 def test_evaluation_and_short_steps_equal_torch():
     losses, evals, sm = phases.train("zero3", 3, PLAN, EVALS)
     full = sm.full_state_dict()

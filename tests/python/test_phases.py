@@ -3,11 +3,10 @@ test_phases: evaluation forwards between steps and short steps on 4 MPI
 ranks (2 x 2 mesh) equal single-process torch for HSDP, HFSDP and ZeRO-3
 (phases.py: M = 3, steps of 3, 2, 3 and 1 microbatches, evaluation under
 no_grad and inference_mode before the first step and after steps 0, 1 and 3);
-a runtime closed in the middle of a step, and one closed after a refused
-call, are followed by a fresh shard in the same processes that trains one
-step as torch does. (phases_worker's `lifecycle_runtime_error`, a close after
-a hook the runtime refused, is not run here: the runtime still segfaults or
-hangs in the next mfsdp_create in about 1 run of 4.)
+a runtime closed in the middle of a step, one closed after a refused call,
+and one closed after a hook the C runtime itself refused mid-step (the first
+rank to close aborts its peers' step) are each followed by a fresh shard in
+the same processes that trains one step as torch does.
 """
 import os
 
@@ -24,9 +23,6 @@ LAYOUTS = ["hsdp", "hfsdp", "zero3"]
 
 pytestmark = pytest.mark.skipif(not mfsdp.backend_available("mpi"),
                                 reason="libmfsdp built without the MPI backend")
-needs_phases = pytest.mark.skipif(
-    not hasattr(mfsdp._lib.load(), "mfsdp_eval_forward_pre"),
-    reason="this libmfsdp predates the evaluation hooks and short steps")
 
 
 def run_worker(tmp_path_factory, args):
@@ -51,7 +47,6 @@ def reference():
     return phases.reference(3, phases.PLAN, phases.EVALS, world=train.WORLD)
 
 
-@needs_phases
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_eval_and_short_steps_match_single_process(runs, reference, layout):
     got = torch.load(os.path.join(runs, layout + ".pt"))
@@ -86,4 +81,9 @@ def lifecycle_matches_torch(out, name):
 
 def test_shard_again_after_closing_mid_step(tmp_path_factory):
     lifecycle_matches_torch(run_worker(tmp_path_factory, ["lifecycle"]), "lifecycle")
+
+
+def test_shard_again_after_a_runtime_error_mid_step(tmp_path_factory):
+    out = run_worker(tmp_path_factory, ["lifecycle_runtime_error"])
+    lifecycle_matches_torch(out, "lifecycle_runtime_error")
 
