@@ -2,7 +2,7 @@
  * mf_struct: the structural rules of a schedule, written once. The loader
  * (core/mf_load.c) runs them on every file it reads, the runtime on every
  * schedule it is handed in memory (mf_rt_schedule_wrap), the verifier
- * (planner/mf_verify.c) on every schedule it checks, before its abstract
+ * (core/mf_verify.c) on every schedule it checks, before its abstract
  * replay. The rules (mf_schedule.h states them; docs/schedule.md explains):
  *
  *   buffers    the normative buffer set of a bucket (one main_weight, weight,

@@ -20,7 +20,7 @@
  * of the chain thus comes after everything issued before the hook and before
  * everything compute does after it, so the arena's reuse rule holds whatever
  * the step's schedule overlapped; the verifier replays both programs anyway
- * (planner/mf_verify.c, mf_verify_memory.c). The price is no overlap inside
+ * (core/mf_verify.c, mf_verify_memory.c). The price is no overlap inside
  * the chain: a short step is rare, and an evaluation pass has no backward to
  * hide its gathers behind.
  *
