@@ -19,6 +19,13 @@
 # cold load/dd-read-cold (the issue's goal: >= 0.8), warm load/ref-read-warm
 # cold load/ref-read-cold and cold load/dd-read-direct, cut cold load/cold
 # load and cut cold load/dd-read-cold, and the load average.
+# Each round also runs dcp_reference.py (with $PYTHON, default the repository's
+# build/venv/bin/python, when it has torch.distributed.checkpoint): PyTorch
+# DCP saving the same 48 tensors (192 MiB) and loading them cold, dropped
+# from the page cache the same way (one load per round, as the bench's one
+# cold load; the two alternate which goes first); it prints the medians and
+# ranges of both cold loads and the per-round ratio mfsdp / DCP (the goal of
+# issue 30: >= 2).
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-bench}
@@ -31,14 +38,26 @@ work=${2:-$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-ckpt-bench.XXXXXX")}
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
 now() { date +%s.%N; }
+python=${PYTHON:-$root/build/venv/bin/python}
+if ! "$python" -c 'import torch.distributed.checkpoint' 2>/dev/null; then
+  echo "dcp: skipped ($python has no torch.distributed.checkpoint; set PYTHON)"
+  python=
+fi
+dcp_cold() { # the DCP reference's cold load, MiB/s, or - when skipped
+  if [ -z "$python" ]; then echo -; return; fi
+  "$python" "$root/bench/ckpt/dcp_reference.py" "$work" 1 >"$work/dcp.txt"
+  sed -n 's/^dcp_load_cold_MiBps=\([0-9]*\).*/\1/p' "$work/dcp.txt"
+}
 log=$work/rounds.txt
 : >"$log"
 i=0
 while [ "$i" -lt "$rounds" ]; do
   rm -rf "$work/b" "$work/dd"
   mkdir -p "$work/b"
+  if [ $((i % 2)) -eq 1 ]; then dcp=$(dcp_cold); fi
   out=$("$build/bench/ckpt/mfsdp-ckpt-bench" "$build/bench/ckpt/hsdp_2x4.yaml" \
         "$build/bench/ckpt/zero3_1x8.yaml" "$work/b" 1 "$build/bench/ckpt/zero3_1x6.yaml")
+  if [ $((i % 2)) -eq 0 ]; then dcp=$(dcp_cold); fi
   mib=$(($(echo "$out" | sed -n 's/^ckpt_unique_bytes=//p') / 1048576))
   t0=$(now)
   dd if=/dev/zero of="$work/dd" bs=1M count="$mib" conv=fsync status=none
@@ -51,24 +70,31 @@ while [ "$i" -lt "$rounds" ]; do
   t4=$(now)
   dd if="$work/dd" of=/dev/null bs=4M iflag=direct status=none
   t5=$(now)
-  echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -v t5="$t5" -F= '
+  echo "$out" | awk -v mib="$mib" -v t0="$t0" -v t1="$t1" -v t2="$t2" -v t3="$t3" -v t4="$t4" -v t5="$t5" \
+      -v dcp="$dcp" -F= '
     {split($2, w, " "); v[$1] = w[1]}
     END {
-      printf "%s %s %s %s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
+      printf "%s %s %s %s %s %s %s %s %s %s %s %s %s\n", v["ckpt_save_MiBps"], v["ckpt_load_warm_MiBps"],
              v["ckpt_load_cold_MiBps"], v["ckpt_reshard_MiBps"], mib / (t1 - t0), mib / (t2 - t1),
              mib / (t4 - t3), v["ckpt_ref_read_warm_MiBps"], v["ckpt_ref_read_cold_MiBps"], mib / (t5 - t4),
-             v["ckpt_cut_load_warm_MiBps"], v["ckpt_cut_load_cold_MiBps"]
+             v["ckpt_cut_load_warm_MiBps"], v["ckpt_cut_load_cold_MiBps"], dcp
     }' >>"$log"
   i=$((i + 1))
 done
 echo "$out"
+[ -z "$python" ] || cat "$work/dcp.txt"
 awk -v n="$rounds" '
   function median(a, k,    b, i, j, t) {
     for (i = 1; i <= k; i++) b[i] = a[i]
     for (i = 2; i <= k; i++) for (j = i; j > 1 && b[j - 1] > b[j]; j--) { t = b[j]; b[j] = b[j - 1]; b[j - 1] = t }
     return k % 2 ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
   }
-  { for (c = 1; c <= 12; c++) col[c, NR] = $c
+  function range(a, k, f,    i, lo, hi) {
+    lo = hi = a[1]
+    for (i = 2; i <= k; i++) { if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
+    return sprintf(f " to " f, lo, hi)
+  }
+  { for (c = 1; c <= 13; c++) col[c, NR] = $c
     rs[NR] = $1 / $5; rw[NR] = $2 / $6; rc[NR] = $3 / $7; qw[NR] = $2 / $8; qc[NR] = $3 / $9; rd[NR] = $3 / $10
     xc[NR] = $12 / $3; xd[NR] = $12 / $7 }
   END {
@@ -85,6 +111,15 @@ awk -v n="$rounds" '
     printf "cut_load_cold_over_dd_read_cold=%.2f\n", median(xd, NR)
     printf "per round (save/ddw, warm/ddr, cold/ddr, warm/ref, cold/ref, cold/dd-direct, cut cold/cold):"
     for (r = 1; r <= NR; r++) printf " %.2f/%.2f/%.2f/%.2f/%.2f/%.2f/%.2f", rs[r], rw[r], rc[r], qw[r], qc[r], rd[r], xc[r]
+    printf "\n"
+    if (col[13, NR] == "-") exit
+    for (r = 1; r <= NR; r++) { x[r] = col[3, r]; y[r] = col[13, r]; rr[r] = col[3, r] / col[13, r] }
+    printf "cold load vs PyTorch DCP (the same 192 MiB, one process; medians [range]):\n"
+    printf "  mfsdp_load_cold_MiBps=%.0f [%s]\n", median(x, NR), range(x, NR, "%.0f")
+    printf "  dcp_load_cold_MiBps=%.0f [%s]\n", median(y, NR), range(y, NR, "%.0f")
+    printf "  load_cold_over_dcp_load_cold=%.2f [%s] (goal >= 2)\n", median(rr, NR), range(rr, NR, "%.2f")
+    printf "  per round (mfsdp cold / DCP cold):"
+    for (r = 1; r <= NR; r++) printf " %.0f/%.0f=%.2f", x[r], y[r], rr[r]
     printf "\n"
   }' "$log"
 df -T "$work" | tail -1 | awk '{print "filesystem=" $2 " (" $7 ")"}'
