@@ -95,9 +95,12 @@ def drop_cache(path):
 def main(argv):
     if len(argv) not in (2, 3):
         sys.exit("usage: dcp_reference.py DIR [REPEATS]")
-    repeats = int(argv[2]) if len(argv) == 3 else 5
-    if not 1 <= repeats <= 64:
-        sys.exit("dcp_reference.py: REPEATS must be 1..64")
+    repeats = argv[2] if len(argv) == 3 else "5"
+    if not repeats.isdigit() or not 1 <= int(repeats) <= 64:
+        sys.exit(f"dcp_reference.py: REPEATS must be 1..64, not {repeats!r}")
+    repeats = int(repeats)
+    if not os.path.isdir(argv[1]):
+        sys.exit(f"dcp_reference.py: {argv[1]}: not a directory")
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     path = os.path.join(argv[1], "dcp")
     shutil.rmtree(path, ignore_errors=True)
