@@ -217,7 +217,8 @@ static mfsdp_result mf_ckpt_load_parts(mf_rt *rt, mf_ckpt_reader *r, char *err, 
         free(all);
         return snprintf(err, errlen, "out of memory"), MFSDP_ERR_OUT_OF_MEMORY;
     }
-    memcpy(own, r->parts, (size_t)r->nparts * sizeof *own);
+    if (r->nparts > 0) /* this rank may have read no part (parts NULL) */
+        memcpy(own, r->parts, (size_t)r->nparts * sizeof *own);
     for (int64_t i = r->nparts; i < most; i++)
         own[i].piece = -1; /* padding: no piece */
     res = rt->be->allgather(rt, own, per, all, err, errlen);
