@@ -170,6 +170,11 @@ int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX])
     return n;
 }
 
+bool mf_op_is_data(const mf_op *op)
+{
+    return op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
+}
+
 bool mf_phase_is_step(mf_phase phase)
 {
     return phase == MF_PHASE_STEP_BEGIN || phase == MF_PHASE_STEP_END;

@@ -360,6 +360,8 @@ bool mf_when_holds(mf_when w, unsigned pos);
  * MF_REPLAY_RUNS_MAX). */
 #define MF_REPLAY_RUNS_MAX 10
 int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX]);
+/* A data op (not a record or a wait). */
+bool mf_op_is_data(const mf_op *op);
 /* step_begin or step_end: once per step, unit -1. */
 bool mf_phase_is_step(mf_phase phase);
 /* eval_forward_pre or eval_forward_post: the evaluation program. */

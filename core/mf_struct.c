@@ -664,7 +664,7 @@ int mf_struct_check(const mf_schedule *s, unsigned flags, mf_struct_sink *k)
     mf_hash memo = MF_HASH_EMPTY;
     for (int i = 0; i < s->nops && !k->stop; i++) {
         const mf_op *op = &s->ops[i];
-        bool data = op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
+        bool data = mf_op_is_data(op);
         int seen = k->findings;
         if (data)
             mf_struct_data_op(s, i, k);

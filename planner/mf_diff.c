@@ -168,11 +168,6 @@ static bool mf_diff_same_key(const mf_schedule *a, const mf_op *x, const mf_sche
            strcmp(mf_diff_axis(a, x->axis), mf_diff_axis(b, y->axis)) == 0;
 }
 
-static bool mf_diff_is_data(const mf_op *op)
-{
-    return op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
-}
-
 /* Ops of bucket ba of A against bucket bb of B (either may be -1). */
 static int mf_diff_ops(mf_diff_ctx *c, int ba, int bb)
 {
@@ -182,12 +177,12 @@ static int mf_diff_ops(mf_diff_ctx *c, int ba, int bb)
         return -1;
     for (int i = 0; bb >= 0 && i < b->nops; i++) {
         const mf_op *y = &b->ops[i];
-        if (!mf_diff_is_data(y) || y->bucket != bb)
+        if (!mf_op_is_data(y) || y->bucket != bb)
             continue;
         int m = -1;
         for (int j = 0; ba >= 0 && j < a->nops && m < 0; j++) {
             const mf_op *x = &a->ops[j];
-            if (!used[j] && mf_diff_is_data(x) && x->bucket == ba && mf_diff_same_key(a, x, b, y))
+            if (!used[j] && mf_op_is_data(x) && x->bucket == ba && mf_diff_same_key(a, x, b, y))
                 m = j;
         }
         if (m < 0) {
@@ -198,7 +193,7 @@ static int mf_diff_ops(mf_diff_ctx *c, int ba, int bb)
         }
     }
     for (int j = 0; ba >= 0 && j < a->nops; j++)
-        if (!used[j] && mf_diff_is_data(&a->ops[j]) && a->ops[j].bucket == ba)
+        if (!used[j] && mf_op_is_data(&a->ops[j]) && a->ops[j].bucket == ba)
             mf_diff_print_op(c, '-', a, &a->ops[j]);
     free(used);
     return 0;

@@ -114,15 +114,10 @@ static void chain_end(chain *c)
             sync_op(c, MF_STREAM_COMPUTE, MF_OP_WAIT, c->barrier[st]);
 }
 
-static bool is_data(const mf_op *op)
-{
-    return op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT;
-}
-
 /* A forward gather of the step: T1, or T2 at forward_pre (not the re-gather). */
 static bool is_forward_gather(const mf_op *op)
 {
-    return is_data(op) && mf_op_in_step(op) &&
+    return mf_op_is_data(op) && mf_op_in_step(op) &&
            (op->transition == 1 || (op->transition == 2 && op->phase == MF_PHASE_FORWARD_PRE));
 }
 
@@ -171,7 +166,7 @@ static void short_program(chain *c, const mf_op *step_ops, int nstep)
 {
     chain_begin(c, MF_PHASE_STEP_END, -1, MF_WHEN_SHORT);
     for (int i = 0; i < nstep; i++)
-        if (is_data(&step_ops[i]) && mf_op_in_step(&step_ops[i]) && step_ops[i].transition == 4)
+        if (mf_op_is_data(&step_ops[i]) && mf_op_in_step(&step_ops[i]) && step_ops[i].transition == 4)
             chain_add(c, &step_ops[i]);
     chain_end(c);
 }
@@ -180,7 +175,7 @@ bool mf_programs_run(mf_schedule *s)
 {
     bool used[MF_STREAM_COUNT] = {false};
     for (int i = 0; i < s->nops; i++)
-        if (is_data(&s->ops[i]))
+        if (mf_op_is_data(&s->ops[i]))
             used[s->ops[i].stream] = true;
     mf_vec ops;
     mf_vec_init(&ops, sizeof(mf_op));
@@ -227,7 +222,7 @@ bool mf_programs_eval_figures(const mf_schedule *s, mf_eval_figures *out)
     }
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
-        if (op->phase != MF_PHASE_EVAL_PRE || !is_data(op))
+        if (op->phase != MF_PHASE_EVAL_PRE || !mf_op_is_data(op))
             continue;
         if (mf_opkind_is_collective(op->kind)) {
             out->bytes[op->axis] += mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);

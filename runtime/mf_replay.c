@@ -135,10 +135,6 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     unsigned pos;
     if ((res = mf_trace_admit(rt, phase, unit, m, &pos)) != MFSDP_OK)
         return res;
-    if (mf_phase_is_step(phase)) {
-        unit = -1;
-        m = -1;
-    }
     int l = list_index(rt->s, phase, unit, (int)pos);
     if (rt->check && (res = mf_debug_before(rt, phase, unit, m, l)) != MFSDP_OK)
         return res;
@@ -150,7 +146,7 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     }
     if (!rt->native && !rt->synchronous)
         mf_streams_kick(rt);    /* the hook's entries were queued without waking anyone */
-    mf_trace_advance(rt, phase, unit, m);
+    mf_trace_advance(rt, phase, unit);
     if (rt->check && res == MFSDP_OK)
         mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)

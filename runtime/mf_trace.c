@@ -116,10 +116,6 @@ mfsdp_result mf_trace_admit(mf_rt *rt, mf_phase phase, int unit, int64_t m, unsi
                                got, (long long)s->microbatches, s->microbatches == 1 ? "" : "es",
                                (long long)s->microbatches - 1);
     }
-    if (!per_unit) {
-        unit = -1;
-        m = -1;
-    }
     bool expected = phase == rt->next_phase && (!per_unit || (unit == rt->next_unit && m == rt->next_mb));
     if (expected) {
         if (per_unit)
@@ -143,10 +139,9 @@ mfsdp_result mf_trace_admit(mf_rt *rt, mf_phase phase, int unit, int64_t m, unsi
     return refuse(rt, phase, unit, m, "called out of order");
 }
 
-void mf_trace_advance(mf_rt *rt, mf_phase phase, int unit, int64_t m)
+void mf_trace_advance(mf_rt *rt, mf_phase phase, int unit)
 {
     int U = rt->s->nunits;
-    (void)m;
     switch (phase) {
     case MF_PHASE_STEP_BEGIN:
         rt->eval_unit = -1;

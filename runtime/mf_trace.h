@@ -13,13 +13,13 @@
 
 #include "mf_rt.h"
 
-/* Checks hook (phase, unit, microbatch; -1 for the step hooks) against the
+/* Checks hook (phase, unit, microbatch; both -1 for the step hooks) against the
  * expected event. On success returns MFSDP_OK and the position the hook's
  * ops are issued at (MF_POS_* of core/mf_schedule.h); else the error, set
  * on rt. */
 mfsdp_result mf_trace_admit(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch, unsigned *pos);
 /* Moves the state past an admitted hook. */
-void mf_trace_advance(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
+void mf_trace_advance(mf_rt *rt, mf_phase phase, int unit);
 /* No step is half done and no evaluation window is open: helpers,
  * checkpoints and destroy may run. */
 bool mf_trace_between_steps(const mf_rt *rt);

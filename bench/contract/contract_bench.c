@@ -44,8 +44,7 @@ static int64_t trace_step(mf_rt *rt)
     do {                                                               \
         if (mf_trace_admit(rt, ph, u, m, &pos) != MFSDP_OK)            \
             abort();                                                   \
-        mf_trace_advance(rt, ph, mf_phase_is_step(ph) ? -1 : u,        \
-                         mf_phase_is_step(ph) ? -1 : m);               \
+        mf_trace_advance(rt, ph, u);                                   \
         n++;                                                           \
     } while (0)
     HOOK(MF_PHASE_STEP_BEGIN, -1, -1);
