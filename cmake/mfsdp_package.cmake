@@ -34,7 +34,8 @@ if(MFSDP_HAVE_CUDA)
   set(_mf_cpu_link ${MFSDP_RT_LINK})
   list(REMOVE_ITEM _mf_cpu_link CUDA::cudart NCCL::nccl)
   add_library(mfsdp_cpu_obj OBJECT ${_mf_cpu_sources})
-  target_include_directories(mfsdp_cpu_obj PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>
+  target_include_directories(mfsdp_cpu_obj PUBLIC $<BUILD_INTERFACE:${MFSDP_RT_PUBLIC_DIR}>
+                             PRIVATE ${MFSDP_RT_PRIVATE_DIRS}
                              PRIVATE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/core>
                                      $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/ckpt>)
   target_compile_options(mfsdp_cpu_obj PRIVATE ${MFSDP_WARNINGS})
@@ -48,8 +49,8 @@ else()
 endif()
 
 # ---- the libraries ----
-set(MFSDP_PUBLIC_HEADERS ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp.h ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_mpi.h
-    ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_ckpt.h)
+set(MFSDP_PUBLIC_HEADERS ${MFSDP_RT_PUBLIC_DIR}/mfsdp.h ${MFSDP_RT_PUBLIC_DIR}/mfsdp_mpi.h
+    ${MFSDP_RT_PUBLIC_DIR}/mfsdp_ckpt.h)
 
 # mf_package_libs(SHARED STATIC OBJ LINK...): one shared and one static
 # library from an object library, the core's and the checkpoint format's
@@ -61,7 +62,7 @@ function(mf_package_libs shared static obj)
   foreach(lib ${shared} ${static})
     set_target_properties(${lib} PROPERTIES OUTPUT_NAME ${shared} C_VISIBILITY_PRESET hidden)
     target_include_directories(${lib} PUBLIC
-      $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>
+      $<BUILD_INTERFACE:${MFSDP_RT_PUBLIC_DIR}>
       $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   endforeach()
   set_target_properties(${shared} PROPERTIES VERSION ${PROJECT_VERSION}
@@ -108,7 +109,7 @@ if(MFSDP_HAVE_CUDA)
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(EXPORT mfsdpNcclTargets NAMESPACE mfsdp:: DESTINATION ${MFSDP_CMAKE_DIR})
-  install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/mfsdp_nccl.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(FILES ${MFSDP_RT_PUBLIC_DIR}/mfsdp_nccl.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(FILES ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake DESTINATION ${MFSDP_CMAKE_DIR})
 endif()
 install(TARGETS mfsdp-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

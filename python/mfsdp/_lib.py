@@ -1,5 +1,5 @@
 """
-_lib: the ctypes binding of libmfsdp's public C API (runtime/mfsdp.h, and the
+_lib: the ctypes binding of libmfsdp's public C API (runtime/include/mfsdp/mfsdp.h, and the
 configuration structs of mfsdp_mpi.h and mfsdp_nccl.h).
 
 Nothing here is hand-written behaviour: each C function is declared with its

@@ -1,6 +1,6 @@
 """
 checkpoint: sharded checkpoints and Hugging Face import/export of one rank's
-runtime, through libmfsdp's checkpoint API (runtime/mfsdp_ckpt.h,
+runtime, through libmfsdp's checkpoint API (runtime/include/mfsdp/mfsdp_ckpt.h,
 docs/checkpoint.md). Runtime.save_checkpoint, load_checkpoint, import_hf and
 export_hf call these; mfsdp.torch.ShardedModel adds the optimizer on top.
 

@@ -1,5 +1,5 @@
 /*
- * Checkpoints through the backend's stage hook (runtime/mf_ckpt_stage.h),
+ * Checkpoints through the backend's stage hook (runtime/ckpt/mf_ckpt_stage.h),
  * the path the GPU backends take, exercised on the local backend with
  * MFSDP_CKPT_STAGE=1 (argv: a compiled schedule, a scratch directory):
  * 8 thread-ranks fill main_weight and two Adam states with values that

@@ -1,5 +1,5 @@
 /*
- * Host references of the device dtype conversions (runtime/mf_cuda_kernels.cu):
+ * Host references of the device dtype conversions (runtime/backends/mf_cuda_kernels.cu):
  * round to nearest even at ties, overflow to infinity, subnormals, NaN, and
  * exact round trips of every 16-bit pattern. Needs no GPU (no CUDA call is
  * made), so it runs wherever the CUDA backend is built; the device kernels

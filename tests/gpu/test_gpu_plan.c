@@ -1,5 +1,5 @@
 /*
- * The GPU backends' plan (runtime/mf_gpu_plan.c), checked without a GPU:
+ * The GPU backends' plan (runtime/backends/mf_gpu_plan.c), checked without a GPU:
  * communicator split colors and keys on every test mesh, the op -> device call
  * table, NCCL group batching, and the CUDA graph region of each microbatch
  * position (fork/join, waits satisfied by graph launch order, the last

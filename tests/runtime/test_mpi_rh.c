@@ -1,6 +1,6 @@
 /*
  * test_mpi_rh: the MPI backend's own small reduce-scatter (recursive
- * halving over point-to-point, rh_reduce_scatter in runtime/mf_backend_mpi.c)
+ * halving over point-to-point, rh_reduce_scatter in runtime/backends/mf_backend_mpi.c)
  * under mpirun on a power-of-2 number of ranks, and the bits of its small
  * all-reduce (libnbc's; a recursive-doubling one measured slower and would
  * change them unless it pairs ranks alike). Hand-built schedules: a

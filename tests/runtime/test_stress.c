@@ -1,5 +1,5 @@
 /*
- * test_stress: the stress mode (MFSDP_STRESS_SEED, runtime/mf_stress.c) over
+ * test_stress: the stress mode (MFSDP_STRESS_SEED, runtime/engine/mf_stress.c) over
  * every mode of the builder on two meshes and over the compiled example
  * schedules: with every stream thread delayed at random before each op, the
  * oracle still verifies every step and the master weights after the run are

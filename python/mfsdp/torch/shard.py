@@ -1,6 +1,6 @@
 """
 shard: mfsdp.torch.shard(model, schedule, backend), the torch side of the
-hook contract of runtime/mfsdp.h.
+hook contract of runtime/include/mfsdp/mfsdp.h.
 
 What shard() does, in order:
   1. checks the schedule against the model: every unit names a submodule,

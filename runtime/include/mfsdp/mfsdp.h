@@ -338,7 +338,7 @@ typedef struct mfsdp_stats {
 
 MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *rt, mfsdp_stats *out);
 
-/* ---- helpers (runtime/mf_helpers.c; docs/runtime.md, "Helpers") ----
+/* ---- helpers (runtime/engine/mf_helpers.c; docs/runtime.md, "Helpers") ----
  *
  * What every trainer would otherwise write itself. They work on host memory:
  * the local and mpi backends (a GPU backend returns MFSDP_ERR_UNSUPPORTED
