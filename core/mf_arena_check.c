@@ -7,6 +7,7 @@
  * ends before the next one starts.
  */
 #include "mf_arena_check.h"
+#include "mf_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,18 +20,16 @@ typedef struct piece {
 
 static int cmp_i64(const void *x, const void *y)
 {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
+    return mf_cmp_i64(*(const int64_t *)x, *(const int64_t *)y);
 }
 
 static int cmp_piece(const void *x, const void *y)
 {
     const piece *a = x, *b = y;
-    if (a->range != b->range)
-        return a->range < b->range ? -1 : 1;
-    if (a->start != b->start)
-        return a->start < b->start ? -1 : 1;
-    return (a->seg > b->seg) - (a->seg < b->seg);
+    int c;
+    if ((c = mf_cmp_i64(a->range, b->range)) || (c = mf_cmp_i64(a->start, b->start)))
+        return c;
+    return mf_cmp_i64(a->seg, b->seg);
 }
 
 /* Index of the first cut >= x. */
@@ -173,7 +172,7 @@ typedef struct span {
 static int cmp_span(const void *x, const void *y)
 {
     const span *a = x, *b = y;
-    return (a->offset > b->offset) - (a->offset < b->offset);
+    return mf_cmp_i64(a->offset, b->offset);
 }
 
 static int persistent_disjoint(const mf_schedule *s, char *msg, size_t len)

@@ -15,6 +15,7 @@
  * candidates' total weight, cannot beat the incumbent.
  */
 #include "mf_interfere.h"
+#include "mf_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -94,15 +95,13 @@ typedef struct vkey {
 static int cmp_vkey(const void *x, const void *y)
 {
     const vkey *a = x, *b = y;
-    if (a->w != b->w)
-        return a->w > b->w ? -1 : 1;
-    return (a->v > b->v) - (a->v < b->v);
+    int c = mf_cmp_i64(b->w, a->w); /* heaviest first */
+    return c ? c : mf_cmp_i64(a->v, b->v);
 }
 
 static int cmp_int(const void *x, const void *y)
 {
-    int a = *(const int *)x, b = *(const int *)y;
-    return (a > b) - (a < b);
+    return mf_cmp_i64(*(const int *)x, *(const int *)y);
 }
 
 bool mf_interfere_clique(int n, const int64_t *w, const int *adj_start, const int *adj, const int *seed,
@@ -185,11 +184,10 @@ typedef struct arc {
 static int cmp_arc(const void *x, const void *y)
 {
     const arc *a = x, *b = y;
-    if (a->lo != b->lo)
-        return a->lo < b->lo ? -1 : 1;
-    if (a->hi != b->hi)
-        return a->hi < b->hi ? -1 : 1;
-    return (a->v > b->v) - (a->v < b->v);
+    int c;
+    if ((c = mf_cmp_i64(a->lo, b->lo)) || (c = mf_cmp_i64(a->hi, b->hi)))
+        return c;
+    return mf_cmp_i64(a->v, b->v);
 }
 
 typedef struct pair {

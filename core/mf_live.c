@@ -4,6 +4,7 @@
  * accesses.
  */
 #include "mf_live.h"
+#include "mf_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +58,8 @@ int64_t mf_live_bytes(const mf_schedule *s, int b)
 static int cmp_access(const void *x, const void *y)
 {
     const access *a = x, *b = y;
-    if (a->t != b->t)
-        return a->t < b->t ? -1 : 1;
-    return (int)b->pure - (int)a->pure;
+    int c = mf_cmp_i64(a->t, b->t);
+    return c ? c : (int)b->pure - (int)a->pure;
 }
 
 static int64_t trainer_tick(const mf_live *lv, int h)
@@ -316,9 +316,8 @@ typedef struct delta {
 static int cmp_delta(const void *x, const void *y)
 {
     const delta *a = x, *b = y;
-    if (a->t != b->t)
-        return a->t < b->t ? -1 : 1;
-    return (a->bytes > b->bytes) - (a->bytes < b->bytes); /* removals first */
+    int c = mf_cmp_i64(a->t, b->t);
+    return c ? c : mf_cmp_i64(a->bytes, b->bytes); /* removals first */
 }
 
 int64_t mf_live_lower_bound(const mf_schedule *s, const mf_live *lv)

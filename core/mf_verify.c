@@ -550,6 +550,18 @@ static void mf_areplay_run_hook(mf_areplay *sim, const mf_areplay_hooks *h, mf_p
     mf_areplay_hook(sim, h->ids + h->start[i], h->start[i + 1] - h->start[i]);
 }
 
+/* Unit v's forward window (a step's or an evaluation pass's: mode A_FORWARD
+ * or A_EVAL): its pre hook, the trainer's reads of the unsharded weights,
+ * its post hook. */
+static void mf_areplay_forward_unit(mf_areplay *sim, const mf_areplay_hooks *h, int v, int mode)
+{
+    bool eval = mode == A_EVAL;
+    mf_areplay_run_hook(sim, h, eval ? MF_PHASE_EVAL_PRE : MF_PHASE_FORWARD_PRE, v);
+    mf_areplay_cover(sim, v, true);
+    mf_areplay_compute_reads(sim, mode, v);
+    mf_areplay_run_hook(sim, h, eval ? MF_PHASE_EVAL_POST : MF_PHASE_FORWARD_POST, v);
+}
+
 /* A step of sim->nrun microbatch positions (< sim->nmb: a short step, whose
  * step_end runs the `short` program). */
 static void mf_areplay_step(mf_areplay *sim, const mf_areplay_hooks *h)
@@ -570,10 +582,7 @@ static void mf_areplay_step(mf_areplay *sim, const mf_areplay_hooks *h)
             sim->pos = sim->first ? "first (short step)" : "middle (short step)";
         sim->ncover = 0;
         for (int v = 0; v < s->nunits; v++) {
-            mf_areplay_run_hook(sim, h, MF_PHASE_FORWARD_PRE, v);
-            mf_areplay_cover(sim, v, true);
-            mf_areplay_compute_reads(sim, A_FORWARD, v);
-            mf_areplay_run_hook(sim, h, MF_PHASE_FORWARD_POST, v);
+            mf_areplay_forward_unit(sim, h, v, A_FORWARD);
             for (int i = sim->by_last.start[v]; i < sim->by_last.start[v + 1]; i++) {
                 int b = sim->by_last.ids[i];
                 if (s->units[s->buckets[b].unit].reshard_after_forward && sim->c->full[b] >= 0 &&
@@ -610,12 +619,8 @@ static void mf_areplay_eval(mf_areplay *sim, const mf_areplay_hooks *h)
     sim->at = MF_POS_FIRST | MF_POS_LAST;
     sim->pos = "evaluation pass";
     sim->ncover = 0;
-    for (int v = 0; v < s->nunits; v++) {
-        mf_areplay_run_hook(sim, h, MF_PHASE_EVAL_PRE, v);
-        mf_areplay_cover(sim, v, true);
-        mf_areplay_compute_reads(sim, A_EVAL, v);
-        mf_areplay_run_hook(sim, h, MF_PHASE_EVAL_POST, v);
-    }
+    for (int v = 0; v < s->nunits; v++)
+        mf_areplay_forward_unit(sim, h, v, A_EVAL);
 }
 
 /* Groups the buckets by first unit (`first`) or last unit, ascending within a

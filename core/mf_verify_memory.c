@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "mf_live.h"
+#include "mf_int.h"
 
 #define MAX_REPORTS 8
 
@@ -54,8 +55,7 @@ typedef struct vm_ctx {
 
 static int cmp_i64(const void *x, const void *y)
 {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
+    return mf_cmp_i64(*(const int64_t *)x, *(const int64_t *)y);
 }
 
 static int lower(const vm_ctx *c, int64_t x)

@@ -31,6 +31,7 @@
 #include "mf_arena_check.h"
 #include "mf_interfere.h"
 #include "mf_live.h"
+#include "mf_int.h"
 
 /* ---- offsets ---- */
 
@@ -388,11 +389,10 @@ typedef struct order_key {
 static int cmp_key(const void *x, const void *y)
 {
     const order_key *a = x, *b = y;
-    if (a->k1 != b->k1)
-        return a->k1 < b->k1 ? -1 : 1;
-    if (a->k2 != b->k2)
-        return a->k2 < b->k2 ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
+    int c;
+    if ((c = mf_cmp_i64(a->k1, b->k1)) || (c = mf_cmp_i64(a->k2, b->k2)))
+        return c;
+    return mf_cmp_i64(a->i, b->i);
 }
 
 static void set_order(pack *p, const int *order)
@@ -748,7 +748,7 @@ typedef struct cand {
 static int cmp_cand(const void *p, const void *q)
 {
     const cand *a = p, *b = q;
-    return (a->weight < b->weight) - (a->weight > b->weight); /* largest first */
+    return mf_cmp_i64(b->weight, a->weight); /* largest first */
 }
 
 static bool order_writer(order_ctx *c, int k, mf_stream sw, mf_when when, int anchor, int after, int hook)

@@ -10,28 +10,18 @@
 #include <string.h>
 
 #include "mf_layout.h"
+#include "mf_int.h"
 #include "mf_plan_stats.h"
 
-static int64_t sat_add(int64_t a, int64_t b)
-{
-    int64_t r;
-    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
-}
-
-static int64_t sat_mul(int64_t a, int64_t b)
-{
-    int64_t r;
-    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
-}
 
 int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes)
 {
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
         const mf_bucket *bk = &s->buckets[b];
-        elems = sat_add(elems, bk->length / mf_placement_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
+        elems = mf_sat_add(elems, bk->length / mf_placement_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
     }
-    return sat_mul(elems, optimizer_bytes);
+    return mf_sat_mul(elems, optimizer_bytes);
 }
 
 void mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
@@ -39,9 +29,9 @@ void mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem 
     memset(out, 0, sizeof *out);
     out->persistent = s->mem_persistent;
     out->arena = s->mem_transient;
-    out->allocated = sat_add(s->mem_persistent, s->mem_transient);
+    out->allocated = mf_sat_add(s->mem_persistent, s->mem_transient);
     out->optimizer = mf_optimizer_bytes_of(s, optimizer_bytes);
-    out->peak = sat_add(out->allocated, out->optimizer);
+    out->peak = mf_sat_add(out->allocated, out->optimizer);
 }
 
 int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)

@@ -11,18 +11,8 @@
 #include <string.h>
 
 #include "mf_layout.h"
+#include "mf_int.h"
 
-static int64_t sat_add(int64_t a, int64_t b)
-{
-    int64_t r;
-    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
-}
-
-static int64_t sat_mul(int64_t a, int64_t b)
-{
-    int64_t r;
-    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
-}
 
 static int64_t local_bytes(const mf_schedule *s, const mf_bucket *b, const mf_placement *pl, mf_dtype d)
 {
@@ -36,7 +26,7 @@ static int64_t stage_bytes(const mf_schedule *s, const mf_bucket *b, const mf_tr
     int64_t sum = 0;
     for (int i = first; i < last; i++)
         if (!collectives_only || mf_opkind_is_collective(tr->steps[i].kind))
-            sum = sat_add(sum, local_bytes(s, b, &tr->steps[i].to, tr->steps[i].dtype));
+            sum = mf_sat_add(sum, local_bytes(s, b, &tr->steps[i].to, tr->steps[i].dtype));
     return sum;
 }
 
@@ -59,16 +49,16 @@ void mf_bucket_memory_of(const mf_plan *p, int bi, mf_bucket_memory *m)
     m->grad_local = b->length * (int64_t)mf_dtype_size(dg);
     if (p->trans) {
         const mf_transition *t = p->trans[bi];
-        m->weight_stage = sat_add(stage_bytes(s, b, &t[MF_T1], 0, t[MF_T1].nsteps - 1, false),
+        m->weight_stage = mf_sat_add(stage_bytes(s, b, &t[MF_T1], 0, t[MF_T1].nsteps - 1, false),
                                   stage_bytes(s, b, &t[MF_T2], 0, t[MF_T2].nsteps - 1, false));
-        m->grad_stage = sat_add(stage_bytes(s, b, &t[MF_T3], 0, t[MF_T3].nsteps, true),
+        m->grad_stage = mf_sat_add(stage_bytes(s, b, &t[MF_T3], 0, t[MF_T3].nsteps, true),
                                 stage_bytes(s, b, &t[MF_T4], 0, t[MF_T4].nsteps - 1, false));
     }
     m->persistent[MF_ROLE_MAIN_WEIGHT] = m->main_weight;
     m->persistent[MF_ROLE_WEIGHT] = m->weight;
-    m->persistent[MF_ROLE_GRAD] = sat_add(m->grad, m->grad_final);
-    m->transient[MF_ROLE_WEIGHT] = sat_add(m->weight_full, m->weight_stage);
-    m->transient[MF_ROLE_GRAD] = sat_add(m->grad_local, m->grad_stage);
+    m->persistent[MF_ROLE_GRAD] = mf_sat_add(m->grad, m->grad_final);
+    m->transient[MF_ROLE_WEIGHT] = mf_sat_add(m->weight_full, m->weight_stage);
+    m->transient[MF_ROLE_GRAD] = mf_sat_add(m->grad_local, m->grad_stage);
 }
 
 bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
@@ -84,10 +74,10 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
         mf_bucket_memory_of(p, b, &m);
         int64_t *row = per_unit + (size_t)s->buckets[b].unit * (MF_ROLE_COUNT + 1);
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
-            out->persistent[r] = sat_add(out->persistent[r], m.persistent[r]);
-            out->persistent_total = sat_add(out->persistent_total, m.persistent[r]);
-            row[r] = sat_add(row[r], m.transient[r]);
-            row[MF_ROLE_COUNT] = sat_add(row[MF_ROLE_COUNT], m.transient[r]);
+            out->persistent[r] = mf_sat_add(out->persistent[r], m.persistent[r]);
+            out->persistent_total = mf_sat_add(out->persistent_total, m.persistent[r]);
+            row[r] = mf_sat_add(row[r], m.transient[r]);
+            row[MF_ROLE_COUNT] = mf_sat_add(row[MF_ROLE_COUNT], m.transient[r]);
         }
     }
     int window = s->prefetch + 1;
@@ -95,7 +85,7 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
         int64_t w[MF_ROLE_COUNT + 1] = {0};
         for (int v = u; v < s->nunits && v < u + window; v++)
             for (int r = 0; r <= MF_ROLE_COUNT; r++)
-                w[r] = sat_add(w[r], per_unit[(size_t)v * (MF_ROLE_COUNT + 1) + (size_t)r]);
+                w[r] = mf_sat_add(w[r], per_unit[(size_t)v * (MF_ROLE_COUNT + 1) + (size_t)r]);
         for (int r = 0; r < MF_ROLE_COUNT; r++)
             if (w[r] > out->transient_peak[r])
                 out->transient_peak[r] = w[r];
@@ -103,8 +93,8 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
             out->transient_peak_total = w[MF_ROLE_COUNT];
     }
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        out->peak[r] = sat_add(out->persistent[r], out->transient_peak[r]);
-    out->peak_total = sat_add(out->persistent_total, out->transient_peak_total);
+        out->peak[r] = mf_sat_add(out->persistent[r], out->transient_peak[r]);
+    out->peak_total = mf_sat_add(out->persistent_total, out->transient_peak_total);
     free(per_unit);
     return true;
 }
@@ -116,7 +106,7 @@ int64_t mf_transition_runs(const mf_plan *p, int b, int t)
         return 0;
     switch (t) {
     case MF_T2:
-        return sat_mul(s->microbatches, s->units[s->buckets[b].unit].reshard_after_forward ? 2 : 1);
+        return mf_sat_mul(s->microbatches, s->units[s->buckets[b].unit].reshard_after_forward ? 2 : 1);
     case MF_T3:
         return s->microbatches;
     default:
@@ -136,8 +126,8 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
                 const mf_step *st = &tr->steps[i];
                 if (!mf_opkind_is_collective(st->kind) || st->axis < 0 || st->axis >= s->mesh.naxes)
                     continue;
-                out->collectives[st->kind][st->axis] = sat_add(out->collectives[st->kind][st->axis], runs);
-                out->bytes[st->axis] = sat_add(out->bytes[st->axis], sat_mul(runs, st->bytes));
+                out->collectives[st->kind][st->axis] = mf_sat_add(out->collectives[st->kind][st->axis], runs);
+                out->bytes[st->axis] = mf_sat_add(out->bytes[st->axis], mf_sat_mul(runs, st->bytes));
             }
         }
     mf_plan_memory mem;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "mf_ast.h"
+#include "mf_int.h"
 
 typedef struct edit {
     size_t at, del;
@@ -53,9 +54,8 @@ static size_t after_statement(const char *src, size_t len, size_t i)
 static int edit_cmp(const void *a, const void *b)
 {
     const edit *x = a, *y = b;
-    if (x->at != y->at)
-        return x->at < y->at ? -1 : 1;
-    return x->seq - y->seq;
+    int c = mf_cmp_i64(x->at, y->at);
+    return c ? c : x->seq - y->seq;
 }
 
 static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)

@@ -33,33 +33,25 @@ enum {
     SVG_LANE_GAP = 26,
 };
 
-static const char *kind_color(const mf_sim_item *it, const mf_schedule *s)
-{
-    if (it->op < 0)
-        return it->phase == MF_PHASE_BACKWARD_PRE ? "#2f7d32" : "#7cc06f";
-    switch (s->ops[it->op].kind) {
-    case MF_OP_ALL_GATHER: return "#3f74b5";
-    case MF_OP_REDUCE_SCATTER: return "#f28e2b";
-    case MF_OP_ALL_REDUCE: return "#9c6bb0";
-    case MF_OP_SLICE: return "#8c6d31";
-    case MF_OP_CAST: return "#9aa0a6";
-    case MF_OP_ACCUMULATE: return "#5bb5b0";
-    default: return "#cccccc";
-    }
-}
+/* How an item is drawn: its box colour and its label. */
+typedef struct item_look {
+    const char *color;
+    const char *label;
+} item_look;
 
-static const char *kind_short(const mf_sim_item *it, const mf_schedule *s)
+static item_look look_of(const mf_sim_item *it, const mf_schedule *s)
 {
     if (it->op < 0)
-        return it->phase == MF_PHASE_BACKWARD_PRE ? "B" : "F";
+        return it->phase == MF_PHASE_BACKWARD_PRE ? (item_look){"#2f7d32", "B"}
+                                                  : (item_look){"#7cc06f", "F"};
     switch (s->ops[it->op].kind) {
-    case MF_OP_ALL_GATHER: return "AG";
-    case MF_OP_REDUCE_SCATTER: return "RS";
-    case MF_OP_ALL_REDUCE: return "AR";
-    case MF_OP_SLICE: return "slice";
-    case MF_OP_CAST: return "cast";
-    case MF_OP_ACCUMULATE: return "acc";
-    default: return "";
+    case MF_OP_ALL_GATHER: return (item_look){"#3f74b5", "AG"};
+    case MF_OP_REDUCE_SCATTER: return (item_look){"#f28e2b", "RS"};
+    case MF_OP_ALL_REDUCE: return (item_look){"#9c6bb0", "AR"};
+    case MF_OP_SLICE: return (item_look){"#8c6d31", "slice"};
+    case MF_OP_CAST: return (item_look){"#9aa0a6", "cast"};
+    case MF_OP_ACCUMULATE: return (item_look){"#5bb5b0", "acc"};
+    default: return (item_look){"#cccccc", ""};
     }
 }
 
@@ -163,7 +155,7 @@ static void draw_box(FILE *out, const mf_schedule *s, const mf_sim_result *r, co
     mf_sim_item_label(s, it, label, sizeof label);
     /* narrow boxes get no white outline, which would wash them out */
     fprintf(out, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"%s><title>",
-            x0, y + 2, w, SVG_LANE_H - 4, kind_color(it, s), w >= 4 ? " class=\"box\"" : "");
+            x0, y + 2, w, SVG_LANE_H - 4, look_of(it, s).color, w >= 4 ? " class=\"box\"" : "");
     xml_text(out, label);
     if (it->microbatch >= 0)
         fprintf(out, " m%d", it->microbatch);
@@ -181,16 +173,16 @@ static void draw_box(FILE *out, const mf_schedule *s, const mf_sim_result *r, co
     /* Label inside the box when it fits (about 6 px per character). */
     char text[160];
     if (it->op < 0)
-        snprintf(text, sizeof text, "%s%d %s", kind_short(it, s), it->microbatch,
+        snprintf(text, sizeof text, "%s%d %s", look_of(it, s).label, it->microbatch,
                  s->units[it->unit].name);
     else {
         const mf_op *op = &s->ops[it->op];
-        snprintf(text, sizeof text, "%s %s", kind_short(it, s),
+        snprintf(text, sizeof text, "%s %s", look_of(it, s).label,
                  op->bucket >= 0 && op->bucket < s->nbuckets ? s->buckets[op->bucket].name : "");
     }
     size_t n = strlen(text);
     if (w < 6.0 * (double)n + 4) {
-        snprintf(text, sizeof text, "%s", kind_short(it, s));
+        snprintf(text, sizeof text, "%s", look_of(it, s).label);
         n = strlen(text);
     }
     if (w >= 6.0 * (double)n + 4) {
