@@ -466,6 +466,133 @@ static mfsdp_runtime *mpi_runtime(const mfsdp_schedule *sh, int rank, int blocki
     return rt;
 }
 
+/* Each raw variant has buffers of its own, as each runtime has its arena: a
+ * variant that ran on the buffers its predecessor had just used would find
+ * them in cache (sharing them, nonblocking raw MPI measured 2-3 % faster
+ * than blocking raw MPI right before it at 0.26 MB on 8 processes, and as
+ * fast with buffers of its own). Allocated like the runtime's buffers (huge
+ * pages from 2 MiB). */
+static void raw_buffers(int64_t L, float *src[2], float *dst[2])
+{
+    for (int b = 0; b < 2; b++) {
+        src[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+        dst[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+        if (!src[b] || !dst[b])
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        /* touched, like the runtime's buffers (calloc's untouched pages
+         * all read the one zero page, which is always in cache) */
+        for (int64_t i = 0; i < L; i++) {
+            src[b][i] = (float)(i % 7);
+            dst[b][i] = 1.0f;
+        }
+    }
+}
+
+/* One row's variants: the runtimes (mfsdp, mf-block, mf-avg or NULL) on
+ * their schedules, and the raw calls on their buffers. */
+typedef struct mpi_row {
+    mf_opkind kind;
+    const mfsdp_schedule *sh, *sha;
+    mfsdp_runtime *rt[3];
+    float *src[2], *dst[2];
+    int n;                  /* elements per rank of a raw call */
+    int nv;                 /* variants: 4, or 5 with mf-avg */
+} mpi_row;
+
+/* Runs the row's variants in turns for steps (+2 warm-up) steps, in a new
+ * order each step; best[v]: variant v's fastest step, every rank's, then
+ * the slowest rank (mfsdp, mf-block, MPI, MPI_I*, mf-avg). */
+static void mpi_interleave(const mpi_row *row, int steps, double best[5])
+{
+    int order[5] = {0, 1, 2, 3, 4};
+    uint32_t seed = 12345;   /* the same on every rank: the same order everywhere */
+    for (int v = 0; v < 5; v++)
+        best[v] = 1e30;
+    for (int step = 0; step < steps + 2; step++) {
+        /* A new order each step: a variant inherits the skew between ranks
+         * its predecessor left (mf-avg's last pass ends unevenly), so none
+         * follows the same one every step. */
+        for (int i = row->nv - 1; i > 0; i--) {
+            seed = seed * 1664525u + 1013904223u;
+            int j = (int)((seed >> 16) % (uint32_t)(i + 1)), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        for (int k = 0; k < row->nv; k++) {   /* no barrier: the collectives keep ranks in step */
+            int v = order[k];
+            double t0 = now_s();
+            if (v < 2 || v == 4) {
+                mfsdp_runtime *x = row->rt[v == 4 ? 2 : v];
+                if (run_hooks(x, v == 4 ? row->sha : row->sh) != 0) {
+                    fprintf(stderr, "runtime_bench: %s\n", mfsdp_last_error(x));
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+                }
+            } else {
+                raw_batch(row->kind, v == 3, row->src[v - 2], row->dst[v - 2], row->n);
+            }
+            double t = (now_s() - t0) / 10;
+            if (step >= 2 && t < best[v])
+                best[v] = t;
+        }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, best, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+}
+
+/* Rank 0 prints the row (and its summary line when `summarize`). */
+static void mpi_row_print(const mpi_row *row, int64_t L, int world, const double best[5], bool summarize)
+{
+    double raw = best[2] < best[3] ? best[2] : best[3];
+    double goal = L * 4 <= 4096 ? 1.10 : 1.05;
+    char avg[16] = "-";
+    if (row->nv > 4)
+        snprintf(avg, sizeof avg, "%.1f", best[4] * 1e6);
+    printf("%-15s %9.3f %11.1f %11.1f %11.1f %11.1f %11s %7.2f %7.2f %7.2f\n", kind_name(row->kind),
+           (double)L * 4 / 1e6, best[0] * 1e6, best[1] * 1e6, best[2] * 1e6, best[3] * 1e6, avg, best[0] / raw,
+           best[1] / raw, goal);
+    if (!summarize)
+        return;
+    char figure[96], ref[96];
+    snprintf(figure, sizeof figure, "MPI / best raw MPI, %s %.3f MB, %d procs", kind_name(row->kind),
+             (double)L * 4 / 1e6, world);
+    snprintf(ref, sizeof ref, "raw %.1f us; mfsdp %.1f us; blocking mode %.2f", raw * 1e6, best[0] * 1e6,
+             best[1] / raw);
+    char g[16];
+    snprintf(g, sizeof g, "<= %.2f", goal);
+    summary(figure, best[0] / raw, ref, g, best[0] / raw <= goal);
+}
+
+/* One row of bench_mpi: a collective of one kind and size (index si). */
+static void bench_mpi_row(int quick, int rank, int world, int si, int64_t size, mf_opkind kind)
+{
+    mfsdp_schedule *sh = collective_schedule(world, size, kind, 10, MF_REDUCE_SUM);
+    int nv = kind == MF_OP_ALL_GATHER ? 4 : 5;   /* avg: reductions only */
+    mfsdp_schedule *sha = nv > 4 ? collective_schedule(world, size, kind, 10, MF_REDUCE_AVG) : NULL;
+    int64_t L = sh->s->buckets[0].length, n = kind == MF_OP_ALL_REDUCE ? L : L / world;
+    /* The fastest of few steps of oversubscribed processes moves by 10-20 % between
+       runs, and raw MPI's figure, the better of two variants' fastest, gains from
+       the extra draw: the 4 KB and 0.26 MB rows take 200 steps (a few seconds), the
+       16.8 MB all-reduce (a goal row) 64 (about a minute on 8 processes), the other
+       16.8 MB rows 16 (the bench's time). */
+    int steps = quick ? 5 : si < 2 ? 200 : kind == MF_OP_ALL_REDUCE ? 64 : 16;
+    mpi_row row = {.kind = kind, .sh = sh, .sha = sha, .n = (int)n, .nv = nv,
+                   .rt = {mpi_runtime(sh, rank, 0), mpi_runtime(sh, rank, 1), sha ? mpi_runtime(sha, rank, 0) : NULL}};
+    raw_buffers(L, row.src, row.dst);
+    double best[5];
+    mpi_interleave(&row, steps, best);
+    for (int i = 0; i < 3; i++)
+        if (row.rt[i])
+            mfsdp_destroy(row.rt[i]);
+    for (int b = 0; b < 2; b++) {
+        mf_rt_free(row.src[b]);
+        mf_rt_free(row.dst[b]);
+    }
+    if (rank == 0)
+        mpi_row_print(&row, L, world, best, si == 0 || kind == MF_OP_ALL_REDUCE);
+    mfsdp_schedule_free(sh);
+    if (sha)
+        mfsdp_schedule_free(sha);
+}
+
 /* The MPI backend running a single-collective schedule (default and
  * MFSDP_MPI_BLOCKING=1) vs the same MPI calls, blocking and nonblocking.
  * The schedule sums (what the raw calls do); the default mode also runs the
@@ -495,104 +622,9 @@ static void bench_mpi(int quick, const char *only)
     for (int si = 0; si < 3; si++) {
         if (quick && si == 2)
             break;
-        for (int ki = 0; ki < 3; ki++) {
-            if (*only && strcmp(only, kind_name(kinds[ki])) != 0)
-                continue;
-            mfsdp_schedule *sh = collective_schedule(world, sizes[si], kinds[ki], 10, MF_REDUCE_SUM);
-            int nv = kinds[ki] == MF_OP_ALL_GATHER ? 4 : 5;   /* avg: reductions only */
-            mfsdp_schedule *sha = nv > 4 ? collective_schedule(world, sizes[si], kinds[ki], 10,
-                                                               MF_REDUCE_AVG)
-                                         : NULL;
-            int64_t L = sh->s->buckets[0].length, n = kinds[ki] == MF_OP_ALL_REDUCE ? L : L / world;
-            /* The fastest of few steps of oversubscribed processes moves by 10-20 % between
-               runs, and raw MPI's figure, the better of two variants' fastest, gains from
-               the extra draw: the 4 KB and 0.26 MB rows take 200 steps (a few seconds), the
-               16.8 MB all-reduce (a goal row) 64 (about a minute on 8 processes), the other
-               16.8 MB rows 16 (the bench's time). */
-            int steps = quick ? 5 : si < 2 ? 200 : kinds[ki] == MF_OP_ALL_REDUCE ? 64 : 16;
-            mfsdp_runtime *rt[3] = {mpi_runtime(sh, rank, 0), mpi_runtime(sh, rank, 1),
-                                    sha ? mpi_runtime(sha, rank, 0) : NULL};
-            /* Each raw variant has buffers of its own, as each runtime has its
-             * arena: a variant that ran on the buffers its predecessor had just
-             * used would find them in cache (sharing them, nonblocking raw MPI
-             * measured 2-3 % faster than blocking raw MPI right before it at
-             * 0.26 MB on 8 processes, and as fast with buffers of its own).
-             * Allocated like the runtime's buffers (huge pages from 2 MiB). */
-            float *src[2], *dst[2];
-            for (int b = 0; b < 2; b++) {
-                src[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
-                dst[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
-                if (!src[b] || !dst[b])
-                    MPI_Abort(MPI_COMM_WORLD, 2);
-                /* touched, like the runtime's buffers (calloc's untouched pages
-                 * all read the one zero page, which is always in cache) */
-                for (int64_t i = 0; i < L; i++) {
-                    src[b][i] = (float)(i % 7);
-                    dst[b][i] = 1.0f;
-                }
-            }
-            /* mfsdp, mf-block, MPI, MPI_I*, mf-avg */
-            double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
-            int order[5] = {0, 1, 2, 3, 4};
-            uint32_t seed = 12345;   /* the same on every rank: the same order everywhere */
-            for (int step = 0; step < steps + 2; step++) {
-                /* A new order each step: a variant inherits the skew between ranks
-                 * its predecessor left (mf-avg's last pass ends unevenly), so none
-                 * follows the same one every step. */
-                for (int i = nv - 1; i > 0; i--) {
-                    seed = seed * 1664525u + 1013904223u;
-                    int j = (int)((seed >> 16) % (uint32_t)(i + 1)), x = order[i];
-                    order[i] = order[j];
-                    order[j] = x;
-                }
-                for (int k = 0; k < nv; k++) {   /* no barrier: the collectives keep ranks in step */
-                    int v = order[k];
-                    double t0 = now_s();
-                    if (v < 2 || v == 4) {
-                        mfsdp_runtime *x = rt[v == 4 ? 2 : v];
-                        if (run_hooks(x, v == 4 ? sha : sh) != 0) {
-                            fprintf(stderr, "runtime_bench: %s\n", mfsdp_last_error(x));
-                            MPI_Abort(MPI_COMM_WORLD, 1);
-                        }
-                    } else {
-                        raw_batch(kinds[ki], v == 3, src[v - 2], dst[v - 2], (int)n);
-                    }
-                    double t = (now_s() - t0) / 10;
-                    if (step >= 2 && t < best[v])
-                        best[v] = t;
-                }
-            }
-            MPI_Allreduce(MPI_IN_PLACE, best, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            for (int i = 0; i < 3; i++)
-                if (rt[i])
-                    mfsdp_destroy(rt[i]);
-            for (int b = 0; b < 2; b++) {
-                mf_rt_free(src[b]);
-                mf_rt_free(dst[b]);
-            }
-            double raw = best[2] < best[3] ? best[2] : best[3];
-            double goal = L * 4 <= 4096 ? 1.10 : 1.05;
-            char avg[16] = "-";
-            if (nv > 4)
-                snprintf(avg, sizeof avg, "%.1f", best[4] * 1e6);
-            if (rank == 0)
-                printf("%-15s %9.3f %11.1f %11.1f %11.1f %11.1f %11s %7.2f %7.2f %7.2f\n",
-                       kind_name(kinds[ki]), (double)L * 4 / 1e6, best[0] * 1e6, best[1] * 1e6,
-                       best[2] * 1e6, best[3] * 1e6, avg, best[0] / raw, best[1] / raw, goal);
-            if (rank == 0 && (si == 0 || kinds[ki] == MF_OP_ALL_REDUCE)) {
-                char figure[96], ref[96];
-                snprintf(figure, sizeof figure, "MPI / best raw MPI, %s %.3f MB, %d procs",
-                         kind_name(kinds[ki]), (double)L * 4 / 1e6, world);
-                snprintf(ref, sizeof ref, "raw %.1f us; mfsdp %.1f us; blocking mode %.2f", raw * 1e6,
-                         best[0] * 1e6, best[1] / raw);
-                char g[16];
-                snprintf(g, sizeof g, "<= %.2f", goal);
-                summary(figure, best[0] / raw, ref, g, best[0] / raw <= goal);
-            }
-            mfsdp_schedule_free(sh);
-            if (sha)
-                mfsdp_schedule_free(sha);
-        }
+        for (int ki = 0; ki < 3; ki++)
+            if (!*only || strcmp(only, kind_name(kinds[ki])) == 0)
+                bench_mpi_row(quick, rank, world, si, sizes[si], kinds[ki]);
     }
 }
 #endif

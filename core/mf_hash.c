@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t mf_hash_bytes(const void *p, size_t n)
+uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325u; /* FNV-1a 64-bit offset basis */
     for (size_t i = 0; i < n; i++)
         h = (h ^ b[i]) * 0x100000001b3u; /* FNV-1a 64-bit prime */
+    return h;
+}
+
+uint64_t mf_hash_bytes(const void *p, size_t n)
+{
+    uint64_t h = mf_fnv1a(MF_FNV1A_BASIS, p, n);
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdu;
     h ^= h >> 33;

@@ -1,9 +1,9 @@
 /*
  * mf_hash: the one hash table of the project, byte-string keys to
  * non-negative integers. Open addressing with linear probing over a power-of-
- * two slot array kept at most half full; the hash is 64-bit FNV-1a (offset
- * basis 0xcbf29ce484222325) with murmur3's finalizer folding the high bits
- * into the low ones the table indexes by.
+ * two slot array kept at most half full; the hash is 64-bit FNV-1a
+ * (mf_fnv1a, offset basis MF_FNV1A_BASIS) with murmur3's finalizer folding
+ * the high bits into the low ones the table indexes by.
  *
  * Users: the loader's name tables, the semantic pass's symbol tables, the
  * layout pass's layout signatures, the structural checker's and the
@@ -35,6 +35,14 @@ typedef struct mf_hash {
 
 /* A zeroed mf_hash is an empty table. */
 #define MF_HASH_EMPTY {NULL, 0, 0, NULL}
+
+/* 64-bit FNV-1a, the project's one: start from MF_FNV1A_BASIS (or a value
+ * mixed into it) and feed bytes in pieces; the same bytes in the same order
+ * give the same hash however they are split. Not finalized: for digests
+ * compared for equality (a rank's master weights, the states every rank
+ * asks a checkpoint for); the table indexes by mf_hash_bytes. */
+#define MF_FNV1A_BASIS 0xcbf29ce484222325u
+uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n);
 
 /* 64-bit FNV-1a of n bytes, finalized (see above). */
 uint64_t mf_hash_bytes(const void *p, size_t n);

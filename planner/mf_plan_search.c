@@ -707,146 +707,197 @@ static bool lower_once(mf_plan *p, mf_diag *d, bool *lowered)
     return *lowered;
 }
 
-int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          const double *planned, mf_ps_point *pt)
-{
-    int rc = -1;
-    mf_sim_config cfg = ps->opt.sim;
-    cfg.fwd_time = ps->fwd;
-    cfg.bwd_time = ps->bwd;
-    mf_plan *p = candidate_plan(ps, prefetch, bucket, choice);
+/* One candidate under evaluation: the plan, its memo entry, and what the
+ * lowering left for the buffer assignment. The steps below answer EV_GO
+ * (go on), EV_PRUNED (a front point dominates its bounds: return 1) or an
+ * error, EV_FAIL with ps->err set, EV_OOM or EV_BROKEN. */
+typedef struct ps_eval {
+    mf_plan_search *ps;
+    int prefetch;
+    int64_t bucket;
+    mf_sim_config cfg;
+    mf_plan *p;
     mf_diag d;
-    mf_diag_init(&d, NULL, ps->sink);
-    ps_memo *m = NULL;
-    bool lowered = false, have_lv = false;
-    mf_live lv;
-    int64_t live = -1, interference = -1;
-    if (!p)
-        goto oom;
-    if (!mf_layout_run(p, &d))
-        goto broken;
-    if (!(m = memo_of(ps, p->sched)))
-        goto oom;
+    ps_memo *m;
+    bool lowered, have_lv;
+    mf_live lv;             /* built with the live-bytes bound */
+    int64_t live, interference; /* -1 until computed */
+} ps_eval;
+
+enum { EV_GO, EV_PRUNED, EV_FAIL, EV_OOM, EV_BROKEN };
+
+/* Stage 1 of the memo: the memory bound from the buckets (planned: the
+ * caller's bounds, already computed). */
+static int eval_layout_bound(ps_eval *e, const double *planned)
+{
+    ps_memo *m = e->m;
     if (m->stage < 1 && planned) {
         m->lb_mem = m->lb_planned = planned[0];
         m->t1 = planned[1];
         m->stage = 1;
     }
     if (m->stage < 1) {
-        if (!mf_transition_run(p, &d))
-            goto broken;
-        if (layout_mem_bounds(ps, p, &prefetch, 1, &m->lb_mem) != 0)
-            goto oom;
+        if (!mf_transition_run(e->p, &e->d))
+            return EV_BROKEN;
+        if (layout_mem_bounds(e->ps, e->p, &e->prefetch, 1, &m->lb_mem) != 0)
+            return EV_OOM;
         m->lb_planned = m->lb_mem;
         m->t1 = -1; /* computed when needed */
         m->stage = 1;
     }
-    pt->prefetch = prefetch;
-    pt->bucket_size = bucket;
-    pt->lb_planned = m->lb_planned;
-    /* memory bound and time bound dominated: not lowered; first with the
-       time bound from the spec, then with the one from the planned buckets */
-    bool dominated = lb_time >= 0 && front_dominates(ps, m->lb_mem, lb_time);
+    return EV_GO;
+}
+
+/* Memory bound and time bound dominated: not lowered; first with the time
+ * bound from the spec, then with the one from the planned buckets (which
+ * raises *lb_time). */
+static int eval_planned_bounds(ps_eval *e, double *lb_time, mf_ps_point *pt)
+{
+    ps_memo *m = e->m;
+    bool dominated = *lb_time >= 0 && front_dominates(e->ps, m->lb_mem, *lb_time);
     if (!dominated && m->t1 < 0) {
-        if (!p->trans && !mf_transition_run(p, &d))
-            goto broken;
-        if (mf_ps_planned_time_bounds(ps, p, &prefetch, 1, &m->t1) != 0)
-            goto oom;
+        if (!e->p->trans && !mf_transition_run(e->p, &e->d))
+            return EV_BROKEN;
+        if (mf_ps_planned_time_bounds(e->ps, e->p, &e->prefetch, 1, &m->t1) != 0)
+            return EV_OOM;
     }
     pt->lb_planned_time = m->t1 > 0 ? m->t1 : 0;
-    if (!dominated && lb_time >= 0 && m->t1 > lb_time) {
-        lb_time = m->t1;
-        dominated = front_dominates(ps, m->lb_mem, lb_time);
+    if (!dominated && *lb_time >= 0 && m->t1 > *lb_time) {
+        *lb_time = m->t1;
+        dominated = front_dominates(e->ps, m->lb_mem, *lb_time);
     }
     if (dominated) {
-        ps->memory_only++;
-        rc = 1;
-        goto done;
+        e->ps->memory_only++;
+        return EV_PRUNED;
     }
-    if (lb_time >= 0) {
-        if (m->stage < 2) {
-            if (!lower_once(p, &d, &lowered))
-                goto broken;
-            if (step_before_assignment(ps, p, &cfg, &m->t0) != 0)
-                goto done;
-            m->stage = 2;
-        }
-        double tb = m->t0 > lb_time ? m->t0 : lb_time;
-        if (front_dominates(ps, m->lb_mem, tb)) {
-            ps->sim_pruned++;
-            rc = 1;
-            goto done;
-        }
-        if (!m->lowered_bound) {
-            /* the live-bytes bound, tighter than the buckets' */
-            if (!lower_once(p, &d, &lowered))
-                goto broken;
-            double lb = live_mem_bound(ps, p->sched, &lv, &live);
-            if (lb < 0)
-                goto oom;
-            have_lv = true;
-            m->lb_mem = lb > m->lb_mem ? lb : m->lb_mem;
-            m->lowered_bound = true;
-            if (front_dominates(ps, m->lb_mem, tb)) {
-                ps->sim_pruned++;
-                rc = 1;
-                goto done;
-            }
-            /* the interference bound (the heaviest set of buffers that
-               must be disjoint, >= the live bytes; the assignment needs it
-               anyway): the arena is at least that */
-            mf_interfere x;
-            if (!mf_interfere_bound(p->sched, &lv, MF_INTERFERE_WORK, &x))
-                goto oom;
-            interference = x.bytes;
-            mf_interfere_free(&x);
-            double ib = ((double)mf_assign_persistent_bytes(p->sched) + (double)interference +
-                         (double)mf_optimizer_bytes_of(p->sched, ps->opt.optimizer_bytes)) * (1 - 1e-9);
-            m->lb_mem = ib > m->lb_mem ? ib : m->lb_mem;
-            if (front_dominates(ps, m->lb_mem, tb)) {
-                ps->sim_pruned++;
-                rc = 1;
-                goto done;
-            }
-        }
+    return EV_GO;
+}
+
+/* Raises the memo's memory bound to lb; EV_PRUNED when the front then
+ * dominates (lb_mem, tb). */
+static int eval_raise_mem_bound(ps_eval *e, double lb, double tb)
+{
+    e->m->lb_mem = lb > e->m->lb_mem ? lb : e->m->lb_mem;
+    if (front_dominates(e->ps, e->m->lb_mem, tb)) {
+        e->ps->sim_pruned++;
+        return EV_PRUNED;
     }
-    if (m->stage < 3) {
-        if (!lower_once(p, &d, &lowered))
-            goto broken;
-        int fr = finish_point(ps, p, &d, &cfg, have_lv ? &lv : NULL, live, interference, lb_time >= 0 ? pt : NULL,
-                              &m->point);
-        if (fr < 0)
-            goto done;
-        if (fr == 1) {
-            /* beaten by the front, which only gets better: the exact peak
-               and step time are kept as this schedule's bounds (stage 2) */
-            m->lb_mem = (double)m->point.mem.peak;
-            m->t0 = m->point.step_time;
-            ps->sim_pruned++;
-            rc = 1;
-            goto done;
-        }
-        m->stage = 3;
+    return EV_GO;
+}
+
+/* The bounds of the lowered plan: the step time before the assignment
+ * (stage 2), then, once per schedule, the live-bytes bound (tighter than the
+ * buckets') and the interference bound (the heaviest set of buffers that
+ * must be disjoint, >= the live bytes; the assignment needs it anyway). */
+static int eval_lowered_bounds(ps_eval *e, double lb_time)
+{
+    ps_memo *m = e->m;
+    if (m->stage < 2) {
+        if (!lower_once(e->p, &e->d, &e->lowered))
+            return EV_BROKEN;
+        if (step_before_assignment(e->ps, e->p, &e->cfg, &m->t0) != 0)
+            return EV_FAIL;
+        m->stage = 2;
     }
-    pt->mem = m->point.mem;
-    pt->step_time = m->point.step_time;
-    pt->overlap = m->point.overlap;
-    pt->comm_exposed = m->point.comm_exposed;
-    pt->outer_bytes = m->point.outer_bytes;
-    memcpy(pt->bytes, m->point.bytes, sizeof pt->bytes);
-    rc = 0;
-    goto done;
-oom:
-    snprintf(ps->err, sizeof ps->err, "out of memory");
-    goto done;
-broken:
-    snprintf(ps->err, sizeof ps->err, "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile",
-             prefetch, (long long)bucket);
-done:
-    if (have_lv)
-        mf_live_free(&lv);
-    mf_plan_free(p);
-    return rc;
+    double tb = m->t0 > lb_time ? m->t0 : lb_time;
+    int ev = eval_raise_mem_bound(e, m->lb_mem, tb);
+    if (ev != EV_GO || m->lowered_bound)
+        return ev;
+    if (!lower_once(e->p, &e->d, &e->lowered))
+        return EV_BROKEN;
+    double lb = live_mem_bound(e->ps, e->p->sched, &e->lv, &e->live);
+    if (lb < 0)
+        return EV_OOM;
+    e->have_lv = true;
+    m->lowered_bound = true;
+    if ((ev = eval_raise_mem_bound(e, lb, tb)) != EV_GO)
+        return ev;
+    mf_interfere x;
+    if (!mf_interfere_bound(e->p->sched, &e->lv, MF_INTERFERE_WORK, &x))
+        return EV_OOM;
+    e->interference = x.bytes;
+    mf_interfere_free(&x);
+    double ib = ((double)mf_assign_persistent_bytes(e->p->sched) + (double)e->interference +
+                 (double)mf_optimizer_bytes_of(e->p->sched, e->ps->opt.optimizer_bytes)) * (1 - 1e-9);
+    return eval_raise_mem_bound(e, ib, tb);
+}
+
+/* Stage 3: the exact point (finish_point), unless the front beats its
+ * time-only figures (cand: the candidate, when pruning). */
+static int eval_exact_point(ps_eval *e, const mf_ps_point *cand)
+{
+    ps_memo *m = e->m;
+    if (m->stage >= 3)
+        return EV_GO;
+    if (!lower_once(e->p, &e->d, &e->lowered))
+        return EV_BROKEN;
+    int fr = finish_point(e->ps, e->p, &e->d, &e->cfg, e->have_lv ? &e->lv : NULL, e->live, e->interference, cand,
+                          &m->point);
+    if (fr < 0)
+        return EV_FAIL;
+    if (fr == 1) {
+        /* beaten by the front, which only gets better: the exact peak
+           and step time are kept as this schedule's bounds (stage 2) */
+        m->lb_mem = (double)m->point.mem.peak;
+        m->t0 = m->point.step_time;
+        e->ps->sim_pruned++;
+        return EV_PRUNED;
+    }
+    m->stage = 3;
+    return EV_GO;
+}
+
+/* The steps of mf_ps_evaluate_pruned up to the exact point in the memo. */
+static int eval_steps(ps_eval *e, double lb_time, const double *planned, mf_ps_point *pt)
+{
+    if (!e->p)
+        return EV_OOM;
+    if (!mf_layout_run(e->p, &e->d))
+        return EV_BROKEN;
+    if (!(e->m = memo_of(e->ps, e->p->sched)))
+        return EV_OOM;
+    int ev = eval_layout_bound(e, planned);
+    if (ev != EV_GO)
+        return ev;
+    pt->prefetch = e->prefetch;
+    pt->bucket_size = e->bucket;
+    pt->lb_planned = e->m->lb_planned;
+    if ((ev = eval_planned_bounds(e, &lb_time, pt)) != EV_GO)
+        return ev;
+    if (lb_time >= 0 && (ev = eval_lowered_bounds(e, lb_time)) != EV_GO)
+        return ev;
+    return eval_exact_point(e, lb_time >= 0 ? pt : NULL);
+}
+
+int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+                          const double *planned, mf_ps_point *pt)
+{
+    ps_eval e = {.ps = ps, .prefetch = prefetch, .bucket = bucket, .cfg = ps->opt.sim, .live = -1,
+                 .interference = -1};
+    e.cfg.fwd_time = ps->fwd;
+    e.cfg.bwd_time = ps->bwd;
+    e.p = candidate_plan(ps, prefetch, bucket, choice);
+    mf_diag_init(&e.d, NULL, ps->sink);
+    int ev = eval_steps(&e, lb_time, planned, pt);
+    if (ev == EV_GO) {
+        const mf_ps_point *x = &e.m->point;
+        pt->mem = x->mem;
+        pt->step_time = x->step_time;
+        pt->overlap = x->overlap;
+        pt->comm_exposed = x->comm_exposed;
+        pt->outer_bytes = x->outer_bytes;
+        memcpy(pt->bytes, x->bytes, sizeof pt->bytes);
+    } else if (ev == EV_OOM) {
+        snprintf(ps->err, sizeof ps->err, "out of memory");
+    } else if (ev == EV_BROKEN) {
+        snprintf(ps->err, sizeof ps->err,
+                 "internal error: a candidate (prefetch %d, bucket_size %lld) does not compile", prefetch,
+                 (long long)bucket);
+    }
+    if (e.have_lv)
+        mf_live_free(&e.lv);
+    mf_plan_free(e.p);
+    return ev == EV_GO ? 0 : ev == EV_PRUNED ? 1 : -1;
 }
 
 /* ---- the front ---- */

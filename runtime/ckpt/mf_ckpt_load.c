@@ -18,9 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_abi.h"
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
 #include "mf_ckpt_stage.h"
+#include "mf_hash.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
 
@@ -34,12 +36,12 @@ typedef struct mf_ckpt_lmsg {
  * that share reads index each other's buffers by the state's position. */
 static uint64_t mf_ckpt_states_hash(const mfsdp_ckpt_load_options *opt)
 {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)opt->nstates;
+    uint64_t h = MF_FNV1A_BASIS ^ (uint64_t)opt->nstates;
     for (int i = 0; i < opt->nstates; i++) {
-        const char *c = opt->states[i].name ? opt->states[i].name : "";
-        for (; *c; c++)
-            h = (h ^ (unsigned char)*c) * 1099511628211ull;
-        h = (h ^ (uint64_t)(0x100 + opt->states[i].dtype)) * 1099511628211ull;
+        const char *name = opt->states[i].name ? opt->states[i].name : "";
+        int32_t dtype = (int32_t)opt->states[i].dtype;
+        h = mf_fnv1a(h, name, strlen(name) + 1); /* the NUL ends the name */
+        h = mf_fnv1a(h, &dtype, sizeof dtype);
     }
     return h;
 }
@@ -254,6 +256,8 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK) {
         mf_ckpt_lfail(&mine, err);
         mine.status = sr;
+    } else if (opt && MF_ABI_CHECK(mfsdp_ckpt_load_options, opt, mine.msg, sizeof mine.msg) != MFSDP_OK) {
+        mine.status = MFSDP_ERR_INVALID_ARGUMENT;
     } else if (!dir || !opt || opt->nstates < 0 || opt->nstates > 63 || (opt->nstates && !opt->states)) {
         mine.status = MFSDP_ERR_INVALID_ARGUMENT;
         snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_hash.h"
 #include "mf_rt.h"
 
 #define LR (1.0f / 16.0f)
@@ -249,7 +250,7 @@ static void init_main_weight(rank_ctx *c)
         void *mw = mf_rt_buffer(c->rt, st->mw);
         for (int64_t i = 0; i < st->orange.len; i++) {
             int64_t e = st->orange.offset + i;
-            mf_cpu_store(mw, d, i, is_tensor(&s->buckets[b], e) ? init_value(b, e) : 0.0f);
+            mf_dtype_store(mw, d, i, is_tensor(&s->buckets[b], e) ? init_value(b, e) : 0.0f);
         }
     }
 }
@@ -287,7 +288,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
         const void *mw = mf_rt_buffer(c->rt, st->mw);
         for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
             int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
-            mf_cpu_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, len);
+            mf_dtype_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, len);
             const float *all = x->allgather(x->ctx, c->rank, mine, (size_t)len * sizeof(float), false);
             if (!all) {
                 ok = false;
@@ -322,7 +323,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
                     if (t < bk->ntensors)
                         at = bk->tensors[t].offset + bk->tensors[t].numel;
                 }
-                mf_cpu_convert((char *)st->full_w + (size_t)(rr.offset + i0) * mf_dtype_size(wd), wd,
+                mf_dtype_convert((char *)st->full_w + (size_t)(rr.offset + i0) * mf_dtype_size(wd), wd,
                                shard, MF_FP32, len);
             }
         }
@@ -356,7 +357,7 @@ static void check_weights(rank_ctx *c, const char *hook, int u, int64_t m)
                  "expected %.9g (cast main_weight), got %.9g",
                  (long long)c->step, hook, u, (long long)m, (long long)c->rank, bf->name,
                  (long long)e, is_tensor(bk, e) ? "" : " (padding)",
-                 (double)mf_cpu_load(st->full_w, bf->dtype, e), (double)mf_cpu_load(w, bf->dtype, e));
+                 (double)mf_dtype_load(st->full_w, bf->dtype, e), (double)mf_dtype_load(w, bf->dtype, e));
         return;
     }
 }
@@ -383,7 +384,7 @@ static void write_grads(rank_ctx *c, int u, int64_t m)
                 gl[i] = (float)(j + grad_k(seed, off + i)) / 64.0f;
         } else {
             for (int64_t i = 0; i < v.numel; i++)
-                mf_cpu_store(v.grad_local, (mf_dtype)v.grad_local_dtype, i,
+                mf_dtype_store(v.grad_local, (mf_dtype)v.grad_local_dtype, i,
                              (float)(j + grad_k(seed, off + i)) / 64.0f);
         }
     }
@@ -421,7 +422,7 @@ static void check_gradient(rank_ctx *c)
             int64_t t_lo = tn->offset > lo ? tn->offset : lo;
             int64_t t_hi = tn->offset + tn->numel < hi ? tn->offset + tn->numel : hi;
             for (int64_t e = t_lo; e < t_hi; e++) {
-                double got = mf_cpu_load(g, bf->dtype, e - lo);
+                double got = mf_dtype_load(g, bf->dtype, e - lo);
                 int k = grad_k(seed, e);
                 double want = (sum_j + (double)NM * k) / 64.0 / div;
                 double mag = (abs_j + (double)NM * (k < 0 ? -k : k)) / 64.0 / div;
@@ -449,7 +450,7 @@ static void sgd(rank_ctx *c)
          * gradient's padding is unspecified (docs/runtime.md). */
         for (int64_t i = 0; i < st->orange.len; i++)
             if (is_tensor(&s->buckets[b], st->orange.offset + i))
-                mf_cpu_store(mw, md, i, mf_cpu_load(mw, md, i) - LR * mf_cpu_load(g, gd, i));
+                mf_dtype_store(mw, md, i, mf_dtype_load(mw, md, i) - LR * mf_dtype_load(g, gd, i));
     }
 }
 
@@ -526,6 +527,130 @@ static void xchg_failed(const mf_check_xchg *x, mf_check_outcome *out)
         snprintf(out->own, sizeof out->own, "%s", out->msg);
 }
 
+/* Creates the runtime and the oracle's state, then every rank learns whether
+ * every rank is ready. Returns 0 (all ready), 1 (a mismatch or a failed
+ * exchange) or 2 (a runtime error somewhere); out->msg says which. */
+static int check_setup(rank_ctx *c, const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_check_xchg *x,
+                       mf_check_outcome *out)
+{
+    out->create_result = mfsdp_create(sh, cfg, &c->rt);
+    out->allocated_bytes = mfsdp_allocated_bytes(c->rt);
+    report rep;
+    memset(&rep, 0, sizeof rep);
+    if (out->create_result != MFSDP_OK) {
+        rep.status = 2;
+        rep.result = out->create_result;
+        snprintf(rep.msg, sizeof rep.msg, "rank %lld: mfsdp_create: %s: %s", (long long)c->rank,
+                 mfsdp_result_string(out->create_result), mfsdp_last_error(NULL));
+        snprintf(out->own, sizeof out->own, "%s", rep.msg);
+    } else if (!init_state(c)) {
+        rep.status = 2;
+        rep.result = MFSDP_ERR_OUT_OF_MEMORY;
+        snprintf(rep.msg, sizeof rep.msg, "rank %lld: the oracle is out of memory", (long long)c->rank);
+    } else {
+        c->rank = mfsdp_rank(c->rt);
+        check_views(c);
+        init_main_weight(c);
+        if (c->bad) {
+            rep.status = 1;
+            snprintf(rep.msg, sizeof rep.msg, "%s", c->first);
+        }
+    }
+    const report *all = x->allgather(x->ctx, c->rank, &rep, sizeof rep, rep.status == 2);
+    if (!all) {
+        xchg_failed(x, out);
+        return 1;
+    }
+    for (int64_t r = 0; r < c->world; r++)
+        if (all[r].status != 0) {
+            snprintf(out->msg, sizeof out->msg, "%s", all[r].msg);
+            return all[r].status == 2 ? 2 : 1;
+        }
+    return 0;
+}
+
+/* This rank's report of one step: the counters since *prev, and how the step
+ * ended (r, a stop by fault injection, or the oracle's first mismatch). */
+static void step_report(rank_ctx *c, mfsdp_result r, bool stop, mfsdp_stats *prev, report *rep,
+                        mf_check_outcome *out)
+{
+    mfsdp_stats now;
+    mfsdp_get_stats(c->rt, &now);
+    for (int j = 0; j < MFSDP_MAX_AXES; j++) {
+        rep->collectives[j] = now.collectives[j] - prev->collectives[j];
+        rep->bytes[j] = now.bytes[j] - prev->bytes[j];
+    }
+    for (int st = 0; st < MFSDP_NUM_STREAMS; st++)
+        rep->busy_ns[st] = now.busy_ns[st] - prev->busy_ns[st];
+    *prev = now;
+    if (r != MFSDP_OK) {
+        rep->status = 2;
+        rep->result = r;
+        if (out->error == MFSDP_OK)
+            out->error = r;
+        snprintf(rep->msg, sizeof rep->msg, "rank %lld: %s: %s", (long long)c->rank,
+                 mfsdp_result_string(r), mfsdp_last_error(c->rt));
+    } else if (stop) {
+        rep->status = 3;
+    } else if (c->bad) {
+        rep->status = 1;
+        snprintf(rep->msg, sizeof rep->msg, "%s", c->first);
+    }
+    if (rep->status != 0 && !out->own[0])
+        snprintf(out->own, sizeof out->own, "%s", rep->status == 3 ? "rank stopped calling hooks (fault injection)" : rep->msg);
+}
+
+/* The steps, each checked by every rank's report. Returns 0 or 1. */
+static int check_steps(rank_ctx *c, const mf_check_xchg *x, const mf_check_opts *o, mf_check_outcome *out)
+{
+    int rc = 0;
+    mfsdp_stats prev;
+    memset(&prev, 0, sizeof prev);
+    for (c->step = 1; rc == 0 && c->step <= o->steps; c->step++) {
+        report rep;
+        memset(&rep, 0, sizeof rep);
+        if (!assemble(c, x)) {
+            xchg_failed(x, out);
+            return 1;
+        }
+        bool stop = c->rank == o->stop_rank && c->step == o->stop_step;
+        step_report(c, run_step(c, stop), stop, &prev, &rep, out);
+        const report *all = x->allgather(x->ctx, c->rank, &rep, sizeof rep, rep.status == 2);
+        if (!all) {
+            xchg_failed(x, out);
+            return 1;
+        }
+        if (c->rank == 0 && o->out)
+            print_step(c->s, o->out, c->step, all, c->world);
+        for (int64_t r2 = 0; r2 < c->world; r2++)
+            if (all[r2].status != 0 && rc == 0) {
+                rc = 1;
+                snprintf(out->msg, sizeof out->msg, "%s",
+                         all[r2].status == 3 ? "a rank stopped calling hooks" : all[r2].msg);
+            }
+        /* A real failure message beats the stopped rank's note. */
+        for (int64_t r2 = 0; r2 < c->world; r2++)
+            if (all[r2].status == 1 || all[r2].status == 2) {
+                snprintf(out->msg, sizeof out->msg, "%s", all[r2].msg);
+                break;
+            }
+    }
+    return rc;
+}
+
+/* The master weights after the run, for bit-identity checks. */
+static uint64_t master_digest(const rank_ctx *c)
+{
+    uint64_t h = MF_FNV1A_BASIS;
+    for (int b = 0; c->rt && c->bs && b < c->s->nbuckets; b++) {
+        const mf_buffer *mb = &c->s->buffers[c->bs[b].mw];
+        const unsigned char *p = mf_rt_buffer(c->rt, c->bs[b].mw);
+        if (p)
+            h = mf_fnv1a(h, p, (size_t)mb->count * mf_dtype_size(mb->dtype));
+    }
+    return h;
+}
+
 int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_check_xchg *x,
                   const mf_check_opts *o, mf_check_outcome *out)
 {
@@ -535,106 +660,10 @@ int mf_check_rank(const mfsdp_schedule *sh, const mfsdp_config *cfg, const mf_ch
     c.s = sh->s;
     c.world = sh->s->mesh.world;
     c.rank = cfg->rank;
-    out->create_result = mfsdp_create(sh, cfg, &c.rt);
-    out->allocated_bytes = mfsdp_allocated_bytes(c.rt);
-    report rep;
-    memset(&rep, 0, sizeof rep);
-    if (out->create_result != MFSDP_OK) {
-        rep.status = 2;
-        rep.result = out->create_result;
-        snprintf(rep.msg, sizeof rep.msg, "rank %lld: mfsdp_create: %s: %s", (long long)c.rank,
-                 mfsdp_result_string(out->create_result), mfsdp_last_error(NULL));
-        snprintf(out->own, sizeof out->own, "%s", rep.msg);
-    } else if (!init_state(&c)) {
-        rep.status = 2;
-        rep.result = MFSDP_ERR_OUT_OF_MEMORY;
-        snprintf(rep.msg, sizeof rep.msg, "rank %lld: the oracle is out of memory", (long long)c.rank);
-    } else {
-        c.rank = mfsdp_rank(c.rt);
-        check_views(&c);
-        init_main_weight(&c);
-        if (c.bad) {
-            rep.status = 1;
-            snprintf(rep.msg, sizeof rep.msg, "%s", c.first);
-        }
-    }
-    /* Everyone learns whether everyone is ready. */
-    const report *all = x->allgather(x->ctx, c.rank, &rep, sizeof rep, rep.status == 2);
-    int rc = 0;
-    if (!all) {
-        rc = 1;
-        xchg_failed(x, out);
-    } else {
-        for (int64_t r = 0; r < c.world && rc == 0; r++)
-            if (all[r].status != 0) {
-                rc = all[r].status == 2 ? 2 : 1;
-                snprintf(out->msg, sizeof out->msg, "%s", all[r].msg);
-            }
-    }
-    mfsdp_stats prev;
-    memset(&prev, 0, sizeof prev);
-    for (c.step = 1; rc == 0 && c.step <= o->steps; c.step++) {
-        memset(&rep, 0, sizeof rep);
-        if (!assemble(&c, x)) {
-            rc = 1;
-            xchg_failed(x, out);
-            break;
-        }
-        bool stop = c.rank == o->stop_rank && c.step == o->stop_step;
-        mfsdp_result r = run_step(&c, stop);
-        mfsdp_stats now;
-        mfsdp_get_stats(c.rt, &now);
-        for (int j = 0; j < MFSDP_MAX_AXES; j++) {
-            rep.collectives[j] = now.collectives[j] - prev.collectives[j];
-            rep.bytes[j] = now.bytes[j] - prev.bytes[j];
-        }
-        for (int st = 0; st < MFSDP_NUM_STREAMS; st++)
-            rep.busy_ns[st] = now.busy_ns[st] - prev.busy_ns[st];
-        prev = now;
-        if (r != MFSDP_OK) {
-            rep.status = 2;
-            rep.result = r;
-            if (out->error == MFSDP_OK)
-                out->error = r;
-            snprintf(rep.msg, sizeof rep.msg, "rank %lld: %s: %s", (long long)c.rank,
-                     mfsdp_result_string(r), mfsdp_last_error(c.rt));
-        } else if (stop) {
-            rep.status = 3;
-        } else if (c.bad) {
-            rep.status = 1;
-            snprintf(rep.msg, sizeof rep.msg, "%s", c.first);
-        }
-        if (rep.status != 0 && !out->own[0])
-            snprintf(out->own, sizeof out->own, "%s", rep.status == 3 ? "rank stopped calling hooks (fault injection)" : rep.msg);
-        all = x->allgather(x->ctx, c.rank, &rep, sizeof rep, rep.status == 2);
-        if (!all) {
-            rc = 1;
-            xchg_failed(x, out);
-            break;
-        }
-        if (c.rank == 0 && o->out)
-            print_step(c.s, o->out, c.step, all, c.world);
-        for (int64_t r2 = 0; r2 < c.world; r2++)
-            if (all[r2].status != 0 && rc == 0) {
-                rc = 1;
-                snprintf(out->msg, sizeof out->msg, "%s",
-                         all[r2].status == 3 ? "a rank stopped calling hooks" : all[r2].msg);
-            }
-        /* A real failure message beats the stopped rank's note. */
-        for (int64_t r2 = 0; r2 < c.world; r2++)
-            if (all[r2].status == 1 || all[r2].status == 2) {
-                snprintf(out->msg, sizeof out->msg, "%s", all[r2].msg);
-                break;
-            }
-    }
-    /* The master weights after the run, for bit-identity checks. */
-    out->digest = 1469598103934665603u;
-    for (int b = 0; c.rt && c.bs && b < c.s->nbuckets; b++) {
-        const mf_buffer *mb = &c.s->buffers[c.bs[b].mw];
-        const unsigned char *p = mf_rt_buffer(c.rt, c.bs[b].mw);
-        for (size_t i = 0; p && i < (size_t)mb->count * mf_dtype_size(mb->dtype); i++)
-            out->digest = (out->digest ^ p[i]) * 1099511628211u;
-    }
+    int rc = check_setup(&c, sh, cfg, x, out);
+    if (rc == 0)
+        rc = check_steps(&c, x, o, out);
+    out->digest = master_digest(&c);
     mfsdp_destroy(c.rt);
     free_state(&c);
     out->rc = rc;
