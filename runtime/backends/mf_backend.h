@@ -62,6 +62,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mf_dtype.h"
 #include "mf_schedule.h"
 #include "mfsdp.h"
 
@@ -187,18 +188,8 @@ extern const mf_backend_vtbl mf_backend_cuda_local;
 #endif
 
 /* ---- CPU kernels (mf_cpu_kernels.c), shared by the CPU backends ----
- * Conversions round to nearest even; NaN stays NaN (quiet), overflow gives
- * infinity. bf16 and fp16 arithmetic is done in fp32 and rounded once. */
-uint16_t mf_f32_to_bf16(float f);
-float mf_bf16_to_f32(uint16_t h);
-uint16_t mf_f32_to_fp16(float f);
-float mf_fp16_to_f32(uint16_t h);
-/* Element i of a buffer of dtype d, as a float; and the inverse store. */
-float mf_cpu_load(const void *p, mf_dtype d, int64_t i);
-void mf_cpu_store(void *p, mf_dtype d, int64_t i, float v);
-
-/* dst[i] = (dd) src[i], i < n. Same dtype: memmove. */
-void mf_cpu_convert(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n);
+ * bf16 and fp16 arithmetic is done in fp32 and rounded once; conversions
+ * (mf_dtype_convert, mf_dtype_load/store) are core/mf_dtype.h's. */
 /* dst[i] = dst[i] + src[i] in fp32, stored as dd. */
 void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n);
 /* dst[i] = (sum over k < nsrc of srcs[k][off + i]) / divisor, summed in fp32

@@ -119,7 +119,7 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
     uint16_t *b = inout;
     (void)dt;
     for (int i = 0; i < *len; i++)
-        b[i] = mf_f32_to_bf16(mf_bf16_to_f32(a[i]) + mf_bf16_to_f32(b[i]));
+        b[i] = mf_dtype_f32_to_bf16(mf_dtype_bf16_to_f32(a[i]) + mf_dtype_bf16_to_f32(b[i]));
 }
 
 static void fp16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
@@ -128,7 +128,7 @@ static void fp16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
     uint16_t *b = inout;
     (void)dt;
     for (int i = 0; i < *len; i++)
-        b[i] = mf_f32_to_fp16(mf_fp16_to_f32(a[i]) + mf_fp16_to_f32(b[i]));
+        b[i] = mf_dtype_f32_to_fp16(mf_dtype_fp16_to_f32(a[i]) + mf_dtype_fp16_to_f32(b[i]));
 }
 
 static mfsdp_result mpi_fail(char *err, size_t errlen, int rc, const char *what)

@@ -1,8 +1,8 @@
 /*
- * mf_cpu_kernels: the elementwise kernels of the CPU backends: dtype
- * conversion (fp32 <-> bf16/fp16, round to nearest even), add, reduce and
- * divide. bf16 and fp16 are computed in fp32 and rounded once per kernel, so
- * a reduction over n ranks rounds once, not n-1 times.
+ * mf_cpu_kernels: the elementwise kernels of the CPU backends: add, reduce
+ * and divide (dtype conversion is core/mf_dtype.c). bf16 and fp16 are
+ * computed in fp32 and rounded once per kernel, so a reduction over n ranks
+ * rounds once, not n-1 times.
  *
  * Invariants: kernels never allocate; reductions sum in source order so all
  * ranks computing the same reduction get identical bits (replicas stay
@@ -11,135 +11,6 @@
 #include <string.h>
 
 #include "mf_backend.h"
-
-uint16_t mf_f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);          /* quiet NaN, keep sign */
-    uint32_t bias = 0x7fffu + ((x >> 16) & 1u);        /* ties to even */
-    return (uint16_t)((x + bias) >> 16);
-}
-
-float mf_bf16_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-uint16_t mf_f32_to_fp16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u)                               /* NaN: quiet, keep payload top */
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u)                              /* >= 65520 rounds to infinity */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) {                             /* below 2^-14: subnormal or zero */
-        if (ax <= 0x33000000u)                          /* <= 2^-25 rounds to (even) zero */
-            return (uint16_t)sign;
-        uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-        int shift = 126 - (int)(ax >> 23);              /* 14..24 */
-        uint32_t q = mant >> shift;
-        uint32_t rem = mant & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u)))
-            q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t r = ax - 0x38000000u;                      /* rebias 127 -> 15 */
-    uint32_t q = r >> 13;
-    uint32_t rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u)))
-        q++;
-    return (uint16_t)(sign | q);
-}
-
-float mf_fp16_to_f32(uint16_t h)
-{
-    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-    uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
-    uint32_t mant = (uint32_t)h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0) {
-        float v = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    if (exp == 31)
-        x = sign | 0x7f800000u | (mant << 13);
-    else
-        x = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-float mf_cpu_load(const void *p, mf_dtype d, int64_t i)
-{
-    switch (d) {
-    case MF_BF16:
-        return mf_bf16_to_f32(((const uint16_t *)p)[i]);
-    case MF_FP16:
-        return mf_fp16_to_f32(((const uint16_t *)p)[i]);
-    default:
-        return ((const float *)p)[i];
-    }
-}
-
-void mf_cpu_store(void *p, mf_dtype d, int64_t i, float v)
-{
-    switch (d) {
-    case MF_BF16:
-        ((uint16_t *)p)[i] = mf_f32_to_bf16(v);
-        break;
-    case MF_FP16:
-        ((uint16_t *)p)[i] = mf_f32_to_fp16(v);
-        break;
-    default:
-        ((float *)p)[i] = v;
-        break;
-    }
-}
-
-void mf_cpu_convert(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
-{
-    if (n <= 0)
-        return;
-    if (dd == sd) {
-        if (dst != src)
-            memmove(dst, src, (size_t)n * mf_dtype_size(dd));
-        return;
-    }
-    if (sd == MF_FP32) {
-        const float *s = src;
-        uint16_t *o = dst;
-        if (dd == MF_BF16)
-            for (int64_t i = 0; i < n; i++)
-                o[i] = mf_f32_to_bf16(s[i]);
-        else
-            for (int64_t i = 0; i < n; i++)
-                o[i] = mf_f32_to_fp16(s[i]);
-        return;
-    }
-    if (dd == MF_FP32) {
-        const uint16_t *s = src;
-        float *o = dst;
-        if (sd == MF_BF16)
-            for (int64_t i = 0; i < n; i++)
-                o[i] = mf_bf16_to_f32(s[i]);
-        else
-            for (int64_t i = 0; i < n; i++)
-                o[i] = mf_fp16_to_f32(s[i]);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++)                     /* bf16 <-> fp16 through fp32 */
-        mf_cpu_store(dst, dd, i, mf_cpu_load(src, sd, i));
-}
 
 void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
 {
@@ -151,7 +22,7 @@ void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
         return;
     }
     for (int64_t i = 0; i < n; i++)
-        mf_cpu_store(dst, dd, i, mf_cpu_load(dst, dd, i) + mf_cpu_load(src, sd, i));
+        mf_dtype_store(dst, dd, i, mf_dtype_load(dst, dd, i) + mf_dtype_load(src, sd, i));
 }
 
 /* 1 / divisor when that is exact (divisor a power of two), else 0. Then
@@ -186,10 +57,10 @@ static void reduce_block(float *acc, const void *const *srcs, int nsrc, int64_t 
         }
     } else {
         for (int64_t i = 0; i < len; i++)
-            acc[i] = mf_cpu_load(srcs[0], d, at + i);
+            acc[i] = mf_dtype_load(srcs[0], d, at + i);
         for (int k = 1; k < nsrc; k++)
             for (int64_t i = 0; i < len; i++)
-                acc[i] += mf_cpu_load(srcs[k], d, at + i);
+                acc[i] += mf_dtype_load(srcs[k], d, at + i);
     }
     if (inv != 0.0f)
         for (int64_t i = 0; i < len; i++)
@@ -211,7 +82,7 @@ void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, in
             memcpy((float *)dst + b, acc, (size_t)len * sizeof(float));
         else
             for (int64_t i = 0; i < len; i++)
-                mf_cpu_store(dst, d, b + i, acc[i]);
+                mf_dtype_store(dst, d, b + i, acc[i]);
     }
 }
 
@@ -228,7 +99,7 @@ void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int
         const void *out = acc;
         if (d != MF_FP32) {
             for (int64_t i = 0; i < len; i++)
-                mf_cpu_store(half, d, i, acc[i]);
+                mf_dtype_store(half, d, i, acc[i]);
             out = half;
         }
         for (int j = 0; j < ndst; j++)
@@ -253,5 +124,5 @@ void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)
         return;
     }
     for (int64_t i = 0; i < n; i++)
-        mf_cpu_store(p, d, i, mf_cpu_load(p, d, i) / div);
+        mf_dtype_store(p, d, i, mf_dtype_load(p, d, i) / div);
 }

@@ -213,7 +213,7 @@ static int mf_hx_write(mf_rt *rt, const mf_ckpt_plan *p, const mf_hx_layout *l, 
                 }
                 from = (const char *)host;
             }
-            mf_cpu_convert(bounce, dt, from, sd, n);
+            mf_dtype_convert(bounce, dt, from, sd, n);
             if (mf_ckpt_pwrite_all(fds[f], bounce, (size_t)n * ds, l->offset[pc->tensor] + (uint64_t)a * ds) != 0) {
                 snprintf(err, errlen, "write error: %s", strerror(errno));
                 goto done;

@@ -86,7 +86,7 @@ int mf_hf_read(const mf_hf_model *m, int t, int64_t start, int64_t end, void *ds
         if (mf_ckpt_pread_all(m->fds[x->file], via, (size_t)k * es, x->offset + (uint64_t)a * es) != 0)
             return snprintf(err, errlen, "%s: read error: %s", m->paths[x->file], strerror(errno)), -1;
         if (via == bounce)
-            mf_cpu_convert(to, dst_dtype, bounce, (mf_dtype)sd, k);
+            mf_dtype_convert(to, dst_dtype, bounce, (mf_dtype)sd, k);
     }
     return 0;
 }

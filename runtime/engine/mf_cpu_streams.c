@@ -207,17 +207,17 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         return res;
     }
     case MF_OP_CAST:
-        mf_cpu_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
         return MFSDP_OK;
     case MF_OP_ACCUMULATE:
         if (e->microbatch <= 0)
-            mf_cpu_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+            mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
         else
             mf_cpu_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
         return MFSDP_OK;
     case MF_OP_SLICE: {
         size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
-        mf_cpu_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
+        mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
         return MFSDP_OK;
     }
     default: {

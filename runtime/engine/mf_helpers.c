@@ -28,22 +28,22 @@
 
 MFSDP_API uint16_t mfsdp_f32_to_bf16(float f)
 {
-    return mf_f32_to_bf16(f);
+    return mf_dtype_f32_to_bf16(f);
 }
 
 MFSDP_API float mfsdp_bf16_to_f32(uint16_t h)
 {
-    return mf_bf16_to_f32(h);
+    return mf_dtype_bf16_to_f32(h);
 }
 
 MFSDP_API uint16_t mfsdp_f32_to_fp16(float f)
 {
-    return mf_f32_to_fp16(f);
+    return mf_dtype_f32_to_fp16(f);
 }
 
 MFSDP_API float mfsdp_fp16_to_f32(uint16_t h)
 {
-    return mf_fp16_to_f32(h);
+    return mf_dtype_fp16_to_f32(h);
 }
 
 static bool dtype_ok(mfsdp_dtype d)
@@ -60,7 +60,7 @@ MFSDP_API mfsdp_result mfsdp_convert(void *dst, mfsdp_dtype dst_dtype, const voi
                                "(got n %lld, dtypes %d and %d)",
                                (long long)n, (int)dst_dtype, (int)src_dtype);
     if (n > 0)
-        mf_cpu_convert(dst, (mf_dtype)dst_dtype, src, (mf_dtype)src_dtype, n);
+        mf_dtype_convert(dst, (mf_dtype)dst_dtype, src, (mf_dtype)src_dtype, n);
     return MFSDP_OK;
 }
 
@@ -196,7 +196,7 @@ MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, 
                                "%s: needs the full tensor and a dtype fp32, bf16 or fp16", fn);
     const mfsdp_tensor_view *v = &rt->views[tensor];
     if (v->shard_count > 0)
-        mf_cpu_convert(v->main_weight, (mf_dtype)v->main_weight_dtype,
+        mf_dtype_convert(v->main_weight, (mf_dtype)v->main_weight_dtype,
                        (const char *)full + (size_t)v->shard_offset * mfsdp_dtype_size(dtype),
                        (mf_dtype)dtype, v->shard_count);
     return MFSDP_OK;
@@ -248,7 +248,7 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
     for (int64_t q = 0; q < rt->world; q++) {
         held(rt, &a, q, &lo, &hi);
         if (hi > lo && designated(&rt->s->mesh, a.mw, q))
-            mf_cpu_convert((char *)out + (size_t)lo * os, (mf_dtype)dtype, all + (size_t)q * block,
+            mf_dtype_convert((char *)out + (size_t)lo * os, (mf_dtype)dtype, all + (size_t)q * block,
                            (mf_dtype)v->main_weight_dtype, hi - lo);
     }
 done:
@@ -309,7 +309,7 @@ static double local_sumsq(const mf_rt *rt)
         if (v->shard_count == 0 || !designated(&rt->s->mesh, a.mw, rt->rank))
             continue;
         for (int64_t i = 0; i < v->shard_count; i++) {
-            double g = mf_cpu_load(v->grad, (mf_dtype)v->grad_dtype, i);
+            double g = mf_dtype_load(v->grad, (mf_dtype)v->grad_dtype, i);
             acc += g * g;
         }
     }
@@ -358,8 +358,8 @@ MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, doubl
     for (int k = 0; k < rt->nviews; k++) {
         const mfsdp_tensor_view *v = &rt->views[k];
         for (int64_t i = 0; i < v->shard_count; i++)
-            mf_cpu_store(v->grad, (mf_dtype)v->grad_dtype, i,
-                         mf_cpu_load(v->grad, (mf_dtype)v->grad_dtype, i) * scale);
+            mf_dtype_store(v->grad, (mf_dtype)v->grad_dtype, i,
+                         mf_dtype_load(v->grad, (mf_dtype)v->grad_dtype, i) * scale);
     }
     return MFSDP_OK;
 }

@@ -178,7 +178,7 @@ static int ck_exp_fill(void *ctx, int entry, uint64_t off, void *buf, size_t n, 
         int64_t step = k - at < (int64_t)(MF_CKPT_IO_CHUNK / 8) ? k - at : (int64_t)(MF_CKPT_IO_CHUNK / 8);
         if (mf_ckpt_read(c->r, 0, c->tensor[entry], a + at, a + at + step, c->buf, err, errlen) != 0)
             return -1;
-        mf_cpu_convert((char *)buf + (size_t)at * ds, c->dtype, c->buf, sd, step);
+        mf_dtype_convert((char *)buf + (size_t)at * ds, c->dtype, c->buf, sd, step);
         at += step;
     }
     return 0;

@@ -27,7 +27,7 @@ static bool host_fill(void *ctx, void *buf, mfsdp_dtype t, int64_t n, uint32_t s
 {
     (void)ctx;
     for (int64_t i = 0; i < n; i++)
-        mf_cpu_store(buf, (mf_dtype)t, i, mf_pattern(seed, i));
+        mf_dtype_store(buf, (mf_dtype)t, i, mf_pattern(seed, i));
     return true;
 }
 

@@ -191,10 +191,10 @@ static bool weights_ok(tc_trainer *tr, const mfsdp_tensor_view *v, int t, const 
     bool ok = tr->ops->read(tr->ctx, w, dev, (size_t)v->numel * es) || failf(tr, "%s: cannot read the weight", v->name);
     for (int64_t i = 0; ok && i < v->numel; i++) {
         unsigned char want[4];
-        mf_cpu_store(want, (mf_dtype)v->weight_dtype, 0, mf_pattern(7 + (uint32_t)t, i));
+        mf_dtype_store(want, (mf_dtype)v->weight_dtype, 0, mf_pattern(7 + (uint32_t)t, i));
         if (memcmp(w + (size_t)i * es, want, es))
             ok = failf(tr, "%s: weight element %lld %s is %g, not the cast main_weight %g", v->name, (long long)i, where,
-                       (double)mf_cpu_load(w, (mf_dtype)v->weight_dtype, i), (double)mf_pattern(7 + (uint32_t)t, i));
+                       (double)mf_dtype_load(w, (mf_dtype)v->weight_dtype, i), (double)mf_pattern(7 + (uint32_t)t, i));
     }
     free(w);
     return ok;
@@ -231,8 +231,8 @@ bool tc_verify(tc_trainer *tr)
                 for (int64_t rk = 0; rk < N; rk++)
                     for (int64_t m = 0; m < M; m++) {
                         unsigned char local[4]; /* as grad_local holds it */
-                        mf_cpu_store(local, (mf_dtype)v.grad_local_dtype, 0, mf_pattern(tc_grad_seed(rk, m, t), at));
-                        want += mf_cpu_load(local, (mf_dtype)v.grad_local_dtype, 0);
+                        mf_dtype_store(local, (mf_dtype)v.grad_local_dtype, 0, mf_pattern(tc_grad_seed(rk, m, t), at));
+                        want += mf_dtype_load(local, (mf_dtype)v.grad_local_dtype, 0);
                     }
                 if (avg)
                     want /= (double)N;

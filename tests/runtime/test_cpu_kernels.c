@@ -1,9 +1,7 @@
 /*
- * The CPU kernels: fp32 <-> bf16/fp16 conversions (round to nearest even,
- * subnormals, overflow, NaN), exhaustively where the domain is small, and
- * against the compiler's _Float16 on random inputs; add, reduce (sum order,
- * avg), divide; the streaming copy and the streaming reduce (the same bits
- * as memcpy and mf_cpu_reduce).
+ * The CPU kernels: add, reduce (sum order, avg), divide; the streaming copy
+ * and the streaming reduce (the same bits as memcpy and mf_cpu_reduce). The
+ * conversions they use are tested in tests/core/test_dtype.c.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -29,108 +27,21 @@ static uint32_t f_bits(float f)
     return u;
 }
 
-/* Every finite half and bfloat16 survives the trip through fp32. */
-static void test_roundtrip_exhaustive(void **state)
-{
-    (void)state;
-    for (uint32_t h = 0; h < 65536; h++) {
-        uint16_t x = (uint16_t)h;
-        bool bf_nan = (x & 0x7f80) == 0x7f80 && (x & 0x7f);
-        bool fp_nan = (x & 0x7c00) == 0x7c00 && (x & 0x3ff);
-        if (!bf_nan)
-            assert_int_equal(mf_f32_to_bf16(mf_bf16_to_f32(x)), x);
-        else
-            assert_true(isnan(mf_bf16_to_f32(x)) && isnan(mf_bf16_to_f32(mf_f32_to_bf16(mf_bf16_to_f32(x)))));
-        if (!fp_nan)
-            assert_int_equal(mf_f32_to_fp16(mf_fp16_to_f32(x)), x);
-        else
-            assert_true(isnan(mf_fp16_to_f32(x)));
-    }
-}
-
-/* Ties go to even; one ulp above a tie goes up. */
-static void test_bf16_rounding(void **state)
-{
-    (void)state;
-    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: even is 1. */
-    assert_int_equal(mf_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
-    /* (1 + 2^-7) + 2^-8 is halfway; even is 1 + 2^-6. */
-    assert_int_equal(mf_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);
-    assert_int_equal(mf_f32_to_bf16(bits_f(0x3f808001)), 0x3f81);
-    /* The largest finite fp32 rounds to infinity in bf16. */
-    assert_int_equal(mf_f32_to_bf16(bits_f(0x7f7fffff)), 0x7f80);
-    assert_int_equal(mf_f32_to_bf16(-INFINITY), 0xff80);
-    uint16_t n = mf_f32_to_bf16(bits_f(0x7f800001));   /* signalling NaN stays NaN */
-    assert_true((n & 0x7f80) == 0x7f80 && (n & 0x7f));
-}
-
-static void test_fp16_rounding(void **state)
-{
-    (void)state;
-    assert_int_equal(mf_f32_to_fp16(65504.0f), 0x7bff);
-    assert_int_equal(mf_f32_to_fp16(65519.0f), 0x7bff);      /* below the tie */
-    assert_int_equal(mf_f32_to_fp16(65520.0f), 0x7c00);      /* tie to even: infinity */
-    assert_int_equal(mf_f32_to_fp16(0x1p-24f), 0x0001);      /* smallest subnormal */
-    assert_int_equal(mf_f32_to_fp16(0x1p-25f), 0x0000);      /* tie with zero: even */
-    assert_int_equal(mf_f32_to_fp16(0x1.8p-25f), 0x0001);
-    assert_int_equal(mf_f32_to_fp16(0x1.8p-24f), 0x0002);    /* 1.5 ulp: tie to even 2 */
-    assert_int_equal(mf_f32_to_fp16(0x1p-14f), 0x0400);      /* smallest normal */
-    assert_int_equal(mf_f32_to_fp16(-0.0f), 0x8000);
-    assert_int_equal(mf_f32_to_fp16(1.0f + 0x1p-11f), 0x3c00);
-    assert_int_equal(mf_f32_to_fp16(1.0f + 0x1p-10f + 0x1p-11f), 0x3c02);
-}
-
-#if defined(__FLT16_MAX__)
-/* Against the compiler's conversion on many random fp32 bit patterns. */
-static void test_fp16_vs_compiler(void **state)
-{
-    (void)state;
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < 2000000; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        uint32_t u = (uint32_t)x;
-        if (i & 1)   /* bias half of them into fp16's range */
-            u = (u & 0x807fffffu) | ((uint32_t)(100 + (x >> 40) % 50) << 23);
-        float f = bits_f(u);
-        if (isnan(f))
-            continue;
-        _Float16 h = (_Float16)f;
-        uint16_t want;
-        memcpy(&want, &h, 2);
-        if (mf_f32_to_fp16(f) != want)
-            fail_msg("fp16 of %a (0x%08x): got 0x%04x, compiler 0x%04x", (double)f, u,
-                     mf_f32_to_fp16(f), want);
-    }
-}
-#endif
-
-static void test_convert_add_divide(void **state)
+static void test_add_divide(void **state)
 {
     (void)state;
     float a[5] = {1.0f, -2.5f, 3.0f, 1e-3f, 65504.0f};
-    uint16_t h[5], b[5];
-    float back[5];
-    mf_cpu_convert(h, MF_FP16, a, MF_FP32, 5);
-    mf_cpu_convert(b, MF_BF16, a, MF_FP32, 5);
-    mf_cpu_convert(back, MF_FP32, h, MF_FP16, 5);
-    assert_true(back[1] == -2.5f && back[4] == 65504.0f);
-    mf_cpu_convert(back, MF_FP32, b, MF_BF16, 5);
-    assert_true(back[2] == 3.0f);
-    /* bf16 -> fp16 goes through fp32. */
-    uint16_t hb[5];
-    mf_cpu_convert(hb, MF_FP16, b, MF_BF16, 5);
-    assert_int_equal(hb[2], h[2]);
+    uint16_t h[5];
+    mf_dtype_convert(h, MF_FP16, a, MF_FP32, 5);
     /* add: dst += src with mixed dtypes. */
     float acc[5] = {1, 1, 1, 1, 1};
     mf_cpu_add(acc, MF_FP32, h, MF_FP16, 5);
     assert_true(acc[0] == 2.0f && acc[1] == -1.5f);
-    uint16_t hb2[2] = {mf_f32_to_bf16(1.0f), mf_f32_to_bf16(2.0f)};
+    uint16_t hb2[2] = {mf_dtype_f32_to_bf16(1.0f), mf_dtype_f32_to_bf16(2.0f)};
     float one[2] = {0x1p-9f, 0.5f};
     mf_cpu_add(hb2, MF_BF16, one, MF_FP32, 2);
-    assert_int_equal(hb2[0], mf_f32_to_bf16(1.0f));          /* 1 + 2^-9 rounds back to 1 */
-    assert_int_equal(hb2[1], mf_f32_to_bf16(2.5f));
+    assert_int_equal(hb2[0], mf_dtype_f32_to_bf16(1.0f));          /* 1 + 2^-9 rounds back to 1 */
+    assert_int_equal(hb2[1], mf_dtype_f32_to_bf16(2.5f));
     float d[3] = {3, 6, 9};
     mf_cpu_divide(d, MF_FP32, 3, 3);
     assert_true(d[0] == 1 && d[1] == 2 && d[2] == 3);
@@ -161,11 +72,11 @@ static void test_reduce(void **state)
     assert_true(r[0] == 0.0f);
     /* bf16 reduces through fp32 and rounds once: 1 + 3 * 2^-9 rounds to
      * 1 + 2^-7, while adding 2^-9 three times in bf16 would stay at 1. */
-    uint16_t b0[1] = {mf_f32_to_bf16(1.0f)}, bq[1] = {mf_f32_to_bf16(0x1p-9f)}, rb[1];
+    uint16_t b0[1] = {mf_dtype_f32_to_bf16(1.0f)}, bq[1] = {mf_dtype_f32_to_bf16(0x1p-9f)}, rb[1];
     const void *ob[4] = {b0, bq, bq, bq};
     mf_cpu_reduce(rb, ob, 4, 0, 1, MF_BF16, 1);
-    assert_int_equal(rb[0], mf_f32_to_bf16(1.0f + 0x1p-7f));
-    assert_int_equal(f_bits(mf_bf16_to_f32(rb[0])), f_bits(1.0f + 0x1p-7f));
+    assert_int_equal(rb[0], mf_dtype_f32_to_bf16(1.0f + 0x1p-7f));
+    assert_int_equal(f_bits(mf_dtype_bf16_to_f32(rb[0])), f_bits(1.0f + 0x1p-7f));
 }
 
 /* A power-of-two divisor is applied as a multiply by its inverse: the result
@@ -211,8 +122,8 @@ static void test_average_power_of_two(void **state)
         const void *sb[1] = {hb};
         mf_cpu_reduce(rb, sb, 1, 0, 64, MF_BF16, divisors[k]);
         for (int i = 0; i < 64; i++) {
-            uint16_t want = mf_f32_to_bf16(mf_bf16_to_f32(hb[i]) / dv);
-            if (rb[i] != want && !(isnan(mf_bf16_to_f32(want)) && isnan(mf_bf16_to_f32(rb[i]))))
+            uint16_t want = mf_dtype_f32_to_bf16(mf_dtype_bf16_to_f32(hb[i]) / dv);
+            if (rb[i] != want && !(isnan(mf_dtype_bf16_to_f32(want)) && isnan(mf_dtype_bf16_to_f32(rb[i]))))
                 fail_msg("bf16 reduce avg over %lld of 0x%04x: got 0x%04x, want 0x%04x",
                          (long long)divisors[k], hb[i], rb[i], want);
         }
@@ -277,7 +188,7 @@ static void test_reduce_out(void **state)
                                 for (int64_t i = 0; i < off + n; i++) {
                                     rng = rng * 1664525u + 1013904223u;
                                     float v = (float)(int32_t)(rng >> 8) * 0x1p-20f;
-                                    mf_cpu_store(p, d, i, v);
+                                    mf_dtype_store(p, d, i, v);
                                 }
                                 srcs[k] = p;
                             }
@@ -320,13 +231,7 @@ static void test_reduce_out(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_exhaustive),
-        cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test(test_fp16_rounding),
-#if defined(__FLT16_MAX__)
-        cmocka_unit_test(test_fp16_vs_compiler),
-#endif
-        cmocka_unit_test(test_convert_add_divide),
+        cmocka_unit_test(test_add_divide),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_average_power_of_two),
         cmocka_unit_test(test_stream_copy),

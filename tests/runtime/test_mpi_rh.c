@@ -119,7 +119,7 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
     uint16_t *b = inout;
     (void)dt;
     for (int i = 0; i < *len; i++)
-        b[i] = mf_f32_to_bf16(mf_bf16_to_f32(a[i]) + mf_bf16_to_f32(b[i]));
+        b[i] = mf_dtype_f32_to_bf16(mf_dtype_bf16_to_f32(a[i]) + mf_dtype_bf16_to_f32(b[i]));
 }
 
 /* Rank r's element i: a value of mixed magnitude whose sums round. */
@@ -152,7 +152,7 @@ static int check(mfsdp_runtime *rt, int me, int g, mf_dtype dt, mf_opkind kind, 
         if (dt == MF_FP32)
             memcpy(in + i * 4, &x, 4);
         else {
-            uint16_t b = mf_f32_to_bf16(x);
+            uint16_t b = mf_dtype_f32_to_bf16(x);
             memcpy(in + i * 2, &b, 2);
         }
     }
