@@ -340,7 +340,7 @@ static double memcpy_gbs(size_t bytes, int threads)
     for (int t = 0; t < threads; t++) {
         /* allocated like the runtime's buffers (huge pages from 2 MiB): the
            reference moves bytes through the same kind of memory */
-        c[t] = (copier){mf_rt_aligned_zalloc(256, bytes), mf_rt_aligned_zalloc(256, bytes), bytes,
+        c[t] = (copier){mf_base_aligned_zalloc(256, bytes), mf_base_aligned_zalloc(256, bytes), bytes,
                         batches, 0, threads > 1 ? &start : NULL};
         if (!c[t].a || !c[t].b)
             exit(2);
@@ -354,8 +354,8 @@ static double memcpy_gbs(size_t bytes, int threads)
         pthread_join(th[t], NULL);
         if (c[t].best > worst)
             worst = c[t].best;
-        mf_rt_free(c[t].a);
-        mf_rt_free(c[t].b);
+        mf_base_free(c[t].a);
+        mf_base_free(c[t].b);
     }
     pthread_barrier_destroy(&start);
     return (double)bytes * 10 / worst / 1e9;
@@ -475,8 +475,8 @@ static mfsdp_runtime *mpi_runtime(const mfsdp_schedule *sh, int rank, int blocki
 static void raw_buffers(int64_t L, float *src[2], float *dst[2])
 {
     for (int b = 0; b < 2; b++) {
-        src[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
-        dst[b] = mf_rt_aligned_zalloc(256, (size_t)L * 4);
+        src[b] = mf_base_aligned_zalloc(256, (size_t)L * 4);
+        dst[b] = mf_base_aligned_zalloc(256, (size_t)L * 4);
         if (!src[b] || !dst[b])
             MPI_Abort(MPI_COMM_WORLD, 2);
         /* touched, like the runtime's buffers (calloc's untouched pages
@@ -583,8 +583,8 @@ static void bench_mpi_row(int quick, int rank, int world, int si, int64_t size, 
         if (row.rt[i])
             mfsdp_destroy(row.rt[i]);
     for (int b = 0; b < 2; b++) {
-        mf_rt_free(row.src[b]);
-        mf_rt_free(row.dst[b]);
+        mf_base_free(row.src[b]);
+        mf_base_free(row.dst[b]);
     }
     if (rank == 0)
         mpi_row_print(&row, L, world, best, si == 0 || kind == MF_OP_ALL_REDUCE);

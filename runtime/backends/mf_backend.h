@@ -1,7 +1,10 @@
 /*
  * mf_backend: the interface between the replay engine (mf_replay.c,
- * mf_cpu_streams.c) and a communication backend (mf_backend_local.c,
- * mf_backend_mpi.c, and later mf_backend_nccl*.c).
+ * mf_streams.c) and a communication backend (mf_backend_local.c,
+ * mf_backend_mpi.c, mf_backend_nccl.c, mf_backend_cuda_local.c). What a
+ * backend needs of the runtime comes through here and engine/mf_base.h (the
+ * runtime struct, allocation, errors, time); a backend includes no other
+ * engine module.
  *
  * What the engine does for every backend
  *   - checks the config and the schedule, resolves every op of the schedule to
@@ -46,7 +49,7 @@
  * timed out, so that peers blocked on the same communicator return at once.
  *
  * Errors: functions return an mfsdp_result. Host-thread functions describe
- * failures with mf_rt_set_error(rt, ...); collective/submit/synchronize write
+ * failures with mf_base_set_error(rt, ...); collective/submit/synchronize write
  * their message into the (err, errlen) buffer they are given, because they
  * may run concurrently with the host thread. Messages are lower-case and
  * concrete (which op, which axis, which ranks, how long).
@@ -95,7 +98,7 @@ enum {
     MF_BE_NATIVE_STREAMS = 1u << 0, /* the backend enqueues ops itself (see above) */
     MF_BE_KEEPS_PENDING = 1u << 1,  /* a failed collective may still be in flight (MPI
                                        cannot cancel): its buffers must never be freed
-                                       (hand them to mf_rt_graveyard) */
+                                       (hand them to mf_base_graveyard) */
     MF_BE_SHARED_MEMORY = 1u << 2,  /* every rank's host buffers are addressable by every
                                        other rank (threads of one process: local) */
 };
@@ -199,15 +202,10 @@ void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, in
                    mf_dtype d, int64_t divisor);
 /* The same sums (the same bits), written into every dsts[j] at the position
  * read: dsts[j][off + i], i < n, j < ndst, with streaming stores
- * (mf_cpu_stream_copy; fenced before it returns). A dst may be a source
+ * (mf_nt_copy.h; fenced before it returns). A dst may be a source
  * (in place): each block is read from every source before it is written. */
 void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
                        int64_t off, int64_t n, mf_dtype d, int64_t divisor);
-/* memcpy(dst, src, bytes) writing dst with streaming (non-temporal) stores
- * where the CPU has them (mf_cpu_stream.c): no read for ownership of dst's
- * cache lines. Call mf_cpu_stream_fence before another thread reads dst. */
-void mf_cpu_stream_copy(void *dst, const void *src, size_t bytes);
-void mf_cpu_stream_fence(void);
 /* p[i] = p[i] / divisor, i < n. */
 void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor);
 

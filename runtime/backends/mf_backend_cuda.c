@@ -81,7 +81,7 @@ mfsdp_result mf_cuda_fail(cudaError_t e, char *err, size_t errlen, const char *f
 
 void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, size_t size)
 {
-    mf_rt_describe_op(c->rt, rop->op->id, buf, size);
+    mf_base_describe_op(c->rt, rop->op->id, buf, size);
 }
 
 void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out)
@@ -98,21 +98,21 @@ mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc)
 {
     bool host = (nc->flags & MFSDP_NCCL_HOST_COMPUTE) != 0;
     if (host && (nc->flags & MFSDP_NCCL_GRAPHS))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "MFSDP_NCCL_GRAPHS needs a device trainer: it cannot be combined with "
-                               "MFSDP_NCCL_HOST_COMPUTE (or a NULL backend_config)");
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "MFSDP_NCCL_GRAPHS needs a device trainer: it cannot be combined with "
+                                 "MFSDP_NCCL_HOST_COMPUTE (or a NULL backend_config)");
     if (host && nc->compute_stream)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
-                               "compute_stream must be NULL");
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
+                                 "compute_stream must be NULL");
     if (nc->watchdog_poll_ms < 0)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
-                               (long long)nc->watchdog_poll_ms);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
+                                 (long long)nc->watchdog_poll_ms);
     uint32_t known = MFSDP_NCCL_NONBLOCKING | MFSDP_NCCL_MEM_ALLOC | MFSDP_NCCL_GRAPHS |
                      MFSDP_NCCL_HOST_COMPUTE | MFSDP_NCCL_NO_IMPLICIT_ORDER | MFSDP_NCCL_TIMELINE;
     if (nc->flags & ~known)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "unknown mfsdp_nccl_config flags 0x%x",
-                               (unsigned)(nc->flags & ~known));
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "unknown mfsdp_nccl_config flags 0x%x",
+                                 (unsigned)(nc->flags & ~known));
     return MFSDP_OK;
 }
 
@@ -125,19 +125,19 @@ mfsdp_result mf_cuda_device_pick(mf_rt *rt, const mfsdp_nccl_config *nc, int *de
         if (e == cudaSuccess)
             e = cudaErrorNoDevice;
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "no usable CUDA device (cudaGetDeviceCount)");
-        return mf_rt_set_error(rt, r, "%s", msg);
+        return mf_base_set_error(rt, r, "%s", msg);
     }
     *device = nc->device;
     if (*device < 0 && (e = cudaGetDevice(device)) != cudaSuccess) {
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaGetDevice");
-        return mf_rt_set_error(rt, r, "%s", msg);
+        return mf_base_set_error(rt, r, "%s", msg);
     }
     if (*device >= ndev)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "device %d out of range (%d CUDA devices)",
-                               *device, ndev);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "device %d out of range (%d CUDA devices)",
+                                 *device, ndev);
     if ((e = cudaSetDevice(*device)) != cudaSuccess) {
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaSetDevice(%d)", *device);
-        return mf_rt_set_error(rt, r, "%s", msg);
+        return mf_base_set_error(rt, r, "%s", msg);
     }
     return MFSDP_OK;
 }
@@ -191,9 +191,9 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
     }
 
     const mf_schedule *s = rt->s;
-    c->events = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *c->events);
+    c->events = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *c->events);
     if (!c->events)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
     for (int i = 0; i < s->nevents; i++) {
         if ((e = cudaEventCreateWithFlags(&c->events[i], cudaEventDisableTiming)) != cudaSuccess)
             goto cuda_fail;
@@ -208,11 +208,11 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
     c->open_timed = -1;
     if (nc->flags & MFSDP_NCCL_TIMELINE) {
         int64_t per_step = 0;
-        for (int st = 0; st < MF_STREAM_COUNT; st++)
-            per_step += mf_replay_stream_ops_per_step(rt, (mf_stream)st);
-        c->timed = mf_rt_calloc((size_t)per_step + 1, sizeof *c->timed);
+        for (int i = 0; i < s->nops; i++)   /* every stream's ops of one full step */
+            per_step += mf_when_runs_per_step(s->ops[i].when, s->ops[i].phase, s->microbatches);
+        c->timed = mf_base_calloc((size_t)per_step + 1, sizeof *c->timed);
         if (!c->timed)
-            return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (timeline)");
+            return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (timeline)");
         for (int64_t i = 0; i < per_step + 1; i++) {
             if ((e = cudaEventCreate(&c->timed[i].a)) != cudaSuccess)
                 goto cuda_fail;
@@ -224,7 +224,7 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
 
     c->plan = mf_gpu_plan_build(s, rank, msg, sizeof msg);
     if (!c->plan)
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot map the schedule onto the device: %s", msg);
+        return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot map the schedule onto the device: %s", msg);
     for (int p = 0; p < MF_GPU_POS_COUNT; p++) {
         const mf_gpu_region *r = &c->plan->region[p];
         if (r->present && r->nops > 0)
@@ -234,7 +234,7 @@ mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_conf
 
 cuda_fail: {
     mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "CUDA setup on device %d", c->device);
-    return mf_rt_set_error(rt, r, "%s", msg);
+    return mf_base_set_error(rt, r, "%s", msg);
 }
 }
 
@@ -268,13 +268,13 @@ void mf_cuda_core_close(mf_cuda_core *c)
         drain(c);
     for (int i = 0; i < c->nblocks; i++)
         release_block(&c->blocks[i]);
-    mf_rt_free(c->blocks);
+    mf_base_free(c->blocks);
     c->blocks = NULL;
     c->nblocks = 0;
     release_block(&c->pool);
     for (int i = 0; i < c->nevents; i++)
         cudaEventDestroy(c->events[i]);
-    mf_rt_free(c->events);
+    mf_base_free(c->events);
     c->events = NULL;
     if (c->fork_ev)
         cudaEventDestroy(c->fork_ev);
@@ -290,7 +290,7 @@ void mf_cuda_core_close(mf_cuda_core *c)
         if (c->timed[i].b)
             cudaEventDestroy(c->timed[i].b);
     }
-    mf_rt_free(c->timed);
+    mf_base_free(c->timed);
     c->timed = NULL;
     c->cap_timed = 0;
     mf_gpu_plan_free(c->plan);
@@ -337,14 +337,14 @@ static mfsdp_result new_block(mf_cuda_core *c, size_t bytes, mf_cuda_block *b)
                                       : c->kind == MF_CUDA_MEM_MANAGED ? "managed"
                                                                        : "device",
                                       c->device);
-        return mf_rt_set_error(c->rt, r, "%s", msg);
+        return mf_base_set_error(c->rt, r, "%s", msg);
     }
     *b = (mf_cuda_block){.p = p, .bytes = bytes, .kind = c->kind};
     cudaStream_t st = c->stream[MF_STREAM_INNER];
     if ((e = cudaMemsetAsync(p, 0, bytes, st)) != cudaSuccess || (e = cudaStreamSynchronize(st)) != cudaSuccess) {
         release_block(b);
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cannot zero %zu bytes on device %d", bytes, c->device);
-        return mf_rt_set_error(c->rt, r, "%s", msg);
+        return mf_base_set_error(c->rt, r, "%s", msg);
     }
     return MFSDP_OK;
 }
@@ -368,12 +368,12 @@ mfsdp_result mf_cuda_core_alloc(mf_cuda_core *c, size_t bytes, void **out)
     }
     if (c->nblocks == c->cap_blocks) {
         int cap = c->cap_blocks ? 2 * c->cap_blocks : 8;
-        mf_cuda_block *nb = mf_rt_calloc((size_t)cap, sizeof *nb);
+        mf_cuda_block *nb = mf_base_calloc((size_t)cap, sizeof *nb);
         if (!nb)
-            return mf_rt_set_error(c->rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (block table)");
+            return mf_base_set_error(c->rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (block table)");
         if (c->blocks)
             memcpy(nb, c->blocks, (size_t)c->nblocks * sizeof *nb);
-        mf_rt_free(c->blocks);
+        mf_base_free(c->blocks);
         c->blocks = nb;
         c->cap_blocks = cap;
     }
@@ -418,7 +418,7 @@ static void backoff(int iter)
 mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what, mf_cuda_check_fn check,
                                void *ctx, char *err, size_t errlen)
 {
-    int64_t t0 = mf_rt_now_ns();
+    int64_t t0 = mf_base_now_ns();
     int pending = 1;
     for (int iter = 0;; iter++) {
         pending = 0;
@@ -446,7 +446,7 @@ mfsdp_result mf_cuda_core_wait(mf_cuda_core *c, cudaEvent_t ev, const char *what
             if (r != MFSDP_OK)
                 return r;
         }
-        int64_t waited_ms = (mf_rt_now_ns() - t0) / 1000000;
+        int64_t waited_ms = (mf_base_now_ns() - t0) / 1000000;
         if (c->timeout_ms > 0 && waited_ms >= c->timeout_ms) {
             snprintf(err, errlen,
                      "rank %lld: %s timed out after %lld ms: the device did not get there; a stream is "

@@ -28,7 +28,7 @@
 
 #include "mf_backend_cuda_guard.h"
 #include "mf_gpu_plan.h"
-#include "mf_rt.h"
+#include "mf_base.h"
 #include "mfsdp_nccl.h"
 
 /* ---- results ---- */
@@ -101,7 +101,7 @@ typedef struct mf_cuda_core {
 void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out);
 
 /* Checks the flag combinations (no CUDA call); failures through
- * mf_rt_set_error(rt, ...). */
+ * mf_base_set_error(rt, ...). */
 mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc);
 
 /* Checks that a device exists, picks nc->device (or the current one) and
@@ -111,7 +111,7 @@ mfsdp_result mf_cuda_device_pick(mf_rt *rt, const mfsdp_nccl_config *nc, int *de
 /* Sets the device, creates the inner and outer streams at the highest
  * priority, adopts or creates the compute stream, one event per schedule event,
  * the plan for `rank`, and sizes the memory pool from the schedule. Host
- * thread; failures through mf_rt_set_error(rt, ...). */
+ * thread; failures through mf_base_set_error(rt, ...). */
 mfsdp_result mf_cuda_core_open(mf_cuda_core *c, mf_rt *rt, const mfsdp_nccl_config *nc, int64_t rank);
 /* Releases everything open created (drains first; bounded by the timeout). */
 void mf_cuda_core_close(mf_cuda_core *c);

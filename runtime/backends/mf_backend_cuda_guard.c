@@ -66,7 +66,7 @@ int mf_watch_init(mf_watch *w, mf_rt *rt, int64_t rank, int64_t timeout_ms, pthr
     int rc = pthread_mutex_init(&w->ring_mu, NULL);
     if (rc != 0)
         return rc;
-    if ((rc = mf_rt_cond_init(&w->cv)) != 0) {
+    if ((rc = mf_base_cond_init(&w->cv)) != 0) {
         pthread_mutex_destroy(&w->ring_mu);
         return rc;
     }
@@ -88,7 +88,7 @@ cudaError_t mf_watch_create_events(mf_watch *w)
 
 void mf_watch_call_begin(mf_watch *w)
 {
-    atomic_store(&w->call_since_ns, (long long)mf_rt_now_ns());
+    atomic_store(&w->call_since_ns, (long long)mf_base_now_ns());
 }
 
 void mf_watch_call_end(mf_watch *w)
@@ -106,7 +106,7 @@ void mf_watch_track(mf_watch *w, mf_stream st, cudaStream_t stream, int op)
         int slot = (q->head + q->count) % MF_WATCH_TRACK;
         if (cudaEventRecord(q->ev[slot], stream) == cudaSuccess) {
             q->op[slot] = op;
-            q->t_ns[slot] = mf_rt_now_ns();
+            q->t_ns[slot] = mf_base_now_ns();
             q->count++;
         }
     }
@@ -116,7 +116,7 @@ void mf_watch_track(mf_watch *w, mf_stream st, cudaStream_t stream, int op)
 static void describe(const mf_watch *w, int op, char *buf, size_t size)
 {
     if (w->rt)
-        mf_rt_describe_op(w->rt, op, buf, size);
+        mf_base_describe_op(w->rt, op, buf, size);
     else
         snprintf(buf, size, "op %d", op);
 }
@@ -244,14 +244,14 @@ static void *watch_main(void *arg)
     cudaThreadExchangeStreamCaptureMode(&mode);
     pthread_mutex_lock(&w->ring_mu);
     while (!w->stop) {
-        struct timespec deadline = mf_rt_deadline(w->poll_ms);
-        while (!w->stop && mf_rt_cond_wait(&w->cv, &w->ring_mu, w->poll_ms, &deadline) != ETIMEDOUT)
+        struct timespec deadline = mf_base_deadline(w->poll_ms);
+        while (!w->stop && mf_base_cond_wait(&w->cv, &w->ring_mu, w->poll_ms, &deadline) != ETIMEDOUT)
             ;
         if (w->stop)
             break;
         pthread_mutex_unlock(&w->ring_mu);
         char msg[MF_RT_ERRLEN];
-        mfsdp_result r = mf_watch_once(w, mf_rt_now_ns(), msg, sizeof msg);
+        mfsdp_result r = mf_watch_once(w, mf_base_now_ns(), msg, sizeof msg);
         if (r != MFSDP_OK) {
             if (w->on_fail)
                 w->on_fail(w->fail_ctx, r, msg);

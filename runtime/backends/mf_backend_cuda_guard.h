@@ -36,7 +36,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "mf_rt.h"
+#include "mf_base.h"
 
 /* ---- the call table ---- */
 

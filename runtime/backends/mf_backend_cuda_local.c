@@ -85,18 +85,18 @@ static cl_be *be_of(mf_rt *rt)
 
 static mfsdp_result cl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
 {
-    cl_be *be = mf_rt_calloc(1, sizeof *be);
+    cl_be *be = mf_base_calloc(1, sizeof *be);
     if (!be)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local backend)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local backend)");
     rt->be_state = be;
     mf_cuda_config_resolve(cfg, &be->nc);
     if (be->nc.flags & MFSDP_NCCL_GRAPHS)
-        return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
-                               "cuda-local: CUDA graph mode needs one process per GPU (the NCCL backend)");
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                 "cuda-local: CUDA graph mode needs one process per GPU (the NCCL backend)");
     if (be->nc.world_comm || be->nc.has_unique_id)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "cuda-local: the thread-ranks meet in cfg->local_group; world_comm and "
-                               "unique_id are for the NCCL backend");
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "cuda-local: the thread-ranks meet in cfg->local_group; world_comm and "
+                                 "unique_id are for the NCCL backend");
     mfsdp_result res;
     WITH_LOCAL(rt, be, res = mf_backend_local.open(rt, cfg, rank, world));
     if (res != MFSDP_OK)
@@ -137,17 +137,17 @@ static mfsdp_result cl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
     if (res != MFSDP_OK)
         return res;
     be->ncomms = ncomms;
-    be->ready = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *be->ready);
-    be->done = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *be->done);
+    be->ready = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *be->ready);
+    be->done = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *be->done);
     if (!be->ready || !be->done)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local events)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local events)");
     be->max_group = 1;
     for (int i = 0; i < ncomms; i++) {
         if (comms[i].nranks > MF_CUDA_MAX_OPERANDS)
-            return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
-                                   "cuda-local: axis %s has %lld ranks; one GPU emulates groups of at most %d",
-                                   rt->s->mesh.axes[comms[i].axis].name, (long long)comms[i].nranks,
-                                   MF_CUDA_MAX_OPERANDS);
+            return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                     "cuda-local: axis %s has %lld ranks; one GPU emulates groups of at most %d",
+                                     rt->s->mesh.axes[comms[i].axis].name, (long long)comms[i].nranks,
+                                     MF_CUDA_MAX_OPERANDS);
         if (comms[i].nranks > be->max_group)
             be->max_group = comms[i].nranks;
         cudaError_t e = cudaEventCreateWithFlags(&be->ready[i], cudaEventDisableTiming);
@@ -156,14 +156,14 @@ static mfsdp_result cl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
         if (e != cudaSuccess) {
             char msg[MF_RT_ERRLEN];
             mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cuda-local: collective events");
-            return mf_rt_set_error(rt, r, "%s", msg);
+            return mf_base_set_error(rt, r, "%s", msg);
         }
     }
-    be->peers = mf_rt_calloc((size_t)be->max_group, sizeof *be->peers);
-    be->srcs = mf_rt_calloc((size_t)be->max_group, sizeof *be->srcs);
-    be->dsts = mf_rt_calloc((size_t)be->max_group, sizeof *be->dsts);
+    be->peers = mf_base_calloc((size_t)be->max_group, sizeof *be->peers);
+    be->srcs = mf_base_calloc((size_t)be->max_group, sizeof *be->srcs);
+    be->dsts = mf_base_calloc((size_t)be->max_group, sizeof *be->dsts);
     if (!be->peers || !be->srcs || !be->dsts)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local tables)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local tables)");
     /* Device scratch for in-place gathers and reductions, per stream. */
     for (int i = 0; i < rt->s->nops; i++) {
         const mf_rt_op *r = &rt->rops[i];
@@ -341,12 +341,12 @@ static void cl_close(mf_rt *rt)
     if (be->local)
         WITH_LOCAL(rt, be, mf_backend_local.close(rt));
     mf_cuda_core_close(&be->core);
-    mf_rt_free(be->ready);
-    mf_rt_free(be->done);
-    mf_rt_free(be->peers);
-    mf_rt_free(be->srcs);
-    mf_rt_free(be->dsts);
-    mf_rt_free(be);
+    mf_base_free(be->ready);
+    mf_base_free(be->done);
+    mf_base_free(be->peers);
+    mf_base_free(be->srcs);
+    mf_base_free(be->dsts);
+    mf_base_free(be);
     rt->be_state = NULL;
 }
 

@@ -18,7 +18,7 @@
  * all, and as much memory traffic as a memcpy). From MF_LOCAL_STREAM_MIN
  * bytes per destination (larger than the members' buffers can share the
  * last-level cache) the destinations are written with streaming stores
- * (mf_cpu_stream.c: no read for ownership of their lines), and an
+ * (mf_nt_copy.c: no read for ownership of their lines), and an
  * all-gather pushes instead of pulling: each member reads its own source
  * once and streams it into every member's destination.
  * The last rank to depart recycles the slot for collective k + 2. With two
@@ -44,8 +44,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_base.h"
 #include "mf_ckpt_stage.h"
-#include "mf_rt.h"
+#include "mf_nt_copy.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
 /* Eager collectives: a member posting at most MF_LOCAL_EAGER bytes copies them
@@ -134,45 +135,45 @@ typedef struct mf_local_rank {
 MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group **out)
 {
     if (!out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_local_group_create: out is NULL");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_local_group_create: out is NULL");
     *out = NULL;
     if (world < 1 || world > (1 << 20))
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_local_group_create: world %lld is out of range [1, %d]",
-                               (long long)world, 1 << 20);
-    mfsdp_local_group *g = mf_rt_calloc(1, sizeof *g);
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_local_group_create: world %lld is out of range [1, %d]",
+                                 (long long)world, 1 << 20);
+    mfsdp_local_group *g = mf_base_calloc(1, sizeof *g);
     if (!g)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (local group)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (local group)");
     g->world = world;
-    g->attached = mf_rt_calloc((size_t)world, 1);
-    g->comms = mf_rt_calloc((size_t)(MF_STREAM_COUNT * MF_MAX_AXES * world), sizeof *g->comms);
-    g->ag_src = mf_rt_calloc((size_t)world, sizeof *g->ag_src);
-    g->ag_bytes = mf_rt_calloc((size_t)world, sizeof *g->ag_bytes);
-    g->ag_posted = mf_rt_calloc((size_t)world, 1);
+    g->attached = mf_base_calloc((size_t)world, 1);
+    g->comms = mf_base_calloc((size_t)(MF_STREAM_COUNT * MF_MAX_AXES * world), sizeof *g->comms);
+    g->ag_src = mf_base_calloc((size_t)world, sizeof *g->ag_src);
+    g->ag_bytes = mf_base_calloc((size_t)world, sizeof *g->ag_bytes);
+    g->ag_posted = mf_base_calloc((size_t)world, 1);
     for (int p = 0; p < 2; p++) {
-        g->xdata[p] = mf_rt_calloc((size_t)world, MF_LOCAL_XMAX);
-        g->xposted[p] = mf_rt_calloc((size_t)world, 1);
+        g->xdata[p] = mf_base_calloc((size_t)world, MF_LOCAL_XMAX);
+        g->xposted[p] = mf_base_calloc((size_t)world, 1);
     }
     bool ok = g->attached && g->comms && g->xdata[0] && g->xdata[1] && g->xposted[0] &&
               g->xposted[1] && g->ag_src && g->ag_bytes && g->ag_posted;
     bool mu = ok && pthread_mutex_init(&g->mu, NULL) == 0;
-    bool cv = mu && mf_rt_cond_init(&g->cv) == 0;
+    bool cv = mu && mf_base_cond_init(&g->cv) == 0;
     if (!cv) {
         if (mu)
             pthread_mutex_destroy(&g->mu);
         for (int p = 0; p < 2; p++) {
-            mf_rt_free(g->xdata[p]);
-            mf_rt_free(g->xposted[p]);
+            mf_base_free(g->xdata[p]);
+            mf_base_free(g->xposted[p]);
         }
-        mf_rt_free(g->attached);
-        mf_rt_free(g->comms);
-        mf_rt_free((void *)g->ag_src);
-        mf_rt_free(g->ag_bytes);
-        mf_rt_free(g->ag_posted);
-        mf_rt_free(g);
-        return mf_rt_set_error(NULL, ok ? MFSDP_ERR_INTERNAL : MFSDP_ERR_OUT_OF_MEMORY,
-                               "cannot create the local group");
+        mf_base_free(g->attached);
+        mf_base_free(g->comms);
+        mf_base_free((void *)g->ag_src);
+        mf_base_free(g->ag_bytes);
+        mf_base_free(g->ag_posted);
+        mf_base_free(g);
+        return mf_base_set_error(NULL, ok ? MFSDP_ERR_INTERNAL : MFSDP_ERR_OUT_OF_MEMORY,
+                                 "cannot create the local group");
     }
     *out = g;
     return MFSDP_OK;
@@ -183,15 +184,15 @@ static void comm_free(mf_local_comm *c)
     if (!c)
         return;
     for (int k = 0; k < 2; k++) {
-        mf_rt_free((void *)c->slot[k].src);
-        mf_rt_free(c->slot[k].dst);
-        mf_rt_free(c->slot[k].posted);
-        mf_rt_free(c->slot[k].eager);
+        mf_base_free((void *)c->slot[k].src);
+        mf_base_free(c->slot[k].dst);
+        mf_base_free(c->slot[k].posted);
+        mf_base_free(c->slot[k].eager);
     }
-    mf_rt_free(c->ranks);
+    mf_base_free(c->ranks);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
-    mf_rt_free(c);
+    mf_base_free(c);
 }
 
 MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
@@ -201,17 +202,17 @@ MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
     for (int64_t i = 0; i < MF_STREAM_COUNT * MF_MAX_AXES * g->world; i++)
         comm_free(g->comms[i]);
     for (int p = 0; p < 2; p++) {
-        mf_rt_free(g->xdata[p]);
-        mf_rt_free(g->xposted[p]);
+        mf_base_free(g->xdata[p]);
+        mf_base_free(g->xposted[p]);
     }
-    mf_rt_free(g->attached);
-    mf_rt_free(g->comms);
-    mf_rt_free((void *)g->ag_src);
-    mf_rt_free(g->ag_bytes);
-    mf_rt_free(g->ag_posted);
+    mf_base_free(g->attached);
+    mf_base_free(g->comms);
+    mf_base_free((void *)g->ag_src);
+    mf_base_free(g->ag_bytes);
+    mf_base_free(g->ag_posted);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
-    mf_rt_free(g);
+    mf_base_free(g);
 }
 
 /* ---- backend functions ---- */
@@ -220,16 +221,16 @@ static mfsdp_result local_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank
 {
     mfsdp_local_group *g = cfg->local_group;
     if (!g)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "config.local_group is NULL (create one with mfsdp_local_group_create)");
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "config.local_group is NULL (create one with mfsdp_local_group_create)");
     if (cfg->rank < -1 || cfg->rank >= g->world)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "config.rank %lld is out of range for a local group of %lld ranks "
-                               "(or -1: the lowest rank without a runtime)",
-                               (long long)cfg->rank, (long long)g->world);
-    mf_local_rank *st = mf_rt_calloc(1, sizeof *st);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "config.rank %lld is out of range for a local group of %lld ranks "
+                                 "(or -1: the lowest rank without a runtime)",
+                                 (long long)cfg->rank, (long long)g->world);
+    mf_local_rank *st = mf_base_calloc(1, sizeof *st);
     if (!st)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     pthread_mutex_lock(&g->mu);
     int64_t r = cfg->rank;
     for (int64_t q = 0; r < 0 && q < g->world; q++)   /* rank -1: the lowest free one */
@@ -242,13 +243,13 @@ static mfsdp_result local_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank
     }
     pthread_mutex_unlock(&g->mu);
     if (taken) {
-        mf_rt_free(st);
+        mf_base_free(st);
         if (r < 0)
-            return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                                   "config.rank is -1 but every rank of this local group of %lld "
-                                   "already has a runtime", (long long)g->world);
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "rank %lld already has a runtime on this local group", (long long)r);
+            return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                     "config.rank is -1 but every rank of this local group of %lld "
+                                     "already has a runtime", (long long)g->world);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                 "rank %lld already has a runtime on this local group", (long long)r);
     }
     st->g = g;
     st->rank = r;
@@ -277,15 +278,15 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
     mf_local_rank *st = rt->be_state;
     mfsdp_local_group *g = st->g;
     if (bytes > MF_LOCAL_XMAX)
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "exchange of %zu bytes exceeds %d", bytes,
-                               MF_LOCAL_XMAX);
+        return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "exchange of %zu bytes exceeds %d", bytes,
+                                 MF_LOCAL_XMAX);
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = mf_base_deadline(rt->cfg.timeout_ms);
     pthread_mutex_lock(&g->mu);
     int64_t gen = g->xgen;
     uint8_t *buf = g->xdata[gen & 1];
     if (g->broken) {
-        res = mf_rt_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
+        res = mf_base_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
         goto done;
     }
     memcpy(buf + st->rank * MF_LOCAL_XMAX, mine, bytes);
@@ -297,7 +298,7 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
         pthread_cond_broadcast(&g->cv);
     }
     while (g->xgen == gen && !g->broken) {
-        if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (mf_base_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
             g->xgen == gen) {
             snprintf(g->broken_msg, sizeof g->broken_msg,
                      "rank %lld timed out after %lld ms waiting for every rank to create its "
@@ -306,12 +307,12 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
             list_missing(g->broken_msg, sizeof g->broken_msg, g->xposted[gen & 1], NULL, g->world);
             g->broken = true;
             pthread_cond_broadcast(&g->cv);
-            res = mf_rt_set_error(rt, MFSDP_ERR_TIMEOUT, "%s", g->broken_msg);
+            res = mf_base_set_error(rt, MFSDP_ERR_TIMEOUT, "%s", g->broken_msg);
             goto done;
         }
     }
     if (g->xgen == gen) {
-        res = mf_rt_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
+        res = mf_base_set_error(rt, MFSDP_ERR_ABORTED, "%s", g->broken_msg);
         goto done;
     }
     for (int64_t r = 0; r < g->world; r++)
@@ -344,11 +345,11 @@ static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, v
     mf_local_rank *st = rt->be_state;
     mfsdp_local_group *g = st->g;
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_rt_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = mf_base_deadline(rt->cfg.timeout_ms);
     bool posted = false;
     pthread_mutex_lock(&g->mu);
     while (g->ag_departing && !g->broken)       /* the previous call is still being read */
-        if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (mf_base_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
             g->ag_departing)
             break;
     if (!g->broken && !g->ag_departing) {
@@ -361,7 +362,7 @@ static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, v
             pthread_cond_broadcast(&g->cv);
         }
         while (!g->ag_departing && !g->broken)
-            if (mf_rt_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+            if (mf_base_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
                 !g->ag_departing && !g->broken) {
                 snprintf(g->broken_msg, sizeof g->broken_msg,
                          "rank %lld timed out after %lld ms in a world all-gather of a helper "
@@ -395,7 +396,7 @@ static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, v
         pthread_cond_broadcast(&g->cv);
     } else {
         while (g->ag_departing && !g->broken)
-            mf_rt_cond_wait(&g->cv, &g->mu, 0, &deadline);   /* every rank arrived: no wait is long */
+            mf_base_cond_wait(&g->cv, &g->mu, 0, &deadline);   /* every rank arrived: no wait is long */
     }
     pthread_mutex_unlock(&g->mu);
     if (!same) {
@@ -408,41 +409,41 @@ static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, v
 
 static mf_local_comm *comm_new(const mf_rt_comm *d)
 {
-    mf_local_comm *c = mf_rt_calloc(1, sizeof *c);
+    mf_local_comm *c = mf_base_calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->n = d->nranks;
     c->axis = d->axis;
     c->stream = d->stream;
     c->color = d->color;
-    c->ranks = mf_rt_calloc((size_t)d->nranks, sizeof *c->ranks);
+    c->ranks = mf_base_calloc((size_t)d->nranks, sizeof *c->ranks);
     c->eager_bytes = d->nranks <= MF_LOCAL_EAGER_RANKS ? MF_LOCAL_EAGER : 0;
     bool ok = c->ranks != NULL;
     for (int k = 0; k < 2 && ok; k++) {
         c->slot[k].seq = k;
-        c->slot[k].src = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
-        c->slot[k].dst = mf_rt_calloc((size_t)d->nranks, sizeof *c->slot[k].dst);
-        c->slot[k].posted = mf_rt_calloc((size_t)d->nranks, 1);
+        c->slot[k].src = mf_base_calloc((size_t)d->nranks, sizeof *c->slot[k].src);
+        c->slot[k].dst = mf_base_calloc((size_t)d->nranks, sizeof *c->slot[k].dst);
+        c->slot[k].posted = mf_base_calloc((size_t)d->nranks, 1);
         if (c->eager_bytes)
-            c->slot[k].eager = mf_rt_calloc((size_t)d->nranks, c->eager_bytes);
+            c->slot[k].eager = mf_base_calloc((size_t)d->nranks, c->eager_bytes);
         ok = c->slot[k].src && c->slot[k].dst && c->slot[k].posted &&
              (!c->eager_bytes || c->slot[k].eager);
     }
     bool mu = ok && pthread_mutex_init(&c->mu, NULL) == 0;
-    if (mu && mf_rt_cond_init(&c->cv) == 0) {
+    if (mu && mf_base_cond_init(&c->cv) == 0) {
         memcpy(c->ranks, d->ranks, (size_t)d->nranks * sizeof *c->ranks);
         return c;
     }
     if (mu)
         pthread_mutex_destroy(&c->mu);
     for (int k = 0; k < 2; k++) {
-        mf_rt_free((void *)c->slot[k].src);
-        mf_rt_free(c->slot[k].dst);
-        mf_rt_free(c->slot[k].posted);
-        mf_rt_free(c->slot[k].eager);
+        mf_base_free((void *)c->slot[k].src);
+        mf_base_free(c->slot[k].dst);
+        mf_base_free(c->slot[k].posted);
+        mf_base_free(c->slot[k].eager);
     }
-    mf_rt_free(c->ranks);
-    mf_rt_free(c);
+    mf_base_free(c->ranks);
+    mf_base_free(c);
     return NULL;
 }
 
@@ -468,10 +469,10 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
 {
     mf_local_rank *st = rt->be_state;
     mfsdp_local_group *g = st->g;
-    st->comms = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
-    st->seq = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->seq);
+    st->comms = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
+    st->seq = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->seq);
     if (!st->comms || !st->seq)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
     st->ncomms = ncomms;
     mfsdp_result res = MFSDP_OK;
     pthread_mutex_lock(&g->mu);
@@ -481,7 +482,7 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
         if (!g->comms[key])
             g->comms[key] = comm_new(d);
         if (!g->comms[key]) {
-            res = mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicator)");
+            res = mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicator)");
             break;
         }
         g->comms[key]->refs++;
@@ -504,10 +505,10 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
         if (need[s]) {
-            st->scratch[s] = mf_rt_aligned_zalloc(256, need[s]);
+            st->scratch[s] = mf_base_aligned_zalloc(256, need[s]);
             if (!st->scratch[s])
-                return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
-                                       "out of memory (in-place scratch, %zu bytes)", need[s]);
+                return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                         "out of memory (in-place scratch, %zu bytes)", need[s]);
         }
     return MFSDP_OK;
 }
@@ -544,10 +545,10 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
              * into its own. Peers stay until all depart. */
             for (int64_t k = 1; k <= n; k++) {
                 int64_t j = (me + k) % n;
-                mf_cpu_stream_copy((char *)slot->dst[j] + (size_t)(me * cnt) * es, slot->src[me],
+                mf_nt_copy((char *)slot->dst[j] + (size_t)(me * cnt) * es, slot->src[me],
                                    (size_t)cnt * es);
             }
-            mf_cpu_stream_fence();
+            mf_nt_copy_fence();
             break;
         }
         for (int64_t i = 0; i < n; i++)
@@ -604,7 +605,7 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
  * on both sides of every hand-off), later rounds sleep on c->cv until the
  * deadline, which the first of them sets (deadline->tv_sec < 0: not set
  * yet; a rendezvous that completes while yielding reads no clock). Returns
- * ETIMEDOUT past the deadline, like mf_rt_cond_wait. */
+ * ETIMEDOUT past the deadline, like mf_base_cond_wait. */
 static int comm_wait(mf_local_comm *c, int64_t timeout_ms, struct timespec *deadline, int *spins)
 {
     if (*spins < MF_LOCAL_SPINS) {
@@ -615,8 +616,8 @@ static int comm_wait(mf_local_comm *c, int64_t timeout_ms, struct timespec *dead
         return 0;
     }
     if (deadline->tv_sec < 0)
-        *deadline = mf_rt_deadline(timeout_ms);
-    return mf_rt_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
+        *deadline = mf_base_deadline(timeout_ms);
+    return mf_base_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
 }
 
 /* A member's arrival timed out (c->mu held; released here): aborts the
@@ -779,9 +780,9 @@ static void local_close(mf_rt *rt)
     if (st->comms)
         release_comms(st);
     for (int s = 0; s < MF_STREAM_COUNT; s++)
-        mf_rt_free(st->scratch[s]);
-    mf_rt_free(st->comms);
-    mf_rt_free(st->seq);
+        mf_base_free(st->scratch[s]);
+    mf_base_free(st->comms);
+    mf_base_free(st->seq);
     pthread_mutex_lock(&g->mu);
     g->attached[st->rank] = 0;
     if (--g->nattached == 0)
@@ -797,7 +798,7 @@ static void local_close(mf_rt *rt)
         memset(g->ag_posted, 0, (size_t)g->world);
     }
     pthread_mutex_unlock(&g->mu);
-    mf_rt_free(st);
+    mf_base_free(st);
     rt->be_state = NULL;
 }
 
@@ -805,8 +806,8 @@ const mf_backend_vtbl mf_backend_local = {
     .name = "local",
     .caps = MF_BE_SHARED_MEMORY,
     .open = local_open,
-    .alloc = mf_rt_host_alloc,
-    .free = mf_rt_host_free,
+    .alloc = mf_base_host_alloc,
+    .free = mf_base_host_free,
     .exchange = local_exchange,
     .comm_init = local_comm_init,
     .collective = local_collective,

@@ -70,8 +70,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_base.h"
 #include "mf_ckpt_stage.h"
-#include "mf_rt.h"
 
 typedef struct mf_mpi_state {
     MPI_Comm world;            /* dup of the trainer's communicator */
@@ -166,7 +166,7 @@ static void poll_peer_failure(mf_mpi_state *st)
 static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, const char *what,
                                  char *err, size_t errlen)
 {
-    int64_t start = mf_rt_now_ns();
+    int64_t start = mf_base_now_ns();
     int64_t limit = rt->cfg.timeout_ms * 1000000;
     long nap = 1000;
     for (unsigned polls = 0;; polls++) {
@@ -188,7 +188,7 @@ static mfsdp_result wait_request(mf_rt *rt, mf_mpi_state *st, MPI_Request *req, 
             snprintf(err, errlen, "%s aborted: %s", what, st->why);
             return MFSDP_ERR_ABORTED;
         }
-        int64_t waited = mf_rt_now_ns() - start;
+        int64_t waited = mf_base_now_ns() - start;
         if (limit > 0 && waited > limit) {
             st->abandoned++;
             snprintf(err, errlen,
@@ -214,21 +214,21 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
     if (!inited || finalized)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "MPI is not initialized (call MPI_Init_thread with "
-                               "MPI_THREAD_MULTIPLE first, and destroy runtimes before MPI_Finalize)");
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                 "MPI is not initialized (call MPI_Init_thread with "
+                                 "MPI_THREAD_MULTIPLE first, and destroy runtimes before MPI_Finalize)");
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_MULTIPLE)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "MPI was initialized without MPI_THREAD_MULTIPLE (provided level %d); "
-                               "the inner and outer streams call MPI concurrently",
-                               level);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                 "MPI was initialized without MPI_THREAD_MULTIPLE (provided level %d); "
+                                 "the inner and outer streams call MPI concurrently",
+                                 level);
     if (!cfg->mpi_comm)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "config.mpi_comm is NULL (use mfsdp_config_set_mpi)");
-    mf_mpi_state *st = mf_rt_calloc(1, sizeof *st);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "config.mpi_comm is NULL (use mfsdp_config_set_mpi)");
+    mf_mpi_state *st = mf_base_calloc(1, sizeof *st);
     if (!st)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     st->world = MPI_COMM_NULL;
     st->errcomm = MPI_COMM_NULL;
     pthread_mutex_init(&st->err_mu, NULL);
@@ -238,7 +238,7 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     MPI_Request req;
     int rc = MPI_Comm_idup(*(MPI_Comm *)cfg->mpi_comm, &st->world, &req);
     if (rc != MPI_SUCCESS) {
-        mf_rt_free(st);
+        mf_base_free(st);
         mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_idup of the world");
         return MFSDP_ERR_BACKEND;
     }
@@ -248,7 +248,7 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     if (res != MFSDP_OK) {
         /* The pending request still writes st->world if the peers ever
          * arrive and MPI cannot cancel it: st stays allocated (leaked). */
-        return mf_rt_set_error(rt, res, "%s", msg);
+        return mf_base_set_error(rt, res, "%s", msg);
     }
     st->world_ok = true;
     MPI_Comm_set_errhandler(st->world, MPI_ERRORS_RETURN);
@@ -257,9 +257,9 @@ static mfsdp_result mpi_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, 
     MPI_Comm_size(st->world, &n);
     rt->be_state = st;
     if (cfg->rank >= 0 && cfg->rank != r)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "config.rank %lld differs from the rank %d in the MPI communicator",
-                               (long long)cfg->rank, r);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "config.rank %lld differs from the rank %d in the MPI communicator",
+                                 (long long)cfg->rank, r);
     const char *blk = getenv("MFSDP_MPI_BLOCKING");
     st->blocking = blk && !strcmp(blk, "1");
     const char *p2p = getenv("MFSDP_MPI_P2P");
@@ -283,7 +283,7 @@ static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void
     char msg[MF_RT_ERRLEN];
     mfsdp_result res = wait_request(rt, st, &req, "the schedule hash exchange", msg, sizeof msg);
     if (res != MFSDP_OK)
-        mf_rt_set_error(rt, res, "%s", msg);
+        mf_base_set_error(rt, res, "%s", msg);
     return res;
 }
 
@@ -322,19 +322,19 @@ static int mpi_xfer_grow(mpi_xfer_set *t, int64_t need)
     int64_t cap = t->cap ? t->cap : 64;
     while (cap < t->n + need)
         cap *= 2;
-    MPI_Request *req = mf_rt_calloc((size_t)cap, sizeof *req);
-    int64_t *peer = mf_rt_calloc((size_t)cap, sizeof *peer);
+    MPI_Request *req = mf_base_calloc((size_t)cap, sizeof *req);
+    int64_t *peer = mf_base_calloc((size_t)cap, sizeof *peer);
     if (!req || !peer) {
-        mf_rt_free(req);
-        mf_rt_free(peer);
+        mf_base_free(req);
+        mf_base_free(peer);
         return -1;
     }
     if (t->n) {
         memcpy(req, t->req, (size_t)t->n * sizeof *req);
         memcpy(peer, t->peer, (size_t)t->n * sizeof *peer);
     }
-    mf_rt_free(t->req);
-    mf_rt_free(t->peer);
+    mf_base_free(t->req);
+    mf_base_free(t->peer);
     t->req = req;
     t->peer = peer;
     t->cap = cap;
@@ -346,7 +346,7 @@ static mfsdp_result mpi_transfer_post(mf_rt *rt, void **set, const mf_be_xfer *x
 {
     mf_mpi_state *st = rt->be_state;
     mpi_xfer_set *t = *set;
-    if (!t && !(t = *set = mf_rt_calloc(1, sizeof *t))) {
+    if (!t && !(t = *set = mf_base_calloc(1, sizeof *t))) {
         snprintf(err, errlen, "out of memory (transfer requests)");
         return MFSDP_ERR_OUT_OF_MEMORY;
     }
@@ -397,9 +397,9 @@ static mfsdp_result mpi_transfer_wait(mf_rt *rt, void *set, char *err, size_t er
         st->abandoned++;       /* requests may be pending: never free them or their buffers */
         return res;
     }
-    mf_rt_free(t->req);       /* all complete */
-    mf_rt_free(t->peer);
-    mf_rt_free(t);
+    mf_base_free(t->req);       /* all complete */
+    mf_base_free(t->peer);
+    mf_base_free(t);
     return res;
 }
 
@@ -492,9 +492,9 @@ static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_o
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_mpi_state *st = rt->be_state;
-    st->comms = mf_rt_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
+    st->comms = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
     if (!st->comms)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
     st->ncomms = ncomms;
     for (int c = 0; c < ncomms; c++)
         st->comms[c] = MPI_COMM_NULL;
@@ -550,15 +550,15 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
             st->rh_bytes[r->op->stream] = rh_scratch_bytes(r);
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
-        if (st->rh_bytes[s] && !(st->rh[s] = mf_rt_aligned_zalloc(256, st->rh_bytes[s])))
-            return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
-                                   "out of memory (reduce-scatter scratch)");
+        if (st->rh_bytes[s] && !(st->rh[s] = mf_base_aligned_zalloc(256, st->rh_bytes[s])))
+            return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                     "out of memory (reduce-scatter scratch)");
     for (int s = 0; s < MF_STREAM_COUNT; s++)
         if (st->scratch_elems[s]) {
-            st->scratch[s] = mf_rt_aligned_zalloc(256, (size_t)st->scratch_elems[s] * 4);
+            st->scratch[s] = mf_base_aligned_zalloc(256, (size_t)st->scratch_elems[s] * 4);
             if (!st->scratch[s])
-                return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
-                                       "out of memory (reduce-scatter scratch)");
+                return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                         "out of memory (reduce-scatter scratch)");
         }
     /* The error channel: its own communicator, one receive always posted. */
     rc = MPI_Comm_dup(st->world, &st->errcomm);
@@ -756,9 +756,9 @@ static void mpi_free(mf_rt *rt, void *p)
 {
     mf_mpi_state *st = rt->be_state;
     if (!st || !st->abandoned)
-        mf_rt_host_free(rt, p);
+        mf_base_host_free(rt, p);
     else
-        mf_rt_graveyard(p);
+        mf_base_graveyard(p);
 }
 
 static void mpi_close(mf_rt *rt)
@@ -800,19 +800,19 @@ static void mpi_close(mf_rt *rt)
     }
     for (int s = 0; s < MF_STREAM_COUNT; s++)
         if (st->abandoned) {
-            mf_rt_graveyard(st->scratch[s]);
-            mf_rt_graveyard(st->rh[s]);
+            mf_base_graveyard(st->scratch[s]);
+            mf_base_graveyard(st->rh[s]);
         } else {
-            mf_rt_free(st->scratch[s]);
-            mf_rt_free(st->rh[s]);
+            mf_base_free(st->scratch[s]);
+            mf_base_free(st->rh[s]);
         }
-    mf_rt_free(st->comms);
+    mf_base_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
     /* A kept error channel's receive is still posted into st->err_in. */
     if (keep && st->err_ok && !st->err_done)
-        mf_rt_graveyard(st);
+        mf_base_graveyard(st);
     else
-        mf_rt_free(st);
+        mf_base_free(st);
     rt->be_state = NULL;
 }
 
@@ -820,7 +820,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .name = "mpi",
     .caps = MF_BE_KEEPS_PENDING,
     .open = mpi_open,
-    .alloc = mf_rt_host_alloc,
+    .alloc = mf_base_host_alloc,
     .free = mpi_free,
     .exchange = mpi_exchange,
     .comm_init = mpi_comm_init,

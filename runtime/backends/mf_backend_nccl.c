@@ -96,7 +96,7 @@ static mfsdp_result nccl_fail(ncclResult_t r, ncclComm_t comm, char *err, size_t
 static ncclResult_t settle(nccl_be *be, ncclComm_t comm, ncclResult_t r, bool *timed_out)
 {
     *timed_out = false;
-    int64_t t0 = mf_rt_now_ns();
+    int64_t t0 = mf_base_now_ns();
     for (int iter = 0; r == ncclInProgress; iter++) {
         ncclResult_t state = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(comm, &state);
@@ -104,7 +104,7 @@ static ncclResult_t settle(nccl_be *be, ncclComm_t comm, ncclResult_t r, bool *t
             return q;
         if (state != ncclInProgress)
             return state;
-        if (be->core.timeout_ms > 0 && (mf_rt_now_ns() - t0) / 1000000 >= be->core.timeout_ms) {
+        if (be->core.timeout_ms > 0 && (mf_base_now_ns() - t0) / 1000000 >= be->core.timeout_ms) {
             *timed_out = true;
             return ncclInProgress;
         }
@@ -150,7 +150,7 @@ static void abort_all(nccl_be *be)
 static void watch_failed(void *ctx, mfsdp_result r, const char *msg)
 {
     nccl_be *be = ctx;
-    mf_rt_fail(be->core.rt, r, msg);
+    mf_base_fail(be->core.rt, r, msg);
 }
 
 /* Refuses collectives on the compute stream: NCCL would run them there, but
@@ -162,11 +162,11 @@ static mfsdp_result check_streams(mf_rt *rt)
     for (int i = 0; i < s->nops; i++)
         if (mf_opkind_is_collective(s->ops[i].kind) && s->ops[i].stream == MF_STREAM_COMPUTE) {
             char what[200];
-            mf_rt_describe_op(rt, i, what, sizeof what);
-            return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
-                                   "%s is a collective on the compute stream: the NCCL backend runs "
-                                   "collectives only on the inner and outer streams",
-                                   what);
+            mf_base_describe_op(rt, i, what, sizeof what);
+            return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                     "%s is a collective on the compute stream: the NCCL backend runs "
+                                     "collectives only on the inner and outer streams",
+                                     what);
         }
     return MFSDP_OK;
 }
@@ -175,9 +175,9 @@ static mfsdp_result check_streams(mf_rt *rt)
 
 static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
 {
-    nccl_be *be = mf_rt_calloc(1, sizeof *be);
+    nccl_be *be = mf_base_calloc(1, sizeof *be);
     if (!be)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl backend)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl backend)");
     rt->be_state = be;
     be->core.timeout_ms = cfg->timeout_ms; /* bounds the communicator setup below */
     mf_cuda_config_resolve(cfg, &be->nc);
@@ -187,13 +187,13 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
         return cr;
     int64_t mesh_world = rt->s->mesh.world;
     if (!be->nc.world_comm && !be->nc.has_unique_id && mesh_world != 1)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "the schedule's mesh has %lld ranks: pass world_comm or a unique id in the "
-                               "mfsdp_nccl_config (backend_config)",
-                               (long long)mesh_world);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "the schedule's mesh has %lld ranks: pass world_comm or a unique id in the "
+                                 "mfsdp_nccl_config (backend_config)",
+                                 (long long)mesh_world);
     if (!be->nc.world_comm && be->nc.has_unique_id && (cfg->rank < 0 || cfg->rank >= mesh_world))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "with a unique id, cfg->rank must be this rank in [0, %lld), not %lld",
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "with a unique id, cfg->rank must be this rank in [0, %lld), not %lld",
                                (long long)mesh_world, (long long)cfg->rank);
     if ((cr = check_streams(rt)) != MFSDP_OK)
         return cr;
@@ -201,17 +201,17 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
      * mf_backend_cuda_guard.c). */
     be->nonblocking = (be->nc.flags & MFSDP_NCCL_NONBLOCKING) != 0;
     if (pthread_mutex_init(&be->mu, NULL) != 0)
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
+        return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
     if (mf_watch_init(&be->watch, rt, cfg->rank, cfg->timeout_ms, &be->mu) != 0) {
         pthread_mutex_destroy(&be->mu);
-        return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize the watchdog's locks");
+        return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize the watchdog's locks");
     }
     be->watch.capturing = &be->core.capturing;
     be->mu_ready = true;
-    be->pending = mf_rt_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->pending);
-    be->posts = mf_rt_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->posts);
+    be->pending = mf_base_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->pending);
+    be->posts = mf_base_calloc((size_t)(rt->s->nops ? rt->s->nops : 1), sizeof *be->posts);
     if (!be->pending || !be->posts)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
     if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER)) {
         mf_nccl_launch_order(be->nc.world_comm != NULL, be->core.warning, sizeof be->core.warning);
         if (be->core.warning[0])
@@ -268,7 +268,7 @@ unlock:
     if (res == MFSDP_ERR_TIMEOUT)
         abort_all(be); /* a peer never joined: do not leave a half-built communicator */
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "%s", msg);
+        return mf_base_set_error(rt, res, "%s", msg);
     *rank = r;
     *world = n;
     return mf_cuda_core_open(&be->core, rt, &be->nc, r);
@@ -341,7 +341,7 @@ done:
         cudaFree(d);
     }
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "%s", msg);
+        return mf_base_set_error(rt, res, "%s", msg);
     return MFSDP_OK;
 }
 
@@ -351,12 +351,12 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
     char msg[MF_RT_ERRLEN], what[256];
     mfsdp_result res = MFSDP_OK;
     size_t nc_ = (size_t)(ncomms ? ncomms : 1);
-    be->comms = mf_rt_calloc(nc_, sizeof *be->comms);
-    be->reg = mf_rt_calloc(nc_ * MF_NCCL_MAX_REG, sizeof *be->reg);
-    be->names = mf_rt_calloc(nc_, sizeof *be->names);
-    be->name_ptrs = mf_rt_calloc(nc_, sizeof *be->name_ptrs);
+    be->comms = mf_base_calloc(nc_, sizeof *be->comms);
+    be->reg = mf_base_calloc(nc_ * MF_NCCL_MAX_REG, sizeof *be->reg);
+    be->names = mf_base_calloc(nc_, sizeof *be->names);
+    be->name_ptrs = mf_base_calloc(nc_, sizeof *be->name_ptrs);
     if (!be->comms || !be->reg || !be->names || !be->name_ptrs)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
     be->ncomms = ncomms;
     be->watch.comms = be->comms;
     be->watch.names = be->name_ptrs;
@@ -366,10 +366,10 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
         int color, key;
         mf_gpu_split(&rt->s->mesh, cm->axis, rt->rank, &color, &key);
         if (color != cm->color || key != cm->coord)
-            return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL,
-                                   "communicator %d (axis %d): split color/key %d/%d disagree with the engine's "
-                                   "%lld/%lld",
-                                   i, cm->axis, color, key, (long long)cm->color, (long long)cm->coord);
+            return mf_base_set_error(rt, MFSDP_ERR_INTERNAL,
+                                     "communicator %d (axis %d): split color/key %d/%d disagree with the engine's "
+                                     "%lld/%lld",
+                                     i, cm->axis, color, key, (long long)cm->color, (long long)cm->coord);
         /* NCCL keeps the pointer: the name lives as long as the communicator. */
         char *name = be->names[i];
         snprintf(name, sizeof be->names[i], "mfsdp-%s-%s", rt->s->mesh.axes[cm->axis].name,
@@ -394,7 +394,7 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
         if (res != MFSDP_OK) {
             if (res == MFSDP_ERR_TIMEOUT)
                 abort_all(be);
-            return mf_rt_set_error(rt, res, "%s", msg);
+            return mf_base_set_error(rt, res, "%s", msg);
         }
     }
     /* Register the buffers (one pool, plus any overflow blocks) where NCCL can
@@ -420,16 +420,16 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
         }
         pthread_mutex_unlock(&be->mu);
         if (res != MFSDP_OK)
-            return mf_rt_set_error(rt, res, "%s", msg);
+            return mf_base_set_error(rt, res, "%s", msg);
     }
     if (be->nc.watchdog_poll_ms > 0) {
         cudaError_t e = mf_watch_create_events(&be->watch);
         if (e != cudaSuccess) {
             res = mf_cuda_fail(e, msg, sizeof msg, "watchdog events");
-            return mf_rt_set_error(rt, res, "%s", msg);
+            return mf_base_set_error(rt, res, "%s", msg);
         }
         if (mf_watch_start(&be->watch, be->nc.watchdog_poll_ms, be->core.device, watch_failed, be) != 0)
-            return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the watchdog thread");
+            return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the watchdog thread");
     }
     return MFSDP_OK;
 }
@@ -498,7 +498,7 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
         return MFSDP_OK;
     const mf_rt_op *first = &rt->rops[be->pending[0]];
     char what[MF_RT_ERRLEN], desc[200];
-    mf_rt_describe_op(rt, be->pending[0], desc, sizeof desc);
+    mf_base_describe_op(rt, be->pending[0], desc, sizeof desc);
     if (n > 1)
         snprintf(what, sizeof what, "rank %lld: %s (ncclGroupStart/End of %d collectives from op %d)",
                  (long long)rt->rank, desc, n, be->pending[0]);
@@ -622,13 +622,13 @@ static void nccl_close(mf_rt *rt)
         pthread_mutex_destroy(&be->mu);
     }
     mf_cuda_core_close(&be->core);
-    mf_rt_free(be->comms);
-    mf_rt_free(be->reg);
-    mf_rt_free(be->names);
-    mf_rt_free(be->name_ptrs);
-    mf_rt_free(be->pending);
-    mf_rt_free(be->posts);
-    mf_rt_free(be);
+    mf_base_free(be->comms);
+    mf_base_free(be->reg);
+    mf_base_free(be->names);
+    mf_base_free(be->name_ptrs);
+    mf_base_free(be->pending);
+    mf_base_free(be->posts);
+    mf_base_free(be);
     rt->be_state = NULL;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "mf_backend.h"
+#include "mf_nt_copy.h"
 
 void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
 {
@@ -103,9 +104,9 @@ void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int
             out = half;
         }
         for (int j = 0; j < ndst; j++)
-            mf_cpu_stream_copy((char *)dsts[j] + (size_t)(off + b) * es, out, (size_t)len * es);
+            mf_nt_copy((char *)dsts[j] + (size_t)(off + b) * es, out, (size_t)len * es);
     }
-    mf_cpu_stream_fence();
+    mf_nt_copy_fence();
 }
 
 void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)

@@ -1,5 +1,5 @@
 /*
- * mf_cpu_stream: copies whose destination is written with streaming
+ * mf_nt_copy: copies whose destination is written with streaming
  * (non-temporal) stores, for the local backend's large collectives.
  *
  * An ordinary store to a cache line that is not in cache first reads the
@@ -10,16 +10,17 @@
  * destination is written with _mm_stream_si128; the unaligned head and tail,
  * and everything on other CPUs, with ordinary stores (the bytes written are
  * the same either way). Streaming stores are weakly ordered: the writer calls
- * mf_cpu_stream_fence before another thread may read the destination.
+ * mf_nt_copy_fence before another thread may read the destination.
  */
-#include <string.h>
+#include "mf_nt_copy.h"
 
-#include "mf_backend.h"
+#include <stdint.h>
+#include <string.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
-void mf_cpu_stream_copy(void *dst, const void *src, size_t bytes)
+void mf_nt_copy(void *dst, const void *src, size_t bytes)
 {
     char *d = dst;
     const char *s = src;
@@ -45,19 +46,19 @@ void mf_cpu_stream_copy(void *dst, const void *src, size_t bytes)
     memcpy(d, s, bytes);
 }
 
-void mf_cpu_stream_fence(void)
+void mf_nt_copy_fence(void)
 {
     _mm_sfence();
 }
 
 #else /* no streaming stores: ordinary copies, ordered by the caller's lock */
 
-void mf_cpu_stream_copy(void *dst, const void *src, size_t bytes)
+void mf_nt_copy(void *dst, const void *src, size_t bytes)
 {
     memcpy(dst, src, bytes);
 }
 
-void mf_cpu_stream_fence(void)
+void mf_nt_copy_fence(void)
 {
 }
 

@@ -238,13 +238,13 @@ static mfsdp_result mf_hx_round(mf_rt *rt, const mf_hx_msg *mine, mf_hx_msg *all
 {
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "Hugging Face export: exchange between ranks failed: %s",
+        return mf_base_set_error(rt, res, "Hugging Face export: exchange between ranks failed: %s",
                                mfsdp_last_error(rt));
     if (mine->status != MFSDP_OK)
-        return mf_rt_set_error(rt, (mfsdp_result)mine->status, "Hugging Face export failed: %s", own);
+        return mf_base_set_error(rt, (mfsdp_result)mine->status, "Hugging Face export failed: %s", own);
     for (int64_t r = 0; r < rt->world; r++)
         if (all[r].status != MFSDP_OK)
-            return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "Hugging Face export failed: rank %" PRId64
+            return mf_base_set_error(rt, (mfsdp_result)all[r].status, "Hugging Face export failed: rank %" PRId64
                                    ": %.*s", r, (int)sizeof all[r].msg, all[r].msg);
     return MFSDP_OK;
 }
@@ -262,7 +262,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     if (dir_arg)
         snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_dir_len(dir_arg), dir_arg);
     if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_export_hf: NULL runtime");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_export_hf: NULL runtime");
     mf_hx_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     mf_ckpt_plan p = {0};
     mf_hx_layout l = {0};
@@ -275,7 +275,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
         bad = !opt->ties || !opt->ties[i] || mf_hf_rule_add(&rules, 1, opt->ties[i]) != 0;
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all) {
-        res = mf_rt_set_error(rt, res, "out of memory");
+        res = mf_base_set_error(rt, res, "out of memory");
         goto done;
     }
     mfsdp_result sr = MFSDP_OK;

@@ -27,13 +27,13 @@ static mfsdp_result mf_hf_round(mf_rt *rt, const mf_hf_msg *mine, mf_hf_msg *all
 {
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "Hugging Face import: exchange between ranks failed: %s",
+        return mf_base_set_error(rt, res, "Hugging Face import: exchange between ranks failed: %s",
                                mfsdp_last_error(rt));
     if (mine->status != MFSDP_OK)
-        return mf_rt_set_error(rt, (mfsdp_result)mine->status, "Hugging Face import refused: %s", own);
+        return mf_base_set_error(rt, (mfsdp_result)mine->status, "Hugging Face import refused: %s", own);
     for (int64_t r = 0; r < rt->world; r++)
         if (all[r].status != MFSDP_OK)
-            return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "Hugging Face import refused: rank %" PRId64
+            return mf_base_set_error(rt, (mfsdp_result)all[r].status, "Hugging Face import refused: rank %" PRId64
                                    ": %.*s", r, (int)sizeof all[r].msg, all[r].msg);
     return MFSDP_OK;
 }
@@ -141,7 +141,7 @@ static int mf_hf_rt_match(mf_rt *rt, const mf_hf_model *m, const mf_hf_rules *ru
 mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfsdp_hf_options *opt)
 {
     if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_import_hf: NULL runtime");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_import_hf: NULL runtime");
     mf_hf_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     int *src = calloc((size_t)rt->nviews + 1, sizeof *src), opened = 0;
     mf_hf_model m;
@@ -150,7 +150,7 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
     mfsdp_result res;
     int bad_rules = mf_hf_rules_from(opt, &rules);
     if (!all || !src) {
-        res = mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        res = mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
     mfsdp_result sr = MFSDP_OK;

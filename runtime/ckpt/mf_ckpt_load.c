@@ -52,7 +52,7 @@ static mfsdp_result mf_ckpt_same_states(mf_rt *rt, const mf_ckpt_lmsg *all, cons
 {
     for (int64_t r = 1; r < rt->world; r++)
         if (all[r].states != all[0].states)
-            return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "checkpoint load of %s refused: rank %" PRId64
+            return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "checkpoint load of %s refused: rank %" PRId64
                                    " asks for other states than rank 0 (names, dtypes or order): replicas share "
                                    "their reads, so every rank must pass the same states", dir, r);
     return MFSDP_OK;
@@ -65,13 +65,13 @@ static mfsdp_result mf_ckpt_lround(mf_rt *rt, const mf_ckpt_lmsg *mine, mf_ckpt_
 {
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "checkpoint load: exchange between ranks failed: %s", mfsdp_last_error(rt));
+        return mf_base_set_error(rt, res, "checkpoint load: exchange between ranks failed: %s", mfsdp_last_error(rt));
     if (mine->status != MFSDP_OK)
-        return mf_rt_set_error(rt, (mfsdp_result)mine->status, "checkpoint load of %s refused: rank %" PRId64 ": %s",
+        return mf_base_set_error(rt, (mfsdp_result)mine->status, "checkpoint load of %s refused: rank %" PRId64 ": %s",
                                dir, rt->rank, own);
     for (int64_t r = 0; r < rt->world; r++)
         if (all[r].status != MFSDP_OK)
-            return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "checkpoint load of %s refused: rank %" PRId64
+            return mf_base_set_error(rt, (mfsdp_result)all[r].status, "checkpoint load of %s refused: rank %" PRId64
                                    ": %.*s", dir, r, (int)sizeof all[r].msg, all[r].msg);
     return MFSDP_OK;
 }
@@ -206,7 +206,7 @@ static mfsdp_result mf_ckpt_load_parts(mf_rt *rt, mf_ckpt_reader *r, char *err, 
         return snprintf(err, errlen, "out of memory"), MFSDP_ERR_OUT_OF_MEMORY;
     mfsdp_result res = rt->be->allgather(rt, &mine, sizeof mine, counts, err, errlen);
     if (res != MFSDP_OK)
-        return mf_rt_fail(rt, res, err), res;
+        return mf_base_fail(rt, res, err), res;
     for (int64_t k = 0; k < rt->world; k++)
         most = counts[k] > most ? counts[k] : most;
     free(counts);
@@ -225,7 +225,7 @@ static mfsdp_result mf_ckpt_load_parts(mf_rt *rt, mf_ckpt_reader *r, char *err, 
         own[i].piece = -1; /* padding: no piece */
     res = rt->be->allgather(rt, own, per, all, err, errlen);
     if (res != MFSDP_OK)
-        return mf_rt_fail(rt, res, err), res;
+        return mf_base_fail(rt, res, err), res;
     int64_t n = 0;
     for (int64_t i = 0; i < most * rt->world; i++)
         if (all[i].piece >= 0)
@@ -239,7 +239,7 @@ static mfsdp_result mf_ckpt_load_parts(mf_rt *rt, mf_ckpt_reader *r, char *err, 
 mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load_options *opt)
 {
     if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_load: NULL runtime");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_load: NULL runtime");
     mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     int *map = calloc((size_t)rt->nviews + 1, sizeof *map);
     int *smap = calloc(64, sizeof *smap);
@@ -249,7 +249,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     char err[2048] = "";
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all || !map || !smap) {
-        mf_rt_set_error(rt, res, "out of memory");
+        mf_base_set_error(rt, res, "out of memory");
         goto done;
     }
     mfsdp_result sr = MFSDP_OK;
@@ -284,7 +284,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
      * into the replicas' buffers too (only now that every rank passed). */
     res = mf_ckpt_lplan_peers(rt, &lp, opt, err, sizeof err);
     if (res != MFSDP_OK) {
-        mf_rt_set_error(rt, res, "checkpoint load of %s: exchange between ranks failed: %s", dir, err);
+        mf_base_set_error(rt, res, "checkpoint load of %s: exchange between ranks failed: %s", dir, err);
         goto done;
     }
     memset(&mine, 0, sizeof mine);
@@ -319,13 +319,13 @@ mfsdp_result mfsdp_ckpt_verify(const char *dir)
     mf_ckpt_reader r;
     char err[2048];
     if (!dir)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_verify: NULL directory");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_verify: NULL directory");
     if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0)
-        return mf_rt_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
+        return mf_base_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
     mfsdp_result res = MFSDP_OK;
     for (int f = 0; f < r.m.nfiles && res == MFSDP_OK; f++)
         if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0)
-            res = mf_rt_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
+            res = mf_base_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
     mf_ckpt_reader_close(&r);
     return res;
 }

@@ -37,11 +37,11 @@ static mfsdp_result mf_ckpt_round(mf_rt *rt, const mf_ckpt_msg *mine, mf_ckpt_ms
 {
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK)
-        return mf_rt_set_error(rt, res, "checkpoint %s: exchange between ranks failed: %s", what,
+        return mf_base_set_error(rt, res, "checkpoint %s: exchange between ranks failed: %s", what,
                                mfsdp_last_error(rt));
     for (int64_t r = 0; r < rt->world; r++)
         if (all[r].status != MFSDP_OK)
-            return mf_rt_set_error(rt, (mfsdp_result)all[r].status, "checkpoint %s: rank %" PRId64 ": %.*s",
+            return mf_base_set_error(rt, (mfsdp_result)all[r].status, "checkpoint %s: rank %" PRId64 ": %.*s",
                                    what, r, (int)sizeof all[r].msg, all[r].msg);
     return MFSDP_OK;
 }
@@ -205,7 +205,7 @@ static void mf_ckpt_save_prepare(mf_ckpt_saver *sv, const char *dir, mf_ckpt_msg
 
 mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp_ckpt_save_options *opt)
 {
-    mfsdp_result live = mf_rt_handle_check(rt, "mfsdp_ckpt_save");
+    mfsdp_result live = mf_base_handle_check(rt, "mfsdp_ckpt_save");
     if (live != MFSDP_OK)
         return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};
@@ -216,7 +216,7 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     if (!all || (dir_arg && !dir)) {
         free(all);
         free(dir);
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     }
     if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_ckpt_fail(&mine, res, err);

@@ -184,7 +184,7 @@ mfsdp_result mf_ckpt_lplan_peers(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_
                 (uintptr_t)(s == 0 ? rt->views[k].main_weight : opt->states[s - 1].shards[k]);
     mfsdp_result res = rt->be->allgather(rt, lp->mine, lp->per * sizeof *lp->mine, lp->all, err, errlen);
     if (res != MFSDP_OK) {
-        mf_rt_fail(rt, res, err); /* others may still read the tables: the runtime is finished */
+        mf_base_fail(rt, res, err); /* others may still read the tables: the runtime is finished */
         lp->mine = lp->all = NULL; /* left allocated rather than freed under a reader */
     }
     return res;
@@ -337,7 +337,7 @@ mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r,
     mfsdp_result br = send.res != MFSDP_OK ? send.res : wr;
     if (br != MFSDP_OK) { /* a transfer may still be pending: the runtime is finished */
         snprintf(err, errlen, "transfer between replicas failed: %s", berr);
-        mf_rt_fail(rt, br, err);
+        mf_base_fail(rt, br, err);
         return br;
     }
     return rc == 0 ? MFSDP_OK : MFSDP_ERR_LOAD;

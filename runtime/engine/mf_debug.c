@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mf_rt.h"
+#include "mf_base.h"
 
 enum { MF_DBG_LIVE, MF_DBG_POISONED, MF_DBG_W_OPEN, MF_DBG_G_OPEN };
 enum { MF_DBG_WEIGHT = 0, MF_DBG_GRAD_LOCAL = 1 };
@@ -139,13 +139,13 @@ mfsdp_result mf_debug_create(mf_rt *rt)
 {
     if (!(rt->cfg.flags & MFSDP_FLAG_CHECK) || rt->native)
         return MFSDP_OK;
-    mf_debug *d = mf_rt_calloc(1, sizeof *d);
+    mf_debug *d = mf_base_calloc(1, sizeof *d);
     if (!d)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
     rt->check = d;
-    d->regions = mf_rt_calloc((size_t)(2 * rt->nviews + 1), sizeof *d->regions);
+    d->regions = mf_base_calloc((size_t)(2 * rt->nviews + 1), sizeof *d->regions);
     if (!d->regions)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (check mode)");
     for (int k = 0; k < rt->nviews; k++) {
         const mfsdp_tensor_view *v = &rt->views[k];
         for (int kind = 0; kind < 2 && v->numel > 0; kind++) {
@@ -158,13 +158,13 @@ mfsdp_result mf_debug_create(mf_rt *rt)
             g->n = v->numel;
             g->bytes = (size_t)v->numel * mf_dtype_size(g->dtype);
             g->buffer = buffer_of(rt, g->p);
-            g->saved = mf_rt_malloc(g->bytes);
+            g->saved = mf_base_malloc(g->bytes);
             g->pattern32 = pattern_of(kind, k);
             g->state = MF_DBG_LIVE;
             if (!g->saved)
-                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
-                                       "out of memory (check mode: %zu bytes for %s)", g->bytes,
-                                       v->name);
+                return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
+                                         "out of memory (check mode: %zu bytes for %s)", g->bytes,
+                                         v->name);
             d->nregions++;
         }
     }
@@ -177,9 +177,9 @@ void mf_debug_free(mf_rt *rt)
     if (!d)
         return;
     for (int i = 0; d->regions && i < d->nregions; i++)
-        mf_rt_free(d->regions[i].saved);
-    mf_rt_free(d->regions);
-    mf_rt_free(d);
+        mf_base_free(d->regions[i].saved);
+    mf_base_free(d->regions);
+    mf_base_free(d);
     rt->check = NULL;
 }
 
@@ -202,11 +202,11 @@ static const char *kind_name(const mf_dbg_region *g)
 static mfsdp_result mistake(mf_rt *rt, const mf_dbg_region *g, int64_t i, const char *hook,
                             const char *what)
 {
-    return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                           "check mode: %s: %s of tensor \"%s\" (unit %d \"%s\"), element %lld of "
-                           "%lld: %s",
-                           hook, kind_name(g), rt->views[g->view].name, g->unit,
-                           rt->s->units[g->unit].name, (long long)i, (long long)g->n, what);
+    return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                             "check mode: %s: %s of tensor \"%s\" (unit %d \"%s\"), element %lld of "
+                             "%lld: %s",
+                             hook, kind_name(g), rt->views[g->view].name, g->unit,
+                             rt->s->units[g->unit].name, (long long)i, (long long)g->n, what);
 }
 
 /* ---- the checks ---- */

@@ -26,7 +26,7 @@ typedef struct mf_debug mf_debug;
 uint32_t mf_debug_flags(uint32_t flags);
 /* Sets up rt->check when rt->cfg.flags has MFSDP_FLAG_CHECK and the
  * backend is a CPU one (needs the views); else leaves it NULL. Errors are
- * reported with mf_rt_set_error(NULL, ...) like the rest of create. */
+ * reported with mf_base_set_error(NULL, ...) like the rest of create. */
 mfsdp_result mf_debug_create(mf_rt *rt);
 void mf_debug_free(mf_rt *rt);
 /* Before a hook's ops (list l): checks the windows that close here and

@@ -21,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mf_rt.h"
+#include "mf_base.h"
+#include "mf_layout.h"
+#include "mf_rt_schedule.h"
 #include "mf_trace.h"
 
 /* ---- conversions ---- */
@@ -55,10 +57,10 @@ MFSDP_API mfsdp_result mfsdp_convert(void *dst, mfsdp_dtype dst_dtype, const voi
                                      mfsdp_dtype src_dtype, int64_t n)
 {
     if (n < 0 || (n > 0 && (!dst || !src)) || !dtype_ok(dst_dtype) || !dtype_ok(src_dtype))
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_convert: needs buffers, n >= 0 and dtypes fp32, bf16 or fp16 "
-                               "(got n %lld, dtypes %d and %d)",
-                               (long long)n, (int)dst_dtype, (int)src_dtype);
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_convert: needs buffers, n >= 0 and dtypes fp32, bf16 or fp16 "
+                                 "(got n %lld, dtypes %d and %d)",
+                                 (long long)n, (int)dst_dtype, (int)src_dtype);
     if (n > 0)
         mf_dtype_convert(dst, (mf_dtype)dst_dtype, src, (mf_dtype)src_dtype, n);
     return MFSDP_OK;
@@ -78,7 +80,7 @@ MFSDP_API int mfsdp_schedule_unit_find(const mfsdp_schedule *sh, const char *nam
 
 MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name)
 {
-    return mf_rt_live(rt) ? mfsdp_schedule_unit_find(rt->sh, name) : -1;
+    return mf_base_live(rt) ? mfsdp_schedule_unit_find(rt->sh, name) : -1;
 }
 
 /* ---- shared checks ---- */
@@ -87,14 +89,14 @@ MFSDP_API int mfsdp_unit_find(const mfsdp_runtime *rt, const char *name)
  * helper in the message. */
 static mfsdp_result usable(mf_rt *rt, const char *fn)
 {
-    mfsdp_result res = mf_rt_handle_check(rt, fn);
+    mfsdp_result res = mf_base_handle_check(rt, fn);
     if (res != MFSDP_OK)
         return res;
     if (rt->native || !rt->be->allgather)
-        return mf_rt_set_error(rt, MFSDP_ERR_UNSUPPORTED,
-                               "%s: the %s backend keeps its buffers on the device; the helpers "
-                               "work on the local and mpi backends",
-                               fn, rt->be->name);
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                 "%s: the %s backend keeps its buffers on the device; the helpers "
+                                 "work on the local and mpi backends",
+                                 fn, rt->be->name);
     pthread_mutex_lock(&rt->mu);
     mfsdp_result f = rt->failed;
     if (f != MFSDP_OK)
@@ -108,17 +110,17 @@ static mfsdp_result between_steps(mf_rt *rt, const char *fn, const char *what)
 {
     if (mf_trace_between_steps(rt))
         return MFSDP_OK;
-    return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                           "%s called inside a step: %s only between mfsdp_step_end and the next "
-                           "mfsdp_step_begin (or before the first step)",
-                           fn, what);
+    return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                             "%s called inside a step: %s only between mfsdp_step_end and the next "
+                             "mfsdp_step_begin (or before the first step)",
+                             fn, what);
 }
 
 static mfsdp_result tensor_ok(mf_rt *rt, const char *fn, int tensor)
 {
     if (tensor < 0 || tensor >= rt->nviews)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "%s: tensor index %d out of range [0, %d)", fn, tensor, rt->nviews);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "%s: tensor index %d out of range [0, %d)", fn, tensor, rt->nviews);
     return MFSDP_OK;
 }
 
@@ -133,8 +135,8 @@ static mfsdp_result world_allgather(mf_rt *rt, const char *fn, const void *mine,
     if (res != MFSDP_OK) {
         char full[MF_RT_ERRLEN];
         snprintf(full, sizeof full, "%s: %.900s", fn, msg);
-        mf_rt_fail(rt, res, full);
-        mf_rt_set_error(rt, res, "%s", full);
+        mf_base_fail(rt, res, full);
+        mf_base_set_error(rt, res, "%s", full);
     }
     return res;
 }
@@ -192,8 +194,8 @@ MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, 
     if (res != MFSDP_OK)
         return res;
     if (!full || !dtype_ok(dtype))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "%s: needs the full tensor and a dtype fp32, bf16 or fp16", fn);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "%s: needs the full tensor and a dtype fp32, bf16 or fp16", fn);
     const mfsdp_tensor_view *v = &rt->views[tensor];
     if (v->shard_count > 0)
         mf_dtype_convert(v->main_weight, (mf_dtype)v->main_weight_dtype,
@@ -213,8 +215,8 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
         return res;
     bool receives = root == MFSDP_ALL_RANKS || root == rt->rank;
     if (root < MFSDP_ALL_RANKS || root >= rt->world || !dtype_ok(dtype) || (receives && !out))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "%s: root %lld must be a rank in [0, %lld) or MFSDP_ALL_RANKS, the "
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "%s: root %lld must be a rank in [0, %lld) or MFSDP_ALL_RANKS, the "
                                "dtype fp32, bf16 or fp16, and out non-NULL on receiving ranks",
                                fn, (long long)root, (long long)rt->world);
     mf_tensor_at a = tensor_at(rt, tensor);
@@ -227,19 +229,19 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
         most = hi - lo > most ? hi - lo : most;
     }
     size_t block = (size_t)(most ? most : 1) * es;
-    char *mine = mf_rt_calloc(1, block);
-    char *all = mf_rt_malloc(block * (size_t)rt->world);
+    char *mine = mf_base_calloc(1, block);
+    char *all = mf_base_malloc(block * (size_t)rt->world);
     if (!mine || !all) {
-        res = mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory (%zu bytes)", fn,
-                              block * (size_t)rt->world);
+        res = mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory (%zu bytes)", fn,
+                                block * (size_t)rt->world);
         goto done;
     }
     if (v->shard_count > 0)
         memcpy(mine, v->main_weight, (size_t)v->shard_count * es);
     res = world_allgather(rt, fn, mine, block, all);
     if (res != MFSDP_OK && (rt->be->caps & MF_BE_KEEPS_PENDING)) {
-        mf_rt_graveyard(mine);   /* the backend may still read mine and write all */
-        mf_rt_graveyard(all);
+        mf_base_graveyard(mine);   /* the backend may still read mine and write all */
+        mf_base_graveyard(all);
         return res;
     }
     if (res != MFSDP_OK || !receives)
@@ -252,8 +254,8 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
                            (mf_dtype)v->main_weight_dtype, hi - lo);
     }
 done:
-    mf_rt_free(mine);
-    mf_rt_free(all);
+    mf_base_free(mine);
+    mf_base_free(all);
     return res;
 }
 
@@ -267,20 +269,20 @@ MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n,
         return res;
     if (n < 0 || n > (1 << 20) || (n > 0 && !values) ||
         (op != MFSDP_REDUCE_SUM && op != MFSDP_REDUCE_MAX && op != MFSDP_REDUCE_MIN))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "%s: needs n in [0, %d] values and op SUM, MAX or MIN (got n %d, op %d)",
-                               fn, 1 << 20, n, (int)op);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "%s: needs n in [0, %d] values and op SUM, MAX or MIN (got n %d, op %d)",
+                                 fn, 1 << 20, n, (int)op);
     if (n == 0)
         return MFSDP_OK;
-    double *all = mf_rt_malloc((size_t)n * sizeof *all * (size_t)rt->world);
+    double *all = mf_base_malloc((size_t)n * sizeof *all * (size_t)rt->world);
     if (!all)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     res = world_allgather(rt, fn, values, (size_t)n * sizeof *values, all);
     if (res != MFSDP_OK) {
         if (rt->be->caps & MF_BE_KEEPS_PENDING)
-            mf_rt_graveyard(all);   /* the backend may still write it */
+            mf_base_graveyard(all);   /* the backend may still write it */
         else
-            mf_rt_free(all);
+            mf_base_free(all);
         return res;
     }
     for (int i = 0; i < n; i++) {
@@ -294,7 +296,7 @@ MFSDP_API mfsdp_result mfsdp_allreduce(mfsdp_runtime *rt, double *values, int n,
         }
         values[i] = acc;
     }
-    mf_rt_free(all);
+    mf_base_free(all);
     return res;
 }
 
@@ -322,8 +324,8 @@ static mfsdp_result grad_norm(mf_rt *rt, const char *fn, double *norm)
     if (res == MFSDP_OK)
         res = between_steps(rt, fn, "the delivered gradient is complete");
     if (res == MFSDP_OK && rt->stats.steps == 0)
-        res = mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                              "%s called before the first mfsdp_step_end: no gradient yet", fn);
+        res = mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                "%s called before the first mfsdp_step_end: no gradient yet", fn);
     if (res != MFSDP_OK)
         return res;
     double sumsq = local_sumsq(rt);
@@ -335,17 +337,17 @@ static mfsdp_result grad_norm(mf_rt *rt, const char *fn, double *norm)
 
 MFSDP_API mfsdp_result mfsdp_grad_norm(mfsdp_runtime *rt, double *norm)
 {
-    if (mf_rt_live(rt) && !norm)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_grad_norm: norm is NULL");
+    if (mf_base_live(rt) && !norm)
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_grad_norm: norm is NULL");
     return grad_norm(rt, "mfsdp_grad_norm", norm);
 }
 
 MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, double *norm_out)
 {
     static const char fn[] = "mfsdp_grad_clip";
-    if (mf_rt_live(rt) && !(max_norm > 0))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "%s: max_norm %g must be > 0", fn,
-                               max_norm);
+    if (mf_base_live(rt) && !(max_norm > 0))
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "%s: max_norm %g must be > 0", fn,
+                                 max_norm);
     double norm = 0;
     mfsdp_result res = grad_norm(rt, fn, &norm);
     if (res != MFSDP_OK)
@@ -362,83 +364,4 @@ MFSDP_API mfsdp_result mfsdp_grad_clip(mfsdp_runtime *rt, double max_norm, doubl
                          mf_dtype_load(v->grad, (mf_dtype)v->grad_dtype, i) * scale);
     }
     return MFSDP_OK;
-}
-
-/* ---- the graveyard ---- */
-
-typedef struct mf_grave {
-    void *p;
-    struct mf_grave *next;
-} mf_grave;
-
-static mf_grave *graveyard;
-static pthread_mutex_t graveyard_mu = PTHREAD_MUTEX_INITIALIZER;
-
-void mf_rt_graveyard(void *p)
-{
-    mf_grave *g = p ? malloc(sizeof *g) : NULL;
-    if (!g)
-        return;   /* out of memory: p stays allocated, merely unreferenced */
-    pthread_mutex_lock(&graveyard_mu);
-    g->p = p;
-    g->next = graveyard;
-    graveyard = g;
-    pthread_mutex_unlock(&graveyard_mu);
-}
-
-/* ---- a spec loaded as a schedule ---- */
-
-/* True when text starts (after blank and '#' comment lines) with a
- * statement keyword of the .mfsdp language followed by anything but ':'
- * (a YAML schedule starts with "format: ..."). */
-static bool looks_like_spec(const char *text, size_t len)
-{
-    static const char *const kw[] = {"mesh", "microbatches", "reduce", "align", "prefetch",
-                                     "bucket_size", "layout", "unit"};
-    size_t i = 0;
-    for (;;) {
-        while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
-            i++;
-        if (i < len && text[i] == '#') {
-            while (i < len && text[i] != '\n')
-                i++;
-            continue;
-        }
-        break;
-    }
-    for (size_t k = 0; k < sizeof kw / sizeof kw[0]; k++) {
-        size_t n = strlen(kw[k]);
-        if (len - i > n && strncmp(text + i, kw[k], n) == 0 &&
-            (text[i + n] == ' ' || text[i + n] == '\t' || text[i + n] == '"')) {
-            size_t j = i + n;
-            while (j < len && (text[j] == ' ' || text[j] == '\t'))
-                j++;
-            return j < len && text[j] != ':';
-        }
-    }
-    return false;
-}
-
-void mf_rt_spec_hint(const char *name, const void *text, size_t len, char *err, size_t errlen)
-{
-    if (!text || !looks_like_spec(text, len))
-        return;
-    char was[MF_RT_ERRLEN];
-    snprintf(was, sizeof was, "%s", err);
-    snprintf(err, errlen,
-             "%s: this is a .mfsdp spec, not a compiled schedule; compile it with "
-             "`mfsdpc compile %s -o schedule.yaml` and load the YAML (the schedule loader said: "
-             "%.600s)",
-             name, name, was);
-}
-
-void mf_rt_spec_hint_file(const char *path, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return;
-    char head[4096];
-    size_t n = fread(head, 1, sizeof head, f);
-    fclose(f);
-    mf_rt_spec_hint(path, head, n, err, errlen);
 }

@@ -10,11 +10,13 @@
  * The order is checked by mf_trace.c before anything is issued; its answer
  * (the microbatch position, or a short step's end) picks the list.
  */
+#include "mf_replay.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "mf_debug.h"
-#include "mf_rt.h"
+#include "mf_streams.h"
 #include "mf_trace.h"
 
 static int list_index(const mf_schedule *s, mf_phase phase, int unit, int cls)
@@ -27,9 +29,9 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
 {
     const mf_schedule *s = rt->s;
     rt->nlists = MF_PHASE_COUNT * (s->nunits + 1) * MF_MB_CLASSES;
-    rt->list_start = mf_rt_calloc((size_t)rt->nlists + 1, sizeof *rt->list_start);
+    rt->list_start = mf_base_calloc((size_t)rt->nlists + 1, sizeof *rt->list_start);
     if (!rt->list_start)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (op lists)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (op lists)");
     /* Two passes: count per list, then fill in ascending op id. */
     int total = 0;
     for (int i = 0; i < s->nops; i++)
@@ -40,11 +42,11 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
             }
     for (int l = 0; l < rt->nlists; l++)
         rt->list_start[l + 1] += rt->list_start[l];
-    rt->list_ops = mf_rt_calloc((size_t)(total ? total : 1), sizeof *rt->list_ops);
-    int *fill = mf_rt_calloc((size_t)rt->nlists, sizeof *fill);
+    rt->list_ops = mf_base_calloc((size_t)(total ? total : 1), sizeof *rt->list_ops);
+    int *fill = mf_base_calloc((size_t)rt->nlists, sizeof *fill);
     if (!rt->list_ops || !fill) {
-        mf_rt_free(fill);
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (op lists)");
+        mf_base_free(fill);
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (op lists)");
     }
     for (int i = 0; i < s->nops; i++)
         for (int c = 0; c < MF_MB_CLASSES; c++)
@@ -52,7 +54,7 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
                 int l = list_index(s, s->ops[i].phase, s->ops[i].unit, c);
                 rt->list_ops[rt->list_start[l] + fill[l]++] = i;
             }
-    mf_rt_free(fill);
+    mf_base_free(fill);
     return MFSDP_OK;
 }
 
@@ -96,7 +98,7 @@ static mfsdp_result issue(mf_rt *rt, int i, int64_t m, int64_t *compute_wait_ns)
         msg[0] = '\0';
         mfsdp_result r = rt->be->submit(rt, &rt->rops[i], m, seq, msg, sizeof msg);
         if (r != MFSDP_OK)
-            mf_rt_fail(rt, r, msg);
+            mf_base_fail(rt, r, msg);
         return r;
     }
     if (rt->synchronous) {
@@ -105,7 +107,7 @@ static mfsdp_result issue(mf_rt *rt, int i, int64_t m, int64_t *compute_wait_ns)
         msg[0] = '\0';
         mfsdp_result r = mf_streams_exec(rt, op->stream, &e, msg, sizeof msg, compute_wait_ns);
         if (r != MFSDP_OK)
-            mf_rt_fail(rt, r, msg);
+            mf_base_fail(rt, r, msg);
         return r;
     }
     return mf_streams_issue(rt, i, m, seq, compute_wait_ns);
@@ -124,10 +126,10 @@ static mfsdp_result sticky(mf_rt *rt)
 
 mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
 {
-    if (!mf_rt_live(rt)) {
+    if (!mf_base_live(rt)) {
         char fn[48];
         snprintf(fn, sizeof fn, "mfsdp_%s", mf_phase_name(phase));
-        return mf_rt_handle_check(rt, fn);
+        return mf_base_handle_check(rt, fn);
     }
     mfsdp_result res = sticky(rt);
     if (res != MFSDP_OK)
@@ -138,7 +140,7 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     int l = list_index(rt->s, phase, unit, (int)pos);
     if (rt->check && (res = mf_debug_before(rt, phase, unit, m, l)) != MFSDP_OK)
         return res;
-    int64_t t0 = mf_rt_now_ns(), wait_ns = 0;
+    int64_t t0 = mf_base_now_ns(), wait_ns = 0;
     for (int k = rt->list_start[l]; k < rt->list_start[l + 1]; k++) {
         res = issue(rt, rt->list_ops[k], m, &wait_ns);
         if (res != MFSDP_OK)
@@ -151,7 +153,7 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
         mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)
         res = mf_streams_drain(rt);
-    int64_t t1 = mf_rt_now_ns();
+    int64_t t1 = mf_base_now_ns();
     pthread_mutex_lock(&rt->mu);
     rt->stats.busy_ns[MF_STREAM_COMPUTE] += (t1 - t0) - wait_ns;
     rt->stats.wait_ns[MF_STREAM_COMPUTE] += wait_ns;
@@ -209,7 +211,7 @@ MFSDP_API mfsdp_result mfsdp_eval_forward_post(mfsdp_runtime *rt, int unit)
 
 MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt)
 {
-    mfsdp_result res = mf_rt_handle_check(rt, "mfsdp_synchronize");
+    mfsdp_result res = mf_base_handle_check(rt, "mfsdp_synchronize");
     if (res == MFSDP_OK)
         res = sticky(rt);
     if (res != MFSDP_OK)
@@ -219,7 +221,7 @@ MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt)
         msg[0] = '\0';
         res = rt->be->synchronize(rt, msg, sizeof msg);
         if (res != MFSDP_OK)
-            mf_rt_fail(rt, res, msg);
+            mf_base_fail(rt, res, msg);
     } else if (!rt->synchronous) {
         res = mf_streams_drain(rt);
     }

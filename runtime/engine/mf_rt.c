@@ -1,17 +1,15 @@
 /*
- * mf_rt: the runtime's life cycle. Loads and checks schedules, creates a
- * rank's runtime (buffers, resolved ops, communicator list, views, the
- * world-wide exchange of schedule hashes), destroys it, and answers the small
- * public queries (versions, errors, views, statistics).
+ * mf_rt: the runtime's life cycle. Creates a rank's runtime (buffers,
+ * resolved ops, communicator list, views, the world-wide exchange of
+ * schedule hashes), destroys it, and answers the small public queries
+ * (versions, names, views, statistics). Schedules are mf_rt_schedule.c's;
+ * allocation, errors and clocks mf_base.c's.
  *
  * Invariants: mfsdp_create either returns a complete runtime or frees
  * everything it allocated (every allocation is accounted, see
- * mf_rt_alloc_live); the schedule handle is read-only after load, so any
- * number of thread-ranks may share it.
+ * mf_base_alloc_live).
  */
 #include "mf_rt.h"
-#include "mf_trace.h"
-#include "mf_verify.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -22,218 +20,9 @@
 #include <time.h>
 
 #include "mf_debug.h"
-#include "mf_load.h"
-#include "mf_struct.h"
-
-/* ---- accounted allocation ---- */
-
-static atomic_llong alloc_live;
-static atomic_llong alloc_fail_countdown = -1;
-
-static bool alloc_injected_failure(void)
-{
-    if (atomic_load(&alloc_fail_countdown) < 0)
-        return false;
-    return atomic_fetch_sub(&alloc_fail_countdown, 1) == 0;
-}
-
-void mf_rt_alloc_fail_at(int64_t k)
-{
-    atomic_store(&alloc_fail_countdown, (long long)(k < 0 ? -1 : k));
-}
-
-int64_t mf_rt_alloc_live(void)
-{
-    return atomic_load(&alloc_live);
-}
-
-void *mf_rt_malloc(size_t n)
-{
-    if (alloc_injected_failure())
-        return NULL;
-    void *p = malloc(n ? n : 1);
-    if (p)
-        atomic_fetch_add(&alloc_live, 1);
-    return p;
-}
-
-void *mf_rt_calloc(size_t n, size_t size)
-{
-    if (alloc_injected_failure())
-        return NULL;
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (p)
-        atomic_fetch_add(&alloc_live, 1);
-    return p;
-}
-
-/* Whether allocations of MF_RT_HUGE_MIN bytes and more ask for transparent
- * huge pages (MFSDP_HUGE_PAGES=0 in the environment: no). */
-static bool huge_pages_wanted(void)
-{
-    const char *env = getenv("MFSDP_HUGE_PAGES");
-    return !(env && strcmp(env, "0") == 0);
-}
-
-void *mf_rt_aligned_zalloc(size_t align, size_t n)
-{
-    if (alloc_injected_failure())
-        return NULL;
-    void *p = NULL;
-    bool huge = n >= MF_RT_HUGE_MIN && huge_pages_wanted();
-    if (huge && align < MF_RT_HUGE_MIN)
-        align = MF_RT_HUGE_MIN;
-    if (posix_memalign(&p, align, n ? n : 1) != 0)
-        return NULL;
-    /* Before the first touch, so that the zeroing below already faults in
-     * huge pages (a hint: without THP the pages stay small). */
-    if (huge)
-        (void)madvise(p, n & ~(MF_RT_HUGE_MIN - 1), MADV_HUGEPAGE);
-    memset(p, 0, n);
-    atomic_fetch_add(&alloc_live, 1);
-    return p;
-}
-
-mfsdp_result mf_rt_host_alloc(mf_rt *rt, size_t bytes, void **out)
-{
-    *out = mf_rt_aligned_zalloc(256, bytes);
-    if (!*out)
-        return mf_rt_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", bytes);
-    return MFSDP_OK;
-}
-
-void mf_rt_host_free(mf_rt *rt, void *p)
-{
-    (void)rt;
-    mf_rt_free(p);
-}
-
-void mf_rt_free(void *p)
-{
-    if (!p)
-        return;
-    atomic_fetch_sub(&alloc_live, 1);
-    free(p);
-}
-
-/* ---- errors, clocks ---- */
-
-static _Thread_local char thread_err[MF_RT_ERRLEN];
-
-mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
-{
-    char *buf = rt ? rt->err : thread_err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, MF_RT_ERRLEN, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-/* Reads the magic of a handle that may have been freed: ASan would report
- * that read, and its quarantine keeps the memory mapped, which is what the
- * check is for (best effort). */
-__attribute__((no_sanitize_address)) bool mf_rt_live(const mf_rt *rt)
-{
-    return rt && rt->magic == MF_RT_MAGIC;
-}
-
-mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn)
-{
-    if (mf_rt_live(rt))
-        return MFSDP_OK;
-    if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "%s: rt is NULL", fn);
-    return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_USAGE,
-                           "%s: rt is not a live runtime (destroyed by mfsdp_destroy, or not made "
-                           "by mfsdp_create)",
-                           fn);
-}
-
-void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg)
-{
-    pthread_mutex_lock(&rt->mu);
-    if (rt->failed == MFSDP_OK) {
-        rt->failed = code;
-        snprintf(rt->fail_msg, sizeof rt->fail_msg, "%s", msg);
-    }
-    pthread_cond_broadcast(&rt->cv);
-    for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++)
-        pthread_cond_broadcast(&rt->streams[st].work);
-    pthread_mutex_unlock(&rt->mu);
-}
-
-void mf_rt_fail_and_abort(mf_rt *rt, mfsdp_result code, const char *msg)
-{
-    mf_rt_fail(rt, code, msg);
-    /* Peers learn the root cause: the first failure of this runtime, which
-     * may be another stream's (a wait interrupted by it fails later, but
-     * can reach this point first). */
-    char first[sizeof rt->fail_msg];
-    pthread_mutex_lock(&rt->mu);
-    snprintf(first, sizeof first, "%s", rt->fail_msg);
-    pthread_mutex_unlock(&rt->mu);
-    rt->be->abort(rt, first);
-}
-
-int64_t mf_rt_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-struct timespec mf_rt_deadline(int64_t timeout_ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    if (timeout_ms > 0) {
-        ts.tv_sec += (time_t)(timeout_ms / 1000);
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-    }
-    return ts;
-}
-
-int mf_rt_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t timeout_ms,
-                    const struct timespec *deadline)
-{
-    if (timeout_ms <= 0)
-        return pthread_cond_wait(cv, mu);
-    return pthread_cond_timedwait(cv, mu, deadline);
-}
-
-int mf_rt_cond_init(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    if (pthread_condattr_init(&a) != 0)
-        return -1;
-    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    if (rc == 0)
-        rc = pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-    return rc;
-}
-
-void mf_rt_describe_op(const mf_rt *rt, int i, char *buf, size_t size)
-{
-    const mf_schedule *s = rt->s;
-    const mf_op *op = &s->ops[i];
-    const char *unit = op->unit >= 0 && op->unit < s->nunits ? s->units[op->unit].name : "-";
-    if (mf_opkind_is_collective(op->kind) && op->axis >= 0 && op->axis < s->mesh.naxes)
-        snprintf(buf, size, "op %d (%s %s on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
-                 s->mesh.axes[op->axis].name, mf_stream_name(op->stream), mf_phase_name(op->phase),
-                 unit);
-    else if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT)
-        snprintf(buf, size, "op %d (%s event %d on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
-                 op->event, mf_stream_name(op->stream), mf_phase_name(op->phase), unit);
-    else
-        snprintf(buf, size, "op %d (%s on %s, %s of unit %s)", i, mf_opkind_name(op->kind),
-                 mf_stream_name(op->stream), mf_phase_name(op->phase), unit);
-}
+#include "mf_replay.h"
+#include "mf_streams.h"
+#include "mf_trace.h"
 
 /* ---- versions, names ---- */
 
@@ -283,7 +72,8 @@ MFSDP_API const char *mfsdp_dtype_name(mfsdp_dtype d)
     return n ? n : "unknown";
 }
 
-const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b)
+/* The backend for a config, or NULL when not built in. */
+static const mf_backend_vtbl *backend_for(mfsdp_backend b)
 {
     switch (b) {
     case MFSDP_BACKEND_LOCAL:
@@ -306,7 +96,7 @@ const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b)
 
 MFSDP_API int mfsdp_backend_available(mfsdp_backend b)
 {
-    return mf_rt_backend_for(b) != NULL;
+    return backend_for(b) != NULL;
 }
 
 MFSDP_API void mfsdp_config_init(mfsdp_config *cfg)
@@ -317,222 +107,6 @@ MFSDP_API void mfsdp_config_init(mfsdp_config *cfg)
     cfg->backend = MFSDP_BACKEND_LOCAL;
     cfg->rank = -1;
     cfg->timeout_ms = 600000;
-}
-
-/* ---- schedules ---- */
-
-/* Longest unit name in [first, last] that prefixes `name` followed by '.'. */
-static int tensor_unit(const mf_schedule *s, const mf_bucket *b, const char *name)
-{
-    if (b->last_unit <= b->unit)
-        return b->unit;
-    int best = b->unit;
-    size_t best_len = 0;
-    for (int u = b->unit; u <= b->last_unit && u < s->nunits; u++) {
-        size_t n = strlen(s->units[u].name);
-        if (n > best_len && strncmp(name, s->units[u].name, n) == 0 && name[n] == '.') {
-            best = u;
-            best_len = n;
-        }
-    }
-    return best;
-}
-
-mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen)
-{
-    *out = NULL;
-    /* The loader ran these rules already; a schedule built in memory has not. */
-    if (!mf_struct_check_first(s, err, errlen)) {
-        mf_schedule_free(s);
-        return MFSDP_ERR_LOAD;
-    }
-    mfsdp_schedule *h = mf_rt_calloc(1, sizeof *h);
-    int nt = 0;
-    for (int b = 0; b < s->nbuckets; b++)
-        nt += s->buckets[b].ntensors;
-    mf_rt_tensor *t = mf_arena_array(s->arena, (size_t)(nt ? nt : 1), sizeof *t);
-    if (!h || !t) {
-        mf_rt_free(h);
-        mf_schedule_free(s);
-        snprintf(err, errlen, "out of memory");
-        return MFSDP_ERR_OUT_OF_MEMORY;
-    }
-    int k = 0;
-    for (int b = 0; b < s->nbuckets; b++)
-        for (int i = 0; i < s->buckets[b].ntensors; i++, k++) {
-            t[k].bucket = b;
-            t[k].index = i;
-            t[k].unit = tensor_unit(s, &s->buckets[b], s->buckets[b].tensors[i].name);
-        }
-    h->s = s;
-    h->ntensors = nt;
-    h->tensors = t;
-    *out = h;
-    return MFSDP_OK;
-}
-
-/*
- * Verify on load (docs/runtime.md §2): the verifier's structure, replay and
- * memory checks (core/mf_verify.c) on every schedule a trainer loads, so a
- * hand-edited or damaged schedule is refused with the verifier's located
- * message instead of replaying wrong. MFSDP_VERIFY=0 in the environment skips
- * it for a trusted schedule (the loader's own checks still run). Takes s on
- * failure.
- */
-static bool verify_loaded(mf_schedule *s, char *err, size_t errlen)
-{
-    const char *env = getenv("MFSDP_VERIFY");
-    if (env && strcmp(env, "0") == 0)
-        return true;
-    char *text = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    if (!mem) {
-        snprintf(err, errlen, "%s: out of memory (verifying the schedule)", s->source ? s->source : "<schedule>");
-        mf_schedule_free(s);
-        return false;
-    }
-    mf_source src = {s->source ? s->source : "<schedule>", NULL, 0};
-    mf_diag d;
-    mf_diag_init(&d, &src, mem);
-    d.max_errors = 1;
-    int n = mf_verify_run(s, &d);
-    fclose(mem);
-    if (n > 0) {
-        size_t first = text ? strcspn(text, "\n") : 0;
-        snprintf(err, errlen, "%.*s (the verifier found %d error%s; mfsdpc compile the spec again, or check "
-                 "the schedule with mfsdpc check)",
-                 (int)(first < 700 ? first : 700), text ? text : "", n, n == 1 ? "" : "s");
-        mf_schedule_free(s);
-    }
-    free(text);
-    return n == 0;
-}
-
-MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **out)
-{
-    if (!path || !out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_schedule_load: path and out must not be NULL");
-    *out = NULL;
-    mf_schedule *s = mf_schedule_load_file(path, thread_err, sizeof thread_err);
-    if (!s) {
-        mf_rt_spec_hint_file(path, thread_err, sizeof thread_err);
-        return MFSDP_ERR_LOAD;
-    }
-    if (!verify_loaded(s, thread_err, sizeof thread_err))
-        return MFSDP_ERR_LOAD;
-    return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
-}
-
-MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *text, size_t len,
-                                                  mfsdp_schedule **out)
-{
-    if (!text || !out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_schedule_load_buffer: text and out must not be NULL");
-    *out = NULL;
-    mf_schedule *s = mf_schedule_load_buffer(name ? name : "<buffer>", text, len, thread_err,
-                                             sizeof thread_err);
-    if (!s) {
-        mf_rt_spec_hint(name ? name : "<buffer>", text, len, thread_err, sizeof thread_err);
-        return MFSDP_ERR_LOAD;
-    }
-    if (!verify_loaded(s, thread_err, sizeof thread_err))
-        return MFSDP_ERR_LOAD;
-    return mf_rt_schedule_wrap(s, out, thread_err, sizeof thread_err);
-}
-
-MFSDP_API void mfsdp_schedule_free(mfsdp_schedule *h)
-{
-    if (!h)
-        return;
-    mf_schedule_free(h->s);
-    mf_rt_free(h);
-}
-
-MFSDP_API int64_t mfsdp_schedule_world_size(const mfsdp_schedule *h)
-{
-    return h ? h->s->mesh.world : 0;
-}
-
-MFSDP_API int mfsdp_schedule_num_axes(const mfsdp_schedule *h)
-{
-    return h ? h->s->mesh.naxes : 0;
-}
-
-MFSDP_API const char *mfsdp_schedule_axis_name(const mfsdp_schedule *h, int axis)
-{
-    return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].name : NULL;
-}
-
-MFSDP_API int64_t mfsdp_schedule_peak_bytes(const mfsdp_schedule *h)
-{
-    return h ? h->s->mem_persistent + h->s->mem_transient : 0;
-}
-
-MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt)
-{
-    return mf_rt_live(rt) ? rt->mem_bytes : 0;
-}
-
-MFSDP_API int64_t mfsdp_schedule_axis_size(const mfsdp_schedule *h, int axis)
-{
-    return h && axis >= 0 && axis < h->s->mesh.naxes ? h->s->mesh.axes[axis].size : 0;
-}
-
-MFSDP_API int64_t mfsdp_schedule_microbatches(const mfsdp_schedule *h)
-{
-    return h ? h->s->microbatches : 0;
-}
-
-MFSDP_API int mfsdp_schedule_num_units(const mfsdp_schedule *h)
-{
-    return h ? h->s->nunits : 0;
-}
-
-MFSDP_API const char *mfsdp_schedule_unit_name(const mfsdp_schedule *h, int unit)
-{
-    return h && unit >= 0 && unit < h->s->nunits ? h->s->units[unit].name : NULL;
-}
-
-MFSDP_API int mfsdp_schedule_reduce_is_avg(const mfsdp_schedule *h)
-{
-    return h && h->s->reduce == MF_REDUCE_AVG;
-}
-
-MFSDP_API void mfsdp_schedule_hash(const mfsdp_schedule *h, uint8_t out[32])
-{
-    if (h && out)
-        memcpy(out, h->s->hash, 32);
-}
-
-MFSDP_API int mfsdp_schedule_num_tensors(const mfsdp_schedule *h)
-{
-    return h ? h->ntensors : 0;
-}
-
-MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *h, int index,
-                                                  mfsdp_tensor_info *out)
-{
-    if (!h || !out || index < 0 || index >= h->ntensors)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_schedule_tensor_info: index %d out of range [0, %d)", index,
-                               h ? h->ntensors : 0);
-    const mf_rt_tensor *rt_t = &h->tensors[index];
-    const mf_bucket *bk = &h->s->buckets[rt_t->bucket];
-    const mf_tensor *t = &bk->tensors[rt_t->index];
-    memset(out, 0, sizeof *out);
-    out->name = t->name;
-    out->unit = rt_t->unit;
-    out->ndims = t->ndims;
-    for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
-        out->dims[d] = t->dims[d];
-    out->numel = t->numel;
-    out->weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_WEIGHT];
-    out->grad_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_GRAD];
-    out->main_weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_MAIN_WEIGHT];
-    return MFSDP_OK;
 }
 
 /* ---- create ---- */
@@ -550,9 +124,9 @@ static mfsdp_result resolve_ops(mf_rt *rt)
         if (mf_opkind_is_collective(op->kind) && rt->comm_index[op->stream][op->axis] < 0)
             rt->comm_index[op->stream][op->axis] = rt->ncomms++;
     }
-    rt->comms = mf_rt_calloc((size_t)(rt->ncomms ? rt->ncomms : 1), sizeof *rt->comms);
+    rt->comms = mf_base_calloc((size_t)(rt->ncomms ? rt->ncomms : 1), sizeof *rt->comms);
     if (!rt->comms)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
     for (int st = 0; st < MF_STREAM_COUNT; st++)
         for (int j = 0; j < s->mesh.naxes; j++) {
             int c = rt->comm_index[st][j];
@@ -564,15 +138,15 @@ static mfsdp_result resolve_ops(mf_rt *rt)
             cm->nranks = s->mesh.axes[j].size;
             cm->coord = rt->coords[j];
             cm->color = mf_mesh_axis_color(&s->mesh, j, rt->rank);
-            cm->ranks = mf_rt_calloc((size_t)cm->nranks, sizeof *cm->ranks);
+            cm->ranks = mf_base_calloc((size_t)cm->nranks, sizeof *cm->ranks);
             if (!cm->ranks)
-                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
-                                       "out of memory (communicator ranks)");
+                return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
+                                         "out of memory (communicator ranks)");
             mf_mesh_axis_group(&s->mesh, j, rt->rank, cm->ranks);
         }
-    rt->rops = mf_rt_calloc((size_t)(s->nops ? s->nops : 1), sizeof *rt->rops);
+    rt->rops = mf_base_calloc((size_t)(s->nops ? s->nops : 1), sizeof *rt->rops);
     if (!rt->rops)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (ops)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (ops)");
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
         mf_rt_op *r = &rt->rops[i];
@@ -605,9 +179,9 @@ static mfsdp_result build_views(mf_rt *rt)
     const mf_schedule *s = rt->s;
     const mfsdp_schedule *h = rt->sh;
     rt->nviews = h->ntensors;
-    rt->views = mf_rt_calloc((size_t)(h->ntensors ? h->ntensors : 1), sizeof *rt->views);
+    rt->views = mf_base_calloc((size_t)(h->ntensors ? h->ntensors : 1), sizeof *rt->views);
     if (!rt->views)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (views)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (views)");
     /* Per bucket: the unsharded weight, grad_local, main_weight and delivered gradient. */
     for (int k = 0; k < h->ntensors; k++) {
         const mf_rt_tensor *rt_t = &h->tensors[k];
@@ -671,9 +245,9 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
 {
     for (int64_t r = 0; r < world; r++)
         if (all[r].status != MFSDP_OK && r != rt->rank)
-            return mf_rt_set_error(NULL, MFSDP_ERR_ABORTED,
-                                   "rank %lld failed to create its runtime (%s); no rank can proceed",
-                                   (long long)r, mfsdp_result_string((mfsdp_result)all[r].status));
+            return mf_base_set_error(NULL, MFSDP_ERR_ABORTED,
+                                     "rank %lld failed to create its runtime (%s); no rank can proceed",
+                                     (long long)r, mfsdp_result_string((mfsdp_result)all[r].status));
     bool same = true;
     for (int64_t r = 1; r < world; r++)
         if (memcmp(all[r].hash, all[0].hash, 32) != 0 || all[r].mesh_world != all[0].mesh_world)
@@ -715,7 +289,7 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
     }
     if (at < sizeof msg)
         snprintf(msg + at, sizeof msg - at, " every rank must load the same schedule file");
-    return mf_rt_set_error(NULL, MFSDP_ERR_MISMATCH, "%s", msg);
+    return mf_base_set_error(NULL, MFSDP_ERR_MISMATCH, "%s", msg);
 }
 
 /* One allocation per rank: the persistent region, then the transient arena
@@ -741,7 +315,7 @@ static mfsdp_result place_buffers(mf_rt *rt)
     mfsdp_result res = rt->be->alloc(rt, total ? total : 1, &rt->mem_base);
     if (res != MFSDP_OK) {
         rt->mem_base = NULL;
-        return mf_rt_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
+        return mf_base_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
     }
     rt->mem_bytes = (int64_t)total;
     char *next = (char *)rt->mem_base + s->mem_persistent;   /* check mode's own bytes */
@@ -765,29 +339,29 @@ static mfsdp_result setup(mf_rt *rt)
     mfsdp_result res = MFSDP_OK;
     const mf_schedule *s = rt->s;
     if (rt->world != s->mesh.world)
-        return mf_rt_set_error(NULL, MFSDP_ERR_MISMATCH,
-                               "the backend's world has %lld ranks but the schedule's mesh needs %lld",
-                               (long long)rt->world, (long long)s->mesh.world);
+        return mf_base_set_error(NULL, MFSDP_ERR_MISMATCH,
+                                 "the backend's world has %lld ranks but the schedule's mesh needs %lld",
+                                 (long long)rt->world, (long long)s->mesh.world);
     mf_mesh_coords(&s->mesh, rt->rank, rt->coords);
-    rt->bufs = mf_rt_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
+    rt->bufs = mf_base_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
     if (!rt->bufs)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
     MF_CHECKGOTO(place_buffers(rt), res, done);
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
     MF_CHECKGOTO(mf_debug_create(rt), res, done);
-    rt->ev_issued = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
-    rt->ev_done = mf_rt_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
+    rt->ev_issued = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
+    rt->ev_done = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
     if (!rt->ev_issued || !rt->ev_done)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
     if (!rt->native && !rt->synchronous)
         for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
             mf_rt_stream *q = &rt->streams[st];
             q->cap = mf_replay_stream_capacity(rt, (mf_stream)st);
-            q->queue = mf_rt_calloc((size_t)(q->cap ? q->cap : 1), sizeof *q->queue);
+            q->queue = mf_base_calloc((size_t)(q->cap ? q->cap : 1), sizeof *q->queue);
             if (!q->queue)
-                return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (queues)");
+                return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (queues)");
         }
 done:
     return res;
@@ -797,21 +371,21 @@ static void release(mf_rt *rt)
 {
     if (rt->mem_base)
         rt->be->free(rt, rt->mem_base);
-    mf_rt_free(rt->bufs);
+    mf_base_free(rt->bufs);
     if (rt->be_state)
         rt->be->close(rt);
     for (int c = 0; rt->comms && c < rt->ncomms; c++)
-        mf_rt_free(rt->comms[c].ranks);
-    mf_rt_free(rt->comms);
-    mf_rt_free(rt->rops);
-    mf_rt_free(rt->list_start);
-    mf_rt_free(rt->list_ops);
-    mf_rt_free(rt->ev_issued);
-    mf_rt_free(rt->ev_done);
-    mf_rt_free(rt->views);
+        mf_base_free(rt->comms[c].ranks);
+    mf_base_free(rt->comms);
+    mf_base_free(rt->rops);
+    mf_base_free(rt->list_start);
+    mf_base_free(rt->list_ops);
+    mf_base_free(rt->ev_issued);
+    mf_base_free(rt->ev_done);
+    mf_base_free(rt->views);
     mf_debug_free(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
-        mf_rt_free(rt->streams[st].queue);
+        mf_base_free(rt->streams[st].queue);
         if (rt->sync_ready && st != MF_STREAM_COMPUTE)
             pthread_cond_destroy(&rt->streams[st].work);
     }
@@ -819,7 +393,7 @@ static void release(mf_rt *rt)
         pthread_cond_destroy(&rt->cv);
         pthread_mutex_destroy(&rt->mu);
     }
-    mf_rt_free(rt);
+    mf_base_free(rt);
 }
 
 /* The mutex and condition variables; on failure destroys what it made and
@@ -828,13 +402,13 @@ static bool init_sync(mf_rt *rt)
 {
     if (pthread_mutex_init(&rt->mu, NULL) != 0)
         return false;
-    if (mf_rt_cond_init(&rt->cv) != 0) {
+    if (mf_base_cond_init(&rt->cv) != 0) {
         pthread_mutex_destroy(&rt->mu);
         return false;
     }
     int nwork = 0;
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++, nwork++)
-        if (mf_rt_cond_init(&rt->streams[st].work) != 0)
+        if (mf_base_cond_init(&rt->streams[st].work) != 0)
             break;
     if (nwork != MF_STREAM_COUNT - MF_STREAM_INNER) {
         for (int st = MF_STREAM_INNER; st < MF_STREAM_INNER + nwork; st++)
@@ -851,20 +425,20 @@ static bool init_sync(mf_rt *rt)
 static mfsdp_result check_create_args(const mfsdp_schedule *sh, const mfsdp_config *cfg, mfsdp_runtime **out)
 {
     if (!out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: out is NULL");
     *out = NULL;
     if (!sh || !cfg)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: schedule and config must not be NULL");
-    if (!mf_rt_backend_for(cfg->backend))
-        return mf_rt_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
-                               "mfsdp_create: backend %d is not built into this library "
-                               "(check mfsdp_backend_available)",
-                               (int)cfg->backend);
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_create: schedule and config must not be NULL");
+    if (!backend_for(cfg->backend))
+        return mf_base_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
+                                 "mfsdp_create: backend %d is not built into this library "
+                                 "(check mfsdp_backend_available)",
+                                 (int)cfg->backend);
     if (cfg->timeout_ms < 0)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
-                               (long long)cfg->timeout_ms);
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_create: timeout_ms is %lld (0 = no limit, or a positive limit)",
+                                 (long long)cfg->timeout_ms);
     return MFSDP_OK;
 }
 
@@ -886,17 +460,17 @@ static mfsdp_result setup_and_greet(mf_rt *rt)
     mine.mesh_world = rt->s->mesh.world;
     for (int j = 0; j < rt->s->mesh.naxes && j < MF_MAX_AXES; j++)
         mine.axes[j] = rt->s->mesh.axes[j].size;
-    mf_rt_hello *all = mf_rt_calloc((size_t)rt->world, sizeof *all);
+    mf_rt_hello *all = mf_base_calloc((size_t)rt->world, sizeof *all);
     if (!all) /* cannot even take part in the exchange: peers will time out */
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (hash exchange)");
     mfsdp_result res = rt->be->exchange(rt, &mine, sizeof mine, all);
     if (res != MFSDP_OK)
-        mf_rt_set_error(NULL, res, "schedule hash exchange failed: %s", rt->err);
+        mf_base_set_error(NULL, res, "schedule hash exchange failed: %s", rt->err);
     else if (local != MFSDP_OK)
-        res = mf_rt_set_error(NULL, local, "%s", local_msg);
+        res = mf_base_set_error(NULL, local, "%s", local_msg);
     else
         res = check_hellos(rt, all, rt->world);
-    mf_rt_free(all);
+    mf_base_free(all);
     return res;
 }
 
@@ -906,10 +480,10 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
     mfsdp_result res = check_create_args(sh, cfg, out);
     if (res != MFSDP_OK)
         return res;
-    const mf_backend_vtbl *be = mf_rt_backend_for(cfg->backend);
-    mf_rt *rt = mf_rt_calloc(1, sizeof *rt);
+    const mf_backend_vtbl *be = backend_for(cfg->backend);
+    mf_rt *rt = mf_base_calloc(1, sizeof *rt);
     if (!rt)
-        return mf_rt_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (runtime)");
     rt->sh = sh;
     rt->s = sh->s;
     rt->cfg = *cfg;
@@ -924,12 +498,12 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
         rt->streams[st].current = -1;
     }
     if (!init_sync(rt)) {
-        res = mf_rt_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex or condition variable");
+        res = mf_base_set_error(NULL, MFSDP_ERR_INTERNAL, "cannot initialize a mutex or condition variable");
         goto fail;
     }
     res = be->open(rt, cfg, &rt->rank, &rt->world);
     if (res != MFSDP_OK) {
-        mf_rt_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
+        mf_base_set_error(NULL, res, "%s backend: %s", be->name, rt->err);
         goto fail;
     }
     res = setup_and_greet(rt);
@@ -937,13 +511,13 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
         goto fail;
     res = be->comm_init(rt, rt->comms, rt->ncomms);
     if (res != MFSDP_OK) {
-        mf_rt_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);
+        mf_base_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);
         goto fail;
     }
     if (!rt->native && !rt->synchronous) {
         res = mf_streams_start(rt);
         if (res != MFSDP_OK) {
-            mf_rt_set_error(NULL, res, "%s", rt->err);
+            mf_base_set_error(NULL, res, "%s", rt->err);
             goto fail;
         }
     }
@@ -959,7 +533,7 @@ fail:
 
 MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
 {
-    if (!mf_rt_live(rt))
+    if (!mf_base_live(rt))
         return;   /* NULL, or destroyed already */
     bool in_flight = !rt->native && !rt->synchronous && mf_streams_busy(rt);
     pthread_mutex_lock(&rt->mu);
@@ -987,41 +561,41 @@ MFSDP_API void mfsdp_destroy(mfsdp_runtime *rt)
 
 /* ---- queries ---- */
 
-MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt)
+MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt)
 {
-    return mf_rt_live(rt) ? rt->err : thread_err;
+    return mf_base_live(rt) ? rt->mem_bytes : 0;
 }
 
 MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt)
 {
-    return mf_rt_live(rt) ? rt->rank : -1;
+    return mf_base_live(rt) ? rt->rank : -1;
 }
 
 MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt)
 {
-    return mf_rt_live(rt) ? rt->world : 0;
+    return mf_base_live(rt) ? rt->world : 0;
 }
 
 MFSDP_API int64_t mfsdp_coord(const mfsdp_runtime *rt, int axis)
 {
-    if (!mf_rt_live(rt) || axis < 0 || axis >= rt->s->mesh.naxes)
+    if (!mf_base_live(rt) || axis < 0 || axis >= rt->s->mesh.naxes)
         return -1;
     return rt->coords[axis];
 }
 
 MFSDP_API int mfsdp_num_tensors(const mfsdp_runtime *rt)
 {
-    return mf_rt_live(rt) ? rt->nviews : 0;
+    return mf_base_live(rt) ? rt->nviews : 0;
 }
 
 MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp_tensor_view *out)
 {
-    mfsdp_result res = mf_rt_handle_check(rt, "mfsdp_tensor_view_get");
+    mfsdp_result res = mf_base_handle_check(rt, "mfsdp_tensor_view_get");
     if (res != MFSDP_OK)
         return res;
     if (!out || index < 0 || index >= rt->nviews)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_tensor_view_get: tensor index %d out of range [0, %d)", index,
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_tensor_view_get: tensor index %d out of range [0, %d)", index,
                                rt->nviews);
     *out = rt->views[index];
     return MFSDP_OK;
@@ -1029,7 +603,7 @@ MFSDP_API mfsdp_result mfsdp_tensor_view_get(mfsdp_runtime *rt, int index, mfsdp
 
 MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name)
 {
-    if (!mf_rt_live(rt) || !name)
+    if (!mf_base_live(rt) || !name)
         return -1;
     for (int i = 0; i < rt->nviews; i++)
         if (strcmp(rt->views[i].name, name) == 0)
@@ -1039,11 +613,11 @@ MFSDP_API int mfsdp_tensor_find(const mfsdp_runtime *rt, const char *name)
 
 MFSDP_API mfsdp_result mfsdp_get_stats(const mfsdp_runtime *crt, mfsdp_stats *out)
 {
-    mfsdp_result res = mf_rt_handle_check(crt, "mfsdp_get_stats");
+    mfsdp_result res = mf_base_handle_check(crt, "mfsdp_get_stats");
     if (res != MFSDP_OK)
         return res;
     if (!out)
-        return mf_rt_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_get_stats: out is NULL");
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_get_stats: out is NULL");
     mf_rt *rt = (mf_rt *)crt;   /* the mutex is the only thing touched */
     pthread_mutex_lock(&rt->mu);
     *out = rt->stats;

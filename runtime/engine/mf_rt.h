@@ -1,246 +1,31 @@
 /*
- * mf_rt: the private side of libmfsdp. The runtime struct behind the opaque
- * mfsdp_runtime handle, the schedule handle, the check-and-goto macro, the
- * accounted allocator every runtime allocation goes through (with a test-only
- * failure injection), and the functions the engine's files share:
+ * mf_rt: the top of the runtime engine: mfsdp_create and mfsdp_destroy (a
+ * rank's buffers, resolved ops, communicators, views, the world-wide
+ * exchange of schedule hashes) and the small public queries (versions,
+ * names, views, statistics). The runtime struct it fills is mf_base.h's; the
+ * schedule handle is mf_rt_schedule.h's. Tools and tests that reach into a
+ * runtime include this header (it brings both).
  *
- *   mf_rt.c           create/destroy, views, hash exchange, errors, stats
- *   mf_replay.c       hook -> the ops to issue; per-hook op lists built at create
- *   mf_cpu_streams.c  the worker model: stream threads, event counters, op execution
- *   mf_cpu_kernels.c  cast / add / reduce kernels
+ * Engine modules, bottom up (docs/runtime.md, "Source layout"):
  *
- * Invariants: after a successful create nothing is allocated per step; the
- * host thread alone touches the hook state and the event issue counters; the
- * rank mutex `mu` guards queues, event completion counters, the sticky
- * failure and the stream statistics.
+ *   mf_base.c          the runtime struct, accounted allocation, errors, time
+ *   mf_rt_schedule.c   the schedule handle: load, verify on load, queries
+ *   mf_stress.c        stress-mode delays
+ *   mf_trace.c         the trace check (hook order)
+ *   mf_debug.c         the check mode (tensor windows)
+ *   mf_streams.c       the worker model: stream threads, event counters, op execution
+ *   mf_replay.c        hook -> the ops to issue; per-hook op lists built at create
+ *   mf_helpers.c       the public helpers (scatter, gather, all-reduce, grad norm)
+ *   mf_rt.c            create/destroy, queries
  */
 #ifndef MF_RT_H
 #define MF_RT_H
 
-#include <pthread.h>
-#include <stdatomic.h>
-
-#include "mf_backend.h"
+#include "mf_base.h"
 #include "mf_layout.h"
-#include "mfsdp.h"
+#include "mf_rt_schedule.h"
 
-#define MF_RT_ERRLEN 1024
-
-/* Runs `call` (an mfsdp_result expression); on failure stores it in `res`
- * and jumps to `label` (NCCL's NCCLCHECKGOTO). */
-#define MF_CHECKGOTO(call, res, label)  \
-    do {                                \
-        (res) = (call);                 \
-        if ((res) != MFSDP_OK)          \
-            goto label;                 \
-    } while (0)
-
-/* ---- accounted allocation (mf_rt.c) ---- */
-
-void *mf_rt_malloc(size_t n);
-void *mf_rt_calloc(size_t n, size_t size);
-/* Zero-filled, `align` a power of two >= sizeof(void *). From MF_RT_HUGE_MIN
- * bytes on, aligned to it and backed by transparent huge pages where the
- * kernel has them (madvise; MFSDP_HUGE_PAGES=0 turns it off): memory-bound
- * collectives over buffers of megabytes pay a TLB miss per 4 KiB page
- * otherwise (docs/runtime.md §6). */
-#define MF_RT_HUGE_MIN ((size_t)2 << 20)
-void *mf_rt_aligned_zalloc(size_t align, size_t n);
-void mf_rt_free(void *p);
-/* Backend buffer allocation in host memory (the CPU backends' alloc/free):
- * 256-byte aligned (huge pages from MF_RT_HUGE_MIN bytes), zeroed; out of
- * memory is reported on rt. */
-mfsdp_result mf_rt_host_alloc(mf_rt *rt, size_t bytes, void **out);
-void mf_rt_host_free(mf_rt *rt, void *p);
-/* Test hook: the k-th accounted allocation from now (0 = the next) fails;
- * k < 0 disables. Process-wide. */
-void mf_rt_alloc_fail_at(int64_t k);
-/* Accounted allocations currently live (process-wide). */
-int64_t mf_rt_alloc_live(void);
-
-/* ---- the schedule handle ---- */
-
-typedef struct mf_rt_tensor {
-    int bucket;             /* bucket holding the tensor */
-    int index;              /* index in the bucket's tensors */
-    int unit;               /* unit whose hooks bracket its compute */
-} mf_rt_tensor;
-
-struct mfsdp_schedule {
-    mf_schedule *s;         /* owned */
-    int ntensors;
-    mf_rt_tensor *tensors;  /* schedule order (bucket, then declaration); in s->arena */
-};
-
-/* Wraps an owned mf_schedule into a handle (takes s; frees it on failure).
- * Checks what the runtime relies on beyond the loader (buffers per bucket,
- * op operands, event streams); on a failure returns MFSDP_ERR_LOAD with the
- * message in err. */
-mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen);
-
-/* ---- the runtime ---- */
-
-/* A queued op: what a stream thread needs to run it. */
-typedef struct mf_rt_entry {
-    int32_t op;             /* op index */
-    int64_t microbatch;
-    int64_t seq;            /* record: this record's sequence number; wait: the target */
-} mf_rt_entry;
-
-typedef struct mf_rt_stream {
-    mf_rt *rt;
-    mf_stream id;
-    uint64_t stress;        /* stress-mode generator (mf_stress.h); 0: off */
-    pthread_t thread;
-    bool started;
-    pthread_cond_t work;    /* signalled when an entry is queued or on stop */
-    mf_rt_entry *queue;     /* ring of cap entries */
-    int64_t cap;            /* entries: the most this stream is issued in one step */
-    int64_t pushed;         /* entries queued so far (host) */
-    int64_t popped;         /* entries taken by the thread */
-    int64_t completed;      /* entries finished (executed or skipped after a failure) */
-    int current;            /* op being executed, -1 when idle */
-    int64_t current_since;  /* ns (mf_rt_now_ns) when it started; 0 for a record or wait */
-    int64_t busy_ns;        /* executing ops */
-    int64_t wait_ns;        /* blocked in event waits */
-    char err[MF_RT_ERRLEN]; /* message of this stream's failing op */
-} mf_rt_stream;
-
-/* Op lists per hook: one per position a hook is issued at (MF_POS_* bits
- * of core/mf_schedule.h: middle, first, last, both, a short step's end). */
-enum { MF_MB_CLASSES = MF_POS_SHORT + 1 };
-
-/* A live runtime's first field: set by mfsdp_create, cleared by
- * mfsdp_destroy before the memory is freed. */
-#define MF_RT_MAGIC 0x6d667364702d7274ull   /* "mfsdp-rt" */
-
-struct mfsdp_runtime {
-    uint64_t magic;             /* MF_RT_MAGIC while live */
-    const mfsdp_schedule *sh;   /* borrowed */
-    const mf_schedule *s;       /* sh->s */
-    mfsdp_config cfg;
-    int64_t rank, world;
-    int64_t coords[MF_MAX_AXES];
-    const mf_backend_vtbl *be;
-    void *be_state;             /* backend's */
-    bool native;                /* be->caps & MF_BE_NATIVE_STREAMS */
-    bool synchronous;           /* MFSDP_FLAG_SYNCHRONOUS (worker model only) */
-
-    void **bufs;                /* per schedule buffer; backend memory */
-    void *mem_base;             /* the one allocation: persistent region, then the
-                                   transient arena (docs/runtime.md) */
-    int64_t mem_bytes;          /* its size */
-    mf_rt_op *rops;             /* per schedule op */
-    int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
-    int *list_start;            /* nlists + 1 offsets into list_ops */
-    int *list_ops;              /* op indices, ascending within a list */
-    int64_t *ev_issued;         /* per event: records issued (host only) */
-    int64_t *ev_done;           /* per event: latest completed record (under mu) */
-    int ncomms;
-    mf_rt_comm *comms;
-    int comm_index[MF_STREAM_COUNT][MF_MAX_AXES]; /* -1 when unused */
-
-    pthread_mutex_t mu;
-    pthread_cond_t cv;          /* event completions, stream completions, failure */
-    bool sync_ready;            /* mu/cv initialized */
-    bool stop;                  /* stream threads exit */
-    bool ops_waiting_space;     /* the host waits for room in a queue */
-    mf_rt_stream streams[MF_STREAM_COUNT]; /* [MF_STREAM_COMPUTE] unused by threads */
-
-    /* hook state (host only; mf_trace.c): the next hook expected */
-    mf_phase next_phase;
-    int next_unit;
-    int64_t next_mb;
-    int eval_unit;              /* evaluation pass: the unit of the open window, or
-                                   the next one; -1 outside a pass */
-    bool eval_open;             /* between eval_forward_pre and _post */
-
-    mfsdp_result failed;        /* sticky asynchronous failure (under mu) */
-    char fail_msg[MF_RT_ERRLEN];
-    char err[MF_RT_ERRLEN];     /* last error returned to the caller */
-
-    int nviews;
-    mfsdp_tensor_view *views;
-    struct mf_debug *check;     /* check mode state (mf_debug.c); NULL when off */
-    mfsdp_stats stats;          /* host-side counters; stream times merged on read */
-};
-
-/* Every public entry taking a runtime calls this first: MFSDP_OK for a live
- * runtime; a NULL one is MFSDP_ERR_INVALID_ARGUMENT, one whose magic is gone
- * (destroyed, or never created) MFSDP_ERR_INVALID_USAGE, the message in the
- * thread's last error naming fn. Best effort: a destroyed handle's memory
- * may be unmapped or reused (docs/reliability.md). */
-mfsdp_result mf_rt_handle_check(const mf_rt *rt, const char *fn);
-/* The same test without a message, for the queries that return a value. */
-bool mf_rt_live(const mf_rt *rt);
-/* Formats rt->err (or the thread's handle-less message when rt is NULL) and
- * returns code. */
-mfsdp_result mf_rt_set_error(mf_rt *rt, mfsdp_result code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Records the first asynchronous failure (thread-safe; takes mu) and wakes
- * every waiter; later failures keep the first message. */
-void mf_rt_fail(mf_rt *rt, mfsdp_result code, const char *msg);
-/* mf_rt_fail, then aborts the backend's communicators with the runtime's
- * first failure (the root cause peers are told), not necessarily msg. */
-void mf_rt_fail_and_abort(mf_rt *rt, mfsdp_result code, const char *msg);
-/* A short description of op i for messages: "op 12 (all_gather dp_inner, unit layers.3)". */
-void mf_rt_describe_op(const mf_rt *rt, int i, char *buf, size_t size);
-/* Monotonic clock, nanoseconds. */
-int64_t mf_rt_now_ns(void);
-/* Absolute CLOCK_MONOTONIC deadline timeout_ms from now (0: none). */
-struct timespec mf_rt_deadline(int64_t timeout_ms);
-/* pthread_cond_timedwait on CLOCK_MONOTONIC, or plain wait when timeout_ms
- * is 0; returns ETIMEDOUT past the deadline. */
-int mf_rt_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t timeout_ms,
-                    const struct timespec *deadline);
-/* Initializes a condition variable on CLOCK_MONOTONIC. */
-int mf_rt_cond_init(pthread_cond_t *cv);
-/* The backend for a config, or NULL when not built in. */
-const mf_backend_vtbl *mf_rt_backend_for(mfsdp_backend b);
-
-/* mf_replay.c */
-/* Builds rt->list_start/list_ops. */
-mfsdp_result mf_replay_build_lists(mf_rt *rt);
-/* Runs a hook: checks the order, issues its ops, advances the state. */
-mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
-/* The most entries a stream is issued in one full step. */
-int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st);
-/* Its queue capacity: a full step's, plus the short-step and evaluation
- * programs' ops on it. */
-int64_t mf_replay_stream_capacity(const mf_rt *rt, mf_stream st);
-
-/* mf_cpu_streams.c */
-/* Starts the inner and outer stream threads. */
-mfsdp_result mf_streams_start(mf_rt *rt);
-/* Stops and joins them (pending entries are dropped). */
-void mf_streams_stop(mf_rt *rt);
-/* Issues one op of the worker model: compute-stream ops run here (time
- * blocked in event waits added to *wait_ns), others are queued to their
- * stream. */
-mfsdp_result mf_streams_issue(mf_rt *rt, int op, int64_t microbatch, int64_t seq,
-                              int64_t *wait_ns);
-/* Wakes the stream threads that have entries queued (end of a hook). */
-void mf_streams_kick(mf_rt *rt);
-/* Waits until every queued entry completed (bounded by the timeout). */
-mfsdp_result mf_streams_drain(mf_rt *rt);
-/* True while some entry is queued or running. */
-bool mf_streams_busy(mf_rt *rt);
-/* Runs one op on the calling thread (stream threads, compute ops, synchronous mode). */
-mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
-                             size_t errlen, int64_t *wait_ns);
-
-/* mf_helpers.c: keeps an accounted allocation alive and reachable for the
- * rest of the process (a pending MPI operation may still write it; a leak
- * checker sees it as reachable). NULL is ignored. Thread-safe. */
-void mf_rt_graveyard(void *p);
-
-/* mf_helpers.c: when a failed load's input is a .mfsdp spec, replaces err
- * with "this is a spec; compile it with `mfsdpc compile`" (the original
- * message kept at its end); otherwise leaves err alone. */
-void mf_rt_spec_hint(const char *name, const void *text, size_t len, char *err, size_t errlen);
-void mf_rt_spec_hint_file(const char *path, char *err, size_t errlen);
-
-/* mf_rt.c: buffer pointer of schedule buffer b (for tools and tests). */
+/* Buffer pointer of schedule buffer b (for tools and tests); NULL out of range. */
 void *mf_rt_buffer(const mf_rt *rt, int b);
 
 #endif

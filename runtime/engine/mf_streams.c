@@ -1,5 +1,5 @@
 /*
- * mf_cpu_streams: the worker execution model (local and MPI backends). Each
+ * mf_streams: the worker execution model (local and MPI backends). Each
  * rank has two stream threads, inner and outer, each taking its queued ops in
  * order; the compute stream is the trainer's thread, which runs its ops at
  * issue. Events are counters: a record completes by raising its event's
@@ -43,7 +43,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mf_rt.h"
+#include "mf_streams.h"
 #include "mf_stress.h"
 
 static bool help_one(mf_rt *rt);
@@ -106,8 +106,8 @@ static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms, struct t
         return 0;
     }
     if (deadline->tv_sec < 0)
-        *deadline = mf_rt_deadline(timeout_ms);
-    return mf_rt_cond_wait(cv, &rt->mu, timeout_ms, deadline);
+        *deadline = mf_base_deadline(timeout_ms);
+    return mf_base_cond_wait(cv, &rt->mu, timeout_ms, deadline);
 }
 
 /* Executes a local op or a collective, or completes/awaits an event. */
@@ -134,7 +134,7 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         pthread_mutex_lock(&rt->mu);
         while (rt->ev_done[op->event] < e->seq) {
             if (t0 == 0)
-                t0 = mf_rt_now_ns();
+                t0 = mf_base_now_ns();
             if (rt->failed != MFSDP_OK || rt->stop) {
                 res = MFSDP_ERR_ABORTED;
                 break;
@@ -162,16 +162,16 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         if (res != MFSDP_OK && rec != MF_STREAM_COMPUTE && rt->streams[rec].current >= 0 &&
             rt->streams[rec].current_since != 0) {   /* 0: an untimed record or wait */
             busy_op = rt->streams[rec].current;
-            busy_for = mf_rt_now_ns() - rt->streams[rec].current_since;
+            busy_for = mf_base_now_ns() - rt->streams[rec].current_since;
         }
         bool root_cause = false;
         if (res == MFSDP_ERR_TIMEOUT && busy_op >= 0 && mf_opkind_is_collective(rt->s->ops[busy_op].kind)) {
             /* The recording stream is inside a collective, which has its own
              * timeout and knows more (which peers are missing): give it one
              * more period, and report its failure instead of this symptom. */
-            struct timespec more = mf_rt_deadline(rt->cfg.timeout_ms);
+            struct timespec more = mf_base_deadline(rt->cfg.timeout_ms);
             while (rt->ev_done[op->event] < e->seq && rt->failed == MFSDP_OK && !rt->stop)
-                if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &more) == ETIMEDOUT)
+                if (mf_base_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &more) == ETIMEDOUT)
                     break;
             if (rt->ev_done[op->event] >= e->seq) {
                 res = MFSDP_OK;
@@ -183,13 +183,13 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         }
         pthread_mutex_unlock(&rt->mu);
         if (t0)
-            *wait_ns += mf_rt_now_ns() - t0;
+            *wait_ns += mf_base_now_ns() - t0;
         if (res != MFSDP_OK && !root_cause) {
             char what[200], stuck[260] = "";
-            mf_rt_describe_op(rt, e->op, what, sizeof what);
+            mf_base_describe_op(rt, e->op, what, sizeof what);
             if (busy_op >= 0) {
                 char op2[200];
-                mf_rt_describe_op(rt, busy_op, op2, sizeof op2);
+                mf_base_describe_op(rt, busy_op, op2, sizeof op2);
                 snprintf(stuck, sizeof stuck, "; the %s stream has been in %s for %lld ms",
                          mf_stream_name(rec), op2, (long long)(busy_for / 1000000));
             }
@@ -224,7 +224,7 @@ mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char
         mfsdp_result res = rt->be->collective(rt, r, e->microbatch, err, errlen);
         if (res != MFSDP_OK) {
             char what[200], detail[MF_RT_ERRLEN];
-            mf_rt_describe_op(rt, e->op, what, sizeof what);
+            mf_base_describe_op(rt, e->op, what, sizeof what);
             snprintf(detail, sizeof detail, "%s", err);
             snprintf(err, errlen, "rank %lld: %s failed: %s", (long long)rt->rank, what, detail);
         }
@@ -245,7 +245,7 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
      * counts its own waiting (it reads the clock only when it waits). */
     mf_opkind kind = rt->rops[e.op].op->kind;
     bool timed = q->stress || (kind != MF_OP_RECORD && kind != MF_OP_WAIT);
-    int64_t t0 = timed ? mf_rt_now_ns() : 0;
+    int64_t t0 = timed ? mf_base_now_ns() : 0;
     q->current_since = t0;
     bool skip = rt->failed != MFSDP_OK;
     pthread_mutex_unlock(&rt->mu);
@@ -256,10 +256,10 @@ static void run_entry(mf_rt *rt, mf_rt_stream *q)
         mf_stress_delay(&q->stress);
     if (!skip)
         res = mf_streams_exec(rt, q->id, &e, q->err, sizeof q->err, &wait_ns);
-    int64_t t1 = timed ? mf_rt_now_ns() : wait_ns;
+    int64_t t1 = timed ? mf_base_now_ns() : wait_ns;
     if (res != MFSDP_OK) {
         /* Peers blocked with us on a communicator learn at once. */
-        mf_rt_fail_and_abort(rt, res, q->err);
+        mf_base_fail_and_abort(rt, res, q->err);
     }
 
     pthread_mutex_lock(&rt->mu);
@@ -359,8 +359,8 @@ mfsdp_result mf_streams_start(mf_rt *rt)
         q->stress = mf_stress_seed(rt->rank, st);
         if (pthread_create(&q->thread, NULL, stream_main, q) != 0) {
             mf_streams_stop(rt);
-            return mf_rt_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread",
-                                   mf_stream_name((mf_stream)st));
+            return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread",
+                                     mf_stream_name((mf_stream)st));
         }
         q->started = true;
     }
@@ -391,7 +391,7 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
         msg[0] = '\0';
         mfsdp_result res = mf_streams_exec(rt, MF_STREAM_COMPUTE, &e, msg, sizeof msg, wait_ns);
         if (res != MFSDP_OK) {
-            mf_rt_fail_and_abort(rt, res, msg);
+            mf_base_fail_and_abort(rt, res, msg);
         }
         return res;
     }
@@ -412,8 +412,8 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
             continue;
         }
         if (deadline.tv_sec < 0)
-            deadline = mf_rt_deadline(rt->cfg.timeout_ms);
-        if (mf_rt_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
+            deadline = mf_base_deadline(rt->cfg.timeout_ms);
+        if (mf_base_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT)
             res = MFSDP_ERR_TIMEOUT;
         rt->ops_waiting_space = false;
     }
@@ -426,7 +426,7 @@ mfsdp_result mf_streams_issue(mf_rt *rt, int i, int64_t m, int64_t seq, int64_t 
         char msg[256];
         snprintf(msg, sizeof msg, "rank %lld: the %s stream's queue stayed full for %lld ms",
                  (long long)rt->rank, mf_stream_name(op->stream), (long long)rt->cfg.timeout_ms);
-        mf_rt_fail(rt, res, msg);
+        mf_base_fail(rt, res, msg);
     }
     return res;
 }
@@ -449,14 +449,14 @@ static int describe_stream(const mf_rt *rt, const mf_rt_stream *q, char *buf, si
     size_t at = (size_t)n < size ? (size_t)n : size;   /* where the rest goes (truncated) */
     char what[200];
     if (q->current >= 0) {
-        mf_rt_describe_op(rt, q->current, what, sizeof what);
+        mf_base_describe_op(rt, q->current, what, sizeof what);
         return n + snprintf(buf + at, size - at, ", in %s", what);
     }
     if (q->popped == q->pushed || !head_waits(rt, q))
         return n;
     const mf_rt_entry *e = head(q);
     const mf_op *op = head_op(rt, q);
-    mf_rt_describe_op(rt, e->op, what, sizeof what);
+    mf_base_describe_op(rt, e->op, what, sizeof what);
     return n + snprintf(buf + at, size - at,
                         ", %s waits for record #%lld of event %d (latest completed #%lld)", what,
                         (long long)e->seq, op->event, (long long)rt->ev_done[op->event]);
@@ -496,7 +496,7 @@ mfsdp_result mf_streams_drain(mf_rt *rt)
     }
     pthread_mutex_unlock(&rt->mu);
     if (res == MFSDP_ERR_TIMEOUT)
-        mf_rt_fail_and_abort(rt, res, msg);
+        mf_base_fail_and_abort(rt, res, msg);
     return res;
 }
 

@@ -66,15 +66,15 @@ static mfsdp_result refuse(mf_rt *rt, mf_phase phase, int unit, int64_t m, const
     char got[160], want[400];
     describe(rt, phase, unit, m, got, sizeof got);
     describe_expected(rt, want, sizeof want);
-    return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE, "%s %s: the schedule expects %s next", got, why, want);
+    return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE, "%s %s: the schedule expects %s next", got, why, want);
 }
 
 static mfsdp_result no_programs(mf_rt *rt, const char *what)
 {
-    return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                           "%s: this schedule (format %s) has no short-step or evaluation program; compile the "
-                           "spec again with this mfsdpc (format %s)",
-                           what, MF_SCHEDULE_FORMAT_STEP_ONLY, MF_SCHEDULE_FORMAT);
+    return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                             "%s: this schedule (format %s) has no short-step or evaluation program; compile the "
+                             "spec again with this mfsdpc (format %s)",
+                             what, MF_SCHEDULE_FORMAT_STEP_ONLY, MF_SCHEDULE_FORMAT);
 }
 
 static mfsdp_result admit_eval(mf_rt *rt, mf_phase phase, int unit, unsigned *pos)
@@ -97,24 +97,24 @@ mfsdp_result mf_trace_admit(mf_rt *rt, mf_phase phase, int unit, int64_t m, unsi
     const mf_schedule *s = rt->s;
     bool per_unit = !mf_phase_is_step(phase);
     if (per_unit && (unit < 0 || unit >= s->nunits))
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
-                               "mfsdp_%s: unit %d is out of range (the schedule has %d units)", mf_phase_name(phase),
-                               unit, s->nunits);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "mfsdp_%s: unit %d is out of range (the schedule has %d units)", mf_phase_name(phase),
+                                 unit, s->nunits);
     if (mf_phase_is_eval(phase))
         return admit_eval(rt, phase, unit, pos);
     if (per_unit && m < 0)
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_%s: microbatch %lld is negative",
-                               mf_phase_name(phase), (long long)m);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_%s: microbatch %lld is negative",
+                                 mf_phase_name(phase), (long long)m);
     if (rt->eval_open)
         return refuse(rt, phase, unit, m, "inside an evaluation window");
     if (per_unit && m >= s->microbatches) {
         char got[160];
         describe(rt, phase, unit, m, got, sizeof got);
-        return mf_rt_set_error(rt, MFSDP_ERR_INVALID_USAGE,
-                               "%s but the schedule has %lld microbatch%s (0..%lld); call mfsdp_step_end to end "
-                               "the step and begin the next one",
-                               got, (long long)s->microbatches, s->microbatches == 1 ? "" : "es",
-                               (long long)s->microbatches - 1);
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_USAGE,
+                                 "%s but the schedule has %lld microbatch%s (0..%lld); call mfsdp_step_end to end "
+                                 "the step and begin the next one",
+                                 got, (long long)s->microbatches, s->microbatches == 1 ? "" : "es",
+                                 (long long)s->microbatches - 1);
     }
     bool expected = phase == rt->next_phase && (!per_unit || (unit == rt->next_unit && m == rt->next_mb));
     if (expected) {

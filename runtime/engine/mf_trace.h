@@ -11,7 +11,7 @@
 #ifndef MF_TRACE_H
 #define MF_TRACE_H
 
-#include "mf_rt.h"
+#include "mf_base.h"
 
 /* Checks hook (phase, unit, microbatch; both -1 for the step hooks) against the
  * expected event. On success returns MFSDP_OK and the position the hook's

@@ -71,14 +71,14 @@ static void test_config_defaults(void **state)
 static void expect_create_fails(const mfsdp_schedule *sh, const mfsdp_config *cfg, mfsdp_result want,
                                 const char *needle)
 {
-    int64_t live = mf_rt_alloc_live();
+    int64_t live = mf_base_alloc_live();
     mfsdp_runtime *rt = (mfsdp_runtime *)1;
     mfsdp_result r = mfsdp_create(sh, cfg, &rt);
     if (r != want || !strstr(mfsdp_last_error(NULL), needle))
         fail_msg("create gave %s: %s (want %s, a message with '%s')", mfsdp_result_string(r),
                  mfsdp_last_error(NULL), mfsdp_result_string(want), needle);
     assert_null(rt);
-    assert_int_equal(mf_rt_alloc_live(), live);
+    assert_int_equal(mf_base_alloc_live(), live);
 }
 
 static void test_create_refusals(void **state)

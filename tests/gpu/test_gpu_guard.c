@@ -189,17 +189,17 @@ static void test_watch_async_error(void **state)
     watch_fixture f;
     fixture_init(&f, 1000);
     char err[512] = "";
-    assert_int_equal(mf_watch_once(&f.w, mf_rt_now_ns(), err, sizeof err), MFSDP_OK);
+    assert_int_equal(mf_watch_once(&f.w, mf_base_now_ns(), err, sizeof err), MFSDP_OK);
     async_state[1] = ncclInProgress; /* a nonblocking call still settling: fine */
-    assert_int_equal(mf_watch_once(&f.w, mf_rt_now_ns(), err, sizeof err), MFSDP_OK);
+    assert_int_equal(mf_watch_once(&f.w, mf_base_now_ns(), err, sizeof err), MFSDP_OK);
     async_state[2] = ncclRemoteError;
-    assert_int_equal(mf_watch_once(&f.w, mf_rt_now_ns(), err, sizeof err), MFSDP_ERR_ABORTED);
+    assert_int_equal(mf_watch_once(&f.w, mf_base_now_ns(), err, sizeof err), MFSDP_ERR_ABORTED);
     assert_non_null(strstr(err, "rank 3: watchdog: the communicator mfsdp-dp-outer reported an error"));
     async_state[2] = ncclSystemError;
-    assert_int_equal(mf_watch_once(&f.w, mf_rt_now_ns(), err, sizeof err), MFSDP_ERR_BACKEND);
+    assert_int_equal(mf_watch_once(&f.w, mf_base_now_ns(), err, sizeof err), MFSDP_ERR_BACKEND);
     /* while the trainer holds the NCCL lock, the asynchronous errors wait */
     pthread_mutex_lock(&f.mu);
-    assert_int_equal(mf_watch_once(&f.w, mf_rt_now_ns(), err, sizeof err), MFSDP_OK);
+    assert_int_equal(mf_watch_once(&f.w, mf_base_now_ns(), err, sizeof err), MFSDP_OK);
     pthread_mutex_unlock(&f.mu);
     fixture_done(&f);
 }
@@ -209,7 +209,7 @@ static void test_watch_rings(void **state)
     (void)state;
     watch_fixture f;
     fixture_init(&f, 1000);
-    int64_t now = mf_rt_now_ns();
+    int64_t now = mf_base_now_ns();
     mf_watch_ring *q = &f.w.ring[MF_STREAM_INNER];
     q->count = 2; /* two collectives in flight: ops 7 and 9, issued 1.5 s ago */
     q->op[0] = 7;
@@ -249,14 +249,14 @@ static void test_watch_open_call(void **state)
     fixture_init(&f, 200);
     char err[512] = "";
     mf_watch_call_begin(&f.w);
-    int64_t later = mf_rt_now_ns() + 250 * 1000000LL;
+    int64_t later = mf_base_now_ns() + 250 * 1000000LL;
     pthread_mutex_lock(&f.mu); /* the trainer is inside the call, holding the lock */
     assert_int_equal(mf_watch_once(&f.w, later, err, sizeof err), MFSDP_ERR_TIMEOUT);
     assert_non_null(strstr(err, "an NCCL call has not returned after"));
     /* the abort cannot get the lock: it aborts without it, after MF-bounded wait */
-    int64_t t0 = mf_rt_now_ns();
+    int64_t t0 = mf_base_now_ns();
     mf_watch_abort(&f.w, 50);
-    int64_t waited_ms = (mf_rt_now_ns() - t0) / 1000000;
+    int64_t waited_ms = (mf_base_now_ns() - t0) / 1000000;
     assert_true(waited_ms >= 40 && waited_ms < 5000);
     assert_int_equal(aborts[1], 1);
     assert_int_equal(aborts[2], 1);
@@ -272,9 +272,9 @@ static void test_watch_open_call(void **state)
 
     /* with the lock free, the abort takes it (and returns at once) */
     fixture_init(&f, 200);
-    t0 = mf_rt_now_ns();
+    t0 = mf_base_now_ns();
     mf_watch_abort(&f.w, 5000);
-    assert_true((mf_rt_now_ns() - t0) / 1000000 < 1000);
+    assert_true((mf_base_now_ns() - t0) / 1000000 < 1000);
     assert_int_equal(aborts[3], 1);
     assert_int_equal(pthread_mutex_trylock(&f.mu), 0); /* released again */
     pthread_mutex_unlock(&f.mu);
@@ -444,7 +444,7 @@ static mfsdp_result fake_submit(mf_rt *rt, const mf_rt_op *rop, int64_t m, int64
 {
     (void)rop, (void)m, (void)seq, (void)err, (void)errlen;
     if (fake_submits++ == 0) /* the watchdog fires while the hook enqueues */
-        mf_rt_fail(rt, MFSDP_ERR_TIMEOUT, "rank 0: watchdog: op 3 has not completed (fake)");
+        mf_base_fail(rt, MFSDP_ERR_TIMEOUT, "rank 0: watchdog: op 3 has not completed (fake)");
     return MFSDP_OK;
 }
 
@@ -508,7 +508,7 @@ static void test_refuse_compute_collective(void **state)
     mfsdp_config_init(&cfg);
     cfg.backend = MFSDP_BACKEND_NCCL;
     cfg.rank = 0;
-    int64_t live = mf_rt_alloc_live();
+    int64_t live = mf_base_alloc_live();
     mfsdp_runtime *rt = (mfsdp_runtime *)1;
     char want[64];
     snprintf(want, sizeof want, "op %d (", moved);
@@ -517,7 +517,7 @@ static void test_refuse_compute_collective(void **state)
     const char *msg = mfsdp_last_error(NULL);
     assert_non_null(strstr(msg, want));
     assert_non_null(strstr(msg, "is a collective on the compute stream"));
-    assert_int_equal(mf_rt_alloc_live(), live);
+    assert_int_equal(mf_base_alloc_live(), live);
     mfsdp_schedule_free(sh);
 
     mfsdp_nccl_config nc;

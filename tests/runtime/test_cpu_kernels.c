@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "mf_backend.h"
+#include "mf_nt_copy.h"
 
 static float bits_f(uint32_t u)
 {
@@ -130,7 +131,7 @@ static void test_average_power_of_two(void **state)
     }
 }
 
-/* mf_cpu_stream_copy writes exactly memcpy's bytes: every length around the
+/* mf_nt_copy writes exactly memcpy's bytes: every length around the
  * 16- and 64-byte steps, every misalignment of source and destination, and
  * nothing outside [dst, dst + len). */
 static void test_stream_copy(void **state)
@@ -143,8 +144,8 @@ static void test_stream_copy(void **state)
         for (int da = 0; da < 16; da++)
             for (int sa = 0; sa < 16; sa += 5) {
                 memset(dst, 0xa5, sizeof dst);
-                mf_cpu_stream_copy(dst + 16 + da, src + sa, (size_t)len);
-                mf_cpu_stream_fence();
+                mf_nt_copy(dst + 16 + da, src + sa, (size_t)len);
+                mf_nt_copy_fence();
                 for (int i = 0; i < (int)sizeof dst; i++) {
                     int k = i - 16 - da;
                     unsigned char want = k >= 0 && k < len ? src[sa + k] : 0xa5;

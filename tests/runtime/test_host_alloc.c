@@ -1,5 +1,5 @@
 /*
- * Host buffers of the CPU backends (mf_rt_aligned_zalloc): from
+ * Host buffers of the CPU backends (mf_base_aligned_zalloc): from
  * MF_RT_HUGE_MIN bytes on they are aligned to it and advised for transparent
  * huge pages (the kernel's VmFlags of the mapping carry "hg"), below it and
  * with MFSDP_HUGE_PAGES=0 they are not; every byte is zero either way.
@@ -69,17 +69,17 @@ static void test_large_buffers_get_huge_pages(void **state)
         skip();
     unsetenv("MFSDP_HUGE_PAGES");
     size_t n = 3 * MF_RT_HUGE_MIN + 4096;   /* not a multiple: the tail stays small */
-    unsigned char *p = mf_rt_aligned_zalloc(256, n);
+    unsigned char *p = mf_base_aligned_zalloc(256, n);
     assert_non_null(p);
     assert_int_equal((uintptr_t)p % MF_RT_HUGE_MIN, 0);
     assert_true(all_zero(p, n));
     int hg = advised_huge(p);
     if (hg < 0) {
-        mf_rt_free(p);
+        mf_base_free(p);
         skip();
     }
     assert_int_equal(hg, 1);
-    mf_rt_free(p);
+    mf_base_free(p);
 }
 
 static void test_small_buffers_and_opt_out(void **state)
@@ -91,23 +91,23 @@ static void test_small_buffers_and_opt_out(void **state)
     /* below the threshold: the alignment asked for, no advice (a mapping of
      * its own, so that the heap's other advice cannot answer for it) */
     size_t small = MF_RT_HUGE_MIN - 4096;
-    unsigned char *s = mf_rt_aligned_zalloc(64, small);
+    unsigned char *s = mf_base_aligned_zalloc(64, small);
     assert_non_null(s);
     assert_int_equal((uintptr_t)s % 64, 0);
     assert_true(all_zero(s, small));
     int hg = advised_huge(s);
-    mf_rt_free(s);
+    mf_base_free(s);
     if (hg < 0)
         skip();
     assert_int_equal(hg, 0);
 
     setenv("MFSDP_HUGE_PAGES", "0", 1);
     size_t n = 4 * MF_RT_HUGE_MIN;
-    unsigned char *p = mf_rt_aligned_zalloc(256, n);
+    unsigned char *p = mf_base_aligned_zalloc(256, n);
     assert_non_null(p);
     assert_true(all_zero(p, n));
     assert_int_equal(advised_huge(p), 0);
-    mf_rt_free(p);
+    mf_base_free(p);
     unsetenv("MFSDP_HUGE_PAGES");
 }
 

@@ -152,7 +152,7 @@ static void run_group(const mfsdp_schedule *const *per_rank, int64_t world, char
 {
     mfsdp_local_group *g = NULL;
     assert_int_equal(mfsdp_local_group_create(world, &g), MFSDP_OK);
-    mf_rt_alloc_fail_at(fail_at);
+    mf_base_alloc_fail_at(fail_at);
     pthread_t th[8];
     void *args[8][3];
     for (int64_t r = 0; r < world; r++) {
@@ -163,7 +163,7 @@ static void run_group(const mfsdp_schedule *const *per_rank, int64_t world, char
     }
     for (int64_t r = 0; r < world; r++)
         pthread_join(th[r], (void **)&msgs[r]);
-    mf_rt_alloc_fail_at(-1);
+    mf_base_alloc_fail_at(-1);
     mfsdp_local_group_destroy(g);
 }
 
@@ -432,10 +432,10 @@ static void test_allocation_failures(void **state)
 {
     (void)state;
     mfsdp_schedule *sh = small("hsdp_nosync", &mesh_1x1, 2, 0);
-    int64_t base = mf_rt_alloc_live();
+    int64_t base = mf_base_alloc_live();
     int failures = 0;
     for (int64_t k = 0;; k++) {
-        mf_rt_alloc_fail_at(k);
+        mf_base_alloc_fail_at(k);
         mfsdp_local_group *g = NULL;
         mfsdp_result r = mfsdp_local_group_create(1, &g);
         mfsdp_runtime *rt = NULL;
@@ -447,13 +447,13 @@ static void test_allocation_failures(void **state)
             cfg.timeout_ms = 1000;
             r = mfsdp_create(sh, &cfg, &rt);
         }
-        mf_rt_alloc_fail_at(-1);
+        mf_base_alloc_fail_at(-1);
         if (r == MFSDP_OK) {
             /* The runtime works after all the failed attempts. */
             char msg[1024];
             mfsdp_destroy(rt);
             mfsdp_local_group_destroy(g);
-            assert_int_equal(mf_rt_alloc_live(), base);
+            assert_int_equal(mf_base_alloc_live(), base);
             assert_int_equal(rt_check_local(sh, 1, 0, msg, sizeof msg), 0);
             break;
         }
@@ -462,9 +462,9 @@ static void test_allocation_failures(void **state)
             fail_msg("allocation %lld: %s: %s", (long long)k, mfsdp_result_string(r),
                      mfsdp_last_error(NULL));
         mfsdp_local_group_destroy(g);
-        if (mf_rt_alloc_live() != base)
+        if (mf_base_alloc_live() != base)
             fail_msg("allocation %lld failed and %lld allocations leaked", (long long)k,
-                     (long long)(mf_rt_alloc_live() - base));
+                     (long long)(mf_base_alloc_live() - base));
         assert_true(k < 10000);
     }
     assert_true(failures > 20);
@@ -476,7 +476,7 @@ static void test_allocation_failure_two_ranks(void **state)
 {
     (void)state;
     mfsdp_schedule *sh = small("zero2", &(rt_mesh){"1x2", 2, {1, 2}}, 1, 0);
-    int64_t base = mf_rt_alloc_live();
+    int64_t base = mf_base_alloc_live();
     /* Allocations up to the hash exchange. With one arena per rank there
      * are fewer of them, and k = 39 now lands in comm_init, after the
      * exchange, where a one-sided failure is not agreed yet (known gap of
@@ -492,7 +492,7 @@ static void test_allocation_failure_two_ranks(void **state)
             assert_true(a == MFSDP_ERR_OUT_OF_MEMORY || b == MFSDP_ERR_OUT_OF_MEMORY);
         free(msgs[0]);
         free(msgs[1]);
-        assert_int_equal(mf_rt_alloc_live(), base);
+        assert_int_equal(mf_base_alloc_live(), base);
     }
     mfsdp_schedule_free(sh);
 }
