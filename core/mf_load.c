@@ -34,6 +34,7 @@
 #include "mf_arena_check.h"
 #include "mf_layout.h"
 #include "mf_limits.h"
+#include "mf_schema.h"
 #include "mf_struct.h"
 
 /* ---- loader context ---- */
@@ -47,6 +48,7 @@ typedef struct mf_loader {
     bool failed;
     mf_hash units, buckets, buffers, axes, tensors; /* name -> index */
     int64_t ntensors;       /* tensors so far, against MF_LIMIT_TENSORS */
+    int version;            /* of the file's format: which keys it has (core/mf_schema.h) */
 } mf_loader;
 
 typedef yaml_node_t mf_node;
@@ -130,21 +132,21 @@ static const char *mf_load_scalar(const mf_node *n)
     return (const char *)n->data.scalar.value;
 }
 
+/* How messages name the value of a key (core/mf_schema.h). */
+#define MF_WHAT(SECTION, KEY) (MF_KEY(SECTION, KEY)->what)
+
 /*
  * Reads the keys of a mapping into out[] (value nodes, NULL when absent), in
- * the order of keys[]. Refuses a non-mapping, a non-scalar or unknown key and
- * a duplicate key; `required` flags which keys must be present.
+ * the order of the section's keys (those of the file's format version).
+ * Refuses a non-mapping, a non-scalar or unknown key, a duplicate key and a
+ * missing required one. `what` names the mapping in messages.
  */
-typedef struct mf_key {
-    const char *name;
-    bool required;
-} mf_key;
-
-static bool mf_load_fields(mf_loader *l, mf_node *map, const char *what, const mf_key *keys,
-                           int nkeys, mf_node **out, mf_node **keynodes)
+static bool mf_load_fields(mf_loader *l, mf_node *map, const char *what, const mf_schema_section *sec,
+                           mf_node **out, mf_node **keynodes)
 {
     if (map->type != YAML_MAPPING_NODE)
         return mf_load_fail(l, map, "expected a mapping for %s, got %s", what, mf_load_node_kind(map));
+    int nkeys = sec->nkeys;
     for (int i = 0; i < nkeys; i++) {
         out[i] = NULL;
         if (keynodes)
@@ -156,10 +158,8 @@ static bool mf_load_fields(mf_loader *l, mf_node *map, const char *what, const m
             return mf_load_fail(l, map, "malformed mapping in %s", what);
         if (k->type != YAML_SCALAR_NODE)
             return mf_load_fail(l, k, "expected a string key in %s, got %s", what, mf_load_node_kind(k));
-        int i = 0;
-        while (i < nkeys && strcmp(keys[i].name, mf_load_scalar(k)) != 0)
-            i++;
-        if (i == nkeys)
+        int i = mf_schema_find(sec, mf_load_scalar(k), l->version);
+        if (i < 0)
             return mf_load_fail(l, k, "unknown key '%s' in %s", mf_load_scalar(k), what);
         if (out[i])
             return mf_load_fail(l, k, "duplicate key '%s' in %s", mf_load_scalar(k), what);
@@ -168,9 +168,28 @@ static bool mf_load_fields(mf_loader *l, mf_node *map, const char *what, const m
             keynodes[i] = k;
     }
     for (int i = 0; i < nkeys; i++)
-        if (keys[i].required && !out[i])
-            return mf_load_fail(l, map, "missing key '%s' in %s", keys[i].name, what);
+        if (sec->keys[i].presence == MF_SCHEMA_REQUIRED && sec->keys[i].since <= l->version && !out[i])
+            return mf_load_fail(l, map, "missing key '%s' in %s", sec->keys[i].name, what);
     return true;
+}
+
+/* The keys of schema section `sec`, the mapping named as the table names it. */
+static bool mf_load_section(mf_loader *l, mf_node *map, mf_section sec, mf_node **out, mf_node **keynodes)
+{
+    const mf_schema_section *s = &mf_schema_sections[sec];
+    return mf_load_fields(l, map, s->what, s, out, keynodes);
+}
+
+/* A mapping keyed by n names of the schedule (axes, roles, collectives),
+ * each required, with values of `type`. */
+static bool mf_load_named(mf_loader *l, mf_node *map, const char *what, const char *const *names, int n,
+                          mf_schema_type type, mf_node **out)
+{
+    mf_schema_key keys[MF_OPKIND_COUNT + MF_ROLE_COUNT + MF_MAX_AXES]; /* n is one of these counts */
+    for (int i = 0; i < n; i++)
+        keys[i] = (mf_schema_key){names[i], strlen(names[i]), type, MF_SCHEMA_REQUIRED, 0, what};
+    mf_schema_section sec = {what, what, keys, n};
+    return mf_load_fields(l, map, what, &sec, out, NULL);
 }
 
 static bool mf_load_str(mf_loader *l, mf_node *n, const char *what, const char **out)
@@ -357,31 +376,39 @@ static bool mf_load_register(mf_loader *l, mf_hash *t, const char *name, mf_node
     return true;
 }
 
+/* An arena array of n elements of `size` bytes (room for one when n is 0);
+ * NULL, with the error set, when out of memory. */
+static void *mf_load_array(mf_loader *l, int n, size_t size)
+{
+    void *a = mf_arena_array(l->s->arena, (size_t)(n ? n : 1), size);
+    if (!a)
+        mf_load_oom(l);
+    return a;
+}
+
 /* ---- sections ---- */
 
 static bool mf_load_mesh(mf_loader *l, mf_node *n)
 {
-    static const mf_key keys[] = {{"axes", true}};
-    static const mf_key axis_keys[] = {{"name", true}, {"size", true}};
-    mf_node *v[1] = {NULL}, *a[2] = {NULL, NULL};
-    if (!mf_load_fields(l, n, "mesh", keys, 1, v, NULL) || !mf_load_seq(l, v[0], "mesh axes"))
+    mf_node *v[MF_K_MESH_NKEYS] = {NULL}, *a[MF_K_AXIS_NKEYS] = {NULL};
+    if (!mf_load_section(l, n, MF_SECTION_MESH, v, NULL) || !mf_load_seq(l, v[MF_K_MESH_AXES], MF_WHAT(MESH, AXES)))
         return false;
-    int naxes = mf_load_seq_len(v[0]);
+    mf_node *axes = v[MF_K_MESH_AXES];
+    int naxes = mf_load_seq_len(axes);
     if (naxes < 1 || naxes > MF_MAX_AXES)
-        return mf_load_fail(l, v[0], "the mesh has %d axes, expected 1 to %d", naxes, MF_MAX_AXES);
+        return mf_load_fail(l, axes, "the mesh has %d axes, expected 1 to %d", naxes, MF_MAX_AXES);
     mf_mesh *m = &l->s->mesh;
     m->naxes = naxes;
     m->world = 1;
     for (int j = 0; j < naxes; j++) {
-        mf_node *ax = mf_load_item(l, v[0], j);
-        if (!mf_load_fields(l, ax, "a mesh axis", axis_keys, 2, a, NULL) ||
-            !mf_load_name(l, a[0], "the axis name", &m->axes[j].name) ||
-            !mf_load_int(l, a[1], "the axis size", 1, MF_LIMIT_WORLD, &m->axes[j].size) ||
-            !mf_load_register(l, &l->axes, m->axes[j].name, a[0], "axis", j))
+        if (!mf_load_section(l, mf_load_item(l, axes, j), MF_SECTION_AXIS, a, NULL) ||
+            !mf_load_name(l, a[MF_K_AXIS_NAME], MF_WHAT(AXIS, NAME), &m->axes[j].name) ||
+            !mf_load_int(l, a[MF_K_AXIS_SIZE], MF_WHAT(AXIS, SIZE), 1, MF_LIMIT_WORLD, &m->axes[j].size) ||
+            !mf_load_register(l, &l->axes, m->axes[j].name, a[MF_K_AXIS_NAME], "axis", j))
             return false;
         m->world *= m->axes[j].size;   /* both at most MF_LIMIT_WORLD: no overflow */
         if (m->world > MF_LIMIT_WORLD)
-            return mf_load_fail(l, a[1], "the mesh has %lld ranks (limit is %d)", (long long)m->world,
+            return mf_load_fail(l, a[MF_K_AXIS_SIZE], "the mesh has %lld ranks (limit is %d)", (long long)m->world,
                                 MF_LIMIT_WORLD);
     }
     return true;
@@ -389,62 +416,58 @@ static bool mf_load_mesh(mf_loader *l, mf_node *n)
 
 static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
 {
-    static const mf_key keys[] = {{"name", true}, {"reshard_after_forward", true}, {"buckets", true}};
-    if (!mf_load_seq(l, n, "units"))
+    if (!mf_load_seq(l, n, MF_WHAT(ROOT, UNITS)))
         return false;
     mf_schedule *s = l->s;
     s->nunits = mf_load_seq_len(n);
-    s->units = mf_arena_array(s->arena, (size_t)(s->nunits ? s->nunits : 1), sizeof *s->units);
-    *bucket_lists = mf_arena_array(s->arena, (size_t)(s->nunits ? s->nunits : 1), sizeof **bucket_lists);
-    if (!s->units || !*bucket_lists)
-        return mf_load_oom(l);
+    if (!(s->units = mf_load_array(l, s->nunits, sizeof *s->units)) ||
+        !(*bucket_lists = mf_load_array(l, s->nunits, sizeof **bucket_lists)))
+        return false;
     if (s->nunits > MF_LIMIT_UNITS)
         return mf_load_fail(l, n, "the schedule has %d units (limit is %d)", s->nunits, MF_LIMIT_UNITS);
     for (int u = 0; u < s->nunits; u++) {
-        mf_node *v[3];
+        mf_node *v[MF_K_UNIT_NKEYS];
         mf_unit *un = &s->units[u];
-        if (!mf_load_fields(l, mf_load_item(l, n, u), "a unit", keys, 3, v, NULL) ||
-            !mf_load_name(l, v[0], "the unit name", &un->name) ||
-            !mf_load_bool(l, v[1], "reshard_after_forward", &un->reshard_after_forward) ||
-            !mf_load_seq(l, v[2], "the unit's buckets") ||
-            !mf_load_register(l, &l->units, un->name, v[0], "unit", u))
+        if (!mf_load_section(l, mf_load_item(l, n, u), MF_SECTION_UNIT, v, NULL) ||
+            !mf_load_name(l, v[MF_K_UNIT_NAME], MF_WHAT(UNIT, NAME), &un->name) ||
+            !mf_load_bool(l, v[MF_K_UNIT_RESHARD], MF_WHAT(UNIT, RESHARD), &un->reshard_after_forward) ||
+            !mf_load_seq(l, v[MF_K_UNIT_BUCKETS], MF_WHAT(UNIT, BUCKETS)) ||
+            !mf_load_register(l, &l->units, un->name, v[MF_K_UNIT_NAME], "unit", u))
             return false;
-        (*bucket_lists)[u] = v[2];
+        (*bucket_lists)[u] = v[MF_K_UNIT_BUCKETS];
     }
     return true;
 }
 
 static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
 {
-    static const mf_key keys[] = {{"name", true}, {"offset", true}, {"numel", true}, {"dims", true}};
-    if (!mf_load_seq(l, n, "tensors"))
+    if (!mf_load_seq(l, n, MF_WHAT(BUCKET, TENSORS)))
         return false;
     bk->ntensors = mf_load_seq_len(n);
     if (bk->ntensors < 1)
         return mf_load_fail(l, n, "bucket '%s' has no tensors", bk->name);
     if ((l->ntensors += bk->ntensors) > MF_LIMIT_TENSORS)
         return mf_load_fail(l, n, "the schedule has more than %d tensors (the limit)", MF_LIMIT_TENSORS);
-    bk->tensors = mf_arena_array(l->s->arena, (size_t)bk->ntensors, sizeof *bk->tensors);
-    if (!bk->tensors)
-        return mf_load_oom(l);
+    if (!(bk->tensors = mf_load_array(l, bk->ntensors, sizeof *bk->tensors)))
+        return false;
     int64_t end = 0;
     for (int t = 0; t < bk->ntensors; t++) {
         mf_tensor *te = &bk->tensors[t];
-        mf_node *v[4];
-        if (!mf_load_fields(l, mf_load_item(l, n, t), "a tensor", keys, 4, v, NULL) ||
-            !mf_load_name(l, v[0], "the tensor name", &te->name) ||
-            !mf_load_register(l, &l->tensors, te->name, v[0], "tensor", t) ||
-            !mf_load_int(l, v[1], "the tensor offset", 0, INT64_MAX, &te->offset) ||
-            !mf_load_int(l, v[2], "numel", 0, INT64_MAX, &te->numel) ||
-            !mf_load_seq(l, v[3], "dims"))
+        mf_node *v[MF_K_TENSOR_NKEYS];
+        if (!mf_load_section(l, mf_load_item(l, n, t), MF_SECTION_TENSOR, v, NULL) ||
+            !mf_load_name(l, v[MF_K_TENSOR_NAME], MF_WHAT(TENSOR, NAME), &te->name) ||
+            !mf_load_register(l, &l->tensors, te->name, v[MF_K_TENSOR_NAME], "tensor", t) ||
+            !mf_load_int(l, v[MF_K_TENSOR_OFFSET], MF_WHAT(TENSOR, OFFSET), 0, INT64_MAX, &te->offset) ||
+            !mf_load_int(l, v[MF_K_TENSOR_NUMEL], MF_WHAT(TENSOR, NUMEL), 0, INT64_MAX, &te->numel) ||
+            !mf_load_seq(l, v[MF_K_TENSOR_DIMS], MF_WHAT(TENSOR, DIMS)))
             return false;
-        te->ndims = mf_load_seq_len(v[3]);
+        te->ndims = mf_load_seq_len(v[MF_K_TENSOR_DIMS]);
         if (te->ndims < 1 || te->ndims > MF_MAX_DIMS)
-            return mf_load_fail(l, v[3], "tensor '%s' has %d dims, expected 1 to %d", te->name,
+            return mf_load_fail(l, v[MF_K_TENSOR_DIMS], "tensor '%s' has %d dims, expected 1 to %d", te->name,
                                 te->ndims, MF_MAX_DIMS);
         int64_t prod = 1;
         for (int d = 0; d < te->ndims; d++) {
-            mf_node *dn = mf_load_item(l, v[3], d);
+            mf_node *dn = mf_load_item(l, v[MF_K_TENSOR_DIMS], d);
             if (!mf_load_int(l, dn, "a dimension", 0, INT64_MAX, &te->dims[d]))
                 return false;
             if (te->dims[d] && prod > INT64_MAX / te->dims[d])
@@ -452,13 +475,13 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
             prod *= te->dims[d];
         }
         if (prod != te->numel)
-            return mf_load_fail(l, v[2], "tensor '%s': numel %lld is not the product of its dims (%lld)",
+            return mf_load_fail(l, v[MF_K_TENSOR_NUMEL], "tensor '%s': numel %lld is not the product of its dims (%lld)",
                                 te->name, (long long)te->numel, (long long)prod);
         if (te->offset < end)
-            return mf_load_fail(l, v[1], "tensor '%s' at offset %lld overlaps the previous tensor (which ends at %lld)",
+            return mf_load_fail(l, v[MF_K_TENSOR_OFFSET], "tensor '%s' at offset %lld overlaps the previous tensor (which ends at %lld)",
                                 te->name, (long long)te->offset, (long long)end);
         if (te->numel > bk->used || te->offset > bk->used - te->numel)
-            return mf_load_fail(l, v[1], "tensor '%s' (offset %lld, numel %lld) lies outside the used part of bucket '%s' (%lld elements)",
+            return mf_load_fail(l, v[MF_K_TENSOR_OFFSET], "tensor '%s' (offset %lld, numel %lld) lies outside the used part of bucket '%s' (%lld elements)",
                                 te->name, (long long)te->offset, (long long)te->numel, bk->name,
                                 (long long)bk->used);
         end = te->offset + te->numel;
@@ -468,56 +491,51 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
 
 static bool mf_load_buckets(mf_loader *l, mf_node *n)
 {
-    static const mf_key keys[] = {{"name", true},   {"unit", true},        {"last_unit", true},
-                                  {"layout", true}, {"length", true},      {"used", true},
-                                  {"weight", true}, {"grad", true},        {"main_weight", true},
-                                  {"tensors", true}};
-    static const mf_key role_keys[] = {{"dtype", true}, {"placement", true}};
-    if (!mf_load_seq(l, n, "buckets"))
+    if (!mf_load_seq(l, n, MF_WHAT(ROOT, BUCKETS)))
         return false;
     mf_schedule *s = l->s;
     s->nbuckets = mf_load_seq_len(n);
-    s->buckets = mf_arena_array(s->arena, (size_t)(s->nbuckets ? s->nbuckets : 1), sizeof *s->buckets);
-    if (!s->buckets)
-        return mf_load_oom(l);
+    if (!(s->buckets = mf_load_array(l, s->nbuckets, sizeof *s->buckets)))
+        return false;
     for (int b = 0; b < s->nbuckets; b++) {
         mf_bucket *bk = &s->buckets[b];
-        mf_node *v[10];
-        if (!mf_load_fields(l, mf_load_item(l, n, b), "a bucket", keys, 10, v, NULL) ||
-            !mf_load_name(l, v[0], "the bucket name", &bk->name) ||
-            !mf_load_register(l, &l->buckets, bk->name, v[0], "bucket", b) ||
-            !mf_load_ref(l, v[1], &l->units, "unit", &bk->unit) ||
-            !mf_load_ref(l, v[2], &l->units, "unit", &bk->last_unit) ||
-            !mf_load_name(l, v[3], "the layout name", &bk->layout) ||
-            !mf_load_int(l, v[4], "the bucket length", 1, INT64_MAX, &bk->length) ||
-            !mf_load_int(l, v[5], "used", 0, INT64_MAX, &bk->used))
+        mf_node *v[MF_K_BUCKET_NKEYS];
+        if (!mf_load_section(l, mf_load_item(l, n, b), MF_SECTION_BUCKET, v, NULL) ||
+            !mf_load_name(l, v[MF_K_BUCKET_NAME], MF_WHAT(BUCKET, NAME), &bk->name) ||
+            !mf_load_register(l, &l->buckets, bk->name, v[MF_K_BUCKET_NAME], "bucket", b) ||
+            !mf_load_ref(l, v[MF_K_BUCKET_UNIT], &l->units, MF_WHAT(BUCKET, UNIT), &bk->unit) ||
+            !mf_load_ref(l, v[MF_K_BUCKET_LAST_UNIT], &l->units, MF_WHAT(BUCKET, LAST_UNIT), &bk->last_unit) ||
+            !mf_load_name(l, v[MF_K_BUCKET_LAYOUT], MF_WHAT(BUCKET, LAYOUT), &bk->layout) ||
+            !mf_load_int(l, v[MF_K_BUCKET_LENGTH], MF_WHAT(BUCKET, LENGTH), 1, INT64_MAX, &bk->length) ||
+            !mf_load_int(l, v[MF_K_BUCKET_USED], MF_WHAT(BUCKET, USED), 0, INT64_MAX, &bk->used))
             return false;
         if (bk->last_unit < bk->unit)
-            return mf_load_fail(l, v[2], "bucket '%s': last_unit '%s' comes before its unit '%s'",
+            return mf_load_fail(l, v[MF_K_BUCKET_LAST_UNIT], "bucket '%s': last_unit '%s' comes before its unit '%s'",
                                 bk->name, s->units[bk->last_unit].name, s->units[bk->unit].name);
         if (b > 0 && bk->unit < s->buckets[b - 1].unit)
-            return mf_load_fail(l, v[1], "bucket '%s' is listed after a bucket of a later unit (buckets must be in unit order)",
+            return mf_load_fail(l, v[MF_K_BUCKET_UNIT], "bucket '%s' is listed after a bucket of a later unit (buckets must be in unit order)",
                                 bk->name);
         if (bk->used > bk->length)
-            return mf_load_fail(l, v[5], "bucket '%s': used %lld exceeds the length %lld", bk->name,
+            return mf_load_fail(l, v[MF_K_BUCKET_USED], "bucket '%s': used %lld exceeds the length %lld", bk->name,
                                 (long long)bk->used, (long long)bk->length);
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
-            mf_node *rv[2];
+            mf_node *rv[MF_K_ROLE_NKEYS];
             int dt;
             char what[64];
-            snprintf(what, sizeof what, "the %s placement", mf_role_name((mf_role)r));
-            if (!mf_load_fields(l, v[6 + r], mf_role_name((mf_role)r), role_keys, 2, rv, NULL) ||
-                !mf_load_enum(l, rv[0], "dtype", mf_dtype_from_name, mf_dtype_choices, &dt) ||
-                !mf_load_placement(l, rv[1], what, r == MF_ROLE_GRAD, &bk->place[r]))
+            const char *role = MF_KEY(BUCKET, WEIGHT)[r].name; /* the roles' keys, in mf_role order */
+            snprintf(what, sizeof what, "the %s placement", role);
+            if (!mf_load_fields(l, v[MF_K_BUCKET_WEIGHT + r], role, &mf_schema_sections[MF_SECTION_ROLE], rv, NULL) ||
+                !mf_load_enum(l, rv[MF_K_ROLE_DTYPE], MF_WHAT(ROLE, DTYPE), mf_dtype_from_name, mf_dtype_choices, &dt) ||
+                !mf_load_placement(l, rv[MF_K_ROLE_PLACEMENT], what, r == MF_ROLE_GRAD, &bk->place[r]))
                 return false;
             bk->dtype[r] = (mf_dtype)dt;
-            mf_load_site site = {.l = l, .any = v[4]};
+            mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_LENGTH]};
             mf_struct_sink sink = {mf_load_finding, &site, 0, false};
             mf_struct_bucket_role(s, b, r, &sink);
             if (sink.findings)
                 return false;
         }
-        if (!mf_load_tensors(l, v[9], bk))
+        if (!mf_load_tensors(l, v[MF_K_BUCKET_TENSORS], bk))
             return false;
     }
     return true;
@@ -556,39 +574,37 @@ static bool mf_load_unit_buckets(mf_loader *l, mf_node **lists)
 
 static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
 {
-    static const mf_key keys[] = {{"name", true},      {"bucket", true}, {"kind", true},
-                                  {"dtype", true},     {"placement", true}, {"count", true},
-                                  {"lifetime", true},  {"offset", true}};
-    if (!mf_load_seq(l, n, "buffers"))
+    if (!mf_load_seq(l, n, MF_WHAT(ROOT, BUFFERS)))
         return false;
     mf_schedule *s = l->s;
     s->nbuffers = mf_load_seq_len(n);
-    s->buffers = mf_arena_array(s->arena, (size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *s->buffers);
-    *where = mf_arena_array(s->arena, (size_t)(s->nbuffers ? s->nbuffers : 1), sizeof **where);
-    if (!s->buffers || !*where)
-        return mf_load_oom(l);
+    if (!(s->buffers = mf_load_array(l, s->nbuffers, sizeof *s->buffers)) ||
+        !(*where = mf_load_array(l, s->nbuffers, sizeof **where)))
+        return false;
     for (int i = 0; i < s->nbuffers; i++) {
         mf_buffer *bf = &s->buffers[i];
-        mf_node *item = mf_load_item(l, n, i), *v[8];
+        mf_node *item = mf_load_item(l, n, i), *v[MF_K_BUFFER_NKEYS];
         int kind, dt, life;
-        if (!mf_load_fields(l, item, "a buffer", keys, 8, v, NULL) ||
-            !mf_load_name(l, v[0], "the buffer name", &bf->name) ||
-            !mf_load_register(l, &l->buffers, bf->name, v[0], "buffer", i) ||
-            !mf_load_ref(l, v[1], &l->buckets, "bucket", &bf->bucket) ||
-            !mf_load_enum(l, v[2], "buffer kind", mf_bufkind_from_name, mf_bufkind_choices, &kind) ||
-            !mf_load_enum(l, v[3], "dtype", mf_dtype_from_name, mf_dtype_choices, &dt))
+        if (!mf_load_section(l, item, MF_SECTION_BUFFER, v, NULL) ||
+            !mf_load_name(l, v[MF_K_BUFFER_NAME], MF_WHAT(BUFFER, NAME), &bf->name) ||
+            !mf_load_register(l, &l->buffers, bf->name, v[MF_K_BUFFER_NAME], "buffer", i) ||
+            !mf_load_ref(l, v[MF_K_BUFFER_BUCKET], &l->buckets, MF_WHAT(BUFFER, BUCKET), &bf->bucket) ||
+            !mf_load_enum(l, v[MF_K_BUFFER_KIND], MF_WHAT(BUFFER, KIND), mf_bufkind_from_name, mf_bufkind_choices,
+                          &kind) ||
+            !mf_load_enum(l, v[MF_K_BUFFER_DTYPE], MF_WHAT(BUFFER, DTYPE), mf_dtype_from_name, mf_dtype_choices, &dt))
             return false;
         bf->kind = (mf_bufkind)kind;
         bf->dtype = (mf_dtype)dt;
-        if (!mf_load_placement(l, v[4], "the buffer placement", mf_bufkind_role(bf->kind) == MF_ROLE_GRAD,
-                               &bf->place) ||
-            !mf_load_int(l, v[5], "the buffer count", 1, INT64_MAX, &bf->count) ||
-            !mf_load_enum(l, v[6], "lifetime", mf_lifetime_from_name, mf_lifetime_choices, &life) ||
-            !mf_load_int(l, v[7], "the buffer offset", 0, INT64_MAX, &bf->offset))
+        if (!mf_load_placement(l, v[MF_K_BUFFER_PLACEMENT], MF_WHAT(BUFFER, PLACEMENT),
+                               mf_bufkind_role(bf->kind) == MF_ROLE_GRAD, &bf->place) ||
+            !mf_load_int(l, v[MF_K_BUFFER_COUNT], MF_WHAT(BUFFER, COUNT), 1, INT64_MAX, &bf->count) ||
+            !mf_load_enum(l, v[MF_K_BUFFER_LIFETIME], MF_WHAT(BUFFER, LIFETIME), mf_lifetime_from_name,
+                          mf_lifetime_choices, &life) ||
+            !mf_load_int(l, v[MF_K_BUFFER_OFFSET], MF_WHAT(BUFFER, OFFSET), 0, INT64_MAX, &bf->offset))
             return false;
         bf->lifetime = (mf_lifetime)life;
         mf_load_site site = {.l = l, .any = item};
-        site.field[MF_FIELD_COUNT] = v[5];
+        site.field[MF_FIELD_COUNT] = v[MF_K_BUFFER_COUNT];
         mf_struct_sink k = {mf_load_finding, &site, 0, false};
         mf_struct_buffer(s, i, &k);
         if (k.findings)
@@ -607,100 +623,107 @@ static bool mf_load_bucket_buffers(mf_loader *l, mf_node **where, mf_node *secti
     return k.findings == 0;
 }
 
-enum {
-    K_ID, K_PHASE, K_UNIT, K_WHEN, K_STREAM, K_OP, K_TRANSITION, K_BUCKET, K_AXIS, K_DTYPE,
-    K_COUNT, K_SRC, K_DST, K_EVENT, K_NOPKEYS
-};
+/* The unit of an op: present exactly at a phase with a unit (the presence
+ * column of core/mf_schema.h). */
+static bool mf_load_op_unit(mf_loader *l, mf_node *item, int i, mf_op *op, mf_node **v, mf_node **k)
+{
+    bool step_phase = mf_phase_is_step(op->phase);
+    if (step_phase && v[MF_K_OP_UNIT])
+        return mf_load_fail(l, k[MF_K_OP_UNIT], "op %d: a %s op has no unit", i, mf_phase_name(op->phase));
+    if (!step_phase && !v[MF_K_OP_UNIT])
+        return mf_load_fail(l, item, "missing key '%s' in op %d (phase %s)", MF_KEY(OP, UNIT)->name, i,
+                            mf_phase_name(op->phase));
+    return !v[MF_K_OP_UNIT] || mf_load_ref(l, v[MF_K_OP_UNIT], &l->units, MF_WHAT(OP, UNIT), &op->unit);
+}
+
+/*
+ * The other keys an op has by its kind (the presence column): an event on
+ * record and wait, the data keys on the others and an axis on those along an
+ * axis.
+ */
+static bool mf_load_op_keys(mf_loader *l, mf_node *item, int i, const mf_op *op, mf_node **v, mf_node **k)
+{
+    const mf_schema_section *sec = &mf_schema_sections[MF_SECTION_OP];
+    const char *kind = mf_opkind_name(op->kind);
+    bool is_event = !mf_op_is_data(op), has_axis = mf_opkind_on_axis(op->kind);
+    for (int f = 0; f < sec->nkeys; f++) {
+        mf_schema_presence p = sec->keys[f].presence;
+        bool data = p == MF_SCHEMA_DATA_OP || p == MF_SCHEMA_AXIS_OP;
+        if (is_event && data && v[f])
+            return mf_load_fail(l, k[f], "op %d: a %s op has no key '%s'", i, kind, sec->keys[f].name);
+    }
+    const mf_schema_key *event = MF_KEY(OP, EVENT);
+    if (is_event && !v[MF_K_OP_EVENT])
+        return mf_load_fail(l, item, "missing key '%s' in op %d (%s)", event->name, i, kind);
+    if (is_event)
+        return true;
+    if (v[MF_K_OP_EVENT])
+        return mf_load_fail(l, k[MF_K_OP_EVENT], "op %d: a %s op has no key '%s'", i, kind, event->name);
+    for (int f = 0; f < sec->nkeys; f++)
+        if (sec->keys[f].presence == MF_SCHEMA_DATA_OP && !v[f])
+            return mf_load_fail(l, item, "missing key '%s' in op %d (%s)", sec->keys[f].name, i, kind);
+    const char *axis = MF_KEY(OP, AXIS)->name;
+    if (has_axis && !v[MF_K_OP_AXIS])
+        return mf_load_fail(l, item, "missing key '%s' in op %d (%s)", axis, i, kind);
+    if (!has_axis && v[MF_K_OP_AXIS])
+        return mf_load_fail(l, k[MF_K_OP_AXIS], "op %d: a %s op has no key '%s'", i, kind, axis);
+    return true;
+}
+
+/* The data fields of a data op: transition, bucket, axis, dtype, count, src, dst. */
+static bool mf_load_op_data(mf_loader *l, mf_node **v, mf_op *op)
+{
+    const char *t = NULL;
+    int x;
+    if (!mf_load_str(l, v[MF_K_OP_TRANSITION], MF_WHAT(OP, TRANSITION), &t))
+        return false;
+    if (t[0] != 'T' || t[1] < '1' || t[1] > '4' || t[2])
+        return mf_load_fail(l, v[MF_K_OP_TRANSITION], "unknown transition '%s' (expected T1, T2, T3, T4)", t);
+    op->transition = t[1] - '0';
+    if (!mf_load_ref(l, v[MF_K_OP_BUCKET], &l->buckets, MF_WHAT(OP, BUCKET), &op->bucket) ||
+        (v[MF_K_OP_AXIS] && !mf_load_ref(l, v[MF_K_OP_AXIS], &l->axes, MF_WHAT(OP, AXIS), &op->axis)) ||
+        !mf_load_enum(l, v[MF_K_OP_DTYPE], MF_WHAT(OP, DTYPE), mf_dtype_from_name, mf_dtype_choices, &x))
+        return false;
+    op->dtype = (mf_dtype)x;
+    return mf_load_int(l, v[MF_K_OP_COUNT], MF_WHAT(OP, COUNT), 1, INT64_MAX, &op->count) &&
+           mf_load_ref(l, v[MF_K_OP_SRC], &l->buffers, MF_WHAT(OP, SRC), &op->src) &&
+           mf_load_ref(l, v[MF_K_OP_DST], &l->buffers, MF_WHAT(OP, DST), &op->dst);
+}
 
 static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
 {
-    static const mf_key keys[K_NOPKEYS] = {
-        {"id", true},       {"phase", true},  {"unit", false},  {"when", true},   {"stream", true},
-        {"op", true},       {"transition", false}, {"bucket", false}, {"axis", false}, {"dtype", false},
-        {"count", false},   {"src", false},   {"dst", false},   {"event", false}};
-    mf_node *v[K_NOPKEYS], *k[K_NOPKEYS];
+    mf_node *v[MF_K_OP_NKEYS], *k[MF_K_OP_NKEYS];
     mf_schedule *s = l->s;
-    int x;
+    int phase, when, stream, kind;
     int64_t id;
-    if (!mf_load_fields(l, item, "an op", keys, K_NOPKEYS, v, k) ||
-        !mf_load_int(l, v[K_ID], "the op id", 0, INT_MAX, &id))
+    if (!mf_load_section(l, item, MF_SECTION_OP, v, k) ||
+        !mf_load_int(l, v[MF_K_OP_ID], MF_WHAT(OP, ID), 0, INT_MAX, &id))
         return false;
     if (id != i)
-        return mf_load_fail(l, v[K_ID], "op id %lld out of sequence, expected %d (ids are the op's index)",
+        return mf_load_fail(l, v[MF_K_OP_ID], "op id %lld out of sequence, expected %d (ids are the op's index)",
                             (long long)id, i);
-    op->id = i;
-    if (!mf_load_enum(l, v[K_PHASE], "phase", mf_phase_from_name, mf_phase_choices, &x))
+    if (!mf_load_enum(l, v[MF_K_OP_PHASE], MF_WHAT(OP, PHASE), mf_phase_from_name, mf_phase_choices, &phase) ||
+        !mf_load_enum(l, v[MF_K_OP_WHEN], MF_WHAT(OP, WHEN), mf_when_from_name, mf_when_choices, &when) ||
+        !mf_load_enum(l, v[MF_K_OP_STREAM], MF_WHAT(OP, STREAM), mf_stream_from_name, mf_stream_choices, &stream) ||
+        !mf_load_enum(l, v[MF_K_OP_OP], MF_WHAT(OP, OP), mf_opkind_from_name, mf_opkind_choices, &kind))
         return false;
-    op->phase = (mf_phase)x;
-    if (!mf_load_enum(l, v[K_WHEN], "when", mf_when_from_name, mf_when_choices, &x))
+    *op = (mf_op){.id = i, .phase = (mf_phase)phase, .when = (mf_when)when, .stream = (mf_stream)stream,
+                  .kind = (mf_opkind)kind, .unit = -1, .transition = 0, .bucket = -1, .axis = -1, .src = -1,
+                  .dst = -1, .event = -1, .dtype = MF_FP32, .count = 0};
+    if (!mf_load_op_unit(l, item, i, op, v, k) || !mf_load_op_keys(l, item, i, op, v, k))
         return false;
-    op->when = (mf_when)x;
-    if (!mf_load_enum(l, v[K_STREAM], "stream", mf_stream_from_name, mf_stream_choices, &x))
-        return false;
-    op->stream = (mf_stream)x;
-    if (!mf_load_enum(l, v[K_OP], "op", mf_opkind_from_name, mf_opkind_choices, &x))
-        return false;
-    op->kind = (mf_opkind)x;
-
-    bool step_phase = mf_phase_is_step(op->phase);
-    op->unit = -1;
-    if (step_phase && v[K_UNIT])
-        return mf_load_fail(l, k[K_UNIT], "op %d: a %s op has no unit", i, mf_phase_name(op->phase));
-    if (!step_phase && !v[K_UNIT])
-        return mf_load_fail(l, item, "missing key 'unit' in op %d (phase %s)", i, mf_phase_name(op->phase));
-    if (v[K_UNIT] && !mf_load_ref(l, v[K_UNIT], &l->units, "unit", &op->unit))
-        return false;
-
-    bool is_event = op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT;
-    bool has_axis = mf_opkind_on_axis(op->kind);
-    static const int data_keys[] = {K_TRANSITION, K_BUCKET, K_DTYPE, K_COUNT, K_SRC, K_DST};
-    op->transition = 0;
-    op->bucket = op->axis = op->src = op->dst = op->event = -1;
-    op->dtype = MF_FP32;
-    op->count = 0;
-    if (is_event) {
-        for (int f = K_TRANSITION; f <= K_DST; f++)
-            if (v[f])
-                return mf_load_fail(l, k[f], "op %d: a %s op has no key '%s'", i, mf_opkind_name(op->kind),
-                                    keys[f].name);
-        if (!v[K_EVENT])
-            return mf_load_fail(l, item, "missing key 'event' in op %d (%s)", i, mf_opkind_name(op->kind));
-        return mf_load_int32(l, v[K_EVENT], "the event id", 0, &op->event) &&
+    if (!mf_op_is_data(op))
+        return mf_load_int32(l, v[MF_K_OP_EVENT], MF_WHAT(OP, EVENT), 0, &op->event) &&
                (op->event < s->nevents ||
-                mf_load_fail(l, v[K_EVENT], "op %d: event %d does not exist (the schedule has %d events)", i,
+                mf_load_fail(l, v[MF_K_OP_EVENT], "op %d: event %d does not exist (the schedule has %d events)", i,
                              op->event, s->nevents));
-    }
-    if (v[K_EVENT])
-        return mf_load_fail(l, k[K_EVENT], "op %d: a %s op has no key 'event'", i, mf_opkind_name(op->kind));
-    for (size_t f = 0; f < sizeof data_keys / sizeof data_keys[0]; f++)
-        if (!v[data_keys[f]])
-            return mf_load_fail(l, item, "missing key '%s' in op %d (%s)", keys[data_keys[f]].name, i,
-                                mf_opkind_name(op->kind));
-    if (has_axis && !v[K_AXIS])
-        return mf_load_fail(l, item, "missing key 'axis' in op %d (%s)", i, mf_opkind_name(op->kind));
-    if (!has_axis && v[K_AXIS])
-        return mf_load_fail(l, k[K_AXIS], "op %d: a %s op has no key 'axis'", i, mf_opkind_name(op->kind));
-
-    const char *t = NULL;
-    if (!mf_load_str(l, v[K_TRANSITION], "transition", &t))
-        return false;
-    if (t[0] != 'T' || t[1] < '1' || t[1] > '4' || t[2])
-        return mf_load_fail(l, v[K_TRANSITION], "unknown transition '%s' (expected T1, T2, T3, T4)", t);
-    op->transition = t[1] - '0';
-    if (!mf_load_ref(l, v[K_BUCKET], &l->buckets, "bucket", &op->bucket) ||
-        (v[K_AXIS] && !mf_load_ref(l, v[K_AXIS], &l->axes, "axis", &op->axis)) ||
-        !mf_load_enum(l, v[K_DTYPE], "dtype", mf_dtype_from_name, mf_dtype_choices, &x))
-        return false;
-    op->dtype = (mf_dtype)x;
-    if (!mf_load_int(l, v[K_COUNT], "the op count", 1, INT64_MAX, &op->count) ||
-        !mf_load_ref(l, v[K_SRC], &l->buffers, "buffer", &op->src) ||
-        !mf_load_ref(l, v[K_DST], &l->buffers, "buffer", &op->dst))
+    if (!mf_load_op_data(l, v, op))
         return false;
     mf_load_site site = {.l = l, .any = item};
-    site.field[MF_FIELD_SRC] = v[K_SRC];
-    site.field[MF_FIELD_DST] = v[K_DST];
-    site.field[MF_FIELD_DTYPE] = v[K_DTYPE];
-    site.field[MF_FIELD_COUNT] = v[K_COUNT];
+    site.field[MF_FIELD_SRC] = v[MF_K_OP_SRC];
+    site.field[MF_FIELD_DST] = v[MF_K_OP_DST];
+    site.field[MF_FIELD_DTYPE] = v[MF_K_OP_DTYPE];
+    site.field[MF_FIELD_COUNT] = v[MF_K_OP_COUNT];
     mf_struct_sink sink = {mf_load_finding, &site, 0, false};
     mf_struct_data_op(s, i, &sink);
     return sink.findings == 0;
@@ -708,14 +731,12 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
 
 static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
 {
-    if (!mf_load_seq(l, n, "ops"))
+    if (!mf_load_seq(l, n, MF_WHAT(ROOT, OPS)))
         return false;
     mf_schedule *s = l->s;
     s->nops = mf_load_seq_len(n);
-    s->ops = mf_arena_array(s->arena, (size_t)(s->nops ? s->nops : 1), sizeof *s->ops);
-    *where = mf_arena_array(s->arena, (size_t)(s->nops ? s->nops : 1), sizeof **where);
-    if (!s->ops || !*where)
-        return mf_load_oom(l);
+    if (!(s->ops = mf_load_array(l, s->nops, sizeof *s->ops)) || !(*where = mf_load_array(l, s->nops, sizeof **where)))
+        return false;
     if (s->nevents > s->nops)
         return mf_load_fail(l, n, "the schedule declares %d events but has only %d ops", s->nevents, s->nops);
     for (int i = 0; i < s->nops; i++) {
@@ -758,44 +779,41 @@ static bool mf_load_totals_fit(mf_loader *l, mf_node **op_where, mf_node *buffer
     return true;
 }
 
-static bool mf_load_role_values(mf_loader *l, mf_node *n, const char *what, const int64_t want[MF_ROLE_COUNT])
+/* The summary's values keyed by the names of the schedule (roles, axes),
+ * each recomputed: `by` says from what, for the message. */
+static bool mf_load_values(mf_loader *l, mf_node *n, const char *what, const char *const *names, int count,
+                           const int64_t *want, const char *by)
 {
-    mf_key keys[MF_ROLE_COUNT];
-    mf_node *v[MF_ROLE_COUNT];
-    for (int r = 0; r < MF_ROLE_COUNT; r++)
-        keys[r] = (mf_key){mf_role_name((mf_role)r), true};
-    if (!mf_load_fields(l, n, what, keys, MF_ROLE_COUNT, v, NULL))
+    mf_node *v[MF_ROLE_COUNT + MF_MAX_AXES];
+    if (!mf_load_named(l, n, what, names, count, MF_SCHEMA_INT, v))
         return false;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+    for (int i = 0; i < count; i++) {
         int64_t x;
-        if (!mf_load_int(l, v[r], what, 0, INT64_MAX, &x))
+        if (!mf_load_int(l, v[i], what, 0, INT64_MAX, &x))
             return false;
-        if (x != want[r])
-            return mf_load_fail(l, v[r], "summary %s.%s is %lld, but the buffers give %lld", what,
-                                mf_role_name((mf_role)r), (long long)x, (long long)want[r]);
+        if (x != want[i])
+            return mf_load_fail(l, v[i], "summary %s.%s is %lld, but the %s give %lld", what, names[i],
+                                (long long)x, by, (long long)want[i]);
     }
     return true;
+}
+
+static bool mf_load_role_values(mf_loader *l, mf_node *n, const char *what, const int64_t want[MF_ROLE_COUNT])
+{
+    const char *names[MF_ROLE_COUNT];
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        names[r] = mf_role_name((mf_role)r);
+    return mf_load_values(l, n, what, names, MF_ROLE_COUNT, want, "buffers");
 }
 
 /* One value per mesh axis, keyed by axis name. */
 static bool mf_load_axis_values(mf_loader *l, mf_node *n, const char *what, const int64_t *want)
 {
     const mf_mesh *m = &l->s->mesh;
-    mf_key keys[MF_MAX_AXES];
-    mf_node *v[MF_MAX_AXES];
+    const char *names[MF_MAX_AXES];
     for (int j = 0; j < m->naxes; j++)
-        keys[j] = (mf_key){m->axes[j].name, true};
-    if (!mf_load_fields(l, n, what, keys, m->naxes, v, NULL))
-        return false;
-    for (int j = 0; j < m->naxes; j++) {
-        int64_t x;
-        if (!mf_load_int(l, v[j], what, 0, INT64_MAX, &x))
-            return false;
-        if (x != want[j])
-            return mf_load_fail(l, v[j], "summary %s.%s is %lld, but the ops give %lld", what,
-                                m->axes[j].name, (long long)x, (long long)want[j]);
-    }
-    return true;
+        names[j] = m->axes[j].name;
+    return mf_load_values(l, n, what, names, m->naxes, want, "ops");
 }
 
 /* One summary total that the loader recomputes (docs/schedule.md). */
@@ -812,51 +830,47 @@ static bool mf_load_total(mf_loader *l, mf_node *n, const char *what, int64_t wa
 
 static bool mf_load_summary(mf_loader *l, mf_node *n)
 {
-    static const mf_key keys[] = {{"collectives", true}, {"bytes_per_rank", true},
-                                  {"persistent_bytes", true}, {"model_bytes", true},
-                                  {"live_bytes", true}, {"interference_bytes", true},
-                                  {"allocated_bytes", true}};
-    mf_node *v[7];
-    if (!mf_load_fields(l, n, "summary", keys, 7, v, NULL))
+    mf_node *v[MF_K_SUMMARY_NKEYS];
+    if (!mf_load_section(l, n, MF_SECTION_SUMMARY, v, NULL))
         return false;
     mf_schedule *s = l->s;
     if (!mf_schedule_summarize(s))
         return mf_load_oom(l);
     const mf_summary *sum = &s->summary;
-    mf_key ckeys[MF_OPKIND_COUNT];
+    const char *names[MF_OPKIND_COUNT];
     int kinds[MF_OPKIND_COUNT], nk = 0;
     for (int k = 0; k < MF_OPKIND_COUNT; k++)
         if (mf_opkind_is_collective((mf_opkind)k)) {
             kinds[nk] = k;
-            ckeys[nk++] = (mf_key){mf_opkind_name((mf_opkind)k), true};
+            names[nk++] = mf_opkind_name((mf_opkind)k);
         }
     mf_node *cv[MF_OPKIND_COUNT];
-    if (!mf_load_fields(l, v[0], "summary collectives", ckeys, nk, cv, NULL))
+    if (!mf_load_named(l, v[MF_K_SUMMARY_COLLECTIVES], MF_WHAT(SUMMARY, COLLECTIVES), names, nk, MF_SCHEMA_PER_AXIS,
+                       cv))
         return false;
     for (int i = 0; i < nk; i++) {
         char what[64];
-        snprintf(what, sizeof what, "collectives.%s", mf_opkind_name((mf_opkind)kinds[i]));
+        snprintf(what, sizeof what, "%s.%s", MF_KEY(SUMMARY, COLLECTIVES)->name, names[i]);
         if (!mf_load_axis_values(l, cv[i], what, sum->collectives[kinds[i]]))
             return false;
     }
-    return mf_load_axis_values(l, v[1], "bytes_per_rank", sum->bytes) &&
-           mf_load_role_values(l, v[2], "persistent_bytes", sum->persistent_bytes) &&
-           mf_load_role_values(l, v[3], "model_bytes", sum->model_bytes) &&
-           mf_load_total(l, v[4], "live_bytes", sum->live_bytes) &&
-           mf_load_total(l, v[5], "interference_bytes", sum->interference_bytes) &&
-           mf_load_total(l, v[6], "allocated_bytes", sum->allocated_bytes);
+    return mf_load_axis_values(l, v[MF_K_SUMMARY_BYTES], MF_WHAT(SUMMARY, BYTES), sum->bytes) &&
+           mf_load_role_values(l, v[MF_K_SUMMARY_PERSISTENT], MF_WHAT(SUMMARY, PERSISTENT), sum->persistent_bytes) &&
+           mf_load_role_values(l, v[MF_K_SUMMARY_MODEL], MF_WHAT(SUMMARY, MODEL), sum->model_bytes) &&
+           mf_load_total(l, v[MF_K_SUMMARY_LIVE], MF_WHAT(SUMMARY, LIVE), sum->live_bytes) &&
+           mf_load_total(l, v[MF_K_SUMMARY_INTERFERENCE], MF_WHAT(SUMMARY, INTERFERENCE), sum->interference_bytes) &&
+           mf_load_total(l, v[MF_K_SUMMARY_ALLOCATED], MF_WHAT(SUMMARY, ALLOCATED), sum->allocated_bytes);
 }
 
 /* The arena sizes, then every offset inside them and no overlap of buffers
  * live at the same time (core/mf_arena_check.c). */
 static bool mf_arena_check_load(mf_loader *l, mf_node *arena, mf_node **buffer_where)
 {
-    static const mf_key keys[] = {{"persistent", true}, {"transient", true}};
-    mf_node *v[2];
+    mf_node *v[MF_K_ARENA_NKEYS];
     mf_schedule *s = l->s;
-    if (!mf_load_fields(l, arena, "arena", keys, 2, v, NULL) ||
-        !mf_load_int(l, v[0], "arena persistent", 0, INT64_MAX / 2, &s->mem_persistent) ||
-        !mf_load_int(l, v[1], "arena transient", 0, INT64_MAX / 2, &s->mem_transient))
+    if (!mf_load_section(l, arena, MF_SECTION_ARENA, v, NULL) ||
+        !mf_load_int(l, v[MF_K_ARENA_PERSISTENT], MF_WHAT(ARENA, PERSISTENT), 0, INT64_MAX / 2, &s->mem_persistent) ||
+        !mf_load_int(l, v[MF_K_ARENA_TRANSIENT], MF_WHAT(ARENA, TRANSIENT), 0, INT64_MAX / 2, &s->mem_transient))
         return false;
     char msg[512];
     int b = mf_arena_check(s, msg, sizeof msg);
@@ -865,32 +879,20 @@ static bool mf_arena_check_load(mf_loader *l, mf_node *arena, mf_node **buffer_w
     return b < 0 || mf_load_fail(l, buffer_where[b], "%s", msg);
 }
 
-enum {
-    T_FORMAT, T_SOURCE, T_SHA, T_MESH, T_MB, T_REDUCE, T_ALIGN, T_PREFETCH, T_UNITS, T_BUCKETS,
-    T_BUFFERS, T_ARENA, T_EVENTS, T_OPS, T_SUMMARY, T_NKEYS
-};
-
-static bool mf_load_root(mf_loader *l, mf_node *root)
+/* The format, first: it decides which keys the file has (core/mf_schema.h). */
+static bool mf_load_format(mf_loader *l, mf_node *root)
 {
-    static const mf_key keys[T_NKEYS] = {
-        {"format", true},  {"source", true},  {"source_sha256", true}, {"mesh", true},
-        {"microbatches", true}, {"reduce", true}, {"align", true}, {"prefetch", true},
-        {"units", true},   {"buckets", true}, {"buffers", true}, {"arena", true}, {"events", true},
-        {"ops", true},     {"summary", true}};
-    mf_schedule *s = l->s;
-    if (root->type != YAML_MAPPING_NODE)
-        return mf_load_fail(l, root, "expected a schedule (a mapping), got %s", mf_load_node_kind(root));
-    /* The format decides what the other keys mean: check it first. */
+    const mf_schema_key *key = MF_KEY(ROOT, FORMAT);
     mf_node *fmt = NULL;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         mf_node *k = mf_load_node(l, p->key);
-        if (k && k->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(k), "format") == 0)
+        if (k && k->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(k), key->name) == 0)
             fmt = mf_load_node(l, p->value);
     }
     if (!fmt)
-        return mf_load_fail(l, root, "missing key 'format' (expected format: %s)", MF_SCHEDULE_FORMAT);
+        return mf_load_fail(l, root, "missing key '%s' (expected %s: %s)", key->name, key->name, MF_SCHEDULE_FORMAT);
     const char *f = NULL;
-    if (!mf_load_str(l, fmt, "format", &f))
+    if (!mf_load_str(l, fmt, key->what, &f))
         return false;
     /* Formats of older mfsdpc versions (docs/schedule.md §2): a hint, not a guess. */
     const char *older = strcmp(f, "mfsdp-schedule/1") == 0 ? "it has no buffer offsets or arena"
@@ -902,52 +904,68 @@ static bool mf_load_root(mf_loader *l, mf_node *root)
                             "with this mfsdpc (expected %s)", f, older, MF_SCHEDULE_FORMAT);
     /* Format 3 is format 4 without the short-step and evaluation programs
      * (docs/schedule.md §2): it loads and trains; those hooks are refused. */
-    s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0;
-    if (!s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
+    l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0;
+    if (!l->s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
+    l->version = mf_schema_format_version(f);
+    return true;
+}
 
-    mf_node *v[T_NKEYS];
-    if (!mf_load_fields(l, root, "the schedule", keys, T_NKEYS, v, NULL))
-        return false;
+/* source and source_sha256 */
+static bool mf_load_source(mf_loader *l, mf_node **v)
+{
+    mf_schedule *s = l->s;
     const char *sha = NULL;
-    if (!mf_load_str(l, v[T_SOURCE], "source", &s->source))
+    if (!mf_load_str(l, v[MF_K_ROOT_SOURCE], MF_WHAT(ROOT, SOURCE), &s->source))
         return false;
     if (!(s->source = mf_arena_strdup(s->arena, s->source)))
         return mf_load_oom(l);
-    if (!mf_load_str(l, v[T_SHA], "source_sha256", &sha))
+    if (!mf_load_str(l, v[MF_K_ROOT_SHA], MF_WHAT(ROOT, SHA), &sha))
         return false;
     bool hex = strlen(sha) == 64;
     for (int i = 0; hex && i < 64; i++)
         hex = (sha[i] >= '0' && sha[i] <= '9') || (sha[i] >= 'a' && sha[i] <= 'f');
     if (!hex)
-        return mf_load_fail(l, v[T_SHA], "source_sha256 must be 64 lowercase hex digits");
+        return mf_load_fail(l, v[MF_K_ROOT_SHA], "%s must be 64 lowercase hex digits", MF_KEY(ROOT, SHA)->name);
     memcpy(s->source_sha256, sha, 65);
+    return true;
+}
+
+static bool mf_load_root(mf_loader *l, mf_node *root)
+{
+    mf_schedule *s = l->s;
+    if (root->type != YAML_MAPPING_NODE)
+        return mf_load_fail(l, root, "expected a schedule (a mapping), got %s", mf_load_node_kind(root));
+    mf_node *v[MF_K_ROOT_NKEYS];
+    if (!mf_load_format(l, root) || !mf_load_section(l, root, MF_SECTION_ROOT, v, NULL) || !mf_load_source(l, v))
+        return false;
 
     int x;
-    int64_t align;
+    int64_t align, prefetch;
     mf_node **bucket_lists, **buffer_where, **op_where;
-    if (!mf_load_mesh(l, v[T_MESH]) ||
-        !mf_load_int(l, v[T_MB], "microbatches", 1, MF_LIMIT_MICROBATCHES, &s->microbatches) ||
-        !mf_load_enum(l, v[T_REDUCE], "reduce op", mf_reduce_from_name, mf_reduce_choices, &x))
+    if (!mf_load_mesh(l, v[MF_K_ROOT_MESH]) ||
+        !mf_load_int(l, v[MF_K_ROOT_MICROBATCHES], MF_WHAT(ROOT, MICROBATCHES), 1, MF_LIMIT_MICROBATCHES,
+                     &s->microbatches) ||
+        !mf_load_enum(l, v[MF_K_ROOT_REDUCE], MF_WHAT(ROOT, REDUCE), mf_reduce_from_name, mf_reduce_choices, &x))
         return false;
     s->reduce = (mf_reduce)x;
-    if (!mf_load_int(l, v[T_ALIGN], "align", 1, INT64_MAX, &align))
+    if (!mf_load_int(l, v[MF_K_ROOT_ALIGN], MF_WHAT(ROOT, ALIGN), 1, INT64_MAX, &align))
         return false;
     if (align & (align - 1))
-        return mf_load_fail(l, v[T_ALIGN], "align must be a power of two, got %lld", (long long)align);
+        return mf_load_fail(l, v[MF_K_ROOT_ALIGN], "align must be a power of two, got %lld", (long long)align);
     s->align = align;
-    int64_t prefetch;
-    if (!mf_load_int(l, v[T_PREFETCH], "prefetch", 1, MF_LIMIT_PREFETCH, &prefetch))
+    if (!mf_load_int(l, v[MF_K_ROOT_PREFETCH], MF_WHAT(ROOT, PREFETCH), 1, MF_LIMIT_PREFETCH, &prefetch))
         return false;
     s->prefetch = (int)prefetch;
-    if (!mf_load_units(l, v[T_UNITS], &bucket_lists) || !mf_load_buckets(l, v[T_BUCKETS]) ||
-        !mf_load_unit_buckets(l, bucket_lists) || !mf_load_buffers(l, v[T_BUFFERS], &buffer_where) ||
-        !mf_load_bucket_buffers(l, buffer_where, v[T_BUFFERS]) ||
-        !mf_load_int32(l, v[T_EVENTS], "events", 0, &s->nevents) ||
-        !mf_load_ops(l, v[T_OPS], &op_where) || !mf_load_totals_fit(l, op_where, v[T_BUFFERS]) ||
-        !mf_arena_check_load(l, v[T_ARENA], buffer_where))
+    mf_node *buffers = v[MF_K_ROOT_BUFFERS];
+    if (!mf_load_units(l, v[MF_K_ROOT_UNITS], &bucket_lists) || !mf_load_buckets(l, v[MF_K_ROOT_BUCKETS]) ||
+        !mf_load_unit_buckets(l, bucket_lists) || !mf_load_buffers(l, buffers, &buffer_where) ||
+        !mf_load_bucket_buffers(l, buffer_where, buffers) ||
+        !mf_load_int32(l, v[MF_K_ROOT_EVENTS], MF_WHAT(ROOT, EVENTS), 0, &s->nevents) ||
+        !mf_load_ops(l, v[MF_K_ROOT_OPS], &op_where) || !mf_load_totals_fit(l, op_where, buffers) ||
+        !mf_arena_check_load(l, v[MF_K_ROOT_ARENA], buffer_where))
         return false;
-    return mf_load_summary(l, v[T_SUMMARY]);
+    return mf_load_summary(l, v[MF_K_ROOT_SUMMARY]);
 }
 
 static void mf_load_parse_error(mf_loader *l, const yaml_parser_t *p, const char *text, size_t len)

@@ -18,6 +18,7 @@
  *     bytes.
  */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 
 #include "mf_emit_lines.h"
 #include "mf_passes.h"
+#include "mf_schema.h"
 #include "mf_yaml_str.h"
 
 typedef struct mf_emit_ctx {
@@ -117,34 +119,62 @@ static void mf_emit_seq_end(mf_emit_ctx *c)
     mf_emit_event(c, &ev, ok);
 }
 
-/* A key: always one of the format's fixed identifiers, so always plain. */
-static void mf_emit_key(mf_emit_ctx *c, const char *k)
+/* A key of the format (core/mf_schema.h): a fixed identifier, so always plain. */
+static void mf_emit_key(mf_emit_ctx *c, const mf_schema_key *k)
 {
-    mf_emit_scalar_style(c, k, YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_scalar_style(c, k->name, YAML_PLAIN_SCALAR_STYLE);
+}
+
+static void mf_emit_kv(mf_emit_ctx *c, const mf_schema_key *k, const char *v, yaml_scalar_style_t style)
+{
+    mf_emit_key(c, k);
+    mf_emit_scalar_style(c, v, style);
 }
 
 /* key: a vocabulary word (enum name), which is always plain. */
-static void mf_emit_kv_word(mf_emit_ctx *c, const char *k, const char *word)
+static void mf_emit_kv_word(mf_emit_ctx *c, const mf_schema_key *k, const char *word)
 {
-    mf_emit_key(c, k);
-    mf_emit_scalar_style(c, word, YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_kv(c, k, word, YAML_PLAIN_SCALAR_STYLE);
 }
 
-/* key: string value */
-static void mf_emit_kv_str(mf_emit_ctx *c, const char *k, const char *v)
+/* key: string value, quoted by the one rule */
+static void mf_emit_kv_str(mf_emit_ctx *c, const mf_schema_key *k, const char *v)
 {
-    mf_emit_key(c, k);
-    mf_emit_str(c, v);
+    v = v ? v : "";
+    mf_emit_kv(c, k, v, mf_yaml_str_style(v));
 }
 
-static void mf_emit_kv_int(mf_emit_ctx *c, const char *k, int64_t v)
+static void mf_emit_kv_int(mf_emit_ctx *c, const mf_schema_key *k, int64_t v)
 {
-    mf_emit_key(c, k);
-    mf_emit_int(c, v);
+    char buf[24];
+    mf_emit_kv(c, k, mf_yaml_int_text(v, buf), YAML_PLAIN_SCALAR_STYLE);
 }
 
-static void mf_emit_placement(mf_emit_ctx *c, const mf_placement *p)
+/* A flow mapping of one int per name of the schedule (axis, role), the names
+ * written plain as keys. */
+static void mf_emit_int_map(mf_emit_ctx *c, const char *const *names, const int64_t *v, int n)
 {
+    mf_emit_map_begin(c, true);
+    for (int i = 0; i < n; i++) {
+        mf_emit_scalar_style(c, names[i], YAML_PLAIN_SCALAR_STYLE);
+        mf_emit_int(c, v[i]);
+    }
+    mf_emit_map_end(c);
+}
+
+/* key: a block list of n items, each written by item(c, i). */
+static void mf_emit_list(mf_emit_ctx *c, const mf_schema_key *k, int n, void (*item)(mf_emit_ctx *, int))
+{
+    mf_emit_key(c, k);
+    mf_emit_seq_begin(c, false);
+    for (int i = 0; i < n; i++)
+        item(c, i);
+    mf_emit_seq_end(c);
+}
+
+static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_placement *p)
+{
+    mf_emit_key(c, k);
     mf_emit_seq_begin(c, true);
     for (int j = 0; j < c->s->mesh.naxes; j++)
         mf_emit_str(c, mf_place_name((mf_place)p->p[j]));
@@ -159,219 +189,215 @@ static const char *mf_emit_unit_name(const mf_schedule *s, int u)
 static void mf_emit_header(mf_emit_ctx *c)
 {
     const mf_schedule *s = c->s;
-    mf_emit_kv_str(c, "format", s->programs ? MF_SCHEDULE_FORMAT : MF_SCHEDULE_FORMAT_STEP_ONLY);
-    mf_emit_kv_str(c, "source", s->source ? s->source : "");
-    mf_emit_key(c, "source_sha256");
-    mf_emit_scalar_style(c, s->source_sha256, YAML_DOUBLE_QUOTED_SCALAR_STYLE);
-    mf_emit_key(c, "mesh");
+    mf_emit_kv_str(c, MF_KEY(ROOT, FORMAT), s->programs ? MF_SCHEDULE_FORMAT : MF_SCHEDULE_FORMAT_STEP_ONLY);
+    mf_emit_kv_str(c, MF_KEY(ROOT, SOURCE), s->source);
+    mf_emit_kv(c, MF_KEY(ROOT, SHA), s->source_sha256, YAML_DOUBLE_QUOTED_SCALAR_STYLE);
+    mf_emit_key(c, MF_KEY(ROOT, MESH));
     mf_emit_map_begin(c, true);
-    mf_emit_key(c, "axes");
+    mf_emit_key(c, MF_KEY(MESH, AXES));
     mf_emit_seq_begin(c, true);
     for (int j = 0; j < s->mesh.naxes; j++) {
         mf_emit_map_begin(c, true);
-        mf_emit_kv_str(c, "name", s->mesh.axes[j].name);
-        mf_emit_kv_int(c, "size", s->mesh.axes[j].size);
+        mf_emit_kv_str(c, MF_KEY(AXIS, NAME), s->mesh.axes[j].name);
+        mf_emit_kv_int(c, MF_KEY(AXIS, SIZE), s->mesh.axes[j].size);
         mf_emit_map_end(c);
     }
     mf_emit_seq_end(c);
     mf_emit_map_end(c);
-    mf_emit_kv_int(c, "microbatches", s->microbatches);
-    mf_emit_kv_str(c, "reduce", mf_reduce_name(s->reduce));
-    mf_emit_kv_int(c, "align", s->align);
-    mf_emit_kv_int(c, "prefetch", s->prefetch);
+    mf_emit_kv_int(c, MF_KEY(ROOT, MICROBATCHES), s->microbatches);
+    mf_emit_kv_str(c, MF_KEY(ROOT, REDUCE), mf_reduce_name(s->reduce));
+    mf_emit_kv_int(c, MF_KEY(ROOT, ALIGN), s->align);
+    mf_emit_kv_int(c, MF_KEY(ROOT, PREFETCH), s->prefetch);
 }
 
-static void mf_emit_units(mf_emit_ctx *c)
+static void mf_emit_unit(mf_emit_ctx *c, int u)
 {
     const mf_schedule *s = c->s;
-    mf_emit_key(c, "units");
-    mf_emit_seq_begin(c, false);
-    for (int u = 0; u < s->nunits; u++) {
-        const mf_unit *un = &s->units[u];
+    const mf_unit *un = &s->units[u];
+    mf_emit_map_begin(c, true);
+    mf_emit_kv_str(c, MF_KEY(UNIT, NAME), un->name);
+    mf_emit_kv_word(c, MF_KEY(UNIT, RESHARD), un->reshard_after_forward ? "true" : "false");
+    mf_emit_key(c, MF_KEY(UNIT, BUCKETS));
+    mf_emit_seq_begin(c, true);
+    for (int b = un->first_bucket; b < un->first_bucket + un->nbuckets && b < s->nbuckets; b++)
+        mf_emit_str(c, s->buckets[b].name);
+    mf_emit_seq_end(c);
+    mf_emit_map_end(c);
+}
+
+static void mf_emit_tensor(mf_emit_ctx *c, const mf_tensor *te)
+{
+    mf_emit_map_begin(c, true);
+    mf_emit_kv_str(c, MF_KEY(TENSOR, NAME), te->name);
+    mf_emit_kv_int(c, MF_KEY(TENSOR, OFFSET), te->offset);
+    mf_emit_kv_int(c, MF_KEY(TENSOR, NUMEL), te->numel);
+    mf_emit_key(c, MF_KEY(TENSOR, DIMS));
+    mf_emit_seq_begin(c, true);
+    for (int d = 0; d < te->ndims; d++)
+        mf_emit_int(c, te->dims[d]);
+    mf_emit_seq_end(c);
+    mf_emit_map_end(c);
+}
+
+static void mf_emit_bucket(mf_emit_ctx *c, int b)
+{
+    const mf_schedule *s = c->s;
+    const mf_bucket *bk = &s->buckets[b];
+    mf_emit_map_begin(c, false);
+    mf_emit_kv_str(c, MF_KEY(BUCKET, NAME), bk->name);
+    mf_emit_kv_str(c, MF_KEY(BUCKET, UNIT), mf_emit_unit_name(s, bk->unit));
+    mf_emit_kv_str(c, MF_KEY(BUCKET, LAST_UNIT), mf_emit_unit_name(s, bk->last_unit));
+    mf_emit_kv_str(c, MF_KEY(BUCKET, LAYOUT), bk->layout);
+    mf_emit_kv_int(c, MF_KEY(BUCKET, LENGTH), bk->length);
+    mf_emit_kv_int(c, MF_KEY(BUCKET, USED), bk->used);
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        mf_emit_key(c, &MF_KEY(BUCKET, WEIGHT)[r]); /* the roles' keys, in mf_role order */
         mf_emit_map_begin(c, true);
-        mf_emit_kv_str(c, "name", un->name);
-        mf_emit_key(c, "reshard_after_forward");
-        mf_emit_scalar_style(c, un->reshard_after_forward ? "true" : "false", YAML_PLAIN_SCALAR_STYLE);
-        mf_emit_key(c, "buckets");
-        mf_emit_seq_begin(c, true);
-        for (int b = un->first_bucket; b < un->first_bucket + un->nbuckets && b < s->nbuckets; b++)
-            mf_emit_str(c, s->buckets[b].name);
-        mf_emit_seq_end(c);
+        mf_emit_kv_str(c, MF_KEY(ROLE, DTYPE), mf_dtype_name(bk->dtype[r]));
+        mf_emit_placement(c, MF_KEY(ROLE, PLACEMENT), &bk->place[r]);
         mf_emit_map_end(c);
     }
+    mf_emit_key(c, MF_KEY(BUCKET, TENSORS));
+    mf_emit_seq_begin(c, false);
+    for (int t = 0; t < bk->ntensors; t++)
+        mf_emit_tensor(c, &bk->tensors[t]);
     mf_emit_seq_end(c);
+    mf_emit_map_end(c);
 }
 
-static void mf_emit_buckets(mf_emit_ctx *c)
+static void mf_emit_buffer(mf_emit_ctx *c, int i)
 {
     const mf_schedule *s = c->s;
-    mf_emit_key(c, "buckets");
-    mf_emit_seq_begin(c, false);
-    for (int b = 0; b < s->nbuckets; b++) {
-        const mf_bucket *bk = &s->buckets[b];
-        mf_emit_map_begin(c, false);
-        mf_emit_kv_str(c, "name", bk->name);
-        mf_emit_kv_str(c, "unit", mf_emit_unit_name(s, bk->unit));
-        mf_emit_kv_str(c, "last_unit", mf_emit_unit_name(s, bk->last_unit));
-        mf_emit_kv_str(c, "layout", bk->layout ? bk->layout : "");
-        mf_emit_kv_int(c, "length", bk->length);
-        mf_emit_kv_int(c, "used", bk->used);
-        for (int r = 0; r < MF_ROLE_COUNT; r++) {
-            mf_emit_str(c, mf_role_name((mf_role)r));
-            mf_emit_map_begin(c, true);
-            mf_emit_kv_str(c, "dtype", mf_dtype_name(bk->dtype[r]));
-            mf_emit_key(c, "placement");
-            mf_emit_placement(c, &bk->place[r]);
-            mf_emit_map_end(c);
-        }
-        mf_emit_key(c, "tensors");
-        mf_emit_seq_begin(c, false);
-        for (int t = 0; t < bk->ntensors; t++) {
-            const mf_tensor *te = &bk->tensors[t];
-            mf_emit_map_begin(c, true);
-            mf_emit_kv_str(c, "name", te->name);
-            mf_emit_kv_int(c, "offset", te->offset);
-            mf_emit_kv_int(c, "numel", te->numel);
-            mf_emit_key(c, "dims");
-            mf_emit_seq_begin(c, true);
-            for (int d = 0; d < te->ndims; d++)
-                mf_emit_int(c, te->dims[d]);
-            mf_emit_seq_end(c);
-            mf_emit_map_end(c);
-        }
-        mf_emit_seq_end(c);
-        mf_emit_map_end(c);
-    }
-    mf_emit_seq_end(c);
+    const mf_buffer *bf = &s->buffers[i];
+    mf_emit_map_begin(c, true);
+    mf_emit_kv_str(c, MF_KEY(BUFFER, NAME), bf->name);
+    mf_emit_kv_str(c, MF_KEY(BUFFER, BUCKET),
+                   bf->bucket >= 0 && bf->bucket < s->nbuckets ? s->buckets[bf->bucket].name : "?");
+    mf_emit_kv_str(c, MF_KEY(BUFFER, KIND), mf_bufkind_name(bf->kind));
+    mf_emit_kv_str(c, MF_KEY(BUFFER, DTYPE), mf_dtype_name(bf->dtype));
+    mf_emit_placement(c, MF_KEY(BUFFER, PLACEMENT), &bf->place);
+    mf_emit_kv_int(c, MF_KEY(BUFFER, COUNT), bf->count);
+    mf_emit_kv_str(c, MF_KEY(BUFFER, LIFETIME), mf_lifetime_name(bf->lifetime));
+    mf_emit_kv_int(c, MF_KEY(BUFFER, OFFSET), bf->offset);
+    mf_emit_map_end(c);
 }
 
 static void mf_emit_buffers(mf_emit_ctx *c)
 {
+    mf_emit_list(c, MF_KEY(ROOT, BUFFERS), c->s->nbuffers, mf_emit_buffer);
+}
+
+/* key: the name of bucket or buffer `i`, quoted as decided once per name;
+ * "?" for a name out of range (NULL). */
+static void mf_emit_kv_name(mf_emit_ctx *c, const mf_schema_key *k, const char *name,
+                            const yaml_scalar_style_t *style, int i)
+{
+    if (!name)
+        mf_emit_kv_str(c, k, "?");
+    else
+        mf_emit_kv(c, k, name, style ? style[i] : mf_yaml_str_style(name));
+}
+
+static void mf_emit_kv_bucket(mf_emit_ctx *c, const mf_schema_key *k, int b)
+{
     const mf_schedule *s = c->s;
-    mf_emit_key(c, "buffers");
-    mf_emit_seq_begin(c, false);
-    for (int i = 0; i < s->nbuffers; i++) {
-        const mf_buffer *bf = &s->buffers[i];
-        mf_emit_map_begin(c, true);
-        mf_emit_kv_str(c, "name", bf->name);
-        mf_emit_kv_str(c, "bucket",
-                       bf->bucket >= 0 && bf->bucket < s->nbuckets ? s->buckets[bf->bucket].name : "?");
-        mf_emit_kv_str(c, "kind", mf_bufkind_name(bf->kind));
-        mf_emit_kv_str(c, "dtype", mf_dtype_name(bf->dtype));
-        mf_emit_key(c, "placement");
-        mf_emit_placement(c, &bf->place);
-        mf_emit_kv_int(c, "count", bf->count);
-        mf_emit_kv_str(c, "lifetime", mf_lifetime_name(bf->lifetime));
-        mf_emit_kv_int(c, "offset", bf->offset);
-        mf_emit_map_end(c);
+    mf_emit_kv_name(c, k, b >= 0 && b < s->nbuckets ? s->buckets[b].name : NULL, c->bucket_style, b);
+}
+
+static void mf_emit_kv_buffer(mf_emit_ctx *c, const mf_schema_key *k, int b)
+{
+    const mf_schedule *s = c->s;
+    mf_emit_kv_name(c, k, b >= 0 && b < s->nbuffers ? s->buffers[b].name : NULL, c->buffer_style, b);
+}
+
+static void mf_emit_op(mf_emit_ctx *c, int i)
+{
+    static const char *const tnames[] = {"T0", "T1", "T2", "T3", "T4"};
+    const mf_schedule *s = c->s;
+    const mf_op *op = &s->ops[i];
+    mf_emit_map_begin(c, true);
+    mf_emit_kv_int(c, MF_KEY(OP, ID), op->id);
+    mf_emit_kv_word(c, MF_KEY(OP, PHASE), mf_phase_name(op->phase));
+    if (op->phase != MF_PHASE_STEP_BEGIN && op->phase != MF_PHASE_STEP_END)
+        mf_emit_kv_str(c, MF_KEY(OP, UNIT), mf_emit_unit_name(s, op->unit));
+    mf_emit_kv_word(c, MF_KEY(OP, WHEN), mf_when_name(op->when));
+    mf_emit_kv_word(c, MF_KEY(OP, STREAM), mf_stream_name(op->stream));
+    mf_emit_kv_word(c, MF_KEY(OP, OP), mf_opkind_name(op->kind));
+    if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) {
+        mf_emit_kv_int(c, MF_KEY(OP, EVENT), op->event);
+    } else {
+        mf_emit_kv_str(c, MF_KEY(OP, TRANSITION),
+                       op->transition >= 0 && op->transition <= 4 ? tnames[op->transition] : "?");
+        mf_emit_kv_bucket(c, MF_KEY(OP, BUCKET), op->bucket);
+        if (op->axis >= 0)
+            mf_emit_kv_str(c, MF_KEY(OP, AXIS), op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].name : "?");
+        mf_emit_kv_word(c, MF_KEY(OP, DTYPE), mf_dtype_name(op->dtype));
+        mf_emit_kv_int(c, MF_KEY(OP, COUNT), op->count);
+        mf_emit_kv_buffer(c, MF_KEY(OP, SRC), op->src);
+        mf_emit_kv_buffer(c, MF_KEY(OP, DST), op->dst);
     }
-    mf_emit_seq_end(c);
+    mf_emit_map_end(c);
 }
 
-/* key: the name of bucket or buffer `i`, quoted as decided once per name. */
-static void mf_emit_kv_name(mf_emit_ctx *c, const char *k, const char *name, const yaml_scalar_style_t *style, int i)
+/* Whether each bucket / buffer name needs quotes, decided once (the ops name
+ * them hundreds of thousands of times); NULL when out of memory. */
+static yaml_scalar_style_t *mf_emit_styles(const void *base, int n, size_t size, size_t off)
 {
-    mf_emit_key(c, k);
-    mf_emit_scalar_style(c, name, style ? style[i] : mf_yaml_str_style(name));
-}
-
-static void mf_emit_kv_bucket(mf_emit_ctx *c, const char *k, int b)
-{
-    if (b >= 0 && b < c->s->nbuckets)
-        mf_emit_kv_name(c, k, c->s->buckets[b].name, c->bucket_style, b);
-    else
-        mf_emit_kv_str(c, k, "?");
-}
-
-static void mf_emit_kv_buffer(mf_emit_ctx *c, const char *k, int b)
-{
-    if (b >= 0 && b < c->s->nbuffers)
-        mf_emit_kv_name(c, k, c->s->buffers[b].name, c->buffer_style, b);
-    else
-        mf_emit_kv_str(c, k, "?");
+    yaml_scalar_style_t *style = malloc(sizeof *style * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; style && i < n; i++) {
+        const char *name;
+        memcpy(&name, (const char *)base + (size_t)i * size + off, sizeof name);
+        style[i] = mf_yaml_str_style(name ? name : "");
+    }
+    return style;
 }
 
 static void mf_emit_ops(mf_emit_ctx *c)
 {
-    static const char *const tnames[] = {"T0", "T1", "T2", "T3", "T4"};
     const mf_schedule *s = c->s;
-    c->bucket_style = malloc(sizeof *c->bucket_style * (size_t)(s->nbuckets > 0 ? s->nbuckets : 1));
-    c->buffer_style = malloc(sizeof *c->buffer_style * (size_t)(s->nbuffers > 0 ? s->nbuffers : 1));
-    for (int i = 0; c->bucket_style && i < s->nbuckets; i++)
-        c->bucket_style[i] = mf_yaml_str_style(s->buckets[i].name ? s->buckets[i].name : "");
-    for (int i = 0; c->buffer_style && i < s->nbuffers; i++)
-        c->buffer_style[i] = mf_yaml_str_style(s->buffers[i].name ? s->buffers[i].name : "");
-    mf_emit_key(c, "ops");
-    mf_emit_seq_begin(c, false);
-    for (int i = 0; i < s->nops; i++) {
-        const mf_op *op = &s->ops[i];
-        mf_emit_map_begin(c, true);
-        mf_emit_kv_int(c, "id", op->id);
-        mf_emit_kv_word(c, "phase", mf_phase_name(op->phase));
-        if (op->phase != MF_PHASE_STEP_BEGIN && op->phase != MF_PHASE_STEP_END)
-            mf_emit_kv_str(c, "unit", mf_emit_unit_name(s, op->unit));
-        mf_emit_kv_word(c, "when", mf_when_name(op->when));
-        mf_emit_kv_word(c, "stream", mf_stream_name(op->stream));
-        mf_emit_kv_word(c, "op", mf_opkind_name(op->kind));
-        if (op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) {
-            mf_emit_kv_int(c, "event", op->event);
-        } else {
-            mf_emit_kv_str(c, "transition",
-                           op->transition >= 0 && op->transition <= 4 ? tnames[op->transition] : "?");
-            mf_emit_kv_bucket(c, "bucket", op->bucket);
-            if (op->axis >= 0)
-                mf_emit_kv_str(c, "axis",
-                               op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].name : "?");
-            mf_emit_kv_word(c, "dtype", mf_dtype_name(op->dtype));
-            mf_emit_kv_int(c, "count", op->count);
-            mf_emit_kv_buffer(c, "src", op->src);
-            mf_emit_kv_buffer(c, "dst", op->dst);
-        }
-        mf_emit_map_end(c);
-    }
-    mf_emit_seq_end(c);
+    c->bucket_style = mf_emit_styles(s->buckets, s->nbuckets, sizeof *s->buckets, offsetof(mf_bucket, name));
+    c->buffer_style = mf_emit_styles(s->buffers, s->nbuffers, sizeof *s->buffers, offsetof(mf_buffer, name));
+    mf_emit_list(c, MF_KEY(ROOT, OPS), s->nops, mf_emit_op);
     free(c->bucket_style);
     free(c->buffer_style);
     c->bucket_style = c->buffer_style = NULL;
 }
 
-static void mf_emit_role_map(mf_emit_ctx *c, const char *key, const int64_t v[MF_ROLE_COUNT])
+static void mf_emit_role_map(mf_emit_ctx *c, const mf_schema_key *k, const int64_t v[MF_ROLE_COUNT])
 {
-    mf_emit_str(c, key);
-    mf_emit_map_begin(c, true);
+    const char *names[MF_ROLE_COUNT];
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        mf_emit_kv_int(c, mf_role_name((mf_role)r), v[r]);
-    mf_emit_map_end(c);
+        names[r] = mf_role_name((mf_role)r);
+    mf_emit_key(c, k);
+    mf_emit_int_map(c, names, v, MF_ROLE_COUNT);
 }
 
 static void mf_emit_summary(mf_emit_ctx *c)
 {
     const mf_schedule *s = c->s;
     const mf_summary *sum = &s->summary;
-    mf_emit_key(c, "summary");
+    const char *axes[MF_MAX_AXES];
+    int naxes = s->mesh.naxes < MF_MAX_AXES ? s->mesh.naxes : MF_MAX_AXES;
+    for (int j = 0; j < naxes; j++)
+        axes[j] = s->mesh.axes[j].name;
+    mf_emit_key(c, MF_KEY(ROOT, SUMMARY));
     mf_emit_map_begin(c, false);
-    mf_emit_key(c, "collectives");
+    mf_emit_key(c, MF_KEY(SUMMARY, COLLECTIVES));
     mf_emit_map_begin(c, false);
     for (int k = 0; k < MF_OPKIND_COUNT; k++) {
         if (!mf_opkind_is_collective((mf_opkind)k))
             continue;
         mf_emit_str(c, mf_opkind_name((mf_opkind)k));
-        mf_emit_map_begin(c, true);
-        for (int j = 0; j < s->mesh.naxes; j++)
-            mf_emit_kv_int(c, s->mesh.axes[j].name, sum->collectives[k][j]);
-        mf_emit_map_end(c);
+        mf_emit_int_map(c, axes, sum->collectives[k], naxes);
     }
     mf_emit_map_end(c);
-    mf_emit_key(c, "bytes_per_rank");
-    mf_emit_map_begin(c, true);
-    for (int j = 0; j < s->mesh.naxes; j++)
-        mf_emit_kv_int(c, s->mesh.axes[j].name, sum->bytes[j]);
-    mf_emit_map_end(c);
-    mf_emit_role_map(c, "persistent_bytes", sum->persistent_bytes);
-    mf_emit_role_map(c, "model_bytes", sum->model_bytes);
-    mf_emit_kv_int(c, "live_bytes", sum->live_bytes);
-    mf_emit_kv_int(c, "interference_bytes", sum->interference_bytes);
-    mf_emit_kv_int(c, "allocated_bytes", sum->allocated_bytes);
+    mf_emit_key(c, MF_KEY(SUMMARY, BYTES));
+    mf_emit_int_map(c, axes, sum->bytes, naxes);
+    mf_emit_role_map(c, MF_KEY(SUMMARY, PERSISTENT), sum->persistent_bytes);
+    mf_emit_role_map(c, MF_KEY(SUMMARY, MODEL), sum->model_bytes);
+    mf_emit_kv_int(c, MF_KEY(SUMMARY, LIVE), sum->live_bytes);
+    mf_emit_kv_int(c, MF_KEY(SUMMARY, INTERFERENCE), sum->interference_bytes);
+    mf_emit_kv_int(c, MF_KEY(SUMMARY, ALLOCATED), sum->allocated_bytes);
     mf_emit_map_end(c);
 }
 
@@ -437,12 +463,12 @@ static void mf_emit_section(mf_emit_ctx *c, int (*direct)(mf_emit_lines *, FILE 
 
 static void mf_emit_arena_events(mf_emit_ctx *c)
 {
-    mf_emit_key(c, "arena");
+    mf_emit_key(c, MF_KEY(ROOT, ARENA));
     mf_emit_map_begin(c, true);
-    mf_emit_kv_int(c, "persistent", c->s->mem_persistent);
-    mf_emit_kv_int(c, "transient", c->s->mem_transient);
+    mf_emit_kv_int(c, MF_KEY(ARENA, PERSISTENT), c->s->mem_persistent);
+    mf_emit_kv_int(c, MF_KEY(ARENA, TRANSIENT), c->s->mem_transient);
     mf_emit_map_end(c);
-    mf_emit_kv_int(c, "events", c->s->nevents);
+    mf_emit_kv_int(c, MF_KEY(ROOT, EVENTS), c->s->nevents);
 }
 
 /*
@@ -461,8 +487,8 @@ int mf_emit_yaml(const mf_schedule *s, FILE *out)
 
     mf_emit_seg_begin(&c);
     mf_emit_header(&c);
-    mf_emit_units(&c);
-    mf_emit_buckets(&c);
+    mf_emit_list(&c, MF_KEY(ROOT, UNITS), s->nunits, mf_emit_unit);
+    mf_emit_list(&c, MF_KEY(ROOT, BUCKETS), s->nbuckets, mf_emit_bucket);
     mf_emit_seg_end(&c);
     mf_emit_section(&c, mf_emit_lines_buffers, mf_emit_buffers);
     mf_emit_seg_begin(&c);

@@ -30,7 +30,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_schema.h"
 #include "mf_yaml_str.h"
+
+/* What comes before the value of each key of a section's flow mapping:
+ * "- {key: " for the first, ", key: " for the others (core/mf_schema.h). */
+typedef struct mf_lines_seps {
+    char text[MF_K_OP_NKEYS][32]; /* the longest key of either section is 10 bytes */
+    size_t len[MF_K_OP_NKEYS];
+} mf_lines_seps;
+_Static_assert((int)MF_K_BUFFER_NKEYS <= (int)MF_K_OP_NKEYS, "mf_lines_seps holds the buffers' keys too");
 
 /* A vocabulary: the plain length of each word, -1 when it is not plain. */
 typedef struct mf_lines_vocab {
@@ -40,9 +49,10 @@ typedef struct mf_lines_vocab {
 
 struct mf_emit_lines {
     const mf_schedule *s;
-    int *bucket_len, *buffer_len, *unit_len; /* plain lengths, -1 = not plain */
+    int *bucket_len, *buffer_len, *unit_len; /* plain lengths, -1 = not plain; one allocation */
     int axis_len[MF_MAX_AXES];
     mf_lines_vocab dtype, place, bufkind, lifetime, phase, when, stream, opkind;
+    mf_lines_seps buffer_seps, op_seps;
     /* output, buffered in 64 KiB blocks; ok is false after a failed write */
     FILE *out;
     bool ok;
@@ -89,17 +99,25 @@ static int mf_lines_plain_len(const char *v)
     return n > (size_t)INT32_MAX ? -1 : (int)n;
 }
 
-/* Plain lengths of n names, the one at field offset `off` of each of the n
- * records of `size` bytes at base; NULL when out of memory. */
-static int *mf_lines_names(const void *base, int n, size_t size, size_t off)
+/* Plain lengths into len[0..n) of n names, the one at field offset `off` of
+ * each of the n records of `size` bytes at base; returns len + n. */
+static int *mf_lines_names(int *len, const void *base, int n, size_t size, size_t off)
 {
-    int *len = malloc(sizeof *len * (size_t)(n > 0 ? n : 1));
-    for (int i = 0; len && i < n; i++) {
+    for (int i = 0; i < n; i++) {
         const char *name;
         memcpy(&name, (const char *)base + (size_t)i * size + off, sizeof name);
         len[i] = mf_lines_plain_len(name);
     }
-    return len;
+    return len + n;
+}
+
+static void mf_lines_seps_init(mf_lines_seps *o, mf_section sec)
+{
+    const mf_schema_section *s = &mf_schema_sections[sec];
+    for (int k = 0; k < s->nkeys && k < MF_K_OP_NKEYS; k++) {
+        int n = snprintf(o->text[k], sizeof o->text[k], "%s%s: ", k ? ", " : "- {", s->keys[k].name);
+        o->len[k] = n > 0 && (size_t)n < sizeof o->text[k] ? (size_t)n : 0;
+    }
 }
 
 static void mf_lines_vocab_init(mf_lines_vocab *v, int count, const char *(*name)(int))
@@ -132,13 +150,14 @@ mf_emit_lines *mf_emit_lines_new(const mf_schedule *s)
     if (!l)
         return NULL;
     l->s = s;
-    l->bucket_len = mf_lines_names(s->buckets, s->nbuckets, sizeof *s->buckets, offsetof(mf_bucket, name));
-    l->buffer_len = mf_lines_names(s->buffers, s->nbuffers, sizeof *s->buffers, offsetof(mf_buffer, name));
-    l->unit_len = mf_lines_names(s->units, s->nunits, sizeof *s->units, offsetof(mf_unit, name));
-    if (!l->bucket_len || !l->buffer_len || !l->unit_len) {
-        mf_emit_lines_free(l);
+    l->bucket_len = malloc(sizeof *l->bucket_len * ((size_t)s->nbuckets + (size_t)s->nbuffers + (size_t)s->nunits + 1));
+    if (!l->bucket_len) {
+        free(l);
         return NULL;
     }
+    l->buffer_len = mf_lines_names(l->bucket_len, s->buckets, s->nbuckets, sizeof *s->buckets, offsetof(mf_bucket, name));
+    l->unit_len = mf_lines_names(l->buffer_len, s->buffers, s->nbuffers, sizeof *s->buffers, offsetof(mf_buffer, name));
+    mf_lines_names(l->unit_len, s->units, s->nunits, sizeof *s->units, offsetof(mf_unit, name));
     for (int j = 0; j < MF_MAX_AXES; j++)
         l->axis_len[j] = j < s->mesh.naxes ? mf_lines_plain_len(s->mesh.axes[j].name) : -1;
     mf_lines_vocab_init(&l->dtype, MF_DTYPE_COUNT, mf_lines_dtype);
@@ -149,16 +168,15 @@ mf_emit_lines *mf_emit_lines_new(const mf_schedule *s)
     mf_lines_vocab_init(&l->when, MF_WHEN_COUNT, mf_lines_when);
     mf_lines_vocab_init(&l->stream, MF_STREAM_COUNT, mf_lines_stream);
     mf_lines_vocab_init(&l->opkind, MF_OPKIND_COUNT, mf_lines_opkind);
+    mf_lines_seps_init(&l->buffer_seps, MF_SECTION_BUFFER);
+    mf_lines_seps_init(&l->op_seps, MF_SECTION_OP);
     return l;
 }
 
 void mf_emit_lines_free(mf_emit_lines *l)
 {
-    if (!l)
-        return;
-    free(l->bucket_len);
-    free(l->buffer_len);
-    free(l->unit_len);
+    if (l)
+        free(l->bucket_len);
     free(l);
 }
 
@@ -183,48 +201,66 @@ static bool mf_lines_buffers_plain(const mf_emit_lines *l)
     return true;
 }
 
+/* The separator and key before a value: "- {key: " or ", key: ". */
+static void mf_lines_key(mf_emit_lines *o, const mf_lines_seps *seps, int key)
+{
+    mf_lines_put(o, seps->text[key], seps->len[key]);
+}
+
 static void mf_lines_buffer(mf_emit_lines *o, int i)
 {
     const mf_schedule *s = o->s;
     const mf_buffer *bf = &s->buffers[i];
-    MF_LINES_LIT(o, "- {name: ");
+    const mf_lines_seps *k = &o->buffer_seps;
+    mf_lines_key(o, k, MF_K_BUFFER_NAME);
     mf_lines_put(o, bf->name, (size_t)o->buffer_len[i]);
-    MF_LINES_LIT(o, ", bucket: ");
+    mf_lines_key(o, k, MF_K_BUFFER_BUCKET);
     mf_lines_put(o, s->buckets[bf->bucket].name, (size_t)o->bucket_len[bf->bucket]);
-    MF_LINES_LIT(o, ", kind: ");
+    mf_lines_key(o, k, MF_K_BUFFER_KIND);
     mf_lines_word(o, &o->bufkind, (int)bf->kind, mf_bufkind_name(bf->kind));
-    MF_LINES_LIT(o, ", dtype: ");
+    mf_lines_key(o, k, MF_K_BUFFER_DTYPE);
     mf_lines_word(o, &o->dtype, (int)bf->dtype, mf_dtype_name(bf->dtype));
-    MF_LINES_LIT(o, ", placement: [");
+    mf_lines_key(o, k, MF_K_BUFFER_PLACEMENT);
+    MF_LINES_LIT(o, "[");
     for (int j = 0; j < s->mesh.naxes; j++) {
         if (j)
             MF_LINES_LIT(o, ", ");
         mf_lines_word(o, &o->place, bf->place.p[j], mf_place_name((mf_place)bf->place.p[j]));
     }
-    MF_LINES_LIT(o, "], count: ");
+    MF_LINES_LIT(o, "]");
+    mf_lines_key(o, k, MF_K_BUFFER_COUNT);
     mf_lines_int(o, bf->count);
-    MF_LINES_LIT(o, ", lifetime: ");
+    mf_lines_key(o, k, MF_K_BUFFER_LIFETIME);
     mf_lines_word(o, &o->lifetime, (int)bf->lifetime, mf_lifetime_name(bf->lifetime));
-    MF_LINES_LIT(o, ", offset: ");
+    mf_lines_key(o, k, MF_K_BUFFER_OFFSET);
     mf_lines_int(o, bf->offset);
     MF_LINES_LIT(o, "}\n");
+}
+
+/* A section of the root mapping: its key, then one line per item
+ * ("key: []" when it has none). */
+static int mf_lines_section(mf_emit_lines *l, FILE *out, const mf_schema_key *key, int n,
+                            void (*item)(mf_emit_lines *, int))
+{
+    l->out = out;
+    l->ok = true;
+    l->n = 0;
+    mf_lines_put(l, key->name, key->len);
+    if (n == 0)
+        MF_LINES_LIT(l, ": []\n");
+    else
+        MF_LINES_LIT(l, ":\n");
+    for (int i = 0; i < n; i++)
+        item(l, i);
+    mf_lines_flush(l);
+    return l->ok ? MF_EMIT_LINES_OK : MF_EMIT_LINES_IO;
 }
 
 int mf_emit_lines_buffers(mf_emit_lines *l, FILE *out)
 {
     if (!l || !mf_lines_buffers_plain(l))
         return MF_EMIT_LINES_NOT_PLAIN;
-    l->out = out;
-    l->ok = true;
-    l->n = 0;
-    if (l->s->nbuffers == 0)
-        MF_LINES_LIT(l, "buffers: []\n");
-    else
-        MF_LINES_LIT(l, "buffers:\n");
-    for (int i = 0; i < l->s->nbuffers; i++)
-        mf_lines_buffer(l, i);
-    mf_lines_flush(l);
-    return l->ok ? MF_EMIT_LINES_OK : MF_EMIT_LINES_IO;
+    return mf_lines_section(l, out, MF_KEY(ROOT, BUFFERS), l->s->nbuffers, mf_lines_buffer);
 }
 
 static bool mf_lines_has_unit(const mf_op *op)
@@ -251,45 +287,47 @@ static bool mf_lines_op_plain(const mf_emit_lines *l, const mf_op *op)
            l->buffer_len[op->src] >= 0 && mf_lines_in(op->dst, s->nbuffers) && l->buffer_len[op->dst] >= 0;
 }
 
-static void mf_lines_op(mf_emit_lines *o, const mf_op *op)
+static void mf_lines_op(mf_emit_lines *o, int i)
 {
     static const char *const tnames[] = {"T0", "T1", "T2", "T3", "T4"};
     const mf_schedule *s = o->s;
-    MF_LINES_LIT(o, "- {id: ");
+    const mf_op *op = &s->ops[i];
+    const mf_lines_seps *k = &o->op_seps;
+    mf_lines_key(o, k, MF_K_OP_ID);
     mf_lines_int(o, op->id);
-    MF_LINES_LIT(o, ", phase: ");
+    mf_lines_key(o, k, MF_K_OP_PHASE);
     mf_lines_word(o, &o->phase, (int)op->phase, mf_phase_name(op->phase));
     if (mf_lines_has_unit(op)) {
-        MF_LINES_LIT(o, ", unit: ");
+        mf_lines_key(o, k, MF_K_OP_UNIT);
         mf_lines_put(o, s->units[op->unit].name, (size_t)o->unit_len[op->unit]);
     }
-    MF_LINES_LIT(o, ", when: ");
+    mf_lines_key(o, k, MF_K_OP_WHEN);
     mf_lines_word(o, &o->when, (int)op->when, mf_when_name(op->when));
-    MF_LINES_LIT(o, ", stream: ");
+    mf_lines_key(o, k, MF_K_OP_STREAM);
     mf_lines_word(o, &o->stream, (int)op->stream, mf_stream_name(op->stream));
-    MF_LINES_LIT(o, ", op: ");
+    mf_lines_key(o, k, MF_K_OP_OP);
     mf_lines_word(o, &o->opkind, (int)op->kind, mf_opkind_name(op->kind));
     if (mf_lines_is_event(op)) {
-        MF_LINES_LIT(o, ", event: ");
+        mf_lines_key(o, k, MF_K_OP_EVENT);
         mf_lines_int(o, op->event);
         MF_LINES_LIT(o, "}\n");
         return;
     }
-    MF_LINES_LIT(o, ", transition: ");
+    mf_lines_key(o, k, MF_K_OP_TRANSITION);
     mf_lines_put(o, tnames[op->transition], 2);
-    MF_LINES_LIT(o, ", bucket: ");
+    mf_lines_key(o, k, MF_K_OP_BUCKET);
     mf_lines_put(o, s->buckets[op->bucket].name, (size_t)o->bucket_len[op->bucket]);
     if (op->axis >= 0) {
-        MF_LINES_LIT(o, ", axis: ");
+        mf_lines_key(o, k, MF_K_OP_AXIS);
         mf_lines_put(o, s->mesh.axes[op->axis].name, (size_t)o->axis_len[op->axis]);
     }
-    MF_LINES_LIT(o, ", dtype: ");
+    mf_lines_key(o, k, MF_K_OP_DTYPE);
     mf_lines_word(o, &o->dtype, (int)op->dtype, mf_dtype_name(op->dtype));
-    MF_LINES_LIT(o, ", count: ");
+    mf_lines_key(o, k, MF_K_OP_COUNT);
     mf_lines_int(o, op->count);
-    MF_LINES_LIT(o, ", src: ");
+    mf_lines_key(o, k, MF_K_OP_SRC);
     mf_lines_put(o, s->buffers[op->src].name, (size_t)o->buffer_len[op->src]);
-    MF_LINES_LIT(o, ", dst: ");
+    mf_lines_key(o, k, MF_K_OP_DST);
     mf_lines_put(o, s->buffers[op->dst].name, (size_t)o->buffer_len[op->dst]);
     MF_LINES_LIT(o, "}\n");
 }
@@ -301,15 +339,5 @@ int mf_emit_lines_ops(mf_emit_lines *l, FILE *out)
     for (int i = 0; i < l->s->nops; i++)
         if (!mf_lines_op_plain(l, &l->s->ops[i]))
             return MF_EMIT_LINES_NOT_PLAIN;
-    l->out = out;
-    l->ok = true;
-    l->n = 0;
-    if (l->s->nops == 0)
-        MF_LINES_LIT(l, "ops: []\n");
-    else
-        MF_LINES_LIT(l, "ops:\n");
-    for (int i = 0; i < l->s->nops; i++)
-        mf_lines_op(l, &l->s->ops[i]);
-    mf_lines_flush(l);
-    return l->ok ? MF_EMIT_LINES_OK : MF_EMIT_LINES_IO;
+    return mf_lines_section(l, out, MF_KEY(ROOT, OPS), l->s->nops, mf_lines_op);
 }
