@@ -15,7 +15,7 @@ out=${2:?}
 secs=${3:?}
 shift 3
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_frontend fuzz_planner fuzz_load fuzz_roundtrip)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_frontend fuzz_planner fuzz_load fuzz_roundtrip fuzz_safetensors)
 src=$(cd "$(dirname "$0")/../.." && pwd)
 fz=$src/tests/fuzz
 spec_seeds=("$src/schedules" "$src/tests/frontend/valid" "$src/tests/frontend/invalid" "$fz/regressions/frontend"
@@ -26,6 +26,7 @@ for t in "${targets[@]}"; do
   case $t in
     fuzz_frontend|fuzz_planner) seeds=("${spec_seeds[@]}"); dict=frontend.dict; maxlen=16384 ;;
     fuzz_load|fuzz_roundtrip) seeds=("${yaml_seeds[@]}" "$src/schedules"); dict=schedule.dict; maxlen=65536 ;;
+    fuzz_safetensors) seeds=("$fz/seeds/safetensors"); dict=safetensors.dict; maxlen=8192 ;;
     *) echo "long-run.sh: unknown target $t" >&2; exit 2 ;;
   esac
   mkdir -p "$out/corpus/$t"
