@@ -33,12 +33,10 @@ static const char place_letters[] = {MF_PLACE_LIST(MF_LETTER_ITEM)};
 #define MF_ROLE_ITEM(E, name, role) MF_ROLE_##role,
 static const mf_role bufkind_roles[] = {MF_BUFKIND_LIST(MF_ROLE_ITEM)};
 #undef MF_ROLE_ITEM
-#define MF_COLL_ITEM(E, name, coll, on_axis, doc) coll,
-static const bool opkind_collective[] = {MF_OPKIND_LIST(MF_COLL_ITEM)};
-#undef MF_COLL_ITEM
-#define MF_ON_AXIS_ITEM(E, name, coll, on_axis, doc) on_axis,
-static const bool opkind_on_axis[] = {MF_OPKIND_LIST(MF_ON_AXIS_ITEM)};
-#undef MF_ON_AXIS_ITEM
+#define MF_OPKIND_ROW(E, name, coll, need, becomes, at, stream, doc) \
+    {name, coll, MF_PLACE_##need, MF_PLACE_##becomes, MF_OPAT_##at, MF_OPSTREAM_##stream, doc},
+static const mf_opkind_info opkind_table[] = {MF_OPKIND_LIST(MF_OPKIND_ROW)};
+#undef MF_OPKIND_ROW
 
 #define MF_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -80,14 +78,30 @@ mf_role mf_bufkind_role(mf_bufkind k)
     return bufkind_roles[k];
 }
 
+const mf_opkind_info *mf_opkind_info_of(mf_opkind k)
+{
+    return (int)k >= 0 && k < MF_OPKIND_COUNT ? &opkind_table[k] : NULL;
+}
+
 bool mf_opkind_is_collective(mf_opkind k)
 {
-    return (int)k >= 0 && k < MF_OPKIND_COUNT && opkind_collective[k];
+    const mf_opkind_info *in = mf_opkind_info_of(k);
+    return in && in->collective;
 }
 
 bool mf_opkind_on_axis(mf_opkind k)
 {
-    return (int)k >= 0 && k < MF_OPKIND_COUNT && opkind_on_axis[k];
+    const mf_opkind_info *in = mf_opkind_info_of(k);
+    return in && in->at != MF_OPAT_NO_AXIS;
+}
+
+int mf_opkind_for_move(mf_place a, mf_place b)
+{
+    for (int k = 0; k < MF_OPKIND_COUNT; k++)
+        if (opkind_table[k].at != MF_OPAT_NO_AXIS && opkind_table[k].need == (int)a &&
+            opkind_table[k].becomes == (int)b)
+            return k;
+    return -1;
 }
 
 mf_stream mf_axis_stream(int naxes, int axis)

@@ -132,51 +132,69 @@
     X(GRAD_FINAL, "grad_final", GRAD)          /* delivered gradient at O   */
 
 /*
- * ops: X(ENUM, name, is_collective, on_axis, comment). on_axis: the op works
- * along one mesh axis (the collectives and slice) and has an `axis` field.
+ * ops: X(ENUM, name, is_collective, need, becomes, at, stream, comment) -- the
+ * one table of what each op does (docs/semantics.md §2 and §4.2). The
+ * structural checker (core/mf_struct.c), the transition search
+ * (planner/mf_transition.c) and the plan bounds (planner/mf_plan_bound.c)
+ * derive their moves from it.
+ *   is_collective  the op communicates over its axis group
+ *   need, becomes  the placement the op needs on its axis, and the one it
+ *                  leaves there; NONE for the ops that keep the placement
+ *   at             which axis, relative to the Flat suffix s..k-1 of the
+ *                  op's source: FLAT_START (j = s), OUTSIDE_FLAT (j = s-1,
+ *                  k-1 while nothing is Flat), ANY_AXIS, or NO_AXIS (the op
+ *                  has no `axis` field)
+ *   stream         AXIS: the stream of its axis (mf_axis_stream); FED: the
+ *                  stream of the collective it feeds, never compute; ANY
  * The comment is the op's meaning; the full semantics are in the header
  * comment above and docs/schedule.md.
  */
-#define MF_OPKIND_LIST(X)                                                         \
-    X(ALL_GATHER, "all_gather", 1, 1, "concat shards over an axis group")         \
-    X(REDUCE_SCATTER, "reduce_scatter", 1, 1, "reduce, keep this rank's shard")   \
-    X(ALL_REDUCE, "all_reduce", 1, 1, "reduce over an axis group")                \
-    X(SLICE, "slice", 0, 1, "keep this rank's shard of a replicated buffer")     \
-    X(CAST, "cast", 0, 0, "convert dtype elementwise")                            \
-    X(ACCUMULATE, "accumulate", 0, 0, "copy on microbatch 0, add after")          \
-    X(RECORD, "record", 0, 0, "mark an event on this stream")                     \
-    X(WAIT, "wait", 0, 0, "wait for an event recorded on another stream")
+#define MF_OPKIND_LIST(X)                                                                                        \
+    X(ALL_GATHER, "all_gather", 1, FLAT, REPLICATE, FLAT_START, AXIS, "concat shards over an axis group")       \
+    X(REDUCE_SCATTER, "reduce_scatter", 1, PARTIAL, FLAT, OUTSIDE_FLAT, AXIS, "reduce, keep this rank's shard") \
+    X(ALL_REDUCE, "all_reduce", 1, PARTIAL, REPLICATE, ANY_AXIS, AXIS, "reduce over an axis group")             \
+    X(SLICE, "slice", 0, REPLICATE, FLAT, OUTSIDE_FLAT, FED, "keep this rank's shard of a replicated buffer")   \
+    X(CAST, "cast", 0, NONE, NONE, NO_AXIS, FED, "convert dtype elementwise")                                   \
+    X(ACCUMULATE, "accumulate", 0, NONE, NONE, NO_AXIS, FED, "copy on microbatch 0, add after")                 \
+    X(RECORD, "record", 0, NONE, NONE, NO_AXIS, ANY, "mark an event on this stream")                            \
+    X(WAIT, "wait", 0, NONE, NONE, NO_AXIS, ANY, "wait for an event recorded on another stream")
 
-#define MF_ENUM_ITEM(E, ...) MF_##E,
-typedef enum { MF_DTYPE_LIST(MF_ENUM_ITEM) MF_DTYPE_COUNT } mf_dtype;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_PLACE_##E,
-typedef enum { MF_PLACE_LIST(MF_ENUM_ITEM) MF_PLACE_COUNT } mf_place;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_ROLE_##E,
-typedef enum { MF_ROLE_LIST(MF_ENUM_ITEM) MF_ROLE_COUNT } mf_role;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_PHASE_##E,
-typedef enum { MF_PHASE_LIST(MF_ENUM_ITEM) MF_PHASE_COUNT } mf_phase;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_WHEN_##E,
-typedef enum { MF_WHEN_LIST(MF_ENUM_ITEM) MF_WHEN_COUNT } mf_when;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_STREAM_##E,
-typedef enum { MF_STREAM_LIST(MF_ENUM_ITEM) MF_STREAM_COUNT } mf_stream;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_REDUCE_##E,
-typedef enum { MF_REDUCE_LIST(MF_ENUM_ITEM) MF_REDUCE_COUNT } mf_reduce;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_LIFETIME_##E,
-typedef enum { MF_LIFETIME_LIST(MF_ENUM_ITEM) MF_LIFETIME_COUNT } mf_lifetime;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_BUF_##E,
-typedef enum { MF_BUFKIND_LIST(MF_ENUM_ITEM) MF_BUFKIND_COUNT } mf_bufkind;
-#undef MF_ENUM_ITEM
-#define MF_ENUM_ITEM(E, ...) MF_OP_##E,
-typedef enum { MF_OPKIND_LIST(MF_ENUM_ITEM) MF_OPKIND_COUNT } mf_opkind;
-#undef MF_ENUM_ITEM
+/* One enum per table: MF_<prefix><ENUM> per row, then the count. */
+#define MF_ENUM_DTYPE(E, ...) MF_##E,
+#define MF_ENUM_PLACE(E, ...) MF_PLACE_##E,
+#define MF_ENUM_ROLE(E, ...) MF_ROLE_##E,
+#define MF_ENUM_PHASE(E, ...) MF_PHASE_##E,
+#define MF_ENUM_WHEN(E, ...) MF_WHEN_##E,
+#define MF_ENUM_STREAM(E, ...) MF_STREAM_##E,
+#define MF_ENUM_REDUCE(E, ...) MF_REDUCE_##E,
+#define MF_ENUM_LIFETIME(E, ...) MF_LIFETIME_##E,
+#define MF_ENUM_BUF(E, ...) MF_BUF_##E,
+#define MF_ENUM_OP(E, ...) MF_OP_##E,
+typedef enum { MF_DTYPE_LIST(MF_ENUM_DTYPE) MF_DTYPE_COUNT } mf_dtype;
+typedef enum { MF_PLACE_LIST(MF_ENUM_PLACE) MF_PLACE_COUNT } mf_place;
+typedef enum { MF_ROLE_LIST(MF_ENUM_ROLE) MF_ROLE_COUNT } mf_role;
+typedef enum { MF_PHASE_LIST(MF_ENUM_PHASE) MF_PHASE_COUNT } mf_phase;
+typedef enum { MF_WHEN_LIST(MF_ENUM_WHEN) MF_WHEN_COUNT } mf_when;
+typedef enum { MF_STREAM_LIST(MF_ENUM_STREAM) MF_STREAM_COUNT } mf_stream;
+typedef enum { MF_REDUCE_LIST(MF_ENUM_REDUCE) MF_REDUCE_COUNT } mf_reduce;
+typedef enum { MF_LIFETIME_LIST(MF_ENUM_LIFETIME) MF_LIFETIME_COUNT } mf_lifetime;
+typedef enum { MF_BUFKIND_LIST(MF_ENUM_BUF) MF_BUFKIND_COUNT } mf_bufkind;
+typedef enum { MF_OPKIND_LIST(MF_ENUM_OP) MF_OPKIND_COUNT } mf_opkind;
+
+/* The op table's columns (MF_OPKIND_LIST). MF_PLACE_NONE: no placement
+ * (need and becomes of the ops that keep it). */
+#define MF_PLACE_NONE MF_PLACE_COUNT
+typedef enum { MF_OPAT_NO_AXIS, MF_OPAT_ANY_AXIS, MF_OPAT_FLAT_START, MF_OPAT_OUTSIDE_FLAT } mf_opat;
+typedef enum { MF_OPSTREAM_AXIS, MF_OPSTREAM_FED, MF_OPSTREAM_ANY } mf_opstream;
+
+typedef struct mf_opkind_info {
+    const char *name;
+    bool collective;
+    int need, becomes;      /* mf_place, or MF_PLACE_NONE */
+    mf_opat at;
+    mf_opstream stream;
+    const char *doc;
+} mf_opkind_info;
 
 /* Names for the enums above; NULL for an out-of-range value. */
 const char *mf_dtype_name(mf_dtype d);
@@ -191,9 +209,14 @@ const char *mf_bufkind_name(mf_bufkind k);
 const char *mf_opkind_name(mf_opkind k);
 size_t mf_dtype_size(mf_dtype d);
 mf_role mf_bufkind_role(mf_bufkind k);
+/* The op table's row of k; NULL for an out-of-range value. */
+const mf_opkind_info *mf_opkind_info_of(mf_opkind k);
 bool mf_opkind_is_collective(mf_opkind k);
-/* The op works along one mesh axis (collectives and slice; the on_axis column). */
+/* The op works along one mesh axis (collectives and slice: at is not NO_AXIS). */
 bool mf_opkind_on_axis(mf_opkind k);
+/* The op kind whose single-axis move turns placement a into b on its axis,
+ * or -1 when none does (a == b: nothing to do; P -> F -> R: two moves). */
+int mf_opkind_for_move(mf_place a, mf_place b);
 char mf_place_letter(mf_place p);
 
 /* Reverse lookups: return the value, or -1 when the name is unknown. */

@@ -68,55 +68,78 @@ bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufk
 bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need)
 {
     int64_t n = op->axis >= 0 && op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].size : 1, big;
+    const mf_opkind_info *in = mf_opkind_info_of(op->kind);
     *src_need = *dst_need = op->count;
-    if (op->kind != MF_OP_ALL_GATHER && op->kind != MF_OP_REDUCE_SCATTER && op->kind != MF_OP_SLICE)
+    /* a gather writes n shards of count; an op that shards its axis reads them */
+    bool gathers = in && in->at != MF_OPAT_NO_AXIS && in->need == MF_PLACE_FLAT;
+    bool shards = in && in->at != MF_OPAT_NO_AXIS && in->becomes == MF_PLACE_FLAT;
+    if (!gathers && !shards)
         return true;
     if (__builtin_mul_overflow(op->count, n, &big))
         return false;
-    if (op->kind == MF_OP_ALL_GATHER)
+    if (gathers)
         *dst_need = big;
     else
         *src_need = big;
     return true;
 }
 
-/* The single-axis moves (docs/semantics.md, "2. Shard order"; fs = the
- * first axis of the Flat suffix): what the op needs on its axis, where that
- * axis must be, what it leaves there. */
-enum { MF_MOVE_ANY_AXIS, MF_MOVE_AT_FLAT_START, MF_MOVE_OUTSIDE_FLAT };
-static const struct mf_struct_move {
-    mf_opkind kind;
-    mf_place need, becomes;
-    int at;
-    const char *why;
-} mf_struct_moves[] = {
-    {MF_OP_ALL_GATHER, MF_PLACE_FLAT, MF_PLACE_REPLICATE, MF_MOVE_AT_FLAT_START,
-     "an all-gather needs Flat on its axis, the outermost Flat axis"},
-    {MF_OP_REDUCE_SCATTER, MF_PLACE_PARTIAL, MF_PLACE_FLAT, MF_MOVE_OUTSIDE_FLAT,
-     "a reduce-scatter needs Partial on its axis, just outside the Flat axes"},
-    {MF_OP_ALL_REDUCE, MF_PLACE_PARTIAL, MF_PLACE_REPLICATE, MF_MOVE_ANY_AXIS, "an all-reduce needs Partial on its axis"},
-    {MF_OP_SLICE, MF_PLACE_REPLICATE, MF_PLACE_FLAT, MF_MOVE_OUTSIDE_FLAT,
-     "a slice needs Replicate on its axis, just outside the Flat axes"},
-};
+/* Is axis j where an op of this row works, given the first axis fs of the
+ * Flat suffix (docs/semantics.md, "2. Shard order")? */
+static bool mf_struct_axis_fits(mf_opat at, int j, int fs)
+{
+    switch (at) {
+    case MF_OPAT_ANY_AXIS:
+        return true;
+    case MF_OPAT_FLAT_START:
+        return j == fs;
+    case MF_OPAT_OUTSIDE_FLAT:
+        return j == fs - 1;
+    default:
+        return false;
+    }
+}
+
+bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, mf_placement *out)
+{
+    const mf_opkind_info *in = mf_opkind_info_of(k);
+    *out = *src;
+    if (!in || in->at == MF_OPAT_NO_AXIS)
+        return true; /* the ops without an axis keep the placement */
+    if (axis < 0 || axis >= naxes || src->p[axis] != in->need ||
+        !mf_struct_axis_fits(in->at, axis, mf_placement_flat_start(src, naxes)))
+        return false;
+    out->p[axis] = (uint8_t)in->becomes;
+    return true;
+}
+
+void mf_struct_move_why(mf_opkind k, char *buf, size_t size)
+{
+    static const char *const where[] = {
+        [MF_OPAT_FLAT_START] = ", the outermost Flat axis",
+        [MF_OPAT_OUTSIDE_FLAT] = ", just outside the Flat axes",
+    };
+    const mf_opkind_info *in = mf_opkind_info_of(k);
+    if (!in || in->at == MF_OPAT_NO_AXIS) {
+        snprintf(buf, size, "%s keeps the placement", in ? in->name : "an unknown op");
+        return;
+    }
+    /* "all_gather" is spoken "an all-gather" */
+    char spoken[32];
+    snprintf(spoken, sizeof spoken, "%s", in->name);
+    for (char *c = spoken; *c; c++)
+        *c = *c == '_' ? '-' : *c;
+    snprintf(buf, size, "%s %s needs %s on its axis%s", strchr("aeiou", spoken[0]) ? "an" : "a", spoken,
+             mf_place_name((mf_place)in->need), where[in->at] ? where[in->at] : "");
+}
 
 bool mf_struct_op_move(const mf_schedule *s, const mf_op *op, const mf_placement *src, mf_placement *out,
-                       const char **why)
+                       char *why, size_t whylen)
 {
-    int j = op->axis, fs = mf_placement_flat_start(src, s->mesh.naxes);
-    *out = *src;
-    for (size_t i = 0; i < sizeof mf_struct_moves / sizeof mf_struct_moves[0]; i++) {
-        const struct mf_struct_move *mv = &mf_struct_moves[i];
-        if (mv->kind != op->kind)
-            continue;
-        bool where = mv->at == MF_MOVE_ANY_AXIS || (mv->at == MF_MOVE_AT_FLAT_START ? j == fs : j == fs - 1);
-        if (src->p[j] != mv->need || !where) {
-            *why = mv->why;
-            return false;
-        }
-        out->p[j] = (uint8_t)mv->becomes;
+    if (mf_struct_move(op->kind, op->axis, s->mesh.naxes, src, out))
         return true;
-    }
-    return true; /* local ops other than slice keep the placement */
+    mf_struct_move_why(op->kind, why, whylen);
+    return false;
 }
 
 /* ---- the rules the loader and the runtime share ---- */
@@ -169,6 +192,21 @@ static bool mf_struct_kind_rules(const mf_schedule *s, int i, mf_struct_sink *k)
     return true;
 }
 
+/* Bucket b has a buffer of the optional kind exactly when it is needed
+ * (counts per kind in c); `because` says why it is, `unless` why not. */
+static bool mf_struct_bucket_optional(const mf_schedule *s, int b, mf_bufkind kind, bool needed, const int *c,
+                                      const char *because, const char *unless, mf_struct_sink *k)
+{
+    const char *name = s->buckets[b].name, *kn = mf_bufkind_name(kind);
+    if (needed && !c[kind])
+        return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_BUFFERS, "bucket '%s' has no %s buffer (%s)", name, kn,
+                              because);
+    if (!needed && c[kind])
+        return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_BUFFERS, "bucket '%s' has a %s buffer, but %s", name, kn,
+                              unless);
+    return true;
+}
+
 /* The buffer kinds one bucket has (counts per kind) against the rules. */
 static bool mf_struct_bucket_set(const mf_schedule *s, int b, const int *c, mf_struct_sink *k)
 {
@@ -182,19 +220,11 @@ static bool mf_struct_bucket_set(const mf_schedule *s, int b, const int *c, mf_s
             return false;
     bool need_full = !mf_placement_equal(&bk->place[MF_ROLE_WEIGHT], &rep, s->mesh.naxes);
     bool need_final = !mf_placement_equal(&bk->place[MF_ROLE_GRAD], &bk->place[MF_ROLE_MAIN_WEIGHT], s->mesh.naxes);
-    if (need_full != (c[MF_BUF_WEIGHT_FULL] > 0) &&
-        !mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_BUFFERS,
-                        need_full ? "bucket '%s' has no weight_full buffer (its weight is not replicated)"
-                                  : "bucket '%s' has a weight_full buffer, but its weight is replicated",
-                        bk->name))
-        return false;
-    if (need_final != (c[MF_BUF_GRAD_FINAL] > 0) &&
-        !mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_BUFFERS,
-                        need_final ? "bucket '%s' has no grad_final buffer (grad and main_weight placements differ)"
-                                   : "bucket '%s' has a grad_final buffer, but grad and main_weight placements are equal",
-                        bk->name))
-        return false;
-    return true;
+    return mf_struct_bucket_optional(s, b, MF_BUF_WEIGHT_FULL, need_full, c, "its weight is not replicated",
+                                     "its weight is replicated", k) &&
+           mf_struct_bucket_optional(s, b, MF_BUF_GRAD_FINAL, need_final, c,
+                                     "grad and main_weight placements differ",
+                                     "grad and main_weight placements are equal", k);
 }
 
 void mf_struct_bucket_buffers(const mf_schedule *s, mf_struct_sink *k)
@@ -552,22 +582,23 @@ static void mf_struct_strict_data_op(const mf_schedule *s, const mf_op *op, bool
         mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE,
                        "%s: data ops run at unit hooks (or at a short step's end), not at %s", od,
                        mf_phase_name(op->phase));
-    if (mf_opkind_is_collective(op->kind)) {
+    mf_opstream rule = mf_opkind_info_of(op->kind)->stream;
+    if (rule == MF_OPSTREAM_AXIS) {
         mf_stream want = mf_axis_stream(naxes, op->axis);
         if (op->stream != want)
             mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE,
                            "%s runs on stream %s, but collectives on %s run on %s (one stream per communicator keeps "
                            "their order the same on every rank)",
                            od, mf_stream_name(op->stream), s->mesh.axes[op->axis].name, mf_stream_name(want));
-    } else if (op->stream == MF_STREAM_COMPUTE) {
+    } else if (rule == MF_OPSTREAM_FED && op->stream == MF_STREAM_COMPUTE) {
         mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE,
                        "%s runs on the compute stream; local ops run on the stream of the collective they feed", od);
     }
     if (!fits)
         return;
     mf_placement moved;
-    const char *why = NULL;
-    if (!mf_struct_op_move(s, op, &src->place, &moved, &why)) {
+    char why[128];
+    if (!mf_struct_op_move(s, op, &src->place, &moved, why, sizeof why)) {
         mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_NONE, "%s reads '%s' at %s: %s", od, src->name,
                        mf_placement_format(&src->place, naxes, pa, sizeof pa), why);
         return;

@@ -70,10 +70,21 @@ bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufk
  * False when that overflows 64 bits. */
 bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need);
 
-/* The placement op turns src into (one axis changes), or false with the
- * reason in *why (a static string). Local ops other than slice keep it. */
+/* The single-axis move of op kind k on `axis` of placement src (naxes
+ * axes), from the op table (MF_OPKIND_LIST's need, becomes and at): the
+ * placement it leaves in *out, or false when src is not what k needs on
+ * that axis or the axis is not where k works. Kinds without an axis keep
+ * the placement. The structural checker, the verifier and the transition
+ * search (planner/mf_transition.c) all move through it. */
+bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, mf_placement *out);
+/* Why a move of k was refused, from the same row: "an all-gather needs Flat
+ * on its axis, the outermost Flat axis". */
+void mf_struct_move_why(mf_opkind k, char *buf, size_t size);
+
+/* mf_struct_move for an op of s: the placement op turns src into (one axis
+ * changes), or false with the reason in why (mf_struct_move_why). */
 bool mf_struct_op_move(const mf_schedule *s, const mf_op *op, const mf_placement *src, mf_placement *out,
-                       const char **why);
+                       char *why, size_t whylen);
 
 /* "op 17 (reduce_scatter on dp_inner, layers.3/hfsdp)", "op 3 (wait of event 1
  * on compute, forward_pre of u0)": how findings name an op (its fields in

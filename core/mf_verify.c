@@ -335,9 +335,9 @@ static void mf_areplay_data_op(mf_areplay *sim, const mf_op *op)
         }
     }
     if (ok) {
-        const char *why = NULL;
+        char why[128];
         mf_placement moved;
-        if (!mf_struct_op_move(s, op, &nv.place, &moved, &why)) {
+        if (!mf_struct_op_move(s, op, &nv.place, &moved, why, sizeof why)) {
             mf_areplay_bad(sim, op->id, op->src, "reads %s holding %s: %s", mf_verify_bufname(s, op->src),
                        mf_placement_format(&nv.place, k, pa, sizeof pa), why);
             ok = false;

@@ -56,12 +56,15 @@ static bool all_rep(const mf_placement *p, int naxes)
     return true;
 }
 
-/* Lower bounds of moving n elements from A to B once: per axis the bytes
- * per rank (bytes[j]) and the fixed seconds (fixed[j]: launch and ring
- * latency) of the collective that axis needs. Adds runs x them. */
-static void move_lb(const mf_plan_search *ps, const mf_placement *A, const mf_placement *B, mf_dtype da,
-                    mf_dtype db, double n, double runs, double *bytes, double *fixed)
+/* Lower bounds of moving n elements once from e's source A to its target B
+ * (mf_trans_endpoints: the placements and dtypes of a transition): per axis
+ * the bytes per rank (bytes[j]) and the fixed seconds (fixed[j]: launch and
+ * ring latency) of the collective that axis needs. Adds runs x them. */
+static void move_lb(const mf_plan_search *ps, const mf_trans_ends *e, double n, double runs, double *bytes,
+                    double *fixed)
 {
+    const mf_placement *A = &e->from, *B = &e->to;
+    mf_dtype da = e->from_dtype, db = e->to_dtype;
     const mf_mesh *m = &ps->spec.mesh;
     const mf_cost_model *cm = &ps->opt.sim.cost;
     /* axes a composition may make Flat on the way: Flat in A or B, or
@@ -83,11 +86,12 @@ static void move_lb(const mf_plan_search *ps, const mf_placement *A, const mf_pl
            over the other axes that may be Flat then (c), and c / nj with
            axis j Flat before a gather or after a reduce_scatter */
         double c = n / (can_flat[j] ? flat / nj : flat);
-        if ((A->p[j] == MF_PLACE_FLAT && B->p[j] == MF_PLACE_REPLICATE) ||
-            (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_FLAT)) {
+        /* the op that makes A -> B on axis j in one move (the op table) */
+        int k = mf_opkind_for_move((mf_place)A->p[j], (mf_place)B->p[j]);
+        if (k == MF_OP_ALL_GATHER || k == MF_OP_REDUCE_SCATTER) {
             x = (nj - 1) * (c / nj) * b;
             f = cm->launch + (nj - 1) * cm->axis[j].alpha;
-        } else if (A->p[j] == MF_PLACE_PARTIAL && B->p[j] == MF_PLACE_REPLICATE) {
+        } else if (k == MF_OP_ALL_REDUCE) {
             x = 2 * (nj - 1) / nj * c * b;
             f = cm->launch + 2 * (nj - 1) * cm->axis[j].alpha;
         }
@@ -214,6 +218,27 @@ static void by_stream(const mf_plan_search *ps, const double *bytes, const doubl
     }
 }
 
+/* Adds runs x one run's per-axis bounds (b, f) to bytes and fixed. */
+static void add_runs(int naxes, double runs, const double *b, const double *f, double *bytes, double *fixed)
+{
+    for (int j = 0; j < naxes; j++) {
+        bytes[j] += runs * b[j];
+        fixed[j] += runs * f[j];
+    }
+}
+
+/* One run's per-axis bounds summed per comm stream: all (seconds) and the
+ * bandwidth terms alone (bw, what merging keeps), added to both. */
+static void stream_sums(const mf_plan_search *ps, const double *b, const double *f, double *all, double *bw)
+{
+    double sb[2] = {0, 0}, sf[2] = {0, 0};
+    by_stream(ps, b, f, sb, sf);
+    for (int k = 0; k < 2; k++) {
+        all[k] += sb[k] + sf[k];
+        bw[k] += sb[k];
+    }
+}
+
 /* Bounds of one unit of group g under choice c. Tensors of one layout share
  * a bucket (without merging), so the fixed costs count once per layout. */
 static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
@@ -232,9 +257,6 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         const mf_spec_tensor *st = &su->tensors[t];
         elems[gr->is_auto && st->unit_default ? ch->layout : st->layout] += (double)st->numel;
     }
-    mf_placement rep = {{0}}, part;
-    for (int j = 0; j < MF_MAX_AXES; j++)
-        part.p[j] = MF_PLACE_PARTIAL;
     for (int li = 0; li < sp->nlayouts; li++) {
         if (elems[li] == 0)
             continue;
@@ -250,47 +272,40 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
             out->pers += n * sg / shards(m, O);
         out->wf += wsh ? n * sw : 0;
         out->gl += n * sg;
-        double hb[MF_MAX_AXES] = {0}, hf[MF_MAX_AXES] = {0}, tb[MF_MAX_AXES] = {0}, tf[MF_MAX_AXES] = {0};
-        move_lb(ps, O, W, dO, dw, n, 1, hb, hf);
-        if (wsh)
-            move_lb(ps, W, &rep, dw, dw, n, 1, hb, hf);
-        move_lb(ps, &part, G, dg, dg, n, 1, tb, tf);
-        move_lb(ps, G, O, dg, dg, n, 1, tb, tf);
-        double h = chain(ps, hb, hf), tl = chain(ps, tb, tf);
+        /* one run of each transition (T2 only when W is sharded) */
+        mf_trans_ends e[MF_NTRANSITIONS];
+        double tb[MF_NTRANSITIONS][MF_MAX_AXES] = {{0}}, tf[MF_NTRANSITIONS][MF_MAX_AXES] = {{0}};
+        for (int t = 0; t < MF_NTRANSITIONS; t++) {
+            e[t] = mf_trans_endpoints(t, l->place, l->dtype, m->naxes);
+            if (t != MF_T2 || wsh)
+                move_lb(ps, &e[t], n, 1, tb[t], tf[t]);
+        }
+        double hb[MF_MAX_AXES] = {0}, hf[MF_MAX_AXES] = {0}, lb[MF_MAX_AXES] = {0}, lf[MF_MAX_AXES] = {0};
+        add_runs(m->naxes, 1, tb[MF_T1], tf[MF_T1], hb, hf);
+        add_runs(m->naxes, wsh, tb[MF_T2], tf[MF_T2], hb, hf);
+        add_runs(m->naxes, 1, tb[MF_T3], tf[MF_T3], lb, lf);
+        add_runs(m->naxes, 1, tb[MF_T4], tf[MF_T4], lb, lf);
+        double h = chain(ps, hb, hf), tl = chain(ps, lb, lf);
         if (wsh) {
-            double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0};
-            move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
-            double g2 = chain(ps, gb, gf);
+            double g2 = chain(ps, tb[MF_T2], tf[MF_T2]);
             out->t2 = g2 > out->t2 ? g2 : out->t2;
         }
-        by_stream(ps, tb, tf, out->drain_bw, out->drain_fixed);
-        double rb[MF_MAX_AXES] = {0}, rf[MF_MAX_AXES] = {0}, r3[2] = {0, 0}, f3[2] = {0, 0};
-        move_lb(ps, &part, G, dg, dg, n, 1, rb, rf);
-        by_stream(ps, rb, rf, r3, f3);
-        for (int k = 0; k < 2; k++) {
-            out->r3[k] += r3[k] + f3[k];
-            out->r3bw[k] += r3[k];
-        }
+        by_stream(ps, lb, lf, out->drain_bw, out->drain_fixed);
+        stream_sums(ps, tb[MF_T3], tf[MF_T3], out->r3, out->r3bw);
         if (wsh) {
-            double gb[MF_MAX_AXES] = {0}, gf[MF_MAX_AXES] = {0}, g2[2] = {0, 0}, f2[2] = {0, 0};
-            move_lb(ps, W, &rep, dw, dw, n, 1, gb, gf);
-            by_stream(ps, gb, gf, g2, f2);
-            for (int k = 0; k < 2; k++) {
-                out->g2[k] += g2[k] + f2[k];
-                out->g2bw[k] += g2[k];
-            }
-            /* W Flat -> Replicate takes an all_gather on that axis, on its stream */
+            stream_sums(ps, tb[MF_T2], tf[MF_T2], out->g2, out->g2bw);
+            /* an axis where T2 needs an all_gather: one on that axis's stream */
             for (int j = 0; j < m->naxes; j++)
-                if (W->p[j] == MF_PLACE_FLAT && m->axes[j].size > 1)
+                if (mf_opkind_for_move((mf_place)e[MF_T2].from.p[j], (mf_place)e[MF_T2].to.p[j]) == MF_OP_ALL_GATHER &&
+                    m->axes[j].size > 1)
                     out->gathers[j == m->naxes - 1 ? 0 : 1] = true;
         }
         out->head = h > out->head ? h : out->head;
         out->tail = tl > out->tail ? tl : out->tail;
-        move_lb(ps, O, W, dO, dw, n, 1, out->bytes, out->fixed);
-        if (wsh)
-            move_lb(ps, W, &rep, dw, dw, n, M * (ch->reshard ? 2 : 1), out->bytes, out->fixed);
-        move_lb(ps, &part, G, dg, dg, n, M, out->bytes, out->fixed);
-        move_lb(ps, G, O, dg, dg, n, 1, out->bytes, out->fixed);
+        add_runs(m->naxes, 1, tb[MF_T1], tf[MF_T1], out->bytes, out->fixed);
+        add_runs(m->naxes, wsh ? M * (ch->reshard ? 2 : 1) : 0, tb[MF_T2], tf[MF_T2], out->bytes, out->fixed);
+        add_runs(m->naxes, M, tb[MF_T3], tf[MF_T3], out->bytes, out->fixed);
+        add_runs(m->naxes, 1, tb[MF_T4], tf[MF_T4], out->bytes, out->fixed);
     }
     free(elems);
     return 0;

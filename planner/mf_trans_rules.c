@@ -18,6 +18,29 @@
 const mf_trans_rule mf_trans_rules[MF_NTRANSITIONS] = {MF_TRANSITION_LIST(MF_TR_ROW)};
 #undef MF_TR_ROW
 
+/* A role's placement, or `fixed` on every axis. */
+static mf_placement mf_trans_end(int fixed, const mf_placement *role, int naxes)
+{
+    if (fixed == MF_TR_ROLE)
+        return *role;
+    mf_placement p = {{0}};
+    for (int j = 0; j < naxes; j++)
+        p.p[j] = (uint8_t)fixed;
+    return p;
+}
+
+mf_trans_ends mf_trans_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
+                                 int naxes)
+{
+    const mf_trans_rule *tr = &mf_trans_rules[t];
+    mf_trans_ends e;
+    e.from = mf_trans_end(tr->from_fixed, &place[tr->from_role], naxes);
+    e.to = mf_trans_end(tr->to_fixed, &place[tr->to_role], naxes);
+    e.from_dtype = dtype ? dtype[tr->from_role] : MF_FP32;
+    e.to_dtype = dtype ? dtype[tr->to_dtype_role] : MF_FP32;
+    return e;
+}
+
 bool mf_trans_move_ok(int t, mf_place a, mf_place b)
 {
     return (mf_trans_rules[t].moves >> (a * MF_PLACE_COUNT + b)) & 1u;
@@ -151,10 +174,9 @@ int mf_trans_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_
     if (n)
         return n;
     for (int t = 0; t < MF_NTRANSITIONS; t++) {
-        const mf_trans_rule *tr = &mf_trans_rules[t];
+        mf_trans_ends e = mf_trans_endpoints(t, place, NULL, mesh->naxes);
         for (int j = 0; j < mesh->naxes; j++) {
-            int from = tr->from_fixed == MF_TR_ROLE ? place[tr->from_role].p[j] : tr->from_fixed;
-            int to = tr->to_fixed == MF_TR_ROLE ? place[tr->to_role].p[j] : tr->to_fixed;
+            int from = e.from.p[j], to = e.to.p[j];
             if (mf_trans_move_ok(t, (mf_place)from, (mf_place)to))
                 continue;
             mf_trans_report_move(mesh, t, j, from, to, what, report, ctx);

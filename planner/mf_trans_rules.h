@@ -82,6 +82,20 @@ typedef struct mf_trans_rule {
 
 extern const mf_trans_rule mf_trans_rules[MF_NTRANSITIONS];
 
+/* Transition t's two ends for a bucket or layout whose roles have these
+ * placements and dtypes (naxes axes): the source and target placements
+ * (a role's, or from_fixed / to_fixed on every axis) and dtypes (from_role's
+ * and to_dtype_role's; fp32 when dtype is NULL, for the placements alone).
+ * The transition search, the legality check and the plan bounds
+ * (mf_plan_bound.c) all take the endpoints from here. */
+typedef struct mf_trans_ends {
+    mf_placement from, to;
+    mf_dtype from_dtype, to_dtype;
+} mf_trans_ends;
+
+mf_trans_ends mf_trans_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
+                                 int naxes);
+
 /* May transition t go from placement a to b on one axis? */
 bool mf_trans_move_ok(int t, mf_place a, mf_place b);
 /* May transition t's compositions use op kind k? */

@@ -8,7 +8,9 @@
  *   T4 last   grad@G -> O                      reductions, slices, all-gathers
  *
  * Single-axis moves and where they are legal (docs/semantics.md §2, s = the first axis
- * of the current Flat suffix, k = the number of axes):
+ * of the current Flat suffix, k = the number of axes), the need / becomes /
+ * at columns of the op table (MF_OPKIND_LIST, core/mf_schedule.h), applied by
+ * mf_struct_move (core/mf_struct.c), the structural checker's own:
  *   all_gather     F->R on axis s                (gathers run outermost-first)
  *   reduce_scatter P->F on axis s-1              (k-1 when nothing is Flat yet)
  *   all_reduce     P->R on any axis
@@ -51,6 +53,7 @@
 #include "mf_layout.h"
 #include "mf_passes.h"
 #include "mf_plan_stats.h"
+#include "mf_struct.h"
 
 enum { MF_MAX_MOVES = 2 * MF_MAX_AXES };
 
@@ -89,33 +92,35 @@ typedef struct eval {
 
 /* ---- enumeration ---- */
 
+/* Does a move of kind k make progress towards target on its axis (the
+ * pruning of docs/semantics.md §4.3): it leaves the axis at the target, or a
+ * reduction leaves it Flat on the way to Replicate (a reduce-scatter, an
+ * all-gather later)? Undoing a move is never cheaper. */
+static bool makes_progress(mf_opkind k, mf_place target)
+{
+    const mf_opkind_info *in = mf_opkind_info_of(k);
+    return (int)target == in->becomes ||
+           (in->need == MF_PLACE_PARTIAL && in->becomes == MF_PLACE_FLAT && target == MF_PLACE_REPLICATE);
+}
+
+/* May transition t make move mv at placement st (k axes) on its way to
+ * `to`? The move itself is the op table's (mf_struct_move). */
 static bool move_ok(int t, const mf_placement *st, const mf_placement *to, int k, move mv)
 {
-    int j = mv.axis, s = mf_placement_flat_start(st, k);
-    uint8_t a = st->p[j], b = to->p[j];
-    if (!mf_trans_op_ok(t, mv.kind))
-        return false;
-    switch (mv.kind) {
-    case MF_OP_ALL_GATHER:
-        return a == MF_PLACE_FLAT && b == MF_PLACE_REPLICATE && j == s;
-    case MF_OP_SLICE:
-        return a == MF_PLACE_REPLICATE && b == MF_PLACE_FLAT && j == s - 1;
-    case MF_OP_REDUCE_SCATTER:
-        return a == MF_PLACE_PARTIAL && (b == MF_PLACE_FLAT || b == MF_PLACE_REPLICATE) && j == s - 1;
-    case MF_OP_ALL_REDUCE:
-        return a == MF_PLACE_PARTIAL && b == MF_PLACE_REPLICATE;
-    default:
-        return false;
-    }
+    mf_placement next;
+    return mf_opkind_on_axis(mv.kind) && mf_trans_op_ok(t, mv.kind) && mf_struct_move(mv.kind, mv.axis, k, st, &next) &&
+           makes_progress(mv.kind, (mf_place)to->p[mv.axis]);
 }
 
-static mf_placement apply_move(const mf_placement *st, move mv)
+/* The placement a legal move (move_ok) leaves. */
+static mf_placement apply_move(const mf_placement *st, int k, move mv)
 {
-    mf_placement n = *st;
-    n.p[mv.axis] = mv.kind == MF_OP_ALL_GATHER || mv.kind == MF_OP_ALL_REDUCE ? MF_PLACE_REPLICATE : MF_PLACE_FLAT;
-    return n;
+    mf_placement next;
+    mf_struct_move(mv.kind, mv.axis, k, st, &next);
+    return next;
 }
 
+/* The order the search tries the moves in (ties keep the first found). */
 static const mf_opkind move_kinds[] = {MF_OP_REDUCE_SCATTER, MF_OP_ALL_REDUCE, MF_OP_ALL_GATHER, MF_OP_SLICE};
 
 /* Depth-first enumeration of simple paths; false on OOM. */
@@ -136,7 +141,7 @@ static bool enumerate(int t, int k, const mf_placement *st, const mf_placement *
             move mv = {move_kinds[i], j};
             if (!move_ok(t, st, to, k, mv))
                 continue;
-            mf_placement ns = apply_move(st, mv);
+            mf_placement ns = apply_move(st, k, mv);
             bool again = false;
             for (int s = 0; s <= cur->n && !again; s++)
                 again = mf_placement_equal(&seen[s], &ns, k);
@@ -204,8 +209,9 @@ static mf_step make_step(const bucket_ctx *bc, const mf_placement *st, int64_t c
     s.axis = mv.axis;
     s.dtype = dt;
     s.from = *st;
-    s.to = apply_move(st, mv);
-    s.count = mv.kind == MF_OP_REDUCE_SCATTER || mv.kind == MF_OP_SLICE ? c / n : c;
+    s.to = apply_move(st, bc->mesh->naxes, mv);
+    /* an op that shards its axis keeps 1/n of the elements */
+    s.count = mf_opkind_info_of(mv.kind)->becomes == MF_PLACE_FLAT ? c / n : c;
     s.bytes = mf_collective_bytes(mv.kind, n, s.count, dt);
     return s;
 }
@@ -233,7 +239,7 @@ static eval evaluate(const mf_plan *p, const bucket_ctx *bc, const mf_placement 
 
 static int move_key(move m)
 {
-    bool reduction = m.kind == MF_OP_REDUCE_SCATTER || m.kind == MF_OP_ALL_REDUCE;
+    bool reduction = mf_opkind_info_of(m.kind)->need == MF_PLACE_PARTIAL;
     return reduction ? MF_MAX_AXES - 1 - m.axis : m.axis;
 }
 
@@ -447,102 +453,131 @@ static void step_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
     }
 }
 
+/* The compositions of one transition evaluated for a bucket: the best, the
+ * alternative `why` names, and how many were valid. */
+typedef struct choice {
+    const path *best, *alt;
+    eval eb, ea;
+    int nvalid;
+} choice;
+
+/* Picks the best valid composition of cs from `from`, moving dtype dt, and
+ * (unless quiet) the alternative named in `why`: preferably the best one
+ * that trades bytes against launches (different bytes per rank), else the
+ * best that differs in launches or cost, else the best mere reordering. */
+static choice choose(const mf_plan *p, const bucket_ctx *bc, const cand_set *cs, const mf_placement *from,
+                     mf_dtype dt)
+{
+    const path *paths = cs->paths.data;
+    choice ch = {0};
+    for (size_t i = 0; i < cs->paths.len; i++) {
+        eval e = evaluate(p, bc, from, &paths[i], dt);
+        if (!e.valid)
+            continue;
+        ch.nvalid++;
+        if (!ch.best || better(&paths[i], e, ch.best, ch.eb))
+            ch.best = &paths[i], ch.eb = e;
+    }
+    int alt_rank = -1;
+    for (size_t i = 0; ch.best && ch.nvalid > 1 && !p->quiet && i < cs->paths.len; i++) {
+        if (&paths[i] == ch.best)
+            continue;
+        eval e = evaluate(p, bc, from, &paths[i], dt);
+        if (!e.valid)
+            continue;
+        int rank = e.bytes != ch.eb.bytes ? 2
+                   : e.launches != ch.eb.launches || fabs(e.cost - ch.eb.cost) > 1e-12 + 1e-9 * fmax(e.cost, ch.eb.cost)
+                       ? 1
+                       : 0;
+        if (rank > alt_rank || (rank == alt_rank && better(&paths[i], e, ch.alt, ch.ea)))
+            ch.alt = &paths[i], ch.ea = e, alt_rank = rank;
+    }
+    return ch;
+}
+
+/* No composition of transition t turns e's source into its target. */
+static void report_no_composition(trans_state *ts, const mf_bucket *b, int t, const mf_trans_ends *e)
+{
+    const mf_plan *p = ts->p;
+    int naxes = p->sched->mesh.naxes, l = bucket_spec_layout(p, b);
+    mf_span none = {0, 0, 0, 0};
+    char f[64], g[64];
+    mf_diag_error(ts->d, l >= 0 ? p->spec->layouts[l].span : none,
+                  "unit '%s': no composition of single-axis steps turns %s into %s for T%d of bucket '%s' "
+                  "(length %lld); fix: use placements whose Flat axes are the innermost ones",
+                  p->sched->units[b->unit].name, mf_placement_format(&e->from, naxes, f, sizeof f),
+                  mf_placement_format(&e->to, naxes, g, sizeof g), t + 1, b->name, (long long)b->length);
+}
+
+/* A local step (cast, accumulate) at placement st with c elements. */
+static mf_step local_step(mf_opkind kind, mf_dtype dt, const mf_placement *st, int64_t c)
+{
+    return (mf_step){.kind = kind, .axis = -1, .dtype = dt, .from = *st, .to = *st, .count = c};
+}
+
+/* tr's steps: path best from `from` moving dtype dt, with T1's cast (before
+ * the moves when cast_first, else after) and T3's accumulate added around
+ * it. False on OOM. */
+static bool fill_steps(mf_plan *p, const bucket_ctx *bc, int t, const path *best, const mf_placement *from,
+                       mf_dtype dt, bool cast_first, mf_transition *tr)
+{
+    const mf_bucket *b = bc->b;
+    int extra = t == MF_T1 || t == MF_T3; /* the cast, the accumulate */
+    tr->steps = mf_arena_array(p->arena, (size_t)(best->n + extra), sizeof *tr->steps);
+    if (!tr->steps)
+        return false;
+    mf_placement st = *from;
+    int64_t c = local_count(bc, &st);
+    int n = 0;
+    if (t == MF_T1 && cast_first)
+        tr->steps[n++] = local_step(MF_OP_CAST, b->dtype[MF_ROLE_WEIGHT], &st, c);
+    for (int i = 0; i < best->n; i++) {
+        tr->steps[n] = make_step(bc, &st, c, best->m[i], dt);
+        st = tr->steps[n++].to;
+        c = local_count(bc, &st);
+    }
+    if (t == MF_T1 && !cast_first)
+        tr->steps[n++] = local_step(MF_OP_CAST, b->dtype[MF_ROLE_WEIGHT], &st, c);
+    if (t == MF_T3)
+        tr->steps[n++] = local_step(MF_OP_ACCUMULATE, b->dtype[MF_ROLE_GRAD], &st, c);
+    tr->nsteps = n; /* its seconds: step_figures, once the streams are assigned */
+    return true;
+}
+
 /* Builds transition t of bucket bi; false on error (reported) or OOM (*oom). */
 static bool build(trans_state *ts, int bi, int t, bool *oom)
 {
     mf_plan *p = ts->p;
     const mf_bucket *b = &p->sched->buckets[bi];
-    const mf_mesh *m = &p->sched->mesh;
-    bucket_ctx bc = {m, b, mf_layout_shard_quantum(b->dtype, p->sched->align)};
+    bucket_ctx bc = {&p->sched->mesh, b, mf_layout_shard_quantum(b->dtype, p->sched->align)};
     mf_transition *tr = &p->trans[bi][t];
-    /* Source and target of transition t (mf_trans_rules.h): a role's
-     * placement and dtype, or a fixed placement on every axis. */
-    const mf_trans_rule *rule = &mf_trans_rules[t];
-    mf_placement fixed_from = {{0}}, fixed_to = {{0}};
-    for (int j = 0; j < m->naxes; j++) {
-        fixed_from.p[j] = (uint8_t)rule->from_fixed;
-        fixed_to.p[j] = (uint8_t)rule->to_fixed;
-    }
-    mf_dtype dw = b->dtype[MF_ROLE_WEIGHT], dg = b->dtype[MF_ROLE_GRAD], dmo = b->dtype[MF_ROLE_MAIN_WEIGHT];
-    const mf_placement *from_t = rule->from_fixed == MF_TR_ROLE ? &b->place[rule->from_role] : &fixed_from;
-    const mf_placement *to_t = rule->to_fixed == MF_TR_ROLE ? &b->place[rule->to_role] : &fixed_to;
-    mf_dtype from_dt = b->dtype[rule->from_role], to_dt = b->dtype[rule->to_dtype_role];
+    mf_trans_ends e = mf_trans_endpoints(t, b->place, b->dtype, p->sched->mesh.naxes);
     tr->id = t + 1;
     tr->when = mf_trans_rules[t].when;
-    tr->from = *from_t;
-    tr->to = *to_t;
-    tr->from_dtype = from_dt;
-    tr->to_dtype = to_dt;
-
-    const cand_set *cs = candidates(ts, t, from_t, to_t);
+    tr->from = e.from;
+    tr->to = e.to;
+    tr->from_dtype = e.from_dtype;
+    tr->to_dtype = e.to_dtype;
+    const cand_set *cs = candidates(ts, t, &e.from, &e.to);
     if (!cs) {
         *oom = true;
         return false;
     }
     /* T1 moves data in the narrower dtype; T2..T4 in their own. */
+    mf_dtype dw = b->dtype[MF_ROLE_WEIGHT], dmo = b->dtype[MF_ROLE_MAIN_WEIGHT];
     bool cast_first = mf_dtype_size(dw) <= mf_dtype_size(dmo);
-    mf_dtype move_dt = t == MF_T1 ? (cast_first ? dw : dmo) : to_dt;
-    const path *paths = cs->paths.data, *best = NULL, *alt = NULL;
-    eval eb = {0}, ea = {0};
-    int nvalid = 0;
-    for (size_t i = 0; i < cs->paths.len; i++) {
-        eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
-        if (!e.valid)
-            continue;
-        nvalid++;
-        if (!best || better(&paths[i], e, best, eb))
-            best = &paths[i], eb = e;
-    }
-    /* The alternative named in `why`: preferably the best one that trades
-     * bytes against launches (different bytes per rank), else the best that
-     * differs in launches or cost, else the best mere reordering. */
-    int alt_rank = -1;
-    for (size_t i = 0; best && nvalid > 1 && !p->quiet && i < cs->paths.len; i++) {
-        if (&paths[i] == best)
-            continue;
-        eval e = evaluate(p, &bc, from_t, &paths[i], move_dt);
-        if (!e.valid)
-            continue;
-        int rank = e.bytes != eb.bytes ? 2
-                   : e.launches != eb.launches || fabs(e.cost - eb.cost) > 1e-12 + 1e-9 * fmax(e.cost, eb.cost) ? 1
-                                                                                                                 : 0;
-        if (rank > alt_rank || (rank == alt_rank && better(&paths[i], e, alt, ea)))
-            alt = &paths[i], ea = e, alt_rank = rank;
-    }
-    if (!best) {
-        mf_span none = {0, 0, 0, 0};
-        int l = bucket_spec_layout(p, b);
-        char f[64], g[64];
-        mf_diag_error(ts->d, l >= 0 ? p->spec->layouts[l].span : none,
-                      "unit '%s': no composition of single-axis steps turns %s into %s for T%d of bucket '%s' "
-                      "(length %lld); fix: use placements whose Flat axes are the innermost ones",
-                      p->sched->units[b->unit].name, mf_placement_format(from_t, m->naxes, f, sizeof f),
-                      mf_placement_format(to_t, m->naxes, g, sizeof g), t + 1, b->name, (long long)b->length);
+    mf_dtype move_dt = t == MF_T1 ? (cast_first ? dw : dmo) : e.to_dtype;
+    choice ch = choose(p, &bc, cs, &e.from, move_dt);
+    if (!ch.best) {
+        report_no_composition(ts, b, t, &e);
         return false;
     }
-    int extra = t == MF_T1 || t == MF_T3; /* the cast, the accumulate */
-    tr->steps = mf_arena_array(p->arena, (size_t)(best->n + extra), sizeof *tr->steps);
-    if (!tr->steps) {
+    if (!fill_steps(p, &bc, t, ch.best, &e.from, move_dt, cast_first, tr)) {
         *oom = true;
         return false;
     }
-    mf_placement st = *from_t;
-    int64_t c = local_count(&bc, &st);
-    int n = 0;
-    if (t == MF_T1 && cast_first)
-        tr->steps[n++] = (mf_step){.kind = MF_OP_CAST, .axis = -1, .dtype = dw, .from = st, .to = st, .count = c};
-    for (int i = 0; i < best->n; i++) {
-        tr->steps[n] = make_step(&bc, &st, c, best->m[i], move_dt);
-        st = tr->steps[n++].to;
-        c = local_count(&bc, &st);
-    }
-    if (t == MF_T1 && !cast_first)
-        tr->steps[n++] = (mf_step){.kind = MF_OP_CAST, .axis = -1, .dtype = dw, .from = st, .to = st, .count = c};
-    if (t == MF_T3)
-        tr->steps[n++] = (mf_step){.kind = MF_OP_ACCUMULATE, .axis = -1, .dtype = dg, .from = st, .to = st, .count = c};
-    tr->nsteps = n; /* its seconds: step_figures, once the streams are assigned */
-    if (nvalid > 1 && !p->quiet) {
-        tr->why = why_text(p, &bc, best, eb, alt, ea, move_dt);
+    if (ch.nvalid > 1 && !p->quiet) {
+        tr->why = why_text(p, &bc, ch.best, ch.eb, ch.alt, ch.ea, move_dt);
         if (!tr->why) {
             *oom = true;
             return false;
