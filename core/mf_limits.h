@@ -21,6 +21,13 @@ enum {
     MF_LIMIT_NAME_BYTES = 1 << 20,        /* bytes of one name (unit, tensor, axis, layout) */
     MF_LIMIT_PLAN_CANDIDATES = 4000000,   /* candidates `plan` searches (a few seconds) */
     MF_LIMIT_PLAN_EXHAUSTIVE = 100000,    /* ... with --exhaustive, each one simulated */
+    /* Every count, length, offset and size is an int64_t: a product or sum
+     * past it "overflows 64 bits"; the checks on the spec keep every value
+     * within its magnitude, "63 bits" (the sema, the layout pass, the
+     * structural rules say which one, with these). */
+    MF_LIMIT_INT_BITS = 64,
+    MF_LIMIT_MAGNITUDE_BITS = MF_LIMIT_INT_BITS - 1,
 };
+_Static_assert(MF_LIMIT_INT_BITS == 8 * sizeof(int64_t), "counts and sizes are int64_t");
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "mf_hash.h"
 #include "mf_layout.h"
+#include "mf_limits.h"
 
 #define MF_STRUCT_MAX_RANKS 1024 /* per-rank range checks up to this world size */
 
@@ -153,8 +154,8 @@ void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k
                        "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement", bk->name,
                        (long long)bk->length, (long long)shards, mf_role_name((mf_role)r));
     else if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
-        mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH, "bucket '%s': length %lld overflows 64 bits in bytes",
-                       bk->name, (long long)bk->length);
+        mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH, "bucket '%s': length %lld overflows %d bits in bytes",
+                       bk->name, (long long)bk->length, MF_LIMIT_INT_BITS);
 }
 
 void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
@@ -167,8 +168,8 @@ void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
                        "buffer '%s': count %lld does not match its bucket's length %lld over the %lld shards of its placement",
                        bf->name, (long long)bf->count, (long long)bk->length, (long long)shards);
     else if (bf->count > INT64_MAX / (int64_t)mf_dtype_size(bf->dtype))
-        mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_COUNT, "buffer '%s': %lld elements overflow 64 bits in bytes",
-                       bf->name, (long long)bf->count);
+        mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_COUNT, "buffer '%s': %lld elements overflow %d bits in bytes",
+                       bf->name, (long long)bf->count, MF_LIMIT_INT_BITS);
 }
 
 /* One buffer against the placement and dtype its kind demands. */

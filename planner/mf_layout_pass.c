@@ -35,6 +35,7 @@
 
 #include "mf_hash.h"
 #include "mf_layout.h"
+#include "mf_limits.h"
 #include "mf_passes.h"
 #include "mf_plan_stats.h"
 
@@ -221,9 +222,9 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
         if ((used % tq && __builtin_add_overflow(used, tq - used % tq, &off)) || t->numel < 0 ||
             __builtin_add_overflow(off, t->numel, &used)) {
             mf_diag_error(st->d, t->span,
-                          "tensor '%s' ends past the 63-bit limit of a bucket's length "
+                          "tensor '%s' ends past the %d-bit limit of a bucket's length "
                           "(it starts at element %lld of its bucket)",
-                          t->name, (long long)off);
+                          t->name, MF_LIMIT_MAGNITUDE_BITS, (long long)off);
             mf_diag_note(st->d, u->span, "in unit '%s'; split the unit or its tensors", u->name);
             return -1;
         }
@@ -260,9 +261,10 @@ static void overflow_error(layout_state *st, const group *g, int64_t used)
     const mf_spec_unit *u = &st->spec->units[g->unit];
     mf_diag_error(st->d, u->span,
                   "the bucket of layout '%s' in unit '%s' (%lld elements) cannot be padded "
-                  "within 63 bits (limit: length * 2 * widest dtype size, with length a multiple "
+                  "within %d bits (limit: length * 2 * widest dtype size, with length a multiple "
                   "of the world size times the alignment)",
-                  sig_layout(st, g->named >= 0 ? g->named : g->sig)->name, u->name, (long long)used);
+                  sig_layout(st, g->named >= 0 ? g->named : g->sig)->name, u->name, (long long)used,
+                  MF_LIMIT_MAGNITUDE_BITS);
     mf_diag_note(st->d, st->spec->mesh_span, "mesh declared here");
 }
 

@@ -21,7 +21,8 @@
  * reported; every layout index is valid; every placement has mesh.naxes legal
  * entries; every unit has >= 1 tensor; names are unique; every product
  * (numel, world, unit and spec totals) fits the limits, which leave later
- * passes headroom for bytes, padding and per-step counts in 63 bits.
+ * passes headroom for bytes, padding and per-step counts in 63 bits
+ * (MF_LIMIT_MAGNITUDE_BITS, core/mf_limits.h).
  * A unit without a default layout gets its first tensor's layout as `layout`.
  *
  * Errors accumulate; each names the offending thing, says what would be
@@ -216,7 +217,8 @@ static void check_mesh(mf_sema *s)
         }
     }
     if (world_over) {
-        mf_diag_error(s->d, m->span, "the mesh size (the product of the axis sizes) overflows 63 bits");
+        mf_diag_error(s->d, m->span, "the mesh size (the product of the axis sizes) overflows %d bits",
+                      MF_LIMIT_MAGNITUDE_BITS);
         ok = false;
     } else if (ok && world > MF_SEMA_MAX_WORLD) {
         mf_diag_error(s->d, m->span, "the mesh has %" PRId64 " ranks (limit is %d)", world, MF_SEMA_MAX_WORLD);
@@ -244,8 +246,8 @@ static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
         if (strcmp(st->num.suffix, suffixes[i]) == 0) {
             int64_t r;
             if (!mul_ok(v, INT64_C(1) << shifts[i], &r)) {
-                mf_diag_error(s->d, st->num.span, "%s %" PRId64 "%s overflows 63 bits", st->key.text, v,
-                              st->num.suffix);
+                mf_diag_error(s->d, st->num.span, "%s %" PRId64 "%s overflows %d bits", st->key.text, v,
+                              st->num.suffix, MF_LIMIT_MAGNITUDE_BITS);
                 return false;
             }
             *out = r;
@@ -255,6 +257,19 @@ static bool size_bytes(mf_sema *s, const mf_ast_setting *st, int64_t *out)
     mf_diag_error(s->d, st->num.span, "unknown size suffix '%s' in '%s'; expected B, KiB, MiB, GiB or TiB%s%s%s",
                   st->num.suffix, st->key.text, hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
     return false;
+}
+
+/* A count setting `name`: at least 1 (`hint` follows that message) and at
+ * most max (too `excess`: "many", "deep"). False (reported) otherwise. */
+static bool count_setting(mf_sema *s, const mf_ast_setting *st, const char *name, int64_t max, const char *hint,
+                          const char *excess)
+{
+    int64_t v = st->num.value;
+    if (v < 1)
+        mf_diag_error(s->d, st->num.span, "%s is %" PRId64 "; it must be at least 1%s", name, v, hint);
+    else if (v > max)
+        mf_diag_error(s->d, st->num.span, "%s %" PRId64 " is too %s (limit is %" PRId64 ")", name, v, excess, max);
+    return v >= 1 && v <= max;
 }
 
 static void check_settings(mf_sema *s)
@@ -271,12 +286,7 @@ static void check_settings(mf_sema *s)
         int64_t v = st->num.value;
         switch (st->kind) {
         case MF_AST_SET_MICROBATCHES:
-            if (v < 1)
-                mf_diag_error(s->d, st->num.span, "microbatches is %" PRId64 "; it must be at least 1", v);
-            else if (v > MF_SEMA_MAX_MICROBATCHES)
-                mf_diag_error(s->d, st->num.span, "microbatches %" PRId64 " is too many (limit is %d)", v,
-                              MF_SEMA_MAX_MICROBATCHES);
-            else
+            if (count_setting(s, st, "microbatches", MF_SEMA_MAX_MICROBATCHES, "", "many"))
                 sp->microbatches = v;
             break;
         case MF_AST_SET_REDUCE: {
@@ -305,12 +315,7 @@ static void check_settings(mf_sema *s)
             break;
         }
         case MF_AST_SET_PREFETCH:
-            if (v < 1)
-                mf_diag_error(s->d, st->num.span, "prefetch is %" PRId64 "; it must be at least 1 (units ahead)", v);
-            else if (v > MF_SEMA_MAX_PREFETCH)
-                mf_diag_error(s->d, st->num.span, "prefetch %" PRId64 " is too deep (limit is %d)", v,
-                              MF_SEMA_MAX_PREFETCH);
-            else
+            if (count_setting(s, st, "prefetch", MF_SEMA_MAX_PREFETCH, " (units ahead)", "deep"))
                 sp->prefetch = (int)v;
             break;
         case MF_AST_SET_BUCKET_SIZE: {
@@ -348,6 +353,111 @@ static void sema_illegal(void *ctx, const mf_illegal *v)
         mf_diag_note(c->s->d, c->entry[v->note_role][v->axis]->span, "%s", v->note);
 }
 
+/* The mesh's axis names, outermost first; returns how many. */
+static int axis_names(const mf_mesh *mesh, const char *names[MF_MAX_AXES])
+{
+    for (int j = 0; j < mesh->naxes; j++)
+        names[j] = mesh->axes[j].name;
+    return mesh->naxes;
+}
+
+/* The placement of role r has one entry per mesh axis. */
+static void check_arity(mf_sema *s, const mf_ast_role *r, const char *what)
+{
+    const mf_mesh *mesh = &s->spec->mesh;
+    int naxes = mesh->naxes;
+    if (!s->have_mesh || r->nplaces == naxes)
+        return;
+    char axes[200];
+    const char *names[MF_MAX_AXES];
+    int n = axis_names(mesh, names);
+    join_words(axes, sizeof axes, names, (size_t)n, ", ");
+    mf_diag_error(s->d, r->places_span,
+                  "the placement of '%s' in %s has %d %s but the mesh has %d %s (%s); give one entry "
+                  "per axis, outermost first",
+                  mf_role_name(r->role), what, r->nplaces, r->nplaces == 1 ? "entry" : "entries", naxes,
+                  naxes == 1 ? "axis" : "axes", axes);
+    mf_diag_note(s->d, s->spec->mesh_span, "the mesh is declared here");
+}
+
+/* The mesh axis a labeled entry names, or -1 (reported) when it names none
+ * or one given before in this placement. */
+static int labeled_slot(mf_sema *s, const mf_ast_place *p, const char *role, const mf_ast_place *const *entry)
+{
+    const mf_mesh *mesh = &s->spec->mesh;
+    int slot = -1;
+    for (int k = 0; k < mesh->naxes; k++)
+        if (strcmp(mesh->axes[k].name, p->axis.text) == 0)
+            slot = k;
+    if (slot < 0) {
+        const char *names[MF_MAX_AXES];
+        int n = axis_names(mesh, names);
+        char where[160];
+        snprintf(where, sizeof where, " in the placement of '%s'", role);
+        unknown_word(s, p->axis.span, "mesh axis", p->axis.text, where, names, (size_t)n);
+        return -1;
+    }
+    if (entry[slot]) {
+        mf_diag_error(s->d, p->axis.span, "axis '%s' appears twice in the placement of '%s'", p->axis.text, role);
+        mf_diag_note(s->d, entry[slot]->span, "first given here");
+        return -1;
+    }
+    return slot;
+}
+
+/* Role r's placement entries into entry (per mesh axis) and *out: all
+ * positional, or all labeled with axis names (extension). */
+static void resolve_entries(mf_sema *s, const mf_ast_role *r, const char *what, const mf_ast_place **entry,
+                            mf_placement *out)
+{
+    const char *role = mf_role_name(r->role);
+    bool labeled = r->places->axis.text != NULL;
+    int j = 0;
+    for (const mf_ast_place *p = r->places; p; p = p->next, j++) {
+        int pl = mf_place_from_name(p->value.text);
+        if (pl < 0) {
+            char where[160];
+            snprintf(where, sizeof where, " for '%s' in %s", role, what);
+            unknown_word(s, p->value.span, "placement", p->value.text, where, place_names, COUNT(place_names));
+        }
+        if ((p->axis.text != NULL) != labeled) {
+            mf_diag_error(s->d, p->span,
+                          "mixed labeled and positional entries in the placement of '%s'; label every entry "
+                          "('axis: Flat') or none",
+                          role);
+            continue;
+        }
+        int slot = labeled && s->have_mesh ? labeled_slot(s, p, role, entry) : j;
+        if (slot >= 0 && slot < MF_MAX_AXES) {
+            entry[slot] = p;
+            if (pl >= 0)
+                out->p[slot] = (uint8_t)pl;
+        }
+    }
+}
+
+/* Every role is required: one error naming those the layout lacks. */
+static void report_missing_roles(mf_sema *s, const mf_ast_layout *decl, const char *what,
+                                 const mf_ast_role *const *seen)
+{
+    const char *missing[MF_ROLE_COUNT];
+    size_t nmissing = 0;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (!seen[r])
+            missing[nmissing++] = mf_role_name((mf_role)r);
+    if (!nmissing)
+        return;
+    char list[96], quoted[3][24];
+    const char *q[3];
+    for (size_t i = 0; i < nmissing; i++) {
+        snprintf(quoted[i], sizeof quoted[i], "'%s'", missing[i]);
+        q[i] = quoted[i];
+    }
+    join_words(list, sizeof list, q, nmissing, " and ");
+    mf_diag_error(s->d, decl->span, "%s has no %s %s; a layout declares weight, grad and main_weight", what, list,
+                  nmissing == 1 ? "role" : "roles");
+}
+
 /* Resolves the roles of a layout block into out (placements indexed by mesh
  * axis). Returns true when every role is present, well-formed and legal. */
 static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *what, mf_spec_layout *out)
@@ -355,9 +465,6 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
     int before = mf_diag_errors(s->d);
     const mf_ast_role *seen[MF_ROLE_COUNT] = {0};
     const mf_ast_place *entry[MF_ROLE_COUNT][MF_MAX_AXES] = {{0}};
-    const mf_mesh *mesh = &s->spec->mesh;
-    int naxes = mesh->naxes;
-
     for (const mf_ast_role *r = decl->roles; r; r = r->next) {
         const char *role = mf_role_name(r->role);
         if (seen[r->role]) {
@@ -380,89 +487,16 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
                           role, what);
             continue;
         }
-        if (s->have_mesh && r->nplaces != naxes) {
-            char axes[200];
-            const char *names[MF_MAX_AXES];
-            for (int j = 0; j < naxes; j++)
-                names[j] = mesh->axes[j].name;
-            join_words(axes, sizeof axes, names, (size_t)naxes, ", ");
-            mf_diag_error(s->d, r->places_span,
-                          "the placement of '%s' in %s has %d %s but the mesh has %d %s (%s); give one entry "
-                          "per axis, outermost first",
-                          role, what, r->nplaces, r->nplaces == 1 ? "entry" : "entries", naxes,
-                          naxes == 1 ? "axis" : "axes", axes);
-            mf_diag_note(s->d, s->spec->mesh_span, "the mesh is declared here");
-        }
-        /* Entries: all positional, or all labeled with axis names (extension). */
-        bool labeled = r->places->axis.text != NULL;
-        int j = 0;
-        for (const mf_ast_place *p = r->places; p; p = p->next, j++) {
-            int pl = mf_place_from_name(p->value.text);
-            if (pl < 0) {
-                char where[160];
-                snprintf(where, sizeof where, " for '%s' in %s", role, what);
-                unknown_word(s, p->value.span, "placement", p->value.text, where, place_names, COUNT(place_names));
-            }
-            if ((p->axis.text != NULL) != labeled) {
-                mf_diag_error(s->d, p->span,
-                              "mixed labeled and positional entries in the placement of '%s'; label every entry "
-                              "('axis: Flat') or none",
-                              role);
-                continue;
-            }
-            int slot = j;
-            if (labeled && s->have_mesh) {
-                slot = -1;
-                for (int k = 0; k < naxes; k++)
-                    if (strcmp(mesh->axes[k].name, p->axis.text) == 0)
-                        slot = k;
-                if (slot < 0) {
-                    const char *names[MF_MAX_AXES];
-                    for (int k = 0; k < naxes; k++)
-                        names[k] = mesh->axes[k].name;
-                    char where[160];
-                    snprintf(where, sizeof where, " in the placement of '%s'", role);
-                    unknown_word(s, p->axis.span, "mesh axis", p->axis.text, where, names, (size_t)naxes);
-                    continue;
-                }
-                if (entry[r->role][slot]) {
-                    mf_diag_error(s->d, p->axis.span, "axis '%s' appears twice in the placement of '%s'",
-                                  p->axis.text, role);
-                    mf_diag_note(s->d, entry[r->role][slot]->span, "first given here");
-                    continue;
-                }
-            }
-            if (slot >= 0 && slot < MF_MAX_AXES) {
-                entry[r->role][slot] = p;
-                if (pl >= 0)
-                    out->place[r->role].p[slot] = (uint8_t)pl;
-            }
-        }
+        check_arity(s, r, what);
+        resolve_entries(s, r, what, entry[r->role], &out->place[r->role]);
     }
-
-    /* Every role is required. */
-    const char *missing[MF_ROLE_COUNT];
-    size_t nmissing = 0;
-    for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if (!seen[r])
-            missing[nmissing++] = mf_role_name((mf_role)r);
-    if (nmissing) {
-        char list[96], quoted[3][24];
-        const char *q[3];
-        for (size_t i = 0; i < nmissing; i++) {
-            snprintf(quoted[i], sizeof quoted[i], "'%s'", missing[i]);
-            q[i] = quoted[i];
-        }
-        join_words(list, sizeof list, q, nmissing, " and ");
-        mf_diag_error(s->d, decl->span, "%s has no %s %s; a layout declares weight, grad and main_weight", what,
-                      list, nmissing == 1 ? "role" : "roles");
-    }
+    report_missing_roles(s, decl, what, seen);
     if (mf_diag_errors(s->d) != before || !s->have_mesh)
         return false;
 
     /* Only grad Partial, the suffix rule, every transition's moves legal. */
     mf_sema_illegal_ctx ic = {s, entry, seen};
-    if (mf_trans_check_layout(mesh, out->place, what, sema_illegal, &ic) != 0)
+    if (mf_trans_check_layout(&s->spec->mesh, out->place, what, sema_illegal, &ic) != 0)
         return false;
     return mf_diag_errors(s->d) == before;
 }
@@ -839,8 +873,8 @@ static bool check_dims(mf_sema *s, const mf_ast_tensor *t, int64_t *out)
     }
     if (dims_ok && over) {
         mf_diag_error(s->d, t->dims_span,
-                      "tensor \"%s\" has too many elements: the product of its dimensions overflows 63 bits",
-                      t->name.text);
+                      "tensor \"%s\" has too many elements: the product of its dimensions overflows %d bits",
+                      t->name.text, MF_LIMIT_MAGNITUDE_BITS);
         dims_ok = false;
     } else if (dims_ok && numel > MF_SEMA_MAX_ELEMS) {
         mf_diag_error(s->d, t->dims_span, "tensor \"%s\" has %" PRId64 " elements (limit is %" PRId64 ")",
@@ -1073,6 +1107,72 @@ static int auto_layout(mf_sema *s, const mf_ast_name *ref)
     return idx >= 0 ? idx : lookup_layout(s, &placeholder, "'layout auto'");
 }
 
+/* The unit's options (reshard_after_forward, at most once) into ut. */
+static void unit_options(mf_sema *s, const mf_ast_unit *u, mf_sema_unit_t *ut)
+{
+    const mf_ast_item *reshard = NULL;
+    for (const mf_ast_item *it = u->body; it; it = it->next) {
+        if (it->kind != MF_AST_ITEM_OPTION)
+            continue;
+        if (reshard) {
+            mf_diag_error(s->d, it->key.span, "'%s' set twice in unit \"%s\"; give it once", it->key.text,
+                          u->name.text);
+            mf_diag_note(s->d, reshard->key.span, "first set here");
+            continue;
+        }
+        reshard = it;
+        if (strcmp(it->value.text, "true") == 0) {
+            ut->reshard = true;
+        } else if (strcmp(it->value.text, "false") == 0) {
+            ut->reshard = false;
+        } else {
+            static const char *const bools[] = {"true", "false"};
+            unknown_word(s, it->value.span, "value", it->value.text, " for 'reshard_after_forward'", bools, 2);
+        }
+    }
+}
+
+/* The unit's `iters` copies against the limits, before anything is
+ * expanded: true (and the running totals counted) when they fit, else false
+ * with one error. */
+static bool unit_within_limits(mf_sema *s, const mf_ast_unit *u, const mf_sema_unit_t *ut, int64_t iters)
+{
+    mf_span at = u->loop ? u->loop->span : u->span;
+    int64_t nt, all;
+    if (iters > MF_SEMA_MAX_UNITS - s->nunits) {
+        mf_diag_error(s->d, at, "too many units (limit is %d): unit \"%s\" expands to %s%" PRId64 " units",
+                      MF_SEMA_MAX_UNITS, u->name.text, iters == INT64_MAX ? "more than " : "", iters);
+        return false;
+    }
+    if (!mul_ok(ut->tensors, iters, &nt))
+        nt = INT64_MAX;
+    if (nt > MF_SEMA_MAX_TENSORS - s->ntensors) {
+        mf_diag_error(s->d, at, "too many tensors (limit is %d): unit \"%s\" adds %s%" PRId64, MF_SEMA_MAX_TENSORS,
+                      u->name.text, nt == INT64_MAX ? "more than " : "", nt == INT64_MAX ? INT64_MAX : nt);
+        return false;
+    }
+    if (ut->elems < 0) {
+        mf_diag_error(s->d, u->name.span,
+                      "unit \"%s\" has too many elements: its tensors' sizes add up past %d bits", u->name.text,
+                      MF_LIMIT_MAGNITUDE_BITS);
+        return false;
+    }
+    if (ut->elems > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, u->name.span, "unit \"%s\" has %" PRId64 " elements in all (limit is %" PRId64 ")",
+                      u->name.text, ut->elems, MF_SEMA_MAX_ELEMS);
+        return false;
+    }
+    if (!mul_ok(ut->elems, iters, &all) || !add_ok(s->nelems, all, &all) || all > MF_SEMA_MAX_ELEMS) {
+        mf_diag_error(s->d, at, "too many elements in the spec (limit is %" PRId64 "): unit \"%s\" brings the total past it",
+                      MF_SEMA_MAX_ELEMS, u->name.text);
+        return false;
+    }
+    s->nunits += iters;
+    s->ntensors += nt;
+    s->nelems = all;
+    return true;
+}
+
 static void check_unit(mf_sema *s, const mf_ast_unit *u)
 {
     int before = mf_diag_errors(s->d);
@@ -1099,27 +1199,7 @@ static void check_unit(mf_sema *s, const mf_ast_unit *u)
         snprintf(user, sizeof user, "unit \"%s\"", u->name.text);
         ut.layout = lookup_layout(s, &u->layout, user);
     }
-    /* options */
-    const mf_ast_item *reshard = NULL;
-    for (const mf_ast_item *it = u->body; it; it = it->next) {
-        if (it->kind != MF_AST_ITEM_OPTION)
-            continue;
-        if (reshard) {
-            mf_diag_error(s->d, it->key.span, "'%s' set twice in unit \"%s\"; give it once", it->key.text,
-                          u->name.text);
-            mf_diag_note(s->d, reshard->key.span, "first set here");
-            continue;
-        }
-        reshard = it;
-        if (strcmp(it->value.text, "true") == 0) {
-            ut.reshard = true;
-        } else if (strcmp(it->value.text, "false") == 0) {
-            ut.reshard = false;
-        } else {
-            static const char *const bools[] = {"true", "false"};
-            unknown_word(s, it->value.span, "value", it->value.text, " for 'reshard_after_forward'", bools, 2);
-        }
-    }
+    unit_options(s, u, &ut);
     if (!has_tensors(u->body)) {
         mf_diag_error(s->d, u->name.span, "unit \"%s\" has no tensors; a unit needs at least one 'tensor'",
                       u->name.text);
@@ -1129,47 +1209,10 @@ static void check_unit(mf_sema *s, const mf_ast_unit *u)
     check_items(s, &ut, u->body, 0, &ut.tensors, &ut.elems);
     if (s->oom || mf_diag_errors(s->d) != before || !loop_ok || s->limit_hit)
         return;
-
-    /* Limits, before anything is expanded. */
-    mf_span at = u->loop ? u->loop->span : u->span;
-    int64_t nt;
-    if (iters > MF_SEMA_MAX_UNITS - s->nunits) {
-        mf_diag_error(s->d, at, "too many units (limit is %d): unit \"%s\" expands to %s%" PRId64 " units",
-                      MF_SEMA_MAX_UNITS, u->name.text, iters == INT64_MAX ? "more than " : "", iters);
+    if (!unit_within_limits(s, u, &ut, iters)) {
         s->limit_hit = true;
         return;
     }
-    if (!mul_ok(ut.tensors, iters, &nt))
-        nt = INT64_MAX;
-    if (nt > MF_SEMA_MAX_TENSORS - s->ntensors) {
-        mf_diag_error(s->d, at, "too many tensors (limit is %d): unit \"%s\" adds %s%" PRId64, MF_SEMA_MAX_TENSORS,
-                      u->name.text, nt == INT64_MAX ? "more than " : "", nt == INT64_MAX ? INT64_MAX : nt);
-        s->limit_hit = true;
-        return;
-    }
-    if (ut.elems < 0) {
-        mf_diag_error(s->d, u->name.span, "unit \"%s\" has too many elements: its tensors' sizes add up past 63 bits",
-                      u->name.text);
-        s->limit_hit = true;
-        return;
-    }
-    if (ut.elems > MF_SEMA_MAX_ELEMS) {
-        mf_diag_error(s->d, u->name.span, "unit \"%s\" has %" PRId64 " elements in all (limit is %" PRId64 ")",
-                      u->name.text, ut.elems, MF_SEMA_MAX_ELEMS);
-        s->limit_hit = true;
-        return;
-    }
-    int64_t all;
-    if (!mul_ok(ut.elems, iters, &all) || !add_ok(s->nelems, all, &all) || all > MF_SEMA_MAX_ELEMS) {
-        mf_diag_error(s->d, at, "too many elements in the spec (limit is %" PRId64 "): unit \"%s\" brings the total past it",
-                      MF_SEMA_MAX_ELEMS, u->name.text);
-        s->limit_hit = true;
-        return;
-    }
-    s->nunits += iters;
-    s->ntensors += nt;
-    s->nelems = all;
-
     int64_t lo = u->loop ? u->loop->lo.value : 0;
     for (int64_t i = 0; i < iters && !s->oom; i++) {
         if (u->loop)
