@@ -650,6 +650,57 @@ static mfsdp_result local_timed_out(mf_rt *rt, mf_local_comm *c, const mf_local_
     return MFSDP_ERR_TIMEOUT;
 }
 
+/* The first member to arrive at slot k sets its op; a later one whose op
+ * differs records the mismatch (the first message wins). c->mu held. */
+static void slot_match(const mf_rt *rt, mf_local_slot *slot, const mf_op *op, int64_t k,
+                       const char *axis)
+{
+    if (slot->arrived == 0) {
+        slot->kind = op->kind;
+        slot->dtype = op->dtype;
+        slot->count = op->count;
+        slot->op = op->id;
+    } else if (slot->kind != op->kind || slot->dtype != op->dtype || slot->count != op->count) {
+        if (!slot->mismatch)
+            snprintf(slot->mismatch_msg, sizeof slot->mismatch_msg,
+                     "collective #%lld on axis %s: rank %lld issued %s %s count %lld (op %d) "
+                     "but a peer issued %s %s count %lld (op %d)",
+                     (long long)k, axis, (long long)rt->rank, mf_opkind_name(op->kind),
+                     mf_dtype_name(op->dtype), (long long)op->count, op->id,
+                     mf_opkind_name(slot->kind), mf_dtype_name(slot->dtype),
+                     (long long)slot->count, slot->op);
+        slot->mismatch = true;
+    }
+}
+
+/* Departs from slot k, waiting for every member (they read our source until
+ * then) unless eager (they read the slot's copy, recycled only when all
+ * departed); the last one recycles the slot. No abort check here: every
+ * member has arrived and finishes without blocking. c->mu held. */
+static mfsdp_result depart(const mf_rt *rt, mf_local_comm *c, mf_local_slot *slot, const mf_op *op,
+                           int64_t k, bool eager, struct timespec *deadline, int *spins, char *err,
+                           size_t errlen)
+{
+    if (++slot->departed == c->n) {
+        slot->arrived = slot->departed = 0;
+        memset(slot->posted, 0, (size_t)c->n);
+        slot->mismatch = false;
+        slot->seq += 2;
+        pthread_cond_broadcast(&c->cv);
+        return MFSDP_OK;
+    }
+    if (eager)
+        return MFSDP_OK;
+    while (slot->seq == k)
+        if (comm_wait(c, rt->cfg.timeout_ms, deadline, spins) == ETIMEDOUT && slot->seq == k) {
+            snprintf(err, errlen, "%s on axis %s: peers did not finish within %lld ms",
+                     mf_opkind_name(op->kind), rt->s->mesh.axes[op->axis].name,
+                     (long long)rt->cfg.timeout_ms);
+            return MFSDP_ERR_TIMEOUT;
+        }
+    return MFSDP_OK;
+}
+
 static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t microbatch, char *err,
                                      size_t errlen)
 {
@@ -684,22 +735,7 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
             slot->seq != k)
             res = MFSDP_ERR_TIMEOUT;
     if (res == MFSDP_OK && !c->aborted) {
-        if (slot->arrived == 0) {
-            slot->kind = op->kind;
-            slot->dtype = op->dtype;
-            slot->count = op->count;
-            slot->op = op->id;
-        } else if (slot->kind != op->kind || slot->dtype != op->dtype || slot->count != op->count) {
-            if (!slot->mismatch)
-                snprintf(slot->mismatch_msg, sizeof slot->mismatch_msg,
-                         "collective #%lld on axis %s: rank %lld issued %s %s count %lld (op %d) "
-                         "but a peer issued %s %s count %lld (op %d)",
-                         (long long)k, axis, (long long)rt->rank, mf_opkind_name(op->kind),
-                         mf_dtype_name(op->dtype), (long long)op->count, op->id,
-                         mf_opkind_name(slot->kind), mf_dtype_name(slot->dtype),
-                         (long long)slot->count, slot->op);
-            slot->mismatch = true;
-        }
+        slot_match(rt, slot, op, k, axis);
         if (eager) {
             uint8_t *copy = slot->eager + (size_t)me * c->eager_bytes;
             memcpy(copy, r->src, post_bytes);
@@ -729,27 +765,8 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
     if (!mismatch)
         local_compute(rt, r, slot, n, eager);
 
-    /* Depart; wait for every member (they read our source until then), unless
-     * eager (they read the slot's copy, recycled only when all departed). No
-     * abort check here: every member has arrived and finishes without
-     * blocking. */
     pthread_mutex_lock(&c->mu);
-    if (++slot->departed == n) {
-        slot->arrived = slot->departed = 0;
-        memset(slot->posted, 0, (size_t)n);
-        slot->mismatch = false;
-        slot->seq += 2;
-        pthread_cond_broadcast(&c->cv);
-    } else if (!eager) {
-        while (slot->seq == k)
-            if (comm_wait(c, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
-                slot->seq == k) {
-                res = MFSDP_ERR_TIMEOUT;
-                snprintf(err, errlen, "%s on axis %s: peers did not finish within %lld ms",
-                         mf_opkind_name(op->kind), axis, (long long)rt->cfg.timeout_ms);
-                break;
-            }
-    }
+    res = depart(rt, c, slot, op, k, eager, &deadline, &spins, err, errlen);
     if (mismatch && res == MFSDP_OK) {
         snprintf(err, errlen, "%s", slot->mismatch_msg);
         res = MFSDP_ERR_MISMATCH;

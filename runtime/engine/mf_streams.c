@@ -110,126 +110,185 @@ static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms, struct t
     return mf_base_cond_wait(cv, &rt->mu, timeout_ms, deadline);
 }
 
+/* A record: raises its event's counter to its sequence number. */
+static void exec_record(mf_rt *rt, const mf_op *op, int64_t seq)
+{
+    pthread_mutex_lock(&rt->mu);
+    if (rt->ev_done[op->event] < seq)
+        rt->ev_done[op->event] = seq;
+    pthread_cond_broadcast(&rt->cv);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* Waits until record #seq of op's event completed, helping (compute stream)
+ * and kicking the streams meanwhile; a failure or stop aborts it, the
+ * timeout ends it. *t0 is set when it first has to wait. rt->mu held. */
+static mfsdp_result wait_for_record(mf_rt *rt, mf_stream on, const mf_op *op, int64_t seq,
+                                    int64_t *t0)
+{
+    struct timespec deadline = {-1, 0};
+    int spins = 0;
+    while (rt->ev_done[op->event] < seq) {
+        if (*t0 == 0)
+            *t0 = mf_base_now_ns();
+        if (rt->failed != MFSDP_OK || rt->stop)
+            return MFSDP_ERR_ABORTED;
+        if (on == MF_STREAM_COMPUTE && help_one(rt)) {
+            deadline.tv_sec = -1;   /* progress was made: the timeout starts again */
+            continue;
+        }
+        if (kick_locked(rt, -1))
+            continue;
+        if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
+            rt->ev_done[op->event] < seq)
+            return MFSDP_ERR_TIMEOUT;
+    }
+    return MFSDP_OK;
+}
+
+/* What holds up a failed wait: the stream that records its event, and the
+ * op that stream has been in for busy_for ns (-1: idle, or in an untimed
+ * record or wait). */
+typedef struct mf_wait_blocker {
+    mf_stream rec;
+    int busy_op;
+    int64_t busy_for;
+} mf_wait_blocker;
+
+/* rt->mu held. */
+static mf_wait_blocker find_blocker(const mf_rt *rt, int event)
+{
+    mf_wait_blocker b = {MF_STREAM_COMPUTE, -1, 0};
+    for (int i = 0; i < rt->s->nops; i++)
+        if (rt->s->ops[i].kind == MF_OP_RECORD && rt->s->ops[i].event == event)
+            b.rec = rt->s->ops[i].stream;
+    const mf_rt_stream *q = &rt->streams[b.rec];
+    if (b.rec != MF_STREAM_COMPUTE && q->current >= 0 && q->current_since != 0) {
+        b.busy_op = q->current;
+        b.busy_for = mf_base_now_ns() - q->current_since;
+    }
+    return b;
+}
+
+/* A wait timed out while the recording stream is inside a collective, which
+ * has its own timeout and knows more (which peers are missing): gives it one
+ * more period, and reports its failure instead of this symptom (copied into
+ * err, *root_cause set). Returns the wait's result. rt->mu held. */
+static mfsdp_result await_collective(mf_rt *rt, const mf_op *op, int64_t seq, char *err,
+                                     size_t errlen, bool *root_cause)
+{
+    struct timespec more = mf_base_deadline(rt->cfg.timeout_ms);
+    while (rt->ev_done[op->event] < seq && rt->failed == MFSDP_OK && !rt->stop)
+        if (mf_base_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &more) == ETIMEDOUT)
+            break;
+    if (rt->ev_done[op->event] >= seq)
+        return MFSDP_OK;
+    if (rt->failed == MFSDP_OK)
+        return MFSDP_ERR_TIMEOUT;
+    snprintf(err, errlen, "%s", rt->fail_msg);
+    *root_cause = true;
+    return rt->failed;
+}
+
+/* The message of a failed wait (timed out, or interrupted by an earlier
+ * failure); done: the latest completed record of its event. */
+static void describe_failed_wait(const mf_rt *rt, mf_stream on, const mf_rt_entry *e,
+                                 mfsdp_result res, int64_t done, const mf_wait_blocker *b,
+                                 char *err, size_t errlen)
+{
+    const mf_op *op = rt->rops[e->op].op;
+    char what[200], stuck[260] = "";
+    mf_base_describe_op(rt, e->op, what, sizeof what);
+    if (b->busy_op >= 0) {
+        char op2[200];
+        mf_base_describe_op(rt, b->busy_op, op2, sizeof op2);
+        snprintf(stuck, sizeof stuck, "; the %s stream has been in %s for %lld ms",
+                 mf_stream_name(b->rec), op2, (long long)(b->busy_for / 1000000));
+    }
+    if (res == MFSDP_ERR_TIMEOUT)
+        snprintf(err, errlen,
+                 "rank %lld, %s stream: %s timed out after %lld ms: record #%lld of event "
+                 "%d on the %s stream never completed (latest completed #%lld)%s",
+                 (long long)rt->rank, mf_stream_name(on), what, (long long)rt->cfg.timeout_ms,
+                 (long long)e->seq, op->event, mf_stream_name(b->rec), (long long)done, stuck);
+    else
+        snprintf(err, errlen, "rank %lld, %s stream: %s interrupted by an earlier failure",
+                 (long long)rt->rank, mf_stream_name(on), what);
+}
+
+/* A wait: until the latest record issued before it completed (none yet:
+ * nothing to wait for, like a never-recorded cudaEvent). Time blocked is
+ * added to *wait_ns. */
+static mfsdp_result exec_wait(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
+                              size_t errlen, int64_t *wait_ns)
+{
+    if (e->seq <= 0)
+        return MFSDP_OK;
+    const mf_op *op = rt->rops[e->op].op;
+    int64_t t0 = 0;             /* read only when the wait does not return at once */
+    pthread_mutex_lock(&rt->mu);
+    mfsdp_result res = wait_for_record(rt, on, op, e->seq, &t0);
+    int64_t done = rt->ev_done[op->event];
+    mf_wait_blocker b = {MF_STREAM_COMPUTE, -1, 0};
+    if (res != MFSDP_OK)
+        b = find_blocker(rt, op->event);
+    bool root_cause = false;
+    if (res == MFSDP_ERR_TIMEOUT && b.busy_op >= 0 && mf_opkind_is_collective(rt->s->ops[b.busy_op].kind))
+        res = await_collective(rt, op, e->seq, err, errlen, &root_cause);
+    pthread_mutex_unlock(&rt->mu);
+    if (t0)
+        *wait_ns += mf_base_now_ns() - t0;
+    if (res != MFSDP_OK && !root_cause)
+        describe_failed_wait(rt, on, e, res, done, &b, err, errlen);
+    return res;
+}
+
+/* A local op: cast, accumulate (the first microbatch overwrites), slice. */
+static void exec_local(const mf_rt_op *r, int64_t microbatch)
+{
+    const mf_op *op = r->op;
+    if (op->kind == MF_OP_ACCUMULATE && microbatch > 0) {
+        mf_cpu_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+    } else if (op->kind == MF_OP_SLICE) {
+        size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
+        mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
+    } else {   /* a cast, or the first microbatch's accumulate */
+        mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+    }
+}
+
+/* A collective, through the backend; its message is prefixed with the rank
+ * and the op. */
+static mfsdp_result exec_collective(mf_rt *rt, const mf_rt_entry *e, char *err, size_t errlen)
+{
+    mfsdp_result res = rt->be->collective(rt, &rt->rops[e->op], e->microbatch, err, errlen);
+    if (res != MFSDP_OK) {
+        char what[200], detail[MF_RT_ERRLEN];
+        mf_base_describe_op(rt, e->op, what, sizeof what);
+        snprintf(detail, sizeof detail, "%s", err);
+        snprintf(err, errlen, "rank %lld: %s failed: %s", (long long)rt->rank, what, detail);
+    }
+    return res;
+}
+
 /* Executes a local op or a collective, or completes/awaits an event. */
 mfsdp_result mf_streams_exec(mf_rt *rt, mf_stream on, const mf_rt_entry *e, char *err,
                              size_t errlen, int64_t *wait_ns)
 {
-    const mf_rt_op *r = &rt->rops[e->op];
-    const mf_op *op = r->op;
+    const mf_op *op = rt->rops[e->op].op;
     switch (op->kind) {
     case MF_OP_RECORD:
-        pthread_mutex_lock(&rt->mu);
-        if (rt->ev_done[op->event] < e->seq)
-            rt->ev_done[op->event] = e->seq;
-        pthread_cond_broadcast(&rt->cv);
-        pthread_mutex_unlock(&rt->mu);
+        exec_record(rt, op, e->seq);
         return MFSDP_OK;
-    case MF_OP_WAIT: {
-        if (e->seq <= 0)
-            return MFSDP_OK;        /* nothing recorded yet: like a never-recorded cudaEvent */
-        int64_t t0 = 0;             /* read only when the wait does not return at once */
-        struct timespec deadline = {-1, 0};
-        mfsdp_result res = MFSDP_OK;
-        int spins = 0;
-        pthread_mutex_lock(&rt->mu);
-        while (rt->ev_done[op->event] < e->seq) {
-            if (t0 == 0)
-                t0 = mf_base_now_ns();
-            if (rt->failed != MFSDP_OK || rt->stop) {
-                res = MFSDP_ERR_ABORTED;
-                break;
-            }
-            if (on == MF_STREAM_COMPUTE && help_one(rt)) {
-                deadline.tv_sec = -1;   /* progress was made: the timeout starts again */
-                continue;
-            }
-            if (kick_locked(rt, -1))
-                continue;
-            if (spin_wait(rt, &rt->cv, rt->cfg.timeout_ms, &deadline, &spins) == ETIMEDOUT &&
-                rt->ev_done[op->event] < e->seq) {
-                res = MFSDP_ERR_TIMEOUT;
-                break;
-            }
-        }
-        int64_t done = rt->ev_done[op->event];
-        /* On failure: which stream records the event, and what it is doing. */
-        mf_stream rec = MF_STREAM_COMPUTE;
-        int busy_op = -1;
-        int64_t busy_for = 0;
-        for (int i = 0; res != MFSDP_OK && i < rt->s->nops; i++)
-            if (rt->s->ops[i].kind == MF_OP_RECORD && rt->s->ops[i].event == op->event)
-                rec = rt->s->ops[i].stream;
-        if (res != MFSDP_OK && rec != MF_STREAM_COMPUTE && rt->streams[rec].current >= 0 &&
-            rt->streams[rec].current_since != 0) {   /* 0: an untimed record or wait */
-            busy_op = rt->streams[rec].current;
-            busy_for = mf_base_now_ns() - rt->streams[rec].current_since;
-        }
-        bool root_cause = false;
-        if (res == MFSDP_ERR_TIMEOUT && busy_op >= 0 && mf_opkind_is_collective(rt->s->ops[busy_op].kind)) {
-            /* The recording stream is inside a collective, which has its own
-             * timeout and knows more (which peers are missing): give it one
-             * more period, and report its failure instead of this symptom. */
-            struct timespec more = mf_base_deadline(rt->cfg.timeout_ms);
-            while (rt->ev_done[op->event] < e->seq && rt->failed == MFSDP_OK && !rt->stop)
-                if (mf_base_cond_wait(&rt->cv, &rt->mu, rt->cfg.timeout_ms, &more) == ETIMEDOUT)
-                    break;
-            if (rt->ev_done[op->event] >= e->seq) {
-                res = MFSDP_OK;
-            } else if (rt->failed != MFSDP_OK) {
-                res = rt->failed;
-                snprintf(err, errlen, "%s", rt->fail_msg);
-                root_cause = true;
-            }
-        }
-        pthread_mutex_unlock(&rt->mu);
-        if (t0)
-            *wait_ns += mf_base_now_ns() - t0;
-        if (res != MFSDP_OK && !root_cause) {
-            char what[200], stuck[260] = "";
-            mf_base_describe_op(rt, e->op, what, sizeof what);
-            if (busy_op >= 0) {
-                char op2[200];
-                mf_base_describe_op(rt, busy_op, op2, sizeof op2);
-                snprintf(stuck, sizeof stuck, "; the %s stream has been in %s for %lld ms",
-                         mf_stream_name(rec), op2, (long long)(busy_for / 1000000));
-            }
-            if (res == MFSDP_ERR_TIMEOUT)
-                snprintf(err, errlen,
-                         "rank %lld, %s stream: %s timed out after %lld ms: record #%lld of event "
-                         "%d on the %s stream never completed (latest completed #%lld)%s",
-                         (long long)rt->rank, mf_stream_name(on), what,
-                         (long long)rt->cfg.timeout_ms, (long long)e->seq, op->event,
-                         mf_stream_name(rec), (long long)done, stuck);
-            else
-                snprintf(err, errlen, "rank %lld, %s stream: %s interrupted by an earlier failure",
-                         (long long)rt->rank, mf_stream_name(on), what);
-        }
-        return res;
-    }
+    case MF_OP_WAIT:
+        return exec_wait(rt, on, e, err, errlen, wait_ns);
     case MF_OP_CAST:
-        mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
-        return MFSDP_OK;
     case MF_OP_ACCUMULATE:
-        if (e->microbatch <= 0)
-            mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
-        else
-            mf_cpu_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+    case MF_OP_SLICE:
+        exec_local(&rt->rops[e->op], e->microbatch);
         return MFSDP_OK;
-    case MF_OP_SLICE: {
-        size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
-        mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
-        return MFSDP_OK;
-    }
-    default: {
-        mfsdp_result res = rt->be->collective(rt, r, e->microbatch, err, errlen);
-        if (res != MFSDP_OK) {
-            char what[200], detail[MF_RT_ERRLEN];
-            mf_base_describe_op(rt, e->op, what, sizeof what);
-            snprintf(detail, sizeof detail, "%s", err);
-            snprintf(err, errlen, "rank %lld: %s failed: %s", (long long)rt->rank, what, detail);
-        }
-        return res;
-    }
+    default:
+        return exec_collective(rt, e, err, errlen);
     }
 }
 
