@@ -113,12 +113,12 @@ static void *rank_main(void *arg)
     pthread_barrier_wait(j->bar);
     mfsdp_result r;
     if (j->op == 0) {
-        mfsdp_ckpt_save_options so = {.step = 1, .nstates = 2, .states = st, .user_blob = &blob,
-                                      .user_blob_bytes = sizeof blob};
+        mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+        so.step = 1, so.nstates = 2, so.states = st, so.user_blob = &blob, so.user_blob_bytes = sizeof blob;
         r = mfsdp_ckpt_save(rt, j->dir, &so);
     } else {
-        mfsdp_ckpt_load_options lo = {.nstates = 2, .states = st, .user_blob_rank = -1, .user_blob = &blob,
-                                      .user_blob_capacity = sizeof blob};
+        mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+        lo.nstates = 2, lo.states = st, lo.user_blob = &blob, lo.user_blob_capacity = sizeof blob;
         r = mfsdp_ckpt_load(rt, j->dir, &lo);
         j->bytes_read = lo.bytes_read;
     }

@@ -1,11 +1,14 @@
 """
-_lib: the ctypes binding of libmfsdp's public C API (runtime/include/mfsdp/mfsdp.h, and the
-configuration structs of mfsdp_mpi.h and mfsdp_nccl.h).
+_lib: the ctypes binding of libmfsdp's public C API (the headers of runtime/include/mfsdp/:
+mfsdp.h, mfsdp_ckpt.h and mfsdp_nccl.h).
 
 Nothing here is hand-written behaviour: each C function is declared with its
 argument and result types, and every call that returns an mfsdp_result goes
 through check(), which raises MfsdpError with mfsdp_last_error()'s message and
-the result code. The library is found, in order, from $MFSDP_LIBRARY, next to
+the result code. The declarations are checked against the headers in full
+(every exported function's types, every constant, every struct's fields,
+offsets and size) by tests/python/abi_check.py in the default test run: a
+constant MFSDP_X of the headers is X here, a struct is bound in STRUCTS. The library is found, in order, from $MFSDP_LIBRARY, next to
 this package (lib/libmfsdp.so, as `pip install .` lays it out), or the system
 loader path.
 
@@ -15,9 +18,18 @@ import ctypes
 import ctypes.util
 import os
 import threading
+from typing import Any, Dict, List, Optional, Tuple, Type
 
-# ---- results ----
+# ---- versions (mfsdp.h) ----
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 1, 0
+VERSION_CODE = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
+ABI_VERSION = 1                              # MFSDP_ABI_VERSION: the config structs' `version`
+
+# ---- results (mfsdp_result) ----
 OK = 0
+ERR_INVALID_ARGUMENT, ERR_INVALID_USAGE, ERR_LOAD, ERR_MISMATCH, ERR_TIMEOUT = 1, 2, 3, 4, 5
+ERR_OUT_OF_MEMORY, ERR_BACKEND, ERR_UNSUPPORTED, ERR_ABORTED, ERR_INTERNAL = 6, 7, 8, 9, 10
+RESULT_COUNT = 11
 RESULT_NAMES = {
     0: "MFSDP_OK", 1: "MFSDP_ERR_INVALID_ARGUMENT", 2: "MFSDP_ERR_INVALID_USAGE",
     3: "MFSDP_ERR_LOAD", 4: "MFSDP_ERR_MISMATCH", 5: "MFSDP_ERR_TIMEOUT",
@@ -35,7 +47,7 @@ BACKEND_LOCAL, BACKEND_MPI, BACKEND_NCCL, BACKEND_CUDA_LOCAL = 1, 2, 3, 4
 
 MAX_DIMS = 8
 MAX_AXES = 4
-NUM_STREAMS = 3
+STREAM_COMPUTE, STREAM_INNER, STREAM_OUTER, NUM_STREAMS = 0, 1, 2, 3
 FLAG_SYNCHRONOUS, FLAG_CHECK = 1, 2          # MFSDP_FLAG_*
 
 # ---- helpers (docs/runtime.md §12) ----
@@ -50,7 +62,7 @@ class MfsdpError(RuntimeError):
     `code` is the mfsdp_result (an int), `code_name` its enum name and
     `message` mfsdp_last_error()'s text."""
 
-    def __init__(self, code, message, call=None):
+    def __init__(self, code: int, message: str, call: Optional[str] = None) -> None:
         self.code = int(code)
         self.code_name = RESULT_NAMES.get(self.code, "MFSDP_RESULT_%d" % self.code)
         self.message = message
@@ -62,17 +74,31 @@ class MfsdpError(RuntimeError):
 class UsageError(MfsdpError):
     """A misuse detected in Python before any C call (MFSDP_ERR_INVALID_USAGE)."""
 
-    def __init__(self, message):
-        super().__init__(2, message)
+    def __init__(self, message: str) -> None:
+        super().__init__(ERR_INVALID_USAGE, message)
 
 
 class CompileError(ValueError):
     """mfsdpc rejected a spec; `diagnostics` is its stderr, `returncode` its exit status."""
 
-    def __init__(self, diagnostics, returncode):
+    def __init__(self, diagnostics: str, returncode: int) -> None:
         self.diagnostics = diagnostics
         self.returncode = returncode
         super().__init__("mfsdpc failed (exit %d):\n%s" % (returncode, diagnostics.rstrip()))
+
+
+class _Sized(ctypes.Structure):
+    """A configuration struct: it begins with `size` and `version`, which a new
+    one gets as the C initializers (MFSDP_CONFIG_INIT, ...) set them; the
+    library refuses a struct without them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.size = ctypes.sizeof(self)
+        self.version = ABI_VERSION
+
+
+_SIZED = [("size", ctypes.c_size_t), ("version", ctypes.c_uint32)]
 
 
 class TensorInfo(ctypes.Structure):
@@ -92,22 +118,30 @@ class TensorView(ctypes.Structure):
                 ("shard_offset", ctypes.c_int64), ("shard_count", ctypes.c_int64)]
 
 
-class Config(ctypes.Structure):
-    _fields_ = [("backend", ctypes.c_int), ("rank", ctypes.c_int64),
-                ("timeout_ms", ctypes.c_int64), ("flags", ctypes.c_uint32),
-                ("local_group", ctypes.c_void_p), ("mpi_comm", ctypes.c_void_p),
-                ("backend_config", ctypes.c_void_p)]
+class Config(_Sized):
+    _fields_ = _SIZED + [("backend", ctypes.c_int), ("rank", ctypes.c_int64),
+                         ("timeout_ms", ctypes.c_int64), ("flags", ctypes.c_uint32),
+                         ("local_group", ctypes.c_void_p), ("mpi_comm", ctypes.c_void_p),
+                         ("backend_config", ctypes.c_void_p)]
 
 
-class NcclConfig(ctypes.Structure):
+class NcclConfig(_Sized):
     """mfsdp_nccl_config (mfsdp_nccl.h); ncclUniqueId is 128 bytes."""
-    _fields_ = [("world_comm", ctypes.c_void_p), ("unique_id", ctypes.c_char * 128),
-                ("has_unique_id", ctypes.c_int), ("device", ctypes.c_int),
-                ("compute_stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-                ("watchdog_poll_ms", ctypes.c_int64)]
+    _fields_ = _SIZED + [("world_comm", ctypes.c_void_p), ("unique_id", ctypes.c_char * 128),
+                         ("has_unique_id", ctypes.c_int), ("device", ctypes.c_int),
+                         ("compute_stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                         ("watchdog_poll_ms", ctypes.c_int64)]
 
 
 NCCL_NONBLOCKING, NCCL_MEM_ALLOC, NCCL_GRAPHS, NCCL_HOST_COMPUTE = 1, 2, 4, 8
+NCCL_NO_IMPLICIT_ORDER, NCCL_TIMELINE = 16, 32
+
+
+class NcclOpTime(ctypes.Structure):
+    """mfsdp_nccl_op_time (mfsdp_nccl.h): one op's device time."""
+    _fields_ = [("op", ctypes.c_int), ("nops", ctypes.c_int), ("stream", ctypes.c_int),
+                ("microbatch", ctypes.c_int64), ("start_us", ctypes.c_double),
+                ("end_us", ctypes.c_double), ("name", ctypes.c_char * 64)]
 
 
 class Stats(ctypes.Structure):
@@ -125,23 +159,32 @@ class CkptState(ctypes.Structure):
                 ("shards", ctypes.POINTER(ctypes.c_void_p))]
 
 
-class CkptSaveOptions(ctypes.Structure):
-    _fields_ = [("step", ctypes.c_int64), ("nstates", ctypes.c_int),
-                ("states", ctypes.POINTER(CkptState)), ("user_blob", ctypes.c_void_p),
-                ("user_blob_bytes", ctypes.c_size_t)]
+class CkptSaveOptions(_Sized):
+    _fields_ = _SIZED + [("step", ctypes.c_int64), ("nstates", ctypes.c_int),
+                         ("states", ctypes.POINTER(CkptState)), ("user_blob", ctypes.c_void_p),
+                         ("user_blob_bytes", ctypes.c_size_t)]
 
 
-class CkptLoadOptions(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint32), ("nstates", ctypes.c_int),
-                ("states", ctypes.POINTER(CkptState)), ("user_blob_rank", ctypes.c_int64),
-                ("user_blob", ctypes.c_void_p), ("user_blob_capacity", ctypes.c_size_t),
-                ("user_blob_bytes", ctypes.c_size_t), ("step", ctypes.c_int64),
-                ("bytes_read", ctypes.c_uint64)]
+class CkptLoadOptions(_Sized):
+    _fields_ = _SIZED + [("flags", ctypes.c_uint32), ("nstates", ctypes.c_int),
+                         ("states", ctypes.POINTER(CkptState)), ("user_blob_rank", ctypes.c_int64),
+                         ("user_blob", ctypes.c_void_p), ("user_blob_capacity", ctypes.c_size_t),
+                         ("user_blob_bytes", ctypes.c_size_t), ("step", ctypes.c_int64),
+                         ("bytes_read", ctypes.c_uint64)]
 
 
-class HfOptions(ctypes.Structure):
-    _fields_ = [("nmaps", ctypes.c_int), ("maps", ctypes.POINTER(ctypes.c_char_p)),
-                ("nties", ctypes.c_int), ("ties", ctypes.POINTER(ctypes.c_char_p))]
+class HfOptions(_Sized):
+    _fields_ = _SIZED + [("nmaps", ctypes.c_int), ("maps", ctypes.POINTER(ctypes.c_char_p)),
+                         ("nties", ctypes.c_int), ("ties", ctypes.POINTER(ctypes.c_char_p))]
+
+
+# The C struct each class binds (every public struct of the headers).
+STRUCTS: Dict[str, Type[ctypes.Structure]] = {
+    "mfsdp_tensor_info": TensorInfo, "mfsdp_tensor_view": TensorView, "mfsdp_config": Config,
+    "mfsdp_stats": Stats, "mfsdp_nccl_config": NcclConfig, "mfsdp_nccl_op_time": NcclOpTime,
+    "mfsdp_ckpt_state": CkptState, "mfsdp_ckpt_save_options": CkptSaveOptions,
+    "mfsdp_ckpt_load_options": CkptLoadOptions, "mfsdp_hf_options": HfOptions,
+}
 
 
 _P = ctypes.c_void_p
@@ -149,11 +192,12 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _RES = ctypes.c_int
 # name: (restype, argtypes)
-_PROTOTYPES = {
+_PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mfsdp_result_string": (ctypes.c_char_p, [_INT]),
     "mfsdp_version": (ctypes.c_char_p, []),
     "mfsdp_version_code": (_INT, []),
     "mfsdp_dtype_size": (ctypes.c_size_t, [_INT]),
+    "mfsdp_dtype_name": (ctypes.c_char_p, [_INT]),
     "mfsdp_schedule_load": (_RES, [ctypes.c_char_p, ctypes.POINTER(_P)]),
     "mfsdp_schedule_load_buffer": (_RES, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                           ctypes.POINTER(_P)]),
@@ -169,6 +213,7 @@ _PROTOTYPES = {
     "mfsdp_schedule_hash": (None, [_P, ctypes.c_char_p]),
     "mfsdp_schedule_num_tensors": (_INT, [_P]),
     "mfsdp_schedule_tensor_info": (_RES, [_P, _INT, ctypes.POINTER(TensorInfo)]),
+    "mfsdp_schedule_peak_bytes": (_I64, [_P]),
     "mfsdp_backend_available": (_INT, [_INT]),
     "mfsdp_local_group_create": (_RES, [_I64, ctypes.POINTER(_P)]),
     "mfsdp_local_group_destroy": (None, [_P]),
@@ -176,6 +221,7 @@ _PROTOTYPES = {
     "mfsdp_create": (_RES, [_P, ctypes.POINTER(Config), ctypes.POINTER(_P)]),
     "mfsdp_destroy": (None, [_P]),
     "mfsdp_last_error": (ctypes.c_char_p, [_P]),
+    "mfsdp_allocated_bytes": (_I64, [_P]),
     "mfsdp_rank": (_I64, [_P]),
     "mfsdp_world_size": (_I64, [_P]),
     "mfsdp_coord": (_I64, [_P, _INT]),
@@ -207,6 +253,9 @@ _PROTOTYPES = {
     "mfsdp_eval_forward_pre": (_RES, [_P, _INT]),
     "mfsdp_eval_forward_post": (_RES, [_P, _INT]),
     # checkpoints (mfsdp_ckpt.h)
+    "mfsdp_ckpt_save_options_init": (None, [ctypes.POINTER(CkptSaveOptions)]),
+    "mfsdp_ckpt_load_options_init": (None, [ctypes.POINTER(CkptLoadOptions)]),
+    "mfsdp_hf_options_init": (None, [ctypes.POINTER(HfOptions)]),
     "mfsdp_ckpt_save": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptSaveOptions)]),
     "mfsdp_ckpt_load": (_RES, [_P, ctypes.c_char_p, ctypes.POINTER(CkptLoadOptions)]),
     "mfsdp_ckpt_verify": (_RES, [ctypes.c_char_p]),
@@ -214,17 +263,20 @@ _PROTOTYPES = {
     "mfsdp_ckpt_export_hf": (_RES, [_P, ctypes.c_char_p, _INT, ctypes.POINTER(HfOptions),
                                     ctypes.c_uint64]),
 }
-# Present only in a library built with the CUDA/NCCL backend.
-_OPTIONAL = {
+# Present only in a library built with the CUDA/NCCL backend (mfsdp_nccl.h).
+_OPTIONAL: Dict[str, Tuple[Any, List[Any]]] = {
+    "mfsdp_nccl_config_init": (None, [ctypes.POINTER(NcclConfig)]),
     "mfsdp_nccl_stream": (_P, [_P, _INT]),
     "mfsdp_nccl_device": (_INT, [_P]),
+    "mfsdp_nccl_timeline": (_INT, [_P, _P, ctypes.POINTER(NcclOpTime), _INT]),
+    "mfsdp_nccl_warning": (ctypes.c_char_p, [_P]),
 }
 
 _lock = threading.Lock()
-_lib = None
+_lib: Optional[ctypes.CDLL] = None
 
 
-def library_path():
+def library_path() -> Optional[str]:
     """The libmfsdp that load() opens (see the module comment), or None."""
     env = os.environ.get("MFSDP_LIBRARY")
     if env:
@@ -239,7 +291,7 @@ def library_path():
     return ctypes.util.find_library("mfsdp")
 
 
-def load():
+def load() -> ctypes.CDLL:
     """Opens libmfsdp once and declares every prototype; returns the CDLL."""
     global _lib
     with _lock:
@@ -263,24 +315,24 @@ def load():
         return lib
 
 
-def nccl_unique_id():
+def nccl_unique_id() -> bytes:
     """A fresh ncclUniqueId (128 bytes) from the libnccl that libmfsdp links."""
     fn = getattr(load(), "ncclGetUniqueId", None)
     if fn is None:
-        raise MfsdpError(8, "libmfsdp was built without NCCL")
+        raise MfsdpError(ERR_UNSUPPORTED, "libmfsdp was built without NCCL")
     buf = ctypes.create_string_buffer(128)
     r = fn(buf)
     if r != 0:
-        raise MfsdpError(7, "ncclGetUniqueId failed (ncclResult %d)" % r)
+        raise MfsdpError(ERR_BACKEND, "ncclGetUniqueId failed (ncclResult %d)" % r)
     return buf.raw
 
 
-def last_error(handle=None):
+def last_error(handle: Any = None) -> str:
     msg = load().mfsdp_last_error(handle)
     return msg.decode("utf-8", "replace") if msg else ""
 
 
-def check(result, handle=None, call=None):
+def check(result: int, handle: Any = None, call: Optional[str] = None) -> int:
     """Raises MfsdpError for any result but MFSDP_OK (message from the handle,
     or the calling thread's last handle-less error when handle is None)."""
     if result != OK:

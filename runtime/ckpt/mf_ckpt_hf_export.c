@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mf_abi.h"
 #include "mf_backend.h"
 #include "mf_ckpt_build.h"
 #include "mf_ckpt_hf.h"
@@ -268,10 +269,11 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     mf_hx_layout l = {0};
     mf_hf_rules rules = {0};
     char err[4096] = "", tmp[4200] = "";
-    int have_plan = 0, have_layout = 0, bad = 0;
-    for (int i = 0; opt && i < opt->nmaps && !bad; i++)
+    int have_plan = 0, have_layout = 0;
+    int bad_abi = opt && MF_ABI_CHECK(mfsdp_hf_options, opt, err, sizeof err) != MFSDP_OK, bad = bad_abi;
+    for (int i = 0; !bad && opt && i < opt->nmaps; i++)
         bad = !opt->maps || !opt->maps[i] || mf_hf_rule_add(&rules, 0, opt->maps[i]) != 0;
-    for (int i = 0; opt && i < opt->nties && !bad; i++)
+    for (int i = 0; !bad && opt && i < opt->nties; i++)
         bad = !opt->ties || !opt->ties[i] || mf_hf_rule_add(&rules, 1, opt->ties[i]) != 0;
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all) {
@@ -281,6 +283,8 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     mfsdp_result sr = MFSDP_OK;
     if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_hx_fail(&mine, sr, err);
+    else if (bad_abi)
+        mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (!dir_arg || bad || mfsdp_dtype_size(dtype) == 0)
         snprintf(err, sizeof err, "needs a directory, a dtype and rules FROM=TO / NAME=SOURCE"),
             mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_abi.h"
 #include "mf_backend.h"
 #include "mf_ckpt_hf.h"
 #include "mf_ckpt_hf_read.h"
@@ -148,7 +149,8 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
     mf_hf_rules rules;
     char err[8192] = "";
     mfsdp_result res;
-    int bad_rules = mf_hf_rules_from(opt, &rules);
+    int bad_abi = opt && MF_ABI_CHECK(mfsdp_hf_options, opt, err, sizeof err) != MFSDP_OK;
+    int bad_rules = mf_hf_rules_from(bad_abi ? NULL : opt, &rules);
     if (!all || !src) {
         res = mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
@@ -156,6 +158,8 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
     mfsdp_result sr = MFSDP_OK;
     if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_hf_fail(&mine, sr, err);
+    else if (bad_abi)
+        mf_hf_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (!path || bad_rules)
         snprintf(err, sizeof err, "needs a path, and rules of the form FROM=TO / NAME=SOURCE"),
             mf_hf_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "mf_abi.h"
 #include "mf_ckpt_build.h"
 #include "mf_ckpt_stage.h"
 #include "mf_rt.h"
@@ -220,6 +221,8 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     }
     if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_ckpt_fail(&mine, res, err);
+    else if (opt && MF_ABI_CHECK(mfsdp_ckpt_save_options, opt, err, sizeof err) != MFSDP_OK)
+        mf_ckpt_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (!dir || !*dir || !opt || opt->step < 0 || (opt->user_blob_bytes && !opt->user_blob))
         mf_ckpt_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, "needs a directory and options (step >= 0, a blob "
                      "pointer with its size)");

@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "mf_abi.h"
 #include "mf_debug.h"
 #include "mf_replay.h"
 #include "mf_streams.h"
@@ -103,10 +104,7 @@ MFSDP_API void mfsdp_config_init(mfsdp_config *cfg)
 {
     if (!cfg)
         return;
-    memset(cfg, 0, sizeof *cfg);
-    cfg->backend = MFSDP_BACKEND_LOCAL;
-    cfg->rank = -1;
-    cfg->timeout_ms = 600000;
+    *cfg = (mfsdp_config)MFSDP_CONFIG_INIT;
 }
 
 /* ---- create ---- */
@@ -430,6 +428,9 @@ static mfsdp_result check_create_args(const mfsdp_schedule *sh, const mfsdp_conf
     if (!sh || !cfg)
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
                                  "mfsdp_create: schedule and config must not be NULL");
+    char abi[512];
+    if (mf_abi_check_config(cfg, abi, sizeof abi) != MFSDP_OK) /* before any other field is read */
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_create: %s", abi);
     if (!backend_for(cfg->backend))
         return mf_base_set_error(NULL, MFSDP_ERR_UNSUPPORTED,
                                  "mfsdp_create: backend %d is not built into this library "

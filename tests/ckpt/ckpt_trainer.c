@@ -230,15 +230,16 @@ static void ct_rank(ct_job *j)
     }
     mfsdp_ckpt_state st[2] = {{"exp_avg", MFSDP_FP32, (void **)m}, {"exp_avg_sq", MFSDP_FP32, (void **)v}};
     if (o->import_hf) {
-        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map, .nties = o->tie ? 1 : 0, .ties = &o->tie};
+        mfsdp_hf_options ho = MFSDP_HF_OPTIONS_INIT;
+        ho.nmaps = o->map ? 1 : 0, ho.maps = &o->map, ho.nties = o->tie ? 1 : 0, ho.ties = &o->tie;
         CT_CHECK(mfsdp_ckpt_import_hf(rt, o->import_hf, &ho));
     }
     mfsdp_ckpt_state swapped[2] = {st[1], st[0]};
     if (o->load) {
-        mfsdp_ckpt_load_options lo = {.flags = o->verify_files ? MFSDP_CKPT_VERIFY_FILES : 0u,
-                                      .nstates = o->weights_only ? 0 : 2,
-                                      .states = j->cfg.rank == o->swap_states_rank ? swapped : st, .user_blob_rank = 0,
-                                      .user_blob = &blob, .user_blob_capacity = sizeof blob};
+        mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+        lo.flags = o->verify_files ? MFSDP_CKPT_VERIFY_FILES : 0u, lo.nstates = o->weights_only ? 0 : 2;
+        lo.states = j->cfg.rank == o->swap_states_rank ? swapped : st, lo.user_blob_rank = 0;
+        lo.user_blob = &blob, lo.user_blob_capacity = sizeof blob;
         CT_CHECK(mfsdp_ckpt_load(rt, o->load, &lo));
         printf("bytes_read=%llu\n", (unsigned long long)lo.bytes_read);
         if (!o->weights_only && (lo.user_blob_bytes != sizeof blob || lo.step != blob.step)) {
@@ -256,8 +257,8 @@ static void ct_rank(ct_job *j)
         pthread_t killer;
         if (o->kill_us >= 0 && j->cfg.rank == o->kill_rank)
             pthread_create(&killer, NULL, ct_kill, (void *)&o->kill_us);
-        mfsdp_ckpt_save_options so = {.step = blob.step, .nstates = 2, .states = st, .user_blob = &blob,
-                                      .user_blob_bytes = sizeof blob};
+        mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+        so.step = blob.step, so.nstates = 2, so.states = st, so.user_blob = &blob, so.user_blob_bytes = sizeof blob;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         CT_CHECK(mfsdp_ckpt_save(rt, o->save, &so));
@@ -266,7 +267,8 @@ static void ct_rank(ct_job *j)
             printf("save_us=%lld\n", (long long)((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000));
     }
     if (o->export_hf) {
-        mfsdp_hf_options ho = {.nmaps = o->map ? 1 : 0, .maps = &o->map, .nties = o->tie ? 1 : 0, .ties = &o->tie};
+        mfsdp_hf_options ho = MFSDP_HF_OPTIONS_INIT;
+        ho.nmaps = o->map ? 1 : 0, ho.maps = &o->map, ho.nties = o->tie ? 1 : 0, ho.ties = &o->tie;
         mfsdp_dtype dt = !o->export_dtype || !strcmp(o->export_dtype, "fp32") ? MFSDP_FP32
                          : !strcmp(o->export_dtype, "bf16")                   ? MFSDP_BF16
                                                                                : MFSDP_FP16;

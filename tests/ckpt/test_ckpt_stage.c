@@ -81,7 +81,8 @@ static void *rank_main(void *arg)
     mfsdp_ckpt_state states[2] = {{"exp_avg", MFSDP_FP32, st[0]}, {"exp_avg_sq", MFSDP_FP32, st[1]}};
     pthread_barrier_wait(&g_bar);
     if (!bad && j->op == 0) {
-        mfsdp_ckpt_save_options so = {.step = 7, .nstates = 2, .states = states};
+        mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+        so.step = 7, so.nstates = 2, so.states = states;
         bad = mfsdp_ckpt_save(rt, j->dir, &so) != MFSDP_OK;
     } else if (!bad && j->op == 2) {
         bad = mfsdp_ckpt_export_hf(rt, j->dir, MFSDP_FP32, NULL, 0) != MFSDP_OK;
@@ -91,7 +92,8 @@ static void *rank_main(void *arg)
             for (int64_t i = 0; i < v[k].shard_count && !bad; i++)
                 bad = ((float *)v[k].main_weight)[i] != value(0, v[k].shard_offset + i, k);
     } else if (!bad) {
-        mfsdp_ckpt_load_options lo = {.nstates = 2, .states = states, .user_blob_rank = -1};
+        mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+        lo.nstates = 2, lo.states = states;
         bad = mfsdp_ckpt_load(rt, j->dir, &lo) != MFSDP_OK || lo.step != 7;
         for (int k = 0; k < nt && !bad; k++)
             for (int64_t i = 0; i < v[k].shard_count && !bad; i++)

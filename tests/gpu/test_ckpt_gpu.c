@@ -75,7 +75,8 @@ static void *rank_main(void *arg)
         }
     }
     mfsdp_ckpt_state states[2] = {{"exp_avg", MFSDP_FP32, st[0]}, {"exp_avg_sq", MFSDP_FP32, st[1]}};
-    mfsdp_ckpt_save_options so = {.step = 3, .nstates = 2, .states = states};
+    mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+    so.step = 3, so.nstates = 2, so.states = states;
     waited = 1;
     pthread_barrier_wait(&g_bar);
     if (mfsdp_ckpt_save(rt, g_dir, &so) != MFSDP_OK)
@@ -88,7 +89,8 @@ static void *rank_main(void *arg)
         CK(cudaMemset(st[0][k], 0, bytes));
         CK(cudaMemset(st[1][k], 0, bytes));
     }
-    mfsdp_ckpt_load_options lo = {.nstates = 2, .states = states, .user_blob_rank = -1};
+    mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+    lo.nstates = 2, lo.states = states;
     if (mfsdp_ckpt_load(rt, g_dir, &lo) != MFSDP_OK || lo.step != 3)
         FAIL("load: %s", mfsdp_last_error(rt));
     for (int k = 0; k < nt; k++) {

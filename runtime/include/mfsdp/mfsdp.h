@@ -1,7 +1,9 @@
 /*
  * mfsdp.h: the public interface of libmfsdp, the replay runtime of mfsdp
- * (docs/runtime.md). This header is the contract with trainers; it is the only
- * header a trainer includes (plus mfsdp_mpi.h for the MPI backend).
+ * (docs/runtime.md). This header is the contract with trainers: a trainer on
+ * the local backend includes only it. The other public headers each add one
+ * part and include this one: mfsdp_mpi.h (the MPI backend), mfsdp_nccl.h (the
+ * CUDA and NCCL backends), mfsdp_ckpt.h (checkpoints).
  *
  * A trainer
  *   1. loads a compiled schedule      mfsdp_schedule_load()
@@ -46,6 +48,19 @@ extern "C" {
 /* One integer for compile-time checks: 10000*major + 100*minor + patch. */
 #define MFSDP_VERSION_CODE \
     (MFSDP_VERSION_MAJOR * 10000 + MFSDP_VERSION_MINOR * 100 + MFSDP_VERSION_PATCH)
+
+/*
+ * The ABI version of the configuration structs (mfsdp_config, mfsdp_nccl_config,
+ * mfsdp_ckpt_save_options, mfsdp_ckpt_load_options, mfsdp_hf_options). Each
+ * begins with `size` (sizeof the struct as the caller compiled it) and
+ * `version` (this number); initialize one with its macro (MFSDP_CONFIG_INIT)
+ * or its init function (mfsdp_config_init), which set both, then change the
+ * fields you need. The library refuses, with MFSDP_ERR_INVALID_ARGUMENT, a
+ * struct whose size and version it does not know: a zeroed one (never
+ * initialized) or one from a newer header (docs/runtime.md, "Configuration
+ * structs").
+ */
+#define MFSDP_ABI_VERSION 1
 
 #if defined(MFSDP_BUILDING) && (defined(__GNUC__) || defined(__clang__))
 #define MFSDP_API __attribute__((visibility("default")))
@@ -182,6 +197,8 @@ enum {
 };
 
 typedef struct mfsdp_config {
+    size_t size;               /* sizeof(mfsdp_config), set by the initializers */
+    uint32_t version;          /* MFSDP_ABI_VERSION, set by the initializers */
     mfsdp_backend backend;
     int64_t rank;              /* world rank of this runtime, or -1 (the default):
                                   local, cuda-local: the lowest rank of the group
@@ -202,8 +219,11 @@ typedef struct mfsdp_config {
                                   NULL for local and mpi */
 } mfsdp_config;
 
-/* Fills cfg with the defaults (local backend, rank -1, timeout 600000 ms,
- * no flags). */
+/* The defaults: local backend, rank -1, timeout 600000 ms, no flags.
+ * `mfsdp_config cfg = MFSDP_CONFIG_INIT;` or mfsdp_config_init(&cfg). */
+#define MFSDP_CONFIG_INIT \
+    { sizeof(mfsdp_config), MFSDP_ABI_VERSION, MFSDP_BACKEND_LOCAL, -1, 600000, 0u, NULL, NULL, NULL }
+/* Fills cfg with MFSDP_CONFIG_INIT. */
 MFSDP_API void mfsdp_config_init(mfsdp_config *cfg);
 
 /* ---- runtimes ---- */

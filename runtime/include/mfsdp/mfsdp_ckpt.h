@@ -42,12 +42,19 @@ typedef struct mfsdp_ckpt_state {
 } mfsdp_ckpt_state;
 
 typedef struct mfsdp_ckpt_save_options {
+    size_t size;                   /* sizeof(mfsdp_ckpt_save_options), set by the initializers */
+    uint32_t version;              /* MFSDP_ABI_VERSION, set by the initializers */
     int64_t step;                  /* recorded in the manifest (>= 0) */
     int nstates;
     const mfsdp_ckpt_state *states;
     const void *user_blob;         /* this rank's blob (data loader position, RNG), may be NULL */
     size_t user_blob_bytes;
 } mfsdp_ckpt_save_options;
+
+/* Step 0, no states, no blob. */
+#define MFSDP_CKPT_SAVE_OPTIONS_INIT \
+    { sizeof(mfsdp_ckpt_save_options), MFSDP_ABI_VERSION, 0, 0, NULL, NULL, 0 }
+MFSDP_API void mfsdp_ckpt_save_options_init(mfsdp_ckpt_save_options *opt);
 
 /* Load flags. */
 enum {
@@ -59,6 +66,8 @@ enum {
 };
 
 typedef struct mfsdp_ckpt_load_options {
+    size_t size;                   /* sizeof(mfsdp_ckpt_load_options), set by the initializers */
+    uint32_t version;              /* MFSDP_ABI_VERSION, set by the initializers */
     uint32_t flags;                /* MFSDP_CKPT_* */
     int nstates;
     const mfsdp_ckpt_state *states; /* filled: every name must be in the checkpoint */
@@ -73,6 +82,11 @@ typedef struct mfsdp_ckpt_load_options {
                                     * Replicas of a shard share the reads on the local and
                                     * MPI backends: over the world, about the unique bytes */
 } mfsdp_ckpt_load_options;
+
+/* No flags, no states, this rank's blob (user_blob_rank -1) into no buffer. */
+#define MFSDP_CKPT_LOAD_OPTIONS_INIT \
+    { sizeof(mfsdp_ckpt_load_options), MFSDP_ABI_VERSION, 0u, 0, NULL, -1, NULL, 0, 0, 0, 0 }
+MFSDP_API void mfsdp_ckpt_load_options_init(mfsdp_ckpt_load_options *opt);
 
 /* Saves main_weight and the states into directory `dir` (must not exist;
  * its parent must). Writes into "DIR.tmp-ID/", then commits by rename. */
@@ -98,11 +112,17 @@ MFSDP_API mfsdp_result mfsdp_ckpt_verify(const char *dir);
  * rest, first match wins); ties are "NAME=SOURCE" (schedule names: NAME
  * holds SOURCE's values). NULL options: no rules. */
 typedef struct mfsdp_hf_options {
+    size_t size;                   /* sizeof(mfsdp_hf_options), set by the initializers */
+    uint32_t version;              /* MFSDP_ABI_VERSION, set by the initializers */
     int nmaps;
     const char *const *maps;
     int nties;
     const char *const *ties;
 } mfsdp_hf_options;
+
+/* No rules. */
+#define MFSDP_HF_OPTIONS_INIT { sizeof(mfsdp_hf_options), MFSDP_ABI_VERSION, 0, NULL, 0, NULL }
+MFSDP_API void mfsdp_hf_options_init(mfsdp_hf_options *opt);
 
 /* Fills main_weight from a Hugging Face checkpoint (model.safetensors, its
  * .index.json, or a directory with either; F32/BF16/F16, converted to the

@@ -47,7 +47,6 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <string.h>
 
 #include "mfsdp.h"
 
@@ -87,6 +86,8 @@ enum {
 };
 
 typedef struct mfsdp_nccl_config {
+    size_t size;                  /* sizeof(mfsdp_nccl_config), set by the initializers */
+    uint32_t version;             /* MFSDP_ABI_VERSION, set by the initializers */
     ncclComm_t world_comm;        /* borrowed: spans exactly the mesh's ranks; the
                                      runtime splits its own communicators from it.
                                      NULL: use unique_id (or a world of 1) */
@@ -102,14 +103,12 @@ typedef struct mfsdp_nccl_config {
 } mfsdp_nccl_config;
 
 /* Defaults: world_comm NULL, no unique id, the current device, no compute
- * stream, flags MEM_ALLOC (blocking communicators), watchdog every 100 ms. */
-static inline void mfsdp_nccl_config_init(mfsdp_nccl_config *nc)
-{
-    memset(nc, 0, sizeof *nc);
-    nc->device = -1;
-    nc->flags = MFSDP_NCCL_MEM_ALLOC;
-    nc->watchdog_poll_ms = 100;
-}
+ * stream, flags MEM_ALLOC (blocking communicators), watchdog every 100 ms.
+ * `mfsdp_nccl_config nc = MFSDP_NCCL_CONFIG_INIT;` or mfsdp_nccl_config_init(&nc). */
+#define MFSDP_NCCL_CONFIG_INIT \
+    { sizeof(mfsdp_nccl_config), MFSDP_ABI_VERSION, NULL, {{0}}, 0, -1, NULL, MFSDP_NCCL_MEM_ALLOC, 100 }
+/* Fills nc with MFSDP_NCCL_CONFIG_INIT. */
+MFSDP_API void mfsdp_nccl_config_init(mfsdp_nccl_config *nc);
 
 /* Selects the NCCL backend with *nc (borrowed until mfsdp_create returns).
  * With cfg->backend_config NULL the backend runs a host trainer on one GPU:
