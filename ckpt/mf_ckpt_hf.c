@@ -1,6 +1,7 @@
 /*
  * mf_ckpt_hf: Hugging Face checkpoints: open, name rules, match, ranged
- * converting reads (see the header).
+ * converting reads (see the header; the export's layout is
+ * mf_ckpt_hf_layout.c).
  */
 #include "mf_ckpt_hf.h"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "mf_ckpt_io.h"
+#include "mf_dtype.h"
 
 int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
 {
@@ -36,28 +38,76 @@ int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
     return 0;
 }
 
-void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size)
+int mf_hf_rules_add(mf_hf_rules *r, int nmaps, const char *const *maps, int nties, const char *const *ties)
 {
-    for (int i = 0; i < r->n; i++) {
-        size_t k = strlen(r->from[i]);
-        if (strncmp(hf, r->from[i], k) == 0) {
-            snprintf(out, size, "%s%s", r->to[i], hf + k);
-            return;
-        }
-    }
-    snprintf(out, size, "%s", hf);
+    for (int i = 0; i < nmaps; i++)
+        if (!maps || !maps[i] || mf_hf_rule_add(r, 0, maps[i]) != 0)
+            return -1;
+    for (int i = 0; i < nties; i++)
+        if (!ties || !ties[i] || mf_hf_rule_add(r, 1, ties[i]) != 0)
+            return -1;
+    return 0;
 }
 
-void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
+void mf_hf_rules_free(mf_hf_rules *r)
 {
-    for (int i = 0; i < r->n; i++) {
-        size_t k = strlen(r->to[i]);
-        if (strncmp(name, r->to[i], k) == 0) {
-            snprintf(out, size, "%s%s", r->from[i], name + k);
+    for (int i = 0; i < r->n; i++)
+        free((char *)r->from[i]);
+    for (int i = 0; i < r->ntie; i++)
+        free((char *)r->tie[i]);
+    memset(r, 0, sizeof *r);
+}
+
+int mf_hf_rules_tied(const mf_hf_rules *r, const char *name)
+{
+    for (int i = 0; i < r->ntie; i++)
+        if (strcmp(r->tie[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* The first rule whose prefix a[i] starts name rewrites it to b[i] + rest. */
+static void mf_hf_rewrite(int n, const char *const *a, const char *const *b, const char *name, char *out,
+                          size_t size)
+{
+    for (int i = 0; i < n; i++) {
+        size_t k = strlen(a[i]);
+        if (strncmp(name, a[i], k) == 0) {
+            snprintf(out, size, "%s%s", b[i], name + k);
             return;
         }
     }
     snprintf(out, size, "%s", name);
+}
+
+void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size)
+{
+    mf_hf_rewrite(r->n, r->from, r->to, hf, out, size);
+}
+
+void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
+{
+    mf_hf_rewrite(r->n, r->to, r->from, name, out, size);
+}
+
+mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p)
+{
+    mf_hf_shape *t = calloc((size_t)p->ntensors + 1, sizeof *t);
+    for (int k = 0; t && k < p->ntensors; k++) {
+        t[k] = (mf_hf_shape){.name = p->t[k].name, .ndims = p->t[k].ndims, .numel = p->t[k].numel};
+        memcpy(t[k].dims, p->t[k].dims, sizeof t[k].dims);
+    }
+    return t;
+}
+
+mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m)
+{
+    mf_hf_shape *t = calloc((size_t)m->ntensors + 1, sizeof *t);
+    for (int k = 0; t && k < m->ntensors; k++) {
+        t[k] = (mf_hf_shape){.name = m->tensors[k].name, .ndims = m->tensors[k].ndims, .numel = m->tensors[k].numel};
+        memcpy(t[k].dims, m->tensors[k].dims, sizeof t[k].dims);
+    }
+    return t;
 }
 
 void mf_hf_close(mf_hf_model *m)
@@ -242,8 +292,8 @@ static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...)
     va_end(ap);
 }
 
-int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *const *names, const int *ndims,
-                const int64_t (*dims)[MF_MAX_DIMS], int *src, char *err, size_t errlen)
+int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *st, int n, int *src, char *err,
+                size_t errlen)
 {
     int bad = 0;
     char name[1024];
@@ -252,9 +302,9 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *c
         return snprintf(err, errlen, "out of memory"), -1;
     err[0] = '\0';
     for (int k = 0; k < n; k++) {
-        const char *want = names[k];
+        const char *want = st[k].name;
         for (int i = 0; i < r->ntie; i++)
-            if (strcmp(r->tie[i], names[k]) == 0)
+            if (strcmp(r->tie[i], st[k].name) == 0)
                 want = r->tie_src[i];
         src[k] = -1;
         for (int i = 0; i < m->n && src[k] < 0; i++) {
@@ -263,14 +313,15 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *c
                 src[k] = i;
         }
         if (src[k] < 0) {
-            mf_hf_note(err, errlen, &bad, "schedule tensor '%s': no Hugging Face tensor maps to '%s'", names[k], want);
+            mf_hf_note(err, errlen, &bad, "schedule tensor '%s': no Hugging Face tensor maps to '%s'", st[k].name,
+                       want);
             continue;
         }
         const mf_hf_tensor *t = &m->t[src[k]];
         used[src[k]] = 1;
-        if (t->ndims != ndims[k] || memcmp(t->dims, dims[k], sizeof(int64_t) * (size_t)ndims[k]) != 0)
+        if (t->ndims != st[k].ndims || memcmp(t->dims, st[k].dims, sizeof(int64_t) * (size_t)st[k].ndims) != 0)
             mf_hf_note(err, errlen, &bad, "schedule tensor '%s': Hugging Face tensor '%s' has another shape",
-                       names[k], t->name);
+                       st[k].name, t->name);
         if (mf_hf_dtype(t->dtype) < 0)
             mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' is %s (only F32, BF16, F16)", t->name,
                        mf_st_dtype_name(t->dtype));
@@ -289,6 +340,29 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *c
             free(copy);
         }
         return -1;
+    }
+    return 0;
+}
+
+int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, void *dst, mf_dtype dst_dtype,
+                     char *err, size_t errlen)
+{
+    const mf_hf_tensor *x = &m->t[t];
+    int sd = mf_hf_dtype(x->dtype);
+    size_t es = mf_st_dtype_size(x->dtype), ds = mf_dtype_size(dst_dtype);
+    if (sd < 0)
+        return snprintf(err, errlen, "%s: tensor '%s' is %s (only F32, BF16, F16)", m->paths[x->file], x->name,
+                        mf_st_dtype_name(x->dtype)), -1;
+    uint8_t bounce[1 << 16];
+    int64_t per = (int64_t)(sizeof bounce / es);
+    for (int64_t a = start; a < end; a += per) {
+        int64_t k = end - a < per ? end - a : per;
+        void *to = (char *)dst + (size_t)(a - start) * ds;
+        void *via = sd == (int)dst_dtype ? to : bounce;
+        if (mf_ckpt_pread_all(m->fds[x->file], via, (size_t)k * es, x->offset + (uint64_t)a * es) != 0)
+            return snprintf(err, errlen, "%s: read error: %s", m->paths[x->file], strerror(errno)), -1;
+        if (via == bounce)
+            mf_dtype_convert(to, dst_dtype, bounce, (mf_dtype)sd, k);
     }
     return 0;
 }

@@ -1,10 +1,12 @@
 /*
  * mf_ckpt_hf: Hugging Face safetensors checkpoints (docs/checkpoint.md,
- * "Hugging Face"): opening one (a model.safetensors file, a
+ * "Hugging Face"), the one engine of the runtime's import and export and of
+ * the offline tool's: opening one (a model.safetensors file, a
  * model.safetensors.index.json with its shards, or a directory holding
  * either), the name rules between Hugging Face and schedule tensor names,
  * matching (every mismatch in one message), ranged reads converted to the
- * destination dtype, and the layout of a consolidated export.
+ * destination dtype; the layout of a consolidated export and the writer of
+ * its files are mf_ckpt_hf_layout.h.
  *
  * Name rules: `FROM=TO` prefix rewrites, tried in order, the first whose FROM
  * prefixes the name wins (a Hugging Face name HF becomes TO + rest; on export
@@ -18,6 +20,8 @@
 
 #include <stdint.h>
 
+#include "mf_ckpt_manifest.h"
+#include "mf_ckpt_plan.h"
 #include "mf_ckpt_st.h"
 #include "mf_schedule.h"
 
@@ -48,9 +52,24 @@ typedef struct mf_hf_model {
     mf_hf_tensor *t;
 } mf_hf_model;
 
+/* One schedule tensor as matching and an export see it. */
+typedef struct mf_hf_shape {
+    const char *name;       /* schedule name (borrowed) */
+    int ndims;
+    int64_t dims[MF_MAX_DIMS];
+    int64_t numel;
+} mf_hf_shape;
+
 /* Adds "FROM=TO" (kind 0) or a tie "NAME=SOURCE" (kind 1); the strings are
  * borrowed. -1 when malformed or too many. */
 int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg);
+/* Adds nmaps rules maps[i] and nties ties ties[i] (none when n <= 0); -1
+ * when an array or a string is NULL or a rule is malformed. */
+int mf_hf_rules_add(mf_hf_rules *r, int nmaps, const char *const *maps, int nties, const char *const *ties);
+/* Releases what mf_hf_rule_add copied; *r is empty again. */
+void mf_hf_rules_free(mf_hf_rules *r);
+/* 1 when schedule tensor `name` is the NAME of a tie. */
+int mf_hf_rules_tied(const mf_hf_rules *r, const char *name);
 /* The schedule name of Hugging Face name hf, and back. */
 void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size);
 void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size);
@@ -60,11 +79,20 @@ void mf_hf_close(mf_hf_model *m);
 /* The runtime's dtype (mf_dtype) of a safetensors dtype, or -1 when it has none. */
 int mf_hf_dtype(mf_st_dtype d);
 
-/* Maps n schedule tensors (names, ndims, dims) to model tensors: src[k] is
- * the model tensor of schedule tensor k. Every schedule tensor without a
- * source, model tensor without a destination, shape or dtype mismatch is
- * listed in one message. 0 or -1. */
-int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, int n, const char *const *names, const int *ndims,
-                const int64_t (*dims)[MF_MAX_DIMS], int *src, char *err, size_t errlen);
+/* The tensors of a checkpoint plan, or of a manifest, in their order
+ * (names borrowed): malloc'd, n + 1 entries; NULL when out of memory. */
+mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p);
+mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m);
+
+/* Maps n schedule tensors t[] to model tensors: src[k] is the model tensor
+ * of schedule tensor k. Every schedule tensor without a source, model tensor
+ * without a destination, shape or dtype mismatch is listed in one message.
+ * 0 or -1. */
+int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *t, int n, int *src, char *err,
+                size_t errlen);
+/* Elements [start, end) of model tensor t, converted to dst_dtype, into dst
+ * (core/mf_dtype.h). 0, or -1 with a message naming the file. */
+int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, void *dst, mf_dtype dst_dtype,
+                     char *err, size_t errlen);
 
 #endif

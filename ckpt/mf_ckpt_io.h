@@ -43,9 +43,9 @@ typedef struct mf_ckpt_written {
 } mf_ckpt_written;
 
 /* Creates `path` (must not exist) holding the entries in order, with
- * metadata format, checkpoint id `id`, `rank` and the entries' CRCs (id
- * NULL: a Hugging Face file, metadata {"format": "pt"}); fsyncs and closes it. On
- * failure the file is removed. Returns 0 or -1 with a message. */
+ * metadata format, checkpoint id `id`, `rank` and the entries' CRCs; fsyncs
+ * and closes it (Hugging Face files: mf_ckpt_hf_layout.h). On failure the
+ * file is removed. Returns 0 or -1 with a message. */
 int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const char *id, int64_t rank,
                        mf_ckpt_fill_fn fill, void *ctx, mf_ckpt_written *out, char *err, size_t errlen);
 /* pwrite/pread of all n bytes (loops over short transfers). 0 or -1 (errno). */

@@ -27,37 +27,19 @@ mf_st_dtype mf_ckpt_st_dtype(mf_dtype d)
     return d == MF_BF16 ? MF_ST_BF16 : d == MF_FP16 ? MF_ST_F16 : MF_ST_F32;
 }
 
-int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
+/* All n bytes at off through pwrite (write) or pread, in transfers of at
+ * most 1 GiB, again after EINTR and short ones; a transfer of no bytes fails
+ * (ENOSPC writing, ENODATA reading). */
+static int mf_ckpt_transfer_all(int fd, char *p, size_t n, uint64_t off, int write)
 {
-    const char *p = buf;
     while (n) {
         size_t k = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
-        ssize_t w = pwrite(fd, p, k, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = ENOSPC;
-            return -1;
-        }
-        p += w;
-        off += (uint64_t)w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *p = buf;
-    while (n) {
-        size_t k = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
-        ssize_t r = pread(fd, p, k, (off_t)off);
+        ssize_t r = write ? pwrite(fd, p, k, (off_t)off) : pread(fd, p, k, (off_t)off);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
             if (r == 0)
-                errno = ENODATA;
+                errno = write ? ENOSPC : ENODATA;
             return -1;
         }
         p += r;
@@ -65,6 +47,16 @@ int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off)
         n -= (size_t)r;
     }
     return 0;
+}
+
+int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
+{
+    return mf_ckpt_transfer_all(fd, (char *)buf, n, off, 1); /* only read from */
+}
+
+int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    return mf_ckpt_transfer_all(fd, buf, n, off, 0);
 }
 
 size_t mf_ckpt_dir_len(const char *dir)
@@ -127,11 +119,7 @@ static int mf_ckpt_header(const mf_ckpt_wentry *e, int n, const char *id, int64_
     snprintf(rk, sizeof rk, "%" PRId64, rank);
     const char *keys[] = {"mfsdp.format", "mfsdp.checkpoint_id", "mfsdp.rank", "mfsdp.crc32c"};
     const char *vals[] = {MF_CKPT_FILE_FORMAT, id, rk, crcs};
-    const char *hf_keys[] = {"format"}, *hf_vals[] = {"pt"};
-    if (id)
-        rc = mf_st_build(se, n, keys, vals, 4, out, out_len);
-    else /* a Hugging Face file: the metadata transformers expects */
-        rc = mf_st_build(se, n, hf_keys, hf_vals, 1, out, out_len);
+    rc = mf_st_build(se, n, keys, vals, 4, out, out_len);
 done:
     free(se);
     free(crcs);

@@ -108,6 +108,13 @@ def dump_main_weight(dump):
     return out
 
 
+def same_files(a, b):
+    """The two directories hold the same files, byte for byte."""
+    names = sorted(os.listdir(a))
+    return names == sorted(os.listdir(b)) and all(
+        open(os.path.join(a, n), "rb").read() == open(os.path.join(b, n), "rb").read() for n in names)
+
+
 def check(name, cond, msg=""):
     global passed
     if not cond:
@@ -137,6 +144,7 @@ with tempfile.TemporaryDirectory() as w:
     back = load_file(f"{w}/out32/model.safetensors")
     check("fp32 export re-read by safetensors", set(back) == set(src) and
           all(back[k].dtype == np.float32 and np.array_equal(back[k], src[k]) for k in src))
+    check("fp32: the tool's export and mfsdp_ckpt_export_hf's are the same bytes", same_files(f"{w}/rx32", f"{w}/out32"))
 
     # bf16, three files + index: import (to fp32), export bf16 in small files.
     bsrc = model("bf16", 2)
@@ -170,6 +178,8 @@ with tempfile.TemporaryDirectory() as w:
     check(f"bf16 export in {len(files)} files + index, re-read bit-exact",
           len(files) > 1 and set(back) == set(bits) and all(np.array_equal(back[k], bits[k]) for k in bits) and
           all(idx["weight_map"][k] in files for k in bits))
+    check("bf16 in files: the tool's export and mfsdp_ckpt_export_hf's are the same bytes",
+          same_files(f"{w}/rxb", f"{w}/outb"))
 
     # fp16: import and export, exact.
     hsrc = model(np.float16, 3)
