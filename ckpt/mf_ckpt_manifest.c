@@ -8,27 +8,23 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int mf_mf_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int mf_mf_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#include "mf_diag.h"
+#include "mf_int.h"
 
-int mf_ckpt_state_name_ok(const char *s)
+/* A failure: its message into err (core's mf_errf), and -1. */
+#define mf_mf_err(...) (mf_errf(__VA_ARGS__), -1)
+
+/* 1 when s is 1..max characters of [A-Za-z0-9_.-]. */
+static int mf_mf_chars_ok(const char *s, size_t max)
 {
     size_t n = strlen(s);
-    if (n == 0 || n > 64)
+    if (n == 0 || n > max)
         return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -37,21 +33,17 @@ int mf_ckpt_state_name_ok(const char *s)
             return 0;
     }
     return 1;
+}
+
+int mf_ckpt_state_name_ok(const char *s)
+{
+    return mf_mf_chars_ok(s, 64);
 }
 
 /* A file name the checkpoint may hold: no directory part, no leading dot. */
 static int mf_mf_file_name_ok(const char *s)
 {
-    size_t n = strlen(s);
-    if (n == 0 || n > 200 || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-              c == '.' || c == '-'))
-            return 0;
-    }
-    return 1;
+    return s[0] != '.' && mf_mf_chars_ok(s, 200);
 }
 
 int mf_ckpt_piece_name(const mf_ckpt_manifest *m, const mf_ckpt_mpiece *p, char *buf, size_t size)
@@ -336,11 +328,10 @@ static int mf_mf_piece_cmp(const void *a, const void *b, void *ctx)
     const mf_ckpt_manifest *m = ctx;
     const mf_ckpt_mpiece *x = &m->pieces[*(const int64_t *)a];
     const mf_ckpt_mpiece *y = &m->pieces[*(const int64_t *)b];
-    if (x->state != y->state)
-        return x->state < y->state ? -1 : 1;
-    if (x->tensor != y->tensor)
-        return x->tensor < y->tensor ? -1 : 1;
-    return x->start < y->start ? -1 : x->start > y->start;
+    int c;
+    if ((c = mf_cmp_i64(x->state, y->state)) || (c = mf_cmp_i64(x->tensor, y->tensor)))
+        return c;
+    return mf_cmp_i64(x->start, y->start);
 }
 
 /* Every (state, tensor) is tiled exactly by its pieces. */
@@ -400,14 +391,14 @@ int mf_ckpt_manifest_parse(const char *fname, const char *text, size_t len, mf_c
         return mf_mf_err(err, errlen, "%s: line %d, column %d: %s", fname, je.line, je.column, je.text);
     int rc = -1;
     if (!json_is_object(root)) {
-        mf_mf_err(err, errlen, "%s: not a JSON object", fname);
+        mf_errf(err, errlen, "%s: not a JSON object", fname);
         goto done;
     }
     if (mf_mf_head(&c, root, out) != 0 || mf_mf_states_tensors(&c, root, out) != 0)
         goto done;
     json_t *files = json_object_get(root, "files");
     if (!json_is_array(files) || json_array_size(files) > (1u << 24)) {
-        mf_mf_err(err, errlen, "%s: \"files\" is not an array", fname);
+        mf_errf(err, errlen, "%s: \"files\" is not an array", fname);
         goto done;
     }
     size_t np = 0;
@@ -416,7 +407,7 @@ int mf_ckpt_manifest_parse(const char *fname, const char *text, size_t len, mf_c
     out->files = calloc(json_array_size(files) + 1, sizeof *out->files);
     out->pieces = calloc(np + 1, sizeof *out->pieces);
     if (!out->files || !out->pieces) {
-        mf_mf_err(err, errlen, "%s: out of memory", fname);
+        mf_errf(err, errlen, "%s: out of memory", fname);
         goto done;
     }
     for (size_t f = 0; f < json_array_size(files); f++) {
@@ -456,19 +447,19 @@ int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, siz
     int rc = -1;
     char *text = NULL;
     if ((uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
-        mf_mf_err(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
+        mf_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
         goto done;
     }
     text = malloc((size_t)st.st_size + 1);
     if (!text) {
-        mf_mf_err(err, errlen, "%s: out of memory", path);
+        mf_errf(err, errlen, "%s: out of memory", path);
         goto done;
     }
     size_t got = 0;
     while (got < (size_t)st.st_size) {
         ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
         if (r <= 0) {
-            mf_mf_err(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
+            mf_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
             goto done;
         }
         got += (size_t)r;

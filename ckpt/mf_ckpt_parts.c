@@ -14,17 +14,16 @@
 
 #include "mf_ckpt_crc.h"
 #include "mf_ckpt_io.h"
+#include "mf_int.h"
 
 static int mf_ckpt_part_cmp(const void *pa, const void *pb)
 {
     const mf_ckpt_part *a = pa, *b = pb;
-    if (a->piece != b->piece)
-        return a->piece < b->piece ? -1 : 1;
-    if (a->off != b->off)
-        return a->off < b->off ? -1 : 1;
-    if (a->len != b->len)
-        return a->len > b->len ? -1 : 1;
-    return a->rank < b->rank ? -1 : a->rank > b->rank;
+    int c;
+    if ((c = mf_cmp_i64(a->piece, b->piece)) || (c = mf_cmp_i64((int64_t)a->off, (int64_t)b->off)) ||
+        (c = mf_cmp_i64((int64_t)b->len, (int64_t)a->len))) /* the longer first */
+        return c;
+    return mf_cmp_i64(a->rank, b->rank);
 }
 
 /* The CRC of bytes [off, off + len) of piece pi, read now through buf

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_int.h"
 #include "mf_layout.h"
 
 void mf_ckpt_plan_free(mf_ckpt_plan *p)
@@ -84,11 +85,10 @@ void mf_ckpt_plan_pieces_of(const mf_ckpt_plan *p, int64_t w, int k, int64_t *lo
 static int mf_ckpt_piece_cmp(const void *a, const void *b)
 {
     const mf_ckpt_piece *x = a, *y = b;
-    if (x->writer != y->writer)
-        return x->writer < y->writer ? -1 : 1;
-    if (x->tensor != y->tensor)
-        return x->tensor < y->tensor ? -1 : 1;
-    return x->start < y->start ? -1 : x->start > y->start;
+    int c;
+    if ((c = mf_cmp_i64(x->writer, y->writer)) || (c = mf_cmp_i64(x->tensor, y->tensor)))
+        return c;
+    return mf_cmp_i64(x->start, y->start);
 }
 
 typedef struct mf_ckpt_pvec {

@@ -6,11 +6,13 @@
 
 #include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "mf_diag.h"
+#include "mf_int.h"
 
 static const struct {
     const char *name;
@@ -39,15 +41,8 @@ int mf_st_dtype_from_name(const char *s)
     return -1;
 }
 
-static int mf_st_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int mf_st_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* A failure: its message into err (core's mf_errf), and -1. */
+#define mf_st_err(...) (mf_errf(__VA_ARGS__), -1)
 
 void mf_st_free(mf_st_file *f)
 {
@@ -68,9 +63,8 @@ void mf_st_free(mf_st_file *f)
 static int mf_st_cmp(const void *a, const void *b)
 {
     const mf_st_entry *x = a, *y = b;
-    if (x->begin != y->begin)
-        return x->begin < y->begin ? -1 : 1;
-    return x->end < y->end ? -1 : x->end > y->end;
+    int c = mf_cmp_i64((int64_t)x->begin, (int64_t)y->begin);
+    return c ? c : mf_cmp_i64((int64_t)x->end, (int64_t)y->end);
 }
 
 /* A non-negative JSON integer, or -1. */
@@ -199,13 +193,13 @@ int mf_st_parse(const char *fname, const char *json, size_t len, uint64_t data_l
                          je.text);
     int rc = -1;
     if (!json_is_object(root)) {
-        mf_st_err(err, errlen, "%s: header is not a JSON object", fname);
+        mf_errf(err, errlen, "%s: header is not a JSON object", fname);
         goto done;
     }
     size_t n = json_object_size(root);
     out->e = calloc(n ? n : 1, sizeof *out->e);
     if (!out->e) {
-        mf_st_err(err, errlen, "%s: out of memory", fname);
+        mf_errf(err, errlen, "%s: out of memory", fname);
         goto done;
     }
     const char *k;
