@@ -18,10 +18,20 @@ uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n)
 
 uint64_t mf_hash_bytes(const void *p, size_t n)
 {
-    uint64_t h = mf_fnv1a(MF_FNV1A_BASIS, p, n);
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdu;
-    h ^= h >> 33;
+    const unsigned char *k = p;
+    uint64_t h = 0x9e3779b97f4a7c15u ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, k + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdu;
+        h ^= h >> 29;
+    }
+    uint64_t w = 0;
+    if (n > i)
+        memcpy(&w, k + i, n - i);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
+    h ^= h >> 32;
     return h;
 }
 
@@ -66,23 +76,39 @@ static bool mf_hash_grow(mf_hash *t)
     return true;
 }
 
-int mf_hash_put(mf_hash *t, const void *key, size_t n, int64_t val)
+/* The slot of key, filled with val (the key copied) when it was empty;
+ * NULL when out of memory. */
+static mf_hash_slot *mf_hash_slot_of(mf_hash *t, const void *key, size_t n, int64_t val)
 {
     if ((t->len + 1) * 2 > t->cap && !mf_hash_grow(t))
-        return -1;
+        return NULL;
     if (!t->keys && !(t->keys = mf_arena_create()))
-        return -1;
+        return NULL;
     uint64_t h = mf_hash_bytes(key, n);
     mf_hash_slot *sl = mf_hash_find(t, key, n, h);
     if (sl->key)
-        return 0;
+        return sl;
     void *copy = mf_arena_alloc(t->keys, n ? n : 1);
     if (!copy)
-        return -1;
+        return NULL;
     memcpy(copy, key, n);
     *sl = (mf_hash_slot){copy, n, h, val};
     t->len++;
-    return 1;
+    return sl;
+}
+
+int mf_hash_put(mf_hash *t, const void *key, size_t n, int64_t val)
+{
+    size_t len = t->len;
+    if (!mf_hash_slot_of(t, key, n, val))
+        return -1;
+    return t->len > len;
+}
+
+int64_t mf_hash_get_or_put(mf_hash *t, const void *key, size_t n, int64_t val)
+{
+    const mf_hash_slot *sl = mf_hash_slot_of(t, key, n, val);
+    return sl ? sl->val : -1;
 }
 
 int64_t mf_hash_get_str(const mf_hash *t, const char *s)

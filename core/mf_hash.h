@@ -1,9 +1,10 @@
 /*
  * mf_hash: the one hash table of the project, byte-string keys to
  * non-negative integers. Open addressing with linear probing over a power-of-
- * two slot array kept at most half full; the hash is 64-bit FNV-1a
- * (mf_fnv1a, offset basis MF_FNV1A_BASIS) with murmur3's finalizer folding
- * the high bits into the low ones the table indexes by.
+ * two slot array kept at most half full, indexed by mf_hash_bytes (8 bytes
+ * at a time: keys reach several hundred bytes in the plan search's memo,
+ * where a byte-wise hash was a tenth of the search); keys are compared whole.
+ * The project's one FNV-1a (mf_fnv1a) is here too, for digests.
  *
  * Users: the loader's name tables, the semantic pass's symbol tables, the
  * layout pass's layout signatures, the structural checker's and the
@@ -38,13 +39,13 @@ typedef struct mf_hash {
 
 /* 64-bit FNV-1a, the project's one: start from MF_FNV1A_BASIS (or a value
  * mixed into it) and feed bytes in pieces; the same bytes in the same order
- * give the same hash however they are split. Not finalized: for digests
- * compared for equality (a rank's master weights, the states every rank
- * asks a checkpoint for); the table indexes by mf_hash_bytes. */
+ * give the same hash however they are split. For digests compared for
+ * equality (a rank's master weights, the states every rank asks a
+ * checkpoint for). */
 #define MF_FNV1A_BASIS 0xcbf29ce484222325u
 uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n);
 
-/* 64-bit FNV-1a of n bytes, finalized (see above). */
+/* The table's hash of n bytes (8 at a time, see above). */
 uint64_t mf_hash_bytes(const void *p, size_t n);
 
 /* The value stored for key, or -1 when absent. */
@@ -52,6 +53,11 @@ int64_t mf_hash_get(const mf_hash *t, const void *key, size_t n);
 /* Adds key (copied) with val >= 0 unless present. Returns 1 when added, 0
  * when the key was present (its value unchanged), -1 when out of memory. */
 int mf_hash_put(mf_hash *t, const void *key, size_t n, int64_t val);
+
+/* The value stored for key; when absent, adds key (copied) with val >= 0
+ * and returns val. -1 when out of memory. One probe where a get and a put
+ * take two. */
+int64_t mf_hash_get_or_put(mf_hash *t, const void *key, size_t n, int64_t val);
 
 /* The same for NUL-terminated strings (the NUL is not part of the key). */
 int64_t mf_hash_get_str(const mf_hash *t, const char *s);

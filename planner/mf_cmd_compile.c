@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "mf_cli.h"
-#include "mf_opts.h"
+#include "mf_cmd_args.h"
 #include "mf_outputs.h"
 #include "mf_pipeline.h"
 
@@ -44,67 +44,58 @@ static int mf_compile_write(FILE *out, const void *ctx)
     return mf_emit_yaml(ctx, out);
 }
 
-int mf_cmd_compile(int argc, char **argv)
+/* Parses argv into a, out and verify. 0, 1 after --help, 2 after a
+ * reported error (the usage follows). */
+static int mf_compile_parse(int argc, char **argv, mf_cmd_args *a, const char **out, bool *verify)
 {
-    const char *spec = NULL, *out = NULL;
-    bool verify = true;
-    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
-    int ncost = 0, rc = 0;
-    if (!cost_args) {
-        fprintf(stderr, "mfsdpc: error: out of memory\n");
-        return 2;
-    }
     enum { OPT_HELP, OPT_OUTPUT, OPT_NO_VERIFY };
     static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
                                   {"--output", "-o", "a file name", OPT_OUTPUT},
                                   {"--no-verify", NULL, NULL, OPT_NO_VERIFY}};
     mf_opts p;
-    mf_opts_init(&p, "mfsdpc compile", argc, argv, opts, 3, mf_cost_is_option);
-    int id;
+    mf_opts_init(&p, a->cmd, argc, argv, opts, 3, mf_cost_is_option);
+    int id, rc = 0;
     const char *v;
     while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
-        if (id == OPT_HELP) {
-            mf_compile_usage(stdout);
-            free(cost_args);
-            return 0;
-        } else if (id == OPT_OUTPUT) {
-            if (out) {
-                fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
-                rc = 2;
-            }
-            out = v;
-        } else if (id == OPT_NO_VERIFY) {
-            verify = false;
-        } else if (id == MF_OPTS_EXTRA) {
-            cost_args[ncost++] = p.argv[p.i - 1];
-        } else if (id != MF_OPTS_OPERAND) {
-            rc = 2; /* reported */
-        } else if (spec) {
-            fprintf(stderr, "mfsdpc compile: error: one spec at a time (got '%s' and '%s')\n", spec, v);
+        if (id == OPT_HELP)
+            return 1;
+        if (id == OPT_OUTPUT && *out) {
+            fprintf(stderr, "mfsdpc compile: error: more than one output file\n");
             rc = 2;
-        } else {
-            spec = v;
         }
+        if (id == OPT_OUTPUT)
+            *out = v;
+        else if (id == OPT_NO_VERIFY)
+            *verify = false;
+        else
+            rc = mf_cmd_args_take(a, &p, id, v);
     }
-    if (rc == 0 && !spec) {
-        fprintf(stderr, "mfsdpc compile: error: no spec given\n");
-        rc = 2;
-    }
-    if (rc == 0 && (!out || !out[0])) {
+    if (rc == 0)
+        rc = mf_cmd_args_need_input(a);
+    if (rc == 0 && (!*out || !(*out)[0])) {
         fprintf(stderr, "mfsdpc compile: error: no output file given (-o OUT.yaml, or -o - for stdout)\n");
         rc = 2;
     }
-    if (rc != 0) {
-        mf_compile_usage(stderr);
-        free(cost_args);
-        return rc;
-    }
+    return rc;
+}
 
+int mf_cmd_compile(int argc, char **argv)
+{
+    const char *out = NULL;
+    bool verify = true;
+    mf_cmd_args a;
+    int rc = mf_cmd_args_init(&a, "mfsdpc compile", argc);
+    if (rc != 0)
+        return rc;
+    rc = mf_compile_parse(argc, argv, &a, &out, &verify);
+    if (rc != 0)
+        return mf_cmd_args_stop(&a, rc, mf_compile_usage);
+    const char *spec = a.input;
     mf_compile_options opt = {
         .stop_after = MF_STAGE_VERIFY,
         .verify = verify,
-        .ncost_args = ncost,
-        .cost_args = cost_args,
+        .ncost_args = a.ncost,
+        .cost_args = a.cost_args,
     };
     mf_compilation c;
     rc = mf_compile_file(spec, &opt, &c);
@@ -128,6 +119,6 @@ int mf_cmd_compile(int argc, char **argv)
         }
     }
     mf_compilation_free(&c);
-    free(cost_args);
+    mf_cmd_args_free(&a);
     return rc;
 }

@@ -15,7 +15,7 @@
 #include "mf_cli.h"
 #include "mf_diff.h"
 #include "mf_load.h"
-#include "mf_opts.h"
+#include "mf_cmd_args.h"
 #include "mf_pipeline.h"
 
 static void mf_diff_usage(FILE *out)
@@ -88,49 +88,47 @@ static void mf_diff_close(mf_diff_input *in)
         mf_compilation_free(&in->comp);
 }
 
-int mf_cmd_diff(int argc, char **argv)
+/* Parses argv into a and paths[2]. 0, 1 after --help, 2 after a reported
+ * error (the usage follows). */
+static int mf_diff_parse(int argc, char **argv, mf_cmd_args *a, const char *paths[2])
 {
-    const char *paths[2] = {NULL, NULL};
-    int npaths = 0, ncost = 0, rc = 0;
-    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
-    if (!cost_args) {
-        fprintf(stderr, "mfsdpc: error: out of memory\n");
-        return 2;
-    }
     static const mf_opt opts[] = {{"--help", "-h", NULL, 0}};
     mf_opts p;
-    mf_opts_init(&p, "mfsdpc diff", argc, argv, opts, 1, mf_cost_is_option);
-    int id;
+    mf_opts_init(&p, a->cmd, argc, argv, opts, 1, mf_cost_is_option);
+    int id, npaths = 0, rc = 0;
     const char *v;
     while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
-        if (id == 0) {
-            mf_diff_usage(stdout);
-            free(cost_args);
-            return 0;
-        } else if (id == MF_OPTS_EXTRA) {
-            cost_args[ncost++] = p.argv[p.i - 1];
-        } else if (id != MF_OPTS_OPERAND) {
-            rc = 2; /* reported */
-        } else if (npaths == 2) {
+        if (id == 0)
+            return 1;
+        if (id == MF_OPTS_OPERAND && npaths == 2) {
             fprintf(stderr, "mfsdpc diff: error: expected two files, got a third: '%s'\n", v);
             rc = 2;
-        } else {
+        } else if (id == MF_OPTS_OPERAND) {
             paths[npaths++] = v;
+        } else {
+            rc = mf_cmd_args_take(a, &p, id, v);
         }
     }
     if (rc == 0 && npaths != 2) {
         fprintf(stderr, "mfsdpc diff: error: expected two files (schedules or specs)\n");
         rc = 2;
     }
-    if (rc != 0) {
-        mf_diff_usage(stderr);
-        free(cost_args);
+    return rc;
+}
+
+int mf_cmd_diff(int argc, char **argv)
+{
+    const char *paths[2] = {NULL, NULL};
+    mf_cmd_args a;
+    int rc = mf_cmd_args_init(&a, "mfsdpc diff", argc);
+    if (rc != 0)
         return rc;
-    }
+    if ((rc = mf_diff_parse(argc, argv, &a, paths)) != 0)
+        return mf_cmd_args_stop(&a, rc, mf_diff_usage);
     mf_diff_input in[2];
-    rc = mf_diff_open(paths[0], cost_args, ncost, &in[0]);
+    rc = mf_diff_open(paths[0], a.cost_args, a.ncost, &in[0]);
     if (rc == 0) {
-        rc = mf_diff_open(paths[1], cost_args, ncost, &in[1]);
+        rc = mf_diff_open(paths[1], a.cost_args, a.ncost, &in[1]);
         if (rc == 0) {
             rc = mf_diff_schedules(in[0].s, paths[0], in[1].s, paths[1], stdout);
             if (rc < 0) {
@@ -144,6 +142,6 @@ int mf_cmd_diff(int argc, char **argv)
         mf_diff_close(&in[1]);
     }
     mf_diff_close(&in[0]);
-    free(cost_args);
+    mf_cmd_args_free(&a);
     return rc;
 }

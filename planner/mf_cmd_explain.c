@@ -12,7 +12,7 @@
 
 #include "mf_cli.h"
 #include "mf_explain.h"
-#include "mf_opts.h"
+#include "mf_cmd_args.h"
 #include "mf_pipeline.h"
 #include "mf_plan_mem.h"
 #include "mf_plan_stats.h"
@@ -42,61 +42,49 @@ static void explain_usage(FILE *out)
             "exit status: 0 success, 1 error in the spec, 2 usage error\n");
 }
 
-int mf_cmd_explain(int argc, char **argv)
+/* Parses argv into a, format and optb. 0, 1 after --help, 2 after a
+ * reported error (the usage follows). */
+static int explain_parse(int argc, char **argv, mf_cmd_args *a, const char **format, int64_t *optb)
 {
-    const char *path = NULL, *format = "text";
-    char **cost_args = calloc((size_t)argc + 1, sizeof *cost_args);
-    int ncost = 0;
-    if (!cost_args) {
-        fprintf(stderr, "mfsdpc: error: out of memory\n");
-        return 2;
-    }
-    int64_t optb = MF_OPTIMIZER_BYTES_DEFAULT;
     enum { OPT_HELP, OPT_FORMAT, OPT_OPTB };
     static const mf_opt opts[] = {{"--help", "-h", NULL, OPT_HELP},
                                   {"--format", NULL, "a value (text or yaml)", OPT_FORMAT},
                                   {"--optimizer-bytes", NULL, "a value (bytes per parameter)", OPT_OPTB}};
     mf_opts p;
-    mf_opts_init(&p, "mfsdpc explain", argc, argv, opts, 3, mf_cost_is_option);
+    mf_opts_init(&p, a->cmd, argc, argv, opts, 3, mf_cost_is_option);
     int rc = 0, id;
     const char *v;
     while (rc == 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
-        if (id == OPT_HELP) {
-            explain_usage(stdout);
-            free(cost_args);
-            return 0;
-        } else if (id == OPT_FORMAT) {
-            format = v;
-        } else if (id == OPT_OPTB) {
-            if (mf_parse_optimizer_bytes("mfsdpc explain", v, &optb) != 0)
-                rc = 2;
-        } else if (id == MF_OPTS_EXTRA) {
-            cost_args[ncost++] = p.argv[p.i - 1];
-        } else if (id != MF_OPTS_OPERAND) {
-            rc = 2; /* reported */
-        } else if (path) {
-            fprintf(stderr, "mfsdpc explain: error: one spec at a time (got '%s' and '%s')\n", path, v);
-            rc = 2;
-        } else {
-            path = v;
-        }
+        if (id == OPT_HELP)
+            return 1;
+        if (id == OPT_FORMAT)
+            *format = v;
+        else if (id == OPT_OPTB)
+            rc = mf_parse_optimizer_bytes(a->cmd, v, optb) != 0 ? 2 : 0;
+        else
+            rc = mf_cmd_args_take(a, &p, id, v);
     }
-    if (rc == 0 && strcmp(format, "text") != 0 && strcmp(format, "yaml") != 0) {
-        fprintf(stderr, "mfsdpc explain: error: unknown format '%s' (expected text or yaml)\n", format);
+    if (rc == 0 && strcmp(*format, "text") != 0 && strcmp(*format, "yaml") != 0) {
+        fprintf(stderr, "mfsdpc explain: error: unknown format '%s' (expected text or yaml)\n", *format);
         rc = 2;
     }
-    if (rc == 0 && !path) {
-        fprintf(stderr, "mfsdpc explain: error: no spec given\n");
-        rc = 2;
-    }
-    if (rc != 0) {
-        explain_usage(stderr);
-        free(cost_args);
+    return rc == 0 ? mf_cmd_args_need_input(a) : rc;
+}
+
+int mf_cmd_explain(int argc, char **argv)
+{
+    const char *format = "text";
+    int64_t optb = MF_OPTIMIZER_BYTES_DEFAULT;
+    mf_cmd_args a;
+    int rc = mf_cmd_args_init(&a, "mfsdpc explain", argc);
+    if (rc != 0)
         return rc;
-    }
+    if ((rc = explain_parse(argc, argv, &a, &format, &optb)) != 0)
+        return mf_cmd_args_stop(&a, rc, explain_usage);
+    const char *path = a.input;
     /* Through lowering and the buffer assignment: the allocated peak is the
      * assignment's (docs/semantics.md §10). */
-    mf_compile_options opt = {.stop_after = MF_STAGE_LOWER, .ncost_args = ncost, .cost_args = cost_args};
+    mf_compile_options opt = {.stop_after = MF_STAGE_LOWER, .ncost_args = a.ncost, .cost_args = a.cost_args};
     mf_compilation c;
     rc = mf_compile_file(path, &opt, &c);
     if (rc == 0) {
@@ -115,6 +103,6 @@ int mf_cmd_explain(int argc, char **argv)
         }
     }
     mf_compilation_free(&c);
-    free(cost_args);
+    mf_cmd_args_free(&a);
     return rc;
 }

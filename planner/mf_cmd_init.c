@@ -36,6 +36,7 @@
 #include "mf_ckpt_hf.h"
 #include "mf_cli.h"
 #include "mf_init_ties.h"
+#include "mf_opts.h"
 
 #define MF_INIT_MAX_PATTERNS 16
 #define MF_INIT_ROOT "root" /* the unit of tensors whose name has no '.' */
@@ -367,34 +368,66 @@ static int mf_init_write(FILE *out, const mf_init *in, const mf_init_mode *mode,
     return ferror(out) ? -1 : 0;
 }
 
-int mf_cmd_init(int argc, char **argv)
+/* The command line's arguments. */
+typedef struct mf_init_args {
+    const char *model, *mesh, *layout, *out;
+} mf_init_args;
+
+/* "bad option A V" when A has a value after it; the usage follows. */
+static int mf_init_bad(const mf_opts *p, const char *a)
 {
-    const char *model = NULL, *mesh = NULL, *layout = NULL, *outp = NULL;
-    mf_init in = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    if (p->i < p->argc)
+        fprintf(stderr, "mfsdpc: error: bad option %s %s\n", a, p->argv[p->i]);
+    mf_init_usage(stderr);
+    return 2;
+}
+
+/* Parses argv into a and in->pat. -1 to go on, else the exit status (0
+ * after --help). */
+static int mf_init_parse(int argc, char **argv, mf_init_args *a, mf_init *in)
+{
+    enum { O_HELP, O_MESH, O_LAYOUT, O_OUT, O_UNIT };
+    static const mf_opt opts[] = {{"--help", "-h", NULL, O_HELP}, {"--mesh", NULL, "a mesh", O_MESH},
+                                  {"--layout", NULL, "a mode", O_LAYOUT}, {"-o", NULL, "a file name", O_OUT},
+                                  {"--unit", NULL, "a pattern", O_UNIT}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc init", argc, argv, opts, 5, NULL);
+    p.quiet = true; /* worded here, as before the shared parser */
+    int id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == O_HELP) {
             mf_init_usage(stdout);
             return 0;
         }
-        if (a[0] != '-' && !model) {
-            model = a;
-            continue;
-        }
-        if (!v)
+        if (id == MF_OPTS_OPERAND && !a->model)
+            a->model = v;
+        else if (id == O_MESH)
+            a->mesh = v;
+        else if (id == O_LAYOUT)
+            a->layout = v;
+        else if (id == O_OUT)
+            a->out = v;
+        else if (id == O_UNIT && in->npat < MF_INIT_MAX_PATTERNS && strstr(v, "{i}"))
+            in->pat[in->npat++] = v;
+        else if (id == O_UNIT)
+            return fprintf(stderr, "mfsdpc: error: bad option --unit %s\n", v), mf_init_usage(stderr), 2;
+        else if (id == MF_OPTS_NO_VALUE)
             return mf_init_usage(stderr), 2;
-        if (!strcmp(a, "--mesh"))
-            mesh = v;
-        else if (!strcmp(a, "--layout"))
-            layout = v;
-        else if (!strcmp(a, "-o"))
-            outp = v;
-        else if (!strcmp(a, "--unit") && in.npat < MF_INIT_MAX_PATTERNS && strstr(v, "{i}"))
-            in.pat[in.npat++] = v;
         else
-            return fprintf(stderr, "mfsdpc: error: bad option %s %s\n", a, v), mf_init_usage(stderr), 2;
-        i++;
+            return mf_init_bad(&p, p.arg);
     }
+    return -1;
+}
+
+int mf_cmd_init(int argc, char **argv)
+{
+    mf_init_args args = {0};
+    mf_init in = {0};
+    int prc = mf_init_parse(argc, argv, &args, &in);
+    if (prc >= 0)
+        return prc;
+    const char *model = args.model, *mesh = args.mesh, *layout = args.layout, *outp = args.out;
     char names[MF_MAX_AXES][64];
     long sizes[MF_MAX_AXES];
     int naxes = 0;

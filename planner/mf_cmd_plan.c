@@ -14,13 +14,12 @@
  * budget (the message names the smallest peak reachable and what dominates
  * it); 2 usage errors, unreadable input, unwritable output.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mf_cli.h"
-#include "mf_opts.h"
+#include "mf_cmd_args.h"
 #include "mf_outputs.h"
 #include "mf_pipeline.h"
 #include "mf_plan_report.h"
@@ -54,37 +53,21 @@ static void usage(FILE *out)
 }
 
 typedef struct plan_args {
-    const char *input, *out, *svg;
+    mf_cmd_args ca;         /* the spec, the compute and link model */
+    const char *out, *svg;
     int64_t budget, optb;
-    bool have_budget, explain_choice, exhaustive, host_async;
-    double tokens, tflops, unit_us;
-    int ncost;
-    char **cost_args;
+    bool have_budget, explain_choice, exhaustive;
 } plan_args;
 
-static int parse_pos(const char *opt, const char *v, double *out)
+/* The options one by one; 1 after --help (printed), 2 after a reported error. */
+static int parse_options(int argc, char **argv, plan_args *a)
 {
-    char *end = NULL;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end != '\0' || !isfinite(x) || !(x > 0)) {
-        fprintf(stderr, CMD ": error: %s needs a positive number, got '%s'\n", opt, v ? v : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-/* 0 parsed, 1 --help printed, 2 usage error (reported). */
-static int parse_args(int argc, char **argv, plan_args *a)
-{
-    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_TOK, O_TFL, O_UNIT, O_ASYNC, O_HELP, O_SVG };
+    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_HELP, O_SVG };
     static const mf_opt opts[] = {
         {"--memory", NULL, "a size (e.g. 80GiB)", O_MEM}, {"--output", "-o", "a file name", O_OUT},
         {"--optimizer-bytes", NULL, "a value (bytes per parameter)", O_OPTB},
         {"--explain-choice", NULL, NULL, O_EXPL}, {"--exhaustive", NULL, NULL, O_EXH},
-        {"--tokens", NULL, "a value", O_TOK}, {"--tflops", NULL, "a value", O_TFL},
-        {"--unit-time-us", NULL, "a value", O_UNIT}, {"--host-async", NULL, NULL, O_ASYNC},
-        {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
+        MF_SIM_OPTS, {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
     mf_opts p;
     mf_opts_init(&p, CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), mf_cost_is_option);
     int id;
@@ -98,27 +81,24 @@ static int parse_args(int argc, char **argv, plan_args *a)
         case O_OPTB: bad = mf_parse_optimizer_bytes(CMD, v, &a->optb); break;
         case O_EXPL: a->explain_choice = true; break;
         case O_EXH: a->exhaustive = true; break;
-        case O_TOK: bad = parse_pos("--tokens", v, &a->tokens); break;
-        case O_TFL: bad = parse_pos("--tflops", v, &a->tflops); break;
-        case O_UNIT: bad = parse_pos("--unit-time-us", v, &a->unit_us); break;
-        case O_ASYNC: a->host_async = true; break;
         case O_HELP: usage(stdout); return 1;
-        case MF_OPTS_EXTRA: a->cost_args[a->ncost++] = p.argv[p.i - 1]; break;
-        case MF_OPTS_OPERAND:
-            if (a->input) {
-                fprintf(stderr, CMD ": error: one spec at a time (got '%s' and '%s')\n", a->input, v);
-                return 2;
-            }
-            a->input = v;
-            break;
         case MF_OPTS_UNKNOWN: usage(stderr); return 2;
-        default: return 2;
+        default: bad = mf_cmd_args_take(&a->ca, &p, id, v); break;
         }
         if (bad)
             return 2;
     }
-    if (!a->input) {
-        fprintf(stderr, CMD ": error: no spec given\n");
+    return 0;
+}
+
+/* 0 parsed, 1 --help printed, 2 usage error (reported). */
+static int parse_args(int argc, char **argv, plan_args *a)
+{
+    int rc = parse_options(argc, argv, a);
+    if (rc != 0)
+        return rc;
+    const char *input = a->ca.input;
+    if (mf_cmd_args_need_input(&a->ca) != 0) {
         usage(stderr);
         return 2;
     }
@@ -126,31 +106,13 @@ static int parse_args(int argc, char **argv, plan_args *a)
         fprintf(stderr, CMD ": error: --memory SIZE is required (the budget per rank, e.g. 80GiB)\n");
         return 2;
     }
-    if ((a->out && strcmp(a->out, a->input) == 0) || (a->svg && strcmp(a->svg, a->input) == 0) ||
+    if ((a->out && strcmp(a->out, input) == 0) || (a->svg && strcmp(a->svg, input) == 0) ||
         (a->out && a->svg && strcmp(a->out, a->svg) == 0)) {
         fprintf(stderr, CMD ": error: -o and --svg must differ from each other and from the input\n");
         return 2;
     }
     return 0;
 }
-
-/* The simulator configuration from the options, as simulate builds it. */
-static int sim_config(const plan_args *a, const mf_mesh *mesh, mf_sim_config *cfg)
-{
-    mf_sim_config_defaults(cfg, mesh);
-    for (int i = 0; i < a->ncost; i++)
-        if (mf_cost_parse_option(&cfg->cost, mesh, a->cost_args[i]) != 1)
-            return -1;
-    if (a->tokens > 0)
-        cfg->tokens = a->tokens;
-    if (a->tflops > 0)
-        cfg->flops = a->tflops * 1e12;
-    if (a->unit_us > 0)
-        cfg->unit_time = a->unit_us * 1e-6;
-    cfg->host_async = a->host_async;
-    return 0;
-}
-
 
 typedef struct svg_ctx {
     const mf_plan_search *ps;
@@ -173,11 +135,8 @@ static int write_text(FILE *out, const void *ctx)
 int mf_cmd_plan(int argc, char **argv)
 {
     plan_args a = {.optb = MF_OPTIMIZER_BYTES_DEFAULT};
-    a.cost_args = calloc((size_t)argc + 1, sizeof *a.cost_args);
-    if (!a.cost_args) {
-        fprintf(stderr, CMD ": error: out of memory\n");
+    if (mf_cmd_args_init(&a.ca, CMD, argc) != 0)
         return 2;
-    }
     mf_compilation c;
     bool have_c = false, have_ps = false, have_os = false;
     mf_plan_search ps;
@@ -188,26 +147,27 @@ int mf_cmd_plan(int argc, char **argv)
         rc = rc == 1 ? 0 : 2;
         goto done;
     }
+    const char *input = a.ca.input;
     mf_compile_options copt = {.stop_after = MF_STAGE_SEMA};
-    rc = mf_compile_file(a.input, &copt, &c);
+    rc = mf_compile_file(input, &copt, &c);
     have_c = true;
     if (rc != 0)
         goto done;
     mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive};
-    if (sim_config(&a, &c.spec->mesh, &po.sim) != 0) {
+    if (!mf_cmd_sim_config(&a.ca, &c.spec->mesh, &po.sim)) {
         rc = 2;
         goto done;
     }
     have_ps = true;
     if (mf_ps_init(&ps, c.spec, c.ast, &po) != 0 || mf_ps_run(&ps) != 0) {
-        fprintf(stderr, "%s: error: %s\n", a.input, ps.err);
+        fprintf(stderr, "%s: error: %s\n", input, ps.err);
         rc = 1;
         goto done;
     }
     const mf_ps_point *best = mf_ps_choose(&ps, a.budget);
-    mf_plan_print_front(&ps, a.input, a.budget, best);
+    mf_plan_print_front(&ps, input, a.budget, best);
     svg_ctx sc = {&ps, a.budget, best};
-    mf_outputs_begin(&os, a.input);
+    mf_outputs_begin(&os, input);
     have_os = true;
     if (a.svg && mf_outputs_add(&os, a.svg, write_svg, &sc) != 0) {
         rc = 2;
@@ -218,13 +178,13 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     }
     if (a.explain_choice && mf_plan_explain_choice(&ps, best, a.budget) != 0) {
-        fprintf(stderr, "%s: error: %s\n", a.input, ps.err);
+        fprintf(stderr, "%s: error: %s\n", input, ps.err);
         rc = 1;
         goto done;
     }
     char header[256];
     snprintf(header, sizeof header, "planned by mfsdpc plan --memory %lld --optimizer-bytes %lld from %s",
-             (long long)a.budget, (long long)a.optb, a.input);
+             (long long)a.budget, (long long)a.optb, input);
     text = mf_plan_write_spec(&ps, c.ast, c.text, c.src.len, best, header);
     if (!text) {
         fprintf(stderr, CMD ": error: out of memory\n");
@@ -246,6 +206,6 @@ done:
         mf_ps_free(&ps);
     if (have_c)
         mf_compilation_free(&c);
-    free(a.cost_args);
+    mf_cmd_args_free(&a.ca);
     return rc;
 }

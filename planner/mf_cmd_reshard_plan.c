@@ -19,6 +19,7 @@
 #include "mf_ckpt_plan.h"
 #include "mf_cli.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 
 static void mf_rp_usage(FILE *out)
 {
@@ -91,22 +92,45 @@ static void mf_rp_print(const mf_schedule *ns, const mf_ckpt_plan *o, const mf_c
            needed ? (double)read / (double)needed : 1.0);
 }
 
-int mf_cmd_reshard_plan(int argc, char **argv)
+/* OLD and NEW into path[2]. -1 to go on, else the exit status (0 after
+ * --help; 2 after anything but two schedules, with the usage). */
+static int mf_rp_parse(int argc, char **argv, const char *path[2])
 {
-    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        mf_rp_usage(stdout);
-        return 0;
+    static const mf_opt opts[] = {{"--help", "-h", NULL, 0}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc reshard-plan", argc, argv, opts, 1, NULL);
+    p.quiet = true; /* the usage says it */
+    int id, n = 0;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == 0) {
+            mf_rp_usage(stdout);
+            return 0;
+        }
+        if (id != MF_OPTS_OPERAND || n == 2)
+            n = 3;
+        else
+            path[n++] = v;
     }
-    if (argc != 3) {
+    if (n != 2) {
         mf_rp_usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+int mf_cmd_reshard_plan(int argc, char **argv)
+{
+    const char *path[2];
+    int prc = mf_rp_parse(argc, argv, path);
+    if (prc >= 0)
+        return prc;
     char err[1024], a[256] = "", b[256] = "";
-    mf_schedule *os = mf_schedule_load_file(argv[1], err, sizeof err), *ns = NULL;
+    mf_schedule *os = mf_schedule_load_file(path[0], err, sizeof err), *ns = NULL;
     mf_ckpt_plan o = {0}, n = {0};
     int rc = 2, *tmap = NULL;
     int64_t *idx = NULL;
-    if (!os || !(ns = mf_schedule_load_file(argv[2], err, sizeof err))) {
+    if (!os || !(ns = mf_schedule_load_file(path[1], err, sizeof err))) {
         fprintf(stderr, "%s\n", err);
         goto done;
     }
@@ -125,7 +149,7 @@ int mf_cmd_reshard_plan(int argc, char **argv)
     qsort_r(idx, (size_t)o.npieces, sizeof *idx, mf_rp_cmp, &o);
     mf_rp_mesh(os, a, sizeof a);
     mf_rp_mesh(ns, b, sizeof b);
-    printf("reshard plan: %s (%s, %" PRId64 " ranks) -> %s (%s, %" PRId64 " ranks)\n", argv[1], a, o.world, argv[2],
+    printf("reshard plan: %s (%s, %" PRId64 " ranks) -> %s (%s, %" PRId64 " ranks)\n", path[0], a, o.world, path[1],
            b, n.world);
     mf_rp_print(ns, &o, &n, tmap, idx);
     rc = 0;

@@ -21,7 +21,7 @@
 
 #include "mf_cli.h"
 #include "mf_load.h"
-#include "mf_opts.h"
+#include "mf_cmd_args.h"
 #include "mf_outputs.h"
 #include "mf_pipeline.h"
 #include "mf_plan_mem.h"
@@ -55,41 +55,13 @@ static void usage(FILE *out)
             "                            default: a hook issues when compute reaches it\n"
             "link model (alpha-beta per axis, defaults in docs/simulate.md):\n"
             "  --inner-bw=GBPS --outer-bw=GBPS --inner-lat=US --outer-lat=US\n"
-            "  --axis-bw=NAME:GBPS --axis-lat=NAME:US --local-bw=GBPS\n");
-}
-
-/* A positive finite number, or -1 with a message. */
-static int parse_positive(const char *opt, const char *v, double *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || !(x > 0)) {
-        fprintf(stderr, "mfsdpc simulate: error: %s needs a positive number, got '%s'\n", opt,
-                v ? v : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
+            "  --axis-bw=NAME:GBPS --axis-lat=NAME:US --local-bw=GBPS --launch-lat=US\n");
 }
 
 static bool has_suffix(const char *s, const char *suf)
 {
     size_t n = strlen(s), k = strlen(suf);
     return n >= k && strcmp(s + n - k, suf) == 0;
-}
-
-/* The link options of mf_cost.h; their values need the mesh, so they are
- * only recognized here and parsed by mf_cost_parse_option() later. */
-static bool is_cost_option(const char *a)
-{
-    static const char *const prefixes[] = {"--inner-bw=", "--outer-bw=", "--inner-lat=",
-                                           "--outer-lat=", "--axis-bw=", "--axis-lat=",
-                                           "--local-bw="};
-    for (size_t k = 0; k < sizeof prefixes / sizeof prefixes[0]; k++)
-        if (strncmp(a, prefixes[k], strlen(prefixes[k])) == 0)
-            return true;
-    return false;
 }
 
 typedef struct out_ctx {
@@ -155,86 +127,76 @@ static void print_header(const char *path, const mf_schedule *s, const mf_sim_co
 
 /* The command line of `mfsdpc simulate`. */
 typedef struct sim_args {
-    const char *input, *trace, *svg;
-    bool compare, full_path, host_async;
-    double tokens, tflops, unit_us, win0, win1;
-    char **cost_args;       /* the link options, values checked once the mesh is known */
-    int ncost;
+    mf_cmd_args ca;         /* the input, the compute and link model */
+    const char *trace, *svg;
+    bool compare, full_path;
+    double win0, win1;
     int64_t optb;           /* --optimizer-bytes */
 } sim_args;
 
-/* Parses argv into a (a->cost_args has argc slots). Returns -1 to go on,
- * else the exit status (0 after --help, 2 after a reported error). */
-static int parse_args(int argc, char **argv, sim_args *a)
+/* The options one by one. Returns -1 to go on, else the exit status (0
+ * after --help, 2 after a reported error). */
+static int parse_options(int argc, char **argv, sim_args *a)
 {
-    enum { OPT_TRACE, OPT_SVG, OPT_TOKENS, OPT_TFLOPS, OPT_UNIT_TIME, OPT_WINDOW, OPT_HELP, OPT_COMPARE,
-           OPT_FULL_PATH, OPT_HOST_ASYNC, OPT_OPTB };
+    enum { OPT_TRACE, OPT_SVG, OPT_WINDOW, OPT_HELP, OPT_COMPARE, OPT_FULL_PATH, OPT_OPTB };
     static const mf_opt opts[] = {
         {"--trace", NULL, "a value", OPT_TRACE},          {"--svg", NULL, "a value", OPT_SVG},
-        {"--tokens", NULL, "a value", OPT_TOKENS},        {"--tflops", NULL, "a value", OPT_TFLOPS},
-        {"--unit-time-us", NULL, "a value", OPT_UNIT_TIME}, {"--svg-window", NULL, "a value", OPT_WINDOW},
+        MF_SIM_OPTS,                                      {"--svg-window", NULL, "a value", OPT_WINDOW},
         {"--help", "-h", NULL, OPT_HELP},                 {"--compare-single-stream", NULL, NULL, OPT_COMPARE},
-        {"--full-path", NULL, NULL, OPT_FULL_PATH},       {"--host-async", NULL, NULL, OPT_HOST_ASYNC},
+        {"--full-path", NULL, NULL, OPT_FULL_PATH},
         {"--optimizer-bytes", NULL, "a value (bytes per parameter)", OPT_OPTB}};
     mf_opts p;
-    mf_opts_init(&p, "mfsdpc simulate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), is_cost_option);
-    int id;
+    mf_opts_init(&p, a->ca.cmd, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), mf_cost_is_option);
+    int id, bad = 0;
     const char *val;
-    while ((id = mf_opts_next(&p, &val)) != MF_OPTS_END) {
+    while (!bad && (id = mf_opts_next(&p, &val)) != MF_OPTS_END) {
         if (id == OPT_TRACE)
             a->trace = val;
         else if (id == OPT_SVG)
             a->svg = val;
-        else if (id == OPT_TOKENS) {
-            if (parse_positive("--tokens", val, &a->tokens) != 0)
-                return 2;
-        } else if (id == OPT_TFLOPS) {
-            if (parse_positive("--tflops", val, &a->tflops) != 0)
-                return 2;
-        } else if (id == OPT_UNIT_TIME) {
-            if (parse_positive("--unit-time-us", val, &a->unit_us) != 0)
-                return 2;
-        } else if (id == OPT_WINDOW) {
-            if (parse_window(val, &a->win0, &a->win1) != 0)
-                return 2;
-        } else if (id == OPT_HELP) {
+        else if (id == OPT_WINDOW)
+            bad = parse_window(val, &a->win0, &a->win1) != 0;
+        else if (id == OPT_HELP) {
             usage(stdout);
             return 0;
         } else if (id == OPT_COMPARE)
             a->compare = true;
         else if (id == OPT_FULL_PATH)
             a->full_path = true;
-        else if (id == OPT_HOST_ASYNC)
-            a->host_async = true;
-        else if (id == OPT_OPTB) {
-            if (mf_parse_optimizer_bytes("mfsdpc simulate", val, &a->optb) != 0)
-                return 2;
-        }
-        else if (id == MF_OPTS_EXTRA)
-            a->cost_args[a->ncost++] = p.argv[p.i - 1]; /* values checked once the mesh is known */
+        else if (id == OPT_OPTB)
+            bad = mf_parse_optimizer_bytes(a->ca.cmd, val, &a->optb) != 0;
         else if (id == MF_OPTS_UNKNOWN) {
             usage(stderr); /* reported */
             return 2;
-        } else if (id == MF_OPTS_NO_VALUE) {
-            return 2; /* reported */
-        } else if (a->input) {
+        } else if (id == MF_OPTS_OPERAND && a->ca.input) {
             fprintf(stderr, "mfsdpc simulate: error: one input expected, got '%s' and '%s'\n",
-                    a->input, val);
+                    a->ca.input, val);
             return 2;
         } else
-            a->input = val;
+            bad = mf_cmd_args_take(&a->ca, &p, id, val) != 0;
     }
-    if (!a->input) {
+    return bad ? 2 : -1;
+}
+
+/* Parses argv into a (a->ca has argc slots for the link options). Returns
+ * -1 to go on, else the exit status (0 after --help, 2 after a reported
+ * error). */
+static int parse_args(int argc, char **argv, sim_args *a)
+{
+    int rc = parse_options(argc, argv, a);
+    if (rc >= 0)
+        return rc;
+    const char *input = a->ca.input;
+    if (!input) {
         fprintf(stderr, "mfsdpc simulate: error: no input (a .mfsdp spec or a .yaml schedule)\n");
         usage(stderr);
         return 2;
     }
-    if ((a->trace && (strcmp(a->trace, a->input) == 0 || (a->svg && strcmp(a->trace, a->svg) == 0))) ||
-        (a->svg && strcmp(a->svg, a->input) == 0)) {
+    if ((a->trace && (strcmp(a->trace, input) == 0 || (a->svg && strcmp(a->trace, a->svg) == 0))) ||
+        (a->svg && strcmp(a->svg, input) == 0)) {
         fprintf(stderr, "mfsdpc simulate: error: output files must differ from each other and from the input\n");
         return 2;
     }
-
     return -1;
 }
 
@@ -258,15 +220,16 @@ static void print_compare(const mf_sim_result *res, const mf_sim_result *single)
 static int open_input(const sim_args *a, mf_compilation *comp, bool *have_comp, mf_schedule **loaded,
                       const mf_schedule **s)
 {
-    if (has_suffix(a->input, ".yaml") || has_suffix(a->input, ".yml")) {
-        FILE *probe = fopen(a->input, "rb");
+    const char *input = a->ca.input;
+    if (has_suffix(input, ".yaml") || has_suffix(input, ".yml")) {
+        FILE *probe = fopen(input, "rb");
         if (!probe) {
-            fprintf(stderr, "mfsdpc simulate: error: cannot read '%s': %s\n", a->input, strerror(errno));
+            fprintf(stderr, "mfsdpc simulate: error: cannot read '%s': %s\n", input, strerror(errno));
             return 2;
         }
         fclose(probe);
         char err[1024];
-        *loaded = mf_schedule_load_file(a->input, err, sizeof err);
+        *loaded = mf_schedule_load_file(input, err, sizeof err);
         if (!*loaded) {
             fprintf(stderr, "%s\n", err);
             return 1;
@@ -275,36 +238,13 @@ static int open_input(const sim_args *a, mf_compilation *comp, bool *have_comp, 
         return 0;
     }
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true,
-                              .ncost_args = a->ncost, .cost_args = a->cost_args};
-    int crc = mf_compile_file(a->input, &opt, comp);
+                              .ncost_args = a->ca.ncost, .cost_args = a->ca.cost_args};
+    int crc = mf_compile_file(input, &opt, comp);
     *have_comp = true;
     if (crc != 0 || !comp->plan || !comp->plan->sched)
         return crc ? crc : 1;
     *s = comp->plan->sched;
     return 0;
-}
-
-/* The model of the command line: defaults, link options, compute. Returns
- * false after a reported error. */
-static bool make_config(const sim_args *a, const mf_schedule *s, mf_sim_config *cfg)
-{
-    mf_sim_config_defaults(cfg, &s->mesh);
-    for (int i = 0; i < a->ncost; i++) {
-        int pr = mf_cost_parse_option(&cfg->cost, &s->mesh, a->cost_args[i]);
-        if (pr != 1) {
-            if (pr == 0)
-                fprintf(stderr, "mfsdpc simulate: error: unknown option '%s'\n", a->cost_args[i]);
-            return false;
-        }
-    }
-    if (a->tokens > 0)
-        cfg->tokens = a->tokens;
-    if (a->tflops > 0)
-        cfg->flops = a->tflops * 1e12;
-    if (a->unit_us > 0)
-        cfg->unit_time = a->unit_us * 1e-6;
-    cfg->host_async = a->host_async;
-    return true;
 }
 
 int mf_cmd_simulate(int argc, char **argv)
@@ -318,11 +258,8 @@ int mf_cmd_simulate(int argc, char **argv)
     mf_sim_config cfg;
     char err[512];
     int rc = 2;
-    a.cost_args = calloc((size_t)argc + 1, sizeof *a.cost_args);
-    if (!a.cost_args) {
-        fprintf(stderr, "mfsdpc simulate: error: out of memory\n");
+    if (mf_cmd_args_init(&a.ca, "mfsdpc simulate", argc) != 0)
         return 2;
-    }
     int prc = parse_args(argc, argv, &a);
     if (prc >= 0) {
         rc = prc;
@@ -331,14 +268,14 @@ int mf_cmd_simulate(int argc, char **argv)
     if ((rc = open_input(&a, &comp, &have_comp, &loaded, &s)) != 0)
         goto done;
     rc = 2;
-    if (!make_config(&a, s, &cfg))
+    if (!mf_cmd_sim_config(&a.ca, &s->mesh, &cfg))
         goto done;
     rc = 1;
     if (mf_simulate(s, &cfg, &res, err, sizeof err) != 0) {
-        fprintf(stderr, "%s: error: cannot simulate: %s\n", a.input, err);
+        fprintf(stderr, "%s: error: cannot simulate: %s\n", a.ca.input, err);
         goto done;
     }
-    print_header(a.input, s, &cfg);
+    print_header(a.ca.input, s, &cfg);
     mf_sim_report(stdout, s, &res, a.full_path);
     mf_plan_mem mem;
     mf_sched_mem_of(s, a.optb, &mem);
@@ -350,7 +287,7 @@ int mf_cmd_simulate(int argc, char **argv)
         mf_sim_config one = cfg;
         one.single_stream = true;
         if (mf_simulate(s, &one, &single, err, sizeof err) != 0) {
-            fprintf(stderr, "%s: error: cannot simulate: %s\n", a.input, err);
+            fprintf(stderr, "%s: error: cannot simulate: %s\n", a.ca.input, err);
             goto done;
         }
         print_compare(&res, &single);
@@ -359,7 +296,7 @@ int mf_cmd_simulate(int argc, char **argv)
 
     out_ctx ctx = {s, &res, a.win0, a.win1};
     mf_outputs os;
-    mf_outputs_begin(&os, a.input);
+    mf_outputs_begin(&os, a.ca.input);
     if (a.trace)
         mf_outputs_add(&os, a.trace, write_trace, &ctx);
     if (a.svg && !os.failed)
@@ -372,6 +309,6 @@ done:
     if (have_comp)
         mf_compilation_free(&comp);
     mf_schedule_free(loaded);
-    free(a.cost_args);
+    mf_cmd_args_free(&a.ca);
     return rc;
 }

@@ -32,7 +32,6 @@ typedef struct ps_memo {
     mf_ps_point point;      /* figures only (choice, index not used) */
     bool group_done;        /* an entry of a layout group (its key's prefetch is 0): */
     double gmem[3], gtime[3]; /* its bounds per prefetch depth (ps_group_bounds) */
-    size_t key_off, key_len; /* its key: memo_keys[key_off .. key_off + key_len) */
 } ps_memo;
 
 static const int64_t bucket_ladder[] = {0, INT64_C(16) << 20, INT64_C(64) << 20};
@@ -292,9 +291,8 @@ void mf_ps_free(mf_plan_search *ps)
         fclose(ps->sink);
     mf_trans_cache_free(ps->tcache);
     mf_vec_free(&ps->memo);
-    free(ps->memo_hash);
-    free(ps->memo_slot);
-    free(ps->memo_keys);
+    mf_hash_free(&ps->memo_index);
+    free(ps->memo_key);
     free(ps->layout_canon);
     for (int i = 0; i < ps->nfront; i++)
         free(ps->front[i].choice);
@@ -411,78 +409,26 @@ int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *
  * again. Keys are the full bytes (no digest), so equal keys mean equal
  * schedules. */
 
-/* A hash of the key, 8 bytes at a time (the table compares the full keys;
- * mf_hash's byte-wise FNV-1a made these lookups a tenth of the search on
- * keys of several hundred bytes). */
-static uint64_t memo_hash_of(const uint8_t *k, size_t n)
-{
-    uint64_t h = 0x9e3779b97f4a7c15u ^ n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, k + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdu;
-        h ^= h >> 29;
-    }
-    uint64_t w = 0;
-    memcpy(&w, k + i, n - i);
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
-    h ^= h >> 32;
-    return h;
-}
-
-/* Doubles the memo table (1024 slots first); false on OOM. */
-static bool memo_grow(mf_plan_search *ps)
-{
-    size_t cap = ps->memo_cap ? 2 * ps->memo_cap : 1024;
-    uint64_t *nh = malloc(sizeof *nh * cap);
-    int32_t *ns = calloc(cap, sizeof *ns);
-    if (!nh || !ns) {
-        free(nh);
-        free(ns);
-        return false;
-    }
-    for (size_t i = 0; i < ps->memo_cap; i++) {
-        if (!ps->memo_slot[i])
-            continue;
-        size_t j = ps->memo_hash[i] & (cap - 1);
-        while (ns[j])
-            j = (j + 1) & (cap - 1);
-        ns[j] = ps->memo_slot[i];
-        nh[j] = ps->memo_hash[i];
-    }
-    free(ps->memo_hash);
-    free(ps->memo_slot);
-    ps->memo_hash = nh;
-    ps->memo_slot = ns;
-    ps->memo_cap = cap;
-    return true;
-}
-
-/* Appends n bytes of key room to memo_keys; NULL on OOM. */
+/* Room for a key of n bytes in ps->memo_key; NULL on OOM. */
 static uint8_t *memo_key_room(mf_plan_search *ps, size_t n)
 {
-    if (ps->memo_keys_len + n > ps->memo_keys_cap) {
-        size_t cap = ps->memo_keys_cap ? ps->memo_keys_cap : 4096;
-        while (cap < ps->memo_keys_len + n)
-            cap *= 2;
-        uint8_t *k = realloc(ps->memo_keys, cap);
+    if (n > ps->memo_key_cap) {
+        uint8_t *k = realloc(ps->memo_key, n);
         if (!k)
             return NULL;
-        ps->memo_keys = k;
-        ps->memo_keys_cap = cap;
+        ps->memo_key = k;
+        ps->memo_key_cap = n;
     }
-    return ps->memo_keys + ps->memo_keys_len;
+    return ps->memo_key;
 }
 
 /* The memo entry of the plan's laid-out schedule (created at stage 0),
- * or NULL on OOM. The key is written after the stored keys and kept there
- * when it is new. */
+ * or NULL on OOM. */
 static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
 {
     size_t n = 0, need = 1 + (size_t)s->nunits + (size_t)s->nbuckets * (MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16);
     uint8_t *key = memo_key_room(ps, need);
-    if (!key || ((ps->memo.len + 1) * 2 > ps->memo_cap && !memo_grow(ps)))
+    if (!key || ps->memo.len >= INT32_MAX - 1)
         return NULL;
     key[n++] = (uint8_t)s->prefetch;
     for (int u = 0; u < s->nunits; u++)
@@ -499,27 +445,18 @@ static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
         memcpy(key + n + sizeof bk->length, range, sizeof range);
         n += sizeof bk->length + sizeof range;
     }
-    uint64_t h = memo_hash_of(key, n);
-    size_t mask = ps->memo_cap - 1, i = h & mask;
-    ps_memo *all = ps->memo.data;
-    for (; ps->memo_slot[i]; i = (i + 1) & mask) {
-        ps_memo *m = &all[ps->memo_slot[i] - 1];
-        if (ps->memo_hash[i] == h && m->key_len == n && memcmp(ps->memo_keys + m->key_off, key, n) == 0) {
-            ps->reused++;
-            return m;
-        }
-    }
-    if (ps->memo.len >= INT32_MAX - 1)
+    int64_t next = (int64_t)ps->memo.len;
+    int64_t at = mf_hash_get_or_put(&ps->memo_index, key, n, next);
+    if (at < 0)
         return NULL;
+    if (at < next) {
+        ps->reused++;
+        return (ps_memo *)ps->memo.data + at;
+    }
     ps_memo *m = mf_vec_push(&ps->memo);
     if (!m)
         return NULL;
     memset(m, 0, sizeof *m);
-    m->key_off = ps->memo_keys_len;
-    m->key_len = n;
-    ps->memo_keys_len += n;
-    ps->memo_slot[i] = (int32_t)ps->memo.len;
-    ps->memo_hash[i] = h;
     return m;
 }
 

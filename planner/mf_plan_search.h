@@ -120,11 +120,9 @@ typedef struct mf_plan_search {
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
     mf_vec memo;            /* figures computed per laid-out schedule */
-    uint64_t *memo_hash;    /* open addressing, memo_cap slots: the key's hash */
-    int32_t *memo_slot;     /* memo entry + 1 per slot; 0: empty */
-    size_t memo_cap;        /* a power of 2 (0 before the first entry) */
-    uint8_t *memo_keys;     /* every entry's key, one after another */
-    size_t memo_keys_len, memo_keys_cap;
+    mf_hash memo_index;     /* a laid-out schedule's key (memo_of) -> its memo entry */
+    uint8_t *memo_key;      /* the key being built, memo_key_cap bytes */
+    size_t memo_key_cap;
     int64_t reused;         /* candidates whose laid-out schedule was seen before */
     int *layout_canon;      /* spec.nlayouts entries, for mf_plan.layout_canon */
     int nfront;

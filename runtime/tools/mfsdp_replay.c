@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "mf_check.h"
+#include "mf_opts.h"
 #include "mf_rt.h"
 
 #ifdef MFSDP_HAVE_MPI
@@ -75,6 +76,61 @@ static bool parse_int(const char *s, int64_t min, int64_t *out)
     return true;
 }
 
+/* The options, in the order of their table in parse_args. */
+enum { O_HELP, O_VERSION, O_SYNC, O_QUIET, O_BACKEND, O_RANKS, O_STEPS, O_TIMEOUT, O_STOP_RANK, O_STOP_STEP,
+       O_MISMATCH_RANK };
+
+/* Where the value of an option with an integer value goes, and its least value. */
+static int64_t *int_option(args *a, int id, int64_t *min)
+{
+    static const int64_t least[] = {[O_RANKS] = 1, [O_STEPS] = 1, [O_TIMEOUT] = 0, [O_STOP_RANK] = 0,
+                                    [O_STOP_STEP] = 1, [O_MISMATCH_RANK] = 0};
+    int64_t *field[] = {[O_RANKS] = &a->ranks, [O_STEPS] = &a->steps, [O_TIMEOUT] = &a->timeout_ms,
+                        [O_STOP_RANK] = &a->stop_rank, [O_STOP_STEP] = &a->stop_step,
+                        [O_MISMATCH_RANK] = &a->mismatch_rank};
+    *min = least[id];
+    return field[id];
+}
+
+/* Takes one option or operand (opts[id] is option id). -1 to go on, else
+ * the exit status (0 after --help or --version, 2 after an error). */
+static int take_arg(args *a, const mf_opts *p, const mf_opt *opts, int id, const char *v)
+{
+    bool ok = true;
+    switch (id) {
+    case O_HELP: usage(stdout); return 0;
+    case O_VERSION: printf("mfsdp-replay %s\n", mfsdp_version()); return 0;
+    case O_SYNC: a->sync = true; return -1;
+    case O_QUIET: a->quiet = true; return -1;
+    case O_BACKEND:
+        a->backend = v;
+        ok = !strcmp(v, "local") || !strcmp(v, "mpi") || !strcmp(v, "cuda-local") || !strcmp(v, "nccl");
+        break;
+    case MF_OPTS_NO_VALUE:
+        fprintf(stderr, "mfsdp-replay: error: option %s needs a value\n", p->arg);
+        return 2;
+    case MF_OPTS_UNKNOWN:
+        fprintf(stderr, "mfsdp-replay: error: unknown option %s (see --help)\n", p->arg);
+        return 2;
+    case MF_OPTS_OPERAND:
+        if (a->path) {
+            fprintf(stderr, "mfsdp-replay: error: more than one schedule given ('%s')\n", v);
+            return 2;
+        }
+        a->path = v;
+        return -1;
+    default: {
+        int64_t min, *field = int_option(a, id, &min);
+        ok = parse_int(v, min, field);
+    }
+    }
+    if (!ok) {
+        fprintf(stderr, "mfsdp-replay: error: invalid value '%s' for %s\n", v, opts[id].name);
+        return 2;
+    }
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     memset(a, 0, sizeof *a);
@@ -83,59 +139,22 @@ static int parse_args(int argc, char **argv, args *a)
     a->steps = 2;
     a->timeout_ms = 60000;
     a->stop_rank = a->stop_step = a->mismatch_rank = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "--version")) {
-            printf("mfsdp-replay %s\n", mfsdp_version());
-            return 0;
-        } else if (!strcmp(o, "--sync")) {
-            a->sync = true;
-            continue;
-        } else if (!strcmp(o, "--quiet")) {
-            a->quiet = true;
-            continue;
-        } else if (o[0] == '-' && o[1] == '-') {
-            if (!v) {
-                fprintf(stderr, "mfsdp-replay: error: option %s needs a value\n", o);
-                return 2;
-            }
-            i++;
-            if (!strcmp(o, "--backend")) {
-                a->backend = v;
-                ok = !strcmp(v, "local") || !strcmp(v, "mpi") || !strcmp(v, "cuda-local") ||
-                     !strcmp(v, "nccl");
-            } else if (!strcmp(o, "--ranks"))
-                ok = parse_int(v, 1, &a->ranks);
-            else if (!strcmp(o, "--steps"))
-                ok = parse_int(v, 1, &a->steps);
-            else if (!strcmp(o, "--timeout-ms"))
-                ok = parse_int(v, 0, &a->timeout_ms);
-            else if (!strcmp(o, "--stop-rank"))
-                ok = parse_int(v, 0, &a->stop_rank);
-            else if (!strcmp(o, "--stop-step"))
-                ok = parse_int(v, 1, &a->stop_step);
-            else if (!strcmp(o, "--mismatch-rank"))
-                ok = parse_int(v, 0, &a->mismatch_rank);
-            else {
-                fprintf(stderr, "mfsdp-replay: error: unknown option %s (see --help)\n", o);
-                return 2;
-            }
-            if (!ok) {
-                fprintf(stderr, "mfsdp-replay: error: invalid value '%s' for %s\n", v, o);
-                return 2;
-            }
-        } else if (!a->path) {
-            a->path = o;
-        } else {
-            fprintf(stderr, "mfsdp-replay: error: more than one schedule given ('%s')\n", o);
-            return 2;
-        }
-    }
+    static const mf_opt opts[] = {
+        {"--help", "-h", NULL, O_HELP},          {"--version", NULL, NULL, O_VERSION},
+        {"--sync", NULL, NULL, O_SYNC},          {"--quiet", NULL, NULL, O_QUIET},
+        {"--backend", NULL, "a value", O_BACKEND}, {"--ranks", NULL, "a value", O_RANKS},
+        {"--steps", NULL, "a value", O_STEPS},   {"--timeout-ms", NULL, "a value", O_TIMEOUT},
+        {"--stop-rank", NULL, "a value", O_STOP_RANK}, {"--stop-step", NULL, "a value", O_STOP_STEP},
+        {"--mismatch-rank", NULL, "a value", O_MISMATCH_RANK}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-replay", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), NULL);
+    p.quiet = true; /* worded by take_arg */
+    int id, rc = -1;
+    const char *v;
+    while (rc < 0 && (id = mf_opts_next(&p, &v)) != MF_OPTS_END)
+        rc = take_arg(a, &p, opts, id, v);
+    if (rc >= 0)
+        return rc;
     if (!a->path) {
         fprintf(stderr, "mfsdp-replay: error: no schedule given\n");
         usage(stderr);
