@@ -90,23 +90,25 @@ void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
     mf_hf_rewrite(r->n, r->to, r->from, name, out, size);
 }
 
+void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t *dims, int64_t numel)
+{
+    *t = (mf_hf_shape){.name = name, .ndims = ndims, .numel = numel};
+    memcpy(t->dims, dims, (size_t)ndims * sizeof *dims);
+}
+
 mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p)
 {
     mf_hf_shape *t = calloc((size_t)p->ntensors + 1, sizeof *t);
-    for (int k = 0; t && k < p->ntensors; k++) {
-        t[k] = (mf_hf_shape){.name = p->t[k].name, .ndims = p->t[k].ndims, .numel = p->t[k].numel};
-        memcpy(t[k].dims, p->t[k].dims, sizeof t[k].dims);
-    }
+    for (int k = 0; t && k < p->ntensors; k++)
+        mf_hf_shape_init(&t[k], p->t[k].name, p->t[k].ndims, p->t[k].dims, p->t[k].numel);
     return t;
 }
 
 mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m)
 {
     mf_hf_shape *t = calloc((size_t)m->ntensors + 1, sizeof *t);
-    for (int k = 0; t && k < m->ntensors; k++) {
-        t[k] = (mf_hf_shape){.name = m->tensors[k].name, .ndims = m->tensors[k].ndims, .numel = m->tensors[k].numel};
-        memcpy(t[k].dims, m->tensors[k].dims, sizeof t[k].dims);
-    }
+    for (int k = 0; t && k < m->ntensors; k++)
+        mf_hf_shape_init(&t[k], m->tensors[k].name, m->tensors[k].ndims, m->tensors[k].dims, m->tensors[k].numel);
     return t;
 }
 

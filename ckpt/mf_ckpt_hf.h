@@ -79,6 +79,8 @@ void mf_hf_close(mf_hf_model *m);
 /* The runtime's dtype (mf_dtype) of a safetensors dtype, or -1 when it has none. */
 int mf_hf_dtype(mf_st_dtype d);
 
+/* *t = name (borrowed), ndims <= MF_MAX_DIMS sizes dims[], numel. */
+void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t *dims, int64_t numel);
 /* The tensors of a checkpoint plan, or of a manifest, in their order
  * (names borrowed): malloc'd, n + 1 entries; NULL when out of memory. */
 mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p);

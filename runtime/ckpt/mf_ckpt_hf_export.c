@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "mf_abi.h"
 #include "mf_backend.h"
 #include "mf_ckpt_build.h"
 #include "mf_ckpt_hf_layout.h"
@@ -94,21 +93,16 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     mf_hf_rules rules = {0};
     char err[4096] = "", tmp[4200] = "";
     int have_plan = 0, have_layout = 0;
-    int bad_abi = opt && MF_ABI_CHECK(mfsdp_hf_options, opt, err, sizeof err) != MFSDP_OK;
-    int bad = bad_abi || (opt && mf_hf_rules_add(&rules, opt->nmaps, opt->maps, opt->nties, opt->ties) != 0);
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all) {
         res = mf_base_set_error(rt, res, "out of memory");
         goto done;
     }
-    mfsdp_result sr = MFSDP_OK;
-    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+    mfsdp_result sr = mf_ckpt_hf_rt_begin(rt, opt, dir_arg && mfsdp_dtype_size(dtype) != 0,
+                                          "needs a directory, a dtype and rules FROM=TO / NAME=SOURCE", &rules, err,
+                                          sizeof err);
+    if (sr != MFSDP_OK)
         mf_hx_fail(&mine, sr, err);
-    else if (bad_abi)
-        mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
-    else if (!dir_arg || bad || mfsdp_dtype_size(dtype) == 0)
-        snprintf(err, sizeof err, "needs a directory, a dtype and rules FROM=TO / NAME=SOURCE"),
-            mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (mf_ckpt_plan_build(rt->s, &p, err, sizeof err) != 0 || !(have_plan = 1) ||
              !(shapes = mf_ckpt_hf_shapes_of_plan(&p)) ||
              mf_hf_layout_build(shapes, p.ntensors, &rules, (mf_dtype)dtype,

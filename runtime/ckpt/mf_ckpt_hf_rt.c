@@ -25,7 +25,7 @@ typedef struct mf_hi_msg {
 } mf_hi_msg;
 
 mfsdp_result mf_ckpt_hf_rt_round(mf_rt *rt, const void *mine, void *all, size_t size, const char *what,
-                         const char *verdict, const char *own)
+                                 const char *verdict, const char *own)
 {
     int64_t status;
     mfsdp_result res = rt->be->exchange(rt, mine, size, all);
@@ -42,6 +42,19 @@ mfsdp_result mf_ckpt_hf_rt_round(mf_rt *rt, const void *mine, void *all, size_t 
             return mf_base_set_error(rt, (mfsdp_result)status, "Hugging Face %s %s: rank %" PRId64 ": %.*s", what,
                                      verdict, r, (int)(size - sizeof status), at + sizeof status);
     }
+    return MFSDP_OK;
+}
+
+mfsdp_result mf_ckpt_hf_rt_begin(mf_rt *rt, const mfsdp_hf_options *opt, int args_ok, const char *usage,
+                                 mf_hf_rules *r, char *err, size_t errlen)
+{
+    mfsdp_result res;
+    if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, errlen)) != MFSDP_OK)
+        return res;
+    if (opt && (res = MF_ABI_CHECK(mfsdp_hf_options, opt, err, errlen)) != MFSDP_OK)
+        return res;
+    if (!args_ok || (opt && mf_hf_rules_add(r, opt->nmaps, opt->maps, opt->nties, opt->ties) != 0))
+        return snprintf(err, errlen, "%s", usage), MFSDP_ERR_INVALID_ARGUMENT;
     return MFSDP_OK;
 }
 
@@ -81,11 +94,8 @@ static int mf_hf_rt_match(mf_rt *rt, const mf_hf_model *m, const mf_hf_rules *ru
     mf_hf_shape *t = calloc((size_t)rt->nviews + 1, sizeof *t);
     if (!t)
         return snprintf(err, errlen, "out of memory"), -1;
-    for (int k = 0; k < rt->nviews; k++) {
-        const mfsdp_tensor_view *v = &rt->views[k];
-        t[k] = (mf_hf_shape){.name = v->name, .ndims = v->ndims, .numel = v->numel};
-        memcpy(t[k].dims, v->dims, sizeof t[k].dims);
-    }
+    for (int k = 0; k < rt->nviews; k++)
+        mf_hf_shape_init(&t[k], rt->views[k].name, rt->views[k].ndims, rt->views[k].dims, rt->views[k].numel);
     int rc = mf_hf_match(m, rules, t, rt->nviews, src, err, errlen);
     free(t);
     return rc;
@@ -101,20 +111,15 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
     mf_hf_rules rules = {0};
     char err[8192] = "";
     mfsdp_result res;
-    int bad_abi = opt && MF_ABI_CHECK(mfsdp_hf_options, opt, err, sizeof err) != MFSDP_OK;
-    int bad_rules = !bad_abi && opt && mf_hf_rules_add(&rules, opt->nmaps, opt->maps, opt->nties, opt->ties) != 0;
     if (!all || !src) {
         res = mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
-    mfsdp_result sr = MFSDP_OK;
-    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+    mfsdp_result sr = mf_ckpt_hf_rt_begin(rt, opt, path != NULL,
+                                          "needs a path, and rules of the form FROM=TO / NAME=SOURCE", &rules, err,
+                                          sizeof err);
+    if (sr != MFSDP_OK)
         mf_hi_fail(&mine, sr, err);
-    else if (bad_abi)
-        mf_hi_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
-    else if (!path || bad_rules)
-        snprintf(err, sizeof err, "needs a path, and rules of the form FROM=TO / NAME=SOURCE"),
-            mf_hi_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     else if (mf_hf_open(path, &m, err, sizeof err) != 0 || !(opened = 1) ||
              mf_hf_rt_match(rt, &m, &rules, src, err, sizeof err) != 0)
         mf_hi_fail(&mine, MFSDP_ERR_LOAD, err);

@@ -1,15 +1,25 @@
 /*
  * mf_ckpt_hf_rt: what the runtime's Hugging Face import (mf_ckpt_hf_rt.c)
  * and export (mf_ckpt_hf_export.c) share beyond the format engine of
- * ckpt/mf_ckpt_hf.h: the rounds in which the ranks agree.
+ * ckpt/mf_ckpt_hf.h: the checks they begin with and the rounds in which
+ * the ranks agree.
  */
 #ifndef MF_CKPT_HF_RT_H
 #define MF_CKPT_HF_RT_H
 
 #include <stddef.h>
 
+#include "mf_ckpt_hf.h"
 #include "mf_rt.h"
+#include "mfsdp_ckpt.h"
 
+/* The checks an import and an export begin with, in this order: the stage
+ * hook's start when staged (mf_ckpt_stage.h), the options' size and
+ * version, then the caller's arguments (args_ok) and the options' rules
+ * (added to r). MFSDP_OK, or the failure's result with its message in err
+ * (`usage` for bad arguments or rules). */
+mfsdp_result mf_ckpt_hf_rt_begin(mf_rt *rt, const mfsdp_hf_options *opt, int args_ok, const char *usage,
+                                 mf_hf_rules *r, char *err, size_t errlen);
 /* One round over the world (be->exchange): sends mine, fills all[world]. A
  * message is `size` bytes: an int64_t status (MFSDP_OK or the failure's
  * result), then the failure's NUL-terminated text. On a failed exchange,
@@ -17,6 +27,6 @@
  * sets the runtime's error ("Hugging Face WHAT VERDICT: ...", e.g. "export
  * failed", "import refused") and returns it; else MFSDP_OK. */
 mfsdp_result mf_ckpt_hf_rt_round(mf_rt *rt, const void *mine, void *all, size_t size, const char *what,
-                         const char *verdict, const char *own);
+                                 const char *verdict, const char *own);
 
 #endif

@@ -76,6 +76,17 @@ static int ck_hf_opts(int argc, char **argv, int first, mf_hf_rules *r, int *dty
     return optind < n ? ck_hf_bad(sub[optind], optind + 1 < n ? sub[optind + 1] : NULL) : 0;
 }
 
+/* A command's end: a failure (rc != 0) reported, the temporary directory of
+ * an output not committed (made) removed. Returns rc. */
+static int ck_hf_end(int rc, const char *err, int made, const char *tmp)
+{
+    if (rc != 0)
+        fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
+    if (made)
+        mf_ckpt_remove_dir(tmp);
+    return rc;
+}
+
 /* ---- import ---- */
 
 typedef struct ck_imp {
@@ -155,12 +166,8 @@ int ck_import(int argc, char **argv)
     made = 0;
     printf("imported %s -> %s: %d tensors for %" PRId64 " ranks\n", argv[1], out, p.ntensors, p.world);
     rc = 0;
-    goto done;
 fail:
-    fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
-done:
-    if (made)
-        mf_ckpt_remove_dir(tmp);
+    ck_hf_end(rc, err, made, tmp);
     free(rep);
     free(src);
     free(shapes);
@@ -265,12 +272,8 @@ int ck_export(int argc, char **argv)
     printf("exported %s -> %s: %d tensors, %d file%s, %s\n", argv[1], out, stored, l.nfiles,
            l.nfiles > 1 ? "s + index" : "", mf_dtype_name(dt));
     rc = 0;
-    goto done;
 fail:
-    fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
-done:
-    if (made)
-        mf_ckpt_remove_dir(tmp);
+    ck_hf_end(rc, err, made, tmp);
     mf_hf_layout_free(&l);
     free(shapes);
     if (opened)

@@ -97,6 +97,16 @@ def read_bf16(path):
     return out
 
 
+def read_bf16_export(d):
+    """A BF16 export in files: its index, its files (sorted) and every entry."""
+    idx = json.load(open(f"{d}/model.safetensors.index.json"))
+    files = sorted(set(idx["weight_map"].values()))
+    back = {}
+    for fn in files:
+        back.update(read_bf16(f"{d}/{fn}"))
+    return idx, files, back
+
+
 def dump_main_weight(dump):
     """main_weight of every tensor from ckpt-trainer's dump (names sorted)."""
     raw = np.fromfile(dump, dtype=np.float32)
@@ -162,19 +172,11 @@ with tempfile.TemporaryDirectory() as w:
     check("bf16 multi-file mfsdp_ckpt_import_hf in the runtime", all(np.array_equal(got[k], expect[k]) for k in SHAPES))
     run(TRAINER, "--schedule", SCHED, "--import-hf", f"{w}/hf16", "--map", "model.=", "--export-hf", f"{w}/rxb",
         "--export-dtype", "bf16", "--export-max-file-bytes", "5000")
-    idx = json.load(open(f"{w}/rxb/model.safetensors.index.json"))
-    files = sorted(set(idx["weight_map"].values()))
-    back = {}
-    for fn in files:
-        back.update(read_bf16(f"{w}/rxb/{fn}"))
+    idx, files, back = read_bf16_export(f"{w}/rxb")
     check(f"bf16 mfsdp_ckpt_export_hf in {len(files)} files + index, bit-exact",
           len(files) > 1 and set(back) == set(bits) and all(np.array_equal(back[k], bits[k]) for k in bits))
     run(CKPT, "export", f"{w}/cb", f"{w}/outb", "--dtype", "bf16", "--map", "model.=", "--max-file-bytes", "5000")
-    idx = json.load(open(f"{w}/outb/model.safetensors.index.json"))
-    files = sorted(set(idx["weight_map"].values()))
-    back = {}
-    for fn in files:
-        back.update(read_bf16(f"{w}/outb/{fn}"))
+    idx, files, back = read_bf16_export(f"{w}/outb")
     check(f"bf16 export in {len(files)} files + index, re-read bit-exact",
           len(files) > 1 and set(back) == set(bits) and all(np.array_equal(back[k], bits[k]) for k in bits) and
           all(idx["weight_map"][k] in files for k in bits))

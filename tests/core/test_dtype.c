@@ -13,21 +13,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "float_bits.h"
 #include "mf_dtype.h"
-
-static float bits_f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* Exact values, both ways, written out by hand. */
 static void test_known_patterns(void **state)

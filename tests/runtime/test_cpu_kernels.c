@@ -11,22 +11,9 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "../core/float_bits.h"
 #include "mf_backend.h"
 #include "mf_nt_copy.h"
-
-static float bits_f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 static void test_add_divide(void **state)
 {
