@@ -14,6 +14,7 @@
  * rename): on failure nothing is left behind.
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 
 #include "mf_ckpt_build.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 #include "mfsdp_ckpt_tool.h"
 
 static int ck_usage(FILE *out)
@@ -39,14 +41,21 @@ static int ck_usage(FILE *out)
     return out == stdout ? 0 : 2;
 }
 
+/* Opens the checkpoint in dir; false after "mfsdp-ckpt: error: ...". */
+static bool ck_open(const char *dir, mf_ckpt_reader *r)
+{
+    char err[2048];
+    if (mf_ckpt_reader_open(dir, r, err, sizeof err) == 0)
+        return true;
+    fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
+    return false;
+}
+
 static int ck_info(const char *dir)
 {
     mf_ckpt_reader r;
-    char err[2048];
-    if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0) {
-        fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
+    if (!ck_open(dir, &r))
         return 1;
-    }
     const mf_ckpt_manifest *m = &r.m;
     printf("checkpoint %s\nformat: %s version %d\nid: %s\nstep: %" PRId64 "\nmesh:", dir, MF_CKPT_FORMAT, m->version,
            m->id, m->step);
@@ -85,10 +94,8 @@ static int ck_verify(const char *dir)
 {
     mf_ckpt_reader r;
     char err[2048];
-    if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0) {
-        fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
+    if (!ck_open(dir, &r))
         return 1;
-    }
     int rc = 0;
     for (int f = 0; f < r.m.nfiles && rc == 0; f++)
         if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0) {
@@ -230,19 +237,34 @@ done:
     return rc;
 }
 
+/* Exactly n operands after the command (argv[0]) into pos[], no option
+ * among them. */
+static bool ck_operands(int argc, char **argv, int n, char **pos)
+{
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-ckpt", argc, argv, NULL, 0, NULL);
+    p.quiet = true; /* "wrong arguments", by main */
+    int id, k = 0;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) == MF_OPTS_OPERAND && k < n)
+        pos[k++] = p.argv[p.i - 1]; /* v, writable: reshard trims OUT's slash */
+    return id == MF_OPTS_END && k == n;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return ck_usage(stderr);
     const char *cmd = argv[1];
+    char *pos[3];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
         return ck_usage(stdout);
-    if (!strcmp(cmd, "info") && argc == 3)
-        return ck_info(argv[2]);
-    if (!strcmp(cmd, "verify") && argc == 3)
-        return ck_verify(argv[2]);
-    if (!strcmp(cmd, "reshard") && argc == 5)
-        return ck_reshard(argv[2], argv[3], argv[4]);
+    if (!strcmp(cmd, "info") && ck_operands(argc - 1, argv + 1, 1, pos))
+        return ck_info(pos[0]);
+    if (!strcmp(cmd, "verify") && ck_operands(argc - 1, argv + 1, 1, pos))
+        return ck_verify(pos[0]);
+    if (!strcmp(cmd, "reshard") && ck_operands(argc - 1, argv + 1, 3, pos))
+        return ck_reshard(pos[0], pos[1], pos[2]);
     if (!strcmp(cmd, "import")) {
         int rc = ck_import(argc - 1, argv + 1);
         return rc == 2 ? ck_usage(stderr) : rc;
