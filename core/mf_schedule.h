@@ -133,7 +133,7 @@
 
 /*
  * ops: X(ENUM, name, is_collective, need, becomes, at, stream, comment) -- the
- * one table of what each op does (docs/semantics.md §2 and §4.2). The
+ * one table of what each op does (docs/semantics.md §2, docs/semantics.md §4.2). The
  * structural checker (core/mf_struct.c), the transition search
  * (planner/mf_transition.c) and the plan bounds (planner/mf_plan_bound.c)
  * derive their moves from it.

@@ -1,7 +1,7 @@
 /*
  * The op table (MF_OPKIND_LIST, core/mf_schedule.h) against the op semantics
- * written out by hand from docs/semantics.md §2 and §4.2 (and the streams of
- * §5): what every op kind needs on its axis, what it makes it, which axis it
+ * written out by hand from docs/semantics.md §2, docs/semantics.md §4.2 (and the
+ * streams of docs/semantics.md §5): what every op kind needs on its axis, what it makes it, which axis it
  * may run on and on which stream. Then the two users of the table agree
  * with the same hand-written facts: mf_struct_move (the structural checker
  * and the verifier) on every placement of meshes of 1 to 4 axes, and the
@@ -151,7 +151,7 @@ static void test_move_cases(void **state)
     }
 }
 
-/* The first axis of the Flat suffix, by the definition (§1). */
+/* The first axis of the Flat suffix, by the definition (docs/semantics.md §1). */
 static int flat_start(const char *p, int k)
 {
     int s = k;
