@@ -386,6 +386,29 @@ static void *mf_load_array(mf_loader *l, int n, size_t size)
     return a;
 }
 
+/* A list of the file: refuses a non-sequence, sets *count and returns an
+ * array of *count items of `size` bytes, and in *where (when non-NULL) one
+ * node per item for the messages of later checks; NULL with the error set. */
+static void *mf_load_list(mf_loader *l, mf_node *n, const char *what, int *count, size_t size, mf_node ***where)
+{
+    if (!mf_load_seq(l, n, what))
+        return NULL;
+    *count = mf_load_seq_len(n);
+    if (where && !(*where = mf_load_array(l, *count, sizeof **where)))
+        return NULL;
+    return mf_load_array(l, *count, size);
+}
+
+/* The keys of an item of section sec, then its name (the value of key
+ * `name_key`), registered as item i in `names` under `kind` for messages. */
+static bool mf_load_named_item(mf_loader *l, mf_node *item, mf_section sec, mf_node **v, int name_key,
+                               mf_hash *names, const char *kind, int i, const char **name)
+{
+    return mf_load_section(l, item, sec, v, NULL) &&
+           mf_load_name(l, v[name_key], mf_schema_sections[sec].keys[name_key].what, name) &&
+           mf_load_register(l, names, *name, v[name_key], kind, i);
+}
+
 /* ---- sections ---- */
 
 static bool mf_load_mesh(mf_loader *l, mf_node *n)
@@ -416,12 +439,8 @@ static bool mf_load_mesh(mf_loader *l, mf_node *n)
 
 static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
 {
-    if (!mf_load_seq(l, n, MF_WHAT(ROOT, UNITS)))
-        return false;
     mf_schedule *s = l->s;
-    s->nunits = mf_load_seq_len(n);
-    if (!(s->units = mf_load_array(l, s->nunits, sizeof *s->units)) ||
-        !(*bucket_lists = mf_load_array(l, s->nunits, sizeof **bucket_lists)))
+    if (!(s->units = mf_load_list(l, n, MF_WHAT(ROOT, UNITS), &s->nunits, sizeof *s->units, bucket_lists)))
         return false;
     if (s->nunits > MF_LIMIT_UNITS)
         return mf_load_fail(l, n, "the schedule has %d units (limit is %d)", s->nunits, MF_LIMIT_UNITS);
@@ -454,9 +473,8 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
     for (int t = 0; t < bk->ntensors; t++) {
         mf_tensor *te = &bk->tensors[t];
         mf_node *v[MF_K_TENSOR_NKEYS];
-        if (!mf_load_section(l, mf_load_item(l, n, t), MF_SECTION_TENSOR, v, NULL) ||
-            !mf_load_name(l, v[MF_K_TENSOR_NAME], MF_WHAT(TENSOR, NAME), &te->name) ||
-            !mf_load_register(l, &l->tensors, te->name, v[MF_K_TENSOR_NAME], "tensor", t) ||
+        if (!mf_load_named_item(l, mf_load_item(l, n, t), MF_SECTION_TENSOR, v, MF_K_TENSOR_NAME, &l->tensors,
+                                "tensor", t, &te->name) ||
             !mf_load_int(l, v[MF_K_TENSOR_OFFSET], MF_WHAT(TENSOR, OFFSET), 0, INT64_MAX, &te->offset) ||
             !mf_load_int(l, v[MF_K_TENSOR_NUMEL], MF_WHAT(TENSOR, NUMEL), 0, INT64_MAX, &te->numel) ||
             !mf_load_seq(l, v[MF_K_TENSOR_DIMS], MF_WHAT(TENSOR, DIMS)))
@@ -491,18 +509,14 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
 
 static bool mf_load_buckets(mf_loader *l, mf_node *n)
 {
-    if (!mf_load_seq(l, n, MF_WHAT(ROOT, BUCKETS)))
-        return false;
     mf_schedule *s = l->s;
-    s->nbuckets = mf_load_seq_len(n);
-    if (!(s->buckets = mf_load_array(l, s->nbuckets, sizeof *s->buckets)))
+    if (!(s->buckets = mf_load_list(l, n, MF_WHAT(ROOT, BUCKETS), &s->nbuckets, sizeof *s->buckets, NULL)))
         return false;
     for (int b = 0; b < s->nbuckets; b++) {
         mf_bucket *bk = &s->buckets[b];
         mf_node *v[MF_K_BUCKET_NKEYS];
-        if (!mf_load_section(l, mf_load_item(l, n, b), MF_SECTION_BUCKET, v, NULL) ||
-            !mf_load_name(l, v[MF_K_BUCKET_NAME], MF_WHAT(BUCKET, NAME), &bk->name) ||
-            !mf_load_register(l, &l->buckets, bk->name, v[MF_K_BUCKET_NAME], "bucket", b) ||
+        if (!mf_load_named_item(l, mf_load_item(l, n, b), MF_SECTION_BUCKET, v, MF_K_BUCKET_NAME, &l->buckets,
+                                "bucket", b, &bk->name) ||
             !mf_load_ref(l, v[MF_K_BUCKET_UNIT], &l->units, MF_WHAT(BUCKET, UNIT), &bk->unit) ||
             !mf_load_ref(l, v[MF_K_BUCKET_LAST_UNIT], &l->units, MF_WHAT(BUCKET, LAST_UNIT), &bk->last_unit) ||
             !mf_load_name(l, v[MF_K_BUCKET_LAYOUT], MF_WHAT(BUCKET, LAYOUT), &bk->layout) ||
@@ -574,20 +588,15 @@ static bool mf_load_unit_buckets(mf_loader *l, mf_node **lists)
 
 static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
 {
-    if (!mf_load_seq(l, n, MF_WHAT(ROOT, BUFFERS)))
-        return false;
     mf_schedule *s = l->s;
-    s->nbuffers = mf_load_seq_len(n);
-    if (!(s->buffers = mf_load_array(l, s->nbuffers, sizeof *s->buffers)) ||
-        !(*where = mf_load_array(l, s->nbuffers, sizeof **where)))
+    if (!(s->buffers = mf_load_list(l, n, MF_WHAT(ROOT, BUFFERS), &s->nbuffers, sizeof *s->buffers, where)))
         return false;
     for (int i = 0; i < s->nbuffers; i++) {
         mf_buffer *bf = &s->buffers[i];
         mf_node *item = mf_load_item(l, n, i), *v[MF_K_BUFFER_NKEYS];
         int kind, dt, life;
-        if (!mf_load_section(l, item, MF_SECTION_BUFFER, v, NULL) ||
-            !mf_load_name(l, v[MF_K_BUFFER_NAME], MF_WHAT(BUFFER, NAME), &bf->name) ||
-            !mf_load_register(l, &l->buffers, bf->name, v[MF_K_BUFFER_NAME], "buffer", i) ||
+        if (!mf_load_named_item(l, item, MF_SECTION_BUFFER, v, MF_K_BUFFER_NAME, &l->buffers, "buffer", i,
+                                &bf->name) ||
             !mf_load_ref(l, v[MF_K_BUFFER_BUCKET], &l->buckets, MF_WHAT(BUFFER, BUCKET), &bf->bucket) ||
             !mf_load_enum(l, v[MF_K_BUFFER_KIND], MF_WHAT(BUFFER, KIND), mf_bufkind_from_name, mf_bufkind_choices,
                           &kind) ||
@@ -731,11 +740,8 @@ static bool mf_load_op(mf_loader *l, mf_node *item, int i, mf_op *op)
 
 static bool mf_load_ops(mf_loader *l, mf_node *n, mf_node ***where)
 {
-    if (!mf_load_seq(l, n, MF_WHAT(ROOT, OPS)))
-        return false;
     mf_schedule *s = l->s;
-    s->nops = mf_load_seq_len(n);
-    if (!(s->ops = mf_load_array(l, s->nops, sizeof *s->ops)) || !(*where = mf_load_array(l, s->nops, sizeof **where)))
+    if (!(s->ops = mf_load_list(l, n, MF_WHAT(ROOT, OPS), &s->nops, sizeof *s->ops, where)))
         return false;
     if (s->nevents > s->nops)
         return mf_load_fail(l, n, "the schedule declares %d events but has only %d ops", s->nevents, s->nops);

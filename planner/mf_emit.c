@@ -89,35 +89,28 @@ static void mf_emit_int(mf_emit_ctx *c, int64_t v)
     mf_emit_scalar_style(c, mf_yaml_int_text(v, buf), YAML_PLAIN_SCALAR_STYLE);
 }
 
-static void mf_emit_map_begin(mf_emit_ctx *c, bool flow)
+/* Starts a mapping (seq false) or a sequence, flow or block. */
+static void mf_emit_begin(mf_emit_ctx *c, bool seq, bool flow)
 {
     yaml_event_t ev;
-    int ok = yaml_mapping_start_event_initialize(
-        &ev, NULL, NULL, 1, flow ? YAML_FLOW_MAPPING_STYLE : YAML_BLOCK_MAPPING_STYLE);
+    int ok = seq ? yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+                                                        flow ? YAML_FLOW_SEQUENCE_STYLE : YAML_BLOCK_SEQUENCE_STYLE)
+                 : yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1,
+                                                       flow ? YAML_FLOW_MAPPING_STYLE : YAML_BLOCK_MAPPING_STYLE);
     mf_emit_event(c, &ev, ok);
 }
 
-static void mf_emit_map_end(mf_emit_ctx *c)
+static void mf_emit_end(mf_emit_ctx *c, bool seq)
 {
     yaml_event_t ev;
-    int ok = yaml_mapping_end_event_initialize(&ev);
+    int ok = seq ? yaml_sequence_end_event_initialize(&ev) : yaml_mapping_end_event_initialize(&ev);
     mf_emit_event(c, &ev, ok);
 }
 
-static void mf_emit_seq_begin(mf_emit_ctx *c, bool flow)
-{
-    yaml_event_t ev;
-    int ok = yaml_sequence_start_event_initialize(
-        &ev, NULL, NULL, 1, flow ? YAML_FLOW_SEQUENCE_STYLE : YAML_BLOCK_SEQUENCE_STYLE);
-    mf_emit_event(c, &ev, ok);
-}
-
-static void mf_emit_seq_end(mf_emit_ctx *c)
-{
-    yaml_event_t ev;
-    int ok = yaml_sequence_end_event_initialize(&ev);
-    mf_emit_event(c, &ev, ok);
-}
+static void mf_emit_map_begin(mf_emit_ctx *c, bool flow) { mf_emit_begin(c, false, flow); }
+static void mf_emit_map_end(mf_emit_ctx *c) { mf_emit_end(c, false); }
+static void mf_emit_seq_begin(mf_emit_ctx *c, bool flow) { mf_emit_begin(c, true, flow); }
+static void mf_emit_seq_end(mf_emit_ctx *c) { mf_emit_end(c, true); }
 
 /* A key of the format (core/mf_schema.h): a fixed identifier, so always plain. */
 static void mf_emit_key(mf_emit_ctx *c, const mf_schema_key *k)

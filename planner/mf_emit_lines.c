@@ -45,6 +45,7 @@ _Static_assert((int)MF_K_BUFFER_NKEYS <= (int)MF_K_OP_NKEYS, "mf_lines_seps hold
 typedef struct mf_lines_vocab {
     int count;
     int len[32];
+    const char *word[32];
 } mf_lines_vocab;
 
 struct mf_emit_lines {
@@ -123,16 +124,18 @@ static void mf_lines_seps_init(mf_lines_seps *o, mf_section sec)
 static void mf_lines_vocab_init(mf_lines_vocab *v, int count, const char *(*name)(int))
 {
     v->count = count <= (int)(sizeof v->len / sizeof v->len[0]) ? count : 0; /* 0: nothing is plain */
-    for (int i = 0; i < v->count; i++)
-        v->len[i] = mf_lines_plain_len(name(i));
+    for (int i = 0; i < v->count; i++) {
+        v->word[i] = name(i);
+        v->len[i] = mf_lines_plain_len(v->word[i]);
+    }
 }
 
 /* Whether word i of v is in range and plain. */
 static bool mf_lines_word_ok(const mf_lines_vocab *v, int i) { return i >= 0 && i < v->count && v->len[i] >= 0; }
 
-static void mf_lines_word(mf_emit_lines *o, const mf_lines_vocab *v, int i, const char *w)
+static void mf_lines_word(mf_emit_lines *o, const mf_lines_vocab *v, int i)
 {
-    mf_lines_put(o, w, (size_t)v->len[i]);
+    mf_lines_put(o, v->word[i], (size_t)v->len[i]);
 }
 
 static const char *mf_lines_dtype(int i) { return mf_dtype_name((mf_dtype)i); }
@@ -207,33 +210,46 @@ static void mf_lines_key(mf_emit_lines *o, const mf_lines_seps *seps, int key)
     mf_lines_put(o, seps->text[key], seps->len[key]);
 }
 
+/* key: a name of the schedule, `len` its plain length */
+static void mf_lines_kv_name(mf_emit_lines *o, const mf_lines_seps *seps, int key, const char *name, int len)
+{
+    mf_lines_key(o, seps, key);
+    mf_lines_put(o, name, (size_t)len);
+}
+
+/* key: word i of a vocabulary */
+static void mf_lines_kv_word(mf_emit_lines *o, const mf_lines_seps *seps, int key, const mf_lines_vocab *v, int i)
+{
+    mf_lines_key(o, seps, key);
+    mf_lines_word(o, v, i);
+}
+
+static void mf_lines_kv_int(mf_emit_lines *o, const mf_lines_seps *seps, int key, int64_t v)
+{
+    mf_lines_key(o, seps, key);
+    mf_lines_int(o, v);
+}
+
 static void mf_lines_buffer(mf_emit_lines *o, int i)
 {
     const mf_schedule *s = o->s;
     const mf_buffer *bf = &s->buffers[i];
     const mf_lines_seps *k = &o->buffer_seps;
-    mf_lines_key(o, k, MF_K_BUFFER_NAME);
-    mf_lines_put(o, bf->name, (size_t)o->buffer_len[i]);
-    mf_lines_key(o, k, MF_K_BUFFER_BUCKET);
-    mf_lines_put(o, s->buckets[bf->bucket].name, (size_t)o->bucket_len[bf->bucket]);
-    mf_lines_key(o, k, MF_K_BUFFER_KIND);
-    mf_lines_word(o, &o->bufkind, (int)bf->kind, mf_bufkind_name(bf->kind));
-    mf_lines_key(o, k, MF_K_BUFFER_DTYPE);
-    mf_lines_word(o, &o->dtype, (int)bf->dtype, mf_dtype_name(bf->dtype));
+    mf_lines_kv_name(o, k, MF_K_BUFFER_NAME, bf->name, o->buffer_len[i]);
+    mf_lines_kv_name(o, k, MF_K_BUFFER_BUCKET, s->buckets[bf->bucket].name, o->bucket_len[bf->bucket]);
+    mf_lines_kv_word(o, k, MF_K_BUFFER_KIND, &o->bufkind, (int)bf->kind);
+    mf_lines_kv_word(o, k, MF_K_BUFFER_DTYPE, &o->dtype, (int)bf->dtype);
     mf_lines_key(o, k, MF_K_BUFFER_PLACEMENT);
     MF_LINES_LIT(o, "[");
     for (int j = 0; j < s->mesh.naxes; j++) {
         if (j)
             MF_LINES_LIT(o, ", ");
-        mf_lines_word(o, &o->place, bf->place.p[j], mf_place_name((mf_place)bf->place.p[j]));
+        mf_lines_word(o, &o->place, bf->place.p[j]);
     }
     MF_LINES_LIT(o, "]");
-    mf_lines_key(o, k, MF_K_BUFFER_COUNT);
-    mf_lines_int(o, bf->count);
-    mf_lines_key(o, k, MF_K_BUFFER_LIFETIME);
-    mf_lines_word(o, &o->lifetime, (int)bf->lifetime, mf_lifetime_name(bf->lifetime));
-    mf_lines_key(o, k, MF_K_BUFFER_OFFSET);
-    mf_lines_int(o, bf->offset);
+    mf_lines_kv_int(o, k, MF_K_BUFFER_COUNT, bf->count);
+    mf_lines_kv_word(o, k, MF_K_BUFFER_LIFETIME, &o->lifetime, (int)bf->lifetime);
+    mf_lines_kv_int(o, k, MF_K_BUFFER_OFFSET, bf->offset);
     MF_LINES_LIT(o, "}\n");
 }
 
@@ -293,42 +309,26 @@ static void mf_lines_op(mf_emit_lines *o, int i)
     const mf_schedule *s = o->s;
     const mf_op *op = &s->ops[i];
     const mf_lines_seps *k = &o->op_seps;
-    mf_lines_key(o, k, MF_K_OP_ID);
-    mf_lines_int(o, op->id);
-    mf_lines_key(o, k, MF_K_OP_PHASE);
-    mf_lines_word(o, &o->phase, (int)op->phase, mf_phase_name(op->phase));
-    if (mf_lines_has_unit(op)) {
-        mf_lines_key(o, k, MF_K_OP_UNIT);
-        mf_lines_put(o, s->units[op->unit].name, (size_t)o->unit_len[op->unit]);
-    }
-    mf_lines_key(o, k, MF_K_OP_WHEN);
-    mf_lines_word(o, &o->when, (int)op->when, mf_when_name(op->when));
-    mf_lines_key(o, k, MF_K_OP_STREAM);
-    mf_lines_word(o, &o->stream, (int)op->stream, mf_stream_name(op->stream));
-    mf_lines_key(o, k, MF_K_OP_OP);
-    mf_lines_word(o, &o->opkind, (int)op->kind, mf_opkind_name(op->kind));
+    mf_lines_kv_int(o, k, MF_K_OP_ID, op->id);
+    mf_lines_kv_word(o, k, MF_K_OP_PHASE, &o->phase, (int)op->phase);
+    if (mf_lines_has_unit(op))
+        mf_lines_kv_name(o, k, MF_K_OP_UNIT, s->units[op->unit].name, o->unit_len[op->unit]);
+    mf_lines_kv_word(o, k, MF_K_OP_WHEN, &o->when, (int)op->when);
+    mf_lines_kv_word(o, k, MF_K_OP_STREAM, &o->stream, (int)op->stream);
+    mf_lines_kv_word(o, k, MF_K_OP_OP, &o->opkind, (int)op->kind);
     if (mf_lines_is_event(op)) {
-        mf_lines_key(o, k, MF_K_OP_EVENT);
-        mf_lines_int(o, op->event);
+        mf_lines_kv_int(o, k, MF_K_OP_EVENT, op->event);
         MF_LINES_LIT(o, "}\n");
         return;
     }
-    mf_lines_key(o, k, MF_K_OP_TRANSITION);
-    mf_lines_put(o, tnames[op->transition], 2);
-    mf_lines_key(o, k, MF_K_OP_BUCKET);
-    mf_lines_put(o, s->buckets[op->bucket].name, (size_t)o->bucket_len[op->bucket]);
-    if (op->axis >= 0) {
-        mf_lines_key(o, k, MF_K_OP_AXIS);
-        mf_lines_put(o, s->mesh.axes[op->axis].name, (size_t)o->axis_len[op->axis]);
-    }
-    mf_lines_key(o, k, MF_K_OP_DTYPE);
-    mf_lines_word(o, &o->dtype, (int)op->dtype, mf_dtype_name(op->dtype));
-    mf_lines_key(o, k, MF_K_OP_COUNT);
-    mf_lines_int(o, op->count);
-    mf_lines_key(o, k, MF_K_OP_SRC);
-    mf_lines_put(o, s->buffers[op->src].name, (size_t)o->buffer_len[op->src]);
-    mf_lines_key(o, k, MF_K_OP_DST);
-    mf_lines_put(o, s->buffers[op->dst].name, (size_t)o->buffer_len[op->dst]);
+    mf_lines_kv_name(o, k, MF_K_OP_TRANSITION, tnames[op->transition], 2);
+    mf_lines_kv_name(o, k, MF_K_OP_BUCKET, s->buckets[op->bucket].name, o->bucket_len[op->bucket]);
+    if (op->axis >= 0)
+        mf_lines_kv_name(o, k, MF_K_OP_AXIS, s->mesh.axes[op->axis].name, o->axis_len[op->axis]);
+    mf_lines_kv_word(o, k, MF_K_OP_DTYPE, &o->dtype, (int)op->dtype);
+    mf_lines_kv_int(o, k, MF_K_OP_COUNT, op->count);
+    mf_lines_kv_name(o, k, MF_K_OP_SRC, s->buffers[op->src].name, o->buffer_len[op->src]);
+    mf_lines_kv_name(o, k, MF_K_OP_DST, s->buffers[op->dst].name, o->buffer_len[op->dst]);
     MF_LINES_LIT(o, "}\n");
 }
 

@@ -24,40 +24,38 @@
 
 static char *base; /* the canonical YAML of a 2x2 hfsdp schedule of three units */
 static size_t base_len;
+static yaml_document_t doc; /* base, parsed */
+
+static bool parse_base(void)
+{
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p))
+        return false;
+    yaml_parser_set_input_string(&p, (const unsigned char *)base, base_len);
+    bool ok = yaml_parser_load(&p, &doc);
+    yaml_parser_delete(&p);
+    return ok;
+}
 
 static int setup(void **state)
 {
     (void)state;
-    char *spec = st_mode_spec("dp_outer = 2, dp_inner = 2", "RF", "PF", "FF", 3, 2, "", false);
-    char *diag = NULL;
+    char *spec = st_mode_spec("dp_outer = 2, dp_inner = 2", "RF", "PF", "FF", 3, 2, "", false), *diag = NULL;
     mf_schedule *s = spec ? st_compile("schema.mfsdp", spec, true, &diag) : NULL;
-    if (!s && diag)
-        fprintf(stderr, "%s", diag);
+    fprintf(stderr, "%s", s || !diag ? "" : diag);
     free(diag);
     free(spec);
     base = s ? st_emit(s, &base_len) : NULL;
     mf_schedule_free(s);
-    return base ? 0 : -1;
+    return base && parse_base() ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
+    yaml_document_delete(&doc);
     free(base);
     return 0;
-}
-
-/* ---- the parsed base ---- */
-
-static yaml_document_t doc;
-
-static void parse_base(void)
-{
-    yaml_parser_t p;
-    assert_true(yaml_parser_initialize(&p));
-    yaml_parser_set_input_string(&p, (const unsigned char *)base, base_len);
-    assert_true(yaml_parser_load(&p, &doc));
-    yaml_parser_delete(&p);
 }
 
 static yaml_node_t *node(int id) { return yaml_document_get_node(&doc, id); }
@@ -205,7 +203,6 @@ static void mistype(mf_section sec, const char *key, const char *value, const ch
 static void test_each_type(void **state)
 {
     (void)state;
-    parse_base();
     mistype(MF_SECTION_ROOT, "source", "[1]", NULL, "expected a string for source, got a sequence");
     mistype(MF_SECTION_TENSOR, "name", "[1]", NULL, "expected a string for the tensor name, got a sequence");
     mistype(MF_SECTION_AXIS, "size", "[1]", NULL, "expected an integer for the axis size, got a sequence");
@@ -220,85 +217,99 @@ static void test_each_type(void **state)
     mistype(MF_SECTION_SUMMARY, "model_bytes", "7", NULL, "expected a mapping for model_bytes, got a scalar");
     mistype(MF_SECTION_SUMMARY, "collectives", "[1]", NULL,
             "expected a mapping for summary collectives, got a sequence");
-    yaml_document_delete(&doc);
 }
 
-/* Every key of the table, with a value of the wrong kind for its type. */
+/* The start of the message for a value of the wrong kind, by type. */
+static const char *type_error(mf_schema_type type)
+{
+    switch (type) {
+    case MF_SCHEMA_INT: return "expected an integer for ";
+    case MF_SCHEMA_BOOL: return "expected true or false for ";
+    case MF_SCHEMA_LIST:
+    case MF_SCHEMA_PLACEMENT: return "expected a sequence for ";
+    case MF_SCHEMA_MAP:
+    case MF_SCHEMA_PER_AXIS:
+    case MF_SCHEMA_PER_ROLE:
+    case MF_SCHEMA_PER_COLLECTIVE: return "expected a mapping for ";
+    default: return "expected a string for "; /* string, name, enum, ref */
+    }
+}
+
+/* Calls fn on every key of the table; returns the count. */
+static int each_key(void (*fn)(mf_section, const mf_schema_key *))
+{
+    int n = 0;
+    for (int s = 0; s < MF_SECTION_COUNT; s++)
+        for (int k = 0; k < mf_schema_sections[s].nkeys; k++, n++)
+            fn((mf_section)s, &mf_schema_sections[s].keys[k]);
+    return n;
+}
+
+/* A value of the wrong kind for the key's type: a scalar for a list, a
+ * sequence for the others. */
+static void mistype_key(mf_section sec, const mf_schema_key *key)
+{
+    bool list = key->type == MF_SCHEMA_LIST || key->type == MF_SCHEMA_PLACEMENT;
+    mistype(sec, key->name, list ? "7" : "[1]", type_error(key->type), NULL);
+}
+
 static void test_every_key_mistyped(void **state)
 {
     (void)state;
-    /* per type: a value of another kind, and the message's start */
-    static const struct {
-        const char *value, *expected;
-    } wrong[MF_SCHEMA_TYPE_COUNT] = {
-        [MF_SCHEMA_STRING] = {"[1]", "expected a string for "},
-        [MF_SCHEMA_NAME] = {"[1]", "expected a string for "},
-        [MF_SCHEMA_INT] = {"[1]", "expected an integer for "},
-        [MF_SCHEMA_BOOL] = {"[1]", "expected true or false for "},
-        [MF_SCHEMA_ENUM] = {"[1]", "expected a string for "},
-        [MF_SCHEMA_REF] = {"[1]", "expected a string for "},
-        [MF_SCHEMA_LIST] = {"7", "expected a sequence for "},
-        [MF_SCHEMA_PLACEMENT] = {"7", "expected a sequence for "},
-        [MF_SCHEMA_MAP] = {"[1]", "expected a mapping for "},
-        [MF_SCHEMA_PER_AXIS] = {"[1]", "expected a mapping for "},
-        [MF_SCHEMA_PER_ROLE] = {"[1]", "expected a mapping for "},
-        [MF_SCHEMA_PER_COLLECTIVE] = {"[1]", "expected a mapping for "},
-    };
-    parse_base();
-    int tried = 0;
-    for (int s = 0; s < MF_SECTION_COUNT; s++)
-        for (int k = 0; k < mf_schema_sections[s].nkeys; k++) {
-            const mf_schema_key *key = &mf_schema_sections[s].keys[k];
-            assert_non_null(wrong[key->type].value);
-            mistype((mf_section)s, key->name, wrong[key->type].value, wrong[key->type].expected, NULL);
-            tried++;
-        }
-    assert_int_equal(tried, 68); /* the keys of docs/schedule.md §2.5 */
-    yaml_document_delete(&doc);
+    assert_int_equal(each_key(mistype_key), 68); /* the keys of docs/schedule.md §2.5 */
 }
 
-/* Every required key, removed from the first mapping of its section. */
+static int removed; /* required keys removed so far */
+
+/* A required key, removed from the first mapping of its section. */
+static void remove_key(mf_section sec, const mf_schema_key *key)
+{
+    if (key->presence != MF_SCHEMA_REQUIRED)
+        return;
+    yaml_node_t *parent;
+    yaml_node_pair_t *p = find_key(sec, key->name, &parent);
+    bool first = p == parent->data.mapping.pairs.start, last = p + 1 == parent->data.mapping.pairs.top;
+    size_t from, to;
+    if (parent->data.mapping.style == YAML_FLOW_MAPPING_STYLE) {
+        /* "{k: v, ...": up to the next key; "..., k: v": from the previous value */
+        from = first ? node(p->key)->start_mark.index : node((p - 1)->value)->end_mark.index;
+        to = first && !last ? node((p + 1)->key)->start_mark.index : node(p->value)->end_mark.index;
+    } else {
+        /* whole lines, from the key's to the value's last; the first key of
+         * a list item, up to the next key (the "- " stays) */
+        from = node(p->key)->start_mark.index - (first ? 0 : node(p->key)->start_mark.column);
+        to = value_end(from, node(p->value));
+        if (to == node(p->value)->end_mark.index && base[to - 1] != '\n')
+            while (base[to] && base[to++] != '\n')
+                ;
+        if (first && !last)
+            to = node((p + 1)->key)->start_mark.index;
+    }
+    char *text = splice(from, to, "");
+    char want[128];
+    snprintf(want, sizeof want, "error: missing key '%s'", key->name);
+    const char *err = refusal(text);
+    if (!strstr(err, want))
+        fail_msg("without '%s' (section %d): got '%s'", key->name, (int)sec, err);
+    free(text);
+    removed++;
+}
+
 static void test_every_required_key_missing(void **state)
 {
     (void)state;
-    parse_base();
-    int tried = 0;
-    for (int s = 0; s < MF_SECTION_COUNT; s++)
-        for (int k = 0; k < mf_schema_sections[s].nkeys; k++) {
-            const mf_schema_key *key = &mf_schema_sections[s].keys[k];
-            if (key->presence != MF_SCHEMA_REQUIRED)
-                continue;
-            yaml_node_t *parent;
-            yaml_node_pair_t *p = find_key((mf_section)s, key->name, &parent);
-            size_t from, to;
-            if (parent->data.mapping.style == YAML_FLOW_MAPPING_STYLE) {
-                /* "{k: v, ...": up to the next key; "..., k: v": from the previous value */
-                bool first = p == parent->data.mapping.pairs.start, last = p + 1 == parent->data.mapping.pairs.top;
-                from = first ? node(p->key)->start_mark.index : node((p - 1)->value)->end_mark.index;
-                to = first && !last ? node((p + 1)->key)->start_mark.index : node(p->value)->end_mark.index;
-            } else {
-                /* whole lines, from the key's to the value's last; the first
-                 * key of a list item, up to the next key (the "- " stays) */
-                bool first = p == parent->data.mapping.pairs.start, last = p + 1 == parent->data.mapping.pairs.top;
-                from = node(p->key)->start_mark.index - (first ? 0 : node(p->key)->start_mark.column);
-                to = value_end(from, node(p->value));
-                if (to == node(p->value)->end_mark.index && base[to - 1] != '\n')
-                    while (base[to] && base[to++] != '\n')
-                        ;
-                if (first && !last)
-                    to = node((p + 1)->key)->start_mark.index;
-            }
-            char *text = splice(from, to, "");
-            char want[128];
-            snprintf(want, sizeof want, "error: missing key '%s'", key->name);
-            const char *err = refusal(text);
-            if (!strstr(err, want))
-                fail_msg("without '%s' (section %d): got '%s'", key->name, s, err);
-            free(text);
-            tried++;
-        }
-    assert_int_equal(tried, 59); /* 68 keys, 9 of them the op's by phase or kind */
-    yaml_document_delete(&doc);
+    removed = 0;
+    each_key(remove_key);
+    assert_int_equal(removed, 59); /* 68 keys, 9 of them the op's by phase or kind */
+}
+
+/* Format 4 added no key: /3 and /4 files have the same keys. */
+static void in_format_3_and_4(mf_section sec, const mf_schema_key *key)
+{
+    const mf_schema_section *s = &mf_schema_sections[sec];
+    assert_int_equal(mf_schema_find(s, key->name, 3), key - s->keys);
+    assert_int_equal(mf_schema_find(s, key->name, 4), key - s->keys);
+    assert_int_equal(key->len, strlen(key->name));
 }
 
 /* Which keys each format version has (docs/schedule.md §2). */
@@ -326,14 +337,7 @@ static void test_versions(void **state)
     assert_int_equal(mf_schema_find(root, "summary", 4), MF_K_ROOT_SUMMARY);
     assert_int_equal(mf_schema_find(root, "nope", 4), -1);
     assert_int_equal(mf_schema_find(root, "Format", 4), -1);
-    /* format 4 added no key: /3 and /4 files have the same keys */
-    for (int s = 0; s < MF_SECTION_COUNT; s++)
-        for (int k = 0; k < mf_schema_sections[s].nkeys; k++) {
-            const mf_schema_section *sec = &mf_schema_sections[s];
-            assert_int_equal(mf_schema_find(sec, sec->keys[k].name, 3), k);
-            assert_int_equal(mf_schema_find(sec, sec->keys[k].name, 4), k);
-            assert_int_equal(sec->keys[k].len, strlen(sec->keys[k].name));
-        }
+    each_key(in_format_3_and_4);
 
     assert_int_equal(mf_schema_format_version("mfsdp-schedule/4"), 4);
     assert_int_equal(mf_schema_format_version("mfsdp-schedule/3"), 3);
