@@ -1,6 +1,8 @@
 /*
  * mf_load: reads a schedule file (docs/schedule.md §2) into an
- * mf_schedule with libyaml's document API.
+ * mf_schedule with libyaml's document API. Every key is looked up in the
+ * schema table (core/mf_schema.h) for the file's format version, which also
+ * says which keys are required and how messages name each value.
  *
  * The runtime trusts what this returns, so the loader refuses, with the YAML
  * mark of the offending node ("file:line:col: error: ..."), everything that is

@@ -1,6 +1,7 @@
 /*
  * mf_emit: writes a schedule as the canonical YAML of docs/schedule.md §1 with libyaml's
- * emitter (docs/schedule.md describes every key). The `buffers:` and `ops:`
+ * emitter; the key names come from the schema table (core/mf_schema.h), in its
+ * order (docs/schedule.md describes every key). The `buffers:` and `ops:`
  * sections, one line per buffer and per op, are written directly by
  * mf_emit_lines.c with the same bytes when all their strings are plain: an
  * emitter event per scalar was a third of a large compile (see

@@ -14,7 +14,8 @@
  *   - {..., placement: [a, b], ...}\n   a flow sequence inside it
  *   key: []\n                   the section when it has no items
  *
- * with every string printed verbatim. That holds only for strings that
+ * with every string printed verbatim and the keys those of the schema table
+ * (core/mf_schema.h), their separators built once per writer. That holds only for strings that
  * mf_yaml_str_style() calls plain ([A-Za-z_][A-Za-z0-9_./-]*, not a reserved
  * word): libyaml writes those plain in a flow context. Any other string (one
  * that needs quotes or escapes, or the "?" of an index out of range) sends the
