@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mf_opts.h"
 #include "mf_rt.h"
 #include "mf_test_builder.h"
 
@@ -633,13 +634,21 @@ int main(int argc, char **argv)
 {
     int quick = 0, mpi = 0;
     const char *only = "";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
+    enum { O_QUICK, O_MPI, O_ONLY };
+    static const mf_opt opts[] = {{"--quick", NULL, NULL, O_QUICK}, {"--mpi", NULL, NULL, O_MPI},
+                                  {"--only", NULL, "a value", O_ONLY}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-runtime-bench", argc, argv, opts, 3, NULL);
+    p.quiet = true; /* any mistake: the usage */
+    int id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == O_QUICK)
             quick = 1;
-        else if (!strcmp(argv[i], "--mpi"))
+        else if (id == O_MPI)
             mpi = 1;
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
-            only = argv[++i];
+        else if (id == O_ONLY)
+            only = v;
         else {
             fprintf(stderr, "usage: mfsdp-runtime-bench [--quick] [--mpi] [--only overhead|local|all_gather|reduce_scatter|all_reduce]\n");
             return 2;

@@ -45,6 +45,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "mf_opts.h"
 #include "mf_passes.h"
 #include "mf_pipeline.h"
 
@@ -320,13 +321,21 @@ int main(int argc, char **argv)
         return cmd_quality(argc - 2, argv + 2);
     const char *shape_s = NULL, *stage = "check";
     long long n = 0;
-    for (int i = 2; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--shape") == 0)
-            shape_s = argv[i + 1];
-        else if (strcmp(argv[i], "--tensors") == 0)
-            n = strtoll(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--stage") == 0)
-            stage = argv[i + 1];
+    enum { O_SHAPE, O_TENSORS, O_STAGE };
+    static const mf_opt opts[] = {{"--shape", NULL, "a value", O_SHAPE}, {"--tensors", NULL, "a value", O_TENSORS},
+                                  {"--stage", NULL, "a value", O_STAGE}};
+    mf_opts p;
+    mf_opts_init(&p, "bench_planner", argc - 1, argv + 1, opts, 3, NULL); /* after the command */
+    p.quiet = true; /* any mistake: the usage */
+    int id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == O_SHAPE)
+            shape_s = v;
+        else if (id == O_TENSORS)
+            n = strtoll(v, NULL, 10);
+        else if (id == O_STAGE)
+            stage = v;
         else {
             usage();
             return 2;

@@ -27,6 +27,7 @@
 
 #include "mfsdp.h"
 #include "mfsdp_mpi.h"
+#include "mf_opts.h"
 
 static int rank = -1, die_rank = -1, die_step = 2;
 static const char *die_at = "";
@@ -55,31 +56,95 @@ static void maybe_die(const char *where, int step, int unit, int mid, int64_t m)
     }
 }
 
+/* Where a hook failed: its name, when it was called, in which step. */
+typedef struct hook_at {
+    const char *where;
+    double t0;              /* ms, when the call began */
+    int step;
+} hook_at;
+
+/* One step's hooks, microbatch by microbatch (dying where told to). */
+static mfsdp_result run_step(mfsdp_runtime *rt, int units, int64_t mbs, int mid, hook_at *at)
+{
+    int step = at->step;
+    at->t0 = now_ms();
+    at->where = "step_begin";
+    mfsdp_result r = mfsdp_step_begin(rt);
+    for (int64_t m = 0; m < mbs && r == MFSDP_OK; m++) {
+        for (int u = 0; u < units && r == MFSDP_OK; u++) {
+            maybe_die("forward_pre", step, u, mid, m);
+            at->t0 = now_ms();
+            at->where = "forward_pre";
+            r = mfsdp_forward_pre(rt, u, m);
+            if (r == MFSDP_OK) {
+                at->t0 = now_ms();
+                at->where = "forward_post";
+                r = mfsdp_forward_post(rt, u, m);
+            }
+        }
+        for (int u = units - 1; u >= 0 && r == MFSDP_OK; u--) {
+            at->t0 = now_ms();
+            at->where = "backward_pre";
+            r = mfsdp_backward_pre(rt, u, m);
+            maybe_die("backward_post", step, u, mid, m);
+            if (r == MFSDP_OK) {
+                at->t0 = now_ms();
+                at->where = "backward_post";
+                r = mfsdp_backward_post(rt, u, m);
+            }
+        }
+    }
+    maybe_die("step_end", step, mid, mid, 0);
+    if (r == MFSDP_OK) {
+        at->t0 = now_ms();
+        at->where = "step_end";
+        r = mfsdp_step_end(rt);
+    }
+    return r;
+}
+
+/* The command line; false after "bad argument". */
+static bool parse_args(int argc, char **argv, const char **path, int *steps, int64_t *timeout)
+{
+    enum { O_RANK, O_AT, O_KILL, O_STEP, O_STEPS, O_TIMEOUT };
+    static const mf_opt opts[] = {{"--die-rank", NULL, "a value", O_RANK}, {"--die-at", NULL, "a value", O_AT},
+                                  {"--kill", NULL, NULL, O_KILL},           {"--die-step", NULL, "a value", O_STEP},
+                                  {"--steps", NULL, "a value", O_STEPS},    {"--timeout-ms", NULL, "a value", O_TIMEOUT}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-fault-mpi", argc, argv, opts, 6, NULL);
+    p.quiet = true; /* every mistake is a bad argument */
+    int id;
+    const char *v;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == O_RANK)
+            die_rank = atoi(v);
+        else if (id == O_AT)
+            die_at = v;
+        else if (id == O_KILL)
+            die_kill = true;
+        else if (id == O_STEP)
+            die_step = atoi(v);
+        else if (id == O_STEPS)
+            *steps = atoi(v);
+        else if (id == O_TIMEOUT)
+            *timeout = atoll(v);
+        else if (id == MF_OPTS_OPERAND && !*path)
+            *path = v;
+        else {
+            fprintf(stderr, "mfsdp-fault-mpi: bad argument '%s'\n", p.arg);
+            return false;
+        }
+    }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = NULL;
     int steps = 3;
     int64_t timeout = 3000;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--die-rank") == 0 && i + 1 < argc)
-            die_rank = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--die-at") == 0 && i + 1 < argc)
-            die_at = argv[++i];
-        else if (strcmp(argv[i], "--kill") == 0)
-            die_kill = true;
-        else if (strcmp(argv[i], "--die-step") == 0 && i + 1 < argc)
-            die_step = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
-            timeout = atoll(argv[++i]);
-        else if (!path && argv[i][0] != '-')
-            path = argv[i];
-        else {
-            fprintf(stderr, "mfsdp-fault-mpi: bad argument '%s'\n", argv[i]);
-            return 2;
-        }
-    }
+    if (!parse_args(argc, argv, &path, &steps, &timeout))
+        return 2;
     if (!path)
         return 2;
     int provided;
@@ -104,47 +169,12 @@ int main(int argc, char **argv)
     mfsdp_config_set_mpi(&cfg, &comm);
     cfg.timeout_ms = timeout;
     mfsdp_runtime *rt = NULL;
-    double t0 = now_ms();
+    hook_at at = {"create", now_ms(), 0};
     mfsdp_result r = mfsdp_create(sh, &cfg, &rt);
-    const char *where = "create";
-    int step = 0;
     if (r == MFSDP_OK) {
-        for (step = 1; step <= steps && r == MFSDP_OK; step++) {
-            t0 = now_ms();
-            where = "step_begin";
-            r = mfsdp_step_begin(rt);
-            for (int64_t m = 0; m < mbs && r == MFSDP_OK; m++) {
-                for (int u = 0; u < units && r == MFSDP_OK; u++) {
-                    maybe_die("forward_pre", step, u, mid, m);
-                    t0 = now_ms();
-                    where = "forward_pre";
-                    r = mfsdp_forward_pre(rt, u, m);
-                    if (r == MFSDP_OK) {
-                        t0 = now_ms();
-                        where = "forward_post";
-                        r = mfsdp_forward_post(rt, u, m);
-                    }
-                }
-                for (int u = units - 1; u >= 0 && r == MFSDP_OK; u--) {
-                    t0 = now_ms();
-                    where = "backward_pre";
-                    r = mfsdp_backward_pre(rt, u, m);
-                    maybe_die("backward_post", step, u, mid, m);
-                    if (r == MFSDP_OK) {
-                        t0 = now_ms();
-                        where = "backward_post";
-                        r = mfsdp_backward_post(rt, u, m);
-                    }
-                }
-            }
-            maybe_die("step_end", step, mid, mid, 0);
-            if (r == MFSDP_OK) {
-                t0 = now_ms();
-                where = "step_end";
-                r = mfsdp_step_end(rt);
-            }
-        }
-        step--;
+        for (at.step = 1; at.step <= steps && r == MFSDP_OK; at.step++)
+            r = run_step(rt, units, mbs, mid, &at);
+        at.step--;
     }
     if (r == MFSDP_OK) {
         printf("rank %d: completed %d steps\n", rank, steps);
@@ -153,7 +183,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 0;
     }
-    double waited = now_ms() - t0;
+    double waited = now_ms() - at.t0;
     char msg[600];
     snprintf(msg, sizeof msg, "%s", rt ? mfsdp_last_error(rt) : mfsdp_last_error(NULL));
     /* A sticky error: the next hook returns it at once. */
@@ -163,7 +193,7 @@ int main(int argc, char **argv)
     mfsdp_schedule_free(sh);
     printf("rank %d: survived: step %d %s returned %s after %.0f ms (timeout %lld ms), then %s; "
            "destroyed in %.0f ms: %.300s\n",
-           rank, step, where, mfsdp_result_string(r), waited, (long long)timeout, mfsdp_result_string(again),
+           rank, at.step, at.where, mfsdp_result_string(r), waited, (long long)timeout, mfsdp_result_string(again),
            now_ms() - t1, msg);
     fflush(stdout);
     _exit(1);
