@@ -272,6 +272,31 @@ static bool count_setting(mf_sema *s, const mf_ast_setting *st, const char *name
     return v >= 1 && v <= max;
 }
 
+/* align, in bytes: a power of two within [MF_SEMA_MIN_ALIGN, MF_SEMA_MAX_ALIGN]. */
+static bool align_ok(mf_sema *s, const mf_ast_setting *st, int64_t b)
+{
+    if (b < MF_SEMA_MIN_ALIGN)
+        mf_diag_error(s->d, st->num.span,
+                      "align %" PRId64 " bytes is below the minimum of %d; use a power of two such as 256", b,
+                      MF_SEMA_MIN_ALIGN);
+    else if (b > MF_SEMA_MAX_ALIGN)
+        mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is too large (limit is %d)", b, MF_SEMA_MAX_ALIGN);
+    else if ((b & (b - 1)) != 0)
+        mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is not a power of two; use e.g. 256", b);
+    else
+        return true;
+    return false;
+}
+
+/* bucket_size, in bytes: 0 (no merging) or more. */
+static bool bucket_size_ok(mf_sema *s, const mf_ast_setting *st, int64_t b)
+{
+    if (b >= 0)
+        return true;
+    mf_diag_error(s->d, st->num.span, "bucket_size is %" PRId64 " bytes; it must be 0 (no merging) or more", b);
+    return false;
+}
+
 static void check_settings(mf_sema *s)
 {
     mf_spec *sp = s->spec;
@@ -297,35 +322,18 @@ static void check_settings(mf_sema *s)
                 sp->reduce = (mf_reduce)r;
             break;
         }
-        case MF_AST_SET_ALIGN: {
-            int64_t b;
-            if (!size_bytes(s, st, &b))
-                break;
-            if (b < MF_SEMA_MIN_ALIGN)
-                mf_diag_error(s->d, st->num.span,
-                              "align %" PRId64 " bytes is below the minimum of %d; use a power of two such as 256", b,
-                              MF_SEMA_MIN_ALIGN);
-            else if (b > MF_SEMA_MAX_ALIGN)
-                mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is too large (limit is %d)", b,
-                              MF_SEMA_MAX_ALIGN);
-            else if ((b & (b - 1)) != 0)
-                mf_diag_error(s->d, st->num.span, "align %" PRId64 " bytes is not a power of two; use e.g. 256", b);
-            else
-                sp->align = b;
-            break;
-        }
         case MF_AST_SET_PREFETCH:
             if (count_setting(s, st, "prefetch", MF_SEMA_MAX_PREFETCH, " (units ahead)", "deep"))
                 sp->prefetch = (int)v;
             break;
+        case MF_AST_SET_ALIGN:
         case MF_AST_SET_BUCKET_SIZE: {
             int64_t b;
             if (!size_bytes(s, st, &b))
                 break;
-            if (b < 0)
-                mf_diag_error(s->d, st->num.span,
-                              "bucket_size is %" PRId64 " bytes; it must be 0 (no merging) or more", b);
-            else
+            if (st->kind == MF_AST_SET_ALIGN && align_ok(s, st, b))
+                sp->align = b;
+            else if (st->kind == MF_AST_SET_BUCKET_SIZE && bucket_size_ok(s, st, b))
                 sp->bucket_size = b;
             break;
         }
