@@ -374,20 +374,21 @@ static const char *why_text(mf_plan *p, const bucket_ctx *bc, const path *best, 
                            (long long)(bc->b->length * (int64_t)mf_dtype_size(dt)), reason);
 }
 
-static int first_collective(const mf_transition *tr)
+/* Does the step run on its axis's stream (the op table's stream column:
+ * the collectives), rather than on the one of the collective it feeds? */
+static bool on_axis_stream(const mf_step *st)
 {
-    for (int i = 0; i < tr->nsteps; i++)
-        if (mf_opkind_is_collective(tr->steps[i].kind))
-            return i;
-    return -1;
+    return mf_opkind_info_of(st->kind)->stream == MF_OPSTREAM_AXIS;
 }
 
-static int last_collective(const mf_transition *tr)
+/* The first step of tr on its axis's stream from index i on, going by dir
+ * (+1 or -1); NULL when none. */
+static const mf_step *axis_step(const mf_transition *tr, int i, int dir)
 {
-    for (int i = tr->nsteps - 1; i >= 0; i--)
-        if (mf_opkind_is_collective(tr->steps[i].kind))
-            return i;
-    return -1;
+    for (; i >= 0 && i < tr->nsteps; i += dir)
+        if (on_axis_stream(&tr->steps[i]))
+            return &tr->steps[i];
+    return NULL;
 }
 
 /* The streams of every step of one bucket (docs/semantics.md §5): a collective
@@ -396,31 +397,28 @@ static int last_collective(const mf_transition *tr)
  * transition (the one it feeds), else the previous one (the one it follows),
  * else of the first collective of the transition it feeds (T1 -> T2,
  * T3 -> T4), else of the last one of the transition it follows (T4 <- T3;
- * both columns of mf_trans_rules.h), else inner. The lowering pass places
+ * both columns of mf_trans_rules.h), else inner. Which steps are which is
+ * the op table's stream column (MF_OPKIND_LIST). The lowering pass places
  * ops on these streams (mf_step.stream) and computes none itself. */
 static void assign_streams(mf_transition tr[MF_NTRANSITIONS], int k)
 {
     for (int t = 0; t < MF_NTRANSITIONS; t++)
         for (int i = 0; i < tr[t].nsteps; i++)
-            if (mf_opkind_is_collective(tr[t].steps[i].kind))
+            if (on_axis_stream(&tr[t].steps[i]))
                 tr[t].steps[i].stream = mf_axis_stream(k, tr[t].steps[i].axis);
     for (int t = 0; t < MF_NTRANSITIONS; t++)
         for (int i = 0; i < tr[t].nsteps; i++) {
             mf_step *st = &tr[t].steps[i];
-            if (mf_opkind_is_collective(st->kind))
+            if (on_axis_stream(st))
                 continue;
-            const mf_step *src = NULL;
-            for (int j = i + 1; j < tr[t].nsteps && !src; j++)
-                if (mf_opkind_is_collective(tr[t].steps[j].kind))
-                    src = &tr[t].steps[j];
-            for (int j = i - 1; j >= 0 && !src; j--)
-                if (mf_opkind_is_collective(tr[t].steps[j].kind))
-                    src = &tr[t].steps[j];
-            int j, feeds = mf_trans_rules[t].feeds, follows = mf_trans_rules[t].follows;
-            if (!src && feeds >= 0 && (j = first_collective(&tr[feeds])) >= 0)
-                src = &tr[feeds].steps[j];
-            if (!src && follows >= 0 && (j = last_collective(&tr[follows])) >= 0)
-                src = &tr[follows].steps[j];
+            int feeds = mf_trans_rules[t].feeds, follows = mf_trans_rules[t].follows;
+            const mf_step *src = axis_step(&tr[t], i + 1, 1);
+            if (!src)
+                src = axis_step(&tr[t], i - 1, -1);
+            if (!src && feeds >= 0)
+                src = axis_step(&tr[feeds], 0, 1);
+            if (!src && follows >= 0)
+                src = axis_step(&tr[follows], tr[follows].nsteps - 1, -1);
             st->stream = src ? src->stream : MF_STREAM_INNER;
         }
 }
