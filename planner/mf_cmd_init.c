@@ -36,6 +36,7 @@
 #include "mf_ckpt_hf.h"
 #include "mf_cli.h"
 #include "mf_init_ties.h"
+#include "mf_int.h"
 #include "mf_opts.h"
 
 #define MF_INIT_MAX_PATTERNS 16
@@ -153,9 +154,8 @@ static int mf_init_order_cmp(const void *a, const void *b, void *ctx)
 {
     const mf_hf_model *m = ctx;
     const mf_hf_tensor *x = &m->t[*(const int *)a], *y = &m->t[*(const int *)b];
-    if (x->file != y->file)
-        return x->file < y->file ? -1 : 1;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
+    int c = mf_cmp_i64(x->file, y->file);
+    return c ? c : mf_cmp_i64((int64_t)x->offset, (int64_t)y->offset);
 }
 
 /* Units in output order: a pattern's blocks together, by index, where its

@@ -18,6 +18,7 @@
 
 #include "mf_ckpt_plan.h"
 #include "mf_cli.h"
+#include "mf_int.h"
 #include "mf_load.h"
 #include "mf_opts.h"
 
@@ -41,9 +42,8 @@ static int mf_rp_cmp(const void *a, const void *b, void *ctx)
 {
     const mf_ckpt_plan *p = ctx;
     const mf_ckpt_piece *x = &p->p[*(const int64_t *)a], *y = &p->p[*(const int64_t *)b];
-    if (x->tensor != y->tensor)
-        return x->tensor < y->tensor ? -1 : 1;
-    return x->start < y->start ? -1 : x->start > y->start;
+    int c = mf_cmp_i64(x->tensor, y->tensor);
+    return c ? c : mf_cmp_i64(x->start, y->start);
 }
 
 static int mf_rp_match(const mf_ckpt_plan *o, const mf_ckpt_plan *n, int *tmap)

@@ -377,13 +377,13 @@ static int compute_times(mf_plan_search *ps)
             ps->compute_time += ps->bwd[u];
     }
     rc = 0;
-    goto done;
-oom:
-    snprintf(ps->err, sizeof ps->err, "out of memory");
 done:
     mf_plan_free(p);
     free(choice);
     return rc;
+oom:
+    snprintf(ps->err, sizeof ps->err, "out of memory");
+    goto done;
 }
 
 int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)

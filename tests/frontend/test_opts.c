@@ -1,7 +1,8 @@
 /*
  * The shared option parser (core/mf_opts.c): options, values in both forms,
- * aliases, operands in order, pass-through arguments; an unknown option, a
- * missing value and --help; the leniencies of getopt_long it refuses
+ * aliases, short-only options, operands in order, pass-through arguments;
+ * an unknown option, a missing value and --help; the leniencies of
+ * getopt_long it refuses
  * (abbreviations, "-oV", grouped aliases, "--" where not listed); two parses
  * in one process. The messages are written out here by hand.
  */
@@ -67,6 +68,17 @@ static void parse(run *r, const char *const *args, const mf_opt *t, int nt, bool
     free(buf);
 }
 
+/* The k-th result was id, with value val (NULL: none). */
+static void expect_arg(const run *r, int k, int id, const char *val)
+{
+    assert_true(k < r->n);
+    assert_int_equal(r->id[k], id);
+    if (val)
+        assert_string_equal(r->val[k], val);
+    else
+        assert_null(r->val[k]);
+}
+
 static void test_options_and_operands(void **state)
 {
     (void)state;
@@ -75,22 +87,14 @@ static void test_options_and_operands(void **state)
     run r;
     parse(&r, args, table, 4, false);
     assert_int_equal(r.n, 8);
-    assert_int_equal(r.id[0], MF_OPTS_OPERAND);
-    assert_string_equal(r.val[0], "a.mfsdp");
-    assert_int_equal(r.id[1], O_FORMAT);
-    assert_string_equal(r.val[1], "yaml");
-    assert_int_equal(r.id[2], O_OUT);
-    assert_string_equal(r.val[2], "x.yaml");
-    assert_int_equal(r.id[3], O_OUT);
-    assert_string_equal(r.val[3], "y");
-    assert_int_equal(r.id[4], O_QUIET);
-    assert_null(r.val[4]);
-    assert_int_equal(r.id[5], MF_OPTS_EXTRA);
-    assert_string_equal(r.val[5], "--bw=3");
-    assert_int_equal(r.id[6], MF_OPTS_OPERAND);
-    assert_string_equal(r.val[6], "-");
-    assert_int_equal(r.id[7], MF_OPTS_OPERAND);
-    assert_string_equal(r.val[7], "b");
+    expect_arg(&r, 0, MF_OPTS_OPERAND, "a.mfsdp");
+    expect_arg(&r, 1, O_FORMAT, "yaml");
+    expect_arg(&r, 2, O_OUT, "x.yaml");
+    expect_arg(&r, 3, O_OUT, "y");
+    expect_arg(&r, 4, O_QUIET, NULL);
+    expect_arg(&r, 5, MF_OPTS_EXTRA, "--bw=3");
+    expect_arg(&r, 6, MF_OPTS_OPERAND, "-");
+    expect_arg(&r, 7, MF_OPTS_OPERAND, "b");
     assert_string_equal(r.err, "");
 }
 
@@ -101,10 +105,8 @@ static void test_value_may_look_like_an_option(void **state)
     run r;
     parse(&r, args, table, 4, false);
     assert_int_equal(r.n, 2);
-    assert_int_equal(r.id[0], O_OUT);
-    assert_string_equal(r.val[0], "--help");
-    assert_int_equal(r.id[1], O_OUT);
-    assert_string_equal(r.val[1], "");
+    expect_arg(&r, 0, O_OUT, "--help");
+    expect_arg(&r, 1, O_OUT, "");
 }
 
 static void test_unknown_option(void **state)
@@ -114,8 +116,7 @@ static void test_unknown_option(void **state)
     run r;
     parse(&r, args, table, 4, false);
     assert_int_equal(r.n, 2);
-    assert_int_equal(r.id[1], MF_OPTS_UNKNOWN);
-    assert_string_equal(r.val[1], "--frobnicate");
+    expect_arg(&r, 1, MF_OPTS_UNKNOWN, "--frobnicate");
     assert_string_equal(r.err, "mfsdpc test: error: unknown option '--frobnicate'\n");
 }
 
@@ -141,8 +142,7 @@ static void test_help(void **state)
     const char *longer[] = {"--help", NULL};
     parse(&r, longer, table, 4, false);
     assert_int_equal(r.n, 1);
-    assert_int_equal(r.id[0], O_HELP);
-    assert_null(r.val[0]);
+    expect_arg(&r, 0, O_HELP, NULL);
     const char *alias[] = {"x", "-h", NULL};
     parse(&r, alias, table, 4, false);
     assert_int_equal(r.n, 2);
@@ -183,6 +183,24 @@ static void test_listed_double_dash(void **state)
     assert_int_equal(r.id[0], O_END);
 }
 
+/* An entry named "-o" has no long name: "--o" is no option. */
+static void test_short_only(void **state)
+{
+    (void)state;
+    static const mf_opt t[] = {{"-o", NULL, "a file name", O_OUT}};
+    const char *args[] = {"-o", "f", "--o", NULL};
+    run r;
+    parse(&r, args, t, 1, false);
+    assert_int_equal(r.n, 2);
+    expect_arg(&r, 0, O_OUT, "f");
+    expect_arg(&r, 1, MF_OPTS_UNKNOWN, "--o");
+    assert_string_equal(r.err, "mfsdpc test: error: unknown option '--o'\n");
+    const char *last[] = {"x", "-o", NULL};
+    parse(&r, last, t, 1, false);
+    expect_arg(&r, 1, MF_OPTS_NO_VALUE, NULL);
+    assert_string_equal(r.err, "mfsdpc test: error: -o needs a file name\n");
+}
+
 static void test_quiet(void **state)
 {
     (void)state;
@@ -206,8 +224,7 @@ static void test_parses_again(void **state)
     const char *second[] = {"s", "--quiet", NULL};
     parse(&r, second, table, 4, false);
     assert_int_equal(r.n, 2);
-    assert_int_equal(r.id[0], MF_OPTS_OPERAND);
-    assert_string_equal(r.val[0], "s");
+    expect_arg(&r, 0, MF_OPTS_OPERAND, "s");
     assert_int_equal(r.id[1], O_QUIET);
 }
 
@@ -221,6 +238,7 @@ int main(void)
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_refused_leniencies),
         cmocka_unit_test(test_listed_double_dash),
+        cmocka_unit_test(test_short_only),
         cmocka_unit_test(test_quiet),
         cmocka_unit_test(test_parses_again),
     };
