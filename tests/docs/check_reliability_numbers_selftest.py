@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import unittest
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'check_reliability_numbers.py')
 
@@ -62,44 +63,50 @@ def run(page_text, *flags):
             return p.returncode, p.stdout.replace(page, 'page.md'), f.read()
 
 
-def main():
-    failures = []
+def edit(old, new):
+    assert GOOD.count(old) == 1, old
+    return GOOD.replace(old, new)
 
-    def expect(what, text, want_rc, present=()):
-        rc, out, _ = run(text)
-        if rc != want_rc or any(p not in out for p in present):
-            failures.append('%s (rc %d, wanted %d):\n%s' % (what, rc, want_rc, out))
 
-    def edit(old, new):
-        assert GOOD.count(old) == 1, old
-        return GOOD.replace(old, new)
+# (what, the edit of GOOD, what the output must say)
+FAULTS = [
+    ('a number word wrong', ('Five targets', 'Four targets'),
+     ['page.md:3: error: fuzz targets: the page says 4, the suite has 5 (fuzz.targets): "Four targets']),
+    ('a sentence over two lines', ('(181 without', '(180 without'),
+     ['page.md:4: error: the per-change plain build: the page says 180, the suite has 181', 'runs only the 20']),
+    ('a table row', ('(3 trials per run)', '(4 trials per run)'),
+     ['page.md:14: error: the fault replay kills: the page says 4, the suite has 3']),
+    ('a derived figure (kills per test)', ('(4 tests of 50)', '(4 tests of 40)'),
+     ['the soak crash campaigns: the page says 40, the suite has 50 (computed)']),
+    ('a claim stated nowhere', ('for 300 s each with fresh seeds', 'with fresh seeds'),
+     ['page.md: error: no sentence states the soak fuzzing any more']),
+    ('a count outside every claim', ('It hung in 7 of 7 trials before.', 'It also has 12 tests of its own.'),
+     ['page.md:16: error: "12 tests" counts the suite by hand']),
+]
 
-    expect('every claim right', GOOD, 0, ['16 claim(s), 0 error(s)'])
-    expect('a word number wrong', edit('Five targets', 'Four targets'), 1,
-           ['page.md:3: error: fuzz targets: the page says 4, the suite has 5 (fuzz.targets): "Four targets'])
-    expect('a wrong number in a sentence over two lines', edit('(181 without', '(180 without'), 1,
-           ['page.md:4: error: the per-change plain build: the page says 180, the suite has 181',
-            'runs only the 20'])
-    expect('a wrong number in a table row', edit('(3 trials per run)', '(4 trials per run)'), 1,
-           ['page.md:14: error: the fault replay kills: the page says 4, the suite has 3'])
-    expect('a derived figure wrong (kills per test)', edit('(4 tests of 50)', '(4 tests of 40)'), 1,
-           ['the soak crash campaigns: the page says 40, the suite has 50 (computed)'])
-    expect('a claim stated nowhere', edit('for 300 s each with fresh seeds', 'with fresh seeds'), 1,
-           ['page.md: error: no sentence states the soak fuzzing any more'])
-    expect('a count typed outside every claim', edit('It hung in 7 of 7 trials before.',
-                                                     'It also has 12 tests of its own.'), 1,
-           ['page.md:16: error: "12 tests" counts the suite by hand'])
-    stale = GOOD.replace('Five targets', 'Four targets').replace('190 tests (181', '188 tests (179')
-    stale = stale.replace('(4 tests of 50)', '(4 tests of 40)')
-    rc, out, fixed = run(stale, '--fix')
-    if rc != 0 or fixed != GOOD or '4 number(s) rewritten' not in out:
-        failures.append('--fix should rewrite the 4 stale numbers to the page that passes (rc %d):\n%s\n%s'
-                        % (rc, out, fixed))
-    for f in failures:
-        print('FAIL: ' + f)
-    print('check_reliability_numbers_selftest: %d failure(s)' % len(failures))
-    return 1 if failures else 0
+
+class ReliabilityNumbers(unittest.TestCase):
+    def test_every_claim_right(self):
+        rc, out, _ = run(GOOD)
+        self.assertEqual(rc, 0, out)
+        self.assertIn('16 claim(s), 0 error(s)', out)
+
+    def test_each_fault_named(self):
+        for what, (old, new), present in FAULTS:
+            with self.subTest(what):
+                rc, out, _ = run(edit(old, new))
+                self.assertEqual(rc, 1, out)
+                for p in present:
+                    self.assertIn(p, out)
+
+    def test_fix_rewrites_stale_numbers(self):
+        stale = GOOD.replace('Five targets', 'Four targets').replace('190 tests (181', '188 tests (179')
+        stale = stale.replace('(4 tests of 50)', '(4 tests of 40)')
+        rc, out, fixed = run(stale, '--fix')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('4 number(s) rewritten', out)
+        self.assertEqual(fixed, GOOD)
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    unittest.main()
