@@ -40,7 +40,6 @@
  * all get MFSDP_ERR_MISMATCH.
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -132,6 +131,22 @@ typedef struct mf_local_rank {
 
 /* ---- groups ---- */
 
+/* Frees the group's tables and the group (not its communicators, mutex or
+ * condition variable); any table may be NULL. */
+static void group_free(mfsdp_local_group *g)
+{
+    for (int p = 0; p < 2; p++) {
+        mf_base_free(g->xdata[p]);
+        mf_base_free(g->xposted[p]);
+    }
+    mf_base_free(g->attached);
+    mf_base_free(g->comms);
+    mf_base_free((void *)g->ag_src);
+    mf_base_free(g->ag_bytes);
+    mf_base_free(g->ag_posted);
+    mf_base_free(g);
+}
+
 MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group **out)
 {
     if (!out)
@@ -162,16 +177,7 @@ MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group
     if (!cv) {
         if (mu)
             pthread_mutex_destroy(&g->mu);
-        for (int p = 0; p < 2; p++) {
-            mf_base_free(g->xdata[p]);
-            mf_base_free(g->xposted[p]);
-        }
-        mf_base_free(g->attached);
-        mf_base_free(g->comms);
-        mf_base_free((void *)g->ag_src);
-        mf_base_free(g->ag_bytes);
-        mf_base_free(g->ag_posted);
-        mf_base_free(g);
+        group_free(g);
         return mf_base_set_error(NULL, ok ? MFSDP_ERR_INTERNAL : MFSDP_ERR_OUT_OF_MEMORY,
                                  "cannot create the local group");
     }
@@ -179,10 +185,10 @@ MFSDP_API mfsdp_result mfsdp_local_group_create(int64_t world, mfsdp_local_group
     return MFSDP_OK;
 }
 
-static void comm_free(mf_local_comm *c)
+/* Frees a communicator's tables and the communicator (not its mutex or
+ * condition variable); any table may be NULL. */
+static void comm_free_tables(mf_local_comm *c)
 {
-    if (!c)
-        return;
     for (int k = 0; k < 2; k++) {
         mf_base_free((void *)c->slot[k].src);
         mf_base_free(c->slot[k].dst);
@@ -190,9 +196,16 @@ static void comm_free(mf_local_comm *c)
         mf_base_free(c->slot[k].eager);
     }
     mf_base_free(c->ranks);
+    mf_base_free(c);
+}
+
+static void comm_free(mf_local_comm *c)
+{
+    if (!c)
+        return;
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
-    mf_base_free(c);
+    comm_free_tables(c);
 }
 
 MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
@@ -201,18 +214,9 @@ MFSDP_API void mfsdp_local_group_destroy(mfsdp_local_group *g)
         return;
     for (int64_t i = 0; i < MF_STREAM_COUNT * MF_MAX_AXES * g->world; i++)
         comm_free(g->comms[i]);
-    for (int p = 0; p < 2; p++) {
-        mf_base_free(g->xdata[p]);
-        mf_base_free(g->xposted[p]);
-    }
-    mf_base_free(g->attached);
-    mf_base_free(g->comms);
-    mf_base_free((void *)g->ag_src);
-    mf_base_free(g->ag_bytes);
-    mf_base_free(g->ag_posted);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
-    mf_base_free(g);
+    group_free(g);
 }
 
 /* ---- backend functions ---- */
@@ -436,14 +440,7 @@ static mf_local_comm *comm_new(const mf_rt_comm *d)
     }
     if (mu)
         pthread_mutex_destroy(&c->mu);
-    for (int k = 0; k < 2; k++) {
-        mf_base_free((void *)c->slot[k].src);
-        mf_base_free(c->slot[k].dst);
-        mf_base_free(c->slot[k].posted);
-        mf_base_free(c->slot[k].eager);
-    }
-    mf_base_free(c->ranks);
-    mf_base_free(c);
+    comm_free_tables(c);
     return NULL;
 }
 
@@ -599,25 +596,11 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
 #endif
 
 /* One round of a rendezvous wait (c->mu held; the caller re-checks its
- * condition): the first MF_LOCAL_SPINS rounds release the mutex and yield the
- * core (a peer about to arrive runs, and nobody pays a futex wake-up: the
- * thread-ranks outnumber the cores, so a sleeping waiter costs a system call
- * on both sides of every hand-off), later rounds sleep on c->cv until the
- * deadline, which the first of them sets (deadline->tv_sec < 0: not set
- * yet; a rendezvous that completes while yielding reads no clock). Returns
- * ETIMEDOUT past the deadline, like mf_base_cond_wait. */
+ * condition): mf_base_spin_wait, yielding MF_LOCAL_SPINS times (a peer about
+ * to arrive runs, and nobody pays a futex wake-up) before it sleeps on c->cv. */
 static int comm_wait(mf_local_comm *c, int64_t timeout_ms, struct timespec *deadline, int *spins)
 {
-    if (*spins < MF_LOCAL_SPINS) {
-        ++*spins;
-        pthread_mutex_unlock(&c->mu);
-        sched_yield();
-        pthread_mutex_lock(&c->mu);
-        return 0;
-    }
-    if (deadline->tv_sec < 0)
-        *deadline = mf_base_deadline(timeout_ms);
-    return mf_base_cond_wait(&c->cv, &c->mu, timeout_ms, deadline);
+    return mf_base_spin_wait(&c->mu, &c->cv, MF_LOCAL_SPINS, timeout_ms, deadline, spins);
 }
 
 /* A member's arrival timed out (c->mu held; released here): aborts the

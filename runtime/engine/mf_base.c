@@ -9,6 +9,7 @@
  */
 #include "mf_base.h"
 
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,4 +260,19 @@ int mf_base_cond_init(pthread_cond_t *cv)
         rc = pthread_cond_init(cv, &a);
     pthread_condattr_destroy(&a);
     return rc;
+}
+
+int mf_base_spin_wait(pthread_mutex_t *mu, pthread_cond_t *cv, int max_spins, int64_t timeout_ms,
+                      struct timespec *deadline, int *spins)
+{
+    if (*spins < max_spins) {
+        ++*spins;
+        pthread_mutex_unlock(mu);
+        sched_yield();
+        pthread_mutex_lock(mu);
+        return 0;
+    }
+    if (deadline->tv_sec < 0)
+        *deadline = mf_base_deadline(timeout_ms);
+    return mf_base_cond_wait(cv, mu, timeout_ms, deadline);
 }

@@ -191,5 +191,14 @@ int mf_base_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t timeout_m
                       const struct timespec *deadline);
 /* Initializes a condition variable on CLOCK_MONOTONIC. */
 int mf_base_cond_init(pthread_cond_t *cv);
+/* One round of a wait on cv (mu held; the caller re-checks its condition):
+ * the first max_spins rounds release mu and yield the core, so that a short
+ * wait costs neither side a futex system call (threads that outnumber the
+ * cores pay one on both sides of every hand-off otherwise); later rounds
+ * sleep until the deadline (timeout_ms <= 0: none), which the first of them
+ * sets (deadline->tv_sec < 0: not set yet), so a wait that ends while
+ * yielding reads no clock. Returns ETIMEDOUT past the deadline. */
+int mf_base_spin_wait(pthread_mutex_t *mu, pthread_cond_t *cv, int max_spins, int64_t timeout_ms,
+                      struct timespec *deadline, int *spins);
 
 #endif

@@ -315,22 +315,28 @@ static bool ops_touch(const mf_rt *rt, int l, int buffer)
     return false;
 }
 
-static bool opens_here(const mf_dbg_region *g, mf_phase phase, int unit)
+/* Whether hook (phase, unit) opens (open: its pre hooks) or closes (its post
+ * hooks) g's window: a weight's at its unit's forward, backward and
+ * evaluation hooks, grad_local's at the backward ones. */
+static bool window_edge(const mf_dbg_region *g, mf_phase phase, int unit, bool open)
 {
     if (g->unit != unit)
         return false;
-    if (g->kind == MF_DBG_WEIGHT)
-        return phase == MF_PHASE_FORWARD_PRE || phase == MF_PHASE_BACKWARD_PRE || phase == MF_PHASE_EVAL_PRE;
-    return phase == MF_PHASE_BACKWARD_PRE;
+    mf_phase backward = open ? MF_PHASE_BACKWARD_PRE : MF_PHASE_BACKWARD_POST;
+    if (g->kind != MF_DBG_WEIGHT)
+        return phase == backward;
+    return phase == backward || phase == (open ? MF_PHASE_FORWARD_PRE : MF_PHASE_FORWARD_POST) ||
+           phase == (open ? MF_PHASE_EVAL_PRE : MF_PHASE_EVAL_POST);
+}
+
+static bool opens_here(const mf_dbg_region *g, mf_phase phase, int unit)
+{
+    return window_edge(g, phase, unit, true);
 }
 
 static bool closes_here(const mf_dbg_region *g, mf_phase phase, int unit)
 {
-    if (g->unit != unit)
-        return false;
-    if (g->kind == MF_DBG_WEIGHT)
-        return phase == MF_PHASE_FORWARD_POST || phase == MF_PHASE_BACKWARD_POST || phase == MF_PHASE_EVAL_POST;
-    return phase == MF_PHASE_BACKWARD_POST;
+    return window_edge(g, phase, unit, false);
 }
 
 mfsdp_result mf_debug_before(mf_rt *rt, mf_phase phase, int unit, int64_t m, int l)

@@ -39,7 +39,6 @@
  * message wins) executors skip their remaining entries, so drains return.
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -88,26 +87,12 @@ static bool can_start(const mf_rt *rt, const mf_rt_stream *q)
 #define MF_STREAM_IDLE_SPINS 4
 #endif
 
-/* One round of a wait on `cv` (rt->mu held; the caller re-checks its
- * condition): the first MF_STREAM_SPINS rounds release the mutex and yield
- * the core, so that a short wait costs neither side a futex system call;
- * later rounds sleep until the deadline (timeout_ms <= 0: no deadline),
- * which the first of them sets (*deadline with tv_sec < 0: not set yet), so
- * a wait that ends while yielding reads no clock. Returns ETIMEDOUT past the
- * deadline. */
+/* One round of a wait on `cv` under rt->mu (mf_base_spin_wait, with
+ * MF_STREAM_SPINS yields before it sleeps). */
 static int spin_wait(mf_rt *rt, pthread_cond_t *cv, int64_t timeout_ms, struct timespec *deadline,
                      int *spins)
 {
-    if (*spins < MF_STREAM_SPINS) {
-        ++*spins;
-        pthread_mutex_unlock(&rt->mu);
-        sched_yield();
-        pthread_mutex_lock(&rt->mu);
-        return 0;
-    }
-    if (deadline->tv_sec < 0)
-        *deadline = mf_base_deadline(timeout_ms);
-    return mf_base_cond_wait(cv, &rt->mu, timeout_ms, deadline);
+    return mf_base_spin_wait(&rt->mu, cv, MF_STREAM_SPINS, timeout_ms, deadline, spins);
 }
 
 /* A record: raises its event's counter to its sequence number. */
