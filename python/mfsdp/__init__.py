@@ -21,7 +21,7 @@ __all__ = ["MfsdpError", "UsageError", "CompileError", "Schedule", "TensorFacts"
            "convert", "ALL_RANKS", "Loaded", "read_manifest", "verify_checkpoint"]
 
 
-def version():
+def version() -> str:
     """The loaded libmfsdp's version string."""
     from . import _lib
     return _lib.load().mfsdp_version().decode()

@@ -2,7 +2,13 @@
 _arrays: NumPy arrays over runtime memory (zero-copy), imported only when
 Runtime.array() is called, so `import mfsdp` needs neither NumPy nor torch.
 """
+from __future__ import annotations
+
 import ctypes
+from typing import TYPE_CHECKING, Any, Tuple
+
+if TYPE_CHECKING:
+    from .runtime import View
 
 
 def _numpy_dtype(name):
@@ -18,7 +24,7 @@ def _numpy_dtype(name):
         return np.uint16   # the raw bf16 bits
 
 
-def numpy_view(view, role):
+def numpy_view(view: View, role: str) -> Any:
     import numpy as np
     ptr = view.ptr[role]
     shape = view.role_shape(role)
@@ -54,7 +60,7 @@ def _numpy_name(dt):
     return None
 
 
-def host_input(x, numel, what):
+def host_input(x: Any, numel: int, what: str) -> Tuple[int, str, Any]:
     """(pointer, dtype name, keep-alive) of the whole tensor `x` in host memory:
     a torch CPU tensor or NumPy array of fp32/bf16/fp16 (another float dtype,
     a list: converted to fp32), numel elements in any shape. Copies only when
@@ -84,7 +90,8 @@ def host_input(x, numel, what):
     return ptr, name, t
 
 
-def host_output(out, numel, dtype, shape, what):
+def host_output(out: Any, numel: int, dtype: str, shape: Tuple[int, ...],
+                what: str) -> Tuple[int, Any]:
     """(pointer, array) for a gather of numel elements of `dtype` (a name):
     `out` when given (a contiguous, writable torch CPU tensor or NumPy array
     of that dtype and size), else a new NumPy array of `shape`."""

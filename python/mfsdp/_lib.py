@@ -8,7 +8,8 @@ through check(), which raises MfsdpError with mfsdp_last_error()'s message and
 the result code. The declarations are checked against the headers in full
 (every exported function's types, every constant, every struct's fields,
 offsets and size) by tests/python/abi_check.py in the default test run: a
-constant MFSDP_X of the headers is X here, a struct is bound in STRUCTS. The library is found, in order, from $MFSDP_LIBRARY, next to
+constant MFSDP_X of the headers is X here, a struct is bound in STRUCTS.
+The library is found, in order, from $MFSDP_LIBRARY, next to
 this package (lib/libmfsdp.so, as `pip install .` lays it out), or the system
 loader path.
 
@@ -98,7 +99,7 @@ class _Sized(ctypes.Structure):
         self.version = ABI_VERSION
 
 
-_SIZED = [("size", ctypes.c_size_t), ("version", ctypes.c_uint32)]
+_SIZED: List[Tuple[str, Any]] = [("size", ctypes.c_size_t), ("version", ctypes.c_uint32)]
 
 
 class TensorInfo(ctypes.Structure):

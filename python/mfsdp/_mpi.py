@@ -9,9 +9,12 @@ that library: Open MPI's handle is the address of ompi_mpi_comm_world, MPICH's
 the integer 0x44000000. MPI_Finalize runs at exit, after every runtime is
 destroyed.
 """
+from __future__ import annotations
+
 import atexit
 import ctypes
 import weakref
+from typing import Any, Dict, Tuple
 
 from . import _lib
 from ._lib import MfsdpError
@@ -19,8 +22,8 @@ from ._lib import MfsdpError
 MPI_THREAD_MULTIPLE = 3     # the same value in Open MPI and MPICH
 _MPICH_COMM_WORLD = 0x44000000
 
-_runtimes = weakref.WeakSet()   # destroyed before MPI_Finalize
-_state = {"inited_here": False, "world": None}
+_runtimes: "weakref.WeakSet[Any]" = weakref.WeakSet()   # destroyed before MPI_Finalize
+_state: Dict[str, Any] = {"inited_here": False, "world": None}
 
 
 def _fn(name):
@@ -32,7 +35,7 @@ def _fn(name):
     return fn
 
 
-def init():
+def init() -> None:
     """Initialises MPI once with MPI_THREAD_MULTIPLE (unless already
     initialised, e.g. by mpi4py); raises when the thread level is lower."""
     flag = ctypes.c_int(0)
@@ -52,20 +55,20 @@ def init():
                             "default)" % provided.value)
 
 
-def world_comm_pointer():
+def world_comm_pointer() -> ctypes.c_void_p:
     """A ctypes pointer to an MPI_Comm holding MPI_COMM_WORLD (kept alive here)."""
     if _state["world"] is None:
         lib = _lib.load()
         try:
             sym = ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world")
-            handle = ctypes.c_void_p(ctypes.addressof(sym))
+            handle: Any = ctypes.c_void_p(ctypes.addressof(sym))
         except ValueError:
             handle = ctypes.c_int(_MPICH_COMM_WORLD)
         _state["world"] = handle
     return ctypes.cast(ctypes.pointer(_state["world"]), ctypes.c_void_p)
 
 
-def comm_pointer(comm):
+def comm_pointer(comm: Any) -> ctypes.c_void_p:
     """The MPI_Comm* for `comm`: None (MPI_COMM_WORLD), an mpi4py communicator,
     or an int already holding the address of an MPI_Comm."""
     if comm is None:
@@ -82,12 +85,12 @@ def comm_pointer(comm):
     return ctypes.c_void_p(MPI._addressof(comm))
 
 
-def world_rank_size():
+def world_rank_size() -> Tuple[int, int]:
     """(rank, size) in MPI_COMM_WORLD (MPI initialised here if needed)."""
     init()
     rank, size = ctypes.c_int(), ctypes.c_int()
     comm = world_comm_pointer()
-    handle = ctypes.cast(comm, ctypes.POINTER(ctypes.c_void_p)).contents
+    handle: Any = ctypes.cast(comm, ctypes.POINTER(ctypes.c_void_p)).contents
     if isinstance(_state["world"], ctypes.c_int):
         handle = _state["world"]
     _fn("MPI_Comm_rank")(handle, ctypes.byref(rank))
@@ -95,7 +98,7 @@ def world_rank_size():
     return rank.value, size.value
 
 
-def barrier():
+def barrier() -> None:
     """MPI_Barrier on MPI_COMM_WORLD (MPI initialised here if needed)."""
     init()
     world_comm_pointer()
@@ -104,7 +107,7 @@ def barrier():
         raise MfsdpError(7, "MPI_Barrier failed (error %d)" % rc)
 
 
-def track(runtime):
+def track(runtime: Any) -> None:
     _runtimes.add(runtime)
 
 

@@ -12,13 +12,24 @@ to the library as NULL, so every rank refuses the call with the library's
 message ("state 'exp_avg': no buffer for tensor ..."). Every call here is
 collective: every rank calls it with the same directory and state names.
 """
+from __future__ import annotations
+
 import ctypes
 import json
 import os
 import stat
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Union
 
 from . import _lib
 from ._lib import UsageError
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+# Optimizer states: {state name: {tensor name: host array}}; Hugging Face name
+# rules: {FROM: TO} (in order) or a sequence of "FROM=TO".
+States = Mapping[str, Mapping[str, Any]]
+Rules = Union[Mapping[str, str], Iterable[str]]
 
 _DTYPE_CODES = {name: code for code, name in _lib.DTYPE_NAMES.items()}
 
@@ -30,7 +41,8 @@ class Loaded:
     from the data files (replicas share reads: docs/checkpoint.md)."""
     __slots__ = ("step", "user_blob", "states", "bytes_read")
 
-    def __init__(self, step, user_blob, states, bytes_read=0):
+    def __init__(self, step: int, user_blob: Optional[bytes], states: States,
+                 bytes_read: int = 0) -> None:
         self.step, self.user_blob, self.states = step, user_blob, states
         self.bytes_read = bytes_read
 
@@ -40,7 +52,7 @@ class Loaded:
             sorted(self.states))
 
 
-def read_manifest(path):
+def read_manifest(path: str) -> Optional[Dict[str, Any]]:
     """The manifest of checkpoint directory `path` as a dict (docs/checkpoint.md,
     "The manifest"), or None when it cannot be read or parsed, or is not a
     regular file (a FIFO there would block a plain open; the library's load
@@ -64,7 +76,7 @@ def read_manifest(path):
             os.close(fd)
 
 
-def verify(path):
+def verify(path: str) -> None:
     """Checks a checkpoint without a runtime (mfsdp_ckpt_verify): the manifest,
     every file's size, header and CRC-32C, every piece's CRC-32C. Raises
     MfsdpError naming the first bad file."""
@@ -134,7 +146,8 @@ def _states(rt, states, writable):
     return arr, len(states), keep
 
 
-def save(rt, path, step=0, states=None, user_blob=None):
+def save(rt: Runtime, path: str, step: int = 0, states: Optional[States] = None,
+         user_blob: Optional[bytes] = None) -> None:
     """mfsdp_ckpt_save: main_weight, the states and this rank's user blob
     (bytes-like) into directory `path`, which must not exist."""
     arr, n, keep = _states(rt, states, writable=False)
@@ -177,7 +190,8 @@ def _allocate(rt, manifest, names):
     return out
 
 
-def load(rt, path, states=None, user_blob_rank=None, verify_files=False):
+def load(rt: Runtime, path: str, states: Optional[Union[States, Sequence[str]]] = None,
+         user_blob_rank: Optional[int] = None, verify_files: bool = False) -> Loaded:
     """mfsdp_ckpt_load, under this runtime's schedule (any mesh or layout:
     resharding is an ordinary load). states: a sequence of state names (new
     NumPy arrays are allocated in the checkpoint's dtypes) or a dict {name:
@@ -229,7 +243,8 @@ def _hf_options(maps, ties):
     return o, (m, t, marr, tarr)
 
 
-def import_hf(rt, path, maps=None, ties=None):
+def import_hf(rt: Runtime, path: str, maps: Optional[Rules] = None,
+              ties: Optional[Rules] = None) -> None:
     """mfsdp_ckpt_import_hf: main_weight from a Hugging Face checkpoint
     (model.safetensors, its .index.json, or a directory with either). maps:
     prefix rewrites {HF prefix: schedule prefix} (or "FROM=TO" strings, first
@@ -240,7 +255,8 @@ def import_hf(rt, path, maps=None, ties=None):
     del keep
 
 
-def export_hf(rt, path, dtype=None, maps=None, ties=None, max_file_bytes=0):
+def export_hf(rt: Runtime, path: str, dtype: Optional[str] = None, maps: Optional[Rules] = None,
+              ties: Optional[Rules] = None, max_file_bytes: int = 0) -> None:
     """mfsdp_ckpt_export_hf: the full main_weight tensors as a consolidated
     Hugging Face checkpoint in directory `path` (must not exist), in `dtype`
     ("fp32", "bf16", "fp16"; None: the main_weight dtype), files of at most

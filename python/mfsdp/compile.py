@@ -7,16 +7,19 @@ compile_text() compiles spec text to schedule YAML in memory (through a
 temporary directory, removed afterwards) and raises CompileError carrying
 mfsdpc's located diagnostics when the spec is invalid.
 """
+from __future__ import annotations
+
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from typing import List, Optional
 
 from ._lib import CompileError
 
 
-def mfsdpc_path():
+def mfsdpc_path() -> str:
     """The mfsdpc binary: $MFSDPC, the one inside this package (bin/mfsdpc),
     else the first on PATH that is not this package's console script."""
     env = os.environ.get("MFSDPC")
@@ -40,7 +43,7 @@ def _is_script(path):
         return False
 
 
-def compile_text(spec, name="spec"):
+def compile_text(spec: str, name: str = "spec") -> bytes:
     """Compiles spec text (str) to compiled-schedule YAML (bytes)."""
     exe = mfsdpc_path()
     base = os.path.basename(name) or "spec"
@@ -59,7 +62,7 @@ def compile_text(spec, name="spec"):
             return f.read()
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         exe = mfsdpc_path()

@@ -3,13 +3,17 @@ convert: the runtime's own fp32 <-> bf16 / fp16 conversions (round to nearest
 even, NaN stays NaN, overflow gives infinity; docs/runtime.md §12), for
 preparing or checking data exactly as the runtime's casts do.
 """
+from __future__ import annotations
+
+from typing import Any
+
 from . import _lib
 from ._lib import UsageError
 
 _CODES = {name: code for code, name in _lib.DTYPE_NAMES.items()}
 
 
-def convert(x, dtype):
+def convert(x: Any, dtype: str) -> Any:
     """A new NumPy array of `x` (a host torch tensor or NumPy array of fp32,
     bf16 or fp16; other float dtypes are taken as fp32) converted to `dtype`
     ("fp32", "bf16", "fp16") by mfsdp_convert, in x's shape. bf16 is

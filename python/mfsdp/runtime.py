@@ -10,11 +10,19 @@ __cuda_array_interface__). The arrays borrow the runtime's buffers: they are
 valid until close(), and within the windows the schedule gives each role
 (docs/runtime.md, "Views").
 """
+from __future__ import annotations
+
 import ctypes
 import numbers
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib, _mpi
 from ._lib import MfsdpError, UsageError
+from .schedule import ClosedWhenCollected, TensorHead
+
+if TYPE_CHECKING:
+    from .checkpoint import Loaded, Rules, States
+    from .schedule import Schedule
 
 BACKENDS = {"local": _lib.BACKEND_LOCAL, "mpi": _lib.BACKEND_MPI, "nccl": _lib.BACKEND_NCCL,
             "cuda_local": _lib.BACKEND_CUDA_LOCAL}
@@ -22,7 +30,7 @@ ROLES = ("weight", "grad_local", "main_weight", "grad")
 _DTYPE_CODES = {name: code for code, name in _lib.DTYPE_NAMES.items()}
 
 
-def backend_available(name):
+def backend_available(name: str) -> bool:
     """True when libmfsdp was built with the backend ("local", "mpi", "nccl")."""
     return bool(_lib.load().mfsdp_backend_available(BACKENDS[name]))
 
@@ -30,28 +38,27 @@ def backend_available(name):
 class LocalGroup:
     """The shared group of the local backend's thread-ranks (one per world)."""
 
-    def __init__(self, world):
-        self._h = ctypes.c_void_p()
+    def __init__(self, world: int) -> None:
+        self._h: Optional[ctypes.c_void_p] = ctypes.c_void_p()
         _lib.check(_lib.load().mfsdp_local_group_create(int(world), ctypes.byref(self._h)),
                    call="mfsdp_local_group_create")
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib.load().mfsdp_local_group_destroy(self._h)
             self._h = None
 
 
-class View:
+class View(TensorHead):
     """Where one tensor's data lives for this rank (mfsdp_tensor_view)."""
-    __slots__ = ("index", "name", "unit", "shape", "numel", "ptr", "dtype", "shard_offset",
-                 "shard_count")
+    __slots__ = ("ptr", "dtype", "shard_offset", "shard_count")
+    ptr: Dict[str, Optional[int]]   # by role: the address of its data, None for none
+    dtype: Dict[str, str]           # by role: "fp32", "bf16", "fp16"
+    shard_offset: int               # first tensor-local element of this rank's shard
+    shard_count: int                # elements in this rank's shard
 
-    def __init__(self, index, v):
-        self.index = index
-        self.name = v.name.decode("utf-8")
-        self.unit = v.unit
-        self.shape = tuple(v.dims[i] for i in range(v.ndims))
-        self.numel = v.numel
+    def __init__(self, index: int, v: _lib.TensorView) -> None:
+        super().__init__(index, v)
         self.ptr = {"weight": v.weight, "grad_local": v.grad_local,
                     "main_weight": v.main_weight, "grad": v.grad}
         self.dtype = {"weight": _lib.DTYPE_NAMES[v.weight_dtype],
@@ -61,11 +68,11 @@ class View:
         self.shard_offset = v.shard_offset
         self.shard_count = v.shard_count
 
-    def role_shape(self, role):
+    def role_shape(self, role: str) -> Tuple[int, ...]:
         """weight and grad_local hold the whole tensor, main_weight and grad the shard."""
         return self.shape if role in ("weight", "grad_local") else (self.shard_count,)
 
-    def nbytes(self, role):
+    def nbytes(self, role: str) -> int:
         n = self.numel if role in ("weight", "grad_local") else self.shard_count
         return n * (4 if self.dtype[role] == "fp32" else 2)
 
@@ -78,26 +85,26 @@ class Stats:
     """A snapshot of mfsdp_stats; subtract two for one step's figures."""
     FIELDS = ("steps", "ops", "collectives", "bytes", "busy_ns", "wait_ns")
 
-    def __init__(self, s=None, **kw):
+    def __init__(self, s: Optional[_lib.Stats] = None, **kw: Any) -> None:
         if s is not None:
             kw = {"steps": s.steps, "ops": s.ops, "collectives": list(s.collectives),
                   "bytes": list(s.bytes), "busy_ns": list(s.busy_ns), "wait_ns": list(s.wait_ns)}
         for f in self.FIELDS:
             setattr(self, f, kw[f])
 
-    def __sub__(self, o):
+    def __sub__(self, o: Stats) -> Stats:
         def d(a, b):
             return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - b
         return Stats(**{f: d(getattr(self, f), getattr(o, f)) for f in self.FIELDS})
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         return {f: getattr(self, f) for f in self.FIELDS}
 
     def __repr__(self):
         return "Stats(%r)" % self.as_dict()
 
 
-class Runtime:
+class Runtime(ClosedWhenCollected):
     """One rank's runtime. backend: "local" (thread-ranks: pass group= and
     rank=; a world of one needs neither), "mpi" (comm: None for
     MPI_COMM_WORLD, or an mpi4py communicator) or "nccl" (device, stream:
@@ -107,9 +114,11 @@ class Runtime:
     docs/runtime.md §13). Every failure raises MfsdpError with the library's
     message."""
 
-    def __init__(self, schedule, backend="local", rank=None, timeout_ms=None, synchronous=False,
-                 group=None, comm=None, device=None, stream=None, host_compute=False,
-                 nccl_unique_id=None, check=False):
+    def __init__(self, schedule: Schedule, backend: str = "local", rank: Optional[int] = None,
+                 timeout_ms: Optional[int] = None, synchronous: bool = False,
+                 group: Optional[LocalGroup] = None, comm: Any = None, device: Optional[int] = None,
+                 stream: Optional[int] = None, host_compute: bool = False,
+                 nccl_unique_id: Optional[bytes] = None, check: bool = False) -> None:
         lib = _lib.load()
         if backend not in BACKENDS:
             raise MfsdpError(1, "unknown backend %r (one of %s)" % (backend, ", ".join(BACKENDS)))
@@ -127,7 +136,7 @@ class Runtime:
             cfg.flags |= _lib.FLAG_SYNCHRONOUS
         if check:
             cfg.flags |= _lib.FLAG_CHECK
-        keep = []
+        keep: List[Any] = []
         if backend in ("local", "cuda_local"):
             if group is None:
                 if schedule.world_size != 1:
@@ -175,12 +184,12 @@ class Runtime:
 
     # ---- lifetime ----
     @property
-    def handle(self):
+    def handle(self) -> ctypes.c_void_p:
         if not self._h:
             raise UsageError("the runtime was closed")
         return self._h
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the C runtime (arrays and tensors over its views become invalid)."""
         if self._h:
             _lib.load().mfsdp_destroy(self._h)
@@ -190,72 +199,66 @@ class Runtime:
             self._own_group.close()
             self._own_group = None
 
-    def __enter__(self):
+    def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _check(self, r, call):
         if r != _lib.OK:
             raise MfsdpError(r, _lib.last_error(self._h), call)
 
     # ---- views ----
-    def view(self, name_or_index):
+    def view(self, name_or_index: Union[str, int]) -> View:
         """The View of a tensor by full name or index; KeyError when absent."""
         if isinstance(name_or_index, int):
             return self.views[name_or_index]
         return self._by_name[name_or_index]
 
-    def array(self, name_or_index, role="weight"):
+    def array(self, name_or_index: Union[str, int], role: str = "weight") -> Any:
         """A NumPy array over one role of a tensor (zero-copy; CPU backends)."""
         from ._arrays import numpy_view
         return numpy_view(self.view(name_or_index), role)
 
     # ---- hooks ----
-    def step_begin(self):
+    def step_begin(self) -> None:
         self._check(self._lib.mfsdp_step_begin(self.handle), "mfsdp_step_begin")
 
-    def forward_pre(self, unit, microbatch):
+    def forward_pre(self, unit: int, microbatch: int) -> None:
         self._check(self._lib.mfsdp_forward_pre(self.handle, unit, microbatch), "mfsdp_forward_pre")
 
-    def forward_post(self, unit, microbatch):
+    def forward_post(self, unit: int, microbatch: int) -> None:
         self._check(self._lib.mfsdp_forward_post(self.handle, unit, microbatch),
                     "mfsdp_forward_post")
 
-    def backward_pre(self, unit, microbatch):
+    def backward_pre(self, unit: int, microbatch: int) -> None:
         self._check(self._lib.mfsdp_backward_pre(self.handle, unit, microbatch),
                     "mfsdp_backward_pre")
 
-    def backward_post(self, unit, microbatch):
+    def backward_post(self, unit: int, microbatch: int) -> None:
         self._check(self._lib.mfsdp_backward_post(self.handle, unit, microbatch),
                     "mfsdp_backward_post")
 
-    def step_end(self):
+    def step_end(self) -> None:
         """Ends the step; after backward_post(0, m - 1) for any 1 <= m <= M
         (a short step: the gradient is the sum over the m microbatches run)."""
         self._check(self._lib.mfsdp_step_end(self.handle), "mfsdp_step_end")
 
-    def eval_forward_pre(self, unit):
+    def eval_forward_pre(self, unit: int) -> None:
         """An evaluation (forward-only) pass between steps: unit u's weights
         are valid from eval_forward_pre(u) to eval_forward_post(u), units
         0..U-1 in order; no gradient buffer is touched."""
         self._check(self._lib.mfsdp_eval_forward_pre(self.handle, unit), "mfsdp_eval_forward_pre")
 
-    def eval_forward_post(self, unit):
+    def eval_forward_post(self, unit: int) -> None:
         self._check(self._lib.mfsdp_eval_forward_post(self.handle, unit), "mfsdp_eval_forward_post")
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         self._check(self._lib.mfsdp_synchronize(self.handle), "mfsdp_synchronize")
 
     # ---- helpers (docs/runtime.md §12; CPU backends for those touching buffers) ----
-    def unit_find(self, name):
+    def unit_find(self, name: str) -> int:
         """The index of the unit with this name, or -1 (mfsdp_unit_find)."""
         return int(self._lib.mfsdp_unit_find(self.handle, name.encode("utf-8")))
 
@@ -263,7 +266,7 @@ class Runtime:
         v = self.view(name_or_index)
         return v.index, v
 
-    def scatter(self, name_or_index, full):
+    def scatter(self, name_or_index: Union[str, int], full: Any) -> None:
         """Copies this rank's shard of a tensor's master weight out of `full`,
         the whole tensor (torch CPU tensor or NumPy array, fp32/bf16/fp16; any
         other float dtype is converted to fp32 first), converting to the
@@ -277,7 +280,8 @@ class Runtime:
                     "mfsdp_main_weight_scatter")
         del keep
 
-    def gather(self, name_or_index, root=_lib.ALL_RANKS, dtype="fp32", out=None):
+    def gather(self, name_or_index: Union[str, int], root: int = _lib.ALL_RANKS,
+               dtype: str = "fp32", out: Any = None) -> Any:
         """The whole master weight of a tensor, converted to `dtype`, on rank
         `root` or on every rank (root=-1, the default) (mfsdp_main_weight_gather).
         Collective: every rank calls it, in the same order. Returns `out` (a
@@ -297,7 +301,7 @@ class Runtime:
                     "mfsdp_main_weight_gather")
         return out if receives else None
 
-    def allreduce(self, values, op="sum"):
+    def allreduce(self, values: Any, op: str = "sum") -> Union[float, List[float]]:
         """op ("sum", "max", "min") of a float or a sequence of floats over the
         world, in double (mfsdp_allreduce; every rank gets the same bits).
         Collective. Returns a float for a float, else a list."""
@@ -310,14 +314,14 @@ class Runtime:
                     "mfsdp_allreduce")
         return buf[0] if one else list(buf[:len(vals)])
 
-    def grad_norm(self):
+    def grad_norm(self) -> float:
         """The global L2 norm of the delivered gradient (replicated shards
         counted once; the same on every rank). After step_end. Collective."""
         norm = ctypes.c_double()
         self._check(self._lib.mfsdp_grad_norm(self.handle, ctypes.byref(norm)), "mfsdp_grad_norm")
         return norm.value
 
-    def clip_grad_norm(self, max_norm):
+    def clip_grad_norm(self, max_norm: float) -> float:
         """Scales every delivered gradient shard by max_norm / (norm + 1e-6) when
         the global norm exceeds max_norm (> 0); returns the norm before clipping
         (mfsdp_grad_clip). After step_end. Collective."""
@@ -327,7 +331,8 @@ class Runtime:
         return norm.value
 
     # ---- checkpoints (docs/checkpoint.md; python/mfsdp/checkpoint.py) ----
-    def save_checkpoint(self, path, step=0, states=None, user_blob=None):
+    def save_checkpoint(self, path: str, step: int = 0, states: Optional[States] = None,
+                        user_blob: Optional[bytes] = None) -> None:
         """Saves this runtime's master weights, optimizer states ({name: {tensor
         name: this rank's shard as a host array}}) and this rank's user blob
         (bytes) as a sharded checkpoint in directory `path` (must not exist;
@@ -335,7 +340,8 @@ class Runtime:
         from . import checkpoint
         checkpoint.save(self, path, step, states, user_blob)
 
-    def load_checkpoint(self, path, states=None, user_blob_rank=None, verify_files=False):
+    def load_checkpoint(self, path: str, states: Optional[Union[States, Sequence[str]]] = None,
+                        user_blob_rank: Optional[int] = None, verify_files: bool = False) -> Loaded:
         """Loads master weights and states from a checkpoint saved under any
         schedule of the same tensors (resharding is an ordinary load). states:
         names (new NumPy arrays) or {name: {tensor name: array}} filled in
@@ -344,13 +350,15 @@ class Runtime:
         from . import checkpoint
         return checkpoint.load(self, path, states, user_blob_rank, verify_files)
 
-    def import_hf(self, path, maps=None, ties=None):
+    def import_hf(self, path: str, maps: Optional[Rules] = None,
+                  ties: Optional[Rules] = None) -> None:
         """Fills the master weights from a Hugging Face safetensors checkpoint,
         each rank reading only its ranges (mfsdp_ckpt_import_hf). Collective."""
         from . import checkpoint
         checkpoint.import_hf(self, path, maps, ties)
 
-    def export_hf(self, path, dtype=None, maps=None, ties=None, max_file_bytes=0):
+    def export_hf(self, path: str, dtype: Optional[str] = None, maps: Optional[Rules] = None,
+                  ties: Optional[Rules] = None, max_file_bytes: int = 0) -> None:
         """Writes the full master weights as a Hugging Face checkpoint in
         directory `path`, every rank writing its ranges in parallel
         (mfsdp_ckpt_export_hf). Collective."""
@@ -358,17 +366,17 @@ class Runtime:
         checkpoint.export_hf(self, path, dtype, maps, ties, max_file_bytes)
 
     # ---- statistics and GPU facts ----
-    def stats(self):
+    def stats(self) -> Stats:
         s = _lib.Stats()
         self._check(self._lib.mfsdp_get_stats(self.handle, ctypes.byref(s)), "mfsdp_get_stats")
         return Stats(s)
 
-    def cuda_stream(self, stream=0):
+    def cuda_stream(self, stream: int = 0) -> Optional[int]:
         """The CUDA stream handle (int) of a GPU runtime's stream, else None."""
         fn = getattr(self._lib, "mfsdp_nccl_stream", None)
         return fn(self.handle, stream) if fn is not None else None
 
-    def cuda_device(self):
+    def cuda_device(self) -> int:
         fn = getattr(self._lib, "mfsdp_nccl_device", None)
         return fn(self.handle) if fn is not None else -1
 

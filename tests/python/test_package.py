@@ -33,6 +33,11 @@ def test_import_needs_no_torch():
     assert p.stdout.strip() == "0.1.0"
 
 
+def test_the_package_is_typed():
+    # PEP 561: py.typed ships with the package (also as `pip install .` lays it out)
+    assert os.path.isfile(os.path.join(os.path.dirname(mfsdp.__file__), "py.typed"))
+
+
 def test_schedule_facts_from_file_and_text():
     path = os.path.join(ROOT, "schedules", "hfsdp.yaml")
     s = mfsdp.Schedule.load(path)

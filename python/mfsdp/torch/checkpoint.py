@@ -17,13 +17,19 @@ The optimizer's per-parameter state splits in two:
 Loading fills optimizer.state for each master parameter of the loading
 runtime (whatever its shard) and the param groups' hyper-parameters.
 """
+from __future__ import annotations
+
 import base64
 import json
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 
 from .. import checkpoint as _ck
 from .._lib import UsageError
+
+if TYPE_CHECKING:
+    from .shard import ShardedModel
 
 FORMAT = "mfsdp.torch-checkpoint/1"
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -96,7 +102,8 @@ def _blob(optimizer, scalars, user_blob):
     return json.dumps(doc, sort_keys=True).encode("utf-8")
 
 
-def save(sm, path, optimizer=None, step=None, user_blob=None):
+def save(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+         step: Optional[int] = None, user_blob: Optional[bytes] = None) -> None:
     """See ShardedModel.save_checkpoint."""
     sm._between_steps("save_checkpoint")
     states, scalars = _split_state(sm, optimizer) if optimizer is not None else ({}, None)
@@ -144,7 +151,9 @@ def _restore_optimizer(sm, optimizer, doc, states, path):
             optimizer.state[mp] = st
 
 
-def load(sm, path, optimizer=None, user_blob_rank=None, verify_files=False):
+def load(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+         user_blob_rank: Optional[int] = None,
+         verify_files: bool = False) -> Tuple[int, Optional[bytes]]:
     """See ShardedModel.load_checkpoint."""
     sm._between_steps("load_checkpoint")
     manifest = _ck.read_manifest(path) or {}

@@ -17,6 +17,10 @@ stand-in in the holders' _parameters dicts (a few dict stores per
 parameter per hook: the generation check costs no tensor work). Autograd
 is unaffected: the graph holds the real parameter it read in the window.
 """
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
 import torch
 
 from .._lib import UsageError
@@ -76,7 +80,8 @@ class ParamSlot:
     __slots__ = ("name", "unit", "real", "stand_in", "holders", "is_open", "state",
                  "whole_step")
 
-    def __init__(self, name, unit, real, holders, whole_step):
+    def __init__(self, name: str, unit: str, real: torch.nn.Parameter,
+                 holders: List[Tuple[Any, str]], whole_step: bool) -> None:
         self.name = name                # the tensor's full name
         self.unit = unit                # its unit's name
         self.real = real
@@ -86,20 +91,20 @@ class ParamSlot:
         self.is_open = True
         self.state = "before the first step"
 
-    def open(self):
+    def open(self) -> None:
         if not self.is_open:
             for mod, attr in self.holders:
                 mod._parameters[attr] = self.real
             self.is_open = True
 
-    def shut(self, state):
+    def shut(self, state: str) -> None:
         self.state = state
         if self.is_open:
             for mod, attr in self.holders:
                 mod._parameters[attr] = self.stand_in
             self.is_open = False
 
-    def refusal(self, what):
+    def refusal(self, what: str) -> str:
         if self.state == "closed":
             return ("%s of parameter %r: its ShardedModel was closed (sm.close()), so the "
                     "parameter has no data; take sm.full_state_dict() before close() and load it "
@@ -113,7 +118,7 @@ class ParamSlot:
                                                                         self.unit, self.state))
 
 
-def holders_of(model):
+def holders_of(model: torch.nn.Module) -> Dict[int, List[Tuple[torch.nn.Module, str]]]:
     """{id(parameter): [(module, attribute name)]} over every module of the
     model, tied parameters listed under each module that holds them."""
     out = {}

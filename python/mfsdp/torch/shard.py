@@ -33,9 +33,12 @@ else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
 re-runs a unit's forward inside backward; that recompute is recognised (it
 happens while the unit's backward window is open) and calls no hook.
 """
+from __future__ import annotations
+
 import re
 import time
 import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -46,11 +49,16 @@ from ..runtime import Runtime
 from .guard import GuardedParameter, ParamSlot, holders_of
 from .tensors import tensor
 
+if TYPE_CHECKING:
+    from ..checkpoint import Rules
+    from ..runtime import Stats
+    from ..schedule import Schedule
+
 
 class ModelMismatchError(UsageError):
     """The schedule does not describe the model; `problems` lists every mismatch."""
 
-    def __init__(self, problems):
+    def __init__(self, problems: List[str]) -> None:
         self.problems = list(problems)
         super().__init__("the schedule does not match the model (%d problem%s):\n  %s" % (
             len(self.problems), "" if len(self.problems) == 1 else "s",
@@ -122,7 +130,8 @@ def _tensors_in(obj):
 class ShardedModel:
     """The model driven by an mfsdp runtime (returned by shard())."""
 
-    def __init__(self, model, schedule, backend="mpi", **runtime_kw):
+    def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
+                 **runtime_kw: Any) -> None:
         self.model = model
         self.schedule = schedule
         units = _match(model, schedule)
@@ -171,18 +180,20 @@ class ShardedModel:
         _watch_optimizers(self)
 
     # ---- public ----
-    def main_parameters(self):
+    def main_parameters(self) -> List[torch.nn.Parameter]:
         """This rank's fp32 master shards as Parameters (for the optimizer);
         their .grad is the delivered gradient shard after each step's last
         backward. Each carries its whole tensor's name and shape (`full_name`,
         `full_shape`: a shard is 1-D, its tensor need not be)."""
         return [mp for _, mp, _, _ in self._main]
 
-    def named_main_parameters(self):
+    def named_main_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
         """(tensor name, master shard) pairs, e.g. to give norms no weight decay."""
         return [(n, mp) for n, mp, _, _ in self._main]
 
-    def param_groups(self, weight_decay, no_decay=None, **options):
+    def param_groups(self, weight_decay: float,
+                     no_decay: Optional[Callable[[str, Tuple[int, ...]], bool]] = None,
+                     **options: Any) -> List[Dict[str, Any]]:
         """The optimizer's two parameter groups over main_parameters(): those
         that decay (weight_decay) and those that do not (0.0), chosen by the
         whole tensor: no_decay(full name, full shape) is true for the second
@@ -197,14 +208,14 @@ class ShardedModel:
         return [dict(options, params=decay, weight_decay=weight_decay),
                 dict(options, params=keep, weight_decay=0.0)]
 
-    def shards(self):
+    def shards(self) -> List[Tuple[str, int, torch.nn.Parameter]]:
         """[(tensor name, shard_offset, master shard)] of this rank (for checkpoints)."""
         return [(n, v.shard_offset, mp) for n, mp, _, v in self._main]
 
-    def stats(self):
+    def stats(self) -> Stats:
         return self.runtime.stats()
 
-    def finish_step(self):
+    def finish_step(self) -> None:
         """Ends the step after the m < M microbatches run so far (a short
         step: the end of an epoch or a data shard): mfsdp_step_end, and the
         delivered gradient, the sum over those m microbatches averaged over
@@ -234,7 +245,7 @@ class ShardedModel:
             raise UsageError("%s after sm.close(): the runtime is gone; shard the model again "
                              "with mt.shard (take sm.full_state_dict() before closing to keep "
                              "the weights)" % what)
-    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """torch.nn.utils.clip_grad_norm_ over the whole model: the global L2
         norm of the delivered gradient (every rank's shards, a replicated shard
         counted once), and when it exceeds max_norm every gradient is scaled by
@@ -252,13 +263,14 @@ class ShardedModel:
                     mp.grad.copy_(g)       # .grad is a converted copy: refresh it
         return torch.tensor(norm, dtype=torch.float64)
 
-    def grad_norm(self):
+    def grad_norm(self) -> float:
         """The global L2 norm of the delivered gradient (as clip_grad_norm_
         computes it, without clipping), a float, the same on every rank."""
         self._between_steps("grad_norm")
         return self.runtime.grad_norm()
 
-    def full_state_dict(self, rank0_only=True, dtype=torch.float32):
+    def full_state_dict(self, rank0_only: bool = True,
+                        dtype: torch.dtype = torch.float32) -> Dict[str, torch.Tensor]:
         """{parameter name: whole master weight} (CPU tensors of the parameter's
         shape, in `dtype`) gathered from every rank's shards
         (mfsdp_main_weight_gather): on rank 0 only (the others get {}) or, with
@@ -276,7 +288,8 @@ class ShardedModel:
                 out[v.name] = t
         return out
 
-    def load_full_state_dict(self, state_dict, strict=True):
+    def load_full_state_dict(self, state_dict: Mapping[str, torch.Tensor],
+                             strict: bool = True) -> None:
         """Sets the master weights from whole tensors (a full_state_dict(), or
         the model's own state_dict() of a single-process run): each rank copies
         its shard (mfsdp_main_weight_scatter, no communication; every rank passes
@@ -306,7 +319,8 @@ class ShardedModel:
                 self.runtime.scatter(v.index, state_dict[n])
 
     # ---- checkpoints (python/mfsdp/torch/checkpoint.py, docs/checkpoint.md) ----
-    def save_checkpoint(self, path, optimizer=None, step=None, user_blob=None):
+    def save_checkpoint(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+                        step: Optional[int] = None, user_blob: Optional[bytes] = None) -> None:
         """Saves a sharded checkpoint in directory `path` (must not exist): the
         master weights, the state of `optimizer` (over main_parameters(); its
         tensors shaped like the parameters as sharded states, its shared scalars
@@ -318,7 +332,9 @@ class ShardedModel:
         from . import checkpoint
         checkpoint.save(self, path, optimizer, step, user_blob)
 
-    def load_checkpoint(self, path, optimizer=None, user_blob_rank=None, verify_files=False):
+    def load_checkpoint(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+                        user_blob_rank: Optional[int] = None,
+                        verify_files: bool = False) -> Tuple[int, Optional[bytes]]:
         """Loads a checkpoint saved by save_checkpoint under any mesh or layout
         of the same model (resharding is an ordinary load): the master weights
         and, with `optimizer` (a new optimizer of the same class over
@@ -328,7 +344,8 @@ class ShardedModel:
         from . import checkpoint
         return checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
 
-    def import_hf(self, path, maps=None, ties=None):
+    def import_hf(self, path: str, maps: Optional[Rules] = None,
+                  ties: Optional[Rules] = None) -> None:
         """Sets the master weights from a Hugging Face safetensors checkpoint
         (model.safetensors, its .index.json or a directory with either), each
         rank reading only its shards, converted to fp32 (Runtime.import_hf).
@@ -337,7 +354,9 @@ class ShardedModel:
         self._between_steps("import_hf")
         self.runtime.import_hf(path, maps, ties)
 
-    def export_hf(self, path, dtype=None, maps=None, ties=None, max_file_bytes=0):
+    def export_hf(self, path: str, dtype: Optional[Union[str, torch.dtype]] = None,
+                  maps: Optional[Rules] = None, ties: Optional[Rules] = None,
+                  max_file_bytes: int = 0) -> None:
         """Writes the full master weights as a Hugging Face checkpoint in
         directory `path`, every rank writing its own ranges, no gathering
         (Runtime.export_hf). dtype: "fp32", "bf16", "fp16" or a torch dtype.
@@ -346,13 +365,13 @@ class ShardedModel:
         from .checkpoint import _DTYPE_NAMES
         self.runtime.export_hf(path, _DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
-    def allreduce(self, values, op="sum"):
+    def allreduce(self, values: Any, op: str = "sum") -> Union[float, List[float]]:
         """Runtime.allreduce: op ("sum", "max", "min") of floats over the world.
         Between steps; collective."""
         self._between_steps("allreduce")
         return self.runtime.allreduce(values, op)
 
-    def mean_over_ranks(self, value, count=1.0):
+    def mean_over_ranks(self, value: Any, count: Any = 1.0) -> float:
         """The world's mean of a logged value (a float or a one-element tensor,
         e.g. this rank's loss) weighted by `count` (this rank's samples or tokens):
         sum(value * count) / sum(count) over the ranks, the same bits on every
@@ -363,7 +382,7 @@ class ShardedModel:
         s, c = self.runtime.allreduce([float(value) * float(count), float(count)], "sum")
         return s / c
 
-    def close(self):
+    def close(self) -> None:
         """Removes the hooks and destroys the runtime; works at any point, also
         inside a step or after an error. The model's parameters become
         stand-ins that refuse any use naming the fix (guard.py), and the real
@@ -494,12 +513,21 @@ class ShardedModel:
                     "loss.backward() before the next forward" % (self._unit_name(u), self.m))
             if not self._in_step:
                 self._begin_step(u)
-            self.phase = "fwd"
-            self.runtime.forward_pre(u, self.m)
-            self.fwd_done[u] = True
-            self._open(u)
+            self._enter(u, "fwd")
             return None
         return hook
+
+    def _enter(self, u, phase):
+        """Unit u's forward ("fwd") or backward ("bwd") of this microbatch
+        begins: the runtime's pre hook, the mark that it ran, its weights open."""
+        self.phase = phase
+        if phase == "fwd":
+            self.runtime.forward_pre(u, self.m)
+            self.fwd_done[u] = True
+        else:
+            self.runtime.backward_pre(u, self.m)
+            self.bwd_open[u] = True
+        self._open(u)
 
     def _eval_forward_pre(self, u):
         if self._in_step:
@@ -560,10 +588,7 @@ class ShardedModel:
                     "unit %r's backward began while unit %r still waits for the gradients of %s: "
                     "every parameter of a unit must receive its gradient in each microbatch" % (
                         self._unit_name(u), self._unit_name(w), ", ".join(names[:8])))
-            self.phase = "bwd"
-            self.runtime.backward_pre(u, self.m)
-            self.bwd_open[u] = True
-            self._open(u)
+            self._enter(u, "bwd")
             return None
         return hook
 
@@ -699,7 +724,8 @@ def _nccl_args(kw, backend, world):
     return kw
 
 
-def shard(model, schedule, backend="mpi", **runtime_kw):
+def shard(model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
+          **runtime_kw: Any) -> ShardedModel:
     """Drives `model` with `schedule` on `backend` ("local", "mpi", "nccl");
     extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...)."""
     return ShardedModel(model, schedule, backend=backend, **runtime_kw)

@@ -13,13 +13,21 @@ an example microbatch: a parameter read while another unit, or no unit, runs)
 and as declared (`ties=`). Layouts are emitted as blocks (docs/language.md has
 no built-in layout names).
 """
+from __future__ import annotations
+
 import fnmatch
 import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from .shard import _tensors_in
+
+# [(unit name, module, [(tensor name, parameter)])] (plan_units)
+Plan = List[Tuple[str, torch.nn.Module, List[Tuple[str, torch.nn.Parameter]]]]
+# a layout name, or {"name": N, "weight": (dtype, [placements]), "grad": ..., "main_weight": ...}
+Layout = Union[str, Dict[str, Any]]
 
 PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial"}
 DTYPES = {"fp32", "bf16", "fp16"}
@@ -58,7 +66,7 @@ def _layout_roles(name, naxes):
 LAYOUT_NAMES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "hsdp_nosync", "hfsdp", "fsdp2d")
 
 
-def layout_block(name, naxes, dtype="fp32", grad_dtype="fp32"):
+def layout_block(name: str, naxes: int, dtype: str = "fp32", grad_dtype: str = "fp32") -> str:
     """The text of a named layout block."""
     w, g, m = _layout_roles(name, naxes)
     return _block(name, {"weight": (dtype, w), "grad": (grad_dtype, g),
@@ -104,7 +112,7 @@ def _unit_modules(model, units):
     return out
 
 
-def plan_units(model, units=None):
+def plan_units(model: torch.nn.Module, units: Optional[Sequence[str]] = None) -> Plan:
     """[(unit name, module, [(tensor name, parameter)])], every parameter in
     exactly one unit (the first that reaches it), units without parameters of
     their own dropped. Raises ValueError naming uncovered parameters."""
@@ -126,7 +134,7 @@ def plan_units(model, units=None):
     return plan
 
 
-def tied_parameters(model):
+def tied_parameters(model: torch.nn.Module) -> Set[int]:
     """ids of parameters reachable under more than one name."""
     count = {}
     for _, p in model.named_parameters(remove_duplicate=False):
@@ -149,7 +157,7 @@ class _ParameterReads(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def used_ties(model, plan, example):
+def used_ties(model: torch.nn.Module, plan: Plan, example: Any) -> Set[int]:
     """ids of parameters that the forward of `model` on `example` (a tuple of
     positional arguments, a dict of keywords, or one tensor) reads outside
     their own unit: while another unit runs, or between units. The forward
@@ -206,7 +214,7 @@ def used_ties(model, plan, example):
     return ties
 
 
-def declared_ties(model, names):
+def declared_ties(model: torch.nn.Module, names: Union[str, Iterable[str]]) -> Set[int]:
     """ids of the parameters named in `names` (any of their qualified names);
     ValueError listing the names the model does not have."""
     names = [names] if isinstance(names, str) else list(names)
@@ -222,9 +230,13 @@ def _q(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def spec_from_module(model, mesh, layout="hfsdp", units=None, microbatches=1, dtype="fp32",
-                     grad_dtype="fp32", reduce="avg", overrides=None, prefetch=None,
-                     reshard_last=False, example=None, ties=()):
+def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: Layout = "hfsdp",
+                     units: Optional[Sequence[str]] = None, microbatches: int = 1,
+                     dtype: str = "fp32", grad_dtype: str = "fp32", reduce: str = "avg",
+                     overrides: Optional[Mapping[str, Layout]] = None,
+                     prefetch: Optional[int] = None,
+                     reshard_last: bool = False, example: Any = None,
+                     ties: Union[str, Iterable[str]] = ()) -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,

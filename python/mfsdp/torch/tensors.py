@@ -6,9 +6,15 @@ GPU backends (nccl, cuda_local): torch.as_tensor over an object exposing
 __cuda_array_interface__ (bf16 travels as int16 bits and is viewed back).
 The tensors borrow the runtime's memory: valid until Runtime.close().
 """
+from __future__ import annotations
+
 import ctypes
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime, View
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _TYPESTR = {"fp32": "<f4", "bf16": "<i2", "fp16": "<f2"}
@@ -20,7 +26,7 @@ class _CudaArray:
                                          "data": (ptr, False), "version": 2, "strides": None}
 
 
-def tensor(runtime, view, role):
+def tensor(runtime: Runtime, view: View, role: str) -> torch.Tensor:
     """A torch tensor over `role` of `view` (a mfsdp.View) with its shape."""
     dtype = view.dtype[role]
     shape = view.role_shape(role)
