@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "mf_ckpt_io.h"
-#include "mf_rt.h"
+#include "mf_base.h"
 
 /* The CPU backends' stage hook (be->stage): memcpy, and a process-wide
  * count of the bytes it moved, for tests (mf_ckpt_host_staged). */
