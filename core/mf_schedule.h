@@ -350,8 +350,8 @@ mf_schedule *mf_schedule_new(void);
 /* Takes the schedule; NULL is ignored. */
 void mf_schedule_free(mf_schedule *s);
 
-/* Recomputes s->summary from the ops, buffers and microbatch count.
- * Returns false (summary zeroed) when out of memory. */
+/* Recomputes s->summary from the ops, buffers and microbatch count
+ * (core/mf_summary.c). Returns false (summary zeroed) when out of memory. */
 bool mf_schedule_summarize(mf_schedule *s);
 
 /* Bytes one rank sends for one launch of a collective on an axis of size n
