@@ -19,8 +19,9 @@
  * With MF_STRUCT_STRICT (the verifier) also the compiler's conventions: the
  * header's align and prefetch, the suffix rule and equal aligned shards of
  * every placement, 16-byte aligned tensors, persistent buffers that live
- * across the step, the stream of each op (mf_axis_stream), the placement each
- * op produces (mf_struct_op_move), on every rank the shard the layout
+ * across the step, the stream of each op (the op table's stream column,
+ * mf_axis_stream), the placement each op produces (the op table's need,
+ * becomes and at, mf_struct_move), on every rank the shard the layout
  * assigns, and each event recorded exactly once and waited for on another
  * stream.
  *
