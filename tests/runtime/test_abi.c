@@ -19,6 +19,9 @@
 
 #include "mfsdp_ckpt.h"
 #include "rt_testlib.h"
+#ifdef MFSDP_HAVE_CUDA
+#include "mfsdp_nccl.h"
+#endif
 
 static const rt_mesh mesh_1x1 = {"1x1", 2, {1, 1}};
 
@@ -50,80 +53,97 @@ static const bad_header bad_headers[] = {
 };
 #define NBAD (sizeof bad_headers / sizeof bad_headers[0])
 
+/* The HFSDP model on a mesh of one rank. */
+static mfsdp_schedule *one_rank_schedule(void)
+{
+    mf_tb_spec spec;
+    rt_model_spec(&spec, "hfsdp", &mesh_1x1, 1, MF_REDUCE_AVG);
+    return rt_build(&spec);
+}
+
 #define SET_HEADER(p, b)                                                       \
     do {                                                                       \
         (p)->size = (b)->zero_size ? 0 : sizeof *(p) + (b)->size_delta;         \
         (p)->version = (b)->version;                                           \
     } while (0)
 
+/* The header and the defaults each initializer must give. */
+#define HEADER_IS_THIS_LIBRARYS(p)                       \
+    do {                                                 \
+        assert_int_equal((p)->size, sizeof *(p));        \
+        assert_int_equal((p)->version, MFSDP_ABI_VERSION); \
+    } while (0)
+
+static void config_defaults(const mfsdp_config *c)
+{
+    HEADER_IS_THIS_LIBRARYS(c);
+    assert_int_equal(c->backend, MFSDP_BACKEND_LOCAL);
+    assert_int_equal(c->rank, -1);
+    assert_int_equal(c->timeout_ms, 600000);
+    assert_int_equal(c->flags, 0);
+    assert_null(c->local_group);
+    assert_null(c->mpi_comm);
+    assert_null(c->backend_config);
+}
+
+static void save_defaults(const mfsdp_ckpt_save_options *o)
+{
+    HEADER_IS_THIS_LIBRARYS(o);
+    assert_int_equal(o->step, 0);
+    assert_int_equal(o->nstates, 0);
+    assert_null(o->states);
+    assert_null(o->user_blob);
+    assert_int_equal(o->user_blob_bytes, 0);
+}
+
+static void load_defaults(const mfsdp_ckpt_load_options *o)
+{
+    HEADER_IS_THIS_LIBRARYS(o);
+    assert_int_equal(o->flags, 0);
+    assert_int_equal(o->nstates, 0);
+    assert_null(o->states);
+    assert_int_equal(o->user_blob_rank, -1);
+    assert_null(o->user_blob);
+    assert_int_equal(o->user_blob_capacity, 0);
+    assert_int_equal(o->user_blob_bytes, 0);
+    assert_int_equal(o->step, 0);
+    assert_int_equal(o->bytes_read, 0);
+}
+
+static void hf_defaults(const mfsdp_hf_options *o)
+{
+    HEADER_IS_THIS_LIBRARYS(o);
+    assert_int_equal(o->nmaps, 0);
+    assert_null(o->maps);
+    assert_int_equal(o->nties, 0);
+    assert_null(o->ties);
+}
+
+/* The macro's struct and the init function's (over garbage) both pass `check`. */
+#define BOTH_INITIALIZERS(type, macro, init, check) \
+    do {                                            \
+        type by_macro = macro, by_init;             \
+        memset(&by_init, 0x5a, sizeof by_init);     \
+        init(&by_init);                             \
+        check(&by_macro);                           \
+        check(&by_init);                            \
+    } while (0)
+
 static void test_macros_equal_init_functions(void **state)
 {
     (void)state;
-    mfsdp_config a = MFSDP_CONFIG_INIT, b;
-    memset(&b, 0x5a, sizeof b);
-    mfsdp_config_init(&b);
-    assert_int_equal(a.size, sizeof(mfsdp_config));
-    assert_int_equal(a.version, MFSDP_ABI_VERSION);
-    assert_int_equal(b.size, a.size);
-    assert_int_equal(b.version, a.version);
-    assert_int_equal(b.backend, MFSDP_BACKEND_LOCAL);
-    assert_int_equal(a.backend, MFSDP_BACKEND_LOCAL);
-    assert_int_equal(a.rank, -1);
-    assert_int_equal(b.rank, -1);
-    assert_int_equal(a.timeout_ms, 600000);
-    assert_int_equal(b.timeout_ms, 600000);
-    assert_int_equal(b.flags, 0);
-    assert_null(b.local_group);
-    assert_null(b.mpi_comm);
-    assert_null(b.backend_config);
-
-    mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT, so2;
-    memset(&so2, 0x5a, sizeof so2);
-    mfsdp_ckpt_save_options_init(&so2);
-    assert_int_equal(so.size, sizeof so);
-    assert_int_equal(so2.size, sizeof so);
-    assert_int_equal(so2.version, MFSDP_ABI_VERSION);
-    assert_int_equal(so2.step, 0);
-    assert_int_equal(so2.nstates, 0);
-    assert_null(so2.states);
-    assert_null(so2.user_blob);
-    assert_int_equal(so2.user_blob_bytes, 0);
-
-    mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT, lo2;
-    memset(&lo2, 0x5a, sizeof lo2);
-    mfsdp_ckpt_load_options_init(&lo2);
-    assert_int_equal(lo.size, sizeof lo);
-    assert_int_equal(lo2.size, sizeof lo);
-    assert_int_equal(lo2.version, MFSDP_ABI_VERSION);
-    assert_int_equal(lo.user_blob_rank, -1);
-    assert_int_equal(lo2.user_blob_rank, -1);
-    assert_int_equal(lo2.flags, 0);
-    assert_int_equal(lo2.nstates, 0);
-    assert_null(lo2.states);
-    assert_null(lo2.user_blob);
-    assert_int_equal(lo2.user_blob_capacity, 0);
-    assert_int_equal(lo2.user_blob_bytes, 0);
-    assert_int_equal(lo2.step, 0);
-    assert_int_equal(lo2.bytes_read, 0);
-
-    mfsdp_hf_options ho = MFSDP_HF_OPTIONS_INIT, ho2;
-    memset(&ho2, 0x5a, sizeof ho2);
-    mfsdp_hf_options_init(&ho2);
-    assert_int_equal(ho.size, sizeof ho);
-    assert_int_equal(ho2.size, sizeof ho);
-    assert_int_equal(ho2.version, MFSDP_ABI_VERSION);
-    assert_int_equal(ho2.nmaps, 0);
-    assert_null(ho2.maps);
-    assert_int_equal(ho2.nties, 0);
-    assert_null(ho2.ties);
+    BOTH_INITIALIZERS(mfsdp_config, MFSDP_CONFIG_INIT, mfsdp_config_init, config_defaults);
+    BOTH_INITIALIZERS(mfsdp_ckpt_save_options, MFSDP_CKPT_SAVE_OPTIONS_INIT, mfsdp_ckpt_save_options_init,
+                      save_defaults);
+    BOTH_INITIALIZERS(mfsdp_ckpt_load_options, MFSDP_CKPT_LOAD_OPTIONS_INIT, mfsdp_ckpt_load_options_init,
+                      load_defaults);
+    BOTH_INITIALIZERS(mfsdp_hf_options, MFSDP_HF_OPTIONS_INIT, mfsdp_hf_options_init, hf_defaults);
 }
 
 static void test_create_refuses_unknown_config(void **state)
 {
     (void)state;
-    mf_tb_spec spec;
-    rt_model_spec(&spec, "hfsdp", &mesh_1x1, 1, MF_REDUCE_AVG);
-    mfsdp_schedule *sh = rt_build(&spec);
+    mfsdp_schedule *sh = one_rank_schedule();
     for (size_t k = 0; k < NBAD; k++) {
         mfsdp_config cfg = MFSDP_CONFIG_INIT;
         SET_HEADER(&cfg, &bad_headers[k]);
@@ -146,6 +166,46 @@ static void test_create_refuses_unknown_config(void **state)
     mfsdp_schedule_free(sh);
 }
 
+#ifdef MFSDP_HAVE_CUDA
+/* The NCCL config a GPU backend reads from backend_config: checked in
+ * mfsdp_create before the backend opens (no GPU needed to be refused). */
+static void nccl_defaults(const mfsdp_nccl_config *c)
+{
+    HEADER_IS_THIS_LIBRARYS(c);
+    assert_null(c->world_comm);
+    for (size_t i = 0; i < sizeof c->unique_id.internal; i++)
+        assert_int_equal(c->unique_id.internal[i], 0);
+    assert_int_equal(c->has_unique_id, 0);
+    assert_int_equal(c->device, -1);
+    assert_null(c->compute_stream);
+    assert_int_equal(c->flags, MFSDP_NCCL_MEM_ALLOC);
+    assert_int_equal(c->watchdog_poll_ms, 100);
+}
+
+static void test_create_refuses_unknown_nccl_config(void **state)
+{
+    (void)state;
+    BOTH_INITIALIZERS(mfsdp_nccl_config, MFSDP_NCCL_CONFIG_INIT, mfsdp_nccl_config_init, nccl_defaults);
+
+    mfsdp_schedule *sh = one_rank_schedule();
+    for (size_t k = 0; k < NBAD; k++) {
+        mfsdp_nccl_config nc = MFSDP_NCCL_CONFIG_INIT;
+        SET_HEADER(&nc, &bad_headers[k]);
+        mfsdp_config cfg = MFSDP_CONFIG_INIT;
+        mfsdp_config_set_nccl(&cfg, &nc);
+        mfsdp_runtime *rt = NULL;
+        const char *says[] = {"mfsdp_create: mfsdp_nccl_config ", bad_headers[k].says,
+                              "MFSDP_NCCL_CONFIG_INIT or mfsdp_nccl_config_init()", NULL};
+        refused_with(mfsdp_create(sh, &cfg, &rt), mfsdp_last_error(NULL), says);
+        assert_null(rt);
+        mfsdp_config_set_cuda_local(&cfg, NULL, &nc);
+        refused_with(mfsdp_create(sh, &cfg, &rt), mfsdp_last_error(NULL), says);
+        assert_null(rt);
+    }
+    mfsdp_schedule_free(sh);
+}
+#endif
+
 /* One runtime on a world of one for the checkpoint calls. */
 typedef struct one_rank {
     mfsdp_schedule *sh;
@@ -155,9 +215,7 @@ typedef struct one_rank {
 
 static void one_rank_open(one_rank *o)
 {
-    mf_tb_spec spec;
-    rt_model_spec(&spec, "hfsdp", &mesh_1x1, 1, MF_REDUCE_AVG);
-    o->sh = rt_build(&spec);
+    o->sh = one_rank_schedule();
     assert_int_equal(mfsdp_local_group_create(1, &o->g), MFSDP_OK);
     mfsdp_config cfg = MFSDP_CONFIG_INIT;
     cfg.local_group = o->g;
@@ -228,6 +286,9 @@ int main(void)
         cmocka_unit_test(test_macros_equal_init_functions),
         cmocka_unit_test(test_create_refuses_unknown_config),
         cmocka_unit_test(test_checkpoints_refuse_unknown_options),
+#ifdef MFSDP_HAVE_CUDA
+        cmocka_unit_test(test_create_refuses_unknown_nccl_config),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
