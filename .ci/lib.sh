@@ -38,6 +38,29 @@ stages_done() {
   printf '%6d s  in all\n' "$sum"
 }
 
+# python_env_start: .ci/install-python in the background, since what it
+# does is mostly I/O (unpacking gigabytes of wheels) that overlaps the
+# builds' compiling; returns once the environment's python exists, which is
+# all that configuring needs (the Python tests are registered when it
+# exists). python_env_wait waits for the rest, printing its log, and fails
+# when it failed.
+python_env_start() {
+  local venv=${MFSDP_VENV:-build/venv}
+  mkdir -p build
+  bash .ci/install-python > build/install-python.log 2>&1 &
+  ci_python_pid=$!
+  while [ ! -e "$venv/bin/python" ] && kill -0 "$ci_python_pid" 2>/dev/null; do sleep 1; done
+}
+
+python_env_wait() {
+  if ! wait "$ci_python_pid"; then
+    cat build/install-python.log >&2
+    echo "error: .ci/install-python failed" >&2
+    return 1
+  fi
+  cat build/install-python.log
+}
+
 # build_preset PRESET [CMAKE -D ARGS...]: configures (warnings as errors) and
 # builds the preset's whole tree.
 build_preset() {
