@@ -467,7 +467,7 @@ mf_gpu_pos mf_cuda_core_pos(const mf_cuda_core *c, const mf_op *op, int64_t micr
         microbatch = 0;
     else if (op->phase == MF_PHASE_STEP_END)
         microbatch = M - 1;
-    return mf_gpu_position(microbatch, M);
+    return mf_gpu_plan_position(microbatch, M);
 }
 
 static mfsdp_result fork_streams(mf_cuda_core *c, char *err, size_t errlen)

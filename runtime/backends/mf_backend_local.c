@@ -45,6 +45,7 @@
 
 #include "mf_base.h"
 #include "mf_ckpt_stage.h"
+#include "mf_cpu_kernels.h"
 #include "mf_nt_copy.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
@@ -552,11 +553,11 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
             memcpy((char *)r->dst + (size_t)(i * cnt) * es, slot->src[i], (size_t)cnt * es);
         break;
     case MF_OP_REDUCE_SCATTER:
-        mf_cpu_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
+        mf_cpu_kernels_reduce(r->dst, slot->src, (int)n, me * cnt, cnt, op->dtype, div);
         break;
     case MF_OP_ALL_REDUCE: {
         if (eager) {   /* every member reduces it all: same sums, same order */
-            mf_cpu_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
+            mf_cpu_kernels_reduce(r->dst, slot->src, (int)n, 0, cnt, op->dtype, div);
             break;
         }
         /* Each member reduces its own chunk (every chunk is reduced once,
@@ -571,13 +572,13 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
         if (stream) {
             /* Large: the same sums, streamed into every destination from a
              * cache-resident block (no read for ownership of the lines). */
-            mf_cpu_reduce_out(slot->dst, (int)n, slot->src, (int)n, lo, hi - lo, op->dtype, div);
+            mf_cpu_kernels_reduce_out(slot->dst, (int)n, slot->src, (int)n, lo, hi - lo, op->dtype, div);
             break;
         }
         for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
             int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
             size_t at = (size_t)b * es;
-            mf_cpu_reduce((char *)r->dst + at, slot->src, (int)n, b, len, op->dtype, div);
+            mf_cpu_kernels_reduce((char *)r->dst + at, slot->src, (int)n, b, len, op->dtype, div);
             for (int64_t j = 0; j < n; j++)
                 if (j != me)
                     memcpy((char *)slot->dst[j] + at, (const char *)r->dst + at, (size_t)len * es);

@@ -72,6 +72,7 @@
 
 #include "mf_base.h"
 #include "mf_ckpt_stage.h"
+#include "mf_cpu_kernels.h"
 
 typedef struct mf_mpi_state {
     MPI_Comm world;            /* dup of the trainer's communicator */
@@ -114,17 +115,17 @@ typedef struct mf_mpi_state {
 #define MF_MPI_RH_TAG 7413
 
 /* The MPI reductions of bf16 and fp16: inout[i] += in[i] in fp32, rounded
- * once (mf_cpu_add; the sum is commutative, so the bits are in + inout's). */
+ * once (mf_cpu_kernels_add; the sum is commutative, so the bits are in + inout's). */
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
     (void)dt;
-    mf_cpu_add(inout, MF_BF16, in, MF_BF16, *len);
+    mf_cpu_kernels_add(inout, MF_BF16, in, MF_BF16, *len);
 }
 
 static void fp16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
     (void)dt;
-    mf_cpu_add(inout, MF_FP16, in, MF_FP16, *len);
+    mf_cpu_kernels_add(inout, MF_FP16, in, MF_FP16, *len);
 }
 
 static mfsdp_result mpi_fail(char *err, size_t errlen, int rc, const char *what)
@@ -691,7 +692,7 @@ static mfsdp_result run_collective(mf_rt *rt, const mf_rt_op *r, char *err, size
     }
     if (res == MFSDP_OK && rt->s->reduce == MF_REDUCE_AVG &&
         (op->kind == MF_OP_ALL_REDUCE || op->kind == MF_OP_REDUCE_SCATTER))
-        mf_cpu_divide(dst, op->dtype, n, g);
+        mf_cpu_kernels_divide(dst, op->dtype, n, g);
     return res;
 }
 

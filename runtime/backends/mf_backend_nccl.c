@@ -7,7 +7,7 @@
  * or a world of one), so its traffic never interleaves with the trainer's; at
  * comm_init it splits one communicator per (stream, axis) the schedule uses,
  * color = mf_mesh_axis_color(), key = the coordinate on the axis
- * (mf_gpu_split(); checked against the engine's table), so inner and outer
+ * (mf_gpu_plan_split(); checked against the engine's table), so inner and outer
  * traffic never share a communicator.
  *
  * Ops: a collective is one ncclAllGather / ncclReduceScatter / ncclAllReduce
@@ -364,7 +364,7 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
     for (int i = 0; i < ncomms; i++) {
         const mf_rt_comm *cm = &comms[i];
         int color, key;
-        mf_gpu_split(&rt->s->mesh, cm->axis, rt->rank, &color, &key);
+        mf_gpu_plan_split(&rt->s->mesh, cm->axis, rt->rank, &color, &key);
         if (color != cm->color || key != cm->coord)
             return mf_base_set_error(rt, MFSDP_ERR_INTERNAL,
                                      "communicator %d (axis %d): split color/key %d/%d disagree with the engine's "

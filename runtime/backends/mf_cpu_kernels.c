@@ -8,12 +8,14 @@
  * ranks computing the same reduction get identical bits (replicas stay
  * bitwise equal).
  */
+#include "mf_cpu_kernels.h"
+
 #include <string.h>
 
-#include "mf_backend.h"
+#include "mf_dtype.h"
 #include "mf_nt_copy.h"
 
-void mf_cpu_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
+void mf_cpu_kernels_add(void *dst, mf_dtype dd, const void *src, mf_dtype sd, int64_t n)
 {
     if (dd == MF_FP32 && sd == MF_FP32) {
         float *o = dst;
@@ -42,7 +44,7 @@ static float exact_inverse(int64_t divisor)
 
 /* acc[i] = (sum over k < nsrc of srcs[k][at + i]) / divisor, i < len <=
  * MF_REDUCE_BLOCK, summed in fp32 in k order: the one arithmetic of
- * mf_cpu_reduce and mf_cpu_reduce_out (inv: exact_inverse(divisor)). */
+ * mf_cpu_kernels_reduce and mf_cpu_kernels_reduce_out (inv: exact_inverse(divisor)). */
 static void reduce_block(float *acc, const void *const *srcs, int nsrc, int64_t at, int64_t len,
                          mf_dtype d, int64_t divisor, float inv)
 {
@@ -71,8 +73,8 @@ static void reduce_block(float *acc, const void *const *srcs, int nsrc, int64_t 
             acc[i] /= div;
 }
 
-void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, int64_t n,
-                   mf_dtype d, int64_t divisor)
+void mf_cpu_kernels_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, int64_t n,
+                           mf_dtype d, int64_t divisor)
 {
     float acc[MF_REDUCE_BLOCK];
     float inv = exact_inverse(divisor);
@@ -87,8 +89,8 @@ void mf_cpu_reduce(void *dst, const void *const *srcs, int nsrc, int64_t off, in
     }
 }
 
-void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
-                       int64_t off, int64_t n, mf_dtype d, int64_t divisor)
+void mf_cpu_kernels_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                               int64_t off, int64_t n, mf_dtype d, int64_t divisor)
 {
     float acc[MF_REDUCE_BLOCK];
     uint16_t half[MF_REDUCE_BLOCK];
@@ -109,7 +111,7 @@ void mf_cpu_reduce_out(void *const *dsts, int ndst, const void *const *srcs, int
     mf_nt_copy_fence();
 }
 
-void mf_cpu_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)
+void mf_cpu_kernels_divide(void *p, mf_dtype d, int64_t n, int64_t divisor)
 {
     if (divisor <= 1)
         return;

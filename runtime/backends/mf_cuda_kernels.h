@@ -52,7 +52,7 @@ typedef enum { MF_CUDA_MUL = 0, MF_CUDA_DIV = 1 } mf_cuda_scaling;
  * 1 <= ndst, nsrc <= MF_CUDA_MAX_OPERANDS. The fp32 arithmetic is exactly
  * ((src_0 + src_1) + ...) then * scale or / scale (skipped when scale is 1),
  * then dst_0 + that (no fused multiply-add), so a host loop in the same order
- * reproduces it bit for bit (mf_cpu_reduce does for MF_CUDA_DIV). Returns
+ * reproduces it bit for bit (mf_cpu_kernels_reduce does for MF_CUDA_DIV). Returns
  * cudaErrorInvalidValue for an unknown dtype, n < 0, a NULL operand or an
  * operand count out of range. */
 cudaError_t mf_cuda_combine(void *const *dsts, int ndst, mf_dtype dt,

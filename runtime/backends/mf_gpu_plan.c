@@ -56,7 +56,7 @@ const char *mf_gpu_pos_name(mf_gpu_pos p)
     return (int)p >= 0 && p < MF_GPU_POS_COUNT ? pos_names[p] : NULL;
 }
 
-mf_gpu_pos mf_gpu_position(int64_t m, int64_t M)
+mf_gpu_pos mf_gpu_plan_position(int64_t m, int64_t M)
 {
     if (M <= 1)
         return MF_GPU_POS_ONLY;
@@ -65,7 +65,7 @@ mf_gpu_pos mf_gpu_position(int64_t m, int64_t M)
     return m >= M - 1 ? MF_GPU_POS_LAST : MF_GPU_POS_MIDDLE;
 }
 
-bool mf_gpu_when_holds(mf_when when, mf_gpu_pos p)
+bool mf_gpu_plan_when_holds(mf_when when, mf_gpu_pos p)
 {
     switch (when) {
     case MF_WHEN_EVERY: return true;
@@ -75,7 +75,7 @@ bool mf_gpu_when_holds(mf_when when, mf_gpu_pos p)
     }
 }
 
-void mf_gpu_split(const mf_mesh *m, int axis, int64_t rank, int *color, int *key)
+void mf_gpu_plan_split(const mf_mesh *m, int axis, int64_t rank, int *color, int *key)
 {
     int64_t c[MF_MAX_AXES];
     mf_mesh_coords(m, rank, c);
@@ -94,7 +94,7 @@ static bool pos_present(mf_gpu_pos p, int64_t M)
     }
 }
 
-int mf_gpu_hooks(const mf_schedule *s, mf_gpu_pos p, mf_gpu_hook *out, int cap)
+int mf_gpu_plan_hooks(const mf_schedule *s, mf_gpu_pos p, mf_gpu_hook *out, int cap)
 {
     int n = 0;
 #define MF_PUT(ph, u)                                      \
@@ -204,7 +204,7 @@ static bool build_groups(mf_gpu_plan *p, const hook_index *ix, mf_gpu_pos pos, c
         int prev = -1; /* previous issued op of this hook */
         for (int k = ix->start[slot]; k < ix->start[slot + 1]; k++) {
             int id = ix->ops[k];
-            if (!mf_gpu_when_holds(s->ops[id].when, pos))
+            if (!mf_gpu_plan_when_holds(s->ops[id].when, pos))
                 continue;
             const mf_gpu_launch *a = prev >= 0 ? &p->launch[prev] : NULL, *b = &p->launch[id];
             bool joins = a && mf_gpu_call_is_nccl(a->call) && mf_gpu_call_is_nccl(b->call) &&
@@ -250,7 +250,7 @@ static bool build_region(mf_gpu_plan *p, const hook_index *ix, mf_gpu_pos pos, c
         for (int k = ix->start[slot]; k < ix->start[slot + 1]; k++) {
             int id = ix->ops[k];
             const mf_op *op = &s->ops[id];
-            if (!mf_gpu_when_holds(op->when, pos))
+            if (!mf_gpu_plan_when_holds(op->when, pos))
                 continue;
             last = id;
             r->ops[r->nops++] = id;
@@ -284,7 +284,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     p->rank = rank;
     mf_mesh_coords(&s->mesh, rank, p->coords);
     for (int j = 0; j < s->mesh.naxes; j++)
-        mf_gpu_split(&s->mesh, j, rank, &p->color[j], &p->key[j]);
+        mf_gpu_plan_split(&s->mesh, j, rank, &p->color[j], &p->key[j]);
 
     p->launch = calloc(s->nops > 0 ? (size_t)s->nops : 1, sizeof *p->launch);
     if (!p->launch)
@@ -312,7 +312,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     for (int pos = 0; pos < MF_GPU_POS_COUNT; pos++) {
         if (!pos_present((mf_gpu_pos)pos, s->microbatches))
             continue;
-        int nh = mf_gpu_hooks(s, (mf_gpu_pos)pos, hooks, cap);
+        int nh = mf_gpu_plan_hooks(s, (mf_gpu_pos)pos, hooks, cap);
         if (!build_groups(p, &ix, (mf_gpu_pos)pos, hooks, nh) ||
             !build_region(p, &ix, (mf_gpu_pos)pos, hooks, nh))
             goto oom;

@@ -126,17 +126,17 @@ bool mf_gpu_call_is_nccl(mf_gpu_call c);
 const char *mf_gpu_pos_name(mf_gpu_pos p);
 
 /* The position of microbatch m of M (M >= 1, 0 <= m < M). */
-mf_gpu_pos mf_gpu_position(int64_t m, int64_t M);
+mf_gpu_pos mf_gpu_plan_position(int64_t m, int64_t M);
 /* Does an op with predicate `when` run at position p? */
-bool mf_gpu_when_holds(mf_when when, mf_gpu_pos p);
+bool mf_gpu_plan_when_holds(mf_when when, mf_gpu_pos p);
 
 /* Split color and key of `rank` for the communicator of `axis`. */
-void mf_gpu_split(const mf_mesh *m, int axis, int64_t rank, int *color, int *key);
+void mf_gpu_plan_split(const mf_mesh *m, int axis, int64_t rank, int *color, int *key);
 
 /* The hooks of one microbatch at position p, in call order (step_begin first
  * for first/only, step_end last for last/only). Writes at most cap hooks and
  * returns how many there are (2 + 4 * nunits at most). */
-int mf_gpu_hooks(const mf_schedule *s, mf_gpu_pos p, mf_gpu_hook *out, int cap);
+int mf_gpu_plan_hooks(const mf_schedule *s, mf_gpu_pos p, mf_gpu_hook *out, int cap);
 
 /* Returns an owned plan for `rank`, or NULL with a message in err[0..errlen)
  * (out of memory, rank out of range, an op this plan cannot map). */

@@ -2,7 +2,7 @@
  * mf_nt_copy: memcpy writing the destination with streaming (non-temporal)
  * stores where the CPU has them (mf_nt_copy.c): no read for ownership of the
  * destination's cache lines. For the CPU backends' large collectives and
- * mf_cpu_reduce_out.
+ * mf_cpu_kernels_reduce_out.
  */
 #ifndef MF_NT_COPY_H
 #define MF_NT_COPY_H

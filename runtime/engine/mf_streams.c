@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_cpu_kernels.h"
 #include "mf_streams.h"
 #include "mf_stress.h"
 
@@ -233,7 +234,7 @@ static void exec_local(const mf_rt_op *r, int64_t microbatch)
 {
     const mf_op *op = r->op;
     if (op->kind == MF_OP_ACCUMULATE && microbatch > 0) {
-        mf_cpu_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        mf_cpu_kernels_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
     } else if (op->kind == MF_OP_SLICE) {
         size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
         mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);

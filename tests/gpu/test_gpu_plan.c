@@ -49,7 +49,7 @@ static void test_split_every_mesh(void **state)
                 seen[g] = -1;
             for (int64_t r = 0; r < m.world; r++) {
                 int color, key;
-                mf_gpu_split(&m, j, r, &color, &key);
+                mf_gpu_plan_split(&m, j, r, &color, &key);
                 assert_true(color >= 0 && color < ngroups);
                 assert_true(key >= 0 && key < n);
                 /* one rank per (color, key) */
@@ -61,7 +61,7 @@ static void test_split_every_mesh(void **state)
                 /* every member of r's axis group has r's color */
                 for (int64_t i = 0; i < n; i++) {
                     int c2, k2;
-                    mf_gpu_split(&m, j, group[i], &c2, &k2);
+                    mf_gpu_plan_split(&m, j, group[i], &c2, &k2);
                     assert_int_equal(c2, color);
                     assert_int_equal(k2, i);
                 }
@@ -82,13 +82,13 @@ static void test_split_hand_computed(void **state)
     int64_t sizes[] = {2, 4};
     mf_mesh m = mesh_of(2, sizes);
     int color, key;
-    mf_gpu_split(&m, 1, 6, &color, &key);
+    mf_gpu_plan_split(&m, 1, 6, &color, &key);
     assert_int_equal(color, 1);
     assert_int_equal(key, 2);
-    mf_gpu_split(&m, 0, 6, &color, &key);
+    mf_gpu_plan_split(&m, 0, 6, &color, &key);
     assert_int_equal(color, 2);
     assert_int_equal(key, 1);
-    mf_gpu_split(&m, 0, 2, &color, &key);
+    mf_gpu_plan_split(&m, 0, 2, &color, &key);
     assert_int_equal(color, 2);
     assert_int_equal(key, 0);
 }
@@ -258,10 +258,10 @@ static void check_regions(const mf_schedule *s, const mf_gpu_plan *p)
         last_record_region[e] = -1;
     mf_gpu_hook hooks[64];
     for (int64_t m = 0; m < M; m++) {
-        mf_gpu_pos pos = mf_gpu_position(m, M);
+        mf_gpu_pos pos = mf_gpu_plan_position(m, M);
         const mf_gpu_region *r = &p->region[pos];
         assert_true(r->present);
-        int nh = mf_gpu_hooks(s, pos, hooks, 64);
+        int nh = mf_gpu_plan_hooks(s, pos, hooks, 64);
         assert_int_equal(nh, r->nhooks);
         int k = 0;
         for (int h = 0; h < nh; h++) {
@@ -270,7 +270,7 @@ static void check_regions(const mf_schedule *s, const mf_gpu_plan *p)
             int last = -1;
             for (int i = 0; i < s->nops; i++) {
                 const mf_op *op = &s->ops[i];
-                if (op->phase != hooks[h].phase || op->unit != hooks[h].unit || !mf_gpu_when_holds(op->when, pos))
+                if (op->phase != hooks[h].phase || op->unit != hooks[h].unit || !mf_gpu_plan_when_holds(op->when, pos))
                     continue;
                 if (last >= 0)
                     assert_false(p->hook_last[pos][last]); /* only the hook's last op ends it */

@@ -1,6 +1,6 @@
 /*
  * The CPU kernels: add, reduce (sum order, avg), divide; the streaming copy
- * and the streaming reduce (the same bits as memcpy and mf_cpu_reduce). The
+ * and the streaming reduce (the same bits as memcpy and mf_cpu_kernels_reduce). The
  * conversions they use are tested in tests/core/test_dtype.c.
  */
 #include <math.h>
@@ -13,6 +13,7 @@
 
 #include "../core/float_bits.h"
 #include "mf_backend.h"
+#include "mf_cpu_kernels.h"
 #include "mf_nt_copy.h"
 
 static void test_add_divide(void **state)
@@ -23,15 +24,15 @@ static void test_add_divide(void **state)
     mf_dtype_convert(h, MF_FP16, a, MF_FP32, 5);
     /* add: dst += src with mixed dtypes. */
     float acc[5] = {1, 1, 1, 1, 1};
-    mf_cpu_add(acc, MF_FP32, h, MF_FP16, 5);
+    mf_cpu_kernels_add(acc, MF_FP32, h, MF_FP16, 5);
     assert_true(acc[0] == 2.0f && acc[1] == -1.5f);
     uint16_t hb2[2] = {mf_dtype_f32_to_bf16(1.0f), mf_dtype_f32_to_bf16(2.0f)};
     float one[2] = {0x1p-9f, 0.5f};
-    mf_cpu_add(hb2, MF_BF16, one, MF_FP32, 2);
+    mf_cpu_kernels_add(hb2, MF_BF16, one, MF_FP32, 2);
     assert_int_equal(hb2[0], mf_dtype_f32_to_bf16(1.0f));          /* 1 + 2^-9 rounds back to 1 */
     assert_int_equal(hb2[1], mf_dtype_f32_to_bf16(2.5f));
     float d[3] = {3, 6, 9};
-    mf_cpu_divide(d, MF_FP32, 3, 3);
+    mf_cpu_kernels_divide(d, MF_FP32, 3, 3);
     assert_true(d[0] == 1 && d[1] == 2 && d[2] == 3);
 }
 
@@ -47,22 +48,22 @@ static void test_reduce(void **state)
         s2[i] = -0.5f * (float)i;
     }
     const void *srcs[3] = {s0, s1, s2};
-    mf_cpu_reduce(out, srcs, 3, N, N, MF_FP32, 1);
+    mf_cpu_kernels_reduce(out, srcs, 3, N, N, MF_FP32, 1);
     for (int i = 0; i < N; i++)
         assert_true(out[i] == ((float)(N + i) + 1.0f) + -0.5f * (float)(N + i));
-    mf_cpu_reduce(out, srcs, 3, 0, N, MF_FP32, 3);
+    mf_cpu_kernels_reduce(out, srcs, 3, 0, N, MF_FP32, 3);
     assert_true(out[3] == ((3.0f + 1.0f) - 1.5f) / 3.0f);
     /* Order matters in fp32: 1e8 + 1 - 1e8 = 0, and that is what we want
      * (the same order everywhere). */
     float big[1] = {1e8f}, small[1] = {1.0f}, neg[1] = {-1e8f}, r[1];
     const void *o[3] = {big, small, neg};
-    mf_cpu_reduce(r, o, 3, 0, 1, MF_FP32, 1);
+    mf_cpu_kernels_reduce(r, o, 3, 0, 1, MF_FP32, 1);
     assert_true(r[0] == 0.0f);
     /* bf16 reduces through fp32 and rounds once: 1 + 3 * 2^-9 rounds to
      * 1 + 2^-7, while adding 2^-9 three times in bf16 would stay at 1. */
     uint16_t b0[1] = {mf_dtype_f32_to_bf16(1.0f)}, bq[1] = {mf_dtype_f32_to_bf16(0x1p-9f)}, rb[1];
     const void *ob[4] = {b0, bq, bq, bq};
-    mf_cpu_reduce(rb, ob, 4, 0, 1, MF_BF16, 1);
+    mf_cpu_kernels_reduce(rb, ob, 4, 0, 1, MF_BF16, 1);
     assert_int_equal(rb[0], mf_dtype_f32_to_bf16(1.0f + 0x1p-7f));
     assert_int_equal(f_bits(mf_dtype_bf16_to_f32(rb[0])), f_bits(1.0f + 0x1p-7f));
 }
@@ -89,7 +90,7 @@ static void test_average_power_of_two(void **state)
     for (size_t k = 0; k < sizeof divisors / sizeof *divisors; k++) {
         volatile float dv = (float)divisors[k];  /* a real division, not one the compiler rewrote */
         const void *srcs[1] = {x};
-        mf_cpu_reduce(out, srcs, 1, 0, N, MF_FP32, divisors[k]);
+        mf_cpu_kernels_reduce(out, srcs, 1, 0, N, MF_FP32, divisors[k]);
         for (int i = 0; i < N; i++) {
             float want = x[i] / dv;
             if (f_bits(out[i]) != f_bits(want) && !(isnan(want) && isnan(out[i])))
@@ -97,7 +98,7 @@ static void test_average_power_of_two(void **state)
                          (double)x[i], (double)out[i], (double)want);
         }
         memcpy(out, x, sizeof out);
-        mf_cpu_divide(out, MF_FP32, N, divisors[k]);
+        mf_cpu_kernels_divide(out, MF_FP32, N, divisors[k]);
         for (int i = 0; i < N; i++) {
             float want = x[i] / dv;
             if (f_bits(out[i]) != f_bits(want) && !(isnan(want) && isnan(out[i])))
@@ -108,7 +109,7 @@ static void test_average_power_of_two(void **state)
         for (int i = 0; i < 64; i++)
             hb[i] = (uint16_t)(f_bits(x[i + 5]) >> 16);
         const void *sb[1] = {hb};
-        mf_cpu_reduce(rb, sb, 1, 0, 64, MF_BF16, divisors[k]);
+        mf_cpu_kernels_reduce(rb, sb, 1, 0, 64, MF_BF16, divisors[k]);
         for (int i = 0; i < 64; i++) {
             uint16_t want = mf_dtype_f32_to_bf16(mf_dtype_bf16_to_f32(hb[i]) / dv);
             if (rb[i] != want && !(isnan(mf_dtype_bf16_to_f32(want)) && isnan(mf_dtype_bf16_to_f32(rb[i]))))
@@ -143,7 +144,7 @@ static void test_stream_copy(void **state)
             }
 }
 
-/* mf_cpu_reduce_out gives every destination the bits mf_cpu_reduce gives one
+/* mf_cpu_kernels_reduce_out gives every destination the bits mf_cpu_kernels_reduce gives one
  * (fp32, bf16, fp16; sum, exact and inexact averages; odd lengths across the
  * accumulator's blocks; odd offsets and destinations off every alignment),
  * writes nothing outside [off, off + n), and reduces in place (a destination
@@ -180,7 +181,7 @@ static void test_reduce_out(void **state)
                                 }
                                 srcs[k] = p;
                             }
-                            mf_cpu_reduce(want, srcs, nsrc, off, n, d, divisors[vi]);
+                            mf_cpu_kernels_reduce(want, srcs, nsrc, off, n, d, divisors[vi]);
                             int ndst = nsrc;
                             for (int j = 0; j < ndst; j++) {
                                 unsigned char *base = dst_mem[j] + PAD + (size_t)(j + 2 * mis) * es;
@@ -199,13 +200,13 @@ static void test_reduce_out(void **state)
                                 memcpy(before[j], p + (off ? off - 1 : 0) * (int64_t)es, es);
                                 memcpy(before[j] + 4, p + (off + n) * (int64_t)es, es);
                             }
-                            mf_cpu_reduce_out(dsts, ndst, srcs, nsrc, off, n, d, divisors[vi]);
+                            mf_cpu_kernels_reduce_out(dsts, ndst, srcs, nsrc, off, n, d, divisors[vi]);
                             for (int j = 0; j < ndst; j++) {
                                 unsigned char *p = dsts[j];
                                 if (memcmp(p + off * (int64_t)es, want, (size_t)n * es) != 0)
                                     fail_msg("reduce_out %s nsrc %d n %lld off %lld div %lld "
                                              "in place %d: destination %d differs from "
-                                             "mf_cpu_reduce", mf_dtype_name(d), nsrc,
+                                             "mf_cpu_kernels_reduce", mf_dtype_name(d), nsrc,
                                              (long long)n, (long long)off,
                                              (long long)divisors[vi], inplace, j);
                                 if (off)
