@@ -28,7 +28,7 @@ if(MFSDP_HAVE_CUDA)
   # The library without the GPU backends: the same sources compiled without
   # MFSDP_HAVE_CUDA (mf_rt.c then names no GPU backend).
   set(_mf_cpu_sources ${MFSDP_RT_SOURCES})
-  list(FILTER _mf_cpu_sources EXCLUDE REGEX "(mf_backend_(nccl|cuda)[^/]*\\.c|\\.cu)$")
+  list(FILTER _mf_cpu_sources EXCLUDE REGEX "((mf_backend_(nccl|cuda)|mf_cuda)[^/]*\\.c|\\.cu)$")
   set(_mf_cpu_defines ${MFSDP_RT_DEFINES})
   list(REMOVE_ITEM _mf_cpu_defines MFSDP_HAVE_CUDA)
   set(_mf_cpu_link ${MFSDP_RT_LINK})

@@ -3,7 +3,7 @@
  * so the CUDA data path -- device buffers, offsets, casts, the accumulate and
  * reduce kernels, events, the inner/outer/compute streams -- is exercised on
  * meshes of many ranks with a single device. Same native model, streams,
- * events and local ops as the NCCL backend (mf_backend_cuda.c); only the
+ * events and local ops as the NCCL backend (mf_cuda.c); only the
  * collectives differ: they are device copies and the reduce kernel between the
  * thread-ranks' buffers.
  *
@@ -41,7 +41,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mf_backend_cuda.h"
+#include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
 
 /* What members trade at a rendezvous (a multiple of 4 bytes: it travels as

@@ -15,16 +15,16 @@
  * (consecutive collectives of one hook on one stream and communicator) are
  * issued as one ncclGroupStart/End: their members are deferred until the last
  * one is submitted (nothing else can come between them by construction), so no
- * group is ever left open across hooks or after an error (mf_nccl_group_issue:
+ * group is ever left open across hooks or after an error (mf_cuda_nccl_group_issue:
  * ncclGroupEnd exactly when ncclGroupStart succeeded); a flush allocates
  * nothing (the pending list and the post-copies are sized at open). Local ops and events
- * go through mf_backend_cuda.c.
+ * go through mf_cuda.c.
  *
  * Errors and hangs: every NCCL call is checked. Communicators are blocking by
  * default (a nonblocking group costs a host thread per collective in NCCL
  * 2.28); with MFSDP_NCCL_NONBLOCKING an ncclInProgress result is polled
  * (ncclCommGetAsyncError) until it settles, bounded by the timeout. The
- * optional watchdog (mf_backend_cuda_guard.c) polls every communicator's
+ * optional watchdog (mf_cuda_guard.c) polls every communicator's
  * asynchronous error, the completion of the oldest in-flight collective per
  * stream and how long an NCCL call of the trainer has been running; on an
  * error or a timeout it records the failure in the runtime (sticky: the next
@@ -39,7 +39,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "mf_backend_cuda.h"
+#include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
 
 /* A copy to run after a collective's NCCL call. */
@@ -88,7 +88,7 @@ static mfsdp_result nccl_fail(ncclResult_t r, ncclComm_t comm, char *err, size_t
     const char *last = ncclGetLastError(comm);
     snprintf(err, errlen, "%s: %s%s%s%s", what, ncclGetErrorString(r), last && *last ? " (" : "",
              last && *last ? last : "", last && *last ? ")" : "");
-    return mf_nccl_map_error(r);
+    return mf_cuda_nccl_map_error(r);
 }
 
 /* Polls a nonblocking communicator until its pending call settled; bounded by
@@ -198,7 +198,7 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     if ((cr = check_streams(rt)) != MFSDP_OK)
         return cr;
     /* Blocking by default: the watchdog aborts them from its own thread (see
-     * mf_backend_cuda_guard.c). */
+     * mf_cuda_guard.c). */
     be->nonblocking = (be->nc.flags & MFSDP_NCCL_NONBLOCKING) != 0;
     if (pthread_mutex_init(&be->mu, NULL) != 0)
         return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot initialize a mutex");
@@ -213,7 +213,7 @@ static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank,
     if (!be->pending || !be->posts)
         return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (nccl groups)");
     if (!(be->nc.flags & MFSDP_NCCL_NO_IMPLICIT_ORDER)) {
-        mf_nccl_launch_order(be->nc.world_comm != NULL, be->core.warning, sizeof be->core.warning);
+        mf_cuda_nccl_launch_order(be->nc.world_comm != NULL, be->core.warning, sizeof be->core.warning);
         if (be->core.warning[0])
             fprintf(stderr, "libmfsdp: warning: %s\n", be->core.warning);
     }
@@ -411,8 +411,8 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
         int bad_comm, bad_region;
         be->nreg = nr_; /* close deregisters whatever is left (nothing after a failure) */
         pthread_mutex_lock(&be->mu);
-        ncclResult_t nr = mf_nccl_register_all(be->comms, ncomms, ptr, bytes, nr_, be->reg, MF_NCCL_MAX_REG,
-                                               &bad_comm, &bad_region);
+        ncclResult_t nr = mf_cuda_nccl_register_all(be->comms, ncomms, ptr, bytes, nr_, be->reg, MF_NCCL_MAX_REG,
+                                                    &bad_comm, &bad_region);
         if (nr != ncclSuccess) {
             snprintf(what, sizeof what, "ncclCommRegister of region %d (%zu bytes) with %s", bad_region,
                      bytes[bad_region], be->names[bad_comm]);
@@ -442,7 +442,7 @@ static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_co
     const mf_op *op = rop->op;
     ncclComm_t comm = be->comms[rop->comm];
     cudaStream_t st = be->core.stream[op->stream];
-    ncclDataType_t dt = mf_nccl_dtype(op->dtype);
+    ncclDataType_t dt = mf_cuda_nccl_dtype(op->dtype);
     ncclRedOp_t red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg;
     size_t es = mf_dtype_size(op->dtype), n = (size_t)op->count, at = (size_t)rop->coord * n * es;
     *pre_err = cudaSuccess;
@@ -470,7 +470,7 @@ static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_co
     }
 }
 
-/* mf_nccl_group_issue's member k: pending collective k; the first staging
+/* mf_cuda_nccl_group_issue's member k: pending collective k; the first staging
  * copy error is kept in cuda_err. */
 typedef struct group_ctx {
     nccl_be *be;
@@ -514,7 +514,7 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     }
     mf_watch_call_begin(&be->watch); /* a blocking call that never returns is the watchdog's */
     group_ctx g = {.be = be, .cuda_err = cudaSuccess};
-    ncclResult_t first_err = mf_nccl_group_issue(n, enqueue_pending, &g);
+    ncclResult_t first_err = mf_cuda_nccl_group_issue(n, enqueue_pending, &g);
     cudaError_t cuda_err = g.cuda_err;
     mf_watch_call_end(&be->watch);
     res = check_nccl(be, be->comms[first->comm], first_err, err, errlen, what);
@@ -605,7 +605,7 @@ static void nccl_close(mf_rt *rt)
     if (be->mu_ready) {
         pthread_mutex_lock(&be->mu);
         if (!aborted(be)) {
-            mf_nccl_deregister_all(be->comms, be->ncomms, be->reg, be->nreg, MF_NCCL_MAX_REG);
+            mf_cuda_nccl_deregister_all(be->comms, be->ncomms, be->reg, be->nreg, MF_NCCL_MAX_REG);
             /* Finalize (flushes, may be in progress on nonblocking comms), then destroy. */
             char msg[MF_RT_ERRLEN];
             for (int i = -1; i < be->ncomms; i++) {

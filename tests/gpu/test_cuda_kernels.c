@@ -21,7 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_presence.h"
-#include "mf_backend_cuda_guard.h"
+#include "mf_cuda_guard.h"
 #include "mf_cuda_kernels.h"
 
 #define CK(x) assert_int_equal((int)(x), (int)cudaSuccess)

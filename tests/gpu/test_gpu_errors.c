@@ -14,7 +14,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "mf_backend_cuda.h"
+#include "mf_cuda.h"
 #include "mfsdp_nccl.h"
 #include "rt_testlib.h"
 
@@ -36,17 +36,17 @@ static void test_map_cuda(void **state)
 static void test_map_nccl(void **state)
 {
     (void)state;
-    assert_int_equal(mf_nccl_map_error(ncclSuccess), MFSDP_OK);
-    assert_int_equal(mf_nccl_map_error(ncclRemoteError), MFSDP_ERR_ABORTED);
-    assert_int_equal(mf_nccl_map_error(ncclInProgress), MFSDP_ERR_TIMEOUT);
-    assert_int_equal(mf_nccl_map_error(ncclInvalidArgument), MFSDP_ERR_INVALID_ARGUMENT);
-    assert_int_equal(mf_nccl_map_error(ncclUnhandledCudaError), MFSDP_ERR_BACKEND);
-    assert_int_equal(mf_nccl_map_error(ncclSystemError), MFSDP_ERR_BACKEND);
-    assert_int_equal(mf_nccl_map_error(ncclInternalError), MFSDP_ERR_BACKEND);
-    assert_int_equal(mf_nccl_map_error(ncclInvalidUsage), MFSDP_ERR_BACKEND);
-    assert_int_equal(mf_nccl_dtype(MF_FP32), ncclFloat32);
-    assert_int_equal(mf_nccl_dtype(MF_BF16), ncclBfloat16);
-    assert_int_equal(mf_nccl_dtype(MF_FP16), ncclFloat16);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclSuccess), MFSDP_OK);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclRemoteError), MFSDP_ERR_ABORTED);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclInProgress), MFSDP_ERR_TIMEOUT);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclInvalidArgument), MFSDP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclUnhandledCudaError), MFSDP_ERR_BACKEND);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclSystemError), MFSDP_ERR_BACKEND);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclInternalError), MFSDP_ERR_BACKEND);
+    assert_int_equal(mf_cuda_nccl_map_error(ncclInvalidUsage), MFSDP_ERR_BACKEND);
+    assert_int_equal(mf_cuda_nccl_dtype(MF_FP32), ncclFloat32);
+    assert_int_equal(mf_cuda_nccl_dtype(MF_BF16), ncclBfloat16);
+    assert_int_equal(mf_cuda_nccl_dtype(MF_FP16), ncclFloat16);
 }
 
 static void test_config_defaults(void **state)

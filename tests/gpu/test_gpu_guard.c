@@ -28,7 +28,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "mf_backend_cuda.h"
+#include "mf_cuda.h"
 #include "mfsdp_nccl.h"
 #include "rt_testlib.h"
 
@@ -316,7 +316,7 @@ static void test_register_partial_failure(void **state)
         reg_calls = live_handles = 0;
         reg_fail_at = fail_at;
         int bc, br;
-        ncclResult_t r = mf_nccl_register_all(comms, 3, regions, bytes, 2, handles, 4, &bc, &br);
+        ncclResult_t r = mf_cuda_nccl_register_all(comms, 3, regions, bytes, 2, handles, 4, &bc, &br);
         if (fail_at <= 6) {
             assert_int_equal(r, ncclUnhandledCudaError);
             assert_int_equal(bc, (fail_at - 1) / 2); /* comm-major order */
@@ -327,7 +327,7 @@ static void test_register_partial_failure(void **state)
         } else {
             assert_int_equal(r, ncclSuccess);
             assert_int_equal(live_handles, 6);
-            mf_nccl_deregister_all(comms, 3, handles, 2, 4);
+            mf_cuda_nccl_deregister_all(comms, 3, handles, 2, 4);
             assert_int_equal(live_handles, 0);
         }
     }
@@ -364,11 +364,11 @@ static ncclResult_t fake_member(void *ctx, int k)
     return member_result[k];
 }
 
-/* The calls one mf_nccl_group_issue of n members makes, and its result. */
+/* The calls one mf_cuda_nccl_group_issue of n members makes, and its result. */
 static ncclResult_t issue(int n, const char *want)
 {
     memset(group_log, 0, sizeof group_log);
-    ncclResult_t r = mf_nccl_group_issue(n, fake_member, group_log);
+    ncclResult_t r = mf_cuda_nccl_group_issue(n, fake_member, group_log);
     assert_string_equal(group_log, want);
     return r;
 }
@@ -398,20 +398,20 @@ static void test_launch_order_decide(void **state)
 {
     (void)state;
     char w[512];
-    assert_true(mf_nccl_launch_order_decide(NULL, false, w, sizeof w));
+    assert_true(mf_cuda_nccl_launch_order_decide(NULL, false, w, sizeof w));
     assert_string_equal(w, "");
-    assert_true(mf_nccl_launch_order_decide(NULL, true, w, sizeof w));
+    assert_true(mf_cuda_nccl_launch_order_decide(NULL, true, w, sizeof w));
     assert_non_null(strstr(w, "set NCCL_LAUNCH_ORDER_IMPLICIT=1 in the environment before the process starts"));
-    assert_false(mf_nccl_launch_order_decide("1", true, w, sizeof w));
+    assert_false(mf_cuda_nccl_launch_order_decide("1", true, w, sizeof w));
     assert_string_equal(w, "");
-    assert_false(mf_nccl_launch_order_decide("0", false, w, sizeof w));
+    assert_false(mf_cuda_nccl_launch_order_decide("0", false, w, sizeof w));
     assert_non_null(strstr(w, "NCCL_LAUNCH_ORDER_IMPLICIT is \"0\" in the environment and was left alone"));
 }
 
 static void *launch_order_thread(void *arg)
 {
     char *w = arg;
-    mf_nccl_launch_order(false, w, 512);
+    mf_cuda_nccl_launch_order(false, w, 512);
     return NULL;
 }
 
@@ -431,7 +431,7 @@ static void test_launch_order_once(void **state)
     /* decided once: a later change of the environment is not re-applied */
     setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "0", 1);
     char w[512];
-    mf_nccl_launch_order(true, w, sizeof w);
+    mf_cuda_nccl_launch_order(true, w, sizeof w);
     assert_string_equal(w, "");
     assert_string_equal(getenv("NCCL_LAUNCH_ORDER_IMPLICIT"), "0");
 }

@@ -1,6 +1,6 @@
 /*
- * mf_backend_cuda: the device side shared by the NCCL and the one-GPU
- * thread-rank backends (see mf_backend_cuda.h): streams, events, memory,
+ * mf_cuda: the device side shared by the NCCL and the one-GPU
+ * thread-rank backends (see mf_cuda.h): streams, events, memory,
  * local ops, graph fork/join, host-compute mode, bounded waits and result
  * mapping.
  *
@@ -14,7 +14,7 @@
  * Nothing here synchronizes the host in a hook, except where the host is the
  * consumer (host-compute mode) and then only through bounded polling.
  */
-#include "mf_backend_cuda.h"
+#include "mf_cuda.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -42,7 +42,7 @@ mfsdp_result mf_cuda_map_error(cudaError_t e)
     }
 }
 
-mfsdp_result mf_nccl_map_error(ncclResult_t r)
+mfsdp_result mf_cuda_nccl_map_error(ncclResult_t r)
 {
     switch (r) {
     case ncclSuccess:
@@ -58,7 +58,7 @@ mfsdp_result mf_nccl_map_error(ncclResult_t r)
     }
 }
 
-ncclDataType_t mf_nccl_dtype(mf_dtype d)
+ncclDataType_t mf_cuda_nccl_dtype(mf_dtype d)
 {
     switch (d) {
     case MF_BF16: return ncclBfloat16;

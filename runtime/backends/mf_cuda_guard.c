@@ -1,6 +1,6 @@
 /*
- * mf_backend_cuda_guard: the call table, the watchdog, registration and the
- * launch-order variable of the NCCL backend (see mf_backend_cuda_guard.h).
+ * mf_cuda_guard: the call table, the watchdog, registration and the
+ * launch-order variable of the NCCL backend (see mf_cuda_guard.h).
  *
  * Why the watchdog can abort without the NCCL lock: with blocking
  * communicators (the default) a call such as the first collective over a
@@ -9,7 +9,7 @@
  * ProcessGroupNCCL does the same); the aborted flag is set before, so once the
  * stuck call returns the trainer makes no further call on the communicator.
  */
-#include "mf_backend_cuda_guard.h"
+#include "mf_cuda_guard.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -302,7 +302,7 @@ void mf_watch_destroy(mf_watch *w)
 
 /* ---- registration ---- */
 
-void mf_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles, int nregions, int stride)
+void mf_cuda_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles, int nregions, int stride)
 {
     for (int c = 0; c < ncomms; c++)
         for (int k = 0; k < nregions; k++) {
@@ -313,9 +313,9 @@ void mf_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles,
         }
 }
 
-ncclResult_t mf_nccl_register_all(const ncclComm_t *comms, int ncomms, void *const *regions,
-                                  const size_t *bytes, int nregions, void **handles, int stride,
-                                  int *failed_comm, int *failed_region)
+ncclResult_t mf_cuda_nccl_register_all(const ncclComm_t *comms, int ncomms, void *const *regions,
+                                       const size_t *bytes, int nregions, void **handles, int stride,
+                                       int *failed_comm, int *failed_region)
 {
     *failed_comm = *failed_region = -1;
     for (int c = 0; c < ncomms; c++)
@@ -326,7 +326,7 @@ ncclResult_t mf_nccl_register_all(const ncclComm_t *comms, int ncomms, void *con
                 *h = NULL;
                 *failed_comm = c;
                 *failed_region = k;
-                mf_nccl_deregister_all(comms, ncomms, handles, nregions, stride);
+                mf_cuda_nccl_deregister_all(comms, ncomms, handles, nregions, stride);
                 return r;
             }
         }
@@ -335,7 +335,7 @@ ncclResult_t mf_nccl_register_all(const ncclComm_t *comms, int ncomms, void *con
 
 /* ---- launch order ---- */
 
-bool mf_nccl_launch_order_decide(const char *value, bool trainer_nccl, char *warn, size_t warnlen)
+bool mf_cuda_nccl_launch_order_decide(const char *value, bool trainer_nccl, char *warn, size_t warnlen)
 {
     if (warnlen)
         warn[0] = '\0';
@@ -361,12 +361,12 @@ static pthread_mutex_t launch_order_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool launch_order_done;
 static char launch_order_warn[512];
 
-void mf_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen)
+void mf_cuda_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen)
 {
     pthread_mutex_lock(&launch_order_mu);
     if (!launch_order_done) {
-        if (mf_nccl_launch_order_decide(getenv("NCCL_LAUNCH_ORDER_IMPLICIT"), trainer_nccl, launch_order_warn,
-                                        sizeof launch_order_warn))
+        if (mf_cuda_nccl_launch_order_decide(getenv("NCCL_LAUNCH_ORDER_IMPLICIT"), trainer_nccl, launch_order_warn,
+                                             sizeof launch_order_warn))
             setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 1);
         launch_order_done = true;
     }
@@ -376,7 +376,7 @@ void mf_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen)
 
 /* ---- groups ---- */
 
-ncclResult_t mf_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx)
+ncclResult_t mf_cuda_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx)
 {
     if (n == 1)
         return enqueue(ctx, 0);

@@ -1,5 +1,5 @@
 /*
- * mf_backend_cuda_guard: what keeps the NCCL backend from hanging or lying,
+ * mf_cuda_guard: what keeps the NCCL backend from hanging or lying,
  * written so that a test without a device can drive it.
  *
  *   - mf_cuda_calls: the CUDA and NCCL entry points the pollers, the watchdog
@@ -24,8 +24,8 @@
  * Threads: mf_watch_track / mf_watch_call_begin/end on the trainer's thread;
  * mf_watch_once on the watchdog thread (or a test's); mf_watch_abort on any.
  */
-#ifndef MF_BACKEND_CUDA_GUARD_H
-#define MF_BACKEND_CUDA_GUARD_H
+#ifndef MF_CUDA_GUARD_H
+#define MF_CUDA_GUARD_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -141,11 +141,11 @@ bool mf_watch_aborted(const mf_watch *w);
  * handles[c * stride + k]. On a failure, deregisters every handle made so far
  * (the table is all NULL again) and returns the NCCL result with the failing
  * (comm, region) in *failed_comm / *failed_region. */
-ncclResult_t mf_nccl_register_all(const ncclComm_t *comms, int ncomms, void *const *regions,
-                                  const size_t *bytes, int nregions, void **handles, int stride,
-                                  int *failed_comm, int *failed_region);
+ncclResult_t mf_cuda_nccl_register_all(const ncclComm_t *comms, int ncomms, void *const *regions,
+                                       const size_t *bytes, int nregions, void **handles, int stride,
+                                       int *failed_comm, int *failed_region);
 /* Deregisters every non-NULL handle (and NULLs it). */
-void mf_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles, int nregions, int stride);
+void mf_cuda_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles, int nregions, int stride);
 
 /* ---- groups ---- */
 
@@ -156,7 +156,7 @@ void mf_nccl_deregister_all(const ncclComm_t *comms, int ncomms, void **handles,
  * a started group must be closed. Returns the first failure, else (n > 1)
  * ncclGroupEnd's result, else (n == 1) the call's own result (ncclSuccess or
  * ncclInProgress). Allocates nothing. */
-ncclResult_t mf_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx);
+ncclResult_t mf_cuda_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k), void *ctx);
 
 /* ---- launch order ---- */
 
@@ -165,10 +165,10 @@ ncclResult_t mf_nccl_group_issue(int n, ncclResult_t (*enqueue)(void *ctx, int k
  * a world communicator, so NCCL may have launched and cached the variable).
  * Returns true when the variable must be set to "1"; writes a warning (or "")
  * into warn. Pure. */
-bool mf_nccl_launch_order_decide(const char *value, bool trainer_nccl, char *warn, size_t warnlen);
+bool mf_cuda_nccl_launch_order_decide(const char *value, bool trainer_nccl, char *warn, size_t warnlen);
 
 /* Applies the decision once per process under a lock (later calls only
  * report); warn receives the warning for this caller, or "". */
-void mf_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen);
+void mf_cuda_nccl_launch_order(bool trainer_nccl, char *warn, size_t warnlen);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * mf_backend_cuda: what the two GPU backends (mf_backend_nccl.c: one GPU per
+ * mf_cuda: what the two GPU backends (mf_backend_nccl.c: one GPU per
  * rank over NCCL; mf_backend_cuda_local.c: thread-ranks on one GPU) share --
  * the device, the three streams, one CUDA event per schedule event, device
  * memory, the local ops (cast, accumulate, slice, record, wait) as kernels,
@@ -17,8 +17,8 @@
  * mf_cuda_core_alloc() stays valid until mf_cuda_core_close(), which first
  * drains the streams (bounded), so no kernel still runs on freed memory.
  */
-#ifndef MF_BACKEND_CUDA_H
-#define MF_BACKEND_CUDA_H
+#ifndef MF_CUDA_H
+#define MF_CUDA_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "mf_backend_cuda_guard.h"
+#include "mf_cuda_guard.h"
 #include "mf_gpu_plan.h"
 #include "mf_base.h"
 #include "mfsdp_nccl.h"
@@ -40,9 +40,9 @@ mfsdp_result mf_cuda_map_error(cudaError_t e);
 /* The mfsdp_result an NCCL result maps to: remote error -> aborted (a peer
  * failed), in progress -> timeout (still pending at a deadline), invalid
  * argument -> invalid argument, others -> backend. */
-mfsdp_result mf_nccl_map_error(ncclResult_t r);
+mfsdp_result mf_cuda_nccl_map_error(ncclResult_t r);
 /* NCCL's data type of an mf_dtype (fp32, bf16, fp16). */
-ncclDataType_t mf_nccl_dtype(mf_dtype d);
+ncclDataType_t mf_cuda_nccl_dtype(mf_dtype d);
 
 /* ---- memory ---- */
 
@@ -72,7 +72,7 @@ typedef struct mf_cuda_core {
 
     /* memory: one pool sized from the schedule, then single blocks */
     mf_cuda_mem kind;                /* of every allocation (NCCL becomes DEVICE when
-                                        ncclMemAlloc fails: mf_backend_cuda.c) */
+                                        ncclMemAlloc fails: mf_cuda.c) */
     mf_cuda_block pool;
     size_t pool_used;
     mf_cuda_block *blocks;
