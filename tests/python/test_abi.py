@@ -59,7 +59,7 @@ def _mismatch(h, lib, part=abi_check.check):
 def test_binding_matches_the_headers(headers):
     functions, constants, structs = abi_check.check(headers, _lib)
     # the headers as of this test: every exported function, MFSDP_* constant and struct
-    assert functions >= 64 and constants >= 43 and structs >= 8
+    assert functions >= 64 and constants >= 37 and structs >= 8   # without mfsdp_nccl.h
     assert "mfsdp_create" in headers.functions and "mfsdp_config_set_mpi" not in headers.functions
 
 
