@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "mf_cli.h"
+#include "mf_opts.h"
 #include "mf_schedule.h"
 
 #ifndef MFSDP_VERSION
@@ -52,15 +53,23 @@ static int mf_main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    /* The first argument only: the rest belong to the command. */
+    enum { O_HELP, O_VERSION };
+    static const mf_opt opts[] = {{"--help", "-h", NULL, O_HELP}, {"--version", NULL, NULL, O_VERSION}};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdpc", argc, argv, opts, 2, NULL);
+    p.quiet = true; /* any other option is an unknown command */
+    const char *v;
+    int id = mf_opts_next(&p, &v);
+    if (id == O_HELP || (id == MF_OPTS_OPERAND && strcmp(v, "help") == 0)) {
         usage(stdout);
         return 0;
     }
-    if (strcmp(argv[1], "--version") == 0) {
+    if (id == O_VERSION) {
         printf("mfsdpc %s (schedule format %s)\n", MFSDP_VERSION, MF_SCHEDULE_FORMAT);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    for (size_t i = 0; id == MF_OPTS_OPERAND && i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "mfsdpc: error: unknown command '%s'\n", argv[1]);
