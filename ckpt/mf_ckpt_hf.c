@@ -273,11 +273,6 @@ int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen)
     return rc;
 }
 
-int mf_hf_dtype(mf_st_dtype d)
-{
-    return d == MF_ST_F32 ? MF_FP32 : d == MF_ST_BF16 ? MF_BF16 : d == MF_ST_F16 ? MF_FP16 : -1;
-}
-
 static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...)
 {
@@ -324,7 +319,7 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *s
         if (t->ndims != st[k].ndims || memcmp(t->dims, st[k].dims, sizeof(int64_t) * (size_t)st[k].ndims) != 0)
             mf_hf_note(err, errlen, &bad, "schedule tensor '%s': Hugging Face tensor '%s' has another shape",
                        st[k].name, t->name);
-        if (mf_hf_dtype(t->dtype) < 0)
+        if (mf_ckpt_dtype_of_st(t->dtype) < 0)
             mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' is %s (only F32, BF16, F16)", t->name,
                        mf_st_dtype_name(t->dtype));
     }
@@ -350,7 +345,7 @@ int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, vo
                      char *err, size_t errlen)
 {
     const mf_hf_tensor *x = &m->t[t];
-    int sd = mf_hf_dtype(x->dtype);
+    int sd = mf_ckpt_dtype_of_st(x->dtype);
     size_t es = mf_st_dtype_size(x->dtype), ds = mf_dtype_size(dst_dtype);
     if (sd < 0)
         return snprintf(err, errlen, "%s: tensor '%s' is %s (only F32, BF16, F16)", m->paths[x->file], x->name,

@@ -76,8 +76,6 @@ void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
 
 int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen);
 void mf_hf_close(mf_hf_model *m);
-/* The runtime's dtype (mf_dtype) of a safetensors dtype, or -1 when it has none. */
-int mf_hf_dtype(mf_st_dtype d);
 
 /* *t = name (borrowed), ndims <= MF_MAX_DIMS sizes dims[], numel. */
 void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t *dims, int64_t numel);

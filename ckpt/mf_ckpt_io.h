@@ -71,8 +71,11 @@ int mf_ckpt_write_small(const char *dir, const char *name, const char *text, siz
                         size_t errlen);
 /* Commits: fsync tmp, rename tmp -> dir, fsync the parent of dir. */
 int mf_ckpt_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen);
-/* The safetensors dtype of a schedule dtype. */
+/* The safetensors dtype of a schedule dtype (F32 for one it does not
+ * know); the schedule dtype (mf_dtype) of a safetensors dtype, or -1 when
+ * it has none. */
 mf_st_dtype mf_ckpt_st_dtype(mf_dtype d);
+int mf_ckpt_dtype_of_st(mf_st_dtype st);
 
 /* ---- reading ---- */
 

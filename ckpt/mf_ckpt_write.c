@@ -22,9 +22,27 @@
 
 #include "mf_ckpt_crc.h"
 
+/* The schedule's dtypes as safetensors names them: the one table of both
+ * directions. */
+static const struct {
+    mf_dtype d;
+    mf_st_dtype st;
+} mf_ckpt_dtypes[] = {{MF_FP32, MF_ST_F32}, {MF_BF16, MF_ST_BF16}, {MF_FP16, MF_ST_F16}};
+
 mf_st_dtype mf_ckpt_st_dtype(mf_dtype d)
 {
-    return d == MF_BF16 ? MF_ST_BF16 : d == MF_FP16 ? MF_ST_F16 : MF_ST_F32;
+    for (size_t i = 0; i < sizeof mf_ckpt_dtypes / sizeof *mf_ckpt_dtypes; i++)
+        if (mf_ckpt_dtypes[i].d == d)
+            return mf_ckpt_dtypes[i].st;
+    return MF_ST_F32;
+}
+
+int mf_ckpt_dtype_of_st(mf_st_dtype st)
+{
+    for (size_t i = 0; i < sizeof mf_ckpt_dtypes / sizeof *mf_ckpt_dtypes; i++)
+        if (mf_ckpt_dtypes[i].st == st)
+            return (int)mf_ckpt_dtypes[i].d;
+    return -1;
 }
 
 /* All n bytes at off through pwrite (write) or pread, in transfers of at
