@@ -60,8 +60,9 @@ typedef struct mf_hf_shape {
     int64_t numel;
 } mf_hf_shape;
 
-/* Adds "FROM=TO" (kind 0) or a tie "NAME=SOURCE" (kind 1); the strings are
- * borrowed. -1 when malformed or too many. */
+/* Adds "FROM=TO" (kind 0) or a tie "NAME=SOURCE" (kind 1): FROM and NAME
+ * are copied, TO and SOURCE borrowed from arg. -1 when malformed or too
+ * many. */
 int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg);
 /* Adds nmaps rules maps[i] and nties ties ties[i] (none when n <= 0); -1
  * when an array or a string is NULL or a rule is malformed. */
