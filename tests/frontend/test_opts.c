@@ -79,6 +79,14 @@ static void expect_arg(const run *r, int k, int id, const char *val)
         assert_null(r->val[k]);
 }
 
+/* The parse returned n results, the last one id, and printed err. */
+static void expect_end(const run *r, int n, int id, const char *err)
+{
+    assert_int_equal(r->n, n);
+    assert_int_equal(r->id[n - 1], id);
+    assert_string_equal(r->err, err);
+}
+
 static void test_options_and_operands(void **state)
 {
     (void)state;
@@ -115,9 +123,8 @@ static void test_unknown_option(void **state)
     const char *args[] = {"a", "--frobnicate", "b", NULL};
     run r;
     parse(&r, args, table, 4, false);
-    assert_int_equal(r.n, 2);
     expect_arg(&r, 1, MF_OPTS_UNKNOWN, "--frobnicate");
-    assert_string_equal(r.err, "mfsdpc test: error: unknown option '--frobnicate'\n");
+    expect_end(&r, 2, MF_OPTS_UNKNOWN, "mfsdpc test: error: unknown option '--frobnicate'\n");
 }
 
 static void test_missing_value(void **state)
@@ -126,13 +133,10 @@ static void test_missing_value(void **state)
     run r;
     const char *long_form[] = {"a", "--format", NULL};
     parse(&r, long_form, table, 4, false);
-    assert_int_equal(r.id[r.n - 1], MF_OPTS_NO_VALUE);
-    assert_string_equal(r.err, "mfsdpc test: error: --format needs a value (text or yaml)\n");
+    expect_end(&r, 2, MF_OPTS_NO_VALUE, "mfsdpc test: error: --format needs a value (text or yaml)\n");
     const char *alias[] = {"-o", NULL};
     parse(&r, alias, table, 4, false);
-    assert_int_equal(r.n, 1);
-    assert_int_equal(r.id[0], MF_OPTS_NO_VALUE);
-    assert_string_equal(r.err, "mfsdpc test: error: -o needs a file name\n");
+    expect_end(&r, 1, MF_OPTS_NO_VALUE, "mfsdpc test: error: -o needs a file name\n");
 }
 
 static void test_help(void **state)
@@ -145,9 +149,7 @@ static void test_help(void **state)
     expect_arg(&r, 0, O_HELP, NULL);
     const char *alias[] = {"x", "-h", NULL};
     parse(&r, alias, table, 4, false);
-    assert_int_equal(r.n, 2);
-    assert_int_equal(r.id[1], O_HELP);
-    assert_string_equal(r.err, "");
+    expect_end(&r, 2, O_HELP, "");
 }
 
 /* What getopt_long alone would take, refused as unknown options. */
@@ -166,9 +168,7 @@ static void test_refused_leniencies(void **state)
         const char *args[] = {cases[k][0], "a", NULL};
         run r;
         parse(&r, args, table, 4, false);
-        assert_int_equal(r.n, 1);
-        assert_int_equal(r.id[0], MF_OPTS_UNKNOWN);
-        assert_string_equal(r.err, cases[k][1]);
+        expect_end(&r, 1, MF_OPTS_UNKNOWN, cases[k][1]);
     }
 }
 
@@ -191,14 +191,12 @@ static void test_short_only(void **state)
     const char *args[] = {"-o", "f", "--o", NULL};
     run r;
     parse(&r, args, t, 1, false);
-    assert_int_equal(r.n, 2);
     expect_arg(&r, 0, O_OUT, "f");
-    expect_arg(&r, 1, MF_OPTS_UNKNOWN, "--o");
-    assert_string_equal(r.err, "mfsdpc test: error: unknown option '--o'\n");
+    expect_end(&r, 2, MF_OPTS_UNKNOWN, "mfsdpc test: error: unknown option '--o'\n");
     const char *last[] = {"x", "-o", NULL};
     parse(&r, last, t, 1, false);
     expect_arg(&r, 1, MF_OPTS_NO_VALUE, NULL);
-    assert_string_equal(r.err, "mfsdpc test: error: -o needs a file name\n");
+    expect_end(&r, 2, MF_OPTS_NO_VALUE, "mfsdpc test: error: -o needs a file name\n");
 }
 
 static void test_quiet(void **state)
@@ -207,8 +205,7 @@ static void test_quiet(void **state)
     const char *args[] = {"--frobnicate", NULL};
     run r;
     parse(&r, args, table, 4, true);
-    assert_int_equal(r.id[0], MF_OPTS_UNKNOWN);
-    assert_string_equal(r.err, "");
+    expect_end(&r, 1, MF_OPTS_UNKNOWN, "");
 }
 
 /* A second parse in the same process starts again at argv[1], though the
@@ -219,13 +216,11 @@ static void test_parses_again(void **state)
     run r;
     const char *first[] = {"--format", "text", "--frob", "rest", NULL};
     parse(&r, first, table, 4, true);
-    assert_int_equal(r.n, 2);
-    assert_int_equal(r.id[1], MF_OPTS_UNKNOWN);
+    expect_end(&r, 2, MF_OPTS_UNKNOWN, "");
     const char *second[] = {"s", "--quiet", NULL};
     parse(&r, second, table, 4, false);
-    assert_int_equal(r.n, 2);
     expect_arg(&r, 0, MF_OPTS_OPERAND, "s");
-    assert_int_equal(r.id[1], O_QUIET);
+    expect_end(&r, 2, O_QUIET, "");
 }
 
 int main(void)
