@@ -597,7 +597,8 @@ static void step_report(rank_ctx *c, mfsdp_result r, bool stop, mfsdp_stats *pre
         snprintf(rep->msg, sizeof rep->msg, "%s", c->first);
     }
     if (rep->status != 0 && !out->own[0])
-        snprintf(out->own, sizeof out->own, "%s", rep->status == 3 ? "rank stopped calling hooks (fault injection)" : rep->msg);
+        snprintf(out->own, sizeof out->own, "%s",
+                 rep->status == 3 ? "rank stopped calling hooks (fault injection)" : rep->msg);
 }
 
 /* The steps, each checked by every rank's report. Returns 0 or 1. */

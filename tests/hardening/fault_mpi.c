@@ -107,9 +107,10 @@ static mfsdp_result run_step(mfsdp_runtime *rt, int units, int64_t mbs, int mid,
 static bool parse_args(int argc, char **argv, const char **path, int *steps, int64_t *timeout)
 {
     enum { O_RANK, O_AT, O_KILL, O_STEP, O_STEPS, O_TIMEOUT };
-    static const mf_opt opts[] = {{"--die-rank", NULL, "a value", O_RANK}, {"--die-at", NULL, "a value", O_AT},
-                                  {"--kill", NULL, NULL, O_KILL},           {"--die-step", NULL, "a value", O_STEP},
-                                  {"--steps", NULL, "a value", O_STEPS},    {"--timeout-ms", NULL, "a value", O_TIMEOUT}};
+    static const mf_opt opts[] = {
+        {"--die-rank", NULL, "a value", O_RANK}, {"--die-at", NULL, "a value", O_AT},
+        {"--kill", NULL, NULL, O_KILL},          {"--die-step", NULL, "a value", O_STEP},
+        {"--steps", NULL, "a value", O_STEPS},   {"--timeout-ms", NULL, "a value", O_TIMEOUT}};
     mf_opts p;
     mf_opts_init(&p, "mfsdp-fault-mpi", argc, argv, opts, 6, NULL);
     p.quiet = true; /* every mistake is a bad argument */
