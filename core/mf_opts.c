@@ -44,6 +44,8 @@ static int mf_opts_take(mf_opts *p, const char **val)
     size_t ns = 2, nl = 0;
     for (int k = 0; k < p->nopts; k++) {
         const mf_opt *o = &p->table[k];
+        if (strcmp(o->name, "--") == 0)
+            continue; /* taken by mf_opts_next, never by getopt_long */
         bool is_long = o->name[1] == '-';
         if (is_long)
             longs[nl++] = (struct option){o->name + 2, o->value ? required_argument : no_argument, NULL,

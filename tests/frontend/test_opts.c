@@ -176,11 +176,11 @@ static void test_listed_double_dash(void **state)
 {
     (void)state;
     static const mf_opt t[] = {{"--help", "-h", NULL, O_HELP}, {"--", NULL, NULL, O_END}};
-    const char *args[] = {"--", "--help", NULL};
+    const char *args[] = {"-h", "--", "--help", NULL};
     run r;
     parse(&r, args, t, 2, false);
-    assert_int_equal(r.n, 1);
-    assert_int_equal(r.id[0], O_END);
+    expect_arg(&r, 0, O_HELP, NULL);
+    expect_end(&r, 2, O_END, "");
 }
 
 /* An entry named "-o" has no long name: "--o" is no option. */
