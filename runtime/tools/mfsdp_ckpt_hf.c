@@ -12,7 +12,6 @@
  *       consolidated full tensors: OUT/model.safetensors, or
  *       OUT/model-0000k-of-0000N.safetensors + model.safetensors.index.json
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +22,7 @@
 #include "mf_ckpt_hf.h"
 #include "mf_ckpt_hf_layout.h"
 #include "mf_load.h"
+#include "mf_opts.h"
 #include "mfsdp_ckpt_tool.h"
 
 /* A bad option: its argument as written and the one after it (the value it
@@ -35,45 +35,45 @@ static int ck_hf_bad(const char *a, const char *v)
     return -1;
 }
 
-/* Parses the options after the positional arguments argv[1..first): --map
- * and --tie, and --dtype and --max-file-bytes where dtype and maxb are
- * given. 0, or -1 (usage error, message on stderr). */
+/* Parses the options after the positional arguments argv[1..first) with
+ * core's mf_opts (quiet: the messages are this tool's): --map and --tie,
+ * and --dtype and --max-file-bytes where dtype and maxb are given. 0, or -1
+ * (a usage error, its message on stderr). */
 static int ck_hf_opts(int argc, char **argv, int first, mf_hf_rules *r, int *dtype, uint64_t *maxb)
 {
-    static const struct option opts[] = {
-        {"map", required_argument, NULL, 'm'},
-        {"tie", required_argument, NULL, 't'},
-        {"dtype", required_argument, NULL, 'd'},
-        {"max-file-bytes", required_argument, NULL, 'b'},
-        {NULL, 0, NULL, 0},
+    enum { O_MAP, O_TIE, O_DTYPE, O_MAX_FILE_BYTES };
+    static const mf_opt table[] = {
+        {"--map", NULL, "FROM=TO", O_MAP},
+        {"--tie", NULL, "NAME=SOURCE", O_TIE},
+        {"--dtype", NULL, "bf16|fp16|fp32", O_DTYPE},
+        {"--max-file-bytes", NULL, "N", O_MAX_FILE_BYTES},
     };
-    int n = argc - first + 1, c, at = 1, idx = 0;
-    char **sub = argv + first - 1, name[32]; /* sub[0] stands for the program name */
-    opterr = 0;
-    optind = 0; /* glibc: start over, on this array */
-    while (at = optind ? optind : 1, (c = getopt_long(n, sub, "+:", opts, &idx)) != -1) {
-        if (c == ':')
+    int n = argc - first + 1, id;
+    char **sub = argv + first - 1; /* sub[0] stands for the subcommand */
+    const char *v;
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-ckpt", n, sub, table, (int)(sizeof table / sizeof *table), NULL);
+    p.quiet = true;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == O_MAP && mf_hf_rule_add(r, 0, v) == 0)
+            continue;
+        if (id == O_TIE && mf_hf_rule_add(r, 1, v) == 0)
+            continue;
+        if (id == O_DTYPE && dtype && mf_dtype_from_name(v) >= 0) {
+            *dtype = mf_dtype_from_name(v);
+            continue;
+        }
+        if (id == O_MAX_FILE_BYTES && maxb && strtoull(v, NULL, 10) > 0) {
+            *maxb = strtoull(v, NULL, 10);
+            continue;
+        }
+        if (id == MF_OPTS_NO_VALUE)
             return -1; /* the last option lacks its value */
-        if (c == '?')
-            return ck_hf_bad(sub[at], at + 1 < n ? sub[at + 1] : NULL);
-        if (c == 'm' && mf_hf_rule_add(r, 0, optarg) == 0)
-            continue;
-        if (c == 't' && mf_hf_rule_add(r, 1, optarg) == 0)
-            continue;
-        if (c == 'd' && dtype && mf_dtype_from_name(optarg) >= 0) {
-            *dtype = mf_dtype_from_name(optarg);
-            continue;
-        }
-        if (c == 'b' && maxb && strtoull(optarg, NULL, 10) > 0) {
-            *maxb = strtoull(optarg, NULL, 10);
-            continue;
-        }
-        snprintf(name, sizeof name, "--%s", opts[idx].name);
-        return ck_hf_bad(name, optarg);
+        if (id < 0) /* unknown, or an operand too many */
+            return ck_hf_bad(p.arg, p.i < n ? sub[p.i] : NULL);
+        return ck_hf_bad(table[id].name, v);
     }
-    if (at < n && optind == at + 1 && strcmp(sub[at], "--") == 0) /* "--" is no option here */
-        return ck_hf_bad(sub[at], at + 1 < n ? sub[at + 1] : NULL);
-    return optind < n ? ck_hf_bad(sub[optind], optind + 1 < n ? sub[optind + 1] : NULL) : 0;
+    return 0;
 }
 
 /* A command's end: a failure (rc != 0) reported, the temporary directory of
