@@ -131,6 +131,10 @@ typedef struct mf_ckpt_reader {
     size_t blen;
 } mf_ckpt_reader;
 
+/* Reads DIR/manifest.json (bounded, opened as mf_ckpt_open_regular does)
+ * and parses it; a missing manifest is reported as an uncommitted
+ * checkpoint. */
+int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen);
 int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);
 void mf_ckpt_reader_close(mf_ckpt_reader *r);
 /* Opens and checks data file f against the manifest (once). */

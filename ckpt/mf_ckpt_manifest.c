@@ -2,17 +2,12 @@
  * mf_ckpt_manifest: manifest.json, dump and parse-and-check (see the header).
  */
 #include "mf_ckpt_manifest.h"
-#include "mf_ckpt_io.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "mf_diag.h"
 #include "mf_int.h"
@@ -420,53 +415,5 @@ done:
     json_decref(root);
     if (rc != 0)
         mf_ckpt_manifest_free(out);
-    return rc;
-}
-
-int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen)
-{
-    memset(out, 0, sizeof *out);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, MF_CKPT_MANIFEST);
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mf_mf_err(err, errlen, "%s: no such checkpoint directory", dir);
-    /* DIR.tmp-ID: a save that never reached its rename (the commit point). */
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
-        return mf_mf_err(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
-                         "committed checkpoint", (int)n, dir);
-    int fd = mf_ckpt_open_regular(path, 0, &st, err, errlen);
-    if (fd < 0 && errno == ENOENT)
-        return mf_mf_err(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
-                         "save did not complete)", dir);
-    if (fd < 0)
-        return -1;
-    int rc = -1;
-    char *text = NULL;
-    if ((uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
-        mf_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
-        goto done;
-    }
-    text = malloc((size_t)st.st_size + 1);
-    if (!text) {
-        mf_errf(err, errlen, "%s: out of memory", path);
-        goto done;
-    }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
-        if (r <= 0) {
-            mf_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
-            goto done;
-        }
-        got += (size_t)r;
-    }
-    rc = mf_ckpt_manifest_parse(path, text, got, out, err, errlen);
-done:
-    free(text);
-    close(fd);
     return rc;
 }

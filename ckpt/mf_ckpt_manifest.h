@@ -73,9 +73,6 @@ char *mf_ckpt_manifest_dump(const mf_ckpt_manifest *m);
  * message. */
 int mf_ckpt_manifest_parse(const char *fname, const char *text, size_t len, mf_ckpt_manifest *out,
                            char *err, size_t errlen);
-/* Reads DIR/manifest.json (bounded) and parses it; a missing manifest is
- * reported as an uncommitted checkpoint. */
-int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen);
 void mf_ckpt_manifest_free(mf_ckpt_manifest *m);
 /* Index of the tensor / state named `name`, or -1. */
 int mf_ckpt_manifest_tensor(const mf_ckpt_manifest *m, const char *name);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "mf_ckpt_crc.h"
+#include "mf_diag.h"
 
 static const char *mf_ckpt_file_kind(mode_t mode)
 {
@@ -41,6 +42,54 @@ int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err
         return errno = S_ISREG(st->st_mode) ? e : EINVAL, -1;
     }
     return fd;
+}
+
+int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, MF_CKPT_MANIFEST);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return mf_errf(err, errlen, "%s: no such checkpoint directory", dir), -1;
+    /* DIR.tmp-ID: a save that never reached its rename (the commit point). */
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
+        return mf_errf(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
+                       "committed checkpoint", (int)n, dir), -1;
+    int fd = mf_ckpt_open_regular(path, 0, &st, err, errlen);
+    if (fd < 0 && errno == ENOENT)
+        return mf_errf(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
+                       "save did not complete)", dir), -1;
+    if (fd < 0)
+        return -1;
+    int rc = -1;
+    char *text = NULL;
+    if ((uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
+        mf_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
+        goto done;
+    }
+    text = malloc((size_t)st.st_size + 1);
+    if (!text) {
+        mf_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
+        if (r <= 0) {
+            mf_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
+            goto done;
+        }
+        got += (size_t)r;
+    }
+    rc = mf_ckpt_manifest_parse(path, text, got, out, err, errlen);
+done:
+    free(text);
+    close(fd);
+    return rc;
 }
 
 int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen)
