@@ -27,11 +27,7 @@
 /* Borrows ast; returns a spec allocated in `a`, or NULL when errors were reported. */
 mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a);
 
-/* Returns an owned plan over `spec` (borrowed) with an empty schedule; cost may
- * be NULL for the defaults. NULL on OOM. */
-mf_plan *mf_plan_new(const mf_spec *spec, const mf_cost_model *cost);
-/* Takes the plan (and its schedule, unless taken). */
-void mf_plan_free(mf_plan *p);
+/* mf_plan_new, mf_plan_free: mf_plan.h. */
 
 bool mf_layout_run(mf_plan *p, mf_diag *d);
 bool mf_transition_run(mf_plan *p, mf_diag *d);

@@ -3,7 +3,7 @@
  * and lowering passes (mf_plan.h). A plan borrows its spec and owns its
  * schedule until a caller takes it; transition steps live in plan->arena.
  */
-#include "mf_passes.h"
+#include "mf_plan.h"
 
 #include <stdlib.h>
 

@@ -84,4 +84,10 @@ typedef struct mf_plan {
                                shared by plans of one spec's layouts */
 } mf_plan;
 
+/* Returns an owned plan over `spec` (borrowed) with an empty schedule; cost may
+ * be NULL for the defaults. NULL on OOM. */
+mf_plan *mf_plan_new(const mf_spec *spec, const mf_cost_model *cost);
+/* Takes the plan (and its schedule, unless taken). */
+void mf_plan_free(mf_plan *p);
+
 #endif
