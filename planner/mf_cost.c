@@ -127,31 +127,33 @@ bool mf_cost_is_option(const char *arg)
     return false;
 }
 
+/* A bandwidth option's GB/s (bw) or a latency option's microseconds. */
+static void set_axis_cost(mf_link *a, bool bw, double x)
+{
+    if (bw)
+        a->beta = x * 1e9;
+    else
+        a->alpha = x * 1e-6;
+}
+
 int mf_cost_parse_option(mf_cost_model *cm, const mf_mesh *mesh, const char *arg)
 {
     const char *v;
     double x;
     int k = mesh->naxes;
-    if ((v = option_value(arg, "--inner-bw")) || (v = option_value(arg, "--outer-bw"))) {
-        if (!parse_number(v, true, &x))
-            return bad_value(arg, "a bandwidth in GB/s per rank, > 0");
+    bool bw = (v = option_value(arg, "--inner-bw")) || (v = option_value(arg, "--outer-bw"));
+    if (bw || (v = option_value(arg, "--inner-lat")) || (v = option_value(arg, "--outer-lat"))) {
+        if (!parse_number(v, bw, &x))
+            return bad_value(arg, bw ? "a bandwidth in GB/s per rank, > 0"
+                                     : "a latency in microseconds per ring step, >= 0");
         bool inner = arg[2] == 'i';
         for (int j = 0; j < k; j++)
             if ((j == k - 1) == inner)
-                cm->axis[j].beta = x * 1e9;
-        return 1;
-    }
-    if ((v = option_value(arg, "--inner-lat")) || (v = option_value(arg, "--outer-lat"))) {
-        if (!parse_number(v, false, &x))
-            return bad_value(arg, "a latency in microseconds per ring step, >= 0");
-        bool inner = arg[2] == 'i';
-        for (int j = 0; j < k; j++)
-            if ((j == k - 1) == inner)
-                cm->axis[j].alpha = x * 1e-6;
+                set_axis_cost(&cm->axis[j], bw, x);
         return 1;
     }
     if ((v = option_value(arg, "--axis-bw")) || (v = option_value(arg, "--axis-lat"))) {
-        bool bw = strncmp(arg, "--axis-bw", 9) == 0;
+        bw = strncmp(arg, "--axis-bw", 9) == 0;
         const char *num = NULL;
         int j = axis_by_name(mesh, v, &num);
         if (j < 0) {
@@ -163,10 +165,7 @@ int mf_cost_parse_option(mf_cost_model *cm, const mf_mesh *mesh, const char *arg
         }
         if (!parse_number(num, bw, &x))
             return bad_value(arg, bw ? "NAME:GBPS with GBPS > 0" : "NAME:US with US >= 0");
-        if (bw)
-            cm->axis[j].beta = x * 1e9;
-        else
-            cm->axis[j].alpha = x * 1e-6;
+        set_axis_cost(&cm->axis[j], bw, x);
         return 1;
     }
     if ((v = option_value(arg, "--local-bw"))) {
