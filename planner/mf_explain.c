@@ -367,6 +367,26 @@ static int64_t ns(double seconds)
     return (int64_t)llround(seconds * 1e9);
 }
 
+/* The mesh's axes: each one's name and size, or (cost) its link's figures. */
+static void yaml_axes(yout *y, const mf_plan *p, bool cost)
+{
+    const mf_mesh *m = &p->sched->mesh;
+    y_raw(y, "axes");
+    y_seq(y, true);
+    for (int j = 0; j < m->naxes; j++) {
+        y_map(y, true);
+        y_kstr(y, "name", m->axes[j].name);
+        if (cost) {
+            y_kint(y, "alpha_ns", ns(p->cost.axis[j].alpha));
+            y_kint(y, "beta_bytes_per_s", (int64_t)llround(p->cost.axis[j].beta));
+        } else {
+            y_kint(y, "size", m->axes[j].size);
+        }
+        y_end_map(y);
+    }
+    y_end_seq(y);
+}
+
 static void yaml_header(yout *y, const mf_plan *p)
 {
     const mf_schedule *s = p->sched;
@@ -374,15 +394,7 @@ static void yaml_header(yout *y, const mf_plan *p)
     y_kstr(y, "source", s->source);
     y_raw(y, "mesh");
     y_map(y, true);
-    y_raw(y, "axes");
-    y_seq(y, true);
-    for (int j = 0; j < s->mesh.naxes; j++) {
-        y_map(y, true);
-        y_kstr(y, "name", s->mesh.axes[j].name);
-        y_kint(y, "size", s->mesh.axes[j].size);
-        y_end_map(y);
-    }
-    y_end_seq(y);
+    yaml_axes(y, p, false);
     y_kint(y, "world", s->mesh.world);
     y_end_map(y);
     y_kint(y, "microbatches", s->microbatches);
@@ -392,16 +404,7 @@ static void yaml_header(yout *y, const mf_plan *p)
     y_kint(y, "bucket_size", p->spec ? p->spec->bucket_size : 0);
     y_raw(y, "cost");
     y_map(y, true);
-    y_raw(y, "axes");
-    y_seq(y, true);
-    for (int j = 0; j < s->mesh.naxes; j++) {
-        y_map(y, true);
-        y_kstr(y, "name", s->mesh.axes[j].name);
-        y_kint(y, "alpha_ns", ns(p->cost.axis[j].alpha));
-        y_kint(y, "beta_bytes_per_s", (int64_t)llround(p->cost.axis[j].beta));
-        y_end_map(y);
-    }
-    y_end_seq(y);
+    yaml_axes(y, p, true);
     y_kint(y, "launch_ns", ns(p->cost.launch));
     y_kint(y, "local_bytes_per_s", (int64_t)llround(p->cost.local_bw));
     y_end_map(y);
