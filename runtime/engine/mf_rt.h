@@ -9,6 +9,7 @@
  * Engine modules, bottom up (docs/runtime.md, "Source layout"):
  *
  *   mf_base.c          the runtime struct, accounted allocation, errors, time
+ *   mf_abi.c           the public config structs' size and version checks
  *   mf_rt_schedule.c   the schedule handle: load, verify on load, queries
  *   mf_stress.c        stress-mode delays
  *   mf_trace.c         the trace check (hook order)

@@ -5,7 +5,7 @@
  * an evaluation pass -- and a call that diverges is refused with
  * MFSDP_ERR_INVALID_USAGE and a message naming what came and what was
  * expected; nothing is issued and the state does not move, so the trainer
- * can still make the right call. The state lives in the runtime (mf_rt.h,
+ * can still make the right call. The state lives in the runtime (mf_base.h,
  * "hook state") and only the host thread touches it.
  */
 #ifndef MF_TRACE_H
