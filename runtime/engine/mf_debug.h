@@ -6,8 +6,8 @@
  * must be completely overwritten within its window, and the weight must not
  * change within its window.
  *
- * Called by mf_replay_hook around every hook of a runtime whose rt->check is
- * set; CPU backends only, and the runtime runs synchronously (every op
+ * Called by the replay engine (mf_replay.c) around every hook of a runtime
+ * whose rt->check is set; CPU backends only, and the runtime runs synchronously (every op
  * completes within its hook), so between hooks no op touches a buffer.
  */
 #ifndef MF_DEBUG_H

@@ -58,7 +58,8 @@ mfsdp_result mf_replay_build_lists(mf_rt *rt)
     return MFSDP_OK;
 }
 
-int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st)
+/* The most entries a stream is issued in one full step. */
+static int64_t stream_ops_per_step(const mf_rt *rt, mf_stream st)
 {
     const mf_schedule *s = rt->s;
     int64_t n = 0;
@@ -71,7 +72,7 @@ int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st)
 int64_t mf_replay_stream_capacity(const mf_rt *rt, mf_stream st)
 {
     const mf_schedule *s = rt->s;
-    int64_t n = mf_replay_stream_ops_per_step(rt, st);
+    int64_t n = stream_ops_per_step(rt, st);
     for (int i = 0; i < s->nops; i++) /* a short step or an evaluation pass at most adds its program */
         n += s->ops[i].stream == st && !mf_op_in_step(&s->ops[i]);
     return n;
@@ -124,7 +125,8 @@ static mfsdp_result sticky(mf_rt *rt)
     return r;
 }
 
-mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
+/* Runs a hook: checks the order, issues its ops, advances the state. */
+static mfsdp_result run_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
 {
     if (!mf_base_live(rt)) {
         char fn[48];
@@ -171,42 +173,42 @@ mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
 
 MFSDP_API mfsdp_result mfsdp_step_begin(mfsdp_runtime *rt)
 {
-    return mf_replay_hook(rt, MF_PHASE_STEP_BEGIN, -1, -1);
+    return run_hook(rt, MF_PHASE_STEP_BEGIN, -1, -1);
 }
 
 MFSDP_API mfsdp_result mfsdp_forward_pre(mfsdp_runtime *rt, int unit, int64_t microbatch)
 {
-    return mf_replay_hook(rt, MF_PHASE_FORWARD_PRE, unit, microbatch);
+    return run_hook(rt, MF_PHASE_FORWARD_PRE, unit, microbatch);
 }
 
 MFSDP_API mfsdp_result mfsdp_forward_post(mfsdp_runtime *rt, int unit, int64_t microbatch)
 {
-    return mf_replay_hook(rt, MF_PHASE_FORWARD_POST, unit, microbatch);
+    return run_hook(rt, MF_PHASE_FORWARD_POST, unit, microbatch);
 }
 
 MFSDP_API mfsdp_result mfsdp_backward_pre(mfsdp_runtime *rt, int unit, int64_t microbatch)
 {
-    return mf_replay_hook(rt, MF_PHASE_BACKWARD_PRE, unit, microbatch);
+    return run_hook(rt, MF_PHASE_BACKWARD_PRE, unit, microbatch);
 }
 
 MFSDP_API mfsdp_result mfsdp_backward_post(mfsdp_runtime *rt, int unit, int64_t microbatch)
 {
-    return mf_replay_hook(rt, MF_PHASE_BACKWARD_POST, unit, microbatch);
+    return run_hook(rt, MF_PHASE_BACKWARD_POST, unit, microbatch);
 }
 
 MFSDP_API mfsdp_result mfsdp_step_end(mfsdp_runtime *rt)
 {
-    return mf_replay_hook(rt, MF_PHASE_STEP_END, -1, -1);
+    return run_hook(rt, MF_PHASE_STEP_END, -1, -1);
 }
 
 MFSDP_API mfsdp_result mfsdp_eval_forward_pre(mfsdp_runtime *rt, int unit)
 {
-    return mf_replay_hook(rt, MF_PHASE_EVAL_PRE, unit, -1);
+    return run_hook(rt, MF_PHASE_EVAL_PRE, unit, -1);
 }
 
 MFSDP_API mfsdp_result mfsdp_eval_forward_post(mfsdp_runtime *rt, int unit)
 {
-    return mf_replay_hook(rt, MF_PHASE_EVAL_POST, unit, -1);
+    return run_hook(rt, MF_PHASE_EVAL_POST, unit, -1);
 }
 
 MFSDP_API mfsdp_result mfsdp_synchronize(mfsdp_runtime *rt)

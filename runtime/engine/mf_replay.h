@@ -1,8 +1,9 @@
 /*
  * mf_replay: the replay engine's host side (mf_replay.c): the per-hook op
- * lists built at create, and the hook entry points of mfsdp.h, which check
- * the call (mf_trace.h), issue the list's ops (mf_streams.h, or the
- * backend's submit on a native backend) and advance the hook state.
+ * lists built at create, and the hook entry points of mfsdp.h (defined
+ * there), which check the call (mf_trace.h), issue the list's ops
+ * (mf_streams.h, or the backend's submit on a native backend) and advance
+ * the hook state.
  */
 #ifndef MF_REPLAY_H
 #define MF_REPLAY_H
@@ -11,12 +12,8 @@
 
 /* Builds rt->list_start/list_ops. */
 mfsdp_result mf_replay_build_lists(mf_rt *rt);
-/* Runs a hook: checks the order, issues its ops, advances the state. */
-mfsdp_result mf_replay_hook(mf_rt *rt, mf_phase phase, int unit, int64_t microbatch);
-/* The most entries a stream is issued in one full step. */
-int64_t mf_replay_stream_ops_per_step(const mf_rt *rt, mf_stream st);
-/* Its queue capacity: a full step's, plus the short-step and evaluation
- * programs' ops on it. */
+/* A stream's queue capacity: the most entries it is issued in one full
+ * step, plus the short-step and evaluation programs' ops on it. */
 int64_t mf_replay_stream_capacity(const mf_rt *rt, mf_stream st);
 
 #endif
