@@ -31,12 +31,9 @@ OK = 0
 ERR_INVALID_ARGUMENT, ERR_INVALID_USAGE, ERR_LOAD, ERR_MISMATCH, ERR_TIMEOUT = 1, 2, 3, 4, 5
 ERR_OUT_OF_MEMORY, ERR_BACKEND, ERR_UNSUPPORTED, ERR_ABORTED, ERR_INTERNAL = 6, 7, 8, 9, 10
 RESULT_COUNT = 11
-RESULT_NAMES = {
-    0: "MFSDP_OK", 1: "MFSDP_ERR_INVALID_ARGUMENT", 2: "MFSDP_ERR_INVALID_USAGE",
-    3: "MFSDP_ERR_LOAD", 4: "MFSDP_ERR_MISMATCH", 5: "MFSDP_ERR_TIMEOUT",
-    6: "MFSDP_ERR_OUT_OF_MEMORY", 7: "MFSDP_ERR_BACKEND", 8: "MFSDP_ERR_UNSUPPORTED",
-    9: "MFSDP_ERR_ABORTED", 10: "MFSDP_ERR_INTERNAL",
-}
+# {code: "MFSDP_ERR_TIMEOUT", ...}, from the constants above
+RESULT_NAMES: Dict[int, str] = {v: "MFSDP_" + k for k, v in list(globals().items())
+                                if k == "OK" or k.startswith("ERR_")}
 
 # ---- dtypes (mfsdp_dtype) ----
 FP32, BF16, FP16 = 0, 1, 2
