@@ -13,19 +13,19 @@
 #include <sys/stat.h>
 #include <time.h>
 
-void mf_ckpt_file_name(int64_t r, char *buf, size_t size)
+void mf_ckpt_build_file_name(int64_t r, char *buf, size_t size)
 {
     snprintf(buf, size, "rank-%05" PRId64 ".safetensors", r);
 }
 
-void mf_ckpt_entries_free(mf_ckpt_wentry *e, int n)
+void mf_ckpt_build_entries_free(mf_ckpt_wentry *e, int n)
 {
     for (int i = 0; e && i < n; i++)
         free(e[i].name);
     free(e);
 }
 
-int mf_ckpt_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, uint64_t blob_bytes,
+int mf_ckpt_build_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, uint64_t blob_bytes,
                     mf_ckpt_wentry **out, int *n)
 {
     int64_t np = p->first[r + 1] - p->first[r];
@@ -42,7 +42,7 @@ int mf_ckpt_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, 
             if (asprintf(&w->name, "%s:%s[%" PRId64 ":%" PRId64 "]", st->name[s], p->t[pc->tensor].name, pc->start,
                          pc->end) < 0) {
                 w->name = NULL;
-                mf_ckpt_entries_free(e, k);
+                mf_ckpt_build_entries_free(e, k);
                 return -1;
             }
             w->dtype = mf_ckpt_st_dtype(st->dtype[s]);
@@ -58,7 +58,7 @@ int mf_ckpt_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, 
         w->shape[0] = (int64_t)blob_bytes;
         w->bytes = blob_bytes;
         if (!w->name) {
-            mf_ckpt_entries_free(e, k);
+            mf_ckpt_build_entries_free(e, k);
             return -1;
         }
     }
@@ -67,7 +67,7 @@ int mf_ckpt_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, 
     return 0;
 }
 
-char *mf_ckpt_manifest_build(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st,
+char *mf_ckpt_build_manifest(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st,
                              const char *id, int64_t step, const mf_ckpt_report *rep)
 {
     int64_t world = s->mesh.world;
@@ -103,7 +103,7 @@ char *mf_ckpt_manifest_build(const mf_schedule *s, const mf_ckpt_plan *p, const 
         if (!rep[r].has_file)
             continue;
         mf_ckpt_mfile *f = &m.files[m.nfiles++];
-        mf_ckpt_file_name(r, names[r], sizeof names[r]);
+        mf_ckpt_build_file_name(r, names[r], sizeof names[r]);
         *f = (mf_ckpt_mfile){names[r], r, rep[r].bytes, rep[r].crc32c, (int)m.npieces, 0, 0, rep[r].blob_bytes};
         uint64_t at = rep[r].header_bytes;
         for (int s2 = 0; s2 < st->n; s2++)
@@ -125,7 +125,7 @@ done:
     return text;
 }
 
-void mf_ckpt_new_id(char id[33])
+void mf_ckpt_build_new_id(char id[33])
 {
     uint8_t b[16];
     if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
@@ -139,12 +139,12 @@ void mf_ckpt_new_id(char id[33])
         snprintf(id + 2 * i, 3, "%02x", b[i]);
 }
 
-int mf_ckpt_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, char *err, size_t errlen)
+int mf_ckpt_build_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, char *err, size_t errlen)
 {
     struct stat sb;
     if (stat(out, &sb) == 0)
         return snprintf(err, errlen, "%s already exists (a checkpoint is never overwritten)", out), -1;
-    mf_ckpt_new_id(id);
+    mf_ckpt_build_new_id(id);
     if ((size_t)snprintf(tmp, tmplen, "%s.tmp-%s", out, id) >= tmplen)
         return snprintf(err, errlen, "%.200s...: the name is too long", out), -1;
     if (mkdir(tmp, 0755) != 0)
@@ -152,15 +152,15 @@ int mf_ckpt_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, ch
     return 0;
 }
 
-int mf_ckpt_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
+int mf_ckpt_build_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
                        int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
                        size_t errlen)
 {
-    char *text = mf_ckpt_manifest_build(s, p, st, id, step, rep);
+    char *text = mf_ckpt_build_manifest(s, p, st, id, step, rep);
     if (!text)
         return snprintf(err, errlen, "out of memory (manifest)"), -1;
     int rc = mf_ckpt_write_small(tmp, MF_CKPT_MANIFEST, text, strlen(text), err, errlen) != 0 ||
-             mf_ckpt_commit_dir(tmp, out, err, errlen) != 0 ? -1 : 0;
+             mf_ckpt_write_commit_dir(tmp, out, err, errlen) != 0 ? -1 : 0;
     free(text);
     return rc;
 }

@@ -94,12 +94,12 @@ __attribute__((target("sse4.2"))) static uint32_t mf_crc_hw3(uint32_t crc, const
         cc = __builtin_ia32_crc32di(cc, wc);
     }
     uint32_t rest = ~mf_crc_hw_run((uint32_t)cc, c + third, n - 3 * third);
-    uint32_t ab = mf_crc32c_combine(~(uint32_t)ca, ~(uint32_t)cb, third);
-    return mf_crc32c_combine(ab, rest, n - 2 * third);
+    uint32_t ab = mf_ckpt_crc_combine(~(uint32_t)ca, ~(uint32_t)cb, third);
+    return mf_ckpt_crc_combine(ab, rest, n - 2 * third);
 }
 #endif
 
-uint32_t mf_crc32c(uint32_t crc, const void *data, size_t len)
+uint32_t mf_ckpt_crc_update(uint32_t crc, const void *data, size_t len)
 {
     pthread_once(&mf_crc_once, mf_crc_init);
     uint32_t c = ~crc;
@@ -142,7 +142,7 @@ static uint32_t mf_crc_x8nmodp(uint64_t n)
     return p;
 }
 
-uint32_t mf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+uint32_t mf_ckpt_crc_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
 {
     return mf_crc_multmodp(mf_crc_x8nmodp(len_b), crc_a) ^ crc_b;
 }

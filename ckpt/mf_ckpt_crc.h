@@ -13,10 +13,10 @@
 #include <stdint.h>
 
 /* CRC-32C of data[0..len) continuing from crc (0 for a fresh start):
- * mf_crc32c(mf_crc32c(0, a, n), b, m) == CRC of a followed by b. */
-uint32_t mf_crc32c(uint32_t crc, const void *data, size_t len);
+ * mf_ckpt_crc_update(mf_ckpt_crc_update(0, a, n), b, m) == CRC of a followed by b. */
+uint32_t mf_ckpt_crc_update(uint32_t crc, const void *data, size_t len);
 /* The CRC-32C of A followed by B, from crc_a = CRC(A), crc_b = CRC(B) and
  * len_b = |B| bytes. */
-uint32_t mf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+uint32_t mf_ckpt_crc_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 #endif

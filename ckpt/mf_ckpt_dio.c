@@ -158,12 +158,12 @@ static int mf_ckpt_dio_fill(mf_ckpt_reader *r, int f, uint64_t o, uint64_t want)
 /* CRC, then the chunk callback (position `at`), over data[0, n). */
 static void mf_ckpt_dio_took(mf_ckpt_reader *r, const char *data, size_t at, size_t n, uint32_t *crc)
 {
-    *crc = mf_crc32c(*crc, data, n);
+    *crc = mf_ckpt_crc_update(*crc, data, n);
     if (r->chunk)
         r->chunk(r->chunk_ctx, at, data, n);
 }
 
-int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc)
+int mf_ckpt_dio_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc)
 {
     mf_ckpt_rfile *rf = &r->f[f];
     for (size_t pos = 0; pos < n;) {
@@ -173,7 +173,7 @@ int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, s
             for (size_t s = 0; s < k; s += MF_CKPT_DIO_SUB) {
                 size_t m = k - s < MF_CKPT_DIO_SUB ? k - s : MF_CKPT_DIO_SUB;
                 const char *src = r->bounce + (o - r->bat) + s;
-                *crc = mf_crc32c(*crc, src, m);
+                *crc = mf_ckpt_crc_update(*crc, src, m);
                 if (!r->nodst)
                     memcpy(dst + pos + s, src, m);
                 if (r->chunk)
@@ -193,11 +193,11 @@ int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, s
         if (r->nodst) { /* through the scratch buffer: dst is not host memory */
             if (!r->scratch && !(r->scratch = malloc(MF_CKPT_READ_CHUNK)))
                 return errno = ENOMEM, -1;
-            if (mf_ckpt_pread_all(rf->fd, r->scratch, k, o) != 0)
+            if (mf_ckpt_io_pread_all(rf->fd, r->scratch, k, o) != 0)
                 return -1;
             mf_ckpt_dio_took(r, r->scratch, base + pos, k, crc);
         } else {
-            if (mf_ckpt_pread_all(rf->fd, dst + pos, k, o) != 0)
+            if (mf_ckpt_io_pread_all(rf->fd, dst + pos, k, o) != 0)
                 return -1;
             mf_ckpt_dio_took(r, dst + pos, base + pos, k, crc);
         }

@@ -18,7 +18,7 @@
 #include "mf_ckpt_io.h"
 #include "mf_dtype.h"
 
-int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
+int mf_ckpt_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
 {
     const char *eq = strchr(arg, '=');
     int *n = kind ? &r->ntie : &r->n;
@@ -41,10 +41,10 @@ int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg)
 int mf_hf_rules_add(mf_hf_rules *r, int nmaps, const char *const *maps, int nties, const char *const *ties)
 {
     for (int i = 0; i < nmaps; i++)
-        if (!maps || !maps[i] || mf_hf_rule_add(r, 0, maps[i]) != 0)
+        if (!maps || !maps[i] || mf_ckpt_hf_rule_add(r, 0, maps[i]) != 0)
             return -1;
     for (int i = 0; i < nties; i++)
-        if (!ties || !ties[i] || mf_hf_rule_add(r, 1, ties[i]) != 0)
+        if (!ties || !ties[i] || mf_ckpt_hf_rule_add(r, 1, ties[i]) != 0)
             return -1;
     return 0;
 }
@@ -80,12 +80,12 @@ static void mf_hf_rewrite(int n, const char *const *a, const char *const *b, con
     snprintf(out, size, "%s", name);
 }
 
-void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size)
+void mf_ckpt_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size)
 {
     mf_hf_rewrite(r->n, r->from, r->to, hf, out, size);
 }
 
-void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
+void mf_ckpt_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size)
 {
     mf_hf_rewrite(r->n, r->to, r->from, name, out, size);
 }
@@ -112,7 +112,7 @@ mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m)
     return t;
 }
 
-void mf_hf_close(mf_hf_model *m)
+void mf_ckpt_hf_close(mf_hf_model *m)
 {
     for (int f = 0; f < m->nfiles; f++) {
         if (m->fds && m->fds[f] >= 0)
@@ -142,16 +142,16 @@ static int mf_hf_add_file(mf_hf_model *m, const char *path, json_t *only, char *
     if (!np || !nf || !(m->paths[f] = strdup(path)))
         return snprintf(err, errlen, "out of memory"), -1;
     struct stat st;
-    m->fds[f] = mf_ckpt_open_regular(path, 0, &st, err, errlen);
+    m->fds[f] = mf_ckpt_io_open_regular(path, 0, &st, err, errlen);
     m->nfiles++;
     if (m->fds[f] < 0)
         return -1;
     mf_st_file h;
-    if (mf_st_read(m->fds[f], path, (uint64_t)st.st_size, &h, err, errlen) != 0)
+    if (mf_ckpt_st_read(m->fds[f], path, (uint64_t)st.st_size, &h, err, errlen) != 0)
         return -1;
     mf_hf_tensor *nt = realloc(m->t, (size_t)(m->n + h.n + 1) * sizeof *nt);
     if (!nt) {
-        mf_st_free(&h);
+        mf_ckpt_st_free(&h);
         return snprintf(err, errlen, "out of memory"), -1;
     }
     m->t = nt;
@@ -167,7 +167,7 @@ static int mf_hf_add_file(mf_hf_model *m, const char *path, json_t *only, char *
         h.e[i].name = NULL; /* moved */
         m->n++;
     }
-    mf_st_free(&h);
+    mf_ckpt_st_free(&h);
     return 0;
 }
 
@@ -191,7 +191,7 @@ static const char *mf_hf_missing(const mf_hf_model *m, int from, json_t *names)
 static int mf_hf_open_index(mf_hf_model *m, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
-    int fd = mf_ckpt_open_regular(path, 0, NULL, err, errlen);
+    int fd = mf_ckpt_io_open_regular(path, 0, NULL, err, errlen);
     if (fd < 0)
         return -1;
     json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
@@ -245,7 +245,7 @@ done:
     return rc;
 }
 
-int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen)
+int mf_ckpt_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     struct stat st;
@@ -269,7 +269,7 @@ int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen)
                 break;
             }
     if (rc != 0)
-        mf_hf_close(m);
+        mf_ckpt_hf_close(m);
     return rc;
 }
 
@@ -289,7 +289,7 @@ static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...)
     va_end(ap);
 }
 
-int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *st, int n, int *src, char *err,
+int mf_ckpt_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *st, int n, int *src, char *err,
                 size_t errlen)
 {
     int bad = 0;
@@ -305,7 +305,7 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *s
                 want = r->tie_src[i];
         src[k] = -1;
         for (int i = 0; i < m->n && src[k] < 0; i++) {
-            mf_hf_to_sched(r, m->t[i].name, name, sizeof name);
+            mf_ckpt_hf_to_sched(r, m->t[i].name, name, sizeof name);
             if (strcmp(name, want) == 0)
                 src[k] = i;
         }
@@ -319,13 +319,13 @@ int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *s
         if (t->ndims != st[k].ndims || memcmp(t->dims, st[k].dims, sizeof(int64_t) * (size_t)st[k].ndims) != 0)
             mf_hf_note(err, errlen, &bad, "schedule tensor '%s': Hugging Face tensor '%s' has another shape",
                        st[k].name, t->name);
-        if (mf_ckpt_dtype_of_st(t->dtype) < 0)
+        if (mf_ckpt_st_sched_dtype(t->dtype) < 0)
             mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' is %s (only F32, BF16, F16)", t->name,
                        mf_st_dtype_name(t->dtype));
     }
     for (int i = 0; i < m->n; i++)
         if (!used[i]) {
-            mf_hf_to_sched(r, m->t[i].name, name, sizeof name);
+            mf_ckpt_hf_to_sched(r, m->t[i].name, name, sizeof name);
             mf_hf_note(err, errlen, &bad, "Hugging Face tensor '%s' (as '%s') is not in the schedule", m->t[i].name,
                        name);
         }
@@ -345,7 +345,7 @@ int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, vo
                      char *err, size_t errlen)
 {
     const mf_hf_tensor *x = &m->t[t];
-    int sd = mf_ckpt_dtype_of_st(x->dtype);
+    int sd = mf_ckpt_st_sched_dtype(x->dtype);
     size_t es = mf_st_dtype_size(x->dtype), ds = mf_dtype_size(dst_dtype);
     if (sd < 0)
         return snprintf(err, errlen, "%s: tensor '%s' is %s (only F32, BF16, F16)", m->paths[x->file], x->name,
@@ -356,7 +356,7 @@ int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, vo
         int64_t k = end - a < per ? end - a : per;
         void *to = (char *)dst + (size_t)(a - start) * ds;
         void *via = sd == (int)dst_dtype ? to : bounce;
-        if (mf_ckpt_pread_all(m->fds[x->file], via, (size_t)k * es, x->offset + (uint64_t)a * es) != 0)
+        if (mf_ckpt_io_pread_all(m->fds[x->file], via, (size_t)k * es, x->offset + (uint64_t)a * es) != 0)
             return snprintf(err, errlen, "%s: read error: %s", m->paths[x->file], strerror(errno)), -1;
         if (via == bounce)
             mf_dtype_convert(to, dst_dtype, bounce, (mf_dtype)sd, k);

@@ -63,20 +63,20 @@ typedef struct mf_hf_shape {
 /* Adds "FROM=TO" (kind 0) or a tie "NAME=SOURCE" (kind 1): FROM and NAME
  * are copied, TO and SOURCE borrowed from arg. -1 when malformed or too
  * many. */
-int mf_hf_rule_add(mf_hf_rules *r, int kind, const char *arg);
+int mf_ckpt_hf_rule_add(mf_hf_rules *r, int kind, const char *arg);
 /* Adds nmaps rules maps[i] and nties ties ties[i] (none when n <= 0); -1
  * when an array or a string is NULL or a rule is malformed. */
 int mf_hf_rules_add(mf_hf_rules *r, int nmaps, const char *const *maps, int nties, const char *const *ties);
-/* Releases what mf_hf_rule_add copied; *r is empty again. */
+/* Releases what mf_ckpt_hf_rule_add copied; *r is empty again. */
 void mf_hf_rules_free(mf_hf_rules *r);
 /* 1 when schedule tensor `name` is the NAME of a tie. */
 int mf_hf_rules_tied(const mf_hf_rules *r, const char *name);
 /* The schedule name of Hugging Face name hf, and back. */
-void mf_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size);
-void mf_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size);
+void mf_ckpt_hf_to_sched(const mf_hf_rules *r, const char *hf, char *out, size_t size);
+void mf_ckpt_hf_to_hf(const mf_hf_rules *r, const char *name, char *out, size_t size);
 
-int mf_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen);
-void mf_hf_close(mf_hf_model *m);
+int mf_ckpt_hf_open(const char *path, mf_hf_model *m, char *err, size_t errlen);
+void mf_ckpt_hf_close(mf_hf_model *m);
 
 /* *t = name (borrowed), ndims <= MF_MAX_DIMS sizes dims[], numel. */
 void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t *dims, int64_t numel);
@@ -89,7 +89,7 @@ mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m);
  * of schedule tensor k. Every schedule tensor without a source, model tensor
  * without a destination, shape or dtype mismatch is listed in one message.
  * 0 or -1. */
-int mf_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *t, int n, int *src, char *err,
+int mf_ckpt_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *t, int n, int *src, char *err,
                 size_t errlen);
 /* Elements [start, end) of model tensor t, converted to dst_dtype, into dst
  * (core/mf_dtype.h). 0, or -1 with a message naming the file. */

@@ -49,7 +49,7 @@ static int mf_hf_layout_files(const mf_hf_shape *t, int n, const mf_hf_rules *r,
             l->nfiles++;
             in_file = 0;
         }
-        mf_hf_to_hf(r, t[k].name, name, sizeof name);
+        mf_ckpt_hf_to_hf(r, t[k].name, name, sizeof name);
         if (!(l->hf_name[k] = strdup(name)))
             return -1;
         l->file[k] = l->nfiles;
@@ -74,7 +74,7 @@ static int mf_hf_layout_header(const mf_hf_shape *t, int n, mf_hf_layout *l, int
             e[ne].end = data = e[ne].begin + (uint64_t)t[k].numel * mf_dtype_size(l->dtype);
             ne++;
         }
-    if (mf_st_build(e, ne, keys, vals, 1, &l->header[f], &l->header_len[f]) != 0)
+    if (mf_ckpt_st_build(e, ne, keys, vals, 1, &l->header[f], &l->header_len[f]) != 0)
         return -1;
     l->bytes[f] = l->header_len[f] + data;
     return 0;
@@ -152,7 +152,7 @@ int mf_hf_layout_create(const mf_hf_layout *l, const char *dir, char *err, size_
         snprintf(path, sizeof path, "%.4000s/%s", dir, fn);
         int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         int ok = fd >= 0 && ftruncate(fd, (off_t)l->bytes[f]) == 0 &&
-                 mf_ckpt_pwrite_all(fd, l->header[f], l->header_len[f], 0) == 0 && fsync(fd) == 0;
+                 mf_ckpt_io_pwrite_all(fd, l->header[f], l->header_len[f], 0) == 0 && fsync(fd) == 0;
         if (fd >= 0 && close(fd) != 0)
             ok = 0;
         if (!ok)
@@ -193,7 +193,7 @@ int mf_hf_writer_put(mf_hf_writer *w, int k, int64_t at, const void *src, mf_dty
     for (int64_t a = 0; a < n; a += per) {
         int64_t c = n - a < per ? n - a : per;
         mf_dtype_convert(w->bounce, l->dtype, (const char *)src + (size_t)a * ss, sd, c);
-        if (mf_ckpt_pwrite_all(w->fd[f], w->bounce, (size_t)c * ds, l->offset[k] + (uint64_t)(at + a) * ds) != 0)
+        if (mf_ckpt_io_pwrite_all(w->fd[f], w->bounce, (size_t)c * ds, l->offset[k] + (uint64_t)(at + a) * ds) != 0)
             return snprintf(err, errlen, "write error: %s", strerror(errno)), -1;
     }
     return 0;

@@ -6,6 +6,10 @@
  * manifest before reading from it (size, checkpoint id, every entry's name,
  * dtype, shape and offset), reads element ranges with pread and checks the
  * CRC of every piece it reads whole. Nothing here knows about runtimes.
+ *
+ * Defined by mf_ckpt_write.c (mf_ckpt_write_*), mf_ckpt_read.c
+ * (mf_ckpt_read_*), mf_ckpt_dio.c (mf_ckpt_dio_*), mf_ckpt_parts.c
+ * (mf_ckpt_parts_*) and mf_ckpt_io.c (the file-I/O helpers, mf_ckpt_io_*).
  */
 #ifndef MF_CKPT_IO_H
 #define MF_CKPT_IO_H
@@ -49,33 +53,28 @@ typedef struct mf_ckpt_written {
 int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const char *id, int64_t rank,
                        mf_ckpt_fill_fn fill, void *ctx, mf_ckpt_written *out, char *err, size_t errlen);
 /* pwrite/pread of all n bytes (loops over short transfers). 0 or -1 (errno). */
-int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
-int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off);
+int mf_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
+int mf_ckpt_io_pread_all(int fd, void *buf, size_t n, uint64_t off);
 /* Opens `path` for reading (O_RDONLY | O_CLOEXEC | flags) only when it is
  * a regular file: the open is O_NONBLOCK, so that a FIFO or a device in
  * its place cannot block it, then fstat (into *st when non-NULL) refuses
  * anything else; the descriptor is returned blocking. -1 with errno kept
  * from the failing call and a message naming the path ("cannot open: ...",
  * "a FIFO, not a regular file: refused"). */
-int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen);
+int mf_ckpt_io_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen);
 /* The length of directory name `dir` without its trailing slashes
  * ("ckpt/" and "ckpt//" name "ckpt"; "/" stays "/"): outputs are created
  * as DIR.tmp-ID next to DIR, so the slash must go. */
-size_t mf_ckpt_dir_len(const char *dir);
+size_t mf_ckpt_io_dir_len(const char *dir);
 /* fsync of a directory. 0 or -1 (errno). */
-int mf_ckpt_fsync_dir(const char *path);
+int mf_ckpt_io_fsync_dir(const char *path);
 /* Removes the regular files in `dir` and `dir` itself (best effort). */
-void mf_ckpt_remove_dir(const char *dir);
+void mf_ckpt_io_remove_dir(const char *dir);
 /* Writes text to DIR/name (new file), fsyncs it. 0 or -1 with a message. */
 int mf_ckpt_write_small(const char *dir, const char *name, const char *text, size_t len, char *err,
                         size_t errlen);
 /* Commits: fsync tmp, rename tmp -> dir, fsync the parent of dir. */
-int mf_ckpt_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen);
-/* The safetensors dtype of a schedule dtype (F32 for one it does not
- * know); the schedule dtype (mf_dtype) of a safetensors dtype, or -1 when
- * it has none. */
-mf_st_dtype mf_ckpt_st_dtype(mf_dtype d);
-int mf_ckpt_dtype_of_st(mf_st_dtype st);
+int mf_ckpt_write_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen);
 
 /* ---- reading ---- */
 
@@ -131,14 +130,14 @@ typedef struct mf_ckpt_reader {
     size_t blen;
 } mf_ckpt_reader;
 
-/* Reads DIR/manifest.json (bounded, opened as mf_ckpt_open_regular does)
+/* Reads DIR/manifest.json (bounded, opened as mf_ckpt_io_open_regular does)
  * and parses it; a missing manifest is reported as an uncommitted
  * checkpoint. */
-int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen);
-int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);
-void mf_ckpt_reader_close(mf_ckpt_reader *r);
+int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen);
+int mf_ckpt_read_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen);
+void mf_ckpt_read_close(mf_ckpt_reader *r);
 /* Opens and checks data file f against the manifest (once). */
-int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
+int mf_ckpt_read_open_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
 /* Reads elements [start, end) of (state, tensor) into dst (the state's
  * dtype). Pieces read whole are CRC-checked; a piece read in part is
  * recorded in r->parts (adjacent parts of one piece merged), whose CRCs
@@ -159,7 +158,7 @@ void mf_ckpt_dio_close(mf_ckpt_rfile *rf);
  * are not in the page cache, else by pread; adds them to *crc and passes
  * each chunk to r->chunk (offset base + its position in dst). 0, or -1
  * (errno) on a read error. */
-int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc);
+int mf_ckpt_dio_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, size_t base, uint32_t *crc);
 /* Checks the CRC of every piece that parts[0..n) (from any ranks) read in
  * part and whose first part, sorted by piece, offset, length and rank, was
  * read by rank `me`: the parts' CRCs combined in order, bytes that no part
@@ -167,6 +166,6 @@ int mf_ckpt_fetch(mf_ckpt_reader *r, int f, uint64_t off, size_t n, char *dst, s
  * 0, or -1 with a message naming the file and the entry. */
 int mf_ckpt_parts_check(mf_ckpt_reader *r, mf_ckpt_part *parts, int64_t n, int64_t me, char *err, size_t errlen);
 /* Reads file f whole: the file CRC and every piece's CRC. */
-int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
+int mf_ckpt_read_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen);
 
 #endif

@@ -12,8 +12,8 @@
 #include "mf_diag.h"
 #include "mf_int.h"
 
-/* A failure: its message into err (core's mf_errf), and -1. */
-#define mf_mf_err(...) (mf_errf(__VA_ARGS__), -1)
+/* A failure: its message into err (core's mf_diag_errf), and -1. */
+#define mf_mf_err(...) (mf_diag_errf(__VA_ARGS__), -1)
 
 /* 1 when s is 1..max characters of [A-Za-z0-9_.-]. */
 static int mf_mf_chars_ok(const char *s, size_t max)
@@ -30,7 +30,7 @@ static int mf_mf_chars_ok(const char *s, size_t max)
     return 1;
 }
 
-int mf_ckpt_state_name_ok(const char *s)
+int mf_ckpt_manifest_state_name_ok(const char *s)
 {
     return mf_mf_chars_ok(s, 64);
 }
@@ -41,7 +41,7 @@ static int mf_mf_file_name_ok(const char *s)
     return s[0] != '.' && mf_mf_chars_ok(s, 200);
 }
 
-int mf_ckpt_piece_name(const mf_ckpt_manifest *m, const mf_ckpt_mpiece *p, char *buf, size_t size)
+int mf_ckpt_manifest_piece_name(const mf_ckpt_manifest *m, const mf_ckpt_mpiece *p, char *buf, size_t size)
 {
     return snprintf(buf, size, "%s:%s[%" PRId64 ":%" PRId64 "]", m->states[p->state].name,
                     m->tensors[p->tensor].name, p->start, p->end);
@@ -226,7 +226,7 @@ static int mf_mf_states_tensors(mf_mf_ctx *c, json_t *root, mf_ckpt_manifest *m)
         json_t *o = json_array_get(st, i);
         const char *n = json_string_value(json_object_get(o, "name"));
         int d = mf_dtype_from_name(json_string_value(json_object_get(o, "dtype")));
-        if (!n || !mf_ckpt_state_name_ok(n) || d < 0)
+        if (!n || !mf_ckpt_manifest_state_name_ok(n) || d < 0)
             return mf_mf_err(c->err, c->errlen, "%s: states[%zu]: needs a \"name\" ([A-Za-z0-9_.-]) and a "
                              "\"dtype\" (fp32, bf16, fp16)", c->fname, i);
         if (mf_ckpt_manifest_state(m, n) >= 0 || (i == 0) != (strcmp(n, "main_weight") == 0))
@@ -386,14 +386,14 @@ int mf_ckpt_manifest_parse(const char *fname, const char *text, size_t len, mf_c
         return mf_mf_err(err, errlen, "%s: line %d, column %d: %s", fname, je.line, je.column, je.text);
     int rc = -1;
     if (!json_is_object(root)) {
-        mf_errf(err, errlen, "%s: not a JSON object", fname);
+        mf_diag_errf(err, errlen, "%s: not a JSON object", fname);
         goto done;
     }
     if (mf_mf_head(&c, root, out) != 0 || mf_mf_states_tensors(&c, root, out) != 0)
         goto done;
     json_t *files = json_object_get(root, "files");
     if (!json_is_array(files) || json_array_size(files) > (1u << 24)) {
-        mf_errf(err, errlen, "%s: \"files\" is not an array", fname);
+        mf_diag_errf(err, errlen, "%s: \"files\" is not an array", fname);
         goto done;
     }
     size_t np = 0;
@@ -402,7 +402,7 @@ int mf_ckpt_manifest_parse(const char *fname, const char *text, size_t len, mf_c
     out->files = calloc(json_array_size(files) + 1, sizeof *out->files);
     out->pieces = calloc(np + 1, sizeof *out->pieces);
     if (!out->files || !out->pieces) {
-        mf_errf(err, errlen, "%s: out of memory", fname);
+        mf_diag_errf(err, errlen, "%s: out of memory", fname);
         goto done;
     }
     for (size_t f = 0; f < json_array_size(files); f++) {

@@ -78,8 +78,8 @@ void mf_ckpt_manifest_free(mf_ckpt_manifest *m);
 int mf_ckpt_manifest_tensor(const mf_ckpt_manifest *m, const char *name);
 int mf_ckpt_manifest_state(const mf_ckpt_manifest *m, const char *name);
 /* The safetensors entry name of piece p: "STATE:TENSOR[START:END]". */
-int mf_ckpt_piece_name(const mf_ckpt_manifest *m, const mf_ckpt_mpiece *p, char *buf, size_t size);
+int mf_ckpt_manifest_piece_name(const mf_ckpt_manifest *m, const mf_ckpt_mpiece *p, char *buf, size_t size);
 /* 1 when a state name is acceptable: [A-Za-z0-9_.-]{1,64}. */
-int mf_ckpt_state_name_ok(const char *s);
+int mf_ckpt_manifest_state_name_ok(const char *s);
 
 #endif

@@ -3,7 +3,7 @@
  * "Who reads what"). A resharding load cuts the checkpoint's pieces where
  * the loading layout's ranges end, so a piece may be read by several ranks,
  * each taking a part; a piece's CRC-32C is then formed from the parts' CRCs
- * (mf_crc32c_combine: no byte is read twice) once every part is known, and
+ * (mf_ckpt_crc_combine: no byte is read twice) once every part is known, and
  * any bytes that no reader took are read by the checking rank. Each piece is
  * checked by exactly one rank: the reader of its first part.
  */
@@ -32,15 +32,15 @@ static int mf_ckpt_read_gap(mf_ckpt_reader *r, int64_t pi, uint64_t off, uint64_
                             char *err, size_t errlen)
 {
     const mf_ckpt_mpiece *p = &r->m.pieces[pi];
-    if (mf_ckpt_reader_file(r, p->file, err, errlen) != 0)
+    if (mf_ckpt_read_open_file(r, p->file, err, errlen) != 0)
         return -1;
     *crc = 0;
     for (uint64_t at = 0; at < len;) {
         size_t k = len - at < MF_CKPT_READ_CHUNK ? (size_t)(len - at) : MF_CKPT_READ_CHUNK;
-        if (mf_ckpt_pread_all(r->f[p->file].fd, buf, k, p->offset + off + at) != 0)
+        if (mf_ckpt_io_pread_all(r->f[p->file].fd, buf, k, p->offset + off + at) != 0)
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, r->m.files[p->file].name,
                             strerror(errno)), -1;
-        *crc = mf_crc32c(*crc, buf, k);
+        *crc = mf_ckpt_crc_update(*crc, buf, k);
         at += k;
     }
     r->bytes_read += len;
@@ -57,7 +57,7 @@ static int mf_ckpt_piece_check(mf_ckpt_reader *r, const mf_ckpt_part *parts, int
     uint64_t bytes = (uint64_t)(p->end - p->start) * mf_dtype_size(m->states[p->state].dtype), at = 0;
     uint32_t crc = 0, gap;
     char name[1200];
-    mf_ckpt_piece_name(m, p, name, sizeof name);
+    mf_ckpt_manifest_piece_name(m, p, name, sizeof name);
     const char *file = m->files[p->file].name;
     for (int64_t j = 0; j <= n; j++) {
         uint64_t next = j < n ? parts[j].off : bytes;
@@ -82,11 +82,11 @@ static int mf_ckpt_piece_check(mf_ckpt_reader *r, const mf_ckpt_part *parts, int
                 return snprintf(err, errlen, "out of memory"), -1;
             if (mf_ckpt_read_gap(r, pi, at, next - at, *buf, &gap, err, errlen) != 0)
                 return -1;
-            crc = mf_crc32c_combine(crc, gap, next - at);
+            crc = mf_ckpt_crc_combine(crc, gap, next - at);
             at = next;
         }
         if (j < n) {
-            crc = mf_crc32c_combine(crc, parts[j].crc, parts[j].len);
+            crc = mf_ckpt_crc_combine(crc, parts[j].crc, parts[j].len);
             at += parts[j].len;
         }
     }

@@ -20,7 +20,7 @@ void mf_ckpt_plan_free(mf_ckpt_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-void *mf_ckpt_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first)
+void *mf_ckpt_plan_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first)
 {
     if (n < *cap)
         return p;
@@ -98,7 +98,7 @@ typedef struct mf_ckpt_pvec {
 
 static int mf_ckpt_pvec_push(mf_ckpt_pvec *v, int tensor, int64_t start, int64_t end, int64_t writer)
 {
-    mf_ckpt_piece *np = mf_ckpt_reserve(v->p, &v->cap, v->n, sizeof *np, 256);
+    mf_ckpt_piece *np = mf_ckpt_plan_reserve(v->p, &v->cap, v->n, sizeof *np, 256);
     if (!np)
         return -1;
     v->p = np;
@@ -146,7 +146,7 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t 
 {
     const mf_bucket *b = &s->buckets[bi];
     const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
-    int64_t world = s->mesh.world, shards = mf_placement_shards(&s->mesh, pl);
+    int64_t world = s->mesh.world, shards = mf_layout_shards(&s->mesh, pl);
     int64_t len = b->length / shards;
     memset(start, 0, (size_t)(shards + 1) * sizeof *start);
     for (int64_t r = 0; r < world; r++) {
@@ -176,7 +176,7 @@ int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_
     int nt = 0;
     for (int b = 0; b < s->nbuckets; b++) {
         nt += s->buckets[b].ntensors;
-        int64_t sh = mf_placement_shards(&s->mesh, &s->buckets[b].place[MF_ROLE_MAIN_WEIGHT]);
+        int64_t sh = mf_layout_shards(&s->mesh, &s->buckets[b].place[MF_ROLE_MAIN_WEIGHT]);
         maxshards = sh > maxshards ? sh : maxshards;
     }
     out->world = world;

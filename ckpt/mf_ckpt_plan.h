@@ -48,7 +48,7 @@ void mf_ckpt_plan_free(mf_ckpt_plan *p);
 /* Room for element n of a growing array p of elem-byte elements with
  * capacity *cap (doubled when full, `first` when empty): p itself or its
  * reallocation (then *cap updated), NULL when out of memory (p unchanged). */
-void *mf_ckpt_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first);
+void *mf_ckpt_plan_reserve(void *p, int64_t *cap, int64_t n, size_t elem, int64_t first);
 /* The tensor-local element range [*lo, *hi) of plan tensor k that rank r
  * holds in main_weight (*lo == *hi when none). */
 void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,

@@ -16,71 +16,43 @@
 #include "mf_ckpt_crc.h"
 #include "mf_diag.h"
 
-static const char *mf_ckpt_file_kind(mode_t mode)
-{
-    return S_ISFIFO(mode) ? "a FIFO" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
-         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a plain file";
-}
-
-int mf_ckpt_open_regular(const char *path, int flags, struct stat *st, char *err, size_t errlen)
-{
-    struct stat own;
-    st = st ? st : &own;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | flags);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        return errno = e, -1;
-    }
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-        int e = errno;
-        if (S_ISREG(st->st_mode))
-            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        else
-            snprintf(err, errlen, "%s: %s, not a regular file: refused", path, mf_ckpt_file_kind(st->st_mode));
-        close(fd);
-        return errno = S_ISREG(st->st_mode) ? e : EINVAL, -1;
-    }
-    return fd;
-}
-
-int mf_ckpt_manifest_load(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen)
+int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, MF_CKPT_MANIFEST);
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mf_errf(err, errlen, "%s: no such checkpoint directory", dir), -1;
+        return mf_diag_errf(err, errlen, "%s: no such checkpoint directory", dir), -1;
     /* DIR.tmp-ID: a save that never reached its rename (the commit point). */
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/')
         n--;
     if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
-        return mf_errf(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
+        return mf_diag_errf(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
                        "committed checkpoint", (int)n, dir), -1;
-    int fd = mf_ckpt_open_regular(path, 0, &st, err, errlen);
+    int fd = mf_ckpt_io_open_regular(path, 0, &st, err, errlen);
     if (fd < 0 && errno == ENOENT)
-        return mf_errf(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
+        return mf_diag_errf(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
                        "save did not complete)", dir), -1;
     if (fd < 0)
         return -1;
     int rc = -1;
     char *text = NULL;
     if ((uint64_t)st.st_size > MF_CKPT_MAX_MANIFEST) {
-        mf_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
+        mf_diag_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, MF_CKPT_MAX_MANIFEST);
         goto done;
     }
     text = malloc((size_t)st.st_size + 1);
     if (!text) {
-        mf_errf(err, errlen, "%s: out of memory", path);
+        mf_diag_errf(err, errlen, "%s: out of memory", path);
         goto done;
     }
     size_t got = 0;
     while (got < (size_t)st.st_size) {
         ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
         if (r <= 0) {
-            mf_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
+            mf_diag_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
             goto done;
         }
         got += (size_t)r;
@@ -92,15 +64,15 @@ done:
     return rc;
 }
 
-int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen)
+int mf_ckpt_read_open(const char *dir, mf_ckpt_reader *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
-    if (mf_ckpt_manifest_load(dir, &r->m, err, errlen) != 0)
+    if (mf_ckpt_read_manifest(dir, &r->m, err, errlen) != 0)
         return -1;
     r->dir = strdup(dir);
     r->f = calloc((size_t)r->m.nfiles + 1, sizeof *r->f);
     if (!r->dir || !r->f) {
-        mf_ckpt_reader_close(r);
+        mf_ckpt_read_close(r);
         return snprintf(err, errlen, "%s: out of memory", dir), -1;
     }
     for (int f = 0; f < r->m.nfiles; f++)
@@ -109,7 +81,7 @@ int mf_ckpt_reader_open(const char *dir, mf_ckpt_reader *r, char *err, size_t er
     return 0;
 }
 
-void mf_ckpt_reader_close(mf_ckpt_reader *r)
+void mf_ckpt_read_close(mf_ckpt_reader *r)
 {
     for (int f = 0; r->f && f < r->m.nfiles; f++) {
         mf_ckpt_dio_close(&r->f[f]);
@@ -147,7 +119,7 @@ static int mf_ckpt_check_header(mf_ckpt_reader *r, int f, const mf_st_file *h, c
 {
     const mf_ckpt_manifest *m = &r->m;
     const mf_ckpt_mfile *mf = &m->files[f];
-    const char *id = mf_st_meta(h, "mfsdp.checkpoint_id"), *fmt = mf_st_meta(h, "mfsdp.format");
+    const char *id = mf_ckpt_st_meta(h, "mfsdp.checkpoint_id"), *fmt = mf_ckpt_st_meta(h, "mfsdp.format");
     if (!fmt || strcmp(fmt, MF_CKPT_FILE_FORMAT) != 0)
         return snprintf(err, errlen, "%s: not a data file of an %s checkpoint", path, MF_CKPT_FILE_FORMAT), -1;
     if (!id || strcmp(id, m->id) != 0)
@@ -160,7 +132,7 @@ static int mf_ckpt_check_header(mf_ckpt_reader *r, int f, const mf_st_file *h, c
     for (int i = 0; i < mf->npieces; i++) {
         const mf_ckpt_mpiece *p = &m->pieces[mf->first + i];
         const mf_st_entry *e = &h->e[i];
-        mf_ckpt_piece_name(m, p, name, sizeof name);
+        mf_ckpt_manifest_piece_name(m, p, name, sizeof name);
         uint64_t bytes = (uint64_t)(p->end - p->start) * mf_dtype_size(m->states[p->state].dtype);
         if (strcmp(e->name, name) != 0 || e->dtype != mf_ckpt_st_dtype(m->states[p->state].dtype) ||
             e->begin + h->data_start != p->offset || e->end - e->begin != bytes)
@@ -180,12 +152,12 @@ static int mf_ckpt_check_header(mf_ckpt_reader *r, int f, const mf_st_file *h, c
     r->f[f].crc = calloc((size_t)want + 1, sizeof *r->f[f].crc);
     if (!r->f[f].crc)
         return snprintf(err, errlen, "%s: out of memory", path), -1;
-    if (mf_ckpt_parse_crcs(mf_st_meta(h, "mfsdp.crc32c"), r->f[f].crc, want) != 0)
+    if (mf_ckpt_parse_crcs(mf_ckpt_st_meta(h, "mfsdp.crc32c"), r->f[f].crc, want) != 0)
         return snprintf(err, errlen, "%s: metadata mfsdp.crc32c is not %d CRCs", path, want), -1;
     return 0;
 }
 
-int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
+int mf_ckpt_read_open_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
 {
     mf_ckpt_rfile *rf = &r->f[f];
     const mf_ckpt_mfile *mf = &r->m.files[f];
@@ -197,17 +169,17 @@ int mf_ckpt_reader_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
         return snprintf(err, errlen, "%s: refused before", path), -1;
     rf->checked = -1;
     struct stat st;
-    if ((rf->fd = mf_ckpt_open_regular(path, 0, &st, err, errlen)) < 0)
+    if ((rf->fd = mf_ckpt_io_open_regular(path, 0, &st, err, errlen)) < 0)
         return -1;
     (void)posix_fadvise(rf->fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: larger readahead */
     if ((uint64_t)st.st_size != mf->bytes)
         return snprintf(err, errlen, "%s: %llu bytes, the manifest says %llu (truncated or replaced)", path,
                         (unsigned long long)st.st_size, (unsigned long long)mf->bytes), -1;
     mf_st_file h;
-    if (mf_st_read(rf->fd, path, mf->bytes, &h, err, errlen) != 0)
+    if (mf_ckpt_st_read(rf->fd, path, mf->bytes, &h, err, errlen) != 0)
         return -1;
     int rc = mf_ckpt_check_header(r, f, &h, path, err, errlen);
-    mf_st_free(&h);
+    mf_ckpt_st_free(&h);
     if (rc == 0) {
         rf->checked = 1;
         mf_ckpt_dio_open(rf, path, mf->bytes);
@@ -242,7 +214,7 @@ static int mf_ckpt_note_part(mf_ckpt_reader *r, int64_t pi, uint64_t off, uint64
 {
     mf_ckpt_part *last = r->nparts ? &r->parts[r->nparts - 1] : NULL;
     if (last && last->piece == pi && last->off + last->len == off) {
-        last->crc = mf_crc32c_combine(last->crc, crc, len);
+        last->crc = mf_ckpt_crc_combine(last->crc, crc, len);
         last->len += len;
         return 0;
     }
@@ -271,12 +243,12 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
         if (p->end <= start)
             continue;
         int64_t a = start > p->start ? start : p->start, b = end < p->end ? end : p->end;
-        if (mf_ckpt_reader_file(r, p->file, err, errlen) != 0)
+        if (mf_ckpt_read_open_file(r, p->file, err, errlen) != 0)
             return -1;
         char *to = (char *)dst + (size_t)(a - start) * es;
         size_t bytes = (size_t)(b - a) * es;
         uint32_t crc = 0;
-        if (mf_ckpt_fetch(r, p->file, p->offset + (uint64_t)(a - p->start) * es, bytes, to, (size_t)(to - base),
+        if (mf_ckpt_dio_fetch(r, p->file, p->offset + (uint64_t)(a - p->start) * es, bytes, to, (size_t)(to - base),
                           &crc) != 0)
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
                             strerror(errno)), -1;
@@ -287,7 +259,7 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
             return snprintf(err, errlen, "%s: out of memory", r->dir), -1;
         if (a == p->start && b == p->end && crc != want) {
             char name[1200];
-            mf_ckpt_piece_name(m, p, name, sizeof name);
+            mf_ckpt_manifest_piece_name(m, p, name, sizeof name);
             return snprintf(err, errlen, "%s/%s: entry '%s' fails its CRC-32C: the file is corrupt", r->dir,
                             m->files[p->file].name, name), -1;
         }
@@ -311,20 +283,20 @@ int mf_ckpt_read_blob(mf_ckpt_reader *r, int64_t rank, void *buf, size_t cap, si
         *len = (size_t)mf->blob_bytes;
         if (!buf || cap == 0)
             return 0;
-        if (mf_ckpt_reader_file(r, f, err, errlen) != 0)
+        if (mf_ckpt_read_open_file(r, f, err, errlen) != 0)
             return -1;
         size_t k = cap < *len ? cap : *len;
-        if (mf_ckpt_pread_all(r->f[f].fd, buf, k, mf->blob_offset) != 0)
+        if (mf_ckpt_io_pread_all(r->f[f].fd, buf, k, mf->blob_offset) != 0)
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, mf->name, strerror(errno)), -1;
         r->bytes_read += k;
         /* A blob read in part is checked whole: the rest is read too. */
-        uint32_t crc = mf_crc32c(0, buf, k);
+        uint32_t crc = mf_ckpt_crc_update(0, buf, k);
         char rest[4096];
         for (size_t at = k; at < *len;) {
             size_t n = *len - at < sizeof rest ? *len - at : sizeof rest;
-            if (mf_ckpt_pread_all(r->f[f].fd, rest, n, mf->blob_offset + at) != 0)
+            if (mf_ckpt_io_pread_all(r->f[f].fd, rest, n, mf->blob_offset + at) != 0)
                 return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, mf->name, strerror(errno)), -1;
-            crc = mf_crc32c(crc, rest, n);
+            crc = mf_ckpt_crc_update(crc, rest, n);
             r->bytes_read += n;
             at += n;
         }
@@ -336,10 +308,10 @@ int mf_ckpt_read_blob(mf_ckpt_reader *r, int64_t rank, void *buf, size_t cap, si
     return 0;
 }
 
-int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
+int mf_ckpt_read_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
 {
     const mf_ckpt_mfile *mf = &r->m.files[f];
-    if (mf_ckpt_reader_file(r, f, err, errlen) != 0)
+    if (mf_ckpt_read_open_file(r, f, err, errlen) != 0)
         return -1;
     uint8_t *buf = malloc(MF_CKPT_IO_CHUNK);
     if (!buf)
@@ -358,13 +330,13 @@ int mf_ckpt_verify_file(mf_ckpt_reader *r, int f, char *err, size_t errlen)
             k = (size_t)(data_start - at);
         if (cur >= 0 && cur < nent && at + k > next_end)
             k = (size_t)(next_end - at);
-        if (mf_ckpt_pread_all(r->f[f].fd, buf, k, at) != 0) {
+        if (mf_ckpt_io_pread_all(r->f[f].fd, buf, k, at) != 0) {
             snprintf(err, errlen, "%s/%s: read error: %s", r->dir, mf->name, strerror(errno));
             goto done;
         }
-        fcrc = mf_crc32c(fcrc, buf, k);
+        fcrc = mf_ckpt_crc_update(fcrc, buf, k);
         if (cur >= 0)
-            pcrc = mf_crc32c(pcrc, buf, k);
+            pcrc = mf_ckpt_crc_update(pcrc, buf, k);
         at += k;
         while (at >= next_end && at >= data_start && cur < nent) {
             if (cur >= 0 && pcrc != r->f[f].crc[cur]) {

@@ -1,6 +1,7 @@
 /*
  * mf_ckpt_st: safetensors headers: parse (bounded, every offset checked) and
- * build. JSON through jansson; nothing here touches tensor data.
+ * build, and the one table of the schedule dtypes as safetensors names them.
+ * JSON through jansson; nothing here touches tensor data.
  */
 #include "mf_ckpt_st.h"
 
@@ -41,10 +42,10 @@ int mf_st_dtype_from_name(const char *s)
     return -1;
 }
 
-/* A failure: its message into err (core's mf_errf), and -1. */
-#define mf_st_err(...) (mf_errf(__VA_ARGS__), -1)
+/* A failure: its message into err (core's mf_diag_errf), and -1. */
+#define mf_st_err(...) (mf_diag_errf(__VA_ARGS__), -1)
 
-void mf_st_free(mf_st_file *f)
+void mf_ckpt_st_free(mf_st_file *f)
 {
     if (!f)
         return;
@@ -174,7 +175,7 @@ static int mf_st_check_tiling(const char *fname, const mf_st_file *f, char *err,
     return 0;
 }
 
-int mf_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
+int mf_ckpt_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
                 char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -193,13 +194,13 @@ int mf_st_parse(const char *fname, const char *json, size_t len, uint64_t data_l
                          je.text);
     int rc = -1;
     if (!json_is_object(root)) {
-        mf_errf(err, errlen, "%s: header is not a JSON object", fname);
+        mf_diag_errf(err, errlen, "%s: header is not a JSON object", fname);
         goto done;
     }
     size_t n = json_object_size(root);
     out->e = calloc(n ? n : 1, sizeof *out->e);
     if (!out->e) {
-        mf_errf(err, errlen, "%s: out of memory", fname);
+        mf_diag_errf(err, errlen, "%s: out of memory", fname);
         goto done;
     }
     const char *k;
@@ -219,11 +220,11 @@ int mf_st_parse(const char *fname, const char *json, size_t len, uint64_t data_l
 done:
     json_decref(root);
     if (rc != 0)
-        mf_st_free(out);
+        mf_ckpt_st_free(out);
     return rc;
 }
 
-int mf_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, char *err, size_t errlen)
+int mf_ckpt_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     uint8_t lenb[8];
@@ -254,12 +255,12 @@ int mf_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, c
         }
         got += (size_t)r;
     }
-    int rc = mf_st_parse(fname, json, n, file_size - 8 - n, out, err, errlen);
+    int rc = mf_ckpt_st_parse(fname, json, n, file_size - 8 - n, out, err, errlen);
     free(json);
     return rc;
 }
 
-const mf_st_entry *mf_st_find(const mf_st_file *f, const char *name)
+const mf_st_entry *mf_ckpt_st_find(const mf_st_file *f, const char *name)
 {
     for (int i = 0; i < f->n; i++)
         if (strcmp(f->e[i].name, name) == 0)
@@ -267,7 +268,7 @@ const mf_st_entry *mf_st_find(const mf_st_file *f, const char *name)
     return NULL;
 }
 
-const char *mf_st_meta(const mf_st_file *f, const char *key)
+const char *mf_ckpt_st_meta(const mf_st_file *f, const char *key)
 {
     for (int i = 0; i < f->nmeta; i++)
         if (strcmp(f->meta_key[i], key) == 0)
@@ -294,7 +295,7 @@ static json_t *mf_st_entry_json(const mf_st_entry *e)
     return o;
 }
 
-int mf_st_build(const mf_st_entry *e, int n, const char *const *meta_key, const char *const *meta_val,
+int mf_ckpt_st_build(const mf_st_entry *e, int n, const char *const *meta_key, const char *const *meta_val,
                 int nmeta, uint8_t **out, size_t *out_len)
 {
     *out = NULL;
@@ -335,4 +336,27 @@ done:
     free(text);
     json_decref(root);
     return rc;
+}
+
+/* The schedule's dtypes as safetensors names them: the one table of both
+ * directions. */
+static const struct {
+    mf_dtype d;
+    mf_st_dtype st;
+} mf_ckpt_st_dtypes[] = {{MF_FP32, MF_ST_F32}, {MF_BF16, MF_ST_BF16}, {MF_FP16, MF_ST_F16}};
+
+mf_st_dtype mf_ckpt_st_dtype(mf_dtype d)
+{
+    for (size_t i = 0; i < sizeof mf_ckpt_st_dtypes / sizeof *mf_ckpt_st_dtypes; i++)
+        if (mf_ckpt_st_dtypes[i].d == d)
+            return mf_ckpt_st_dtypes[i].st;
+    return MF_ST_F32;
+}
+
+int mf_ckpt_st_sched_dtype(mf_st_dtype st)
+{
+    for (size_t i = 0; i < sizeof mf_ckpt_st_dtypes / sizeof *mf_ckpt_st_dtypes; i++)
+        if (mf_ckpt_st_dtypes[i].st == st)
+            return (int)mf_ckpt_st_dtypes[i].d;
+    return -1;
 }

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mf_schedule.h"
+
 #define MF_ST_MAX_HEADER (100u * 1000u * 1000u) /* bytes of JSON, as the reference reader */
 #define MF_ST_MAX_DIMS 8
 
@@ -56,7 +58,7 @@ typedef struct mf_st_entry {
 } mf_st_entry;
 
 /* A parsed header. Entries are sorted by begin. Owned by the caller:
- * release with mf_st_free. */
+ * release with mf_ckpt_st_free. */
 typedef struct mf_st_file {
     uint64_t header_len;    /* N */
     uint64_t data_start;    /* 8 + N */
@@ -69,22 +71,28 @@ typedef struct mf_st_file {
 
 /* Parses the JSON header json[0..len) of file `fname` (for messages) whose
  * data section has data_len bytes. Returns 0, or -1 with a message. */
-int mf_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
+int mf_ckpt_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
                 char *err, size_t errlen);
 /* Reads and parses the header of the open file fd of file_size bytes. */
-int mf_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, char *err,
+int mf_ckpt_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, char *err,
                size_t errlen);
-void mf_st_free(mf_st_file *f);
+void mf_ckpt_st_free(mf_st_file *f);
 /* The entry named `name`, or NULL (linear search). */
-const mf_st_entry *mf_st_find(const mf_st_file *f, const char *name);
+const mf_st_entry *mf_ckpt_st_find(const mf_st_file *f, const char *name);
 /* The value of metadata key `key`, or NULL. */
-const char *mf_st_meta(const mf_st_file *f, const char *key);
+const char *mf_ckpt_st_meta(const mf_st_file *f, const char *key);
 
 /* Builds the 8-byte length and the JSON header for n entries in order (their
  * begin/end are used as given) and nmeta metadata strings. The JSON is
  * padded with spaces to a multiple of 8 bytes. *out is malloc'd
  * (8 + header bytes, in *out_len). Returns 0, or -1 when out of memory. */
-int mf_st_build(const mf_st_entry *e, int n, const char *const *meta_key,
+int mf_ckpt_st_build(const mf_st_entry *e, int n, const char *const *meta_key,
                 const char *const *meta_val, int nmeta, uint8_t **out, size_t *out_len);
+
+/* The safetensors dtype of a schedule dtype (F32 for one it does not
+ * know); the schedule dtype (mf_dtype) of a safetensors dtype, or -1 when
+ * it has none. */
+mf_st_dtype mf_ckpt_st_dtype(mf_dtype d);
+int mf_ckpt_st_sched_dtype(mf_st_dtype st);
 
 #endif

@@ -10,7 +10,6 @@
  */
 #include "mf_ckpt_io.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -21,98 +20,6 @@
 #include <unistd.h>
 
 #include "mf_ckpt_crc.h"
-
-/* The schedule's dtypes as safetensors names them: the one table of both
- * directions. */
-static const struct {
-    mf_dtype d;
-    mf_st_dtype st;
-} mf_ckpt_dtypes[] = {{MF_FP32, MF_ST_F32}, {MF_BF16, MF_ST_BF16}, {MF_FP16, MF_ST_F16}};
-
-mf_st_dtype mf_ckpt_st_dtype(mf_dtype d)
-{
-    for (size_t i = 0; i < sizeof mf_ckpt_dtypes / sizeof *mf_ckpt_dtypes; i++)
-        if (mf_ckpt_dtypes[i].d == d)
-            return mf_ckpt_dtypes[i].st;
-    return MF_ST_F32;
-}
-
-int mf_ckpt_dtype_of_st(mf_st_dtype st)
-{
-    for (size_t i = 0; i < sizeof mf_ckpt_dtypes / sizeof *mf_ckpt_dtypes; i++)
-        if (mf_ckpt_dtypes[i].st == st)
-            return (int)mf_ckpt_dtypes[i].d;
-    return -1;
-}
-
-/* All n bytes at off through pwrite (write) or pread, in transfers of at
- * most 1 GiB, again after EINTR and short ones; a transfer of no bytes fails
- * (ENOSPC writing, ENODATA reading). */
-static int mf_ckpt_transfer_all(int fd, char *p, size_t n, uint64_t off, int write)
-{
-    while (n) {
-        size_t k = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
-        ssize_t r = write ? pwrite(fd, p, k, (off_t)off) : pread(fd, p, k, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            if (r == 0)
-                errno = write ? ENOSPC : ENODATA;
-            return -1;
-        }
-        p += r;
-        off += (uint64_t)r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-int mf_ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
-{
-    return mf_ckpt_transfer_all(fd, (char *)buf, n, off, 1); /* only read from */
-}
-
-int mf_ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off)
-{
-    return mf_ckpt_transfer_all(fd, buf, n, off, 0);
-}
-
-size_t mf_ckpt_dir_len(const char *dir)
-{
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    return n;
-}
-
-int mf_ckpt_fsync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
-}
-
-void mf_ckpt_remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char path[4096];
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
 
 /* Builds the header of the entries with these CRCs (NULL: placeholders). */
 static int mf_ckpt_header(const mf_ckpt_wentry *e, int n, const char *id, int64_t rank, const uint32_t *crc,
@@ -137,7 +44,7 @@ static int mf_ckpt_header(const mf_ckpt_wentry *e, int n, const char *id, int64_
     snprintf(rk, sizeof rk, "%" PRId64, rank);
     const char *keys[] = {"mfsdp.format", "mfsdp.checkpoint_id", "mfsdp.rank", "mfsdp.crc32c"};
     const char *vals[] = {MF_CKPT_FILE_FORMAT, id, rk, crcs};
-    rc = mf_st_build(se, n, keys, vals, 4, out, out_len);
+    rc = mf_ckpt_st_build(se, n, keys, vals, 4, out, out_len);
 done:
     free(se);
     free(crcs);
@@ -150,8 +57,8 @@ static int mf_ckpt_write_entry(int fd, const mf_ckpt_wentry *e, int i, uint64_t 
 {
     *crc = 0;
     if (e->data) {
-        *crc = mf_crc32c(0, e->data, e->bytes);
-        if (mf_ckpt_pwrite_all(fd, e->data, e->bytes, off) != 0)
+        *crc = mf_ckpt_crc_update(0, e->data, e->bytes);
+        if (mf_ckpt_io_pwrite_all(fd, e->data, e->bytes, off) != 0)
             return snprintf(err, errlen, "write error: %s", strerror(errno)), -1;
         return 0;
     }
@@ -161,8 +68,8 @@ static int mf_ckpt_write_entry(int fd, const mf_ckpt_wentry *e, int i, uint64_t 
         size_t k = e->bytes - at > MF_CKPT_IO_CHUNK ? MF_CKPT_IO_CHUNK : (size_t)(e->bytes - at);
         if (fill(ctx, i, at, *bounce, k, err, errlen) != 0)
             return -1;
-        *crc = mf_crc32c(*crc, *bounce, k);
-        if (mf_ckpt_pwrite_all(fd, *bounce, k, off + at) != 0)
+        *crc = mf_ckpt_crc_update(*crc, *bounce, k);
+        if (mf_ckpt_io_pwrite_all(fd, *bounce, k, off + at) != 0)
             return snprintf(err, errlen, "write error: %s", strerror(errno)), -1;
         at += k;
     }
@@ -191,7 +98,7 @@ int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const c
     for (int i = 0; i < n; i++) {
         if (mf_ckpt_write_entry(fd, &e[i], i, at, fill, ctx, &bounce, &crc[i], msg, sizeof msg) != 0)
             goto done;
-        data_crc = mf_crc32c_combine((uint32_t)data_crc, crc[i], e[i].bytes);
+        data_crc = mf_ckpt_crc_combine((uint32_t)data_crc, crc[i], e[i].bytes);
         at += e[i].bytes;
     }
     free(hdr);
@@ -200,13 +107,13 @@ int mf_ckpt_write_file(const char *path, const mf_ckpt_wentry *e, int n, const c
         snprintf(msg, sizeof msg, "out of memory (header)");
         goto done;
     }
-    if (mf_ckpt_pwrite_all(fd, hdr, hlen, 0) != 0 || fsync(fd) != 0) {
+    if (mf_ckpt_io_pwrite_all(fd, hdr, hlen, 0) != 0 || fsync(fd) != 0) {
         snprintf(msg, sizeof msg, "write error: %s", strerror(errno));
         goto done;
     }
     out->bytes = at;
     out->header_bytes = hlen;
-    out->crc32c = mf_crc32c_combine(mf_crc32c(0, hdr, hlen), (uint32_t)data_crc, at - hlen);
+    out->crc32c = mf_ckpt_crc_combine(mf_ckpt_crc_update(0, hdr, hlen), (uint32_t)data_crc, at - hlen);
     rc = 0;
 done:
     if (close(fd) != 0 && rc == 0) {
@@ -231,7 +138,7 @@ int mf_ckpt_write_small(const char *dir, const char *name, const char *text, siz
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
         return snprintf(err, errlen, "%s: cannot create: %s", path, strerror(errno)), -1;
-    int rc = mf_ckpt_pwrite_all(fd, text, len, 0) == 0 && fsync(fd) == 0 ? 0 : -1;
+    int rc = mf_ckpt_io_pwrite_all(fd, text, len, 0) == 0 && fsync(fd) == 0 ? 0 : -1;
     int e = errno;
     if (close(fd) != 0 && rc == 0) {
         rc = -1;
@@ -244,9 +151,9 @@ int mf_ckpt_write_small(const char *dir, const char *name, const char *text, siz
     return rc;
 }
 
-int mf_ckpt_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen)
+int mf_ckpt_write_commit_dir(const char *tmp, const char *dir, char *err, size_t errlen)
 {
-    if (mf_ckpt_fsync_dir(tmp) != 0)
+    if (mf_ckpt_io_fsync_dir(tmp) != 0)
         return snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(errno)), -1;
     /* Never over an existing checkpoint (rename(2) would replace an empty
      * directory). */
@@ -261,7 +168,7 @@ int mf_ckpt_commit_dir(const char *tmp, const char *dir, char *err, size_t errle
         parent[1] = '\0';
     else
         *slash = '\0';
-    if (mf_ckpt_fsync_dir(parent) != 0)
+    if (mf_ckpt_io_fsync_dir(parent) != 0)
         return snprintf(err, errlen, "%s: fsync of the parent directory: %s", parent, strerror(errno)), -1;
     return 0;
 }

@@ -218,7 +218,7 @@ const char *mf_diag_suggest(const char *word, const char *const *cands, size_t n
     return best;
 }
 
-void mf_errf(char *err, size_t errlen, const char *fmt, ...)
+void mf_diag_errf(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)
         return;

@@ -66,7 +66,7 @@ const char *mf_diag_suggest(const char *word, const char *const *cands, size_t n
 /* printf into a caller's error buffer err[0..errlen) (the "char *err, size_t
  * errlen" convention of the loader, the simulator and the runtime); does
  * nothing when err is NULL or errlen is 0. */
-void mf_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void mf_diag_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* A span covering a and b. */
 mf_span mf_span_join(mf_span a, mf_span b);

@@ -3,7 +3,7 @@
  */
 #include "mf_layout.h"
 
-void mf_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES])
+void mf_layout_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES])
 {
     for (int j = m->naxes - 1; j >= 0; j--) {
         coords[j] = rank % m->axes[j].size;
@@ -13,7 +13,7 @@ void mf_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES])
         coords[j] = 0;
 }
 
-int64_t mf_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES])
+int64_t mf_layout_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES])
 {
     int64_t r = 0;
     for (int j = 0; j < m->naxes; j++)
@@ -21,20 +21,20 @@ int64_t mf_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES])
     return r;
 }
 
-void mf_mesh_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out)
+void mf_layout_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out)
 {
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(m, rank, c);
+    mf_layout_mesh_coords(m, rank, c);
     for (int64_t i = 0; i < m->axes[axis].size; i++) {
         c[axis] = i;
-        out[i] = mf_mesh_rank(m, c);
+        out[i] = mf_layout_mesh_rank(m, c);
     }
 }
 
-int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank)
+int64_t mf_layout_axis_color(const mf_mesh *m, int axis, int64_t rank)
 {
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(m, rank, c);
+    mf_layout_mesh_coords(m, rank, c);
     c[axis] = 0;
     int64_t color = 0;
     for (int j = 0; j < m->naxes; j++)
@@ -43,7 +43,7 @@ int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank)
     return color;
 }
 
-int mf_placement_flat_start(const mf_placement *p, int naxes)
+int mf_layout_flat_start(const mf_placement *p, int naxes)
 {
     int s = naxes;
     while (s > 0 && p->p[s - 1] == MF_PLACE_FLAT)
@@ -51,16 +51,16 @@ int mf_placement_flat_start(const mf_placement *p, int naxes)
     return s;
 }
 
-bool mf_placement_suffix_ok(const mf_placement *p, int naxes)
+bool mf_layout_flat_suffix_ok(const mf_placement *p, int naxes)
 {
-    int s = mf_placement_flat_start(p, naxes);
+    int s = mf_layout_flat_start(p, naxes);
     for (int j = 0; j < s; j++)
         if (p->p[j] == MF_PLACE_FLAT)
             return false;
     return true;
 }
 
-int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p)
+int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p)
 {
     int64_t n = 1;
     for (int j = 0; j < m->naxes; j++)
@@ -69,10 +69,10 @@ int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p)
     return n;
 }
 
-int64_t mf_placement_shard_index(const mf_mesh *m, const mf_placement *p,
+int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
                                  const int64_t coords[MF_MAX_AXES])
 {
-    int s = mf_placement_flat_start(p, m->naxes);
+    int s = mf_layout_flat_start(p, m->naxes);
     int64_t q = 0, stride = 1;
     for (int j = s; j < m->naxes; j++) {
         q += coords[j] * stride;
@@ -84,9 +84,9 @@ int64_t mf_placement_shard_index(const mf_mesh *m, const mf_placement *p,
 mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L)
 {
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(m, rank, c);
+    mf_layout_mesh_coords(m, rank, c);
     mf_range r;
-    r.len = L / mf_placement_shards(m, p);
-    r.offset = mf_placement_shard_index(m, p, c) * r.len;
+    r.len = L / mf_layout_shards(m, p);
+    r.offset = mf_layout_shard_index(m, p, c) * r.len;
     return r;
 }

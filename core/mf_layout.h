@@ -20,24 +20,24 @@ typedef struct mf_range {
 } mf_range;
 
 /* coords[j] of rank r; r in [0, world). */
-void mf_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES]);
-/* Inverse of mf_mesh_coords. */
-int64_t mf_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES]);
+void mf_layout_mesh_coords(const mf_mesh *m, int64_t rank, int64_t coords[MF_MAX_AXES]);
+/* Inverse of mf_layout_mesh_coords. */
+int64_t mf_layout_mesh_rank(const mf_mesh *m, const int64_t coords[MF_MAX_AXES]);
 /* The ranks of rank r's axis group along axis j, ordered by c_j; writes
  * mesh->axes[j].size ranks into out. */
-void mf_mesh_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out);
+void mf_layout_axis_group(const mf_mesh *m, int axis, int64_t rank, int64_t *out);
 /* Index of rank r's axis group along axis j (the "color"): ranks with equal
  * coords on every other axis share it. */
-int64_t mf_mesh_axis_color(const mf_mesh *m, int axis, int64_t rank);
+int64_t mf_layout_axis_color(const mf_mesh *m, int axis, int64_t rank);
 
 /* First axis of the Flat suffix: s such that axes s..k-1 are Flat; k if none. */
-int mf_placement_flat_start(const mf_placement *p, int naxes);
+int mf_layout_flat_start(const mf_placement *p, int naxes);
 /* True when the Flat axes form a suffix of the mesh (docs/semantics.md §1). */
-bool mf_placement_suffix_ok(const mf_placement *p, int naxes);
+bool mf_layout_flat_suffix_ok(const mf_placement *p, int naxes);
 /* Number of shards: product of the sizes of the Flat axes. */
-int64_t mf_placement_shards(const mf_mesh *m, const mf_placement *p);
+int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p);
 /* Shard index q of a rank with these coords. */
-int64_t mf_placement_shard_index(const mf_mesh *m, const mf_placement *p,
+int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
                                  const int64_t coords[MF_MAX_AXES]);
 /* The elements of a bucket of padded length L (divisible by the shard count)
  * that rank r holds under placement p. */

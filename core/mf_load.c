@@ -348,7 +348,7 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
             return mf_load_fail(l, it, "%s may not be Partial", what);
         out->p[j] = (uint8_t)p;
     }
-    if (!mf_placement_suffix_ok(out, naxes))
+    if (!mf_layout_flat_suffix_ok(out, naxes))
         return mf_load_fail(l, n, "%s: the Flat axes must be the innermost ones (a suffix of the mesh)",
                             what);
     return true;
@@ -771,7 +771,7 @@ static bool mf_load_totals_fit(mf_loader *l, mf_node **op_where, mf_node *buffer
         const mf_op *op = &s->ops[i];
         if (!mf_opkind_is_collective(op->kind))
             continue;
-        /* An upper bound of mf_collective_bytes(): 2 (n-1) (count/n + 1) size. */
+        /* An upper bound of mf_schedule_collective_bytes(): 2 (n-1) (count/n + 1) size. */
         int64_t n = s->mesh.axes[op->axis].size, size = (int64_t)mf_dtype_size(op->dtype);
         int64_t per = op->kind == MF_OP_ALL_REDUCE ? op->count / n + 1 : op->count, b;
         int64_t runs = mf_when_runs_per_step(op->when, op->phase, s->microbatches);
@@ -1053,7 +1053,7 @@ static bool mf_load_depth_ok(mf_loader *l, const char *text, size_t len)
     return ok;
 }
 
-mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t len, char *err,
+mf_schedule *mf_load_schedule_buffer(const char *name, const char *text, size_t len, char *err,
                                      size_t errlen)
 {
     mf_loader l = {.name = name ? name : "<schedule>", .err = err, .errlen = errlen};
@@ -1111,7 +1111,7 @@ mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t 
     return l.s;
 }
 
-mf_schedule *mf_schedule_load_file(const char *path, char *err, size_t errlen)
+mf_schedule *mf_load_schedule_file(const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -1146,7 +1146,7 @@ mf_schedule *mf_schedule_load_file(const char *path, char *err, size_t errlen)
             snprintf(err, errlen, "%s: error: cannot read the file", path);
         return NULL;
     }
-    mf_schedule *s = mf_schedule_load_buffer(path, buf, n, err, errlen);
+    mf_schedule *s = mf_load_schedule_buffer(path, buf, n, err, errlen);
     free(buf);
     return s;
 }

@@ -13,9 +13,9 @@
 
 /* Returns an owned schedule, or NULL with a message (NUL-terminated, possibly
  * truncated) in err[0..errlen). `name` is used in messages only. */
-mf_schedule *mf_schedule_load_buffer(const char *name, const char *text, size_t len,
+mf_schedule *mf_load_schedule_buffer(const char *name, const char *text, size_t len,
                                      char *err, size_t errlen);
-mf_schedule *mf_schedule_load_file(const char *path, char *err, size_t errlen);
+mf_schedule *mf_load_schedule_file(const char *path, char *err, size_t errlen);
 
 /* SHA-256 of a byte string (lowercase hex in hex[65] when hex is non-NULL). */
 void mf_sha256(const void *data, size_t len, uint8_t out[32], char hex[65]);

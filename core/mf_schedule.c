@@ -136,7 +136,7 @@ void mf_schedule_free(mf_schedule *s)
     free(s);
 }
 
-int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d)
+int64_t mf_schedule_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d)
 {
     int64_t size = (int64_t)mf_dtype_size(d);
     if (n <= 1)
@@ -160,7 +160,7 @@ bool mf_when_holds(mf_when w, unsigned pos)
            (w == MF_WHEN_LAST && (pos & MF_POS_LAST));
 }
 
-int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX])
+int mf_schedule_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX])
 {
     int full = s->microbatches >= 3 ? 3 : (int)s->microbatches, n = 0;
     if (!s->programs) {

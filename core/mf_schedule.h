@@ -357,7 +357,7 @@ bool mf_schedule_summarize(mf_schedule *s);
 /* Bytes one rank sends for one launch of a collective on an axis of size n
  * (ring algorithms): all_gather and reduce_scatter (n-1)*count*size,
  * all_reduce 2*(n-1)*ceil(count/n)*size; 0 for local ops and n == 1. */
-int64_t mf_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d);
+int64_t mf_schedule_collective_bytes(mf_opkind k, int64_t n, int64_t count, mf_dtype d);
 
 /* The stream of the collectives on mesh axis `axis` of a mesh of naxes axes:
  * inner for the innermost axis, outer for the others (one stream per
@@ -382,7 +382,7 @@ bool mf_when_holds(mf_when w, unsigned pos);
  * (!s->programs): two full steps. Returns the count (at most
  * MF_REPLAY_RUNS_MAX). */
 #define MF_REPLAY_RUNS_MAX 10
-int mf_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX]);
+int mf_schedule_replay_runs(const mf_schedule *s, int runs[MF_REPLAY_RUNS_MAX]);
 /* A data op (not a record or a wait). */
 bool mf_op_is_data(const mf_op *op);
 /* step_begin or step_end: once per step, unit -1. */

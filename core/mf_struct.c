@@ -108,7 +108,7 @@ bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, m
     if (!in || in->at == MF_OPAT_NO_AXIS)
         return true; /* the ops without an axis keep the placement */
     if (axis < 0 || axis >= naxes || src->p[axis] != in->need ||
-        !mf_struct_axis_fits(in->at, axis, mf_placement_flat_start(src, naxes)))
+        !mf_struct_axis_fits(in->at, axis, mf_layout_flat_start(src, naxes)))
         return false;
     out->p[axis] = (uint8_t)in->becomes;
     return true;
@@ -148,7 +148,7 @@ bool mf_struct_op_move(const mf_schedule *s, const mf_op *op, const mf_placement
 void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k)
 {
     const mf_bucket *bk = &s->buckets[b];
-    int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
+    int64_t shards = mf_layout_shards(&s->mesh, &bk->place[r]);
     if (bk->length % shards != 0)
         mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH,
                        "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement", bk->name,
@@ -162,7 +162,7 @@ void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_buffer *bf = &s->buffers[i];
     const mf_bucket *bk = &s->buckets[bf->bucket];
-    int64_t shards = mf_placement_shards(&s->mesh, &bf->place);
+    int64_t shards = mf_layout_shards(&s->mesh, &bf->place);
     if (bk->length % shards != 0 || bf->count != bk->length / shards)
         mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_COUNT,
                        "buffer '%s': count %lld does not match its bucket's length %lld over the %lld shards of its placement",
@@ -441,12 +441,12 @@ static void mf_struct_strict_bucket(const mf_schedule *s, int b, mf_struct_sink 
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
         const mf_placement *pl = &bk->place[r];
         char pb[64];
-        if (!mf_placement_suffix_ok(pl, naxes)) {
+        if (!mf_layout_flat_suffix_ok(pl, naxes)) {
             mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s': the %s placement %s breaks the suffix rule",
                            bk->name, mf_role_name((mf_role)r), mf_placement_format(pl, naxes, pb, sizeof pb));
             continue;
         }
-        int64_t shards = mf_placement_shards(&s->mesh, pl);
+        int64_t shards = mf_layout_shards(&s->mesh, pl);
         for (int r2 = 0; r2 < MF_ROLE_COUNT; r2++) {
             int64_t bytes = bk->length / shards * (int64_t)mf_dtype_size(bk->dtype[r2]);
             if (s->align > 0 && bytes % s->align != 0)
@@ -481,7 +481,7 @@ static void mf_struct_strict_buffer(const mf_schedule *s, int i, mf_struct_sink 
     const mf_buffer *bf = &s->buffers[i];
     const mf_bucket *bk = &s->buckets[bf->bucket];
     char pb[64];
-    if (!mf_placement_suffix_ok(&bf->place, s->mesh.naxes))
+    if (!mf_layout_flat_suffix_ok(&bf->place, s->mesh.naxes))
         mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_NONE, "buffer '%s': placement %s breaks the suffix rule",
                        bf->name, mf_placement_format(&bf->place, s->mesh.naxes, pb, sizeof pb));
     bool across = bf->kind == MF_BUF_MAIN_WEIGHT || bf->kind == MF_BUF_GRAD_FINAL ||
@@ -534,11 +534,11 @@ static void mf_struct_ranks(const mf_schedule *s, const mf_op *op, mf_hash *memo
     for (int64_t r = 0; r < m->world; r++) {
         mf_range sr = mf_layout_range(m, &src->place, r, L), dr = mf_layout_range(m, &dst->place, r, L);
         int64_t coords[MF_MAX_AXES];
-        mf_mesh_coords(m, r, coords);
+        mf_layout_mesh_coords(m, r, coords);
         bool ok = true;
         if (mf_opkind_is_collective(op->kind)) {
             int64_t n = m->axes[op->axis].size;
-            mf_mesh_axis_group(m, op->axis, r, group);
+            mf_layout_axis_group(m, op->axis, r, group);
             for (int64_t i = 0; i < n && ok; i++) {
                 mf_range gr = mf_layout_range(m, &src->place, group[i], L);
                 if (op->kind == MF_OP_ALL_GATHER)

@@ -686,7 +686,7 @@ static void mf_areplay_run(mf_verify_ctx *c)
                                             .dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT], .version = 1, .step = 0};
     }
     sim.nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches;
-    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_replay_runs(s, runs);
+    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_schedule_replay_runs(s, runs);
     for (int r = 0; r < nruns; r++) {
         if (runs[r] == 0) {
             mf_areplay_eval(&sim, &h);

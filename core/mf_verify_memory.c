@@ -2,7 +2,7 @@
  * mf_verify_memory: the verifier's hazards per memory region
  * (docs/semantics.md §10, docs/schedule.md "The verifier"). Buffers of the
  * transient arena share bytes when their live intervals do not overlap; this
- * replays the runs of mf_replay_runs (full steps at every microbatch
+ * replays the runs of mf_schedule_replay_runs (full steps at every microbatch
  * position, short steps, evaluation passes between them), with the trainer's
  * accesses on the compute stream and vector
  * clocks per stream, and tracks, per elementary byte range of the arena, the
@@ -307,7 +307,7 @@ int mf_verify_memory(const mf_schedule *s, mf_diag *d)
     memcpy(fill, start, sizeof *fill * (size_t)nh);
     for (int i = 0; i < s->nops; i++)
         ops[fill[hook_key(s, s->ops[i].phase, s->ops[i].unit)]++] = i;
-    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_replay_runs(s, runs);
+    int runs[MF_REPLAY_RUNS_MAX], nruns = mf_schedule_replay_runs(s, runs);
     int nmb = s->microbatches >= 3 ? 3 : (int)s->microbatches;
     for (int r = 0; r < nruns; r++) {
         if (runs[r] == 0)

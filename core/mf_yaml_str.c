@@ -30,7 +30,7 @@ yaml_scalar_style_t mf_yaml_str_style(const char *v)
     return YAML_PLAIN_SCALAR_STYLE;
 }
 
-const char *mf_yaml_int_text(int64_t v, char buf[24])
+const char *mf_yaml_str_int(int64_t v, char buf[24])
 {
     char *p = buf + 24;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;

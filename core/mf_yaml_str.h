@@ -25,6 +25,6 @@ yaml_scalar_style_t mf_yaml_str_style(const char *v);
 /* The decimal text of v, NUL-terminated, written at the end of buf (24
  * bytes hold any int64_t); returns where it starts. Hand-rolled: snprintf
  * was a tenth of the time of writing a 400k-op schedule. */
-const char *mf_yaml_int_text(int64_t v, char buf[24]);
+const char *mf_yaml_str_int(int64_t v, char buf[24]);
 
 #endif

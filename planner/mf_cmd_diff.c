@@ -1,7 +1,7 @@
 /*
  * mfsdpc diff A B [cost options]
  *
- * A and B are schedules (loaded with mf_schedule_load_file) or specs
+ * A and B are schedules (loaded with mf_load_schedule_file) or specs
  * (compiled and verified in memory). A file is a spec when its name ends in
  * .mfsdp, a schedule when it ends in .yaml or .yml; otherwise it is a
  * schedule when it starts with the `format:` key. Prints the semantic diff
@@ -63,7 +63,7 @@ static int mf_diff_open(const char *path, char **cost_args, int ncost, mf_diff_i
     memset(in, 0, sizeof *in);
     if (mf_diff_is_schedule(path)) {
         char err[1024];
-        in->loaded = mf_schedule_load_file(path, err, sizeof err);
+        in->loaded = mf_load_schedule_file(path, err, sizeof err);
         if (!in->loaded) {
             fprintf(stderr, "%s\n", err);
             return 2;

@@ -448,7 +448,7 @@ int mf_cmd_init(int argc, char **argv)
         return fprintf(stderr, "mfsdpc: error: --layout %s needs a mesh of at least two axes\n", mode->name), 2;
     mf_hf_model m;
     char err[4096], cmdline[2048] = "";
-    if (mf_hf_open(model, &m, err, sizeof err) != 0)
+    if (mf_ckpt_hf_open(model, &m, err, sizeof err) != 0)
         return fprintf(stderr, "mfsdpc: error: %s\n", err), 1;
     for (int i = 1, at = 0; i < argc && at < (int)sizeof cmdline - 1; i++)
         at += snprintf(cmdline + at, sizeof cmdline - (size_t)at, "%s%s", i > 1 ? " " : "", argv[i]);
@@ -482,6 +482,6 @@ int mf_cmd_init(int argc, char **argv)
     }
     free(in.u);
     mf_init_ties_free(&in.ties, m.n);
-    mf_hf_close(&m);
+    mf_ckpt_hf_close(&m);
     return rc;
 }

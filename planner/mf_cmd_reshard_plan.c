@@ -126,11 +126,11 @@ int mf_cmd_reshard_plan(int argc, char **argv)
     if (prc >= 0)
         return prc;
     char err[1024], a[256] = "", b[256] = "";
-    mf_schedule *os = mf_schedule_load_file(path[0], err, sizeof err), *ns = NULL;
+    mf_schedule *os = mf_load_schedule_file(path[0], err, sizeof err), *ns = NULL;
     mf_ckpt_plan o = {0}, n = {0};
     int rc = 2, *tmap = NULL;
     int64_t *idx = NULL;
-    if (!os || !(ns = mf_schedule_load_file(path[1], err, sizeof err))) {
+    if (!os || !(ns = mf_load_schedule_file(path[1], err, sizeof err))) {
         fprintf(stderr, "%s\n", err);
         goto done;
     }

@@ -2,7 +2,7 @@
  * mf_cmd_simulate: `mfsdpc simulate SPEC|SCHEDULE [options]`.
  *
  * Reads a spec (compiled and verified in memory with mf_compile_file) or a
- * schedule file (mf_schedule_load_file), simulates one step (mf_simulate.c),
+ * schedule file (mf_load_schedule_file), simulates one step (mf_simulate.c),
  * prints the report, and optionally writes a Chrome trace and an SVG
  * picture, both or neither (mf_outputs.h: a failure or SIGINT/SIGTERM
  * leaves every existing output untouched and no temporary). With
@@ -229,7 +229,7 @@ static int open_input(const sim_args *a, mf_compilation *comp, bool *have_comp, 
         }
         fclose(probe);
         char err[1024];
-        *loaded = mf_schedule_load_file(input, err, sizeof err);
+        *loaded = mf_load_schedule_file(input, err, sizeof err);
         if (!*loaded) {
             fprintf(stderr, "%s\n", err);
             return 1;

@@ -15,7 +15,7 @@
  *     wrapping), so `git diff` of two schedules shows the ops that changed;
  *   - strings are quoted by the project's one rule (core/mf_yaml_str.h);
  *     source_sha256 is always double-quoted;
- *   - exactly what mf_schedule_load_buffer() reads: load -> emit gives the same
+ *   - exactly what mf_load_schedule_buffer() reads: load -> emit gives the same
  *     bytes.
  */
 #include <ctype.h>
@@ -87,7 +87,7 @@ static void mf_emit_str(mf_emit_ctx *c, const char *v)
 static void mf_emit_int(mf_emit_ctx *c, int64_t v)
 {
     char buf[24];
-    mf_emit_scalar_style(c, mf_yaml_int_text(v, buf), YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_scalar_style(c, mf_yaml_str_int(v, buf), YAML_PLAIN_SCALAR_STYLE);
 }
 
 /* Starts a mapping (seq false) or a sequence, flow or block. */
@@ -141,7 +141,7 @@ static void mf_emit_kv_str(mf_emit_ctx *c, const mf_schema_key *k, const char *v
 static void mf_emit_kv_int(mf_emit_ctx *c, const mf_schema_key *k, int64_t v)
 {
     char buf[24];
-    mf_emit_kv(c, k, mf_yaml_int_text(v, buf), YAML_PLAIN_SCALAR_STYLE);
+    mf_emit_kv(c, k, mf_yaml_str_int(v, buf), YAML_PLAIN_SCALAR_STYLE);
 }
 
 /* A flow mapping of one int per name of the schedule (axis, role), the names

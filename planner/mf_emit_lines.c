@@ -88,7 +88,7 @@ static void mf_lines_put(mf_emit_lines *o, const char *p, size_t len)
 static void mf_lines_int(mf_emit_lines *o, int64_t v)
 {
     char buf[24];
-    const char *p = mf_yaml_int_text(v, buf);
+    const char *p = mf_yaml_str_int(v, buf);
     mf_lines_put(o, p, (size_t)(buf + sizeof buf - 1 - p));
 }
 

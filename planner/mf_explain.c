@@ -25,7 +25,7 @@
 
 static int64_t local_elems(const mf_schedule *s, const mf_bucket *b, int role)
 {
-    return b->length / mf_placement_shards(&s->mesh, &b->place[role]);
+    return b->length / mf_layout_shards(&s->mesh, &b->place[role]);
 }
 
 static const char *phases_of(const mf_plan *p, int b, int t)

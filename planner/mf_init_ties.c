@@ -1,7 +1,7 @@
 /*
  * mf_init_ties: the tied tensors of a Hugging Face checkpoint (see the
  * header). Reads each file's header again for its __metadata__ (through the
- * descriptors mf_hf_open holds) and config.json, opened without blocking and
+ * descriptors mf_ckpt_hf_open holds) and config.json, opened without blocking and
  * read only when it is a regular file.
  */
 #include "mf_init_ties.h"
@@ -83,7 +83,7 @@ static int ties_from_metadata(const mf_hf_model *m, mf_init_ties *t, char *err, 
         mf_st_file h;
         if (fstat(m->fds[f], &st) != 0)
             return snprintf(err, errlen, "%s: cannot stat: %s", m->paths[f], strerror(errno)), -1;
-        if (mf_st_read(m->fds[f], m->paths[f], (uint64_t)st.st_size, &h, err, errlen) != 0)
+        if (mf_ckpt_st_read(m->fds[f], m->paths[f], (uint64_t)st.st_size, &h, err, errlen) != 0)
             return -1;
         int rc = 0;
         for (int i = 0; i < h.nmeta && rc == 0; i++) {
@@ -91,7 +91,7 @@ static int ties_from_metadata(const mf_hf_model *m, mf_init_ties *t, char *err, 
             if (k >= 0 && find_tensor(m, h.meta_key[i]) < 0)
                 rc = tie_alias(m, t, k, h.meta_key[i]);
         }
-        mf_st_free(&h);
+        mf_ckpt_st_free(&h);
         if (rc != 0)
             return snprintf(err, errlen, "out of memory"), -1;
     }

@@ -85,7 +85,7 @@ int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
 {
     int k = m->naxes, s = k;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int fs = mf_placement_flat_start(&pl[r], k);
+        int fs = mf_layout_flat_start(&pl[r], k);
         if (fs < s)
             s = fs;
     }

@@ -150,7 +150,7 @@ static int mf_lower_buffer(mf_lower_ctx *c, int b, mf_bufkind kind, const char *
     bf->kind = kind;
     bf->dtype = dt;
     bf->place = *pl;
-    bf->count = bk->length / mf_placement_shards(&c->s->mesh, pl);
+    bf->count = bk->length / mf_layout_shards(&c->s->mesh, pl);
     bf->lifetime = life;
     return (int)c->bufs.len - 1;
 }
@@ -181,8 +181,8 @@ static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
             const mf_step *st = &tr[t].steps[i];
             bool axis_op = mf_opkind_on_axis(st->kind);
             if (axis_op != (st->axis >= 0 && st->axis < s->mesh.naxes) || st->count <= 0 ||
-                mf_placement_shards(&s->mesh, &st->to) <= 0 ||
-                bk->length % mf_placement_shards(&s->mesh, &st->to) != 0) {
+                mf_layout_shards(&s->mesh, &st->to) <= 0 ||
+                bk->length % mf_layout_shards(&s->mesh, &st->to) != 0) {
                 mf_diag_error(c->d, none, "internal error: step %d of T%d of bucket '%s' is malformed", i,
                               t + 1, bk->name);
                 return false;

@@ -46,7 +46,7 @@
 #include "mf_layout.h"
 #include "mf_plan_search.h"
 
-static double shards(const mf_mesh *m, const mf_placement *p) { return (double)mf_placement_shards(m, p); }
+static double shards(const mf_mesh *m, const mf_placement *p) { return (double)mf_layout_shards(m, p); }
 
 static bool all_rep(const mf_placement *p, int naxes)
 {

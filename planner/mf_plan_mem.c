@@ -19,7 +19,7 @@ int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes)
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
         const mf_bucket *bk = &s->buckets[b];
-        elems = mf_sat_add(elems, bk->length / mf_placement_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
+        elems = mf_sat_add(elems, bk->length / mf_layout_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
     }
     return mf_sat_mul(elems, optimizer_bytes);
 }

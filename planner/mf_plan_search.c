@@ -596,11 +596,11 @@ static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const i
         const mf_transition *t2 = &p->trans[b][MF_T2], *t3 = &p->trans[b][MF_T3];
         for (int i = 0; bm.weight_full > 0 && i + 1 < t2->nsteps; i++)
             if (t2->steps[i + 1].stream != MF_STREAM_COMPUTE)
-                items[b].t2_stage += (double)(bk->length / mf_placement_shards(&s->mesh, &t2->steps[i].to)) *
+                items[b].t2_stage += (double)(bk->length / mf_layout_shards(&s->mesh, &t2->steps[i].to)) *
                                      (double)mf_dtype_size(bk->dtype[MF_ROLE_WEIGHT]);
         for (int i = 0; i + 1 < t3->nsteps; i++)
             if (t3->steps[i + 1].stream != MF_STREAM_COMPUTE)
-                items[b].t3_after += (double)(bk->length / mf_placement_shards(&s->mesh, &t3->steps[i].to)) *
+                items[b].t3_after += (double)(bk->length / mf_layout_shards(&s->mesh, &t3->steps[i].to)) *
                                      (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
         if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
             items[b].t3_after += (double)bm.grad_local;

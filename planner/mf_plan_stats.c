@@ -16,7 +16,7 @@
 
 static int64_t local_bytes(const mf_schedule *s, const mf_bucket *b, const mf_placement *pl, mf_dtype d)
 {
-    return b->length / mf_placement_shards(&s->mesh, pl) * (int64_t)mf_dtype_size(d);
+    return b->length / mf_layout_shards(&s->mesh, pl) * (int64_t)mf_dtype_size(d);
 }
 
 /* Bytes of the outputs of steps [first, last) of a transition. */

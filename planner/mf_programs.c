@@ -225,7 +225,7 @@ bool mf_programs_eval_figures(const mf_schedule *s, mf_eval_figures *out)
         if (op->phase != MF_PHASE_EVAL_PRE || !mf_op_is_data(op))
             continue;
         if (mf_opkind_is_collective(op->kind)) {
-            out->bytes[op->axis] += mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+            out->bytes[op->axis] += mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
             out->launches++;
         }
         int ends[2] = {op->src, op->dst};

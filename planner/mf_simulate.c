@@ -119,48 +119,48 @@ char *mf_sim_item_label(const mf_schedule *s, const mf_sim_item *it, char *buf, 
 static int check_schedule(const mf_schedule *s, const mf_sim_config *cfg, char *err, size_t errlen)
 {
     if (s->microbatches < 1 || s->microbatches > INT32_MAX) {
-        mf_errf(err, errlen, "microbatches %lld out of range", (long long)s->microbatches);
+        mf_diag_errf(err, errlen, "microbatches %lld out of range", (long long)s->microbatches);
         return -1;
     }
     if (s->nunits < 0 || (s->nunits > 0 && !s->units)) {
-        mf_errf(err, errlen, "schedule has no units array");
+        mf_diag_errf(err, errlen, "schedule has no units array");
         return -1;
     }
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
         bool step_phase = op->phase == MF_PHASE_STEP_BEGIN || op->phase == MF_PHASE_STEP_END;
         if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT) {
-            mf_errf(err, errlen, "op %d: phase out of range", i);
+            mf_diag_errf(err, errlen, "op %d: phase out of range", i);
             return -1;
         }
         if (step_phase ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits)) {
-            mf_errf(err, errlen, "op %d: unit %d out of range for phase %s", i, op->unit,
+            mf_diag_errf(err, errlen, "op %d: unit %d out of range for phase %s", i, op->unit,
                     mf_phase_name(op->phase));
             return -1;
         }
         if ((int)op->stream < 0 || op->stream >= MF_STREAM_COUNT) {
-            mf_errf(err, errlen, "op %d: stream out of range", i);
+            mf_diag_errf(err, errlen, "op %d: stream out of range", i);
             return -1;
         }
         if ((int)op->kind < 0 || op->kind >= MF_OPKIND_COUNT ||
             (int)op->when < 0 || op->when >= MF_WHEN_COUNT) {
-            mf_errf(err, errlen, "op %d: kind or predicate out of range", i);
+            mf_diag_errf(err, errlen, "op %d: kind or predicate out of range", i);
             return -1;
         }
         if (mf_opkind_is_collective(op->kind) && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
-            mf_errf(err, errlen, "op %d: %s on axis %d, the mesh has %d axes", i,
+            mf_diag_errf(err, errlen, "op %d: %s on axis %d, the mesh has %d axes", i,
                     mf_opkind_name(op->kind), op->axis, s->mesh.naxes);
             return -1;
         }
         if ((op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) &&
             (op->event < 0 || op->event >= s->nevents)) {
-            mf_errf(err, errlen, "op %d: event %d out of range (%d events)", i, op->event,
+            mf_diag_errf(err, errlen, "op %d: event %d out of range (%d events)", i, op->event,
                     s->nevents);
             return -1;
         }
     }
     if (cfg->fwd_time && !cfg->bwd_time) {
-        mf_errf(err, errlen, "per-unit forward times given without backward times");
+        mf_diag_errf(err, errlen, "per-unit forward times given without backward times");
         return -1;
     }
     return 0;
@@ -319,7 +319,7 @@ static void op_figures(sim *st)
         st->coll[i] = mf_opkind_is_collective(op->kind);
         if (st->coll[i]) {
             int64_t n = s->mesh.axes[op->axis].size;
-            st->ibytes[i] = mf_collective_bytes(op->kind, n, op->count, op->dtype);
+            st->ibytes[i] = mf_schedule_collective_bytes(op->kind, n, op->count, op->dtype);
         } else if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT) {
             mf_dtype sd = op->src >= 0 && op->src < s->nbuffers ? s->buffers[op->src].dtype : op->dtype;
             int64_t n = op->count * (int64_t)(mf_dtype_size(sd) + mf_dtype_size(op->dtype));
@@ -507,7 +507,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
         return -1;
     int64_t nitems = count_items(s);
     if (nitems > INT32_MAX / 2) {
-        mf_errf(err, errlen, "too many op instances per step (%lld, limit is %d)",
+        mf_diag_errf(err, errlen, "too many op instances per step (%lld, limit is %d)",
                 (long long)nitems, INT32_MAX / 2);
         return -1;
     }
@@ -532,7 +532,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
         st.coll = (bool *)(st.rec_stream + ne);
     }
     if ((!r->items && !cfg->time_only) || !st.block || build_hook_index(s, &h) != 0) {
-        mf_errf(err, errlen, "out of memory");
+        mf_diag_errf(err, errlen, "out of memory");
         goto cleanup;
     }
     op_figures(&st);
@@ -543,7 +543,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     for (int u = 0; u < s->nunits; u++) {
         mf_sim_unit_times(s, cfg, u, &st.fwd[u], &st.bwd[u]);
         if (!(st.fwd[u] >= 0) || !(st.bwd[u] >= 0) || !isfinite(st.fwd[u] + st.bwd[u])) {
-            mf_errf(err, errlen, "unit %s: compute time is not a finite non-negative number",
+            mf_diag_errf(err, errlen, "unit %s: compute time is not a finite non-negative number",
                     s->units[u].name);
             goto cleanup;
         }
@@ -578,7 +578,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     }
     if (find_critical_path(r) != 0 ||
         find_exposed(r, st.stream_end[MF_STREAM_COMPUTE]) != 0) {
-        mf_errf(err, errlen, "out of memory");
+        mf_diag_errf(err, errlen, "out of memory");
         goto cleanup;
     }
     r->comm_busy = r->busy[MF_STREAM_INNER] + r->busy[MF_STREAM_OUTER];

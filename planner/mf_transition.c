@@ -194,7 +194,7 @@ typedef struct bucket_ctx {
 /* Elements per rank at placement pl; -1 when the shards are not equal and aligned. */
 static int64_t local_count(const bucket_ctx *bc, const mf_placement *pl)
 {
-    int64_t shards = mf_placement_shards(bc->mesh, pl), q;
+    int64_t shards = mf_layout_shards(bc->mesh, pl), q;
     if (__builtin_mul_overflow(shards, bc->shard_quantum, &q) || bc->b->length % q != 0)
         return -1;
     return bc->b->length / shards;
@@ -212,7 +212,7 @@ static mf_step make_step(const bucket_ctx *bc, const mf_placement *st, int64_t c
     s.to = apply_move(st, bc->mesh->naxes, mv);
     /* an op that shards its axis keeps 1/n of the elements */
     s.count = mf_opkind_info_of(mv.kind)->becomes == MF_PLACE_FLAT ? c / n : c;
-    s.bytes = mf_collective_bytes(mv.kind, n, s.count, dt);
+    s.bytes = mf_schedule_collective_bytes(mv.kind, n, s.count, dt);
     return s;
 }
 

@@ -134,7 +134,7 @@ static int bench_verify(const char *path)
     char err[1024];
     for (int round = 0; round < 5; round++) {
         double t0 = now();
-        mf_schedule *s = mf_schedule_load_file(path, err, sizeof err);
+        mf_schedule *s = mf_load_schedule_file(path, err, sizeof err);
         double t1 = now();
         if (!s) {
             fprintf(stderr, "%s\n", err);

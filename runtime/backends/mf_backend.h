@@ -88,7 +88,7 @@ typedef struct mf_rt_op {
 typedef struct mf_rt_comm {
     int axis;
     mf_stream stream;         /* inner or outer (compute only if the schedule says so) */
-    int64_t color;            /* mf_mesh_axis_color(): which group of the axis */
+    int64_t color;            /* mf_layout_axis_color(): which group of the axis */
     int64_t coord;            /* this rank's position in the group */
     int64_t nranks;           /* group size, the axis size */
     int64_t *ranks;           /* world ranks of the group in coord order (nranks) */
@@ -170,7 +170,7 @@ typedef struct mf_backend_vtbl {
      * A checkpoint goes through it on a native backend (device memory), and
      * on the CPU backends when MFSDP_CKPT_STAGE=1 (a test and debug option:
      * every checkpoint access to buffer memory then goes through here, and
-     * the CPU backends' hook counts the bytes: mf_ckpt_host_staged). */
+     * the CPU backends' hook counts the bytes: mf_ckpt_stage_host_bytes). */
     mfsdp_result (*stage)(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
     /* Makes peers blocked with this rank on a communicator return an error;
      * idempotent; callable from any thread. */

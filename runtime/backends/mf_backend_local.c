@@ -815,7 +815,7 @@ const mf_backend_vtbl mf_backend_local = {
     .submit = NULL,
     .synchronize = NULL,
     .allgather = local_allgather,
-    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
+    .stage = mf_ckpt_stage_host, /* memcpy (mf_ckpt_stage.h) */
     .abort = local_abort,
     .close = local_close,
 };

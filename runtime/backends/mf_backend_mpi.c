@@ -4,7 +4,7 @@
  *
  * Communicators: the trainer's communicator is duplicated (the world); each
  * mesh axis used by a collective gets MPI_Comm_split(world, color =
- * mf_mesh_axis_color, key = the coord on the axis), duplicated once per
+ * mf_layout_axis_color, key = the coord on the axis), duplicated once per
  * stream that uses it, so inner and outer traffic never share a
  * communicator and two stream threads never use one communicator at once.
  * This needs MPI_THREAD_MULTIPLE, checked at open.
@@ -827,7 +827,7 @@ const mf_backend_vtbl mf_backend_mpi = {
     .allgather = mpi_allgather,
     .transfer_post = mpi_transfer_post,
     .transfer_wait = mpi_transfer_wait,
-    .stage = mf_ckpt_host_stage, /* memcpy (mf_ckpt_stage.h) */
+    .stage = mf_ckpt_stage_host, /* memcpy (mf_ckpt_stage.h) */
     .abort = mpi_abort,
     .close = mpi_close,
 };

@@ -6,7 +6,7 @@
  * (ncclCommSplit of the trainer's, or ncclCommInitRankConfig from a unique id,
  * or a world of one), so its traffic never interleaves with the trainer's; at
  * comm_init it splits one communicator per (stream, axis) the schedule uses,
- * color = mf_mesh_axis_color(), key = the coordinate on the axis
+ * color = mf_layout_axis_color(), key = the coordinate on the axis
  * (mf_gpu_plan_split(); checked against the engine's table), so inner and outer
  * traffic never share a communicator.
  *

@@ -78,8 +78,8 @@ bool mf_gpu_plan_when_holds(mf_when when, mf_gpu_pos p)
 void mf_gpu_plan_split(const mf_mesh *m, int axis, int64_t rank, int *color, int *key)
 {
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(m, rank, c);
-    *color = (int)mf_mesh_axis_color(m, axis, rank);
+    mf_layout_mesh_coords(m, rank, c);
+    *color = (int)mf_layout_axis_color(m, axis, rank);
     *key = (int)c[axis];
 }
 
@@ -159,28 +159,28 @@ static void index_free(hook_index *ix)
 static bool check_op(const mf_schedule *s, const mf_op *op, char *err, size_t errlen)
 {
     if ((int)op->kind < 0 || op->kind >= MF_OPKIND_COUNT) {
-        mf_errf(err, errlen, "op %d: unknown op kind %d", op->id, (int)op->kind);
+        mf_diag_errf(err, errlen, "op %d: unknown op kind %d", op->id, (int)op->kind);
         return false;
     }
     if ((int)op->phase < 0 || op->phase >= MF_PHASE_COUNT || op->unit < -1 || op->unit >= s->nunits ||
         (int)op->stream < 0 || op->stream >= MF_STREAM_COUNT || (int)op->when < 0 ||
         op->when >= MF_WHEN_COUNT) {
-        mf_errf(err, errlen, "op %d: phase, unit, stream or when out of range", op->id);
+        mf_diag_errf(err, errlen, "op %d: phase, unit, stream or when out of range", op->id);
         return false;
     }
     bool needs_axis = mf_opkind_on_axis(op->kind);
     if (needs_axis && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
-        mf_errf(err, errlen, "op %d (%s): axis %d out of range", op->id, mf_opkind_name(op->kind), op->axis);
+        mf_diag_errf(err, errlen, "op %d (%s): axis %d out of range", op->id, mf_opkind_name(op->kind), op->axis);
         return false;
     }
     bool event = op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT;
     if (event && (op->event < 0 || op->event >= s->nevents)) {
-        mf_errf(err, errlen, "op %d (%s): event %d out of range", op->id, mf_opkind_name(op->kind), op->event);
+        mf_diag_errf(err, errlen, "op %d (%s): event %d out of range", op->id, mf_opkind_name(op->kind), op->event);
         return false;
     }
     if (!event && (op->src < 0 || op->src >= s->nbuffers || op->dst < 0 || op->dst >= s->nbuffers ||
                    op->count < 0)) {
-        mf_errf(err, errlen, "op %d (%s): buffers or count out of range", op->id, mf_opkind_name(op->kind));
+        mf_diag_errf(err, errlen, "op %d (%s): buffers or count out of range", op->id, mf_opkind_name(op->kind));
         return false;
     }
     return true;
@@ -273,7 +273,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     mf_gpu_hook *hooks = NULL;
     mf_gpu_plan *p = NULL;
     if (!s || rank < 0 || rank >= s->mesh.world || s->mesh.naxes < 1 || s->mesh.naxes > MF_MAX_AXES) {
-        mf_errf(err, errlen, "rank %lld out of range for a world of %lld", (long long)rank,
+        mf_diag_errf(err, errlen, "rank %lld out of range for a world of %lld", (long long)rank,
                 s ? (long long)s->mesh.world : 0LL);
         return NULL;
     }
@@ -282,7 +282,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
         goto oom;
     p->s = s;
     p->rank = rank;
-    mf_mesh_coords(&s->mesh, rank, p->coords);
+    mf_layout_mesh_coords(&s->mesh, rank, p->coords);
     for (int j = 0; j < s->mesh.naxes; j++)
         mf_gpu_plan_split(&s->mesh, j, rank, &p->color[j], &p->key[j]);
 
@@ -321,7 +321,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     index_free(&ix);
     return p;
 oom:
-    mf_errf(err, errlen, "out of memory building the GPU plan");
+    mf_diag_errf(err, errlen, "out of memory building the GPU plan");
 fail:
     free(hooks);
     index_free(&ix);

@@ -4,7 +4,7 @@
  *
  * It answers, for one rank of a mesh:
  *   - communicators: one per mesh axis, split from the world communicator with
- *     color = mf_mesh_axis_color() (the other coordinates) and key = this
+ *     color = mf_layout_axis_color() (the other coordinates) and key = this
  *     axis's coordinate, so each axis group is one communicator whose ranks are
  *     ordered as the schedule's shard math expects (docs/semantics.md §2), and the
  *     inner axis never shares a communicator with an outer one;

@@ -33,7 +33,7 @@ typedef struct mf_hx_msg {
 static int mf_hx_write(mf_rt *rt, const mf_ckpt_plan *p, const mf_hf_layout *l, const char *tmp, char *err,
                        size_t errlen)
 {
-    int staged = mf_ckpt_staged(rt), rc = -1;
+    int staged = mf_ckpt_stage_active(rt), rc = -1;
     uint8_t *host = staged ? malloc(MF_HF_WRITE_CHUNK) : NULL;
     char msg[256] = "";
     size_t ds = mf_dtype_size(l->dtype);
@@ -83,7 +83,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
 {
     char dir[4001] = ""; /* without trailing slashes: DIR.tmp-ID is made next to it */
     if (dir_arg)
-        snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_dir_len(dir_arg), dir_arg);
+        snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_io_dir_len(dir_arg), dir_arg);
     if (!rt)
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_export_hf: NULL runtime");
     mf_hx_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
@@ -116,7 +116,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     }
     if (mine.status == MFSDP_OK && rt->rank == 0) {
         struct stat st;
-        mf_ckpt_new_id(mine.id);
+        mf_ckpt_build_new_id(mine.id);
         snprintf(tmp, sizeof tmp, "%.4000s.tmp-%s", dir, mine.id);
         if (stat(dir, &st) == 0)
             snprintf(err, sizeof err, "%.4000s already exists", dir), mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
@@ -131,13 +131,13 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
             mf_hx_fail(&mine, MFSDP_ERR_BACKEND, err);
         res = mf_ckpt_hf_rt_round(rt, &mine, all, sizeof mine, "export", "failed", err);
         memset(&mine, 0, sizeof mine);
-        if (rt->rank == 0 && res == MFSDP_OK && mf_ckpt_commit_dir(tmp, dir, err, sizeof err) != 0)
+        if (rt->rank == 0 && res == MFSDP_OK && mf_ckpt_write_commit_dir(tmp, dir, err, sizeof err) != 0)
             mf_hx_fail(&mine, MFSDP_ERR_BACKEND, err);
         if (res == MFSDP_OK)
             res = mf_ckpt_hf_rt_round(rt, &mine, all, sizeof mine, "export", "failed", err);
     }
     if (rt->rank == 0 && res != MFSDP_OK && tmp[0]) /* (absent after a commit: harmless) */
-        mf_ckpt_remove_dir(tmp);
+        mf_ckpt_io_remove_dir(tmp);
 done:
     if (have_layout)
         mf_hf_layout_free(&l);

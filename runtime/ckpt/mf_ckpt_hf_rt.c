@@ -49,7 +49,7 @@ mfsdp_result mf_ckpt_hf_rt_begin(mf_rt *rt, const mfsdp_hf_options *opt, int arg
                                  mf_hf_rules *r, char *err, size_t errlen)
 {
     mfsdp_result res;
-    if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, errlen)) != MFSDP_OK)
+    if (mf_ckpt_stage_active(rt) && (res = mf_ckpt_stage_begin(rt, err, errlen)) != MFSDP_OK)
         return res;
     if (opt && (res = MF_ABI_CHECK(mfsdp_hf_options, opt, err, errlen)) != MFSDP_OK)
         return res;
@@ -71,7 +71,7 @@ static int mf_hf_read_view(mf_rt *rt, const mf_hf_model *m, int t, const mfsdp_t
 {
     mf_dtype d = (mf_dtype)v->main_weight_dtype;
     int64_t lo = v->shard_offset, hi = v->shard_offset + v->shard_count;
-    if (!mf_ckpt_staged(rt))
+    if (!mf_ckpt_stage_active(rt))
         return mf_hf_model_read(m, t, lo, hi, v->main_weight, d, err, errlen);
     size_t ds = mf_dtype_size(d), cap = (size_t)4 << 20;
     char *host = malloc(cap), msg[256] = "";
@@ -96,7 +96,7 @@ static int mf_hf_rt_match(mf_rt *rt, const mf_hf_model *m, const mf_hf_rules *ru
         return snprintf(err, errlen, "out of memory"), -1;
     for (int k = 0; k < rt->nviews; k++)
         mf_hf_shape_init(&t[k], rt->views[k].name, rt->views[k].ndims, rt->views[k].dims, rt->views[k].numel);
-    int rc = mf_hf_match(m, rules, t, rt->nviews, src, err, errlen);
+    int rc = mf_ckpt_hf_match(m, rules, t, rt->nviews, src, err, errlen);
     free(t);
     return rc;
 }
@@ -120,7 +120,7 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
                                           sizeof err);
     if (sr != MFSDP_OK)
         mf_hi_fail(&mine, sr, err);
-    else if (mf_hf_open(path, &m, err, sizeof err) != 0 || !(opened = 1) ||
+    else if (mf_ckpt_hf_open(path, &m, err, sizeof err) != 0 || !(opened = 1) ||
              mf_hf_rt_match(rt, &m, &rules, src, err, sizeof err) != 0)
         mf_hi_fail(&mine, MFSDP_ERR_LOAD, err);
     if ((res = mf_ckpt_hf_rt_round(rt, &mine, all, sizeof mine, "import", "refused", err)) != MFSDP_OK)
@@ -133,7 +133,7 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
     res = mf_ckpt_hf_rt_round(rt, &mine, all, sizeof mine, "import", "refused", err);
 done:
     if (opened)
-        mf_hf_close(&m);
+        mf_ckpt_hf_close(&m);
     mf_hf_rules_free(&rules);
     free(all);
     free(src);

@@ -253,7 +253,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         goto done;
     }
     mfsdp_result sr = MFSDP_OK;
-    if (mf_ckpt_staged(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK) {
+    if (mf_ckpt_stage_active(rt) && (sr = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK) {
         mf_ckpt_lfail(&mine, err);
         mine.status = sr;
     } else if (opt && MF_ABI_CHECK(mfsdp_ckpt_load_options, opt, mine.msg, sizeof mine.msg) != MFSDP_OK) {
@@ -262,13 +262,13 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
         mine.status = MFSDP_ERR_INVALID_ARGUMENT;
         snprintf(mine.msg, sizeof mine.msg, "needs a directory and options (0..63 states)");
     } else if (mf_ckpt_lplan_build(rt, opt->nstates, &lp, err, sizeof err) != 0 ||
-               mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0 || !(opened = 1) ||
+               mf_ckpt_read_open(dir, &r, err, sizeof err) != 0 || !(opened = 1) ||
                mf_ckpt_match(rt, &r.m, opt, map, smap, err, sizeof err) != 0) {
         mine.status = MFSDP_ERR_LOAD;
         mf_ckpt_lfail(&mine, err);
     } else if (opt->flags & MFSDP_CKPT_VERIFY_FILES) {
         for (int f = (int)rt->rank; f < r.m.nfiles && mine.status == MFSDP_OK; f += (int)rt->world)
-            if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0) {
+            if (mf_ckpt_read_verify_file(&r, f, err, sizeof err) != 0) {
                 mine.status = MFSDP_ERR_LOAD;
                 mf_ckpt_lfail(&mine, err);
             }
@@ -306,7 +306,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     res = mf_ckpt_lround(rt, &mine, all, dir, err);
 done:
     if (opened)
-        mf_ckpt_reader_close(&r);
+        mf_ckpt_read_close(&r);
     mf_ckpt_lplan_free(&lp);
     free(all);
     free(map);
@@ -320,12 +320,12 @@ mfsdp_result mfsdp_ckpt_verify(const char *dir)
     char err[2048];
     if (!dir)
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_verify: NULL directory");
-    if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0)
+    if (mf_ckpt_read_open(dir, &r, err, sizeof err) != 0)
         return mf_base_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
     mfsdp_result res = MFSDP_OK;
     for (int f = 0; f < r.m.nfiles && res == MFSDP_OK; f++)
-        if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0)
+        if (mf_ckpt_read_verify_file(&r, f, err, sizeof err) != 0)
             res = mf_base_set_error(NULL, MFSDP_ERR_LOAD, "%s", err);
-    mf_ckpt_reader_close(&r);
+    mf_ckpt_read_close(&r);
     return res;
 }

@@ -82,7 +82,7 @@ static int mf_ckpt_check_states(int n, const mfsdp_ckpt_state *st, char *err, si
     if (n < 0 || n > 63 || (n > 0 && !st))
         return snprintf(err, errlen, "nstates must be 0..63 with a states array"), -1;
     for (int i = 0; i < n; i++) {
-        if (!st[i].name || !mf_ckpt_state_name_ok(st[i].name) || strcmp(st[i].name, "main_weight") == 0 ||
+        if (!st[i].name || !mf_ckpt_manifest_state_name_ok(st[i].name) || strcmp(st[i].name, "main_weight") == 0 ||
             mfsdp_dtype_size(st[i].dtype) == 0 || !st[i].shards)
             return snprintf(err, errlen, "state %d: needs a name of [A-Za-z0-9_.-] other than main_weight, a "
                             "dtype and a shards array", i), -1;
@@ -115,13 +115,13 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
     mf_ckpt_wentry *e = NULL;
     int n = 0, rc = -1;
     mf_ckpt_save_states(sv, &st);
-    if (mf_ckpt_entries(p, r, &st, sv->opt->user_blob_bytes, &e, &n) != 0)
+    if (mf_ckpt_build_entries(p, r, &st, sv->opt->user_blob_bytes, &e, &n) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
     /* Staged (buffer memory is not host memory, mf_ckpt_stage.h): the
      * buffers' entries are filled through the stage hook, by the writer's
      * bounded buffer. */
     mf_ckpt_stage_src stage = {rt, NULL};
-    if (mf_ckpt_staged(rt) && !(stage.src = calloc((size_t)n + 1, sizeof *stage.src))) {
+    if (mf_ckpt_stage_active(rt) && !(stage.src = calloc((size_t)n + 1, sizeof *stage.src))) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -147,7 +147,7 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
     if (n > 0) {
         char path[4096], name[48];
         mf_ckpt_written wr;
-        mf_ckpt_file_name(r, name, sizeof name);
+        mf_ckpt_build_file_name(r, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", sv->tmp, name);
         rc = mf_ckpt_write_file(path, e, n, sv->id, r, stage.src ? mf_ckpt_stage_fill : NULL, &stage, &wr, err,
                                 errlen);
@@ -158,7 +158,7 @@ static int mf_ckpt_save_file(mf_ckpt_saver *sv, mf_ckpt_msg *out, char *err, siz
         out->blob_bytes = sv->opt->user_blob_bytes;
     }
 done:
-    mf_ckpt_entries_free(e, n);
+    mf_ckpt_build_entries_free(e, n);
     free(stage.src);
     return rc;
 }
@@ -176,7 +176,7 @@ static int mf_ckpt_save_manifest(mf_ckpt_saver *sv, const mf_ckpt_msg *all, char
         for (int64_t r = 0; r < rt->world; r++)
             rep[r] = (mf_ckpt_report){(int)all[r].has_file, all[r].bytes, all[r].header_bytes, all[r].blob_bytes,
                                       all[r].crc};
-        text = mf_ckpt_manifest_build(rt->s, &sv->plan, &st, sv->id, sv->opt->step, rep);
+        text = mf_ckpt_build_manifest(rt->s, &sv->plan, &st, sv->id, sv->opt->step, rep);
     }
     if (text)
         rc = mf_ckpt_write_small(sv->tmp, MF_CKPT_MANIFEST, text, strlen(text), err, errlen);
@@ -192,7 +192,7 @@ static void mf_ckpt_save_prepare(mf_ckpt_saver *sv, const char *dir, mf_ckpt_msg
 {
     struct stat st;
     char path[4096];
-    mf_ckpt_new_id(mine->id);
+    mf_ckpt_build_new_id(mine->id);
     snprintf(path, sizeof path, "%s.tmp-%s", dir, mine->id);
     char msg[4200];
     if (stat(dir, &st) == 0) {
@@ -212,14 +212,14 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};
     mf_ckpt_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     char err[1024];
-    char *dir = dir_arg ? strndup(dir_arg, mf_ckpt_dir_len(dir_arg)) : NULL; /* "ckpt/" saves "ckpt" */
+    char *dir = dir_arg ? strndup(dir_arg, mf_ckpt_io_dir_len(dir_arg)) : NULL; /* "ckpt/" saves "ckpt" */
     mfsdp_result res;
     if (!all || (dir_arg && !dir)) {
         free(all);
         free(dir);
         return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    if (mf_ckpt_staged(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
+    if (mf_ckpt_stage_active(rt) && (res = mf_ckpt_stage_begin(rt, err, sizeof err)) != MFSDP_OK)
         mf_ckpt_fail(&mine, res, err);
     else if (opt && MF_ABI_CHECK(mfsdp_ckpt_save_options, opt, err, sizeof err) != MFSDP_OK)
         mf_ckpt_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
@@ -238,7 +238,7 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
         if (rt->rank == 0 && all[0].status == MFSDP_OK && dir) {
             char path[4096];
             snprintf(path, sizeof path, "%s.tmp-%s", dir, all[0].id);
-            mf_ckpt_remove_dir(path);
+            mf_ckpt_io_remove_dir(path);
         }
         goto done;
     }
@@ -254,10 +254,10 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     memset(&mine, 0, sizeof mine);
     if (rt->rank == 0) {
         if (res == MFSDP_OK && (mf_ckpt_save_manifest(&sv, all, err, sizeof err) != 0 ||
-                                mf_ckpt_commit_dir(sv.tmp, dir, err, sizeof err) != 0))
+                                mf_ckpt_write_commit_dir(sv.tmp, dir, err, sizeof err) != 0))
             mf_ckpt_fail(&mine, MFSDP_ERR_BACKEND, err);
         if (res != MFSDP_OK || mine.status != MFSDP_OK)
-            mf_ckpt_remove_dir(sv.tmp);
+            mf_ckpt_io_remove_dir(sv.tmp);
     }
     if (res == MFSDP_OK)
         res = mf_ckpt_round(rt, &mine, all, "commit");

@@ -22,7 +22,7 @@ typedef struct mf_ckpt_lvec {
 
 static int mf_ckpt_lvec_push(mf_ckpt_lvec *v, mf_ckpt_lpiece x)
 {
-    mf_ckpt_lpiece *np = mf_ckpt_reserve(v->p, &v->cap, v->n, sizeof *np, 64);
+    mf_ckpt_lpiece *np = mf_ckpt_plan_reserve(v->p, &v->cap, v->n, sizeof *np, 64);
     if (!np)
         return -1;
     v->p = np;
@@ -74,7 +74,7 @@ static int mf_ckpt_lplan_tensor(const mf_ckpt_plan *plan, int k, int view, int b
 int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, size_t errlen)
 {
     memset(lp, 0, sizeof *lp);
-    lp->share = !mf_ckpt_staged(rt) &&
+    lp->share = !mf_ckpt_stage_active(rt) &&
                 ((rt->be->caps & MF_BE_SHARED_MEMORY) || (rt->be->transfer_post && rt->be->transfer_wait));
     if (lp->share) {
         int shm = (rt->be->caps & MF_BE_SHARED_MEMORY) != 0;
@@ -300,7 +300,7 @@ mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r,
     mf_ckpt_push push = {rt, lp, 0, 0, 0};
     mf_ckpt_send send = {.rt = rt, .set = &set, .res = MFSDP_OK, .err = berr, .errlen = sizeof berr};
     mf_ckpt_stage_dst stage = {.rt = rt, .res = MFSDP_OK};
-    if (mf_ckpt_staged(rt)) { /* buffer memory only through the stage hook (no sharing then) */
+    if (mf_ckpt_stage_active(rt)) { /* buffer memory only through the stage hook (no sharing then) */
         r->nodst = 1;
         r->chunk = mf_ckpt_stage_chunk;
         r->chunk_ctx = &stage;

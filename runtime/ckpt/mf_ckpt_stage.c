@@ -10,12 +10,12 @@
 
 static _Atomic uint64_t mf_ckpt_host_staged_bytes;
 
-uint64_t mf_ckpt_host_staged(void)
+uint64_t mf_ckpt_stage_host_bytes(void)
 {
     return mf_ckpt_host_staged_bytes;
 }
 
-mfsdp_result mf_ckpt_host_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+mfsdp_result mf_ckpt_stage_host(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
 {
     (void)rt;
     (void)err;
@@ -25,7 +25,7 @@ mfsdp_result mf_ckpt_host_stage(mf_rt *rt, void *dst, const void *src, size_t by
     return MFSDP_OK;
 }
 
-int mf_ckpt_staged(const mf_rt *rt)
+int mf_ckpt_stage_active(const mf_rt *rt)
 {
     const char *env = getenv("MFSDP_CKPT_STAGE");
     return rt->native || (env && strcmp(env, "1") == 0);

@@ -22,11 +22,11 @@
 #include "mf_base.h"
 
 /* The CPU backends' stage hook (be->stage): memcpy, and a process-wide
- * count of the bytes it moved, for tests (mf_ckpt_host_staged). */
-mfsdp_result mf_ckpt_host_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
-uint64_t mf_ckpt_host_staged(void);
+ * count of the bytes it moved, for tests (mf_ckpt_stage_host_bytes). */
+mfsdp_result mf_ckpt_stage_host(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+uint64_t mf_ckpt_stage_host_bytes(void);
 /* 1 when this runtime's checkpoints go through be->stage. */
-int mf_ckpt_staged(const mf_rt *rt);
+int mf_ckpt_stage_active(const mf_rt *rt);
 /* Before the first staged access: a native backend's submitted ops
  * complete (be->synchronize); a backend without a stage hook refused.
  * MFSDP_OK, or the failure with its message in err. */

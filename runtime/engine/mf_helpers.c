@@ -162,7 +162,7 @@ static mf_tensor_at tensor_at(const mf_rt *rt, int k)
 static bool designated(const mf_mesh *m, const mf_placement *p, int64_t rank)
 {
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(m, rank, c);
+    mf_layout_mesh_coords(m, rank, c);
     for (int j = 0; j < m->naxes; j++)
         if (p->p[j] == MF_PLACE_REPLICATE && c[j] != 0)
             return false;

@@ -135,12 +135,12 @@ static mfsdp_result resolve_ops(mf_rt *rt)
             cm->stream = (mf_stream)st;
             cm->nranks = s->mesh.axes[j].size;
             cm->coord = rt->coords[j];
-            cm->color = mf_mesh_axis_color(&s->mesh, j, rt->rank);
+            cm->color = mf_layout_axis_color(&s->mesh, j, rt->rank);
             cm->ranks = mf_base_calloc((size_t)cm->nranks, sizeof *cm->ranks);
             if (!cm->ranks)
                 return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY,
                                          "out of memory (communicator ranks)");
-            mf_mesh_axis_group(&s->mesh, j, rt->rank, cm->ranks);
+            mf_layout_axis_group(&s->mesh, j, rt->rank, cm->ranks);
         }
     rt->rops = mf_base_calloc((size_t)(s->nops ? s->nops : 1), sizeof *rt->rops);
     if (!rt->rops)
@@ -340,7 +340,7 @@ static mfsdp_result setup(mf_rt *rt)
         return mf_base_set_error(NULL, MFSDP_ERR_MISMATCH,
                                  "the backend's world has %lld ranks but the schedule's mesh needs %lld",
                                  (long long)rt->world, (long long)s->mesh.world);
-    mf_mesh_coords(&s->mesh, rt->rank, rt->coords);
+    mf_layout_mesh_coords(&s->mesh, rt->rank, rt->coords);
     rt->bufs = mf_base_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *rt->bufs);
     if (!rt->bufs)
         return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");

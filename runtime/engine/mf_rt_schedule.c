@@ -177,7 +177,7 @@ MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **ou
                                  "mfsdp_schedule_load: path and out must not be NULL");
     *out = NULL;
     char *err = mf_base_thread_error();
-    mf_schedule *s = mf_schedule_load_file(path, err, MF_RT_ERRLEN);
+    mf_schedule *s = mf_load_schedule_file(path, err, MF_RT_ERRLEN);
     if (!s) {
         spec_hint_file(path, err, MF_RT_ERRLEN);
         return MFSDP_ERR_LOAD;
@@ -195,7 +195,7 @@ MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *
                                  "mfsdp_schedule_load_buffer: text and out must not be NULL");
     *out = NULL;
     char *err = mf_base_thread_error();
-    mf_schedule *s = mf_schedule_load_buffer(name ? name : "<buffer>", text, len, err, MF_RT_ERRLEN);
+    mf_schedule *s = mf_load_schedule_buffer(name ? name : "<buffer>", text, len, err, MF_RT_ERRLEN);
     if (!s) {
         spec_hint(name ? name : "<buffer>", text, len, err, MF_RT_ERRLEN);
         return MFSDP_ERR_LOAD;

@@ -143,7 +143,7 @@ size_t mf_check_rank_bytes(const mfsdp_schedule *sh)
         n += (size_t)bf->count * mf_dtype_size(bf->dtype);
         if (bf->kind == MF_BUF_WEIGHT_FULL ||
             (bf->kind == MF_BUF_WEIGHT &&
-             mf_placement_shards(&s->mesh, &s->buckets[bf->bucket].place[MF_ROLE_WEIGHT]) == 1))
+             mf_layout_shards(&s->mesh, &s->buckets[bf->bucket].place[MF_ROLE_WEIGHT]) == 1))
             n += (size_t)bf->count * mf_dtype_size(bf->dtype);   /* the oracle's copy */
     }
     return n + (size_t)CHUNK * sizeof(float);
@@ -276,7 +276,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
         mf_dtype wd = s->buffers[st->unsharded].dtype, md = s->buffers[st->mw].dtype;
         int64_t n = s->buffers[st->mw].count;
         /* first[q]: the lowest rank holding shard q (the replica others must equal). */
-        int64_t shards = mf_placement_shards(&s->mesh, O);
+        int64_t shards = mf_layout_shards(&s->mesh, O);
         for (int64_t q = 0; q < shards; q++)
             first[q] = -1;
         for (int64_t r = 0; r < c->world; r++) {

@@ -45,7 +45,7 @@ static int ck_usage(FILE *out)
 static bool ck_open(const char *dir, mf_ckpt_reader *r)
 {
     char err[2048];
-    if (mf_ckpt_reader_open(dir, r, err, sizeof err) == 0)
+    if (mf_ckpt_read_open(dir, r, err, sizeof err) == 0)
         return true;
     fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
     return false;
@@ -86,7 +86,7 @@ static int ck_info(const char *dir)
             printf("%s%" PRId64, d ? ", " : "", m->tensors[t].dims[d]);
         printf("] %" PRId64 " elements\n", m->tensors[t].numel);
     }
-    mf_ckpt_reader_close(&r);
+    mf_ckpt_read_close(&r);
     return 0;
 }
 
@@ -98,14 +98,14 @@ static int ck_verify(const char *dir)
         return 1;
     int rc = 0;
     for (int f = 0; f < r.m.nfiles && rc == 0; f++)
-        if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0) {
+        if (mf_ckpt_read_verify_file(&r, f, err, sizeof err) != 0) {
             fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
             rc = 1;
         }
     if (rc == 0)
         printf("ok: %s: %d files, %" PRIu64 " bytes, every CRC-32C and range checked\n", dir, r.m.nfiles,
                r.bytes_read);
-    mf_ckpt_reader_close(&r);
+    mf_ckpt_read_close(&r);
     return rc;
 }
 
@@ -167,7 +167,7 @@ static int ck_reshard_rank(mf_ckpt_reader *r, const mf_ckpt_plan *p, const int *
     }
     mf_ckpt_wentry *e = NULL;
     int n = 0, rc = 0;
-    if (mf_ckpt_entries(p, rank, st, blen, &e, &n) != 0) {
+    if (mf_ckpt_build_entries(p, rank, st, blen, &e, &n) != 0) {
         free(blob);
         return snprintf(err, errlen, "out of memory"), -1;
     }
@@ -175,39 +175,39 @@ static int ck_reshard_rank(mf_ckpt_reader *r, const mf_ckpt_plan *p, const int *
         char path[4200], name[48];
         mf_ckpt_written wr;
         ck_fill c = {r, p, tmap, rank, p->first[rank + 1] - p->first[rank], blob};
-        mf_ckpt_file_name(rank, name, sizeof name);
+        mf_ckpt_build_file_name(rank, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", tmp, name);
         rc = mf_ckpt_write_file(path, e, n, id, rank, ck_fill_fn, &c, &wr, err, errlen);
         *rep = (mf_ckpt_report){rc == 0, wr.bytes, wr.header_bytes, blen, wr.crc32c};
     }
-    mf_ckpt_entries_free(e, n);
+    mf_ckpt_build_entries_free(e, n);
     free(blob);
     return rc;
 }
 
 static int ck_reshard(const char *dir, const char *sched, char *out)
 {
-    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
+    out[mf_ckpt_io_dir_len(out)] = '\0'; /* "out/" writes "out" */
     mf_ckpt_reader r;
     mf_ckpt_plan p = {0};
     mf_schedule *s = NULL;
     char err[2048], id[33], tmp[4096];
     int rc = 1, *tmap = NULL, made = 0;
     mf_ckpt_report *rep = NULL;
-    if (mf_ckpt_reader_open(dir, &r, err, sizeof err) != 0) {
+    if (mf_ckpt_read_open(dir, &r, err, sizeof err) != 0) {
         fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
         return 1;
     }
     for (int f = 0; f < r.m.nfiles; f++)
-        if (mf_ckpt_verify_file(&r, f, err, sizeof err) != 0)
+        if (mf_ckpt_read_verify_file(&r, f, err, sizeof err) != 0)
             goto fail;
-    if (!(s = mf_schedule_load_file(sched, err, sizeof err)) || mf_ckpt_plan_build(s, &p, err, sizeof err) != 0)
+    if (!(s = mf_load_schedule_file(sched, err, sizeof err)) || mf_ckpt_plan_build(s, &p, err, sizeof err) != 0)
         goto fail;
     tmap = calloc((size_t)p.ntensors + 1, sizeof *tmap);
     rep = calloc((size_t)p.world, sizeof *rep);
     if (!tmap || !rep || ck_match(&r.m, &p, tmap, err, sizeof err) != 0)
         goto fail;
-    if (mf_ckpt_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
+    if (mf_ckpt_build_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
         goto fail;
     made = 1;
     mf_ckpt_states st = {.n = r.m.nstates};
@@ -218,7 +218,7 @@ static int ck_reshard(const char *dir, const char *sched, char *out)
     for (int64_t k = 0; k < p.world; k++)
         if (ck_reshard_rank(&r, &p, tmap, &st, tmp, id, k, &rep[k], err, sizeof err) != 0)
             goto fail;
-    if (mf_ckpt_finish_dir(s, &p, &st, id, r.m.step, rep, tmp, out, err, sizeof err) != 0)
+    if (mf_ckpt_build_finish_dir(s, &p, &st, id, r.m.step, rep, tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;
     printf("resharded %s -> %s: %" PRId64 " ranks, %" PRIu64 " bytes read\n", dir, out, p.world, r.bytes_read);
@@ -228,12 +228,12 @@ fail:
     fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
 done:
     if (made)
-        mf_ckpt_remove_dir(tmp);
+        mf_ckpt_io_remove_dir(tmp);
     free(rep);
     free(tmap);
     mf_ckpt_plan_free(&p);
     mf_schedule_free(s);
-    mf_ckpt_reader_close(&r);
+    mf_ckpt_read_close(&r);
     return rc;
 }
 

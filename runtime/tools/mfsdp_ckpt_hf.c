@@ -55,9 +55,9 @@ static int ck_hf_opts(int argc, char **argv, int first, mf_hf_rules *r, int *dty
     mf_opts_init(&p, "mfsdp-ckpt", n, sub, table, (int)(sizeof table / sizeof *table), NULL);
     p.quiet = true;
     while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
-        if (id == O_MAP && mf_hf_rule_add(r, 0, v) == 0)
+        if (id == O_MAP && mf_ckpt_hf_rule_add(r, 0, v) == 0)
             continue;
-        if (id == O_TIE && mf_hf_rule_add(r, 1, v) == 0)
+        if (id == O_TIE && mf_ckpt_hf_rule_add(r, 1, v) == 0)
             continue;
         if (id == O_DTYPE && dtype && mf_dtype_from_name(v) >= 0) {
             *dtype = mf_dtype_from_name(v);
@@ -83,7 +83,7 @@ static int ck_hf_end(int rc, const char *err, int made, const char *tmp)
     if (rc != 0)
         fprintf(stderr, "mfsdp-ckpt: error: %s\n", err);
     if (made)
-        mf_ckpt_remove_dir(tmp);
+        mf_ckpt_io_remove_dir(tmp);
     return rc;
 }
 
@@ -111,17 +111,17 @@ static int ck_imp_rank(const ck_imp *c, const mf_ckpt_states *st, const char *tm
 {
     mf_ckpt_wentry *e = NULL;
     int n = 0, rc = 0;
-    if (mf_ckpt_entries(c->p, c->rank, st, 0, &e, &n) != 0)
+    if (mf_ckpt_build_entries(c->p, c->rank, st, 0, &e, &n) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
     if (n > 0) {
         char path[8400], name[48];
         mf_ckpt_written wr;
-        mf_ckpt_file_name(c->rank, name, sizeof name);
+        mf_ckpt_build_file_name(c->rank, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", tmp, name);
         rc = mf_ckpt_write_file(path, e, n, id, c->rank, ck_imp_fill, (void *)c, &wr, err, errlen);
         *rep = (mf_ckpt_report){rc == 0, wr.bytes, wr.header_bytes, 0, wr.crc32c};
     }
-    mf_ckpt_entries_free(e, n);
+    mf_ckpt_build_entries_free(e, n);
     return rc;
 }
 
@@ -140,8 +140,8 @@ int ck_import(int argc, char **argv)
         return 2;
     }
     char *out = argv[3];
-    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
-    if (mf_hf_open(argv[1], &m, err, sizeof err) != 0 || !(s = mf_schedule_load_file(argv[2], err, sizeof err)) ||
+    out[mf_ckpt_io_dir_len(out)] = '\0'; /* "out/" writes "out" */
+    if (mf_ckpt_hf_open(argv[1], &m, err, sizeof err) != 0 || !(s = mf_load_schedule_file(argv[2], err, sizeof err)) ||
         mf_ckpt_plan_build(s, &p, err, sizeof err) != 0)
         goto fail;
     src = calloc((size_t)p.ntensors + 1, sizeof *src);
@@ -151,8 +151,8 @@ int ck_import(int argc, char **argv)
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    if (mf_hf_match(&m, &rules, shapes, p.ntensors, src, err, sizeof err) != 0 ||
-        mf_ckpt_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
+    if (mf_ckpt_hf_match(&m, &rules, shapes, p.ntensors, src, err, sizeof err) != 0 ||
+        mf_ckpt_build_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
         goto fail;
     made = 1;
     mf_ckpt_states st = {.n = 1, .name = {"main_weight"}, .dtype = {p.ntensors ? p.t[0].dtype : MF_FP32}};
@@ -161,7 +161,7 @@ int ck_import(int argc, char **argv)
         if (ck_imp_rank(&c, &st, tmp, id, &rep[r], err, sizeof err) != 0)
             goto fail;
     }
-    if (mf_ckpt_finish_dir(s, &p, &st, id, 0, rep, tmp, out, err, sizeof err) != 0)
+    if (mf_ckpt_build_finish_dir(s, &p, &st, id, 0, rep, tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;
     printf("imported %s -> %s: %d tensors for %" PRId64 " ranks\n", argv[1], out, p.ntensors, p.world);
@@ -173,7 +173,7 @@ fail:
     free(shapes);
     mf_ckpt_plan_free(&p);
     mf_schedule_free(s);
-    mf_hf_close(&m);
+    mf_ckpt_hf_close(&m);
     mf_hf_rules_free(&rules);
     return rc;
 }
@@ -238,8 +238,8 @@ int ck_export(int argc, char **argv)
         return 2;
     }
     char *out = argv[2];
-    out[mf_ckpt_dir_len(out)] = '\0'; /* "out/" writes "out" */
-    if (mf_ckpt_reader_open(argv[1], &r, err, sizeof err) != 0)
+    out[mf_ckpt_io_dir_len(out)] = '\0'; /* "out/" writes "out" */
+    if (mf_ckpt_read_open(argv[1], &r, err, sizeof err) != 0)
         goto fail;
     opened = 1;
     mf_dtype dt = dtype < 0 ? r.m.states[0].dtype : (mf_dtype)dtype;
@@ -256,7 +256,7 @@ int ck_export(int argc, char **argv)
     }
     for (int t = 0; t < l.ntensors; t++)
         stored += l.file[t] >= 0;
-    mf_ckpt_new_id(id);
+    mf_ckpt_build_new_id(id);
     snprintf(tmp, sizeof tmp, "%s.tmp-%s", out, id);
     if (mkdir(tmp, 0755) != 0) {
         snprintf(err, sizeof err, "cannot create %.4000s", tmp);
@@ -266,7 +266,7 @@ int ck_export(int argc, char **argv)
     /* Tensors are read in chunks, so pieces in part: their CRCs before the commit. */
     if (mf_hf_layout_create(&l, tmp, err, sizeof err) != 0 || ck_exp_write(&r, &l, tmp, err, sizeof err) != 0 ||
         mf_ckpt_parts_check(&r, r.parts, r.nparts, 0, err, sizeof err) != 0 ||
-        mf_ckpt_commit_dir(tmp, out, err, sizeof err) != 0)
+        mf_ckpt_write_commit_dir(tmp, out, err, sizeof err) != 0)
         goto fail;
     made = 0;
     printf("exported %s -> %s: %d tensors, %d file%s, %s\n", argv[1], out, stored, l.nfiles,
@@ -277,7 +277,7 @@ fail:
     mf_hf_layout_free(&l);
     free(shapes);
     if (opened)
-        mf_ckpt_reader_close(&r);
+        mf_ckpt_read_close(&r);
     mf_hf_rules_free(&rules);
     return rc;
 }

@@ -30,7 +30,7 @@ static char g_path[4096];
 static unsigned char *g_data;   /* the file's bytes */
 static unsigned char *g_seen;   /* what the chunk callback was given, by position */
 
-/* CRC-32C bit by bit (reflected 0x82f63b78), continuing like mf_crc32c. */
+/* CRC-32C bit by bit (reflected 0x82f63b78), continuing like mf_ckpt_crc_update. */
 static uint32_t crc_ref(uint32_t crc, const unsigned char *p, size_t n)
 {
     crc = ~crc;
@@ -82,7 +82,7 @@ static void fetch(mf_ckpt_reader *r, uint64_t off, size_t n)
     assert_non_null(dst);
     memset(g_seen, 0xa5, n + 1);
     uint32_t crc = 0;
-    assert_int_equal(mf_ckpt_fetch(r, 0, off, n, (char *)dst, 0, &crc), 0);
+    assert_int_equal(mf_ckpt_dio_fetch(r, 0, off, n, (char *)dst, 0, &crc), 0);
     assert_memory_equal(dst, g_data + off, n);
     assert_memory_equal(g_seen, g_data + off, n);
     assert_int_equal(crc, crc_ref(0, g_data + off, n));
@@ -101,7 +101,7 @@ static int setup(void **state)
     for (size_t i = 0; i < FILE_BYTES; i++)
         g_data[i] = (unsigned char)(rand() >> 7);
     int fd = open(g_path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-    if (fd < 0 || mf_ckpt_pwrite_all(fd, g_data, FILE_BYTES, 0) != 0 || fsync(fd) != 0)
+    if (fd < 0 || mf_ckpt_io_pwrite_all(fd, g_data, FILE_BYTES, 0) != 0 || fsync(fd) != 0)
         return -1;
     close(fd);
     return 0;
@@ -133,7 +133,7 @@ static void test_warm(void **state)
         mf_ckpt_rfile rf;
         int fd = open(g_path, O_RDONLY); /* make every page cached */
         unsigned char *tmp = malloc(FILE_BYTES);
-        assert_int_equal(mf_ckpt_pread_all(fd, tmp, FILE_BYTES, 0), 0);
+        assert_int_equal(mf_ckpt_io_pread_all(fd, tmp, FILE_BYTES, 0), 0);
         free(tmp);
         close(fd);
         reader_open(&r, &rf);

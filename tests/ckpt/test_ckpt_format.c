@@ -33,18 +33,18 @@ static void test_crc_vectors(void **state)
 {
     (void)state;
     uint8_t buf[32];
-    assert_int_equal(mf_crc32c(0, "123456789", 9), 0xe3069283u);
+    assert_int_equal(mf_ckpt_crc_update(0, "123456789", 9), 0xe3069283u);
     memset(buf, 0, 32);
-    assert_int_equal(mf_crc32c(0, buf, 32), 0x8a9136aau);
+    assert_int_equal(mf_ckpt_crc_update(0, buf, 32), 0x8a9136aau);
     memset(buf, 0xff, 32);
-    assert_int_equal(mf_crc32c(0, buf, 32), 0x62a8ab43u);
+    assert_int_equal(mf_ckpt_crc_update(0, buf, 32), 0x62a8ab43u);
     for (int i = 0; i < 32; i++)
         buf[i] = (uint8_t)i;
-    assert_int_equal(mf_crc32c(0, buf, 32), 0x46dd794eu);
+    assert_int_equal(mf_ckpt_crc_update(0, buf, 32), 0x46dd794eu);
     for (int i = 0; i < 32; i++)
         buf[i] = (uint8_t)(31 - i);
-    assert_int_equal(mf_crc32c(0, buf, 32), 0x113fdb5cu);
-    assert_int_equal(mf_crc32c(0, buf, 0), 0u);
+    assert_int_equal(mf_ckpt_crc_update(0, buf, 32), 0x113fdb5cu);
+    assert_int_equal(mf_ckpt_crc_update(0, buf, 0), 0u);
 }
 
 /* The CRC of a concatenation, from its parts, at every split point and
@@ -56,11 +56,11 @@ static void test_crc_combine(void **state)
     for (int i = 0; i < 1001; i++)
         buf[i] = (uint8_t)(i * 131 + 7);
     for (int off = 0; off < 2; off++) {
-        uint32_t whole = mf_crc32c(0, buf + off, 1000);
+        uint32_t whole = mf_ckpt_crc_update(0, buf + off, 1000);
         for (size_t k = 0; k <= 1000; k += 37) {
-            uint32_t a = mf_crc32c(0, buf + off, k), b = mf_crc32c(0, buf + off + k, 1000 - k);
-            assert_int_equal(mf_crc32c_combine(a, b, 1000 - k), whole);
-            assert_int_equal(mf_crc32c(a, buf + off + k, 1000 - k), whole);
+            uint32_t a = mf_ckpt_crc_update(0, buf + off, k), b = mf_ckpt_crc_update(0, buf + off + k, 1000 - k);
+            assert_int_equal(mf_ckpt_crc_combine(a, b, 1000 - k), whole);
+            assert_int_equal(mf_ckpt_crc_update(a, buf + off + k, 1000 - k), whole);
         }
     }
 }
@@ -81,8 +81,8 @@ static void test_crc_large(void **state)
             for (int k = 0; k < 8; k++)
                 c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
         }
-        assert_int_equal(mf_crc32c(0, buf + off, n - off), ~c);
-        assert_int_equal(mf_crc32c(mf_crc32c(0, buf + off, 1000), buf + off + 1000, n - off - 1000), ~c);
+        assert_int_equal(mf_ckpt_crc_update(0, buf + off, n - off), ~c);
+        assert_int_equal(mf_ckpt_crc_update(mf_ckpt_crc_update(0, buf + off, 1000), buf + off + 1000, n - off - 1000), ~c);
     }
     free(buf);
 }
@@ -94,8 +94,8 @@ static const char *st_parse(const char *json, uint64_t data_len)
     static char err[1024];
     mf_st_file f;
     err[0] = '\0';
-    if (mf_st_parse("f.safetensors", json, strlen(json), data_len, &f, err, sizeof err) == 0) {
-        mf_st_free(&f);
+    if (mf_ckpt_st_parse("f.safetensors", json, strlen(json), data_len, &f, err, sizeof err) == 0) {
+        mf_ckpt_st_free(&f);
         assert_string_equal(err, "");
     } else {
         assert_true(err[0] != '\0');
@@ -120,13 +120,13 @@ static void test_st_valid(void **state)
                     "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[28,28]}}";
     mf_st_file f;
     char err[256];
-    assert_int_equal(mf_st_parse("f", j, strlen(j), 28, &f, err, sizeof err), 0);
+    assert_int_equal(mf_ckpt_st_parse("f", j, strlen(j), 28, &f, err, sizeof err), 0);
     assert_int_equal(f.n, 3);
     assert_string_equal(f.e[0].name, "a"); /* sorted by offset */
     assert_int_equal(f.e[0].numel, 6);
-    assert_string_equal(mf_st_meta(&f, "k"), "v");
-    assert_non_null(mf_st_find(&f, "b"));
-    mf_st_free(&f);
+    assert_string_equal(mf_ckpt_st_meta(&f, "k"), "v");
+    assert_non_null(mf_ckpt_st_find(&f, "b"));
+    mf_ckpt_st_free(&f);
 }
 
 static void test_st_refusals(void **state)
@@ -172,19 +172,19 @@ static void test_st_bounds(void **state)
     assert_int_equal(write(fd, len, 8), 8);
     assert_int_equal(write(fd, "{}      ", 8), 8);
     mf_st_file f;
-    assert_int_equal(mf_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), -1);
+    assert_int_equal(mf_ckpt_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), -1);
     assert_non_null(strstr(err, "x.safetensors: header length 100000001 exceeds the limit of 100000000"));
     len[0] = 9, len[1] = len[2] = len[3] = 0;
     assert_int_equal(pwrite(fd, len, 8, 0), 8);
-    assert_int_equal(mf_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), -1);
+    assert_int_equal(mf_ckpt_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), -1);
     assert_non_null(strstr(err, "header length 9 runs past the end of the file (16 bytes)"));
-    assert_int_equal(mf_st_read(fd, "x.safetensors", 4, &f, err, sizeof err), -1);
+    assert_int_equal(mf_ckpt_st_read(fd, "x.safetensors", 4, &f, err, sizeof err), -1);
     assert_non_null(strstr(err, "too short"));
     len[0] = 8;
     assert_int_equal(pwrite(fd, len, 8, 0), 8);
-    assert_int_equal(mf_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), 0);
+    assert_int_equal(mf_ckpt_st_read(fd, "x.safetensors", 16, &f, err, sizeof err), 0);
     assert_int_equal(f.n, 0);
-    mf_st_free(&f);
+    mf_ckpt_st_free(&f);
     close(fd);
     unlink(path);
 }
@@ -198,7 +198,7 @@ static void test_st_build(void **state)
     const char *k[] = {"fmt"}, *v[] = {"x"};
     uint8_t *out;
     size_t len;
-    assert_int_equal(mf_st_build(e, 2, k, v, 1, &out, &len), 0);
+    assert_int_equal(mf_ckpt_st_build(e, 2, k, v, 1, &out, &len), 0);
     assert_int_equal(len % 8, 0);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
@@ -206,11 +206,11 @@ static void test_st_build(void **state)
     assert_int_equal(n, len - 8);
     mf_st_file f;
     char err[256];
-    assert_int_equal(mf_st_parse("f", (char *)out + 8, n, 29, &f, err, sizeof err), 0);
+    assert_int_equal(mf_ckpt_st_parse("f", (char *)out + 8, n, 29, &f, err, sizeof err), 0);
     assert_string_equal(f.e[0].name, "w\"1");
     assert_int_equal(f.e[1].end, 29);
-    assert_string_equal(mf_st_meta(&f, "fmt"), "x");
-    mf_st_free(&f);
+    assert_string_equal(mf_ckpt_st_meta(&f, "fmt"), "x");
+    mf_ckpt_st_free(&f);
     free(out);
 }
 
@@ -331,7 +331,7 @@ static void parts_close(parts_fx *x)
 /* Part [off, off + len) of the piece as rank `rank` read it. */
 static mf_ckpt_part part(const parts_fx *x, uint64_t off, uint64_t len, int64_t rank)
 {
-    return (mf_ckpt_part){0, off, len, mf_crc32c(0, x->bytes + 8 + off, len), mf_crc32c(0, x->bytes + 8, 40), rank};
+    return (mf_ckpt_part){0, off, len, mf_ckpt_crc_update(0, x->bytes + 8 + off, len), mf_ckpt_crc_update(0, x->bytes + 8, 40), rank};
 }
 
 static void test_parts(void **state)
@@ -388,7 +388,7 @@ static void test_plan(void **state)
     (void)state;
     for (int i = 0; i < g_nsched; i++) {
         char err[1024];
-        mf_schedule *s = mf_schedule_load_file(g_sched[i], err, sizeof err);
+        mf_schedule *s = mf_load_schedule_file(g_sched[i], err, sizeof err);
         assert_non_null(s);
         mf_ckpt_plan p;
         assert_int_equal(mf_ckpt_plan_build(s, &p, err, sizeof err), 0);

@@ -123,7 +123,7 @@ static uint64_t run(int op, const char *dir)
     assert_true(w <= MAXR);
     assert_int_equal(mfsdp_local_group_create(w, &g_group), MFSDP_OK);
     pthread_barrier_init(&g_bar, NULL, (unsigned)w);
-    uint64_t before = mf_ckpt_host_staged();
+    uint64_t before = mf_ckpt_stage_host_bytes();
     for (int64_t r = 0; r < w; r++) {
         jobs[r] = (rank_job){r, op, dir};
         pthread_create(&th[r], NULL, rank_main, &jobs[r]);
@@ -134,7 +134,7 @@ static uint64_t run(int op, const char *dir)
     mfsdp_local_group_destroy(g_group);
     for (int64_t r = 0; r < w; r++)
         assert_int_equal(g_bad[r], 0);
-    return mf_ckpt_host_staged() - before;
+    return mf_ckpt_stage_host_bytes() - before;
 }
 
 static void test_staged_round_trip(void **state)
@@ -169,8 +169,8 @@ static void test_staged_round_trip(void **state)
     assert_int_equal(run(1, dir), 0); /* the plain path: same bytes, nothing staged */
     assert_int_equal(run(3, hf), 0);
     mfsdp_schedule_free(g_sh);
-    mf_ckpt_remove_dir(dir);
-    mf_ckpt_remove_dir(hf);
+    mf_ckpt_io_remove_dir(dir);
+    mf_ckpt_io_remove_dir(hf);
     rmdir(tmp);
 }
 

@@ -1,6 +1,6 @@
 /*
  * test_init_ties: `mfsdpc init` (planner/mf_cmd_init.c, mf_init_ties.c) on
- * safetensors files written here (mf_st_build), no Python needed:
+ * safetensors files written here (mf_ckpt_st_build), no Python needed:
  *   - save_model's deduplication (metadata "ALIAS": "STORED") with the head's
  *     name kept: the whole spec, golden, with the tensor renamed to the
  *     embedding's name and the `tied` layout; the reverse (embedding kept);
@@ -57,7 +57,7 @@ static void write_st(const char *path, const st_tensor *t, int n, const char *co
     }
     uint8_t *head;
     size_t len;
-    assert_int_equal(mf_st_build(e, n, key, val, nmeta, &head, &len), 0);
+    assert_int_equal(mf_ckpt_st_build(e, n, key, val, nmeta, &head, &len), 0);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(head, 1, len, f), len);

@@ -108,8 +108,8 @@ static inline void fuzz_check_loaded(const mf_schedule *s, const char *text, siz
         FUZZ_CHECK(bk->length >= 1 && bk->used >= 0 && bk->used <= bk->length);
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
             FUZZ_CHECK((unsigned)bk->dtype[r] < MF_DTYPE_COUNT);
-            FUZZ_CHECK(mf_placement_suffix_ok(&bk->place[r], s->mesh.naxes));
-            int64_t shards = mf_placement_shards(&s->mesh, &bk->place[r]);
+            FUZZ_CHECK(mf_layout_flat_suffix_ok(&bk->place[r], s->mesh.naxes));
+            int64_t shards = mf_layout_shards(&s->mesh, &bk->place[r]);
             FUZZ_CHECK(shards >= 1 && bk->length % shards == 0);
             for (int j = 0; j < s->mesh.naxes; j++)
                 FUZZ_CHECK(bk->place[r].p[j] < MF_PLACE_COUNT &&
@@ -133,7 +133,7 @@ static inline void fuzz_check_loaded(const mf_schedule *s, const char *text, siz
         FUZZ_CHECK(bf->name && bf->bucket >= 0 && bf->bucket < s->nbuckets);
         FUZZ_CHECK((unsigned)bf->kind < MF_BUFKIND_COUNT && (unsigned)bf->dtype < MF_DTYPE_COUNT);
         FUZZ_CHECK((unsigned)bf->lifetime < MF_LIFETIME_COUNT);
-        int64_t shards = mf_placement_shards(&s->mesh, &bf->place);
+        int64_t shards = mf_layout_shards(&s->mesh, &bf->place);
         FUZZ_CHECK(bf->count >= 1 && bf->count == s->buckets[bf->bucket].length / shards);
         int64_t bytes;
         FUZZ_CHECK(!__builtin_mul_overflow(bf->count, (int64_t)mf_dtype_size(bf->dtype), &bytes));

@@ -43,7 +43,7 @@ static void check_spec(const mf_spec *s)
         CHECK(ly->name);
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
             CHECK((int)ly->dtype[r] >= 0 && ly->dtype[r] < MF_DTYPE_COUNT);
-            CHECK(mf_placement_suffix_ok(&ly->place[r], s->mesh.naxes));
+            CHECK(mf_layout_flat_suffix_ok(&ly->place[r], s->mesh.naxes));
             for (int j = 0; j < s->mesh.naxes; j++) {
                 CHECK(ly->place[r].p[j] < MF_PLACE_COUNT);
                 if (r != MF_ROLE_GRAD)

@@ -2,7 +2,7 @@
  * fuzz_load: libFuzzer target for the schedule loader (core/mf_load.c),
  * the one parser of untrusted bytes in the runtime library.
  *
- * Each input goes through mf_schedule_load_buffer(). Beyond "no crash, no
+ * Each input goes through mf_load_schedule_buffer(). Beyond "no crash, no
  * leak, no UB, bounded time and memory" (ASan/UBSan, libFuzzer's limits) it
  * checks the loader's contract and traps when it is broken:
  *   - NULL <=> a message was written, and the message is located
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[512];
     memset(err, 'x', sizeof err);
-    mf_schedule *s = mf_schedule_load_buffer("fuz.yaml", (const char *)data, size, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("fuz.yaml", (const char *)data, size, err, sizeof err);
     FUZZ_CHECK(memchr(err, '\0', sizeof err) != NULL);
     if (!s) {
         if (!fuzz_located(err, "fuz.yaml", (const char *)data, size))

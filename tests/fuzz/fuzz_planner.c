@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t len1 = 0, len2 = 0;
     char *y1 = emit(s, &len1);
     char err[512];
-    mf_schedule *s2 = mf_schedule_load_buffer("fuzz.yaml", y1, len1, err, sizeof err);
+    mf_schedule *s2 = mf_load_schedule_buffer("fuzz.yaml", y1, len1, err, sizeof err);
     if (!s2)
         FUZZ_FAIL("the compiled schedule does not load: %s", err);
     fuzz_check_loaded(s2, y1, len1);

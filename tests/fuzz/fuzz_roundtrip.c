@@ -2,7 +2,7 @@
  * fuzz_roundtrip: libFuzzer target for loader + verifier + emitter (and, for
  * small verified schedules, the replay runtime).
  *
- * Each input is loaded (mf_schedule_load_buffer); a schedule that loads is
+ * Each input is loaded (mf_load_schedule_buffer); a schedule that loads is
  * checked like fuzz_load does and then verified (mf_verify_run). A schedule
  * that verifies must
  *   - re-emit (mf_emit_yaml) to a file that loads again and verifies, and
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *text = (const char *)data;
     char err[512];
-    mf_schedule *s = mf_schedule_load_buffer("fuz.yaml", text, size, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("fuz.yaml", text, size, err, sizeof err);
     if (!s)
         return 0;
     fuzz_check_loaded(s, text, size);
@@ -84,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     size_t len1 = 0, len2 = 0;
     char *y1 = emit(s, &len1);
-    mf_schedule *s2 = mf_schedule_load_buffer("fuz2.yaml", y1, len1, err, sizeof err);
+    mf_schedule *s2 = mf_load_schedule_buffer("fuz2.yaml", y1, len1, err, sizeof err);
     if (!s2)
         FUZZ_FAIL("the emission of a verified schedule does not load: %s", err);
     fuzz_check_loaded(s2, y1, len1);

@@ -4,7 +4,7 @@
  * Hugging Face model brings.
  *
  * Each input is a whole file (8-byte length, JSON header, data), read through
- * mf_st_read() from a memory file. Beyond "no crash, no leak, no UB" it
+ * mf_ckpt_st_read() from a memory file. Beyond "no crash, no leak, no UB" it
  * checks the parser's contract and traps when it is broken:
  *   - failure <=> a message naming the file ("fuz.safetensors: ...");
  *   - on success the entries are sorted, tile the data section exactly, and
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512];
     memset(err, 'x', sizeof err);
     mf_st_file f;
-    int rc = mf_st_read(fd, "fuz.safetensors", size, &f, err, sizeof err);
+    int rc = mf_ckpt_st_read(fd, "fuz.safetensors", size, &f, err, sizeof err);
     close(fd);
     if (rc != 0) {
         FUZZ_CHECK(memchr(err, '\0', sizeof err) != NULL);
@@ -40,10 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const mf_st_entry *e = &f.e[i];
         FUZZ_CHECK(e->name != NULL && e->begin == at && e->end >= e->begin);
         FUZZ_CHECK((uint64_t)e->numel * mf_st_dtype_size(e->dtype) == e->end - e->begin);
-        FUZZ_CHECK(mf_st_find(&f, e->name) != NULL);
+        FUZZ_CHECK(mf_ckpt_st_find(&f, e->name) != NULL);
         at = e->end;
     }
     FUZZ_CHECK(at == f.data_len);
-    mf_st_free(&f);
+    mf_ckpt_st_free(&f);
     return 0;
 }

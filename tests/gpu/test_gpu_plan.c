@@ -28,7 +28,7 @@ static mf_mesh mesh_of(int n, const int64_t *sizes)
 }
 
 /* Every axis of every mesh: ranks with one color form exactly one axis group,
- * ordered by key as mf_mesh_axis_group orders it; colors are dense. */
+ * ordered by key as mf_layout_axis_group orders it; colors are dense. */
 static void test_split_every_mesh(void **state)
 {
     (void)state;
@@ -56,7 +56,7 @@ static void test_split_every_mesh(void **state)
                 assert_int_equal(seen[color * n + key], -1);
                 seen[color * n + key] = r;
                 /* the key orders the group like the shard math does */
-                mf_mesh_axis_group(&m, j, r, group);
+                mf_layout_axis_group(&m, j, r, group);
                 assert_int_equal(group[key], r);
                 /* every member of r's axis group has r's color */
                 for (int64_t i = 0; i < n; i++) {

@@ -84,7 +84,7 @@ static mf_schedule *load_or_located(const char *name, const char *text, size_t l
                                     int *line)
 {
     char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer(name, text, len, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer(name, text, len, err, sizeof err);
     if (!s && !hard_located(err, name, max_line, line))
         fail_msg("not a located error (lines 1..%d): %s", max_line, err);
     return s;
@@ -115,7 +115,7 @@ static void test_truncated_at_every_line(void **state)
             if (cut > 0 && sd->text[cut - 1] != '\n')
                 continue;
             char err[1024];
-            mf_schedule *s = mf_schedule_load_buffer("cut.yaml", sd->text, cut, err, sizeof err);
+            mf_schedule *s = mf_load_schedule_buffer("cut.yaml", sd->text, cut, err, sizeof err);
             if (s)
                 fail_msg("%s cut after line %d loads", sd->path, line - 1);
             if (cut == 0)
@@ -348,7 +348,7 @@ static void test_hand_edits(void **state)
         if (!mut)
             fail_msg("edit '%s' does not apply to the seed", e->what);
         char err[1024];
-        mf_schedule *s = mf_schedule_load_buffer("edited.yaml", mut, strlen(mut), err, sizeof err);
+        mf_schedule *s = mf_load_schedule_buffer("edited.yaml", mut, strlen(mut), err, sizeof err);
         if (s)
             fail_msg("%s (line %d): the edited schedule loads", e->what, line);
         int got;

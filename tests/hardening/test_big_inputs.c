@@ -262,7 +262,7 @@ static void test_many_tensors_and_units(void **state)
 static void expect_load_refused(const buf *in, const char *want, const char *what)
 {
     char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer("big.yaml", in->p, in->len, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("big.yaml", in->p, in->len, err, sizeof err);
     if (s || !strstr(err, want) || strncmp(err, "big.yaml:", 9) != 0)
         fail_msg("%s: %s", what, s ? "loaded" : err);
 }

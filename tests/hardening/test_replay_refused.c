@@ -107,7 +107,7 @@ static void try_mutant(char *text, const char *what, tally *t)
 {
     t->tried++;
     char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer("mutant.yaml", text, strlen(text), err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("mutant.yaml", text, strlen(text), err, sizeof err);
     if (!s) {
         t->load_refused++;
         free(text);

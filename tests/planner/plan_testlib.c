@@ -484,7 +484,7 @@ static void check_step_fields(const mf_plan *p, int b, int t, int i, const mf_pl
         assert_true(st->stream == MF_STREAM_INNER || st->stream == MF_STREAM_OUTER);
     }
     /* single-axis rules of docs/semantics.md §2 */
-    int s = mf_placement_flat_start(cur, m->naxes);
+    int s = mf_layout_flat_start(cur, m->naxes);
     switch (st->kind) {
     case MF_OP_ALL_GATHER:
         assert_int_equal(st->axis, s);
@@ -496,7 +496,7 @@ static void check_step_fields(const mf_plan *p, int b, int t, int i, const mf_pl
     default:
         break;
     }
-    assert_true(mf_placement_suffix_ok(&st->to, m->naxes));
+    assert_true(mf_layout_flat_suffix_ok(&st->to, m->naxes));
 }
 
 void tl_check_transition(const mf_plan *p, int b, int t)

@@ -59,7 +59,7 @@ static void check_roundtrip(const mf_schedule *s)
     char *y = st_emit(s, &len);
     assert_non_null(y);
     char err[1024];
-    mf_schedule *back = mf_schedule_load_buffer("t.yaml", y, len, err, sizeof err);
+    mf_schedule *back = mf_load_schedule_buffer("t.yaml", y, len, err, sizeof err);
     if (!back)
         fail_msg("reload failed: %s", err);
     char *y2 = st_emit(back, &len2);
@@ -266,7 +266,7 @@ static void test_programs_shape(void **state)
         for (int i = 0; i < s->nops; i++) {
             if (mf_op_in_step(&s->ops[i]) || s->ops[i].kind == MF_OP_RECORD || s->ops[i].kind == MF_OP_WAIT)
                 continue;
-            mf_schedule *m = mf_schedule_load_buffer("t.yaml", yaml, len, err, sizeof err);
+            mf_schedule *m = mf_load_schedule_buffer("t.yaml", yaml, len, err, sizeof err);
             assert_non_null(m);
             st_drop_op(m, i);
             char *msgs = NULL;

@@ -59,11 +59,11 @@ static void test_ring_formulas(void **state)
     mf_mesh m1 = m;
     m1.axes[0].size = 1;
     near(mf_cost_op(&cm, &m1, MF_OP_ALL_REDUCE, 0, c, MF_FP32), 5e-6);
-    /* the ring time per byte matches mf_collective_bytes */
+    /* the ring time per byte matches mf_schedule_collective_bytes */
     cm.launch = 0;
     cm.axis[0].alpha = 0;
     near(mf_cost_op(&cm, &m, MF_OP_ALL_REDUCE, 0, c, MF_FP32),
-         (double)mf_collective_bytes(MF_OP_ALL_REDUCE, 4, c, MF_FP32) / 45e9);
+         (double)mf_schedule_collective_bytes(MF_OP_ALL_REDUCE, 4, c, MF_FP32) / 45e9);
 }
 
 static void test_options(void **state)

@@ -32,7 +32,7 @@ static int placements(int k, bool with_p, bool suffix_only, char out[][MF_MAX_AX
             has_p = has_p || s[j] == 'P';
         }
         mf_placement p = tl_place(s);
-        if ((!with_p && has_p) || (suffix_only && !mf_placement_suffix_ok(&p, k)))
+        if ((!with_p && has_p) || (suffix_only && !mf_layout_flat_suffix_ok(&p, k)))
             continue;
         memcpy(out[n++], s, MF_MAX_AXES + 1);
     }
@@ -180,8 +180,8 @@ static void test_illegal_triples_rejected(void **state)
             for (int io = 0; io < n; io++) {
                 const char *w = all[iw], *g = all[ig], *o = all[io];
                 mf_placement pw = tl_place(w), pg = tl_place(g), po = tl_place(o);
-                bool legal = !strchr(w, 'P') && !strchr(o, 'P') && mf_placement_suffix_ok(&pw, 2) &&
-                             mf_placement_suffix_ok(&pg, 2) && mf_placement_suffix_ok(&po, 2) && t4_legal(g, o);
+                bool legal = !strchr(w, 'P') && !strchr(o, 'P') && mf_layout_flat_suffix_ok(&pw, 2) &&
+                             mf_layout_flat_suffix_ok(&pg, 2) && mf_layout_flat_suffix_ok(&po, 2) && t4_legal(g, o);
                 if (legal)
                     continue;
                 const int64_t sizes[] = {3, 2};

@@ -160,7 +160,7 @@ static int compose(tb *b, int bucket, mf_placement from, mf_placement to, mf_dty
     int cur_buf = src;
     int k = m->naxes;
     while (!mf_placement_equal(&cur, &to, k)) {
-        int s = mf_placement_flat_start(&cur, k);
+        int s = mf_layout_flat_start(&cur, k);
         mf_opkind kind = MF_OPKIND_COUNT;
         int axis = -1;
         if (s < k && to.p[s] == MF_PLACE_REPLICATE) {
@@ -186,8 +186,8 @@ static int compose(tb *b, int bucket, mf_placement from, mf_placement to, mf_dty
         mf_placement next = cur;
         next.p[axis] = kind == MF_OP_ALL_GATHER || kind == MF_OP_ALL_REDUCE ? MF_PLACE_REPLICATE
                                                                             : MF_PLACE_FLAT;
-        int64_t in_count = L / mf_placement_shards(m, &cur);
-        int64_t out_count = L / mf_placement_shards(m, &next);
+        int64_t in_count = L / mf_layout_shards(m, &cur);
+        int64_t out_count = L / mf_layout_shards(m, &next);
         int out_buf = dst;
         if (!mf_placement_equal(&next, &to, k)) {
             char suffix[32];
@@ -346,7 +346,7 @@ static int tb_buckets(tb *b, const mf_tb_spec *spec, mf_bucket *buckets, int *nb
             for (int r = 0; r < MF_ROLE_COUNT; r++) {
                 bk->dtype[r] = spec->layouts[l].dtype[r];
                 bk->place[r] = parse_place(spec->layouts[l].place[r], k);
-                if (!mf_placement_suffix_ok(&bk->place[r], k)) {
+                if (!mf_layout_flat_suffix_ok(&bk->place[r], k)) {
                     snprintf(err, errlen, "layout %d: Flat axes must be a suffix", l);
                     return TB_FAIL;
                 }
@@ -399,17 +399,17 @@ static int tb_buffers(tb *bp, int nb)
         }
         mf_dtype wd = bk->dtype[MF_ROLE_WEIGHT], gd = bk->dtype[MF_ROLE_GRAD],
                  od = bk->dtype[MF_ROLE_MAIN_WEIGHT];
-        add_buffer(bp, bi, MF_BUF_MAIN_WEIGHT, od, O, L / mf_placement_shards(&s->mesh, &O),
+        add_buffer(bp, bi, MF_BUF_MAIN_WEIGHT, od, O, L / mf_layout_shards(&s->mesh, &O),
                    MF_LIFETIME_PERSISTENT, "main_weight");
-        add_buffer(bp, bi, MF_BUF_WEIGHT, wd, W, L / mf_placement_shards(&s->mesh, &W),
+        add_buffer(bp, bi, MF_BUF_WEIGHT, wd, W, L / mf_layout_shards(&s->mesh, &W),
                    MF_LIFETIME_PERSISTENT, "weight");
         if (!mf_placement_equal(&W, &rep, k))
             add_buffer(bp, bi, MF_BUF_WEIGHT_FULL, wd, rep, L, MF_LIFETIME_MICROBATCH, "weight_full");
         add_buffer(bp, bi, MF_BUF_GRAD_LOCAL, gd, partial, L, MF_LIFETIME_MICROBATCH, "grad_local");
-        add_buffer(bp, bi, MF_BUF_GRAD, gd, G, L / mf_placement_shards(&s->mesh, &G),
+        add_buffer(bp, bi, MF_BUF_GRAD, gd, G, L / mf_layout_shards(&s->mesh, &G),
                    MF_LIFETIME_PERSISTENT, "grad");
         if (!mf_placement_equal(&G, &O, k))
-            add_buffer(bp, bi, MF_BUF_GRAD_FINAL, gd, O, L / mf_placement_shards(&s->mesh, &O),
+            add_buffer(bp, bi, MF_BUF_GRAD_FINAL, gd, O, L / mf_layout_shards(&s->mesh, &O),
                        MF_LIFETIME_STEP, "grad_final");
         if (bp->oom)
             return TB_OOM;
@@ -442,9 +442,9 @@ static int tb_gathers(tb *bp, const mf_tb_spec *spec, const int *fwd_chain, cons
             int cast_dst = w;
             if (!mf_placement_equal(&O, &W, k))
                 cast_dst = add_buffer(bp, bi, MF_BUF_WEIGHT_STAGE, wd, O,
-                                      bk->length / mf_placement_shards(&s->mesh, &O), MF_LIFETIME_STEP,
+                                      bk->length / mf_layout_shards(&s->mesh, &O), MF_LIFETIME_STEP,
                                       "wcast");
-            steps[n++] = (step){MF_OP_CAST, -1, wd, bk->length / mf_placement_shards(&s->mesh, &O), mw,
+            steps[n++] = (step){MF_OP_CAST, -1, wd, bk->length / mf_layout_shards(&s->mesh, &O), mw,
                                 cast_dst, MF_WHEN_FIRST, 1, MF_STREAM_COUNT};
             if (cast_dst != w)
                 n = compose(bp, bi, O, W, wd, cast_dst, w, MF_BUF_WEIGHT_STAGE, MF_WHEN_FIRST, 1, steps, n);
@@ -496,7 +496,7 @@ static int tb_reductions(tb *bp, const mf_tb_spec *spec, const int *bwd_chain, c
             step steps[MAX_STEPS];
             int n = 0;
             /* T3: local [P..P] -> G into a stage, then accumulate into grad. */
-            int64_t gcount = bk->length / mf_placement_shards(&s->mesh, &G);
+            int64_t gcount = bk->length / mf_layout_shards(&s->mesh, &G);
             int reduced = local;
             if (!mf_placement_equal(&partial, &G, k)) {
                 reduced = add_buffer(bp, bi, MF_BUF_GRAD_STAGE, gd, G, gcount, MF_LIFETIME_MICROBATCH,

@@ -40,21 +40,21 @@ static void test_coords_row_major(void **state)
     int64_t sizes[] = {3, 5};
     mf_mesh m = mesh_of(2, sizes);
     int64_t c[MF_MAX_AXES];
-    mf_mesh_coords(&m, 7, c);          /* 7 = 1*5 + 2 */
+    mf_layout_mesh_coords(&m, 7, c);          /* 7 = 1*5 + 2 */
     assert_int_equal(c[0], 1);
     assert_int_equal(c[1], 2);
-    assert_int_equal(mf_mesh_rank(&m, c), 7);
+    assert_int_equal(mf_layout_mesh_rank(&m, c), 7);
     int64_t group[5];
-    mf_mesh_axis_group(&m, 1, 7, group); /* inner group of node 1: ranks 5..9 */
+    mf_layout_axis_group(&m, 1, 7, group); /* inner group of node 1: ranks 5..9 */
     for (int i = 0; i < 5; i++)
         assert_int_equal(group[i], 5 + i);
     int64_t outer[3];
-    mf_mesh_axis_group(&m, 0, 7, outer); /* outer group with inner coord 2 */
+    mf_layout_axis_group(&m, 0, 7, outer); /* outer group with inner coord 2 */
     assert_int_equal(outer[0], 2);
     assert_int_equal(outer[1], 7);
     assert_int_equal(outer[2], 12);
-    assert_int_equal(mf_mesh_axis_color(&m, 0, 7), 2);
-    assert_int_equal(mf_mesh_axis_color(&m, 1, 7), 1);
+    assert_int_equal(mf_layout_axis_color(&m, 0, 7), 2);
+    assert_int_equal(mf_layout_axis_color(&m, 1, 7), 1);
 }
 
 static void test_suffix_rule(void **state)
@@ -63,13 +63,13 @@ static void test_suffix_rule(void **state)
     mf_placement ok[] = {place_of("RF"), place_of("FF"), place_of("PF"), place_of("RR"), place_of("PP")};
     mf_placement bad[] = {place_of("FR"), place_of("FP"), place_of("FRF")};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        assert_true(mf_placement_suffix_ok(&ok[i], 2));
-    assert_false(mf_placement_suffix_ok(&bad[0], 2));
-    assert_false(mf_placement_suffix_ok(&bad[1], 2));
-    assert_false(mf_placement_suffix_ok(&bad[2], 3));
-    assert_int_equal(mf_placement_flat_start(&ok[0], 2), 1);
-    assert_int_equal(mf_placement_flat_start(&ok[1], 2), 0);
-    assert_int_equal(mf_placement_flat_start(&ok[3], 2), 2);
+        assert_true(mf_layout_flat_suffix_ok(&ok[i], 2));
+    assert_false(mf_layout_flat_suffix_ok(&bad[0], 2));
+    assert_false(mf_layout_flat_suffix_ok(&bad[1], 2));
+    assert_false(mf_layout_flat_suffix_ok(&bad[2], 3));
+    assert_int_equal(mf_layout_flat_start(&ok[0], 2), 1);
+    assert_int_equal(mf_layout_flat_start(&ok[1], 2), 0);
+    assert_int_equal(mf_layout_flat_start(&ok[3], 2), 2);
 }
 
 static void test_1d_sizes_3_and_5(void **state)
@@ -148,7 +148,7 @@ static int legal_placements(int k, char out[][MF_MAX_AXES + 1])
         for (int j = 0; j < k; j++, c /= 3)
             s[j] = "RFP"[c % 3];
         mf_placement p = place_of(s);
-        if (mf_placement_suffix_ok(&p, k)) {
+        if (mf_layout_flat_suffix_ok(&p, k)) {
             for (int j = 0; j <= k; j++)
                 out[n][j] = s[j];
             n++;
@@ -167,12 +167,12 @@ static void check_mesh(const mf_mesh *m)
     assert_non_null(seen);
     for (int i = 0; i < np; i++) {
         mf_placement p = place_of(pls[i]);
-        int s = mf_placement_flat_start(&p, k);
-        int64_t shards = mf_placement_shards(m, &p);
+        int s = mf_layout_flat_start(&p, k);
+        int64_t shards = mf_layout_shards(m, &p);
         /* replica groups: ranks with coord 0 on every Flat axis pick a group */
         for (int64_t r0 = 0; r0 < m->world; r0++) {
             int64_t c0[MF_MAX_AXES];
-            mf_mesh_coords(m, r0, c0);
+            mf_layout_mesh_coords(m, r0, c0);
             bool leader = true;
             for (int j = s; j < k; j++)
                 leader = leader && c0[j] == 0;
@@ -182,7 +182,7 @@ static void check_mesh(const mf_mesh *m)
                 seen[x] = 0;
             for (int64_t r = 0; r < m->world; r++) {
                 int64_t c[MF_MAX_AXES];
-                mf_mesh_coords(m, r, c);
+                mf_layout_mesh_coords(m, r, c);
                 bool member = true;
                 for (int j = 0; j < s; j++)
                     member = member && c[j] == c0[j];
@@ -205,7 +205,7 @@ static void check_mesh(const mf_mesh *m)
             q.p[s] = MF_PLACE_REPLICATE;
             for (int64_t r = 0; r < m->world; r++) {
                 int64_t c[MF_MAX_AXES];
-                mf_mesh_coords(m, r, c);
+                mf_layout_mesh_coords(m, r, c);
                 mf_range a = mf_layout_range(m, &p, r, L), b = mf_layout_range(m, &q, r, L);
                 assert_int_equal(b.len, a.len * m->axes[s].size);
                 assert_int_equal(a.offset, b.offset + c[s] * a.len);

@@ -101,7 +101,7 @@ static void test_examples_totals(void **state)
         /* and the loader agrees after a round trip */
         size_t len;
         char *yaml = st_emit(s, &len), err[1024];
-        mf_schedule *back = mf_schedule_load_buffer("t.yaml", yaml, len, err, sizeof err);
+        mf_schedule *back = mf_load_schedule_buffer("t.yaml", yaml, len, err, sizeof err);
         if (!back)
             fail_msg("%s: %s", examples[i], err);
         assert_int_equal(back->summary.allocated_bytes, s->summary.allocated_bytes);
@@ -141,7 +141,7 @@ static void drop_each_added_wait(const char *name, const char *text)
         added++;
         size_t len;
         char *yaml = st_emit(s, &len), err[1024];
-        mf_schedule *m = mf_schedule_load_buffer("t.yaml", yaml, len, err, sizeof err);
+        mf_schedule *m = mf_load_schedule_buffer("t.yaml", yaml, len, err, sizeof err);
         free(yaml);
         assert_non_null(m);
         st_drop_op(m, j);
@@ -196,7 +196,7 @@ static void test_shifted_offset_refused(void **state)
     strcpy(edited + pre, repl);
     strcat(edited, off + strlen(find));
     char err[1024];
-    mf_schedule *m = mf_schedule_load_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
+    mf_schedule *m = mf_load_schedule_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
     assert_null(m);
     if (!strstr(err, "layers.2/hfsdp.weight_full") || !strstr(err, "layers.1/hfsdp.weight_full") ||
         !strstr(err, "while both are live"))
@@ -206,7 +206,7 @@ static void test_shifted_offset_refused(void **state)
     memcpy(edited, yaml, pre);
     strcpy(edited + pre, repl);
     strcat(edited, off + strlen(find));
-    m = mf_schedule_load_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
+    m = mf_load_schedule_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
     assert_null(m);
     if (!strstr(err, "lies outside the transient arena"))
         fail_msg("unexpected: %s", err);

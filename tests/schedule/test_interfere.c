@@ -190,7 +190,7 @@ static void check_example(const char *name)
     snprintf(path, sizeof path, "%s/s.yaml", dir);
     char *text = st_read(path, &len), err[1024];
     assert_non_null(text);
-    mf_schedule *s = mf_schedule_load_buffer(path, text, len, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer(path, text, len, err, sizeof err);
     if (!s)
         fail_msg("%s: %s", name, err);
     snprintf(path, sizeof path, "%s/e.yaml", dir);
@@ -263,7 +263,7 @@ static void check_example(const char *name)
     memcpy(edited, text, (size_t)(at - text));
     snprintf(edited + (at - text), strlen(text) + 2 - (size_t)(at - text), "\n  interference_bytes: %lld\n%s",
              (long long)printed - 256, at + strlen(find));
-    mf_schedule *bad = mf_schedule_load_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
+    mf_schedule *bad = mf_load_schedule_buffer("t.yaml", edited, strlen(edited), err, sizeof err);
     assert_null(bad);
     if (!strstr(err, "summary interference_bytes is"))
         fail_msg("%s: unexpected: %s", name, err);

@@ -98,7 +98,7 @@ static void loc(const char *text, const char *needle, int nth, char *buf, size_t
 static void expect_refused(const char *text, const char *mark, int mark_nth, const char *msg)
 {
     char err[1024], where[32], want[1200];
-    mf_schedule *s = mf_schedule_load_buffer("t.yaml", text, strlen(text), err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("t.yaml", text, strlen(text), err, sizeof err);
     if (s)
         fail_msg("loaded, expected: %s", msg);
     if (mark) {
@@ -123,7 +123,7 @@ static void test_roundtrip(void **state)
 {
     (void)state;
     char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer("t.yaml", base, base_len, err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("t.yaml", base, base_len, err, sizeof err);
     if (!s)
         fail_msg("%s", err);
     size_t len;
@@ -149,7 +149,7 @@ static void test_non_canonical_input(void **state)
     char *t1 = replace(base, "microbatches: 2", 1, "microbatches:    2   # a comment");
     char *t2 = replace(t1, "reduce: avg", 1, "\"reduce\": 'avg'");
     char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer("t.yaml", t2, strlen(t2), err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("t.yaml", t2, strlen(t2), err, sizeof err);
     if (!s)
         fail_msg("%s", err);
     size_t len;
@@ -343,7 +343,7 @@ static void test_documents(void **state)
     /* unterminated flow mapping: libyaml's message, located */
     char *cut = replace(base, "event: 0}", 1, "event: 0");
     char err[1024];
-    assert_null(mf_schedule_load_buffer("t.yaml", cut, strlen(cut), err, sizeof err));
+    assert_null(mf_load_schedule_buffer("t.yaml", cut, strlen(cut), err, sizeof err));
     assert_non_null(strstr(err, "t.yaml:"));
     assert_non_null(strstr(err, ": error: invalid YAML: "));
     free(cut);
@@ -358,7 +358,7 @@ static void test_every_truncation(void **state)
     /* No prefix of a schedule loads, and none crashes (run under the sanitizers). */
     char err[256];
     for (size_t n = 0; n + 1 < base_len; n += 7) {
-        mf_schedule *s = mf_schedule_load_buffer("t.yaml", base, n, err, sizeof err);
+        mf_schedule *s = mf_load_schedule_buffer("t.yaml", base, n, err, sizeof err);
         if (s)
             fail_msg("a %zu-byte prefix loaded", n);
         assert_non_null(strstr(err, "error: "));
@@ -369,11 +369,11 @@ static void test_file_errors(void **state)
 {
     (void)state;
     char err[512];
-    assert_null(mf_schedule_load_file("/nonexistent/dir/x.yaml", err, sizeof err));
+    assert_null(mf_load_schedule_file("/nonexistent/dir/x.yaml", err, sizeof err));
     assert_non_null(strstr(err, "/nonexistent/dir/x.yaml: error: cannot open: "));
     /* a tiny error buffer truncates, never overflows */
     char small[12];
-    assert_null(mf_schedule_load_buffer("t.yaml", "x", 1, small, sizeof small));
+    assert_null(mf_load_schedule_buffer("t.yaml", "x", 1, small, sizeof small));
     assert_int_equal(strlen(small), sizeof small - 1);
 }
 

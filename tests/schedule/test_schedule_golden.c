@@ -133,7 +133,7 @@ static void test_goldens_roundtrip(void **state)
         size_t len = 0;
         char *text = st_read(path, &len);
         assert_non_null(text);
-        mf_schedule *s = mf_schedule_load_buffer(path, text, len, err, sizeof err);
+        mf_schedule *s = mf_load_schedule_buffer(path, text, len, err, sizeof err);
         if (!s)
             fail_msg("%s", err);
         char *diag = NULL;

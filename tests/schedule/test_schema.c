@@ -163,7 +163,7 @@ static char *splice(size_t from, size_t to, const char *repl)
 static const char *refusal(const char *text)
 {
     static char err[1024];
-    mf_schedule *s = mf_schedule_load_buffer("t.yaml", text, strlen(text), err, sizeof err);
+    mf_schedule *s = mf_load_schedule_buffer("t.yaml", text, strlen(text), err, sizeof err);
     if (s) {
         mf_schedule_free(s);
         fail_msg("the mutated schedule loaded");

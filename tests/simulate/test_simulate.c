@@ -195,8 +195,8 @@ static void test_two_streams_overlap(void **state)
     assert_close(r.exposed[MF_STREAM_OUTER], db); /* nothing to hide behind */
     assert_close(r.exposed[MF_STREAM_INNER], 0);
     assert_close(r.overlap, da / (da + db));
-    assert_int_equal(r.bytes[0], mf_collective_bytes(MF_OP_ALL_GATHER, 2, 1 << 20, MF_BF16));
-    assert_int_equal(r.bytes[1], mf_collective_bytes(MF_OP_ALL_GATHER, 4, 1 << 20, MF_BF16));
+    assert_int_equal(r.bytes[0], mf_schedule_collective_bytes(MF_OP_ALL_GATHER, 2, 1 << 20, MF_BF16));
+    assert_int_equal(r.bytes[1], mf_schedule_collective_bytes(MF_OP_ALL_GATHER, 4, 1 << 20, MF_BF16));
     check_invariants(&r);
     mf_sim_result_free(&r);
 

@@ -155,7 +155,7 @@ static void test_yaml_round_trip(void **state)
     char *yaml = path_in(scratch, "sim_hfsdp.yaml");
     assert_int_equal(mf_write_file_atomic(yaml, NULL, write_yaml, s), 0);
     char err[512];
-    mf_schedule *l = mf_schedule_load_file(yaml, err, sizeof err);
+    mf_schedule *l = mf_load_schedule_file(yaml, err, sizeof err);
     if (!l)
         fail_msg("%s", err);
     mf_sim_result a, b;

@@ -1,5 +1,5 @@
 /*
- * mf_summary: the per-step totals of a schedule (mf_summary in
+ * mf_schedule_summary: the per-step totals of a schedule (mf_summary in
  * mf_schedule.h), derived from its ops, buffers and microbatch count:
  * collective launches and ring bytes per axis, memory per rank by role, and
  * the arena's lower bounds (core/mf_live.h, core/mf_interfere.h). Its own
@@ -24,7 +24,7 @@ bool mf_schedule_summarize(mf_schedule *s)
         int64_t runs = mf_when_runs_per_step(op->when, op->phase, s->microbatches);
         sum->collectives[op->kind][op->axis] += runs;
         sum->bytes[op->axis] +=
-            runs * mf_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+            runs * mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
     }
     /* Memory per rank by role. Persistent buffers live across steps; step
      * buffers live for the whole step, so they add to the peak in full;
