@@ -41,7 +41,7 @@ int mf_builtin_count(void) { return NTABLE; }
 
 const char *mf_builtin_name(int i) { return i >= 0 && i < NTABLE ? table[i].name : NULL; }
 
-int mf_builtin_find(const char *name)
+int mf_builtin_layouts_find(const char *name)
 {
     for (int i = 0; name && i < NTABLE; i++)
         if (strcmp(table[i].name, name) == 0)
@@ -49,7 +49,7 @@ int mf_builtin_find(const char *name)
     return -1;
 }
 
-bool mf_builtin_fits(int i, int naxes)
+bool mf_builtin_layouts_fits(int i, int naxes)
 {
     return i >= 0 && i < NTABLE && naxes >= table[i].min_axes && naxes <= table[i].max_axes;
 }
@@ -71,9 +71,9 @@ static bool expand(const char *pat, int naxes, mf_placement *out)
     return true;
 }
 
-bool mf_builtin_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT], mf_placement place[MF_ROLE_COUNT])
+bool mf_builtin_layouts_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT], mf_placement place[MF_ROLE_COUNT])
 {
-    if (!mf_builtin_fits(i, naxes))
+    if (!mf_builtin_layouts_fits(i, naxes))
         return false;
     const mf_builtin *b = &table[i];
     dtype[MF_ROLE_WEIGHT] = MF_BF16;

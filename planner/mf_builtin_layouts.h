@@ -24,13 +24,13 @@ int mf_builtin_count(void);
 /* Name of entry i (0 <= i < mf_builtin_count()). */
 const char *mf_builtin_name(int i);
 /* Index of `name`, or -1. */
-int mf_builtin_find(const char *name);
+int mf_builtin_layouts_find(const char *name);
 /* Whether entry i applies to a mesh of naxes axes. */
-bool mf_builtin_fits(int i, int naxes);
+bool mf_builtin_layouts_fits(int i, int naxes);
 /* Mesh ranks entry i applies to, e.g. "2 or 3" (static text). */
 const char *mf_builtin_ranks(int i);
 /* Fills dtypes and placements of entry i on a mesh of naxes axes; false when
  * it does not apply to that rank. */
-bool mf_builtin_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT], mf_placement place[MF_ROLE_COUNT]);
+bool mf_builtin_layouts_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT], mf_placement place[MF_ROLE_COUNT]);
 
 #endif

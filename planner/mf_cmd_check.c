@@ -73,7 +73,7 @@ int mf_cmd_check(int argc, char **argv)
     int status = 0;
     for (int i = first; i < argc; i++) {
         mf_compilation c;
-        int rc = mf_compile_file(argv[i], &opt, &c);
+        int rc = mf_pipeline_compile_file(argv[i], &opt, &c);
         mf_compilation_free(&c);
         if (rc > status)
             status = rc;

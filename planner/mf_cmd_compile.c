@@ -1,7 +1,7 @@
 /*
  * mfsdpc compile SPEC -o OUT.yaml [--no-verify] [cost options]
  *
- * Runs the whole pipeline (mf_compile_file up to MF_STAGE_VERIFY) and writes
+ * Runs the whole pipeline (mf_pipeline_compile_file up to MF_STAGE_VERIFY) and writes
  * the canonical schedule (mf_emit_yaml). The file is written to a temporary
  * next to OUT and renamed (mf_outputs.h): on any error or SIGINT/SIGTERM
  * nothing is written, no temporary is left and an existing OUT is
@@ -98,7 +98,7 @@ int mf_cmd_compile(int argc, char **argv)
         .cost_args = a.cost_args,
     };
     mf_compilation c;
-    rc = mf_compile_file(spec, &opt, &c);
+    rc = mf_pipeline_compile_file(spec, &opt, &c);
     if (rc == 0 && (!c.plan || !c.plan->sched)) {
         fprintf(stderr, "mfsdpc compile: error: internal error: no schedule was produced\n");
         rc = 2;

@@ -52,7 +52,7 @@ static bool mf_diff_is_schedule(const char *path)
     if (mf_diff_ends_with(path, ".yaml") || mf_diff_ends_with(path, ".yml"))
         return true;
     size_t len = 0;
-    char *text = mf_read_file(path, &len);
+    char *text = mf_pipeline_read_file(path, &len);
     bool yes = text && strncmp(text, "format:", 7) == 0;
     free(text);
     return yes;
@@ -74,7 +74,7 @@ static int mf_diff_open(const char *path, char **cost_args, int ncost, mf_diff_i
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .ncost_args = ncost,
                               .cost_args = cost_args};
     in->compiled = true;
-    int rc = mf_compile_file(path, &opt, &in->comp);
+    int rc = mf_pipeline_compile_file(path, &opt, &in->comp);
     if (rc != 0 || !in->comp.plan || !in->comp.plan->sched)
         return 2;
     in->s = in->comp.plan->sched;

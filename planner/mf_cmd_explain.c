@@ -1,7 +1,7 @@
 /*
  * mfsdpc explain SPEC [--format text|yaml] [cost options]
  *
- * Runs the pipeline up to lowering and the buffer assignment (mf_compile_file
+ * Runs the pipeline up to lowering and the buffer assignment (mf_pipeline_compile_file
  * with stop_after = MF_STAGE_LOWER) and prints the plan (mf_explain.h) on stdout.
  * Exit status: 0 success, 1 errors in the spec (diagnostics on stderr),
  * 2 usage errors, unreadable files, malformed cost options, write errors.
@@ -60,7 +60,7 @@ static int explain_parse(int argc, char **argv, mf_cmd_args *a, const char **for
         if (id == OPT_FORMAT)
             *format = v;
         else if (id == OPT_OPTB)
-            rc = mf_parse_optimizer_bytes(a->cmd, v, optb) != 0 ? 2 : 0;
+            rc = mf_plan_mem_parse_optimizer_bytes(a->cmd, v, optb) != 0 ? 2 : 0;
         else
             rc = mf_cmd_args_take(a, &p, id, v);
     }
@@ -86,7 +86,7 @@ int mf_cmd_explain(int argc, char **argv)
      * assignment's (docs/semantics.md §10). */
     mf_compile_options opt = {.stop_after = MF_STAGE_LOWER, .ncost_args = a.ncost, .cost_args = a.cost_args};
     mf_compilation c;
-    rc = mf_compile_file(path, &opt, &c);
+    rc = mf_pipeline_compile_file(path, &opt, &c);
     if (rc == 0) {
         bool yaml = strcmp(format, "yaml") == 0;
         int w = yaml ? mf_explain_yaml(c.plan, stdout) : mf_explain_text(c.plan, stdout);
@@ -94,7 +94,7 @@ int mf_cmd_explain(int argc, char **argv)
             /* the figure plan budgets: the allocated peak above plus the
              * optimizer state (docs/semantics.md §9, docs/plan.md §2) */
             mf_plan_mem mem;
-            mf_sched_mem_of(c.plan->sched, optb, &mem);
+            mf_plan_mem_of(c.plan->sched, optb, &mem);
             mf_plan_mem_print(stdout, &mem, optb);
         }
         if (w != 0) {

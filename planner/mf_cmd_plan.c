@@ -75,10 +75,10 @@ static int parse_options(int argc, char **argv, plan_args *a)
     while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
         int bad = 0;
         switch (id) {
-        case O_MEM: bad = mf_parse_size(CMD, "--memory", v, &a->budget); a->have_budget = true; break;
+        case O_MEM: bad = mf_plan_mem_parse_size(CMD, "--memory", v, &a->budget); a->have_budget = true; break;
         case O_OUT: a->out = v; break;
         case O_SVG: a->svg = v; break;
-        case O_OPTB: bad = mf_parse_optimizer_bytes(CMD, v, &a->optb); break;
+        case O_OPTB: bad = mf_plan_mem_parse_optimizer_bytes(CMD, v, &a->optb); break;
         case O_EXPL: a->explain_choice = true; break;
         case O_EXH: a->exhaustive = true; break;
         case O_HELP: usage(stdout); return 1;
@@ -149,7 +149,7 @@ int mf_cmd_plan(int argc, char **argv)
     }
     const char *input = a.ca.input;
     mf_compile_options copt = {.stop_after = MF_STAGE_SEMA};
-    rc = mf_compile_file(input, &copt, &c);
+    rc = mf_pipeline_compile_file(input, &copt, &c);
     have_c = true;
     if (rc != 0)
         goto done;

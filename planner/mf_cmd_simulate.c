@@ -1,7 +1,7 @@
 /*
  * mf_cmd_simulate: `mfsdpc simulate SPEC|SCHEDULE [options]`.
  *
- * Reads a spec (compiled and verified in memory with mf_compile_file) or a
+ * Reads a spec (compiled and verified in memory with mf_pipeline_compile_file) or a
  * schedule file (mf_load_schedule_file), simulates one step (mf_simulate.c),
  * prints the report, and optionally writes a Chrome trace and an SVG
  * picture, both or neither (mf_outputs.h: a failure or SIGINT/SIGTERM
@@ -164,7 +164,7 @@ static int parse_options(int argc, char **argv, sim_args *a)
         else if (id == OPT_FULL_PATH)
             a->full_path = true;
         else if (id == OPT_OPTB)
-            bad = mf_parse_optimizer_bytes(a->ca.cmd, val, &a->optb) != 0;
+            bad = mf_plan_mem_parse_optimizer_bytes(a->ca.cmd, val, &a->optb) != 0;
         else if (id == MF_OPTS_UNKNOWN) {
             usage(stderr); /* reported */
             return 2;
@@ -239,7 +239,7 @@ static int open_input(const sim_args *a, mf_compilation *comp, bool *have_comp, 
     }
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true,
                               .ncost_args = a->ca.ncost, .cost_args = a->ca.cost_args};
-    int crc = mf_compile_file(input, &opt, comp);
+    int crc = mf_pipeline_compile_file(input, &opt, comp);
     *have_comp = true;
     if (crc != 0 || !comp->plan || !comp->plan->sched)
         return crc ? crc : 1;
@@ -276,12 +276,12 @@ int mf_cmd_simulate(int argc, char **argv)
         goto done;
     }
     print_header(a.ca.input, s, &cfg);
-    mf_sim_report(stdout, s, &res, a.full_path);
+    mf_simulate_report(stdout, s, &res, a.full_path);
     mf_plan_mem mem;
-    mf_sched_mem_of(s, a.optb, &mem);
+    mf_plan_mem_of(s, a.optb, &mem);
     char h1[32];
     printf("memory/rank  peak %s (%lld bytes) allocated = persistent region + arena (docs/semantics.md §10)\n",
-           mf_human_bytes(mem.allocated, h1, sizeof h1), (long long)mem.allocated);
+           mf_plan_stats_human_bytes(mem.allocated, h1, sizeof h1), (long long)mem.allocated);
     mf_plan_mem_print(stdout, &mem, a.optb);
     if (a.compare) {
         mf_sim_config one = cfg;

@@ -57,7 +57,7 @@ static int64_t lcm64(int64_t a, int64_t b)
     return a / gcd64(a, b) * b;
 }
 
-int64_t mf_layout_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
+int64_t mf_layout_pass_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
 {
     int64_t q = 1;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
@@ -68,7 +68,7 @@ int64_t mf_layout_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
     return q;
 }
 
-int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
+int64_t mf_layout_pass_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
 {
     int64_t q = 1;
     if (align < 1)
@@ -81,7 +81,7 @@ int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
     return q;
 }
 
-int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
+int mf_layout_pass_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
 {
     int k = m->naxes, s = k;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
@@ -111,8 +111,8 @@ int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
 static bool pad_quantum(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT], const mf_placement pl[MF_ROLE_COUNT],
                         int64_t align, int64_t *q, int64_t *widest)
 {
-    *q = mf_layout_shard_quantum(dt, align);
-    for (int j = mf_layout_pad_start(m, pl); j < m->naxes; j++)
+    *q = mf_layout_pass_shard_quantum(dt, align);
+    for (int j = mf_layout_pass_pad_start(m, pl); j < m->naxes; j++)
         if (__builtin_mul_overflow(*q, m->axes[j].size, q))
             return false;
     *widest = 1;
@@ -134,7 +134,7 @@ static bool pad_to(int64_t q, int64_t widest, int64_t used, int64_t *length)
     return true;
 }
 
-bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
+bool mf_layout_pass_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
                              const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
                              int64_t *length)
 {
@@ -242,7 +242,7 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
 static int64_t tensor_quantum(layout_state *st, int sig)
 {
     if (st->tq[sig] == 0)
-        st->tq[sig] = mf_layout_tensor_quantum(sig_layout(st, sig)->dtype);
+        st->tq[sig] = mf_layout_pass_tensor_quantum(sig_layout(st, sig)->dtype);
     return st->tq[sig];
 }
 
@@ -502,7 +502,7 @@ static bool canonical_of(mf_plan *p, int *canon)
     return true;
 }
 
-bool mf_layout_run(mf_plan *p, mf_diag *d)
+bool mf_layout_pass_run(mf_plan *p, mf_diag *d)
 {
     const mf_spec *spec = p->spec;
     layout_state st = {.spec = spec, .d = d, .quiet = p->quiet};

@@ -3,7 +3,7 @@
  *
  *   mf_parse          grammar/   text      -> AST
  *   mf_sema_run       mf_sema.c  AST       -> resolved spec   (all docs/language.md §4 rules)
- *   mf_layout_run     mf_layout_pass.c     -> units, buckets   (docs/semantics.md §3)
+ *   mf_layout_pass_run     mf_layout_pass.c     -> units, buckets   (docs/semantics.md §3)
  *   mf_transition_run mf_transition.c      -> T1..T4 steps     (docs/semantics.md §4; the rules
  *                                          of T1..T4: mf_trans_rules.h)
  *   mf_lower_run      mf_lower.c           -> buffers, ops, events
@@ -29,7 +29,7 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a);
 
 /* mf_plan_new, mf_plan_free: mf_plan.h. */
 
-bool mf_layout_run(mf_plan *p, mf_diag *d);
+bool mf_layout_pass_run(mf_plan *p, mf_diag *d);
 bool mf_transition_run(mf_plan *p, mf_diag *d);
 bool mf_lower_run(mf_plan *p, mf_diag *d);
 /* The lowering's last step, which mf_lower_run runs unless p->lazy_summary:

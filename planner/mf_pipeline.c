@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-char *mf_read_file(const char *path, size_t *len)
+char *mf_pipeline_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -67,7 +67,7 @@ static bool same_file(const char *a, const char *b)
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int mf_write_file_atomic(const char *path, const char *protect,
+int mf_pipeline_write_file_atomic(const char *path, const char *protect,
                          int (*write)(FILE *out, const void *ctx), const void *ctx)
 {
     if (protect && same_file(path, protect)) {
@@ -166,7 +166,7 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         return 2;
     }
-    if (!mf_layout_run(c->plan, d) || opt->stop_after == MF_STAGE_LAYOUT)
+    if (!mf_layout_pass_run(c->plan, d) || opt->stop_after == MF_STAGE_LAYOUT)
         return mf_diag_errors(d) ? 1 : 0;
     if (!mf_transition_run(c->plan, d) || opt->stop_after == MF_STAGE_TRANSITIONS)
         return mf_diag_errors(d) ? 1 : 0;
@@ -189,7 +189,7 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
     return 0;
 }
 
-int mf_compile_buffer(const char *path, const char *text, size_t len,
+int mf_pipeline_compile_buffer(const char *path, const char *text, size_t len,
                       const mf_compile_options *opt, mf_compilation *c)
 {
     memset(c, 0, sizeof *c);
@@ -207,17 +207,17 @@ int mf_compile_buffer(const char *path, const char *text, size_t len,
     return rc;
 }
 
-int mf_compile_file(const char *path, const mf_compile_options *opt, mf_compilation *c)
+int mf_pipeline_compile_file(const char *path, const mf_compile_options *opt, mf_compilation *c)
 {
     size_t len = 0;
-    char *text = mf_read_file(path, &len);
+    char *text = mf_pipeline_read_file(path, &len);
     if (!text) {
         memset(c, 0, sizeof *c);
         fprintf(opt->diag_out ? opt->diag_out : stderr, "mfsdpc: error: cannot read '%s': %s\n",
                 path, strerror(errno));
         return 2;
     }
-    int rc = mf_compile_buffer(path, text, len, opt, c);
+    int rc = mf_pipeline_compile_buffer(path, text, len, opt, c);
     c->text = text;
     return rc;
 }

@@ -41,14 +41,14 @@ typedef struct mf_compile_options {
  * malformed (message printed). c must be released with mf_compilation_free()
  * whatever the result.
  */
-int mf_compile_file(const char *path, const mf_compile_options *opt, mf_compilation *c);
+int mf_pipeline_compile_file(const char *path, const mf_compile_options *opt, mf_compilation *c);
 /* Same, from a buffer (for tests and fuzzers); path is only for messages. */
-int mf_compile_buffer(const char *path, const char *text, size_t len,
+int mf_pipeline_compile_buffer(const char *path, const char *text, size_t len,
                       const mf_compile_options *opt, mf_compilation *c);
 void mf_compilation_free(mf_compilation *c);
 
 /* Reads a whole file; returns owned NUL-terminated text or NULL (errno set). */
-char *mf_read_file(const char *path, size_t *len);
+char *mf_pipeline_read_file(const char *path, size_t *len);
 
 /*
  * Writes a file atomically: `write` is called with a temporary file in the
@@ -57,7 +57,7 @@ char *mf_read_file(const char *path, size_t *len);
  * is untouched. Refuses to write over `protect` (the input) when non-NULL.
  * Returns 0, or -1 with a message on stderr.
  */
-int mf_write_file_atomic(const char *path, const char *protect,
+int mf_pipeline_write_file_atomic(const char *path, const char *protect,
                          int (*write)(FILE *out, const void *ctx), const void *ctx);
 
 #endif

@@ -51,10 +51,10 @@ typedef struct mf_transition {
  * dtypes, placements and padded length and the schedule's alignment (the
  * mesh and cost model must be the same for every plan that shares one:
  * the plan search's candidates). Owned by whoever created it
- * (mf_trans_cache_new/free, mf_transition.c); steps live in its arena. */
+ * (mf_transition_cache_new/free, mf_transition.c); steps live in its arena. */
 typedef struct mf_trans_cache mf_trans_cache;
-mf_trans_cache *mf_trans_cache_new(void);
-void mf_trans_cache_free(mf_trans_cache *c);
+mf_trans_cache *mf_transition_cache_new(void);
+void mf_transition_cache_free(mf_trans_cache *c);
 
 typedef struct mf_plan {
     mf_arena *arena;

@@ -57,7 +57,7 @@ static bool all_rep(const mf_placement *p, int naxes)
 }
 
 /* Lower bounds of moving n elements once from e's source A to its target B
- * (mf_trans_endpoints: the placements and dtypes of a transition): per axis
+ * (mf_trans_rules_endpoints: the placements and dtypes of a transition): per axis
  * the bytes per rank (bytes[j]) and the fixed seconds (fixed[j]: launch and
  * ring latency) of the collective that axis needs. Adds runs x them. */
 static void move_lb(const mf_plan_search *ps, const mf_trans_ends *e, double n, double runs, double *bytes,
@@ -276,7 +276,7 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
         mf_trans_ends e[MF_NTRANSITIONS];
         double tb[MF_NTRANSITIONS][MF_MAX_AXES] = {{0}}, tf[MF_NTRANSITIONS][MF_MAX_AXES] = {{0}};
         for (int t = 0; t < MF_NTRANSITIONS; t++) {
-            e[t] = mf_trans_endpoints(t, l->place, l->dtype, m->naxes);
+            e[t] = mf_trans_rules_endpoints(t, l->place, l->dtype, m->naxes);
             if (t != MF_T2 || wsh)
                 move_lb(ps, &e[t], n, 1, tb[t], tf[t]);
         }

@@ -14,7 +14,7 @@
 #include "mf_plan_stats.h"
 
 
-int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes)
+int64_t mf_plan_mem_optimizer_bytes(const mf_schedule *s, int64_t optimizer_bytes)
 {
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
@@ -24,17 +24,17 @@ int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes)
     return mf_sat_mul(elems, optimizer_bytes);
 }
 
-void mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
+void mf_plan_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
 {
     memset(out, 0, sizeof *out);
     out->persistent = s->mem_persistent;
     out->arena = s->mem_transient;
     out->allocated = mf_sat_add(s->mem_persistent, s->mem_transient);
-    out->optimizer = mf_optimizer_bytes_of(s, optimizer_bytes);
+    out->optimizer = mf_plan_mem_optimizer_bytes(s, optimizer_bytes);
     out->peak = mf_sat_add(out->allocated, out->optimizer);
 }
 
-int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
+int mf_plan_mem_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
 {
     char *end = NULL;
     errno = 0;
@@ -48,7 +48,7 @@ int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
     return 0;
 }
 
-int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
+int mf_plan_mem_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out)
 {
     static const struct { const char *suf; double mult; } sufs[] = {
         {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
@@ -73,6 +73,6 @@ void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
     char h1[32], h2[32], h3[32];
     fprintf(out, "plan/rank    %s (%lld bytes) = allocated %s (%lld bytes) + optimizer state %s (%lld bytes per "
                  "main_weight element held): what `mfsdpc plan` budgets\n",
-            mf_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_human_bytes(m->allocated, h2, sizeof h2),
-            (long long)m->allocated, mf_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
+            mf_plan_stats_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_plan_stats_human_bytes(m->allocated, h2, sizeof h2),
+            (long long)m->allocated, mf_plan_stats_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
 }

@@ -30,20 +30,20 @@ typedef struct mf_plan_mem {
 /* Memory of a schedule after the buffer assignment (compiled through
  * mf_assign_run, or read from a file): its allocated bytes plus the
  * optimizer state. Borrows s. Sums saturate. */
-void mf_sched_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out);
+void mf_plan_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out);
 
 /* The optimizer state alone: optimizer_bytes per main_weight element held
  * (per bucket, length / main_weight's shards). Saturates. */
-int64_t mf_optimizer_bytes_of(const mf_schedule *s, int64_t optimizer_bytes);
+int64_t mf_plan_mem_optimizer_bytes(const mf_schedule *s, int64_t optimizer_bytes);
 
 /* Parses "--optimizer-bytes" values: an integer 0..1024. Returns 0, or -1
  * with "CMD: error: ..." on stderr. */
-int mf_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out);
+int mf_plan_mem_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out);
 
 /* Parses a byte size with an optional suffix B, KiB, MiB, GiB, TiB (also KB,
  * MB, GB, TB as powers of ten), e.g. "80GiB". Returns 0, or -1 with a message
  * naming `opt` on stderr. */
-int mf_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out);
+int mf_plan_mem_parse_size(const char *cmd, const char *opt, const char *v, int64_t *out);
 
 /* Writes the line with the figure `mfsdpc plan` budgets (allocated +
  * optimizer state), shared by explain and simulate. */

@@ -9,10 +9,10 @@
 #include "mf_pipeline.h"
 #include "mf_plan_stats.h"
 
-/* Bytes with a binary unit and two decimals (mf_human_bytes_digits). */
+/* Bytes with a binary unit and two decimals (mf_plan_stats_human_bytes_digits). */
 static const char *gib(int64_t bytes, char *buf, size_t n)
 {
-    return mf_human_bytes_digits(bytes, 2, buf, n);
+    return mf_plan_stats_human_bytes_digits(bytes, 2, buf, n);
 }
 
 void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)
@@ -163,11 +163,11 @@ int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text
     mf_plan_mem mem;
     char err[256];
     int rc = 1;
-    if (mf_compile_buffer(path, text, strlen(text), &opt, &c) != 0 || !c.plan || !c.plan->sched) {
+    if (mf_pipeline_compile_buffer(path, text, strlen(text), &opt, &c) != 0 || !c.plan || !c.plan->sched) {
         fprintf(stderr, "mfsdpc plan: internal error: the chosen spec does not compile\n");
         goto done;
     }
-    mf_sched_mem_of(c.plan->sched, ps->opt.optimizer_bytes, &mem);
+    mf_plan_mem_of(c.plan->sched, ps->opt.optimizer_bytes, &mem);
     if (mf_simulate(c.plan->sched, &ps->opt.sim, &res, err, sizeof err) != 0) {
         fprintf(stderr, "mfsdpc plan: internal error: the chosen spec cannot be simulated\n");
         goto done;

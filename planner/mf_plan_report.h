@@ -20,7 +20,7 @@ int mf_plan_explain_choice(mf_plan_search *ps, const mf_ps_point *chosen, int64_
 int mf_plan_infeasible(const mf_plan_search *ps, int64_t budget);
 
 /* Compiles and verifies `text` (the spec to be written) as `compile` does,
- * computes its peak (mf_sched_mem_of) and step time (mf_simulate) with the
+ * computes its peak (mf_plan_mem_of) and step time (mf_simulate) with the
  * search's options, prints them, and checks they equal pt's. 0 when they do;
  * 1 (message printed) otherwise. */
 int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text, const mf_ps_point *pt);

@@ -67,7 +67,7 @@ static int build_layouts(mf_plan_search *ps, int *search, int *nsearch)
     *nsearch = 0;
     for (int i = 0; i < mf_builtin_count(); i++) {
         mf_spec_layout l = {.name = mf_builtin_name(i)};
-        if (!mf_builtin_resolve(i, naxes, l.dtype, l.place))
+        if (!mf_builtin_layouts_resolve(i, naxes, l.dtype, l.place))
             continue;
         int idx = -1;
         bool shadowed = false, dup = false;
@@ -129,7 +129,7 @@ static int build_groups(mf_plan_search *ps, const mf_ast *ast, const int *search
         }
         for (int k = 0; k < nsearch; k++) {
             const mf_spec_layout *l = &ps->spec.layouts[search[k]];
-            int bi = mf_builtin_find(l->name);
+            int bi = mf_builtin_layouts_find(l->name);
             if (gr->reshard_set || !weight_sharded(l, naxes)) {
                 gr->choices[gr->nchoices++] = (mf_ps_choice){search[k], bi, su->reshard_after_forward};
             } else {
@@ -251,7 +251,7 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     }
     ps->ncandidates = n;
     mf_vec_init(&ps->memo, sizeof(ps_memo));
-    ps->tcache = mf_trans_cache_new();
+    ps->tcache = mf_transition_cache_new();
     ps->layout_canon = malloc((size_t)(ps->spec.nlayouts + 1) * sizeof *ps->layout_canon);
     if (!ps->tcache || !ps->layout_canon || mf_ps_bounds_prepare(ps) != 0)
         goto oom;
@@ -289,7 +289,7 @@ void mf_ps_free(mf_plan_search *ps)
     free(ps->lb_items);
     if (ps->sink)
         fclose(ps->sink);
-    mf_trans_cache_free(ps->tcache);
+    mf_transition_cache_free(ps->tcache);
     mf_vec_free(&ps->memo);
     mf_hash_free(&ps->memo_index);
     free(ps->memo_key);
@@ -358,7 +358,7 @@ static int compute_times(mf_plan_search *ps)
     int rc = -1;
     if (!p)
         goto oom;
-    if (!mf_layout_run(p, &d)) {
+    if (!mf_layout_pass_run(p, &d)) {
         snprintf(ps->err, sizeof ps->err, "internal error: a candidate does not compile");
         goto done;
     }
@@ -368,7 +368,7 @@ static int compute_times(mf_plan_search *ps)
     if (!ps->fwd || !ps->bwd)
         goto oom;
     for (int u = 0; u < U; u++)
-        mf_sim_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
+        mf_simulate_unit_times(p->sched, &ps->opt.sim, u, &ps->fwd[u], &ps->bwd[u]);
     ps->compute_time = 0;
     for (int64_t m = 0; m < p->sched->microbatches; m++) {
         for (int u = 0; u < U; u++)
@@ -513,7 +513,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
     }
     /* the peak: what the runtime allocates plus the optimizer state, by the
        function explain and simulate call (mf_plan_mem.h) */
-    mf_sched_mem_of(p->sched, ps->opt.optimizer_bytes, &pt->mem);
+    mf_plan_mem_of(p->sched, ps->opt.optimizer_bytes, &pt->mem);
     if (cand) {
         mf_sim_config quick = *cfg;
         quick.time_only = true;
@@ -605,7 +605,7 @@ static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const i
         if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
             items[b].t3_after += (double)bm.grad_local;
     }
-    double opt = (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes);
+    double opt = (double)mf_plan_mem_optimizer_bytes(s, ps->opt.optimizer_bytes);
     for (int i = 0; i < n; i++)
         out[i] = (pers + mf_ps_arena_bound(s->nunits, prefetch[i], items, s->nbuckets, scratch) + opt) *
                  (1 - 1e-9);
@@ -629,7 +629,7 @@ static double live_mem_bound(const mf_plan_search *ps, const mf_schedule *s, mf_
     if (*live < 0)
         return -1;
     return ((double)mf_assign_persistent_bytes(s) + (double)*live +
-            (double)mf_optimizer_bytes_of(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
+            (double)mf_plan_mem_optimizer_bytes(s, ps->opt.optimizer_bytes)) * (1 - 1e-9);
 }
 
 /* Runs the transition pass (unless it ran) and the lowering on a plan laid
@@ -755,7 +755,7 @@ static int eval_lowered_bounds(ps_eval *e, double lb_time)
     e->interference = x.bytes;
     mf_interfere_free(&x);
     double ib = ((double)mf_assign_persistent_bytes(e->p->sched) + (double)e->interference +
-                 (double)mf_optimizer_bytes_of(e->p->sched, e->ps->opt.optimizer_bytes)) * (1 - 1e-9);
+                 (double)mf_plan_mem_optimizer_bytes(e->p->sched, e->ps->opt.optimizer_bytes)) * (1 - 1e-9);
     return eval_raise_mem_bound(e, ib, tb);
 }
 
@@ -789,7 +789,7 @@ static int eval_steps(ps_eval *e, double lb_time, const double *planned, mf_ps_p
 {
     if (!e->p)
         return EV_OOM;
-    if (!mf_layout_run(e->p, &e->d))
+    if (!mf_layout_pass_run(e->p, &e->d))
         return EV_BROKEN;
     if (!(e->m = memo_of(e->ps, e->p->sched)))
         return EV_OOM;
@@ -998,7 +998,7 @@ static int group_bounds(mf_plan_search *ps, int64_t lg, int *choice, ps_group_bo
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
     }
-    if (!mf_layout_run(p, &d)) {
+    if (!mf_layout_pass_run(p, &d)) {
         snprintf(ps->err, sizeof ps->err,
                  "internal error: a candidate (bucket_size %lld) does not compile", (long long)bucket);
         goto done;

@@ -13,7 +13,7 @@
  * declaration order, the last fastest (mixed radix).
  *
  * A candidate's figures come from the compiler's own code: the layout,
- * transition, lowering and buffer assignment passes and mf_sched_mem_of
+ * transition, lowering and buffer assignment passes and mf_plan_mem_of
  * (peak memory per rank: allocated bytes + optimizer state), and
  * mf_simulate (step time, bytes per axis, overlap) -- exactly what
  * `explain` and `simulate` print for the spec the planner writes.
@@ -112,7 +112,7 @@ typedef struct mf_plan_search {
     int64_t sim_pruned;     /* candidates dominated by their exact memory and the step time
                                simulated before the buffer assignment (a lower bound) */
     double compute_time;    /* seconds, the same for every candidate */
-    double *fwd, *bwd;      /* per unit compute seconds (mf_sim_unit_times of the first
+    double *fwd, *bwd;      /* per unit compute seconds (mf_simulate_unit_times of the first
                                candidate; they depend on the tensors only) */
     double *lb_scratch;     /* 7 x nunits, for mf_ps_lower_bounds */
     const double **lb_fifo_of; /* nunits, for mf_ps_lower_bounds */

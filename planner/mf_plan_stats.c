@@ -99,7 +99,7 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
     return true;
 }
 
-int64_t mf_transition_runs(const mf_plan *p, int b, int t)
+int64_t mf_plan_stats_transition_runs(const mf_plan *p, int b, int t)
 {
     const mf_schedule *s = p->sched;
     if (!p->trans || p->trans[b][t].nsteps == 0)
@@ -121,7 +121,7 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
     for (int b = 0; p->trans && b < s->nbuckets; b++)
         for (int t = 0; t < MF_NTRANSITIONS; t++) {
             const mf_transition *tr = &p->trans[b][t];
-            int64_t runs = mf_transition_runs(p, b, t);
+            int64_t runs = mf_plan_stats_transition_runs(p, b, t);
             for (int i = 0; i < tr->nsteps; i++) {
                 const mf_step *st = &tr->steps[i];
                 if (!mf_opkind_is_collective(st->kind) || st->axis < 0 || st->axis >= s->mesh.naxes)
@@ -138,7 +138,7 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out)
     return true;
 }
 
-char *mf_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size)
+char *mf_plan_stats_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)bytes;
@@ -154,7 +154,7 @@ char *mf_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size)
     return buf;
 }
 
-char *mf_human_bytes(int64_t bytes, char *buf, size_t size)
+char *mf_plan_stats_human_bytes(int64_t bytes, char *buf, size_t size)
 {
-    return mf_human_bytes_digits(bytes, 1, buf, size);
+    return mf_plan_stats_human_bytes_digits(bytes, 1, buf, size);
 }

@@ -48,11 +48,11 @@
 
 /* ---- layout quanta (computed by the layout pass, reused by transitions) ---- */
 
-int64_t mf_layout_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT]);
-int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align);
-int mf_layout_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT]);
+int64_t mf_layout_pass_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT]);
+int64_t mf_layout_pass_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align);
+int mf_layout_pass_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT]);
 /* The padded length for `used` elements; false when it does not fit 63 bits. */
-bool mf_layout_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
+bool mf_layout_pass_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
                              const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
                              int64_t *length);
 
@@ -89,7 +89,7 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out);
 /* ---- per-step totals ---- */
 
 /* Launches per step of transition t of bucket b (0 when it has no steps). */
-int64_t mf_transition_runs(const mf_plan *p, int b, int t);
+int64_t mf_plan_stats_transition_runs(const mf_plan *p, int b, int t);
 
 /* Collectives per step by kind and axis, bytes per rank per step by axis, and
  * persistent / model bytes per rank by role, in the shape of the compiled
@@ -99,8 +99,8 @@ bool mf_plan_totals(const mf_plan *p, mf_summary *out);
 
 /* "1.5 MiB"-style rendering of a byte count (whole bytes below 1 KiB), for
  * explain's and plan's reports. Returns buf. */
-char *mf_human_bytes(int64_t bytes, char *buf, size_t size);
+char *mf_plan_stats_human_bytes(int64_t bytes, char *buf, size_t size);
 /* The same with `digits` decimals ("9.85 GiB" with 2; plan's table). */
-char *mf_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size);
+char *mf_plan_stats_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size);
 
 #endif

@@ -343,7 +343,7 @@ static void check_settings(mf_sema *s)
 
 /* ---- layouts ---- */
 
-/* Where a legality violation (mf_trans_check_layout) points: the placement
+/* Where a legality violation (mf_trans_rules_check_layout) points: the placement
  * entry of its role and axis, or the role's whole placement list for the
  * suffix rule; the note at the other role's entry. */
 typedef struct mf_sema_illegal_ctx {
@@ -504,7 +504,7 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
 
     /* Only grad Partial, the suffix rule, every transition's moves legal. */
     mf_sema_illegal_ctx ic = {s, entry, seen};
-    if (mf_trans_check_layout(&s->spec->mesh, out->place, what, sema_illegal, &ic) != 0)
+    if (mf_trans_rules_check_layout(&s->spec->mesh, out->place, what, sema_illegal, &ic) != 0)
         return false;
     return mf_diag_errors(s->d) == before;
 }
@@ -559,12 +559,12 @@ static void check_named_layouts(mf_sema *s)
  * fit the mesh (reported). */
 static int builtin_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
 {
-    int b = mf_builtin_find(ref->text);
+    int b = mf_builtin_layouts_find(ref->text);
     if (b < 0)
         return -1;
     const mf_mesh *mesh = &s->spec->mesh;
     mf_spec_layout out = {0};
-    if (!s->have_mesh || !mf_builtin_resolve(b, mesh->naxes, out.dtype, out.place)) {
+    if (!s->have_mesh || !mf_builtin_layouts_resolve(b, mesh->naxes, out.dtype, out.place)) {
         if (s->have_mesh)
             mf_diag_error(s->d, ref->span,
                           "built-in layout '%s' for %s needs a mesh of %s axes, but the mesh has %d; declare "
@@ -1103,8 +1103,8 @@ static void expand_unit(mf_sema *s, const mf_sema_unit_t *ut)
  * every later check still has a legal layout to work on. */
 static int auto_layout(mf_sema *s, const mf_ast_name *ref)
 {
-    mf_ast_name placeholder = {mf_builtin_name(mf_builtin_find("zero3")), ref->span};
-    if (s->have_mesh && !mf_builtin_fits(mf_builtin_find("zero3"), s->spec->mesh.naxes)) {
+    mf_ast_name placeholder = {mf_builtin_name(mf_builtin_layouts_find("zero3")), ref->span};
+    if (s->have_mesh && !mf_builtin_layouts_fits(mf_builtin_layouts_find("zero3"), s->spec->mesh.naxes)) {
         mf_diag_error(s->d, ref->span,
                       "'layout auto' chooses among the built-in layouts, which are defined for meshes of 1 to 3 "
                       "axes; the mesh has %d, so name a declared layout instead",

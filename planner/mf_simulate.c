@@ -83,7 +83,7 @@ static void times_from_params(const mf_sim_config *cfg, int64_t params, double *
     *bwd = total * 2.0 / 3.0;
 }
 
-void mf_sim_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
+void mf_simulate_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
                        double *bwd)
 {
     if (cfg->fwd_time && cfg->bwd_time) {
@@ -541,7 +541,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     for (int k = 0; k < MF_STREAM_COUNT; k++)
         st.stream_last[k] = -1;
     for (int u = 0; u < s->nunits; u++) {
-        mf_sim_unit_times(s, cfg, u, &st.fwd[u], &st.bwd[u]);
+        mf_simulate_unit_times(s, cfg, u, &st.fwd[u], &st.bwd[u]);
         if (!(st.fwd[u] >= 0) || !(st.bwd[u] >= 0) || !isfinite(st.fwd[u] + st.bwd[u])) {
             mf_diag_errf(err, errlen, "unit %s: compute time is not a finite non-negative number",
                     s->units[u].name);
@@ -624,7 +624,7 @@ static const char *fmt_bytes(int64_t b, char *buf, size_t size)
     return buf;
 }
 
-void mf_sim_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool full_path)
+void mf_simulate_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool full_path)
 {
     char a[32], b[32], c[32], la[96], lb[96];
     fprintf(out, "step time          %s\n", fmt_time(r->step_time, a, sizeof a));

@@ -136,7 +136,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
 void mf_sim_result_free(mf_sim_result *r);
 
 /* Seconds of compute of unit u per microbatch: forward and backward. */
-void mf_sim_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
+void mf_simulate_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
                        double *bwd);
 
 /* Short label of an item, e.g. "all_gather layers.3" or "fwd layers.3"; writes
@@ -145,7 +145,7 @@ char *mf_sim_item_label(const mf_schedule *s, const mf_sim_item *it, char *buf, 
 
 /* Writes the human-readable report (step time, per-stream busy/exposed,
  * overlap, bytes, critical path) to out. */
-void mf_sim_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool full_path);
+void mf_simulate_report(FILE *out, const mf_schedule *s, const mf_sim_result *r, bool full_path);
 
 /* mf_trace.c: Chrome trace JSON (Perfetto). Returns 0, or -1 on a write error. */
 int mf_trace_write(FILE *out, const mf_schedule *s, const mf_sim_result *r);

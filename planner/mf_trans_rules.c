@@ -29,7 +29,7 @@ static mf_placement mf_trans_end(int fixed, const mf_placement *role, int naxes)
     return p;
 }
 
-mf_trans_ends mf_trans_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
+mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
                                  int naxes)
 {
     const mf_trans_rule *tr = &mf_trans_rules[t];
@@ -41,12 +41,12 @@ mf_trans_ends mf_trans_endpoints(int t, const mf_placement place[MF_ROLE_COUNT],
     return e;
 }
 
-bool mf_trans_move_ok(int t, mf_place a, mf_place b)
+bool mf_trans_rules_move_ok(int t, mf_place a, mf_place b)
 {
     return (mf_trans_rules[t].moves >> (a * MF_PLACE_COUNT + b)) & 1u;
 }
 
-bool mf_trans_op_ok(int t, mf_opkind k)
+bool mf_trans_rules_op_ok(int t, mf_opkind k)
 {
     return (mf_trans_rules[t].ops >> k) & 1u;
 }
@@ -144,9 +144,9 @@ static void mf_trans_report_move(const mf_mesh *mesh, int t, int j, int from, in
     const char *to_ok[MF_PLACE_COUNT], *from_ok[MF_PLACE_COUNT];
     size_t nto = 0, nfrom = 0;
     for (int p = 0; p < MF_PLACE_COUNT; p++) {
-        if (mf_trans_move_ok(t, (mf_place)from, (mf_place)p) && !(tr->to_role != MF_ROLE_GRAD && p == MF_PLACE_PARTIAL))
+        if (mf_trans_rules_move_ok(t, (mf_place)from, (mf_place)p) && !(tr->to_role != MF_ROLE_GRAD && p == MF_PLACE_PARTIAL))
             to_ok[nto++] = mf_place_name((mf_place)p);
-        if (mf_trans_move_ok(t, (mf_place)p, (mf_place)to))
+        if (mf_trans_rules_move_ok(t, (mf_place)p, (mf_place)to))
             from_ok[nfrom++] = mf_place_name((mf_place)p);
     }
     char fix[256] = "", a[96], b[96], msg[768], note[256];
@@ -166,7 +166,7 @@ static void mf_trans_report_move(const mf_mesh *mesh, int t, int j, int from, in
                     from_role && to_role ? tr->from_role : MF_ROLE_COUNT, note);
 }
 
-int mf_trans_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
+int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
                           mf_illegal_fn report, void *ctx)
 {
     int n = mf_trans_check_partial(mesh, place, what, report, ctx);
@@ -174,10 +174,10 @@ int mf_trans_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_
     if (n)
         return n;
     for (int t = 0; t < MF_NTRANSITIONS; t++) {
-        mf_trans_ends e = mf_trans_endpoints(t, place, NULL, mesh->naxes);
+        mf_trans_ends e = mf_trans_rules_endpoints(t, place, NULL, mesh->naxes);
         for (int j = 0; j < mesh->naxes; j++) {
             int from = e.from.p[j], to = e.to.p[j];
-            if (mf_trans_move_ok(t, (mf_place)from, (mf_place)to))
+            if (mf_trans_rules_move_ok(t, (mf_place)from, (mf_place)to))
                 continue;
             mf_trans_report_move(mesh, t, j, from, to, what, report, ctx);
             n++;

@@ -93,13 +93,13 @@ typedef struct mf_trans_ends {
     mf_dtype from_dtype, to_dtype;
 } mf_trans_ends;
 
-mf_trans_ends mf_trans_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
+mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
                                  int naxes);
 
 /* May transition t go from placement a to b on one axis? */
-bool mf_trans_move_ok(int t, mf_place a, mf_place b);
+bool mf_trans_rules_move_ok(int t, mf_place a, mf_place b);
 /* May transition t's compositions use op kind k? */
-bool mf_trans_op_ok(int t, mf_opkind k);
+bool mf_trans_rules_op_ok(int t, mf_opkind k);
 
 /* A rule a layout's placements break. */
 typedef enum { MF_ILLEGAL_PARTIAL, MF_ILLEGAL_SUFFIX, MF_ILLEGAL_MOVE } mf_illegal_kind;
@@ -123,7 +123,7 @@ typedef void (*mf_illegal_fn)(void *ctx, const mf_illegal *v);
  * hold, on every axis every transition makes a move of its `moves`.
  * Reports every violation in that order; returns how many.
  */
-int mf_trans_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
+int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
                           mf_illegal_fn report, void *ctx);
 
 #endif

@@ -108,7 +108,7 @@ static bool makes_progress(mf_opkind k, mf_place target)
 static bool move_ok(int t, const mf_placement *st, const mf_placement *to, int k, move mv)
 {
     mf_placement next;
-    return mf_opkind_on_axis(mv.kind) && mf_trans_op_ok(t, mv.kind) && mf_struct_move(mv.kind, mv.axis, k, st, &next) &&
+    return mf_opkind_on_axis(mv.kind) && mf_trans_rules_op_ok(t, mv.kind) && mf_struct_move(mv.kind, mv.axis, k, st, &next) &&
            makes_progress(mv.kind, (mf_place)to->p[mv.axis]);
 }
 
@@ -277,7 +277,7 @@ static int bucket_spec_layout(const mf_plan *p, const mf_bucket *b)
     return -1;
 }
 
-/* The first violation mf_trans_check_layout reports. */
+/* The first violation mf_trans_rules_check_layout reports. */
 typedef struct first_illegal {
     bool found;
     mf_role role, note_role;
@@ -296,7 +296,7 @@ static void keep_first(void *ctx, const mf_illegal *v)
 }
 
 /* Reports the first legality violation of the bucket's placements (the
- * semantic pass's rule, mf_trans_check_layout: a spec that came through it
+ * semantic pass's rule, mf_trans_rules_check_layout: a spec that came through it
  * has none); returns true when one was found. Diagnoses each spec layout
  * once. */
 static bool check_legal(trans_state *ts, int bi)
@@ -315,7 +315,7 @@ static bool check_legal(trans_state *ts, int bi)
     if (!f.found) {
         char what[160];
         snprintf(what, sizeof what, "layout '%s'", l >= 0 ? p->spec->layouts[l].name : b->layout);
-        mf_trans_check_layout(m, b->place, what, keep_first, &f);
+        mf_trans_rules_check_layout(m, b->place, what, keep_first, &f);
     }
     if (!f.found)
         return false;
@@ -547,9 +547,9 @@ static bool build(trans_state *ts, int bi, int t, bool *oom)
 {
     mf_plan *p = ts->p;
     const mf_bucket *b = &p->sched->buckets[bi];
-    bucket_ctx bc = {&p->sched->mesh, b, mf_layout_shard_quantum(b->dtype, p->sched->align)};
+    bucket_ctx bc = {&p->sched->mesh, b, mf_layout_pass_shard_quantum(b->dtype, p->sched->align)};
     mf_transition *tr = &p->trans[bi][t];
-    mf_trans_ends e = mf_trans_endpoints(t, b->place, b->dtype, p->sched->mesh.naxes);
+    mf_trans_ends e = mf_trans_rules_endpoints(t, b->place, b->dtype, p->sched->mesh.naxes);
     tr->id = t + 1;
     tr->when = mf_trans_rules[t].when;
     tr->from = e.from;
@@ -592,7 +592,7 @@ struct mf_trans_cache {
     mf_arena *arena;        /* their steps */
 };
 
-mf_trans_cache *mf_trans_cache_new(void)
+mf_trans_cache *mf_transition_cache_new(void)
 {
     mf_trans_cache *c = calloc(1, sizeof *c);
     if (!c)
@@ -606,7 +606,7 @@ mf_trans_cache *mf_trans_cache_new(void)
     return c;
 }
 
-void mf_trans_cache_free(mf_trans_cache *c)
+void mf_transition_cache_free(mf_trans_cache *c)
 {
     if (!c)
         return;

@@ -170,7 +170,7 @@ static int cmd_time(shape sh, long long ntensors, const char *stage)
     mf_compilation c;
     double c0 = cpu_seconds();
     double t0 = now();
-    int rc = mf_compile_buffer("synthetic.mfsdp", text, len, &opt, &c);
+    int rc = mf_pipeline_compile_buffer("synthetic.mfsdp", text, len, &opt, &c);
     double t1 = now(), t2 = t1;
     long long nops = 0, nbuckets = 0;
     if (rc == 0 && full && c.plan && c.plan->sched) {
@@ -243,7 +243,7 @@ static int cmd_quality(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true};
         mf_compilation c;
-        int rc = mf_compile_file(argv[i], &opt, &c);
+        int rc = mf_pipeline_compile_file(argv[i], &opt, &c);
         if (rc != 0 || !c.plan || !c.plan->sched) {
             printf("%-34s compile failed (%d)\n", argv[i], rc);
             mf_compilation_free(&c);

@@ -76,7 +76,7 @@ static char *diagnose(const char *path, int *rc)
     assert_non_null(out);
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = out};
     mf_compilation c;
-    *rc = mf_compile_file(path, &opt, &c);
+    *rc = mf_pipeline_compile_file(path, &opt, &c);
     mf_compilation_free(&c);
     fclose(out);
     return buf;
@@ -85,7 +85,7 @@ static char *diagnose(const char *path, int *rc)
 static char *slurp(const char *path)
 {
     size_t len;
-    return mf_read_file(path, &len);
+    return mf_pipeline_read_file(path, &len);
 }
 
 /* Index of the first differing line, for a readable failure. */
@@ -178,7 +178,7 @@ static void test_deterministic(void **state)
     FILE *out = open_memstream(&buf, &len);
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = out};
     mf_compilation c;
-    int rc3 = mf_compile_buffer(path, text, strlen(text), &opt, &c);
+    int rc3 = mf_pipeline_compile_buffer(path, text, strlen(text), &opt, &c);
     mf_compilation_free(&c);
     fclose(out);
     assert_int_equal(rc3, 1);

@@ -134,7 +134,7 @@ static void check_clean(const char *text)
     FILE *d = open_memstream(&diag, &len);
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = d};
     mf_compilation c;
-    int rc = mf_compile_file(p, &opt, &c);
+    int rc = mf_pipeline_compile_file(p, &opt, &c);
     fclose(d);
     if (rc != 0 || len)
         fail_msg("the spec does not check clean (%d):\n%s\n%s", rc, diag, text);

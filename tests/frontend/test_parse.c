@@ -200,7 +200,7 @@ static void test_every_prefix(void **state)
         FILE *out = open_memstream(&buf, &blen);
         mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = out};
         mf_compilation c;
-        int rc = mf_compile_buffer("p.mfsdp", spec, len, &opt, &c);
+        int rc = mf_pipeline_compile_buffer("p.mfsdp", spec, len, &opt, &c);
         mf_compilation_free(&c);
         fclose(out);
         assert_in_range(rc, 0, 1);

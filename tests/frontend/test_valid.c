@@ -33,7 +33,7 @@ static const mf_spec *check_clean(checked *k, const char *path)
     FILE *out = open_memstream(&k->diag, &k->diag_len);
     assert_non_null(out);
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = out};
-    int rc = mf_compile_file(path, &opt, &k->c);
+    int rc = mf_pipeline_compile_file(path, &opt, &k->c);
     fclose(out);
     if (rc != 0 || k->diag_len != 0)
         fail_msg("%s: expected a clean check, got status %d:\n%s", path, rc, k->diag);

@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int run_file(const char *path)
 {
     size_t len = 0;
-    char *text = mf_read_file(path, &len);
+    char *text = mf_pipeline_read_file(path, &len);
     if (!text) {
         fprintf(stderr, "%s: cannot read %s\n", prog, path);
         return -1;

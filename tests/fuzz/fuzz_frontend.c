@@ -1,6 +1,6 @@
 /*
  * fuzz_frontend: libFuzzer target for the front end. Each input runs through
- * mf_compile_buffer() up to the semantic pass (parse + sema), diagnostics to
+ * mf_pipeline_compile_buffer() up to the semantic pass (parse + sema), diagnostics to
  * /dev/null. Beyond "no crash, no leak, no UB" (ASan/UBSan), it checks the
  * pass's contract and traps when it is broken:
  *   - status 0 <=> no errors reported <=> a spec was produced;
@@ -81,7 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = devnull};
     mf_compilation c;
-    int rc = mf_compile_buffer("fuzz.mfsdp", (const char *)data, size, &opt, &c);
+    int rc = mf_pipeline_compile_buffer("fuzz.mfsdp", (const char *)data, size, &opt, &c);
     CHECK(rc == 0 || rc == 1);
     CHECK((rc == 0) == (c.diag.nerrors == 0));
     CHECK((rc == 0) == (c.spec != NULL));

@@ -1,6 +1,6 @@
 /*
  * fuzz_planner: libFuzzer target for the whole compiler, spec text to
- * verified schedule YAML (mf_compile_buffer up to lowering, then the
+ * verified schedule YAML (mf_pipeline_compile_buffer up to lowering, then the
  * verifier, the emitter and the loader).
  *
  * Beyond "no crash, no leak, no UB, bounded time and memory" it traps when
@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mf_compile_options opt = {.stop_after = MF_STAGE_LOWER, .diag_out = fuzz_devnull()};
     mf_compilation c;
-    int rc = mf_compile_buffer("fuzz.mfsdp", (const char *)data, size, &opt, &c);
+    int rc = mf_pipeline_compile_buffer("fuzz.mfsdp", (const char *)data, size, &opt, &c);
     FUZZ_CHECK(rc == 0 || rc == 1);
     FUZZ_CHECK((rc == 0) == (c.diag.nerrors == 0));
     if (rc != 0) {

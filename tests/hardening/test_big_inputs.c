@@ -80,7 +80,7 @@ static result compile(const buf *in)
     assert_non_null(f);
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .diag_out = f};
     mf_compilation c;
-    r.rc = mf_compile_buffer("big.mfsdp", in->p, in->len, &opt, &c);
+    r.rc = mf_pipeline_compile_buffer("big.mfsdp", in->p, in->len, &opt, &c);
     r.nerrors = c.diag.nerrors;
     if (r.rc == 0) {
         assert_non_null(c.plan);

@@ -170,7 +170,7 @@ static void test_refused_never_verified(void **state)
     (void)state;
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true};
     mf_compilation c;
-    assert_int_equal(mf_compile_file(spec_path, &opt, &c), 0);
+    assert_int_equal(mf_pipeline_compile_file(spec_path, &opt, &c), 0);
     char *yaml = NULL;
     size_t ylen = 0;
     FILE *f = open_memstream(&yaml, &ylen);

@@ -113,7 +113,7 @@ mf_plan *tl_plan(const mf_spec *s, const mf_cost_model *cost, char **diag)
     mf_diag_init(&d, &src, mem);
     mf_plan *p = mf_plan_new(s, cost);
     assert_non_null(p);
-    bool ok = mf_layout_run(p, &d) && mf_transition_run(p, &d);
+    bool ok = mf_layout_pass_run(p, &d) && mf_transition_run(p, &d);
     mf_diag_finish(&d);
     fclose(mem);
     if (diag)

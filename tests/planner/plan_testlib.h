@@ -3,7 +3,7 @@
  *
  *  - tl_spec_*: build a resolved mf_spec directly (no parser needed), with
  *    placements written as letters ("RF", "PFF", ...);
- *  - tl_plan: run mf_layout_run + mf_transition_run, diagnostics captured;
+ *  - tl_plan: run mf_layout_pass_run + mf_transition_run, diagnostics captured;
  *  - tl_check_layout: the invariants of docs/semantics.md §3, recomputed independently;
  *  - tl_check_transition: executes a transition's steps on concrete per-rank
  *    arrays with the op semantics of core/mf_schedule.h (values distinct

@@ -1,6 +1,6 @@
 /*
  * The example specs (the .mfsdp files in schedules/) through the whole front end
- * (mf_compile_buffer up to the transitions): every one plans, its layout
+ * (mf_pipeline_compile_buffer up to the transitions): every one plans, its layout
  * keeps the docs/semantics.md §3 invariants, and every transition of every bucket small
  * enough to simulate produces the contents its placements promise. The
  * explain listing renders for each.
@@ -30,7 +30,7 @@ static int compile(const char *name, mf_compilation *c, char **diag)
     size_t len = 0;
     FILE *f = open_memstream(diag, &len);
     mf_compile_options opt = {.stop_after = MF_STAGE_TRANSITIONS, .diag_out = f};
-    int rc = mf_compile_file(path, &opt, c);
+    int rc = mf_pipeline_compile_file(path, &opt, c);
     fclose(f);
     return rc;
 }

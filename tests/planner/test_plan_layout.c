@@ -15,14 +15,14 @@ static void test_quanta(void **state)
     (void)state;
     mf_dtype mixed[] = {MF_BF16, MF_FP32, MF_FP32}, f32[] = {MF_FP32, MF_FP32, MF_FP32},
              f16[] = {MF_FP16, MF_FP16, MF_FP16};
-    assert_int_equal(mf_layout_tensor_quantum(mixed), 8);  /* 16 B of bf16 */
-    assert_int_equal(mf_layout_tensor_quantum(f32), 4);
-    assert_int_equal(mf_layout_tensor_quantum(f16), 8);
-    assert_int_equal(mf_layout_shard_quantum(mixed, 256), 128);
-    assert_int_equal(mf_layout_shard_quantum(f32, 256), 64);
-    assert_int_equal(mf_layout_shard_quantum(mixed, 16), 8);
-    assert_int_equal(mf_layout_shard_quantum(f32, 2), 1);
-    assert_int_equal(mf_layout_shard_quantum(f32, 1), 1);
+    assert_int_equal(mf_layout_pass_tensor_quantum(mixed), 8);  /* 16 B of bf16 */
+    assert_int_equal(mf_layout_pass_tensor_quantum(f32), 4);
+    assert_int_equal(mf_layout_pass_tensor_quantum(f16), 8);
+    assert_int_equal(mf_layout_pass_shard_quantum(mixed, 256), 128);
+    assert_int_equal(mf_layout_pass_shard_quantum(f32, 256), 64);
+    assert_int_equal(mf_layout_pass_shard_quantum(mixed, 16), 8);
+    assert_int_equal(mf_layout_pass_shard_quantum(f32, 2), 1);
+    assert_int_equal(mf_layout_pass_shard_quantum(f32, 1), 1);
 }
 
 static int64_t sizes2x4[] = {2, 4};
@@ -36,7 +36,7 @@ static void pad_start_of(const char *w, const char *g, const char *o, int want)
     pl[MF_ROLE_WEIGHT] = tl_place(w);
     pl[MF_ROLE_GRAD] = tl_place(g);
     pl[MF_ROLE_MAIN_WEIGHT] = tl_place(o);
-    assert_int_equal(mf_layout_pad_start(&m, pl), want);
+    assert_int_equal(mf_layout_pass_pad_start(&m, pl), want);
 }
 
 static void test_pad_start(void **state)

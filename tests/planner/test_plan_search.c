@@ -45,7 +45,7 @@ static uint32_t rnd(uint32_t n)
 static void sema(const char *text, mf_compilation *c)
 {
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA};
-    int rc = mf_compile_buffer("test.mfsdp", text, strlen(text), &opt, c);
+    int rc = mf_pipeline_compile_buffer("test.mfsdp", text, strlen(text), &opt, c);
     if (rc != 0)
         fprintf(stderr, "spec:\n%s\n", text);
     assert_int_equal(rc, 0);
@@ -304,12 +304,12 @@ static void test_candidates_equal_compiled_spec(void **state)
             assert_non_null(out);
             mf_compile_options copt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .cost = &opt.sim.cost};
             mf_compilation w;
-            if (mf_compile_buffer("written.mfsdp", out, strlen(out), &copt, &w) != 0)
+            if (mf_pipeline_compile_buffer("written.mfsdp", out, strlen(out), &copt, &w) != 0)
                 fail_msg("seed %d candidate %lld: the written spec does not compile:\n%s", seed, (long long)idx, out);
             mf_plan_mem mem;
             mf_sim_result res;
             char err[256];
-            mf_sched_mem_of(w.plan->sched, 8, &mem);
+            mf_plan_mem_of(w.plan->sched, 8, &mem);
             assert_int_equal(mf_simulate(w.plan->sched, &opt.sim, &res, err, sizeof err), 0);
             if (mem.peak != p.mem.peak || res.step_time != p.step_time || res.bytes[0] != p.bytes[0])
                 fail_msg("seed %d candidate %lld: search (%lld, %.12g), written spec (%lld, %.12g)\n%s", seed,
@@ -361,9 +361,9 @@ static void test_builtins_compile(void **state)
             mf_compilation c;
             FILE *sink = fopen("/dev/null", "w");
             opt.diag_out = sink;
-            int rc = mf_compile_buffer("b.mfsdp", text, strlen(text), &opt, &c);
+            int rc = mf_pipeline_compile_buffer("b.mfsdp", text, strlen(text), &opt, &c);
             fclose(sink);
-            if (mf_builtin_fits(i, r) != (rc == 0))
+            if (mf_builtin_layouts_fits(i, r) != (rc == 0))
                 fail_msg("built-in %s on %d axes: compile returned %d", mf_builtin_name(i), r, rc);
             mf_compilation_free(&c);
         }

@@ -160,7 +160,7 @@ static void expect_rejected(const char *w, const char *g, const char *o, int rol
 static void test_illegal_triples_rejected(void **state)
 {
     (void)state;
-    /* the semantic pass's messages (mf_trans_check_layout), located at the unit */
+    /* the semantic pass's messages (mf_trans_rules_check_layout), located at the unit */
     expect_rejected("PF", "PF", "FF", MF_ROLE_WEIGHT, "a0",
                     "'weight' may not be Partial (axis 'a0' in layout 'bad'); only grad may be Partial");
     expect_rejected("RF", "PF", "PF", MF_ROLE_MAIN_WEIGHT, "a0", "'main_weight' may not be Partial");

@@ -30,7 +30,7 @@ static void sema(checked *k, const char *text)
     FILE *out = open_memstream(&k->diag, &k->len);
     assert_non_null(out);
     mf_compile_options opt = {.stop_after = MF_STAGE_SEMA, .diag_out = out};
-    k->rc = mf_compile_buffer("t.mfsdp", text, strlen(text), &opt, &k->c);
+    k->rc = mf_pipeline_compile_buffer("t.mfsdp", text, strlen(text), &opt, &k->c);
     fclose(out);
 }
 

@@ -1,7 +1,7 @@
 /*
  * End to end with the compiler: for every mode of docs/semantics.md §4.5 x meshes
  * {1x1, 1x4, 2x2, 2x4, 4x2, 3x2, 2x2x2} x M in {1, 3}, a spec is generated,
- * compiled in-process (mf_compile_buffer: parse .. lower, verify), emitted as
+ * compiled in-process (mf_pipeline_compile_buffer: parse .. lower, verify), emitted as
  * YAML, loaded back through the public loader, and replayed on the local
  * backend with the docs/design.md §4.1 oracle for two steps. Sizes do not divide by any world
  * size; one tensor of a unit has its own all-replicated layout; the last
@@ -78,7 +78,7 @@ static mfsdp_schedule *compile(const char *name, const char *text)
     size_t dlen = 0;
     opt.diag_out = open_memstream(&diag, &dlen);
     mf_compilation c;
-    int rc = mf_compile_buffer(name, text, strlen(text), &opt, &c);
+    int rc = mf_pipeline_compile_buffer(name, text, strlen(text), &opt, &c);
     fclose(opt.diag_out);
     if (rc != 0 || !c.plan || !c.plan->sched)
         fail_msg("%s does not compile (%d):\n%s\n%s", name, rc, diag, text);

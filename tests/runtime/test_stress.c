@@ -104,7 +104,7 @@ static mf_schedule *compile_to(const char *text, mf_stage stage, bool lower)
 {
     mf_compile_options opt = {.stop_after = stage, .verify = stage >= MF_STAGE_VERIFY, .diag_out = stderr};
     mf_compilation c;
-    if (mf_compile_buffer("zero3.mfsdp", text, strlen(text), &opt, &c) != 0)
+    if (mf_pipeline_compile_buffer("zero3.mfsdp", text, strlen(text), &opt, &c) != 0)
         fail_msg("zero3.mfsdp does not compile");
     if (lower) {
         mf_diag d;

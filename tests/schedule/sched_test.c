@@ -14,7 +14,7 @@ mf_schedule *st_compile(const char *name, const char *text, bool verify, char **
     FILE *mem = open_memstream(&buf, &len);
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = verify, .diag_out = mem};
     mf_compilation c;
-    int rc = mf_compile_buffer(name, text, strlen(text), &opt, &c);
+    int rc = mf_pipeline_compile_buffer(name, text, strlen(text), &opt, &c);
     mf_schedule *s = NULL;
     if (rc == 0 && c.plan && c.plan->sched) {
         s = c.plan->sched;
@@ -146,5 +146,5 @@ int st_buffer(const mf_schedule *s, const char *name)
 
 char *st_read(const char *path, size_t *len)
 {
-    return mf_read_file(path, len);
+    return mf_pipeline_read_file(path, len);
 }

@@ -36,7 +36,7 @@ static mf_schedule *lowered(const char *name, const char *text)
 {
     mf_compile_options opt = {.stop_after = MF_STAGE_TRANSITIONS, .verify = false, .diag_out = stderr};
     mf_compilation c;
-    if (mf_compile_buffer(name, text, strlen(text), &opt, &c) != 0)
+    if (mf_pipeline_compile_buffer(name, text, strlen(text), &opt, &c) != 0)
         fail_msg("%s does not compile", name);
     mf_diag d;
     mf_diag_init(&d, &c.src, stderr);

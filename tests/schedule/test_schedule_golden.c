@@ -81,7 +81,7 @@ static void test_specs_match_goldens(void **state)
         snprintf(golden, sizeof golden, "schedules/%.127s.yaml", specs[i]);
         mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true};
         mf_compilation c;
-        int rc = mf_compile_file(spec, &opt, &c);
+        int rc = mf_pipeline_compile_file(spec, &opt, &c);
         if (rc != 0) {
             fprintf(stderr, "%s: does not compile and verify (rc %d)\n", spec, rc);
             failures++;
@@ -92,7 +92,7 @@ static void test_specs_match_goldens(void **state)
         mf_compilation_free(&c);
         assert_non_null(yaml);
         if (update) {
-            if (mf_write_file_atomic(golden, spec, write_text, yaml) != 0)
+            if (mf_pipeline_write_file_atomic(golden, spec, write_text, yaml) != 0)
                 failures++;
             free(yaml);
             continue;

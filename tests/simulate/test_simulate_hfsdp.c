@@ -51,7 +51,7 @@ static int setup(void **state)
     if (!f)
         return -1;
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true};
-    int rc = mf_compile_file(path_in(sched_dir, "hfsdp.mfsdp"), &opt, &f->c);
+    int rc = mf_pipeline_compile_file(path_in(sched_dir, "hfsdp.mfsdp"), &opt, &f->c);
     if (rc != 0 || !f->c.plan || !f->c.plan->sched) {
         mf_compilation_free(&f->c);
         free(f);
@@ -153,7 +153,7 @@ static void test_yaml_round_trip(void **state)
     fixture *f = *state;
     const mf_schedule *s = f->c.plan->sched;
     char *yaml = path_in(scratch, "sim_hfsdp.yaml");
-    assert_int_equal(mf_write_file_atomic(yaml, NULL, write_yaml, s), 0);
+    assert_int_equal(mf_pipeline_write_file_atomic(yaml, NULL, write_yaml, s), 0);
     char err[512];
     mf_schedule *l = mf_load_schedule_file(yaml, err, sizeof err);
     if (!l)
