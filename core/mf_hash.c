@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n)
+uint64_t mf_hash_fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++)

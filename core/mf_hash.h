@@ -4,7 +4,7 @@
  * two slot array kept at most half full, indexed by mf_hash_bytes (8 bytes
  * at a time: keys reach several hundred bytes in the plan search's memo,
  * where a byte-wise hash was a tenth of the search); keys are compared whole.
- * The project's one FNV-1a (mf_fnv1a) is here too, for digests.
+ * The project's one FNV-1a (mf_hash_fnv1a) is here too, for digests.
  *
  * Users: the loader's name tables, the semantic pass's symbol tables, the
  * layout pass's layout signatures, the structural checker's and the
@@ -43,7 +43,7 @@ typedef struct mf_hash {
  * equality (a rank's master weights, the states every rank asks a
  * checkpoint for). */
 #define MF_FNV1A_BASIS 0xcbf29ce484222325u
-uint64_t mf_fnv1a(uint64_t h, const void *p, size_t n);
+uint64_t mf_hash_fnv1a(uint64_t h, const void *p, size_t n);
 
 /* The table's hash of n bytes (8 at a time, see above). */
 uint64_t mf_hash_bytes(const void *p, size_t n);

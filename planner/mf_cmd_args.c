@@ -74,7 +74,7 @@ int mf_cmd_args_need_input(const mf_cmd_args *a)
     return 2;
 }
 
-bool mf_cmd_sim_config(const mf_cmd_args *a, const mf_mesh *mesh, mf_sim_config *cfg)
+bool mf_cmd_args_sim_config(const mf_cmd_args *a, const mf_mesh *mesh, mf_sim_config *cfg)
 {
     mf_sim_config_defaults(cfg, mesh);
     for (int i = 0; i < a->ncost; i++) {

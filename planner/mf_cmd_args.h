@@ -4,7 +4,7 @@
  * values need the mesh (mf_cost_is_option; compile, explain, diff,
  * simulate, plan), the one input operand, and the compute and link model of
  * `simulate`, which `plan` takes exactly as well (MF_SIM_OPTS, one
- * configuration: mf_cmd_sim_config).
+ * configuration: mf_cmd_args_sim_config).
  *
  * Messages are "CMD: error: ..." on stderr; the subcommand decides whether
  * its usage follows.
@@ -56,6 +56,6 @@ int mf_cmd_args_need_input(const mf_cmd_args *a);
 
 /* The simulator configuration of the options for a mesh: the defaults,
  * the cost options, the compute model. false after a reported error. */
-bool mf_cmd_sim_config(const mf_cmd_args *a, const mf_mesh *mesh, mf_sim_config *cfg);
+bool mf_cmd_args_sim_config(const mf_cmd_args *a, const mf_mesh *mesh, mf_sim_config *cfg);
 
 #endif

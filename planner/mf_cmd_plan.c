@@ -154,17 +154,17 @@ int mf_cmd_plan(int argc, char **argv)
     if (rc != 0)
         goto done;
     mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive};
-    if (!mf_cmd_sim_config(&a.ca, &c.spec->mesh, &po.sim)) {
+    if (!mf_cmd_args_sim_config(&a.ca, &c.spec->mesh, &po.sim)) {
         rc = 2;
         goto done;
     }
     have_ps = true;
-    if (mf_ps_init(&ps, c.spec, c.ast, &po) != 0 || mf_ps_run(&ps) != 0) {
+    if (mf_plan_search_init(&ps, c.spec, c.ast, &po) != 0 || mf_plan_search_run(&ps) != 0) {
         fprintf(stderr, "%s: error: %s\n", input, ps.err);
         rc = 1;
         goto done;
     }
-    const mf_ps_point *best = mf_ps_choose(&ps, a.budget);
+    const mf_ps_point *best = mf_plan_search_choose(&ps, a.budget);
     mf_plan_print_front(&ps, input, a.budget, best);
     svg_ctx sc = {&ps, a.budget, best};
     mf_outputs_begin(&os, input);
@@ -203,7 +203,7 @@ done:
         printf("wrote %s\n", a.out);
     free(text);
     if (have_ps)
-        mf_ps_free(&ps);
+        mf_plan_search_free(&ps);
     if (have_c)
         mf_compilation_free(&c);
     mf_cmd_args_free(&a.ca);

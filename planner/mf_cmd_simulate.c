@@ -268,7 +268,7 @@ int mf_cmd_simulate(int argc, char **argv)
     if ((rc = open_input(&a, &comp, &have_comp, &loaded, &s)) != 0)
         goto done;
     rc = 2;
-    if (!mf_cmd_sim_config(&a.ca, &s->mesh, &cfg))
+    if (!mf_cmd_args_sim_config(&a.ca, &s->mesh, &cfg))
         goto done;
     rc = 1;
     if (mf_simulate(s, &cfg, &res, err, sizeof err) != 0) {

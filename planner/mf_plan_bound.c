@@ -14,7 +14,7 @@
  * (main_weight, weight, grad, grad_final) and the optimizer state is
  * n*optimizer_bytes/S_O. The arena is at least the bytes of the transient
  * buffers live at any one instant (its live-bytes bound, core/mf_live.h);
- * mf_ps_arena_bound (below) finds buffers provably live together at the
+ * mf_plan_search_arena_bound (below) finds buffers provably live together at the
  * trainer's compute of one unit, stage buffers dropped.
  *
  * Step time. Compute runs on one stream, so step >= the compute time (the
@@ -156,7 +156,7 @@ static double chain(const mf_plan_search *ps, const double *bytes, const double 
  * backward_post(a) (a >= 1). Each is a buffer of its own, counted once.
  * The arena is at least the largest such sum. scratch: 2 x nunits doubles.
  */
-double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch)
+double mf_plan_search_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch)
 {
     int U = nunits, p = prefetch;
     double *bw = scratch, *fw = scratch + U; /* difference arrays: backward and forward ticks */
@@ -311,7 +311,7 @@ static int unit_bounds(const mf_plan_search *ps, int g, int c, unit_lb *out)
     return 0;
 }
 
-int mf_ps_bounds_prepare(mf_plan_search *ps)
+int mf_plan_search_bounds_prepare(mf_plan_search *ps)
 {
     for (int g = 0; g < ps->ngroups; g++) {
         mf_ps_group *gr = &ps->groups[g];
@@ -492,7 +492,7 @@ static double drain(const mf_plan_search *ps, int64_t bucket, const int *choice,
     return best;
 }
 
-void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double *lb_mem,
+void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double *lb_mem,
                         double *lb_time)
 {
     const mf_mesh *m = &ps->spec.mesh;
@@ -510,7 +510,7 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
         for (int k = 0; k < gr->nunits; k++, u++)
             items[u] = (mf_ps_live_item){u, u, gr->lb_wf[c], gr->lb_gl[c], !gr->choices[c].reshard, 0, 0};
     }
-    double peak_t = mf_ps_arena_bound(u, prefetch, items, u, ps->lb_scratch); /* scratch reused below */
+    double peak_t = mf_plan_search_arena_bound(u, prefetch, items, u, ps->lb_scratch); /* scratch reused below */
     double inner = 0, outer = 0;
     for (int j = 0; j < m->naxes; j++) {
         /* merged buckets share launches: fixed costs count only without merging */

@@ -125,7 +125,7 @@ int mf_plan_explain_choice(mf_plan_search *ps, const mf_ps_point *chosen, int64_
             ch[g] = c;
             alts[c].c = c;
             alts[c].pt.choice = ch;
-            if (mf_ps_evaluate(ps, chosen->prefetch, chosen->bucket_size, ch, &alts[c].pt) != 0)
+            if (mf_plan_search_evaluate(ps, chosen->prefetch, chosen->bucket_size, ch, &alts[c].pt) != 0)
                 goto done;
         }
         qsort(alts, (size_t)gr->nchoices, sizeof *alts, alt_cmp);

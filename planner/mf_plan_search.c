@@ -193,7 +193,7 @@ static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
 
 static int compute_times(mf_plan_search *ps);
 
-int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const mf_ps_options *opt)
+int mf_plan_search_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const mf_ps_options *opt)
 {
     memset(ps, 0, sizeof *ps);
     ps->base = base;
@@ -205,7 +205,7 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
         goto oom;
     memcpy(ps->spec.units, base->units, (size_t)base->nunits * sizeof *ps->spec.units);
     for (int u = 0; u < base->nunits; u++)
-        ps->spec.units[u].tensors = NULL; /* owned from here on (mf_ps_free) */
+        ps->spec.units[u].tensors = NULL; /* owned from here on (mf_plan_search_free) */
     for (int u = 0; u < base->nunits; u++) {
         mf_spec_unit *su = &ps->spec.units[u];
         mf_spec_tensor *ft;
@@ -253,7 +253,7 @@ int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *ast, const
     mf_vec_init(&ps->memo, sizeof(ps_memo));
     ps->tcache = mf_transition_cache_new();
     ps->layout_canon = malloc((size_t)(ps->spec.nlayouts + 1) * sizeof *ps->layout_canon);
-    if (!ps->tcache || !ps->layout_canon || mf_ps_bounds_prepare(ps) != 0)
+    if (!ps->tcache || !ps->layout_canon || mf_plan_search_bounds_prepare(ps) != 0)
         goto oom;
     ps->layout_canon[0] = -1; /* filled by the first layout pass */
     return compute_times(ps);
@@ -262,7 +262,7 @@ oom:
     return -1;
 }
 
-void mf_ps_free(mf_plan_search *ps)
+void mf_plan_search_free(mf_plan_search *ps)
 {
     for (int u = 0; ps->spec.units && u < ps->base->nunits; u++)
         free(ps->spec.units[u].tensors);
@@ -300,7 +300,7 @@ void mf_ps_free(mf_plan_search *ps)
     memset(ps, 0, sizeof *ps);
 }
 
-const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c)
+const char *mf_plan_search_layout_name(const mf_plan_search *ps, int g, int c)
 {
     return ps->spec.layouts[ps->groups[g].choices[c].layout].name;
 }
@@ -386,9 +386,9 @@ oom:
     goto done;
 }
 
-int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)
+int mf_plan_search_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt)
 {
-    return mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, -1, NULL, pt);
+    return mf_plan_search_evaluate_pruned(ps, prefetch, bucket, choice, -1, NULL, pt);
 }
 
 /* ---- candidates with the same buckets ----
@@ -572,7 +572,7 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
  * buffers of every bucket and the optimizer state as the lowering sizes
  * them (before the rounding to `align`, which only adds), plus the arena
  * bound over the buckets and their transitions' stage buffers
- * (mf_ps_arena_bound, mf_plan_bound.c), the only part that depends on the
+ * (mf_plan_search_arena_bound, mf_plan_bound.c), the only part that depends on the
  * prefetch depth. 0, or -1 on OOM. */
 static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const int *prefetch, int n, double *out)
 {
@@ -607,7 +607,7 @@ static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const i
     }
     double opt = (double)mf_plan_mem_optimizer_bytes(s, ps->opt.optimizer_bytes);
     for (int i = 0; i < n; i++)
-        out[i] = (pers + mf_ps_arena_bound(s->nunits, prefetch[i], items, s->nbuckets, scratch) + opt) *
+        out[i] = (pers + mf_plan_search_arena_bound(s->nunits, prefetch[i], items, s->nbuckets, scratch) + opt) *
                  (1 - 1e-9);
     rc = 0;
 done:
@@ -695,7 +695,7 @@ static int eval_planned_bounds(ps_eval *e, double *lb_time, mf_ps_point *pt)
     if (!dominated && m->t1 < 0) {
         if (!e->p->trans && !mf_transition_run(e->p, &e->d))
             return EV_BROKEN;
-        if (mf_ps_planned_time_bounds(e->ps, e->p, &e->prefetch, 1, &m->t1) != 0)
+        if (mf_plan_search_planned_time_bounds(e->ps, e->p, &e->prefetch, 1, &m->t1) != 0)
             return EV_OOM;
     }
     pt->lb_planned_time = m->t1 > 0 ? m->t1 : 0;
@@ -784,7 +784,7 @@ static int eval_exact_point(ps_eval *e, const mf_ps_point *cand)
     return EV_GO;
 }
 
-/* The steps of mf_ps_evaluate_pruned up to the exact point in the memo. */
+/* The steps of mf_plan_search_evaluate_pruned up to the exact point in the memo. */
 static int eval_steps(ps_eval *e, double lb_time, const double *planned, mf_ps_point *pt)
 {
     if (!e->p)
@@ -806,7 +806,7 @@ static int eval_steps(ps_eval *e, double lb_time, const double *planned, mf_ps_p
     return eval_exact_point(e, lb_time >= 0 ? pt : NULL);
 }
 
-int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+int mf_plan_search_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
                           const double *planned, mf_ps_point *pt)
 {
     ps_eval e = {.ps = ps, .prefetch = prefetch, .bucket = bucket, .cfg = ps->opt.sim, .live = -1,
@@ -1024,7 +1024,7 @@ static int group_bounds(mf_plan_search *ps, int64_t lg, int *choice, ps_group_bo
                  "internal error: a candidate (bucket_size %lld) does not compile", (long long)bucket);
         goto done;
     }
-    if (mf_ps_planned_time_bounds(ps, p, ps->prefetch, ps->nprefetch, gb->time) != 0 ||
+    if (mf_plan_search_planned_time_bounds(ps, p, ps->prefetch, ps->nprefetch, gb->time) != 0 ||
         layout_mem_bounds(ps, p, ps->prefetch, ps->nprefetch, gb->mem) != 0) {
         snprintf(ps->err, sizeof ps->err, "out of memory");
         goto done;
@@ -1045,7 +1045,7 @@ static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, const do
     int prefetch;
     int64_t bucket;
     decode(ps, idx, &prefetch, &bucket, choice);
-    int rc = mf_ps_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, planned, &pt);
+    int rc = mf_plan_search_evaluate_pruned(ps, prefetch, bucket, choice, lb_time, planned, &pt);
     if (rc != 0)
         return rc == 1 ? 0 : -1;
     if (front_insert(ps, &pt) != 0) {
@@ -1055,7 +1055,7 @@ static int eval_insert(mf_plan_search *ps, int64_t idx, double lb_time, const do
     return 0;
 }
 
-int mf_ps_run(mf_plan_search *ps)
+int mf_plan_search_run(mf_plan_search *ps)
 {
     int *choice = malloc((size_t)(ps->ngroups ? ps->ngroups : 1) * sizeof *choice);
     cand *cs = NULL;
@@ -1078,7 +1078,7 @@ int mf_ps_run(mf_plan_search *ps)
         int64_t bucket;
         decode(ps, i, &prefetch, &bucket, choice);
         cs[i].index = i;
-        mf_ps_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
+        mf_plan_search_lower_bounds(ps, prefetch, bucket, choice, &cs[i].lb_mem, &cs[i].lb_time);
     }
     if (!sort_candidates(cs, ps->ncandidates))
         goto oom;
@@ -1116,7 +1116,7 @@ done:
     return rc;
 }
 
-const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget)
+const mf_ps_point *mf_plan_search_choose(const mf_plan_search *ps, int64_t budget)
 {
     const mf_ps_point *best = NULL;
     for (int i = 0; i < ps->nfront; i++) {

@@ -114,9 +114,9 @@ typedef struct mf_plan_search {
     double compute_time;    /* seconds, the same for every candidate */
     double *fwd, *bwd;      /* per unit compute seconds (mf_simulate_unit_times of the first
                                candidate; they depend on the tensors only) */
-    double *lb_scratch;     /* 7 x nunits, for mf_ps_lower_bounds */
-    const double **lb_fifo_of; /* nunits, for mf_ps_lower_bounds */
-    struct mf_ps_live_item *lb_items; /* nunits, for mf_ps_lower_bounds */
+    double *lb_scratch;     /* 7 x nunits, for mf_plan_search_lower_bounds */
+    const double **lb_fifo_of; /* nunits, for mf_plan_search_lower_bounds */
+    struct mf_ps_live_item *lb_items; /* nunits, for mf_plan_search_lower_bounds */
     FILE *sink;             /* diagnostics of candidate compilations (none expected) */
     struct mf_trans_cache *tcache; /* transitions per bucket signature, shared by the candidates */
     mf_vec memo;            /* figures computed per laid-out schedule */
@@ -133,29 +133,29 @@ typedef struct mf_plan_search {
 /* Sets up the search over base (borrowed; its arena must outlive the search)
  * with the AST it came from (for the unit declarations). 0, or -1 with a
  * message in ps->err. */
-int mf_ps_init(mf_plan_search *ps, const mf_spec *base, const struct mf_ast *ast, const mf_ps_options *opt);
-void mf_ps_free(mf_plan_search *ps);
+int mf_plan_search_init(mf_plan_search *ps, const mf_spec *base, const struct mf_ast *ast, const mf_ps_options *opt);
+void mf_plan_search_free(mf_plan_search *ps);
 
 /* Runs the search; fills ps->front. 0, or -1 with a message in ps->err. */
-int mf_ps_run(mf_plan_search *ps);
+int mf_plan_search_run(mf_plan_search *ps);
 
 /* The chosen point: lowest step time with peak <= budget, ties to less
  * memory, then fewer outer bytes, then enumeration order; NULL when none fits. */
-const mf_ps_point *mf_ps_choose(const mf_plan_search *ps, int64_t budget);
+const mf_ps_point *mf_plan_search_choose(const mf_plan_search *ps, int64_t budget);
 
 /* Evaluates one candidate (prefetch, bucket_size, choice per group) into *pt
  * (pt->choice must point to ngroups ints). 0, or -1 with ps->err. */
-int mf_ps_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt);
+int mf_plan_search_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, mf_ps_point *pt);
 /* Same, but when lb_time >= 0 stops (returns 1, not simulated) as soon as
  * a front point dominates its bounds (lb_time and the tighter ones it
  * computes). planned: NULL, or the bounds on memory and step time from its
  * planned buckets, already computed. */
-int mf_ps_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
+int mf_plan_search_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
                           const double *planned, mf_ps_point *pt);
 
 /* Lower bounds of a candidate (mf_plan_bound.c). */
-int mf_ps_bounds_prepare(mf_plan_search *ps);
-void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
+int mf_plan_search_bounds_prepare(mf_plan_search *ps);
+void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
                         double *lb_mem, double *lb_time);
 
 /* Lower bounds on the step time of a laid-out plan whose transitions are
@@ -163,7 +163,7 @@ void mf_ps_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, 
  * in prefetch[0..n) (the plan's own is not read) into out[]; 0 until the
  * compute times are known (ps->fwd). 0, or -1 on OOM. */
 struct mf_plan;
-int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
+int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
                               double *out);
 
 /* The arena bound (mf_plan_bound.c): units [a, z] whose weight_full (wf
@@ -180,9 +180,9 @@ typedef struct mf_ps_live_item {
     double t2_stage;        /* T2 stage buffers read by a step on a communication stream */
     double t3_after;        /* grad_local and T3 stage buffers read by such a step */
 } mf_ps_live_item;
-double mf_ps_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch);
+double mf_plan_search_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch);
 
 /* Name of the layout of choice c of group g ("hsdp", or the spec's own). */
-const char *mf_ps_layout_name(const mf_plan_search *ps, int g, int c);
+const char *mf_plan_search_layout_name(const mf_plan_search *ps, int g, int c);
 
 #endif

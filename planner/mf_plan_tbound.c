@@ -315,7 +315,7 @@ static double bound_for(tb_ctx *x, int prefetch)
     return r * (1 - 1e-9);
 }
 
-int mf_ps_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
+int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
                               double *out)
 {
     const mf_schedule *s = p->sched;

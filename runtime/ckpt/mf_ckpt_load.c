@@ -40,8 +40,8 @@ static uint64_t mf_ckpt_states_hash(const mfsdp_ckpt_load_options *opt)
     for (int i = 0; i < opt->nstates; i++) {
         const char *name = opt->states[i].name ? opt->states[i].name : "";
         int32_t dtype = (int32_t)opt->states[i].dtype;
-        h = mf_fnv1a(h, name, strlen(name) + 1); /* the NUL ends the name */
-        h = mf_fnv1a(h, &dtype, sizeof dtype);
+        h = mf_hash_fnv1a(h, name, strlen(name) + 1); /* the NUL ends the name */
+        h = mf_hash_fnv1a(h, &dtype, sizeof dtype);
     }
     return h;
 }

@@ -647,7 +647,7 @@ static uint64_t master_digest(const rank_ctx *c)
         const mf_buffer *mb = &c->s->buffers[c->bs[b].mw];
         const unsigned char *p = mf_rt_buffer(c->rt, c->bs[b].mw);
         if (p)
-            h = mf_fnv1a(h, p, (size_t)mb->count * mf_dtype_size(mb->dtype));
+            h = mf_hash_fnv1a(h, p, (size_t)mb->count * mf_dtype_size(mb->dtype));
     }
     return h;
 }

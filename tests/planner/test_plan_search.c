@@ -163,7 +163,7 @@ static void check_instance(int seed)
 
     /* brute force over every candidate, with the bounds checked */
     mf_plan_search all;
-    assert_int_equal(mf_ps_init(&all, c.spec, c.ast, &opt), 0);
+    assert_int_equal(mf_plan_search_init(&all, c.spec, c.ast, &opt), 0);
     int64_t n = all.ncandidates;
     assert_true(n >= 1 && n <= 20000);
     pt *pts = calloc((size_t)n, sizeof *pts);
@@ -174,10 +174,10 @@ static void check_instance(int seed)
         int64_t bk;
         mf_ps_point p = {.choice = ch};
         decode(&all, i, &pf, &bk, ch);
-        assert_int_equal(mf_ps_evaluate(&all, pf, bk, ch, &p), 0);
+        assert_int_equal(mf_plan_search_evaluate(&all, pf, bk, ch, &p), 0);
         pts[i] = (pt){i, p.mem.peak, p.outer_bytes, p.step_time};
         double lbm, lbt;
-        mf_ps_lower_bounds(&all, pf, bk, ch, &lbm, &lbt);
+        mf_plan_search_lower_bounds(&all, pf, bk, ch, &lbm, &lbt);
         if (lbm > (double)p.mem.peak || lbt > p.step_time || p.lb_planned > (double)p.mem.peak ||
             p.lb_planned_time > p.step_time)
             fail_msg("seed %d candidate %lld: bound (%.0f or %.0f, %.9g or %.9g) above figure (%lld, %.9g)\n%s",
@@ -192,8 +192,8 @@ static void check_instance(int seed)
     for (int exh = 0; exh < 2; exh++) {
         mf_plan_search ps;
         opt.exhaustive = exh;
-        assert_int_equal(mf_ps_init(&ps, c.spec, c.ast, &opt), 0);
-        assert_int_equal(mf_ps_run(&ps), 0);
+        assert_int_equal(mf_plan_search_init(&ps, c.spec, c.ast, &opt), 0);
+        assert_int_equal(mf_plan_search_run(&ps), 0);
         assert_int_equal(ps.nfront, nf);
         for (int k = 0; k < ps.nfront; k++) {
             const mf_ps_point *f = &ps.front[k];
@@ -209,7 +209,7 @@ static void check_instance(int seed)
             int64_t budget = k < 0 ? ps.front[0].mem.peak - 1
                              : k == ps.nfront ? INT64_MAX
                                               : ps.front[k].mem.peak;
-            const mf_ps_point *got = mf_ps_choose(&ps, budget);
+            const mf_ps_point *got = mf_plan_search_choose(&ps, budget);
             int64_t want = brute_choose(pts, n, budget);
             if (want < 0)
                 assert_null(got);
@@ -218,9 +218,9 @@ static void check_instance(int seed)
                 assert_int_equal(got->index, want);
             }
         }
-        mf_ps_free(&ps);
+        mf_plan_search_free(&ps);
     }
-    mf_ps_free(&all);
+    mf_plan_search_free(&all);
     free(pts);
     free(ch);
     mf_compilation_free(&c);
@@ -285,11 +285,11 @@ static void test_candidates_equal_compiled_spec(void **state)
         mf_ps_options opt = {.optimizer_bytes = 8};
         mf_sim_config_defaults(&opt.sim, &c.spec->mesh);
         mf_plan_search ps;
-        assert_int_equal(mf_ps_init(&ps, c.spec, c.ast, &opt), 0);
+        assert_int_equal(mf_plan_search_init(&ps, c.spec, c.ast, &opt), 0);
         /* the search first: its memo of figures per laid-out schedule then
            answers most of the candidates below, at every stage (peak only,
            step time before the assignment, exact point) */
-        assert_int_equal(mf_ps_run(&ps), 0);
+        assert_int_equal(mf_plan_search_run(&ps), 0);
         int64_t reused = ps.reused;
         int *ch = calloc((size_t)ps.ngroups + 1, sizeof *ch);
         assert_non_null(ch);
@@ -299,7 +299,7 @@ static void test_candidates_equal_compiled_spec(void **state)
             int64_t bk;
             decode(&ps, idx, &pf, &bk, ch);
             mf_ps_point p = {.index = idx, .choice = ch};
-            assert_int_equal(mf_ps_evaluate(&ps, pf, bk, ch, &p), 0);
+            assert_int_equal(mf_plan_search_evaluate(&ps, pf, bk, ch, &p), 0);
             char *out = mf_plan_write_spec(&ps, c.ast, text, strlen(text), &p, NULL);
             assert_non_null(out);
             mf_compile_options copt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .cost = &opt.sim.cost};
@@ -340,7 +340,7 @@ static void test_candidates_equal_compiled_spec(void **state)
         if (ps.reused == reused)
             fail_msg("seed %d: no candidate took its figures from the memo", seed);
         free(ch);
-        mf_ps_free(&ps);
+        mf_plan_search_free(&ps);
         mf_compilation_free(&c);
     }
 }
@@ -390,7 +390,7 @@ static void plan_setup(plan_fx *fx, double inner_gbps, double outer_gbps)
     mf_sim_config_defaults(&opt.sim, &fx->c.spec->mesh);
     opt.sim.cost.axis[0].beta = outer_gbps * 1e9;
     opt.sim.cost.axis[1].beta = inner_gbps * 1e9;
-    assert_int_equal(mf_ps_init(&fx->ps, fx->c.spec, fx->c.ast, &opt), 0);
+    assert_int_equal(mf_plan_search_init(&fx->ps, fx->c.spec, fx->c.ast, &opt), 0);
 }
 
 /* Step time of the blocks under a built-in layout (reshard after forward). */
@@ -398,10 +398,10 @@ static double time_of(plan_fx *fx, const char *layout, int64_t *peak)
 {
     const mf_ps_group *g = &fx->ps.groups[0];
     for (int k = 0; k < g->nchoices; k++)
-        if (strcmp(mf_ps_layout_name(&fx->ps, 0, k), layout) == 0 && g->choices[k].reshard) {
+        if (strcmp(mf_plan_search_layout_name(&fx->ps, 0, k), layout) == 0 && g->choices[k].reshard) {
             int ch = k;
             mf_ps_point p = {.choice = &ch};
-            assert_int_equal(mf_ps_evaluate(&fx->ps, 1, 0, &ch, &p), 0);
+            assert_int_equal(mf_plan_search_evaluate(&fx->ps, 1, 0, &ch, &p), 0);
             if (peak)
                 *peak = p.mem.peak;
             return p.step_time;
@@ -412,15 +412,15 @@ static double time_of(plan_fx *fx, const char *layout, int64_t *peak)
 
 static const char *chosen_layout(plan_fx *fx, int64_t budget)
 {
-    assert_int_equal(mf_ps_run(&fx->ps), 0);
-    const mf_ps_point *p = mf_ps_choose(&fx->ps, budget);
+    assert_int_equal(mf_plan_search_run(&fx->ps), 0);
+    const mf_ps_point *p = mf_plan_search_choose(&fx->ps, budget);
     assert_non_null(p);
-    return mf_ps_layout_name(&fx->ps, 0, p->choice[0]);
+    return mf_plan_search_layout_name(&fx->ps, 0, p->choice[0]);
 }
 
 static void plan_teardown(plan_fx *fx)
 {
-    mf_ps_free(&fx->ps);
+    mf_plan_search_free(&fx->ps);
     mf_compilation_free(&fx->c);
 }
 
@@ -495,7 +495,7 @@ static void test_fast_links_keep_whole_weights(void **state)
         ok |= strcmp(got, family[k]) == 0;
     if (!ok)
         fail_msg("chose %s", got);
-    const mf_ps_point *best = mf_ps_choose(&fx.ps, INT64_MAX);
+    const mf_ps_point *best = mf_plan_search_choose(&fx.ps, INT64_MAX);
     assert_true(ddp <= best->step_time * 1.01);
     plan_teardown(&fx);
 }
