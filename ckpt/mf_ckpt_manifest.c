@@ -323,10 +323,8 @@ static int mf_mf_piece_cmp(const void *a, const void *b, void *ctx)
     const mf_ckpt_manifest *m = ctx;
     const mf_ckpt_mpiece *x = &m->pieces[*(const int64_t *)a];
     const mf_ckpt_mpiece *y = &m->pieces[*(const int64_t *)b];
-    int c;
-    if ((c = mf_cmp_i64(x->state, y->state)) || (c = mf_cmp_i64(x->tensor, y->tensor)))
-        return c;
-    return mf_cmp_i64(x->start, y->start);
+    return mf_cmp_keys((const int64_t[]){x->state, x->tensor, x->start},
+                       (const int64_t[]){y->state, y->tensor, y->start}, 3);
 }
 
 /* Every (state, tensor) is tiled exactly by its pieces. */

@@ -19,11 +19,9 @@
 static int mf_ckpt_part_cmp(const void *pa, const void *pb)
 {
     const mf_ckpt_part *a = pa, *b = pb;
-    int c;
-    if ((c = mf_cmp_i64(a->piece, b->piece)) || (c = mf_cmp_i64((int64_t)a->off, (int64_t)b->off)) ||
-        (c = mf_cmp_i64((int64_t)b->len, (int64_t)a->len))) /* the longer first */
-        return c;
-    return mf_cmp_i64(a->rank, b->rank);
+    /* by piece, offset, the longer first, rank */
+    return mf_cmp_keys((const int64_t[]){a->piece, (int64_t)a->off, -(int64_t)a->len, a->rank},
+                       (const int64_t[]){b->piece, (int64_t)b->off, -(int64_t)b->len, b->rank}, 4);
 }
 
 /* The CRC of bytes [off, off + len) of piece pi, read now through buf

@@ -85,10 +85,8 @@ void mf_ckpt_plan_pieces_of(const mf_ckpt_plan *p, int64_t w, int k, int64_t *lo
 static int mf_ckpt_piece_cmp(const void *a, const void *b)
 {
     const mf_ckpt_piece *x = a, *y = b;
-    int c;
-    if ((c = mf_cmp_i64(x->writer, y->writer)) || (c = mf_cmp_i64(x->tensor, y->tensor)))
-        return c;
-    return mf_cmp_i64(x->start, y->start);
+    return mf_cmp_keys((const int64_t[]){x->writer, x->tensor, x->start},
+                       (const int64_t[]){y->writer, y->tensor, y->start}, 3);
 }
 
 typedef struct mf_ckpt_pvec {

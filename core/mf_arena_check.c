@@ -26,10 +26,8 @@ static int cmp_i64(const void *x, const void *y)
 static int cmp_piece(const void *x, const void *y)
 {
     const piece *a = x, *b = y;
-    int c;
-    if ((c = mf_cmp_i64(a->range, b->range)) || (c = mf_cmp_i64(a->start, b->start)))
-        return c;
-    return mf_cmp_i64(a->seg, b->seg);
+    return mf_cmp_keys((const int64_t[]){a->range, a->start, a->seg},
+                       (const int64_t[]){b->range, b->start, b->seg}, 3);
 }
 
 /* Index of the first cut >= x. */

@@ -184,10 +184,7 @@ typedef struct arc {
 static int cmp_arc(const void *x, const void *y)
 {
     const arc *a = x, *b = y;
-    int c;
-    if ((c = mf_cmp_i64(a->lo, b->lo)) || (c = mf_cmp_i64(a->hi, b->hi)))
-        return c;
-    return mf_cmp_i64(a->v, b->v);
+    return mf_cmp_keys((const int64_t[]){a->lo, a->hi, a->v}, (const int64_t[]){b->lo, b->hi, b->v}, 3);
 }
 
 typedef struct pair {

@@ -389,10 +389,7 @@ typedef struct order_key {
 static int cmp_key(const void *x, const void *y)
 {
     const order_key *a = x, *b = y;
-    int c;
-    if ((c = mf_cmp_i64(a->k1, b->k1)) || (c = mf_cmp_i64(a->k2, b->k2)))
-        return c;
-    return mf_cmp_i64(a->i, b->i);
+    return mf_cmp_keys((const int64_t[]){a->k1, a->k2, a->i}, (const int64_t[]){b->k1, b->k2, b->i}, 3);
 }
 
 static void set_order(pack *p, const int *order)
