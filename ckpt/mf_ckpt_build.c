@@ -26,7 +26,7 @@ void mf_ckpt_build_entries_free(mf_ckpt_wentry *e, int n)
 }
 
 int mf_ckpt_build_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, uint64_t blob_bytes,
-                    mf_ckpt_wentry **out, int *n)
+                          mf_ckpt_wentry **out, int *n)
 {
     int64_t np = p->first[r + 1] - p->first[r];
     mf_ckpt_wentry *e = calloc((size_t)(np * st->n + 2), sizeof *e);
@@ -153,8 +153,8 @@ int mf_ckpt_build_begin_dir(const char *out, char id[33], char *tmp, size_t tmpl
 }
 
 int mf_ckpt_build_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
-                       int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
-                       size_t errlen)
+                             int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
+                             size_t errlen)
 {
     char *text = mf_ckpt_build_manifest(s, p, st, id, step, rep);
     if (!text)

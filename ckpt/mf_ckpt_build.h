@@ -30,7 +30,7 @@ typedef struct mf_ckpt_report {
  * mf_ckpt_build_entries_free). Returns 0 or -1 (out of memory). Entry i < n_pieces
  * * states.n is (state i / np, piece p->first[r] + i % np). */
 int mf_ckpt_build_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states *st, uint64_t blob_bytes,
-                    mf_ckpt_wentry **out, int *n);
+                          mf_ckpt_wentry **out, int *n);
 void mf_ckpt_build_entries_free(mf_ckpt_wentry *e, int n);
 /* "rank-%05lld.safetensors" */
 void mf_ckpt_build_file_name(int64_t r, char *buf, size_t size);
@@ -50,7 +50,7 @@ void mf_ckpt_build_new_id(char id[33]);
  * (mf_ckpt_io_remove_dir). */
 int mf_ckpt_build_begin_dir(const char *out, char id[33], char *tmp, size_t tmplen, char *err, size_t errlen);
 int mf_ckpt_build_finish_dir(const mf_schedule *s, const mf_ckpt_plan *p, const mf_ckpt_states *st, const char *id,
-                       int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
-                       size_t errlen);
+                             int64_t step, const mf_ckpt_report *rep, const char *tmp, const char *out, char *err,
+                             size_t errlen);
 
 #endif

@@ -290,7 +290,7 @@ static void mf_hf_note(char *err, size_t errlen, int *bad, const char *fmt, ...)
 }
 
 int mf_ckpt_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *st, int n, int *src, char *err,
-                size_t errlen)
+                     size_t errlen)
 {
     int bad = 0;
     char name[1024];

@@ -90,7 +90,7 @@ mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m);
  * without a destination, shape or dtype mismatch is listed in one message.
  * 0 or -1. */
 int mf_ckpt_hf_match(const mf_hf_model *m, const mf_hf_rules *r, const mf_hf_shape *t, int n, int *src, char *err,
-                size_t errlen);
+                     size_t errlen);
 /* Elements [start, end) of model tensor t, converted to dst_dtype, into dst
  * (core/mf_dtype.h). 0, or -1 with a message naming the file. */
 int mf_hf_model_read(const mf_hf_model *m, int t, int64_t start, int64_t end, void *dst, mf_dtype dst_dtype,

@@ -30,11 +30,11 @@ int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, siz
         n--;
     if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
         return mf_diag_errf(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
-                       "committed checkpoint", (int)n, dir), -1;
+                            "committed checkpoint", (int)n, dir), -1;
     int fd = mf_ckpt_io_open_regular(path, 0, &st, err, errlen);
     if (fd < 0 && errno == ENOENT)
         return mf_diag_errf(err, errlen, "%s: manifest.json is missing: not a committed checkpoint (no manifest: the "
-                       "save did not complete)", dir), -1;
+                            "save did not complete)", dir), -1;
     if (fd < 0)
         return -1;
     int rc = -1;
@@ -249,7 +249,7 @@ int mf_ckpt_read(mf_ckpt_reader *r, int state, int tensor, int64_t start, int64_
         size_t bytes = (size_t)(b - a) * es;
         uint32_t crc = 0;
         if (mf_ckpt_dio_fetch(r, p->file, p->offset + (uint64_t)(a - p->start) * es, bytes, to, (size_t)(to - base),
-                          &crc) != 0)
+                              &crc) != 0)
             return snprintf(err, errlen, "%s/%s: read error: %s", r->dir, m->files[p->file].name,
                             strerror(errno)), -1;
         r->bytes_read += bytes;

@@ -176,7 +176,7 @@ static int mf_st_check_tiling(const char *fname, const mf_st_file *f, char *err,
 }
 
 int mf_ckpt_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
-                char *err, size_t errlen)
+                     char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->header_len = len;
@@ -296,7 +296,7 @@ static json_t *mf_st_entry_json(const mf_st_entry *e)
 }
 
 int mf_ckpt_st_build(const mf_st_entry *e, int n, const char *const *meta_key, const char *const *meta_val,
-                int nmeta, uint8_t **out, size_t *out_len)
+                     int nmeta, uint8_t **out, size_t *out_len)
 {
     *out = NULL;
     *out_len = 0;

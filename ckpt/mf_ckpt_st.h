@@ -72,10 +72,10 @@ typedef struct mf_st_file {
 /* Parses the JSON header json[0..len) of file `fname` (for messages) whose
  * data section has data_len bytes. Returns 0, or -1 with a message. */
 int mf_ckpt_st_parse(const char *fname, const char *json, size_t len, uint64_t data_len, mf_st_file *out,
-                char *err, size_t errlen);
+                     char *err, size_t errlen);
 /* Reads and parses the header of the open file fd of file_size bytes. */
 int mf_ckpt_st_read(int fd, const char *fname, uint64_t file_size, mf_st_file *out, char *err,
-               size_t errlen);
+                    size_t errlen);
 void mf_ckpt_st_free(mf_st_file *f);
 /* The entry named `name`, or NULL (linear search). */
 const mf_st_entry *mf_ckpt_st_find(const mf_st_file *f, const char *name);
@@ -87,7 +87,7 @@ const char *mf_ckpt_st_meta(const mf_st_file *f, const char *key);
  * padded with spaces to a multiple of 8 bytes. *out is malloc'd
  * (8 + header bytes, in *out_len). Returns 0, or -1 when out of memory. */
 int mf_ckpt_st_build(const mf_st_entry *e, int n, const char *const *meta_key,
-                const char *const *meta_val, int nmeta, uint8_t **out, size_t *out_len);
+                     const char *const *meta_val, int nmeta, uint8_t **out, size_t *out_len);
 
 /* The safetensors dtype of a schedule dtype (F32 for one it does not
  * know); the schedule dtype (mf_dtype) of a safetensors dtype, or -1 when

@@ -70,7 +70,7 @@ int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p)
 }
 
 int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
-                                 const int64_t coords[MF_MAX_AXES])
+                              const int64_t coords[MF_MAX_AXES])
 {
     int s = mf_layout_flat_start(p, m->naxes);
     int64_t q = 0, stride = 1;

@@ -38,7 +38,7 @@ bool mf_layout_flat_suffix_ok(const mf_placement *p, int naxes);
 int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p);
 /* Shard index q of a rank with these coords. */
 int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
-                                 const int64_t coords[MF_MAX_AXES]);
+                              const int64_t coords[MF_MAX_AXES]);
 /* The elements of a bucket of padded length L (divisible by the shard count)
  * that rank r holds under placement p. */
 mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L);

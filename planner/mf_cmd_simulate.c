@@ -25,6 +25,7 @@
 #include "mf_outputs.h"
 #include "mf_pipeline.h"
 #include "mf_plan_mem.h"
+#include "mf_human.h"
 #include "mf_plan_stats.h"
 #include "mf_simulate.h"
 
@@ -281,7 +282,7 @@ int mf_cmd_simulate(int argc, char **argv)
     mf_plan_mem_of(s, a.optb, &mem);
     char h1[32];
     printf("memory/rank  peak %s (%lld bytes) allocated = persistent region + arena (docs/semantics.md §10)\n",
-           mf_plan_stats_human_bytes(mem.allocated, h1, sizeof h1), (long long)mem.allocated);
+           mf_human_bytes(mem.allocated, h1, sizeof h1), (long long)mem.allocated);
     mf_plan_mem_print(stdout, &mem, a.optb);
     if (a.compare) {
         mf_sim_config one = cfg;

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "mf_human.h"
 #include "mf_interfere.h"
 #include "mf_layout.h"
 #include "mf_plan_stats.h"
@@ -135,14 +136,14 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
     mf_bucket_memory m;
     mf_bucket_memory_of(p, bi, &m);
     char h3[32], h4[32];
-    fprintf(out, "    memory/rank main_weight  persistent %s\n", mf_plan_stats_human_bytes(m.main_weight, h1, sizeof h1));
+    fprintf(out, "    memory/rank main_weight  persistent %s\n", mf_human_bytes(m.main_weight, h1, sizeof h1));
     fprintf(out, "    memory/rank weight       persistent %s (at rest)  transient %s (unsharded %s, stages %s)\n",
-            mf_plan_stats_human_bytes(m.persistent[MF_ROLE_WEIGHT], h1, sizeof h1), mf_plan_stats_human_bytes(m.transient[MF_ROLE_WEIGHT], h2, sizeof h2),
-            mf_plan_stats_human_bytes(m.weight_full, h3, sizeof h3), mf_plan_stats_human_bytes(m.weight_stage, h4, sizeof h4));
-    fprintf(out, "    memory/rank grad         persistent %s (accumulation %s, ", mf_plan_stats_human_bytes(m.persistent[MF_ROLE_GRAD], h1, sizeof h1),
-            mf_plan_stats_human_bytes(m.grad, h2, sizeof h2));
-    fprintf(out, "final %s)  transient %s ", mf_plan_stats_human_bytes(m.grad_final, h1, sizeof h1), mf_plan_stats_human_bytes(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
-    fprintf(out, "(local %s, stages %s)\n", mf_plan_stats_human_bytes(m.grad_local, h1, sizeof h1), mf_plan_stats_human_bytes(m.grad_stage, h2, sizeof h2));
+            mf_human_bytes(m.persistent[MF_ROLE_WEIGHT], h1, sizeof h1), mf_human_bytes(m.transient[MF_ROLE_WEIGHT], h2, sizeof h2),
+            mf_human_bytes(m.weight_full, h3, sizeof h3), mf_human_bytes(m.weight_stage, h4, sizeof h4));
+    fprintf(out, "    memory/rank grad         persistent %s (accumulation %s, ", mf_human_bytes(m.persistent[MF_ROLE_GRAD], h1, sizeof h1),
+            mf_human_bytes(m.grad, h2, sizeof h2));
+    fprintf(out, "final %s)  transient %s ", mf_human_bytes(m.grad_final, h1, sizeof h1), mf_human_bytes(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
+    fprintf(out, "(local %s, stages %s)\n", mf_human_bytes(m.grad_local, h1, sizeof h1), mf_human_bytes(m.grad_stage, h2, sizeof h2));
 }
 
 /* The interference bound with its clique (docs/semantics.md §10): the same
@@ -165,7 +166,7 @@ static void text_interference(const mf_schedule *s, const mf_interfere *x, FILE 
 {
     char h1[32];
     fprintf(out, "               arena interference lower bound %s%s (%lld bytes), arena/bound %.3f\n",
-            x->exact ? "" : "at least ", mf_plan_stats_human_bytes(x->bytes, h1, sizeof h1), (long long)x->bytes,
+            x->exact ? "" : "at least ", mf_human_bytes(x->bytes, h1, sizeof h1), (long long)x->bytes,
             x->bytes > 0 ? (double)s->mem_transient / (double)x->bytes : 1.0);
     fprintf(out, "               = %d buffers whose live ranges pairwise meet; with one address per buffer "
                  "for the run they must be disjoint:\n", x->nmembers);
@@ -187,12 +188,12 @@ static int text_eval(const mf_schedule *s, FILE *out)
         return -1;
     fprintf(out, "evaluation pass (eval_forward_pre/post, between steps; no gradient buffers)\n");
     fprintf(out, "  memory/rank  peak transient %s (%lld bytes) of the arena's %s; allocated as for the step\n",
-            mf_plan_stats_human_bytes(ev.peak_transient, h1, sizeof h1), (long long)ev.peak_transient,
-            mf_plan_stats_human_bytes(s->mem_transient, h2, sizeof h2));
+            mf_human_bytes(ev.peak_transient, h1, sizeof h1), (long long)ev.peak_transient,
+            mf_human_bytes(s->mem_transient, h2, sizeof h2));
     fprintf(out, "  bytes/rank   %-28s %14s  (%lld launches a pass)\n", "axis", "bytes/pass", (long long)ev.launches);
     for (int j = 0; j < s->mesh.naxes; j++)
         fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)ev.bytes[j],
-                mf_plan_stats_human_bytes(ev.bytes[j], h1, sizeof h1));
+                mf_human_bytes(ev.bytes[j], h1, sizeof h1));
     fprintf(out, "short step (step_end after m < M microbatches): the T4 reductions back to back, the "
                  "step's memory\n");
     return 0;
@@ -221,15 +222,15 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "  bytes/rank   %-28s %14s\n", "axis", "bytes/step");
     for (int j = 0; j < s->mesh.naxes; j++)
         fprintf(out, "               %-28s %14lld  %s\n", s->mesh.axes[j].name, (long long)sum.bytes[j],
-                mf_plan_stats_human_bytes(sum.bytes[j], h1, sizeof h1));
+                mf_human_bytes(sum.bytes[j], h1, sizeof h1));
     /* The one peak (docs/semantics.md §9): what the runtime allocates, from
      * the buffer assignment; the live-bytes bound next to it. */
     const mf_summary *ss = &s->summary;
     fprintf(out, "  memory/rank  peak %s (%lld bytes) allocated = persistent region %s + arena %s\n",
-            mf_plan_stats_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
-            mf_plan_stats_human_bytes(s->mem_persistent, h2, sizeof h2), mf_plan_stats_human_bytes(s->mem_transient, h3, sizeof h3));
+            mf_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
+            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3));
     fprintf(out, "               arena live-bytes lower bound %s (%lld bytes), arena/bound %.3f\n",
-            mf_plan_stats_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
+            mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
             ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
     mf_interfere x;
     if (!interference_of(s, &x))
@@ -241,10 +242,10 @@ static int text_totals(const mf_plan *p, FILE *out)
     fprintf(out, "               %-12s %14s %16s %14s\n", "role", "persistent", "window", "model");
     for (int r = 0; r < MF_ROLE_COUNT; r++)
         fprintf(out, "               %-12s %14s %16s %14s\n", mf_role_name((mf_role)r),
-                mf_plan_stats_human_bytes(mem.persistent[r], h1, sizeof h1), mf_plan_stats_human_bytes(mem.transient_peak[r], h2, sizeof h2),
-                mf_plan_stats_human_bytes(mem.peak[r], h3, sizeof h3));
-    fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", mf_plan_stats_human_bytes(mem.persistent_total, h1, sizeof h1),
-            mf_plan_stats_human_bytes(mem.transient_peak_total, h2, sizeof h2), mf_plan_stats_human_bytes(mem.peak_total, h3, sizeof h3),
+                mf_human_bytes(mem.persistent[r], h1, sizeof h1), mf_human_bytes(mem.transient_peak[r], h2, sizeof h2),
+                mf_human_bytes(mem.peak[r], h3, sizeof h3));
+    fprintf(out, "               %-12s %14s %16s %14s  (%lld bytes)\n", "total", mf_human_bytes(mem.persistent_total, h1, sizeof h1),
+            mf_human_bytes(mem.transient_peak_total, h2, sizeof h2), mf_human_bytes(mem.peak_total, h3, sizeof h3),
             (long long)mem.peak_total);
     return text_eval(s, out);
 }

@@ -135,8 +135,8 @@ static bool pad_to(int64_t q, int64_t widest, int64_t used, int64_t *length)
 }
 
 bool mf_layout_pass_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
-                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
-                             int64_t *length)
+                                  const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
+                                  int64_t *length)
 {
     int64_t q, widest;
     return pad_quantum(m, dt, pl, align, &q, &widest) && pad_to(q, widest, used, length);

@@ -68,7 +68,7 @@ static bool same_file(const char *a, const char *b)
 }
 
 int mf_pipeline_write_file_atomic(const char *path, const char *protect,
-                         int (*write)(FILE *out, const void *ctx), const void *ctx)
+                                  int (*write)(FILE *out, const void *ctx), const void *ctx)
 {
     if (protect && same_file(path, protect)) {
         fprintf(stderr, "mfsdpc: error: refusing to overwrite the input file '%s'\n", path);
@@ -190,7 +190,7 @@ static int run_passes(const mf_compile_options *opt, mf_compilation *c)
 }
 
 int mf_pipeline_compile_buffer(const char *path, const char *text, size_t len,
-                      const mf_compile_options *opt, mf_compilation *c)
+                               const mf_compile_options *opt, mf_compilation *c)
 {
     memset(c, 0, sizeof *c);
     c->arena = mf_arena_create();

@@ -44,7 +44,7 @@ typedef struct mf_compile_options {
 int mf_pipeline_compile_file(const char *path, const mf_compile_options *opt, mf_compilation *c);
 /* Same, from a buffer (for tests and fuzzers); path is only for messages. */
 int mf_pipeline_compile_buffer(const char *path, const char *text, size_t len,
-                      const mf_compile_options *opt, mf_compilation *c);
+                               const mf_compile_options *opt, mf_compilation *c);
 void mf_compilation_free(mf_compilation *c);
 
 /* Reads a whole file; returns owned NUL-terminated text or NULL (errno set). */
@@ -58,6 +58,6 @@ char *mf_pipeline_read_file(const char *path, size_t *len);
  * Returns 0, or -1 with a message on stderr.
  */
 int mf_pipeline_write_file_atomic(const char *path, const char *protect,
-                         int (*write)(FILE *out, const void *ctx), const void *ctx);
+                                  int (*write)(FILE *out, const void *ctx), const void *ctx);
 
 #endif

@@ -493,7 +493,7 @@ static double drain(const mf_plan_search *ps, int64_t bucket, const int *choice,
 }
 
 void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double *lb_mem,
-                        double *lb_time)
+                                 double *lb_time)
 {
     const mf_mesh *m = &ps->spec.mesh;
     double pers = 0, bytes[MF_MAX_AXES] = {0}, fixed[MF_MAX_AXES] = {0};

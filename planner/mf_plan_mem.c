@@ -11,6 +11,7 @@
 
 #include "mf_layout.h"
 #include "mf_int.h"
+#include "mf_human.h"
 #include "mf_plan_stats.h"
 
 
@@ -73,6 +74,6 @@ void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
     char h1[32], h2[32], h3[32];
     fprintf(out, "plan/rank    %s (%lld bytes) = allocated %s (%lld bytes) + optimizer state %s (%lld bytes per "
                  "main_weight element held): what `mfsdpc plan` budgets\n",
-            mf_plan_stats_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_plan_stats_human_bytes(m->allocated, h2, sizeof h2),
-            (long long)m->allocated, mf_plan_stats_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
+            mf_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_human_bytes(m->allocated, h2, sizeof h2),
+            (long long)m->allocated, mf_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
 }

@@ -6,13 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_human.h"
 #include "mf_pipeline.h"
 #include "mf_plan_stats.h"
 
-/* Bytes with a binary unit and two decimals (mf_plan_stats_human_bytes_digits). */
+/* Bytes with a binary unit and two decimals (mf_human_bytes_digits). */
 static const char *gib(int64_t bytes, char *buf, size_t n)
 {
-    return mf_plan_stats_human_bytes_digits(bytes, 2, buf, n);
+    return mf_human_bytes_digits(bytes, 2, buf, n);
 }
 
 void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)

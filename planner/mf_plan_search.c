@@ -807,7 +807,7 @@ static int eval_steps(ps_eval *e, double lb_time, const double *planned, mf_ps_p
 }
 
 int mf_plan_search_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          const double *planned, mf_ps_point *pt)
+                                   const double *planned, mf_ps_point *pt)
 {
     ps_eval e = {.ps = ps, .prefetch = prefetch, .bucket = bucket, .cfg = ps->opt.sim, .live = -1,
                  .interference = -1};

@@ -151,12 +151,12 @@ int mf_plan_search_evaluate(mf_plan_search *ps, int prefetch, int64_t bucket, co
  * computes). planned: NULL, or the bounds on memory and step time from its
  * planned buckets, already computed. */
 int mf_plan_search_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice, double lb_time,
-                          const double *planned, mf_ps_point *pt);
+                                   const double *planned, mf_ps_point *pt);
 
 /* Lower bounds of a candidate (mf_plan_bound.c). */
 int mf_plan_search_bounds_prepare(mf_plan_search *ps);
 void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t bucket, const int *choice,
-                        double *lb_mem, double *lb_time);
+                                 double *lb_mem, double *lb_time);
 
 /* Lower bounds on the step time of a laid-out plan whose transitions are
  * planned, before the lowering (mf_plan_tbound.c), one per prefetch depth
@@ -164,7 +164,7 @@ void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t
  * compute times are known (ps->fwd). 0, or -1 on OOM. */
 struct mf_plan;
 int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
-                              double *out);
+                                       double *out);
 
 /* The arena bound (mf_plan_bound.c): units [a, z] whose weight_full (wf
  * bytes, 0 when none) and grad_local (gl) are one bucket's, or one unit's

@@ -53,8 +53,8 @@ int64_t mf_layout_pass_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t a
 int mf_layout_pass_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT]);
 /* The padded length for `used` elements; false when it does not fit 63 bits. */
 bool mf_layout_pass_padded_length(const mf_mesh *m, const mf_dtype dt[MF_ROLE_COUNT],
-                             const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
-                             int64_t *length);
+                                  const mf_placement pl[MF_ROLE_COUNT], int64_t align, int64_t used,
+                                  int64_t *length);
 
 /* ---- memory ---- */
 
@@ -96,11 +96,5 @@ int64_t mf_plan_stats_transition_runs(const mf_plan *p, int b, int t);
  * schedule's summary (mf_schedule_summarize()). Sums saturate at INT64_MAX.
  * False on OOM. */
 bool mf_plan_totals(const mf_plan *p, mf_summary *out);
-
-/* "1.5 MiB"-style rendering of a byte count (whole bytes below 1 KiB), for
- * explain's and plan's reports. Returns buf. */
-char *mf_plan_stats_human_bytes(int64_t bytes, char *buf, size_t size);
-/* The same with `digits` decimals ("9.85 GiB" with 2; plan's table). */
-char *mf_plan_stats_human_bytes_digits(int64_t bytes, int digits, char *buf, size_t size);
 
 #endif

@@ -316,7 +316,7 @@ static double bound_for(tb_ctx *x, int prefetch)
 }
 
 int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
-                              double *out)
+                                       double *out)
 {
     const mf_schedule *s = p->sched;
     for (int i = 0; i < n; i++)

@@ -84,7 +84,7 @@ static void times_from_params(const mf_sim_config *cfg, int64_t params, double *
 }
 
 void mf_simulate_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
-                       double *bwd)
+                            double *bwd)
 {
     if (cfg->fwd_time && cfg->bwd_time) {
         *fwd = cfg->fwd_time[u];
@@ -135,7 +135,7 @@ static int check_schedule(const mf_schedule *s, const mf_sim_config *cfg, char *
         }
         if (step_phase ? op->unit != -1 : (op->unit < 0 || op->unit >= s->nunits)) {
             mf_diag_errf(err, errlen, "op %d: unit %d out of range for phase %s", i, op->unit,
-                    mf_phase_name(op->phase));
+                         mf_phase_name(op->phase));
             return -1;
         }
         if ((int)op->stream < 0 || op->stream >= MF_STREAM_COUNT) {
@@ -149,13 +149,13 @@ static int check_schedule(const mf_schedule *s, const mf_sim_config *cfg, char *
         }
         if (mf_opkind_is_collective(op->kind) && (op->axis < 0 || op->axis >= s->mesh.naxes)) {
             mf_diag_errf(err, errlen, "op %d: %s on axis %d, the mesh has %d axes", i,
-                    mf_opkind_name(op->kind), op->axis, s->mesh.naxes);
+                         mf_opkind_name(op->kind), op->axis, s->mesh.naxes);
             return -1;
         }
         if ((op->kind == MF_OP_RECORD || op->kind == MF_OP_WAIT) &&
             (op->event < 0 || op->event >= s->nevents)) {
             mf_diag_errf(err, errlen, "op %d: event %d out of range (%d events)", i, op->event,
-                    s->nevents);
+                         s->nevents);
             return -1;
         }
     }
@@ -508,7 +508,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
     int64_t nitems = count_items(s);
     if (nitems > INT32_MAX / 2) {
         mf_diag_errf(err, errlen, "too many op instances per step (%lld, limit is %d)",
-                (long long)nitems, INT32_MAX / 2);
+                     (long long)nitems, INT32_MAX / 2);
         return -1;
     }
 
@@ -544,7 +544,7 @@ int mf_simulate(const mf_schedule *s, const mf_sim_config *cfg, mf_sim_result *r
         mf_simulate_unit_times(s, cfg, u, &st.fwd[u], &st.bwd[u]);
         if (!(st.fwd[u] >= 0) || !(st.bwd[u] >= 0) || !isfinite(st.fwd[u] + st.bwd[u])) {
             mf_diag_errf(err, errlen, "unit %s: compute time is not a finite non-negative number",
-                    s->units[u].name);
+                         s->units[u].name);
             goto cleanup;
         }
     }

@@ -137,7 +137,7 @@ void mf_sim_result_free(mf_sim_result *r);
 
 /* Seconds of compute of unit u per microbatch: forward and backward. */
 void mf_simulate_unit_times(const mf_schedule *s, const mf_sim_config *cfg, int u, double *fwd,
-                       double *bwd);
+                            double *bwd);
 
 /* Short label of an item, e.g. "all_gather layers.3" or "fwd layers.3"; writes
  * into buf (size >= 16) and returns buf. */

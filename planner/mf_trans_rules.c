@@ -30,7 +30,7 @@ static mf_placement mf_trans_end(int fixed, const mf_placement *role, int naxes)
 }
 
 mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
-                                 int naxes)
+                                       int naxes)
 {
     const mf_trans_rule *tr = &mf_trans_rules[t];
     mf_trans_ends e;
@@ -167,7 +167,7 @@ static void mf_trans_report_move(const mf_mesh *mesh, int t, int j, int from, in
 }
 
 int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
-                          mf_illegal_fn report, void *ctx)
+                                mf_illegal_fn report, void *ctx)
 {
     int n = mf_trans_check_partial(mesh, place, what, report, ctx);
     n += mf_trans_check_suffix(mesh, place, what, report, ctx);

@@ -94,7 +94,7 @@ typedef struct mf_trans_ends {
 } mf_trans_ends;
 
 mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
-                                 int naxes);
+                                       int naxes);
 
 /* May transition t go from placement a to b on one axis? */
 bool mf_trans_rules_move_ok(int t, mf_place a, mf_place b);
@@ -124,6 +124,6 @@ typedef void (*mf_illegal_fn)(void *ctx, const mf_illegal *v);
  * Reports every violation in that order; returns how many.
  */
 int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
-                          mf_illegal_fn report, void *ctx);
+                                mf_illegal_fn report, void *ctx);
 
 #endif

@@ -274,7 +274,7 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
     mf_gpu_plan *p = NULL;
     if (!s || rank < 0 || rank >= s->mesh.world || s->mesh.naxes < 1 || s->mesh.naxes > MF_MAX_AXES) {
         mf_diag_errf(err, errlen, "rank %lld out of range for a world of %lld", (long long)rank,
-                s ? (long long)s->mesh.world : 0LL);
+                     s ? (long long)s->mesh.world : 0LL);
         return NULL;
     }
     p = calloc(1, sizeof *p);
