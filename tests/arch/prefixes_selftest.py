@@ -10,14 +10,9 @@ import subprocess
 import sys
 import tempfile
 
+from include_graph_selftest import write   # the same tree writer (this folder)
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prefixes.py')
-
-
-def write(root, rel, text):
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, 'w') as f:
-        f.write(text)
 
 
 def run(root, *dirs):
@@ -54,13 +49,19 @@ def tree(root):
     write(root, 'runtime/engine/mf_e.c', 'int mfsdp_start(int n)\n{\n    return n;\n}\n')
 
 
+def expect(failures, ok, what, rc, out):
+    """Records `what` with the run's exit status and output unless ok."""
+    if not ok:
+        failures.append('%s (rc %d):\n%s' % (what, rc, out))
+
+
 def main():
     failures = []
     with tempfile.TemporaryDirectory() as root:
         tree(root)
         rc, out = run(root, 'lib', 'other', 'runtime')
-        if rc != 0 or "every exported function carries its module's prefix" not in out:
-            failures.append('the clean tree should pass (rc %d):\n%s' % (rc, out))
+        expect(failures, rc == 0 and "every exported function carries its module's prefix" in out,
+               'the clean tree should pass', rc, out)
         for rel, text in OFFENDERS.items():
             with open(os.path.join(root, rel), 'a') as f:
                 f.write('\n' + text)
@@ -69,22 +70,20 @@ def main():
                 'other/mf_b_far.c:11 mf_b_elsewhere', 'runtime/engine/mf_e.c:6 mfsdp_unlisted',
                 "prefixes: 4 exported functions do not carry their module's prefix"]
         missing = [w for w in want if w not in out]
-        if rc != 1 or missing:
-            failures.append('offenders not reported (rc %d, missing %s):\n%s' % (rc, missing, out))
-        for name in ('mf_a\n', 'mf_a_count', 'mf_thing_name', 'mf_kind_of', 'mf_helper',
-                     'mf_declared_elsewhere', 'mf_b_thing', 'mf_b_far_ok', 'mfsdp_start'):
-            if name in out:
-                failures.append('%s reported, but it carries its prefix or is not exported:\n%s'
-                                % (name.strip(), out))
+        expect(failures, rc == 1 and not missing, 'offenders not reported, missing %s' % missing, rc, out)
+        passing = ('mf_a\n', 'mf_a_count', 'mf_thing_name', 'mf_kind_of', 'mf_helper',
+                   'mf_declared_elsewhere', 'mf_b_thing', 'mf_b_far_ok', 'mfsdp_start')
+        reported = [name.strip() for name in passing if name in out]
+        expect(failures, not reported, '%s reported, but carry their prefix or are not exported'
+               % reported, rc, out)
         # only the folders named are read
         rc, out = run(root, 'other')
-        if rc != 1 or 'lib/' in out or "1 exported functions" not in out:
-            failures.append('other alone: one offender, nothing of lib (rc %d):\n%s' % (rc, out))
+        expect(failures, rc == 1 and 'lib/' not in out and '1 exported functions' in out,
+               'other alone: one offender, nothing of lib', rc, out)
         rc, out = run(root, 'missing')
-        if rc != 2 or 'missing is not a folder' not in out:
-            failures.append('a missing folder should be an error (rc %d):\n%s' % (rc, out))
-    for f in failures:
-        print('FAIL: ' + f)
+        expect(failures, rc == 2 and 'missing is not a folder' in out,
+               'a missing folder should be an error', rc, out)
+    sys.stdout.write(''.join('FAIL: %s\n' % f for f in failures))
     print('prefixes_selftest: %d failure(s)' % len(failures))
     return 1 if failures else 0
 
