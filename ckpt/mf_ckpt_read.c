@@ -25,9 +25,7 @@ int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, siz
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return mf_diag_errf(err, errlen, "%s: no such checkpoint directory", dir), -1;
     /* DIR.tmp-ID: a save that never reached its rename (the commit point). */
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
+    size_t n = mf_ckpt_io_dir_len(dir);
     if (n >= 37 && memcmp(dir + n - 37, ".tmp-", 5) == 0 && strspn(dir + n - 32, "0123456789abcdef") >= 32)
         return mf_diag_errf(err, errlen, "%.*s: the temporary directory of a save that did not commit: not a "
                             "committed checkpoint", (int)n, dir), -1;
@@ -48,16 +46,11 @@ int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, siz
         mf_diag_errf(err, errlen, "%s: out of memory", path);
         goto done;
     }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
-        if (r <= 0) {
-            mf_diag_errf(err, errlen, "%s: read error: %s", path, r == 0 ? "unexpected end" : strerror(errno));
-            goto done;
-        }
-        got += (size_t)r;
+    if (mf_ckpt_io_pread_all(fd, text, (size_t)st.st_size, 0) != 0) {
+        mf_diag_errf(err, errlen, "%s: read error: %s", path, errno == ENODATA ? "unexpected end" : strerror(errno));
+        goto done;
     }
-    rc = mf_ckpt_manifest_parse(path, text, got, out, err, errlen);
+    rc = mf_ckpt_manifest_parse(path, text, (size_t)st.st_size, out, err, errlen);
 done:
     free(text);
     close(fd);

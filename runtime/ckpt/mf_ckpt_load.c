@@ -22,6 +22,7 @@
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
 #include "mf_ckpt_stage.h"
+#include "mf_diag.h"
 #include "mf_hash.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
@@ -79,11 +80,7 @@ static mfsdp_result mf_ckpt_lround(mf_rt *rt, const mf_ckpt_lmsg *mine, mf_ckpt_
 static void mf_ckpt_lfail(mf_ckpt_lmsg *m, const char *text)
 {
     m->status = MFSDP_ERR_LOAD;
-    size_t n = strlen(text);
-    if (n >= sizeof m->msg)
-        n = sizeof m->msg - 1;
-    memcpy(m->msg, text, n);
-    m->msg[n] = '\0';
+    mf_diag_errf(m->msg, sizeof m->msg, "%s", text);   /* truncated to fit */
 }
 
 /* Appends one mismatch to err (keeps counting past the buffer). */

@@ -17,6 +17,7 @@
 
 #include "mf_abi.h"
 #include "mf_ckpt_build.h"
+#include "mf_diag.h"
 #include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
@@ -50,11 +51,7 @@ static mfsdp_result mf_ckpt_round(mf_rt *rt, const mf_ckpt_msg *mine, mf_ckpt_ms
 static void mf_ckpt_fail(mf_ckpt_msg *m, mfsdp_result code, const char *text)
 {
     m->status = code;
-    size_t n = strlen(text);
-    if (n >= sizeof m->msg)
-        n = sizeof m->msg - 1;
-    memcpy(m->msg, text, n);
-    m->msg[n] = '\0';
+    mf_diag_errf(m->msg, sizeof m->msg, "%s", text);   /* truncated to fit */
 }
 
 /* The runtime's tensor index of every plan tensor. */
