@@ -26,7 +26,8 @@ ci_stage_end() {
   ci_stage_name=""
 }
 
-# stages_done: the time of every stage and their sum.
+# stages_done: the time of every stage and their sum; on exit, also after a
+# failure (the EXIT trap below).
 stages_done() {
   ci_stage_end
   echo "== done in $((SECONDS - ci_t0)) s; the stages:"
@@ -120,3 +121,5 @@ sanitize_suite() {
   echo "== LeakSanitizer's tracer crashed (no leak reported): rerunning the failed tests once"
   ctest --preset sanitize --rerun-failed
 }
+
+trap stages_done EXIT
