@@ -18,7 +18,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_frontend fuzz_planner fuzz_load fuzz_roundtrip fuzz_safetensors)
 src=$(cd "$(dirname "$0")/../.." && pwd)
 fz=$src/tests/fuzz
-spec_seeds=("$src/schedules" "$src/tests/frontend/valid" "$src/tests/frontend/invalid" "$fz/regressions/frontend"
+spec_seeds=("$src/schedules" "$src/tests/grammar/valid" "$src/tests/grammar/invalid" "$fz/regressions/frontend"
             "$fz/regressions/planner")
 yaml_seeds=("$fz/seeds/schedules" "$fz/regressions/load" "$fz/regressions/roundtrip")
 mkdir -p "$out"

@@ -185,7 +185,7 @@ static void test_yaml_same_data(void **state)
     assert_int_equal(num(get(&doc, mpr, "live_bytes")), p->sched->summary.live_bytes);
     assert_true(num(get(&doc, mpr, "arena")) >= num(get(&doc, mpr, "live_bytes")));
     /* the interference bound: the summary's, between the live bound and the
-     * arena, with its clique (tests/schedule/test_interfere.c checks members) */
+     * arena, with its clique (tests/core/test_interfere.c checks members) */
     assert_int_equal(num(get(&doc, mpr, "interference_bytes")), p->sched->summary.interference_bytes);
     assert_true(num(get(&doc, mpr, "interference_bytes")) >= num(get(&doc, mpr, "live_bytes")));
     assert_true(num(get(&doc, mpr, "arena")) >= num(get(&doc, mpr, "interference_bytes")));

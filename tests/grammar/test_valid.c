@@ -1,10 +1,10 @@
 /*
- * Valid specs: every schedules/ and tests/frontend/valid/ (every .mfsdp) must
+ * Valid specs: every schedules/ and tests/grammar/valid/ (every .mfsdp) must
  * check clean (status 0, no output), and the resolved spec must say what the
  * source says: loop expansion and names, per-tensor overrides, inline layouts,
  * labeled placements, defaults and the extensions.
  *
- * argv[1]: tests/frontend source dir; argv[2]: the schedules dir.
+ * argv[1]: tests/grammar source dir; argv[2]: the schedules dir.
  */
 #include <dirent.h>
 #include <setjmp.h>

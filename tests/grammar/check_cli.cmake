@@ -1,7 +1,7 @@
 # Runs the real `mfsdpc check` binary: exit statuses 0 (valid), 1 (errors),
 # 2 (usage or unreadable file), output on stdout/stderr, and the file name
-# printed as given (a relative path, run from tests/frontend).
-#   cmake -DMFSDPC=... -DSRC=tests/frontend -DSCHEDULES=schedules -P check_cli.cmake
+# printed as given (a relative path, run from tests/grammar).
+#   cmake -DMFSDPC=... -DSRC=tests/grammar -DSCHEDULES=schedules -P check_cli.cmake
 
 set(MF_RUN_DIR ${SRC})
 include(${CMAKE_CURRENT_LIST_DIR}/../cmake/mfsdpc_run.cmake)

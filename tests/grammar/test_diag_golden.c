@@ -1,12 +1,12 @@
 /*
- * Golden diagnostics for the front end: every tests/frontend/invalid/NAME.mfsdp
+ * Golden diagnostics for the front end: every tests/grammar/invalid/NAME.mfsdp
  * runs through the in-process pipeline up to the semantic pass, and what it
  * prints must equal NAME.expected byte for byte. The file name in the
  * diagnostics is the relative path the test passes ("invalid/NAME.mfsdp"),
  * which is also what `mfsdpc check invalid/NAME.mfsdp` prints when run from
- * tests/frontend.
+ * tests/grammar.
  *
- * argv[1]: the tests/frontend source directory.
+ * argv[1]: the tests/grammar source directory.
  * MFSDP_UPDATE_GOLDEN=1 rewrites the .expected files instead of comparing.
  */
 #include <dirent.h>

@@ -9,7 +9,7 @@
 #                  least the peak instant's set)
 #   A <= 1.05 x I (the goal, against the bound that holds with one offset per
 #                  buffer; that the printed clique really interferes is
-#                  tests/schedule/test_interfere.c's job)
+#                  tests/core/test_interfere.c's job)
 # and prints A / L next to it. Also checks, per spec, that the one peak
 # `mfsdpc explain` prints is the schedule's allocated_bytes = the persistent
 # region + the arena, byte for byte (docs/semantics.md §9), and that the
@@ -26,7 +26,7 @@ cd "$src"
 fail=0
 n=0
 for spec in schedules/*.mfsdp examples/mlp/*.mfsdp tests/runtime/specs/*.mfsdp tests/ckpt/specs/*.mfsdp \
-            tests/frontend/valid/*.mfsdp tests/gpu/*.mfsdp bench/ckpt/*.mfsdp; do
+            tests/grammar/valid/*.mfsdp tests/gpu/*.mfsdp bench/ckpt/*.mfsdp; do
   [ -e "$spec" ] || continue
   out="$tmp/out.yaml"
   if ! "$mfsdpc" compile "$spec" -o "$out" >"$tmp/log" 2>&1; then
