@@ -89,14 +89,8 @@ static mfsdp_schedule *collective_schedule(int64_t n, int64_t elems, mf_opkind k
                                            mf_reduce reduce)
 {
     mf_tb_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.naxes = 1;
-    spec.sizes[0] = n;
-    spec.microbatches = 1;
-    spec.reduce = reduce;
-    spec.nlayouts = 1;
+    mf_tb_spec_1d(&spec, n, reduce);
     spec.layouts[0] = (mf_tb_layout){{MF_FP32, MF_FP32, MF_FP32}, {"F", "F", "F"}};
-    spec.nunits = 1;
     spec.units[0] = (mf_tb_unit){"u", false, 1, {{"t", elems, 0}}};
     char err[256];
     mf_schedule *s = mf_tb_build(&spec, err, sizeof err);
@@ -138,13 +132,7 @@ static mfsdp_schedule *collective_schedule(int64_t n, int64_t elems, mf_opkind k
             op->dst = full;
         }
     }
-    ops[reps] = (mf_op){.id = reps, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
-                        .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
-                        .src = -1, .dst = -1, .event = 0};
-    ops[reps + 1] = ops[reps];
-    ops[reps + 1].id = reps + 1;
-    ops[reps + 1].stream = MF_STREAM_COMPUTE;
-    ops[reps + 1].kind = MF_OP_WAIT;
+    mf_tb_step_begin_fence(ops, reps);
     s->ops = ops;
     s->nops = reps + 2;
     s->nevents = 1;

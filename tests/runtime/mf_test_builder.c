@@ -26,6 +26,28 @@ static const char *letters(char buf[MF_MAX_AXES + 1], int k, char outer, char in
     return buf;
 }
 
+void mf_tb_spec_1d(mf_tb_spec *spec, int64_t ranks, mf_reduce reduce)
+{
+    memset(spec, 0, sizeof *spec);
+    spec->naxes = 1;
+    spec->sizes[0] = ranks;
+    spec->microbatches = 1;
+    spec->reduce = reduce;
+    spec->nlayouts = 1;
+    spec->nunits = 1;
+}
+
+void mf_tb_step_begin_fence(mf_op *ops, int at)
+{
+    ops[at] = (mf_op){.id = at, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
+                      .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
+                      .src = -1, .dst = -1, .event = 0};
+    ops[at + 1] = ops[at];
+    ops[at + 1].id = at + 1;
+    ops[at + 1].stream = MF_STREAM_COMPUTE;
+    ops[at + 1].kind = MF_OP_WAIT;
+}
+
 bool mf_tb_mode(const char *mode, int k, mf_tb_layout *out)
 {
     if (k < 1 || k > MF_MAX_AXES)

@@ -49,6 +49,14 @@ typedef struct mf_tb_spec {
     uint8_t salt;           /* changes the schedule hash (mismatch tests) */
 } mf_tb_spec;
 
+/* A spec of one microbatch on a 1-D mesh of `ranks` ranks, with one layout
+ * and one unit for the caller to fill (spec->layouts[0], spec->units[0]). */
+void mf_tb_spec_1d(mf_tb_spec *spec, int64_t ranks, mf_reduce reduce);
+
+/* ops[at] and ops[at + 1]: step_begin's fence, a record (event 0) on the
+ * inner stream that the compute stream waits for. */
+void mf_tb_step_begin_fence(mf_op *ops, int at);
+
 /* Builds the schedule; NULL with a message when the spec is illegal. */
 mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen);
 

@@ -25,15 +25,9 @@
 static void run_large(const char *mode, int64_t ranks, mf_dtype grad, mf_reduce reduce)
 {
     mf_tb_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.naxes = 1;
-    spec.sizes[0] = ranks;
-    spec.microbatches = 1;
-    spec.reduce = reduce;
-    spec.nlayouts = 1;
+    mf_tb_spec_1d(&spec, ranks, reduce);
     assert_true(mf_tb_mode(mode, 1, &spec.layouts[0]));
     spec.layouts[0].dtype[MF_ROLE_GRAD] = grad;
-    spec.nunits = 1;
     spec.units[0] = (mf_tb_unit){"big", false, 2, {{"w", BIG, 0}, {"b", 3, 0}}};
     mfsdp_schedule *sh = rt_build(&spec);
     char msg[1024];

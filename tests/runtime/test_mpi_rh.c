@@ -44,14 +44,8 @@ static int64_t large_per_rank(int64_t g, mf_dtype dt)
 static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind, int64_t per_rank)
 {
     mf_tb_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.naxes = 1;
-    spec.sizes[0] = g;
-    spec.microbatches = 1;
-    spec.reduce = MF_REDUCE_SUM;
-    spec.nlayouts = 1;
+    mf_tb_spec_1d(&spec, g, MF_REDUCE_SUM);
     spec.layouts[0] = (mf_tb_layout){{dt, dt, MF_FP32}, {"F", "F", "F"}};
-    spec.nunits = 1;
     spec.units[0] = (mf_tb_unit){"u", false, 1, {{"t", per_rank * g, 0}}};
     char err[256];
     mf_schedule *s = mf_tb_build(&spec, err, sizeof err);
@@ -77,13 +71,7 @@ static mfsdp_schedule *rs_schedule(int64_t g, mf_dtype dt, mf_opkind kind, int64
                          .dtype = dt, .event = -1, .src = local,
                          .count = kind == MF_OP_ALL_REDUCE ? per_rank * g : per_rank,
                          .dst = kind == MF_OP_REDUCE_SCATTER ? grad : k == 0 ? full : local};
-    ops[nc] = (mf_op){.id = nc, .phase = MF_PHASE_STEP_BEGIN, .unit = -1, .when = MF_WHEN_EVERY,
-                      .stream = MF_STREAM_INNER, .kind = MF_OP_RECORD, .bucket = -1, .axis = -1,
-                      .src = -1, .dst = -1, .event = 0};
-    ops[nc + 1] = ops[nc];
-    ops[nc + 1].id = nc + 1;
-    ops[nc + 1].stream = MF_STREAM_COMPUTE;
-    ops[nc + 1].kind = MF_OP_WAIT;
+    mf_tb_step_begin_fence(ops, nc);
     s->ops = ops;
     s->nops = nc + 2;
     s->nevents = 1;
