@@ -20,6 +20,8 @@
  *     the stream then runs bucket 1's T3 and T4, then bucket 0's:
  *         max(e0 + T34(0), e1 + T34(1) + T34(0))
  *     (times the factor), again equal to the simulated step time.
+ *   - Tight over two microbatches (ddp then zero2 on 1 axis, ddp then
+ *     zero1 on 2 axes): the bound equals the simulated step time.
  *   - Not tight: hfsdp3 and zero2 on 3 axes, two microbatches, prefetch 2:
  *     the bound drops the waits that connect one stream's ops to the
  *     other's, and sits strictly below the simulated step time (11 % when
@@ -197,6 +199,29 @@ static void test_not_tight(void **state)
     close_case(&k);
 }
 
+/* Two microbatches where the simulator's waits are the ones the bound
+ * keeps: the bound is the simulated step time (the factor aside). */
+static void tight_two_microbatches(const char *mesh, const char *l0, const char *l1)
+{
+    char text[512];
+    int o = snprintf(text, sizeof text, "%s\nmicrobatches 2;\nprefetch 1;\nbucket_size 1KiB;\n", mesh);
+    snprintf(text + o, sizeof text - (size_t)o, two_units, l0, l1);
+    tb_case k;
+    open_case(&k, text, 0); /* compute from the default FLOP rate */
+    double step, lb;
+    evaluate_only(&k, &step, &lb);
+    assert_close(lb, bound_of(&k, 1), "the search's recorded bound");
+    assert_close(lb, step * SAFETY, l1);
+    close_case(&k);
+}
+
+static void test_tight_two_microbatches(void **state)
+{
+    (void)state;
+    tight_two_microbatches("mesh gpu = 8;", "ddp", "zero2");
+    tight_two_microbatches("mesh node = 2, gpu = 4;", "ddp", "zero1");
+}
+
 /* Every candidate of a `layout auto` spec on the mesh: 0 < bound <=
  * simulated step time. */
 static void never_above(const char *mesh)
@@ -249,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_one_unit_one_axis),
         cmocka_unit_test(test_one_unit_two_axes),
         cmocka_unit_test(test_two_buckets_one_stream),
+        cmocka_unit_test(test_tight_two_microbatches),
         cmocka_unit_test(test_not_tight),
         cmocka_unit_test(test_never_above_simulation),
     };
