@@ -90,15 +90,19 @@ static double bound_of(const tb_case *k, int pf)
 }
 
 /* The one candidate of a spec that fixes everything: its simulated step
- * time, and the bound the search recorded for it. */
-static void evaluate_only(tb_case *k, double *step, double *lb)
+ * time, and in *lb the bound the search recorded for it (checked to be the
+ * module's for the spec's prefetch). */
+static double evaluated_step(tb_case *k, double *lb)
 {
     assert_int_equal((int)k->ps.ncandidates, 1);
-    int ch[1] = {0};
+    int ch[4] = {0}; /* the one choice of every group */
+    assert_true(k->ps.ngroups <= 4);
     mf_ps_point pt = {.choice = ch};
     assert_int_equal(mf_plan_search_evaluate(&k->ps, k->ps.prefetch[0], k->ps.bucket[0], ch, &pt), 0);
-    *step = pt.step_time;
     *lb = pt.lb_planned_time;
+    if (*lb != bound_of(k, k->ps.prefetch[0]))
+        fail_msg("the search recorded %.12g, the module returns %.12g", *lb, bound_of(k, k->ps.prefetch[0]));
+    return pt.step_time;
 }
 
 static void assert_close(double got, double want, const char *what)
@@ -106,6 +110,16 @@ static void assert_close(double got, double want, const char *what)
     double tol = 1e-12 + 1e-12 * (want < 0 ? -want : want);
     if (got - want > tol || want - got > tol)
         fail_msg("%s: %.12g, expected %.12g", what, got, want);
+}
+
+/* want: the hand-computed step time; the bound is it times the factor, and
+ * so is the simulation (tight). Closes the case. */
+static void assert_tight(tb_case *k, double want)
+{
+    double lb, step = evaluated_step(k, &lb);
+    assert_close(lb, want * SAFETY, "the bound");
+    assert_close(step, want, "the simulated step time (tight)");
+    close_case(k);
 }
 
 static void one_unit(const char *mesh, const char *layout, bool reshard_regathers)
@@ -126,11 +140,7 @@ static void one_unit(const char *mesh, const char *layout, bool reshard_regather
     assert_true(tr(&k, 0, MF_T3) > 0); /* the case moves data: the sum is not compute alone */
     for (int pf = 1; pf <= 3; pf++)
         assert_close(bound_of(&k, pf), want * SAFETY, layout);
-    double step, lb;
-    evaluate_only(&k, &step, &lb);
-    assert_close(lb, want * SAFETY, "the search's recorded bound");
-    assert_close(step, want, "the simulated step time (tight)");
-    close_case(&k);
+    assert_tight(&k, want);
 }
 
 static void test_one_unit_one_axis(void **state)
@@ -150,16 +160,24 @@ static void test_one_unit_two_axes(void **state)
 static const char two_units[] = "unit \"u0\" layout %s {\n  tensor \"w\" [512, 384];\n}\n"
                                 "unit \"u1\" layout %s {\n  tensor \"w\" [256, 384];\n}\n";
 
+/* Opens the two units above in layouts l0 and l1 under head (mesh and
+ * settings), one bucket each. */
+static void open_two_units(tb_case *k, const char *head, const char *l0, const char *l1, double unit_time)
+{
+    char text[512];
+    int o = snprintf(text, sizeof text, "%s\nbucket_size 1KiB;\n", head);
+    snprintf(text + o, sizeof text - (size_t)o, two_units, l0, l1);
+    open_case(k, text, unit_time);
+    assert_int_equal(k->c.plan->sched->nbuckets, 2);
+}
+
 static void test_two_buckets_one_stream(void **state)
 {
     (void)state;
-    char text[512];
-    int o = snprintf(text, sizeof text, "mesh gpu = 4;\nmicrobatches 1;\nprefetch 1;\nbucket_size 1KiB;\n");
-    snprintf(text + o, sizeof text - (size_t)o, two_units, "zero2", "zero2");
     tb_case k;
-    open_case(&k, text, 1e-6); /* compute shorter than the transfers: they queue */
+    /* compute shorter than the transfers: they queue */
+    open_two_units(&k, "mesh gpu = 4;\nmicrobatches 1;\nprefetch 1;", "zero2", "zero2", 1e-6);
     const mf_schedule *s = k.c.plan->sched;
-    assert_int_equal(s->nbuckets, 2);
     int b0 = s->buckets[0].unit == 0 ? 0 : 1, b1 = 1 - b0;
     assert_int_equal(s->buckets[b1].unit, 1);
     assert_true(tr(&k, b0, MF_T2) == 0 && tr(&k, b1, MF_T2) == 0);
@@ -174,24 +192,15 @@ static void test_two_buckets_one_stream(void **state)
     double a = e0 + t34_0, b = e1 + t34_1 + t34_0;
     double want = a > b ? a : b;
     assert_close(bound_of(&k, 1), want * SAFETY, "two buckets on one stream");
-    double step, lb;
-    evaluate_only(&k, &step, &lb);
-    assert_close(lb, want * SAFETY, "the search's recorded bound");
-    assert_close(step, want, "the simulated step time (tight)");
-    close_case(&k);
+    assert_tight(&k, want);
 }
 
 static void test_not_tight(void **state)
 {
     (void)state;
-    char text[512];
-    int o = snprintf(text, sizeof text, "mesh node = 2, socket = 2, gpu = 2;\nmicrobatches 2;\nprefetch 2;\nbucket_size 1KiB;\n");
-    snprintf(text + o, sizeof text - (size_t)o, two_units, "hfsdp3", "zero2");
     tb_case k;
-    open_case(&k, text, 1e-6);
-    double step, lb;
-    evaluate_only(&k, &step, &lb);
-    assert_close(lb, bound_of(&k, 1), "the search's recorded bound");
+    open_two_units(&k, "mesh node = 2, socket = 2, gpu = 2;\nmicrobatches 2;\nprefetch 2;", "hfsdp3", "zero2", 1e-6);
+    double lb, step = evaluated_step(&k, &lb);
     /* at least the compute of both microbatches, below the simulation */
     double compute = 2 * (k.ps.fwd[0] + k.ps.fwd[1] + k.ps.bwd[0] + k.ps.bwd[1]);
     if (!(lb > compute && lb < step * (1 - 1e-3)))
@@ -203,14 +212,11 @@ static void test_not_tight(void **state)
  * keeps: the bound is the simulated step time (the factor aside). */
 static void tight_two_microbatches(const char *mesh, const char *l0, const char *l1)
 {
-    char text[512];
-    int o = snprintf(text, sizeof text, "%s\nmicrobatches 2;\nprefetch 1;\nbucket_size 1KiB;\n", mesh);
-    snprintf(text + o, sizeof text - (size_t)o, two_units, l0, l1);
+    char head[128];
+    snprintf(head, sizeof head, "%s\nmicrobatches 2;\nprefetch 1;", mesh);
     tb_case k;
-    open_case(&k, text, 0); /* compute from the default FLOP rate */
-    double step, lb;
-    evaluate_only(&k, &step, &lb);
-    assert_close(lb, bound_of(&k, 1), "the search's recorded bound");
+    open_two_units(&k, head, l0, l1, 0); /* compute from the default FLOP rate */
+    double lb, step = evaluated_step(&k, &lb);
     assert_close(lb, step * SAFETY, l1);
     close_case(&k);
 }
