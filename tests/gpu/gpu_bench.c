@@ -40,6 +40,8 @@
  * Exit status: 0, 1 on a failure (stress: a difference), 2 on a usage error,
  * 77 without a GPU.
  */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +50,7 @@
 
 #include "gpu_presence.h"
 #include "mf_cuda_kernels.h"
+#include "mf_opts.h"
 #include "mfsdp_nccl.h"
 
 #define CK(x)                                                                                   \
@@ -823,84 +826,115 @@ static void usage(FILE *f)
                "       mfsdp-gpu-bench probe\n");
 }
 
-static int dispatch(int argc, char **argv);
+/* The command line, parsed in full before anything touches the GPU: an
+ * option the command does not take, a bad number or a missing operand is a
+ * usage error (exit 2) on any machine. */
+enum { OPT_LOCAL, OPT_MIB, OPT_UNIT_US, OPT_TRACE, OPT_STEPS, OPT_GRAPHS, OPT_COUNT };
 
-int main(int argc, char **argv)
+static const mf_opt bench_opts[] = {
+    {"--local", NULL, NULL, OPT_LOCAL},       {"--mib", NULL, "N", OPT_MIB},
+    {"--unit-us", NULL, "U", OPT_UNIT_US},    {"--trace", NULL, "FILE.json", OPT_TRACE},
+    {"--steps", NULL, "S", OPT_STEPS},        {"--graphs", NULL, NULL, OPT_GRAPHS},
+};
+
+typedef struct bench_args {
+    const char *command, *schedule, *trace;
+    int64_t mib, unit_us, steps;
+    bool graphs;
+    unsigned given;         /* 1u << OPT_* of the options given */
+} bench_args;
+
+/* A positive integer, the whole of s. */
+static bool positive(const char *s, int64_t *out)
 {
-    int k = 1;
-    for (int i = 1; i < argc; i++) { /* --local anywhere */
-        if (!strcmp(argv[i], "--local"))
-            use_local = true;
-        else
-            argv[k++] = argv[i];
-    }
-    argc = k;
-    int rc = dispatch(argc, argv);
-    if (group)
-        mfsdp_local_group_destroy(group);
-    return rc;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 1)
+        return false;
+    *out = v;
+    return true;
 }
 
-static int dispatch(int argc, char **argv)
+static bool parse_args(int argc, char **argv, bench_args *a)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
+    *a = (bench_args){.mib = 1024, .unit_us = 200, .steps = 10};
+    mf_opts p;
+    mf_opts_init(&p, "mfsdp-gpu-bench", argc, argv, bench_opts,
+                 (int)(sizeof bench_opts / sizeof bench_opts[0]), NULL);
+    const char *v;
+    int id;
+    while ((id = mf_opts_next(&p, &v)) != MF_OPTS_END) {
+        if (id == MF_OPTS_OPERAND && !a->command)
+            a->command = v;
+        else if (id == MF_OPTS_OPERAND && !a->schedule)
+            a->schedule = v;
+        else if (id < 0)
+            return false;
+        else if ((id == OPT_MIB && !positive(v, &a->mib)) || (id == OPT_UNIT_US && !positive(v, &a->unit_us)) ||
+                 (id == OPT_STEPS && !positive(v, &a->steps)))
+            return false;
+        else {
+            a->given |= 1u << id;
+            a->trace = id == OPT_TRACE ? v : a->trace;
+            a->graphs = a->graphs || id == OPT_GRAPHS;
+            use_local = use_local || id == OPT_LOCAL;
+        }
     }
+    return a->command != NULL;
+}
+
+/* Each command: whether it takes a schedule, and the options it takes. */
+static const struct {
+    const char *name;
+    bool schedule;
+    unsigned opts;
+} bench_commands[] = {
+    {"kernels", false, 1u << OPT_MIB},
+    {"probe", false, 0},
+    {"sweep", false, 0},
+    {"stress", true, 0},
+    {"overlap", true, 1u << OPT_UNIT_US | 1u << OPT_TRACE},
+    {"hooks", true, 1u << OPT_STEPS | 1u << OPT_GRAPHS},
+};
+
+static bool args_fit(const bench_args *a)
+{
+    for (size_t i = 0; i < sizeof bench_commands / sizeof bench_commands[0]; i++)
+        if (!strcmp(a->command, bench_commands[i].name))
+            return (a->schedule != NULL) == bench_commands[i].schedule &&
+                   !(a->given & ~(bench_commands[i].opts | 1u << OPT_LOCAL)) &&
+                   !(a->graphs && use_local); /* cuda-local has no graph mode */
+    return false;
+}
+
+static int dispatch(const bench_args *a)
+{
     int presence = gpu_presence();
     if (presence != GPU_PRESENT)
         return presence;
-    if (!strcmp(argv[1], "kernels")) {
-        int64_t mib = 1024;
-        for (int i = 2; i < argc; i++)
-            if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-                mib = atoll(argv[++i]);
-        if (mib < 1) {
-            usage(stderr);
-            return 2;
-        }
-        return run_kernels(mib);
-    }
-    if (!strcmp(argv[1], "probe"))
+    if (!strcmp(a->command, "kernels"))
+        return run_kernels(a->mib);
+    if (!strcmp(a->command, "probe"))
         return run_probe();
-    if (!strcmp(argv[1], "sweep"))
+    if (!strcmp(a->command, "sweep"))
         return run_sweep();
-    if (!strcmp(argv[1], "stress") && argc == 3)
-        return run_stress(argv[2]);
-    if (!strcmp(argv[1], "overlap") && argc >= 3) {
-        int64_t unit_us = 200;
-        const char *trace = NULL;
-        for (int i = 3; i < argc; i++) {
-            if (!strcmp(argv[i], "--unit-us") && i + 1 < argc)
-                unit_us = atoll(argv[++i]);
-            else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
-                trace = argv[++i];
-            else {
-                usage(stderr);
-                return 2;
-            }
-        }
-        if (unit_us < 1) {
-            usage(stderr);
-            return 2;
-        }
-        return run_overlap(argv[2], unit_us, trace);
+    if (!strcmp(a->command, "stress"))
+        return run_stress(a->schedule);
+    if (!strcmp(a->command, "overlap"))
+        return run_overlap(a->schedule, a->unit_us, a->trace);
+    return run_hooks(a->schedule, a->steps, a->graphs);
+}
+
+int main(int argc, char **argv)
+{
+    bench_args a;
+    if (!parse_args(argc, argv, &a) || !args_fit(&a)) {
+        usage(stderr);
+        return 2;
     }
-    if (!strcmp(argv[1], "hooks") && argc >= 3) {
-        int64_t steps = 10;
-        bool graphs = false;
-        for (int i = 3; i < argc; i++) {
-            if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-                steps = atoll(argv[++i]);
-            else if (!strcmp(argv[i], "--graphs"))
-                graphs = true;
-        }
-        if (steps < 1 || (graphs && use_local)) { /* cuda-local has no graph mode */
-            usage(stderr);
-            return 2;
-        }
-        return run_hooks(argv[2], steps, graphs);
-    }
-    usage(stderr);
-    return 2;
+    int rc = dispatch(&a);
+    if (group)
+        mfsdp_local_group_destroy(group);
+    return rc;
 }
