@@ -529,6 +529,20 @@ typedef struct edge_vec {
     int n, cap;
 } edge_vec;
 
+/* The array `arr` of n used elements of `size` bytes, with room for one more:
+ * doubled (64 at first) when all *cap are used. NULL when out of memory (arr
+ * is then still valid). */
+static void *room_for_one(void *arr, int n, int *cap, size_t size)
+{
+    if (n < *cap)
+        return arr;
+    int grown = *cap ? 2 * *cap : 64;
+    void *p = realloc(arr, size * (size_t)grown);
+    if (p)
+        *cap = grown;
+    return p;
+}
+
 static bool collect_edge(void *ctx, int a, int b)
 {
     edge_vec *v = ((void **)ctx)[0];
@@ -537,14 +551,10 @@ static bool collect_edge(void *ctx, int a, int b)
         return true;
     if (v->n > 0 && v->e[v->n - 1].a == a && v->e[v->n - 1].b == b)
         return true; /* the same pair at the next byte range */
-    if (v->n == v->cap) {
-        int cap = v->cap ? 2 * v->cap : 64;
-        edge *e = realloc(v->e, sizeof *e * (size_t)cap);
-        if (!e)
-            return false;
-        v->e = e;
-        v->cap = cap;
-    }
+    edge *e = room_for_one(v->e, v->n, &v->cap, sizeof *e);
+    if (!e)
+        return false;
+    v->e = e;
     v->e[v->n++] = (edge){a, b};
     return true;
 }
@@ -625,14 +635,10 @@ static bool step_hook(const mf_op *op)
 static mf_op *add_insert(order_ctx *c, int anchor, int after, int hook, mf_stream st, mf_opkind kind,
                          mf_when when, int event)
 {
-    if (c->nins == c->inscap) {
-        int cap = c->inscap ? 2 * c->inscap : 64;
-        insert *n = realloc(c->ins, sizeof *n * (size_t)cap);
-        if (!n)
-            return NULL;
-        c->ins = n;
-        c->inscap = cap;
-    }
+    insert *grown = room_for_one(c->ins, c->nins, &c->inscap, sizeof *grown);
+    if (!grown)
+        return NULL;
+    c->ins = grown;
     insert *in = &c->ins[c->nins];
     in->next = -1;
     in->anchor = anchor;
