@@ -46,7 +46,7 @@ BACKEND_LOCAL, BACKEND_MPI, BACKEND_NCCL, BACKEND_CUDA_LOCAL = 1, 2, 3, 4
 MAX_DIMS = 8
 MAX_AXES = 4
 STREAM_COMPUTE, STREAM_INNER, STREAM_OUTER, NUM_STREAMS = 0, 1, 2, 3
-FLAG_SYNCHRONOUS, FLAG_CHECK = 1, 2          # MFSDP_FLAG_*
+FLAG_SYNCHRONOUS, FLAG_CHECK, FLAG_OFFLOAD_MAIN = 1, 2, 4   # MFSDP_FLAG_*
 
 # ---- helpers (docs/runtime.md §12) ----
 ALL_RANKS = -1                               # MFSDP_ALL_RANKS, a gather's root
@@ -220,6 +220,10 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mfsdp_destroy": (None, [_P]),
     "mfsdp_last_error": (ctypes.c_char_p, [_P]),
     "mfsdp_allocated_bytes": (_I64, [_P]),
+    "mfsdp_offload_active": (_INT, [_P]),
+    "mfsdp_offload_status": (ctypes.c_char_p, [_P]),
+    "mfsdp_offload_host_bytes": (_I64, [_P]),
+    "mfsdp_schedule_offload_op": (_INT, [_P]),
     "mfsdp_rank": (_I64, [_P]),
     "mfsdp_world_size": (_I64, [_P]),
     "mfsdp_coord": (_I64, [_P, _INT]),

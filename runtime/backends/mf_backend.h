@@ -121,6 +121,13 @@ typedef struct mf_backend_vtbl {
     /* Zero-filled memory of `bytes` (> 0) bytes, aligned to 256 bytes. */
     mfsdp_result (*alloc)(mf_rt *rt, size_t bytes, void **out);
     void (*free)(mf_rt *rt, void *p);
+    /* MFSDP_FLAG_OFFLOAD_MAIN (engine/mf_offload.c): zero-filled pinned host
+     * memory of `bytes` (> 0) bytes that the backend's kernels and copies can
+     * read and write at the same address (mapped, portable: cudaHostAlloc on
+     * the GPU backends); free_host releases it. NULL on the CPU backends,
+     * whose buffers are host memory already (the flag is a no-op there). */
+    mfsdp_result (*alloc_host)(mf_rt *rt, size_t bytes, void **out);
+    void (*free_host)(mf_rt *rt, void *p);
     /* All-gather of `bytes` bytes per rank over the world, in rank order,
      * into all[world * bytes]; blocking, bounded by the timeout. */
     mfsdp_result (*exchange)(mf_rt *rt, const void *mine, size_t bytes, void *all);

@@ -704,3 +704,35 @@ mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, 
                             : mf_cuda_fail(e, err, errlen, "copy of %zu bytes on the inner stream (checkpoint staging)",
                                            bytes);
 }
+
+mfsdp_result mf_cuda_alloc_host(mf_rt *rt, size_t bytes, void **out)
+{
+    char msg[MF_RT_ERRLEN];
+    void *p = NULL, *dev = NULL;
+    *out = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaHostAlloc of %zu bytes (mapped, portable)", bytes);
+        return mf_base_set_error(rt, r, "%s", msg);
+    }
+    if ((e = cudaHostGetDevicePointer(&dev, p, 0)) != cudaSuccess || dev != p) {
+        cudaFreeHost(p);
+        if (e != cudaSuccess) {
+            mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaHostGetDevicePointer");
+            return mf_base_set_error(rt, r, "%s", msg);
+        }
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                 "pinned host memory at %p has device address %p: offload needs "
+                                 "unified addressing (the same pointer on host and device)", p, dev);
+    }
+    memset(p, 0, bytes);
+    *out = p;
+    return MFSDP_OK;
+}
+
+void mf_cuda_free_host(mf_rt *rt, void *p)
+{
+    (void)rt;
+    if (p)
+        cudaFreeHost(p);
+}

@@ -168,6 +168,14 @@ void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, siz
  * code synchronized the backend first. */
 mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 
+/* The GPU backends' alloc_host and free_host (MFSDP_FLAG_OFFLOAD_MAIN,
+ * engine/mf_offload.c): zero-filled pinned host memory, cudaHostAlloc with
+ * cudaHostAllocMapped | cudaHostAllocPortable, whose device address must be
+ * its host address (unified addressing: kernels of any device read it at
+ * the same pointer; refused otherwise); the message goes to rt->err. */
+mfsdp_result mf_cuda_alloc_host(mf_rt *rt, size_t bytes, void **out);
+void mf_cuda_free_host(mf_rt *rt, void *p);
+
 /* Formats "<what>: <cuda error name> (<string>)" into err and returns the mapped result. */
 mfsdp_result mf_cuda_fail(cudaError_t e, char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -118,6 +118,7 @@ struct mfsdp_runtime {
     void *mem_base;             /* the one allocation: persistent region, then the
                                    transient arena (docs/runtime.md) */
     int64_t mem_bytes;          /* its size */
+    struct mf_offload *offload; /* MFSDP_FLAG_OFFLOAD_MAIN (mf_offload.c); NULL without it */
     mf_rt_op *rops;             /* per schedule op */
     int nlists;                 /* MF_PHASE_COUNT * (nunits + 1) * MF_MB_CLASSES */
     int *list_start;            /* nlists + 1 offsets into list_ops */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "mf_debug.h"
+#include "mf_offload.h"
 #include "mf_streams.h"
 #include "mf_trace.h"
 
@@ -155,6 +156,8 @@ static mfsdp_result run_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
         mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)
         res = mf_streams_drain(rt);
+    if (res == MFSDP_OK && phase == MF_PHASE_STEP_END)
+        res = mf_offload_step_end(rt);   /* MFSDP_FLAG_OFFLOAD_MAIN: the gradient's host mirror */
     int64_t t1 = mf_base_now_ns();
     pthread_mutex_lock(&rt->mu);
     rt->stats.busy_ns[MF_STREAM_COMPUTE] += (t1 - t0) - wait_ns;

@@ -21,6 +21,7 @@
 
 #include "mf_abi.h"
 #include "mf_debug.h"
+#include "mf_offload.h"
 #include "mf_replay.h"
 #include "mf_streams.h"
 #include "mf_trace.h"
@@ -223,7 +224,9 @@ static mfsdp_result build_views(mf_rt *rt)
             v->shard_offset = lo - t->offset;
             v->shard_count = hi - lo;
             v->main_weight = (char *)rt->bufs[mw] + (size_t)(lo - r.offset) * mf_dtype_size(mb->dtype);
-            v->grad = (char *)rt->bufs[delivered] + (size_t)(lo - r.offset) * mf_dtype_size(db->dtype);
+            char *dbase = mf_offload_mirror(rt, delivered) ? mf_offload_mirror(rt, delivered)
+                                                            : rt->bufs[delivered];
+            v->grad = dbase + (size_t)(lo - r.offset) * mf_dtype_size(db->dtype);
         }
     }
     return MFSDP_OK;
@@ -345,6 +348,7 @@ static mfsdp_result setup(mf_rt *rt)
     if (!rt->bufs)
         return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer table)");
     MF_CHECKGOTO(place_buffers(rt), res, done);
+    MF_CHECKGOTO(mf_offload_place(rt), res, done);   /* main_weight to pinned host memory */
     MF_CHECKGOTO(resolve_ops(rt), res, done);
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
@@ -369,6 +373,7 @@ static void release(mf_rt *rt)
 {
     if (rt->mem_base)
         rt->be->free(rt, rt->mem_base);
+    mf_offload_free(rt);
     mf_base_free(rt->bufs);
     if (rt->be_state)
         rt->be->close(rt);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "mf_hash.h"
+#include "mf_offload.h"
 #include "mf_rt.h"
 
 #define LR (1.0f / 16.0f)
@@ -199,6 +200,14 @@ static bool init_state(rank_ctx *c)
     return true;
 }
 
+/* Where a trainer reads bucket st's delivered gradient: its buffer, or the
+ * host mirror that step_end fills under MFSDP_FLAG_OFFLOAD_MAIN. */
+static void *delivered_ptr(const rank_ctx *c, const bucket_state *st)
+{
+    void *m = mf_offload_mirror(c->rt, st->delivered);
+    return m ? m : mf_rt_buffer(c->rt, st->delivered);
+}
+
 /* The views must point where the buffers say (the public API's contract). */
 static void check_views(rank_ctx *c)
 {
@@ -231,7 +240,7 @@ static void check_views(rank_ctx *c)
             ok = v.shard_offset == lo - t->offset &&
                  v.main_weight ==
                      (char *)mf_rt_buffer(c->rt, st->mw) + (size_t)(lo - st->orange.offset) * ms &&
-                 v.grad == (char *)mf_rt_buffer(c->rt, st->delivered) +
+                 v.grad == (char *)delivered_ptr(c, st) +
                                (size_t)(lo - st->orange.offset) * gs;
         if (!ok) {
             mismatch(c, "rank %lld: the view of tensor %s does not match its bucket layout",
@@ -401,7 +410,7 @@ static void check_gradient(rank_ctx *c)
         const mf_bucket *bk = &s->buckets[b];
         const bucket_state *st = &c->bs[b];
         const mf_buffer *bf = &s->buffers[st->delivered];
-        const void *g = mf_rt_buffer(c->rt, st->delivered);
+        const void *g = delivered_ptr(c, st);
         double slack = (double)(M + c->world + 2 * s->mesh.naxes + 4) * st->eps;
         double sum_j = 0.0, abs_j = 0.0;
         for (int64_t r = 0; r < c->world; r++)
@@ -444,7 +453,7 @@ static void sgd(rank_ctx *c)
     for (int b = 0; b < s->nbuckets; b++) {
         const bucket_state *st = &c->bs[b];
         void *mw = mf_rt_buffer(c->rt, st->mw);
-        const void *g = mf_rt_buffer(c->rt, st->delivered);
+        const void *g = delivered_ptr(c, st);
         mf_dtype md = s->buffers[st->mw].dtype, gd = s->buffers[st->delivered].dtype;
         /* Tensor elements only, like a trainer through its views: the
          * gradient's padding is unspecified (docs/runtime.md). */

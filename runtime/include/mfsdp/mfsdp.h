@@ -194,6 +194,20 @@ enum {
      * copy of every weight and grad_local and a few passes over them per
      * hook (docs/runtime.md, "Check mode"). Ignored by GPU backends. */
     MFSDP_FLAG_CHECK = 1u << 1,
+    /* CPU offload of the master weights (FSDP2's CPUOffloadPolicy): on a GPU
+     * backend (nccl, cuda-local) every main_weight buffer lives in pinned,
+     * mapped host memory (a second allocation, mfsdp_offload_host_bytes) and
+     * the delivered gradient is copied into a pinned host mirror at
+     * mfsdp_step_end, which then returns when the copy is done; the
+     * main_weight and grad views are host pointers, so the optimizer and its
+     * state run on the CPU. The device arena keeps the plan's size. A
+     * schedule with a collective on a main_weight buffer is refused at
+     * mfsdp_create (MFSDP_ERR_UNSUPPORTED, naming the op;
+     * mfsdp_schedule_offload_op). On the CPU backends (local, mpi) it is
+     * accepted and a no-op: every buffer is host memory already
+     * (mfsdp_offload_active() is 0, mfsdp_offload_status() says why;
+     * docs/runtime.md §6). */
+    MFSDP_FLAG_OFFLOAD_MAIN = 1u << 2,
 };
 
 typedef struct mfsdp_config {
@@ -255,6 +269,24 @@ MFSDP_API const char *mfsdp_last_error(const mfsdp_runtime *rt);
 /* Bytes this rank allocated for the schedule's buffers: one block, the
  * persistent region then the transient arena (docs/runtime.md). */
 MFSDP_API int64_t mfsdp_allocated_bytes(const mfsdp_runtime *rt);
+/* MFSDP_FLAG_OFFLOAD_MAIN: 1 when this runtime keeps main_weight and the
+ * delivered gradient's mirror in pinned host memory (a GPU backend with the
+ * flag), else 0 (no flag, or a CPU backend, where it is a no-op). */
+MFSDP_API int mfsdp_offload_active(const mfsdp_runtime *rt);
+/* One sentence on the offload: not requested; inactive and why (the
+ * backend keeps every buffer in host memory already); or active, with its
+ * bytes. Static or owned by rt, valid until mfsdp_destroy; never NULL. */
+MFSDP_API const char *mfsdp_offload_status(const mfsdp_runtime *rt);
+/* Bytes of pinned host memory allocated for the offload (main_weight plus
+ * the gradient mirror, each buffer aligned like the arena's); 0 when
+ * inactive. Not part of mfsdp_allocated_bytes (the arena, the plan). */
+MFSDP_API int64_t mfsdp_offload_host_bytes(const mfsdp_runtime *rt);
+/* The index of the first op of the schedule that runs a collective on a
+ * main_weight buffer (NCCL needs device memory, so MFSDP_FLAG_OFFLOAD_MAIN
+ * refuses the schedule on a GPU backend), or -1 when every access to a
+ * main_weight buffer is a kernel or a copy (every schedule mfsdpc compiles:
+ * its first transition casts from main_weight). */
+MFSDP_API int mfsdp_schedule_offload_op(const mfsdp_schedule *s);
 MFSDP_API int64_t mfsdp_rank(const mfsdp_runtime *rt);
 MFSDP_API int64_t mfsdp_world_size(const mfsdp_runtime *rt);
 /* This rank's coordinate on mesh axis `axis` (-1 when out of range). */
