@@ -248,6 +248,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mfsdp_schedule_unit_find": (_INT, [_P, ctypes.c_char_p]),
     "mfsdp_main_weight_scatter": (_RES, [_P, _INT, _P, _INT]),
     "mfsdp_main_weight_gather": (_RES, [_P, _INT, _P, _INT, _I64]),
+    "mfsdp_shard_gather": (_RES, [_P, _INT, _P, _INT, _P, _INT, _I64]),
     "mfsdp_allreduce": (_RES, [_P, ctypes.POINTER(ctypes.c_double), _INT, _INT]),
     "mfsdp_grad_norm": (_RES, [_P, ctypes.POINTER(ctypes.c_double)]),
     "mfsdp_grad_clip": (_RES, [_P, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),

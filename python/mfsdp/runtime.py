@@ -301,6 +301,34 @@ class Runtime(ClosedWhenCollected):
                     "mfsdp_main_weight_gather")
         return out if receives else None
 
+    def gather_shard(self, name_or_index: Union[str, int], shard: Any,
+                     root: int = _lib.ALL_RANKS, dtype: str = "fp32", out: Any = None) -> Any:
+        """gather() of a caller's buffer sharded like main_weight (an optimizer
+        state: Adam's exp_avg, SGD's momentum_buffer) instead of the master
+        weight (mfsdp_shard_gather): `shard` is this rank's shard_count
+        elements (torch CPU tensor or NumPy array, fp32/bf16/fp16), None where
+        shard_count is 0. Collective; returns as gather() does."""
+        from ._arrays import host_input, host_output
+        k, v = self._index(name_or_index)
+        if dtype not in _DTYPE_CODES:
+            raise UsageError("gather_shard: dtype %r (one of fp32, bf16, fp16)" % (dtype,))
+        sptr, sdtype, keep = None, "fp32", None
+        if shard is not None:
+            sptr, sdtype, keep = host_input(shard, v.shard_count, "gather_shard of %r" % v.name)
+        elif v.shard_count:
+            raise UsageError("gather_shard of %r: this rank holds %d elements of it, so shard= "
+                             "must be its buffer (None only where the rank holds none)"
+                             % (v.name, v.shard_count))
+        receives = root == _lib.ALL_RANKS or root == self.rank
+        ptr = None
+        if receives:
+            ptr, out = host_output(out, v.numel, dtype, v.shape, "gather_shard of %r" % v.name)
+        self._check(self._lib.mfsdp_shard_gather(self.handle, k, sptr, _DTYPE_CODES[sdtype], ptr,
+                                                 _DTYPE_CODES[dtype], int(root)),
+                    "mfsdp_shard_gather")
+        del keep
+        return out if receives else None
+
     def allreduce(self, values: Any, op: str = "sum") -> Union[float, List[float]]:
         """op ("sum", "max", "min") of a float or a sequence of floats over the
         world, in double (mfsdp_allreduce; every rank gets the same bits).

@@ -2,8 +2,9 @@
  * mf_helpers: the public helpers every trainer would otherwise rewrite
  * (mfsdp.h, "helpers"): dtype conversions, unit lookup, scattering a full
  * tensor into this rank's main_weight shard, gathering a tensor's master
- * weight, a small all-reduce of doubles over the world, and the global
- * gradient norm with clipping.
+ * weight or a buffer sharded like it (an optimizer state), a small
+ * all-reduce of doubles over the world, and the global gradient norm with
+ * clipping.
  *
  * The collective helpers ride on one backend primitive, be->allgather (a
  * world all-gather on the runtime's own communicator or group, host thread
@@ -204,24 +205,28 @@ MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, 
     return MFSDP_OK;
 }
 
-MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
-                                                mfsdp_dtype dtype, int64_t root)
+/* The whole tensor `tensor` out of every rank's `src` (shard_count elements
+ * of src_dtype, laid out like main_weight), converted to `dtype` into `out`
+ * on rank `root` or on every rank: the body of both gathers. */
+static mfsdp_result gather_body(mf_rt *rt, const char *fn, int tensor, const void *src,
+                                mfsdp_dtype src_dtype, void *out, mfsdp_dtype dtype, int64_t root)
 {
-    static const char fn[] = "mfsdp_main_weight_gather";
     mfsdp_result res = usable(rt, fn);
     if (res == MFSDP_OK)
         res = tensor_ok(rt, fn, tensor);
     if (res != MFSDP_OK)
         return res;
+    const mfsdp_tensor_view *v = &rt->views[tensor];
     bool receives = root == MFSDP_ALL_RANKS || root == rt->rank;
-    if (root < MFSDP_ALL_RANKS || root >= rt->world || !dtype_ok(dtype) || (receives && !out))
+    if (root < MFSDP_ALL_RANKS || root >= rt->world || !dtype_ok(dtype) || !dtype_ok(src_dtype) ||
+        (receives && !out) || (v->shard_count > 0 && !src))
         return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                  "%s: root %lld must be a rank in [0, %lld) or MFSDP_ALL_RANKS, the "
-                               "dtype fp32, bf16 or fp16, and out non-NULL on receiving ranks",
-                               fn, (long long)root, (long long)rt->world);
+                                 "dtypes fp32, bf16 or fp16, out non-NULL on receiving ranks and "
+                                 "the shard non-NULL on ranks that hold one",
+                                 fn, (long long)root, (long long)rt->world);
     mf_tensor_at a = tensor_at(rt, tensor);
-    const mfsdp_tensor_view *v = &rt->views[tensor];
-    size_t es = mfsdp_dtype_size(v->main_weight_dtype);
+    size_t es = mfsdp_dtype_size(src_dtype);
     /* Every rank sends a block of the largest shard any rank holds. */
     int64_t most = 0, lo, hi;
     for (int64_t q = 0; q < rt->world; q++) {
@@ -237,7 +242,7 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
         goto done;
     }
     if (v->shard_count > 0)
-        memcpy(mine, v->main_weight, (size_t)v->shard_count * es);
+        memcpy(mine, src, (size_t)v->shard_count * es);
     res = world_allgather(rt, fn, mine, block, all);
     if (res != MFSDP_OK && (rt->be->caps & MF_BE_KEEPS_PENDING)) {
         mf_base_graveyard(mine);   /* the backend may still read mine and write all */
@@ -251,12 +256,31 @@ MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, v
         held(rt, &a, q, &lo, &hi);
         if (hi > lo && designated(&rt->s->mesh, a.mw, q))
             mf_dtype_convert((char *)out + (size_t)lo * os, (mf_dtype)dtype, all + (size_t)q * block,
-                           (mf_dtype)v->main_weight_dtype, hi - lo);
+                           (mf_dtype)src_dtype, hi - lo);
     }
 done:
     mf_base_free(mine);
     mf_base_free(all);
     return res;
+}
+
+MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
+                                                mfsdp_dtype dtype, int64_t root)
+{
+    const void *src = NULL;
+    mfsdp_dtype src_dtype = MFSDP_FP32;
+    if (mf_base_live(rt) && tensor >= 0 && tensor < rt->nviews) {
+        src = rt->views[tensor].main_weight;
+        src_dtype = rt->views[tensor].main_weight_dtype;
+    }
+    return gather_body(rt, "mfsdp_main_weight_gather", tensor, src, src_dtype, out, dtype, root);
+}
+
+MFSDP_API mfsdp_result mfsdp_shard_gather(mfsdp_runtime *rt, int tensor, const void *shard,
+                                          mfsdp_dtype shard_dtype, void *out, mfsdp_dtype dtype,
+                                          int64_t root)
+{
+    return gather_body(rt, "mfsdp_shard_gather", tensor, shard, shard_dtype, out, dtype, root);
 }
 
 /* ---- all-reduce, gradient norm ---- */

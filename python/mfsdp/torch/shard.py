@@ -344,6 +344,27 @@ class ShardedModel:
         from . import checkpoint
         return checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
 
+    def save_dcp(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """Saves the model (and `optimizer`, over main_parameters()) as a PyTorch
+        Distributed Checkpoint in directory `path` (must not exist), laid out as
+        FSDP2's {"model": get_model_state_dict, "optim": get_optimizer_state_dict}
+        so that an FSDP2 trainer loads it with dcp.load; committed by rename.
+        Needs torch.distributed initialised on more than one rank. Between steps;
+        collective (python/mfsdp/torch/dcp.py)."""
+        from . import dcp
+        dcp.save_dcp(self, path, optimizer)
+
+    def load_dcp(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+                 batch_bytes: int = 256 << 20) -> None:
+        """Loads a PyTorch Distributed Checkpoint saved the FSDP2 way (or by
+        save_dcp) under any mesh or layout: the master weights and, with
+        `optimizer`, its per-parameter state and param groups' options. Each rank
+        reads the whole tensors it holds a shard of, at most `batch_bytes` at a
+        time; another model's checkpoint is refused listing every problem before
+        anything is written. Between steps (python/mfsdp/torch/dcp.py)."""
+        from . import dcp
+        dcp.load_dcp(self, path, optimizer, batch_bytes)
+
     def import_hf(self, path: str, maps: Optional[Rules] = None,
                   ties: Optional[Rules] = None) -> None:
         """Sets the master weights from a Hugging Face safetensors checkpoint
@@ -458,6 +479,9 @@ class ShardedModel:
                 % (self._unit_name(u), self.steps + 1, self.steps, self.M,
                    "" if self.M == 1 else "es", self.M + 1))
         self._shut_whole_step("between steps")
+        for slots in self._slots:
+            for s in slots:
+                s.grad_delivered(False)
         self.runtime.step_begin()
         self._in_step = True
 
@@ -468,6 +492,9 @@ class ShardedModel:
         self.steps += 1
         self._reset_step()
         self._shut_all("between steps, after step %d" % self.steps)
+        for slots in self._slots:
+            for s in slots:
+                s.grad_delivered(True)     # clip_grad_norm_(model.parameters()) refused
         for _, mp, g, _ in self._main:
             mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
 

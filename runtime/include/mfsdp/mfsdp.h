@@ -441,6 +441,19 @@ MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, 
 MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
                                                 mfsdp_dtype dtype, int64_t root);
 
+/*
+ * mfsdp_main_weight_gather for a caller's buffer sharded like main_weight
+ * (an optimizer state such as Adam's moments): `shard` holds this rank's
+ * shard_count elements of `shard_dtype` (NULL allowed where shard_count is
+ * 0); the whole tensor (numel elements, converted to `dtype`) lands in `out`
+ * on rank `root`, or on every rank with MFSDP_ALL_RANKS. Collective over the
+ * world; each element comes from the rank whose main_weight copy
+ * mfsdp_main_weight_gather takes.
+ */
+MFSDP_API mfsdp_result mfsdp_shard_gather(mfsdp_runtime *rt, int tensor, const void *shard,
+                                          mfsdp_dtype shard_dtype, void *out, mfsdp_dtype dtype,
+                                          int64_t root);
+
 typedef enum mfsdp_reduce_op {
     MFSDP_REDUCE_SUM = 0,
     MFSDP_REDUCE_MAX = 1,

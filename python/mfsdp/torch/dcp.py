@@ -1,0 +1,508 @@
+"""
+dcp: PyTorch Distributed Checkpoint (torch.distributed.checkpoint) in and
+out of an mfsdp model (docs/checkpoint.md, "PyTorch DCP").
+
+The layout is the one an FSDP2 trainer writes and reads,
+
+    {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+flattened by DCP: `model.<key>` for every key of the model's state_dict
+(each name of a tied parameter, persistent buffers), `optim.state.<fqn>.<k>`
+for the optimizer's per-parameter state (the parameter's first name; tensors
+shaped like the parameter and 0-d `step`s), `optim.param_groups.<i>.<option>`
+with `params` the FQNs of the group. torch's own planner, writer and reader
+do the format; this module only decides who holds which whole tensor.
+
+save: the whole tensors (every master weight, every optimizer state of it)
+are balanced over the ranks by bytes; every rank takes part in each gather
+(the runtime's mfsdp_main_weight_gather / mfsdp_shard_gather to the writer
+rank), then all ranks call dcp.save with their part into PATH.tmp-ID, which
+rank 0 renames to PATH once DCP's metadata is written.
+
+load: each rank reads, in batches of at most `batch_bytes`, the whole tensors
+of which it holds a shard (DCP's reader, no_dist: no rank waits for another)
+and copies its shard into the master weights (Runtime.scatter) and into the
+optimizer's per-parameter state; the param groups' options are restored. A
+checkpoint of another model is refused, listing every problem, before
+anything is written.
+
+The same functions serve the offline `mfsdp-ckpt to-dcp` / `from-dcp`
+(mfsdp/tools.py) on a world-of-one runtime, where the "optimizer" is an
+OptimizerState (states by tensor name) instead of a torch optimizer.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .._lib import UsageError
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+    from .shard import ShardedModel
+
+BATCH_BYTES = 256 << 20
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class OptimizerState:
+    """An optimizer's state by tensor name: `groups` (each group's options,
+    without params), `member` ({tensor name: group index}) and `state`
+    ({tensor name: {key: this rank's shard (1-D tensor) or a scalar}})."""
+
+    def __init__(self, groups: List[Dict[str, Any]], member: Dict[str, int],
+                 state: Dict[str, Dict[str, Any]]) -> None:
+        self.groups, self.member, self.state = groups, member, state
+
+
+class Names:
+    """How a runtime's tensors appear in a state dict: `keys` ({model state
+    dict key: tensor name}, every name of a tied parameter), `fqn` ({tensor
+    name: its optimizer FQN}, the first name), `buffers` ({key: tensor})."""
+
+    def __init__(self, keys: Dict[str, str], fqn: Dict[str, str],
+                 buffers: Optional[Dict[str, torch.Tensor]] = None) -> None:
+        self.keys, self.fqn, self.buffers = keys, fqn, dict(buffers or {})
+
+    @classmethod
+    def of_model(cls, sm: ShardedModel) -> Names:
+        keys, fqn = {}, {}
+        for n, p in sm.model.named_parameters(remove_duplicate=False):
+            slot = getattr(p, "_mfsdp_slot", None)
+            if slot is not None:
+                keys[n] = slot.name
+                fqn.setdefault(slot.name, n)
+        buffers = {}
+        for mname, mod in sm.model.named_modules(remove_duplicate=False):
+            for bname, b in mod._buffers.items():
+                if b is not None and bname not in mod._non_persistent_buffers_set:
+                    buffers[mname + "." + bname if mname else bname] = b
+        return cls(keys, fqn, buffers)
+
+
+# ---- torch.distributed ----
+
+def _dist_for(what: str, rt: Runtime):
+    """torch.distributed when the runtime has several ranks (checked to be
+    the same world), None for a world of one (DCP then runs no_dist)."""
+    if rt.world_size == 1:
+        return None
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise UsageError("%s on %d ranks needs torch.distributed: call "
+                         "torch.distributed.init_process_group(\"gloo\", ...) on every rank first "
+                         "(DCP coordinates the ranks' writes through it; any backend with CPU "
+                         "tensors, the gloo one included)" % (what, rt.world_size))
+    if dist.get_world_size() != rt.world_size or dist.get_rank() != rt.rank:
+        raise UsageError("%s: torch.distributed has rank %d of %d, the mfsdp runtime rank %d of "
+                         "%d: the two must be the same world in the same order"
+                         % (what, dist.get_rank(), dist.get_world_size(), rt.rank, rt.world_size))
+    return dist
+
+
+def _all_gather(dist, obj):
+    if dist is None:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# ---- the optimizer in tensor names ----
+
+def optimizer_state(sm: ShardedModel, optimizer: torch.optim.Optimizer, what: str) -> OptimizerState:
+    """This rank's part of a torch optimizer over sm.main_parameters()."""
+    by_id = {id(mp): (name, mp) for name, mp, _, _ in sm._main}
+    groups, member, state = [], {}, {}
+    for gi, g in enumerate(optimizer.param_groups):
+        groups.append({k: v for k, v in g.items() if k != "params"})
+        for p in g["params"]:
+            if id(p) not in by_id:
+                raise UsageError("%s: the optimizer steps a tensor that is not a main parameter of "
+                                 "this model (give it sm.main_parameters())" % what)
+            name, mp = by_id[id(p)]
+            member[name] = gi
+            st = optimizer.state.get(mp)
+            if st:
+                state[name] = dict(st)
+    return OptimizerState(groups, member, state)
+
+
+def _describe(opt, main, what):
+    """{tensor name: {key: ("shard", dtype name) | ("scalar", value)}} of the
+    local states, or raises for a state neither shaped like the shard nor a scalar."""
+    out = {}
+    for name, st in opt.state.items():
+        d = {}
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == main[name]:
+                if v.dtype not in _DTYPE_NAMES or v.device.type != "cpu":
+                    raise UsageError("%s: optimizer state %r of %r is a %s %s tensor (fp32, bf16 or "
+                                     "fp16 on the CPU)" % (what, k, name, v.device.type, v.dtype))
+                d[k] = ("shard", _DTYPE_NAMES[v.dtype])
+            elif isinstance(v, torch.Tensor) and v.dim() == 0:
+                d[k] = ("scalar", v.detach().clone())
+            elif isinstance(v, (bool, int, float)):
+                d[k] = ("scalar", v)
+            else:
+                raise UsageError("%s: optimizer state %r of %r is neither shaped like the "
+                                 "parameter nor a scalar" % (what, k, name))
+        out[name] = d
+    return out
+
+
+# ---- save ----
+
+def _balance(items, world):
+    """Writer rank of each (bytes) item: largest first onto the least loaded rank."""
+    load, owner = [0] * world, [0] * len(items)
+    for i in sorted(range(len(items)), key=lambda i: (-items[i], i)):
+        r = min(range(world), key=lambda q: (load[q], q))
+        owner[i] = r
+        load[r] += items[i]
+    return owner
+
+
+def _commit_name(dist, rt, path):
+    token = [secrets.token_hex(6) if rt.rank == 0 else None]
+    if dist is not None:
+        dist.broadcast_object_list(token, src=0)
+    return "%s.tmp-%s" % (os.path.abspath(path).rstrip("/"), token[0])
+
+
+def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = None,
+         what: str = "save_dcp") -> None:
+    """Writes the runtime's master weights (and `opt`) as a DCP checkpoint in
+    directory `path` (must not exist). Collective over the runtime's world."""
+    import torch.distributed.checkpoint as dcp
+    dist = _dist_for(what, rt)
+    main = {v.name: v.shard_count for v in rt.views if v.shard_count}
+    problem = None
+    try:
+        if os.path.lexists(path):
+            raise UsageError("%s: %s exists; a checkpoint is never overwritten: pick a new "
+                             "directory" % (what, path))
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path)) or "."):
+            raise UsageError("%s: the parent directory of %s does not exist" % (what, path))
+        mine = _describe(opt, main, what) if opt is not None else {}
+    except UsageError as e:
+        problem, mine = str(e), {}
+    local = {"problem": problem, "states": mine,
+             "member": opt.member if opt is not None else {},
+             "groups": opt.groups if opt is not None else None}
+    every = _all_gather(dist, local)
+    problems = [d["problem"] for d in every if d["problem"]]
+    if problems:
+        raise UsageError(problems[0] if rt.rank == 0 or not local["problem"] else local["problem"])
+    states, member = {}, {}
+    for d in every:
+        states.update(d["states"])
+        member.update(d["member"])
+    groups = every[0]["groups"]
+    if opt is not None:
+        missing = [v.name for v in rt.views if v.name not in states]
+        if missing:
+            raise UsageError("%s: the optimizer has no state for %s (save after the first "
+                             "optimizer.step())" % (what, ", ".join(missing[:8])))
+    sd = _gathered(rt, names, opt, states, member, groups)
+    tmp = _commit_name(dist, rt, path)
+    error = None
+    try:
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), no_dist=dist is None)
+    except Exception as e:   # noqa: BLE001 -- every rank learns that one failed
+        error = "%s: DCP's save failed on rank %d: %s" % (what, rt.rank, e)
+    errors = [e for e in _all_gather(dist, error) if e]
+    if rt.rank == 0:
+        if not errors:
+            errors = [e for e in [_rename(tmp, path, what)] if e]
+        if errors:
+            shutil.rmtree(tmp, ignore_errors=True)
+    final = [errors[0] if errors else None]
+    if dist is not None:
+        dist.broadcast_object_list(final, src=0)
+    if final[0]:
+        raise UsageError(final[0])
+
+
+def _rename(tmp, path, what):
+    if os.path.lexists(path):
+        return "%s: %s appeared during the save; nothing overwritten" % (what, path)
+    try:
+        os.rename(tmp, path)
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return "%s: committing %s: %s" % (what, path, e)
+    return None
+
+
+def _gathered(rt, names, opt, states, member, groups):
+    """This rank's part of the state dict: the whole tensors it writes
+    (gathered from every rank's shards), plus the small entries on every rank."""
+    items = []                       # (view, state key or None, dtype name)
+    for v in rt.views:
+        items.append((v, None, "fp32"))
+        for k, (kind, x) in sorted(states.get(v.name, {}).items()):
+            if kind == "shard":
+                items.append((v, k, x))
+    es = {"fp32": 4, "bf16": 2, "fp16": 2}
+    owner = _balance([v.numel * es[d] for v, _, d in items], rt.world_size)
+    full = {}
+    local = {} if opt is None else opt.state
+    for (v, k, d), r in zip(items, owner):
+        out = None
+        if r == rt.rank:
+            out = torch.empty(v.shape, dtype={"fp32": torch.float32, "bf16": torch.bfloat16,
+                                              "fp16": torch.float16}[d])
+        if k is None:
+            rt.gather(v.index, root=r, out=out)
+        else:
+            rt.gather_shard(v.index, local[v.name][k] if v.shard_count else None, root=r,
+                            dtype=d, out=out)
+        if out is not None:
+            full[(v.name, k)] = out
+    model = {key: full[(t, None)] for key, t in names.keys.items() if (t, None) in full}
+    if rt.rank == 0:
+        model.update({k: b.detach().clone() for k, b in names.buffers.items()})
+    sd = {"model": model}
+    if opt is not None:
+        st = {}
+        for t, d in states.items():
+            f = names.fqn[t]
+            for k, (kind, x) in d.items():
+                if kind == "scalar":
+                    st.setdefault(f, {})[k] = x
+                elif (t, k) in full:
+                    st.setdefault(f, {})[k] = full[(t, k)]
+        pg = []
+        pos = {t: i for i, t in enumerate(names.fqn)}
+        order = sorted((v.name for v in rt.views), key=lambda t: pos.get(t, len(pos)))
+        for gi, g in enumerate(groups):
+            pg.append(dict(g, params=[names.fqn[t] for t in order if member.get(t) == gi]))
+        sd["optim"] = {"state": st, "param_groups": pg}
+    return sd
+
+
+# ---- load ----
+
+def _metadata(path, what):
+    import torch.distributed.checkpoint as dcp
+    if not os.path.isdir(path):
+        raise UsageError("%s: %s is not a directory (a DCP checkpoint is one)" % (what, path))
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise UsageError("%s: %s has no .metadata: not a committed DCP checkpoint" % (what, path))
+    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+
+
+def _shape(m):
+    return tuple(m.size) if hasattr(m, "size") else None
+
+
+def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
+              groups: Optional[int], what: str) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
+    """(problems, {tensor name: {state key: "shard" | "scalar"}}) of loading
+    DCP metadata `md` into this runtime (and an optimizer of `groups` groups)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    problems = []
+    shapes = {v.name: tuple(v.shape) for v in rt.views}
+    want = {"model." + k: shapes[t] for k, t in names.keys.items()}
+    want.update({"model." + k: tuple(b.shape) for k, b in names.buffers.items()})
+    for key, shape in want.items():
+        m = md.get(key)
+        if m is None:
+            problems.append("missing %r %s" % (key, list(shape)))
+        elif not isinstance(m, TensorStorageMetadata):
+            problems.append("%r is not a tensor in the checkpoint" % key)
+        elif _shape(m) != shape:
+            problems.append("%r: shape %s in the checkpoint, the model has %s"
+                            % (key, list(_shape(m)), list(shape)))
+        elif not m.properties.dtype.is_floating_point:
+            problems.append("%r: dtype %s in the checkpoint (a float)" % (key, m.properties.dtype))
+    problems += ["unexpected %r (the model has no such parameter or buffer)" % k
+                 for k in md if k.startswith("model.") and k not in want]
+    kinds = {}
+    if not want_optim:
+        return problems, kinds
+    by_fqn = {f: t for t, f in names.fqn.items()}
+    found, pg = {}, {}
+    for key, m in md.items():
+        if key.startswith("optim.state."):
+            f, _, k = key[len("optim.state."):].rpartition(".")
+            if f not in by_fqn:
+                problems.append("unexpected %r (no parameter %r in the model)" % (key, f))
+                continue
+            t = by_fqn[f]
+            if isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t]:
+                found.setdefault(t, {})[k] = "shard"
+            elif isinstance(m, TensorStorageMetadata) and _shape(m) == ():
+                found.setdefault(t, {})[k] = "scalar"
+            elif isinstance(m, TensorStorageMetadata):
+                problems.append("%r: shape %s in the checkpoint, the parameter has %s"
+                                % (key, list(_shape(m)), list(shapes[t])))
+            else:
+                found.setdefault(t, {})[k] = "scalar"
+        elif key.startswith("optim.param_groups."):
+            i, _, opt_name = key[len("optim.param_groups."):].partition(".")
+            pg.setdefault(int(i) if i.isdigit() else -1, set()).add(opt_name)
+        elif key.startswith("optim."):
+            problems.append("unexpected %r" % key)
+    if not found and not pg:
+        problems.append("no optimizer state in the checkpoint (saved without optim)")
+        return problems, kinds
+    shape_of = [found[t] for t in shapes if t in found]
+    model_keys = sorted(set().union(*[set(d.items()) for d in shape_of])) if shape_of else []
+    for t in shapes:
+        if t not in found:
+            problems.append("missing the optimizer state of %r (optim.state.%s.*)"
+                            % (names.fqn[t], names.fqn[t]))
+        elif sorted(found[t].items()) != model_keys:
+            problems.append("optim.state.%s has %s, other parameters %s" % (
+                names.fqn[t], sorted(found[t]), sorted(k for k, _ in model_keys)))
+    if groups is not None and sorted(pg) != list(range(groups)):
+        problems.append("%d param groups in the checkpoint, the optimizer has %d"
+                        % (len(pg), groups))
+    kinds = {t: dict(found[t]) for t in found}
+    return problems, kinds
+
+
+def _read(path, template):
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():      # no_dist on purpose: each rank reads its own tensors
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(template, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    return template
+
+
+def _batches(rt, path, requests, md, batch_bytes):
+    """Yields {key: tensor or object} read from the checkpoint, at most
+    batch_bytes of tensors a batch (a bigger tensor alone)."""
+    batch, size = {}, 0
+    for key in requests:
+        m = md[key]
+        if hasattr(m, "size"):
+            t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+            n = t.numel() * t.element_size()
+        else:
+            t, n = None, 0
+        if batch and size + n > batch_bytes:
+            yield _read(path, batch)
+            batch, size = {}, 0
+        batch[key] = t
+        size += n
+    if batch:
+        yield _read(path, batch)
+
+
+def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[str, Any]]],
+         check_groups, batch_bytes: int = BATCH_BYTES,
+         what: str = "load_dcp") -> Optional[OptimizerState]:
+    """Reads a DCP checkpoint into the runtime's master weights (and the
+    model's buffers); with opt_groups (the loading optimizer's groups, or []
+    for "any"), returns the optimizer's state for this rank's shards. Every
+    problem is listed in one UsageError before anything is written;
+    check_groups(saved param groups) returns further problems."""
+    md = _metadata(path, what)
+    want_optim = opt_groups is not None
+    problems, kinds = plan_load(rt, names, md, want_optim,
+                                len(opt_groups) if opt_groups else None, what)
+    saved_groups = []
+    if want_optim and not problems:
+        keys = sorted(k for k in md if k.startswith("optim.param_groups."))
+        got = _read(path, {k: None for k in keys})
+        by_index = {}
+        for k in keys:
+            i, _, o = k[len("optim.param_groups."):].partition(".")
+            by_index.setdefault(int(i), {})[o] = got[k]
+        saved_groups = [by_index[i] for i in sorted(by_index)]
+        problems += check_groups(saved_groups)
+    if problems:
+        raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
+            what, path, len(problems), "" if len(problems) == 1 else "s", "\n  ".join(problems)))
+    views = {v.name: v for v in rt.views}
+    where = {}                              # DCP key -> (tensor name, state key or None)
+    for t, f in names.fqn.items():
+        if views[t].shard_count:
+            where["model." + f] = (t, None)
+            for k in kinds.get(t, {}):
+                where["optim.state.%s.%s" % (f, k)] = (t, k)
+    for k in names.buffers:
+        where["model." + k] = (None, k)
+    state = {}
+    for got in _batches(rt, path, list(where), md, batch_bytes):
+        for key, x in got.items():
+            t, k = where[key]
+            if t is None:
+                with torch.no_grad():
+                    names.buffers[k].copy_(x)
+            elif k is None:
+                rt.scatter(views[t].index, x)
+            elif kinds[t][k] == "shard":
+                v = views[t]
+                state.setdefault(t, {})[k] = \
+                    x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
+            else:
+                state.setdefault(t, {})[k] = x.clone() if isinstance(x, torch.Tensor) else x
+    if not want_optim:
+        return None
+    fqn_group = {}
+    for gi, g in enumerate(saved_groups):
+        for f in g.get("params", []):
+            fqn_group[f] = gi
+    by_fqn = {f: t for t, f in names.fqn.items()}
+    member = {by_fqn[f]: gi for f, gi in fqn_group.items() if f in by_fqn}
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
+    return OptimizerState(groups, member, state)
+
+
+# ---- ShardedModel.save_dcp / load_dcp ----
+
+def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    """See ShardedModel.save_dcp."""
+    sm._between_steps("save_dcp")
+    opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
+    save(sm.runtime, Names.of_model(sm), path, opt)
+
+
+def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+             batch_bytes: int = BATCH_BYTES) -> None:
+    """See ShardedModel.load_dcp."""
+    sm._between_steps("load_dcp")
+    names = Names.of_model(sm)
+    mine = optimizer_state(sm, optimizer, "load_dcp") if optimizer is not None else None
+
+    def check_groups(saved):
+        problems = []
+        for gi, (g, s) in enumerate(zip(optimizer.param_groups, saved)):
+            have = sorted(k for k in g if k != "params")
+            got = sorted(k for k in s if k != "params")
+            if have != got:
+                problems.append("param group %d: the checkpoint's options %s, this %s's %s (saved "
+                                "by another optimizer class?)" % (gi, got, type(optimizer).__name__,
+                                                                  have))
+            held = set(s.get("params", []))
+            for t, i in mine.member.items():
+                if i == gi and names.fqn[t] not in held:
+                    problems.append("%r is in param group %d of the optimizer, not in the "
+                                    "checkpoint's" % (names.fqn[t], gi))
+        return problems
+
+    opt = load(sm.runtime, names, path, mine.groups if optimizer is not None else None,
+               check_groups, batch_bytes)
+    if optimizer is None:
+        return
+    for g, s in zip(optimizer.param_groups, opt.groups):
+        for k, v in s.items():
+            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+    for name, mp, _, _ in sm._main:
+        if name in mine.member:
+            optimizer.state[mp] = {k: (x.view(mp.shape).to(mp.dtype) if isinstance(x, torch.Tensor)
+                                       and x.dim() == 1 else x)
+                                   for k, x in opt.state.get(name, {}).items()}
