@@ -98,7 +98,9 @@ def _blob(optimizer, scalars, user_blob):
         groups = [{k: v for k, v in g.items() if k != "params" and _plain(v)}
                   for g in optimizer.param_groups]
         doc["optimizer"] = {"class": type(optimizer).__name__, "scalars": scalars,
-                            "param_groups": groups}
+                            "param_groups": groups,
+                            "members": [[getattr(p, "full_name", None) for p in g["params"]]
+                                        for g in optimizer.param_groups]}   # this rank's
     return json.dumps(doc, sort_keys=True).encode("utf-8")
 
 

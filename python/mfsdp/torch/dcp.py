@@ -213,7 +213,9 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
     tmp = _commit_name(dist, rt, path)
     error = None
     try:
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), no_dist=dist is None)
+        with warnings.catch_warnings():   # no_dist on purpose for a world of one
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), no_dist=dist is None)
     except Exception as e:   # noqa: BLE001 -- every rank learns that one failed
         error = "%s: DCP's save failed on rank %d: %s" % (what, rt.rank, e)
     errors = [e for e in _all_gather(dist, error) if e]
