@@ -64,6 +64,44 @@ class GuardedParameter(torch.nn.Parameter):
         raise UsageError(self._mfsdp_slot.refusal("pickling"))
 
 
+class GuardedGrad(torch.Tensor):
+    """The .grad of a stand-in after a step delivered its gradient: the
+    model's own parameters hold none (autograd's gradient went into the
+    runtime), so torch.nn.utils.clip_grad_norm_(model.parameters()) would
+    clip nothing and report 0. Any computation on it raises a UsageError
+    naming sm.clip_grad_norm_; zeroing it (model.zero_grad(), with or without
+    set_to_none) works."""
+
+    def __new__(cls, like, slot):
+        data = torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
+        g = torch.Tensor._make_subclass(cls, data, False)
+        g._mfsdp_slot = slot
+        return g
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        if func == _T.grad_fn.__get__:
+            return None
+        if func in _ZEROING:
+            return args[0]            # zero_grad(set_to_none=False): nothing to zero
+        slot = next(a for a in _flat(args, kwargs) if isinstance(a, GuardedGrad))._mfsdp_slot
+        raise UsageError(
+            "%s of the .grad of parameter %r of a sharded model (model.parameters()): the "
+            "model's own parameters hold no gradient, the runtime delivers it to the master "
+            "shards (sm.main_parameters()); clip with sm.clip_grad_norm_(max_norm) instead of "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), ...), read the global norm with "
+            "sm.grad_norm()" % (getattr(func, "__name__", str(func)), slot.name))
+
+    def __repr__(self):
+        return "GuardedGrad(%r: the gradient is on sm.main_parameters())" % self._mfsdp_slot.name
+
+
+_ZEROING = frozenset([_T.zero_, _T.detach_, _T.requires_grad_])
+
+
 def _flat(args, kwargs):
     for a in list(args) + list((kwargs or {}).values()):
         if isinstance(a, (list, tuple)):
@@ -103,6 +141,11 @@ class ParamSlot:
             for mod, attr in self.holders:
                 mod._parameters[attr] = self.stand_in
             self.is_open = False
+
+    def grad_delivered(self, delivered: bool) -> None:
+        """A step delivered the gradient (the stand-in's .grad refuses use,
+        GuardedGrad), or a new step began (.grad is None)."""
+        self.stand_in.grad = GuardedGrad(self.real, self) if delivered else None
 
     def refusal(self, what: str) -> str:
         if self.state == "closed":

@@ -28,6 +28,8 @@ from .shard import _tensors_in
 Plan = List[Tuple[str, torch.nn.Module, List[Tuple[str, torch.nn.Parameter]]]]
 # a layout name, or {"name": N, "weight": (dtype, [placements]), "grad": ..., "main_weight": ...}
 Layout = Union[str, Dict[str, Any]]
+# reshard_after_forward: None, a bool, or {unit name or pattern: bool}
+Reshard = Union[None, bool, Mapping[str, bool]]
 
 PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial"}
 DTYPES = {"fp32", "bf16", "fp16"}
@@ -236,7 +238,8 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                      overrides: Optional[Mapping[str, Layout]] = None,
                      prefetch: Optional[int] = None,
                      reshard_last: bool = False, example: Any = None,
-                     ties: Union[str, Iterable[str]] = ()) -> str:
+                     ties: Union[str, Iterable[str]] = (),
+                     reshard_after_forward: Reshard = None) -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
@@ -249,6 +252,11 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 {"*.ln_*": "replicated"}; a layout is a name or a dict as above
     reshard_last  when False, the last unit keeps its weights unsharded from
                 forward to backward (`reshard_after_forward false`)
+    reshard_after_forward  None (the rule of reshard_last), True or False
+                for every unit, or {unit name or fnmatch pattern on unit
+                names: bool} (the last matching pattern wins; units that
+                no pattern matches follow reshard_last's rule); a pattern
+                that matches no unit is a ValueError
     example     a microbatch (tuple of arguments, dict of keywords, or one
                 tensor): the forward runs once on it, under torch.no_grad(),
                 to find the parameters read outside their own unit (tied by
@@ -320,12 +328,45 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
     for b in blocks.values():
         out.append(b)
         out.append("")
-    out.extend(_units_text(rows, base, reshard_last))
+    reshard = unit_reshard([r[0] for r in rows], reshard_after_forward, reshard_last)
+    out.extend(_units_text(rows, base, reshard))
     return "\n".join(out) + "\n"
 
 
-def _units_text(rows, base, reshard_last):
-    """Unit declarations, with loops over runs of `prefix.N` units whose tensors match."""
+
+def unit_reshard(names: Sequence[str], reshard_after_forward: Reshard,
+                 reshard_last: bool = False) -> List[bool]:
+    """reshard_after_forward of each unit (names in order): by default every
+    unit but the last (unless reshard_last); a bool for every unit; a dict
+    {unit name or fnmatch pattern: bool}, the last matching pattern winning
+    over the default. ValueError for a value that is not a bool or a
+    pattern that matches no unit."""
+    out = [True] * len(names)
+    if names and not reshard_last:
+        out[-1] = False
+    if reshard_after_forward is None:
+        return out
+    if isinstance(reshard_after_forward, bool):
+        return [reshard_after_forward] * len(names)
+    if not isinstance(reshard_after_forward, Mapping):
+        raise ValueError("reshard_after_forward is None, True, False or {unit pattern: bool}, "
+                         "not %r" % (reshard_after_forward,))
+    for pat, value in reshard_after_forward.items():
+        if not isinstance(value, bool):
+            raise ValueError("reshard_after_forward[%r] is %r: each value is True or False"
+                             % (pat, value))
+        hit = [u for u, n in enumerate(names) if fnmatch.fnmatchcase(n, pat)]
+        if not hit:
+            raise ValueError("reshard_after_forward names %r, which matches no unit (the units "
+                             "are %s)" % (pat, ", ".join(names)))
+        for u in hit:
+            out[u] = value
+    return out
+
+
+def _units_text(rows, base, reshard):
+    """Unit declarations, with loops over runs of `prefix.N` units whose
+    tensors and reshard_after_forward match."""
     out = []
     i = 0
     last = len(rows) - 1
@@ -336,6 +377,7 @@ def _units_text(rows, base, reshard_last):
         if m:
             k = int(m.group(2))
             while (j + 1 < len(rows) and j + 1 != last and rows[j + 1][1] == items
+                   and reshard[j + 1] == reshard[i]
                    and rows[j + 1][0] == "%s%d" % (m.group(1), k + (j + 1 - i))):
                 j += 1
         if j > i and i != last:
@@ -344,7 +386,7 @@ def _units_text(rows, base, reshard_last):
         else:
             j = i
             out.append("unit %s layout %s {" % (_q(name), base))
-        if j == last and not reshard_last:
+        if not reshard[i]:
             out.append("  reshard_after_forward false;")
         for tname, shape, lay in items:
             tail = " layout %s" % lay if lay else ""

@@ -1,0 +1,414 @@
+"""
+fully_shard: mt.fully_shard(model, mesh=..., ...), FSDP2's one call with its
+knobs by their names (docs/pytorch.md, "One call: fully_shard" and "Coming
+from FSDP2: call by call").
+
+One call builds the spec (spec_from_module: mp_policy gives the layout's
+weight and grad dtypes, reshard_after_forward the units' option), compiles it
+through the schedule cache, shards the model (mt.shard) and installs the
+policy's casts. The result, a FullyShardedModel, is a ShardedModel that is
+also callable and answers FSDPModule's methods: each either maps onto mfsdp
+or raises a UsageError naming the mfsdp way.
+
+The schedule cache: an entry is the compiled YAML under the sha256 of the
+compiler's identity (the sha256 of the mfsdpc binary) and the spec text, in
+$MFSDP_CACHE_DIR, else $XDG_CACHE_HOME/mfsdp, else ~/.cache/mfsdp. Its first
+line carries the sha256 of the rest, so a truncated or altered entry is
+recompiled and replaced, never loaded. Entries are written to a temporary
+name and renamed, so ranks that compile the same spec at once each rename a
+whole file. A directory that cannot be written gives one RuntimeWarning
+naming it and the reason, and compiling goes on without the cache.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import inspect
+import os
+import tempfile
+import warnings
+from typing import Any, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from .._lib import MfsdpError, UsageError
+from ..compile import compile_text, mfsdpc_path
+from ..runtime import Runtime
+from ..schedule import Schedule
+from . import policy as _policy
+from .guard import GuardedParameter
+from .shard import ShardedModel
+from .spec import Layout, Reshard, spec_from_module
+
+SPEC_OPTIONS = ("grad_dtype", "dtype", "reduce", "overrides", "prefetch", "reshard_last",
+                "example", "ties")
+RUNTIME_OPTIONS = tuple(n for n in inspect.signature(Runtime.__init__).parameters
+                        if n not in ("self", "schedule", "backend"))
+CACHE_MAGIC = b"mfsdp-schedule-cache 1 "
+
+# how the calls of this process went: hits, misses (compiled and stored),
+# replaced (a corrupt or unreadable entry recompiled), uncached (compiled,
+# not stored), compiles (mfsdpc runs)
+cache_stats = {"hits": 0, "misses": 0, "replaced": 0, "uncached": 0, "compiles": 0}
+_warned = set()        # cache directories already warned about
+_identity = {}         # (path, size, mtime_ns) -> sha256 of the binary
+
+
+def cache_dir() -> str:
+    """$MFSDP_CACHE_DIR, else $XDG_CACHE_HOME/mfsdp, else ~/.cache/mfsdp."""
+    d = os.environ.get("MFSDP_CACHE_DIR")
+    if d:
+        return d
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return os.path.join(xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache"), "mfsdp")
+
+
+def compiler_identity(exe: Optional[str] = None) -> str:
+    """The sha256 (hex) of the mfsdpc binary (mfsdpc_path() by default)."""
+    exe = exe or mfsdpc_path()
+    st = os.stat(exe)
+    key = (exe, st.st_size, st.st_mtime_ns)
+    if key not in _identity:
+        h = hashlib.sha256()
+        with open(exe, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _identity[key] = h.hexdigest()
+    return _identity[key]
+
+
+def schedule_key(spec: str, exe: Optional[str] = None) -> str:
+    """The cache key of spec text: sha256 over the compiler's identity and the spec."""
+    h = hashlib.sha256(b"mfsdpc " + compiler_identity(exe).encode() + b"\n")
+    h.update(spec.encode("utf-8"))
+    return h.hexdigest()
+
+
+def _read_entry(path):
+    """The YAML of a valid entry; None when absent; ValueError when corrupt."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    head, nl, body = data.partition(b"\n")
+    if not nl or not head.startswith(CACHE_MAGIC) or \
+            head[len(CACHE_MAGIC):].decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
+        raise ValueError("its checksum does not match its contents")
+    return body
+
+
+def _write_entry(directory, path, yaml):
+    """Writes an entry to a temporary name in `directory` and renames it (OSError on failure)."""
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(CACHE_MAGIC + hashlib.sha256(yaml).hexdigest().encode("ascii") + b"\n" + yaml)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _warn_once(directory, why):
+    if directory not in _warned:
+        _warned.add(directory)
+        warnings.warn("mfsdp: the schedule cache %s is not usable (%s): compiling without it; "
+                      "set MFSDP_CACHE_DIR to a writable directory, or pass cache=False"
+                      % (directory, why), RuntimeWarning, stacklevel=3)
+
+
+def compile_cached(spec: str, name: str = "spec", cache: bool = True) -> Tuple[Schedule, str]:
+    """(Schedule, how it was found: "hit", "miss", "replaced", "uncached" or
+    "off") for spec text, through the schedule cache (module comment)."""
+    def build():
+        cache_stats["compiles"] += 1
+        return compile_text(spec, name=name)
+
+    if not cache:
+        return Schedule.from_text(build(), name=name + ".yaml"), "off"
+    directory = cache_dir()
+    path = os.path.join(directory, schedule_key(spec) + ".yaml")
+    status = "miss"
+    try:
+        yaml = _read_entry(path)
+        if yaml is not None:
+            sched = Schedule.from_text(yaml, name=name + ".yaml")
+            cache_stats["hits"] += 1
+            return sched, "hit"
+    except (ValueError, MfsdpError, OSError):
+        status = "replaced"          # corrupt, unloadable or unreadable: never trusted
+    yaml = build()
+    sched = Schedule.from_text(yaml, name=name + ".yaml")
+    try:
+        _write_entry(directory, path, yaml)
+    except OSError as e:
+        _warn_once(directory, "%s: %s" % (type(e).__name__, e.strerror or e))
+        cache_stats["uncached"] += 1
+        return sched, "uncached"
+    cache_stats["misses" if status == "miss" else "replaced"] += 1
+    return sched, status
+
+
+# ---- the returned object ----
+
+_WHY_SYNC = (
+    "gradient synchronisation is compiled into the schedule, not switched per call: "
+    "microbatches=M accumulates the step's M microbatches and delivers the gradient once, "
+    "after the last; which reduction runs on which microbatch is the layout's: with "
+    "layout=\"hsdp\" or \"hfsdp\" the inner (dp_inner) reduce-scatter runs on every microbatch "
+    "and the outer (dp_outer) reduction once per step, at the last microbatch (FSDP2's "
+    "set_requires_all_reduce(False) on the other microbatches); layout=\"hsdp_nosync\" defers "
+    "both: the gradient accumulates unreduced on every rank (grad [Partial, Partial]) and is "
+    "reduced over both axes at the last microbatch only (FSDP2's "
+    "set_requires_gradient_sync(False) on the other microbatches); sm.finish_step() ends a "
+    "step early")
+
+FSDP_METHODS = {
+    "set_requires_gradient_sync": _WHY_SYNC,
+    "set_requires_all_reduce": _WHY_SYNC,
+    "set_is_last_backward": "the schedule knows the step's last microbatch (microbatches=M); "
+                            "end a step after fewer with sm.finish_step()",
+    "set_reshard_after_forward": "reshard_after_forward is compiled per unit: pass "
+                                 "reshard_after_forward=True, False or {unit pattern: bool} to "
+                                 "mt.fully_shard",
+    "set_reshard_after_backward": "a unit's unsharded weight is released after its backward "
+                                  "by the compiled schedule (its buffer is reused by other units)",
+    "set_modules_to_forward_prefetch": "prefetch is compiled: pass prefetch=N (units gathered "
+                                       "ahead) to mt.fully_shard",
+    "set_modules_to_backward_prefetch": "prefetch is compiled: pass prefetch=N (units gathered "
+                                        "ahead) to mt.fully_shard",
+    "unshard": "a unit's weights are gathered by its hooks; between steps read the whole "
+               "weights with sm.full_state_dict(), and evaluate by calling the model under "
+               "torch.no_grad() (no unshard needed)",
+    "set_gradient_divide_factor": "the reduction is reduce=\"avg\" (mean over ranks) or "
+                                  "\"sum\", an option of mt.fully_shard; scale the loss for "
+                                  "any other factor",
+    "set_reduce_scatter_divide_factor": "the reduction is reduce=\"avg\" or \"sum\" (an option "
+                                        "of mt.fully_shard); scale the loss for another factor",
+    "set_force_sum_reduction_for_comms": "pass reduce=\"sum\" to mt.fully_shard",
+}
+
+
+class FullyShardedModel(ShardedModel):
+    """What mt.fully_shard returns: the ShardedModel (main_parameters(),
+    clip_grad_norm_, full_state_dict, checkpoints, close) plus, for an FSDP2
+    user, sm(...) (the model's forward, casts included), .module, .spec (the
+    .mfsdp text), .schedule, .cache_status, and FSDPModule's methods
+    (FSDP_METHODS: each names the mfsdp way; reshard() is a no-op between
+    steps, where every weight is sharded)."""
+
+    def __init__(self, model: torch.nn.Module, schedule: Schedule, spec: str,
+                 precision: _policy.Precision, backend: str, cache_status: str,
+                 **runtime_kw: Any) -> None:
+        super().__init__(model, schedule, backend=backend, **runtime_kw)
+        self.spec = spec
+        self.precision = precision
+        self.cache_status = cache_status
+        self._cast_handles = _policy.install_casts(
+            model, [mod for mod, _ in self._units], precision)
+        model._mfsdp_fully_shard = self
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The sharded module itself (FSDP2 returns it, sharded in place)."""
+        return self.model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def close(self) -> None:
+        for h in getattr(self, "_cast_handles", []):
+            h.remove()
+        self._cast_handles = []
+        if getattr(self.model, "_mfsdp_fully_shard", None) is self:
+            del self.model._mfsdp_fully_shard
+        super().close()
+
+    # ---- nn.Module's calls an FSDP2 user makes on the returned model ----
+    def parameters(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("sm.parameters(): the model's own parameters are views of the "
+                         "runtime's unsharded weights and never hold a gradient; give the "
+                         "optimizer sm.main_parameters() (this rank's fp32 master shards) or "
+                         "sm.param_groups(weight_decay=...), and clip with sm.clip_grad_norm_")
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("sm.named_parameters(): use sm.named_main_parameters() (this rank's "
+                         "master shards, with .full_name and .full_shape)")
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("sm.state_dict(): the weights live in the runtime's shards; "
+                         "sm.full_state_dict() gathers whole tensors (FSDP2's "
+                         "get_model_state_dict(full_state_dict=True)), sm.save_checkpoint(dir, "
+                         "opt) writes a sharded checkpoint")
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("sm.load_state_dict(): use sm.load_full_state_dict(sd) (whole "
+                         "tensors, FSDP2's set_model_state_dict with full_state_dict=True) or "
+                         "sm.load_checkpoint(dir, opt)")
+
+    def train(self, mode: bool = True) -> FullyShardedModel:
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> FullyShardedModel:
+        self.model.eval()
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The model's zero_grad (its parameters hold no gradient; the
+        optimizer's zero_grad clears the delivered one)."""
+        self.model.zero_grad(set_to_none)
+
+    # ---- FSDPModule ----
+    def reshard(self) -> None:
+        """FSDPModule.reshard: between steps every weight is already sharded
+        (the unsharded buffers are transient), so this checks that no step
+        is under way and does nothing."""
+        self._between_steps("reshard()")
+
+    def __getattr__(self, name: str) -> Any:
+        why = FSDP_METHODS.get(name)
+        if why is None and name.startswith(("set_", "unshard", "reset_", "finalize_")) \
+                and _is_fsdp_method(name):
+            why = ("FSDP2's runtime knob %s has no mfsdp counterpart: the schedule is compiled "
+                   "from the spec (sm.spec); see docs/pytorch.md, \"Coming from FSDP2\"" % name)
+        if why is None:
+            raise AttributeError("%r object has no attribute %r" % (type(self).__name__, name))
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise UsageError("%s(): %s" % (name, why))
+        return refuse
+
+
+def _is_fsdp_method(name):
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return True
+    return hasattr(FSDPModule, name)
+
+
+# ---- the call ----
+
+def _mesh_dict(mesh):
+    if isinstance(mesh, Mapping):
+        return dict(mesh)
+    names = getattr(mesh, "mesh_dim_names", None)
+    if names is not None and hasattr(mesh, "shape"):       # a torch DeviceMesh
+        return dict(zip(names, (int(s) for s in mesh.shape)))
+    if mesh is not None and hasattr(mesh, "shape"):
+        raise UsageError("mesh: a DeviceMesh without mesh_dim_names; name its axes "
+                         "(init_device_mesh(..., mesh_dim_names=(\"dp_outer\", \"dp_inner\"))) "
+                         "or give a dict {\"dp_outer\": 2, \"dp_inner\": 2}")
+    raise UsageError("mesh=%r: give {axis name: size}, outermost first, e.g. "
+                     "{\"dp_outer\": 2, \"dp_inner\": 2}, or a named DeviceMesh" % (mesh,))
+
+
+def _refuse_sharded(model):
+    """A second call, or the root after a submodule (FSDP2's per-block habit)."""
+    if isinstance(model, ShardedModel):
+        raise UsageError("fully_shard of a ShardedModel: it is sharded already; one call "
+                         "shards the whole model")
+    if isinstance(model, (list, tuple)):
+        raise UsageError("fully_shard([modules]): FSDP2's grouped call; mfsdp shards the root "
+                         "model once and its groups become units: "
+                         "mt.fully_shard(model, units=[\"blocks.0\", ...])")
+    if getattr(model, "_mfsdp_fully_shard", None) is not None:
+        raise UsageError("fully_shard of a model that fully_shard already sharded: one call "
+                         "shards the whole model (its ShardedModel is the first call's result)")
+    inner = [n for n, m in model.named_modules() if n and
+             getattr(m, "_mfsdp_fully_shard", None) is not None]
+    if inner:
+        raise UsageError(
+            "fully_shard(model) after fully_shard(model.%s): FSDP2 is applied per block and "
+            "then to the root, mfsdp in one call on the root, and FSDP2's per-block groups "
+            "become its units: mt.fully_shard(model, units=%r) (by default the units are the "
+            "root's children that own parameters, ModuleLists expanded). The earlier call "
+            "sharded %s: close() its ShardedModel and start from a fresh model"
+            % (inner[0], inner[:3] + (["..."] if len(inner) > 3 else []), ", ".join(inner)))
+    if any(isinstance(p, GuardedParameter) for p in model.parameters()) or \
+            any(hasattr(p, "_mfsdp_slot") for p in model.parameters()):
+        raise UsageError("fully_shard of a model whose parameters are sharded already "
+                         "(mt.shard or fully_shard on it or a submodule): shard a fresh model "
+                         "once")
+
+
+def _split_options(options, precision):
+    spec_kw, rt_kw = {}, {}
+    for k, v in options.items():
+        if k in SPEC_OPTIONS:
+            spec_kw[k] = v
+        elif k in RUNTIME_OPTIONS:
+            rt_kw[k] = v
+        else:
+            raise UsageError("fully_shard: unknown option %r (spec options: %s; runtime options: "
+                             "%s)" % (k, ", ".join(SPEC_OPTIONS), ", ".join(RUNTIME_OPTIONS)))
+    if precision is not None and ("dtype" in spec_kw or "grad_dtype" in spec_kw):
+        raise UsageError("fully_shard: mp_policy= and dtype=/grad_dtype= both set the dtypes; "
+                         "give one of them")
+    return spec_kw, rt_kw
+
+
+def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
+                microbatches: int = 1, mp_policy: Any = None,
+                reshard_after_forward: Union[Reshard, int] = None, offload_policy: Any = None,
+                backend: str = "mpi", units: Optional[List[str]] = None, cache: bool = True,
+                **options: Any) -> FullyShardedModel:
+    """Shards `model` in one call, FSDP2's fully_shard with its knobs by their
+    names: builds the spec (spec_from_module), compiles it through the
+    schedule cache (compile_cached) and shards the model (mt.shard).
+
+    mesh                    {axis: size}, outermost first, or a DeviceMesh with names
+    layout, units, microbatches   as spec_from_module
+    mp_policy               FSDP2's MixedPrecisionPolicy (or any object with its
+                            fields): param_dtype -> weight dtype, reduce_dtype
+                            -> grad dtype (None: the parameters' dtype),
+                            output_dtype -> the root's floating outputs,
+                            cast_forward_inputs -> the root's and each unit's
+                            floating inputs cast to param_dtype
+    reshard_after_forward   None (every unit but the last), True, False, or
+                            {unit name or pattern: bool}; an int is refused
+    offload_policy          FSDP2's CPUOffloadPolicy, passed to mt.shard
+    backend                 "mpi", "local", "nccl"
+    cache                   False: compile every time
+    options                 spec options (reduce, overrides, prefetch, example,
+                            ties, reshard_last, dtype, grad_dtype without
+                            mp_policy) and runtime options (timeout_ms, check, ...)
+    """
+    _refuse_sharded(model)
+    _policy.check_reshard(reshard_after_forward)
+    mesh = _mesh_dict(mesh)
+    spec_kw, rt_kw = _split_options(options, mp_policy)
+    if mp_policy is not None:
+        precision = _policy.resolve(mp_policy, model)
+    else:
+        d = spec_kw.get("dtype", _policy.SPEC_DTYPES[_policy.model_dtype(model)])
+        precision = _policy.Precision(d, spec_kw.get("grad_dtype", d), None, None)
+    spec_kw["dtype"], spec_kw["grad_dtype"] = precision.weight, precision.grad
+    if isinstance(reshard_after_forward, dict):
+        names = [n for n, _ in model.named_modules() if n]
+        for pat in reshard_after_forward:
+            if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+                raise UsageError("reshard_after_forward names %r, which is no module of the "
+                                 "model" % (pat,))
+    try:
+        spec = spec_from_module(model, mesh, layout=layout, units=units,
+                                microbatches=microbatches,
+                                reshard_after_forward=reshard_after_forward, **spec_kw)
+    except ValueError as e:
+        raise UsageError("fully_shard: %s" % e) from e
+    sched, status = compile_cached(spec, name=type(model).__name__, cache=cache)
+    if offload_policy is not None:
+        if "offload_policy" not in inspect.signature(ShardedModel.__init__).parameters:
+            raise UsageError("offload_policy: this mfsdp has no offload in mt.shard yet")
+        rt_kw["offload_policy"] = offload_policy
+    return FullyShardedModel(model, sched, spec, precision, backend, status, **rt_kw)
+
+
+__all__ = ["fully_shard", "FullyShardedModel", "compile_cached", "cache_dir", "schedule_key",
+           "compiler_identity", "cache_stats", "FSDP_METHODS"]
