@@ -102,7 +102,20 @@ check_pip_install() {
   "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps .
   (cd "$(mktemp -d)" && env -u MFSDP_LIBRARY -u MFSDPC PYTHONPATH="$OLDPWD/tests/python" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python/test_package.py")
-  "$venv/bin/mfsdpc" check schedules/hfsdp.mfsdp
+  # The three console scripts from PATH, outside the build tree: a compile, a
+  # replay of it, mfsdp-ckpt's help (its C commands and to-dcp/from-dcp) and
+  # a C command passed through (a missing checkpoint: exit status 1).
+  local t
+  t=$(mktemp -d)
+  cp schedules/hfsdp.mfsdp "$t/"
+  (cd "$t" && env -u MFSDPC -u MFSDP_CKPT -u MFSDP_REPLAY -u MFSDP_LIBRARY PATH="$venv/bin:$PATH" sh -ec '
+     mfsdpc check hfsdp.mfsdp
+     mfsdpc compile hfsdp.mfsdp -o hfsdp.yaml
+     mfsdp-replay hfsdp.yaml --steps 1 --quiet
+     mfsdp-ckpt --help > help.txt
+     grep -q "reshard DIR" help.txt && grep -q "to-dcp CKPT OUT" help.txt && grep -q "from-dcp DCP" help.txt
+     rc=0; mfsdp-ckpt info no-such-checkpoint 2> err.txt || rc=$?
+     test "$rc" = 1')
 }
 
 # sanitize_suite: ctest --preset sanitize. ASan/UBSan options come with the

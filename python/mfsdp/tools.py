@@ -8,7 +8,7 @@ tensors (so its main_weight is the whole tensor), through
 mfsdp/torch/dcp.py; they need torch. Every other command goes to the C
 tool (bin/mfsdp-ckpt inside the package, $MFSDP_CKPT, or the first
 mfsdp-ckpt on PATH that is not this script) with argv and exit status
-unchanged. Exit status: 0 success, 1 refused input, 2 usage error; an output
+unchanged; `mfsdp-replay` (replay_main) likewise runs bin/mfsdp-replay. Exit status: 0 success, 1 refused input, 2 usage error; an output
 is committed by rename (complete or absent).
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ import base64
 import inspect
 import json
 import os
-import shutil
 import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -41,21 +40,39 @@ class _Usage(Exception):
     pass
 
 
-def ckpt_path() -> str:
-    """The C mfsdp-ckpt binary: $MFSDP_CKPT, the one inside this package
-    (bin/mfsdp-ckpt), else the first on PATH that is not a script."""
-    env = os.environ.get("MFSDP_CKPT")
-    if env:
-        return os.path.abspath(env)
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "mfsdp-ckpt")
+def binary(name: str, env: str) -> str:
+    """A C tool shipped with the package: $ENV, the one inside this package
+    (bin/NAME), else the first NAME on PATH that is not a script (this
+    package's console scripts are)."""
+    given = os.environ.get(env)
+    if given:
+        return os.path.abspath(given)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", name)
     if os.access(here, os.X_OK):
         return here
     for d in os.environ.get("PATH", "").split(os.pathsep):
-        found = os.path.join(d, "mfsdp-ckpt")
-        if os.access(found, os.X_OK) and not _is_script(found):
+        found = os.path.join(d, name)
+        if os.path.isfile(found) and os.access(found, os.X_OK) and not _is_script(found):
             return found
-    raise FileNotFoundError("the mfsdp-ckpt binary was not found: install the package with "
-                            "`pip install .` or set MFSDP_CKPT to its path")
+    raise FileNotFoundError("the %s binary was not found: install the package with "
+                            "`pip install .` or set %s to its path" % (name, env))
+
+
+def ckpt_path() -> str:
+    """The C mfsdp-ckpt binary ($MFSDP_CKPT, bin/mfsdp-ckpt, PATH)."""
+    return binary("mfsdp-ckpt", "MFSDP_CKPT")
+
+
+def replay_main(argv: Optional[Sequence[str]] = None) -> int:
+    """The `mfsdp-replay` console script: runs bin/mfsdp-replay ($MFSDP_REPLAY)
+    with argv, its exit status passed through."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        exe = binary("mfsdp-replay", "MFSDP_REPLAY")
+    except FileNotFoundError as e:
+        print("mfsdp-replay: %s" % e, file=sys.stderr)
+        return 2
+    return subprocess.call([exe] + argv)
 
 
 def _is_script(path):
