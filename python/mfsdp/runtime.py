@@ -118,7 +118,8 @@ class Runtime(ClosedWhenCollected):
                  timeout_ms: Optional[int] = None, synchronous: bool = False,
                  group: Optional[LocalGroup] = None, comm: Any = None, device: Optional[int] = None,
                  stream: Optional[int] = None, host_compute: bool = False,
-                 nccl_unique_id: Optional[bytes] = None, check: bool = False) -> None:
+                 nccl_unique_id: Optional[bytes] = None, check: bool = False,
+                 offload: bool = False) -> None:
         lib = _lib.load()
         if backend not in BACKENDS:
             raise MfsdpError(1, "unknown backend %r (one of %s)" % (backend, ", ".join(BACKENDS)))
@@ -136,6 +137,8 @@ class Runtime(ClosedWhenCollected):
             cfg.flags |= _lib.FLAG_SYNCHRONOUS
         if check:
             cfg.flags |= _lib.FLAG_CHECK
+        if offload:   # MFSDP_FLAG_OFFLOAD_MAIN: main_weight in pinned host memory on GPUs
+            cfg.flags |= _lib.FLAG_OFFLOAD_MAIN
         keep: List[Any] = []
         if backend in ("local", "cuda_local"):
             if group is None:

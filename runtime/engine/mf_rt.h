@@ -11,6 +11,7 @@
  *   mf_base.c          the runtime struct, accounted allocation, errors, time
  *   mf_abi.c           the public config structs' size and version checks
  *   mf_rt_schedule.c   the schedule handle: load, verify on load, queries
+ *   mf_offload.c       MFSDP_FLAG_OFFLOAD_MAIN: main_weight in pinned host memory
  *   mf_stress.c        stress-mode delays
  *   mf_trace.c         the trace check (hook order)
  *   mf_debug.c         the check mode (tensor windows)

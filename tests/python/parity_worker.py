@@ -10,7 +10,7 @@ the gathered tensors, bitwise) and the rank-0-only gather. The checker
 
     mpirun -np 4 python parity_worker.py OUT hfsdp:3:adamw:fp32 roundtrip ...
 
-A config is layout:M:opt:dtype[:ckpt blocks[:clip]]; `roundtrip` is the
+A config is layout:M:opt:dtype[:ckpt blocks[:clip[:offload]]]; `roundtrip` is the
 state-dict round trip across two layouts (no training; OUT/roundtrip.pt).
 """
 import os
@@ -28,9 +28,11 @@ torch.set_num_threads(1)
 def parse(arg):
     layout, M, opt, dtype, *rest = arg.split(":")
     ckpt = tuple(int(i) for i in rest[0].split(",")) if rest and rest[0] else ()
-    clip = float(rest[1]) if len(rest) > 1 else 0.0
+    clip = float(rest[1]) if len(rest) > 1 and rest[1] else 0.0
+    offload = len(rest) > 2 and rest[2] == "offload"   # offload_policy=CPUOffloadPolicy()
     return {"layout": layout, "M": int(M), "opt": opt, "dtype": dtype, "ckpt": ckpt,
-            "clip": clip, "steps": int(os.environ.get("MFSDP_TEST_STEPS", "10")), "b": 2}
+            "clip": clip, "steps": int(os.environ.get("MFSDP_TEST_STEPS", "10")), "b": 2,
+            "offload": offload}
 
 
 def _bitwise_diffs(a, b):
@@ -99,11 +101,12 @@ def main():
         losses, norms, sm = train.mfsdp_train(c, rank)
         full, replica_bad, root_bad = gathered(sm)
         seconds = sm.allreduce(time.perf_counter() - t0, "max")
+        offload = (sm.offload.active, sm.offload.host_bytes, sm.offload.reason)
         sm.close()
         if rank == 0:
             torch.save({"config": c, "losses": losses, "norms": norms, "full": full,
                         "replica_mismatches": replica_bad, "rank0_only_mismatches": root_bad,
-                        "seconds": seconds},
+                        "seconds": seconds, "offload": offload},
                        os.path.join(out, "%s.pt" % train.config_name(c)))
 
 

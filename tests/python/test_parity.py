@@ -29,7 +29,8 @@ LAYOUTS = ["ddp", "zero1", "zero2", "zero3", "hsdp", "hsdp_nosync", "hfsdp", "fs
 FP32 = ["%s:%d:adamw:fp32" % (l, M) for l in LAYOUTS for M in (1, 3)]
 EXTRA = ["hfsdp:3:sgd:fp32", "zero3:1:sgd:fp32",
          "hfsdp:3:adamw:fp32:1,2", "fsdp2d:1:sgd:fp32:0,3",       # checkpointed blocks
-         "hfsdp:3:adamw:bf16", "zero2:1:sgd:bf16"]
+         "hfsdp:3:adamw:bf16", "zero2:1:sgd:bf16",
+         "hfsdp:3:adamw:fp32:::offload"]                          # CPUOffloadPolicy(): a no-op on mpi
 # global-norm clipping at 3.0 (the norms before clipping run from about 8.5
 # down to 2.3 over the 10 steps: the first steps clip, the last of M = 3 do
 # not); SGD, whose step is proportional to the gradient, so a wrong factor
@@ -83,6 +84,18 @@ def test_matches_single_process(mfsdp_runs, arg):
         assert loss_err <= FP32_TOL and param_err <= FP32_TOL, (loss_err, param_err)
     else:
         assert loss_err <= BF16_LOSS_TOL and param_err <= BF16_PARAM_TOL, (loss_err, param_err)
+
+
+def test_offload_policy_noop_on_mpi(mfsdp_runs):
+    """offload_policy=CPUOffloadPolicy() on the mpi backend trained like the
+    others (test_matches_single_process) and was reported inactive, with why."""
+    c = parity_worker.parse("hfsdp:3:adamw:fp32:::offload")
+    res = torch.load(os.path.join(mfsdp_runs, "%s.pt" % train.config_name(c)))
+    assert c["offload"] and train.config_name(c).endswith("_offload")
+    active, host_bytes, reason = res["offload"]
+    assert (active, host_bytes) == (False, 0)
+    assert reason.startswith("offload inactive: the mpi backend keeps every buffer in host "
+                             "memory already"), reason
 
 
 def test_tolerance_can_fail(mfsdp_runs):

@@ -20,7 +20,8 @@ LR = {"adamw": 3e-3, "sgd": 0.05}
 def config_name(c):
     return "%s_M%d_%s_%s%s%s" % (c["layout"], c["M"], c["opt"], c["dtype"],
                                  "_ckpt" if c.get("ckpt") else "",
-                                 "_clip%g" % c["clip"] if c.get("clip") else "")
+                                 "_clip%g" % c["clip"] if c.get("clip") else "") + (
+                                     "_offload" if c.get("offload") else "")
 
 
 def make_optimizer(params, opt):
@@ -43,7 +44,8 @@ def mfsdp_train(c, rank, backend="mpi", timeout_ms=60000):
     spec = mt.spec_from_module(model, mesh=MESH, layout=c["layout"], microbatches=c["M"],
                                dtype=c["dtype"])
     sm = mt.shard(model, mfsdp.Schedule.compile(spec, name=config_name(c)), backend=backend,
-                  timeout_ms=timeout_ms)
+                  timeout_ms=timeout_ms,
+                  offload_policy=mt.CPUOffloadPolicy() if c.get("offload") else None)
     opt = make_optimizer(sm.main_parameters(), c["opt"])
     X, Y = data(c)
     losses, norms = [], []

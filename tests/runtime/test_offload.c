@@ -1,6 +1,6 @@
 /*
- * test_offload: MFSDP_FLAG_OFFLOAD_MAIN (engine/mf_offload.c; docs/runtime.md
- * §6). The placement decision and the host block's layout on every compiled
+ * test_offload: MFSDP_FLAG_OFFLOAD_MAIN (engine/mf_offload.c; the section
+ * "CPU offload" of docs/runtime.md §6). The placement decision and the host block's layout on every compiled
  * example schedule (none is refused: each casts from main_weight first) and
  * on schedules made to run a collective on a main_weight buffer (refused,
  * naming the op); the flag on the local backend, where it is a no-op (the
@@ -26,6 +26,7 @@
 #include "mf_check.h"
 #include "mf_offload.h"
 #include "mf_rt.h"
+#include "rt_testlib.h"
 
 static const char *g_dir;
 
@@ -298,6 +299,31 @@ static void test_bit_identical(void **state)
     }
 }
 
+/* The builder's schedules (independent of the planner; the device test's
+ * matrix, tests/gpu/test_offload_device.c): every mode on 1x1, 2x2 and 2x4,
+ * M in {1, 3}: none refused, the active path bit-identical to no flag. */
+static void test_builder_schedules(void **state)
+{
+    (void)state;
+    static const int meshes[] = {0, 2, 3};   /* 1x1, 2x2, 2x4 */
+    for (int k = 0; k < mf_tb_nmodes; k++)
+        for (size_t j = 0; j < sizeof meshes / sizeof *meshes; j++)
+            for (int64_t M = 1; M <= 3; M += 2) {
+                mf_tb_spec spec;
+                rt_model_spec(&spec, mf_tb_modes[k], &rt_meshes[meshes[j]], M, MF_REDUCE_AVG);
+                mfsdp_schedule *sh = rt_build(&spec);
+                assert_int_equal(mf_offload_refusing_op(sh->s), -1);
+                uint64_t d[2][64];
+                char msg[1024];
+                for (int run = 0; run < 2; run++)
+                    if (oracle(sh, run ? MFSDP_FLAG_OFFLOAD_MAIN : 0, run == 1, d[run], msg) != 0)
+                        fail_msg("%s on %s, M=%lld, run %d: %s", mf_tb_modes[k], rt_meshes[meshes[j]].name,
+                                 (long long)M, run, msg);
+                assert_memory_equal(d[0], d[1], sizeof d[0][0] * (size_t)mfsdp_schedule_world_size(sh));
+                mfsdp_schedule_free(sh);
+            }
+}
+
 /* The active path's placement on one rank: main_weight views in the host
  * block, outside the arena; gradient views in its mirror part; the figures. */
 static void test_active_views(void **state)
@@ -392,7 +418,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decide_examples),   cmocka_unit_test(test_layout_hfsdp),
         cmocka_unit_test(test_refuse_collective), cmocka_unit_test(test_noop_local),
-        cmocka_unit_test(test_bit_identical),     cmocka_unit_test(test_active_views),
+        cmocka_unit_test(test_bit_identical),     cmocka_unit_test(test_builder_schedules),
+        cmocka_unit_test(test_active_views),
         cmocka_unit_test(test_create_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,9 +12,11 @@ See docs/pytorch.md.
 from .shard import ModelMismatchError, ShardedModel, shard
 from .spec import LAYOUT_NAMES, layout_block, plan_units, spec_from_module
 from .tensors import tensor
+from .offload import CPUOffloadPolicy, OffloadReport   # torch's own when it has it
 from .fully_shard import FullyShardedModel, fully_shard
 from .policy import MixedPrecisionPolicy
 
 __all__ = ["spec_from_module", "shard", "ShardedModel", "ModelMismatchError", "tensor",
            "plan_units", "layout_block", "LAYOUT_NAMES", "fully_shard", "FullyShardedModel",
            "MixedPrecisionPolicy"]
+__all__ += ["CPUOffloadPolicy", "OffloadReport"]   # offload.py

@@ -46,6 +46,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .. import _lib
 from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
+from . import offload as _offload
 from .guard import GuardedParameter, ParamSlot, holders_of
 from .tensors import tensor
 
@@ -131,13 +132,15 @@ class ShardedModel:
     """The model driven by an mfsdp runtime (returned by shard())."""
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
-                 **runtime_kw: Any) -> None:
+                 offload_policy: Any = None, **runtime_kw: Any) -> None:
         self.model = model
         self.schedule = schedule
         units = _match(model, schedule)
+        offload = _offload.requested(offload_policy, backend)   # CPU offload (offload.py)
         if backend in ("nccl", "cuda_local"):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
-        self.runtime = rt = Runtime(schedule, backend=backend, **runtime_kw)
+        self.runtime = rt = Runtime(schedule, backend=backend, offload=offload, **runtime_kw)
+        self.offload = _offload.report(rt, offload)   # active, host_bytes, reason
         self.M = schedule.microbatches
         self.U = len(schedule.units)
         self._units = []       # per unit: (module, [(param, view, grad_local tensor)])
@@ -752,7 +755,10 @@ def _nccl_args(kw, backend, world):
 
 
 def shard(model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
-          **runtime_kw: Any) -> ShardedModel:
+          offload_policy: Any = None, **runtime_kw: Any) -> ShardedModel:
     """Drives `model` with `schedule` on `backend` ("local", "mpi", "nccl");
-    extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...)."""
-    return ShardedModel(model, schedule, backend=backend, **runtime_kw)
+    extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...).
+    offload_policy: torch's CPUOffloadPolicy() or True for FSDP2's CPU offload
+    (GPU backends; a no-op that warns on CPU ones: docs/pytorch.md, "CPU offload")."""
+    return ShardedModel(model, schedule, backend=backend, offload_policy=offload_policy,
+                        **runtime_kw)

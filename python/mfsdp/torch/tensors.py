@@ -36,6 +36,9 @@ def tensor(runtime: Runtime, view: View, role: str) -> torch.Tensor:
     tdt = TORCH_DTYPES[dtype]
     ptr = view.ptr[role]
     gpu = runtime.backend in ("nccl", "cuda_local")
+    if gpu and role in ("main_weight", "grad"):
+        from .offload import host_resident
+        gpu = not host_resident(runtime)   # CPU offload: pinned host memory
     if not ptr or n == 0:
         dev = "cuda:%d" % runtime.cuda_device() if gpu else "cpu"
         return torch.zeros(shape, dtype=tdt, device=dev)
