@@ -710,6 +710,11 @@ mfsdp_result mf_cuda_alloc_host(mf_rt *rt, size_t bytes, void **out)
     char msg[MF_RT_ERRLEN];
     void *p = NULL, *dev = NULL;
     *out = NULL;
+    if (((const mf_cuda_core *)rt->be_state)->graphs)   /* both backends keep their core first */
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                 "not with MFSDP_NCCL_GRAPHS: step_end waits for the step and copies "
+                                 "the delivered gradient into host memory, which a captured step_end "
+                                 "cannot do; drop one of the two flags");
     cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
     if (e != cudaSuccess) {
         mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cudaHostAlloc of %zu bytes (mapped, portable)", bytes);

@@ -172,7 +172,9 @@ mfsdp_result mf_cuda_stage(mf_rt *rt, void *dst, const void *src, size_t bytes, 
  * engine/mf_offload.c): zero-filled pinned host memory, cudaHostAlloc with
  * cudaHostAllocMapped | cudaHostAllocPortable, whose device address must be
  * its host address (unified addressing: kernels of any device read it at
- * the same pointer; refused otherwise); the message goes to rt->err. */
+ * the same pointer; refused otherwise); MFSDP_ERR_UNSUPPORTED with
+ * MFSDP_NCCL_GRAPHS (step_end's host copy cannot be captured); the message
+ * goes to rt->err. */
 mfsdp_result mf_cuda_alloc_host(mf_rt *rt, size_t bytes, void **out);
 void mf_cuda_free_host(mf_rt *rt, void *p);
 

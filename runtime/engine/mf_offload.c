@@ -135,8 +135,9 @@ static mfsdp_result place_host(mf_rt *rt, struct mf_offload *o)
     if (res != MFSDP_OK) {
         o->host = NULL;
         mf_base_free(off);
-        return mf_base_set_error(NULL, res, "MFSDP_FLAG_OFFLOAD_MAIN: cannot allocate %lld bytes of "
-                                 "pinned host memory: %s", (long long)o->host_bytes, rt->err);
+        return mf_base_set_error(NULL, res, "MFSDP_FLAG_OFFLOAD_MAIN on the %s backend (%lld bytes of "
+                                 "pinned host memory): %s", rt->be->name, (long long)o->host_bytes,
+                                 rt->err);
     }
     for (int b = 0; b < s->nbuffers; b++) {
         if (off[b] < 0)

@@ -362,7 +362,7 @@ run_prebuilt() {
             fi
             run 60 "$L/stage2.log" "$B/test_cuda_local_device"
             verdict "test_cuda_local_device (thread-ranks on one GPU, every mode on 1x4, 2x2, 2x4, 2x2x2)" $?
-            run 60 "$L/stage2.log" "$B/test_offload_device"
+            run 60 "$L/stage2.log" env MFSDP_GPU_NCCL_OK="$NCCL_OK" "$B/test_offload_device"
             verdict "test_offload_device (MFSDP_FLAG_OFFLOAD_MAIN on cuda-local: main_weight and the gradient mirror in pinned host memory, master weights bit-identical to a run without it)" $?
             local t0 t1
             t0=$(date +%s%N)

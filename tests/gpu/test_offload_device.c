@@ -11,6 +11,7 @@
  *     those of the same run without the flag (the casts then read the master
  *     weights from host memory through unified addressing, the gradient
  *     comes back through the mirror copied at step_end).
+ *   - NCCL, a world of one: refused with MFSDP_NCCL_GRAPHS, accepted without.
  * Needs a GPU: exits 77 (skip) only when there is no device (gpu_presence.h).
  * The same checks run on the CPU through a fake host block in
  * tests/runtime/test_offload.c.
@@ -27,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_presence.h"
+#include "mfsdp_nccl.h"
 #include "mf_offload.h"
 #include "rt_testlib.h"
 
@@ -124,6 +126,47 @@ static void test_bit_identical(void **state)
             }
 }
 
+/* NCCL, a world of one: with MFSDP_NCCL_GRAPHS the flag is refused (a
+ * captured step_end cannot wait and copy to the host); without, accepted. */
+static void test_nccl_graphs_refused(void **state)
+{
+    (void)state;
+    const char *ok = getenv("MFSDP_GPU_NCCL_OK");   /* the device check: 0 with its NCCL stub */
+    if (!mfsdp_backend_available(MFSDP_BACKEND_NCCL) || (ok && strcmp(ok, "0") == 0))
+        skip();
+    mf_tb_spec spec;
+    rt_model_spec(&spec, "zero3", &rt_meshes[0], 1, MF_REDUCE_AVG);   /* 1x1 */
+    mfsdp_schedule *sh = rt_build(&spec);
+    for (int graphs = 0; graphs < 2; graphs++) {
+        mfsdp_nccl_config nc;
+        mfsdp_nccl_config_init(&nc);
+        if (graphs)
+            nc.flags |= MFSDP_NCCL_GRAPHS;
+        mfsdp_config cfg;
+        mfsdp_config_init(&cfg);
+        mfsdp_config_set_nccl(&cfg, &nc);
+        cfg.rank = 0;
+        cfg.flags = MFSDP_FLAG_OFFLOAD_MAIN;
+        mfsdp_runtime *rt = NULL;
+        mfsdp_result r = mfsdp_create(sh, &cfg, &rt);
+        if (graphs) {
+            assert_int_equal(r, MFSDP_ERR_UNSUPPORTED);
+            assert_non_null(strstr(mfsdp_last_error(NULL), "not with MFSDP_NCCL_GRAPHS"));
+        } else {
+            if (r != MFSDP_OK && strstr(mfsdp_last_error(NULL), "NCCL is not installed")) {
+                mfsdp_schedule_free(sh);   /* the device check's NCCL stub */
+                skip();
+            }
+            if (r != MFSDP_OK)
+                fail_msg("create: %s", mfsdp_last_error(NULL));
+            assert_int_equal(mfsdp_offload_active(rt), 1);
+            assert_non_null(strstr(mfsdp_offload_status(rt), "on the nccl backend"));
+        }
+        mfsdp_destroy(rt);
+    }
+    mfsdp_schedule_free(sh);
+}
+
 int main(void)
 {
     int presence = gpu_presence();
@@ -132,6 +175,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_nccl_graphs_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,7 +111,6 @@ def report(runtime: Runtime, requested_: bool) -> OffloadReport:
     r = OffloadReport(runtime, requested_)
     if requested_ and not r.active and r.backend not in _warned:
         _warned.add(r.backend)
-        warnings.warn("offload_policy on the %s backend is a no-op: %s; the master weights "
-                      "and the optimizer state are in host memory already (sm.offload.active "
-                      "is False)" % (r.backend, r.reason), UserWarning, stacklevel=4)
+        warnings.warn("offload_policy on the %s backend is a no-op: %s; sm.offload.active is "
+                      "False" % (r.backend, r.reason), UserWarning, stacklevel=4)
     return r
