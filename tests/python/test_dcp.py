@@ -11,7 +11,8 @@ FSDP2's; mfsdp saves and FSDP2 loads (dcp.load, set_model_state_dict,
 set_optimizer_state_dict): the same comparisons the other way, and the two
 DCP directories' metadata have the same keys, kinds and sizes, each tensor
 stored once. In this process (a world of one, FSDP2 on a 1-rank gloo group):
-the offline conversions of both directions bit-exact, and the refusals: a
+the offline conversions of both directions bit-exact, two param groups
+(sm.param_groups) through save_dcp and through to-dcp, and the refusals: a
 DCP of another model (every problem listed, nothing written), another
 optimizer class, an existing output, inside a step, save_dcp on 4 ranks
 without torch.distributed (from the worker), the console script's exit
@@ -274,3 +275,37 @@ def test_refusals(out, tmp_path, gloo):
             call()
     assert not os.path.exists(tmp_path / "mid")
     sm.close()
+
+
+def test_two_param_groups_both_ways(tmp_path, gloo, tool):
+    """sm.param_groups' two groups (decay / no decay) through save_dcp and
+    through save_checkpoint + to-dcp: the same DCP entries, and FSDP2 with the
+    same two groups loads them, each parameter's group and state intact."""
+    model = gpt.make_model()
+    sm = one_rank(model)
+    opt = torch.optim.AdamW(sm.param_groups(0.1, lr=3e-3), foreach=False)
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    model(X[0, 0, 0], Y[0, 0, 0]).backward()
+    opt.step()
+    opt.zero_grad()
+    sm.save_dcp(str(tmp_path / "live"), opt)
+    sm.save_checkpoint(str(tmp_path / "ck"), opt)
+    full = sm.full_state_dict()
+    sm.close()
+    assert tool("to-dcp", tmp_path / "ck", tmp_path / "off", "--tie", TIE).returncode == 0
+    for d in ("live", "off"):
+        ref = fsdp2_model(4)
+        decay = [p for n, p in ref.named_parameters() if p.dim() >= 2]
+        keep = [p for n, p in ref.named_parameters() if p.dim() < 2]
+        ropt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": keep, "weight_decay": 0.0}], lr=3e-3, foreach=False)
+        sd = {"model": get_model_state_dict(ref), "optim": get_optimizer_state_dict(ref, ropt)}
+        dcp.load(sd, checkpoint_id=str(tmp_path / d))
+        groups = sd["optim"]["param_groups"]
+        assert [g["weight_decay"] for g in groups] == [0.1, 0.0], d
+        assert "wte.weight" in groups[0]["params"] and "ln_f.bias" in groups[1]["params"], d
+        set_model_state_dict(ref, sd["model"])
+        set_optimizer_state_dict(ref, ropt, sd["optim"])
+        for n, p in ref.named_parameters():
+            assert_bitwise(p.full_tensor(), full[n], "%s %s" % (d, n))
+            assert float(ropt.state[p]["step"]) == 1.0
