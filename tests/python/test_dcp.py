@@ -12,7 +12,8 @@ set_optimizer_state_dict): the same comparisons the other way, and the two
 DCP directories' metadata have the same keys, kinds and sizes, each tensor
 stored once. In this process (a world of one, FSDP2 on a 1-rank gloo group):
 the offline conversions of both directions bit-exact, two param groups
-(sm.param_groups) through save_dcp and through to-dcp, and the refusals: a
+(sm.param_groups) through save_dcp and through to-dcp, SGD's momentum both
+ways, and the refusals: a
 DCP of another model (every problem listed, nothing written), another
 optimizer class, an existing output, inside a step, save_dcp on 4 ranks
 without torch.distributed (from the worker), the console script's exit
@@ -309,3 +310,39 @@ def test_two_param_groups_both_ways(tmp_path, gloo, tool):
         for n, p in ref.named_parameters():
             assert_bitwise(p.full_tensor(), full[n], "%s %s" % (d, n))
             assert float(ropt.state[p]["step"]) == 1.0
+
+
+def test_sgd_momentum_both_ways(tmp_path, gloo):
+    """SGD's momentum_buffer: mfsdp's save_dcp loads into FSDP2's SGD, and
+    FSDP2's DCP back into a fresh mfsdp SGD, bit for bit."""
+    model = gpt.make_model()
+    sm = one_rank(model)
+    opt = torch.optim.SGD(sm.main_parameters(), lr=0.05, momentum=0.9, foreach=False)
+    X, Y = gpt.make_data(1, 1, 1, 2)
+    model(X[0, 0, 0], Y[0, 0, 0]).backward()
+    opt.step()
+    opt.zero_grad()
+    sm.save_dcp(str(tmp_path / "sgd"), opt)
+    want = {n: (mp.detach().clone(), opt.state[mp]["momentum_buffer"].clone())
+            for n, _, mp in sm.shards()}
+    sm.close()
+    ref = fsdp2_model(4)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.5, foreach=False)
+    sd = {"model": get_model_state_dict(ref), "optim": get_optimizer_state_dict(ref, ropt)}
+    dcp.load(sd, checkpoint_id=str(tmp_path / "sgd"))
+    set_model_state_dict(ref, sd["model"])
+    set_optimizer_state_dict(ref, ropt, sd["optim"])
+    assert (ropt.param_groups[0]["lr"], ropt.param_groups[0]["momentum"]) == (0.05, 0.9)
+    for n, p in ref.named_parameters():
+        assert_bitwise(p.full_tensor(), want[n][0], n)
+        assert_bitwise(ropt.state[p]["momentum_buffer"].full_tensor(), want[n][1], n)
+    sd = {"model": get_model_state_dict(ref), "optim": get_optimizer_state_dict(ref, ropt)}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "sgd2"))
+    sm = one_rank(gpt.make_model(seed=8), layout="ddp")
+    opt = torch.optim.SGD(sm.main_parameters(), lr=0.1, momentum=0.5, foreach=False)
+    sm.load_dcp(str(tmp_path / "sgd2"), opt)
+    assert (opt.param_groups[0]["lr"], opt.param_groups[0]["momentum"]) == (0.05, 0.9)
+    for n, _, mp in sm.shards():
+        assert_bitwise(mp.detach(), want[n][0], "back " + n)
+        assert_bitwise(opt.state[mp]["momentum_buffer"], want[n][1], "back " + n)
+    sm.close()
