@@ -382,3 +382,17 @@ def test_cache_dir_order(monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", "/h")
     assert cache_dir() == "/h/.cache/mfsdp"
+
+
+def test_offload_policy_passed_to_shard():
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # the local backend's no-op, said once
+        model, sm = one(offload_policy=CPUOffloadPolicy())
+    assert sm.offload.requested and not sm.offload.active    # host memory already
+    assert "local" in sm.offload.reason
+    sm.close()
+    model, sm = one()
+    assert not sm.offload.requested
+    sm.close()
+    refused(lambda: one(offload_policy=CPUOffload(offload_params=True)), "FSDP1")

@@ -204,8 +204,9 @@ class FullyShardedModel(ShardedModel):
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, spec: str,
                  precision: _policy.Precision, backend: str, cache_status: str,
-                 **runtime_kw: Any) -> None:
-        super().__init__(model, schedule, backend=backend, **runtime_kw)
+                 offload_policy: Any = None, **runtime_kw: Any) -> None:
+        super().__init__(model, schedule, backend=backend, offload_policy=offload_policy,
+                         **runtime_kw)
         self.spec = spec
         self.precision = precision
         self.cache_status = cache_status
@@ -373,7 +374,9 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                             floating inputs cast to param_dtype
     reshard_after_forward   None (every unit but the last), True, False, or
                             {unit name or pattern: bool}; an int is refused
-    offload_policy          FSDP2's CPUOffloadPolicy, passed to mt.shard
+    offload_policy          FSDP2's CPUOffloadPolicy, passed to mt.shard (offload.py:
+                            the master shards in pinned host memory on a GPU backend,
+                            a no-op said once on local and mpi)
     backend                 "mpi", "local", "nccl"
     cache                   False: compile every time
     options                 spec options (reduce, overrides, prefetch, example,
@@ -403,11 +406,8 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
     except ValueError as e:
         raise UsageError("fully_shard: %s" % e) from e
     sched, status = compile_cached(spec, name=type(model).__name__, cache=cache)
-    if offload_policy is not None:
-        if "offload_policy" not in inspect.signature(ShardedModel.__init__).parameters:
-            raise UsageError("offload_policy: this mfsdp has no offload in mt.shard yet")
-        rt_kw["offload_policy"] = offload_policy
-    return FullyShardedModel(model, sched, spec, precision, backend, status, **rt_kw)
+    return FullyShardedModel(model, sched, spec, precision, backend, status,
+                             offload_policy=offload_policy, **rt_kw)
 
 
 __all__ = ["fully_shard", "FullyShardedModel", "compile_cached", "cache_dir", "schedule_key",
