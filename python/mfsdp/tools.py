@@ -13,7 +13,6 @@ is committed by rename (complete or absent).
 """
 from __future__ import annotations
 
-import base64
 import inspect
 import json
 import os
