@@ -33,6 +33,7 @@ import conftest
 import fully_shard_worker as W
 import gpt
 import mfsdp
+import mfsdp.compile
 import mfsdp.torch as mt
 import train
 from mfsdp.compile import mfsdpc_path
@@ -331,9 +332,13 @@ def test_cache_corrupt_or_forged_entry_recompiled(tmp_path):
     import hashlib
     body = b"format: mfsdp-schedule/4\nnot a schedule\n"
     forged = b"mfsdp-schedule-cache 1 " + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+    other = mfsdp.compile.compile_text(
+        mt.spec_from_module(gpt.make_model(), {"dp": 1}, layout="zero2"))
+    swapped = (b"mfsdp-schedule-cache 1 " + hashlib.sha256(other).hexdigest().encode() + b"\n" +
+               other)                                         # a valid schedule of another spec
     for bad in (data[:len(data) // 2],                        # truncated
                 data.replace(b"numel: 2048", b"numel: 2047"),  # altered: checksum differs
-                b"", forged):                                 # checks out, does not load
+                b"", forged, swapped):                        # checks out, does not load / fit
         with open(path, "wb") as f:
             f.write(bad)
         c0 = cache_stats["compiles"]

@@ -13,8 +13,9 @@ or raises a UsageError naming the mfsdp way.
 The schedule cache: an entry is the compiled YAML under the sha256 of the
 compiler's identity (the sha256 of the mfsdpc binary) and the spec text, in
 $MFSDP_CACHE_DIR, else $XDG_CACHE_HOME/mfsdp, else ~/.cache/mfsdp. Its first
-line carries the sha256 of the rest, so a truncated or altered entry is
-recompiled and replaced, never loaded. Entries are written to a temporary
+line carries the sha256 of the rest, so a truncated or altered entry, or a
+schedule whose source_sha256 is another spec's, is recompiled and replaced,
+never loaded. Entries are written to a temporary
 name and renamed, so ranks that compile the same spec at once each rename a
 whole file. A directory that cannot be written gives one RuntimeWarning
 naming it and the reason, and compiling goes on without the cache.
@@ -25,6 +26,7 @@ import fnmatch
 import hashlib
 import inspect
 import os
+import re
 import tempfile
 import warnings
 from typing import Any, List, Mapping, Optional, Tuple, Union
@@ -98,6 +100,15 @@ def _read_entry(path):
     return body
 
 
+def _check_source(yaml, spec):
+    """ValueError unless the entry was compiled from this very spec text (its
+    source_sha256, docs/schedule.md): a valid schedule of another spec under
+    this key is never loaded."""
+    m = re.search(rb'^source_sha256: "([0-9a-f]{64})"$', yaml, re.M)
+    if not m or m.group(1).decode() != hashlib.sha256(spec.encode("utf-8")).hexdigest():
+        raise ValueError("it was compiled from another spec")
+
+
 def _write_entry(directory, path, yaml):
     """Writes an entry to a temporary name in `directory` and renames it (OSError on failure)."""
     os.makedirs(directory, exist_ok=True)
@@ -137,6 +148,7 @@ def compile_cached(spec: str, name: str = "spec", cache: bool = True) -> Tuple[S
     try:
         yaml = _read_entry(path)
         if yaml is not None:
+            _check_source(yaml, spec)
             sched = Schedule.from_text(yaml, name=name + ".yaml")
             cache_stats["hits"] += 1
             return sched, "hit"
