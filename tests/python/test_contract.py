@@ -11,6 +11,8 @@ trains as torch does). Main parameters' full names and shapes, and
 param_groups' nanoGPT grouping. Evaluation forwards and short steps against
 plain torch.
 """
+import io
+
 import pytest
 import torch
 import torch.nn as nn
@@ -60,6 +62,30 @@ def test_optimizer_over_the_models_own_parameters_is_refused():
     usage_error(opt.step, "AdamW.step() over parameter", "sm.main_parameters()")
     torch.optim.AdamW(sm.main_parameters(), lr=1e-3).step()  # the fix works
     sm.close()
+
+
+def test_torch_state_dicts_of_a_sharded_model_name_the_mfsdp_calls():
+    """The FSDP2 habits model.state_dict(), get_model_state_dict(model) and
+    model.load_state_dict(sd) on a sharded model: refused at the call, naming
+    sm.full_state_dict / save_dcp and load_full_state_dict / load_dcp; the
+    named fix gives the single-process model's values."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    model, sm = sharded()
+    X, Y = batch()
+    microbatch(model, X, Y, 0, 0, 1.0)
+    torch.optim.SGD(sm.main_parameters(), lr=0.1).step()
+    for call in (model.state_dict, model.blocks[1].state_dict, lambda: get_model_state_dict(model),
+                 lambda: torch.save(model.state_dict(), io.BytesIO())):
+        usage_error(call, "state_dict() of a sharded model", "sm.full_state_dict()",
+                    "sm.save_dcp(path, optimizer)")
+    fresh = gpt.make_model(seed=5).state_dict()
+    usage_error(lambda: model.load_state_dict(fresh), "load_state_dict() into a sharded model",
+                "sm.load_full_state_dict(state_dict)", "sm.load_dcp(path, optimizer)")
+    sm.load_full_state_dict(fresh)                          # the named fix
+    full = sm.full_state_dict()
+    assert all(torch.equal(full[k], fresh[k]) for k in full)
+    sm.close()
+    usage_error(model.state_dict, "closed")                 # the stand-ins refuse on their own
 
 
 def test_optimizer_step_inside_a_step_is_refused():

@@ -256,12 +256,14 @@ class FullyShardedModel(ShardedModel):
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         raise UsageError("sm.state_dict(): the weights live in the runtime's shards; "
                          "sm.full_state_dict() gathers whole tensors (FSDP2's "
-                         "get_model_state_dict(full_state_dict=True)), sm.save_checkpoint(dir, "
-                         "opt) writes a sharded checkpoint")
+                         "get_model_state_dict(full_state_dict=True)), sm.save_dcp(dir, opt) writes "
+                         "a DCP checkpoint (FSDP2's dcp.save), sm.save_checkpoint(dir, opt) "
+                         "mfsdp's sharded one")
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         raise UsageError("sm.load_state_dict(): use sm.load_full_state_dict(sd) (whole "
-                         "tensors, FSDP2's set_model_state_dict with full_state_dict=True) or "
+                         "tensors, FSDP2's set_model_state_dict with full_state_dict=True), "
+                         "sm.load_dcp(dir, opt) (a DCP checkpoint, FSDP2's included) or "
                          "sm.load_checkpoint(dir, opt)")
 
     def train(self, mode: bool = True) -> FullyShardedModel:

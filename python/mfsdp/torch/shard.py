@@ -180,6 +180,7 @@ class ShardedModel:
             for k, (p, v, gl) in enumerate(entries):
                 self._handles.append(p.register_post_accumulate_grad_hook(
                     self._timed(self._make_grad_ready(u, k))))
+        self._handles += _refuse_module_state_dicts(model)
         _watch_optimizers(self)
 
     # ---- public ----
@@ -647,6 +648,34 @@ class ShardedModel:
         self._reset_microbatch()
         if self.m == self.M:
             self._end_step()
+
+
+def _refuse_module_state_dicts(model):
+    """Hooks that make state_dict() and load_state_dict() of the sharded
+    model (or of any of its modules) a UsageError naming the mfsdp call: its
+    parameters are stand-ins outside the runtime's windows, so torch's own
+    state dicts (and get/set_model_state_dict, which call them) cannot see
+    the weights. Removed by close() (the stand-ins then refuse on their own)."""
+    def saving(module, prefix, keep_vars):
+        raise UsageError(
+            "%sstate_dict() of a sharded model (%s): its weights live in the runtime's shards, "
+            "not in the modules' parameters: take sm.full_state_dict() (whole tensors, as "
+            "get_model_state_dict(..., full_state_dict=True)), sm.save_dcp(path, optimizer) (a "
+            "DCP checkpoint, as dcp.save of get_model_state_dict) or sm.save_checkpoint(path, "
+            "optimizer)" % (prefix, type(module).__name__))
+
+    def loading(module, state_dict, prefix, *rest):
+        raise UsageError(
+            "%sload_state_dict() into a sharded model (%s): set the master weights with "
+            "sm.load_full_state_dict(state_dict) (whole tensors), sm.load_dcp(path, optimizer) "
+            "(a DCP checkpoint, FSDP2's included) or sm.load_checkpoint(path, optimizer)"
+            % (prefix, type(module).__name__))
+
+    handles = []
+    for mod in model.modules():
+        handles.append(mod.register_state_dict_pre_hook(saving))
+        handles.append(mod.register_load_state_dict_pre_hook(loading))
+    return handles
 
 
 def _fewer_than_two_dims(name, shape):
