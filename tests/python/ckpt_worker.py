@@ -8,9 +8,15 @@ OUT/rank<r>.pt: the per-step losses and, per tensor, this rank's shard
 offset, master shard, Adam moments and step.
 
     mpirun -np 4 python ckpt_worker.py OUT LAYOUT MESH START STOP TOTAL [--load DIR] [--save DIR]
+                                       [+ OUT LAYOUT MESH ...]...
 
 MESH is "dp_outer=2,dp_inner=2" or "dp=4". The user blob saved on each rank
-is {"next": STOP, "rank": r}; a resume checks it came back.
+is {"next": STOP, "rank": r}; a resume checks it came back. Several runs
+separated by "+" run one after the other in the same processes (each with
+its own model, runtime and optimizer: one launch, as process start and torch's
+import cost seconds); a resume from a checkpoint saved by the same launch
+would not be in fresh processes, so the test saves in one launch and loads in
+the next.
 """
 import json
 import os
@@ -66,5 +72,18 @@ def main(argv):
     sm.close()
 
 
+def runs(argv):
+    """The argument lists of the runs, split at "+"."""
+    out, cur = [], []
+    for a in argv:
+        if a == "+":
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    return out + [cur]
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    for run in runs(sys.argv[1:]):
+        main(run)

@@ -3,9 +3,10 @@ test_checkpoint: sharded checkpoints through the Python package
 (Runtime.save_checkpoint / load_checkpoint / import_hf / export_hf and
 mfsdp.torch.ShardedModel's, docs/checkpoint.md, docs/pytorch.md).
 
-Under mpirun -np 4 (ckpt_worker.py, each run a fresh set of processes): 6
-AdamW steps straight on a 2 x 2 HFSDP mesh, against 3 steps, a save, and 3
-more steps in fresh processes that resume from it (from a model initialised
+Under mpirun -np 4 (ckpt_worker.py; the saves in one launch, the loads in
+the next, so in fresh processes): 6 AdamW steps straight on a 2 x 2 HFSDP
+mesh, against 3 steps, a save, and 3 more steps in fresh processes that
+resume from it (from a model initialised
 with another seed): losses, master shards, both Adam moments and the step
 counter bit for bit. The checkpoint, saved on a 2 x 2 HSDP mesh (replicated
 shards), loaded on 1 x 4 ZeRO-3 and 2 x 2 HFSDP: every element of every
@@ -35,17 +36,24 @@ import mfsdp.torch as mt
 MESH2 = "dp_outer=2,dp_inner=2"
 
 
-def worker(tmp, tag, layout, mesh, start, stop, total, load=None, save=None):
-    out = tmp / tag
-    out.mkdir()
-    args = [str(out), layout, mesh, str(start), str(stop), str(total)]
-    if load:
-        args += ["--load", str(load)]
-    if save:
-        args += ["--save", str(save)]
+def launch(tmp, *runs):
+    """Runs ckpt_worker.py's runs [(tag, layout, mesh, start, stop, total,
+    load, save)] one after the other in one mpirun (fresh processes for the
+    launch, not for each run); returns {tag: [rank 0..3's dump]}."""
+    args = []
+    for tag, layout, mesh, start, stop, total, load, save in runs:
+        out = tmp / tag
+        out.mkdir()
+        args += (["+"] if args else []) + [str(out), layout, mesh, str(start), str(stop),
+                                          str(total)]
+        if load:
+            args += ["--load", str(load)]
+        if save:
+            args += ["--save", str(save)]
     p = conftest.run_ranks("ckpt_worker.py", args, timeout=300)
-    assert p.returncode == 0, "%s failed:\n%s\n%s" % (tag, p.stdout[-3000:], p.stderr[-3000:])
-    return [torch.load(out / ("rank%d.pt" % r)) for r in range(4)]
+    tags = [r[0] for r in runs]
+    assert p.returncode == 0, "%s failed:\n%s\n%s" % (tags, p.stdout[-3000:], p.stderr[-3000:])
+    return {t: [torch.load(tmp / t / ("rank%d.pt" % r)) for r in range(4)] for t in tags}
 
 
 def bits(t):
@@ -76,15 +84,20 @@ def full_tensors(dumps, key):
 
 
 def test_resume_in_fresh_processes_is_bitwise_and_reshards(tmp_path):
-    straight = worker(tmp_path, "straight", "hfsdp", MESH2, 0, 6, 6)
-    ck = tmp_path / "ck-3"
-    first = worker(tmp_path, "first", "hfsdp", MESH2, 0, 3, 6, save=ck)
-    assert sorted(os.listdir(tmp_path)) == ["ck-3", "first", "straight"]   # no temporary left
-    mfsdp.verify_checkpoint(str(ck))
+    ck, ck_hsdp = tmp_path / "ck-3", tmp_path / "ck-hsdp"
+    # the saves in one launch; every load in the next (fresh processes)
+    saves = launch(tmp_path, ("straight", "hfsdp", MESH2, 0, 6, 6, None, None),
+                   ("first", "hfsdp", MESH2, 0, 3, 6, None, ck),
+                   ("hsdp", "hsdp", MESH2, 0, 2, 2, None, ck_hsdp))   # replicas split the writes
+    assert sorted(os.listdir(tmp_path)) == ["ck-3", "ck-hsdp", "first", "hsdp", "straight"]
+    mfsdp.verify_checkpoint(str(ck))                         # ^ no temporary left
     m = mfsdp.read_manifest(str(ck))
     assert m["step"] == 3 and m["world"] == 4
     assert [s["name"] for s in m["states"]] == ["main_weight", "exp_avg", "exp_avg_sq"]
-    resumed = worker(tmp_path, "resumed", "hfsdp", MESH2, 3, 6, 6, load=ck)
+    loads = launch(tmp_path, ("resumed", "hfsdp", MESH2, 3, 6, 6, ck, None),
+                   ("load-zero3", "zero3", "dp=4", 2, 2, 2, ck_hsdp, None),
+                   ("load-hfsdp", "hfsdp", MESH2, 2, 2, 2, ck_hsdp, None))
+    straight, first, resumed = saves["straight"], saves["first"], loads["resumed"]
     for r in range(4):
         assert first[r]["losses"] == straight[r]["losses"][:3]
         assert resumed[r]["losses"] == straight[r]["losses"][3:], (r, resumed[r]["losses"])
@@ -96,12 +109,10 @@ def test_resume_in_fresh_processes_is_bitwise_and_reshards(tmp_path):
                 assert_bitwise(u[key], t[key], "rank %d %s %s" % (r, n, key))
     assert float(resumed[0]["tensors"]["wte.weight"]["step"]) == 6.0
 
-    # reshard: saved on HSDP (replicas split the writes), loaded elsewhere
-    ck_hsdp = tmp_path / "ck-hsdp"
-    saved = worker(tmp_path, "hsdp", "hsdp", MESH2, 0, 2, 2, save=ck_hsdp)
-    want = {k: full_tensors(saved, k) for k in ("main", "exp_avg", "exp_avg_sq")}
-    for tag, layout, mesh in (("zero3", "zero3", "dp=4"), ("hfsdp", "hfsdp", MESH2)):
-        got = worker(tmp_path, "load-" + tag, layout, mesh, 2, 2, 2, load=ck_hsdp)
+    # reshard: saved on HSDP, loaded elsewhere
+    want = {k: full_tensors(saves["hsdp"], k) for k in ("main", "exp_avg", "exp_avg_sq")}
+    for tag in ("zero3", "hfsdp"):
+        got = loads["load-" + tag]
         for key in want:
             have = full_tensors(got, key)
             for n in want[key]:
