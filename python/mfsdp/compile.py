@@ -29,13 +29,14 @@ def mfsdpc_path() -> str:
     if os.access(here, os.X_OK):
         return here
     found = shutil.which("mfsdpc")
-    if found and not _is_script(found):
+    if found and not is_script(found):
         return found
     raise FileNotFoundError("mfsdpc not found: install the package with `pip install .` "
                             "or set MFSDPC to the path of the mfsdpc binary")
 
 
-def _is_script(path):
+def is_script(path: str) -> bool:
+    """Whether the file at path starts with #! (a wrapper script, not the binary)."""
     try:
         with open(path, "rb") as f:
             return f.read(2) == b"#!"

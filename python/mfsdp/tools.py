@@ -21,6 +21,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._lib import MfsdpError
+from .compile import is_script
 
 USAGE = """\
   to-dcp CKPT OUT [--tie NAME=SOURCE]...
@@ -51,7 +52,7 @@ def binary(name: str, env: str) -> str:
         return here
     for d in os.environ.get("PATH", "").split(os.pathsep):
         found = os.path.join(d, name)
-        if os.path.isfile(found) and os.access(found, os.X_OK) and not _is_script(found):
+        if os.path.isfile(found) and os.access(found, os.X_OK) and not is_script(found):
             return found
     raise FileNotFoundError("the %s binary was not found: install the package with "
                             "`pip install .` or set %s to its path" % (name, env))
@@ -74,12 +75,18 @@ def replay_main(argv: Optional[Sequence[str]] = None) -> int:
     return subprocess.call([exe] + argv)
 
 
-def _is_script(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"#!"
-    except OSError:
-        return False
+def _names(tensors, ties, where):
+    """The state-dict names of a model of `tensors` [(name, shape)]: each
+    tensor under its own name, plus every --tie ALIAS=SOURCE as a second key of
+    SOURCE (a tied parameter's other name); `where` names what lacks a SOURCE."""
+    from .torch import dcp
+    names = dcp.Names({t: t for t, _ in tensors}, {t: t for t, _ in tensors})
+    for alias, source in ties:
+        if source not in names.fqn:
+            raise MfsdpError(1, "--tie %s=%s: %s has no tensor %r" % (alias, source, where,
+                                                                    source))
+        names.keys[alias] = source
+    return names
 
 
 def _options(argv: Sequence[str], npos: int, allowed: Sequence[str]) -> Tuple[List[str], Dict]:
@@ -163,12 +170,7 @@ def to_dcp(argv: Sequence[str]) -> None:
     tensors = [(t["name"], t["shape"]) for t in manifest["tensors"]]
     docs = [d for d in _blobs(src, manifest) if isinstance(d, dict)
             and d.get("format") == tck.FORMAT and d.get("optimizer")]
-    names = dcp.Names({t: t for t, _ in tensors}, {t: t for t, _ in tensors})
-    for alias, source in opts["--tie"]:
-        if source not in names.fqn:
-            raise MfsdpError(1, "--tie %s=%s: the checkpoint has no tensor %r" % (alias, source,
-                                                                               source))
-        names.keys[alias] = source
+    names = _names(tensors, opts["--tie"], "the checkpoint")
     rt = _one_rank_runtime(tensors)
     try:
         states = [s["name"] for s in manifest["states"][1:]] if docs else None
@@ -238,12 +240,7 @@ def from_dcp(argv: Sequence[str]) -> None:
     tensors = [(t.name, t.shape) for t in sched.tensors]
     if os.path.lexists(out):
         raise MfsdpError(1, "%s exists; a checkpoint is never overwritten" % out)
-    names = dcp.Names({t: t for t, _ in tensors}, {t: t for t, _ in tensors})
-    for alias, source in opts["--tie"]:
-        if source not in names.fqn:
-            raise MfsdpError(1, "--tie %s=%s: the schedule has no tensor %r" % (alias, source,
-                                                                             source))
-        names.keys[alias] = source
+    names = _names(tensors, opts["--tie"], "the schedule")
     md = dcp._metadata(src, "from-dcp")
     with_optim = any(k.startswith("optim.") for k in md)
     rt = _one_rank_runtime(tensors)

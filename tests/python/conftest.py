@@ -7,6 +7,7 @@ those are unset). Multi-process tests use mpirun --oversubscribe -np 4.
 """
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -34,3 +35,10 @@ def run_ranks(script, args, timeout):
     """Runs tests/python/SCRIPT on 4 MPI ranks; returns the CompletedProcess."""
     cmd = mpirun() + [sys.executable, os.path.join(HERE, script)] + list(args)
     return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (torch.distributed's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -20,7 +20,6 @@ without torch.distributed (from the worker), the console script's exit
 statuses and its pass-through to the C tool.
 """
 import os
-import socket
 import subprocess
 import sys
 
@@ -43,24 +42,18 @@ KEYS = ("main", "exp_avg", "exp_avg_sq")
 TIE = "lm_head.weight=wte.weight"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     d = tmp_path_factory.mktemp("dcp")
-    p = conftest.run_ranks("dcp_worker.py", [str(d), str(free_port())], timeout=300)
+    p = conftest.run_ranks("dcp_worker.py", [str(d), str(conftest.free_port())], timeout=300)
     assert p.returncode == 0, "worker failed:\n%s\n%s" % (p.stdout[-3000:], p.stderr[-3000:])
     return d
 
 
 @pytest.fixture(scope="module")
 def gloo():
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % conftest.free_port(),
+                            rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -20,7 +20,6 @@ cannot hold); the policy's casts against plain torch with the same casts;
 the cache's corrupt, forged, changed-spec, new-compiler and unwritable cases.
 """
 import os
-import socket
 import stat
 import warnings
 
@@ -49,12 +48,6 @@ mpi = pytest.mark.skipif(not mfsdp.backend_available("mpi"),
                          reason="libmfsdp built without the MPI backend")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("fully_shard"))
@@ -62,7 +55,7 @@ def runs(tmp_path_factory):
     os.environ["MFSDP_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))   # empty: ranks race
     try:
         p = conftest.run_ranks("fully_shard_worker.py",
-                               [out] + RUNS + ["fsdp2", str(_free_port())], timeout=300)
+                               [out] + RUNS + ["fsdp2", str(conftest.free_port())], timeout=300)
     finally:
         if old is None:
             del os.environ["MFSDP_CACHE_DIR"]

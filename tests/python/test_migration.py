@@ -9,7 +9,6 @@ FSDP2 calls. Every python block of the section must carry the marker, so an
 example cannot be added without running here.
 """
 import os
-import socket
 
 import pytest
 
@@ -31,9 +30,7 @@ def test_every_example_is_marked():
 @pytest.mark.skipif(not mfsdp.backend_available("mpi"),
                     reason="libmfsdp built without the MPI backend")
 def test_examples_run_on_4_ranks(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = conftest.free_port()
     env = conftest.env()
     env["MFSDP_CACHE_DIR"] = str(tmp_path / "cache")
     cmd = conftest.mpirun() + [conftest.sys.executable,

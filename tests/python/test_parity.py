@@ -13,7 +13,6 @@ directory), one more runs FSDP2.
 """
 import glob
 import os
-import socket
 
 import pytest
 import torch
@@ -56,16 +55,11 @@ def mfsdp_runs(tmp_path_factory):
     return out
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def fsdp2_runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("fsdp2"))
-    p = conftest.run_ranks("fsdp2_worker.py", [out, str(_free_port()), "hsdp:3", "hsdp_nosync:3"],
+    p = conftest.run_ranks("fsdp2_worker.py",
+                           [out, str(conftest.free_port()), "hsdp:3", "hsdp_nosync:3"],
                            timeout=600)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return out

@@ -36,20 +36,31 @@ _METADATA = frozenset([
 ])
 
 
+def _over_no_data(cls, like, slot, requires_grad):
+    """A `cls` tensor of like's shape, dtype and device over one zero element
+    (expanded: no memory of that size), belonging to ParamSlot `slot`."""
+    data = torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
+    g = torch.Tensor._make_subclass(cls, data, requires_grad)
+    g._mfsdp_slot = slot
+    return g
+
+
+def _plain_call(func, args, kwargs):
+    """func as on a plain tensor (shape, dtype and the other metadata)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **(kwargs or {}))
+
+
 class GuardedParameter(torch.nn.Parameter):
     """The stand-in of a sharded parameter outside its windows (see above)."""
 
     def __new__(cls, like, slot):
-        data = torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
-        g = torch.Tensor._make_subclass(cls, data, like.requires_grad)
-        g._mfsdp_slot = slot
-        return g
+        return _over_no_data(cls, like, slot, like.requires_grad)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in _METADATA:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
+            return _plain_call(func, args, kwargs)
         guard = next((a for a in _flat(args, kwargs) if isinstance(a, GuardedParameter)), None)
         what = getattr(func, "__name__", str(func))
         if guard is None:
@@ -73,16 +84,12 @@ class GuardedGrad(torch.Tensor):
     set_to_none) works."""
 
     def __new__(cls, like, slot):
-        data = torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
-        g = torch.Tensor._make_subclass(cls, data, False)
-        g._mfsdp_slot = slot
-        return g
+        return _over_no_data(cls, like, slot, False)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in _METADATA:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
+            return _plain_call(func, args, kwargs)
         if func == _T.grad_fn.__get__:
             return None
         if func in _ZEROING:
