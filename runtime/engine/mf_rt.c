@@ -224,8 +224,9 @@ static mfsdp_result build_views(mf_rt *rt)
             v->shard_offset = lo - t->offset;
             v->shard_count = hi - lo;
             v->main_weight = (char *)rt->bufs[mw] + (size_t)(lo - r.offset) * mf_dtype_size(mb->dtype);
-            char *dbase = mf_offload_mirror(rt, delivered) ? mf_offload_mirror(rt, delivered)
-                                                            : rt->bufs[delivered];
+            char *dbase = mf_offload_mirror(rt, delivered);   /* the host mirror, offloaded */
+            if (!dbase)
+                dbase = rt->bufs[delivered];
             v->grad = dbase + (size_t)(lo - r.offset) * mf_dtype_size(db->dtype);
         }
     }

@@ -27,13 +27,12 @@ import torch
 
 from .. import checkpoint as _ck
 from .._lib import UsageError
+from .tensors import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from .shard import ShardedModel
 
 FORMAT = "mfsdp.torch-checkpoint/1"
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-_TORCH_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
 
 
 def _plain(x):
@@ -67,7 +66,7 @@ def _split_state(sm, optimizer):
         mine = {}
         for key, v in st.items():
             if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(mp.shape) and v.dim() == 1:
-                if v.dtype not in _DTYPE_NAMES or v.device.type != "cpu":
+                if v.dtype not in DTYPE_NAMES or v.device.type != "cpu":
                     raise UsageError("save_checkpoint: optimizer state %r of %r is a %s %s tensor "
                                      "(fp32, bf16 or fp16 on the CPU)" % (key, name, v.device.type,
                                                                           v.dtype))

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import torch
 
 from .._lib import UsageError
+from .tensors import DTYPE_NAMES, TORCH_DTYPES
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
     from .shard import ShardedModel
 
 BATCH_BYTES = 256 << 20
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class OptimizerState:
@@ -141,10 +141,10 @@ def _describe(opt, main, what):
         d = {}
         for k, v in st.items():
             if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == main[name]:
-                if v.dtype not in _DTYPE_NAMES or v.device.type != "cpu":
+                if v.dtype not in DTYPE_NAMES or v.device.type != "cpu":
                     raise UsageError("%s: optimizer state %r of %r is a %s %s tensor (fp32, bf16 or "
                                      "fp16 on the CPU)" % (what, k, name, v.device.type, v.dtype))
-                d[k] = ("shard", _DTYPE_NAMES[v.dtype])
+                d[k] = ("shard", DTYPE_NAMES[v.dtype])
             elif isinstance(v, torch.Tensor) and v.dim() == 0:
                 d[k] = ("scalar", v.detach().clone())
             elif isinstance(v, (bool, int, float)):
@@ -255,15 +255,13 @@ def _gathered(rt, names, opt, states, member, groups):
         for k, (kind, x) in sorted(states.get(v.name, {}).items()):
             if kind == "shard":
                 items.append((v, k, x))
-    es = {"fp32": 4, "bf16": 2, "fp16": 2}
-    owner = _balance([v.numel * es[d] for v, _, d in items], rt.world_size)
+    owner = _balance([v.numel * TORCH_DTYPES[d].itemsize for v, _, d in items], rt.world_size)
     full = {}
     local = {} if opt is None else opt.state
     for (v, k, d), r in zip(items, owner):
         out = None
         if r == rt.rank:
-            out = torch.empty(v.shape, dtype={"fp32": torch.float32, "bf16": torch.bfloat16,
-                                              "fp16": torch.float16}[d])
+            out = torch.empty(v.shape, dtype=TORCH_DTYPES[d])
         if k is None:
             rt.gather(v.index, root=r, out=out)
         else:

@@ -26,9 +26,10 @@ from typing import Any, List, NamedTuple, Optional
 import torch
 
 from .._lib import UsageError
+from .tensors import DTYPE_NAMES
 
 # torch dtype -> the spec's dtype name (docs/language.md)
-SPEC_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+SPEC_DTYPES = DTYPE_NAMES   # the dtypes a spec can hold (tensors.py)
 
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -48,7 +48,7 @@ from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
 from . import offload as _offload
 from .guard import GuardedParameter, ParamSlot, holders_of
-from .tensors import tensor
+from .tensors import DTYPE_NAMES, tensor
 
 if TYPE_CHECKING:
     from ..checkpoint import Rules
@@ -281,7 +281,7 @@ class ShardedModel:
         rank0_only=False, on every rank. Parameters only (buffers are the same on
         every rank: take them from the model). Between steps; collective."""
         self._between_steps("full_state_dict")
-        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+        name = DTYPE_NAMES.get(dtype)
         if name is None:
             raise UsageError("full_state_dict: dtype %r (float32, bfloat16 or float16)" % (dtype,))
         root = _lib.ALL_RANKS if not rank0_only else 0
@@ -387,8 +387,7 @@ class ShardedModel:
         (Runtime.export_hf). dtype: "fp32", "bf16", "fp16" or a torch dtype.
         Between steps; collective."""
         self._between_steps("export_hf")
-        from .checkpoint import _DTYPE_NAMES
-        self.runtime.export_hf(path, _DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
+        self.runtime.export_hf(path, DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
     def allreduce(self, values: Any, op: str = "sum") -> Union[float, List[float]]:
         """Runtime.allreduce: op ("sum", "max", "min") of floats over the world.

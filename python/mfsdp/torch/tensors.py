@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..runtime import Runtime, View
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {t: n for n, t in TORCH_DTYPES.items()}   # torch dtype -> mfsdp dtype name
 _TYPESTR = {"fp32": "<f4", "bf16": "<i2", "fp16": "<f2"}
 
 
