@@ -90,3 +90,33 @@ mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, 
     r.offset = mf_layout_shard_index(m, p, c) * r.len;
     return r;
 }
+
+int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_placement *p, int64_t L,
+                               int64_t offset, int64_t numel)
+{
+    int64_t len = L / mf_layout_shards(m, p);
+    if (len <= 0 || offset < 0 || numel < 0 || offset > L - numel)
+        return -1;
+    int64_t q = offset / len;
+    if (numel > 0 && (offset + numel - 1) / len != q)
+        return -1;
+    return q < mf_layout_shards(m, p) ? q : -1;
+}
+
+int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_bucket *b,
+                             int64_t q)
+{
+    int64_t len = b->length / mf_layout_shards(m, p);
+    int64_t start = q * len, used = 0;
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        if (t->numel <= 0 || t->offset < start || t->offset >= start + len)
+            continue;
+        int64_t end = t->offset + t->numel - start;
+        if (end > len)
+            end = len;
+        if (end > used)
+            used = end;
+    }
+    return used;
+}

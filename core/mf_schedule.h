@@ -79,6 +79,11 @@
     X(FLAT, "Flat", 'F')         \
     X(PARTIAL, "Partial", 'P')
 
+/* `Whole` is written where a role's Flat axes are tensor-atomic (mf_bucket.whole):
+ * the layout math is Flat's, the packing keeps every tensor inside one shard. */
+#define MF_WHOLE_NAME "Whole"
+#define MF_WHOLE_LETTER 'W'
+
 /* roles of a tensor: X(ENUM, name) */
 #define MF_ROLE_LIST(X)   \
     X(WEIGHT, "weight")   \
@@ -265,10 +270,14 @@ typedef struct mf_bucket {
     const char *layout;     /* layout name it came from (for humans) */
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
+    bool whole[MF_ROLE_COUNT]; /* the role is `Whole` on its Flat axes: its shards are
+                               equal like Flat, and every tensor lies inside one shard
+                               (its owner's); only grad and main_weight (docs/semantics.md §1) */
     int64_t length;         /* padded flat length L, elements (global) */
     int64_t used;           /* elements covered by tensors incl. alignment gaps */
     int ntensors;
-    mf_tensor *tensors;     /* in declaration order */
+    mf_tensor *tensors;     /* in declaration order; in offset order (shard by shard)
+                               when a role is whole */
 } mf_bucket;
 
 typedef struct mf_unit {

@@ -292,3 +292,12 @@ MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *h, int i
     return MFSDP_OK;
 }
 
+MFSDP_API int mfsdp_schedule_tensor_whole(const mfsdp_schedule *h, int index)
+{
+    if (!h || index < 0 || index >= h->ntensors)
+        return 0;
+    const mf_bucket *bk = &h->s->buckets[h->tensors[index].bucket];
+    return (bk->whole[MF_ROLE_GRAD] ? MFSDP_WHOLE_GRAD : 0) |
+           (bk->whole[MF_ROLE_MAIN_WEIGHT] ? MFSDP_WHOLE_MAIN_WEIGHT : 0);
+}
+

@@ -157,6 +157,15 @@ MFSDP_API int mfsdp_schedule_num_tensors(const mfsdp_schedule *s);
 MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *s, int index,
                                                   mfsdp_tensor_info *out);
 
+/* The roles of tensor `index` placed `Whole` (docs/semantics.md §1): each such
+ * role keeps the tensor entire on one owner (the ranks of one shard), so on
+ * an owner its view's shard is the whole tensor (shard_offset 0, shard_count
+ * numel) and elsewhere empty. MFSDP_WHOLE_GRAD | MFSDP_WHOLE_MAIN_WEIGHT, 0
+ * when neither is (or for a bad index). */
+#define MFSDP_WHOLE_GRAD 1
+#define MFSDP_WHOLE_MAIN_WEIGHT 2
+MFSDP_API int mfsdp_schedule_tensor_whole(const mfsdp_schedule *s, int index);
+
 /* ---- backends and configuration ---- */
 
 typedef enum mfsdp_backend {
