@@ -110,8 +110,8 @@ int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_b
     int64_t start = q * len, used = 0;
     for (int i = 0; i < b->ntensors; i++) {
         const mf_tensor *t = &b->tensors[i];
-        if (t->numel <= 0 || t->offset < start || t->offset >= start + len)
-            continue;
+        if (t->numel <= 0 || t->offset >= start + len || t->offset + t->numel <= start)
+            continue;   /* does not overlap the shard */
         int64_t end = t->offset + t->numel - start;
         if (end > len)
             end = len;

@@ -50,9 +50,9 @@ mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, 
 int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_placement *p, int64_t L,
                                int64_t offset, int64_t numel);
 /* The used prefix of shard q of bucket b under placement p: elements from the
- * shard's start to the end of the last tensor that begins inside it (the end
- * clipped to the shard), 0 when no tensor begins there. Alignment gaps
- * between tensors are inside the prefix; the rest of the shard is padding.
+ * shard's start to the furthest tensor element inside it (a tensor that
+ * straddles into the shard counts), 0 when no tensor overlaps it. Alignment
+ * gaps between tensors are inside the prefix; the rest of the shard is padding.
  * A collective on a whole role moves only these prefixes
  * (docs/semantics.md §4.6). */
 int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_bucket *b,
