@@ -47,6 +47,7 @@ MAX_DIMS = 8
 MAX_AXES = 4
 STREAM_COMPUTE, STREAM_INNER, STREAM_OUTER, NUM_STREAMS = 0, 1, 2, 3
 FLAG_SYNCHRONOUS, FLAG_CHECK, FLAG_OFFLOAD_MAIN = 1, 2, 4   # MFSDP_FLAG_*
+WHOLE_GRAD, WHOLE_MAIN_WEIGHT = 1, 2         # MFSDP_WHOLE_*: mfsdp_schedule_tensor_whole's bits
 
 # ---- helpers (docs/runtime.md §12) ----
 ALL_RANKS = -1                               # MFSDP_ALL_RANKS, a gather's root
@@ -211,6 +212,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mfsdp_schedule_hash": (None, [_P, ctypes.c_char_p]),
     "mfsdp_schedule_num_tensors": (_INT, [_P]),
     "mfsdp_schedule_tensor_info": (_RES, [_P, _INT, ctypes.POINTER(TensorInfo)]),
+    "mfsdp_schedule_tensor_whole": (_INT, [_P, _INT]),
     "mfsdp_schedule_peak_bytes": (_I64, [_P]),
     "mfsdp_backend_available": (_INT, [_INT]),
     "mfsdp_local_group_create": (_RES, [_I64, ctypes.POINTER(_P)]),

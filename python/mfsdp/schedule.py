@@ -49,22 +49,36 @@ class TensorHead:
 
 
 class TensorFacts(TensorHead):
-    """One tensor of a schedule (mfsdp_tensor_info)."""
-    __slots__ = ("weight_dtype", "grad_dtype", "main_weight_dtype")
+    """One tensor of a schedule (mfsdp_tensor_info), and which of its roles
+    are `Whole` (mfsdp_schedule_tensor_whole: the tensor entire on its owner
+    ranks, absent elsewhere; docs/semantics.md §1)."""
+    __slots__ = ("weight_dtype", "grad_dtype", "main_weight_dtype", "whole")
     weight_dtype: str         # "fp32", "bf16", "fp16"
     grad_dtype: str
     main_weight_dtype: str
+    whole: int                # _lib.WHOLE_GRAD | _lib.WHOLE_MAIN_WEIGHT, 0 for neither
 
-    def __init__(self, index: int, info: _lib.TensorInfo) -> None:
+    def __init__(self, index: int, info: _lib.TensorInfo, whole: int = 0) -> None:
         super().__init__(index, info)
+        self.whole = int(whole)
         self.weight_dtype = _lib.DTYPE_NAMES.get(info.weight_dtype, str(info.weight_dtype))
         self.grad_dtype = _lib.DTYPE_NAMES.get(info.grad_dtype, str(info.grad_dtype))
         self.main_weight_dtype = _lib.DTYPE_NAMES.get(info.main_weight_dtype,
                                                       str(info.main_weight_dtype))
 
+    @property
+    def whole_main_weight(self) -> bool:
+        """main_weight is Whole: an owner's master shard is the whole tensor."""
+        return bool(self.whole & _lib.WHOLE_MAIN_WEIGHT)
+
+    @property
+    def whole_grad(self) -> bool:
+        return bool(self.whole & _lib.WHOLE_GRAD)
+
     def __repr__(self):
-        return "TensorFacts(%r, unit=%d, shape=%r, weight=%s)" % (
-            self.name, self.unit, self.shape, self.weight_dtype)
+        return "TensorFacts(%r, unit=%d, shape=%r, weight=%s%s)" % (
+            self.name, self.unit, self.shape, self.weight_dtype,
+            ", whole=%d" % self.whole if self.whole else "")
 
 
 class Schedule(ClosedWhenCollected):
@@ -92,7 +106,7 @@ class Schedule(ClosedWhenCollected):
         for i in range(lib.mfsdp_schedule_num_tensors(handle)):
             _lib.check(lib.mfsdp_schedule_tensor_info(handle, i, ctypes.byref(info)),
                        call="mfsdp_schedule_tensor_info")
-            self.tensors.append(TensorFacts(i, info))
+            self.tensors.append(TensorFacts(i, info, lib.mfsdp_schedule_tensor_whole(handle, i)))
         self._by_name = {t.name: t for t in self.tensors}
 
     # ---- construction ----

@@ -4,10 +4,11 @@ checkpoint of the model's master weights and of a torch optimizer over
 main_parameters() (docs/pytorch.md, "Checkpoints"; docs/checkpoint.md).
 
 The optimizer's per-parameter state splits in two:
-  - tensors shaped like the parameter (Adam's exp_avg, exp_avg_sq, SGD's
-    momentum_buffer) are optimizer states of the checkpoint, laid out like
-    main_weight, named by their state key: every rank saves and loads only
-    its shards, on any mesh;
+  - tensors shaped like the parameter (Adam's exp_avg, exp_avg_sq, SGD's and
+    Muon's momentum_buffer) are optimizer states of the checkpoint, laid out
+    like main_weight, named by their state key: every rank saves and loads
+    only its shards, on any mesh (a Whole main weight's full-shape state is
+    its owner's shard, flattened);
   - everything else per parameter (Adam's `step`, a 0-d tensor) must be the
     same for every parameter (it is for torch's elementwise optimizers,
     which step every parameter together) and is stored once, with the param
@@ -65,12 +66,12 @@ def _split_state(sm, optimizer):
             continue
         mine = {}
         for key, v in st.items():
-            if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(mp.shape) and v.dim() == 1:
+            if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(mp.shape):
                 if v.dtype not in DTYPE_NAMES or v.device.type != "cpu":
                     raise UsageError("save_checkpoint: optimizer state %r of %r is a %s %s tensor "
                                      "(fp32, bf16 or fp16 on the CPU)" % (key, name, v.device.type,
                                                                           v.dtype))
-                sharded.setdefault(key, {})[name] = v.detach().contiguous()
+                sharded.setdefault(key, {})[name] = v.detach().reshape(-1).contiguous()
             else:
                 d = _scalar(v)
                 if d is None:

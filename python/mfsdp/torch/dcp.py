@@ -140,7 +140,8 @@ def _describe(opt, main, what):
     for name, st in opt.state.items():
         d = {}
         for k, v in st.items():
-            if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == main[name]:
+            if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.numel() == main[name]:
+                # this rank's shard: 1-D, or a Whole main weight's full-shape tensor
                 if v.dtype not in DTYPE_NAMES or v.device.type != "cpu":
                     raise UsageError("%s: optimizer state %r of %r is a %s %s tensor (fp32, bf16 or "
                                      "fp16 on the CPU)" % (what, k, name, v.device.type, v.dtype))

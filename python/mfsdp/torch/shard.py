@@ -154,11 +154,13 @@ class ShardedModel:
                 for vi, p in params:
                     v = rt.views[vi]
                     if v.shard_count:
-                        main = torch.nn.Parameter(tensor(rt, v, "main_weight"))
+                        whole = schedule.tensors[vi].whole_main_weight
+                        main = torch.nn.Parameter(_master(rt, v, "main_weight", whole))
                         flat = p.detach().reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count]
-                        main.data.copy_(flat.to(device=main.device, dtype=main.dtype))
+                        main.data.copy_(flat.view(main.shape).to(device=main.device,
+                                                                 dtype=main.dtype))
                         main.full_name, main.full_shape = v.name, torch.Size(v.shape)
-                        self._main.append((v.name, main, tensor(rt, v, "grad"), v))
+                        self._main.append((v.name, main, _master(rt, v, "grad", whole), v))
                     p.data = tensor(rt, v, "weight")
                     entries.append((p, v, tensor(rt, v, "grad_local")))
                     slots.append(ParamSlot(v.name, schedule.units[u], p, holders[id(p)],
@@ -188,7 +190,10 @@ class ShardedModel:
         """This rank's fp32 master shards as Parameters (for the optimizer);
         their .grad is the delivered gradient shard after each step's last
         backward. Each carries its whole tensor's name and shape (`full_name`,
-        `full_shape`: a shard is 1-D, its tensor need not be)."""
+        `full_shape`: a shard is 1-D, its tensor need not be). A tensor whose
+        main_weight is Whole is here only on its owner ranks, as a Parameter
+        of the tensor's own shape (.grad too): torch.optim.Muon takes the 2-D
+        ones as they are; the other ranks have no entry for it."""
         return [mp for _, mp, _, _ in self._main]
 
     def named_main_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
@@ -213,7 +218,9 @@ class ShardedModel:
                 dict(options, params=keep, weight_decay=0.0)]
 
     def shards(self) -> List[Tuple[str, int, torch.nn.Parameter]]:
-        """[(tensor name, shard_offset, master shard)] of this rank (for checkpoints)."""
+        """[(tensor name, shard_offset, master shard)] of this rank (for
+        checkpoints); a Whole main weight's shard is the full-shape tensor at
+        offset 0 (flatten it: .reshape(-1))."""
         return [(n, v.shard_offset, mp) for n, mp, _, v in self._main]
 
     def stats(self) -> Stats:
@@ -647,6 +654,20 @@ class ShardedModel:
         self._reset_microbatch()
         if self.m == self.M:
             self._end_step()
+
+
+def _master(rt, view, role, whole):
+    """The tensor over main_weight or grad of a view: this rank's 1-D shard,
+    or for a Whole main weight (view.shard_count == numel on an owner) the
+    whole tensor in its own shape."""
+    t = tensor(rt, view, role)
+    if not whole:
+        return t
+    if view.shard_offset != 0 or view.shard_count != view.numel:
+        raise MfsdpError(_lib.ERR_INTERNAL, "tensor %r: main_weight is Whole but this rank's shard "
+                         "is elements [%d, +%d) of %d (an owner holds them all, a non-owner none)"
+                         % (view.name, view.shard_offset, view.shard_count, view.numel))
+    return t.view(view.shape)
 
 
 def _refuse_module_state_dicts(model):

@@ -31,13 +31,19 @@ Layout = Union[str, Dict[str, Any]]
 # reshard_after_forward: None, a bool, or {unit name or pattern: bool}
 Reshard = Union[None, bool, Mapping[str, bool]]
 
-PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial"}
+PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial", "W": "Whole"}
 DTYPES = {"fp32", "bf16", "fp16"}
+# matrix_optimizer=: None, or "whole" (every 2-D tensor's grad and main_weight
+# Whole on their Flat axes: each matrix entire on one owner for Muon, Shampoo)
+MATRIX_OPTIMIZERS = (None, "whole")
 
 
 def _layout_roles(name, naxes):
     """(weight, grad, main_weight) placements of a named layout on naxes axes,
     outermost first; ValueError when the layout needs more axes."""
+    if name in WHOLE_LAYOUTS:
+        w, g, m = _layout_roles(WHOLE_LAYOUTS[name], naxes)
+        return w, _whole(g), _whole(m)
     R, F, P = "R", "F", "P"
     one = {
         "ddp": ([R], [P], [R]),
@@ -66,20 +72,59 @@ def _layout_roles(name, naxes):
 
 
 LAYOUT_NAMES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "hsdp_nosync", "hfsdp", "fsdp2d")
+# the built-in Whole layouts (planner/mf_builtin_layouts.c): {name: the layout whose
+# grad and main_weight they put on Whole}
+WHOLE_LAYOUTS = {"zero3_whole": "zero3", "hsdp_whole": "hsdp", "hfsdp_whole": "hfsdp"}
+
+
+def _letter(p):
+    """R, F, P or W of a placement given by letter or name (any case)."""
+    p = str(p).strip()
+    for k, v in PLACE.items():
+        if p.upper() == k or p.lower() == v.lower():
+            return k
+    raise ValueError("placement %r: one of %s (or the letters %s)"
+                     % (p, ", ".join(PLACE.values()), "/".join(PLACE)))
+
+
+def _whole(places):
+    """A role's placements with its Flat axes on Whole (the role's tensors entire
+    on one owner, docs/semantics.md §1)."""
+    return ["W" if _letter(p) == "F" else p for p in places]
+
+
+def _check_roles(name, roles):
+    """ValueError for what the compiler refuses too: Whole on weight (it is
+    gathered whole for compute), Whole beside Flat in one placement."""
+    for role in ("weight", "grad", "main_weight"):
+        letters = [_letter(p) for p in roles[role][1]]
+        if role == "weight" and "W" in letters:
+            raise ValueError("layout %s: weight [%s]: only grad and main_weight may be Whole (the "
+                             "weight is all-gathered for compute); put Whole on grad and/or "
+                             "main_weight and keep weight Flat or Replicate"
+                             % (name, ", ".join(PLACE[x] for x in letters)))
+        if "W" in letters and "F" in letters:
+            raise ValueError("layout %s: %s [%s] mixes Whole and Flat: a placement's split axes "
+                             "are all Whole or all Flat"
+                             % (name, role, ", ".join(PLACE[x] for x in letters)))
 
 
 def layout_block(name: str, naxes: int, dtype: str = "fp32", grad_dtype: str = "fp32") -> str:
     """The text of a named layout block."""
+    return _block(name, _named_roles(name, naxes, dtype, grad_dtype))
+
+
+def _named_roles(name, naxes, dtype, grad_dtype):
     w, g, m = _layout_roles(name, naxes)
-    return _block(name, {"weight": (dtype, w), "grad": (grad_dtype, g),
-                         "main_weight": ("fp32", m)})
+    return {"weight": (dtype, w), "grad": (grad_dtype, g), "main_weight": ("fp32", m)}
 
 
 def _block(name, roles):
+    _check_roles(name, roles)
     lines = ["layout %s {" % name]
     for role in ("weight", "grad", "main_weight"):
         dt, places = roles[role]
-        places = [PLACE.get(p, p) for p in places]
+        places = [PLACE[_letter(p)] for p in places]
         lines.append("  %-11s %s [%s];" % (role, dt, ", ".join(places)))
     lines.append("}")
     return "\n".join(lines)
@@ -239,13 +284,16 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                      prefetch: Optional[int] = None,
                      reshard_last: bool = False, example: Any = None,
                      ties: Union[str, Iterable[str]] = (),
-                     reshard_after_forward: Reshard = None) -> str:
+                     reshard_after_forward: Reshard = None,
+                     matrix_optimizer: Optional[str] = None) -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
-                fsdp2d) or a dict {"name": N, "weight": (dtype, [placements]),
-                "grad": ..., "main_weight": ...} with placements "Replicate",
-                "Flat", "Partial" (or R/F/P), outermost axis first
+                fsdp2d; zero3_whole, hsdp_whole, hfsdp_whole) or a dict
+                {"name": N, "weight": (dtype, [placements]), "grad": ...,
+                "main_weight": ...} with placements "Replicate", "Flat",
+                "Partial", "Whole" (or R/F/P/W; Whole on grad and main_weight
+                only), outermost axis first
     units       module names (default: the children that own parameters)
     dtype       the compute weight's dtype (fp32, bf16, fp16)
     overrides   {fnmatch pattern on the full tensor name: layout}, e.g.
@@ -263,32 +311,56 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 use, e.g. F.linear(h, self.tok.weight) in a head)
     ties        parameter names read outside their own unit, declared
                 (instead of, or besides, `example`)
+    matrix_optimizer  None, or "whole": every 2-D tensor gets its layout's
+                Whole variant (`<layout>_whole`: grad and main_weight Whole on
+                their Flat axes, so each matrix is entire on one owner for a
+                matrix optimizer such as Muon); 1-D tensors and tensors that
+                `overrides` names keep their layout
     """
     if not mesh:
         raise ValueError("mesh must name at least one axis, e.g. {'dp': 4}")
     if dtype not in DTYPES or grad_dtype not in DTYPES:
         raise ValueError("dtype and grad_dtype are fp32, bf16 or fp16")
+    if matrix_optimizer not in MATRIX_OPTIMIZERS:
+        raise ValueError("matrix_optimizer=%r: one of None (every tensor as its layout says) or "
+                         "'whole' (every 2-D tensor's grad and main_weight Whole, for Muon or "
+                         "Shampoo on the owners)" % (matrix_optimizer,))
     naxes = len(mesh)
     blocks = {}
+    roles_of = {}     # layout name -> its roles, for the Whole variant
 
     def declare(lay):
         if isinstance(lay, str):
             if lay not in blocks:
-                if lay in LAYOUT_NAMES or lay == "replicated":
-                    blocks[lay] = layout_block(lay, naxes, dtype, grad_dtype)
+                if lay in LAYOUT_NAMES or lay in WHOLE_LAYOUTS or lay == "replicated":
+                    roles_of[lay] = _named_roles(lay, naxes, dtype, grad_dtype)
+                    blocks[lay] = _block(lay, roles_of[lay])
                 else:
                     raise ValueError("unknown layout %r: use one of %s, replicated, or a dict"
-                                     % (lay, ", ".join(LAYOUT_NAMES)))
+                                     % (lay, ", ".join(LAYOUT_NAMES + tuple(WHOLE_LAYOUTS))))
             return lay
         name = lay.get("name", "custom")
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise ValueError("layout name %r is not an identifier" % name)
         blocks[name] = _block(name, lay)
+        roles_of[name] = lay
         return name
 
+    def whole_of(name):
+        """The Whole variant of a declared layout (itself when it has no Flat
+        grad or main_weight axis, or is Whole already)."""
+        r = roles_of[name]
+        if not any(_letter(p) == "F" for role in ("grad", "main_weight") for p in r[role][1]):
+            return name
+        wname = name + "_whole"
+        if wname not in blocks:
+            roles_of[wname] = dict(r, grad=(r["grad"][0], _whole(r["grad"][1])),
+                                   main_weight=(r["main_weight"][0], _whole(r["main_weight"][1])))
+            blocks[wname] = _block(wname, roles_of[wname])
+        return wname
+
     base = declare(layout)
-    base_weight = _layout_roles(base, naxes)[0] if isinstance(layout, str) else \
-        [p[0].upper() for p in layout["weight"][1]]
+    base_weight = [_letter(p) for p in roles_of[base]["weight"][1]]
     plan = plan_units(model, units)
     tied = tied_parameters(model) | declared_ties(model, ties)
     if example is not None:
@@ -299,8 +371,8 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
         w, g, m = ((["R"] * naxes), *_layout_roles(base, naxes)[1:]) if isinstance(layout, str) \
             else (["R"] * naxes, layout["grad"][1], layout["main_weight"][1])
         gd = grad_dtype if isinstance(layout, str) else layout["grad"][0]
-        blocks["tied"] = _block("tied", {"weight": (dtype, w), "grad": (gd, g),
-                                         "main_weight": ("fp32", m)})
+        roles_of["tied"] = {"weight": (dtype, w), "grad": (gd, g), "main_weight": ("fp32", m)}
+        blocks["tied"] = _block("tied", roles_of["tied"])
         tied_name = "tied"
 
     rows = []   # (unit name, [(tensor, shape, layout or None)])
@@ -312,8 +384,12 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
             for pat, ln in over:
                 if fnmatch.fnmatchcase(full, pat):
                     lay = ln
+            overridden = lay is not None
             if lay is None and id(p) in tied and tied_name:
                 lay = tied_name
+            if not overridden and matrix_optimizer == "whole" and p.dim() == 2:
+                lay = whole_of(lay or base)
+                lay = None if lay == base else lay
             items.append((tname, tuple(p.shape), lay))
         rows.append((uname, items))
 
