@@ -120,3 +120,63 @@ int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_b
     }
     return used;
 }
+
+bool mf_layout_bucket_whole(const mf_bucket *b)
+{
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (b->whole[r])
+            return true;
+    return false;
+}
+
+const mf_placement *mf_layout_shard_side(mf_opkind k, const mf_placement *from, const mf_placement *to)
+{
+    return k == MF_OP_REDUCE_SCATTER ? to : from;
+}
+
+int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opkind k, int axis,
+                                   const mf_placement *shard, int64_t count, mf_dtype d)
+{
+    if (axis < 0 || axis >= m->naxes)
+        return 0;
+    int64_t n = m->axes[axis].size, ring = mf_schedule_collective_bytes(k, n, count, d);
+    if (ring == 0 || !b || !mf_layout_bucket_whole(b) || b->length <= 0 ||
+        b->length % mf_layout_shards(m, shard) != 0)
+        return ring;
+    int64_t size = (int64_t)mf_dtype_size(d), worst = 0;
+    int64_t c[MF_MAX_AXES];
+    for (int64_t r = 0; r < m->world; r++) {
+        mf_layout_mesh_coords(m, r, c);
+        if (k == MF_OP_ALL_REDUCE) {
+            int64_t u = mf_layout_shard_used(m, shard, b, mf_layout_shard_index(m, shard, c));
+            int64_t x = mf_schedule_collective_bytes(k, n, u, d);
+            worst = x > worst ? x : worst;
+            continue;
+        }
+        if (c[axis] != 0)
+            continue; /* one pass per axis group: its members differ in c[axis] */
+        int64_t sum = 0, least = INT64_MAX;
+        for (int64_t i = 0; i < n; i++) {
+            c[axis] = i;
+            int64_t u = mf_layout_shard_used(m, shard, b, mf_layout_shard_index(m, shard, c));
+            sum += u;
+            least = u < least ? u : least;
+        }
+        /* the member with the smallest shard moves every other one */
+        worst = (sum - least) * size > worst ? (sum - least) * size : worst;
+    }
+    return worst < ring ? worst : ring;
+}
+
+int64_t mf_layout_op_bytes(const mf_schedule *s, const mf_op *op)
+{
+    if (!mf_opkind_is_collective(op->kind) || op->axis < 0 || op->axis >= s->mesh.naxes)
+        return 0;
+    const mf_bucket *b = op->bucket >= 0 && op->bucket < s->nbuckets ? &s->buckets[op->bucket] : NULL;
+    bool ends = op->src >= 0 && op->src < s->nbuffers && op->dst >= 0 && op->dst < s->nbuffers;
+    if (!b || !ends)
+        return mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+    const mf_placement *side =
+        mf_layout_shard_side(op->kind, &s->buffers[op->src].place, &s->buffers[op->dst].place);
+    return mf_layout_collective_bytes(&s->mesh, b, op->kind, op->axis, side, op->count, op->dtype);
+}

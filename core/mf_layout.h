@@ -58,4 +58,24 @@ int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_placement *p, int64_t 
 int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_bucket *b,
                              int64_t q);
 
+/* A bucket with some role placed Whole (mf_bucket.whole): its collectives move
+ * only the used prefix of each shard (docs/semantics.md §4.6). */
+bool mf_layout_bucket_whole(const mf_bucket *b);
+/* The placement a collective's shards are counted on: a reduce_scatter's
+ * destination, an all_gather's source, an all_reduce's own (its source). */
+const mf_placement *mf_layout_shard_side(mf_opkind k, const mf_placement *from, const mf_placement *to);
+/* Bytes one rank sends for one launch of collective k on axis `axis` of
+ * bucket b, `count` elements per rank of dtype d, its shards counted on
+ * placement `shard` (mf_layout_shard_side). The one place bytes per op are
+ * computed: mf_schedule_collective_bytes (the ring) for a bucket with no whole
+ * role; for a whole bucket the used-prefix form, the most over the ranks: a
+ * reduce_scatter or all_gather moves, for each other shard of the rank's axis
+ * group, that shard's used prefix (mf_layout_shard_used) where the ring moves
+ * `count`; an all_reduce runs the ring over the used prefix of the rank's own
+ * shard. Never above the ring's bytes. */
+int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opkind k, int axis,
+                                   const mf_placement *shard, int64_t count, mf_dtype d);
+/* mf_layout_collective_bytes of op (its buffers' placements); 0 for local ops. */
+int64_t mf_layout_op_bytes(const mf_schedule *s, const mf_op *op);
+
 #endif

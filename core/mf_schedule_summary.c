@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "mf_interfere.h"
+#include "mf_layout.h"
 #include "mf_live.h"
 #include "mf_schedule.h"
 
@@ -24,7 +25,7 @@ bool mf_schedule_summarize(mf_schedule *s)
         int64_t runs = mf_when_runs_per_step(op->when, op->phase, s->microbatches);
         sum->collectives[op->kind][op->axis] += runs;
         sum->bytes[op->axis] +=
-            runs * mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+            runs * mf_layout_op_bytes(s, op);
     }
     /* Memory per rank by role. Persistent buffers live across steps; step
      * buffers live for the whole step, so they add to the peak in full;

@@ -75,6 +75,16 @@ double mf_cost_op(const mf_cost_model *cm, const mf_mesh *mesh, mf_opkind kind, 
     }
 }
 
+double mf_cost_op_bytes(const mf_cost_model *cm, const mf_mesh *mesh, mf_opkind kind, int axis,
+                        int64_t count, int64_t bytes, mf_dtype d)
+{
+    if (!mf_opkind_is_collective(kind) || axis < 0 || axis >= mesh->naxes ||
+        bytes == mf_schedule_collective_bytes(kind, mesh->axes[axis].size, count, d))
+        return mf_cost_op(cm, mesh, kind, axis, count, d);
+    double beta = cm->axis[axis].beta;
+    return mf_cost_op(cm, mesh, kind, axis, 0, d) + (beta > 0 ? (double)bytes / beta : 0);
+}
+
 /* The value after '=' of arg when it starts with name followed by '='. */
 static const char *option_value(const char *arg, const char *name)
 {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_layout.h"
 #include "mf_passes.h"
 
 typedef struct mf_diff_ctx {
@@ -91,7 +92,7 @@ static int64_t mf_diff_op_bytes(const mf_schedule *s, const mf_op *op)
     if (!mf_opkind_is_collective(op->kind) || op->axis < 0)
         return 0;
     return mf_when_runs_per_step(op->when, op->phase, s->microbatches) *
-           mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+           mf_layout_op_bytes(s, op);
 }
 
 /* "forward_pre of layers.3", or "step_end" (a short step's end). */

@@ -20,6 +20,7 @@
 #include "mf_human.h"
 #include "mf_interfere.h"
 #include "mf_layout.h"
+#include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
 #include "mf_programs.h"
 #include "mf_yaml_str.h"
@@ -44,6 +45,76 @@ static const char *transition_to_label(const mf_plan *p, int b, int t)
     if (t == MF_T2 && p->trans[b][t].nsteps == 0)
         return "weight"; /* W = Rep: no weight_full, weight is unsharded */
     return mf_trans_rules[t].to_buf;
+}
+
+static mf_balance balance_of(const mf_plan *p)
+{
+    return p->spec ? p->spec->balance : MF_BALANCE_BYTES;
+}
+
+static const char *balance_name(mf_balance b)
+{
+#define MF_BALANCE_NAME(E, name) name,
+    static const char *const names[] = {MF_BALANCE_LIST(MF_BALANCE_NAME)};
+#undef MF_BALANCE_NAME
+    return (int)b >= 0 && (int)b < MF_BALANCE_COUNT ? names[b] : "?";
+}
+
+/* The whole roles of bucket b, "grad, main_weight". */
+static const char *whole_roles(const mf_bucket *b, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (b->whole[r])
+            snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", buf[0] ? ", " : "", mf_role_name((mf_role)r));
+    return buf;
+}
+
+/* Role r's placement of bucket b, "[Partial, Whole]" where r is whole (the
+ * schedule file's spelling, planner/mf_emit.c). */
+static const char *role_placement(const mf_bucket *b, int r, int naxes, char *buf, size_t size)
+{
+    mf_placement_format(&b->place[r], naxes, buf, size);
+    if (!b->whole[r])
+        return buf;
+    char tmp[128];
+    size_t at = 0;
+    tmp[0] = '\0';
+    for (int j = 0; j < naxes && at < sizeof tmp; j++) {
+        const char *n = b->place[r].p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)b->place[r].p[j]);
+        int w = snprintf(tmp + at, sizeof tmp - at, "%s%s", j ? ", " : "", n);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    snprintf(buf, size, "[%s]", tmp);
+    return buf;
+}
+
+/* A whole bucket's owners (mf_plan_owners_shards), or NULL (not whole, OOM);
+ * *P its shard count. The caller frees. */
+static mf_plan_owner_shard *owners_of(const mf_plan *p, const mf_bucket *b, int64_t *P, int *role)
+{
+    const mf_placement *fine = mf_plan_owners_finest(&p->sched->mesh, b, role);
+    if (!fine)
+        return NULL;
+    mf_plan_owner_shard *o = malloc((size_t)mf_layout_shards(&p->sched->mesh, fine) * sizeof *o);
+    if (o)
+        *P = mf_plan_owners_shards(p->sched, b, balance_of(p), o);
+    return o;
+}
+
+/* The shards' used elements: the padding factor is P*S (the length) over it. */
+static int64_t shards_used(const mf_plan_owner_shard *o, int64_t P)
+{
+    int64_t used = 0;
+    for (int64_t q = 0; q < P; q++)
+        used += o[q].used;
+    return used;
+}
+
+/* Parts per million of P*S over the used elements (1000000 when none is). */
+static int64_t padding_ppm(int64_t length, int64_t used)
+{
+    return used > 0 ? (int64_t)llround((double)length * 1e6 / (double)used) : 1000000;
 }
 
 /* ---------------------------------------------------------------- text */
@@ -89,6 +160,86 @@ static void text_steps(const mf_plan *p, const mf_transition *tr, FILE *out)
     }
 }
 
+/* How many ranks and tensors a row of the owners table names. */
+#define MF_EXPLAIN_OWNERS_SHOWN 4
+
+/* "0 (0,0), 4 (1,0)": the ranks holding shard q of placement pl. */
+static void text_shard_ranks(const mf_mesh *m, const mf_placement *pl, int64_t q, FILE *out)
+{
+    int64_t c[MF_MAX_AXES];
+    int shown = 0, more = 0;
+    for (int64_t r = 0; r < m->world; r++) {
+        mf_layout_mesh_coords(m, r, c);
+        if (mf_layout_shard_index(m, pl, c) != q)
+            continue;
+        if (shown == MF_EXPLAIN_OWNERS_SHOWN) {
+            more++;
+            continue;
+        }
+        fprintf(out, "%s%lld (", shown++ ? ", " : "", (long long)r);
+        for (int j = 0; j < m->naxes; j++)
+            fprintf(out, "%s%lld", j ? "," : "", (long long)c[j]);
+        fputc(')', out);
+    }
+    if (more)
+        fprintf(out, " and %d more", more);
+}
+
+/* Each collective step of bucket bi: bytes per rank per launch in the
+ * used-prefix form (the step's) and in the padded form (the ring's). */
+static void text_whole_collectives(const mf_plan *p, int bi, FILE *out)
+{
+    const mf_mesh *m = &p->sched->mesh;
+    fprintf(out, "      %-34s %16s %16s\n", "collectives (bytes/rank/launch)", "prefix form", "padded form");
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        for (int i = 0; i < p->trans[bi][t].nsteps; i++) {
+            const mf_step *st = &p->trans[bi][t].steps[i];
+            if (!mf_opkind_is_collective(st->kind))
+                continue;
+            char what[64];
+            snprintf(what, sizeof what, "T%d %s %s", t + 1, mf_opkind_name(st->kind), m->axes[st->axis].name);
+            fprintf(out, "        %-32s %16lld %16lld\n", what, (long long)st->bytes,
+                    (long long)mf_schedule_collective_bytes(st->kind, m->axes[st->axis].size, st->count, st->dtype));
+        }
+}
+
+/* The owners table of a whole bucket (docs/semantics.md §5.1). */
+static void text_owners(const mf_plan *p, int bi, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    const mf_bucket *b = &s->buckets[bi];
+    int64_t P = 0;
+    int role = MF_ROLE_MAIN_WEIGHT;
+    mf_plan_owner_shard *o = owners_of(p, b, &P, &role);
+    if (!o)
+        return;
+    char wr[64], pl[128];
+    fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n", whole_roles(b, wr, sizeof wr),
+            (long long)P, mf_role_name((mf_role)role), role_placement(b, role, s->mesh.naxes, pl, sizeof pl),
+            balance_name(balance_of(p)));
+    fprintf(out, "      %-5s %7s %14s %14s %14s %14s  %s\n", "shard", "tensors", "used", "main_weight B", "grad B", "cost",
+            "ranks (coords)");
+    for (int64_t q = 0; q < P; q++) {
+        fprintf(out, "      %-5lld %7d %14lld %14lld %14lld %14lld  ", (long long)q, o[q].ntensors, (long long)o[q].used,
+                (long long)o[q].main_bytes, (long long)o[q].grad_bytes, (long long)o[q].cost);
+        text_shard_ranks(&s->mesh, &b->place[role], q, out);
+        fputc('\n', out);
+        if (o[q].ntensors > 0) {
+            fprintf(out, "      %-5s ", "");
+            for (int i = 0; i < o[q].ntensors && i < MF_EXPLAIN_OWNERS_SHOWN; i++)
+                fprintf(out, "%s%s", i ? ", " : "", b->tensors[o[q].first + i].name);
+            if (o[q].ntensors > MF_EXPLAIN_OWNERS_SHOWN)
+                fprintf(out, " and %d more", o[q].ntensors - MF_EXPLAIN_OWNERS_SHOWN);
+            fputc('\n', out);
+        }
+    }
+    int64_t used = shards_used(o, P);
+    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)P, (long long)(b->length / P),
+            (long long)used, (double)padding_ppm(b->length, used) / 1e6);
+    text_whole_collectives(p, bi, out);
+    free(o);
+}
+
 static void text_bucket(const mf_plan *p, int bi, FILE *out)
 {
     const mf_schedule *s = p->sched;
@@ -110,7 +261,7 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
         char pl[128];
         int64_t n = local_elems(s, b, r);
         fprintf(out, "    %-12s %-5s %-36s %16lld %16lld\n", mf_role_name((mf_role)r), mf_dtype_name(b->dtype[r]),
-                mf_placement_format(&b->place[r], k, pl, sizeof pl), (long long)n,
+                role_placement(b, r, k, pl, sizeof pl), (long long)n,
                 (long long)(n * (int64_t)mf_dtype_size(b->dtype[r])));
     }
     fprintf(out, "    %-12s %14s %14s  %s\n", "tensors", "offset", "numel", "name shape");
@@ -144,6 +295,91 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
             mf_human_bytes(m.grad, h2, sizeof h2));
     fprintf(out, "final %s)  transient %s ", mf_human_bytes(m.grad_final, h1, sizeof h1), mf_human_bytes(m.transient[MF_ROLE_GRAD], h2, sizeof h2));
     fprintf(out, "(local %s, stages %s)\n", mf_human_bytes(m.grad_local, h1, sizeof h1), mf_human_bytes(m.grad_stage, h2, sizeof h2));
+    text_owners(p, bi, out);
+}
+
+static bool any_whole(const mf_schedule *s)
+{
+    for (int b = 0; b < s->nbuckets; b++)
+        if (mf_layout_bucket_whole(&s->buckets[b]))
+            return true;
+    return false;
+}
+
+/* max / mean over the ranks of four figures: total main_weight bytes, owned
+ * main_weight bytes, cost, Newton-Schulz FLOPs. */
+typedef struct rank_spread {
+    double max[4], mean[4];
+} rank_spread;
+
+static double rank_figure(const mf_plan_owner_rank *o, int k)
+{
+    switch (k) {
+    case 0: return (double)(o->owned_bytes + o->sharded_bytes);
+    case 1: return (double)o->owned_bytes;
+    case 2: return (double)o->cost;
+    default: return o->flops;
+    }
+}
+
+static rank_spread spread_of(const mf_plan_owner_rank *o, int64_t world)
+{
+    rank_spread x = {{0}, {0}};
+    for (int k = 0; k < 4; k++) {
+        for (int64_t r = 0; r < world; r++) {
+            double v = rank_figure(&o[r], k);
+            x.mean[k] += v / (double)world;
+            x.max[k] = v > x.max[k] ? v : x.max[k];
+        }
+    }
+    return x;
+}
+
+/* max/mean in parts per million (1000000 when the mean is 0). */
+static int64_t ratio_ppm(const rank_spread *x, int k)
+{
+    return x->mean[k] > 0 ? (int64_t)llround(x->max[k] / x->mean[k] * 1e6) : 1000000;
+}
+
+static const char *const spread_names[4] = {"main_weight_bytes", "owned_bytes", "cost", "ns_flops"};
+
+/* The owners per rank over the whole schedule (mf_plan_owners_ranks), or NULL
+ * (no whole bucket, OOM). The caller frees. */
+static mf_plan_owner_rank *ranks_of(const mf_plan *p)
+{
+    if (!any_whole(p->sched))
+        return NULL;
+    mf_plan_owner_rank *o = malloc((size_t)p->sched->mesh.world * sizeof *o);
+    if (o)
+        mf_plan_owners_ranks(p->sched, balance_of(p), o);
+    return o;
+}
+
+static void text_rank_owners(const mf_plan *p, FILE *out)
+{
+    const mf_schedule *s = p->sched;
+    mf_plan_owner_rank *o = ranks_of(p);
+    if (!o)
+        return;
+    fprintf(out, "\nowners per rank (main_weight: owned = whole on the rank, sharded = held of the other buckets; "
+                 "balance %s)\n", balance_name(balance_of(p)));
+    fprintf(out, "  %-5s %-10s %6s %16s %16s %16s %16s %14s\n", "rank", "coords", "owned", "owned B", "sharded B", "main_weight B",
+            "cost", "NS GFLOP");
+    for (int64_t r = 0; r < s->mesh.world; r++) {
+        int64_t c[MF_MAX_AXES];
+        char co[64] = "";
+        mf_layout_mesh_coords(&s->mesh, r, c);
+        for (int j = 0; j < s->mesh.naxes; j++)
+            snprintf(co + strlen(co), sizeof co - strlen(co), "%s%lld", j ? "," : "", (long long)c[j]);
+        fprintf(out, "  %-5lld %-10s %6lld %16lld %16lld %16lld %16lld %14.3f\n", (long long)r, co, (long long)o[r].owned,
+                (long long)o[r].owned_bytes, (long long)o[r].sharded_bytes, (long long)(o[r].owned_bytes + o[r].sharded_bytes),
+                (long long)o[r].cost, o[r].flops / 1e9);
+    }
+    rank_spread x = spread_of(o, s->mesh.world);
+    fprintf(out, "  max/mean  main_weight bytes %.4f, owned bytes %.4f, cost %.4f, Newton-Schulz FLOPs %.4f\n",
+            (double)ratio_ppm(&x, 0) / 1e6, (double)ratio_ppm(&x, 1) / 1e6, (double)ratio_ppm(&x, 2) / 1e6,
+            (double)ratio_ppm(&x, 3) / 1e6);
+    free(o);
 }
 
 /* The interference bound with its clique (docs/semantics.md §10): the same
@@ -265,6 +501,7 @@ int mf_explain_text(const mf_plan *p, FILE *out)
     }
     if (text_totals(p, out) != 0)
         return -1;
+    text_rank_owners(p, out);
     return fflush(out) == 0 && !ferror(out) ? 0 : -1;
 }
 
@@ -354,13 +591,19 @@ static void y_kbool(yout *y, const char *k, bool v)
     y_raw(y, v ? "true" : "false");
 }
 
-static void y_placement(yout *y, const char *k, const mf_placement *pl, int naxes)
+/* whole: Flat axes spelled Whole (a whole role's, mf_bucket.whole). */
+static void y_placement_as(yout *y, const char *k, const mf_placement *pl, int naxes, bool whole)
 {
     y_raw(y, k);
     y_seq(y, true);
     for (int j = 0; j < naxes; j++)
-        y_raw(y, mf_place_name((mf_place)pl->p[j]));
+        y_raw(y, whole && pl->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)pl->p[j]));
     y_end_seq(y);
+}
+
+static void y_placement(yout *y, const char *k, const mf_placement *pl, int naxes)
+{
+    y_placement_as(y, k, pl, naxes, false);
 }
 
 static int64_t ns(double seconds)
@@ -458,6 +701,88 @@ static void yaml_transition(yout *y, const mf_plan *p, int bi, int t)
     y_end_map(y);
 }
 
+static void yaml_whole_collectives(yout *y, const mf_plan *p, int bi)
+{
+    const mf_mesh *m = &p->sched->mesh;
+    y_raw(y, "collectives");
+    y_seq(y, false);
+    for (int t = 0; t < MF_NTRANSITIONS; t++)
+        for (int i = 0; i < p->trans[bi][t].nsteps; i++) {
+            const mf_step *st = &p->trans[bi][t].steps[i];
+            if (!mf_opkind_is_collective(st->kind))
+                continue;
+            y_map(y, true);
+            y_kint(y, "transition", t + 1);
+            y_kstr(y, "op", mf_opkind_name(st->kind));
+            y_kstr(y, "axis", m->axes[st->axis].name);
+            y_kint(y, "prefix_bytes", st->bytes);
+            y_kint(y, "padded_bytes", mf_schedule_collective_bytes(st->kind, m->axes[st->axis].size, st->count, st->dtype));
+            y_end_map(y);
+        }
+    y_end_seq(y);
+}
+
+static void yaml_shard_ranks(yout *y, const mf_mesh *m, const mf_placement *pl, int64_t q)
+{
+    int64_t c[MF_MAX_AXES];
+    y_raw(y, "ranks");
+    y_seq(y, true);
+    for (int64_t r = 0; r < m->world; r++) {
+        mf_layout_mesh_coords(m, r, c);
+        if (mf_layout_shard_index(m, pl, c) == q)
+            y_int(y, r);
+    }
+    y_end_seq(y);
+}
+
+/* owners: the owners table of a whole bucket (absent otherwise). */
+static void yaml_owners(yout *y, const mf_plan *p, int bi)
+{
+    const mf_schedule *s = p->sched;
+    const mf_bucket *b = &s->buckets[bi];
+    int64_t P = 0;
+    int role = MF_ROLE_MAIN_WEIGHT;
+    mf_plan_owner_shard *o = owners_of(p, b, &P, &role);
+    if (!o)
+        return;
+    y_raw(y, "owners");
+    y_map(y, false);
+    y_raw(y, "whole");
+    y_seq(y, true);
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (b->whole[r])
+            y_str(y, mf_role_name((mf_role)r));
+    y_end_seq(y);
+    y_kstr(y, "finest", mf_role_name((mf_role)role));
+    y_kstr(y, "balance", balance_name(balance_of(p)));
+    y_kint(y, "shards", P);
+    y_kint(y, "shard_length", b->length / P);
+    int64_t used = shards_used(o, P);
+    y_kint(y, "used", used);
+    y_kint(y, "padding_factor_ppm", padding_ppm(b->length, used));
+    y_raw(y, "shard_list");
+    y_seq(y, false);
+    for (int64_t q = 0; q < P; q++) {
+        y_map(y, true);
+        y_kint(y, "shard", q);
+        yaml_shard_ranks(y, &s->mesh, &b->place[role], q);
+        y_raw(y, "tensors");
+        y_seq(y, true);
+        for (int i = 0; i < o[q].ntensors; i++)
+            y_str(y, b->tensors[o[q].first + i].name);
+        y_end_seq(y);
+        y_kint(y, "used", o[q].used);
+        y_kint(y, "main_weight_bytes", o[q].main_bytes);
+        y_kint(y, "grad_bytes", o[q].grad_bytes);
+        y_kint(y, "cost", o[q].cost);
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    yaml_whole_collectives(y, p, bi);
+    y_end_map(y);
+    free(o);
+}
+
 static void yaml_bucket(yout *y, const mf_plan *p, int bi)
 {
     const mf_schedule *s = p->sched;
@@ -483,7 +808,7 @@ static void yaml_bucket(yout *y, const mf_plan *p, int bi)
         y_raw(y, mf_role_name((mf_role)r));
         y_map(y, true);
         y_kstr(y, "dtype", mf_dtype_name(b->dtype[r]));
-        y_placement(y, "placement", &b->place[r], k);
+        y_placement_as(y, "placement", &b->place[r], k, b->whole[r]);
         int64_t n = local_elems(s, b, r);
         y_kint(y, "elements_per_rank", n);
         y_kint(y, "bytes_per_rank", n * (int64_t)mf_dtype_size(b->dtype[r]));
@@ -524,6 +849,7 @@ static void yaml_bucket(yout *y, const mf_plan *p, int bi)
     y_kint(y, "weight_stage", m.weight_stage);
     y_kint(y, "grad_stage", m.grad_stage);
     y_end_map(y);
+    yaml_owners(y, p, bi);
     y_end_map(y);
 }
 
@@ -549,6 +875,40 @@ static void yaml_axis_bytes(yout *y, const mf_schedule *s, const char *key, cons
         y_end_map(y);
     }
     y_end_seq(y);
+}
+
+/* owners_per_rank: every rank's owned and sharded main_weight, cost and
+ * Newton-Schulz FLOPs, and max/mean of each (absent without a whole bucket). */
+static void yaml_rank_owners(yout *y, const mf_plan *p)
+{
+    const mf_schedule *s = p->sched;
+    mf_plan_owner_rank *o = ranks_of(p);
+    if (!o)
+        return;
+    y_raw(y, "owners_per_rank");
+    y_map(y, false);
+    y_kstr(y, "balance", balance_name(balance_of(p)));
+    y_raw(y, "ranks");
+    y_seq(y, false);
+    for (int64_t r = 0; r < s->mesh.world; r++) {
+        y_map(y, true);
+        y_kint(y, "rank", r);
+        y_kint(y, "owned", o[r].owned);
+        y_kint(y, "owned_bytes", o[r].owned_bytes);
+        y_kint(y, "sharded_bytes", o[r].sharded_bytes);
+        y_kint(y, "cost", o[r].cost);
+        y_kint(y, "ns_flops", (int64_t)llround(o[r].flops));
+        y_end_map(y);
+    }
+    y_end_seq(y);
+    rank_spread x = spread_of(o, s->mesh.world);
+    y_raw(y, "max_over_mean_ppm");
+    y_map(y, true);
+    for (int k = 0; k < 4; k++)
+        y_kint(y, spread_names[k], ratio_ppm(&x, k));
+    y_end_map(y);
+    y_end_map(y);
+    free(o);
 }
 
 static bool yaml_totals(yout *y, const mf_plan *p)
@@ -608,6 +968,7 @@ static bool yaml_totals(yout *y, const mf_plan *p)
         yaml_axis_bytes(y, s, "bytes_per_rank", ev.bytes);
         y_end_map(y);
     }
+    yaml_rank_owners(y, p);
     y_end_map(y);
     return true;
 }

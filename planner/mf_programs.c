@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_layout.h"
 #include "mf_live.h"
 
 typedef struct chain {
@@ -225,7 +226,7 @@ bool mf_programs_eval_figures(const mf_schedule *s, mf_eval_figures *out)
         if (op->phase != MF_PHASE_EVAL_PRE || !mf_op_is_data(op))
             continue;
         if (mf_opkind_is_collective(op->kind)) {
-            out->bytes[op->axis] += mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+            out->bytes[op->axis] += mf_layout_op_bytes(s, op);
             out->launches++;
         }
         int ends[2] = {op->src, op->dst};

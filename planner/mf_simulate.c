@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "mf_diag.h"
+#include "mf_layout.h"
 
 void mf_sim_config_defaults(mf_sim_config *cfg, const mf_mesh *mesh)
 {
@@ -310,16 +311,16 @@ static void op_figures(sim *st)
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];
         double dur = 0;
+        int64_t bytes = mf_layout_op_bytes(s, op);
         if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT)
-            dur = mf_cost_op(&st->cfg->cost, &s->mesh, op->kind, op->axis, op->count, op->dtype);
+            dur = mf_cost_op_bytes(&st->cfg->cost, &s->mesh, op->kind, op->axis, op->count, bytes, op->dtype);
         if (!(dur >= 0) || !isfinite(dur))
             dur = 0;
         st->dur[i] = dur;
         st->ibytes[i] = 0;
         st->coll[i] = mf_opkind_is_collective(op->kind);
         if (st->coll[i]) {
-            int64_t n = s->mesh.axes[op->axis].size;
-            st->ibytes[i] = mf_schedule_collective_bytes(op->kind, n, op->count, op->dtype);
+            st->ibytes[i] = bytes;
         } else if (op->kind != MF_OP_RECORD && op->kind != MF_OP_WAIT) {
             mf_dtype sd = op->src >= 0 && op->src < s->nbuffers ? s->buffers[op->src].dtype : op->dtype;
             int64_t n = op->count * (int64_t)(mf_dtype_size(sd) + mf_dtype_size(op->dtype));

@@ -212,7 +212,8 @@ static mf_step make_step(const bucket_ctx *bc, const mf_placement *st, int64_t c
     s.to = apply_move(st, bc->mesh->naxes, mv);
     /* an op that shards its axis keeps 1/n of the elements */
     s.count = mf_opkind_info_of(mv.kind)->becomes == MF_PLACE_FLAT ? c / n : c;
-    s.bytes = mf_schedule_collective_bytes(mv.kind, n, s.count, dt);
+    s.bytes = mf_layout_collective_bytes(bc->mesh, bc->b, mv.kind, mv.axis,
+                                         mf_layout_shard_side(mv.kind, &s.from, &s.to), s.count, dt);
     return s;
 }
 
@@ -230,7 +231,7 @@ static eval evaluate(const mf_plan *p, const bucket_ctx *bc, const mf_placement 
         c = local_count(bc, &st);
         if (c < 0)
             return (eval){0};
-        e.cost += mf_cost_op(&p->cost, bc->mesh, s.kind, s.axis, s.count, dt);
+        e.cost += mf_cost_op_bytes(&p->cost, bc->mesh, s.kind, s.axis, s.count, s.bytes, dt);
         e.bytes += s.bytes;
         e.launches += mf_opkind_is_collective(s.kind);
     }
@@ -440,7 +441,7 @@ static void step_figures(const mf_plan *p, mf_transition tr[MF_NTRANSITIONS])
             if (!x->has_on[k])
                 x->before[k] = at;
             x->has_on[k] = true;
-            double d = mf_cost_op(&p->cost, &p->sched->mesh, st->kind, st->axis, st->count, st->dtype);
+            double d = mf_cost_op_bytes(&p->cost, &p->sched->mesh, st->kind, st->axis, st->count, st->bytes, st->dtype);
             at += d;
             x->on[k] += d;
             last_end[k] = at;
@@ -678,7 +679,7 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
     for (int b = 0; b < s->nbuckets && !oom; b++) {
         uint8_t key[MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16];
         size_t kn = 0;
-        if (p->tcache) {
+        if (p->tcache && !mf_layout_bucket_whole(&s->buckets[b])) { /* a whole bucket's bytes read its tensors */
             kn = cache_key(s, &s->buckets[b], key);
             int got = cache_get(p, b, key, kn);
             oom = got < 0;
@@ -696,7 +697,7 @@ bool mf_transition_run(mf_plan *p, mf_diag *d)
             assign_streams(p->trans[b], ts.k);
             step_figures(p, p->trans[b]);
         }
-        if (built && !oom && p->tcache)
+        if (built && !oom && kn)
             oom = !cache_put(p, b, key, kn);
         ok = ok && built;
     }

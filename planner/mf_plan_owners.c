@@ -1,0 +1,113 @@
+/*
+ * mf_plan_owners: owners per shard of a whole bucket and per rank
+ * (mf_plan_owners.h; docs/semantics.md §5.1).
+ */
+#include "mf_plan_owners.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_layout.h"
+#include "mf_passes.h"
+
+const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, int *role)
+{
+    static const int order[] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_GRAD, MF_ROLE_WEIGHT};
+    const mf_placement *best = NULL;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        int r = order[i];
+        if (b->whole[r] && (!best || mf_layout_shards(m, &b->place[r]) > mf_layout_shards(m, best))) {
+            best = &b->place[r];
+            if (role)
+                *role = r;
+        }
+    }
+    return best;
+}
+
+int64_t mf_plan_owners_cost(mf_balance bal, const mf_tensor *t)
+{
+    return mf_layout_pass_whole_cost(bal, t->ndims, t->dims, t->numel);
+}
+
+double mf_plan_owners_ns_flops(const mf_tensor *t)
+{
+    if (t->ndims < 2 || t->dims[0] <= 0)
+        return 0;
+    double rows = (double)t->dims[0], cols = (double)t->numel / rows;
+    return MF_PLAN_NS_FLOPS * rows * cols * (rows < cols ? rows : cols);
+}
+
+int64_t mf_plan_owners_shards(const mf_schedule *s, const mf_bucket *b, mf_balance bal,
+                              mf_plan_owner_shard *out)
+{
+    const mf_placement *fine = mf_plan_owners_finest(&s->mesh, b, NULL);
+    if (!fine)
+        return 0;
+    int64_t P = mf_layout_shards(&s->mesh, fine);
+    memset(out, 0, (size_t)P * sizeof *out);
+    for (int64_t q = 0; q < P; q++) {
+        out[q].first = -1;
+        out[q].used = mf_layout_shard_used(&s->mesh, fine, b, q);
+    }
+    int64_t mb = (int64_t)mf_dtype_size(b->dtype[MF_ROLE_MAIN_WEIGHT]);
+    int64_t gb = (int64_t)mf_dtype_size(b->dtype[MF_ROLE_GRAD]);
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        int64_t q = mf_layout_tensor_shard(&s->mesh, fine, b->length, t->offset, t->numel);
+        if (q < 0)
+            continue; /* straddles: the loader refuses such a schedule */
+        mf_plan_owner_shard *o = &out[q];
+        if (o->first < 0)
+            o->first = i;
+        o->ntensors++;
+        o->numel += t->numel;
+        o->main_bytes += t->numel * mb;
+        o->grad_bytes += t->numel * gb;
+        o->cost += mf_plan_owners_cost(bal, t);
+    }
+    return P;
+}
+
+/* Elements of [off, off + n) inside the range r. */
+static int64_t overlap(mf_range r, int64_t off, int64_t n)
+{
+    int64_t lo = off > r.offset ? off : r.offset, hi = off + n < r.offset + r.len ? off + n : r.offset + r.len;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Adds bucket b's main_weight to every rank of out. */
+static void add_bucket(const mf_schedule *s, const mf_bucket *b, mf_balance bal, mf_plan_owner_rank *out)
+{
+    const mf_mesh *m = &s->mesh;
+    const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
+    int64_t size = (int64_t)mf_dtype_size(b->dtype[MF_ROLE_MAIN_WEIGHT]);
+    bool whole = b->whole[MF_ROLE_MAIN_WEIGHT];
+    for (int64_t r = 0; r < m->world; r++) {
+        mf_range rg = mf_layout_range(m, pl, r, b->length);
+        mf_plan_owner_rank *o = &out[r];
+        for (int i = 0; i < b->ntensors; i++) {
+            const mf_tensor *t = &b->tensors[i];
+            int64_t held = overlap(rg, t->offset, t->numel);
+            if (held == 0)
+                continue;
+            if (whole) {
+                o->owned++;
+                o->owned_bytes += t->numel * size;
+                o->cost += mf_plan_owners_cost(bal, t);
+                o->flops += mf_plan_owners_ns_flops(t);
+            } else {
+                o->sharded_bytes += held * size;
+                o->cost += held;
+            }
+        }
+    }
+}
+
+void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_rank *out)
+{
+    memset(out, 0, (size_t)s->mesh.world * sizeof *out);
+    for (int b = 0; b < s->nbuckets; b++)
+        if (s->buckets[b].length > 0)
+            add_bucket(s, &s->buckets[b], bal, out);
+}

@@ -1,0 +1,65 @@
+/*
+ * mf_plan_owners: who owns what under `Whole` (docs/semantics.md §5.1), from
+ * a schedule's buckets alone (owners are derived from offsets): per shard of
+ * a whole bucket, and per rank over the whole schedule. `explain` prints
+ * them, `plan --optimizer muon` models the optimizer step from them, and the
+ * balance benchmark (bench/whole/balance.sh) reads explain's YAML of them.
+ *
+ *   finest placement  of a whole bucket: its whole role with the most shards
+ *                     (main_weight on a tie); its P shards refine every other
+ *                     placement's, so each holds whole tensors
+ *   cost              of a tensor: mf_layout_pass_whole_cost (numel, or with
+ *                     `balance flops` rows*cols*min(rows, cols))
+ *   Newton-Schulz     FLOPs of a 2-D tensor: MF_PLAN_NS_FLOPS x
+ *                     rows*cols*min(rows, cols) (5 steps of 3 matmuls, 2 FLOPs
+ *                     a multiply-add)
+ */
+#ifndef MF_PLAN_OWNERS_H
+#define MF_PLAN_OWNERS_H
+
+#include "mf_schedule.h"
+#include "mf_spec.h"
+
+#define MF_PLAN_NS_FLOPS 30
+
+/* The placement of bucket b's whole role with the most shards (main_weight
+ * on a tie), its role in *role when role is not NULL; NULL when no role is
+ * whole. */
+const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, int *role);
+
+/* The cost the packing balances (balance bytes: numel; flops:
+ * rows*cols*min(rows, cols)) and the Newton-Schulz FLOPs of tensor t (0 for
+ * a 1-D tensor: an elementwise optimizer's). */
+int64_t mf_plan_owners_cost(mf_balance bal, const mf_tensor *t);
+double mf_plan_owners_ns_flops(const mf_tensor *t);
+
+/* One shard of a whole bucket's finest placement. */
+typedef struct mf_plan_owner_shard {
+    int ntensors;           /* tensors inside it */
+    int first;              /* index of its first tensor in the bucket (offset order) */
+    int64_t used;           /* mf_layout_shard_used */
+    int64_t numel;          /* its tensors' elements */
+    int64_t main_bytes;     /* numel in main_weight's dtype */
+    int64_t grad_bytes;     /* numel in grad's dtype */
+    int64_t cost;           /* its tensors' mf_plan_owners_cost */
+} mf_plan_owner_shard;
+
+/* Fills out[0..P) for the P shards of bucket b's finest placement (out holds
+ * mf_layout_shards of it); returns P, 0 when b has no whole role. */
+int64_t mf_plan_owners_shards(const mf_schedule *s, const mf_bucket *b, mf_balance bal,
+                              mf_plan_owner_shard *out);
+
+/* One rank over the whole schedule. */
+typedef struct mf_plan_owner_rank {
+    int64_t owned;          /* tensors whose main_weight is whole on it */
+    int64_t owned_bytes;    /* their main_weight bytes */
+    int64_t sharded_bytes;  /* main_weight bytes of the tensor elements it holds
+                               of buckets whose main_weight is not whole */
+    int64_t cost;           /* owned tensors' cost + the sharded elements it holds */
+    double flops;           /* Newton-Schulz FLOPs of its owned 2-D tensors */
+} mf_plan_owner_rank;
+
+/* Fills out[0..world). */
+void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_rank *out);
+
+#endif
