@@ -30,6 +30,9 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a);
 /* mf_plan_new, mf_plan_free: mf_plan.h. */
 
 bool mf_layout_pass_run(mf_plan *p, mf_diag *d);
+/* The cost the Whole packing balances for a tensor (docs/semantics.md §4.6):
+ * numel, or with `balance flops` rows*cols*min(rows, cols). */
+int64_t mf_layout_pass_whole_cost(mf_balance balance, int ndims, const int64_t *dims, int64_t numel);
 bool mf_transition_run(mf_plan *p, mf_diag *d);
 bool mf_lower_run(mf_plan *p, mf_diag *d);
 /* The lowering's last step, which mf_lower_run runs unless p->lazy_summary:
