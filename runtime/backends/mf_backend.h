@@ -82,6 +82,16 @@ typedef struct mf_rt_op {
     int64_t nranks;           /* size of the op's axis group; 1 without an axis */
     int64_t coord;            /* this rank's coord on the op's axis; 0 without one */
     bool overlap;             /* src and dst are the same memory (in place) */
+    /* A collective of a whole bucket in the prefix form (docs/runtime.md,
+     * "Whole buckets"): used[c], c < nranks, is the used prefix (elements)
+     * of the chunk of coord c on the op's shard side (dst of a
+     * reduce_scatter, src of an all_gather, the buffer of an all_reduce:
+     * every member holds the same shard there, so all entries are equal).
+     * Only those elements move; the rest of each chunk is padding, which
+     * the receiver zero-fills. NULL: the padded form (every chunk moves
+     * all `count` elements). Set at create, identical on every member. */
+    const int64_t *used;
+    int64_t bytes;            /* bytes this rank sends for the op in its form (stats) */
 } mf_rt_op;
 
 /* One communicator: an axis group as seen by one stream of this rank. */

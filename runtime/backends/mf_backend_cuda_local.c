@@ -240,21 +240,37 @@ static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, cha
         if (p != me)
             e = cudaStreamWaitEvent(st, be->peers[p].ev, 0);
     float divisor = rt->s->reduce == MF_REDUCE_AVG ? (float)n : 1.0f;
+    /* A whole bucket's prefix form (rop->used): the same copies and sums on
+     * the used prefix of each chunk, the padding tail of each chunk this
+     * member writes zero-filled on the op's stream (the same bits as the
+     * padded form, whose padding sums zeros). */
+    const int64_t *used = rop->used;
+    int64_t u = used ? used[me] : cnt;
+    char *dst = rop->dst;
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
-        for (int64_t p = 0; p < n && e == cudaSuccess; p++)
-            e = mf_cuda_copy((char *)rop->dst + (size_t)(p * cnt) * es, be->peers[p].src, (size_t)cnt * es, st);
+        for (int64_t p = 0; p < n && e == cudaSuccess; p++) {
+            int64_t up = used ? used[p] : cnt;
+            e = mf_cuda_copy(dst + (size_t)(p * cnt) * es, be->peers[p].src, (size_t)up * es, st);
+            if (e == cudaSuccess && up < cnt)
+                e = cudaMemsetAsync(dst + (size_t)(p * cnt + up) * es, 0, (size_t)(cnt - up) * es, st);
+        }
         break;
     case MF_OP_REDUCE_SCATTER:
         for (int64_t p = 0; p < n; p++)
             be->srcs[p] = (const char *)be->peers[p].src + (size_t)(me * cnt) * es;
         if (e == cudaSuccess)
-            e = mf_cuda_combine(&rop->dst, 1, op->dtype, be->srcs, (int)n, op->dtype, cnt, divisor, MF_CUDA_DIV,
+            e = mf_cuda_combine(&rop->dst, 1, op->dtype, be->srcs, (int)n, op->dtype, u, divisor, MF_CUDA_DIV,
                                 false, st);
+        if (e == cudaSuccess && u < cnt)
+            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
         break;
     case MF_OP_ALL_REDUCE: {
-        int64_t chunk = ((cnt + n - 1) / n + 63) / 64 * 64; /* keeps 16-byte alignment */
-        int64_t lo = me * chunk, len = cnt - lo < chunk ? cnt - lo : chunk;
+        /* u is every member's (one shard); nobody else writes [u, cnt) of ours */
+        if (e == cudaSuccess && u < cnt)
+            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
+        int64_t chunk = ((u + n - 1) / n + 63) / 64 * 64; /* keeps 16-byte alignment */
+        int64_t lo = me * chunk, len = u - lo < chunk ? u - lo : chunk;
         if (len > 0) {
             for (int64_t p = 0; p < n; p++) {
                 be->srcs[p] = (const char *)be->peers[p].src + (size_t)lo * es;

@@ -522,6 +522,68 @@ static void abort_comm(mf_local_comm *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* local_compute in the prefix form of a whole bucket (r->used): the same
+ * sums in the same order on the used prefix of each chunk only; every
+ * member zero-fills the padding tail of each chunk it writes (its own
+ * destination's; under push, chunk `me` of every member's), so padding
+ * stays zero and the bits equal the padded form's (whose padding sums zeros). */
+static void local_compute_prefix(const mf_rt *rt, const mf_rt_op *r, const mf_local_slot *slot,
+                                 int64_t n, bool eager, bool stream)
+{
+    const mf_op *op = r->op;
+    int64_t me = r->coord, cnt = op->count, u = r->used[me];
+    int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
+    size_t es = mf_dtype_size(op->dtype);
+    char *dst = r->dst;
+    switch (op->kind) {
+    case MF_OP_ALL_GATHER:
+        if (stream) {   /* push chunk `me` into every member's destination */
+            for (int64_t k = 1; k <= n; k++) {
+                char *chunk = (char *)slot->dst[(me + k) % n] + (size_t)(me * cnt) * es;
+                mf_nt_copy(chunk, slot->src[me], (size_t)u * es);
+                memset(chunk + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+            }
+            mf_nt_copy_fence();
+            break;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            char *chunk = dst + (size_t)(i * cnt) * es;
+            memcpy(chunk, slot->src[i], (size_t)r->used[i] * es);
+            memset(chunk + (size_t)r->used[i] * es, 0, (size_t)(cnt - r->used[i]) * es);
+        }
+        break;
+    case MF_OP_REDUCE_SCATTER:
+        mf_cpu_kernels_reduce(dst, slot->src, (int)n, me * cnt, u, op->dtype, div);
+        memset(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+        break;
+    case MF_OP_ALL_REDUCE: {
+        /* u is every member's: they hold the same shard. Chunks of the
+         * prefix as local_compute's of the whole; nobody else touches
+         * [u, cnt) of this member's destination. */
+        if (eager) {
+            mf_cpu_kernels_reduce(dst, slot->src, (int)n, 0, u, op->dtype, div);
+        } else if (stream) {
+            int64_t lo = me * u / n, hi = (me + 1) * u / n;
+            mf_cpu_kernels_reduce_out(slot->dst, (int)n, slot->src, (int)n, lo, hi - lo, op->dtype, div);
+        } else {
+            int64_t lo = me * u / n, hi = (me + 1) * u / n;
+            for (int64_t b = lo; b < hi; b += MF_LOCAL_PUSH) {
+                int64_t len = hi - b < MF_LOCAL_PUSH ? hi - b : MF_LOCAL_PUSH;
+                size_t at = (size_t)b * es;
+                mf_cpu_kernels_reduce(dst + at, slot->src, (int)n, b, len, op->dtype, div);
+                for (int64_t j = 0; j < n; j++)
+                    if (j != me)
+                        memcpy((char *)slot->dst[j] + at, dst + at, (size_t)len * es);
+            }
+        }
+        memset(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
 /* This member's part of a collective whose members all arrived (slot->src
  * and slot->dst posted): writes its destination (and, for an all-reduce,
  * its chunk of every member's). */
@@ -534,6 +596,10 @@ static void local_compute(const mf_rt *rt, const mf_rt_op *r, const mf_local_slo
     size_t es = mf_dtype_size(op->dtype);
     size_t full = (size_t)(op->kind == MF_OP_ALL_GATHER ? n * cnt : cnt) * es;
     bool stream = !eager && full >= MF_LOCAL_STREAM_MIN;
+    if (r->used) {   /* a whole bucket's prefix form */
+        local_compute_prefix(rt, r, slot, n, eager, stream);
+        return;
+    }
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
         if (stream) {

@@ -88,6 +88,12 @@ typedef struct mf_mpi_state {
     bool p2p;                  /* small reduce-scatters by rh_reduce_scatter */
     void *rh[MF_STREAM_COUNT]; /* its scratch, per stream */
     size_t rh_bytes[MF_STREAM_COUNT];
+    /* Whole buckets' prefix form (mf_rt_op.used): per op, -1 (the padded
+     * calls) or the start in `whole` of its recvcounts[g] then displs[g] */
+    int64_t *whole_at;
+    int *whole;
+    void *pack[MF_STREAM_COUNT]; /* a reduce-scatter's prefixes packed, per stream */
+    size_t pack_bytes[MF_STREAM_COUNT];
     _Atomic bool aborted;
     _Atomic int abandoned;     /* collectives left pending (timeout, abort): their
                                   buffers may still be written, so none is freed */
@@ -486,9 +492,66 @@ static mfsdp_result rh_reduce_scatter(mf_rt *rt, mf_mpi_state *st, const mf_rt_o
     return MFSDP_OK;
 }
 
+/* The prefix form's tables (mf_rt_op.used): int counts and displacements
+ * per op, and the packing scratch of reduce-scatters whose prefixes are not
+ * contiguous in src (or that run in place). An op whose counts pass the
+ * per-call limit keeps the padded calls: the same bits, its padding being
+ * zero (docs/runtime.md, "Whole buckets"). */
+static mfsdp_result whole_init(mf_rt *rt, mf_mpi_state *st)
+{
+    const mf_schedule *s = rt->s;
+    int64_t total = 0;
+    st->whole_at = mf_base_calloc((size_t)(s->nops ? s->nops : 1), sizeof *st->whole_at);
+    if (!st->whole_at)
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (whole collectives)");
+    for (int i = 0; i < s->nops; i++) {
+        const mf_rt_op *r = &rt->rops[i];
+        int64_t sum = 0;
+        st->whole_at[i] = -1;
+        if (!r->used)
+            continue;
+        for (int64_t c = 0; c < r->nranks; c++)
+            sum += r->used[c];
+        if (r->op->count * r->nranks > st->max_count || sum > st->max_count)
+            continue;
+        st->whole_at[i] = total;
+        total += 2 * r->nranks;
+        if (r->op->kind != MF_OP_REDUCE_SCATTER)
+            continue;
+        bool contiguous = !r->overlap;
+        for (int64_t c = 0; c + 1 < r->nranks; c++)
+            contiguous &= r->used[c] == r->op->count;
+        size_t bytes = contiguous ? 0 : (size_t)sum * mf_dtype_size(r->op->dtype);
+        if (bytes > st->pack_bytes[r->op->stream])
+            st->pack_bytes[r->op->stream] = bytes;
+    }
+    st->whole = mf_base_calloc((size_t)(total ? total : 1), sizeof *st->whole);
+    if (!st->whole)
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (whole collectives)");
+    for (int i = 0; i < s->nops; i++) {
+        const mf_rt_op *r = &rt->rops[i];
+        if (st->whole_at[i] < 0)
+            continue;
+        int *counts = st->whole + st->whole_at[i], *displs = counts + r->nranks;
+        for (int64_t c = 0, at = 0; c < r->nranks; c++) {
+            counts[c] = (int)r->used[c];
+            /* all-gather: chunk c of dst; reduce-scatter: unused (packed) */
+            displs[c] = (int)(r->op->kind == MF_OP_ALL_GATHER ? c * r->op->count : at);
+            at += r->used[c];
+        }
+    }
+    for (int k = 0; k < MF_STREAM_COUNT; k++)
+        if (st->pack_bytes[k] && !(st->pack[k] = mf_base_aligned_zalloc(256, st->pack_bytes[k])))
+            return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
+                                     "out of memory (whole reduce-scatter packing, %zu bytes)",
+                                     st->pack_bytes[k]);
+    return MFSDP_OK;
+}
+
 static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_mpi_state *st = rt->be_state;
+    mfsdp_result res_whole;
     st->comms = mf_base_calloc((size_t)(ncomms ? ncomms : 1), sizeof *st->comms);
     if (!st->comms)
         return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (communicators)");
@@ -557,6 +620,9 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
                 return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY,
                                          "out of memory (reduce-scatter scratch)");
         }
+    res_whole = whole_init(rt, st);
+    if (res_whole != MFSDP_OK)
+        return res_whole;
     /* The error channel: its own communicator, one receive always posted. */
     rc = MPI_Comm_dup(st->world, &st->errcomm);
     if (rc == MPI_SUCCESS)
@@ -594,6 +660,88 @@ static int start_allgather(const mf_mpi_state *st, const void *s, int n, MPI_Dat
                         : MPI_Iallgather(s, n, t, d, dn, dt, c, req);
 }
 
+static int start_reduce_scatterv(const mf_mpi_state *st, const void *s, void *d, const int *counts,
+                                 MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    return st->blocking ? MPI_Reduce_scatter(s, d, counts, t, op, c)
+                        : MPI_Ireduce_scatter(s, d, counts, t, op, c, req);
+}
+
+static int start_allgatherv(const mf_mpi_state *st, const void *s, int n, MPI_Datatype t, void *d,
+                            const int *counts, const int *displs, MPI_Comm c, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    return st->blocking ? MPI_Allgatherv(s, n, t, d, counts, displs, t, c)
+                        : MPI_Iallgatherv(s, n, t, d, counts, displs, t, c, req);
+}
+
+/* A whole bucket's collective in the prefix form (st->whole_at[op] >= 0):
+ * only the used prefix of each chunk moves, the padding tail of each chunk
+ * written is zero-filled. Reduce-scatter: MPI_Ireduce_scatter with the
+ * prefixes as counts (packed first unless they lie end to end in src);
+ * libnbc sums it by the same binomial tree to rank 0 as
+ * MPI_Ireduce_scatter_block, whose bits rh_reduce_scatter also has, so the
+ * bits are the padded form's (test_whole_collectives_mpi4). All-gather:
+ * MPI_Iallgatherv into the chunks. All-reduce: MPI_Iallreduce of the
+ * prefix (Open MPI picks its algorithm by size, so beyond groups of 2 the
+ * sums may pair differently from the padded call's). */
+static mfsdp_result run_whole(mf_rt *rt, const mf_rt_op *r, const int *counts, char *err,
+                              size_t errlen)
+{
+    mf_mpi_state *st = rt->be_state;
+    const mf_op *op = r->op;
+    MPI_Comm comm = st->comms[r->comm];
+    MPI_Datatype type = op->dtype == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op sum = op->dtype == MF_FP32 ? MPI_SUM : op->dtype == MF_BF16 ? st->sum_bf16 : st->sum_fp16;
+    size_t es = mf_dtype_size(op->dtype);
+    int64_t n = op->count, g = r->nranks, me = r->coord, u = r->used[me];
+    char *src = r->src, *dst = r->dst;
+    MPI_Request req;
+    int rc = MPI_SUCCESS;
+    switch (op->kind) {
+    case MF_OP_REDUCE_SCATTER: {
+        const char *send = src;
+        bool contiguous = !r->overlap;   /* as whole_init decided */
+        for (int64_t c = 0; c + 1 < g; c++)
+            contiguous &= r->used[c] == n;
+        if (!contiguous) {
+            char *p = st->pack[op->stream];
+            for (int64_t c = 0, at = 0; c < g; at += r->used[c], c++)
+                memcpy(p + (size_t)at * es, src + (size_t)(c * n) * es, (size_t)r->used[c] * es);
+            send = p;
+        }
+        rc = start_reduce_scatterv(st, send, dst, counts, type, sum, comm, &req);
+        break;
+    }
+    case MF_OP_ALL_GATHER:
+        if (r->overlap)
+            memmove(dst + (size_t)(me * n) * es, src, (size_t)u * es);
+        rc = start_allgatherv(st, r->overlap ? MPI_IN_PLACE : src, (int)u, type, dst, counts,
+                              counts + g, comm, &req);
+        break;
+    case MF_OP_ALL_REDUCE:
+        rc = start_allreduce(st, r->overlap ? MPI_IN_PLACE : src, dst, (int)u, type, sum, comm, &req);
+        break;
+    default:
+        snprintf(err, errlen, ": not a collective");
+        return MFSDP_ERR_INTERNAL;
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(err, errlen, rc, " (prefix form)");
+    mfsdp_result res = wait_request(rt, st, &req, " (prefix form)", err, errlen);
+    if (res != MFSDP_OK)
+        return res;
+    if (op->kind == MF_OP_ALL_GATHER)
+        for (int64_t c = 0; c < g; c++)
+            memset(dst + (size_t)(c * n + r->used[c]) * es, 0, (size_t)(n - r->used[c]) * es);
+    else
+        memset(dst + (size_t)u * es, 0, (size_t)(n - u) * es);
+    if (rt->s->reduce == MF_REDUCE_AVG && op->kind != MF_OP_ALL_GATHER)
+        mf_cpu_kernels_divide(dst, op->dtype, u, g);
+    return MFSDP_OK;
+}
+
 /* Runs one collective; messages start with what follows the collective's
  * description (" timed out ..."), which mpi_collective puts in front (only
  * on failure: formatting it costs as much as a tiny collective). */
@@ -601,6 +749,8 @@ static mfsdp_result run_collective(mf_rt *rt, const mf_rt_op *r, char *err, size
 {
     mf_mpi_state *st = rt->be_state;
     const mf_op *op = r->op;
+    if (r->used && st->whole_at[op->id] >= 0)
+        return run_whole(rt, r, st->whole + st->whole_at[op->id], err, errlen);
     MPI_Comm comm = st->comms[r->comm];
     MPI_Datatype type = op->dtype == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T;
     MPI_Op sum = op->dtype == MF_FP32 ? MPI_SUM : op->dtype == MF_BF16 ? st->sum_bf16 : st->sum_fp16;
@@ -799,10 +949,17 @@ static void mpi_close(mf_rt *rt)
         if (st->abandoned) {
             mf_base_graveyard(st->scratch[s]);
             mf_base_graveyard(st->rh[s]);
+            mf_base_graveyard(st->pack[s]);
         } else {
             mf_base_free(st->scratch[s]);
             mf_base_free(st->rh[s]);
+            mf_base_free(st->pack[s]);
         }
+    if (st->abandoned)
+        mf_base_graveyard(st->whole);   /* a pending call may still read its counts */
+    else
+        mf_base_free(st->whole);
+    mf_base_free(st->whole_at);
     mf_base_free(st->comms);
     pthread_mutex_destroy(&st->err_mu);
     /* A kept error channel's receive is still posted into st->err_in. */

@@ -42,11 +42,13 @@
 #include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
 
-/* A copy to run after a collective's NCCL call. */
+/* A copy to run after a collective's NCCL call, then a zero fill. */
 typedef struct post_copy {
     void *dst;
     const void *src;
     size_t bytes;
+    void *zero;                   /* padding to zero-fill after the copy (prefix form) */
+    size_t zero_bytes;
 } post_copy;
 
 typedef struct nccl_be {
@@ -434,6 +436,65 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
     return MFSDP_OK;
 }
 
+/*
+ * A whole bucket's collective in the prefix form (rop->used; docs/runtime.md,
+ * "Whole buckets"), one nested ncclGroupStart/End (ended only after a
+ * successful start): a reduce-scatter is one ncclReduce of the used prefix of
+ * chunk c to coord c, an all-gather one ncclBroadcast of coord c's prefix
+ * into chunk c, an all-reduce one ncclAllReduce of the prefix. The padding
+ * tail of each chunk this rank writes is zeroed with cudaMemsetAsync on the
+ * op's stream, before the group or (in place, where the tail is still read)
+ * in the post step. NCCL's ring reduce and its reduce-scatter (or its
+ * all-reduce of another count) may add in another order: the bits can
+ * differ from the padded form's within rounding (tests/gpu, stage
+ * whole_prefix). mu held.
+ */
+static ncclResult_t enqueue_prefix(nccl_be *be, const mf_rt_op *rop, post_copy *post, cudaError_t *pre_err)
+{
+    const mf_op *op = rop->op;
+    ncclComm_t comm = be->comms[rop->comm];
+    cudaStream_t st = be->core.stream[op->stream];
+    ncclDataType_t dt = mf_cuda_nccl_dtype(op->dtype);
+    ncclRedOp_t red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg;
+    size_t es = mf_dtype_size(op->dtype), n = (size_t)op->count;
+    int64_t g = rop->nranks, me = rop->coord;
+    size_t u = (size_t)rop->used[me], at = (size_t)me * n * es;
+    char *src = rop->src, *dst = rop->dst;
+    cudaError_t e = cudaSuccess;
+    if (op->kind == MF_OP_ALL_GATHER) {
+        if (rop->overlap && at)   /* our prefix to its chunk, before chunk 0 is overwritten */
+            e = cudaMemcpyAsync(dst + at, src, u * es, cudaMemcpyDeviceToDevice, st);
+        for (int64_t c = 0; c < g && e == cudaSuccess; c++)
+            if ((size_t)rop->used[c] < n)
+                e = cudaMemsetAsync(dst + ((size_t)c * n + (size_t)rop->used[c]) * es, 0,
+                                    (n - (size_t)rop->used[c]) * es, st);
+    } else if (op->kind == MF_OP_REDUCE_SCATTER && rop->overlap) {
+        /* reduced in place in our chunk, then moved to dst[0, u) */
+        *post = (post_copy){.dst = dst, .src = src + at, .bytes = at ? u * es : 0,
+                            .zero = dst + u * es, .zero_bytes = (n - u) * es};
+    } else if (u < n) {   /* our tail is read by nobody */
+        e = cudaMemsetAsync(dst + u * es, 0, (n - u) * es, st);
+    }
+    *pre_err = e;
+    if (e != cudaSuccess)
+        return ncclSuccess;   /* the caller reports the staging error */
+    ncclResult_t r = mf_cuda_calls.group_start();
+    if (r != ncclSuccess)
+        return r;
+    for (int64_t c = 0; c < g && r == ncclSuccess; c++) {
+        size_t uc = (size_t)rop->used[c], off = (size_t)c * n * es;
+        if (op->kind == MF_OP_REDUCE_SCATTER)
+            r = ncclReduce(src + off, c == me && !rop->overlap ? dst : src + off, uc, dt, red, (int)c,
+                           comm, st);
+        else if (op->kind == MF_OP_ALL_GATHER)
+            r = ncclBroadcast(rop->overlap ? dst + off : src, dst + off, uc, dt, (int)c, comm, st);
+        else if (c == 0)
+            r = ncclAllReduce(src, dst, u, dt, red, comm, st);
+    }
+    ncclResult_t end = mf_cuda_calls.group_end();   /* also after a failed member */
+    return r != ncclSuccess && r != ncclInProgress ? r : end;
+}
+
 /* Enqueues one collective (mu held). `post` receives the copy to run after the
  * NCCL call (in-place reduce-scatter of a rank whose shard is not first). */
 
@@ -446,7 +507,9 @@ static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_co
     ncclRedOp_t red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg;
     size_t es = mf_dtype_size(op->dtype), n = (size_t)op->count, at = (size_t)rop->coord * n * es;
     *pre_err = cudaSuccess;
-    post->bytes = 0;
+    *post = (post_copy){0};
+    if (rop->used)
+        return enqueue_prefix(be, rop, post, pre_err);
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
         if (rop->overlap) {
@@ -521,10 +584,12 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     if (res == MFSDP_OK && cuda_err != cudaSuccess)
         res = mf_cuda_fail(cuda_err, err, errlen, "%s: in-place staging copy", what);
     for (int k = 0; k < n && res == MFSDP_OK; k++) {
-        if (!posts[k].bytes)
-            continue;
-        cudaError_t e = cudaMemcpyAsync(posts[k].dst, posts[k].src, posts[k].bytes, cudaMemcpyDeviceToDevice,
-                                        be->core.stream[first->op->stream]);
+        cudaStream_t st = be->core.stream[first->op->stream];
+        cudaError_t e = cudaSuccess;
+        if (posts[k].bytes)
+            e = cudaMemcpyAsync(posts[k].dst, posts[k].src, posts[k].bytes, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess && posts[k].zero_bytes)
+            e = cudaMemsetAsync(posts[k].zero, 0, posts[k].zero_bytes, st);
         if (e != cudaSuccess)
             res = mf_cuda_fail(e, err, errlen, "%s: in-place result copy", what);
     }

@@ -92,8 +92,7 @@ static mfsdp_result issue(mf_rt *rt, int i, int64_t m, int64_t *compute_wait_ns)
     rt->stats.ops++;
     if (mf_opkind_is_collective(op->kind)) {
         rt->stats.collectives[op->axis]++;
-        rt->stats.bytes[op->axis] +=
-            mf_schedule_collective_bytes(op->kind, s->mesh.axes[op->axis].size, op->count, op->dtype);
+        rt->stats.bytes[op->axis] += rt->rops[i].bytes;   /* its form's (whole buckets) */
     }
     if (rt->native) {
         char msg[MF_RT_ERRLEN];

@@ -110,6 +110,103 @@ MFSDP_API void mfsdp_config_init(mfsdp_config *cfg)
 
 /* ---- create ---- */
 
+/* ---- whole buckets: the form of their collectives ---- */
+
+/* A collective of a bucket with a whole role (mf_bucket.whole). */
+static bool whole_collective(const mf_schedule *s, const mf_op *op)
+{
+    if (!mf_opkind_is_collective(op->kind) || op->bucket < 0 || op->bucket >= s->nbuckets ||
+        op->axis < 0 || op->axis >= s->mesh.naxes)
+        return false;
+    for (int role = 0; role < MF_ROLE_COUNT; role++)
+        if (s->buckets[op->bucket].whole[role])
+            return true;
+    return false;
+}
+
+typedef enum { MF_WHOLE_AUTO, MF_WHOLE_PADDED, MF_WHOLE_PREFIX } mf_whole_form;
+
+static const char *whole_form_name(int64_t f)
+{
+    return f == MF_WHOLE_PADDED ? "padded" : f == MF_WHOLE_PREFIX ? "prefix" : "unset";
+}
+
+/* MFSDP_WHOLE_COLLECTIVES, read at create. */
+static mfsdp_result whole_form_env(mf_whole_form *out)
+{
+    const char *env = getenv("MFSDP_WHOLE_COLLECTIVES");
+    *out = MF_WHOLE_AUTO;
+    if (!env || !*env)
+        return MFSDP_OK;
+    if (!strcmp(env, "padded"))
+        *out = MF_WHOLE_PADDED;
+    else if (!strcmp(env, "prefix"))
+        *out = MF_WHOLE_PREFIX;
+    else
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "MFSDP_WHOLE_COLLECTIVES=%s: expected padded or prefix (unset: "
+                                 "prefix wherever it moves fewer bytes)",
+                                 env);
+    return MFSDP_OK;
+}
+
+/*
+ * The used prefix of every chunk of a whole collective's shard side and its
+ * form (docs/runtime.md, "Whole buckets"). Chunk c of the op's full side
+ * (src of a reduce_scatter, dst of an all_gather) holds elements
+ * [full + c * count, + count) of the bucket, full being this rank's range
+ * there: the shard (full + c * count) / count of the shard-side placement.
+ * The prefix form is taken where it moves fewer bytes in all (some chunk has
+ * padding) unless MFSDP_WHOLE_COLLECTIVES forces a form. Every member of the
+ * op's group computes the same table from the same schedule. table: the
+ * entries behind rt->rops.
+ */
+static mfsdp_result whole_forms(mf_rt *rt, int64_t *table)
+{
+    const mf_schedule *s = rt->s;
+    mf_whole_form form;
+    mfsdp_result res = whole_form_env(&form);
+    if (res != MFSDP_OK)
+        return res;
+    for (int i = 0; i < s->nops; i++) {
+        const mf_op *op = &s->ops[i];
+        if (!whole_collective(s, op))
+            continue;
+        mf_rt_op *r = &rt->rops[i];
+        const mf_bucket *b = &s->buckets[op->bucket];
+        int64_t n = r->nranks, cnt = op->count;
+        int64_t *used = table;
+        table += n;
+        int full_buf = op->kind == MF_OP_ALL_GATHER ? op->dst : op->src;
+        int shard_buf = op->kind == MF_OP_REDUCE_SCATTER ? op->dst : op->src;
+        if (full_buf < 0 || shard_buf < 0 || cnt <= 0)
+            continue;
+        const mf_placement *fp = &s->buffers[full_buf].place, *sp = &s->buffers[shard_buf].place;
+        if (mf_layout_shards(&s->mesh, sp) * cnt != b->length)
+            continue;   /* not the rank's shard of the bucket: the padded form */
+        int64_t full = mf_layout_range(&s->mesh, fp, rt->rank, b->length).offset, sum = 0;
+        for (int64_t c = 0; c < n; c++) {
+            int64_t start = op->kind == MF_OP_ALL_REDUCE ? full : full + c * cnt;
+            used[c] = mf_layout_shard_used(&s->mesh, sp, b, start / cnt);
+            sum += used[c];
+        }
+        if (form == MF_WHOLE_PADDED || (form == MF_WHOLE_AUTO && sum >= n * cnt))
+            continue;
+        r->used = used;
+        size_t es = mf_dtype_size(op->dtype);
+        int64_t me = r->coord;
+        if (n <= 1)
+            r->bytes = 0;
+        else if (op->kind == MF_OP_REDUCE_SCATTER)   /* my part of every other shard */
+            r->bytes = (sum - used[me]) * (int64_t)es;
+        else if (op->kind == MF_OP_ALL_GATHER)       /* my shard to every other member */
+            r->bytes = (n - 1) * used[me] * (int64_t)es;
+        else                                         /* a ring all-reduce of the prefix */
+            r->bytes = 2 * (n - 1) * ((used[me] + n - 1) / n) * (int64_t)es;
+    }
+    return MFSDP_OK;
+}
+
 /* Resolves op pointers and the communicator list. */
 static mfsdp_result resolve_ops(mf_rt *rt)
 {
@@ -143,7 +240,13 @@ static mfsdp_result resolve_ops(mf_rt *rt)
                                          "out of memory (communicator ranks)");
             mf_layout_axis_group(&s->mesh, j, rt->rank, cm->ranks);
         }
-    rt->rops = mf_base_calloc((size_t)(s->nops ? s->nops : 1), sizeof *rt->rops);
+    /* The prefix tables of whole collectives live behind the ops (one allocation). */
+    int64_t nused = 0;
+    for (int i = 0; i < s->nops; i++)
+        if (whole_collective(s, &s->ops[i]))
+            nused += s->mesh.axes[s->ops[i].axis].size;
+    size_t ops_bytes = (size_t)(s->nops ? s->nops : 1) * sizeof *rt->rops;
+    rt->rops = mf_base_calloc(1, ops_bytes + (size_t)nused * sizeof(int64_t));
     if (!rt->rops)
         return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (ops)");
     for (int i = 0; i < s->nops; i++) {
@@ -167,10 +270,12 @@ static mfsdp_result resolve_ops(mf_rt *rt)
             r->nranks = s->mesh.axes[op->axis].size;
             r->coord = rt->coords[op->axis];
         }
-        if (mf_opkind_is_collective(op->kind))
+        if (mf_opkind_is_collective(op->kind)) {
             r->comm = rt->comm_index[op->stream][op->axis];
+            r->bytes = mf_schedule_collective_bytes(op->kind, r->nranks, op->count, op->dtype);
+        }
     }
-    return MFSDP_OK;
+    return whole_forms(rt, (int64_t *)(void *)((char *)rt->rops + ops_bytes));
 }
 
 static mfsdp_result build_views(mf_rt *rt)
@@ -239,6 +344,7 @@ typedef struct mf_rt_hello {
     int64_t status;         /* mfsdp_result of this rank's setup */
     int64_t mesh_world;     /* the world its schedule wants */
     int64_t axes[MF_MAX_AXES]; /* its mesh shape (0 past the last axis) */
+    int64_t whole_form;     /* its MFSDP_WHOLE_COLLECTIVES (mf_whole_form) */
 } mf_rt_hello;
 
 /* Compares every rank's hello; on a difference formats a message naming the
@@ -250,6 +356,13 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
             return mf_base_set_error(NULL, MFSDP_ERR_ABORTED,
                                      "rank %lld failed to create its runtime (%s); no rank can proceed",
                                      (long long)r, mfsdp_result_string((mfsdp_result)all[r].status));
+    for (int64_t r = 1; r < world; r++)
+        if (all[r].whole_form != all[0].whole_form)   /* the forms of a collective would differ */
+            return mf_base_set_error(NULL, MFSDP_ERR_MISMATCH,
+                                     "MFSDP_WHOLE_COLLECTIVES differs between rank 0 (%s) and rank "
+                                     "%lld (%s): set it alike on every rank",
+                                     whole_form_name(all[0].whole_form), (long long)r,
+                                     whole_form_name(all[r].whole_form));
     bool same = true;
     for (int64_t r = 1; r < world; r++)
         if (memcmp(all[r].hash, all[0].hash, 32) != 0 || all[r].mesh_world != all[0].mesh_world)
@@ -465,6 +578,10 @@ static mfsdp_result setup_and_greet(mf_rt *rt)
     memcpy(mine.hash, rt->s->hash, 32);
     mine.status = local;
     mine.mesh_world = rt->s->mesh.world;
+    mf_whole_form form = MF_WHOLE_AUTO;
+    if (local == MFSDP_OK)
+        whole_form_env(&form);   /* read by setup already: valid */
+    mine.whole_form = form;
     for (int j = 0; j < rt->s->mesh.naxes && j < MF_MAX_AXES; j++)
         mine.axes[j] = rt->s->mesh.axes[j].size;
     mf_rt_hello *all = mf_base_calloc((size_t)rt->world, sizeof *all);
