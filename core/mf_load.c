@@ -328,10 +328,13 @@ static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
     return mf_load_node(l, seq->data.sequence.items.start[i]);
 }
 
-/* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1). */
+/* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1).
+ * With `whole` (a bucket's grad or main_weight; NULL elsewhere) also Whole,
+ * from format 5 on: all split axes Whole (stored Flat, *whole set) or none. */
 static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
-                              mf_placement *out)
+                              mf_placement *out, bool *whole)
 {
+    mf_node *first_whole = NULL, *first_flat = NULL;
     if (!mf_load_seq(l, n, what))
         return false;
     int naxes = l->s->mesh.naxes;
@@ -342,12 +345,29 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
     for (int j = 0; j < naxes; j++) {
         int p = 0;
         mf_node *it = mf_load_item(l, n, j);
-        if (!mf_load_enum(l, it, "placement", mf_place_from_name, mf_place_choices, &p))
-            return false;
+        if (it->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(it), MF_WHOLE_NAME) == 0) {
+            if (l->version < mf_schema_format_version(MF_SCHEDULE_FORMAT_WHOLE))
+                return mf_load_fail(l, it, "%s: placement 'Whole' needs format %s (the file says mfsdp-schedule/%d)",
+                                    what, MF_SCHEDULE_FORMAT_WHOLE, l->version);
+            if (!whole)
+                return mf_load_fail(l, it, "%s may not be Whole; only a bucket's grad and main_weight may be (the "
+                                    "weight is all-gathered before compute, buffers are written Flat)", what);
+            first_whole = first_whole ? first_whole : it;
+            p = MF_PLACE_FLAT;
+        } else {
+            if (!mf_load_enum(l, it, "placement", mf_place_from_name, mf_place_choices, &p))
+                return false;
+            if (p == MF_PLACE_FLAT && !first_flat)
+                first_flat = it;
+        }
         if (p == MF_PLACE_PARTIAL && !allow_partial)
             return mf_load_fail(l, it, "%s may not be Partial", what);
+        if (first_whole && first_flat)
+            return mf_load_fail(l, it, "%s mixes Whole and Flat; a role's split axes are all Whole or all Flat", what);
         out->p[j] = (uint8_t)p;
     }
+    if (whole)
+        *whole = first_whole != NULL;
     if (!mf_layout_flat_suffix_ok(out, naxes))
         return mf_load_fail(l, n, "%s: the Flat axes must be the innermost ones (a suffix of the mesh)",
                             what);
@@ -542,7 +562,8 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
             snprintf(what, sizeof what, "the %s placement", role);
             if (!mf_load_fields(l, v[MF_K_BUCKET_WEIGHT + r], role, &mf_schema_sections[MF_SECTION_ROLE], rv, NULL) ||
                 !mf_load_enum(l, rv[MF_K_ROLE_DTYPE], MF_WHAT(ROLE, DTYPE), mf_dtype_from_name, mf_dtype_choices, &dt) ||
-                !mf_load_placement(l, rv[MF_K_ROLE_PLACEMENT], what, r == MF_ROLE_GRAD, &bk->place[r]))
+                !mf_load_placement(l, rv[MF_K_ROLE_PLACEMENT], what, r == MF_ROLE_GRAD, &bk->place[r],
+                                   r == MF_ROLE_WEIGHT ? NULL : &bk->whole[r]))
                 return false;
             bk->dtype[r] = (mf_dtype)dt;
             mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_LENGTH]};
@@ -552,6 +573,11 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
                 return false;
         }
         if (!mf_load_tensors(l, v[MF_K_BUCKET_TENSORS], bk))
+            return false;
+        mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_TENSORS]};
+        mf_struct_sink sink = {mf_load_finding, &site, 0, false};
+        mf_struct_bucket_whole(s, b, &sink);
+        if (sink.findings)
             return false;
     }
     return true;
@@ -607,7 +633,7 @@ static bool mf_load_buffers(mf_loader *l, mf_node *n, mf_node ***where)
         bf->kind = (mf_bufkind)kind;
         bf->dtype = (mf_dtype)dt;
         if (!mf_load_placement(l, v[MF_K_BUFFER_PLACEMENT], MF_WHAT(BUFFER, PLACEMENT),
-                               mf_bufkind_role(bf->kind) == MF_ROLE_GRAD, &bf->place) ||
+                               mf_bufkind_role(bf->kind) == MF_ROLE_GRAD, &bf->place, NULL) ||
             !mf_load_int(l, v[MF_K_BUFFER_COUNT], MF_WHAT(BUFFER, COUNT), 1, INT64_MAX, &bf->count) ||
             !mf_load_enum(l, v[MF_K_BUFFER_LIFETIME], MF_WHAT(BUFFER, LIFETIME), mf_lifetime_from_name,
                           mf_lifetime_choices, &life) ||
@@ -912,7 +938,7 @@ static bool mf_load_format(mf_loader *l, mf_node *root)
                             "with this mfsdpc (expected %s)", f, older, MF_SCHEDULE_FORMAT);
     /* Format 3 is format 4 without the short-step and evaluation programs
      * (docs/schedule.md §2): it loads and trains; those hooks are refused. */
-    l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0;
+    l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0 || strcmp(f, MF_SCHEDULE_FORMAT_WHOLE) == 0;
     if (!l->s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
     l->version = mf_schema_format_version(f);

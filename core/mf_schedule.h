@@ -64,6 +64,9 @@
 #define MF_SCHEDULE_FORMAT "mfsdp-schedule/4"
 /* The same without the short-step and evaluation programs (!programs). */
 #define MF_SCHEDULE_FORMAT_STEP_ONLY "mfsdp-schedule/3"
+/* Format 4 plus the placement value `Whole`: written when some bucket has a
+ * whole role (mf_bucket.whole), so schedules without one keep format 4. */
+#define MF_SCHEDULE_FORMAT_WHOLE "mfsdp-schedule/5"
 
 /* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
 

@@ -158,6 +158,44 @@ void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k
                        bk->name, (long long)bk->length, MF_LIMIT_INT_BITS);
 }
 
+void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k)
+{
+    const mf_bucket *bk = &s->buckets[b];
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        if (!bk->whole[r])
+            continue;
+        const char *role = mf_role_name((mf_role)r);
+        const mf_placement *pl = &bk->place[r];
+        if (r == MF_ROLE_WEIGHT) {
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s': weight may not be Whole (only grad and main_weight may be)", bk->name);
+            return;
+        }
+        bool flat = false;
+        for (int j = 0; j < s->mesh.naxes; j++)
+            flat = flat || pl->p[j] == MF_PLACE_FLAT;
+        if (!flat) {
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s': its %s placement is Whole but splits no axis (Whole stands where Flat would)",
+                           bk->name, role);
+            return;
+        }
+        int64_t shards = mf_layout_shards(&s->mesh, pl);
+        for (int t = 0; t < bk->ntensors; t++) {
+            const mf_tensor *te = &bk->tensors[t];
+            if (mf_layout_tensor_shard(&s->mesh, pl, bk->length, te->offset, te->numel) < 0) {
+                mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                               "bucket '%s': tensor '%s' (offset %lld, numel %lld) straddles a shard of the Whole %s "
+                               "placement (%lld shards of %lld elements); a Whole role keeps every tensor inside one "
+                               "shard",
+                               bk->name, te->name, (long long)te->offset, (long long)te->numel, role,
+                               (long long)shards, (long long)(bk->length / shards));
+                return;
+            }
+        }
+    }
+}
+
 void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_buffer *bf = &s->buffers[i];
@@ -372,7 +410,8 @@ static bool mf_struct_bucket_ranges(const mf_schedule *s, int b, mf_struct_sink 
             return mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s': tensor '%s' lies outside it",
                                   bk->name, te->name);
     }
-    return true;
+    mf_struct_bucket_whole(s, b, k);
+    return k->findings == before;
 }
 
 static bool mf_struct_buffer_ranges(const mf_schedule *s, int i, mf_struct_sink *k)

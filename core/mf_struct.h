@@ -78,6 +78,12 @@ bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_ne
  * the placement. The structural checker, the verifier and the transition
  * search (planner/mf_transition.c) all move through it. */
 bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, mf_placement *out);
+
+/* The whole roles of bucket b (mf_bucket.whole, docs/semantics.md §4.6): only
+ * grad and main_weight, with some Flat axis, and every tensor inside one shard
+ * of each (mf_layout_tensor_shard). Run on every bucket by the loader (after
+ * its tensors) and with the field ranges. */
+void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k);
 /* Why a move of k was refused, from the same row: "an all-gather needs Flat
  * on its axis, the outermost Flat axis". */
 void mf_struct_move_why(mf_opkind k, char *buf, size_t size);

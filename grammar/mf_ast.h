@@ -58,13 +58,14 @@ typedef enum {
     MF_AST_SET_ALIGN,
     MF_AST_SET_PREFETCH,
     MF_AST_SET_BUCKET_SIZE,
+    MF_AST_SET_BALANCE,
 } mf_ast_setting_kind;
 
 typedef struct mf_ast_setting {
     mf_ast_setting_kind kind;
     mf_ast_name key;        /* the keyword as written */
     mf_ast_int num;         /* integer settings */
-    mf_ast_name word;       /* identifier settings (reduce) */
+    mf_ast_name word;       /* identifier settings (reduce, balance) */
     mf_span span;           /* keyword .. ';' */
     struct mf_ast_setting *next;
 } mf_ast_setting;

@@ -4,7 +4,7 @@
  *   file      := { statement }
  *   statement := "mesh" IDENT "=" INT { "," IDENT "=" INT } ";"
  *              | "microbatches" INT ";" | "reduce" IDENT ";" | "align" SIZE ";"
- *              | "prefetch" INT ";" | "bucket_size" SIZE ";"
+ *              | "prefetch" INT ";" | "bucket_size" SIZE ";" | "balance" IDENT ";"
  *              | "layout" IDENT "{" { role } "}"
  *              | "unit" STRING [ loop ] [ "layout" IDENT ] "{" { item } "}"
  *   role      := ("weight" | "grad" | "main_weight") IDENT "[" [ place { "," place } ] "]" ";"
@@ -138,6 +138,7 @@ static mf_ast_layout *mf_parse_layout(struct mf_parse_ctx *ctx, mf_ast_role *rol
 %token KW_ALIGN "'align'"
 %token KW_PREFETCH "'prefetch'"
 %token KW_BUCKET_SIZE "'bucket_size'"
+%token KW_BALANCE "'balance'"
 %token KW_LAYOUT "'layout'"
 %token KW_UNIT "'unit'"
 %token KW_TENSOR "'tensor'"
@@ -193,6 +194,9 @@ top_item:
     }
   | KW_BUCKET_SIZE size ';' {
         mf_parse_setting(ctx, MF_AST_SET_BUCKET_SIZE, "bucket_size", @1, @$)->num = $2;
+    }
+  | KW_BALANCE IDENT ';' {
+        mf_parse_setting(ctx, MF_AST_SET_BALANCE, "balance", @1, @$)->word = $2;
     }
   | KW_LAYOUT IDENT role_block {
         mf_ast_layout *l = $3;
@@ -403,7 +407,7 @@ dim_list:
 /* ---- error messages ---- */
 
 static const char *const mf_top_keywords[] = {"mesh", "microbatches", "reduce", "align", "prefetch",
-                                              "bucket_size", "layout", "unit"};
+                                              "bucket_size", "balance", "layout", "unit"};
 static const char *const mf_body_keywords[] = {"tensor", "for", "reshard_after_forward"};
 static const char *const mf_role_keywords[] = {"weight", "grad", "main_weight"};
 

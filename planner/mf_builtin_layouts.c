@@ -33,6 +33,9 @@ static const mf_builtin table[] = {
     {"fsdp3d",                   3, 3, "F",    "F",   "F",    "3"},
     {"hsdp3",                    3, 3, "RRF",  "PPF", "RRF",  "3"},
     {"hfsdp3",                   3, 3, "RRF",  "PFF", "FFF",  "3"},
+    {"zero3_whole",              1, 3, "F",    "W",   "W",    "1, 2 or 3"},
+    {"hsdp_whole",               2, 3, "RF",   "PW",  "RW",   "2 or 3"},
+    {"hfsdp_whole",              2, 3, "RF",   "PW",  "W",    "2 or 3"},
 };
 
 #define NTABLE ((int)(sizeof table / sizeof table[0]))
@@ -66,7 +69,7 @@ static bool expand(const char *pat, int naxes, mf_placement *out)
         char c = n == 1 ? pat[0] : n == 2 ? pat[j == 0 ? 0 : 1] : pat[j];
         if (n > 2 && n != (size_t)naxes)
             return false;
-        out->p[j] = (uint8_t)(c == 'F' ? MF_PLACE_FLAT : c == 'P' ? MF_PLACE_PARTIAL : MF_PLACE_REPLICATE);
+        out->p[j] = (uint8_t)(c == 'F' || c == MF_WHOLE_LETTER ? MF_PLACE_FLAT : c == 'P' ? MF_PLACE_PARTIAL : MF_PLACE_REPLICATE);
     }
     return true;
 }
@@ -81,4 +84,14 @@ bool mf_builtin_layouts_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT],
     dtype[MF_ROLE_MAIN_WEIGHT] = MF_FP32;
     return expand(b->weight, naxes, &place[MF_ROLE_WEIGHT]) && expand(b->grad, naxes, &place[MF_ROLE_GRAD]) &&
            expand(b->main_weight, naxes, &place[MF_ROLE_MAIN_WEIGHT]);
+}
+
+void mf_builtin_layouts_whole(int i, bool whole[MF_ROLE_COUNT])
+{
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        whole[r] = false;
+    if (i < 0 || i >= NTABLE)
+        return;
+    whole[MF_ROLE_GRAD] = strchr(table[i].grad, MF_WHOLE_LETTER) != NULL;
+    whole[MF_ROLE_MAIN_WEIGHT] = strchr(table[i].main_weight, MF_WHOLE_LETTER) != NULL;
 }

@@ -32,5 +32,8 @@ const char *mf_builtin_ranks(int i);
 /* Fills dtypes and placements of entry i on a mesh of naxes axes; false when
  * it does not apply to that rank. */
 bool mf_builtin_layouts_resolve(int i, int naxes, mf_dtype dtype[MF_ROLE_COUNT], mf_placement place[MF_ROLE_COUNT]);
+/* Which roles of entry i are Whole on their Flat axes (zero3_whole,
+ * hsdp_whole, hfsdp_whole: grad and main_weight; docs/semantics.md §4.6). */
+void mf_builtin_layouts_whole(int i, bool whole[MF_ROLE_COUNT]);
 
 #endif

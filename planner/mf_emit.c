@@ -166,13 +166,24 @@ static void mf_emit_list(mf_emit_ctx *c, const mf_schema_key *k, int n, void (*i
     mf_emit_seq_end(c);
 }
 
-static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_placement *p)
+/* A placement; a whole role's Flat axes are written Whole (format 5). */
+static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_placement *p, bool whole)
 {
     mf_emit_key(c, k);
     mf_emit_seq_begin(c, true);
     for (int j = 0; j < c->s->mesh.naxes; j++)
-        mf_emit_str(c, mf_place_name((mf_place)p->p[j]));
+        mf_emit_str(c, whole && p->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)p->p[j]));
     mf_emit_seq_end(c);
+}
+
+/* The format: 5 when some bucket has a whole role, else 4 (3 without the programs). */
+static const char *mf_emit_format(const mf_schedule *s)
+{
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            if (s->buckets[b].whole[r])
+                return MF_SCHEDULE_FORMAT_WHOLE;
+    return s->programs ? MF_SCHEDULE_FORMAT : MF_SCHEDULE_FORMAT_STEP_ONLY;
 }
 
 static const char *mf_emit_unit_name(const mf_schedule *s, int u)
@@ -183,7 +194,7 @@ static const char *mf_emit_unit_name(const mf_schedule *s, int u)
 static void mf_emit_header(mf_emit_ctx *c)
 {
     const mf_schedule *s = c->s;
-    mf_emit_kv_str(c, MF_KEY(ROOT, FORMAT), s->programs ? MF_SCHEDULE_FORMAT : MF_SCHEDULE_FORMAT_STEP_ONLY);
+    mf_emit_kv_str(c, MF_KEY(ROOT, FORMAT), mf_emit_format(s));
     mf_emit_kv_str(c, MF_KEY(ROOT, SOURCE), s->source);
     mf_emit_kv(c, MF_KEY(ROOT, SHA), s->source_sha256, YAML_DOUBLE_QUOTED_SCALAR_STYLE);
     mf_emit_key(c, MF_KEY(ROOT, MESH));
@@ -248,7 +259,7 @@ static void mf_emit_bucket(mf_emit_ctx *c, int b)
         mf_emit_key(c, &MF_KEY(BUCKET, WEIGHT)[r]); /* the roles' keys, in mf_role order */
         mf_emit_map_begin(c, true);
         mf_emit_kv_str(c, MF_KEY(ROLE, DTYPE), mf_dtype_name(bk->dtype[r]));
-        mf_emit_placement(c, MF_KEY(ROLE, PLACEMENT), &bk->place[r]);
+        mf_emit_placement(c, MF_KEY(ROLE, PLACEMENT), &bk->place[r], bk->whole[r]);
         mf_emit_map_end(c);
     }
     mf_emit_key(c, MF_KEY(BUCKET, TENSORS));
@@ -269,7 +280,7 @@ static void mf_emit_buffer(mf_emit_ctx *c, int i)
                    bf->bucket >= 0 && bf->bucket < s->nbuckets ? s->buckets[bf->bucket].name : "?");
     mf_emit_kv_str(c, MF_KEY(BUFFER, KIND), mf_bufkind_name(bf->kind));
     mf_emit_kv_str(c, MF_KEY(BUFFER, DTYPE), mf_dtype_name(bf->dtype));
-    mf_emit_placement(c, MF_KEY(BUFFER, PLACEMENT), &bf->place);
+    mf_emit_placement(c, MF_KEY(BUFFER, PLACEMENT), &bf->place, false);
     mf_emit_kv_int(c, MF_KEY(BUFFER, COUNT), bf->count);
     mf_emit_kv_str(c, MF_KEY(BUFFER, LIFETIME), mf_lifetime_name(bf->lifetime));
     mf_emit_kv_int(c, MF_KEY(BUFFER, OFFSET), bf->offset);

@@ -156,10 +156,11 @@ static bool canonical_layouts(const mf_spec *spec, int *canon)
     bool ok = true;
     for (int l = 0; l < spec->nlayouts && ok; l++) {
         const mf_spec_layout *x = &spec->layouts[l];
-        uint8_t key[MF_ROLE_COUNT * (1 + MF_MAX_AXES)];
+        uint8_t key[MF_ROLE_COUNT * (2 + MF_MAX_AXES)];
         size_t n = 0;
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
             key[n++] = (uint8_t)x->dtype[r];
+            key[n++] = (uint8_t)x->whole[r];
             for (int j = 0; j < naxes; j++)
                 key[n++] = x->place[r].p[j];
         }
@@ -204,6 +205,8 @@ typedef struct layout_state {
     mf_vec buckets;         /* bucket_build */
     int **order;            /* per unit: tensor indices grouped, group by group */
     int *unit_first_group;  /* per unit, plus one at the end */
+    int64_t *rank_load;     /* per rank: the Whole cost it owns so far, buckets in
+                               schedule order (NULL until the first whole bucket) */
 } layout_state;
 
 static const mf_spec_layout *sig_layout(const layout_state *st, int sig)
@@ -266,6 +269,224 @@ static void overflow_error(layout_state *st, const group *g, int64_t used)
                   sig_layout(st, g->named >= 0 ? g->named : g->sig)->name, u->name, (long long)used,
                   MF_LIMIT_MAGNITUDE_BITS);
     mf_diag_note(st->d, st->spec->mesh_span, "mesh declared here");
+}
+
+/* ---- Whole packing (docs/semantics.md §4.6) ---- */
+
+/* The placement of the layout's whole role with the most shards (the finest;
+ * its shards refine every other placement's), or NULL when no role is whole. */
+static const mf_placement *whole_finest(const mf_mesh *m, const mf_spec_layout *l)
+{
+    const mf_placement *best = NULL;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (l->whole[r] && (!best || mf_layout_shards(m, &l->place[r]) > mf_layout_shards(m, best)))
+            best = &l->place[r];
+    return best;
+}
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+/* A tensor's cost for the packing: numel (`balance bytes`), or with `balance
+ * flops` rows * cols * min(rows, cols), rows = dims[0], cols = numel / rows
+ * (numel for 1-D); saturating. */
+int64_t mf_layout_pass_whole_cost(mf_balance balance, int ndims, const int64_t *dims, int64_t numel)
+{
+    if (balance != MF_BALANCE_FLOPS || ndims < 2 || dims[0] <= 0)
+        return numel;
+    int64_t rows = dims[0], cols = numel / rows;
+    return sat_mul(sat_mul(rows, cols), rows < cols ? rows : cols);
+}
+
+/* One tensor of a whole bucket being packed. */
+typedef struct whole_item {
+    const mf_spec_tensor *t;
+    int64_t cost;
+    int group, shard;
+    int64_t offset;         /* bucket-global, once placed */
+} whole_item;
+
+static int item_by_cost(const void *a, const void *b)
+{
+    const whole_item *x = *(const whole_item *const *)a, *y = *(const whole_item *const *)b;
+    if (x->cost != y->cost)
+        return x->cost > y->cost ? -1 : 1;
+    return x < y ? -1 : x > y; /* declaration order */
+}
+
+/*
+ * Packs the n tensors `it` (in declaration order) of a bucket of layout `sig`
+ * whose whole roles' finest placement has P shards:
+ *   1. by cost descending (ties: declaration order) each tensor joins the
+ *      group of least cost so far (ties: the lowest group);
+ *   2. when `loads` (per rank) is given, the groups by cost descending (ties:
+ *      the lowest group) each take the free shard whose ranks' largest load
+ *      is least (ties: the lowest shard), and their cost is added to those
+ *      ranks; without it group g is shard g (the length does not depend on
+ *      which);
+ *   3. in each shard its tensors in declaration order from the shard's start,
+ *      each at the tensor quantum; S = the largest shard's used elements
+ *      rounded up to pad quantum / P (at least one), L = P * S.
+ * Writes it[].group, .shard, .offset, *length and *used (the end of the
+ * furthest tensor). False when L does not fit (nothing reported) or on OOM
+ * (*oom).
+ */
+static bool whole_pack(layout_state *st, int sig, whole_item *it, int n, int64_t *loads, int64_t *length,
+                       int64_t *used, bool *oom)
+{
+    const mf_mesh *m = &st->spec->mesh;
+    const mf_spec_layout *l = sig_layout(st, sig);
+    const mf_placement *fine = whole_finest(m, l);
+    int64_t P = mf_layout_shards(m, fine), tq = tensor_quantum(st, sig), len;
+    if (!padded(st, sig, 0, &len)) /* fills pad_q / pad_w */
+        return false;
+    int64_t qs = st->pad_q[sig] / P;
+    whole_item **by = malloc((size_t)(n ? n : 1) * sizeof *by);
+    int64_t *gcost = calloc((size_t)P, sizeof *gcost), *gused = calloc((size_t)P, sizeof *gused);
+    int *shard_of = malloc((size_t)P * sizeof *shard_of), *gorder = malloc((size_t)P * sizeof *gorder);
+    bool ok = by && gcost && gused && shard_of && gorder;
+    if (!ok)
+        *oom = true;
+    for (int i = 0; ok && i < n; i++) {
+        it[i].cost = mf_layout_pass_whole_cost(st->spec->balance, it[i].t->ndims, it[i].t->dims, it[i].t->numel);
+        by[i] = &it[i];
+    }
+    if (ok)
+        qsort(by, (size_t)n, sizeof *by, item_by_cost);
+    for (int i = 0; ok && i < n; i++) {
+        int64_t g = 0;
+        for (int64_t q = 1; q < P; q++)
+            if (gcost[q] < gcost[g])
+                g = q;
+        by[i]->group = (int)g;
+        gcost[g] = sat_add(gcost[g], by[i]->cost);
+    }
+    /* 2. groups to shards */
+    for (int64_t g = 0; ok && g < P; g++)
+        shard_of[g] = (int)g;
+    if (ok && loads && P > 1) {
+        int64_t world = m->world;
+        int64_t *rank_shard = malloc((size_t)world * sizeof *rank_shard), *worst = malloc((size_t)P * sizeof *worst);
+        bool *taken = calloc((size_t)P, sizeof *taken);
+        ok = rank_shard && worst && taken;
+        if (!ok)
+            *oom = true;
+        for (int64_t r = 0; ok && r < world; r++) {
+            int64_t c[MF_MAX_AXES];
+            mf_layout_mesh_coords(m, r, c);
+            rank_shard[r] = mf_layout_shard_index(m, fine, c);
+        }
+        for (int64_t q = 0; ok && q < P; q++)
+            worst[q] = 0;
+        for (int64_t r = 0; ok && r < world; r++)
+            if (loads[r] > worst[rank_shard[r]])
+                worst[rank_shard[r]] = loads[r];
+        /* groups by cost descending, ties the lowest: a stable selection */
+        for (int64_t g = 0; ok && g < P; g++)
+            gorder[g] = (int)g;
+        for (int64_t i = 1; ok && i < P; i++)
+            for (int64_t j = i; j > 0 && gcost[gorder[j]] > gcost[gorder[j - 1]]; j--) {
+                int x = gorder[j];
+                gorder[j] = gorder[j - 1];
+                gorder[j - 1] = x;
+            }
+        for (int64_t i = 0; ok && i < P; i++) {
+            int64_t best = -1;
+            for (int64_t q = 0; q < P; q++)
+                if (!taken[q] && (best < 0 || worst[q] < worst[best]))
+                    best = q;
+            taken[best] = true;
+            shard_of[gorder[i]] = (int)best;
+        }
+        for (int64_t g = 0; ok && g < P; g++)
+            gorder[shard_of[g]] = (int)g; /* now: the group of each shard */
+        for (int64_t r = 0; ok && r < world; r++)
+            loads[r] = sat_add(loads[r], gcost[gorder[rank_shard[r]]]);
+        free(rank_shard);
+        free(worst);
+        free(taken);
+    }
+    /* 3. offsets within each shard, declaration order */
+    int64_t most = 0;
+    for (int i = 0; ok && i < n; i++) {
+        int q = shard_of[it[i].group];
+        it[i].shard = q;
+        int64_t off = gused[q];
+        if (off % tq)
+            off += tq - off % tq;
+        it[i].offset = off; /* shard-local for now */
+        gused[q] = off + it[i].t->numel; /* within the flat packing's bounds, checked before */
+        if (gused[q] > most)
+            most = gused[q];
+    }
+    int64_t S = 0;
+    if (ok) {
+        int64_t units = most <= 0 ? 1 : most / qs + (most % qs != 0), bytes;
+        ok = !__builtin_mul_overflow(units, qs, &S) && !__builtin_mul_overflow(S, P, length) &&
+             !__builtin_mul_overflow(*length, 2 * st->pad_w[sig], &bytes);
+    }
+    *used = 0;
+    for (int i = 0; ok && i < n; i++) {
+        it[i].offset += it[i].shard * S;
+        if (it[i].offset + it[i].t->numel > *used)
+            *used = it[i].offset + it[i].t->numel;
+    }
+    free(by);
+    free(gcost);
+    free(gused);
+    free(shard_of);
+    free(gorder);
+    return ok;
+}
+
+/* The tensors of the groups chained from `head`, then of group `extra` (-1:
+ * none), in declaration order, into a new array (*n items); NULL on OOM. */
+static whole_item *chain_items(layout_state *st, int head, int extra, int *n)
+{
+    const group *groups = st->groups.data;
+    int count = 0;
+    for (int g = head; g >= 0; g = groups[g].next)
+        count += groups[g].ntensors;
+    if (extra >= 0)
+        count += groups[extra].ntensors;
+    whole_item *it = calloc((size_t)(count ? count : 1), sizeof *it);
+    if (!it)
+        return NULL;
+    int k = 0;
+    for (int g = head; g >= 0 || extra >= 0; g = g >= 0 ? groups[g].next : -1) {
+        const group *gp = &groups[g >= 0 ? g : extra];
+        if (g < 0)
+            extra = -1; /* appended last, once */
+        for (int i = 0; i < gp->ntensors; i++)
+            it[k++].t = &st->spec->units[gp->unit].tensors[st->order[gp->unit][gp->start + i]];
+    }
+    *n = count;
+    return it;
+}
+
+/* The padded length of a whole bucket of groups head.. (+ extra), without
+ * the rank loads; false when it does not fit or on OOM (*oom). */
+static bool whole_length(layout_state *st, int sig, int head, int extra, int64_t *length, bool *oom)
+{
+    int n = 0;
+    int64_t used;
+    whole_item *it = chain_items(st, head, extra, &n);
+    if (!it) {
+        *oom = true;
+        return false;
+    }
+    bool ok = whole_pack(st, sig, it, n, NULL, length, &used, oom);
+    free(it);
+    return ok;
 }
 
 /* Groups the tensors of every unit; false on OOM. */
@@ -354,7 +575,11 @@ static bool assign_buckets(layout_state *st, bool *oom)
             ok = false;
             continue;
         }
-        if (!padded(st, gp->sig, gp->used, &gp->length)) {
+        bool whole = whole_finest(&spec->mesh, sig_layout(st, gp->sig)) != NULL;
+        if (!padded(st, gp->sig, gp->used, &gp->length) ||
+            (whole && !whole_length(st, gp->sig, g, -1, &gp->length, oom))) {
+            if (*oom)
+                return false;
             overflow_error(st, gp, gp->used);
             ok = false;
             continue;
@@ -368,7 +593,7 @@ static bool assign_buckets(layout_state *st, bool *oom)
                 !(b->used % tq && __builtin_add_overflow(b->used, tq - b->used % tq, &start)) &&
                 spec->units[b->unit].reshard_after_forward == spec->units[gp->unit].reshard_after_forward &&
                 !__builtin_add_overflow(start, gp->used, &merged) && padded(st, gp->sig, merged, &mlen) &&
-                fits(st, gp->sig, mlen, true)) {
+                (!whole || whole_length(st, gp->sig, b->head, g, &mlen, oom)) && fits(st, gp->sig, mlen, true)) {
                 groups[b->tail].next = g;
                 b->tail = g;
                 b->last_unit = gp->unit;
@@ -404,6 +629,38 @@ static const char *bucket_label(layout_state *st, mf_arena *a, const group *g)
 static const char *name_of(const layout_state *st, mf_arena *a, const char *s)
 {
     return st->quiet ? s : mf_arena_strdup(a, s);
+}
+
+/* Packs whole bucket b (its tensors already copied, in declaration order)
+ * with the rank loads, and puts its tensors in offset order; false on OOM. */
+static bool whole_materialize(layout_state *st, mf_schedule *s, int b, mf_bucket *out)
+{
+    const bucket_build *bb = (const bucket_build *)st->buckets.data + b;
+    const group *head = (const group *)st->groups.data + bb->head;
+    bool oom = false;
+    int n = 0;
+    if (!st->rank_load && !(st->rank_load = calloc((size_t)st->spec->mesh.world, sizeof *st->rank_load)))
+        return false;
+    whole_item *it = chain_items(st, bb->head, -1, &n);
+    if (!it)
+        return false;
+    mf_tensor *sorted = mf_arena_array(s->arena, (size_t)n, sizeof *sorted);
+    /* the length fit in assign_buckets; the loads only permute the shards */
+    bool ok = sorted && n == out->ntensors &&
+              whole_pack(st, head->sig, it, n, st->rank_load, &out->length, &out->used, &oom);
+    /* offset order: shard by shard, declaration order within (a stable pass per shard) */
+    int k = 0;
+    int64_t P = ok ? mf_layout_shards(&s->mesh, whole_finest(&s->mesh, sig_layout(st, head->sig))) : 0;
+    for (int64_t q = 0; ok && q < P; q++)
+        for (int i = 0; i < n; i++)
+            if (it[i].shard == q) {
+                sorted[k] = out->tensors[i];
+                sorted[k++].offset = it[i].offset;
+            }
+    if (ok)
+        out->tensors = sorted;
+    free(it);
+    return ok;
 }
 
 /* Writes units and buckets into the schedule; false on OOM. */
@@ -447,6 +704,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
         out->last_unit = bb[b].last_unit;
         memcpy(out->dtype, l->dtype, sizeof out->dtype);
         memcpy(out->place, l->place, sizeof out->place);
+        memcpy(out->whole, l->whole, sizeof out->whole);
         int64_t tq = tensor_quantum(st, head->sig), used = 0;
         for (int g = bb[b].head; g >= 0; g = groups[g].next) {
             used = place_group(st, &groups[g], used, tq, out->tensors + out->ntensors);
@@ -460,6 +718,8 @@ static bool materialize(layout_state *st, mf_schedule *s)
         }
         out->used = used;
         padded(st, head->sig, used, &out->length); /* checked in assign_buckets */
+        if (whole_finest(&spec->mesh, l) && !whole_materialize(st, s, b, out))
+            return false;
         mf_unit *unit = &s->units[out->unit];
         if (unit->nbuckets == 0)
             unit->first_bucket = b;
@@ -539,6 +799,7 @@ bool mf_layout_pass_run(mf_plan *p, mf_diag *d)
     free(st.tq);
     free(st.sig_group);
     free(st.sig_open);
+    free(st.rank_load);
     mf_vec_free(&st.groups);
     mf_vec_free(&st.buckets);
     return ok && mf_diag_errors(d) == 0;

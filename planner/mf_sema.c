@@ -34,6 +34,7 @@
 
 #include "mf_builtin_layouts.h"
 #include "mf_hash.h"
+#include "mf_layout.h"
 #include "mf_limits.h"
 #include "mf_passes.h"
 #include "mf_trans_rules.h"
@@ -123,6 +124,12 @@ static const char *const dtype_names[] = {
 static const char *const place_names[] = {
 #define X(E, name, letter) name,
     MF_PLACE_LIST(X)
+#undef X
+    MF_WHOLE_NAME,
+};
+static const char *const balance_names[] = {
+#define X(E, name) name,
+    MF_BALANCE_LIST(X)
 #undef X
 };
 static const char *const reduce_names[] = {
@@ -300,7 +307,7 @@ static bool bucket_size_ok(mf_sema *s, const mf_ast_setting *st, int64_t b)
 static void check_settings(mf_sema *s)
 {
     mf_spec *sp = s->spec;
-    const mf_ast_setting *first[MF_AST_SET_BUCKET_SIZE + 1] = {0};
+    const mf_ast_setting *first[MF_AST_SET_BALANCE + 1] = {0};
     for (const mf_ast_setting *st = s->ast->settings; st; st = st->next) {
         if (first[st->kind]) {
             mf_diag_error(s->d, st->key.span, "'%s' set twice; give it once", st->key.text);
@@ -320,6 +327,18 @@ static void check_settings(mf_sema *s)
                 unknown_word(s, st->word.span, "reduce op", st->word.text, "", reduce_names, COUNT(reduce_names));
             else
                 sp->reduce = (mf_reduce)r;
+            break;
+        }
+        case MF_AST_SET_BALANCE: {
+            int b = -1;
+            for (size_t i = 0; i < COUNT(balance_names); i++)
+                if (strcmp(st->word.text, balance_names[i]) == 0)
+                    b = (int)i;
+            if (b < 0)
+                unknown_word(s, st->word.span, "balance cost", st->word.text,
+                             " (what the Whole packing balances)", balance_names, COUNT(balance_names));
+            else
+                sp->balance = (mf_balance)b;
             break;
         }
         case MF_AST_SET_PREFETCH:
@@ -413,16 +432,52 @@ static int labeled_slot(mf_sema *s, const mf_ast_place *p, const char *role, con
     return slot;
 }
 
-/* Role r's placement entries into entry (per mesh axis) and *out: all
- * positional, or all labeled with axis names (extension). */
+/* Entry p of role r, Whole or Flat, after `other`, the first entry of the
+ * other kind in the same placement (NULL: none): Whole on weight, or Whole
+ * mixed with Flat (docs/semantics.md §1), reported at p. False when reported. */
+static bool whole_entry_ok(mf_sema *s, const mf_ast_role *r, const char *what, const mf_ast_place *p,
+                           bool p_whole, const mf_ast_place *other)
+{
+    if (p_whole && r->role == MF_ROLE_WEIGHT) {
+        mf_diag_error(s->d, p->value.span,
+                      "'weight' may not be Whole (in %s): the weight is all-gathered before compute, so only "
+                      "grad and main_weight may be Whole; use Flat",
+                      what);
+        return false;
+    }
+    if (!other)
+        return true;
+    mf_diag_error(s->d, p->value.span,
+                  "the placement of '%s' in %s mixes Whole and Flat; a role's split axes are all Whole or all "
+                  "Flat: write %s here too, or %s there",
+                  mf_role_name(r->role), what, p_whole ? "Flat" : "Whole", p_whole ? "Whole" : "Flat");
+    mf_diag_note(s->d, other->value.span, "%s is written here", p_whole ? "Flat" : "Whole");
+    return false;
+}
+
+/* Role r's placement entries into entry (per mesh axis), *out and *whole
+ * (some entry is Whole: Flat in *out): all positional, or all labeled with
+ * axis names (extension). */
 static void resolve_entries(mf_sema *s, const mf_ast_role *r, const char *what, const mf_ast_place **entry,
-                            mf_placement *out)
+                            mf_placement *out, bool *whole)
 {
     const char *role = mf_role_name(r->role);
     bool labeled = r->places->axis.text != NULL;
+    const mf_ast_place *first_whole = NULL, *first_flat = NULL;
+    bool reported = false;  /* one Whole finding per placement */
     int j = 0;
     for (const mf_ast_place *p = r->places; p; p = p->next, j++) {
-        int pl = mf_place_from_name(p->value.text);
+        bool is_whole = strcmp(p->value.text, MF_WHOLE_NAME) == 0;
+        int pl = is_whole ? MF_PLACE_FLAT : mf_place_from_name(p->value.text);
+        if (pl == MF_PLACE_FLAT) {
+            if (!reported && !whole_entry_ok(s, r, what, p, is_whole, is_whole ? first_flat : first_whole))
+                reported = true;
+            if (is_whole && !first_whole)
+                first_whole = p;
+            else if (!is_whole && !first_flat)
+                first_flat = p;
+        }
+        *whole = *whole || is_whole;
         if (pl < 0) {
             char where[160];
             snprintf(where, sizeof where, " for '%s' in %s", role, what);
@@ -466,6 +521,49 @@ static void report_missing_roles(mf_sema *s, const mf_ast_layout *decl, const ch
                   nmissing == 1 ? "role" : "roles");
 }
 
+/* "[Replicate, Whole]": placement p with its Flat axes written Whole. */
+static char *whole_format(const mf_placement *p, int naxes, char *buf, size_t size)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int j = 0; j < naxes && o < size; j++) {
+        const char *n = p->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)p->p[j]);
+        int k = snprintf(buf + o, size - o, "%s%s%s", j ? ", " : "[", n, j + 1 == naxes ? "]" : "");
+        if (k < 0)
+            break;
+        o += (size_t)k;
+    }
+    return buf;
+}
+
+/* A Whole placement that breaks the suffix rule, with the placement that keeps it. */
+static void whole_suffix_error(mf_sema *s, const mf_ast_role *r, const char *what, const mf_placement *p)
+{
+    const mf_mesh *mesh = &s->spec->mesh;
+    int naxes = mesh->naxes, bad = -1, inner = -1;
+    for (int j = 0; j < naxes && bad < 0; j++)
+        for (int k = j + 1; k < naxes && p->p[j] == MF_PLACE_FLAT; k++)
+            if (p->p[k] != MF_PLACE_FLAT) {
+                bad = j;
+                inner = k;
+                break;
+            }
+    mf_placement fixed = {{0}};
+    int o = 0;
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] != MF_PLACE_FLAT)
+            fixed.p[o++] = p->p[j];
+    while (o < naxes)
+        fixed.p[o++] = MF_PLACE_FLAT;
+    char have[96], fix[96];
+    mf_diag_error(s->d, r->places_span,
+                  "placement %s of '%s' in %s breaks the suffix rule: axis '%s' is Whole but axis '%s' inside it "
+                  "is %s; Whole axes must be the innermost, e.g. %s",
+                  whole_format(p, naxes, have, sizeof have), mf_role_name(r->role), what, mesh->axes[bad].name,
+                  mesh->axes[inner].name, mf_place_name((mf_place)p->p[inner]),
+                  whole_format(&fixed, naxes, fix, sizeof fix));
+}
+
 /* Resolves the roles of a layout block into out (placements indexed by mesh
  * axis). Returns true when every role is present, well-formed and legal. */
 static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *what, mf_spec_layout *out)
@@ -496,10 +594,17 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
             continue;
         }
         check_arity(s, r, what);
-        resolve_entries(s, r, what, entry[r->role], &out->place[r->role]);
+        resolve_entries(s, r, what, entry[r->role], &out->place[r->role], &out->whole[r->role]);
     }
     report_missing_roles(s, decl, what, seen);
     if (mf_diag_errors(s->d) != before || !s->have_mesh)
+        return false;
+
+    /* The suffix rule of a Whole placement, in its own words (docs/semantics.md §1). */
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (out->whole[r] && !mf_layout_flat_suffix_ok(&out->place[r], s->spec->mesh.naxes))
+            whole_suffix_error(s, seen[r], what, &out->place[r]);
+    if (mf_diag_errors(s->d) != before)
         return false;
 
     /* Only grad Partial, the suffix rule, every transition's moves legal. */
@@ -572,6 +677,7 @@ static int builtin_layout(mf_sema *s, const mf_ast_name *ref, const char *user)
                           ref->text, user, mf_builtin_ranks(b), mesh->naxes, ref->text);
         return -2;
     }
+    mf_builtin_layouts_whole(b, out.whole);
     out.name = ref->text;
     out.span = ref->span;
     for (int r = 0; r < MF_ROLE_COUNT; r++)
@@ -648,8 +754,8 @@ static int inline_layout(mf_sema *s, const mf_ast_layout *decl, const char *unit
     int o = snprintf(sig, sizeof sig, "inline");
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
         char letters[MF_MAX_AXES + 1];
-        o += snprintf(sig + o, sizeof sig - (size_t)o, "|%d:%s", (int)out.dtype[r],
-                      mf_placement_letters(&out.place[r], naxes, letters));
+        o += snprintf(sig + o, sizeof sig - (size_t)o, "|%d:%s%s", (int)out.dtype[r],
+                      mf_placement_letters(&out.place[r], naxes, letters), out.whole[r] ? "W" : "");
     }
     int prev = (int)mf_hash_get_str(&s->inline_sigs, sig);
     if (prev >= 0)
@@ -1256,6 +1362,7 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
     sp->align = 256;
     sp->prefetch = 1;
     sp->bucket_size = 0;
+    sp->balance = MF_BALANCE_BYTES;
 
     check_mesh(&s);
     check_settings(&s);

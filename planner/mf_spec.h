@@ -12,12 +12,23 @@
 #include "mf_diag.h"
 #include "mf_schedule.h"
 
+/* `balance bytes|flops;`: the cost the Whole packing balances (docs/semantics.md
+ * §4.6): X(ENUM, name). */
+#define MF_BALANCE_LIST(X) \
+    X(BYTES, "bytes")      \
+    X(FLOPS, "flops")
+#define MF_ENUM_BALANCE(E, ...) MF_BALANCE_##E,
+typedef enum { MF_BALANCE_LIST(MF_ENUM_BALANCE) MF_BALANCE_COUNT } mf_balance;
+#undef MF_ENUM_BALANCE
+
 typedef struct mf_spec_layout {
     const char *name;       /* layout name; "<inline unit.tensor>" for inline ones */
     mf_span span;           /* the layout block, or the inline braces */
     bool is_inline;
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
+    bool whole[MF_ROLE_COUNT];  /* the role's Flat axes were written `Whole` (grad and
+                                   main_weight only; docs/semantics.md §4.6) */
     mf_span role_span[MF_ROLE_COUNT]; /* each role's declaration */
 } mf_spec_layout;
 
@@ -53,6 +64,7 @@ typedef struct mf_spec {
     int64_t bucket_size;    /* bytes; consecutive small buckets of one layout merge up
                                to this size; 0 = no merging (default) */
     int prefetch;           /* prefetch depth in units, default 1 */
+    mf_balance balance;     /* the Whole packing's cost, default bytes */
     int nlayouts;
     mf_spec_layout *layouts;
     int nunits;
