@@ -19,6 +19,7 @@
 
 #include "mf_layout.h"
 #include "mf_passes.h"
+#include "mf_plan_owners.h"
 
 typedef struct mf_diff_ctx {
     const mf_schedule *a, *b;
@@ -62,6 +63,34 @@ static int mf_diff_unit_index(const mf_schedule *s, const char *name)
     return -1;
 }
 
+/* Some tensor name of bucket x is one of bucket y's. */
+static bool mf_diff_share_tensor(const mf_bucket *x, const mf_bucket *y)
+{
+    for (int i = 0; i < x->ntensors; i++)
+        for (int j = 0; j < y->ntensors; j++)
+            if (strcmp(x->tensors[i].name, y->tensors[j].name) == 0)
+                return true;
+    return false;
+}
+
+/* Buckets of one unit match by their first tensor, then (a whole bucket's
+ * tensors are in offset order, so a Flat <-> Whole change reorders them) by
+ * any tensor they share. */
+static void mf_diff_match_shared(mf_diff_ctx *c)
+{
+    for (int i = 0; i < c->b->nbuckets; i++) {
+        const mf_bucket *bb = &c->b->buckets[i];
+        for (int j = 0; j < c->a->nbuckets && c->bmatch[i] < 0; j++) {
+            const mf_bucket *ab = &c->a->buckets[j];
+            if (!c->amatched[j] && strcmp(c->a->units[ab->unit].name, c->b->units[bb->unit].name) == 0 &&
+                mf_diff_share_tensor(ab, bb)) {
+                c->bmatch[i] = j;
+                c->amatched[j] = 1;
+            }
+        }
+    }
+}
+
 static void mf_diff_match_buckets(mf_diff_ctx *c)
 {
     for (int i = 0; i < c->b->nbuckets; i++) {
@@ -76,6 +105,7 @@ static void mf_diff_match_buckets(mf_diff_ctx *c)
             }
         }
     }
+    mf_diff_match_shared(c);
 }
 
 static void mf_diff_unit_header(mf_diff_ctx *c)
@@ -200,6 +230,48 @@ static int mf_diff_ops(mf_diff_ctx *c, int ba, int bb)
     return 0;
 }
 
+/* "shard 3", or "none" (-1: the role is not whole, or the tensor is absent). */
+static const char *mf_diff_owner(int64_t q, char *buf, size_t size)
+{
+    if (q < 0)
+        snprintf(buf, size, "none");
+    else
+        snprintf(buf, size, "shard %lld", (long long)q);
+    return buf;
+}
+
+/* Owner changes of B's tensors of bucket y against bucket x of A, for each
+ * role that is whole in either (docs/semantics.md §5.1). */
+static void mf_diff_owners(mf_diff_ctx *c, const mf_bucket *x, const mf_bucket *y)
+{
+    static const int roles[] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_GRAD};
+    for (int i = 0; i < y->ntensors; i++) {
+        const mf_tensor *ty = &y->tensors[i], *tx = NULL;
+        for (int j = 0; j < x->ntensors && !tx; j++)
+            if (strcmp(x->tensors[j].name, ty->name) == 0)
+                tx = &x->tensors[j];
+        for (size_t k = 0; tx && k < sizeof roles / sizeof roles[0]; k++) {
+            int r = roles[k];
+            if (!x->whole[r] && !y->whole[r])
+                continue;
+            int64_t qx = mf_plan_owners_of(&c->a->mesh, x, r, tx), qy = mf_plan_owners_of(&c->b->mesh, y, r, ty);
+            char h1[32], h2[32];
+            if (x->whole[r] == y->whole[r] && qx == qy)
+                continue;
+            mf_diff_unit_header(c);
+            if (x->whole[r] && y->whole[r])
+                fprintf(c->out, "  tensor %s: %s owner %s -> %s\n", ty->name, mf_role_name((mf_role)r),
+                        mf_diff_owner(qx, h1, sizeof h1), mf_diff_owner(qy, h2, sizeof h2));
+            else if (y->whole[r])
+                fprintf(c->out, "  tensor %s: %s became whole (owner %s)\n", ty->name, mf_role_name((mf_role)r),
+                        mf_diff_owner(qy, h2, sizeof h2));
+            else
+                fprintf(c->out, "  tensor %s: %s stopped being whole (owner was %s)\n", ty->name,
+                        mf_role_name((mf_role)r), mf_diff_owner(qx, h1, sizeof h1));
+        }
+    }
+}
+
 static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
 {
     const mf_schedule *a = c->a, *b = c->b;
@@ -210,12 +282,13 @@ static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
         fprintf(c->out, "  bucket %s -> %s\n", x->name, y->name);
     }
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        bool pl = a->mesh.naxes != b->mesh.naxes || !mf_placement_equal(&x->place[r], &y->place[r], a->mesh.naxes);
+        bool pl = a->mesh.naxes != b->mesh.naxes || !mf_placement_equal(&x->place[r], &y->place[r], a->mesh.naxes) ||
+                  x->whole[r] != y->whole[r];
         if (pl || x->dtype[r] != y->dtype[r]) {
             mf_diff_unit_header(c);
             fprintf(c->out, "  bucket %s: %s %s %s -> %s %s\n", y->name, mf_role_name((mf_role)r),
-                    mf_dtype_name(x->dtype[r]), mf_placement_format(&x->place[r], a->mesh.naxes, p1, sizeof p1),
-                    mf_dtype_name(y->dtype[r]), mf_placement_format(&y->place[r], b->mesh.naxes, p2, sizeof p2));
+                    mf_dtype_name(x->dtype[r]), mf_plan_owners_placement(x, r, a->mesh.naxes, p1, sizeof p1),
+                    mf_dtype_name(y->dtype[r]), mf_plan_owners_placement(y, r, b->mesh.naxes, p2, sizeof p2));
         }
     }
     if (x->length != y->length || x->ntensors != y->ntensors) {
@@ -223,6 +296,8 @@ static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
         fprintf(c->out, "  bucket %s: %d tensors, length %lld -> %d tensors, length %lld\n", y->name, x->ntensors,
                 (long long)x->length, y->ntensors, (long long)y->length);
     }
+    if (a->mesh.naxes == b->mesh.naxes)
+        mf_diff_owners(c, x, y);
 }
 
 static int mf_diff_unit(mf_diff_ctx *c, const char *name)

@@ -70,25 +70,6 @@ static const char *whole_roles(const mf_bucket *b, char *buf, size_t size)
     return buf;
 }
 
-/* Role r's placement of bucket b, "[Partial, Whole]" where r is whole (the
- * schedule file's spelling, planner/mf_emit.c). */
-static const char *role_placement(const mf_bucket *b, int r, int naxes, char *buf, size_t size)
-{
-    mf_placement_format(&b->place[r], naxes, buf, size);
-    if (!b->whole[r])
-        return buf;
-    char tmp[128];
-    size_t at = 0;
-    tmp[0] = '\0';
-    for (int j = 0; j < naxes && at < sizeof tmp; j++) {
-        const char *n = b->place[r].p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)b->place[r].p[j]);
-        int w = snprintf(tmp + at, sizeof tmp - at, "%s%s", j ? ", " : "", n);
-        at += w > 0 ? (size_t)w : 0;
-    }
-    snprintf(buf, size, "[%s]", tmp);
-    return buf;
-}
-
 /* A whole bucket's owners (mf_plan_owners_shards), or NULL (not whole, OOM);
  * *P its shard count. The caller frees. */
 static mf_plan_owner_shard *owners_of(const mf_plan *p, const mf_bucket *b, int64_t *P, int *role)
@@ -215,7 +196,7 @@ static void text_owners(const mf_plan *p, int bi, FILE *out)
         return;
     char wr[64], pl[128];
     fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n", whole_roles(b, wr, sizeof wr),
-            (long long)P, mf_role_name((mf_role)role), role_placement(b, role, s->mesh.naxes, pl, sizeof pl),
+            (long long)P, mf_role_name((mf_role)role), mf_plan_owners_placement(b, role, s->mesh.naxes, pl, sizeof pl),
             balance_name(balance_of(p)));
     fprintf(out, "      %-5s %7s %14s %14s %14s %14s  %s\n", "shard", "tensors", "used", "main_weight B", "grad B", "cost",
             "ranks (coords)");
@@ -261,7 +242,7 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
         char pl[128];
         int64_t n = local_elems(s, b, r);
         fprintf(out, "    %-12s %-5s %-36s %16lld %16lld\n", mf_role_name((mf_role)r), mf_dtype_name(b->dtype[r]),
-                role_placement(b, r, k, pl, sizeof pl), (long long)n,
+                mf_plan_owners_placement(b, r, k, pl, sizeof pl), (long long)n,
                 (long long)(n * (int64_t)mf_dtype_size(b->dtype[r])));
     }
     fprintf(out, "    %-12s %14s %14s  %s\n", "tensors", "offset", "numel", "name shape");

@@ -27,6 +27,14 @@
  * whole. */
 const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, int *role);
 
+/* Role r's placement of bucket b, "[Partial, Whole]" where r is whole (the
+ * schedule file's spelling, planner/mf_emit.c), for explain and diff. */
+const char *mf_plan_owners_placement(const mf_bucket *b, int r, int naxes, char *buf, size_t size);
+
+/* The owner shard of tensor t under role r's placement of bucket b, -1 when
+ * r is not whole in b (or t straddles). */
+int64_t mf_plan_owners_of(const mf_mesh *m, const mf_bucket *b, int r, const mf_tensor *t);
+
 /* The cost the packing balances (balance bytes: numel; flops:
  * rows*cols*min(rows, cols)) and the Newton-Schulz FLOPs of tensor t (0 for
  * a 1-D tensor: an elementwise optimizer's). */
