@@ -350,7 +350,7 @@ run_prebuilt() {
     # ---- 2. replay oracle ----
     if stage "2. replay oracle (cuda-local, NCCL 1x1), device trainers, checkpoint, mfsdp-replay" 60; then
         if [ $NOGPU = 1 ]; then
-            say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, test_offload_device, test_ckpt_gpu, mfsdp-replay: need a GPU"
+            say "  [SKIP] test_gpu_replay, test_nccl_device, test_cuda_local_device, test_offload_device, test_whole_device, test_ckpt_gpu, mfsdp-replay: need a GPU"
         else
             run 90 "$L/stage2.log" env MFSDP_GPU_QUICK=1 "$B/test_gpu_replay"
             verdict "test_gpu_replay (modes x {1x1, 2x2, 2x4} x M {1, 3} on cuda-local; every mode on NCCL 1x1)" $?
@@ -364,6 +364,8 @@ run_prebuilt() {
             verdict "test_cuda_local_device (thread-ranks on one GPU, every mode on 1x4, 2x2, 2x4, 2x2x2)" $?
             run 60 "$L/stage2.log" env MFSDP_GPU_NCCL_OK="$NCCL_OK" "$B/test_offload_device"
             verdict "test_offload_device (MFSDP_FLAG_OFFLOAD_MAIN on cuda-local: main_weight and the gradient mirror in pinned host memory, master weights bit-identical to a run without it)" $?
+            run 60 "$L/stage2.log" "$B/test_whole_device"
+            verdict "test_whole_device (a whole bucket's reduce_scatter, all_gather and all_reduce on cuda-local 1-D x4 and 2x2: the prefix form bit for bit the padded form, padding zero)" $?
             local t0 t1
             t0=$(date +%s%N)
             run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/hsdp_4x2.mfsdp" -o "$W/hsdp_4x2.yaml" &&

@@ -32,6 +32,10 @@
  * at create, naming the variable and its values.
  *
  *   test_whole_collectives          the local backend (4 thread-ranks), cmocka
+ *   test_whole_device               this file built with WC_DEVICE (tests/gpu):
+ *                                   the same on cuda-local, 4 thread-ranks on
+ *                                   one GPU (buffers through the stage hook);
+ *                                   exits 77 without a GPU
  *   test_whole_collectives --mpi    one process per rank (mpirun -np 4), the
  *                                   padded and prefix forms in the same
  *                                   processes, bit for bit too (Open MPI
@@ -50,6 +54,11 @@
 #include <cmocka.h>
 
 #include "rt_testlib.h"
+#ifdef WC_DEVICE
+#include "gpu_presence.h"
+#include "mfsdp_nccl.h"
+#undef MFSDP_HAVE_MPI   /* the device variant runs cuda-local only */
+#endif
 #ifdef MFSDP_HAVE_MPI
 #include "mfsdp_mpi.h"
 #endif
@@ -246,26 +255,27 @@ static void wc_rank(const mfsdp_schedule *sh, const wc_case *c, int64_t scale, b
     mfsdp_runtime *rt = NULL;
     const mf_schedule *s = sh->s;
     const mf_bucket *b = &s->buckets[0];
+    char why[400];
     o->err[0] = '\0';
     WC_CHECK(mfsdp_create(sh, &cfg, &rt) == MFSDP_OK, "create: %s", mfsdp_last_error(NULL));
     int64_t want[MF_MAX_AXES];
-    char why[400];
     WC_CHECK(check_tables(rt, c, scale, prefix, want, why, sizeof why), "%s", why);
-    int gl = buffer_of(s, MF_BUF_GRAD_LOCAL);
-    size_t es = mf_dtype_size(s->buffers[gl].dtype);
-    char *local = mf_rt_buffer(rt, gl);
-    for (int64_t i = 0; i < s->buffers[gl].count; i++) {
-        float x = in_tensor(b, i) ? input(rt->rank, i) : 0.0f;
-        if (es == 4) {
-            memcpy(local + i * 4, &x, 4);
-        } else {
-            uint16_t h = mf_dtype_f32_to_bf16(x);
-            memcpy(local + i * 2, &h, 2);
-        }
-    }
-    for (int k = 1; k < WC_OPS; k++) {   /* garbage where the ops write */
+    /* Buffers are reached through the backend's stage hook (device memory on cuda-local). */
+    for (int k = 0; k < WC_OPS; k++) {
         int bi = buffer_of(s, KEPT[k]);
-        memset(mf_rt_buffer(rt, bi), 0xa5, (size_t)s->buffers[bi].count * mf_dtype_size(s->buffers[bi].dtype));
+        const mf_buffer *bf = &s->buffers[bi];
+        size_t bes = mf_dtype_size(bf->dtype), bytes = (size_t)bf->count * bes;
+        char *host = malloc(bytes);
+        WC_CHECK(host, "out of memory");
+        memset(host, 0xa5, bytes);   /* garbage where the ops write */
+        for (int64_t i = 0; k == 0 && i < bf->count; i++) {   /* grad_local: [Partial], the bucket */
+            float x = in_tensor(b, i) ? input(rt->rank, i) : 0.0f;
+            uint16_t h = mf_dtype_f32_to_bf16(x);
+            memcpy(host + (size_t)i * bes, bes == 4 ? (const void *)&x : (const void *)&h, bes);
+        }
+        bool ok = rt->be->stage(rt, mf_rt_buffer(rt, bi), host, bytes, why, sizeof why) == MFSDP_OK;
+        free(host);
+        WC_CHECK(ok, "stage in: %s", why);
     }
     mfsdp_result r = mfsdp_step_begin(rt);
     if (r == MFSDP_OK)
@@ -278,6 +288,8 @@ static void wc_rank(const mfsdp_schedule *sh, const wc_case *c, int64_t scale, b
         r = mfsdp_backward_post(rt, 0, 0);
     if (r == MFSDP_OK)
         r = mfsdp_step_end(rt);
+    if (r == MFSDP_OK)
+        r = mfsdp_synchronize(rt);   /* native backends: step_end does not wait */
     WC_CHECK(r == MFSDP_OK, "step: %s", mfsdp_last_error(rt));
     mfsdp_stats st;
     WC_CHECK(mfsdp_get_stats(rt, &st) == MFSDP_OK, "stats");
@@ -293,7 +305,8 @@ static void wc_rank(const mfsdp_schedule *sh, const wc_case *c, int64_t scale, b
         o->bytes[k] = (size_t)bf->count * bes;
         o->buf[k] = malloc(o->bytes[k]);
         WC_CHECK(o->buf[k], "out of memory");
-        memcpy(o->buf[k], mf_rt_buffer(rt, bi), o->bytes[k]);
+        WC_CHECK(rt->be->stage(rt, o->buf[k], mf_rt_buffer(rt, bi), o->bytes[k], why, sizeof why) == MFSDP_OK,
+                 "stage out: %s", why);
         mf_range rg = mf_layout_range(&s->mesh, &bf->place, rt->rank, b->length);
         for (int64_t i = 0; i < bf->count; i++) {
             static const char zero[4];
@@ -320,7 +333,18 @@ static bool wc_same(const wc_out *a, const wc_out *b, int k)
     return a->bytes[k] == b->bytes[k] && memcmp(a->buf[k], b->buf[k], a->bytes[k]) == 0;
 }
 
-/* ---- the local backend: 4 thread-ranks ---- */
+/* ---- the local backend (or cuda-local, WC_DEVICE): 4 thread-ranks ---- */
+
+static void wc_config(mfsdp_config *cfg, mfsdp_local_group *g, int64_t rank)
+{
+    mfsdp_config_init(cfg);
+#ifdef WC_DEVICE
+    mfsdp_config_set_cuda_local(cfg, g, NULL);
+#endif
+    cfg->local_group = g;
+    cfg->rank = rank;
+    cfg->timeout_ms = 30000;
+}
 
 typedef struct wc_job {
     const mfsdp_schedule *sh;
@@ -352,10 +376,7 @@ static void run_local(const mfsdp_schedule *sh, const wc_case *c, int64_t scale,
     for (int r = 0; r < WC_RANKS; r++) {
         memset(&jobs[r], 0, sizeof jobs[r]);
         jobs[r] = (wc_job){.sh = sh, .c = c, .scale = scale, .prefix = !env || !strcmp(env, "prefix")};
-        mfsdp_config_init(&jobs[r].cfg);
-        jobs[r].cfg.local_group = g;
-        jobs[r].cfg.rank = r;
-        jobs[r].cfg.timeout_ms = 30000;
+        wc_config(&jobs[r].cfg, g, r);
         assert_int_equal(pthread_create(&th[r], NULL, wc_thread, &jobs[r]), 0);
     }
     for (int r = 0; r < WC_RANKS; r++)
@@ -424,10 +445,7 @@ static void test_bad_env(void **state)
     for (int r = 0; r < WC_RANKS; r++) {
         memset(&jobs[r], 0, sizeof jobs[r]);
         jobs[r] = (wc_job){.sh = sh, .c = &CASES[0], .scale = 1, .prefix = true};
-        mfsdp_config_init(&jobs[r].cfg);
-        jobs[r].cfg.local_group = g4;
-        jobs[r].cfg.rank = r;
-        jobs[r].cfg.timeout_ms = 30000;
+        wc_config(&jobs[r].cfg, g4, r);
         assert_int_equal(pthread_create(&th[r], NULL, wc_thread, &jobs[r]), 0);
     }
     for (int r = 0; r < WC_RANKS; r++)
@@ -519,6 +537,11 @@ int main(int argc, char **argv)
         return 1;
 #endif
     }
+#ifdef WC_DEVICE
+    int gpu = gpu_presence();
+    if (gpu != GPU_PRESENT)
+        return gpu;
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_1d_forms),
         cmocka_unit_test(test_2x2_forms),
