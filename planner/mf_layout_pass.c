@@ -21,12 +21,20 @@
  *     `align` bytes in every role's dtype; L >= one quantum, L * widest dtype
  *     * 2 fits in 63 bits (the largest ring traffic of one launch).
  *
+ * Whole layout (some role Whole, docs/semantics.md §4.6): the tensors are
+ * dealt to the P shards of the finest whole role (whole_pack: cost-descending
+ * greedy into P groups, the groups to the shards of least rank load), packed
+ * in declaration order within each shard; the bucket's tensor list is in
+ * offset order and L = P * S. The rank loads run over the whole buckets in
+ * schedule order (materialize); the length never depends on them.
+ *
  * Merging (spec->bucket_size > 0, in bytes): a unit's bucket whose own padded
  * size in main_weight's dtype is below bucket_size joins the bucket of the
  * same layout that the previous unit ended, when that one was also below
  * bucket_size, the two units agree on reshard_after_forward, and the merged
- * padded size stays <= bucket_size. The merged bucket belongs to its first
- * unit (`unit`), `last_unit` is the last unit it covers; a unit whose buckets
+ * padded size (for a whole layout: the packed length) stays <= bucket_size.
+ * The merged bucket belongs to its first unit (`unit`), `last_unit` is the
+ * last unit it covers; a unit whose buckets
  * were all merged into earlier ones has nbuckets == 0. bucket_size 0 (the
  * default) never merges: last_unit == unit.
  */
@@ -323,6 +331,51 @@ static int item_by_cost(const void *a, const void *b)
     return x < y ? -1 : x > y; /* declaration order */
 }
 
+/* Step 2 of whole_pack: groups (cost gcost[g]) by cost descending, ties the
+ * lowest, each to the free shard of `fine` (P shards) whose ranks' largest
+ * load is least, ties the lowest; adds each group's cost to its ranks'
+ * loads. Writes shard_of[g]; gorder is P ints of scratch. False on OOM. */
+static bool whole_owners(const mf_mesh *m, const mf_placement *fine, int64_t P, const int64_t *gcost,
+                         int64_t *loads, int *shard_of, int *gorder)
+{
+    int64_t world = m->world;
+    int64_t *rank_shard = malloc((size_t)world * sizeof *rank_shard), *worst = calloc((size_t)P, sizeof *worst);
+    bool *taken = calloc((size_t)P, sizeof *taken);
+    bool ok = rank_shard && worst && taken;
+    for (int64_t r = 0; ok && r < world; r++) {
+        int64_t c[MF_MAX_AXES];
+        mf_layout_mesh_coords(m, r, c);
+        rank_shard[r] = mf_layout_shard_index(m, fine, c);
+        if (loads[r] > worst[rank_shard[r]])
+            worst[rank_shard[r]] = loads[r];
+    }
+    /* groups by cost descending, ties the lowest: a stable insertion sort */
+    for (int64_t g = 0; ok && g < P; g++)
+        gorder[g] = (int)g;
+    for (int64_t i = 1; ok && i < P; i++)
+        for (int64_t j = i; j > 0 && gcost[gorder[j]] > gcost[gorder[j - 1]]; j--) {
+            int x = gorder[j];
+            gorder[j] = gorder[j - 1];
+            gorder[j - 1] = x;
+        }
+    for (int64_t i = 0; ok && i < P; i++) {
+        int64_t best = -1;
+        for (int64_t q = 0; q < P; q++)
+            if (!taken[q] && (best < 0 || worst[q] < worst[best]))
+                best = q;
+        taken[best] = true;
+        shard_of[gorder[i]] = (int)best;
+    }
+    for (int64_t g = 0; ok && g < P; g++)
+        gorder[shard_of[g]] = (int)g; /* now: the group of each shard */
+    for (int64_t r = 0; ok && r < world; r++)
+        loads[r] = sat_add(loads[r], gcost[gorder[rank_shard[r]]]);
+    free(rank_shard);
+    free(worst);
+    free(taken);
+    return ok;
+}
+
 /*
  * Packs the n tensors `it` (in declaration order) of a bucket of layout `sig`
  * whose whole roles' finest placement has P shards:
@@ -373,48 +426,8 @@ static bool whole_pack(layout_state *st, int sig, whole_item *it, int n, int64_t
     /* 2. groups to shards */
     for (int64_t g = 0; ok && g < P; g++)
         shard_of[g] = (int)g;
-    if (ok && loads && P > 1) {
-        int64_t world = m->world;
-        int64_t *rank_shard = malloc((size_t)world * sizeof *rank_shard), *worst = malloc((size_t)P * sizeof *worst);
-        bool *taken = calloc((size_t)P, sizeof *taken);
-        ok = rank_shard && worst && taken;
-        if (!ok)
-            *oom = true;
-        for (int64_t r = 0; ok && r < world; r++) {
-            int64_t c[MF_MAX_AXES];
-            mf_layout_mesh_coords(m, r, c);
-            rank_shard[r] = mf_layout_shard_index(m, fine, c);
-        }
-        for (int64_t q = 0; ok && q < P; q++)
-            worst[q] = 0;
-        for (int64_t r = 0; ok && r < world; r++)
-            if (loads[r] > worst[rank_shard[r]])
-                worst[rank_shard[r]] = loads[r];
-        /* groups by cost descending, ties the lowest: a stable selection */
-        for (int64_t g = 0; ok && g < P; g++)
-            gorder[g] = (int)g;
-        for (int64_t i = 1; ok && i < P; i++)
-            for (int64_t j = i; j > 0 && gcost[gorder[j]] > gcost[gorder[j - 1]]; j--) {
-                int x = gorder[j];
-                gorder[j] = gorder[j - 1];
-                gorder[j - 1] = x;
-            }
-        for (int64_t i = 0; ok && i < P; i++) {
-            int64_t best = -1;
-            for (int64_t q = 0; q < P; q++)
-                if (!taken[q] && (best < 0 || worst[q] < worst[best]))
-                    best = q;
-            taken[best] = true;
-            shard_of[gorder[i]] = (int)best;
-        }
-        for (int64_t g = 0; ok && g < P; g++)
-            gorder[shard_of[g]] = (int)g; /* now: the group of each shard */
-        for (int64_t r = 0; ok && r < world; r++)
-            loads[r] = sat_add(loads[r], gcost[gorder[rank_shard[r]]]);
-        free(rank_shard);
-        free(worst);
-        free(taken);
-    }
+    if (ok && loads && P > 1 && !whole_owners(m, fine, P, gcost, loads, shard_of, gorder))
+        ok = !(*oom = true);
     /* 3. offsets within each shard, declaration order */
     int64_t most = 0;
     for (int i = 0; ok && i < n; i++) {

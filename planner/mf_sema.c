@@ -5,10 +5,12 @@
  *
  * What it does, in order:
  *   1. settings: the one mesh (1..4 named axes, sizes >= 1, world size within
- *      limits), microbatches, reduce, align, prefetch, bucket_size;
+ *      limits), microbatches, reduce, align, prefetch, bucket_size, balance;
  *   2. named layouts: each role exactly once, known dtypes and placements, one
  *      placement per mesh axis, then the layout rules: no Partial in weight or
- *      main_weight, Flat axes a suffix of the mesh, and every per-axis step of
+ *      main_weight, Whole only in grad and main_weight and never mixed with
+ *      Flat (stored as Flat plus mf_spec_layout.whole), Flat (and Whole) axes
+ *      a suffix of the mesh, and every per-axis step of
  *      T1..T4 legal (docs/semantics.md §4.1);
  *   3. units, once per declaration (templates): loop ranges, {var}
  *      substitutions, layout references, inline layouts (resolved like named

@@ -12,8 +12,8 @@
 #include "mf_diag.h"
 #include "mf_schedule.h"
 
-/* `balance bytes|flops;`: the cost the Whole packing balances (docs/semantics.md
- * §4.6): X(ENUM, name). */
+/* `balance bytes|flops;`: the cost the Whole packing balances
+ * (docs/semantics.md §4.6): X(ENUM, name). */
 #define MF_BALANCE_LIST(X) \
     X(BYTES, "bytes")      \
     X(FLOPS, "flops")
@@ -27,8 +27,8 @@ typedef struct mf_spec_layout {
     bool is_inline;
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
-    bool whole[MF_ROLE_COUNT];  /* the role's Flat axes were written `Whole` (grad and
-                                   main_weight only; docs/semantics.md §4.6) */
+    bool whole[MF_ROLE_COUNT];  /* the role's Flat axes were written `Whole` (grad
+                                   and main_weight only; docs/semantics.md §4.6) */
     mf_span role_span[MF_ROLE_COUNT]; /* each role's declaration */
 } mf_spec_layout;
 
