@@ -371,15 +371,18 @@ typedef struct mf_sema_illegal_ctx {
     mf_sema *s;
     const mf_ast_place *(*entry)[MF_MAX_AXES];
     const mf_ast_role *const *seen;
+    const bool *whole;      /* per role: written Whole (checked as Flat) */
 } mf_sema_illegal_ctx;
 
 static void sema_illegal(void *ctx, const mf_illegal *v)
 {
     const mf_sema_illegal_ctx *c = ctx;
     mf_span at = v->kind == MF_ILLEGAL_SUFFIX ? c->seen[v->role]->places_span : c->entry[v->role][v->axis]->span;
-    mf_diag_error(c->s->d, at, "%s", v->msg);
+    bool whole = c->whole[v->role] || (v->note_role != MF_ROLE_COUNT && c->whole[v->note_role]);
+    mf_diag_error(c->s->d, at, "%s%s", v->msg, whole ? " (Whole counts as Flat here)" : "");
     if (v->note_role != MF_ROLE_COUNT)
-        mf_diag_note(c->s->d, c->entry[v->note_role][v->axis]->span, "%s", v->note);
+        mf_diag_note(c->s->d, c->entry[v->note_role][v->axis]->span, "%s%s", v->note,
+                     c->whole[v->note_role] ? " (written Whole)" : "");
 }
 
 /* The mesh's axis names, outermost first; returns how many. */
@@ -610,7 +613,7 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
         return false;
 
     /* Only grad Partial, the suffix rule, every transition's moves legal. */
-    mf_sema_illegal_ctx ic = {s, entry, seen};
+    mf_sema_illegal_ctx ic = {s, entry, seen, out->whole};
     if (mf_trans_rules_check_layout(&s->spec->mesh, out->place, what, sema_illegal, &ic) != 0)
         return false;
     return mf_diag_errors(s->d) == before;
