@@ -18,11 +18,11 @@ SECTION = "## Coming from FSDP2: call by call"
 MARKER = "# runs in tests/python/test_migration.py (mpirun -np 4)"
 
 
-def examples(path):
+def examples(path, section=SECTION, marker=MARKER):
     """[(line of the first code line, code, marked)] of every python block of the section."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
-    start = lines.index(SECTION)
+    start = lines.index(section)
     end = next((i for i in range(start + 1, len(lines)) if re.match(r"^## ", lines[i])),
                len(lines))
     out, i = [], start
@@ -30,7 +30,7 @@ def examples(path):
         if lines[i].strip() == "```python":
             j = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
             code = "\n".join(lines[i + 1:j])
-            out.append((i + 2, code, lines[i + 1].strip() == MARKER))
+            out.append((i + 2, code, lines[i + 1].strip() == marker))
             i = j
         i += 1
     return out
