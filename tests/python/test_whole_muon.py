@@ -210,3 +210,35 @@ def test_docs_example_runs(launch):
                for _, code, _ in found)
     for line, _, _ in found:
         assert "example at line %d: ok" % line in stdout, stdout
+
+
+def test_refusals_name_the_fix():
+    """In one process: matrix_optimizer other than None/'whole', a layout dict with
+    Whole on weight, or Whole beside Flat in one placement, refused at the call
+    (spec_from_module: ValueError; fully_shard: UsageError); the spec of
+    matrix_optimizer='whole' puts exactly the 2-D tensors on the Whole layout."""
+    import mfsdp.torch as mt
+    model = gpt.make_model()
+    mesh = {"dp": 4}
+    with pytest.raises(ValueError, match=r"matrix_optimizer='muon': one of None .* or 'whole'"):
+        mt.spec_from_module(model, mesh, layout="zero3", matrix_optimizer="muon")
+    on_weight = {"name": "w", "weight": ("fp32", ["W"]), "grad": ("fp32", ["W"]),
+                 "main_weight": ("fp32", ["W"])}
+    with pytest.raises(ValueError, match=r"layout w: weight \[Whole\]: only grad and "
+                                         r"main_weight may be Whole"):
+        mt.spec_from_module(model, mesh, layout=on_weight)
+    with pytest.raises(mfsdp.UsageError, match=r"fully_shard: layout w: weight \[Whole\]"):
+        mt.fully_shard(model, mesh=mesh, layout=on_weight)
+    mixed = {"name": "m", "weight": ("fp32", ["R", "F"]), "grad": ("fp32", ["P", "Whole"]),
+             "main_weight": ("fp32", ["Flat", "W"])}
+    with pytest.raises(ValueError, match=r"layout m: main_weight \[Flat, Whole\] mixes Whole "
+                                         r"and Flat"):
+        mt.spec_from_module(model, {"a": 2, "b": 2}, layout=mixed)
+    spec = mt.spec_from_module(model, mesh, layout="zero3", matrix_optimizer="whole")
+    assert "layout zero3_whole {\n  weight      fp32 [Flat];\n  grad        fp32 [Whole];\n" \
+           "  main_weight fp32 [Whole];\n}" in spec, spec
+    for n, p in model.named_parameters():
+        rel = n.split(".", 2)[2] if n.startswith("blocks.") else n.split(".", 1)[1]
+        line = next(l for l in spec.splitlines()
+                    if '"%s" [%s]' % (rel, ", ".join(map(str, p.shape))) in l)
+        assert ("_whole" in line) == (p.dim() == 2), (n, line)
