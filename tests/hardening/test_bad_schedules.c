@@ -12,6 +12,11 @@
  *
  * Seeds: the .yaml files of tests/fuzz/seeds/schedules and of schedules (those
  * 128 KiB). Counts of what was tried are printed for docs/reliability.md.
+ *
+ * MF_BAD_SCHEDULES_SHARE=k (the sanitize build's per-change tier,
+ * tests/hardening/CMakeLists.txt) tries one k-th of the cuts and flips: every
+ * k-th line boundary, 1/k of the random cuts and of the bit flips of each seed,
+ * the same ones every run; the nightly tier tries them all.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -43,12 +48,23 @@ typedef struct seed {
 
 static seed seeds[MAX_SEEDS];
 static int nseeds;
+static int share = 1;   /* MF_BAD_SCHEDULES_SHARE */
 
 static int setup(void **state)
 {
     (void)state;
     char *paths[MAX_SEEDS];
     int n = hard_list(SEED_DIR, ".yaml", paths, MAX_SEEDS);
+    const char *k = getenv("MF_BAD_SCHEDULES_SHARE");
+    if (k) {
+        char *end;
+        long v = strtol(k, &end, 10);
+        if (*k == '\0' || *end || v < 1 || v > 100) {
+            fprintf(stderr, "MF_BAD_SCHEDULES_SHARE='%s': expected a whole number from 1 to 100\n", k);
+            return -1;
+        }
+        share = (int)v;
+    }
     int m = hard_list(EXAMPLE_DIR, ".yaml", paths + n, MAX_SEEDS - n);
     for (int i = 0; i < n + m; i++) {
         size_t len;
@@ -114,6 +130,10 @@ static void test_truncated_at_every_line(void **state)
         for (size_t cut = 0; cut < sd->len; cut++) {
             if (cut > 0 && sd->text[cut - 1] != '\n')
                 continue;
+            if ((line - 1) % share) {
+                line++;
+                continue;
+            }
             char err[1024];
             mf_schedule *s = mf_load_schedule_buffer("cut.yaml", sd->text, cut, err, sizeof err);
             if (s)
@@ -127,7 +147,7 @@ static void test_truncated_at_every_line(void **state)
         }
     }
     printf("truncated at every line boundary: %ld files refused, all located\n", tried);
-    assert_true(tried > 2000);
+    assert_true(tried * share > 2000);
 }
 
 /* Cuts anywhere: only a cut that drops nothing but trailing white space loads. */
@@ -138,7 +158,7 @@ static void test_truncated_at_random_points(void **state)
     long tried = 0, loaded = 0;
     for (int i = 0; i < nseeds; i++) {
         const seed *sd = &seeds[i];
-        for (int k = 0; k < 200; k++) {
+        for (int k = 0; k < 200 / share; k++) {
             size_t cut = 1 + (size_t)(hard_rand(&rng) % (sd->len - 1));
             /* at the end of the input libyaml points at the line after the last */
             mf_schedule *s = load_or_located("cut.yaml", sd->text, cut, hard_line_of(sd->text, cut) + 1, NULL);
@@ -218,7 +238,7 @@ static void test_bit_flips(void **state)
             continue;
         char *mut = malloc(sd->len);
         assert_non_null(mut);
-        for (int k = 0; k < 400; k++) {
+        for (int k = 0; k < 400 / share; k++) {
             memcpy(mut, sd->text, sd->len);
             size_t at = (size_t)(hard_rand(&rng) % sd->len);
             int bit = (int)(hard_rand(&rng) % 8);
