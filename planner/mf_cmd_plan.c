@@ -14,6 +14,8 @@
  * budget (the message names the smallest peak reachable and what dominates
  * it); 2 usage errors, unreadable input, unwritable output.
  */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +43,11 @@ static void usage(FILE *out)
             "  --memory SIZE             budget per rank, e.g. 80GiB (required)\n"
             "  -o FILE.mfsdp             write the chosen spec\n"
             "  --svg FILE.svg            draw the front (memory vs step time)\n"
-            "  --optimizer-bytes N       optimizer state per main_weight element (default 8)\n"
+            "  --optimizer NAME          adamw (default) or muon: muon also searches the Whole\n"
+            "                            layouts and adds its Newton-Schulz step to the step time\n"
+            "  --optimizer-tflops X      muon's Newton-Schulz rate per rank (default: --tflops's)\n"
+            "  --optimizer-bytes N       optimizer state per main_weight element (default 8;\n"
+            "                            4 with muon: one fp32 momentum)\n"
             "  --explain-choice          say why each unit got its layout\n"
             "  --exhaustive              simulate every candidate (slow; for tests)\n"
             "compute and link model, exactly as 'mfsdpc simulate' takes them:\n"
@@ -56,16 +62,43 @@ typedef struct plan_args {
     mf_cmd_args ca;         /* the spec, the compute and link model */
     const char *out, *svg;
     int64_t budget, optb;
-    bool have_budget, explain_choice, exhaustive;
+    bool have_budget, have_optb, explain_choice, exhaustive, muon;
+    double opt_tflops;      /* 0: the compute model's rate */
 } plan_args;
+
+/* --optimizer adamw|muon; 2 (reported) otherwise. */
+static int parse_optimizer(const char *v, bool *muon)
+{
+    if (v && (strcmp(v, "adamw") == 0 || strcmp(v, "muon") == 0)) {
+        *muon = v[0] == 'm';
+        return 0;
+    }
+    fprintf(stderr, CMD ": error: --optimizer takes adamw or muon, got '%s'\n", v ? v : "");
+    return 2;
+}
+
+/* --optimizer-tflops X, X > 0; 2 (reported) otherwise. */
+static int parse_tflops(const char *v, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || !(x > 0)) {
+        fprintf(stderr, CMD ": error: --optimizer-tflops needs a positive number, got '%s'\n", v ? v : "");
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
 
 /* The options one by one; 1 after --help (printed), 2 after a reported error. */
 static int parse_options(int argc, char **argv, plan_args *a)
 {
-    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_HELP, O_SVG };
+    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_HELP, O_SVG, O_OPT, O_OPTF };
     static const mf_opt opts[] = {
         {"--memory", NULL, "a size (e.g. 80GiB)", O_MEM}, {"--output", "-o", "a file name", O_OUT},
         {"--optimizer-bytes", NULL, "a value (bytes per parameter)", O_OPTB},
+        {"--optimizer", NULL, "adamw or muon", O_OPT}, {"--optimizer-tflops", NULL, "a rate in TFLOP/s", O_OPTF},
         {"--explain-choice", NULL, NULL, O_EXPL}, {"--exhaustive", NULL, NULL, O_EXH},
         MF_SIM_OPTS, {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
     mf_opts p;
@@ -78,7 +111,9 @@ static int parse_options(int argc, char **argv, plan_args *a)
         case O_MEM: bad = mf_plan_mem_parse_size(CMD, "--memory", v, &a->budget); a->have_budget = true; break;
         case O_OUT: a->out = v; break;
         case O_SVG: a->svg = v; break;
-        case O_OPTB: bad = mf_plan_mem_parse_optimizer_bytes(CMD, v, &a->optb); break;
+        case O_OPTB: bad = mf_plan_mem_parse_optimizer_bytes(CMD, v, &a->optb); a->have_optb = true; break;
+        case O_OPT: bad = parse_optimizer(v, &a->muon); break;
+        case O_OPTF: bad = parse_tflops(v, &a->opt_tflops); break;
         case O_EXPL: a->explain_choice = true; break;
         case O_EXH: a->exhaustive = true; break;
         case O_HELP: usage(stdout); return 1;
@@ -153,11 +188,14 @@ int mf_cmd_plan(int argc, char **argv)
     have_c = true;
     if (rc != 0)
         goto done;
-    mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive};
+    if (a.muon && !a.have_optb)
+        a.optb = MF_OPTIMIZER_BYTES_MUON;
+    mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive, .muon = a.muon};
     if (!mf_cmd_args_sim_config(&a.ca, &c.spec->mesh, &po.sim)) {
         rc = 2;
         goto done;
     }
+    po.optimizer_flops = a.opt_tflops > 0 ? a.opt_tflops * 1e12 : po.sim.flops;
     have_ps = true;
     if (mf_plan_search_init(&ps, c.spec, c.ast, &po) != 0 || mf_plan_search_run(&ps) != 0) {
         fprintf(stderr, "%s: error: %s\n", input, ps.err);
@@ -183,8 +221,8 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     }
     char header[256];
-    snprintf(header, sizeof header, "planned by mfsdpc plan --memory %lld --optimizer-bytes %lld from %s",
-             (long long)a.budget, (long long)a.optb, input);
+    snprintf(header, sizeof header, "planned by mfsdpc plan --memory %lld%s --optimizer-bytes %lld from %s",
+             (long long)a.budget, a.muon ? " --optimizer muon" : "", (long long)a.optb, input);
     text = mf_plan_write_spec(&ps, c.ast, c.text, c.src.len, best, header);
     if (!text) {
         fprintf(stderr, CMD ": error: out of memory\n");

@@ -40,7 +40,7 @@ double mf_cost_op(const mf_cost_model *cm, const mf_mesh *mesh, mf_opkind kind, 
 
 /* Seconds for one launch of an op that sends `bytes` per rank
  * (mf_layout_collective_bytes): mf_cost_op when that is the ring's figure for
- * `count`; else (a whole bucket's used-prefix form, docs/semantics.md §5) the
+ * `count`; else (a whole bucket's used-prefix form, docs/semantics.md §6.1) the
  * ring's launch and latency steps plus the bytes at the link's rate. */
 double mf_cost_op_bytes(const mf_cost_model *cm, const mf_mesh *mesh, mf_opkind kind, int axis,
                         int64_t count, int64_t bytes, mf_dtype d);

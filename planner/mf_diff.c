@@ -241,7 +241,7 @@ static const char *mf_diff_owner(int64_t q, char *buf, size_t size)
 }
 
 /* Owner changes of B's tensors of bucket y against bucket x of A, for each
- * role that is whole in either (docs/semantics.md §5.1). */
+ * role that is whole in either (docs/semantics.md §9.1). */
 static void mf_diff_owners(mf_diff_ctx *c, const mf_bucket *x, const mf_bucket *y)
 {
     static const int roles[] = {MF_ROLE_MAIN_WEIGHT, MF_ROLE_GRAD};

@@ -184,7 +184,7 @@ static void text_whole_collectives(const mf_plan *p, int bi, FILE *out)
         }
 }
 
-/* The owners table of a whole bucket (docs/semantics.md §5.1). */
+/* The owners table of a whole bucket (docs/semantics.md §9.1). */
 static void text_owners(const mf_plan *p, int bi, FILE *out)
 {
     const mf_schedule *s = p->sched;

@@ -18,6 +18,7 @@
 #include "mf_plan.h"
 
 #define MF_OPTIMIZER_BYTES_DEFAULT 8
+#define MF_OPTIMIZER_BYTES_MUON 4 /* plan --optimizer muon: one fp32 momentum */
 
 typedef struct mf_plan_mem {
     int64_t persistent;     /* persistent region, bytes per rank */

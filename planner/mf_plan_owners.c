@@ -1,6 +1,6 @@
 /*
  * mf_plan_owners: owners per shard of a whole bucket and per rank
- * (mf_plan_owners.h; docs/semantics.md §5.1).
+ * (mf_plan_owners.h; docs/semantics.md §9.1).
  */
 #include "mf_plan_owners.h"
 
@@ -131,4 +131,51 @@ void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_ra
     for (int b = 0; b < s->nbuckets; b++)
         if (s->buckets[b].length > 0)
             add_bucket(s, &s->buckets[b], bal, out);
+}
+
+/* Seconds of the all_gathers that make tensor t (count elements per rank
+ * at placement pl) whole on every rank: one per Flat axis, outermost first. */
+static double gather_seconds(const mf_mesh *m, const mf_cost_model *cm, const mf_placement *pl, int64_t numel)
+{
+    int64_t shards = mf_layout_shards(m, pl), c = (numel + shards - 1) / shards;
+    double t = 0;
+    for (int j = 0; j < m->naxes; j++) {
+        if (pl->p[j] != MF_PLACE_FLAT)
+            continue;
+        t += mf_cost_op(cm, m, MF_OP_ALL_GATHER, j, c, MF_FP32);
+        c *= m->axes[j].size;
+    }
+    return t;
+}
+
+double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops)
+{
+    const mf_mesh *m = &s->mesh;
+    double *load = calloc((size_t)m->world, sizeof *load), everyone = 0, comm = 0, most = 0;
+    if (!load)
+        return -1;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        const mf_placement *pl = &bk->place[MF_ROLE_MAIN_WEIGHT];
+        for (int i = 0; i < bk->ntensors; i++) {
+            const mf_tensor *t = &bk->tensors[i];
+            double f = mf_plan_owners_ns_flops(t);
+            if (f == 0)
+                continue;
+            if (!bk->whole[MF_ROLE_MAIN_WEIGHT]) {
+                everyone += f;
+                comm += gather_seconds(m, cm, pl, t->numel);
+                continue;
+            }
+            for (int64_t r = 0; r < m->world; r++) {
+                mf_range rg = mf_layout_range(m, pl, r, bk->length);
+                if (rg.offset <= t->offset && t->offset < rg.offset + rg.len)
+                    load[r] += f; /* its owner: the tensor lies inside the shard */
+            }
+        }
+    }
+    for (int64_t r = 0; r < m->world; r++)
+        most = load[r] > most ? load[r] : most;
+    free(load);
+    return (most + everyone) / flops + comm;
 }

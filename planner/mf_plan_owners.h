@@ -1,5 +1,5 @@
 /*
- * mf_plan_owners: who owns what under `Whole` (docs/semantics.md §5.1), from
+ * mf_plan_owners: who owns what under `Whole` (docs/semantics.md §9.1), from
  * a schedule's buckets alone (owners are derived from offsets): per shard of
  * a whole bucket, and per rank over the whole schedule. `explain` prints
  * them, `plan --optimizer muon` models the optimizer step from them, and the
@@ -17,6 +17,7 @@
 #ifndef MF_PLAN_OWNERS_H
 #define MF_PLAN_OWNERS_H
 
+#include "mf_cost.h"
 #include "mf_schedule.h"
 #include "mf_spec.h"
 
@@ -69,5 +70,15 @@ typedef struct mf_plan_owner_rank {
 
 /* Fills out[0..world). */
 void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_rank *out);
+
+/* The optimizer step of `mfsdpc plan --optimizer muon` (docs/plan.md §2):
+ * Newton-Schulz on every 2-D tensor, at `flops` FLOP/s per rank. A tensor
+ * whose main_weight is whole runs it on its owners only; any other runs it
+ * on every rank, after an all_gather of its fp32 momentum over each Flat
+ * axis of main_weight (one launch per tensor and axis, mf_cost_op). 1-D
+ * tensors take an elementwise update, not modelled (as AdamW's is not).
+ * Seconds: the most Newton-Schulz FLOPs of a rank over `flops`, plus the
+ * gathers. */
+double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops);
 
 #endif

@@ -57,6 +57,8 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
            (long long)ps->opt.optimizer_bytes);
     printf("\nPareto front (peak memory per rank vs step time; * = chosen):\n");
     printf("     #      peak memory     step time  overlap");
+    if (ps->opt.muon)
+        printf("   optimizer");
     for (int j = 0; j < m->naxes; j++)
         printf("  %10.10s GB", m->axes[j].name);
     printf("  prefetch  bucket  layouts\n");
@@ -67,11 +69,14 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
         bucket_text(p->bucket_size, bk, sizeof bk);
         printf("  %c%3d  %11s%s  %10.3f ms  %6.1f%%", p == chosen ? '*' : ' ', i + 1, gib(p->mem.peak, h, sizeof h),
                p->mem.peak > budget ? "!" : " ", p->step_time * 1e3, 100 * p->overlap);
+        if (ps->opt.muon)
+            printf("  %7.3f ms", p->optimizer_time * 1e3);
         for (int j = 0; j < m->naxes; j++)
             printf("  %13.6f", (double)p->bytes[j] / 1e9);
         printf("  %8d  %6s  %s\n", p->prefetch, bk, lay);
     }
-    printf("  (! = over the budget; GB = bytes sent per rank per step on that axis)\n");
+    printf("  (! = over the budget; GB = bytes sent per rank per step on that axis%s)\n",
+           ps->opt.muon ? "; step time = simulated + optimizer, muon's Newton-Schulz step" : "");
 }
 
 int mf_plan_infeasible(const mf_plan_search *ps, int64_t budget)
@@ -174,13 +179,16 @@ int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text
         goto done;
     }
     char h[32];
-    printf("\nchosen: step time %.6f ms, peak %s (%lld bytes) per rank, overlap %.1f%%\n", res.step_time * 1e3,
+    double opt_s = mf_plan_search_optimizer_seconds(&ps->opt, c.plan->sched), step = res.step_time + opt_s;
+    printf("\nchosen: step time %.6f ms, peak %s (%lld bytes) per rank, overlap %.1f%%\n", step * 1e3,
            gib(mem.peak, h, sizeof h), (long long)mem.peak, 100 * res.overlap);
     printf("        (recomputed from the written spec: compiled, verified, 'explain' memory, 'simulate' time)\n");
-    if (mem.peak != pt->mem.peak || res.step_time != pt->step_time) {
+    if (ps->opt.muon)
+        printf("        (= simulated %.6f ms + muon's optimizer step %.6f ms)\n", res.step_time * 1e3, opt_s * 1e3);
+    if (mem.peak != pt->mem.peak || step != pt->step_time) {
         fprintf(stderr, "mfsdpc plan: internal error: the written spec gives peak %lld and step time %.9f s, "
                         "the search found %lld and %.9f s\n",
-                (long long)mem.peak, res.step_time, (long long)pt->mem.peak, pt->step_time);
+                (long long)mem.peak, step, (long long)pt->mem.peak, pt->step_time);
         goto done;
     }
     rc = 0;

@@ -15,6 +15,7 @@
 #include "mf_passes.h"
 #include "mf_layout.h"
 #include "mf_limits.h"
+#include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
 
 
@@ -39,7 +40,8 @@ static const int64_t bucket_ladder[] = {0, INT64_C(16) << 20, INT64_C(64) << 20}
 static bool same_layout(const mf_spec_layout *a, const mf_spec_layout *b, int naxes)
 {
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if (a->dtype[r] != b->dtype[r] || !mf_placement_equal(&a->place[r], &b->place[r], naxes))
+        if (a->dtype[r] != b->dtype[r] || a->whole[r] != b->whole[r] ||
+            !mf_placement_equal(&a->place[r], &b->place[r], naxes))
             return false;
     return true;
 }
@@ -69,6 +71,9 @@ static int build_layouts(mf_plan_search *ps, int *search, int *nsearch)
         mf_spec_layout l = {.name = mf_builtin_name(i)};
         if (!mf_builtin_layouts_resolve(i, naxes, l.dtype, l.place))
             continue;
+        mf_builtin_layouts_whole(i, l.whole);
+        if (!ps->opt.muon && (l.whole[MF_ROLE_GRAD] || l.whole[MF_ROLE_MAIN_WEIGHT]))
+            continue; /* Whole pays padding for an optimizer step only muon models */
         int idx = -1;
         bool shadowed = false, dup = false;
         for (int k = 0; k < n; k++)
@@ -183,6 +188,16 @@ static int fuse_tensors(const mf_spec_unit *su, mf_spec_tensor **out)
     return n;
 }
 
+/* The unit's tensors as they are (*out malloc'ed); the count or -1 on OOM. */
+static int copy_tensors(const mf_spec_unit *su, mf_spec_tensor **out)
+{
+    *out = malloc(((size_t)su->ntensors + 1) * sizeof **out);
+    if (!*out)
+        return -1;
+    memcpy(*out, su->tensors, (size_t)su->ntensors * sizeof **out);
+    return su->ntensors;
+}
+
 static bool ast_sets(const mf_ast *ast, mf_ast_setting_kind k)
 {
     for (const mf_ast_setting *s = ast->settings; s; s = s->next)
@@ -209,7 +224,9 @@ int mf_plan_search_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *a
     for (int u = 0; u < base->nunits; u++) {
         mf_spec_unit *su = &ps->spec.units[u];
         mf_spec_tensor *ft;
-        int n = fuse_tensors(&base->units[u], &ft);
+        /* muon: no fusion, which would merge the tensors a Whole layout
+           packs one by one and whose shapes its optimizer model reads */
+        int n = opt->muon ? copy_tensors(&base->units[u], &ft) : fuse_tensors(&base->units[u], &ft);
         if (n < 0)
             goto oom;
         su->tensors = ft;
@@ -426,7 +443,7 @@ static uint8_t *memo_key_room(mf_plan_search *ps, size_t n)
  * or NULL on OOM. */
 static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
 {
-    size_t n = 0, need = 1 + (size_t)s->nunits + (size_t)s->nbuckets * (MF_ROLE_COUNT * (1 + MF_MAX_AXES) + 16);
+    size_t n = 0, need = 1 + (size_t)s->nunits + (size_t)s->nbuckets * (MF_ROLE_COUNT * (2 + MF_MAX_AXES) + 16);
     uint8_t *key = memo_key_room(ps, need);
     if (!key || ps->memo.len >= INT32_MAX - 1)
         return NULL;
@@ -437,6 +454,7 @@ static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
         const mf_bucket *bk = &s->buckets[b];
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
             key[n++] = (uint8_t)bk->dtype[r];
+            key[n++] = bk->whole[r]; /* with the same buckets before it, the same packing */
             for (int j = 0; j < s->mesh.naxes; j++)
                 key[n++] = bk->place[r].p[j];
         }
@@ -462,10 +480,16 @@ static ps_memo *memo_of(mf_plan_search *ps, const mf_schedule *s)
 
 static bool beats(const mf_ps_point *a, const mf_ps_point *b);
 
-/* The figures of a point that a simulation gives (time_only included). */
-static void sim_figures(const mf_plan_search *ps, const mf_sim_result *res, mf_ps_point *pt)
+double mf_plan_search_optimizer_seconds(const mf_ps_options *opt, const mf_schedule *s)
 {
-    pt->step_time = res->step_time;
+    return opt->muon ? mf_plan_owners_muon_seconds(s, &opt->sim.cost, opt->optimizer_flops) : 0;
+}
+
+/* The figures of a point that a simulation gives (time_only included). */
+static void sim_figures(const mf_plan_search *ps, const mf_schedule *s, const mf_sim_result *res, mf_ps_point *pt)
+{
+    pt->optimizer_time = mf_plan_search_optimizer_seconds(&ps->opt, s);
+    pt->step_time = res->step_time + pt->optimizer_time;
     pt->outer_bytes = 0;
     int naxes = ps->spec.mesh.naxes;
     for (int j = 0; j < MF_MAX_AXES; j++) {
@@ -524,7 +548,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
         }
         mf_ps_point x = *cand;
         x.mem = pt->mem;
-        sim_figures(ps, &qr, &x);
+        sim_figures(ps, p->sched, &qr, &x);
         mf_sim_result_free(&qr);
         if (front_beats(ps, &x)) {
             pt->step_time = x.step_time;
@@ -537,7 +561,7 @@ static int finish_point(mf_plan_search *ps, mf_plan *p, mf_diag *d, const mf_sim
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         goto done;
     }
-    sim_figures(ps, &res, pt);
+    sim_figures(ps, p->sched, &res, pt);
     pt->overlap = res.overlap;
     pt->comm_exposed = res.comm_exposed;
     ps->evaluated++;
@@ -820,6 +844,7 @@ int mf_plan_search_evaluate_pruned(mf_plan_search *ps, int prefetch, int64_t buc
         const mf_ps_point *x = &e.m->point;
         pt->mem = x->mem;
         pt->step_time = x->step_time;
+        pt->optimizer_time = x->optimizer_time;
         pt->overlap = x->overlap;
         pt->comm_exposed = x->comm_exposed;
         pt->outer_bytes = x->outer_bytes;

@@ -82,7 +82,8 @@ typedef struct mf_ps_point {
     mf_plan_mem mem;
     double lb_planned;      /* the search's lower bound of mem.peak from the planned buckets */
     double lb_planned_time; /* its lower bound of step_time from them (0: not computed) */
-    double step_time;
+    double step_time;       /* simulated, plus optimizer_time */
+    double optimizer_time;  /* the modelled optimizer step (muon; 0 for adamw, not modelled) */
     double overlap;
     double comm_exposed;
     int64_t bytes[MF_MAX_AXES];
@@ -91,6 +92,9 @@ typedef struct mf_ps_point {
 
 typedef struct mf_ps_options {
     int64_t optimizer_bytes;
+    bool muon;              /* --optimizer muon: Whole layouts searched, the optimizer step
+                               modelled (mf_plan_owners_muon_seconds), no tensor fusion */
+    double optimizer_flops; /* FLOP/s per rank of the Newton-Schulz steps */
     mf_sim_config sim;      /* cost model and compute model, as simulate takes them */
     bool exhaustive;        /* evaluate every candidate (for tests) */
 } mf_ps_options;
@@ -181,6 +185,10 @@ typedef struct mf_ps_live_item {
     double t3_after;        /* grad_local and T3 stage buffers read by such a step */
 } mf_ps_live_item;
 double mf_plan_search_arena_bound(int nunits, int prefetch, const mf_ps_live_item *it, int n, double *scratch);
+
+/* Seconds of the optimizer step the search adds to a candidate's simulated
+ * step time: mf_plan_owners_muon_seconds with muon, else 0 (not modelled). */
+double mf_plan_search_optimizer_seconds(const mf_ps_options *opt, const mf_schedule *s);
 
 /* Name of the layout of choice c of group g ("hsdp", or the spec's own). */
 const char *mf_plan_search_layout_name(const mf_plan_search *ps, int g, int c);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Golden listings of Whole (docs/semantics.md §5.1): explain's owners table
+# Golden listings of Whole (docs/semantics.md §9.1): explain's owners table
 # and owners per rank (text, and YAML), and diff's owner changes.
 #   whole_golden.sh MFSDPC SRC_DIR WORK_DIR     (UPDATE=1 rewrites the goldens)
 set -eu
