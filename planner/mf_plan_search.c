@@ -585,7 +585,7 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
         snprintf(ps->err, sizeof ps->err, "cannot simulate a candidate: %s", err);
         return -1;
     }
-    *t0 = res.step_time;
+    *t0 = res.step_time + mf_plan_search_optimizer_seconds(&ps->opt, p->sched); /* as sim_figures adds it */
     mf_sim_result_free(&res);
     return 0;
 }

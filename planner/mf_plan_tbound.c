@@ -352,8 +352,11 @@ int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf
         x.ch34[b] = concat(&x.ch[b][MF_T3], &x.ch[b][MF_T4]);
     }
     turn_terms(&x);
+    /* the optimizer step the search adds is exact from the buckets already
+       (monotone rounding keeps the sum below the figure's) */
+    double opt_s = mf_plan_search_optimizer_seconds(&ps->opt, s);
     for (int i = 0; i < n; i++)
-        out[i] = bound_for(&x, prefetch[i]);
+        out[i] = bound_for(&x, prefetch[i]) + opt_s;
     rc = 0;
 done:
     free(x.ch);
