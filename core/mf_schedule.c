@@ -219,13 +219,23 @@ bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)
     return true;
 }
 
+const char *mf_role_place_name(const mf_placement *p, int j, bool whole)
+{
+    return whole && p->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)p->p[j]);
+}
+
 char *mf_placement_format(const mf_placement *p, int naxes, char *buf, size_t size)
+{
+    return mf_placement_format_as(p, naxes, false, buf, size);
+}
+
+char *mf_placement_format_as(const mf_placement *p, int naxes, bool whole, char *buf, size_t size)
 {
     size_t at = 0;
     int n = snprintf(buf, size, "[");
     at = n > 0 ? (size_t)n : 0;
     for (int j = 0; j < naxes && at < size; j++) {
-        n = snprintf(buf + at, size - at, "%s%s", j ? ", " : "", mf_place_name((mf_place)p->p[j]));
+        n = snprintf(buf + at, size - at, "%s%s", j ? ", " : "", mf_role_place_name(p, j, whole));
         if (n > 0)
             at += (size_t)n;
     }

@@ -410,6 +410,11 @@ bool mf_op_in_step(const mf_op *op);
 bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes);
 /* Writes "[Replicate, Flat]" into buf (size >= 64); returns buf. */
 char *mf_placement_format(const mf_placement *p, int naxes, char *buf, size_t size);
+/* The name of axis j of a role's placement: `Whole` on a whole role's Flat
+ * axes (mf_bucket.whole), else the placement's own name. */
+const char *mf_role_place_name(const mf_placement *p, int j, bool whole);
+/* mf_placement_format with mf_role_place_name: "[Partial, Whole]". */
+char *mf_placement_format_as(const mf_placement *p, int naxes, bool whole, char *buf, size_t size);
 /* Writes "RF"-style letters; buf size >= MF_MAX_AXES + 1. */
 char *mf_placement_letters(const mf_placement *p, int naxes, char *buf);
 

@@ -172,7 +172,7 @@ static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_p
     mf_emit_key(c, k);
     mf_emit_seq_begin(c, true);
     for (int j = 0; j < c->s->mesh.naxes; j++)
-        mf_emit_str(c, whole && p->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)p->p[j]));
+        mf_emit_str(c, mf_role_place_name(p, j, whole));
     mf_emit_seq_end(c);
 }
 

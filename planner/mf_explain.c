@@ -578,7 +578,7 @@ static void y_placement_as(yout *y, const char *k, const mf_placement *pl, int n
     y_raw(y, k);
     y_seq(y, true);
     for (int j = 0; j < naxes; j++)
-        y_raw(y, whole && pl->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)pl->p[j]));
+        y_raw(y, mf_role_place_name(pl, j, whole));
     y_end_seq(y);
 }
 

@@ -28,15 +28,7 @@ const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, 
 
 const char *mf_plan_owners_placement(const mf_bucket *b, int r, int naxes, char *buf, size_t size)
 {
-    size_t at = 0;
-    buf[0] = '\0';
-    for (int j = 0; j < naxes && at < size; j++) {
-        mf_place x = (mf_place)b->place[r].p[j];
-        const char *n = b->whole[r] && x == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name(x);
-        int w = snprintf(buf + at, size - at, "%s%s%s%s", j ? "" : "[", j ? ", " : "", n, j == naxes - 1 ? "]" : "");
-        at += w > 0 ? (size_t)w : 0;
-    }
-    return buf;
+    return mf_placement_format_as(&b->place[r], naxes, b->whole[r], buf, size);
 }
 
 int64_t mf_plan_owners_of(const mf_mesh *m, const mf_bucket *b, int r, const mf_tensor *t)

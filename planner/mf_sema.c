@@ -526,47 +526,21 @@ static void report_missing_roles(mf_sema *s, const mf_ast_layout *decl, const ch
                   nmissing == 1 ? "role" : "roles");
 }
 
-/* "[Replicate, Whole]": placement p with its Flat axes written Whole. */
-static char *whole_format(const mf_placement *p, int naxes, char *buf, size_t size)
-{
-    size_t o = 0;
-    buf[0] = '\0';
-    for (int j = 0; j < naxes && o < size; j++) {
-        const char *n = p->p[j] == MF_PLACE_FLAT ? MF_WHOLE_NAME : mf_place_name((mf_place)p->p[j]);
-        int k = snprintf(buf + o, size - o, "%s%s%s", j ? ", " : "[", n, j + 1 == naxes ? "]" : "");
-        if (k < 0)
-            break;
-        o += (size_t)k;
-    }
-    return buf;
-}
-
 /* A Whole placement that breaks the suffix rule, with the placement that keeps it. */
 static void whole_suffix_error(mf_sema *s, const mf_ast_role *r, const char *what, const mf_placement *p)
 {
     const mf_mesh *mesh = &s->spec->mesh;
-    int naxes = mesh->naxes, bad = -1, inner = -1;
-    for (int j = 0; j < naxes && bad < 0; j++)
-        for (int k = j + 1; k < naxes && p->p[j] == MF_PLACE_FLAT; k++)
-            if (p->p[k] != MF_PLACE_FLAT) {
-                bad = j;
-                inner = k;
-                break;
-            }
-    mf_placement fixed = {{0}};
-    int o = 0;
-    for (int j = 0; j < naxes; j++)
-        if (p->p[j] != MF_PLACE_FLAT)
-            fixed.p[o++] = p->p[j];
-    while (o < naxes)
-        fixed.p[o++] = MF_PLACE_FLAT;
+    int naxes = mesh->naxes, bad, inner;
+    if (!mf_trans_rules_suffix_break(p, naxes, &bad, &inner))
+        return;
+    mf_placement fixed = mf_trans_rules_suffix_fix(p, naxes);
     char have[96], fix[96];
     mf_diag_error(s->d, r->places_span,
                   "placement %s of '%s' in %s breaks the suffix rule: axis '%s' is Whole but axis '%s' inside it "
                   "is %s; Whole axes must be the innermost, e.g. %s",
-                  whole_format(p, naxes, have, sizeof have), mf_role_name(r->role), what, mesh->axes[bad].name,
-                  mesh->axes[inner].name, mf_place_name((mf_place)p->p[inner]),
-                  whole_format(&fixed, naxes, fix, sizeof fix));
+                  mf_placement_format_as(p, naxes, true, have, sizeof have), mf_role_name(r->role), what,
+                  mesh->axes[bad].name, mesh->axes[inner].name, mf_place_name((mf_place)p->p[inner]),
+                  mf_placement_format_as(&fixed, naxes, true, fix, sizeof fix));
 }
 
 /* Resolves the roles of a layout block into out (placements indexed by mesh

@@ -94,6 +94,31 @@ static int mf_trans_check_partial(const mf_mesh *mesh, const mf_placement place[
     return n;
 }
 
+bool mf_trans_rules_suffix_break(const mf_placement *p, int naxes, int *flat, int *inner)
+{
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] == MF_PLACE_FLAT)
+            for (int k = j + 1; k < naxes; k++)
+                if (p->p[k] != MF_PLACE_FLAT) {
+                    *flat = j;
+                    *inner = k;
+                    return true;
+                }
+    return false;
+}
+
+mf_placement mf_trans_rules_suffix_fix(const mf_placement *p, int naxes)
+{
+    mf_placement fixed = {{0}};
+    int o = 0;
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] != MF_PLACE_FLAT)
+            fixed.p[o++] = p->p[j];
+    while (o < naxes)
+        fixed.p[o++] = MF_PLACE_FLAT;
+    return fixed;
+}
+
 /* The Flat axes are the innermost ones, for every role. */
 static int mf_trans_check_suffix(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
                                  mf_illegal_fn report, void *ctx)
@@ -102,25 +127,11 @@ static int mf_trans_check_suffix(const mf_mesh *mesh, const mf_placement place[M
     char msg[512];
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
         const mf_placement *p = &place[r];
-        int bad_flat = -1, bad_inner = -1;
-        for (int j = 0; j < naxes && bad_flat < 0; j++)
-            if (p->p[j] == MF_PLACE_FLAT)
-                for (int k = j + 1; k < naxes; k++)
-                    if (p->p[k] != MF_PLACE_FLAT) {
-                        bad_flat = j;
-                        bad_inner = k;
-                        break;
-                    }
-        if (bad_flat < 0)
+        int bad_flat, bad_inner;
+        if (!mf_trans_rules_suffix_break(p, naxes, &bad_flat, &bad_inner))
             continue;
         char have[64], fix[64];
-        mf_placement fixed = {{0}};
-        int o = 0;
-        for (int j = 0; j < naxes; j++)
-            if (p->p[j] != MF_PLACE_FLAT)
-                fixed.p[o++] = p->p[j];
-        while (o < naxes)
-            fixed.p[o++] = MF_PLACE_FLAT;
+        mf_placement fixed = mf_trans_rules_suffix_fix(p, naxes);
         mf_placement_format(p, naxes, have, sizeof have);
         mf_placement_format(&fixed, naxes, fix, sizeof fix);
         snprintf(msg, sizeof msg,

@@ -123,6 +123,13 @@ typedef void (*mf_illegal_fn)(void *ctx, const mf_illegal *v);
  * hold, on every axis every transition makes a move of its `moves`.
  * Reports every violation in that order; returns how many.
  */
+/* The suffix rule (docs/semantics.md §1): true when placement p has a Flat
+ * axis *flat with a non-Flat axis *inner inside it (the first such pair). */
+bool mf_trans_rules_suffix_break(const mf_placement *p, int naxes, int *flat, int *inner);
+/* p with its Flat axes moved innermost, the order kept: the fix a suffix
+ * error suggests. */
+mf_placement mf_trans_rules_suffix_fix(const mf_placement *p, int naxes);
+
 int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
                                 mf_illegal_fn report, void *ctx);
 
