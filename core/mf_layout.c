@@ -134,6 +134,15 @@ const mf_placement *mf_layout_shard_side(mf_opkind k, const mf_placement *from, 
     return k == MF_OP_REDUCE_SCATTER ? to : from;
 }
 
+int64_t mf_layout_prefix_bytes(mf_opkind k, int64_t n, int64_t sum, int64_t own, mf_dtype d)
+{
+    if (n <= 1)
+        return 0;
+    if (k == MF_OP_ALL_REDUCE)
+        return mf_schedule_collective_bytes(k, n, own, d);
+    return (sum - own) * (int64_t)mf_dtype_size(d);
+}
+
 int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opkind k, int axis,
                                    const mf_placement *shard, int64_t count, mf_dtype d)
 {
@@ -143,13 +152,13 @@ int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opki
     if (ring == 0 || !b || !mf_layout_bucket_whole(b) || b->length <= 0 ||
         b->length % mf_layout_shards(m, shard) != 0)
         return ring;
-    int64_t size = (int64_t)mf_dtype_size(d), worst = 0;
+    int64_t worst = 0;
     int64_t c[MF_MAX_AXES];
     for (int64_t r = 0; r < m->world; r++) {
         mf_layout_mesh_coords(m, r, c);
         if (k == MF_OP_ALL_REDUCE) {
             int64_t u = mf_layout_shard_used(m, shard, b, mf_layout_shard_index(m, shard, c));
-            int64_t x = mf_schedule_collective_bytes(k, n, u, d);
+            int64_t x = mf_layout_prefix_bytes(k, n, u, u, d);
             worst = x > worst ? x : worst;
             continue;
         }
@@ -163,7 +172,8 @@ int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opki
             least = u < least ? u : least;
         }
         /* the member with the smallest shard moves every other one */
-        worst = (sum - least) * size > worst ? (sum - least) * size : worst;
+        int64_t x = mf_layout_prefix_bytes(k, n, sum, least, d);
+        worst = x > worst ? x : worst;
     }
     return worst < ring ? worst : ring;
 }

@@ -75,6 +75,13 @@ const mf_placement *mf_layout_shard_side(mf_opkind k, const mf_placement *from, 
  * shard. Never above the ring's bytes. */
 int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opkind k, int axis,
                                    const mf_placement *shard, int64_t count, mf_dtype d);
+/* One rank's bytes for one launch of collective k in the used-prefix form,
+ * n members whose shards' used prefixes sum to `sum`, `own` this rank's:
+ * (sum - own)·b for a reduce_scatter or all_gather (every other member's
+ * prefix, sent or received), the ring all-reduce of `own` for an all_reduce.
+ * mf_layout_collective_bytes is its most over the ranks; the runtime counts
+ * it per rank (mfsdp_stats.bytes). */
+int64_t mf_layout_prefix_bytes(mf_opkind k, int64_t n, int64_t sum, int64_t own, mf_dtype d);
 /* mf_layout_collective_bytes of op (its buffers' placements); 0 for local ops. */
 int64_t mf_layout_op_bytes(const mf_schedule *s, const mf_op *op);
 

@@ -193,16 +193,7 @@ static mfsdp_result whole_forms(mf_rt *rt, int64_t *table)
         if (form == MF_WHOLE_PADDED || (form == MF_WHOLE_AUTO && sum >= n * cnt))
             continue;
         r->used = used;
-        size_t es = mf_dtype_size(op->dtype);
-        int64_t me = r->coord;
-        if (n <= 1)
-            r->bytes = 0;
-        else if (op->kind == MF_OP_REDUCE_SCATTER)   /* my part of every other shard */
-            r->bytes = (sum - used[me]) * (int64_t)es;
-        else if (op->kind == MF_OP_ALL_GATHER)       /* my shard to every other member */
-            r->bytes = (n - 1) * used[me] * (int64_t)es;
-        else                                         /* a ring all-reduce of the prefix */
-            r->bytes = 2 * (n - 1) * ((used[me] + n - 1) / n) * (int64_t)es;
+        r->bytes = mf_layout_prefix_bytes(op->kind, n, sum, used[r->coord], op->dtype);
     }
     return MFSDP_OK;
 }

@@ -240,9 +240,10 @@ static bool check_tables(const mf_rt *rt, const wc_case *c, int64_t scale, bool 
                          (long long)want[q]);
                 return false;
             }
-        want_bytes[w->axis] += w->kind == MF_OP_REDUCE_SCATTER ? (sum - want[me]) * es
-                               : w->kind == MF_OP_ALL_GATHER   ? (n - 1) * want[me] * es
-                                                               : 2 * (n - 1) * ((want[me] + n - 1) / n) * es;
+        /* docs/semantics.md §6.1 for one rank: every other member's prefix, sent
+         * (reduce_scatter) or received (all_gather); a ring all-reduce of its own */
+        want_bytes[w->axis] += w->kind == MF_OP_ALL_REDUCE ? 2 * (n - 1) * ((want[me] + n - 1) / n) * es
+                                                           : (sum - want[me]) * es;
     }
     return true;
 }
