@@ -18,7 +18,7 @@ FIGURES = {
     'change.sanitize.tests': 170, 'change.plain.tests': 190, 'change.plain_nocuda.tests': 181,
     'change.plain.only': 20, 'change.plain_nocuda.only': 11,
     'change.plain.only.label.python': 9, 'change.plain.only.label.valgrind': 1,
-    'change.sanitize.crash_local_kills': 10, 'change.sanitize.crash_mpi_kills': 10,
+    'change.sanitize.crash_local_kills': 10, 'change.plain.crash_mpi_kills': 10,
     'soak.plain.tests': 196, 'soak.plain.crash_local_kills': 200, 'soak.plain.crash_local_tests': 4,
     'soak.plain.crash_mpi_kills': 200, 'soak.plain.crash_mpi_tests': 4,
     'soak.sanitize.tests': 173, 'soak.sanitize.crash_local_kills': 40, 'soak.sanitize.crash_mpi_kills': 10,
@@ -32,7 +32,7 @@ Five targets, each a fuzzer. Per change the sanitizer build registers 170 tests
 and runs them all. The plain build registers 190 tests (181 without the CUDA toolkit) and
 runs only the 20 the sanitizer build does not register (11 without the toolkit): the 9 Python
 tests, valgrind's leak check (label `valgrind`, 1 test).
-The smoke is 10 SIGKILL trials on the local backend and 10 under mpirun.
+The smoke is 10 SIGKILL trials on the local backend under the sanitizers and 10 under mpirun in the plain build.
 
 Nightly: the plain build's whole suite, 196 tests: 200 SIGKILL trials on the local backend
 (4 tests of 50) and 200 under mpirun (4 of 50); the whole sanitize suite, 173 tests (40
