@@ -171,6 +171,10 @@ def to_dcp(argv: Sequence[str]) -> None:
     docs = [d for d in _blobs(src, manifest) if isinstance(d, dict)
             and d.get("format") == tck.FORMAT and d.get("optimizer")]
     names = _names(tensors, opts["--tie"], "the checkpoint")
+    if any(isinstance(d, dict) and d.get("optimizers") for d in _blobs(src, manifest)):
+        raise MfsdpError(1, "%s: saved with several optimizers (optimizer=[...]); to-dcp converts "
+                            "one optimizer's state: load it with sm.load_checkpoint and write the "
+                            "DCP with sm.save_dcp(path, [the same optimizers])" % src)
     rt = _one_rank_runtime(tensors)
     try:
         states = [s["name"] for s in manifest["states"][1:]] if docs else None

@@ -8,7 +8,12 @@ Whole one, every master weight and both moments bit for bit and the step;
 the Flat run resumed from the Whole checkpoint takes the step single-process
 torch takes; save_dcp of the Whole run loads into FSDP2 (1-D mesh over gloo)
 bit for bit; export_hf of the Whole run is its master weights exactly and the
-single-process weights within 1e-5.
+single-process weights within 1e-5. Two optimizers (Muon on the owned
+matrices + AdamW on the rest, whole_worker.several): 2 steps, save_checkpoint
+and save_dcp of both, fresh runs of other seeds load each and take 2 more
+steps, equal bit for bit to 4 uninterrupted steps; the wrong lists (count,
+class, swapped order, a matrix moved to AdamW, a parameter in both) are
+refused on every rank with the difference named, nothing modified.
 """
 import glob
 import os
@@ -114,3 +119,51 @@ def test_hf_export_of_whole_run(run):
     worst = max(((hf[n] - p).abs().max() / p.abs().max()).item() for n, p in ref.items())
     print("HF export vs single-process torch: %.2e" % worst)
     assert worst <= TOL, worst
+
+
+@pytest.fixture(scope="module")
+def several(run):
+    out, _ = run
+    return torch.load(os.path.join(out, "several.pt"))
+
+
+@pytest.mark.parametrize("kind", ["ck", "dcp"])
+def test_two_optimizers_resume_bit_exact(several, kind):
+    for r, res in enumerate(several):
+        assert res["muon_mats"], "rank %d owns no matrix" % r
+        assert all(len(s) == 2 for s in res["muon_mats"].values()), res["muon_mats"]
+        only_one_side, count = res[kind + "_diffs"]
+        assert not only_one_side and count == 0, (r, kind, only_one_side, count)
+        assert res[kind + "_losses"] == res["losses"][2:], (r, kind)
+
+
+# the refusal of each wrong list: (kind, case) -> words the message must hold
+REFUSED = {
+    ("ck", "count"): ["holds the state of 2 optimizers (Muon, AdamW), 3 given"],
+    ("ck", "one"): ["holds the state of 2 optimizers (Muon, AdamW)", "a list"],
+    ("ck", "class"): ["optimizer 1 is a SGD, the checkpoint's optimizer 1 a AdamW"],
+    ("ck", "swapped"): ["optimizer 0 is a AdamW, the checkpoint's optimizer 0 a Muon"],
+    ("ck", "moved"): ["is in optimizer 1 (AdamW) here and in optimizer 0 (Muon) in the "
+                      "checkpoint"],
+    ("ck", "twice"): ["is in optimizer 0 (Muon) and in optimizer 1 (AdamW)"],
+    ("dcp", "count"): ["2 param groups in the checkpoint, the optimizer has 1"],
+    ("dcp", "class"): ["param group 1: the checkpoint's options", "optimizer 1's (SGD)"],
+    ("dcp", "swapped"): ["param group 0: the checkpoint's options",
+                         "optimizer 0's (AdamW)", "another order"],
+    ("dcp", "moved"): ["is in param group 1 of the optimizers (optimizer 1's (AdamW))"],
+    ("dcp", "twice"): ["is in optimizer 0 (Muon) and in optimizer 1 (AdamW)"],
+}
+
+
+@pytest.mark.parametrize("kind", ["ck", "dcp"])
+def test_two_optimizers_refusals(several, kind):
+    for r, res in enumerate(several):
+        got = res[kind + "_refused"]
+        want = {c: w for (k, c), w in REFUSED.items() if k == kind}
+        assert set(got) == set(want), (r, kind, sorted(got))
+        for case, words in want.items():
+            assert got[case] is not None, (r, kind, case, "not refused")
+            for w in words:
+                assert w in got[case], (r, kind, case, w, got[case])
+        only_one_side, count = res[kind + "_untouched"]
+        assert not only_one_side and count == 0, (r, kind, "modified by a refused load", count)

@@ -24,6 +24,10 @@ Hugging Face export; a Flat HFSDP run of another seed loads the checkpoint,
 trains a step and saves; a Whole run of another seed loads that. Rank 0 writes
 OUT/ckpt.pt with every gathered master weight and moment at each point, and
 OUT/dcp_fsdp2.pt with what FSDP2 (1-D mesh over gloo) loaded from the DCP.
+Then two optimizers (several()): Muon on the owned matrices + AdamW on the
+rest, 4 steps uninterrupted with save_checkpoint and save_dcp of both after
+step 2; fresh runs of other seeds are refused the wrong lists (nothing
+modified), then load each and take steps 3 and 4; OUT/several.pt.
 """
 import os
 import sys
@@ -254,6 +258,7 @@ def ckpt(out, rank, port):
                        "exp_avg": st["exp_avg"].full_tensor().clone(),
                        "exp_avg_sq": st["exp_avg_sq"].full_tensor().clone(),
                        "step": float(st["step"])}
+    several(out, rank, dist)
     dist.destroy_process_group()
     if rank == 0:
         torch.save(res, os.path.join(out, "ckpt.pt"))
@@ -267,6 +272,83 @@ def main():
         muon(out, rank, sys.argv[3], sys.argv[4:])
     else:
         ckpt(out, rank, sys.argv[3])
+
+
+
+def mains(sm):
+    return {n: mp.detach().clone() for n, mp in sm.named_main_parameters()}
+
+
+def diffs(a, b):
+    """Elements of a and b (name -> tensor) that differ bitwise, and the names
+    only one side has."""
+    bad = sorted(set(a) ^ set(b))
+    return bad, sum(int((a[n].view(torch.int32) != b[n].view(torch.int32)).sum())
+                    for n in set(a) & set(b))
+
+
+def refusals(sm, load, bad_lists):
+    """{case: message} of load(optimizers) refused for each list, and the
+    master weights' bitwise differences across the refused calls (0: untouched)."""
+    from mfsdp import UsageError
+    before, got = mains(sm), {}
+    for case, opts in bad_lists.items():
+        try:
+            load(opts)
+            got[case] = None
+        except UsageError as e:
+            got[case] = str(e)
+    return got, diffs(before, mains(sm))
+
+
+def several(out, rank, dist):
+    """Muon + AdamW: resumes through save_checkpoint and save_dcp equal to
+    the uninterrupted run, bit for bit; the refusals."""
+    X, Y = data(4)
+
+    def build(seed):
+        model, _, sm = shard_model("hfsdp", seed=seed)
+        mp = [(p.full_name, p.full_shape, p) for p in sm.main_parameters()]
+        return model, sm, list(whole_optimizers(mp)), mp
+
+    model, sm, opts, _ = build(0)
+    losses = [run_step(sm, model, opts, rank, s, X, Y) for s in range(2)]
+    muon_mats = {n: tuple(st["momentum_buffer"].shape) for n, st in
+                 ((p.full_name, st) for p, st in opts[0].state.items())}
+    sm.save_checkpoint(os.path.join(out, "two_ck"), opts)
+    sm.save_dcp(os.path.join(out, "two_dcp"), tuple(opts))
+    losses += [run_step(sm, model, opts, rank, s, X, Y) for s in range(2, 4)]
+    want = mains(sm)
+    sm.close()
+    res = {"muon_mats": muon_mats, "losses": losses}
+    for kind in ("ck", "dcp"):
+        model, sm, opts, mp = build(5 if kind == "ck" else 7)
+        load = (lambda o: sm.load_checkpoint(os.path.join(out, "two_ck"), o)) if kind == "ck" \
+            else (lambda o: sm.load_dcp(os.path.join(out, "two_dcp"), o))
+        moved = [p for n, s, p in mp if is_matrix(n, s)][:1]    # this rank's first matrix
+        mats = [p for n, s, p in mp if is_matrix(n, s) and all(p is not q for q in moved)]
+        vecs = [p for n, s, p in mp if not is_matrix(n, s)]
+        rest = moved + vecs
+        bad = {"count": opts + [torch.optim.SGD([{"params": []}], lr=0.1)]
+               if kind == "ck" else opts[:1],
+               "one": opts[0],
+               "class": [opts[0], torch.optim.SGD([{"params": vecs}], lr=ADAMW_LR)],
+               "swapped": [opts[1], opts[0]],
+               "moved": [torch.optim.Muon([{"params": mats}], lr=MUON_LR, weight_decay=0.01),
+                         torch.optim.AdamW([{"params": rest}], lr=ADAMW_LR, weight_decay=0.1,
+                                           foreach=False)],
+               "twice": [opts[0], torch.optim.AdamW([{"params": rest + mats[:1]}], lr=ADAMW_LR)]}
+        if kind == "dcp":
+            del bad["one"]       # a DCP does not say how many optimizers wrote it
+        res[kind + "_refused"], res[kind + "_untouched"] = refusals(sm, load, bad)
+        load(opts)
+        res[kind + "_losses"] = [run_step(sm, model, opts, rank, s, X, Y) for s in range(2, 4)]
+        res[kind + "_diffs"] = diffs(mains(sm), want)
+        sm.close()
+    every = [None] * train.WORLD
+    dist.all_gather_object(every, res)
+    if rank == 0:
+        torch.save(every, os.path.join(out, "several.pt"))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ shaped like the parameter and 0-d `step`s), `optim.param_groups.<i>.<option>`
 with `params` the FQNs of the group. torch's own planner, writer and reader
 do the format; this module only decides who holds which whole tensor.
 
+Several optimizers (optimizer=[muon, adamw]) are laid out as torch's
+get_optimizer_state_dict(model, (muon, adamw)) lays them out: one "state"
+keyed by FQN (each parameter under the optimizer that steps it, with that
+optimizer's keys) and the optimizers' param groups concatenated in the
+given order (`optim.param_groups.<i>`, i counting over all of them); the
+boundary between optimizers is not stored, so a load matches the given
+optimizers' groups, in order, against the saved ones (count, options,
+members) and refuses any difference.
+
 save: the whole tensors (every master weight, every optimizer state of it)
 are balanced over the ranks by bytes; every rank takes part in each gather
 (the runtime's mfsdp_main_weight_gather / mfsdp_shard_gather to the writer
@@ -41,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import torch
 
 from .._lib import UsageError
+from .checkpoint import Optimizers, optimizers_of, owners
 from .tensors import DTYPE_NAMES, TORCH_DTYPES
 
 if TYPE_CHECKING:
@@ -53,11 +63,14 @@ BATCH_BYTES = 256 << 20
 class OptimizerState:
     """An optimizer's state by tensor name: `groups` (each group's options,
     without params), `member` ({tensor name: group index}) and `state`
-    ({tensor name: {key: this rank's shard (1-D tensor) or a scalar}})."""
+    ({tensor name: {key: this rank's shard (1-D tensor) or a scalar}}).
+    `partial`: of several optimizers, which need not cover every tensor nor
+    share their state keys (checked per param group instead)."""
 
     def __init__(self, groups: List[Dict[str, Any]], member: Dict[str, int],
-                 state: Dict[str, Dict[str, Any]]) -> None:
+                 state: Dict[str, Dict[str, Any]], partial: bool = False) -> None:
         self.groups, self.member, self.state = groups, member, state
+        self.partial = partial
 
 
 class Names:
@@ -115,22 +128,29 @@ def _all_gather(dist, obj):
 
 # ---- the optimizer in tensor names ----
 
-def optimizer_state(sm: ShardedModel, optimizer: torch.optim.Optimizer, what: str) -> OptimizerState:
-    """This rank's part of a torch optimizer over sm.main_parameters()."""
+def optimizer_state(sm: ShardedModel, optimizer, what: str) -> OptimizerState:
+    """This rank's part of a torch optimizer over sm.main_parameters(), or of
+    a list of them (their groups concatenated, torch's multi-optimizer rule)."""
+    opts = optimizers_of(optimizer, what)
+    if len(opts) > 1:
+        owners(sm, opts, what)           # refuses a parameter in two of them, naming it
     by_id = {id(mp): (name, mp) for name, mp, _, _ in sm._main}
     groups, member, state = [], {}, {}
-    for gi, g in enumerate(optimizer.param_groups):
-        groups.append({k: v for k, v in g.items() if k != "params"})
-        for p in g["params"]:
-            if id(p) not in by_id:
-                raise UsageError("%s: the optimizer steps a tensor that is not a main parameter of "
-                                 "this model (give it sm.main_parameters())" % what)
-            name, mp = by_id[id(p)]
-            member[name] = gi
-            st = optimizer.state.get(mp)
-            if st:
-                state[name] = dict(st)
-    return OptimizerState(groups, member, state)
+    for optimizer in opts:
+        for g in optimizer.param_groups:
+            gi = len(groups)
+            groups.append({k: v for k, v in g.items() if k != "params"})
+            for p in g["params"]:
+                if id(p) not in by_id:
+                    raise UsageError("%s: the optimizer steps a tensor that is not a main "
+                                     "parameter of this model (give it sm.main_parameters())"
+                                     % what)
+                name, mp = by_id[id(p)]
+                member[name] = gi
+                st = optimizer.state.get(mp)
+                if st:
+                    state[name] = dict(st)
+    return OptimizerState(groups, member, state, partial=len(opts) > 1)
 
 
 def _describe(opt, main, what):
@@ -203,10 +223,16 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
     states, member = {}, {}
     for d in every:
         states.update(d["states"])
-        member.update(d["member"])
+        split = sorted(t for t, g in d["member"].items() if member.setdefault(t, g) != g)
+        if split:
+            raise UsageError("%s: %s %s in one param group on some ranks and in another on "
+                             "others: every rank must give each tensor to the same one"
+                             % (what, ", ".join(repr(t) for t in split[:8]),
+                                "is" if len(split) == 1 else "are"))
     groups = every[0]["groups"]
     if opt is not None:
-        missing = [v.name for v in rt.views if v.name not in states]
+        missing = [v.name for v in rt.views if v.name not in states
+                   and (v.name in member or not opt.partial)]
         if missing:
             raise UsageError("%s: the optimizer has no state for %s (save after the first "
                              "optimizer.step())" % (what, ", ".join(missing[:8])))
@@ -308,9 +334,11 @@ def _shape(m):
 
 
 def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
-              groups: Optional[int], what: str) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
+              groups: Optional[int], what: str,
+              partial: bool = False) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
     """(problems, {tensor name: {state key: "shard" | "scalar"}}) of loading
-    DCP metadata `md` into this runtime (and an optimizer of `groups` groups)."""
+    DCP metadata `md` into this runtime (and an optimizer of `groups` groups;
+    `partial`: several optimizers, whose states load() checks per group)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     problems = []
     shapes = {v.name: tuple(v.shape) for v in rt.views}
@@ -360,7 +388,7 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
         return problems, kinds
     shape_of = [found[t] for t in shapes if t in found]
     model_keys = sorted(set().union(*[set(d.items()) for d in shape_of])) if shape_of else []
-    for t in shapes:
+    for t in shapes if not partial else ():
         if t not in found:
             problems.append("missing the optimizer state of %r (optim.state.%s.*)"
                             % (names.fqn[t], names.fqn[t]))
@@ -368,10 +396,32 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
             problems.append("optim.state.%s has %s, other parameters %s" % (
                 names.fqn[t], sorted(found[t]), sorted(k for k, _ in model_keys)))
     if groups is not None and sorted(pg) != list(range(groups)):
-        problems.append("%d param groups in the checkpoint, the optimizer has %d"
-                        % (len(pg), groups))
+        problems.insert(0, "%d param groups in the checkpoint, the optimizer%s %d"
+                        % (len(pg), "s have" if partial else " has", groups))
     kinds = {t: dict(found[t]) for t in found}
     return problems, kinds
+
+
+def _group_states(names, kinds, saved_groups):
+    """Several optimizers: every parameter of a saved group has state, with
+    the same keys as the others of its group."""
+    by_fqn = {f: t for t, f in names.fqn.items()}
+    problems = []
+    for gi, g in enumerate(saved_groups):
+        first = None
+        for f in g.get("params", []):
+            t = by_fqn.get(f)
+            if t is None:
+                continue
+            if t not in kinds:
+                problems.append("missing the optimizer state of %r (optim.state.%s.*; param "
+                                "group %d)" % (f, f, gi))
+            elif first is None:
+                first = (f, sorted(kinds[t].items()))
+            elif sorted(kinds[t].items()) != first[1]:
+                problems.append("optim.state.%s has %s, %s of the same param group %d %s" % (
+                    f, sorted(kinds[t]), first[0], gi, sorted(k for k, _ in first[1])))
+    return problems
 
 
 def _read(path, template):
@@ -404,7 +454,7 @@ def _batches(rt, path, requests, md, batch_bytes):
 
 def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[str, Any]]],
          check_groups, batch_bytes: int = BATCH_BYTES,
-         what: str = "load_dcp") -> Optional[OptimizerState]:
+         what: str = "load_dcp", partial: bool = False) -> Optional[OptimizerState]:
     """Reads a DCP checkpoint into the runtime's master weights (and the
     model's buffers); with opt_groups (the loading optimizer's groups, or []
     for "any"), returns the optimizer's state for this rank's shards. Every
@@ -413,7 +463,7 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
     md = _metadata(path, what)
     want_optim = opt_groups is not None
     problems, kinds = plan_load(rt, names, md, want_optim,
-                                len(opt_groups) if opt_groups else None, what)
+                                len(opt_groups) if opt_groups else None, what, partial)
     saved_groups = []
     if want_optim and not problems:
         keys = sorted(k for k in md if k.startswith("optim.param_groups."))
@@ -423,6 +473,8 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
             i, _, o = k[len("optim.param_groups."):].partition(".")
             by_index.setdefault(int(i), {})[o] = got[k]
         saved_groups = [by_index[i] for i in sorted(by_index)]
+        if partial:
+            problems += _group_states(names, kinds, saved_groups)
         problems += check_groups(saved_groups)
     if problems:
         raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
@@ -465,45 +517,60 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
 
 # ---- ShardedModel.save_dcp / load_dcp ----
 
-def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None) -> None:
     """See ShardedModel.save_dcp."""
     sm._between_steps("save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
     save(sm.runtime, Names.of_model(sm), path, opt)
 
 
-def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
              batch_bytes: int = BATCH_BYTES) -> None:
     """See ShardedModel.load_dcp."""
     sm._between_steps("load_dcp")
     names = Names.of_model(sm)
-    mine = optimizer_state(sm, optimizer, "load_dcp") if optimizer is not None else None
+    opts = optimizers_of(optimizer, "load_dcp")
+    mine = optimizer_state(sm, opts, "load_dcp") if opts is not None else None
+    flat = [(i, o, g) for i, o in enumerate(opts or []) for g in o.param_groups]
+    several = opts is not None and len(opts) > 1
+
+    def whose(i, o):
+        return "%s's" % type(o).__name__ if not several else \
+            "optimizer %d's (%s)" % (i, type(o).__name__)
 
     def check_groups(saved):
         problems = []
-        for gi, (g, s) in enumerate(zip(optimizer.param_groups, saved)):
+        for gi, ((i, o, g), s) in enumerate(zip(flat, saved)):
             have = sorted(k for k in g if k != "params")
             got = sorted(k for k in s if k != "params")
             if have != got:
-                problems.append("param group %d: the checkpoint's options %s, this %s's %s (saved "
-                                "by another optimizer class?)" % (gi, got, type(optimizer).__name__,
-                                                                  have))
+                problems.append("param group %d: the checkpoint's options %s, this %s %s (saved "
+                                "by another optimizer class%s?)" % (
+                                    gi, got, whose(i, o), have,
+                                    ", or the optimizers in another order" if several else ""))
             held = set(s.get("params", []))
-            for t, i in mine.member.items():
-                if i == gi and names.fqn[t] not in held:
-                    problems.append("%r is in param group %d of the optimizer, not in the "
-                                    "checkpoint's" % (names.fqn[t], gi))
+            for t, k in mine.member.items():
+                if k == gi and names.fqn[t] not in held:
+                    problems.append("%r is in param group %d of the optimizer%s, not in the "
+                                    "checkpoint's" % (names.fqn[t], gi, "s (%s)" % whose(i, o)
+                                                      if several else ""))
+        if several:
+            saved_at = {f for s in saved for f in s.get("params", [])}
+            problems += ["%r is in none of these optimizers but has optimizer state in the "
+                         "checkpoint" % names.fqn[t] for t, _, _, _ in sm._main
+                         if t not in mine.member and names.fqn[t] in saved_at]
         return problems
 
-    opt = load(sm.runtime, names, path, mine.groups if optimizer is not None else None,
-               check_groups, batch_bytes)
-    if optimizer is None:
+    opt = load(sm.runtime, names, path, mine.groups if opts is not None else None,
+               check_groups, batch_bytes, partial=several)
+    if opts is None:
         return
-    for g, s in zip(optimizer.param_groups, opt.groups):
+    for (_, _, g), s in zip(flat, opt.groups):
         for k, v in s.items():
             g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
     for name, mp, _, _ in sm._main:
         if name in mine.member:
+            optimizer = flat[mine.member[name]][1]
             optimizer.state[mp] = {k: (x.view(mp.shape).to(mp.dtype) if isinstance(x, torch.Tensor)
                                        and x.dim() == 1 else x)
                                    for k, x in opt.state.get(name, {}).items()}

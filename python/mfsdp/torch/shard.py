@@ -52,6 +52,7 @@ from .tensors import DTYPE_NAMES, tensor
 
 if TYPE_CHECKING:
     from ..checkpoint import Rules
+    from .checkpoint import Optimizers
     from ..runtime import Stats
     from ..schedule import Schedule
 
@@ -330,46 +331,55 @@ class ShardedModel:
                 self.runtime.scatter(v.index, state_dict[n])
 
     # ---- checkpoints (python/mfsdp/torch/checkpoint.py, docs/checkpoint.md) ----
-    def save_checkpoint(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+    def save_checkpoint(self, path: str, optimizer: Optional[Optimizers] = None,
                         step: Optional[int] = None, user_blob: Optional[bytes] = None) -> None:
         """Saves a sharded checkpoint in directory `path` (must not exist): the
         master weights, the state of `optimizer` (over main_parameters(); its
         tensors shaped like the parameters as sharded states, its shared scalars
         such as Adam's step and the param groups' numeric hyper-parameters in
         this rank's blob), `step` (default: self.steps) and this rank's
-        `user_blob` (bytes: data-loader position, RNG state). Every rank writes
+        `user_blob` (bytes: data-loader position, RNG state). `optimizer` may
+        be a list or tuple of optimizers, each over its own main parameters
+        (Muon on the matrices + AdamW on the rest): their states are saved
+        together, a parameter in two of them refused. Every rank writes
         only its own unique bytes; committed by rename. Between steps;
         collective."""
         from . import checkpoint
         checkpoint.save(self, path, optimizer, step, user_blob)
 
-    def load_checkpoint(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+    def load_checkpoint(self, path: str, optimizer: Optional[Optimizers] = None,
                         user_blob_rank: Optional[int] = None,
                         verify_files: bool = False) -> Tuple[int, Optional[bytes]]:
         """Loads a checkpoint saved by save_checkpoint under any mesh or layout
         of the same model (resharding is an ordinary load): the master weights
         and, with `optimizer` (a new optimizer of the same class over
-        main_parameters()), its state. Returns (step, user blob of rank
+        main_parameters(); or the same list of optimizers that saved, the
+        same classes in the same order, each parameter in the optimizer that
+        had it: any difference is refused before anything is read), its
+        state. Returns (step, user blob of rank
         user_blob_rank, default this rank's number; None when that rank saved
         none) and sets self.steps to the step. Between steps; collective."""
         from . import checkpoint
         return checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
 
-    def save_dcp(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    def save_dcp(self, path: str, optimizer: Optional[Optimizers] = None) -> None:
         """Saves the model (and `optimizer`, over main_parameters()) as a PyTorch
         Distributed Checkpoint in directory `path` (must not exist), laid out as
         FSDP2's {"model": get_model_state_dict, "optim": get_optimizer_state_dict}
-        so that an FSDP2 trainer loads it with dcp.load; committed by rename.
+        so that an FSDP2 trainer loads it with dcp.load (several optimizers:
+        torch's get_optimizer_state_dict(model, (a, b)) layout, their param
+        groups concatenated in order); committed by rename.
         Needs torch.distributed initialised on more than one rank. Between steps;
         collective (python/mfsdp/torch/dcp.py)."""
         from . import dcp
         dcp.save_dcp(self, path, optimizer)
 
-    def load_dcp(self, path: str, optimizer: Optional[torch.optim.Optimizer] = None,
+    def load_dcp(self, path: str, optimizer: Optional[Optimizers] = None,
                  batch_bytes: int = 256 << 20) -> None:
         """Loads a PyTorch Distributed Checkpoint saved the FSDP2 way (or by
         save_dcp) under any mesh or layout: the master weights and, with
-        `optimizer`, its per-parameter state and param groups' options. Each rank
+        `optimizer` (one, or the list that saved, in the same order), its
+        per-parameter state and param groups' options. Each rank
         reads the whole tensors it holds a shard of, at most `batch_bytes` at a
         time; another model's checkpoint is refused listing every problem before
         anything is written. Between steps (python/mfsdp/torch/dcp.py)."""
