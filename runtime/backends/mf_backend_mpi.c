@@ -708,7 +708,8 @@ static mfsdp_result run_whole(mf_rt *rt, const mf_rt_op *r, const int *counts, c
         if (!contiguous) {
             char *p = st->pack[op->stream];
             for (int64_t c = 0, at = 0; c < g; at += r->used[c], c++)
-                memcpy(p + (size_t)at * es, src + (size_t)(c * n) * es, (size_t)r->used[c] * es);
+                if (r->used[c])   /* no pack buffer when every prefix is empty */
+                    memcpy(p + (size_t)at * es, src + (size_t)(c * n) * es, (size_t)r->used[c] * es);
             send = p;
         }
         rc = start_reduce_scatterv(st, send, dst, counts, type, sum, comm, &req);
