@@ -36,14 +36,13 @@ def examples(path, section=SECTION, marker=MARKER):
     return out
 
 
-def main():
-    path, port = sys.argv[1], sys.argv[2]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = port
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    for line, code, marked in examples(path):
+def run_examples(path, rank, section=SECTION, marker=MARKER):
+    """Runs every example of the section in order, each as a script in a fresh
+    namespace under the docs file's name and line numbers; an unmarked one
+    fails; a failing one exits this rank at once."""
+    for line, code, marked in examples(path, section, marker):
         if not marked:
-            raise SystemExit("%s:%d: an example without the marker %r" % (path, line, MARKER))
+            raise SystemExit("%s:%d: an example without the marker %r" % (path, line, marker))
         try:
             exec(compile("\n" * (line - 1) + code, path, "exec"), {"__name__": "__main__"})
         except BaseException:
@@ -52,6 +51,13 @@ def main():
             os._exit(1)     # at once: the other ranks' collectives must not wait for this one
         if rank == 0:
             print("example at line %d: ok" % line, flush=True)
+
+
+def main():
+    path, port = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = port
+    run_examples(path, int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 
 if __name__ == "__main__":

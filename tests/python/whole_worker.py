@@ -165,21 +165,9 @@ def muon_run(out, rank, X, Y, tag, layout):
 
 
 def run_docs(path, rank):
-    """The docs' examples, each in a fresh namespace under the docs file's name
-    and line numbers (migration_worker's way)."""
-    import traceback
-    from migration_worker import examples
-    for line, code, marked in examples(path, DOCS_SECTION, DOCS_MARKER):
-        if not marked:
-            raise SystemExit("%s:%d: an example without the marker %r" % (path, line, DOCS_MARKER))
-        try:
-            exec(compile("\n" * (line - 1) + code, path, "exec"), {"__name__": "__main__"})
-        except BaseException:
-            traceback.print_exc()
-            sys.stdout.flush()
-            os._exit(1)     # at once: the other ranks' collectives must not wait for this one
-        if rank == 0:
-            print("example at line %d: ok" % line, flush=True)
+    """The docs' examples, as migration_worker runs its section's."""
+    from migration_worker import run_examples
+    run_examples(path, rank, DOCS_SECTION, DOCS_MARKER)
 
 
 def gathered(sm, opt):
