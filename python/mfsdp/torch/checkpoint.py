@@ -223,7 +223,8 @@ _BIG = float(1 << 40)      # "no rank" in a max-allreduce of negated ranks
 _GROUPS = 1 << 16          # code of (optimizer i, group g): i * _GROUPS + g + 1; 0: none
 
 
-def optimizers_of(optimizer, what: str) -> Optional[List[torch.optim.Optimizer]]:
+def optimizers_of(optimizer: Optional[Optimizers],
+                  what: str) -> Optional[List[torch.optim.Optimizer]]:
     """The optimizers of an optimizer= argument (one, or a list or tuple of
     them) as a list; None for None."""
     if optimizer is None:
