@@ -11,11 +11,13 @@
 #       glibc than the image's). glibc, libstdc++, libgcc_s and the driver
 #       come from the image. Refuses a tree over 64 MiB or one that needs a
 #       glibc newer than GLIBC_FLOOR (or libstdc++ newer than GLIBCXX_FLOOR).
+#       tests/gpu/pack-in-bullseye.sh DIR builds in a Debian 11 root and runs
+#       --pack there: the tree to carry (this host's glibc is over the floor).
 #   bash DIR/device-check.sh --prebuilt DIR
 #       ON THE DEVICE: runs the stages below from DIR, builds nothing; needs
 #       bash, coreutils, tar and the NVIDIA driver (CUDA 13: driver 580 or newer).
-#   bash tests/gpu/device-check.sh --rehearse BUILD
-#       HERE: --pack BUILD, then runs the packed tree the way the device tool
+#   bash tests/gpu/device-check.sh --rehearse BUILD|PACKED
+#       HERE: --pack BUILD (or a tree packed already), then runs it the way the device tool
 #       will: a fresh copy of the tree, no network (unshare -n), a bare
 #       environment, $OUT a fresh folder that must end with at most 8 files
 #       (summary.txt + logs.tar.gz), each within the tool's limits. Without a
@@ -53,12 +55,14 @@
 set -u
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 MAX_PACK_MIB=64
-# The oldest glibc the packed tree must load on. 2.34: a binary linked on a
-# glibc >= 2.34 host needs GLIBC_2.34 (__libc_start_main, pthread_* moved into
-# libc); older needs a build on an older image. The device images seen run
-# 2.35 and newer.
-GLIBC_FLOOR=${MFSDP_GLIBC_FLOOR:-2.34}
-GLIBCXX_FLOOR=${MFSDP_GLIBCXX_FLOOR:-3.4.30}  # GCC 12's libstdc++ (Ubuntu 22.04)
+# The oldest glibc the packed tree must load on: 2.31 (Debian 11, Ubuntu
+# 20.04). A binary linked on a glibc >= 2.34 host needs GLIBC_2.34
+# (__libc_start_main, pthread_* moved into libc), so a tree for the device is
+# built in a Debian 11 root: tests/gpu/pack-in-bullseye.sh.
+# MFSDP_GLIBC_FLOOR=here (and MFSDP_GLIBCXX_FLOOR=here): this machine's own,
+# for a tree that runs where it was built.
+GLIBC_FLOOR=${MFSDP_GLIBC_FLOOR:-2.31}
+GLIBCXX_FLOOR=${MFSDP_GLIBCXX_FLOOR:-3.4.28}  # GCC 10's libstdc++ (Debian 11, Ubuntu 20.04)
 HBM_PEAK_GBS=${MFSDP_HBM_PEAK_GBS:-4800}      # H200: 4.8 TB/s
 OUT_MAX_FILES=8
 
@@ -82,11 +86,23 @@ is_image_lib() {
 highest_version() {
     local p=$1
     shift
-    for f in "$@"; do objdump -T "$f" 2>/dev/null; done | grep -o "(${p}_[0-9][0-9.]*)" | tr -d '()' |
-        sed "s/^${p}_//" | sort -uV | tail -1
+    # the version needs (.gnu.version_r) as readelf prints them: the same in
+    # every binutils (objdump -T's column gained parentheses in 2.37)
+    for f in "$@"; do readelf -V --wide "$f" 2>/dev/null; done | grep -o "Name: ${p}_[0-9][0-9.]*" |
+        sed "s/^Name: ${p}_//" | sort -uV | tail -1
 }
 # version_le A B: A <= B (versions; empty A is <= anything).
 version_le() { [ -z "$1" ] || [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
+
+# The glibc and the libstdc++ (its highest GLIBCXX_ version) of this machine.
+glibc_here() { ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$'; }
+glibcxx_here() {
+    local l
+    l=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+    [ -n "$l" ] && highest_version GLIBCXX "$l"
+}
+[ "$GLIBC_FLOOR" = here ] && GLIBC_FLOOR=$(glibc_here)
+[ "$GLIBCXX_FLOOR" = here ] && GLIBCXX_FLOOR=$(glibcxx_here)
 
 # make_stub SONAME REGEX DIR WHY: a library named SONAME that defines every
 # symbol matching REGEX the binaries import: functions return 2 (NCCL's
@@ -172,7 +188,7 @@ pack() {
     {
         echo "mfsdp device-check prebuilt tree"
         echo "packed: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n) from $build"
-        echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+        echo "commit: ${MFSDP_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
         echo "CUDA architectures: ${archs:-?} (nvcc ${nvcc_v:-?}: $gencode)"
         echo "carried libraries: $(ls "$dir/lib" | tr '\n' ' ')"
         echo "glibc needed: ${glibc:-none} (floor $GLIBC_FLOOR); libstdc++ needed: ${glibcxx:+GLIBCXX_}${glibcxx:-no versioned symbol} (floor GLIBCXX_$GLIBCXX_FLOOR, the image's)"
@@ -315,7 +331,7 @@ run_prebuilt() {
         export LD_LIBRARY_PATH="$P/lib:$P/nccl-stub:${LD_LIBRARY_PATH:-}"
         say "  nccl: none found on this machine (set NCCL_ROOT; MFSDP_CHECK_NCCL_STUB=${MFSDP_CHECK_NCCL_STUB:-0}): the stub; the NCCL checks are skipped, the rest runs on cuda-local"
     fi
-    say "  glibc here: $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' || echo unknown)"
+    say "  glibc here: $(glibc_here || echo unknown)"
     command -v nvidia-smi >/dev/null &&
         say "  nvidia-smi: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -1)"
     run 30 "$L/probe.log" "$B/mfsdp-gpu-bench" probe
@@ -506,13 +522,29 @@ run_prebuilt() {
 # rehearse BUILD: pack, then run the packed tree as the device tool will (see
 # the top); checks what comes back. Exit 0 when the rehearsal holds (the run
 # itself exited 77 without a GPU, or 0 with one), else 1.
+#
+# MFSDP_REHEARSE_ROOT=DIR: the run is chrooted into DIR, a root with an older
+# glibc (pack-in-bullseye.sh's Debian 11): the tree is seen to load there.
 rehearse() {
-    local build=$1 T
-    T=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-rehearse.XXXXXX") || die "cannot create a temporary folder"
+    local src=$1 T jail=${MFSDP_REHEARSE_ROOT:-} in
+    if [ -n "$jail" ]; then
+        [ -x "$jail/bin/bash" ] && [ -d "$jail/tmp" ] || die "MFSDP_REHEARSE_ROOT=$jail is not a root (no bin/bash, tmp)"
+        [ "$(id -u)" = 0 ] || die "MFSDP_REHEARSE_ROOT needs root (chroot)"
+        jail=$(cd "$jail" && pwd)
+        T=$(mktemp -d "$jail/tmp/mfsdp-rehearse.XXXXXX") || die "cannot create a temporary folder in $jail/tmp"
+        in=${T#"$jail"}   # T as the run sees it
+    else
+        T=$(mktemp -d "${TMPDIR:-/tmp}/mfsdp-rehearse.XXXXXX") || die "cannot create a temporary folder"
+        in=$T
+    fi
     # shellcheck disable=SC2064
     trap "rm -rf '$T'" EXIT
     fail() { echo "device-check --rehearse: $*" >&2; [ -f "$T/out/summary.txt" ] && sed 's/^/  | /' "$T/out/summary.txt" >&2; exit 1; }
-    (pack "$build" "$T/pack") >"$T/pack.log" 2>&1 || { cat "$T/pack.log" >&2; fail "--pack failed"; }
+    if [ -f "$src/MANIFEST" ] && [ -x "$src/bin/mfsdp-gpu-bench" ]; then
+        cp -a "$src" "$T/pack" || fail "cannot copy $src"   # packed already (pack-in-bullseye.sh)
+    else
+        (pack "$src" "$T/pack") >"$T/pack.log" 2>&1 || { cat "$T/pack.log" >&2; fail "--pack failed"; }
+    fi
     local f
     for f in bin/mfsdp-gpu-bench bin/mfsdpc bin/mfsdp-replay bin/test_cuda_kernels bin/test_gpu_guard \
              bin/test_trainer_check_local nccl-stub/libnccl.so.2 data/llama_1x1.mfsdp device-check.sh MANIFEST; do
@@ -549,16 +581,25 @@ rehearse() {
     if command -v python3 >/dev/null; then
         mkdir -p "$T/device/site/nvidia/nccl/lib" && : >"$T/device/site/nvidia/__init__.py" &&
             : >"$T/device/site/nvidia/nccl/__init__.py" &&
-            cp "$T/pack/nccl-stub/libnccl.so.2" "$T/device/site/nvidia/nccl/lib/" && py=$T/device/site
+            cp "$T/pack/nccl-stub/libnccl.so.2" "$T/device/site/nvidia/nccl/lib/" && py=$in/device/site
     fi
-    local net=(unshare -n)
+    local net=(-n)
     unshare -n true 2>/dev/null || { net=(); echo "device-check --rehearse: unshare -n is not allowed here: the network stays on" >&2; }
+    local run=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="$in/device"
+               TMPDIR="$in/device" OUT="$in/out" ${py:+PYTHONPATH="$py"}
+               MFSDP_CHECK_BUDGET_S="${MFSDP_CHECK_BUDGET_S:-340}"
+               bash -c 'cd "$1" && exec bash pack/device-check.sh --prebuilt pack' run "$in/device/repo")
+    if [ -n "$jail" ]; then
+        # shellcheck disable=SC2016
+        run=(unshare -m --propagation private "${net[@]}" bash -c \
+             'mount --bind /proc "$1/proc" && mount --bind /dev "$1/dev" && j=$1 && shift && exec chroot "$j" "$@"' \
+             jail "$jail" "${run[@]}")
+    elif [ ${#net[@]} -gt 0 ]; then
+        run=(unshare -n "${run[@]}")
+    fi
     local t0 rc
     t0=$(date +%s)
-    (cd "$T/device/repo" &&
-        env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="$T/device" TMPDIR="$T/device" \
-            OUT="$T/out" ${py:+PYTHONPATH="$py"} MFSDP_CHECK_BUDGET_S="${MFSDP_CHECK_BUDGET_S:-340}" \
-            timeout 420 "${net[@]}" bash pack/device-check.sh --prebuilt pack) >"$T/run.log" 2>&1
+    timeout 420 "${run[@]}" >"$T/run.log" 2>&1
     rc=$?
     local secs=$(( $(date +%s) - t0 ))
     local S=$T/out/summary.txt
@@ -582,7 +623,7 @@ rehearse() {
     grep -q '\[FAIL\]\|\[TIMEOUT\]' "$S" && fail "a check failed"
     grep -q '^measured (each figure next to its reference' "$S" || fail "the summary has no table of figures"
     if [ -n "$py" ]; then
-        grep -q "nccl: $T/device/site/nvidia/nccl/lib/libnccl.so.2 (found by .*nvidia.nccl)" "$S" ||
+        grep -q "nccl: $py/nvidia/nccl/lib/libnccl.so.2 (found by .*nvidia.nccl)" "$S" ||
             fail "find_nccl did not find the wheel's libnccl.so.2 through python3"
     fi
     case $rc in
@@ -594,12 +635,20 @@ rehearse() {
         0) ;;
         *) cat "$T/run.log" >&2; fail "--prebuilt exited $rc (want 77 without a GPU, 0 with one)";;
     esac
+    local where="on this machine's glibc $(glibc_here)"
+    if [ -n "$jail" ]; then
+        local jg
+        jg=$(chroot "$jail" ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$')
+        grep -q "glibc here: $jg\$" "$S" || fail "the run did not report the root's glibc ($jg)"
+        where="chrooted in $jail, on its glibc $jg"
+    fi
     echo "device-check --rehearse: passed: the run exited $rc in $secs s (budget ${MFSDP_CHECK_BUDGET_S:-340} s)" \
          "$([ ${#net[@]} -gt 0 ] && echo 'without network' || echo 'WITH network (unshare unavailable)')," \
-         "$n files came back ($bytes bytes)"
+         "$where; $n files came back ($bytes bytes)"
     echo "  packed tree: $((kib / 1024)) MiB ($kib KiB); with the checkout $(( (kib + repo_kib) / 1024 )) MiB (limit $MAX_PACK_MIB MiB)"
     echo "  glibc needed: GLIBC_${glibc:-none} (floor GLIBC_$GLIBC_FLOOR); libstdc++: ${glibcxx:+GLIBCXX_}${glibcxx:-no versioned symbol} (floor GLIBCXX_$GLIBCXX_FLOOR)"
     echo "  carried: $(ls "$T/pack/lib" | tr '\n' ' ')"
+    echo "  $(grep '^commit:' "$T/pack/MANIFEST"); $(grep '^packed:' "$T/pack/MANIFEST")"
     echo "  the run's summary.txt:"
     sed 's/^/  | /' "$S"
 }
@@ -695,6 +744,9 @@ self_build() {
         tail -15 "$OUT/build.log" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
         exit 1
     fi
+    # Built here to run here: the floors are this machine's own glibc and libstdc++.
+    [ -n "${MFSDP_GLIBC_FLOOR:-}" ] || GLIBC_FLOOR=$(glibc_here)
+    [ -n "${MFSDP_GLIBCXX_FLOOR:-}" ] || GLIBCXX_FLOOR=$(glibcxx_here)
     (pack "$BUILD" "$BUILD/prebuilt") >>"$OUT/build.log" 2>&1 || { say "[FAIL] pack (see build.log)"; exit 1; }
     KEEP_SUMMARY=1 run_prebuilt "$BUILD/prebuilt"
 }
@@ -709,7 +761,7 @@ case "${1:-}" in
         run_prebuilt "$2"
         ;;
     --rehearse)
-        [ $# = 2 ] || die "usage: device-check.sh --rehearse BUILD"
+        [ $# = 2 ] || die "usage: device-check.sh --rehearse BUILD|PACKED"
         rehearse "$2"
         ;;
     --fetch-debs)
@@ -723,6 +775,6 @@ case "${1:-}" in
         self_build
         ;;
     *)
-        die "unknown argument '$1' (usage: device-check.sh [--pack BUILD DIR | --prebuilt DIR | --rehearse BUILD | --fetch-debs D])"
+        die "unknown argument '$1' (usage: device-check.sh [--pack BUILD DIR | --prebuilt DIR | --rehearse BUILD|PACKED | --fetch-debs D])"
         ;;
 esac
