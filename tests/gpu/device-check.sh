@@ -407,6 +407,19 @@ run_prebuilt() {
                 run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/hfsdp_1x1.mfsdp" -o "$W/hfsdp_1x1.yaml" &&
                     run 40 "$L/stage2.log" "$B/mfsdp-replay" "$W/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet
                 verdict "mfsdp-replay hfsdp_1x1 --backend nccl" $?
+                # A Whole schedule: each whole collective one nested ncclGroupStart/End
+                # in the prefix form (forced: one rank has no padding to save), and the
+                # padded form, through NCCL.
+                local form
+                if run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/whole_1x1.mfsdp" -o "$W/whole_1x1.yaml"; then
+                    for form in prefix padded; do
+                        run 40 "$L/stage2.log" env MFSDP_WHOLE_COLLECTIVES=$form "$B/mfsdp-replay" "$W/whole_1x1.yaml" \
+                            --backend nccl --steps 3 --timeout-ms 30000 --quiet
+                        verdict "mfsdp-replay whole_1x1 --backend nccl, MFSDP_WHOLE_COLLECTIVES=$form" $?
+                    done
+                else
+                    verdict "mfsdpc compile whole_1x1" 1
+                fi
             else
                 say "  [SKIP] mfsdp-replay --backend nccl: no NCCL on this machine"
             fi
@@ -635,7 +648,8 @@ rehearse() {
         0) ;;
         *) cat "$T/run.log" >&2; fail "--prebuilt exited $rc (want 77 without a GPU, 0 with one)";;
     esac
-    local where="on this machine's glibc $(glibc_here)"
+    local where
+    where="on this machine's glibc $(glibc_here)"
     if [ -n "$jail" ]; then
         local jg
         jg=$(chroot "$jail" ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$')
