@@ -466,6 +466,28 @@ run_prebuilt() {
                     "$(grep -o '^  overlap [0-9.]*%' "$L/overlap-$be.txt" | grep -o '[0-9.]*%')" "simulated: ${sim:-n/a}"
             done
         fi
+        # Four thread-ranks on this GPU (2 x 2 HFSDP): collectives that move data
+        # between ranks, all ranks' compute at once.
+        local L22=$W/llama_2x2.yaml sim22
+        if run 20 "$L/compile.log" "$B/mfsdpc" compile "$D/llama_2x2.mfsdp" -o "$L22"; then
+            run 30 "$L/simulate-2x2.txt" "$B/mfsdpc" simulate "$L22" --unit-time-us "$U" --host-async
+            verdict "mfsdpc simulate llama_2x2 --unit-time-us $U --host-async" $?
+            sim22=$(grep -o 'overlap [0-9.]*%' "$L/simulate-2x2.txt" | head -1 | grep -o '[0-9.]*%')
+            if [ $NOGPU = 1 ]; then
+                say "  [SKIP] measured overlap on 4 thread-ranks: needs a GPU"
+            else
+                run 45 "$L/overlap-local-2x2.txt" "$B/mfsdp-gpu-bench" --local overlap "$L22" \
+                    --unit-us "$U" --trace "$L/overlap-trace-local-2x2.json"
+                verdict "measured overlap, cuda-local 4 thread-ranks (2 x 2 HFSDP)" $?
+                sed -n '/^measured/,/^  every rank/p' "$L/overlap-local-2x2.txt" | sed 's/^/    /' |
+                    tee -a "$SUMMARY" >/dev/null
+                row "inner/outer overlap, cuda-local 4 thread-ranks (2x2), rank 0" \
+                    "$(grep -o '^  overlap [0-9.]*%' "$L/overlap-local-2x2.txt" | grep -o '[0-9.]*%')" \
+                    "simulated (default links): ${sim22:-n/a}; every rank: $(sed -n 's/^  every rank: //p' "$L/overlap-local-2x2.txt")"
+            fi
+        else
+            verdict "mfsdpc compile llama_2x2" 1
+        fi
     fi
 
     # ---- 4. ordering stress ----
@@ -641,7 +663,7 @@ rehearse() {
     fi
     case $rc in
         77) for f in test_gpu_guard test_gpu_errors test_gpu_plan test_cuda_convert test_trainer_check_local \
-                     "mfsdpc simulate"; do
+                     "mfsdpc simulate --unit" "mfsdpc simulate llama_2x2"; do
                 grep -q "\[PASS\] $f" "$S" || fail "'$f' did not pass"
             done
             grep -q "no NVIDIA driver library\|the runtime counts none" "$S" || fail "the probe did not say why it skipped";;

@@ -25,22 +25,27 @@
  *       hook. Every unsharded weight and delivered gradient must be bit-equal
  *       to the plain run's: a missing event edge shows up as a difference.
  *   mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]
- *       overlap as observed: one step of the 1-rank device trainer whose
- *       compute is a spin kernel of U us per unit forward (2U backward), every
- *       op timed with CUDA events on its stream (MFSDP_NCCL_TIMELINE): step
- *       time, compute idle, per-stream busy / exposed / hidden and overlap,
- *       the figures `mfsdpc simulate --unit-time-us U --host-async` predicts;
- *       exposed = communication busy while compute is idle. Chrome trace.
+ *       overlap as observed: one step of a device trainer whose compute is
+ *       a spin kernel of U us per unit forward (2U backward), every op timed
+ *       with CUDA events on its stream (MFSDP_NCCL_TIMELINE): step time,
+ *       compute idle, per-stream busy / exposed / hidden and overlap, the
+ *       figures `mfsdpc simulate --unit-time-us U --host-async` predicts;
+ *       exposed = communication busy while compute is idle. With --local the
+ *       schedule may have any number of ranks: each runs as a thread-rank on
+ *       this GPU, all at once; rank 0's figures, then every rank's overlap.
+ *       Chrome trace, one process per rank.
  *   mfsdp-gpu-bench probe
  *       the device: name, compute capability, memory, driver and runtime.
  *
  * hooks, stress and overlap run on NCCL (a world of one); with --local on the
- * one-GPU thread-rank backend (cuda-local, a group of one; no graphs).
+ * one-GPU thread-rank backend (cuda-local; a group of one except for
+ * overlap; no graphs).
  *
  * Exit status: 0, 1 on a failure (stress: a difference), 2 on a usage error,
  * 77 without a GPU.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -179,35 +184,27 @@ static const char *backend_name(void)
     return use_local ? "cuda-local" : "NCCL";
 }
 
-static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc)
+/* The backend of cfg: NCCL, or with --local cuda-local in the group (made
+ * here on first use for a world of one; thread-ranks' callers make it first). */
+static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc, int64_t world)
 {
     if (!use_local) {
         mfsdp_config_set_nccl(cfg, nc);
         return;
     }
-    if (!group && mfsdp_local_group_create(1, &group) != MFSDP_OK) {
-        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group\n");
+    if (!group && mfsdp_local_group_create(world, &group) != MFSDP_OK) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group of %lld\n", (long long)world);
         exit(1);
     }
     mfsdp_config_set_cuda_local(cfg, group, nc);
 }
 
-/* A 1-rank runtime on SCHEDULE driven from its own non-blocking compute
- * stream, with the NCCL flags given; `what` names the subcommand in the
- * error. Returns 0, or 2 when the schedule has more than one rank. The
- * runtime and schedule live until exit (the bench runs one subcommand). */
-static int open_one_rank(const char *path, const char *what, unsigned flags, int timeout_ms,
-                         mfsdp_schedule **sh_out, mfsdp_runtime **rt_out, cudaStream_t *compute,
-                         int64_t *create_ns)
+/* Rank `rank`'s runtime on sh, driven from its own non-blocking compute
+ * stream, with the NCCL flags given. */
+static void open_rank(const mfsdp_schedule *sh, int64_t rank, unsigned flags, int timeout_ms, mfsdp_runtime **rt_out,
+                      cudaStream_t *compute, int64_t *create_ns)
 {
     mfsdp_runtime *rt = NULL;
-    mfsdp_schedule *sh = NULL;
-    MF(mfsdp_schedule_load(path, &sh));
-    if (mfsdp_schedule_world_size(sh) != 1) {
-        fprintf(stderr, "mfsdp-gpu-bench: %s needs a 1-rank schedule (%s has %lld ranks)\n", what, path,
-                (long long)mfsdp_schedule_world_size(sh));
-        return 2;
-    }
     CK(cudaStreamCreateWithFlags(compute, cudaStreamNonBlocking));
     mfsdp_nccl_config nc;
     mfsdp_nccl_config_init(&nc);
@@ -215,17 +212,47 @@ static int open_one_rank(const char *path, const char *what, unsigned flags, int
     nc.flags |= flags;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
-    select_backend(&cfg, &nc);
-    cfg.rank = 0;
+    select_backend(&cfg, &nc, mfsdp_schedule_world_size(sh));
+    cfg.rank = rank;
     if (timeout_ms)
         cfg.timeout_ms = timeout_ms;
     int64_t t0 = now_ns();
     MF(mfsdp_create(sh, &cfg, &rt));
     if (create_ns)
         *create_ns = now_ns() - t0;
-    *sh_out = sh;
     *rt_out = rt;
+}
+
+/* SCHEDULE, loaded; `what` names the subcommand in the error. Returns 0, or
+ * 2 when it has more ranks than the subcommand runs: one, or with --local
+ * and `many` every rank as a thread-rank on this GPU. */
+static int load_schedule(const char *path, const char *what, bool many, mfsdp_schedule **sh_out)
+{
+    mfsdp_runtime *rt = NULL; /* for MF's message */
+    mfsdp_schedule *sh = NULL;
+    MF(mfsdp_schedule_load(path, &sh));
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (world != 1 && !(many && use_local)) {
+        fprintf(stderr, "mfsdp-gpu-bench: %s needs a 1-rank schedule%s (%s has %lld ranks)\n", what,
+                many ? " on NCCL (with --local: any, as thread-ranks on this GPU)" : "", path, (long long)world);
+        mfsdp_schedule_free(sh);
+        return 2;
+    }
+    *sh_out = sh;
     return 0;
+}
+
+/* A 1-rank runtime on SCHEDULE (open_rank). Returns 0, or 2 when the
+ * schedule has more than one rank. The runtime and schedule live until exit
+ * (the bench runs one subcommand). */
+static int open_one_rank(const char *path, const char *what, unsigned flags, int timeout_ms,
+                         mfsdp_schedule **sh_out, mfsdp_runtime **rt_out, cudaStream_t *compute,
+                         int64_t *create_ns)
+{
+    int rc = load_schedule(path, what, false, sh_out);
+    if (rc == 0)
+        open_rank(*sh_out, 0, flags, timeout_ms, rt_out, compute, create_ns);
+    return rc;
 }
 
 /* ---- sweep ---- */
@@ -650,18 +677,26 @@ static void fmt_us(double us, char *buf, size_t n)
 
 static const char *const stream_names[3] = {"compute", "inner", "outer"};
 
-/* The figures of `mfsdpc simulate` from measured intervals: compute = the
- * spins plus compute-stream ops; exposed = a stream's busy time while compute
- * idles. *first: the first start (the trace's zero). Returns 0, or 1 when out
- * of memory. */
-static int overlap_figures(const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops, double *first)
+/* The figures of `mfsdpc simulate` for one rank's measured intervals:
+ * compute = the spins plus compute-stream ops; exposed = a stream's busy time
+ * while compute idles. */
+typedef struct overlap {
+    double first;               /* the first start (the rank's step begins) */
+    double step, busy[3], exposed[3], hidden[3];
+} overlap;
+
+/* Returns 0, or 1 when out of memory. */
+static int overlap_of(const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops, overlap *o)
 {
-    span *lists[3];
+    span *lists[3] = {NULL, NULL, NULL};
     int n[3] = {0, 0, 0};
     for (int s = 0; s < 3; s++) {
         lists[s] = calloc((size_t)(nops + nspin + 1), sizeof(span));
-        if (!lists[s])
+        if (!lists[s]) {
+            for (int k = 0; k < s; k++)
+                free(lists[k]);
             return 1;
+        }
     }
     double t0 = 1e300, t1 = -1e300;
     for (int i = 0; i < nspin; i++)
@@ -675,87 +710,81 @@ static int overlap_figures(const span *sp, int nspin, const mfsdp_nccl_op_time *
         }
     for (int s = 0; s < 3; s++)
         n[s] = merge(lists[s], n[s]);
-    double step = t1 - t0, busy[3], exposed[3], hidden[3];
+    *o = (overlap){.first = t0, .step = t1 - t0};
     for (int s = 0; s < 3; s++) {
-        busy[s] = length(lists[s], n[s]);
-        exposed[s] = s ? busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0;
-        hidden[s] = busy[s] - exposed[s];
+        o->busy[s] = length(lists[s], n[s]);
+        o->exposed[s] = s ? o->busy[s] - common(lists[s], n[s], lists[0], n[0]) : 0;
+        o->hidden[s] = o->busy[s] - o->exposed[s];
     }
-    char b1[32], b2[32], b3[32];
-    fmt_us(step, b1, sizeof b1);
-    printf("  step time          %s\n", b1);
-    fmt_us(busy[0], b1, sizeof b1);
-    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * busy[0] / step);
-    fmt_us(step - busy[0], b1, sizeof b1);
-    printf("  compute idle       %s\n", b1);
-    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
-    for (int s = 1; s < 3; s++) {
-        fmt_us(busy[s], b1, sizeof b1);
-        fmt_us(exposed[s], b2, sizeof b2);
-        fmt_us(hidden[s], b3, sizeof b3);
-        printf("  %-10s %14s %14s %14s\n", stream_names[s], b1, b2, b3);
-    }
-    double cb = busy[1] + busy[2];
-    fmt_us(cb, b1, sizeof b1);
-    fmt_us(exposed[1] + exposed[2], b2, sizeof b2);
-    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n",
-           cb > 0 ? 100 * (hidden[1] + hidden[2]) / cb : 100.0, b1, b2);
     for (int s = 0; s < 3; s++)
         free(lists[s]);
-    *first = t0;
     return 0;
 }
 
-/* Chrome trace JSON (ui.perfetto.dev): one track per stream. */
-static int write_trace(const char *trace, const span *sp, int nspin, const mfsdp_nccl_op_time *ops, int nops,
-                       double t0)
+/* hidden / busy of the communication streams, in percent. */
+static double overlap_pct(const overlap *o)
 {
-    FILE *f = fopen(trace, "w");
-    if (!f) {
-        fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
-        return 1;
-    }
-    fprintf(f, "{\"traceEvents\": [\n");
-    for (int s = 0; s < 3; s++)
-        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-                   "\"%s\"}},\n", s, stream_names[s]);
-    for (int i = 0; i < nspin; i++)
-        fprintf(f, "{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
-                   "\"dur\": %.3f}%s\n", sp[i].a - t0, sp[i].b - sp[i].a, i + 1 < nspin || nops ? "," : "");
-    for (int i = 0; i < nops; i++)
-        fprintf(f, "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                   "\"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}%s\n",
-                ops[i].name, ops[i].stream, ops[i].start_us - t0, ops[i].end_us - ops[i].start_us, ops[i].op,
-                ops[i].nops, (long long)ops[i].microbatch, i + 1 < nops ? "," : "");
-    fprintf(f, "]}\n");
-    return fclose(f) == 0 ? 0 : 1;
+    double cb = o->busy[1] + o->busy[2];
+    return cb > 0 ? 100 * (o->hidden[1] + o->hidden[2]) / cb : 100.0;
 }
 
-/* One step of a 1-rank device trainer whose compute is a spin kernel of
- * unit_us per unit forward and 2 * unit_us backward; every op timed on the
- * device (MFSDP_NCCL_TIMELINE). Prints the figures of `mfsdpc simulate` for
- * the measured timeline and writes a Chrome trace. */
-static int run_overlap(const char *path, int64_t unit_us, const char *trace)
+static void print_overlap(const overlap *o)
 {
+    char b1[32], b2[32], b3[32];
+    fmt_us(o->step, b1, sizeof b1);
+    printf("  step time          %s\n", b1);
+    fmt_us(o->busy[0], b1, sizeof b1);
+    printf("  compute            %s (%.1f%% of the step)\n", b1, 100 * o->busy[0] / o->step);
+    fmt_us(o->step - o->busy[0], b1, sizeof b1);
+    printf("  compute idle       %s\n", b1);
+    printf("  %-10s %14s %14s %14s\n", "stream", "busy", "exposed", "hidden");
+    for (int s = 1; s < 3; s++) {
+        fmt_us(o->busy[s], b1, sizeof b1);
+        fmt_us(o->exposed[s], b2, sizeof b2);
+        fmt_us(o->hidden[s], b3, sizeof b3);
+        printf("  %-10s %14s %14s %14s\n", stream_names[s], b1, b2, b3);
+    }
+    fmt_us(o->busy[1] + o->busy[2], b1, sizeof b1);
+    fmt_us(o->exposed[1] + o->exposed[2], b2, sizeof b2);
+    printf("  overlap %.1f%% (hidden / busy; communication busy %s, exposed %s)\n", overlap_pct(o), b1, b2);
+}
+
+/* One rank of the overlap measurement (a thread-rank with --local). */
+typedef struct overlap_rank {
+    const mfsdp_schedule *sh;
+    int64_t rank, unit_us;
+    cudaEvent_t epoch;          /* recorded before any rank starts */
+    double offset_us;           /* this rank's step origin since the epoch (aligns the trace) */
+    span *sp;                   /* the measured step's spins, since the rank's step origin */
+    int nspin;
+    mfsdp_nccl_op_time *ops;    /* the measured step's ops, since the rank's step origin */
+    int nops;
+} overlap_rank;
+
+/* Two steps (step 0 warms up) of rank ->rank's device trainer whose compute
+ * is a spin kernel of unit_us per unit forward and 2 * unit_us backward;
+ * every op timed on the device (MFSDP_NCCL_TIMELINE). Any failure exits. */
+static void *overlap_rank_main(void *arg)
+{
+    overlap_rank *w = arg;
     mfsdp_runtime *rt = NULL;
-    mfsdp_schedule *sh = NULL;
     cudaStream_t compute;
-    int rc = open_one_rank(path, "overlap", MFSDP_NCCL_TIMELINE, 60000, &sh, &rt, &compute, NULL);
-    if (rc)
-        return rc;
-    int U = mfsdp_schedule_num_units(sh);
-    int64_t M = mfsdp_schedule_microbatches(sh);
+    open_rank(w->sh, w->rank, MFSDP_NCCL_TIMELINE, 60000, &rt, &compute, NULL);
+    int U = mfsdp_schedule_num_units(w->sh);
+    int64_t M = mfsdp_schedule_microbatches(w->sh);
     int nspin = (int)(2 * U * M), cap = 0;
     cudaEvent_t origin, *ev = calloc((size_t)nspin * 2, sizeof *ev);
     span *sp = calloc((size_t)nspin, sizeof *sp);
-    if (!ev || !sp)
-        return 1;
+    if (!ev || !sp) {
+        fprintf(stderr, "mfsdp-gpu-bench: out of memory\n");
+        exit(1);
+    }
     CK(cudaEventCreate(&origin));
     for (int i = 0; i < 2 * nspin; i++)
         CK(cudaEventCreate(&ev[i]));
     mfsdp_nccl_op_time *ops = NULL;
     int nops = 0;
-    for (int step = 0; step < 2; step++) { /* step 0 warms up */
+    for (int step = 0; step < 2; step++) {
         int k = 0;
         CK(cudaEventRecord(origin, compute));
         MF(mfsdp_step_begin(rt));
@@ -763,14 +792,14 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
             for (int u = 0; u < U; u++) {
                 MF(mfsdp_forward_pre(rt, u, m));
                 CK(cudaEventRecord(ev[2 * k], compute));
-                CK(mf_cuda_spin(unit_us * 1000, compute));
+                CK(mf_cuda_spin(w->unit_us * 1000, compute));
                 CK(cudaEventRecord(ev[2 * k++ + 1], compute));
                 MF(mfsdp_forward_post(rt, u, m));
             }
             for (int u = U - 1; u >= 0; u--) {
                 MF(mfsdp_backward_pre(rt, u, m));
                 CK(cudaEventRecord(ev[2 * k], compute));
-                CK(mf_cuda_spin(2 * unit_us * 1000, compute));
+                CK(mf_cuda_spin(2 * w->unit_us * 1000, compute));
                 CK(cudaEventRecord(ev[2 * k++ + 1], compute));
                 MF(mfsdp_backward_post(rt, u, m));
             }
@@ -782,13 +811,15 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
             MF(mfsdp_get_stats(rt, &st));
             cap = (int)st.ops + 16;
             ops = calloc((size_t)cap, sizeof *ops);
-            if (!ops)
-                return 1;
+            if (!ops) {
+                fprintf(stderr, "mfsdp-gpu-bench: out of memory\n");
+                exit(1);
+            }
         }
         nops = mfsdp_nccl_timeline(rt, origin, ops, cap);
         if (nops < 0) {
-            fprintf(stderr, "mfsdp-gpu-bench: mfsdp_nccl_timeline failed\n");
-            return 1;
+            fprintf(stderr, "mfsdp-gpu-bench: rank %lld: mfsdp_nccl_timeline failed\n", (long long)w->rank);
+            exit(1);
         }
     }
     for (int i = 0; i < nspin; i++) {
@@ -797,21 +828,132 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
         CK(cudaEventElapsedTime(&b, origin, ev[2 * i + 1]));
         sp[i] = (span){1e3 * a, 1e3 * b};
     }
-    printf("measured on the device: %s, 1 rank (%s), compute = spin kernel of %lld us forward, %lld us "
-           "backward per unit and microbatch; %d timed ops\n",
-           path, backend_name(), (long long)unit_us, (long long)(2 * unit_us), nops);
-    double t0 = 0;
-    if (overlap_figures(sp, nspin, ops, nops, &t0) != 0 || (trace && write_trace(trace, sp, nspin, ops, nops, t0) != 0))
-        return 1;
+    float off;
+    CK(cudaEventElapsedTime(&off, w->epoch, origin));
+    w->offset_us = 1e3 * off;
+    CK(cudaEventDestroy(origin));
     for (int i = 0; i < 2 * nspin; i++)
         CK(cudaEventDestroy(ev[i]));
-    CK(cudaEventDestroy(origin));
     free(ev);
-    free(sp);
-    free(ops);
     mfsdp_destroy(rt);
-    mfsdp_schedule_free(sh);
     CK(cudaStreamDestroy(compute));
+    w->sp = sp;
+    w->nspin = nspin;
+    w->ops = ops;
+    w->nops = nops;
+    return NULL;
+}
+
+/* Chrome trace JSON (ui.perfetto.dev): one process per rank, one track per
+ * stream, times since t0 (since the epoch). */
+static int write_trace(const char *trace, const overlap_rank *w, int64_t world, double t0)
+{
+    FILE *f = fopen(trace, "w");
+    if (!f) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot write %s\n", trace);
+        return 1;
+    }
+    fprintf(f, "{\"traceEvents\": [\n");
+    const char *sep = "";
+    for (int64_t r = 0; r < world; r++) {
+        fprintf(f, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %lld, \"args\": {\"name\": \"rank %lld\"}}",
+                sep, (long long)r, (long long)r);
+        sep = ",\n";
+        for (int s = 0; s < 3; s++)
+            fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %lld, \"tid\": %d, \"args\": "
+                       "{\"name\": \"%s\"}}", (long long)r, s, stream_names[s]);
+        for (int i = 0; i < w[r].nspin; i++)
+            fprintf(f, ",\n{\"name\": \"compute (spin)\", \"ph\": \"X\", \"pid\": %lld, \"tid\": 0, \"ts\": %.3f, "
+                       "\"dur\": %.3f}", (long long)r, w[r].sp[i].a + w[r].offset_us - t0, w[r].sp[i].b - w[r].sp[i].a);
+        for (int i = 0; i < w[r].nops; i++) {
+            const mfsdp_nccl_op_time *o = &w[r].ops[i];
+            fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %lld, \"tid\": %d, \"ts\": %.3f, \"dur\": "
+                       "%.3f, \"args\": {\"op\": %d, \"ops\": %d, \"microbatch\": %lld}}",
+                    o->name, (long long)r, o->stream, o->start_us + w[r].offset_us - t0, o->end_us - o->start_us, o->op, o->nops,
+                    (long long)o->microbatch);
+        }
+    }
+    fprintf(f, "\n]}\n");
+    return fclose(f) == 0 ? 0 : 1;
+}
+
+/* One measured step of every rank of SCHEDULE: a 1-rank schedule on NCCL
+ * (a world of one) or cuda-local, any schedule with --local as thread-ranks
+ * on this GPU, all at once. Prints rank 0's figures in the form of
+ * `mfsdpc simulate`, every rank's overlap, and writes a Chrome trace. */
+static int run_overlap(const char *path, int64_t unit_us, const char *trace)
+{
+    mfsdp_schedule *sh = NULL;
+    int rc = load_schedule(path, "overlap", true, &sh);
+    if (rc)
+        return rc;
+    int64_t world = mfsdp_schedule_world_size(sh);
+    overlap_rank *w = calloc((size_t)world, sizeof *w);
+    pthread_t *th = calloc((size_t)world, sizeof *th);
+    overlap *o = calloc((size_t)world, sizeof *o);
+    if (!w || !th || !o) {
+        fprintf(stderr, "mfsdp-gpu-bench: out of memory\n");
+        return 1;
+    }
+    cudaStream_t es;
+    cudaEvent_t epoch;
+    CK(cudaStreamCreateWithFlags(&es, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&epoch));
+    CK(cudaEventRecord(epoch, es));
+    CK(cudaEventSynchronize(epoch));
+    for (int64_t r = 0; r < world; r++)
+        w[r] = (overlap_rank){.sh = sh, .rank = r, .unit_us = unit_us, .epoch = epoch};
+    if (use_local && !group && mfsdp_local_group_create(world, &group) != MFSDP_OK) {
+        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group of %lld\n", (long long)world);
+        return 1;
+    }
+    if (world == 1) {
+        overlap_rank_main(&w[0]);
+    } else {
+        for (int64_t r = 0; r < world; r++)
+            if (pthread_create(&th[r], NULL, overlap_rank_main, &w[r]) != 0) {
+                fprintf(stderr, "mfsdp-gpu-bench: cannot start thread-rank %lld\n", (long long)r);
+                exit(1);
+            }
+        for (int64_t r = 0; r < world; r++)
+            pthread_join(th[r], NULL);
+    }
+    double t0 = 1e300;
+    for (int64_t r = 0; r < world; r++) {
+        if (overlap_of(w[r].sp, w[r].nspin, w[r].ops, w[r].nops, &o[r]) != 0) {
+            fprintf(stderr, "mfsdp-gpu-bench: out of memory\n");
+            return 1;
+        }
+        t0 = o[r].first + w[r].offset_us < t0 ? o[r].first + w[r].offset_us : t0;
+    }
+    printf("measured on the device: %s, %lld rank%s (%s%s), compute = spin kernel of %lld us forward, %lld us "
+           "backward per unit and microbatch; %d timed ops on rank 0\n",
+           path, (long long)world, world > 1 ? "s" : "", backend_name(), world > 1 ? " thread-ranks on one GPU" : "",
+           (long long)unit_us, (long long)(2 * unit_us), w[0].nops);
+    print_overlap(&o[0]);
+    if (world > 1) {
+        double lo = 1e300, hi = -1e300;
+        printf("  every rank:");
+        for (int64_t r = 0; r < world; r++) {
+            double v = overlap_pct(&o[r]);
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            printf(" %.1f%%", v);
+        }
+        printf(" (min %.1f%%, max %.1f%%)\n", lo, hi);
+    }
+    if (trace && write_trace(trace, w, world, t0) != 0)
+        return 1;
+    for (int64_t r = 0; r < world; r++) {
+        free(w[r].sp);
+        free(w[r].ops);
+    }
+    free(w);
+    free(th);
+    free(o);
+    CK(cudaEventDestroy(epoch));
+    CK(cudaStreamDestroy(es));
+    mfsdp_schedule_free(sh);
     return 0;
 }
 
