@@ -253,6 +253,9 @@ verdict() {
 }
 # row WHAT VALUE REFERENCE: one line of the final table (tab-separated).
 row() { printf '%s\t%s\t%s\n' "$1" "${2:-n/a}" "${3:-}" >>"$LOGS/table.tsv"; }
+# overlap_in FILE: the first "overlap N%" of an mfsdpc simulate or
+# mfsdp-gpu-bench overlap output, as "N%" (empty if none).
+overlap_in() { grep -o 'overlap [0-9.]*%' "$1" | head -1 | grep -o '[0-9.]*%'; }
 # ratio A B: A / B as a percentage, or empty.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b + 0 > 0) printf "%.0f%%", 100 * a / b }'; }
 
@@ -441,11 +444,11 @@ run_prebuilt() {
 
     # ---- 3. overlap observed vs simulated ----
     if stage "3. overlap: measured on the device vs mfsdpc simulate" 30; then
-        local U=${MFSDP_CHECK_UNIT_US:-200} sim be flag
+        local U=${MFSDP_CHECK_UNIT_US:-200} sim be flag what
         run 30 "$L/simulate.txt" "$B/mfsdpc" simulate "$LLAMA" --unit-time-us "$U" --host-async \
             --trace "$L/simulate-trace.json"
         verdict "mfsdpc simulate --unit-time-us $U --host-async" $?
-        sim=$(grep -o 'overlap [0-9.]*%' "$L/simulate.txt" | head -1 | grep -o '[0-9.]*%')
+        sim=$(overlap_in "$L/simulate.txt")
         row "overlap simulated (mfsdpc simulate, ${U} us per unit)" "${sim:-n/a}" "the model the measured rows are read against"
         sed -n '/^step time/,/^communication/p' "$L/simulate.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
         if [ $NOGPU = 1 ]; then
@@ -456,23 +459,22 @@ run_prebuilt() {
                     say "  [SKIP] measured overlap on NCCL: no NCCL on this machine"
                     continue
                 fi
-                flag=()
-                [ $be = local ] && flag=(--local)
+                flag=() what='NCCL world of one'
+                [ $be = local ] && flag=(--local) what='cuda-local 1 rank'
                 run 45 "$L/overlap-$be.txt" "$B/mfsdp-gpu-bench" "${flag[@]}" overlap "$LLAMA" \
                     --unit-us "$U" --trace "$L/overlap-trace-$be.json"
-                verdict "measured overlap, $([ $be = nccl ] && echo 'NCCL world of one' || echo 'cuda-local') device trainer" $?
+                verdict "measured overlap, $what device trainer" $?
                 sed -n '/^measured/,/^  overlap/p' "$L/overlap-$be.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
-                row "inner/outer overlap, $([ $be = nccl ] && echo 'NCCL world of one' || echo 'cuda-local 1 rank')" \
-                    "$(grep -o '^  overlap [0-9.]*%' "$L/overlap-$be.txt" | grep -o '[0-9.]*%')" "simulated: ${sim:-n/a}"
+                row "inner/outer overlap, $what" "$(overlap_in "$L/overlap-$be.txt")" "simulated: ${sim:-n/a}"
             done
         fi
         # Four thread-ranks on this GPU (2 x 2 HFSDP): collectives that move data
         # between ranks, all ranks' compute at once.
         local L22=$W/llama_2x2.yaml sim22
-        if run 20 "$L/compile.log" "$B/mfsdpc" compile "$D/llama_2x2.mfsdp" -o "$L22"; then
+        if run 20 "$L/compile-2x2.log" "$B/mfsdpc" compile "$D/llama_2x2.mfsdp" -o "$L22"; then
             run 30 "$L/simulate-2x2.txt" "$B/mfsdpc" simulate "$L22" --unit-time-us "$U" --host-async
             verdict "mfsdpc simulate llama_2x2 --unit-time-us $U --host-async" $?
-            sim22=$(grep -o 'overlap [0-9.]*%' "$L/simulate-2x2.txt" | head -1 | grep -o '[0-9.]*%')
+            sim22=$(overlap_in "$L/simulate-2x2.txt")
             if [ $NOGPU = 1 ]; then
                 say "  [SKIP] measured overlap on 4 thread-ranks: needs a GPU"
             else
@@ -482,7 +484,7 @@ run_prebuilt() {
                 sed -n '/^measured/,/^  every rank/p' "$L/overlap-local-2x2.txt" | sed 's/^/    /' |
                     tee -a "$SUMMARY" >/dev/null
                 row "inner/outer overlap, cuda-local 4 thread-ranks (2x2), rank 0" \
-                    "$(grep -o '^  overlap [0-9.]*%' "$L/overlap-local-2x2.txt" | grep -o '[0-9.]*%')" \
+                    "$(overlap_in "$L/overlap-local-2x2.txt")" \
                     "simulated (default links): ${sim22:-n/a}; every rank: $(sed -n 's/^  every rank: //p' "$L/overlap-local-2x2.txt")"
             fi
         else

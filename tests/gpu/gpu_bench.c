@@ -184,19 +184,24 @@ static const char *backend_name(void)
     return use_local ? "cuda-local" : "NCCL";
 }
 
-/* The backend of cfg: NCCL, or with --local cuda-local in the group (made
- * here on first use for a world of one; thread-ranks' callers make it first). */
-static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc, int64_t world)
+/* The cuda-local group of `world` thread-ranks, made on first use (before
+ * the threads start when there are several). */
+static mfsdp_local_group *local_group(int64_t world)
 {
-    if (!use_local) {
-        mfsdp_config_set_nccl(cfg, nc);
-        return;
-    }
     if (!group && mfsdp_local_group_create(world, &group) != MFSDP_OK) {
         fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group of %lld\n", (long long)world);
         exit(1);
     }
-    mfsdp_config_set_cuda_local(cfg, group, nc);
+    return group;
+}
+
+/* The backend of cfg: NCCL, or with --local cuda-local. */
+static void select_backend(mfsdp_config *cfg, mfsdp_nccl_config *nc, int64_t world)
+{
+    if (use_local)
+        mfsdp_config_set_cuda_local(cfg, local_group(world), nc);
+    else
+        mfsdp_config_set_nccl(cfg, nc);
 }
 
 /* Rank `rank`'s runtime on sh, driven from its own non-blocking compute
@@ -903,10 +908,8 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
     CK(cudaEventSynchronize(epoch));
     for (int64_t r = 0; r < world; r++)
         w[r] = (overlap_rank){.sh = sh, .rank = r, .unit_us = unit_us, .epoch = epoch};
-    if (use_local && !group && mfsdp_local_group_create(world, &group) != MFSDP_OK) {
-        fprintf(stderr, "mfsdp-gpu-bench: cannot create a local group of %lld\n", (long long)world);
-        return 1;
-    }
+    if (use_local)
+        local_group(world);
     if (world == 1) {
         overlap_rank_main(&w[0]);
     } else {
