@@ -33,16 +33,109 @@
  * Events are per communicator: the next collective on a communicator starts
  * only after every member passed rendezvous #2 of the previous one, so an
  * event is never re-recorded before its waiters enqueued their waits.
+ * Nor destroyed: a member may leave the last collective and close while a
+ * peer has yet to enqueue its wait on that member's `done`, so a closing
+ * rank hands its events to its group's yard (cl_yard), and the last
+ * cuda-local runtime of the group to close destroys them: by then every
+ * peer has returned from its hooks and drained its streams.
+ *
+ * Host-compute mode (managed memory the host reads and writes while other
+ * thread-ranks' kernels run on the same device) needs the device's
+ * concurrentManagedAccess: refused at create without it.
  *
  * The rendezvous blocks the host (bounded by the timeout, aborted when a peer
  * fails): that is inherent to thread-ranks and harmless, since each device
  * step only ever depends on events already recorded. No CUDA graphs here.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
+
+/* ---- the yard: events that outlive their rank's runtime ---- */
+
+/* One local group's closed runtimes' events, destroyed when the last of the
+ * group's cuda-local runtimes closes. Keyed by the group's address: an entry
+ * exists while a runtime of the group is open (`open` > 0). */
+typedef struct cl_yard {
+    const void *group;
+    int open;                     /* cuda-local runtimes of the group not closed */
+    cudaEvent_t *evs;
+    int nevs, cap;
+    struct cl_yard *next;
+} cl_yard;
+
+static pthread_mutex_t cl_yard_mu = PTHREAD_MUTEX_INITIALIZER;
+static cl_yard *cl_yards;
+
+/* The group's entry (created when absent), or NULL; cl_yard_mu held. */
+static cl_yard *yard_of(const void *group, bool create)
+{
+    for (cl_yard *y = cl_yards; y; y = y->next)
+        if (y->group == group)
+            return y;
+    if (!create)
+        return NULL;
+    cl_yard *y = mf_base_calloc(1, sizeof *y);
+    if (y) {
+        y->group = group;
+        y->next = cl_yards;
+        cl_yards = y;
+    }
+    return y;
+}
+
+/* A runtime of `group` opened: false when out of memory. */
+static bool yard_join(const void *group)
+{
+    pthread_mutex_lock(&cl_yard_mu);
+    cl_yard *y = yard_of(group, true);
+    if (y)
+        y->open++;
+    pthread_mutex_unlock(&cl_yard_mu);
+    return y != NULL;
+}
+
+/* A runtime of `group` closes with its events a[0..n) and b[0..n) (entries
+ * may be NULL): they join the yard; the last runtime out destroys them all.
+ * An event that cannot be kept (out of memory) is leaked rather than
+ * destroyed under a peer's wait. */
+static void yard_leave(const void *group, const cudaEvent_t *a, const cudaEvent_t *b, int n)
+{
+    pthread_mutex_lock(&cl_yard_mu);
+    cl_yard *y = yard_of(group, false);
+    if (y && y->nevs + 2 * n > y->cap) {
+        int cap = y->cap ? y->cap : 16;
+        while (cap < y->nevs + 2 * n)
+            cap *= 2;
+        cudaEvent_t *ne = mf_base_calloc((size_t)cap, sizeof *ne);
+        if (ne) {
+            if (y->evs)
+                memcpy(ne, y->evs, (size_t)y->nevs * sizeof *ne);
+            mf_base_free(y->evs);
+            y->evs = ne;
+            y->cap = cap;
+        }
+    }
+    for (int i = 0; y && i < 2 * n; i++) {
+        cudaEvent_t ev = i < n ? (a ? a[i] : NULL) : (b ? b[i - n] : NULL);
+        if (ev && y->nevs < y->cap)
+            y->evs[y->nevs++] = ev;
+    }
+    if (y && --y->open == 0) {
+        for (int i = 0; i < y->nevs; i++)
+            cudaEventDestroy(y->evs[i]);
+        cl_yard **at = &cl_yards;
+        while (*at != y)
+            at = &(*at)->next;
+        *at = y->next;
+        mf_base_free(y->evs);
+        mf_base_free(y);
+    }
+    pthread_mutex_unlock(&cl_yard_mu);
+}
 
 /* What members trade at a rendezvous (a multiple of 4 bytes: it travels as
  * fp32 elements of the local backend's all-gather). */
@@ -62,6 +155,7 @@ typedef struct cl_be {
     cudaEvent_t *ready, *done;    /* per communicator */
     void *scratch[MF_STREAM_COUNT];     /* device, for in-place all-gather / reduce-scatter */
     size_t scratch_bytes[MF_STREAM_COUNT];
+    const void *group;            /* cfg->local_group; joined to its yard when set */
     cl_payload *peers;            /* [max group size] */
     int64_t max_group;
     const void **srcs;            /* [max group size] */
@@ -83,6 +177,30 @@ static cl_be *be_of(mf_rt *rt)
         (rt)->be_state = (be);           \
     } while (0)
 
+/* Host-compute mode: the host reads and writes managed memory between its
+ * hooks while the other thread-ranks' kernels run on the device, which
+ * needs concurrentManagedAccess (without it, a host access to managed memory
+ * while any kernel runs faults). */
+static mfsdp_result check_managed_access(mf_rt *rt, int device)
+{
+    int concurrent = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device);
+    if (e != cudaSuccess) {
+        char msg[MF_RT_ERRLEN];
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "cuda-local: cudaDeviceGetAttribute("
+                                      "cudaDevAttrConcurrentManagedAccess) on device %d", device);
+        return mf_base_set_error(rt, r, "%s", msg);
+    }
+    if (!concurrent)
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                 "cuda-local with host compute (MFSDP_NCCL_HOST_COMPUTE, or a NULL "
+                                 "backend_config): device %d has no concurrentManagedAccess, so the host "
+                                 "cannot touch managed memory while other thread-ranks' kernels run; use a "
+                                 "device trainer (a compute stream, no MFSDP_NCCL_HOST_COMPUTE) or the "
+                                 "local backend", device);
+    return MFSDP_OK;
+}
+
 static mfsdp_result cl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
 {
     cl_be *be = mf_base_calloc(1, sizeof *be);
@@ -101,8 +219,13 @@ static mfsdp_result cl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, i
     WITH_LOCAL(rt, be, res = mf_backend_local.open(rt, cfg, rank, world));
     if (res != MFSDP_OK)
         return res;
+    if (!yard_join(cfg->local_group))
+        return mf_base_set_error(rt, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (cuda-local event yard)");
+    be->group = cfg->local_group;
     res = mf_cuda_core_open(&be->core, rt, &be->nc, *rank);
     if (res != MFSDP_OK)
+        return res;
+    if (be->core.host_compute && (res = check_managed_access(rt, be->core.device)) != MFSDP_OK)
         return res;
     /* Peers read each other's buffers directly: plain device (or managed)
      * memory of this process, never ncclMemAlloc. */
@@ -200,45 +323,23 @@ static mfsdp_result rendezvous(cl_be *be, mf_rt *rt, const mf_rt_op *rop, const 
     frop.src_count = fake.count;
     frop.dst_count = fake.count * rop->nranks;
     frop.overlap = false;
+    /* The payload moves whole on every member: never a whole bucket's prefix
+     * form, whose `used` prefixes are the op's (elements of its chunks, up to
+     * op->count each), not the payload's 8 floats. */
+    frop.used = NULL;
+    frop.bytes = (int64_t)sizeof *mine;
     mfsdp_result res;
     WITH_LOCAL(rt, be, res = mf_backend_local.collective(rt, &frop, 0, err, errlen));
     return res;
 }
 
-static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, char *err, size_t errlen)
+/* Enqueues this member's part of the collective on st, after every member's
+ * `ready` (see the top): the copies and sums of step 4. */
+static cudaError_t enqueue_part(cl_be *be, const mf_rt *rt, const mf_rt_op *rop, cudaStream_t st)
 {
-    mf_cuda_core *c = &be->core;
     const mf_op *op = rop->op;
-    cudaStream_t st = c->stream[op->stream];
     int64_t n = rop->nranks, me = rop->coord, cnt = op->count;
     size_t es = mf_dtype_size(op->dtype);
-    char what[200];
-    mf_cuda_describe(c, rop, what, sizeof what);
-    cudaError_t e = cudaSuccess;
-    const void *src = rop->src;
-    if (rop->overlap && op->kind != MF_OP_ALL_REDUCE) {
-        size_t bytes = (size_t)(cnt * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * es;
-        e = cudaMemcpyAsync(be->scratch[op->stream], src, bytes, cudaMemcpyDeviceToDevice, st);
-        src = be->scratch[op->stream];
-    }
-    if (e == cudaSuccess)
-        e = cudaEventRecord(be->ready[rop->comm], st);
-    if (e != cudaSuccess)
-        return mf_cuda_fail(e, err, errlen, "rank %lld: %s: before the rendezvous", (long long)rt->rank, what);
-
-    cl_payload mine = {.op = op->id, .ev = be->ready[rop->comm], .src = src, .dst = rop->dst};
-    mfsdp_result res = rendezvous(be, rt, rop, &mine, err, errlen);
-    if (res != MFSDP_OK)
-        return res;
-    for (int64_t p = 0; p < n; p++)
-        if (be->peers[p].op != op->id) {
-            snprintf(err, errlen, "rank %lld: %s: member %lld of the %s group issued op %d instead",
-                     (long long)rt->rank, what, (long long)p, rt->s->mesh.axes[op->axis].name, be->peers[p].op);
-            return MFSDP_ERR_MISMATCH;
-        }
-    for (int64_t p = 0; p < n && e == cudaSuccess; p++)
-        if (p != me)
-            e = cudaStreamWaitEvent(st, be->peers[p].ev, 0);
     float divisor = rt->s->reduce == MF_REDUCE_AVG ? (float)n : 1.0f;
     /* A whole bucket's prefix form (rop->used): the same copies and sums on
      * the used prefix of each chunk, the padding tail of each chunk this
@@ -247,6 +348,7 @@ static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, cha
     const int64_t *used = rop->used;
     int64_t u = used ? used[me] : cnt;
     char *dst = rop->dst;
+    cudaError_t e = cudaSuccess;
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
         for (int64_t p = 0; p < n && e == cudaSuccess; p++) {
@@ -259,37 +361,83 @@ static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, cha
     case MF_OP_REDUCE_SCATTER:
         for (int64_t p = 0; p < n; p++)
             be->srcs[p] = (const char *)be->peers[p].src + (size_t)(me * cnt) * es;
-        if (e == cudaSuccess)
-            e = mf_cuda_combine(&rop->dst, 1, op->dtype, be->srcs, (int)n, op->dtype, u, divisor, MF_CUDA_DIV,
-                                false, st);
+        e = mf_cuda_combine(&rop->dst, 1, op->dtype, be->srcs, (int)n, op->dtype, u, divisor, MF_CUDA_DIV, false, st);
         if (e == cudaSuccess && u < cnt)
             e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
         break;
     case MF_OP_ALL_REDUCE: {
         /* u is every member's (one shard); nobody else writes [u, cnt) of ours */
-        if (e == cudaSuccess && u < cnt)
+        if (u < cnt)
             e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
         int64_t chunk = ((u + n - 1) / n + 63) / 64 * 64; /* keeps 16-byte alignment */
         int64_t lo = me * chunk, len = u - lo < chunk ? u - lo : chunk;
-        if (len > 0) {
+        if (len > 0 && e == cudaSuccess) {
             for (int64_t p = 0; p < n; p++) {
                 be->srcs[p] = (const char *)be->peers[p].src + (size_t)lo * es;
                 be->dsts[p] = (char *)be->peers[p].dst + (size_t)lo * es;
             }
-            if (e == cudaSuccess)
-                e = mf_cuda_combine(be->dsts, (int)n, op->dtype, be->srcs, (int)n, op->dtype, len, divisor,
-                                    MF_CUDA_DIV, false, st);
+            e = mf_cuda_combine(be->dsts, (int)n, op->dtype, be->srcs, (int)n, op->dtype, len, divisor, MF_CUDA_DIV,
+                                false, st);
         }
         break;
     }
     default:
         break;
     }
+    return e;
+}
+
+/* "rank R: op 12 (all_gather dp_inner, ...): <stage>" into what; only on a
+ * failure (no snprintf per successful collective). */
+static const char *cl_what(const cl_be *be, const mf_rt *rt, const mf_rt_op *rop, const char *stage, char *what,
+                           size_t size)
+{
+    char desc[200];
+    mf_cuda_describe(&be->core, rop, desc, sizeof desc);
+    snprintf(what, size, "rank %lld: %s%s%s", (long long)rt->rank, desc, *stage ? ": " : "", stage);
+    return what;
+}
+
+static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, char *err, size_t errlen)
+{
+    mf_cuda_core *c = &be->core;
+    const mf_op *op = rop->op;
+    cudaStream_t st = c->stream[op->stream];
+    int64_t n = rop->nranks, me = rop->coord;
+    char what[300];
+    cudaError_t e = cudaSuccess;
+    const void *src = rop->src;
+    if (rop->overlap && op->kind != MF_OP_ALL_REDUCE) {
+        size_t bytes = (size_t)(op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * mf_dtype_size(op->dtype);
+        e = cudaMemcpyAsync(be->scratch[op->stream], src, bytes, cudaMemcpyDeviceToDevice, st);
+        src = be->scratch[op->stream];
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord(be->ready[rop->comm], st);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(e, err, errlen, "%s", cl_what(be, rt, rop, "before the rendezvous", what, sizeof what));
+
+    cl_payload mine = {.op = op->id, .ev = be->ready[rop->comm], .src = src, .dst = rop->dst};
+    mfsdp_result res = rendezvous(be, rt, rop, &mine, err, errlen);
+    if (res != MFSDP_OK)
+        return res;
+    for (int64_t p = 0; p < n; p++)
+        if (be->peers[p].op != op->id) {
+            snprintf(err, errlen, "%s: member %lld of the %s group issued op %d instead",
+                     cl_what(be, rt, rop, "", what, sizeof what), (long long)p, rt->s->mesh.axes[op->axis].name,
+                     be->peers[p].op);
+            return MFSDP_ERR_MISMATCH;
+        }
+    for (int64_t p = 0; p < n && e == cudaSuccess; p++)
+        if (p != me)
+            e = cudaStreamWaitEvent(st, be->peers[p].ev, 0);
+    if (e == cudaSuccess)
+        e = enqueue_part(be, rt, rop, st);
     if (e == cudaSuccess)
         e = cudaEventRecord(be->done[rop->comm], st);
     if (e != cudaSuccess)
-        return mf_cuda_fail(e, err, errlen, "rank %lld: %s: enqueueing the device copies", (long long)rt->rank,
-                            what);
+        return mf_cuda_fail(e, err, errlen, "%s",
+                            cl_what(be, rt, rop, "enqueueing the device copies", what, sizeof what));
 
     mine.ev = be->done[rop->comm];
     res = rendezvous(be, rt, rop, &mine, err, errlen);
@@ -299,7 +447,7 @@ static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, cha
         if (p != me)
             e = cudaStreamWaitEvent(st, be->peers[p].ev, 0);
     if (e != cudaSuccess)
-        return mf_cuda_fail(e, err, errlen, "rank %lld: %s: waiting for the members", (long long)rt->rank, what);
+        return mf_cuda_fail(e, err, errlen, "%s", cl_what(be, rt, rop, "waiting for the members", what, sizeof what));
     return MFSDP_OK;
 }
 
@@ -348,11 +496,17 @@ static void cl_close(mf_rt *rt)
         return;
     if (be->core.rt && be->core.stream[MF_STREAM_INNER])
         mf_cuda_core_free(&be->core, NULL); /* drains before peers may free what we read */
-    for (int i = 0; i < be->ncomms; i++) {
-        if (be->ready && be->ready[i])
-            cudaEventDestroy(be->ready[i]);
-        if (be->done && be->done[i])
-            cudaEventDestroy(be->done[i]);
+    if (be->group) {
+        /* peers may still enqueue waits on them: the group's yard destroys
+         * them once every runtime of the group closed */
+        yard_leave(be->group, be->ready, be->done, be->ncomms);
+    } else {
+        for (int i = 0; i < be->ncomms; i++) {
+            if (be->ready && be->ready[i])
+                cudaEventDestroy(be->ready[i]);
+            if (be->done && be->done[i])
+                cudaEventDestroy(be->done[i]);
+        }
     }
     if (be->local)
         WITH_LOCAL(rt, be, mf_backend_local.close(rt));

@@ -551,6 +551,22 @@ static ncclResult_t enqueue_pending(void *ctx, int k)
     return nr;
 }
 
+/* "rank R: op 12 (...)" or, for a group, "... (ncclGroupStart/End of n
+ * collectives from op 12)": the deferred collectives named for a message,
+ * formatted only when one is written (no snprintf per successful collective). */
+static const char *group_what(const nccl_be *be, int n, char *what, size_t size)
+{
+    const mf_rt *rt = be->core.rt;
+    char desc[200];
+    mf_base_describe_op(rt, be->pending[0], desc, sizeof desc);
+    if (n > 1)
+        snprintf(what, size, "rank %lld: %s (ncclGroupStart/End of %d collectives from op %d)", (long long)rt->rank,
+                 desc, n, be->pending[0]);
+    else
+        snprintf(what, size, "rank %lld: %s", (long long)rt->rank, desc);
+    return what;
+}
+
 /* Issues the deferred collectives as one group (or one call when alone). */
 static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
 {
@@ -560,18 +576,13 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     if (n == 0)
         return MFSDP_OK;
     const mf_rt_op *first = &rt->rops[be->pending[0]];
-    char what[MF_RT_ERRLEN], desc[200];
-    mf_base_describe_op(rt, be->pending[0], desc, sizeof desc);
-    if (n > 1)
-        snprintf(what, sizeof what, "rank %lld: %s (ncclGroupStart/End of %d collectives from op %d)",
-                 (long long)rt->rank, desc, n, be->pending[0]);
-    else
-        snprintf(what, sizeof what, "rank %lld: %s", (long long)rt->rank, desc);
+    char what[MF_RT_ERRLEN]; /* formatted only on a failure (group_what) */
     post_copy *posts = be->posts;
     pthread_mutex_lock(&be->mu);
     mfsdp_result res = MFSDP_OK;
     if (aborted(be)) {
-        snprintf(err, errlen, "%s: the communicators were aborted after an earlier failure", what);
+        snprintf(err, errlen, "%s: the communicators were aborted after an earlier failure",
+                 group_what(be, n, what, sizeof what));
         res = MFSDP_ERR_ABORTED;
         goto unlock;
     }
@@ -580,9 +591,10 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
     ncclResult_t first_err = mf_cuda_nccl_group_issue(n, enqueue_pending, &g);
     cudaError_t cuda_err = g.cuda_err;
     mf_watch_call_end(&be->watch);
-    res = check_nccl(be, be->comms[first->comm], first_err, err, errlen, what);
+    if (first_err != ncclSuccess) /* (check_nccl passes ncclSuccess as it is) */
+        res = check_nccl(be, be->comms[first->comm], first_err, err, errlen, group_what(be, n, what, sizeof what));
     if (res == MFSDP_OK && cuda_err != cudaSuccess)
-        res = mf_cuda_fail(cuda_err, err, errlen, "%s: in-place staging copy", what);
+        res = mf_cuda_fail(cuda_err, err, errlen, "%s: in-place staging copy", group_what(be, n, what, sizeof what));
     for (int k = 0; k < n && res == MFSDP_OK; k++) {
         cudaStream_t st = be->core.stream[first->op->stream];
         cudaError_t e = cudaSuccess;
@@ -591,7 +603,7 @@ static mfsdp_result flush_group(nccl_be *be, char *err, size_t errlen)
         if (e == cudaSuccess && posts[k].zero_bytes)
             e = cudaMemsetAsync(posts[k].zero, 0, posts[k].zero_bytes, st);
         if (e != cudaSuccess)
-            res = mf_cuda_fail(e, err, errlen, "%s: in-place result copy", what);
+            res = mf_cuda_fail(e, err, errlen, "%s: in-place result copy", group_what(be, n, what, sizeof what));
     }
 unlock:
     pthread_mutex_unlock(&be->mu);

@@ -84,6 +84,15 @@ void mf_cuda_describe(const mf_cuda_core *c, const mf_rt_op *rop, char *buf, siz
     mf_base_describe_op(c->rt, rop->op->id, buf, size);
 }
 
+const char *mf_cuda_stream_label(cudaStream_t s)
+{
+    if (s == cudaStreamLegacy)
+        return ", cudaStreamLegacy";
+    if (s == cudaStreamPerThread)
+        return ", cudaStreamPerThread";
+    return "";
+}
+
 void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out)
 {
     if (cfg->backend_config) {
@@ -104,7 +113,13 @@ mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc)
     if (host && nc->compute_stream)
         return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
                                  "MFSDP_NCCL_HOST_COMPUTE: the host is the compute stream, so "
-                                 "compute_stream must be NULL");
+                                 "compute_stream must be NULL (it is %p%s)", (void *)nc->compute_stream,
+                                 mf_cuda_stream_label(nc->compute_stream));
+    if ((nc->flags & MFSDP_NCCL_GRAPHS) && nc->compute_stream == cudaStreamLegacy)
+        return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT,
+                                 "MFSDP_NCCL_GRAPHS: the compute stream is the legacy default stream "
+                                 "(cudaStreamLegacy), which CUDA cannot capture; pass a stream the trainer "
+                                 "created (or cudaStreamPerThread)");
     if (nc->watchdog_poll_ms < 0)
         return mf_base_set_error(rt, MFSDP_ERR_INVALID_ARGUMENT, "watchdog_poll_ms is %lld (0: no watchdog)",
                                  (long long)nc->watchdog_poll_ms);
@@ -542,18 +557,18 @@ mfsdp_result mf_cuda_core_after(mf_cuda_core *c, const mf_rt_op *rop, mf_gpu_pos
     }
     if (!c->host_compute)
         return MFSDP_OK;
-    char what[200];
-    if (op->stream == MF_STREAM_COMPUTE && op->kind == MF_OP_WAIT) {
-        /* The host is the compute stream: wait until the event completed. */
+    mfsdp_result r = MFSDP_OK;
+    if (op->stream == MF_STREAM_COMPUTE && op->kind == MF_OP_WAIT) /* the host is the compute stream */
+        r = mf_cuda_core_wait(c, c->events[op->event], "the host's wait for the event", NULL, NULL, err, errlen);
+    else if (op->stream == MF_STREAM_COMPUTE && op->kind != MF_OP_RECORD)
+        r = mf_cuda_core_wait(c, NULL, "the host's wait for the streams", NULL, NULL, err, errlen);
+    if (r != MFSDP_OK) {
+        /* named only now: no snprintf per successful op */
+        char what[200], msg[MF_RT_ERRLEN];
         mf_cuda_describe(c, rop, what, sizeof what);
-        mfsdp_result r = mf_cuda_core_wait(c, c->events[op->event], what, NULL, NULL, err, errlen);
-        if (r != MFSDP_OK)
-            return r;
-    } else if (op->stream == MF_STREAM_COMPUTE && op->kind != MF_OP_RECORD) {
-        mf_cuda_describe(c, rop, what, sizeof what);
-        mfsdp_result r = mf_cuda_core_wait(c, NULL, what, NULL, NULL, err, errlen);
-        if (r != MFSDP_OK)
-            return r;
+        snprintf(msg, sizeof msg, "%s", err);
+        snprintf(err, errlen, "%s: %s", what, msg);
+        return r;
     }
     /* The host may touch any buffer once the hook returns (it writes grad_local
      * after backward_pre, reads the gradient after step_end, updates

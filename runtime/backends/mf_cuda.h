@@ -100,8 +100,13 @@ typedef struct mf_cuda_core {
  * trainer defaults when it is NULL. */
 void mf_cuda_config_resolve(const mfsdp_config *cfg, mfsdp_nccl_config *out);
 
+/* ", cudaStreamLegacy", ", cudaStreamPerThread" or "" (a stream handle in messages). */
+const char *mf_cuda_stream_label(cudaStream_t s);
+
 /* Checks the flag combinations (no CUDA call); failures through
- * mf_base_set_error(rt, ...). */
+ * mf_base_set_error(rt, ...): a compute stream with MFSDP_NCCL_HOST_COMPUTE
+ * (named in the message), MFSDP_NCCL_GRAPHS on cudaStreamLegacy (never
+ * capturable), a negative watchdog period, unknown flags. */
 mfsdp_result mf_cuda_config_check(mf_rt *rt, const mfsdp_nccl_config *nc);
 
 /* Checks that a device exists, picks nc->device (or the current one) and

@@ -5,7 +5,11 @@
  * (through the backend's stage hook: cudaMemcpy to host, runtime/
  * mf_ckpt_stage.h), zeroes them on the device, loads, and copies them back:
  * every value bit for bit; then exports main_weight as a Hugging Face
- * checkpoint, zeroes it, imports it back: bit for bit again. Needs a GPU: exits 77 (skip) only when there is no
+ * checkpoint, zeroes it, imports it back: bit for bit again. The test's own
+ * device writes and reads run on the runtime's compute stream and complete
+ * before the next call (put/get/zero): the runtime's streams are
+ * non-blocking, so nothing would order legacy-stream copies with the
+ * save's and load's. Its host buffer holds the largest shard. Needs a GPU: exits 77 (skip) only when there is no
  * device (gpu_presence.h). Run by tests/gpu/device-check.sh.
  */
 #include <pthread.h>
@@ -41,6 +45,103 @@ typedef struct rank_job {
 #define FAIL(...) do { snprintf(j->err, sizeof j->err, __VA_ARGS__); goto done; } while (0)
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) FAIL("%s: %s", #x, cudaGetErrorString(e_)); } while (0)
 
+/* Device writes and reads of the test, on the runtime's compute stream and
+ * complete on return: the runtime's streams are non-blocking, so a plain
+ * cudaMemcpy / cudaMemset on the legacy stream would not be ordered with
+ * the save's and load's copies (the checkpoint code synchronizes the
+ * runtime's streams, not the legacy one). */
+static cudaError_t put(cudaStream_t s, void *dst, const void *host, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s);
+    return e == cudaSuccess ? cudaStreamSynchronize(s) : e;
+}
+
+static cudaError_t get(cudaStream_t s, void *host, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s);
+    return e == cudaSuccess ? cudaStreamSynchronize(s) : e;
+}
+
+static cudaError_t zero(cudaStream_t s, void *dst, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dst, 0, bytes, s);
+    return e == cudaSuccess ? cudaStreamSynchronize(s) : e;
+}
+
+/* The largest shard of rt's tensors, in bytes of fp32. */
+static size_t max_shard_bytes(mfsdp_runtime *rt)
+{
+    size_t most = 0;
+    for (int k = 0; k < mfsdp_num_tensors(rt); k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        size_t bytes = (size_t)v.shard_count * sizeof(float);
+        if (bytes > most)
+            most = bytes;
+    }
+    return most;
+}
+
+/* Every shard of state s (0: main_weight, 1, 2: the Adam states) against
+ * value(); `when` names the moment in the message. */
+static int check_states(rank_job *j, mfsdp_runtime *rt, cudaStream_t cs, void **st[2], float *host, int nstates,
+                        const char *when)
+{
+    for (int k = 0; k < mfsdp_num_tensors(rt); k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        size_t bytes = (size_t)v.shard_count * sizeof(float);
+        for (int s = 0; s < nstates; s++) {
+            CK(get(cs, host, s ? st[s - 1][k] : v.main_weight, bytes));
+            for (int64_t i = 0; i < v.shard_count; i++)
+                if (host[i] != value(s, v.shard_offset + i, k))
+                    FAIL("tensor %s state %d element %lld: %g %s, %g saved", v.name, s,
+                         (long long)(v.shard_offset + i), (double)host[i], when,
+                         (double)value(s, v.shard_offset + i, k));
+        }
+    }
+    return 1;
+done:
+    return 0;
+}
+
+/* main_weight and the two states of every tensor <- value(), allocating the
+ * states; 0 with j->err on failure. */
+static int fill_states(rank_job *j, mfsdp_runtime *rt, cudaStream_t cs, void **st[2], float *host)
+{
+    for (int k = 0; k < mfsdp_num_tensors(rt); k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        size_t bytes = (size_t)v.shard_count * sizeof(float);
+        for (int s = 0; s < 3; s++) {
+            for (int64_t i = 0; i < v.shard_count; i++)
+                host[i] = value(s, v.shard_offset + i, k);
+            if (s > 0)
+                CK(cudaMalloc(&st[s - 1][k], bytes + sizeof(float)));
+            CK(put(cs, s ? st[s - 1][k] : v.main_weight, host, bytes));
+        }
+    }
+    return 1;
+done:
+    return 0;
+}
+
+/* Zeroes main_weight and, when states, the two states of every tensor. */
+static int zero_states(rank_job *j, mfsdp_runtime *rt, cudaStream_t cs, void **st[2], int states)
+{
+    for (int k = 0; k < mfsdp_num_tensors(rt); k++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, k, &v);
+        size_t bytes = (size_t)v.shard_count * sizeof(float);
+        CK(zero(cs, v.main_weight, bytes));
+        for (int s = 0; states && s < 2; s++)
+            CK(zero(cs, st[s][k], bytes));
+    }
+    return 1;
+done:
+    return 0;
+}
+
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
@@ -58,22 +159,15 @@ static void *rank_main(void *arg)
     cfg.timeout_ms = 60000;
     if (mfsdp_create(g_sh, &cfg, &rt) != MFSDP_OK)
         FAIL("create: %s", mfsdp_last_error(NULL));
+    cudaStream_t cs = mfsdp_nccl_stream(rt, MFSDP_STREAM_COMPUTE);
     nt = mfsdp_num_tensors(rt);
     st[0] = calloc((size_t)nt + 1, sizeof(void *));
     st[1] = calloc((size_t)nt + 1, sizeof(void *));
-    for (int k = 0; k < nt; k++) {
-        mfsdp_tensor_view v;
-        mfsdp_tensor_view_get(rt, k, &v);
-        size_t bytes = (size_t)v.shard_count * sizeof(float);
-        host = realloc(host, bytes + sizeof(float));
-        for (int s = 0; s < 3; s++) {
-            for (int64_t i = 0; i < v.shard_count; i++)
-                host[i] = value(s, v.shard_offset + i, k);
-            if (s > 0)
-                CK(cudaMalloc(&st[s - 1][k], bytes + sizeof(float)));
-            CK(cudaMemcpy(s ? st[s - 1][k] : v.main_weight, host, bytes, cudaMemcpyHostToDevice));
-        }
-    }
+    host = malloc(max_shard_bytes(rt) + sizeof(float)); /* every shard fits */
+    if (!cs || !st[0] || !st[1] || !host)
+        FAIL("no compute stream or out of memory");
+    if (!fill_states(j, rt, cs, st, host))
+        goto done;
     mfsdp_ckpt_state states[2] = {{"exp_avg", MFSDP_FP32, st[0]}, {"exp_avg_sq", MFSDP_FP32, st[1]}};
     mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
     so.step = 3, so.nstates = 2, so.states = states;
@@ -81,51 +175,24 @@ static void *rank_main(void *arg)
     pthread_barrier_wait(&g_bar);
     if (mfsdp_ckpt_save(rt, g_dir, &so) != MFSDP_OK)
         FAIL("save: %s", mfsdp_last_error(rt));
-    for (int k = 0; k < nt; k++) {
-        mfsdp_tensor_view v;
-        mfsdp_tensor_view_get(rt, k, &v);
-        size_t bytes = (size_t)v.shard_count * sizeof(float);
-        CK(cudaMemset(v.main_weight, 0, bytes));
-        CK(cudaMemset(st[0][k], 0, bytes));
-        CK(cudaMemset(st[1][k], 0, bytes));
-    }
+    if (!zero_states(j, rt, cs, st, 1))
+        goto done;
     mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
     lo.nstates = 2, lo.states = states;
     if (mfsdp_ckpt_load(rt, g_dir, &lo) != MFSDP_OK || lo.step != 3)
         FAIL("load: %s", mfsdp_last_error(rt));
-    for (int k = 0; k < nt; k++) {
-        mfsdp_tensor_view v;
-        mfsdp_tensor_view_get(rt, k, &v);
-        size_t bytes = (size_t)v.shard_count * sizeof(float);
-        for (int s = 0; s < 3; s++) {
-            CK(cudaMemcpy(host, s ? st[s - 1][k] : v.main_weight, bytes, cudaMemcpyDeviceToHost));
-            for (int64_t i = 0; i < v.shard_count; i++)
-                if (host[i] != value(s, v.shard_offset + i, k))
-                    FAIL("tensor %s state %d element %lld: %g after the load, %g saved", v.name, s,
-                         (long long)(v.shard_offset + i), (double)host[i], (double)value(s, v.shard_offset + i, k));
-        }
-    }
+    if (!check_states(j, rt, cs, st, host, 3, "after the load"))
+        goto done;
     /* Hugging Face export of main_weight, zeroed, imported back. */
     char hf[4200];
     snprintf(hf, sizeof hf, "%s-hf", g_dir);
     if (mfsdp_ckpt_export_hf(rt, hf, MFSDP_FP32, NULL, 0) != MFSDP_OK)
         FAIL("export: %s", mfsdp_last_error(rt));
-    for (int k = 0; k < nt; k++) {
-        mfsdp_tensor_view v;
-        mfsdp_tensor_view_get(rt, k, &v);
-        CK(cudaMemset(v.main_weight, 0, (size_t)v.shard_count * sizeof(float)));
-    }
+    if (!zero_states(j, rt, cs, st, 0))
+        goto done;
     if (mfsdp_ckpt_import_hf(rt, hf, NULL) != MFSDP_OK)
         FAIL("import: %s", mfsdp_last_error(rt));
-    for (int k = 0; k < nt; k++) {
-        mfsdp_tensor_view v;
-        mfsdp_tensor_view_get(rt, k, &v);
-        CK(cudaMemcpy(host, v.main_weight, (size_t)v.shard_count * sizeof(float), cudaMemcpyDeviceToHost));
-        for (int64_t i = 0; i < v.shard_count; i++)
-            if (host[i] != value(0, v.shard_offset + i, k))
-                FAIL("tensor %s element %lld: %g after export and import", v.name, (long long)(v.shard_offset + i),
-                     (double)host[i]);
-    }
+    check_states(j, rt, cs, st, host, 1, "after export and import");
 done:
     if (!waited)
         pthread_barrier_wait(&g_bar); /* the others' save then fails on this rank's absence: bounded by the timeout */

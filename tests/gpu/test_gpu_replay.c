@@ -79,17 +79,22 @@ MODE_TEST(hsdp_nosync, MF_REDUCE_SUM)
 MODE_TEST(fsdp2d, MF_REDUCE_AVG)
 MODE_TEST(zero2_inner_zero1_outer, MF_REDUCE_AVG)
 
-/* The check's exchange for a world of one. */
-static uint8_t one_buf[1 << 16];
+/* The check's exchange for a world of one: a buffer of the check's own
+ * exchange size (mf_check_xchg_bytes), never a guessed constant. */
+typedef struct one_xchg {
+    uint8_t *buf;
+    size_t cap;
+} one_xchg;
+
 static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size_t bytes, bool failing)
 {
-    (void)ctx;
+    one_xchg *x = ctx;
     (void)rank;
     (void)failing;
-    if (bytes > sizeof one_buf)
+    if (bytes > x->cap)
         return NULL;
-    memcpy(one_buf, mine, bytes);
-    return one_buf;
+    memcpy(x->buf, mine, bytes);
+    return x->buf;
 }
 
 /* Every mode on a 1x1 mesh through NCCL (its own communicator of one rank). */
@@ -102,18 +107,21 @@ static void test_nccl_one_rank(void **state)
             mf_tb_spec spec;
             rt_model_spec(&spec, mf_tb_modes[i], &one, M, MF_REDUCE_AVG);
             mfsdp_schedule *sh = rt_build(&spec);
-            assert_true(mf_check_xchg_bytes(sh) <= sizeof one_buf);
+            one_xchg ox = {.cap = mf_check_xchg_bytes(sh)};
+            ox.buf = malloc(ox.cap);
+            assert_non_null(ox.buf);
             mfsdp_config cfg;
             mfsdp_config_init(&cfg);
             cfg.backend = MFSDP_BACKEND_NCCL;
             cfg.rank = 0;
             cfg.timeout_ms = 60000;
-            mf_check_xchg x = {one_allgather, NULL, NULL};
+            mf_check_xchg x = {one_allgather, NULL, &ox};
             mf_check_opts o = {.steps = 2, .stop_rank = -1, .stop_step = -1, .out = NULL};
             mf_check_outcome out;
             int rc = mf_check_rank(sh, &cfg, &x, &o, &out);
+            free(ox.buf);
             if (rc != 0)
-                fail_msg("nccl: %s, M=%lld: %s %s", mf_tb_modes[i], (long long)M, out.msg, out.own);
+                fail_msg("nccl: %s on 1x1, M=%lld: %s %s", mf_tb_modes[i], (long long)M, out.msg, out.own);
             mfsdp_schedule_free(sh);
         }
 }

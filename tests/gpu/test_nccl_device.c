@@ -12,7 +12,10 @@
  *     bit;
  *   - CUDA graph mode: one step captured as three graphs (first, middle and
  *     last microbatch) and replayed twice gives the same bits, so nothing of
- *     the last microbatch (the outer reduction, step_end) is dropped;
+ *     the last microbatch (the outer reduction, step_end) is dropped; the
+ *     middle graph replays microbatch 1's gradient fills for 1..M-2, and the
+ *     expected sums say so (trainer_check's `positions`); every failure
+ *     names the mode, M and the phase;
  *   - a capture in cudaStreamCaptureModeGlobal that starts right after eager
  *     steps (the watchdog still holds their tracking events) and waits 3
  *     watchdog periods before its first hook is not invalidated: the
@@ -120,12 +123,6 @@ static void open_trainer(tc_trainer *tr, capture_ctx *c, mfsdp_runtime *rt, cons
         fail_msg("%s", tr->err);
 }
 
-#define TC(call)                          \
-    do {                                  \
-        if (!(call))                      \
-            fail_msg("%s", tr.err);       \
-    } while (0)
-
 static void launch_graphs(capture_ctx *c, cudaGraphExec_t ge[3])
 {
     CK(cudaGraphLaunch(ge[0], compute));
@@ -157,7 +154,8 @@ static void test_eager(void **state)
         tc_trainer tr;
         capture_ctx c;
         open_trainer(&tr, &c, rt, sh, false);
-        TC(tc_train(&tr, 2));
+        if (!tc_train(&tr, 2))
+            fail_msg("eager, %s on 1x1, M=3: %s", tc_nccl_modes[k], tr.err);
         /* a hook out of order is refused and changes nothing */
         assert_int_equal(mfsdp_forward_pre(rt, 0, 0), MFSDP_ERR_INVALID_USAGE);
         OK(mfsdp_step_begin(rt));
@@ -167,6 +165,17 @@ static void test_eager(void **state)
     }
 }
 
+/* A failed step of a graph case, named by mode, M and what ran. */
+#define TC_AT(call, M, what)                                                                       \
+    do {                                                                                           \
+        if (!(call))                                                                               \
+            fail_msg("graphs, hfsdp on 1x1, M=%lld, %s: %s", (long long)(M), (what), tr.err);      \
+    } while (0)
+
+/* One step captured as graphs per position and replayed twice. The middle
+ * graph, captured at microbatch 1, replays for microbatches 1..M-2 with
+ * microbatch 1's gradient fills: tr.positions makes the expected sums say
+ * so (for M = 4 the second middle launch is not microbatch 2's fill). */
 static void test_graphs(void **state)
 {
     (void)state;
@@ -179,15 +188,16 @@ static void test_graphs(void **state)
         tc_trainer tr;
         capture_ctx c;
         open_trainer(&tr, &c, rt, sh, true);
-        TC(tc_step(&tr)); /* capture: nothing runs yet */
+        tr.positions = true;
+        TC_AT(tc_step(&tr), M, "capture"); /* nothing runs yet */
         cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
         for (int p = 0; p < 3; p++)
             if (c.g[p])
                 CK(cudaGraphInstantiate(&ge[p], c.g[p], 0));
         for (int rep = 0; rep < 2; rep++) {
-            TC(tc_poison_grads(&tr));
+            TC_AT(tc_poison_grads(&tr), M, rep ? "replay 2" : "replay 1");
             launch_graphs(&c, ge);
-            TC(tc_verify(&tr));
+            TC_AT(tc_verify(&tr), M, rep ? "replay 2" : "replay 1");
         }
         destroy_graphs(&c, ge);
         tc_close(&tr);
@@ -207,21 +217,22 @@ static void test_graphs_global_mode(void **state)
     tc_trainer tr;
     capture_ctx c;
     open_trainer(&tr, &c, rt, sh, false);
-    TC(tc_train(&tr, 1)); /* eager: the watchdog tracks its collectives */
+    TC_AT(tc_train(&tr, 1), 2, "global capture mode: eager step"); /* the watchdog tracks its collectives */
     c.graphs = true;
+    tr.positions = true;
     capture_mode = cudaStreamCaptureModeGlobal;
     capture_delay_ms = 60; /* 3 watchdog periods */
     bool captured = tc_step(&tr);
     capture_mode = cudaStreamCaptureModeThreadLocal;
     capture_delay_ms = 0;
-    TC(captured);
+    TC_AT(captured, 2, "global capture mode: capture");
     assert_null(c.g[1]); /* M = 2: first and last only */
     cudaGraphExec_t ge[3] = {NULL, NULL, NULL};
     CK(cudaGraphInstantiate(&ge[0], c.g[0], 0));
     CK(cudaGraphInstantiate(&ge[2], c.g[2], 0));
-    TC(tc_poison_grads(&tr));
+    TC_AT(tc_poison_grads(&tr), 2, "global capture mode: replay");
     launch_graphs(&c, ge);
-    TC(tc_verify(&tr));
+    TC_AT(tc_verify(&tr), 2, "global capture mode: replay");
     destroy_graphs(&c, ge);
     tc_close(&tr);
     mfsdp_destroy(rt);

@@ -6,7 +6,9 @@
  * the same schedules, so the same arena offsets, and the same trainer_check
  * code; only the memory (host) and the ordering (at once) differ. A check
  * that is wrong about when a view is valid fails here, not on a device.
- * It would have failed the old checks: reading every weight view after the
+ * The graph cases replay with the fills a per-position graph replay gives
+ * (trainer_check's `positions`: microbatches 1..M-2 fill microbatch 1's
+ * values). It would have failed the old checks: reading every weight view after the
  * step finds a reused (stale) view in hfsdp 1x1 and zero3 1x4, which this test
  * asserts too, so the replay stays sensitive to that class of bug.
  */
@@ -59,6 +61,7 @@ typedef struct replay {
     const mfsdp_schedule *sh;
     int steps;
     bool after_step;
+    bool positions;   /* tc_trainer.positions: the graph replay's fills */
 } replay;
 
 static bool rank_main(void *arg, mfsdp_local_group *g, int64_t rank, char *err, size_t errlen)
@@ -85,8 +88,9 @@ static bool rank_main(void *arg, mfsdp_local_group *g, int64_t rank, char *err, 
         return false;
     }
     tc_trainer tr;
-    bool ok = tc_open(&tr, rt, p->sh, rank, &host_ops, NULL) && tc_train(&tr, p->steps) &&
-              (!p->after_step || tc_verify_weights_after_step(&tr));
+    bool ok = tc_open(&tr, rt, p->sh, rank, &host_ops, NULL);
+    tr.positions = p->positions;
+    ok = ok && tc_train(&tr, p->steps) && (!p->after_step || tc_verify_weights_after_step(&tr));
     snprintf(err, errlen, "%s", tr.err);
     tc_close(&tr);
     mfsdp_destroy(rt);
@@ -95,16 +99,22 @@ static bool rank_main(void *arg, mfsdp_local_group *g, int64_t rank, char *err, 
 
 /* Replays mode on mesh (M microbatches); returns true when every check
  * passed, else false with the message in err. */
-static bool replay_case(const char *mode, const rt_mesh *mesh, int64_t M, mf_reduce reduce, bool after_step,
-                        char *err, size_t errlen)
+static bool replay_positions(const char *mode, const rt_mesh *mesh, int64_t M, mf_reduce reduce, bool after_step,
+                             bool positions, char *err, size_t errlen)
 {
     mf_tb_spec spec;
     rt_model_spec(&spec, mode, mesh, M, reduce);
     mfsdp_schedule *sh = rt_build(&spec);
-    replay p = {.sh = sh, .steps = 2, .after_step = after_step};
+    replay p = {.sh = sh, .steps = 2, .after_step = after_step, .positions = positions};
     bool ok = tc_run_thread_ranks(sh, rank_main, &p, err, errlen);
     mfsdp_schedule_free(sh);
     return ok;
+}
+
+static bool replay_case(const char *mode, const rt_mesh *mesh, int64_t M, mf_reduce reduce, bool after_step,
+                        char *err, size_t errlen)
+{
+    return replay_positions(mode, mesh, M, reduce, after_step, false, err, errlen);
 }
 
 static const rt_mesh one = {"1x1", 2, {1, 1}};
@@ -117,7 +127,7 @@ static void test_nccl_device_cases(void **state)
         if (!replay_case(tc_nccl_modes[k], &one, 3, MF_REDUCE_AVG, false, err, sizeof err))
             fail_msg("%s on 1x1 (test_nccl_device eager): %s", tc_nccl_modes[k], err);
     for (int64_t M = TC_GRAPH_MIN_M; M <= TC_GRAPH_MAX_M; M++)
-        if (!replay_case("hfsdp", &one, M, MF_REDUCE_AVG, false, err, sizeof err))
+        if (!replay_positions("hfsdp", &one, M, MF_REDUCE_AVG, false, true, err, sizeof err))
             fail_msg("hfsdp on 1x1, M = %lld (test_nccl_device graphs): %s", (long long)M, err);
 }
 

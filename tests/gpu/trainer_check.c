@@ -59,6 +59,12 @@ uint32_t tc_grad_seed(int64_t rank, int64_t m, int t)
     return 5000u + 1000u * (uint32_t)rank + 100u * (uint32_t)m + (uint32_t)t;
 }
 
+int64_t tc_grad_microbatch(const tc_trainer *tr, int64_t m)
+{
+    int64_t M = mfsdp_schedule_microbatches(tr->sh);
+    return tr->positions && m > 0 && m < M - 1 ? 1 : m;
+}
+
 const char *const tc_nccl_modes[] = {"hfsdp", "zero3", "ddp", "hsdp_nosync"};
 const int tc_nccl_nmodes = (int)(sizeof tc_nccl_modes / sizeof tc_nccl_modes[0]);
 const rt_mesh tc_local_meshes[] = {{"1x4", 2, {1, 4}}, {"2x2", 2, {2, 2}}, {"2x4", 2, {2, 4}}, {"2x2x2", 3, {2, 2, 2}}};
@@ -148,7 +154,8 @@ static bool in_window(tc_trainer *tr, int u, int64_t m, int w)
             continue;
         if (!tr->ops->copy(tr->ctx, tr->seen[w][t], v.weight, (size_t)v.numel * mfsdp_dtype_size(v.weight_dtype)))
             return failf(tr, "%s: cannot copy the weight in its window", v.name);
-        if (w == 1 && !tr->ops->fill(tr->ctx, v.grad_local, v.grad_local_dtype, v.numel, tc_grad_seed(tr->rank, m, t)))
+        uint32_t seed = tc_grad_seed(tr->rank, tc_grad_microbatch(tr, m), t);
+        if (w == 1 && !tr->ops->fill(tr->ctx, v.grad_local, v.grad_local_dtype, v.numel, seed))
             return failf(tr, "%s: cannot fill grad_local", v.name);
     }
     return true;
@@ -231,7 +238,8 @@ bool tc_verify(tc_trainer *tr)
                 for (int64_t rk = 0; rk < N; rk++)
                     for (int64_t m = 0; m < M; m++) {
                         unsigned char local[4]; /* as grad_local holds it */
-                        mf_dtype_store(local, (mf_dtype)v.grad_local_dtype, 0, mf_pattern(tc_grad_seed(rk, m, t), at));
+                        uint32_t seed = tc_grad_seed(rk, tc_grad_microbatch(tr, m), t);
+                        mf_dtype_store(local, (mf_dtype)v.grad_local_dtype, 0, mf_pattern(seed, at));
                         want += mf_dtype_load(local, (mf_dtype)v.grad_local_dtype, 0);
                     }
                 if (avg)

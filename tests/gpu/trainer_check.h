@@ -7,7 +7,10 @@
  *
  * A trainer rank: main_weight of tensor t at tensor index i is
  * mf_pattern(7 + t, i); grad_local of tensor t in microbatch m on rank r is
- * mf_pattern(tc_grad_seed(r, m, t), i), written inside its backward window.
+ * mf_pattern(tc_grad_seed(r, m', t), i), written inside its backward window,
+ * where m' = tc_grad_microbatch(m): m, or 1 for the middle microbatches of a
+ * step replayed as per-position CUDA graphs (the middle graph, captured at
+ * microbatch 1, is what runs for microbatches 1..M-2).
  * Each unit's unsharded weights are copied out inside the unit's forward and
  * backward windows (the only time a weight view is valid: since static buffer
  * reuse the same bytes hold other buffers outside them, docs/runtime.md §6).
@@ -71,11 +74,20 @@ typedef struct tc_trainer {
     int ntensors;
     void **seen[2];             /* per tensor: its weight as copied inside its
                                    forward [0] and backward [1] window */
+    bool positions;             /* the step runs as one CUDA graph per microbatch
+                                   position (first, middle, last), the middle one
+                                   captured at microbatch 1 and replayed for
+                                   1..M-2: their grad_local then holds microbatch
+                                   1's values (tc_grad_microbatch). Set after
+                                   tc_open; false: every microbatch its own */
     char err[512];              /* first problem, "" when none */
 } tc_trainer;
 
 /* Grad_local seed of tensor t in microbatch m on rank r. */
 uint32_t tc_grad_seed(int64_t rank, int64_t m, int t);
+/* The microbatch whose grad_local values microbatch m computes: m, or 1 for
+ * a middle microbatch (0 < m < M-1) of a trainer with `positions`. */
+int64_t tc_grad_microbatch(const tc_trainer *tr, int64_t m);
 
 /* Borrows rt, sh, ops and ctx. Allocates the weight copies and writes every
  * main_weight shard. tc_close frees what tc_open allocated (not rt); call it
