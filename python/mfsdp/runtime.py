@@ -104,12 +104,47 @@ class Stats:
         return "Stats(%r)" % self.as_dict()
 
 
+# CUDA's handle of the legacy default stream (cudaStreamLegacy in
+# driver_types.h). torch.cuda.current_stream().cuda_stream is 0 on torch's
+# default stream, and 0 (NULL) in mfsdp_nccl_config.compute_stream means "no
+# stream: the runtime creates its own", which nothing would order with
+# torch's kernels; so 0 goes to the C side as this handle.
+CUDA_STREAM_LEGACY = 0x1
+
+
+def nccl_config(lib: Any, device: Optional[int], stream: Optional[int], host_compute: bool,
+                nccl_unique_id: Optional[bytes]) -> _lib.NcclConfig:
+    """The mfsdp_nccl_config of a GPU Runtime: the C defaults
+    (mfsdp_nccl_config_init: blocking communicators, ncclMemAlloc buffers,
+    a watchdog every 100 ms), then the device, the compute stream (None: the
+    runtime creates one; 0, the legacy default stream that is torch's default
+    stream: cudaStreamLegacy; any other handle as given), host compute and
+    the unique id."""
+    nc = _lib.NcclConfig()
+    init = getattr(lib, "mfsdp_nccl_config_init", None)
+    if init is None:   # a library without the GPU backends: create refuses it anyway
+        nc.flags, nc.watchdog_poll_ms = _lib.NCCL_MEM_ALLOC, 100
+    else:
+        init(ctypes.byref(nc))
+    nc.device = -1 if device is None else int(device)
+    if stream is not None:
+        nc.compute_stream = CUDA_STREAM_LEGACY if int(stream) == 0 else int(stream)
+    if host_compute:
+        nc.flags |= _lib.NCCL_HOST_COMPUTE
+    if nccl_unique_id:
+        nc.unique_id = bytes(nccl_unique_id)
+        nc.has_unique_id = 1
+    return nc
+
+
 class Runtime(ClosedWhenCollected):
     """One rank's runtime. backend: "local" (thread-ranks: pass group= and
     rank=; a world of one needs neither), "mpi" (comm: None for
     MPI_COMM_WORLD, or an mpi4py communicator) or "nccl" (device, stream:
     the CUDA device and stream handle; mfsdp.torch passes torch's current
-    ones). check=True turns on the check mode (MFSDP_FLAG_CHECK, CPU
+    ones; stream 0, torch's default stream, is the legacy default stream,
+    cudaStreamLegacy; None: the runtime creates its own; communicators are
+    blocking, as in C: nccl_config()). check=True turns on the check mode (MFSDP_FLAG_CHECK, CPU
     backends: reads and writes outside the windows are refused;
     docs/runtime.md §13). Every failure raises MfsdpError with the library's
     message."""
@@ -155,16 +190,7 @@ class Runtime(ClosedWhenCollected):
             cfg.mpi_comm = ptr
         if backend in ("nccl", "cuda_local") and (device is not None or stream is not None
                                                   or host_compute or nccl_unique_id):
-            nc = _lib.NcclConfig()
-            nc.device = -1 if device is None else int(device)
-            nc.compute_stream = stream
-            nc.flags = _lib.NCCL_NONBLOCKING | _lib.NCCL_MEM_ALLOC
-            if host_compute:
-                nc.flags |= _lib.NCCL_HOST_COMPUTE
-            nc.watchdog_poll_ms = 100
-            if nccl_unique_id:
-                nc.unique_id = bytes(nccl_unique_id)
-                nc.has_unique_id = 1
+            nc = nccl_config(lib, device, stream, host_compute, nccl_unique_id)
             keep.append(nc)
             cfg.backend_config = ctypes.cast(ctypes.pointer(nc), ctypes.c_void_p)
         h = ctypes.c_void_p()
