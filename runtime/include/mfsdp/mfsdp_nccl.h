@@ -97,7 +97,11 @@ typedef struct mfsdp_nccl_config {
     int device;                   /* CUDA device of this rank; -1: the current one */
     cudaStream_t compute_stream;  /* the trainer's compute stream (borrowed);
                                      NULL: the runtime creates one, see
-                                     mfsdp_nccl_stream() */
+                                     mfsdp_nccl_stream(). The default streams
+                                     are handles too: cudaStreamLegacy (the
+                                     legacy default stream, PyTorch's default
+                                     stream; not with MFSDP_NCCL_GRAPHS: CUDA
+                                     cannot capture it) or cudaStreamPerThread */
     uint32_t flags;               /* MFSDP_NCCL_* */
     int64_t watchdog_poll_ms;     /* watchdog period; 0: no watchdog thread */
 } mfsdp_nccl_config;
