@@ -41,15 +41,22 @@ OptimizerState (states by tensor name) instead of a torch optimizer.
 """
 from __future__ import annotations
 
+import ctypes
+import datetime
+import errno
+import json
 import os
+import re
 import secrets
 import shutil
+import socket
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .._lib import UsageError
+from . import dcp_files
 from .checkpoint import Optimizers, optimizers_of, owners
 from .tensors import DTYPE_NAMES, TORCH_DTYPES
 
@@ -58,6 +65,8 @@ if TYPE_CHECKING:
     from .shard import ShardedModel
 
 BATCH_BYTES = 256 << 20
+DEFAULT_TIMEOUT_MS = 600000       # mfsdp_config_init's
+MARKER = ".mfsdp-saving"          # in PATH.tmp-ID while a save writes it: who writes
 
 
 class OptimizerState:
@@ -118,12 +127,55 @@ def _dist_for(what: str, rt: Runtime):
     return dist
 
 
-def _all_gather(dist, obj):
-    if dist is None:
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+def timeout_ms(rt: Runtime) -> int:
+    """The runtime's timeout_ms (mfsdp_config's default, 600000, when the
+    Runtime does not say)."""
+    t = getattr(rt, "timeout_ms", None)
+    return DEFAULT_TIMEOUT_MS if t is None else int(t)
+
+
+class Group:
+    """The gloo group of a save's collectives (DCP's own included), made once
+    per runtime with the runtime's timeout_ms, so that a rank that stops
+    ends every other rank's save within it, not within the default group's
+    timeout (30 minutes). None inside for a world of one."""
+
+    def __init__(self, dist, rt: Runtime, what: str) -> None:
+        self.dist, self.what, self.pg = dist, what, None
+        if dist is None:
+            return
+        self.pg = getattr(rt, "_mfsdp_dcp_group", None)
+        if self.pg is None:
+            ms = timeout_ms(rt)
+            self.pg = self._call(lambda: dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(
+                    milliseconds=ms if ms > 0 else 365 * 86400 * 1000)), "creating its group")
+            rt._mfsdp_dcp_group = self.pg
+        self.ms = timeout_ms(rt)
+
+    def _call(self, fn, doing):
+        try:
+            return fn()
+        except Exception as e:   # noqa: BLE001 -- gloo's timeout and peer errors alike
+            raise UsageError("%s: %s failed: a rank did not answer within timeout_ms or left "
+                             "(%s: %s)" % (self.what, doing, type(e).__name__,
+                                           str(e).splitlines()[0] if str(e) else "")) from None
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        if self.dist is None:
+            return [obj]
+        out = [None] * self.dist.get_world_size(self.pg)
+        self._call(lambda: self.dist.all_gather_object(out, obj, group=self.pg),
+                   "exchanging the ranks' state")
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.dist is None:
+            return obj
+        box = [obj]
+        self._call(lambda: self.dist.broadcast_object_list(box, src=0, group=self.pg),
+                   "agreeing on the outcome")
+        return box[0]
 
 
 # ---- the optimizer in tensor names ----
@@ -189,34 +241,25 @@ def _balance(items, world):
     return owner
 
 
-def _commit_name(dist, rt, path):
-    token = [secrets.token_hex(6) if rt.rank == 0 else None]
-    if dist is not None:
-        dist.broadcast_object_list(token, src=0)
-    return "%s.tmp-%s" % (os.path.abspath(path).rstrip("/"), token[0])
-
-
 def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = None,
-         what: str = "save_dcp") -> None:
+         what: str = "save_dcp", overwrite: bool = False) -> None:
     """Writes the runtime's master weights (and `opt`) as a DCP checkpoint in
-    directory `path` (must not exist). Collective over the runtime's world."""
-    import torch.distributed.checkpoint as dcp
-    dist = _dist_for(what, rt)
+    directory `path`: a new one, or with overwrite=True one that replaces the
+    DCP checkpoint there (atomically where renameat2 can exchange them).
+    Collective over the runtime's world; every failure is a UsageError on
+    every rank within timeout_ms, and leaves no PATH.tmp-*."""
+    group = Group(_dist_for(what, rt), rt, what)
     main = {v.name: v.shard_count for v in rt.views if v.shard_count}
     problem = None
     try:
-        if os.path.lexists(path):
-            raise UsageError("%s: %s exists; a checkpoint is never overwritten: pick a new "
-                             "directory" % (what, path))
-        if not os.path.isdir(os.path.dirname(os.path.abspath(path)) or "."):
-            raise UsageError("%s: the parent directory of %s does not exist" % (what, path))
+        _check_target(path, what, overwrite)
         mine = _describe(opt, main, what) if opt is not None else {}
     except UsageError as e:
         problem, mine = str(e), {}
     local = {"problem": problem, "states": mine,
              "member": opt.member if opt is not None else {},
              "groups": opt.groups if opt is not None else None}
-    every = _all_gather(dist, local)
+    every = group.all_gather(local)
     problems = [d["problem"] for d in every if d["problem"]]
     if problems:
         raise UsageError(problems[0] if rt.rank == 0 or not local["problem"] else local["problem"])
@@ -236,41 +279,188 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
         if missing:
             raise UsageError("%s: the optimizer has no state for %s (save after the first "
                              "optimizer.step())" % (what, ", ".join(missing[:8])))
-    sd = _gathered(rt, names, opt, states, member, groups)
-    tmp = _commit_name(dist, rt, path)
-    error = None
+    _write(rt, group, _gathered(rt, names, opt, states, member, groups), path, what, overwrite)
+
+
+def _check_target(path, what, overwrite):
+    if os.path.lexists(path):
+        if not overwrite:
+            raise UsageError("%s: %s exists; a checkpoint is never overwritten unless asked: pick "
+                             "a new directory, or pass overwrite=True to replace the DCP "
+                             "checkpoint there" % (what, path))
+        if os.path.islink(path) or not os.path.isdir(path) or \
+                not os.path.isfile(os.path.join(path, dcp_files.METADATA)):
+            raise UsageError("%s: %s exists and is not a DCP checkpoint (a directory with a "
+                             ".metadata): overwrite=True replaces a checkpoint, nothing else"
+                             % (what, path))
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path)) or "."):
+        raise UsageError("%s: the parent directory of %s does not exist" % (what, path))
+
+
+def _reason(e):
+    """One line for an exception; DCP's CheckpointException by its ranks' causes."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for r, f in sorted(failures.items()):
+            ex = f[0] if isinstance(f, tuple) else f
+            parts.append("rank %s: %s" % (r, _reason(ex)))
+        return "; ".join(parts)
+    if isinstance(e, UsageError):
+        return str(e)
+    text = str(e).strip().splitlines()
+    return "%s: %s" % (type(e).__name__, text[0] if text else "")
+
+
+def _write(rt, group, sd, path, what, overwrite):
+    """dcp.save of this rank's part into PATH.tmp-ID, the checksums, then
+    rank 0 commits (module comment); a failure anywhere is every rank's."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    token = group.broadcast(secrets.token_hex(6) if rt.rank == 0 else None)
+    tmp = "%s.tmp-%s" % (os.path.abspath(path).rstrip("/"), token)
+    error, sums = None, {}
     try:
+        if rt.rank == 0:
+            clean_residue(path)
+            os.makedirs(tmp, exist_ok=True)
+            _write_marker(tmp)
         with warnings.catch_warnings():   # no_dist on purpose for a world of one
             warnings.simplefilter("ignore", UserWarning)
-            dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), no_dist=dist is None)
-    except Exception as e:   # noqa: BLE001 -- every rank learns that one failed
-        error = "%s: DCP's save failed on rank %d: %s" % (what, rt.rank, e)
-    errors = [e for e in _all_gather(dist, error) if e]
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), process_group=group.pg,
+                     no_dist=group.pg is None)
+        sums = dcp_files.item_sums(tmp, rt.rank, rt.world_size, what)
+    except UsageError as e:
+        error = "%s (rank %d)" % (e, rt.rank)
+    except (Exception, CheckpointException) as e:   # noqa: BLE001 -- DCP's derives from BaseException
+        error = "%s: writing %s failed on rank %d: %s" % (what, tmp, rt.rank, _reason(e))
+    try:
+        every = group.all_gather((error, sums))
+    except UsageError:
+        if rt.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    errors = [e for e, _ in every if e]
     if rt.rank == 0:
         if not errors:
-            errors = [e for e in [_rename(tmp, path, what)] if e]
+            items = {}
+            for _, s in every:
+                items.update(s)
+            errors = [e for e in [_commit(tmp, path, items, what, overwrite)] if e]
         if errors:
             shutil.rmtree(tmp, ignore_errors=True)
-    final = [errors[0] if errors else None]
-    if dist is not None:
-        dist.broadcast_object_list(final, src=0)
-    if final[0]:
-        raise UsageError(final[0])
+    final = group.broadcast(errors[0] if errors else None)
+    if final:
+        raise UsageError(final)
 
 
-def _rename(tmp, path, what):
-    if os.path.lexists(path):
-        return "%s: %s appeared during the save; nothing overwritten" % (what, path)
+def _commit(tmp, path, items, what, overwrite):
+    """Rank 0: the checksums, the marker removed, then tmp renamed to path (or
+    exchanged with the checkpoint there). None, or the error's message."""
     try:
-        os.rename(tmp, path)
-        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
+        dcp_files.write_sums(tmp, items, what)
+        os.unlink(os.path.join(tmp, MARKER))
+        _fsync_dir(tmp)
+        if not os.path.lexists(path):
+            os.rename(tmp, path)
+        elif not overwrite:
+            return "%s: %s appeared during the save; nothing overwritten" % (what, path)
+        elif _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)      # the replaced checkpoint
+        else:                                           # no renameat2: a moment without path
+            old = tmp + ".old"
+            os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                os.rename(old, path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)) or ".")
+    except (OSError, UsageError) as e:
         return "%s: committing %s: %s" % (what, path, e)
     return None
+
+
+def _fsync_dir(d):
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a, b):
+    """renameat2(a, b, RENAME_EXCHANGE): True when done, False where the
+    kernel, libc or file system has no exchange; OSError otherwise."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+# ---- a killed save's PATH.tmp-ID ----
+
+def _start_time(pid):
+    """The process's start time (field 22 of /proc/PID/stat), None when unknown."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _write_marker(tmp):
+    doc = {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid())}
+    with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def _alive(pid, start):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, TypeError):
+        return True
+    return start is None or _start_time(pid) in (None, start)
+
+
+def clean_residue(path: str) -> List[str]:
+    """Removes, in the parent directory of `path`, every NAME.tmp-ID that a
+    save_dcp (or to-dcp) on this host left when it was killed: its marker
+    names a process that no longer runs. A save still running, or one from
+    another host, is left alone. Returns the directories removed."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not re.fullmatch(r".+\.tmp-[0-9a-f]{12}", name):
+            continue
+        d = os.path.join(parent, name)
+        try:
+            f, _ = dcp_files.open_regular(d, MARKER, "save_dcp")
+            with f:
+                doc = json.loads(f.read().decode("utf-8"))
+            host, pid, start = doc["host"], int(doc["pid"]), doc.get("start")
+        except (UsageError, OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            continue                   # not a save's, or not readable: never touched
+        if host == socket.gethostname() and not _alive(pid, start) and not os.path.islink(d):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def _gathered(rt, names, opt, states, member, groups):
@@ -320,13 +510,18 @@ def _gathered(rt, names, opt, states, member, groups):
 
 # ---- load ----
 
-def _metadata(path, what):
-    import torch.distributed.checkpoint as dcp
+def _open(path, what):
+    """(SafeReader, DCP Metadata) of checkpoint directory `path`."""
     if not os.path.isdir(path):
         raise UsageError("%s: %s is not a directory (a DCP checkpoint is one)" % (what, path))
-    if not os.path.isfile(os.path.join(path, ".metadata")):
+    if not os.path.lexists(os.path.join(path, dcp_files.METADATA)):
         raise UsageError("%s: %s has no .metadata: not a committed DCP checkpoint" % (what, path))
-    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    reader = dcp_files.SafeReader(path, what)
+    return reader, reader.read_metadata()
+
+
+def _metadata(path, what):
+    return _open(path, what)[1].state_dict_metadata
 
 
 def _shape(m):
@@ -344,6 +539,9 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
     shapes = {v.name: tuple(v.shape) for v in rt.views}
     want = {"model." + k: shapes[t] for k, t in names.keys.items()}
     want.update({"model." + k: tuple(b.shape) for k, b in names.buffers.items()})
+    master = {v.name: TORCH_DTYPES[v.dtype["main_weight"]] for v in rt.views}
+    dtypes = {"model." + k: master[t] for k, t in names.keys.items()}
+    dtypes.update({"model." + k: b.dtype for k, b in names.buffers.items()})
     for key, shape in want.items():
         m = md.get(key)
         if m is None:
@@ -353,8 +551,9 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
         elif _shape(m) != shape:
             problems.append("%r: shape %s in the checkpoint, the model has %s"
                             % (key, list(_shape(m)), list(shape)))
-        elif not m.properties.dtype.is_floating_point:
-            problems.append("%r: dtype %s in the checkpoint (a float)" % (key, m.properties.dtype))
+        elif m.properties.dtype != dtypes[key]:
+            problems.append("%r: dtype %s in the checkpoint, the model's %s" % (
+                key, m.properties.dtype, dtypes[key]))
     problems += ["unexpected %r (the model has no such parameter or buffer)" % k
                  for k in md if k.startswith("model.") and k not in want]
     kinds = {}
@@ -369,7 +568,11 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
                 problems.append("unexpected %r (no parameter %r in the model)" % (key, f))
                 continue
             t = by_fqn[f]
-            if isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t]:
+            if isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t] and \
+                    m.properties.dtype not in DTYPE_NAMES:
+                problems.append("%r: dtype %s in the checkpoint (optimizer state is float32, "
+                                "bfloat16 or float16)" % (key, m.properties.dtype))
+            elif isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t]:
                 found.setdefault(t, {})[k] = "shard"
             elif isinstance(m, TensorStorageMetadata) and _shape(m) == ():
                 found.setdefault(t, {})[k] = "scalar"
@@ -424,61 +627,68 @@ def _group_states(names, kinds, saved_groups):
     return problems
 
 
-def _read(path, template):
+def _read(path, md, template, what):
+    """dcp.load of `template` through a SafeReader (dcp_files); every failure a UsageError."""
     import torch.distributed.checkpoint as dcp
-    with warnings.catch_warnings():      # no_dist on purpose: each rank reads its own tensors
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(template, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    from torch.distributed.checkpoint.api import CheckpointException
+    reader = dcp_files.SafeReader(path, what)
+    reader.use_metadata(md)
+    try:
+        with warnings.catch_warnings():  # no_dist on purpose: each rank reads its own tensors
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(template, storage_reader=reader, no_dist=True)
+    except UsageError:
+        raise
+    except (Exception, CheckpointException) as e:   # noqa: BLE001 -- DCP's derives from BaseException
+        inner = [f[0] if isinstance(f, tuple) else f
+                 for f in (getattr(e, "failures", None) or {}).values()]
+        if len(inner) == 1 and isinstance(inner[0], UsageError):
+            raise inner[0] from None
+        raise UsageError("%s: reading %s failed: %s" % (what, path, _reason(e))) from None
     return template
 
 
-def _batches(rt, path, requests, md, batch_bytes):
+def _batches(path, requests, md, batch_bytes, what):
     """Yields {key: tensor or object} read from the checkpoint, at most
     batch_bytes of tensors a batch (a bigger tensor alone)."""
+    sd = md.state_dict_metadata
     batch, size = {}, 0
     for key in requests:
-        m = md[key]
+        m = sd[key]
         if hasattr(m, "size"):
             t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
             n = t.numel() * t.element_size()
         else:
             t, n = None, 0
         if batch and size + n > batch_bytes:
-            yield _read(path, batch)
+            yield _read(path, md, batch, what)
             batch, size = {}, 0
         batch[key] = t
         size += n
     if batch:
-        yield _read(path, batch)
+        yield _read(path, md, batch, what)
 
 
-def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[str, Any]]],
-         check_groups, batch_bytes: int = BATCH_BYTES,
-         what: str = "load_dcp", partial: bool = False) -> Optional[OptimizerState]:
-    """Reads a DCP checkpoint into the runtime's master weights (and the
-    model's buffers); with opt_groups (the loading optimizer's groups, or []
-    for "any"), returns the optimizer's state for this rank's shards. Every
-    problem is listed in one UsageError before anything is written;
-    check_groups(saved param groups) returns further problems."""
-    md = _metadata(path, what)
+class Staged:
+    """What a load read, held until every rank has read all of it: this
+    rank's master shards {tensor: 1-D tensor}, the buffers {key: tensor},
+    the optimizer's state {tensor: {key: shard or scalar}} and saved groups."""
+
+    def __init__(self) -> None:
+        self.main: Dict[str, torch.Tensor] = {}
+        self.buffers: Dict[str, Any] = {}
+        self.state: Dict[str, Dict[str, Any]] = {}
+        self.groups: List[Dict[str, Any]] = []
+
+
+def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial):
+    """Checks a DCP checkpoint against the model and its storage, then reads
+    this rank's part into a Staged; writes nothing of the model."""
+    reader, md_all = _open(path, what)
+    md = md_all.state_dict_metadata
     want_optim = opt_groups is not None
     problems, kinds = plan_load(rt, names, md, want_optim,
                                 len(opt_groups) if opt_groups else None, what, partial)
-    saved_groups = []
-    if want_optim and not problems:
-        keys = sorted(k for k in md if k.startswith("optim.param_groups."))
-        got = _read(path, {k: None for k in keys})
-        by_index = {}
-        for k in keys:
-            i, _, o = k[len("optim.param_groups."):].partition(".")
-            by_index.setdefault(int(i), {})[o] = got[k]
-        saved_groups = [by_index[i] for i in sorted(by_index)]
-        if partial:
-            problems += _group_states(names, kinds, saved_groups)
-        problems += check_groups(saved_groups)
-    if problems:
-        raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
-            what, path, len(problems), "" if len(problems) == 1 else "s", "\n  ".join(problems)))
     views = {v.name: v for v in rt.views}
     where = {}                              # DCP key -> (tensor name, state key or None)
     for t, f in names.fqn.items():
@@ -488,40 +698,102 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
                 where["optim.state.%s.%s" % (f, k)] = (t, k)
     for k in names.buffers:
         where["model." + k] = (None, k)
-    state = {}
-    for got in _batches(rt, path, list(where), md, batch_bytes):
+    group_keys = sorted(k for k in md if k.startswith("optim.param_groups.")) if want_optim else []
+    if not problems:
+        problems = dcp_files.check_storage(path, md_all, [k for k in where if k in md] + group_keys,
+                                           what)
+    staged = Staged()
+    if want_optim and not problems:
+        got = _read(path, md_all, {k: None for k in group_keys}, what)
+        by_index = {}
+        for k in group_keys:
+            i, _, o = k[len("optim.param_groups."):].partition(".")
+            by_index.setdefault(int(i), {})[o] = got[k]
+        staged.groups = [by_index[i] for i in sorted(by_index)]
+        if partial:
+            problems += _group_states(names, kinds, staged.groups)
+        problems += check_groups(staged.groups)
+    if problems:
+        raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
+            what, path, len(problems), "" if len(problems) == 1 else "s", "\n  ".join(problems)))
+    for got in _batches(path, list(where), md_all, batch_bytes, what):
         for key, x in got.items():
             t, k = where[key]
             if t is None:
-                with torch.no_grad():
-                    names.buffers[k].copy_(x)
-            elif k is None:
-                rt.scatter(views[t].index, x)
+                staged.buffers[k] = x.clone()
+                continue
+            v = views[t]
+            if k is None:
+                staged.main[t] = x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
             elif kinds[t][k] == "shard":
-                v = views[t]
-                state.setdefault(t, {})[k] = \
+                staged.state.setdefault(t, {})[k] = \
                     x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
             else:
-                state.setdefault(t, {})[k] = x.clone() if isinstance(x, torch.Tensor) else x
-    if not want_optim:
+                staged.state.setdefault(t, {})[k] = x.clone() if isinstance(x, torch.Tensor) else x
+    return staged
+
+
+def _agree(rt, error, what, path):
+    """Raises on every rank when a rank failed to stage (the runtime's own
+    collective, within its timeout_ms): nothing is committed anywhere."""
+    failed = error is not None
+    if rt.world_size > 1:
+        first = int(rt.allreduce(float(rt.rank if failed else rt.world_size), "min"))
+        if error is None and first < rt.world_size:
+            raise UsageError("%s: rank %d refused %s (its error says why); nothing was loaded on "
+                             "any rank" % (what, first, path))
+    if error is not None:
+        raise UsageError(error)
+
+
+def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[str, Any]]],
+         check_groups, batch_bytes: int = BATCH_BYTES,
+         what: str = "load_dcp", partial: bool = False) -> Optional[OptimizerState]:
+    """Reads a DCP checkpoint into the runtime's master weights (and the
+    model's buffers); with opt_groups (the loading optimizer's groups, or []
+    for "any"), returns the optimizer's state for this rank's shards. All or
+    nothing on every rank: each rank checks and reads its part first
+    (_stage; every problem listed in one UsageError), the ranks agree, and
+    only then is anything written. check_groups(saved param groups) returns
+    further problems."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    error, staged = None, None
+    try:
+        staged = _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial)
+    except UsageError as e:
+        error = str(e)
+    except (Exception, CheckpointException) as e:   # noqa: BLE001 -- every rank must learn of it
+        error = "%s: reading %s failed: %s" % (what, path, _reason(e))
+    _agree(rt, error, what, path)
+    views = {v.name: v for v in rt.views}
+    for t, shard in staged.main.items():
+        v = views[t]
+        full = torch.empty(v.numel, dtype=shard.dtype)
+        full[v.shard_offset:v.shard_offset + v.shard_count] = shard
+        rt.scatter(v.index, full)
+    with torch.no_grad():
+        for k, x in staged.buffers.items():
+            names.buffers[k].copy_(x)
+    if opt_groups is None:
         return None
     fqn_group = {}
-    for gi, g in enumerate(saved_groups):
+    for gi, g in enumerate(staged.groups):
         for f in g.get("params", []):
             fqn_group[f] = gi
     by_fqn = {f: t for t, f in names.fqn.items()}
     member = {by_fqn[f]: gi for f, gi in fqn_group.items() if f in by_fqn}
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
-    return OptimizerState(groups, member, state)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in staged.groups]
+    return OptimizerState(groups, member, staged.state)
 
 
 # ---- ShardedModel.save_dcp / load_dcp ----
 
-def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None) -> None:
-    """See ShardedModel.save_dcp."""
+def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
+             overwrite: bool = False) -> None:
+    """See ShardedModel.save_dcp; overwrite=True replaces the DCP checkpoint at path."""
     sm._between_steps("save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
-    save(sm.runtime, Names.of_model(sm), path, opt)
+    save(sm.runtime, Names.of_model(sm), path, opt, overwrite=overwrite)
 
 
 def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,

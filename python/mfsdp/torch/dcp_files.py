@@ -1,0 +1,321 @@
+"""
+dcp_files: the files of a PyTorch DCP directory as mfsdp reads and writes
+them (docs/checkpoint.md, "PyTorch DCP", "What a DCP load trusts").
+
+torch's FileSystemReader opens whatever `.metadata` names (a path with
+`../`, a symlink, a FIFO, on which open() blocks forever) and copies each
+stored tensor into a template of the dtype `.metadata` declares, converting
+silently. Here, instead:
+
+- every file read is a regular file directly inside the checkpoint
+  directory: a storage path with a separator, `.`, `..` or a NUL is refused,
+  and a file is lstat'ed, then opened with O_NOFOLLOW | O_NONBLOCK and
+  fstat'ed, so a symlink, a FIFO, a device or a directory is refused before
+  any byte is read and no open or read blocks (open_regular);
+- check_storage: before anything is read, every byte range a load will read
+  lies inside its file and holds at least the bytes its chunk's elements
+  take in the declared dtype, and each tensor's chunks lie inside it and
+  cover its elements;
+- SafeReader.read_data: each stored tensor has the dtype and shape that
+  `.metadata` declares; storage transforms (compression) are refused;
+- checksums: a DCP that mfsdp writes carries SUMS (`.mfsdp-sha256`, JSON,
+  a file torch ignores): the sha256 of `.metadata` and of every storage
+  item's byte range (item_sums on every rank, write_sums on the committing
+  rank). A load verifies `.metadata`'s before unpickling it and each item's
+  before deserializing it. A DCP without SUMS (torch's or another tool's) is
+  read without: its bit flips cannot be detected.
+
+Every refusal is a UsageError naming the checkpoint, the file and the key.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import stat
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+
+from .._lib import UsageError
+
+SUMS = ".mfsdp-sha256"
+SUMS_FORMAT = "mfsdp-dcp-sha256/1"
+METADATA = ".metadata"
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISLNK, "symbolic link"),
+                       (stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _plain(rel):
+    return isinstance(rel, str) and rel not in ("", ".", "..") and "/" not in rel \
+        and os.sep not in rel and "\0" not in rel
+
+
+def file_size(root: str, rel: str, what: str) -> int:
+    """The size of regular file `rel` directly inside `root` (lstat: a
+    symlink is refused, not followed); UsageError otherwise."""
+    if not _plain(rel):
+        raise UsageError("%s: %s: the storage path %r is not a file name inside the checkpoint "
+                         "directory (paths leaving it are refused)" % (what, root, rel))
+    p = os.path.join(root, rel)
+    try:
+        st = os.lstat(p)
+    except OSError as e:
+        raise UsageError("%s: %s: %s" % (what, p, e.strerror or e)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError("%s: %s is a %s, not a regular file (a checkpoint's files are read "
+                         "only as regular files inside its directory)" % (what, p,
+                                                                         _kind(st.st_mode)))
+    return st.st_size
+
+
+def open_regular(root: str, rel: str, what: str) -> Tuple[Any, int]:
+    """(binary file object, size) of regular file `rel` directly inside
+    `root`, opened so that nothing blocks or follows a link (module comment)."""
+    file_size(root, rel, what)
+    p = os.path.join(root, rel)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise UsageError("%s: cannot open %s: %s" % (what, p, why)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):       # replaced between lstat and open
+        os.close(fd)
+        raise UsageError("%s: %s is a %s, not a regular file" % (what, p, _kind(st.st_mode)))
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def _read_range(f, size, info, root, what):
+    if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+        raise UsageError("%s: %s: bytes %d to %d of %s, which has %d (truncated or changed)"
+                         % (what, root, info.offset, info.offset + info.length,
+                            info.relative_path, size))
+    f.seek(info.offset)
+    data = f.read(info.length)
+    if len(data) != info.length:
+        raise UsageError("%s: %s: %s ended at %d bytes, %d were expected"
+                         % (what, root, info.relative_path, info.offset + len(data),
+                            info.offset + info.length))
+    return data
+
+
+def item_key(info: Any) -> str:
+    """How SUMS names a storage item: its file, offset and length."""
+    return "%s:%d:%d" % (info.relative_path, info.offset, info.length)
+
+
+def read_sums(root: str, what: str) -> Optional[Dict[str, Any]]:
+    """The checkpoint's SUMS, None when it has none."""
+    if not os.path.lexists(os.path.join(root, SUMS)):
+        return None
+    f, _ = open_regular(root, SUMS, what)
+    with f:
+        try:
+            doc = json.loads(f.read().decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError("%s: %s/%s is not valid JSON (%s)" % (what, root, SUMS, e)) from None
+    if not isinstance(doc, dict) or doc.get("format") != SUMS_FORMAT or \
+            not isinstance(doc.get("metadata"), str) or not isinstance(doc.get("items"), dict):
+        raise UsageError("%s: %s/%s is not an mfsdp checksum file (%s)" % (what, root, SUMS,
+                                                                         SUMS_FORMAT))
+    return doc
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file-system reader under the rules of the module comment."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(path)
+        self.root = os.fspath(path)
+        self.what = what
+        self.sums = read_sums(self.root, what)
+        self._md = None
+
+    def use_metadata(self, md: Any) -> None:
+        """Reads with metadata already read (and checked) by another SafeReader."""
+        self._md = md
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+        if self._md is not None:
+            return self._md
+        f, _ = open_regular(self.root, METADATA, self.what)
+        with f:
+            data = f.read()
+        if self.sums is not None and hashlib.sha256(data).hexdigest() != self.sums["metadata"]:
+            raise UsageError("%s: %s/.metadata does not match its checksum in %s: altered or "
+                             "corrupt" % (self.what, self.root, SUMS))
+        try:
+            md = pickle.loads(data)
+        except Exception as e:   # noqa: BLE001 -- any unpickling failure is a bad file
+            raise UsageError("%s: %s/.metadata is not DCP metadata (%s: %s)"
+                             % (self.what, self.root, type(e).__name__, e)) from None
+        if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
+            raise UsageError("%s: %s/.metadata is not DCP metadata" % (self.what, self.root))
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        self._md = md
+        return md
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        from torch.futures import Future
+        by_file: Dict[str, List[Any]] = {}
+        for req in plan.items:
+            by_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for rel in sorted(by_file):
+            f, size = open_regular(self.root, rel, self.what)
+            with f:
+                for req in sorted(by_file[rel], key=lambda r: self.storage_data[r.storage_index].offset):
+                    self._one(f, size, req, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _one(self, f, size, req, planner):
+        from torch.distributed.checkpoint.planner import LoadItemType
+        info = self.storage_data[req.storage_index]
+        key = req.storage_index.fqn
+        if info.transform_descriptors:
+            raise UsageError("%s: %s: %r is stored with transforms %s (compression); mfsdp reads "
+                             "plain DCP storage only" % (self.what, self.root, key,
+                                                         list(info.transform_descriptors)))
+        data = _read_range(f, size, info, self.root, self.what)
+        if self.sums is not None:
+            want = self.sums["items"].get(item_key(info))
+            if want is None:
+                raise UsageError("%s: %s: %s has no checksum for %r (%s)" % (
+                    self.what, self.root, SUMS, key, item_key(info)))
+            if hashlib.sha256(data).hexdigest() != want:
+                raise UsageError("%s: %s: the bytes of %r in %s do not match their checksum "
+                                 "(bit flips or an edit)" % (self.what, self.root, key,
+                                                             info.relative_path))
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(data))
+            return
+        try:
+            t = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:   # noqa: BLE001 -- torch's unpickler raises many kinds
+            raise UsageError("%s: %s: the bytes of %r in %s are not a stored tensor (%s)"
+                             % (self.what, self.root, key, info.relative_path, e)) from None
+        target = planner.resolve_tensor(req).detach()
+        if not isinstance(t, torch.Tensor) or t.dtype != target.dtype:
+            raise UsageError("%s: %s: %r is stored as %s, .metadata says %s" % (
+                self.what, self.root, key, getattr(t, "dtype", type(t).__name__), target.dtype))
+        for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+            if dim >= t.dim() or off + n > t.shape[dim]:
+                raise UsageError("%s: %s: %r is stored with shape %s, which has no elements "
+                                 "%s + %s" % (self.what, self.root, key, list(t.shape),
+                                              list(req.storage_offsets), list(req.lengths)))
+            t = t.narrow(dim, off, n)
+        if t.shape != target.shape:
+            raise UsageError("%s: %s: %r is stored with shape %s, .metadata says %s" % (
+                self.what, self.root, key, list(t.shape), list(target.shape)))
+        target.copy_(t)
+        planner.commit_tensor(req, target)
+
+
+def check_storage(root: str, md: Any, keys: List[str], what: str) -> List[str]:
+    """Problems of reading `keys` of metadata `md` from the files in `root`
+    (module comment), each naming the key; [] when none."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+    problems, sizes = [], {}
+
+    def size_of(rel):
+        if rel not in sizes:
+            try:
+                sizes[rel] = file_size(root, rel, what)
+            except UsageError as e:
+                sizes[rel] = str(e).split(": ", 1)[-1]
+        return sizes[rel]
+
+    by_key: Dict[str, List[Any]] = {}
+    for mi, info in md.storage_data.items():
+        by_key.setdefault(mi.fqn, []).append(info)
+    for key in keys:
+        m = md.state_dict_metadata[key]
+        for info in by_key.get(key, []):
+            size = size_of(info.relative_path)
+            if isinstance(size, str):
+                problems.append("%r: %s" % (key, size))
+            elif info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+                problems.append("%r: bytes %d to %d of %s, which has %d (truncated?)" % (
+                    key, info.offset, info.offset + info.length, info.relative_path, size))
+            if info.transform_descriptors:
+                problems.append("%r: stored with transforms %s (mfsdp reads plain storage)"
+                                % (key, list(info.transform_descriptors)))
+        if not isinstance(m, TensorStorageMetadata):
+            if not by_key.get(key):
+                problems.append("%r: .metadata gives it no storage" % key)
+            continue
+        shape, itemsize = tuple(m.size), torch.empty((), dtype=m.properties.dtype).element_size()
+        covered = 0
+        for c in m.chunks:
+            if len(c.offsets) != len(shape) or len(c.sizes) != len(shape) or any(
+                    o < 0 or n < 0 or o + n > d for o, n, d in zip(c.offsets, c.sizes, shape)):
+                problems.append("%r: a chunk at %s of %s lies outside its shape %s" % (
+                    key, list(c.offsets), list(c.sizes), list(shape)))
+                continue
+            n = 1
+            for d in c.sizes:
+                n *= int(d)
+            covered += n
+            info = md.storage_data.get(MetadataIndex(key, c.offsets))
+            if info is None:
+                problems.append("%r: no storage for its chunk at %s" % (key, list(c.offsets)))
+            elif info.length < n * itemsize:
+                problems.append("%r: the chunk at %s holds %d bytes, %d %s elements take %d" % (
+                    key, list(c.offsets), info.length, n, m.properties.dtype, n * itemsize))
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        if covered != numel:
+            problems.append("%r: its chunks hold %d elements, its shape %s has %d" % (
+                key, covered, list(shape), numel))
+    return problems
+
+
+def item_sums(root: str, rank: int, world: int, what: str) -> Dict[str, str]:
+    """{item_key: sha256} of this rank's share (every world-th item) of the
+    storage items of the DCP just written in `root`."""
+    md = SafeReader(root, what).read_metadata()
+    items = sorted({item_key(i): i for i in md.storage_data.values()}.items())
+    out, files = {}, {}
+    try:
+        for n, (k, info) in enumerate(items):
+            if n % world != rank:
+                continue
+            if info.relative_path not in files:
+                files[info.relative_path] = open_regular(root, info.relative_path, what)
+            f, size = files[info.relative_path]
+            out[k] = hashlib.sha256(_read_range(f, size, info, root, what)).hexdigest()
+    finally:
+        for f, _ in files.values():
+            f.close()
+    return out
+
+
+def write_sums(root: str, items: Dict[str, str], what: str) -> None:
+    """Writes SUMS into `root` (the DCP just written), fsync'ed."""
+    f, _ = open_regular(root, METADATA, what)
+    with f:
+        meta = hashlib.sha256(f.read()).hexdigest()
+    doc = {"format": SUMS_FORMAT, "metadata": meta, "items": dict(sorted(items.items()))}
+    p = os.path.join(root, SUMS)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(json.dumps(doc, indent=0).encode("utf-8"))
+        out.flush()
+        os.fsync(out.fileno())
