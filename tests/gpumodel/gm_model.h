@@ -46,6 +46,8 @@ typedef cudaError_t (*gm_work_fn)(void *arg, char *err, size_t errlen);
  * work in reports ("ncclAllReduce on comm 0x..: rank 1 of 4"). */
 cudaError_t gm_enqueue(cudaStream_t s, const char *what, gm_work_fn run, void *arg,
                        void (*free_arg)(void *arg));
+/* On success the model owns arg (free_arg runs once nothing will run it
+ * again); on an error nothing is enqueued and arg stays the caller's. */
 
 /* cudaSuccess when [p, p + bytes) lies inside one live allocation that device
  * work may touch (device, managed, mapped pinned host, ncclMemAlloc); else an
@@ -110,6 +112,11 @@ typedef struct gm_kernel {
 /* The kernel whose demangled device name (namespaces dropped) is `key`; NULL
  * when the model has no host build of it. */
 const gm_kernel *gm_kernels_find(const char *key);
+
+/* Adds a kernel model that launches find before gm_kernels_find's (for the
+ * model's self-tests: a fake kernel registered with __cudaRegisterFunction).
+ * `k` is borrowed for the life of the process; at most 64. */
+void gm_kernels_add(const gm_kernel *k);
 
 /* ---- build layout ----
  * kernels/ builds a static library target `gm_kernels` (position independent:

@@ -1,0 +1,647 @@
+/*
+ * gm_stream: streams as FIFO queues run by worker threads, and events.
+ *
+ * Work is never executed at the call: gm_submit_locked appends an item, and
+ * the stream's worker runs it once the item is at the head of the queue and
+ * its dependencies are met. Dependencies are (stream, sequence) pairs: an
+ * event wait, the legacy default stream's implicit synchronization (an item on
+ * the legacy stream depends on the last item of every blocking stream of the
+ * device; an item on a blocking stream depends on the legacy stream's last),
+ * or a graph exec's previous launch. Before some items a worker sleeps a
+ * delay drawn from the seed, the stream and the item (the perturbation).
+ *
+ * A failing item (a gm_work_fn returning an error) makes the error sticky for
+ * the device, as a fault does: later work of the device is skipped (its
+ * sequence still completes so nothing waits forever) and the API returns it.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gm_internal.h"
+
+static gm_set gm_stream_set;   /* every stream ever made (never freed) */
+static gm_set gm_event_set;    /* live events and quarantined destroyed ones */
+#define GM_EVENT_QUARANTINE 4096
+static gm_event *gm_event_ring[GM_EVENT_QUARANTINE];
+static unsigned gm_event_ring_next;
+static pthread_key_t gm_thread_key;
+static pthread_once_t gm_key_once = PTHREAD_ONCE_INIT;
+
+static int deps_met(const gm_item *it)
+{
+    for (int i = 0; i < it->ndeps; i++)
+        if (it->deps[i].s->done_seq < it->deps[i].seq)
+            return 0;
+    return 1;
+}
+
+static void perturb(const gm_stream *s, uint64_t seq)
+{
+    uint64_t site = ((uint64_t)(unsigned)s->id << 40) ^ seq;
+    if (gm_g.delay_us == 0 || (gm_hash(gm_g.seed * 31u + site) & 1u) == 0)
+        return;
+    unsigned us = gm_delay_us(site);
+    if (us)
+        usleep(us);
+}
+
+static void *worker(void *p)
+{
+    gm_stream *s = p;
+    pthread_mutex_lock(&gm_g.mu);
+    for (;;) {
+        while (!s->head && !s->dead)
+            pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+        if (!s->head)
+            break;
+        gm_item *it = s->head;
+        while (!deps_met(it))
+            pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+        cudaError_t sticky = gm_g.sticky[s->device];
+        pthread_mutex_unlock(&gm_g.mu);
+        perturb(s, it->seq);
+        cudaError_t r = cudaSuccess;
+        char err[512] = "";
+        if (it->fn && sticky == cudaSuccess)
+            r = it->fn(it->arg, err, sizeof err);
+        if (it->free_arg)
+            it->free_arg(it->arg);
+        pthread_mutex_lock(&gm_g.mu);
+        if (r != cudaSuccess) {
+            fprintf(stderr, "gpumodel: %s failed on stream %d of device %d: %s%s%s\n", it->what, s->id,
+                    s->device, cudaGetErrorName(r), err[0] ? ": " : "", err);
+            if (gm_g.sticky[s->device] == cudaSuccess)
+                gm_g.sticky[s->device] = r;
+        }
+        s->head = it->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->done_seq = it->seq;
+        pthread_cond_broadcast(&gm_g.cv);
+        free(it->deps);
+        free(it);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return NULL;
+}
+
+static void thread_exit(void *p)
+{
+    gm_tls *t = p;
+    pthread_mutex_lock(&gm_g.mu);
+    for (int d = 0; d < GM_MAX_DEVICES; d++)
+        if (t->per_thread[d]) {
+            t->per_thread[d]->dead = 1;
+            t->per_thread[d] = NULL;
+        }
+    pthread_cond_broadcast(&gm_g.cv);
+    pthread_mutex_unlock(&gm_g.mu);
+}
+
+static void make_key(void)
+{
+    pthread_key_create(&gm_thread_key, thread_exit);
+}
+
+static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int priority)
+{
+    gm_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->id = gm_g.next_stream_id++;
+    s->device = device;
+    s->kind = kind;
+    s->flags = flags;
+    s->priority = priority;
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    int rc = pthread_create(&th, &attr, worker, s);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        free(s);
+        return NULL;
+    }
+    s->next_all = gm_g.streams;
+    gm_g.streams = s;
+    gm_set_add(&gm_stream_set, s);
+    return s;
+}
+
+/* The stream a handle names: 0 and cudaStreamLegacy the current device's
+ * legacy stream, cudaStreamPerThread this thread's, else a created one. */
+cudaError_t gm_stream_resolve_locked(cudaStream_t h, gm_stream **out)
+{
+    gm_tls *t = gm_thread();
+    int dev = t->device;
+    if (gm_g.no_device)
+        return cudaErrorNoDevice;
+    if (h == 0 || h == cudaStreamLegacy) {
+        if (!gm_g.legacy[dev])
+            gm_g.legacy[dev] = stream_new_locked(dev, GM_STREAM_LEGACY, 0, 0);
+        *out = gm_g.legacy[dev];
+        return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+    }
+    if (h == cudaStreamPerThread) {
+        if (!t->per_thread[dev]) {
+            pthread_once(&gm_key_once, make_key);
+            pthread_setspecific(gm_thread_key, t);
+            t->per_thread[dev] = stream_new_locked(dev, GM_STREAM_PER_THREAD, 0, 0);
+        }
+        *out = t->per_thread[dev];
+        return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+    }
+    gm_stream *s = (gm_stream *)h;
+    if (!gm_set_has(&gm_stream_set, s)) {
+        gm_violation("stream handle %p was never created by cudaStreamCreate*", (void *)h);
+        return cudaErrorInvalidResourceHandle;
+    }
+    if (s->dead) {
+        gm_violation("use of stream %d (%p) after cudaStreamDestroy", s->id, (void *)h);
+        return cudaErrorInvalidResourceHandle;
+    }
+    *out = s;
+    return cudaSuccess;
+}
+
+static int blocking(const gm_stream *s)
+{
+    return s->kind != GM_STREAM_LEGACY && !(s->flags & cudaStreamNonBlocking);
+}
+
+/* The implicit dependencies of new work on s (the legacy stream's rules). */
+static int implicit_deps_locked(const gm_stream *s, gm_dep *out, int cap)
+{
+    int n = 0;
+    if (s->kind == GM_STREAM_LEGACY) {
+        for (gm_stream *x = gm_g.streams; x; x = x->next_all)
+            if (x != s && x->device == s->device && blocking(x) && x->done_seq < x->enq_seq) {
+                if (n < cap)
+                    out[n] = (gm_dep){x, x->enq_seq};
+                n++;
+            }
+    } else if (blocking(s)) {
+        gm_stream *l = gm_g.legacy[s->device];
+        if (l && l->done_seq < l->enq_seq) {
+            if (n < cap)
+                out[n] = (gm_dep){l, l->enq_seq};
+            n++;
+        }
+    }
+    return n;
+}
+
+cudaError_t gm_submit_locked(gm_stream *s, const char *what, gm_work_fn fn, void *arg,
+                             void (*free_arg)(void *), const gm_dep *extra, int nextra, uint64_t *seq)
+{
+    int nimp = implicit_deps_locked(s, NULL, 0);
+    gm_item *it = calloc(1, sizeof *it);
+    gm_dep *deps = (nimp + nextra) ? calloc((size_t)(nimp + nextra), sizeof *deps) : NULL;
+    if (!it || ((nimp + nextra) && !deps)) {
+        free(it);
+        free(deps);
+        return cudaErrorMemoryAllocation;
+    }
+    implicit_deps_locked(s, deps, nimp);
+    for (int i = 0; i < nextra; i++)
+        deps[nimp + i] = extra[i];
+    it->ndeps = nimp + nextra;
+    it->deps = deps;
+    snprintf(it->what, sizeof it->what, "%s", what ? what : "work");
+    it->fn = fn;
+    it->arg = arg;
+    it->free_arg = free_arg;
+    it->seq = ++s->enq_seq;
+    if (s->tail)
+        s->tail->next = it;
+    else
+        s->head = it;
+    s->tail = it;
+    if (seq)
+        *seq = it->seq;
+    pthread_cond_broadcast(&gm_g.cv);
+    return cudaSuccess;
+}
+
+void gm_wait_seq_locked(gm_stream *s, uint64_t seq)
+{
+    while (s->done_seq < seq)
+        pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+}
+
+/* Waits for everything s holds now; for the legacy stream also for the
+ * blocking streams' work that legacy work enqueued now would wait for. */
+void gm_stream_sync_locked(gm_stream *s)
+{
+    gm_dep deps[256];
+    int n = implicit_deps_locked(s, deps, 256);
+    uint64_t mine = s->enq_seq;
+    if (n > 256)
+        gm_device_sync_locked(s->device);
+    for (int i = 0; i < n && i < 256; i++)
+        gm_wait_seq_locked(deps[i].s, deps[i].seq);
+    gm_wait_seq_locked(s, mine);
+}
+
+static int stream_idle_locked(gm_stream *s)
+{
+    gm_dep deps[1];
+    if (s->done_seq < s->enq_seq)
+        return 0;
+    return s->kind != GM_STREAM_LEGACY || implicit_deps_locked(s, deps, 1) == 0;
+}
+
+void gm_device_sync_locked(int device)
+{
+    for (gm_stream *x = gm_g.streams; x; x = x->next_all)
+        if (x->device == device) {
+            uint64_t t = x->enq_seq;
+            gm_wait_seq_locked(x, t);
+        }
+}
+
+cudaError_t gm_sticky_locked(int device)
+{
+    return gm_g.sticky[device];
+}
+
+cudaError_t gm_enqueue(cudaStream_t h, const char *what, gm_work_fn run, void *arg, void (*free_arg)(void *arg))
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess)
+        e = gm_sticky_locked(s->device);
+    if (e == cudaSuccess) {
+        if (s->cap)
+            e = gm_capture_add_locked(s, what, run, arg, free_arg);
+        else if ((e = gm_capture_check_legacy_locked(s, what)) == cudaSuccess)
+            e = gm_submit_locked(s, what, run, arg, free_arg, NULL, 0, NULL);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+/* ---- the stream API ---- */
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *out, unsigned int flags, int priority)
+{
+    gm_init();
+    if (!out || (flags & ~(unsigned)cudaStreamNonBlocking))
+        return gm_ret(cudaErrorInvalidValue);
+    if (gm_g.no_device)
+        return gm_ret(cudaErrorNoDevice);
+    priority = priority < -5 ? -5 : priority > 0 ? 0 : priority;
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = stream_new_locked(gm_thread()->device, GM_STREAM_USER, flags, priority);
+    pthread_mutex_unlock(&gm_g.mu);
+    if (!s)
+        return gm_ret(cudaErrorMemoryAllocation);
+    *out = (cudaStream_t)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags)
+{
+    return cudaStreamCreateWithPriority(out, flags, 0);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *out)
+{
+    return cudaStreamCreateWithPriority(out, 0, 0);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t h)
+{
+    gm_init();
+    if (h == 0 || h == cudaStreamLegacy || h == cudaStreamPerThread)
+        return gm_ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess) {
+        if (s->cap)
+            gm_capture_invalidate_locked(s->cap, "cudaStreamDestroy of a capturing stream");
+        s->dead = 1;
+        pthread_cond_broadcast(&gm_g.cv);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t h, int *priority)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess && priority)
+        *priority = s->priority;
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t h, unsigned int *flags)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess && flags)
+        *flags = s->flags;
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t h)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess && s->cap) {
+        gm_capture_invalidate_locked(s->cap, "cudaStreamQuery of the capturing stream");
+        e = cudaErrorStreamCaptureUnsupported;
+    }
+    if (e == cudaSuccess && (e = gm_sticky_locked(s->device)) == cudaSuccess)
+        e = stream_idle_locked(s) ? cudaSuccess : cudaErrorNotReady;
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t h)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_stream *s = NULL;
+    cudaError_t e = gm_stream_resolve_locked(h, &s);
+    if (e == cudaSuccess && s->cap) {
+        gm_capture_invalidate_locked(s->cap, "cudaStreamSynchronize of the capturing stream");
+        e = cudaErrorStreamCaptureUnsupported;
+    }
+    if (e == cudaSuccess)
+        e = gm_capture_prohibited_locked("cudaStreamSynchronize");
+    if (e == cudaSuccess) {
+        gm_stream_sync_locked(s);
+        e = gm_sticky_locked(s->device);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    gm_init();
+    if (gm_g.no_device)
+        return gm_ret(cudaErrorNoDevice);
+    pthread_mutex_lock(&gm_g.mu);
+    cudaError_t e = gm_capture_prohibited_locked("cudaDeviceSynchronize");
+    if (e == cudaSuccess) {
+        gm_device_sync_locked(gm_thread()->device);
+        e = gm_sticky_locked(gm_thread()->device);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(e);
+}
+
+/* ---- events ---- */
+
+static void stamp_release(void *p)
+{
+    gm_stamp *st = p;
+    if (st && __atomic_sub_fetch(&st->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        free(st);
+}
+
+static cudaError_t stamp_run(void *p, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    ((gm_stamp *)p)->t = gm_now();
+    return cudaSuccess;
+}
+
+static cudaError_t event_lookup_locked(cudaEvent_t h, const char *call, gm_event **out)
+{
+    gm_event *e = (gm_event *)h;
+    if (!gm_set_has(&gm_event_set, e)) {
+        gm_violation("%s: event handle %p was never created by cudaEventCreate* (or was destroyed long ago)",
+                     call, (void *)h);
+        return cudaErrorInvalidResourceHandle;
+    }
+    if (e->dead) {
+        gm_violation("%s: use of event %p after cudaEventDestroy", call, (void *)h);
+        return cudaErrorInvalidResourceHandle;
+    }
+    *out = e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags)
+{
+    gm_init();
+    unsigned ok = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+    if (!out || (flags & ~ok) || ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
+        return gm_ret(cudaErrorInvalidValue);
+    if (gm_g.no_device)
+        return gm_ret(cudaErrorNoDevice);
+    gm_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return gm_ret(cudaErrorMemoryAllocation);
+    e->flags = flags;
+    e->device = gm_thread()->device;
+    pthread_mutex_lock(&gm_g.mu);
+    gm_set_add(&gm_event_set, e);
+    pthread_mutex_unlock(&gm_g.mu);
+    *out = (cudaEvent_t)e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *out)
+{
+    return cudaEventCreateWithFlags(out, 0);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t h)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *e = NULL;
+    cudaError_t r = event_lookup_locked(h, "cudaEventDestroy", &e);
+    if (r == cudaSuccess) {
+        /* Waits already enqueued name (stream, sequence), not the event. */
+        e->dead = 1;
+        stamp_release(e->stamp);
+        e->stamp = NULL;
+        gm_nodeset_free(&e->cap_nodes);
+        gm_event *old = gm_event_ring[gm_event_ring_next];
+        gm_event_ring[gm_event_ring_next] = e;
+        gm_event_ring_next = (gm_event_ring_next + 1) % GM_EVENT_QUARANTINE;
+        if (old) {
+            gm_set_del(&gm_event_set, old);
+            free(old);
+        }
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *e = NULL;
+    gm_stream *s = NULL;
+    cudaError_t r = event_lookup_locked(h, "cudaEventRecord", &e);
+    if (r == cudaSuccess)
+        r = gm_stream_resolve_locked(sh, &s);
+    if (r == cudaSuccess)
+        r = gm_sticky_locked(s->device);
+    if (r == cudaSuccess && s->cap) {
+        r = gm_capture_event_record_locked(e, s);
+    } else if (r == cudaSuccess && (r = gm_capture_check_legacy_locked(s, "cudaEventRecord")) == cudaSuccess) {
+        gm_stamp *st = calloc(1, sizeof *st);
+        if (!st) {
+            r = cudaErrorMemoryAllocation;
+        } else {
+            st->refs = 2; /* the event's and the item's */
+            uint64_t seq = 0;
+            r = gm_submit_locked(s, "cudaEventRecord", stamp_run, st, stamp_release, NULL, 0, &seq);
+            if (r != cudaSuccess) {
+                free(st);
+            } else {
+                stamp_release(e->stamp);
+                e->stamp = st;
+                e->recorded = 1;
+                e->s = s;
+                e->seq = seq;
+                e->cap_id = 0;
+                gm_nodeset_free(&e->cap_nodes);
+            }
+        }
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t h, cudaStream_t sh, unsigned int flags)
+{
+    if (flags != 0)
+        return gm_ret(cudaErrorInvalidValue);
+    return cudaEventRecord(h, sh);
+}
+
+/* cudaErrorCapturedEvent when e's last record was in a capture still going. */
+static cudaError_t not_captured_locked(gm_event *e, const char *call)
+{
+    if (e->cap_id && gm_capture_find_locked(e->cap_id)) {
+        gm_violation("%s: event %p was last recorded in capture %llu, which is still going", call, (void *)e,
+                     e->cap_id);
+        return cudaErrorCapturedEvent;
+    }
+    return cudaSuccess;
+}
+
+static int event_done_locked(const gm_event *e)
+{
+    return !e->recorded || e->s->done_seq >= e->seq;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t h)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *e = NULL;
+    cudaError_t r = event_lookup_locked(h, "cudaEventQuery", &e);
+    if (r == cudaSuccess)
+        r = not_captured_locked(e, "cudaEventQuery");
+    if (r == cudaSuccess && (r = gm_sticky_locked(e->device)) == cudaSuccess)
+        r = event_done_locked(e) ? cudaSuccess : cudaErrorNotReady;
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t h)
+{
+    gm_init();
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *e = NULL;
+    cudaError_t r = event_lookup_locked(h, "cudaEventSynchronize", &e);
+    if (r == cudaSuccess)
+        r = not_captured_locked(e, "cudaEventSynchronize");
+    if (r == cudaSuccess)
+        r = gm_capture_prohibited_locked("cudaEventSynchronize");
+    if (r == cudaSuccess) {
+        if (e->recorded)
+            gm_wait_seq_locked(e->s, e->seq);
+        r = gm_sticky_locked(e->device);
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    gm_init();
+    if (!ms)
+        return gm_ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *ea = NULL, *eb = NULL;
+    cudaError_t r = event_lookup_locked(a, "cudaEventElapsedTime", &ea);
+    if (r == cudaSuccess)
+        r = event_lookup_locked(b, "cudaEventElapsedTime", &eb);
+    if (r == cudaSuccess && ((ea->flags | eb->flags) & cudaEventDisableTiming))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess && (!ea->recorded || !eb->recorded))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess && (r = not_captured_locked(ea, "cudaEventElapsedTime")) == cudaSuccess)
+        r = not_captured_locked(eb, "cudaEventElapsedTime");
+    if (r == cudaSuccess)
+        r = gm_sticky_locked(ea->device);
+    if (r == cudaSuccess && (!event_done_locked(ea) || !event_done_locked(eb)))
+        r = cudaErrorNotReady;
+    if (r == cudaSuccess)
+        *ms = (float)((eb->stamp->t - ea->stamp->t) * 1e3);
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
+
+static int drop_this_wait_locked(cudaStream_t sh, cudaEvent_t h)
+{
+    long n = ++gm_g.waits;
+    if (gm_g.drop_wait == 0 || n != gm_g.drop_wait)
+        return 0;
+    fprintf(stderr, "gpumodel: GM_DROP_WAIT=%ld: cudaStreamWaitEvent #%ld (stream %p, event %p) dropped\n",
+            gm_g.drop_wait, n, (void *)sh, (void *)h);
+    return 1;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned int flags)
+{
+    gm_init();
+    if (flags & ~(unsigned)cudaEventWaitExternal)
+        return gm_ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&gm_g.mu);
+    gm_event *e = NULL;
+    gm_stream *s = NULL;
+    cudaError_t r = gm_stream_resolve_locked(sh, &s);
+    if (r == cudaSuccess)
+        r = event_lookup_locked(h, "cudaStreamWaitEvent", &e);
+    if (r == cudaSuccess)
+        r = gm_sticky_locked(s->device);
+    if (r == cudaSuccess && !drop_this_wait_locked(sh, h)) {
+        int handled = 0;
+        r = gm_capture_event_wait_locked(s, e, &handled);
+        if (r == cudaSuccess && !handled && !s->cap && e->recorded && e->s->done_seq < e->seq &&
+            (r = gm_capture_check_legacy_locked(s, "cudaStreamWaitEvent")) == cudaSuccess) {
+            gm_dep d = {e->s, e->seq};
+            r = gm_submit_locked(s, "cudaStreamWaitEvent", NULL, NULL, NULL, &d, 1, NULL);
+        }
+    }
+    pthread_mutex_unlock(&gm_g.mu);
+    return gm_ret(r);
+}
