@@ -106,7 +106,8 @@ struct mfsdp_local_group {
     int64_t xgen, xarrived;    /* exchange generation and arrivals in it */
     uint8_t *xdata[2];         /* per generation parity: world * MF_LOCAL_XMAX bytes */
     uint8_t *xposted[2];       /* per generation parity: who arrived */
-    bool broken;               /* an exchange timed out; reset when everyone left */
+    bool broken;               /* an exchange timed out, or a rank aborted (local_abort);
+                                  reset when everyone left */
     char broken_msg[MF_LOCAL_MSG];
     mf_local_comm **comms;     /* [MF_STREAM_COUNT * MF_MAX_AXES * world] */
     /* The helpers' world all-gather (local_allgather): posted sources. */
@@ -370,8 +371,8 @@ static mfsdp_result local_allgather(mf_rt *rt, const void *mine, size_t bytes, v
             if (mf_base_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
                 !g->ag_departing && !g->broken) {
                 snprintf(g->broken_msg, sizeof g->broken_msg,
-                         "rank %lld timed out after %lld ms in a world all-gather of a helper "
-                         "(every rank must call it); missing ranks: ",
+                         "rank %lld timed out after %lld ms in a world all-gather (a helper's, or "
+                         "the ranks' agreement at a hook: every rank must make it); missing ranks: ",
                          (long long)st->rank, (long long)rt->cfg.timeout_ms);
                 list_missing(g->broken_msg, sizeof g->broken_msg, g->ag_posted, NULL, g->world);
                 g->broken = true;
@@ -836,6 +837,16 @@ static void local_abort(mf_rt *rt, const char *why)
     for (int c = 0; c < st->ncomms; c++)
         if (st->comms[c])
             abort_comm(st->comms[c], root);
+    /* The world all-gather too (helpers, the ranks' agreement at a hook):
+     * a peer waiting there for this rank returns at once. */
+    mfsdp_local_group *g = st->g;
+    pthread_mutex_lock(&g->mu);
+    if (!g->broken) {
+        snprintf(g->broken_msg, sizeof g->broken_msg, "%s", root);
+        g->broken = true;
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
 }
 
 static void local_close(mf_rt *rt)

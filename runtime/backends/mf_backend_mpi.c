@@ -302,7 +302,9 @@ static mfsdp_result mpi_allgather(mf_rt *rt, const void *mine, size_t bytes, voi
     int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, st->world, &req);
     if (rc != MPI_SUCCESS)
         return mpi_fail(err, errlen, rc, "MPI_Iallgather over the world (helper)");
-    return wait_request(rt, st, &req, "the world all-gather of a helper (every rank must call it)",
+    return wait_request(rt, st, &req,
+                        "the world all-gather (of a helper, or of the ranks' agreement at a hook: every "
+                        "rank must make it)",
                         err, errlen);
 }
 

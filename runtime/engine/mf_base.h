@@ -144,6 +144,11 @@ struct mfsdp_runtime {
                                    the next one; -1 outside a pass */
     bool eval_open;             /* between eval_forward_pre and _post */
 
+    /* the program agreement (mf_agree.c; host only) */
+    bool agree;                 /* on: world > 1, a world all-gather, MFSDP_AGREE != 0 */
+    int64_t steps_begun;        /* mfsdp_step_begin calls admitted */
+    void *agree_all;            /* world records: the exchange's destination */
+
     mfsdp_result failed;        /* sticky asynchronous failure (under mu) */
     char fail_msg[MF_RT_ERRLEN];
     char err[MF_RT_ERRLEN];     /* last error returned to the caller */

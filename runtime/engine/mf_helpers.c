@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_agree.h"
 #include "mf_base.h"
 #include "mf_layout.h"
 #include "mf_rt_schedule.h"
@@ -130,9 +131,14 @@ static mfsdp_result tensor_ok(mf_rt *rt, const char *fn, int tensor)
 static mfsdp_result world_allgather(mf_rt *rt, const char *fn, const void *mine, size_t bytes,
                                     void *all)
 {
+    /* First the ranks agree that they all call this helper with these bytes
+     * (a mismatch would pair with another exchange or truncate in MPI). */
+    mfsdp_result res = mf_agree_helper(rt, fn, (int64_t)bytes);
+    if (res != MFSDP_OK)
+        return res;
     char msg[MF_RT_ERRLEN];
     msg[0] = '\0';
-    mfsdp_result res = rt->be->allgather(rt, mine, bytes, all, msg, sizeof msg);
+    res = rt->be->allgather(rt, mine, bytes, all, msg, sizeof msg);
     if (res != MFSDP_OK) {
         char full[MF_RT_ERRLEN];
         snprintf(full, sizeof full, "%s: %.900s", fn, msg);

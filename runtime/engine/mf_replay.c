@@ -8,13 +8,16 @@
  * issued one) and advances the expected hook.
  *
  * The order is checked by mf_trace.c before anything is issued; its answer
- * (the microbatch position, or a short step's end) picks the list.
+ * (the microbatch position, or a short step's end) picks the list. At a
+ * decision point (a step, a microbatch, a short end, an evaluation unit)
+ * the ranks then agree on it (mf_agree.c), still before anything is issued.
  */
 #include "mf_replay.h"
 
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_agree.h"
 #include "mf_debug.h"
 #include "mf_offload.h"
 #include "mf_streams.h"
@@ -142,6 +145,8 @@ static mfsdp_result run_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     int l = list_index(rt->s, phase, unit, (int)pos);
     if (rt->check && (res = mf_debug_before(rt, phase, unit, m, l)) != MFSDP_OK)
         return res;
+    if ((res = mf_agree_hook(rt, phase, unit, m, pos)) != MFSDP_OK)
+        return res;   /* the ranks diverge here: nothing issued, the runtime failed */
     int64_t t0 = mf_base_now_ns(), wait_ns = 0;
     for (int k = rt->list_start[l]; k < rt->list_start[l + 1]; k++) {
         res = issue(rt, rt->list_ops[k], m, &wait_ns);
@@ -151,6 +156,7 @@ static mfsdp_result run_hook(mf_rt *rt, mf_phase phase, int unit, int64_t m)
     if (!rt->native && !rt->synchronous)
         mf_streams_kick(rt);    /* the hook's entries were queued without waking anyone */
     mf_trace_advance(rt, phase, unit);
+    mf_agree_advance(rt, phase);
     if (rt->check && res == MFSDP_OK)
         mf_debug_after(rt, phase, unit, m);
     if (res == MFSDP_OK && phase == MF_PHASE_STEP_END && !rt->native && !rt->synchronous)

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "mf_abi.h"
+#include "mf_agree.h"
 #include "mf_debug.h"
 #include "mf_offload.h"
 #include "mf_replay.h"
@@ -336,6 +337,7 @@ typedef struct mf_rt_hello {
     int64_t mesh_world;     /* the world its schedule wants */
     int64_t axes[MF_MAX_AXES]; /* its mesh shape (0 past the last axis) */
     int64_t whole_form;     /* its MFSDP_WHOLE_COLLECTIVES (mf_whole_form) */
+    int64_t agree;          /* its MFSDP_AGREE (mf_agree_env) */
 } mf_rt_hello;
 
 /* Compares every rank's hello; on a difference formats a message naming the
@@ -354,6 +356,12 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
                                      "%lld (%s): set it alike on every rank",
                                      whole_form_name(all[0].whole_form), (long long)r,
                                      whole_form_name(all[r].whole_form));
+    for (int64_t r = 1; r < world; r++)
+        if (all[r].agree != all[0].agree)   /* one rank would wait in exchanges the other skips */
+            return mf_base_set_error(NULL, MFSDP_ERR_MISMATCH,
+                                     "MFSDP_AGREE differs between rank 0 (%lld) and rank %lld (%lld): set "
+                                     "it alike on every rank",
+                                     (long long)all[0].agree, (long long)r, (long long)all[r].agree);
     bool same = true;
     for (int64_t r = 1; r < world; r++)
         if (memcmp(all[r].hash, all[0].hash, 32) != 0 || all[r].mesh_world != all[0].mesh_world)
@@ -458,6 +466,7 @@ static mfsdp_result setup(mf_rt *rt)
     MF_CHECKGOTO(build_views(rt), res, done);
     MF_CHECKGOTO(mf_replay_build_lists(rt), res, done);
     MF_CHECKGOTO(mf_debug_create(rt), res, done);
+    MF_CHECKGOTO(mf_agree_create(rt), res, done);
     rt->ev_issued = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_issued);
     rt->ev_done = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
     if (!rt->ev_issued || !rt->ev_done)
@@ -492,6 +501,7 @@ static void release(mf_rt *rt)
     mf_base_free(rt->ev_done);
     mf_base_free(rt->views);
     mf_debug_free(rt);
+    mf_agree_free(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
         mf_base_free(rt->streams[st].queue);
         if (rt->sync_ready && st != MF_STREAM_COMPUTE)
@@ -573,6 +583,7 @@ static mfsdp_result setup_and_greet(mf_rt *rt)
     if (local == MFSDP_OK)
         whole_form_env(&form);   /* read by setup already: valid */
     mine.whole_form = form;
+    mine.agree = mf_agree_env();
     for (int j = 0; j < rt->s->mesh.naxes && j < MF_MAX_AXES; j++)
         mine.axes[j] = rt->s->mesh.axes[j].size;
     mf_rt_hello *all = mf_base_calloc((size_t)rt->world, sizeof *all);
