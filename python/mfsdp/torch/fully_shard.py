@@ -23,6 +23,7 @@ import torch
 from .._lib import UsageError
 from ..runtime import Runtime
 from ..schedule import Schedule
+from . import order as _order
 from . import policy as _policy
 from .cache import cache_dir, cache_stats, compile_cached, compiler_identity, schedule_key
 from .guard import GuardedParameter
@@ -72,6 +73,10 @@ FSDP_METHODS = {
     "set_reduce_scatter_divide_factor": "the reduction is reduce=\"avg\" or \"sum\" (an option "
                                         "of mt.fully_shard); scale the loss for another factor",
     "set_force_sum_reduction_for_comms": "pass reduce=\"sum\" to mt.fully_shard",
+    "no_sync": "DDP's and FSDP1's no_sync() has no counterpart: accumulation over "
+               "microbatches is compiled into the schedule; pass microbatches=M to "
+               "mt.fully_shard and run M forward/backward pairs per optimizer step (the "
+               "gradient is delivered once, after the last); " + _WHY_SYNC,
 }
 
 
@@ -85,7 +90,8 @@ class FullyShardedModel(ShardedModel):
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, spec: str,
                  precision: _policy.Precision, backend: str, cache_status: str,
-                 offload_policy: Any = None, **runtime_kw: Any) -> None:
+                 offload_policy: Any = None, spec_args: Optional[Mapping[str, Any]] = None,
+                 spec_cache: bool = True, **runtime_kw: Any) -> None:
         super().__init__(model, schedule, backend=backend, offload_policy=offload_policy,
                          **runtime_kw)
         self.spec = spec
@@ -94,6 +100,19 @@ class FullyShardedModel(ShardedModel):
         self._cast_handles = _policy.install_casts(
             model, [mod for mod, _ in self._units], precision)
         model._mfsdp_fully_shard = self
+        self._spec_args, self._spec_cache = dict(spec_args or {}), spec_cache
+        self._order_handle = None
+        if spec_args is not None:         # the units' order from the first forward (order.py)
+            self._order_handle = model.register_forward_pre_hook(
+                self._first_call, with_kwargs=True, prepend=True)
+        self._habits = _install_habits(model)
+
+    def _first_call(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        self._order_handle.remove()
+        self._order_handle = None
+        if not self._closed:
+            _order.first_forward(self, args, kwargs)
+        return None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -107,6 +126,12 @@ class FullyShardedModel(ShardedModel):
         for h in getattr(self, "_cast_handles", []):
             h.remove()
         self._cast_handles = []
+        if getattr(self, "_order_handle", None) is not None:
+            self._order_handle.remove()
+            self._order_handle = None
+        for name in getattr(self, "_habits", ()):
+            self.model.__dict__.pop(name, None)
+        self._habits = []
         if getattr(self.model, "_mfsdp_fully_shard", None) is self:
             del self.model._mfsdp_fully_shard
         super().close()
@@ -167,6 +192,23 @@ class FullyShardedModel(ShardedModel):
         def refuse(*args: Any, **kwargs: Any) -> None:
             raise UsageError("%s(): %s" % (name, why))
         return refuse
+
+
+def _install_habits(model):
+    """FSDP2 shards in place, so its users call FSDPModule's methods on the
+    model itself (model.set_requires_gradient_sync(False), model.no_sync()):
+    each becomes a function of the model that raises the UsageError naming
+    the mfsdp way (removed by close())."""
+    names = []
+    for name, why in FSDP_METHODS.items():
+        if name in model.__dict__ or hasattr(type(model), name):
+            continue
+
+        def refuse(*args: Any, _name: str = name, _why: str = why, **kwargs: Any) -> None:
+            raise UsageError("model.%s(): %s" % (_name, _why))
+        model.__dict__[name] = refuse
+        names.append(name)
+    return names
 
 
 def _is_fsdp_method(name):
@@ -289,8 +331,11 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
     except ValueError as e:
         raise UsageError("fully_shard: %s" % e) from e
     sched, status = compile_cached(spec, name=type(model).__name__, cache=cache)
+    spec_args = dict(spec_kw, mesh=mesh, layout=layout, units=units, microbatches=microbatches,
+                     reshard_after_forward=reshard_after_forward)
     return FullyShardedModel(model, sched, spec, precision, backend, status,
-                             offload_policy=offload_policy, **rt_kw)
+                             offload_policy=offload_policy, spec_args=spec_args,
+                             spec_cache=cache, **rt_kw)
 
 
 __all__ = ["fully_shard", "FullyShardedModel", "compile_cached", "cache_dir", "schedule_key",

@@ -65,7 +65,10 @@ class GuardedParameter(torch.nn.Parameter):
         what = getattr(func, "__name__", str(func))
         if guard is None:
             raise UsageError("%s on a parameter of a sharded model outside its windows" % what)
-        raise UsageError(guard._mfsdp_slot.refusal(what))
+        slot = guard._mfsdp_slot
+        if slot.init is not None:          # a model built on meta, before its first step
+            return slot.init.call(func, args, kwargs or {})
+        raise UsageError(slot.refusal(what, func))
 
     def __repr__(self):
         return "GuardedParameter(%r, shape=%s: %s)" % (
@@ -73,6 +76,16 @@ class GuardedParameter(torch.nn.Parameter):
 
     def __reduce_ex__(self, proto):
         raise UsageError(self._mfsdp_slot.refusal("pickling"))
+
+    def __deepcopy__(self, memo):
+        raise UsageError(self._mfsdp_slot.refusal("deepcopy", copy_deepcopy))
+
+
+def copy_deepcopy():
+    """Stands for copy.deepcopy in refusal() (not a torch function)."""
+
+
+_FREEZE = frozenset([_T.requires_grad_, _T.requires_grad.__set__])
 
 
 class GuardedGrad(torch.Tensor):
@@ -123,7 +136,7 @@ class ParamSlot:
     (shown in the refusal); open() shows the real parameter, shut() the
     stand-in."""
     __slots__ = ("name", "unit", "real", "stand_in", "holders", "is_open", "state",
-                 "whole_step")
+                 "whole_step", "init")
 
     def __init__(self, name: str, unit: str, real: torch.nn.Parameter,
                  holders: List[Tuple[Any, str]], whole_step: bool) -> None:
@@ -135,6 +148,7 @@ class ParamSlot:
         self.stand_in = GuardedParameter(real, self)
         self.is_open = True
         self.state = "before the first step"
+        self.init = None                # DeferredInit (init.py) of a model built on meta
 
     def open(self) -> None:
         if not self.is_open:
@@ -154,18 +168,86 @@ class ParamSlot:
         GuardedGrad), or a new step began (.grad is None)."""
         self.stand_in.grad = GuardedGrad(self.real, self) if delivered else None
 
-    def refusal(self, what: str) -> str:
+    def refusal(self, what: str, func: Any = None) -> str:
         if self.state == "closed":
             return ("%s of parameter %r: its ShardedModel was closed (sm.close()), so the "
                     "parameter has no data; take sm.full_state_dict() before close() and load it "
                     "into an unsharded model, or shard the model again with mt.shard"
                     % (what, self.name))
+        why = _habit(func, self.name)
+        if why:
+            return why
         return ("%s of parameter %r outside the windows of its unit %r (%s): the runtime holds "
                 "the weight only between that unit's hooks. A weight read by another unit's "
                 "module (F.linear(h, self.tok.weight)) is a tie: declare it so that "
                 "spec_from_module gives it the `tied` layout (valid for the whole step); between "
                 "steps, read the weights with sm.full_state_dict()" % (what, self.name,
                                                                         self.unit, self.state))
+
+
+def _compiling() -> bool:
+    try:
+        return bool(torch.compiler.is_compiling())
+    except AttributeError:       # torch without torch.compiler
+        return False
+
+
+def _habit(func: Any, name: str) -> str:
+    """The refusal of a habit that reaches a stand-in for another reason than
+    a tie: freezing, deepcopy (an EMA copy), torch.compile of the sharded
+    model, an init after sharding a model that was not built on meta."""
+    if func in _FREEZE:
+        return ("requires_grad_(False) on parameter %r of a sharded model: frozen parameters "
+                "are not supported (every parameter of the schedule is trained; its gradient "
+                "is reduced by the schedule). Keep the module out of the sharded model (apply "
+                "it outside, under torch.no_grad()), or leave it trainable and keep it fixed by "
+                "giving its master shard lr=0.0 and weight_decay=0.0 in its own param group "
+                "(sm.named_main_parameters())" % name)
+    if func is copy_deepcopy:
+        return ("copy.deepcopy of a sharded model (parameter %r): its parameters are views of "
+                "the runtime's buffers, not values. For an EMA keep copies of the master shards "
+                "(ema = [p.detach().clone() for p in sm.main_parameters()], then "
+                "e.lerp_(p, 1 - decay) after each optimizer.step()); for a whole copy take "
+                "sm.full_state_dict() and load it into an unsharded model" % name)
+    if _compiling():
+        return ("torch.compile of a sharded model (it reached parameter %r while tracing): "
+                "mfsdp's unit hooks gather and free the weights around each unit's forward, "
+                "which a whole-model graph cannot hold. Compile each block before sharding "
+                "instead (for layer in model.layers: layer.compile(), then mt.fully_shard): "
+                "the blocks run compiled inside the unit hooks" % name)
+    return ""
+_DIMS = frozenset([_T.dim, _T.ndimension, _T.ndim.__get__])
+
+
+class MainParameter(torch.nn.Parameter):
+    """A master shard (sm.main_parameters()): a 1-D slice of its tensor
+    (or, for a Whole main weight, the whole tensor) that answers dim(),
+    ndim and ndimension() with its whole tensor's number of dimensions
+    (len(full_shape)), so grouping by p.dim() >= 2 (nanoGPT's weight decay)
+    does what it does on the full parameters. shape, numel() and every
+    computation are the shard's own; results are plain tensors."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _DIMS and isinstance(args[0], MainParameter):
+            full = getattr(args[0], "full_shape", None)
+            if full is not None:
+                return len(full)
+        return _plain_call(func, args, kwargs)
+
+
+def _foreach_types() -> None:
+    """torch's optimizers take their foreach path only for listed types."""
+    import torch.optim.optimizer as _opt
+    import torch.utils._foreach_utils as _fe
+    for lst in (getattr(_opt, "_foreach_supported_types", None),
+                getattr(_fe, "_foreach_supported_types", None)):
+        if isinstance(lst, list) and MainParameter not in lst:
+            lst.append(MainParameter)
+
+
+_foreach_types()
+
 
 
 def holders_of(model: torch.nn.Module) -> Dict[int, List[Tuple[torch.nn.Module, str]]]:

@@ -46,8 +46,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .. import _lib
 from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
+from . import init as _init
 from . import offload as _offload
-from .guard import GuardedParameter, ParamSlot, holders_of
+from .guard import GuardedParameter, MainParameter, ParamSlot, holders_of
 from .tensors import DTYPE_NAMES, tensor
 
 if TYPE_CHECKING:
@@ -134,12 +135,22 @@ class ShardedModel:
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
                  offload_policy: Any = None, **runtime_kw: Any) -> None:
+        self._probing = False      # a forward on meta finding the units' order (fully_shard.py)
+        self._build(model, schedule, backend, offload_policy, runtime_kw, True)
+
+    def _build(self, model, schedule, backend, offload_policy, runtime_kw, check):
+        """Everything of __init__ (the module comment's steps 1-4); `check`:
+        compare the ranks' initial values (False when a FullyShardedModel
+        rebuilds itself for the forward's unit order: its masters are copied)."""
         self.model = model
         self.schedule = schedule
+        self._how = (backend, offload_policy, dict(runtime_kw))
         units = _match(model, schedule)
+        meta = _built_on_meta(model)
         offload = _offload.requested(offload_policy, backend)   # CPU offload (offload.py)
         if backend in ("nccl", "cuda_local"):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
+        _refuse_torchrun(backend, schedule.world_size)
         self.runtime = rt = Runtime(schedule, backend=backend, offload=offload, **runtime_kw)
         self.offload = _offload.report(rt, offload)   # active, host_bytes, reason
         self.M = schedule.microbatches
@@ -149,6 +160,7 @@ class ShardedModel:
         self._slots = []       # per unit: [ParamSlot] (guard.py)
         holders = holders_of(model)
         whole_step = _replicated_weights(schedule, holders, units)
+        hashes, dtypes = {}, {}
         with torch.no_grad():
             for u, mod, params in units:
                 entries, slots = [], []
@@ -156,13 +168,20 @@ class ShardedModel:
                     v = rt.views[vi]
                     if v.shard_count:
                         whole = schedule.tensors[vi].whole_main_weight
-                        main = torch.nn.Parameter(_master(rt, v, "main_weight", whole))
-                        flat = p.detach().reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count]
-                        main.data.copy_(flat.view(main.shape).to(device=main.device,
-                                                                 dtype=main.dtype))
+                        main = MainParameter(_master(rt, v, "main_weight", whole))
+                        if not meta:
+                            flat = p.detach().reshape(-1)[v.shard_offset:
+                                                          v.shard_offset + v.shard_count]
+                            main.data.copy_(flat.view(main.shape).to(device=main.device,
+                                                                     dtype=main.dtype))
                         main.full_name, main.full_shape = v.name, torch.Size(v.shape)
                         self._main.append((v.name, main, _master(rt, v, "grad", whole), v))
-                    p.data = tensor(rt, v, "weight")
+                    dtypes[v.name] = p.dtype
+                    if meta:              # the init after sharding fills the shards (init.py)
+                        p = _materialised(p, tensor(rt, v, "weight"), holders)
+                    else:
+                        hashes[v.name] = _init.tensor_hash(p)
+                        p.data = tensor(rt, v, "weight")
                     entries.append((p, v, tensor(rt, v, "grad_local")))
                     slots.append(ParamSlot(v.name, schedule.units[u], p, holders[id(p)],
                                            v.name in whole_step))
@@ -185,6 +204,16 @@ class ShardedModel:
                     self._timed(self._make_grad_ready(u, k))))
         self._handles += _refuse_module_state_dicts(model)
         _watch_optimizers(self)
+        self._applies = _init.guard_applies(self, model)   # to_empty, .to(dtype): init.py
+        self._carry = []       # (master, .grad kept from the last step: no zero_grad() since)
+        self._init = _init.DeferredInit(self, dtypes) if meta else None
+        if not meta and check:
+            hashes.update(_init.buffer_hashes(model))
+            try:
+                _init.agree(self, hashes, "at sharding")
+            except UsageError:
+                self.close()
+                raise
 
     # ---- public ----
     def main_parameters(self) -> List[torch.nn.Parameter]:
@@ -247,6 +276,8 @@ class ShardedModel:
     # ---- whole-model helpers (collective: every rank calls them, in the same order) ----
     def _between_steps(self, what):
         self._refuse_if_closed(what)
+        if self._init is not None:
+            self._init.flush_all()       # a helper reads the master shards
         if self._in_step or self.phase != "idle" or any(self.fwd_done):
             raise UsageError("%s inside a step (%d of the schedule's %d microbatches have run): "
                              "call it after the step's last backward (or sm.finish_step()) and "
@@ -329,6 +360,7 @@ class ShardedModel:
         for n, v in params.items():
             if n in state_dict:
                 self.runtime.scatter(v.index, state_dict[n])
+        self._loaded()
 
     # ---- checkpoints (python/mfsdp/torch/checkpoint.py, docs/checkpoint.md) ----
     def save_checkpoint(self, path: str, optimizer: Optional[Optimizers] = None,
@@ -360,7 +392,9 @@ class ShardedModel:
         user_blob_rank, default this rank's number; None when that rank saved
         none) and sets self.steps to the step. Between steps; collective."""
         from . import checkpoint
-        return checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
+        out = checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
+        self._loaded()
+        return out
 
     def save_dcp(self, path: str, optimizer: Optional[Optimizers] = None) -> None:
         """Saves the model (and `optimizer`, over main_parameters()) as a PyTorch
@@ -385,6 +419,7 @@ class ShardedModel:
         anything is written. Between steps (python/mfsdp/torch/dcp.py)."""
         from . import dcp
         dcp.load_dcp(self, path, optimizer, batch_bytes)
+        self._loaded()
 
     def import_hf(self, path: str, maps: Optional[Rules] = None,
                   ties: Optional[Rules] = None) -> None:
@@ -395,6 +430,12 @@ class ShardedModel:
         steps; collective."""
         self._between_steps("import_hf")
         self.runtime.import_hf(path, maps, ties)
+        self._loaded()
+
+    def _loaded(self):
+        """The master weights were set by a load (a model built on meta needs no init)."""
+        if self._init is not None:
+            self._init.loaded()
 
     def export_hf(self, path: str, dtype: Optional[Union[str, torch.dtype]] = None,
                   maps: Optional[Rules] = None, ties: Optional[Rules] = None,
@@ -435,6 +476,13 @@ class ShardedModel:
         for h in self._handles:
             h.remove()
         self._handles = []
+        _init.unguard_applies(getattr(self, "_applies", None))
+        if getattr(self, "_init", None) is not None:
+            self._init.flush_all()
+            for slots in self._slots:
+                for s in slots:
+                    s.init = None
+            self._init = None
         self._shut_all("closed")
         with torch.no_grad():
             for _, entries in self._units:
@@ -462,6 +510,7 @@ class ShardedModel:
         self.bwd_open = [False] * self.U
         self.pending = [len(e) for _, e in self._units]
         self.recompute = [0] * self.U
+        self.extra = [0] * self.U
         self.phase = "idle"
 
     def _unit_name(self, u):
@@ -490,14 +539,21 @@ class ShardedModel:
 
     # ---- steps ----
     def _begin_step(self, u):
+        if self._init is not None:
+            self._init.end(self.model)
         if self._grad_unused and any(mp.grad is not None for _, mp, _, _ in self._main):
             raise UsageError(
                 "forward of unit %r would begin step %d, but step %d's delivered gradient was "
                 "never used: a step is the schedule's %d microbatch%s (this would be microbatch "
-                "%d), then optimizer.step() over sm.main_parameters() and optimizer.zero_grad(); "
-                "end a step early with sm.finish_step(), or drop its gradient with zero_grad()"
+                "%d); to accumulate more microbatches per optimizer step pass microbatches=N to "
+                "mt.fully_shard (or spec_from_module), else run optimizer.step() over "
+                "sm.main_parameters() and optimizer.zero_grad() after each step; end a step "
+                "early with sm.finish_step(), or drop its gradient with zero_grad()"
                 % (self._unit_name(u), self.steps + 1, self.steps, self.M,
                    "" if self.M == 1 else "es", self.M + 1))
+        # no zero_grad() since the last step: torch adds the next gradient to .grad
+        self._carry = [(mp, mp.grad.detach().clone()) for _, mp, _, _ in self._main
+                       if mp.grad is not None]
         self._shut_whole_step("between steps")
         for slots in self._slots:
             for s in slots:
@@ -517,6 +573,14 @@ class ShardedModel:
                 s.grad_delivered(True)     # clip_grad_norm_(model.parameters()) refused
         for _, mp, g, _ in self._main:
             mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
+        if self._carry:          # no zero_grad() since the last step: torch accumulates
+            grads = {id(mp): g for _, mp, g, _ in self._main}
+            with torch.no_grad():
+                for mp, old in self._carry:
+                    mp.grad.add_(old)
+                    if mp.grad is not grads[id(mp)]:
+                        grads[id(mp)].copy_(mp.grad)    # clip_grad_norm_ reads the runtime's
+            self._carry = []
 
     def _optimizer_step(self):
         """An optimizer over this model's main parameters is about to step."""
@@ -532,6 +596,8 @@ class ShardedModel:
     # ---- hooks ----
     def _timed(self, fn):
         def hook(*args):
+            if self._probing:          # the forward on meta of fully_shard.py's probe
+                return None
             t0 = time.perf_counter()
             try:
                 return fn(*args)
@@ -549,11 +615,7 @@ class ShardedModel:
             if not torch.is_grad_enabled():
                 return self._eval_forward_pre(u)
             if self.fwd_done[u]:
-                raise UsageError(
-                    "unit %r ran twice in the forward of microbatch %d: each unit's hooks "
-                    "bracket exactly one call per microbatch (make the repeated module its own "
-                    "unit per call, or put the calls inside one unit; a forward repeated without "
-                    "its backward needs loss.backward() first)" % (self._unit_name(u), self.m))
+                return self._forward_again(u)
             if self.phase == "bwd":
                 raise UsageError(
                     "forward of unit %r while the backward of microbatch %d is unfinished: run "
@@ -564,17 +626,55 @@ class ShardedModel:
             return None
         return hook
 
+    def _forward_again(self, u):
+        """Unit u's forward begins again in this microbatch: a module called
+        twice whose weights stay gathered for the whole step (its tensors in
+        the `tied` layout) runs without hooks; otherwise a UsageError naming
+        why: a whole forward with no backward after it (an evaluation without
+        torch.no_grad()), or a module called twice."""
+        if self.phase == "fwd" and self._slots[u] and all(s.whole_step for s in self._slots[u]):
+            self.extra[u] += 1
+            return None
+        if all(self.fwd_done) and self.phase == "fwd":
+            raise UsageError(
+                "forward of unit %r again before the backward of microbatch %d: the last forward "
+                "ran with grad enabled, so it was microbatch %d of a training step, and no "
+                "loss.backward() followed. An evaluation forward needs torch.no_grad() (or "
+                "torch.inference_mode()); model.eval() alone does not turn off autograd"
+                % (self._unit_name(u), self.m, self.m))
+        names = [s.name for s in self._slots[u]]
+        raise UsageError(
+            "unit %r ran twice in the forward of microbatch %d: its weights are gathered for one "
+            "call and freed after it. Keep them gathered for the whole step by declaring its "
+            "parameters as ties (mt.fully_shard(..., ties=%r), or spec_from_module's ties=: "
+            "the `tied` layout), make each call its own module, or put the calls inside one "
+            "unit" % (self._unit_name(u), self.m, names[:4] + (["..."] if len(names) > 4 else [])))
+
     def _enter(self, u, phase):
         """Unit u's forward ("fwd") or backward ("bwd") of this microbatch
         begins: the runtime's pre hook, the mark that it ran, its weights open."""
         self.phase = phase
         if phase == "fwd":
+            nxt = next((w for w in range(self.U) if not self.fwd_done[w]), u)
+            if nxt != u:
+                self._out_of_order(u, nxt)
             self.runtime.forward_pre(u, self.m)
             self.fwd_done[u] = True
         else:
             self.runtime.backward_pre(u, self.m)
             self.bwd_open[u] = True
         self._open(u)
+
+    def _out_of_order(self, u, nxt):
+        why = getattr(self, "_order_note", None) or (
+            "the schedule was given to mt.shard, which keeps its order")
+        raise UsageError(
+            "unit %r began its forward in microbatch %d while the schedule expects unit %r "
+            "next: the model's forward runs its units in another order than the schedule's "
+            "(%s). Give the units in the forward's order: mt.fully_shard(..., units=[...]) or "
+            "spec_from_module(..., units=[...]) (%s)" % (
+                self._unit_name(u), self.m, self._unit_name(nxt),
+                ", ".join(self.schedule.units[:6]) + (", ..." if self.U > 6 else ""), why))
 
     def _eval_forward_pre(self, u):
         if self._in_step:
@@ -584,6 +684,8 @@ class ShardedModel:
                 "between steps, so finish the step first (its remaining microbatches, or "
                 "sm.finish_step()); torch.utils.checkpoint with use_reentrant=True runs its "
                 "forward so too: use use_reentrant=False" % (self._unit_name(u), self.m, self.M))
+        if self._init is not None:
+            self._init.end(self.model)
         if u == 0:
             self._shut_whole_step("between evaluation passes")
         self.runtime.eval_forward_pre(u)
@@ -597,6 +699,9 @@ class ShardedModel:
                 self.recompute[u] -= 1
                 if not self.bwd_open[u]:
                     self._shut(u, "after its recomputed forward")
+                return None
+            if self.extra[u]:          # a later call of a unit kept gathered (_forward_again)
+                self.extra[u] -= 1
                 return None
             if self._evaluating == u:
                 self._evaluating = None
@@ -664,6 +769,44 @@ class ShardedModel:
         self._reset_microbatch()
         if self.m == self.M:
             self._end_step()
+
+
+def _built_on_meta(model):
+    """True when every parameter is on meta (the FSDP2 way to build a large
+    model: init.py); a model with some on meta and some not is refused."""
+    on = [p.is_meta for p in model.parameters()]
+    if any(on) and not all(on):
+        names = [n for n, p in model.named_parameters() if p.is_meta]
+        raise UsageError("the model has %d parameters on meta (%s, ...) and %d elsewhere: build "
+                         "it wholly on meta (with torch.device(\"meta\"): ...) and initialise it "
+                         "after mt.fully_shard, or materialise it wholly before"
+                         % (len(names), names[0], len(on) - len(names)))
+    return bool(on) and all(on)
+
+
+def _materialised(p, data, holders):
+    """A Parameter over the runtime's weight replacing meta parameter p in
+    every module that holds it (a meta tensor's .data cannot be set)."""
+    real = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+    for mod, attr in holders[id(p)]:
+        mod._parameters[attr] = real
+    holders[id(real)] = holders.pop(id(p))
+    return real
+
+
+def _refuse_torchrun(backend, world):
+    """torchrun starts processes that MPI does not know: each is a world of one."""
+    import os
+    size = os.environ.get("WORLD_SIZE")
+    mpi = any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                        "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"))
+    if backend == "mpi" and size and size.isdigit() and int(size) > 1 and not mpi:
+        raise UsageError(
+            "backend=\"mpi\" under torchrun (WORLD_SIZE=%s, no MPI launcher): the CPU backend "
+            "takes its ranks from MPI, so each of the %s processes would be a world of one; "
+            "launch with mpirun -np %d python SCRIPT instead (torchrun's MASTER_ADDR/PORT are "
+            "not needed; torch.distributed, where used, can still be initialised), or use "
+            "backend=\"nccl\" on GPUs under torchrun" % (size, size, world))
 
 
 def _master(rt, view, role, whole):

@@ -1,9 +1,11 @@
 """
 spec: spec_from_module(), the .mfsdp spec of a torch module in one call.
 
-Units default to the children of the module that own parameters, in
-registration order (ModuleList / ModuleDict children are expanded, so
-`blocks` gives `blocks.0`, `blocks.1`, ...); consecutive units with the same
+Units default to one per block (default_units): the children of the module
+that own parameters, in registration order, ModuleList / ModuleDict children
+expanded (`blocks` gives `blocks.0`, `blocks.1`, ...), a child that holds such
+a list or a module of a class named in `_no_split_modules` (Hugging Face's
+decoder layers) opened up the same way; consecutive units with the same
 tensors become one `unit "blocks.{i}" for i in A..B` loop. A parameter that
 is read outside its unit's windows (tied weights) belongs to the first unit
 that reaches it by name, and when the layout shards the compute weight it
@@ -144,18 +146,51 @@ def _unit_modules(model, units):
                                  "children (%r, ...)" % (n, type(mod).__name__, n + ".0"))
             out.append((n, mod))
         return out
+    return default_units(model)
+
+
+def _has_params(mod):
+    return any(True for _ in mod.parameters())
+
+
+def _holds_blocks(mod, no_split):
+    """Whether a ModuleList/ModuleDict with parameters, or a module of a
+    class named in no_split, lies below `mod` (then `mod` is opened up)."""
+    for sub in mod.modules():
+        if sub is mod:
+            continue
+        if type(sub).__name__ in no_split:
+            return True
+        if isinstance(sub, (torch.nn.ModuleList, torch.nn.ModuleDict)) and _has_params(sub):
+            return True
+    return False
+
+
+def default_units(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
+    """[(name, module)] of the default units, in registration order: per
+    block, as FSDP2 users wrap them. A module whose class the model names in
+    `_no_split_modules` (Hugging Face's decoder layers) is a unit; the
+    elements of a ModuleList/ModuleDict are units; a child that holds either
+    below it (LlamaForCausalLM's `model`) is opened up and its own children
+    follow the same rules; every other child that owns parameters is a unit."""
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
     out = []
 
-    def visit(prefix, mod):
+    def visit(prefix, mod, in_list):
         for n, child in mod.named_children():
             full = prefix + n
-            if not any(True for _ in child.parameters()):
+            if not _has_params(child):
                 continue
             if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-                visit(full + ".", child)
+                visit(full + ".", child, True)
+            elif type(child).__name__ in no_split:
+                out.append((full, child))
+            elif not in_list and _holds_blocks(child, no_split) and \
+                    not any(True for _ in child.parameters(recurse=False)):
+                visit(full + ".", child, False)
             else:
                 out.append((full, child))
-    visit("", model)
+    visit("", model, False)
     return out
 
 
