@@ -471,7 +471,7 @@ static mfsdp_result setup(mf_rt *rt)
     rt->ev_done = mf_base_calloc((size_t)(s->nevents ? s->nevents : 1), sizeof *rt->ev_done);
     if (!rt->ev_issued || !rt->ev_done)
         return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (events)");
-    if (!rt->native && !rt->synchronous)
+    if (!rt->native && !rt->synchronous) {
         for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
             mf_rt_stream *q = &rt->streams[st];
             q->cap = mf_replay_stream_capacity(rt, (mf_stream)st);
@@ -479,6 +479,11 @@ static mfsdp_result setup(mf_rt *rt)
             if (!q->queue)
                 return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (queues)");
         }
+        /* Before the exchange, so that peers learn of a thread that cannot
+         * start (docs/runtime.md §2); idle until the first hook. */
+        if ((res = mf_streams_start(rt)) != MFSDP_OK)
+            return mf_base_set_error(NULL, res, "%s", rt->err);
+    }
 done:
     return res;
 }
@@ -640,19 +645,14 @@ MFSDP_API mfsdp_result mfsdp_create(const mfsdp_schedule *sh, const mfsdp_config
         mf_base_set_error(NULL, res, "%s backend: cannot create communicators: %s", be->name, rt->err);
         goto fail;
     }
-    if (!rt->native && !rt->synchronous) {
-        res = mf_streams_start(rt);
-        if (res != MFSDP_OK) {
-            mf_base_set_error(NULL, res, "%s", rt->err);
-            goto fail;
-        }
-    }
     rt->err[0] = '\0';
     rt->magic = MF_RT_MAGIC;
     *out = rt;
     return MFSDP_OK;
 
 fail:
+    if (rt->sync_ready && !rt->native && !rt->synchronous)
+        mf_streams_stop(rt);   /* joins the stream threads setup() started, if any */
     release(rt);
     return res;
 }

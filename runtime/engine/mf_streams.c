@@ -397,15 +397,24 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
+static atomic_int fail_next_start;   /* mf_streams_fail_next_start */
+
+void mf_streams_fail_next_start(void)
+{
+    atomic_store(&fail_next_start, 1);
+}
+
 mfsdp_result mf_streams_start(mf_rt *rt)
 {
     for (int st = MF_STREAM_INNER; st < MF_STREAM_COUNT; st++) {
         mf_rt_stream *q = &rt->streams[st];
         q->stress = mf_stress_seed(rt->rank, st);
-        if (pthread_create(&q->thread, NULL, stream_main, q) != 0) {
+        int rc = atomic_exchange(&fail_next_start, 0) ? EAGAIN
+                                                      : pthread_create(&q->thread, NULL, stream_main, q);
+        if (rc != 0) {
             mf_streams_stop(rt);
-            return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread",
-                                     mf_stream_name((mf_stream)st));
+            return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "cannot start the %s stream thread: %s",
+                                     mf_stream_name((mf_stream)st), strerror(rc));
         }
         q->started = true;
     }

@@ -9,8 +9,12 @@
 
 #include "mf_base.h"
 
-/* Starts the inner and outer stream threads. */
+/* Starts the inner and outer stream threads (at create, before the ranks'
+ * exchange, so that a failure is announced to the peers). */
 mfsdp_result mf_streams_start(mf_rt *rt);
+/* Test hook (fault injection): the next stream thread that any runtime of
+ * this process starts fails as if pthread_create had returned EAGAIN; once. */
+void mf_streams_fail_next_start(void);
 /* Stops and joins them (pending entries are dropped). */
 void mf_streams_stop(mf_rt *rt);
 /* Issues one op of the worker model: compute-stream ops run here (time

@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
+#include "mf_streams.h"
 #include "rt_testlib.h"
 
 static const rt_mesh mesh_1x1 = {"1x1", 2, {1, 1}};
@@ -361,6 +363,79 @@ static void test_missing_peer_at_create(void **state)
     mfsdp_schedule_free(sh);
 }
 
+/* A stream thread that fails to start in one rank's create (fault
+ * injection: mf_streams_fail_next_start) is announced in the create
+ * exchange: the peers fail at once with MFSDP_ERR_ABORTED naming that rank,
+ * not after the timeout (docs/runtime.md §2, issue 39). */
+typedef struct start_job {
+    const mfsdp_schedule *sh;
+    mfsdp_local_group *g;
+    int64_t rank;
+    mfsdp_result r;
+    char msg[1024];
+    double secs;
+} start_job;
+
+static void *start_rank(void *p)
+{
+    start_job *j = p;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.local_group = j->g;
+    cfg.rank = j->rank;
+    cfg.timeout_ms = 30000;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    mfsdp_runtime *rt = NULL;
+    j->r = mfsdp_create(j->sh, &cfg, &rt);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    j->secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    snprintf(j->msg, sizeof j->msg, "%s", mfsdp_last_error(NULL));
+    mfsdp_destroy(rt);
+    return NULL;
+}
+
+static void test_stream_start_failure_shared(void **state)
+{
+    (void)state;
+    mfsdp_schedule *sh = small("zero3", &mesh_2x2, 2, 0);
+    mfsdp_local_group *g;
+    assert_int_equal(mfsdp_local_group_create(4, &g), MFSDP_OK);
+    start_job jobs[4];
+    pthread_t th[4];
+    mf_streams_fail_next_start();
+    for (int r = 0; r < 4; r++) {
+        jobs[r] = (start_job){.sh = sh, .g = g, .rank = r};
+        assert_int_equal(pthread_create(&th[r], NULL, start_rank, &jobs[r]), 0);
+    }
+    for (int r = 0; r < 4; r++)
+        pthread_join(th[r], NULL);
+    int failed = -1;
+    for (int r = 0; r < 4; r++)
+        if (jobs[r].r == MFSDP_ERR_INTERNAL) {
+            assert_int_equal(failed, -1);
+            failed = r;
+            if (!strstr(jobs[r].msg, "cannot start the inner stream thread"))
+                fail_msg("rank %d: %s", r, jobs[r].msg);
+        }
+    assert_true(failed >= 0);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d failed to create its runtime", failed);
+    for (int r = 0; r < 4; r++) {
+        if (r == failed)
+            continue;
+        if (jobs[r].r != MFSDP_ERR_ABORTED || !strstr(jobs[r].msg, want))
+            fail_msg("rank %d: %s: %s", r, mfsdp_result_string(jobs[r].r), jobs[r].msg);
+        if (jobs[r].secs > 5)   /* the timeout is 30 s */
+            fail_msg("rank %d failed only after %.1f s", r, jobs[r].secs);
+    }
+    /* Nothing leaked and the group works again. */
+    char msg[512];
+    assert_int_equal(rt_check_local(sh, 1, 0, msg, sizeof msg), 0);
+    mfsdp_local_group_destroy(g);
+    mfsdp_schedule_free(sh);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -541,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_stats_match_summary),
         cmocka_unit_test(test_stopped_rank_times_out),
         cmocka_unit_test(test_missing_peer_at_create),
+        cmocka_unit_test(test_stream_start_failure_shared),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_schedule_checks),
         cmocka_unit_test(test_allocation_failures),
