@@ -148,14 +148,28 @@ template <int T> __global__ void __launch_bounds__(kThreads) fill_kernel(void *b
         store1<T>(buf, i, mf_pattern(seed, i));
 }
 
-/* One thread spinning on the device's nanosecond global timer. */
+/* The device's nanosecond global timer into v. A macro so that a host build
+ * of this file (the CPU model's kernels, tests/gpumodel/kernels) can define
+ * it first as a host clock. */
+#ifndef MF_GLOBALTIMER
+#define MF_GLOBALTIMER(v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v))
+#endif
+
+/* One thread spinning on the global timer for ns nanoseconds, at most
+ * ns + kSpinSlack timer reads: a read takes well over a nanosecond, so the
+ * cap never ends a spin on a timer that advances, and one that does not
+ * (a frozen or virtualized timer) costs a bounded loop instead of a hang. */
+constexpr long long kSpinSlack = 1024;
 __global__ void spin_kernel(int64_t ns)
 {
     unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while ((int64_t)(t - t0) < ns);
+    MF_GLOBALTIMER(t0);
+    long long cap = (long long)ns + kSpinSlack;
+    for (long long iter = 0; iter < cap; iter++) {
+        MF_GLOBALTIMER(t);
+        if ((int64_t)(t - t0) >= ns)
+            break;
+    }
 }
 
 unsigned grid_for(int64_t work)

@@ -9,7 +9,10 @@
  *
  * computed in fp32, sources added in index order (so results are
  * deterministic and independent of the launch configuration), and rounded once
- * to the destination dtype with round-to-nearest-even (NaN stays NaN). The
+ * to the destination dtype with round-to-nearest-even (NaN stays NaN, but
+ * its bits are CUDA's: a NaN rounded to bf16/fp16 on the device is CUDA's
+ * canonical quiet NaN, while the host references below keep the sign and
+ * the top payload bits -- compare NaNs as NaNs, not bit for bit). The
  * schedule's local ops are special cases: cast (k = 1), accumulate (dst = src on
  * microbatch 0, dst += src after), scale (alpha on one buffer in place), and the
  * reductions of the multi-rank one-GPU backend (k = group size, several dsts).
@@ -82,7 +85,9 @@ cudaError_t mf_cuda_fill_pattern(void *buf, mf_dtype t, int64_t n, uint32_t seed
 
 /* A one-thread kernel that spins for ns nanoseconds of the device's global
  * timer: a stand-in for compute in the device check (overlap, ordering
- * stress). */
+ * stress). Capped at ns + 1024 timer reads (each takes more than a
+ * nanosecond), so a timer that stops advancing ends the spin early instead of
+ * hanging the stream. */
 cudaError_t mf_cuda_spin(int64_t ns, cudaStream_t stream);
 
 /* The pattern's value, identical on host and device: a multiple of 1/64 in
@@ -91,7 +96,9 @@ float mf_cuda_pattern(uint32_t seed, int64_t i);
 
 /* Host references of the device conversions (round to nearest even; NaN kept
  * as a quiet NaN): fp32 -> bf16/fp16 bits and back. For tests and for
- * checking device results on the host. */
+ * checking device results on the host. Bit-exact with the device for every
+ * non-NaN input; a NaN's bits may differ (the device's is CUDA's canonical
+ * NaN, here the sign and payload are kept): compare NaNs with isnan. */
 uint16_t mf_cuda_host_to_bf16(float f);
 uint16_t mf_cuda_host_to_fp16(float f);
 float mf_cuda_host_from_bf16(uint16_t b);

@@ -7,17 +7,20 @@
  *       fp32+=fp32 and fp32+=bf16, the 4-way reduce of the one-GPU backend)
  *       against cudaMemcpyAsync device-to-device, counting bytes read plus
  *       bytes written; median of 20 timed runs after 3 warm-ups (CUDA events).
- *   mfsdp-gpu-bench sweep
- *       the same for 64 KiB ... 64 MiB per operand (x4 steps), 16-byte
- *       aligned and misaligned by 4 bytes: cudaMemcpyAsync, cast fp32->bf16,
- *       accumulate fp32 += fp32 (median of 11 batches of 10 launches).
+ *   mfsdp-gpu-bench sweep [--mib N]
+ *       the same for 64 KiB ... N MiB per operand (default 1024: past any
+ *       L2, the H100's 50 MB included; x4 steps; capped by free memory),
+ *       16-byte aligned and misaligned by 4 bytes: cudaMemcpyAsync, cast
+ *       fp32->bf16, accumulate fp32 += fp32 (median of 11 batches of 10
+ *       launches); the HBM peak it is read against (see probe).
  *   mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]
  *       a 1-rank schedule on the NCCL backend driven like a CUDA trainer
  *       (device buffers, its own compute stream, grad_local written by a
  *       kernel): host time of every hook call by phase (median, p99, max, in
  *       microseconds), host time per op and per step, the device time of a
- *       step, and with --graphs the host and device time of a step replayed
- *       as three CUDA graphs.
+ *       step (a runtime without MFSDP_NCCL_GRAPHS), and with --graphs the
+ *       host and device time of a step replayed as three CUDA graphs (a
+ *       second runtime, with the flag).
  *   mfsdp-gpu-bench stress SCHEDULE.yaml
  *       ordering stress: the same 1-rank device trainer runs two steps from
  *       the same state four times: plainly, then with a 20 us spin kernel
@@ -35,7 +38,11 @@
  *       this GPU, all at once; rank 0's figures, then every rank's overlap.
  *       Chrome trace, one process per rank.
  *   mfsdp-gpu-bench probe
- *       the device: name, compute capability, memory, driver and runtime.
+ *       the device: name, compute capability, memory, driver and runtime,
+ *       NCCL's version, and the HBM peak: from the device
+ *       (cudaDevAttrMemoryClockRate x cudaDevAttrGlobalMemoryBusWidth x 2,
+ *       double data rate), else by name (H100 3350, H200 4800 GB/s), else
+ *       unknown; the line says which.
  *
  * hooks, stress and overlap run on NCCL (a world of one); with --local on the
  * one-GPU thread-rank backend (cuda-local; a group of one except for
@@ -260,6 +267,34 @@ static int open_one_rank(const char *path, const char *what, unsigned flags, int
     return rc;
 }
 
+/* ---- the HBM peak ---- */
+
+/* The device's memory bandwidth peak in GB/s and where it came from: the
+ * memory clock (kHz) x the bus width (bits) x 2 (double data rate) / 8, as
+ * the device reports them; else by name (H100 SXM 3350, H200 4800); else 0. */
+static double hbm_peak_gbs(int dev, const char **source)
+{
+    int khz = 0, bits = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess && khz > 0 && bits > 0) {
+        *source = "from the device: memory clock x bus width x 2";
+        return (double)khz * 1e3 * (double)bits * 2.0 / 8.0 / 1e9;
+    }
+    (void)cudaGetLastError();
+    struct cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, dev));
+    if (strstr(p.name, "H200")) {
+        *source = "by name: H200";
+        return 4800;
+    }
+    if (strstr(p.name, "H100")) {
+        *source = "by name: H100 (SXM)";
+        return 3350;
+    }
+    *source = "unknown: the device reports no memory clock and the name is not known";
+    return 0;
+}
+
 /* ---- sweep ---- */
 
 static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEvent_t a, cudaEvent_t b)
@@ -277,12 +312,24 @@ static float time_batch(kernel k, void **buf, int64_t n, cudaStream_t s, cudaEve
     return ms[5] / 10;
 }
 
-static int run_sweep(void)
+static int run_sweep(int64_t max_mib)
 {
-    const int64_t max_n = 64ll * 1024 * 1024 / 4 + 16;
+    /* the largest size: max_mib, at most an eighth of the free memory (six
+     * operands), rounded down to a size of the x4 ladder from 64 KiB */
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    int64_t top = 64 * 1024;
+    while (top * 4 <= max_mib * 1024 * 1024 && top * 4 <= (int64_t)(free_b / 8))
+        top *= 4;
+    const int64_t max_n = top / 4 + 16;
     void *base[6], *buf[6];
     cudaStream_t s;
     cudaEvent_t a, b;
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    const char *src = "";
+    double peak = hbm_peak_gbs(dev, &src);
+    printf("hbm peak: %.0f GB/s (%s)\n", peak, src);
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -292,7 +339,7 @@ static int run_sweep(void)
     }
     printf("kernel bandwidth sweep (GB/s, bytes read + written, median of 11 x 10 launches)\n");
     printf("  %10s %9s %12s %12s %12s\n", "per operand", "aligned", "memcpy", "cast->bf16", "acc f32");
-    for (int64_t bytes = 64 * 1024; bytes <= 64ll * 1024 * 1024; bytes *= 4)
+    for (int64_t bytes = 64 * 1024; bytes <= top; bytes *= 4)
         for (int mis = 0; mis <= 1; mis++) {
             int64_t n = bytes / 4;
             for (int i = 0; i < 6; i++)
@@ -315,12 +362,20 @@ static int run_sweep(void)
 
 static int run_probe(void)
 {
-    int dev = 0, drv = 0, rtv = 0;
+    int dev = 0, drv = 0, rtv = 0, nccl = 0;
     struct cudaDeviceProp p;
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&p, dev));
     CK(cudaDriverGetVersion(&drv));
     CK(cudaRuntimeGetVersion(&rtv));
+    const char *src = "";
+    double peak = hbm_peak_gbs(dev, &src);
+    ncclResult_t nr = ncclGetVersion(&nccl);
+    if (nr == ncclSuccess)
+        printf("nccl version: %d.%d.%d (%d)\n", nccl / 10000, nccl / 100 % 100, nccl % 100, nccl);
+    else
+        printf("nccl version: unavailable (%s)\n", ncclGetErrorString(nr));
+    printf("hbm peak: %.0f GB/s (%s)\n", peak, src);
     printf("%s, sm_%d%d, %.0f MiB, %d SMs, driver CUDA %d.%d, runtime %d.%d\n", p.name, p.major, p.minor,
            (double)p.totalGlobalMem / 1048576.0, p.multiProcessorCount, drv / 1000, drv % 1000 / 10, rtv / 1000,
            rtv % 1000 / 10);
@@ -412,13 +467,27 @@ static void hooks_graphs(mfsdp_runtime *rt, const mfsdp_tensor_view *views, int 
     }
 }
 
+/* Every tensor's view into views, its main_weight shard filled (pattern 7 + i) on compute. */
+static void hooks_views(mfsdp_runtime *rt, mfsdp_tensor_view *views, int T, cudaStream_t compute)
+{
+    for (int i = 0; i < T; i++) {
+        MF(mfsdp_tensor_view_get(rt, i, &views[i]));
+        if (views[i].shard_count)
+            CK(mf_cuda_fill_pattern(views[i].main_weight, (mf_dtype)views[i].main_weight_dtype,
+                                    views[i].shard_count, 7 + (uint32_t)i, compute));
+    }
+    CK(cudaStreamSynchronize(compute));
+}
+
 static int run_hooks(const char *path, int64_t steps, bool graphs)
 {
     mfsdp_runtime *rt = NULL;
     mfsdp_schedule *sh = NULL;
     cudaStream_t compute;
     int64_t create_ns = 0;
-    int rc = open_one_rank(path, "hooks", graphs ? MFSDP_NCCL_GRAPHS : 0, 0, &sh, &rt, &compute, &create_ns);
+    /* eager steps on a runtime without MFSDP_NCCL_GRAPHS (what an eager
+     * trainer runs); the graphs below on a second runtime with it */
+    int rc = open_one_rank(path, "hooks", 0, 0, &sh, &rt, &compute, &create_ns);
     if (rc)
         return rc;
     int64_t host_step_ns = 0; /* summed over the timed steps */
@@ -428,13 +497,7 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     mfsdp_tensor_view *views = calloc((size_t)(T ? T : 1), sizeof *views);
     if (!views)
         return 1;
-    for (int i = 0; i < T; i++) {
-        MF(mfsdp_tensor_view_get(rt, i, &views[i]));
-        if (views[i].shard_count)
-            CK(mf_cuda_fill_pattern(views[i].main_weight, (mf_dtype)views[i].main_weight_dtype,
-                                    views[i].shard_count, 7 + (uint32_t)i, compute));
-    }
-    CK(cudaStreamSynchronize(compute));
+    hooks_views(rt, views, T, compute);
 
     samples t[6];
     memset(t, 0, sizeof t);
@@ -504,8 +567,13 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     qsort(step_ms, (size_t)steps, sizeof *step_ms, cmp_f);
     printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
 
-    if (graphs)
+    if (graphs) {
+        mfsdp_destroy(rt);
+        CK(cudaStreamDestroy(compute));
+        open_rank(sh, 0, MFSDP_NCCL_GRAPHS, 0, &rt, &compute, NULL);
+        hooks_views(rt, views, T, compute);
         hooks_graphs(rt, views, T, U, M, steps, compute, a, b, step_ms);
+    }
     for (int ph = 0; ph < 6; ph++)
         free(t[ph].ns);
     free(step_ms);
@@ -964,7 +1032,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mfsdp-gpu-bench [--local] COMMAND ...  (--local: cuda-local instead of NCCL; no --graphs)\n"
                "       mfsdp-gpu-bench kernels [--mib N]\n"
-               "       mfsdp-gpu-bench sweep\n"
+               "       mfsdp-gpu-bench sweep [--mib N]\n"
                "       mfsdp-gpu-bench hooks SCHEDULE.yaml [--steps S] [--graphs]\n"
                "       mfsdp-gpu-bench stress SCHEDULE.yaml\n"
                "       mfsdp-gpu-bench overlap SCHEDULE.yaml [--unit-us U] [--trace FILE.json]\n"
@@ -1037,7 +1105,7 @@ static const struct {
 } bench_commands[] = {
     {"kernels", false, 1u << OPT_MIB},
     {"probe", false, 0},
-    {"sweep", false, 0},
+    {"sweep", false, 1u << OPT_MIB},
     {"stress", true, 0},
     {"overlap", true, 1u << OPT_UNIT_US | 1u << OPT_TRACE},
     {"hooks", true, 1u << OPT_STEPS | 1u << OPT_GRAPHS},
@@ -1063,7 +1131,7 @@ static int dispatch(const bench_args *a)
     if (!strcmp(a->command, "probe"))
         return run_probe();
     if (!strcmp(a->command, "sweep"))
-        return run_sweep();
+        return run_sweep(a->mib);
     if (!strcmp(a->command, "stress"))
         return run_stress(a->schedule);
     if (!strcmp(a->command, "overlap"))
