@@ -7,7 +7,15 @@
  * mf_layout_axis_color, key = the coord on the axis), duplicated once per
  * stream that uses it, so inner and outer traffic never share a
  * communicator and two stream threads never use one communicator at once.
- * This needs MPI_THREAD_MULTIPLE, checked at open.
+ * This needs MPI_THREAD_MULTIPLE, checked at open. Every communicator the
+ * runtime makes (the world's duplicate, each axis split and its per-stream
+ * duplicates, the error channel) gets MPI_ERRORS_RETURN, so an MPI error on
+ * them is an mfsdp error, not the end of the job. Open MPI 4.1 reports the
+ * error of a failed nonblocking collective (libnbc: MPI_ERR_TRUNCATE when
+ * ranks disagree on a count) at MPI_Test on MPI_COMM_WORLD instead, whose
+ * handler is the trainer's: the ranks therefore agree on every program and
+ * helper size before a collective is posted (engine/mf_agree.c), so no count
+ * mismatch reaches MPI from the hooks or the helpers.
  *
  * Collectives follow the schedule's op semantics (mf_schedule.h), which for an
  * in-place reduce-scatter put the result at dst[0..n) -- what MPI_IN_PLACE
@@ -587,9 +595,10 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
         rc = MPI_Comm_split(st->world, color, key, &axis);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_split");
+        MPI_Comm_set_errhandler(axis, MPI_ERRORS_RETURN);
         for (int c = 0; c < ncomms && rc == MPI_SUCCESS; c++)
-            if (comms[c].axis == j)
-                rc = MPI_Comm_dup(axis, &st->comms[c]);
+            if (comms[c].axis == j && (rc = MPI_Comm_dup(axis, &st->comms[c])) == MPI_SUCCESS)
+                rc = MPI_Comm_set_errhandler(st->comms[c], MPI_ERRORS_RETURN);
         MPI_Comm_free(&axis);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Comm_dup");
@@ -627,6 +636,8 @@ static mfsdp_result mpi_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms
         return res_whole;
     /* The error channel: its own communicator, one receive always posted. */
     rc = MPI_Comm_dup(st->world, &st->errcomm);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_set_errhandler(st->errcomm, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS)
         rc = MPI_Irecv(st->err_in, (int)sizeof st->err_in - 1, MPI_CHAR, MPI_ANY_SOURCE,
                        MF_MPI_ERR_TAG, st->errcomm, &st->err_req);

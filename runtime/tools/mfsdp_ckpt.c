@@ -11,9 +11,11 @@
  *
  * Exit status: 0 success, 1 a refused checkpoint or input, 2 usage errors.
  * An output directory is committed like a save (temporary directory, fsync,
- * rename): on failure nothing is left behind.
+ * rename): on failure nothing is left behind, a file-size limit included
+ * (SIGXFSZ is ignored: the write fails with "file too large").
  */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +255,10 @@ static bool ck_operands(int argc, char **argv, int n, char **pos)
 
 int main(int argc, char **argv)
 {
+    /* A file-size limit (ulimit -f) fails the write with EFBIG ("file too
+     * large"), which the writers report and clean up after, instead of
+     * killing the tool with its temporaries left behind (like mfsdpc). */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2)
         return ck_usage(stderr);
     const char *cmd = argv[1];
