@@ -282,6 +282,17 @@ def from_dcp(argv: Sequence[str]) -> None:
         rt.close()
 
 
+def one_line(e: BaseException, cmd: str) -> str:
+    """An error's message on one line: mfsdp's without its code name and the
+    command's own prefix, a problem list joined by '; ', any other exception
+    as its type and first line (DCP's CheckpointException by its cause)."""
+    from .torch.dcp import _reason
+    msg = e.message if isinstance(e, MfsdpError) else _reason(e)
+    if msg.startswith(cmd + ": "):
+        msg = msg[len(cmd) + 2:]
+    return "; ".join(line.strip() for line in msg.splitlines() if line.strip())
+
+
 def _help(out) -> int:
     try:
         text = subprocess.run([ckpt_path(), "--help"], capture_output=True, text=True).stdout
@@ -308,16 +319,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ImportError:
             print("mfsdp-ckpt %s: needs torch (pip install torch)" % cmd, file=sys.stderr)
             return 1
-        from ._lib import UsageError
+        from torch.distributed.checkpoint.api import CheckpointException
         try:
             (to_dcp if cmd == "to-dcp" else from_dcp)(argv[1:])
         except _Usage as e:
             print("mfsdp-ckpt %s: error: %s\nusage: mfsdp-ckpt\n%s" % (cmd, e, USAGE),
                   file=sys.stderr)
             return 2
-        except (UsageError, MfsdpError, OSError, ValueError, KeyError) as e:
-            print("mfsdp-ckpt %s: error: %s" % (cmd, getattr(e, "message", None) or e),
-                  file=sys.stderr)
+        except (Exception, CheckpointException) as e:   # noqa: BLE001 -- one line, never a traceback
+            print("mfsdp-ckpt %s: error: %s" % (cmd, one_line(e, cmd)), file=sys.stderr)
             return 1
         return 0
     try:

@@ -255,7 +255,7 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
         _check_target(path, what, overwrite)
         mine = _describe(opt, main, what) if opt is not None else {}
     except UsageError as e:
-        problem, mine = str(e), {}
+        problem, mine = e.message, {}
     local = {"problem": problem, "states": mine,
              "member": opt.member if opt is not None else {},
              "groups": opt.groups if opt is not None else None}
@@ -307,7 +307,7 @@ def _reason(e):
             parts.append("rank %s: %s" % (r, _reason(ex)))
         return "; ".join(parts)
     if isinstance(e, UsageError):
-        return str(e)
+        return e.message
     text = str(e).strip().splitlines()
     return "%s: %s" % (type(e).__name__, text[0] if text else "")
 
@@ -331,7 +331,7 @@ def _write(rt, group, sd, path, what, overwrite):
                      no_dist=group.pg is None)
         sums = dcp_files.item_sums(tmp, rt.rank, rt.world_size, what)
     except UsageError as e:
-        error = "%s (rank %d)" % (e, rt.rank)
+        error = "%s (rank %d)" % (e.message, rt.rank)
     except (Exception, CheckpointException) as e:   # noqa: BLE001 -- DCP's derives from BaseException
         error = "%s: writing %s failed on rank %d: %s" % (what, tmp, rt.rank, _reason(e))
     try:
@@ -761,7 +761,7 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
     try:
         staged = _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial)
     except UsageError as e:
-        error = str(e)
+        error = e.message
     except (Exception, CheckpointException) as e:   # noqa: BLE001 -- every rank must learn of it
         error = "%s: reading %s failed: %s" % (what, path, _reason(e))
     _agree(rt, error, what, path)

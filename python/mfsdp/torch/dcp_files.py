@@ -238,7 +238,7 @@ def check_storage(root: str, md: Any, keys: List[str], what: str) -> List[str]:
             try:
                 sizes[rel] = file_size(root, rel, what)
             except UsageError as e:
-                sizes[rel] = str(e).split(": ", 1)[-1]
+                sizes[rel] = e.message.split(": ", 1)[-1]
         return sizes[rel]
 
     by_key: Dict[str, List[Any]] = {}
