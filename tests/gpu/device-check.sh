@@ -247,14 +247,17 @@ static void report(int sig, siginfo_t *si, void *uc)
         chained[w](sig);
         return;
     }
-    signal(sig, SIG_DFL);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
     raise(sig);
 }
 /* The program's own handlers of the crash signals are chained after the report. */
 sighandler_t signal(int sig, sighandler_t h)
 {
     int w = which(sig);
-    if (w >= 0 && h != SIG_DFL) {
+    if (w >= 0) { /* the report stays installed; h runs after it (SIG_DFL, SIG_IGN: death) */
         sighandler_t old = chained[w] ? chained[w] : SIG_DFL;
         chained[w] = h;
         return old;
