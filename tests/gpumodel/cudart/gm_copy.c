@@ -12,7 +12,9 @@
  * Host synchronization follows CUDA's documented behaviour (see gm_mem.c); the
  * copy itself always runs on the stream's worker.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 

@@ -10,7 +10,9 @@
  * device is returned by cudaGetLastError/PeekAtLastError without being
  * cleared, as a faulted context's is.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>

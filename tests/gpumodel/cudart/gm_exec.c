@@ -9,7 +9,9 @@
  * one launch run on the launch stream's worker, one at a time, in a
  * topological order drawn from the seed and the launch's number.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

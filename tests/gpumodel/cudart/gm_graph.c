@@ -23,7 +23,9 @@
  * Work (gm_box) is reference counted: a graph, its instances and launches in
  * flight share it, so destroying any of them is safe at any time.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -11,7 +11,9 @@
  * range the kernel declares with gm_check_range (at the launch and again when
  * it runs), and enqueues the run. Nothing runs at the call.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 

@@ -20,7 +20,9 @@
  * Invariants: recs is sorted by p and its ranges never overlap; gm_mem_mu is
  * never held while gm_g.mu is taken.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>

@@ -14,7 +14,9 @@
  * the device, as a fault does: later work of the device is skipped (its
  * sequence still completes so nothing waits forever) and the API returns it.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
