@@ -1,0 +1,64 @@
+"""
+dcp_stop_worker: one rank of test_dcp_stop.py (mpirun -np 4; gloo on
+127.0.0.1 for torch.distributed, the mpi backend for mfsdp, timeout_ms
+3000). The ranks train one step of 2 x 2 HFSDP and call sm.save_dcp; rank 3
+stops itself (SIGSTOP) as DCP's save begins, so the other ranks wait on it
+inside DCP's collectives. Each surviving rank writes OUT/stop.rank<r>.json:
+the error's type and message and the seconds save_dcp took.
+
+    mpirun -np 4 python dcp_stop_worker.py OUT PORT
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import gpt
+import mfsdp
+import mfsdp.torch as mt
+
+TIMEOUT_MS = 3000
+
+
+def main():
+    out, port = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
+                            world_size=4)
+    model = gpt.make_model()
+    spec = mt.spec_from_module(model, mesh={"dp_outer": 2, "dp_inner": 2}, layout="hfsdp")
+    sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi", timeout_ms=TIMEOUT_MS)
+    if getattr(sm.runtime, "timeout_ms", None) is None:
+        sm.runtime.timeout_ms = TIMEOUT_MS      # until mfsdp.Runtime keeps its timeout_ms
+    opt = torch.optim.AdamW(sm.main_parameters(), lr=3e-3, foreach=False)
+    X, Y = gpt.make_data(1, 4, 1, 2)
+    model(X[0, rank, 0], Y[0, rank, 0]).backward()
+    opt.step()
+    if rank == 3:
+        real = dcp.save
+
+        def stop(*a, **kw):
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return real(*a, **kw)
+        dcp.save = stop
+    t0 = time.monotonic()
+    res = {"error": None}
+    try:
+        sm.save_dcp(os.path.join(out, "ck"), opt)
+    except BaseException as e:      # noqa: BLE001 -- the test asserts which kind it is
+        res = {"error": type(e).__name__, "mfsdp": isinstance(e, mfsdp.MfsdpError),
+               "message": str(e)}
+    res["seconds"] = time.monotonic() - t0
+    with open(os.path.join(out, "stop.rank%d.json" % rank), "w") as f:
+        json.dump(res, f)
+    os._exit(0)        # rank 3 never returns: no teardown waits on it
+
+
+if __name__ == "__main__":
+    main()
