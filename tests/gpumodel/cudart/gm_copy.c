@@ -36,10 +36,11 @@ static cudaError_t copy_run(void *p, char *err, size_t len)
 {
     gm_copy *c = p;
     cudaError_t e;
-    if (c->check_dst && (e = gm_check_range(c->dst, c->n, c->what, err, len)) != cudaSuccess)
-        return e == cudaErrorInvalidValue ? cudaErrorIllegalAddress : e;
-    if (c->check_src && (e = gm_check_range(c->src, c->n, c->what, err, len)) != cudaSuccess)
-        return e == cudaErrorInvalidValue ? cudaErrorIllegalAddress : e;
+    if ((c->check_dst && (e = gm_check_range(c->dst, c->n, c->what, err, len)) != cudaSuccess) ||
+        (c->check_src && (e = gm_check_range(c->src, c->n, c->what, err, len)) != cudaSuccess)) {
+        gm_violation("device work on memory it may not touch: %s", err);
+        return cudaErrorIllegalAddress;
+    }
     if (c->is_set)
         memset(c->dst, c->value, c->n);
     else

@@ -181,9 +181,10 @@ static cudaError_t check_ranges(const gm_klaunch *l, char *err, size_t len)
 static cudaError_t klaunch_run(void *p, char *err, size_t len)
 {
     gm_klaunch *l = p;
-    cudaError_t e = check_ranges(l, err, len);
-    if (e != cudaSuccess)
+    if (check_ranges(l, err, len) != cudaSuccess) {
+        gm_violation("device work on memory it may not touch: %s", err);
         return cudaErrorIllegalAddress;
+    }
     l->k->run((void **)l->argv, l->grid, l->block);
     return cudaSuccess;
 }

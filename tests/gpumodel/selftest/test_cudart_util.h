@@ -94,6 +94,12 @@ static inline int tc_load(const int *p)
         gm_violations_reset();                                                                    \
     } while (0)
 
+static inline dim3 dim3_of(unsigned x)
+{
+    dim3 d = {x, 1, 1};
+    return d;
+}
+
 #define TC_OK(call) assert_int_equal((call), cudaSuccess)
 
 #endif
