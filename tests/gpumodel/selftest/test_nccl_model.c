@@ -112,14 +112,21 @@ static void dev_release(rank_ctx *rc, size_t mark)
     rc->used = mark;
 }
 
-static void upload(void *d, const void *h, size_t bytes)
+/* Copies on the rank's own stream and waits: a cudaMemcpy would run on the
+ * legacy stream, which nothing orders with the non-blocking streams of the
+ * collectives (and a pageable upload may complete after it returns). */
+static void upload(void *d, const void *h, size_t bytes, cudaStream_t st)
 {
-    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    if (cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess)
+        fprintf(stderr, "test_nccl_model: upload of %zu bytes failed\n", bytes);
 }
 
-static void download(void *h, const void *d, size_t bytes)
+static void download(void *h, const void *d, size_t bytes, cudaStream_t st)
 {
-    cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
+    if (cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess)
+        fprintf(stderr, "test_nccl_model: download of %zu bytes failed\n", bytes);
 }
 
 static float val(int r, size_t i)
@@ -148,10 +155,10 @@ static void check_allreduce(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool
     float *s = dev_alloc(rc, CNT * sizeof(float)), *d = inplace ? s : dev_alloc(rc, CNT * sizeof(float));
     for (size_t i = 0; i < CNT; i++)
         h[i] = op == ncclProd ? pval(rc->rank, i) : val(rc->rank, i);
-    upload(s, h, CNT * sizeof *h);
+    upload(s, h, CNT * sizeof *h, st);
     EXPECT_OK(rc, ncclAllReduce(s, d, CNT, ncclFloat, op, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, CNT * sizeof *h);
+    download(h, d, CNT * sizeof *h, st);
     for (size_t i = 0; i < CNT && !rc->fail[0]; i++) {
         double acc = op == ncclProd ? 1 : op == ncclMax ? -1e30 : op == ncclMin ? 1e30 : 0;
         for (int q = 0; q < rc->n; q++) {
@@ -177,10 +184,10 @@ static void check_allgather(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool
     float *s = inplace ? d + (size_t)rc->rank * PER : dev_alloc(rc, PER * sizeof(float));
     for (size_t i = 0; i < PER; i++)
         h[i] = val(rc->rank, i);
-    upload(s, h, PER * sizeof *h);
+    upload(s, h, PER * sizeof *h, st);
     EXPECT_OK(rc, ncclAllGather(s, d, PER, ncclFloat, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, n * PER * sizeof *h);
+    download(h, d, n * PER * sizeof *h, st);
     for (size_t q = 0; q < n; q++)
         for (size_t i = 0; i < PER && !rc->fail[0]; i++)
             EXPECT(rc, h[q * PER + i] == val((int)q, i), "allgather inplace %d: block %zu element %zu is %g, expected %g",
@@ -198,10 +205,10 @@ static void check_reducescatter(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, 
     float *d = inplace ? s + me * PER : dev_alloc(rc, PER * sizeof(float));
     for (size_t j = 0; j < n * PER; j++)
         h[j] = val(rc->rank, j);
-    upload(s, h, n * PER * sizeof *h);
+    upload(s, h, n * PER * sizeof *h, st);
     EXPECT_OK(rc, ncclReduceScatter(s, d, PER, ncclFloat, ncclSum, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, PER * sizeof *h);
+    download(h, d, PER * sizeof *h, st);
     for (size_t i = 0; i < PER && !rc->fail[0]; i++) {
         double acc = 0;
         for (int q = 0; q < rc->n; q++)
@@ -222,13 +229,13 @@ static void check_rooted(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool in
     for (size_t i = 0; i < CNT; i++)
         h[i] = -1;
     if (!inplace)
-        upload(d, h, CNT * sizeof *h);
+        upload(d, h, CNT * sizeof *h, st);
     for (size_t i = 0; i < CNT; i++)
         h[i] = val(rc->rank, i);
-    upload(s, h, CNT * sizeof *h);
+    upload(s, h, CNT * sizeof *h, st);
     EXPECT_OK(rc, ncclReduce(s, d, CNT, ncclFloat, ncclSum, rroot, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, CNT * sizeof *h);
+    download(h, d, CNT * sizeof *h, st);
     for (size_t i = 0; i < CNT && !rc->fail[0]; i++) {
         double acc = 0;
         for (int q = 0; q < rc->n; q++)
@@ -239,10 +246,10 @@ static void check_rooted(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool in
     }
     for (size_t i = 0; i < CNT; i++)
         h[i] = val(rc->rank, i);
-    upload(s, h, CNT * sizeof *h);
+    upload(s, h, CNT * sizeof *h, st);
     EXPECT_OK(rc, ncclBroadcast(s, d, CNT, ncclFloat, broot, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, CNT * sizeof *h);
+    download(h, d, CNT * sizeof *h, st);
     for (size_t i = 0; i < CNT && !rc->fail[0]; i++)
         EXPECT(rc, h[i] == val(broot, i), "broadcast from %d inplace %d: element %zu is %g, expected %g", broot,
                (int)inplace, i, (double)h[i], (double)val(broot, i));
@@ -313,20 +320,20 @@ static void round_rank(rank_ctx *rc)
     for (int c = 0; c < 3; c++) {
         for (int i = 0; i < 64; i++)
             h[i] = cases[c].in[rc->rank];
-        upload(d, h, sizeof h);
+        upload(d, h, sizeof h, st);
         EXPECT_OK(rc, ncclAllReduce(d, d, 64, cases[c].t, cases[c].op, comm, st));
         EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-        download(h, d, sizeof h);
+        download(h, d, sizeof h, st);
         for (int i = 0; i < 64; i++)
             EXPECT(rc, h[i] == cases[c].want, "case %d: element %d is 0x%04x, expected 0x%04x", c, i, h[i],
                    cases[c].want);
     }
     uint8_t *b = (uint8_t *)d, hb[16];
     memset(hb, 200 + rc->rank, sizeof hb);
-    upload(b, hb, sizeof hb);
+    upload(b, hb, sizeof hb, st);
     EXPECT_OK(rc, ncclAllReduce(b, b, 16, ncclUint8, ncclSum, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(hb, b, sizeof hb);
+    download(hb, b, sizeof hb, st);
     EXPECT(rc, hb[5] == (uint8_t)(200 * 4 + 0 + 1 + 2 + 3), "uint8 sum is %u, expected %u (mod 256)", hb[5],
            (unsigned)(uint8_t)(806));
     EXPECT_OK(rc, ncclCommDestroy(comm));
@@ -367,8 +374,8 @@ static void group_rank(rank_ctx *rc)
     float *h = malloc(n * PER * sizeof *h);
     for (size_t i = 0; i < PER; i++)
         h[i] = val(rc->rank, i);
-    upload(x, h, PER * sizeof *h);
-    upload(z, h, PER * sizeof *h);
+    upload(x, h, PER * sizeof *h, sa);
+    upload(z, h, PER * sizeof *h, sa);
     EXPECT_OK(rc, ncclGroupStart());
     EXPECT_OK(rc, ncclAllGather(x, y, PER, ncclFloat, cb, sb));
     EXPECT_OK(rc, ncclGroupStart());
@@ -378,12 +385,12 @@ static void group_rank(rank_ctx *rc)
     EXPECT_OK(rc, ncclGroupEnd());
     EXPECT_CUDA(rc, cudaStreamSynchronize(sa));
     EXPECT_CUDA(rc, cudaStreamSynchronize(sb));
-    download(h, y, n * PER * sizeof *h);
+    download(h, y, n * PER * sizeof *h, sa);
     for (size_t q = 0; q < n; q++)
         for (size_t i = 0; i < PER; i += 97)
             EXPECT(rc, h[q * PER + i] == val((int)q, i), "group allgather block %zu element %zu is %g", q, i,
                    (double)h[q * PER + i]);
-    download(h, z, PER * sizeof *h);
+    download(h, z, PER * sizeof *h, sa);
     for (size_t i = 0; i < PER; i += 97)
         EXPECT(rc, h[i] == val(rc->n - 1, i), "group allreduce max element %zu is %g, expected %g", i, (double)h[i],
                (double)val(rc->n - 1, i));
@@ -419,7 +426,7 @@ static void test_group_one_thread(void **state)
         float h[256];
         for (int i = 0; i < 256; i++)
             h[i] = val(r, (size_t)i);
-        upload(buf[r], h, sizeof h);
+        upload(buf[r], h, sizeof h, st[r]);
     }
     gm_nccl_counters before, mid, after;
     gm_nccl_stats(&before);
@@ -434,7 +441,7 @@ static void test_group_one_thread(void **state)
     for (int r = 0; r < NR; r++) {
         assert_int_equal(cudaStreamSynchronize(st[r]), cudaSuccess);
         float h[256];
-        download(h, buf[r], sizeof h);
+        download(h, buf[r], sizeof h, st[r]);
         for (int i = 0; i < 256; i++)
             assert_true(h[i] == val(0, (size_t)i) + val(1, (size_t)i) + val(2, (size_t)i) + val(3, (size_t)i));
     }
@@ -486,11 +493,11 @@ static void split_rank(rank_ctx *rc)
     float *d = dev_alloc(rc, 1000 * sizeof(float)), h[1000];
     for (int i = 0; i < 1000; i++)
         h[i] = val(r, (size_t)i);
-    upload(d, h, sizeof h);
+    upload(d, h, sizeof h, st);
     EXPECT_OK(rc, ncclAllReduce(d, d, 1000, ncclFloat, ncclSum, row, st));
     EXPECT_OK(rc, ncclAllReduce(d, d, 1000, ncclFloat, ncclSum, col, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, sizeof h);
+    download(h, d, sizeof h, st);
     for (int i = 0; i < 1000; i += 7) /* rows then columns: the sum over all 4 */
         EXPECT(rc, h[i] == val(0, (size_t)i) + val(1, (size_t)i) + val(2, (size_t)i) + val(3, (size_t)i),
                "split 2x2 element %d is %g", i, (double)h[i]);
@@ -546,12 +553,12 @@ static void nb_rank(rank_ctx *rc)
     float *d = dev_alloc(rc, 100 * sizeof(float)), h[100];
     for (int i = 0; i < 100; i++)
         h[i] = val(rc->rank, (size_t)i);
-    upload(d, h, sizeof h);
+    upload(d, h, sizeof h, st);
     ncclResult_t r = ncclAllReduce(d, d, 100, ncclFloat, ncclSum, comm, st);
     EXPECT(rc, r == ncclInProgress || r == ncclSuccess, "nonblocking allreduce: %s", ncclGetErrorString(r));
     EXPECT(rc, settle(comm, &polls) == ncclSuccess, "nonblocking allreduce did not settle");
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
-    download(h, d, sizeof h);
+    download(h, d, sizeof h, st);
     EXPECT(rc, h[9] == val(0, 9) + val(1, 9) + val(2, 9) + val(3, 9), "nonblocking allreduce gave %g", (double)h[9]);
     EXPECT(rc, ncclCommFinalize(comm) == ncclInProgress, "nonblocking finalize did not return ncclInProgress");
     EXPECT(rc, settle(comm, &polls) == ncclSuccess, "nonblocking finalize did not settle");
@@ -694,10 +701,10 @@ static void test_inplace_rules(void **state)
     assert_int_equal(cudaMalloc((void **)&e, 200 * sizeof(float)), cudaSuccess);
     for (int i = 0; i < 200; i++)
         h[i] = i < 100 ? 1.0f : 2.0f;
-    upload(d, h, 100 * sizeof(float));
-    upload(e + 100, h + 100, 100 * sizeof(float));
     cudaStream_t st1;
     assert_int_equal(cudaStreamCreateWithFlags(&st1, cudaStreamNonBlocking), cudaSuccess);
+    upload(d, h, 100 * sizeof(float), st);
+    upload(e + 100, h + 100, 100 * sizeof(float), st1);
     assert_int_equal(ncclGroupStart(), ncclSuccess);
     assert_int_equal(ncclAllGather(d, d, 100, ncclFloat, c[0], st), ncclSuccess);
     assert_int_equal(ncclAllGather(e + 100, e, 100, ncclFloat, c[1], st1), ncclSuccess);
@@ -705,8 +712,8 @@ static void test_inplace_rules(void **state)
     assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(st1), cudaSuccess);
     float gd[200], ge[200];
-    download(gd, d, sizeof gd);
-    download(ge, e, sizeof ge);
+    download(gd, d, sizeof gd, st);
+    download(ge, e, sizeof ge, st1);
     for (int i = 0; i < 200; i++) {
         assert_true(gd[i] == h[i]);
         assert_true(ge[i] == h[i]);
@@ -734,7 +741,7 @@ static void mismatch_rank(rank_ctx *rc)
     float *d = dev_alloc(rc, 64 * sizeof(float)), h[64];
     for (int i = 0; i < 64; i++)
         h[i] = 5;
-    upload(d, h, sizeof h);
+    upload(d, h, sizeof h, st);
     /* rank 1 sums 12 elements, the others 10 */
     EXPECT_OK(rc, ncclAllReduce(d, d, rc->rank == 1 ? 12 : 10, ncclFloat, ncclSum, comm, st));
     EXPECT_CUDA(rc, cudaStreamSynchronize(st));
@@ -742,7 +749,7 @@ static void mismatch_rank(rank_ctx *rc)
     EXPECT_OK(rc, ncclCommGetAsyncError(comm, &a));
     EXPECT(rc, a == ncclInvalidUsage, "mismatch: async error %s, expected invalid usage", ncclGetErrorString(a));
     EXPECT(rc, strstr(ncclGetLastError(comm), "mismatch") != NULL, "last error: %s", ncclGetLastError(comm));
-    download(h, d, sizeof h);
+    download(h, d, sizeof h, st);
     EXPECT(rc, h[0] == 5, "a mismatched collective moved data: %g", (double)h[0]);
     EXPECT_OK(rc, ncclCommAbort(comm));
     cudaStreamDestroy(st);
