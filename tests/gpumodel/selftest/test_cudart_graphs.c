@@ -280,6 +280,7 @@ static void test_exec_update(void **state)
     int *d, h[3] = {11, 22, 0};
     TC_OK(cudaMalloc((void **)&d, 3 * sizeof(int)));
     TC_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    TC_OK(cudaDeviceSynchronize()); /* a pageable source: cudaMemcpy returned once staged */
     cudaGraph_t g1 = capture_copy(s, d + 2, d, 0), g2 = capture_copy(s, d + 2, d + 1, 0);
     cudaGraph_t g3 = capture_copy(s, d + 2, d, 1);
     cudaGraphExec_t x = instantiate(g1);

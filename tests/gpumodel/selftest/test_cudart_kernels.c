@@ -77,14 +77,17 @@ static void test_launch(void **state)
     for (int i = 0; i < n; i++)
         h[i] = (float)i * 0.5f;
     TC_OK(cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice));
+    TC_OK(cudaDeviceSynchronize()); /* a pageable source: cudaMemcpy returned once staged */
     cudaStream_t s;
     TC_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    static int gate;
-    TC_OK(tc_write(s, &gate, 1, 20000)); /* the kernel cannot start before this */
+    /* the stream is held until the launch returned: a launch run at the call
+     * would see host_returned == 0 */
+    static int dummy;
+    __atomic_store_n(&host_returned, 0, __ATOMIC_SEQ_CST);
+    TC_OK(tc_write_gated(s, &dummy, 1, &host_returned));
     long count = n;
     float *d = dst;
     void *args[] = {&d, &src, &count};
-    __atomic_store_n(&host_returned, 0, __ATOMIC_SEQ_CST);
     TC_OK(cudaLaunchKernel((const void *)scale_stub, dim3_of(4), dim3_of(256), args, 0, s));
     __atomic_store_n(&host_returned, 1, __ATOMIC_SEQ_CST);
     count = 0, d = NULL; /* the launch copied its parameters */
@@ -180,6 +183,7 @@ static void test_kernel_graph_update(void **state)
     for (int i = 0; i < 4; i++)
         h[i] *= 10;
     TC_OK(cudaMemcpy(b, h, sizeof h, cudaMemcpyHostToDevice));
+    TC_OK(cudaDeviceSynchronize());
     cudaStream_t s;
     TC_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t ga = capture_scale(s, dst, a, 4), gb = capture_scale(s, dst, b, 4);

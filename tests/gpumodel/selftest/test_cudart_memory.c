@@ -104,12 +104,14 @@ static void test_async_returns_early(void **state)
     TC_OK(cudaMalloc((void **)&d, 2 * sizeof(int)));
     TC_OK(cudaMallocHost((void **)&pinned, sizeof(int)));
     *pinned = -7;
-    TC_OK(tc_write(s, d, 42, 30000)); /* a host write into device memory, slow */
+    static int gate;
+    TC_OK(tc_write_gated(s, d, 42, &gate)); /* a host write into device memory, held */
     TC_OK(cudaMemcpyAsync(pinned, d, sizeof(int), cudaMemcpyDeviceToHost, s));
     assert_int_equal(tc_load(pinned), -7);
     TC_OK(cudaMemset(d + 1, 0, sizeof(int)));
     TC_OK(cudaMemcpy(d, d + 1, sizeof(int), cudaMemcpyDeviceToDevice));
     assert_int_equal(cudaStreamQuery(0), cudaErrorNotReady);
+    tc_release(&gate);
     TC_OK(cudaStreamSynchronize(s));
     assert_int_equal(tc_load(pinned), 42);
     int back = -1;

@@ -42,23 +42,23 @@ static void test_events_order_across_streams(void **state)
     TC_OK(cudaStreamDestroy(b));
 }
 
-/* The same without the wait: B runs ahead of A's slow writes. */
+/* The same without the wait: B runs ahead of A's writes (held by a gate). */
 static void test_missing_wait_shows(void **state)
 {
     (void)state;
     cudaStream_t a, b;
     TC_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
     TC_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
-    static int x, seen[32];
+    static int x, seen[32], gate;
     for (int i = 0; i < 32; i++) {
-        TC_OK(tc_write(a, &x, i + 1, 500));
+        TC_OK(tc_write_gated(a, &x, i + 1, &gate));
         TC_OK(tc_copy(b, &seen[i], &x, 0, 0));
     }
+    TC_OK(cudaStreamSynchronize(b));
+    tc_release(&gate);
     TC_OK(cudaDeviceSynchronize());
-    int stale = 0;
     for (int i = 0; i < 32; i++)
-        stale += seen[i] != i + 1;
-    assert_true(stale > 0);
+        assert_int_equal(seen[i], 0);
     TC_OK(cudaStreamDestroy(a));
     TC_OK(cudaStreamDestroy(b));
 }
@@ -69,23 +69,26 @@ static void test_legacy_implicit_sync(void **state)
     cudaStream_t blk, nb;
     TC_OK(cudaStreamCreate(&blk));
     TC_OK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
-    static int x, y, z, w, sx, sy, sz, sw, sp;
+    static int x, y, z, w, sx, sy, sz, sw, sp, gate1, gate2;
     /* legacy waits for a blocking stream's earlier work ... */
     TC_OK(tc_write(blk, &x, 1, 20000));
     TC_OK(tc_copy(0, &sx, &x, 0, 0));
     /* ... but not for a non-blocking stream's */
-    TC_OK(tc_write(nb, &y, 1, 50000));
+    TC_OK(tc_write_gated(nb, &y, 1, &gate1));
     TC_OK(tc_copy(cudaStreamLegacy, &sy, &y, 0, 0));
     TC_OK(cudaStreamSynchronize(0));
     assert_int_equal(tc_load(&sx), 1);
     assert_int_equal(tc_load(&sy), 0);
+    tc_release(&gate1);
+    TC_OK(cudaStreamSynchronize(nb));
     /* a blocking stream waits for earlier legacy work, a non-blocking does not */
     TC_OK(tc_write(0, &z, 1, 20000));
     TC_OK(tc_copy(blk, &sz, &z, 0, 0));
-    TC_OK(tc_write(0, &w, 1, 50000));
+    TC_OK(tc_write_gated(0, &w, 1, &gate2));
     TC_OK(tc_copy(nb, &sw, &w, 0, 0));
     TC_OK(cudaStreamSynchronize(nb));
     assert_int_equal(tc_load(&sw), 0);
+    tc_release(&gate2);
     /* the per-thread default stream is blocking with respect to legacy */
     static int v;
     TC_OK(tc_write(0, &v, 7, 20000));
@@ -156,9 +159,9 @@ static void test_query_sync_elapsed(void **state)
     TC_OK(cudaEventCreate(&e2));
     TC_OK(cudaEventCreateWithFlags(&nt, cudaEventDisableTiming));
     TC_OK(cudaEventCreate(&never));
-    static int x;
+    static int x, gate;
     TC_OK(cudaEventRecord(e1, s));
-    TC_OK(tc_write(s, &x, 1, 30000));
+    TC_OK(tc_write_gated(s, &x, 1, &gate));
     TC_OK(cudaEventRecord(e2, s));
     TC_OK(cudaEventRecord(nt, s));
     assert_int_equal(cudaEventQuery(e2), cudaErrorNotReady);
@@ -167,6 +170,8 @@ static void test_query_sync_elapsed(void **state)
     assert_int_equal(cudaEventElapsedTime(&ms, e1, e2), cudaErrorNotReady);
     assert_int_equal(cudaGetLastError(), cudaErrorNotReady);
     assert_int_equal(cudaGetLastError(), cudaSuccess);
+    usleep(30000);
+    tc_release(&gate);
     TC_OK(cudaEventSynchronize(e2));
     TC_OK(cudaEventQuery(e2));
     TC_OK(cudaStreamSynchronize(s));

@@ -25,12 +25,15 @@ typedef struct tc_op {
     unsigned sleep_us;
     int *log;          /* when set: log[(*logn)++] = value */
     int *logn;
+    const int *gate;   /* when set: first wait (at most 10 s) until *gate != 0 */
 } tc_op;
 
 static cudaError_t tc_op_run(void *a, char *err, size_t len)
 {
     (void)err, (void)len;
     tc_op *o = a;
+    for (int i = 0; o->gate && i < 100000 && !__atomic_load_n(o->gate, __ATOMIC_SEQ_CST); i++)
+        usleep(100);
     if (o->sleep_us)
         usleep(o->sleep_us);
     if (o->log) {
@@ -58,6 +61,23 @@ static inline cudaError_t tc_write(cudaStream_t s, int *dst, int value, unsigned
     if (e != cudaSuccess)
         free(o);
     return e;
+}
+
+/* Enqueues *dst = value once *gate != 0: work that cannot complete before the
+ * test releases it, so "this did not wait" is shown without timing. */
+static inline cudaError_t tc_write_gated(cudaStream_t s, int *dst, int value, const int *gate)
+{
+    tc_op *o = calloc(1, sizeof *o);
+    o->dst = dst, o->value = value, o->gate = gate;
+    cudaError_t e = gm_enqueue(s, "tc_write_gated", tc_op_run, o, tc_op_free);
+    if (e != cudaSuccess)
+        free(o);
+    return e;
+}
+
+static inline void tc_release(int *gate)
+{
+    __atomic_store_n(gate, 1, __ATOMIC_SEQ_CST);
 }
 
 /* Enqueues *dst = *src + add after sleep_us. */
