@@ -49,6 +49,7 @@
 #include "mf_nt_copy.h"
 
 #define MF_LOCAL_XMAX 256      /* bytes per rank in an exchange */
+#define MF_LOCAL_XSPINS 64     /* yields of an exchange's wait before it sleeps */
 /* Eager collectives: a member posting at most MF_LOCAL_EAGER bytes copies them
  * into the slot (groups of at most MF_LOCAL_EAGER_RANKS members). */
 #ifndef MF_LOCAL_EAGER
@@ -287,7 +288,8 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
         return mf_base_set_error(rt, MFSDP_ERR_INTERNAL, "exchange of %zu bytes exceeds %d", bytes,
                                  MF_LOCAL_XMAX);
     mfsdp_result res = MFSDP_OK;
-    struct timespec deadline = mf_base_deadline(rt->cfg.timeout_ms);
+    struct timespec deadline = {-1, 0};   /* set when the wait first sleeps */
+    int spins = 0;
     pthread_mutex_lock(&g->mu);
     int64_t gen = g->xgen;
     uint8_t *buf = g->xdata[gen & 1];
@@ -303,13 +305,17 @@ static mfsdp_result local_exchange(mf_rt *rt, const void *mine, size_t bytes, vo
         g->xgen++;
         pthread_cond_broadcast(&g->cv);
     }
+    /* A few yields before sleeping: after create this is the ranks'
+     * agreement at a hook (engine/mf_agree.c), where peers are microseconds
+     * apart and a futex hand-off per rank would cost more than the wait. */
     while (g->xgen == gen && !g->broken) {
-        if (mf_base_cond_wait(&g->cv, &g->mu, rt->cfg.timeout_ms, &deadline) == ETIMEDOUT &&
+        if (mf_base_spin_wait(&g->mu, &g->cv, MF_LOCAL_XSPINS, rt->cfg.timeout_ms, &deadline, &spins) ==
+                ETIMEDOUT &&
             g->xgen == gen) {
-            snprintf(g->broken_msg, sizeof g->broken_msg,
-                     "rank %lld timed out after %lld ms waiting for every rank to create its "
-                     "runtime; missing ranks: ",
-                     (long long)st->rank, (long long)rt->cfg.timeout_ms);
+            snprintf(g->broken_msg, sizeof g->broken_msg, "rank %lld timed out after %lld ms %s; missing ranks: ",
+                     (long long)st->rank, (long long)rt->cfg.timeout_ms,
+                     rt->magic == MF_RT_MAGIC ? "in the ranks' agreement at a hook (every rank must reach it)"
+                                              : "waiting for every rank to create its runtime");
             list_missing(g->broken_msg, sizeof g->broken_msg, g->xposted[gen & 1], NULL, g->world);
             g->broken = true;
             pthread_cond_broadcast(&g->cv);

@@ -290,9 +290,15 @@ static mfsdp_result mpi_exchange(mf_rt *rt, const void *mine, size_t bytes, void
     MPI_Request req;
     int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, st->world, &req);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Iallgather of the schedule hashes");
+        return mpi_fail(rt->err, sizeof rt->err, rc, "MPI_Iallgather of the world exchange");
     char msg[MF_RT_ERRLEN];
-    mfsdp_result res = wait_request(rt, st, &req, "the schedule hash exchange", msg, sizeof msg);
+    /* At create: the schedule hashes; after it (a live runtime): the ranks'
+     * agreement at a hook (engine/mf_agree.c). */
+    mfsdp_result res = wait_request(rt, st, &req,
+                                    rt->magic == MF_RT_MAGIC
+                                        ? "the ranks' agreement at a hook (every rank must reach it)"
+                                        : "the schedule hash exchange",
+                                    msg, sizeof msg);
     if (res != MFSDP_OK)
         mf_base_set_error(rt, res, "%s", msg);
     return res;

@@ -1,9 +1,10 @@
 /*
  * mf_agree: the program agreement of the ranks (see mf_agree.h and
  * docs/runtime.md §4.4). One record per rank rides on the backend's world
- * all-gather (be->allgather, the helpers' primitive: the local group, or
- * the runtime's duplicate of the MPI world; never a stream's communicator,
- * so the exchange cannot pair with a schedule collective). Every rank
+ * exchange (be->exchange, the create-time all-gather: the local group's
+ * one-rendezvous exchange, or an all-gather on the runtime's duplicate of
+ * the MPI world; never a stream's communicator, so it cannot pair with a
+ * schedule collective). Every rank
  * compares every record with rank 0's, so every rank reaches the same
  * verdict and formats the same message.
  */
@@ -34,6 +35,8 @@ int64_t mf_agree_env(void)
 
 mfsdp_result mf_agree_create(mf_rt *rt)
 {
+    /* The native (GPU) backends' exchange stages through the device and
+     * blocks the host: not for every step; they have no allgather either. */
     rt->agree = rt->world > 1 && !rt->native && rt->be->allgather && mf_agree_env();
     if (!rt->agree)
         return MFSDP_OK;
@@ -141,8 +144,9 @@ static mfsdp_result agree(mf_rt *rt, const mf_agree_rec *mine, const char *fn)
     char msg[MF_RT_ERRLEN];
     msg[0] = '\0';
     mf_agree_rec *all = rt->agree_all;
-    mfsdp_result res = rt->be->allgather(rt, mine, sizeof *mine, all, msg, sizeof msg);
+    mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
     if (res != MFSDP_OK) {
+        snprintf(msg, sizeof msg, "%s", rt->err);
         char full[MF_RT_ERRLEN];
         snprintf(full, sizeof full, "%s: the ranks' agreement on the program failed: %.900s", fn, msg);
         mf_base_fail(rt, res, full);
