@@ -67,6 +67,7 @@ static void gm_init_once(void)
     gm_strict = env_long("GM_STRICT", 0, 0, 1) == 1;
     gm_no_concurrent_managed = env_long("GM_NO_CONCURRENT_MANAGED", 0, 0, 1) == 1;
     gm_g.next_capture_id = 1;
+    gm_stream_atfork();
     atexit(gm_report_at_exit);
 }
 

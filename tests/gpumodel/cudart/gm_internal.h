@@ -167,6 +167,7 @@ void gm_wait_seq_locked(gm_stream *s, uint64_t seq);
 void gm_device_sync_locked(int device);
 cudaError_t gm_sticky_locked(int device);
 void gm_stream_sync_locked(gm_stream *s);
+void gm_stream_atfork(void);
 
 /* gm_graph.c */
 cudaError_t gm_capture_add_locked(gm_stream *s, const char *what, gm_work_fn fn, void *arg,
@@ -187,6 +188,8 @@ void gm_nodeset_free(gm_nodeset *set);
 /* gm_mem.c */
 typedef enum { GM_MEM_NONE, GM_MEM_DEVICE, GM_MEM_HOST, GM_MEM_MANAGED } gm_mem_kind;
 gm_mem_kind gm_mem_kind_of(const void *p, int *device);
+void gm_mem_after_fork(void);
+void gm_launch_after_fork(void);
 
 /* gm_launch.c: what nvcc's host stubs call (declared by crt/host_runtime.h
  * for C++ only). */

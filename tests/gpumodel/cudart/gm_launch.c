@@ -42,6 +42,11 @@ typedef struct gm_config {
 static __thread gm_config config_stack[8];
 static __thread int config_depth;
 
+void gm_launch_after_fork(void)
+{
+    pthread_mutex_init(&gm_func_mu, NULL);
+}
+
 void **__cudaRegisterFatBinary(void *fatCubin)
 {
     void **h = calloc(1, sizeof *h);

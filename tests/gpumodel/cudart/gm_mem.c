@@ -51,6 +51,11 @@ static size_t nrecs, caprecs, nfreed;
 static unsigned long long free_clock;
 static size_t device_bytes[GM_MAX_DEVICES];
 
+void gm_mem_after_fork(void)
+{
+    pthread_mutex_init(&gm_mem_mu, NULL);
+}
+
 static const char *kind_name(gm_mem_kind k)
 {
     switch (k) {

@@ -121,7 +121,7 @@ static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int pr
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 1 << 20);
+    pthread_attr_setstacksize(&attr, 8 << 20);
     int rc = pthread_create(&th, &attr, worker, s);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
@@ -287,6 +287,35 @@ cudaError_t gm_enqueue(cudaStream_t h, const char *what, gm_work_fn run, void *a
     }
     pthread_mutex_unlock(&gm_g.mu);
     return gm_ret(e);
+}
+
+/* In a child forked after the model started, the workers are gone (fork keeps
+ * only the calling thread): the child gets a fresh set of streams, pending
+ * work of the parent's is dropped (its sequences count as complete, so
+ * nothing waits for it) and captures are forgotten. Memory stays (fork copied
+ * it). CUDA itself refuses a child's calls; the model must never hang. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&gm_g.mu, NULL);
+    pthread_cond_init(&gm_g.cv, NULL);
+    gm_mem_after_fork();
+    gm_launch_after_fork();
+    for (gm_stream *x = gm_g.streams; x; x = x->next_all) {
+        x->head = x->tail = NULL;
+        x->done_seq = x->enq_seq;
+        x->dead = 1;
+        x->cap = NULL;
+    }
+    for (int d = 0; d < GM_MAX_DEVICES; d++) {
+        gm_g.legacy[d] = NULL;
+        gm_thread()->per_thread[d] = NULL;
+    }
+    gm_g.captures = NULL;
+}
+
+void gm_stream_atfork(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_child);
 }
 
 /* ---- the stream API ---- */

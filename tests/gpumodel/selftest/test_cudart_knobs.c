@@ -4,7 +4,8 @@
  * GM_DROP_WAIT=2 drops the second cudaStreamWaitEvent, and the consumer it
  * ordered reads a stale value while the first and third stay ordered;
  * GM_NO_DEVICE=1 makes cudaGetDeviceCount and the rest say
- * cudaErrorNoDevice; GM_DEVICES=2 gives two devices, a current one per thread.
+ * cudaErrorNoDevice; GM_DEVICES=2 gives two devices, a current one per thread;
+ * and a child forked after the model started gets a working model of its own.
  */
 #include <string.h>
 #include <pthread.h>
@@ -102,11 +103,40 @@ static void test_device_knobs(void **state)
     assert_int_equal(run_child("GM_DEVICES", "1", two_devices_body), 1);
 }
 
+/* A child forked after the model started works on its own (no hang). */
+static void test_fork_after_init(void **state)
+{
+    (void)state;
+    cudaStream_t s;
+    static int x, gate;
+    TC_OK(cudaStreamCreate(&s));
+    TC_OK(tc_write_gated(s, &x, 1, &gate)); /* pending in the parent at the fork */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int *d, h = 5, back = 0;
+        cudaStream_t cs;
+        if (cudaMalloc((void **)&d, sizeof h) || cudaMemcpy(d, &h, sizeof h, cudaMemcpyHostToDevice) ||
+            cudaStreamCreate(&cs) || cudaMemcpyAsync(&back, d, sizeof h, cudaMemcpyDeviceToHost, cs) ||
+            cudaDeviceSynchronize())
+            _exit(1);
+        _exit(back == 5 ? 0 : 2);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    tc_release(&gate);
+    TC_OK(cudaStreamSynchronize(s));
+    assert_int_equal(x, 1);
+    TC_OK(cudaStreamDestroy(s));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drop_wait),
         cmocka_unit_test(test_device_knobs),
+        cmocka_unit_test(test_fork_after_init),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
