@@ -65,12 +65,16 @@
 #include "mf_opts.h"
 #include "mfsdp_nccl.h"
 
+/* What the bench is doing (subcommand, mode, M, the stream spun on, ...):
+ * every failure message names it. */
+static char bench_ctx[256] = "starting";
+
 #define CK(x)                                                                                   \
     do {                                                                                        \
         cudaError_t e_ = (x);                                                                   \
         if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "mfsdp-gpu-bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,           \
-                    cudaGetErrorString(e_));                                                    \
+            fprintf(stderr, "mfsdp-gpu-bench: %s: %s:%d: %s: %s\n", bench_ctx, __FILE__, __LINE__, \
+                    #x, cudaGetErrorString(e_));                                                \
             exit(1);                                                                            \
         }                                                                                       \
     } while (0)
@@ -79,8 +83,8 @@
     do {                                                                                        \
         mfsdp_result r_ = (x);                                                                  \
         if (r_ != MFSDP_OK) {                                                                   \
-            fprintf(stderr, "mfsdp-gpu-bench: %s: %s: %s\n", #x, mfsdp_result_string(r_),        \
-                    mfsdp_last_error(rt));                                                      \
+            fprintf(stderr, "mfsdp-gpu-bench: %s: %s: %s: %s\n", bench_ctx, #x,                   \
+                    mfsdp_result_string(r_), mfsdp_last_error(rt));                             \
             exit(1);                                                                            \
         }                                                                                       \
     } while (0)
@@ -330,6 +334,7 @@ static int run_sweep(int64_t max_mib)
     const char *src = "";
     double peak = hbm_peak_gbs(dev, &src);
     printf("hbm peak: %.0f GB/s (%s)\n", peak, src);
+    snprintf(bench_ctx, sizeof bench_ctx, "sweep, up to %lld MiB per operand", (long long)(top >> 20));
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -362,6 +367,7 @@ static int run_sweep(int64_t max_mib)
 
 static int run_probe(void)
 {
+    snprintf(bench_ctx, sizeof bench_ctx, "probe");
     int dev = 0, drv = 0, rtv = 0, nccl = 0;
     struct cudaDeviceProp p;
     CK(cudaGetDevice(&dev));
@@ -494,6 +500,7 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     mfsdp_stats st0, st1;
     int U = mfsdp_schedule_num_units(sh), T = mfsdp_num_tensors(rt);
     int64_t M = mfsdp_schedule_microbatches(sh);
+    snprintf(bench_ctx, sizeof bench_ctx, "hooks, eager, %s on %s, M=%lld", path, backend_name(), (long long)M);
     mfsdp_tensor_view *views = calloc((size_t)(T ? T : 1), sizeof *views);
     if (!views)
         return 1;
@@ -568,6 +575,8 @@ static int run_hooks(const char *path, int64_t steps, bool graphs)
     printf("  device time per step (eager): median %.3f ms\n", (double)step_ms[steps / 2]);
 
     if (graphs) {
+        snprintf(bench_ctx, sizeof bench_ctx, "hooks, CUDA graphs, %s on %s, M=%lld", path, backend_name(),
+                 (long long)M);
         mfsdp_destroy(rt);
         CK(cudaStreamDestroy(compute));
         open_rank(sh, 0, MFSDP_NCCL_GRAPHS, 0, &rt, &compute, NULL);
@@ -663,12 +672,15 @@ static int run_stress(const char *path)
     unsigned char *ref = malloc(cap ? cap : 1), *got = malloc(cap ? cap : 1);
     if (!v || !ref || !got)
         return 1;
-    size_t n = stress_run(rt, v, T, U, M, -1, compute, ref);
     static const char *const sname[3] = {"compute", "inner", "outer"};
+    snprintf(bench_ctx, sizeof bench_ctx, "stress, %s on %s, M=%lld, no spin", path, backend_name(), (long long)M);
+    size_t n = stress_run(rt, v, T, U, M, -1, compute, ref);
     int bad = 0;
     printf("ordering stress: %s on %s, %d units, M=%lld, %zu result bytes per run\n", path, backend_name(), U,
            (long long)M, n);
     for (int st = 0; st < 3; st++) {
+        snprintf(bench_ctx, sizeof bench_ctx, "stress, %s on %s, M=%lld, spin on the %s stream", path,
+                 backend_name(), (long long)M, sname[st]);
         size_t m = stress_run(rt, v, T, U, M, st, compute, got);
         size_t diff = 0;
         for (size_t k = 0; k < n && k < m; k++)
@@ -961,6 +973,8 @@ static int run_overlap(const char *path, int64_t unit_us, const char *trace)
     if (rc)
         return rc;
     int64_t world = mfsdp_schedule_world_size(sh);
+    snprintf(bench_ctx, sizeof bench_ctx, "overlap, %s on %s, %lld ranks, M=%lld, %lld us per unit", path,
+             backend_name(), (long long)world, (long long)mfsdp_schedule_microbatches(sh), (long long)unit_us);
     overlap_rank *w = calloc((size_t)world, sizeof *w);
     pthread_t *th = calloc((size_t)world, sizeof *th);
     overlap *o = calloc((size_t)world, sizeof *o);
