@@ -529,6 +529,23 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
     return true;
 }
 
+/* `used` is the end of the furthest tensor (docs/schedule.md §2.1): a
+ * forged value would pass for the extent of the tensors. */
+static bool mf_load_used(mf_loader *l, mf_node *at, const mf_bucket *bk)
+{
+    int64_t furthest = 0;
+    int far = 0;
+    for (int i = 0; i < bk->ntensors; i++)
+        if (bk->tensors[i].offset + bk->tensors[i].numel >= furthest) {
+            furthest = bk->tensors[i].offset + bk->tensors[i].numel;
+            far = i;
+        }
+    if (bk->used != furthest)
+        return mf_load_fail(l, at, "bucket '%s': used %lld is not the end of its furthest tensor ('%s' ends at %lld)",
+                            bk->name, (long long)bk->used, bk->tensors[far].name, (long long)furthest);
+    return true;
+}
+
 static bool mf_load_buckets(mf_loader *l, mf_node *n)
 {
     mf_schedule *s = l->s;
@@ -573,6 +590,8 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
                 return false;
         }
         if (!mf_load_tensors(l, v[MF_K_BUCKET_TENSORS], bk))
+            return false;
+        if (!mf_load_used(l, v[MF_K_BUCKET_USED], bk))
             return false;
         mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_TENSORS]};
         mf_struct_sink sink = {mf_load_finding, &site, 0, false};

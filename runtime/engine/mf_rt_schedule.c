@@ -140,7 +140,7 @@ mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err
  * it for a trusted schedule (the loader's own checks still run). Takes s on
  * failure.
  */
-static bool verify_loaded(mf_schedule *s, char *err, size_t errlen)
+static bool verify_loaded(mf_schedule *s, const char *file, char *err, size_t errlen)
 {
     const char *env = getenv("MFSDP_VERIFY");
     if (env && strcmp(env, "0") == 0)
@@ -149,11 +149,13 @@ static bool verify_loaded(mf_schedule *s, char *err, size_t errlen)
     size_t len = 0;
     FILE *mem = open_memstream(&text, &len);
     if (!mem) {
-        snprintf(err, errlen, "%s: out of memory (verifying the schedule)", s->source ? s->source : "<schedule>");
+        snprintf(err, errlen, "%s: out of memory (verifying the schedule)", file);
         mf_schedule_free(s);
         return false;
     }
-    mf_source src = {s->source ? s->source : "<schedule>", NULL, 0};
+    /* Messages name the file loaded, never the spec its source: key names
+     * (which may not exist here, or may differ from what was compiled). */
+    mf_source src = {file, NULL, 0};
     mf_diag d;
     mf_diag_init(&d, &src, mem);
     d.max_errors = 1;
@@ -161,9 +163,9 @@ static bool verify_loaded(mf_schedule *s, char *err, size_t errlen)
     fclose(mem);
     if (n > 0) {
         size_t first = text ? strcspn(text, "\n") : 0;
-        snprintf(err, errlen, "%.*s (the verifier found %d error%s; mfsdpc compile the spec again, or check "
-                 "the schedule with mfsdpc check)",
-                 (int)(first < 700 ? first : 700), text ? text : "", n, n == 1 ? "" : "s");
+        snprintf(err, errlen, "%.*s (the verifier found %d error%s in this schedule; compile its spec again with "
+                 "mfsdpc compile SPEC -o %.200s)",
+                 (int)(first < 700 ? first : 700), text ? text : "", n, n == 1 ? "" : "s", file);
         mf_schedule_free(s);
     }
     free(text);
@@ -182,7 +184,7 @@ MFSDP_API mfsdp_result mfsdp_schedule_load(const char *path, mfsdp_schedule **ou
         spec_hint_file(path, err, MF_RT_ERRLEN);
         return MFSDP_ERR_LOAD;
     }
-    if (!verify_loaded(s, err, MF_RT_ERRLEN))
+    if (!verify_loaded(s, path, err, MF_RT_ERRLEN))
         return MFSDP_ERR_LOAD;
     return mf_rt_schedule_wrap(s, out, err, MF_RT_ERRLEN);
 }
@@ -200,7 +202,7 @@ MFSDP_API mfsdp_result mfsdp_schedule_load_buffer(const char *name, const void *
         spec_hint(name ? name : "<buffer>", text, len, err, MF_RT_ERRLEN);
         return MFSDP_ERR_LOAD;
     }
-    if (!verify_loaded(s, err, MF_RT_ERRLEN))
+    if (!verify_loaded(s, name ? name : "<buffer>", err, MF_RT_ERRLEN))
         return MFSDP_ERR_LOAD;
     return mf_rt_schedule_wrap(s, out, err, MF_RT_ERRLEN);
 }

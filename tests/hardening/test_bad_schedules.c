@@ -292,6 +292,8 @@ static const edit edits[] = {
     {"mesh axis of size 0", "mesh:", "dp_inner, size: 2", "dp_inner, size: 0", "at least 1", NULL},
     {"numel not the product of the dims", "{name: embed.w,", "numel: 35", "numel: 36", "not the product", NULL},
     {"tensor outside its bucket", "{name: embed.w,", "offset: 0", "offset: 500", "lies outside", NULL},
+    {"used not the end of the tensors", "used: 35", "35", "36",
+     "bucket 'embed/main': used 36 is not the end of its furthest tensor ('embed.w' ends at 35)", NULL},
     {"op on a missing buffer", "{id: 7,", "dst: embed/main.weight_full", "dst: embed/main.weight_fulll",
      "unknown buffer 'embed/main.weight_fulll'", NULL},
     {"op on a missing bucket", "{id: 7,", "bucket: embed/main", "bucket: embed/mainn", "unknown bucket", NULL},

@@ -146,6 +146,15 @@ static void try_mutant(char *text, const char *what, tally *t)
             fail_msg("%s: the verifier refuses it (%.200s) but mfsdp-replay exited %d%s:\n%.600s", what,
                      diag, rc, said_verified ? " saying verified" : "", out);
         }
+        /* The refusal names the file loaded, not the spec of its source:
+         * key, and advises no `mfsdpc check` (which reads specs only). */
+        char named[300];
+        snprintf(named, sizeof named, "%s: error: ", path);
+        if (!strstr(out, named) || strstr(out, "mfsdpc check") || strstr(out, spec_path)) {
+            unlink(path);
+            fail_msg("%s: the refusal must name %s and neither the spec nor mfsdpc check:\n%.600s", what,
+                     path, out);
+        }
     }
     unlink(path);
     free(diag);
