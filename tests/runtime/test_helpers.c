@@ -160,6 +160,22 @@ static int run_step(mfsdp_runtime *rt, const mfsdp_schedule *sh, char *msg, size
         FAIL("scatter inside a step: %s", mfsdp_last_error(rt));
     if (mfsdp_grad_norm(rt, &norm) != MFSDP_ERR_INVALID_USAGE)
         FAIL("grad_norm inside a step was accepted");
+    if (mfsdp_grad_clip(rt, 1.0, &norm) != MFSDP_ERR_INVALID_USAGE)
+        FAIL("grad_clip inside a step was accepted");
+    /* The gathers and the all-reduce are accepted inside a step
+     * (docs/runtime.md §4 and §12: they touch no buffer the step writes). */
+    double ones = 1;
+    OK(mfsdp_allreduce(rt, &ones, 1, MFSDP_REDUCE_SUM));
+    if (ones != (double)mfsdp_world_size(rt))
+        FAIL("allreduce inside a step: %g, expected %lld", ones, (long long)mfsdp_world_size(rt));
+    mfsdp_tensor_view v0;
+    OK(mfsdp_tensor_view_get(rt, 0, &v0));
+    float *whole = malloc(sizeof *whole * (size_t)v0.numel);
+    if (!whole)
+        FAIL("out of memory");
+    mfsdp_result gr = mfsdp_main_weight_gather(rt, 0, whole, MFSDP_FP32, MFSDP_ALL_RANKS);
+    free(whole);
+    OK(gr);
     for (int64_t m = 0; m < M; m++) {
         for (int u = 0; u < units; u++) {
             OK(mfsdp_forward_pre(rt, u, m));
