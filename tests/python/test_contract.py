@@ -273,7 +273,9 @@ def test_main_parameters_carry_full_names_and_shapes():
     shapes = {n: p.shape for n, p in model.named_parameters()}
     mains = sm.main_parameters()
     assert {mp.full_name: mp.full_shape for mp in mains} == shapes
-    assert all(mp.dim() == 1 for mp in mains)      # the shards themselves are flat
+    assert all(len(mp.shape) == 1 for mp in mains)     # the shards themselves are flat
+    # ... but answer dim()/ndim as their whole tensor: nanoGPT's p.dim() >= 2 grouping
+    assert all(mp.dim() == mp.ndim == mp.ndimension() == len(mp.full_shape) for mp in mains)
     groups = sm.param_groups(weight_decay=0.1, lr=3e-4)
     decay = {mp.full_name for mp in groups[0]["params"]}
     assert decay == {n for n, s in shapes.items() if len(s) >= 2}       # nanoGPT's rule

@@ -170,6 +170,7 @@ class DeferredInit:
                 self.live_bytes += full.numel() * full.element_size()
                 entries.append((s, p))
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.sm.init_peak_bytes = self.peak_bytes
         self.whole[u] = entries
         self.initialised.add(u)
 

@@ -105,6 +105,18 @@ class OffloadReport:
             self.backend, self.active, self.host_bytes, self.reason)
 
 
+def _caller_level() -> int:
+    """warnings' stacklevel of the first frame outside the mfsdp package
+    (the caller of mt.shard or mt.fully_shard)."""
+    import os
+    import sys
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    f, level = sys._getframe(1), 1
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg + os.sep):
+        f, level = f.f_back, level + 1
+    return level
+
+
 def report(runtime: Runtime, requested_: bool) -> OffloadReport:
     """The report of a runtime created with (or without) the offload flag;
     warns once per process and backend when the request is a no-op."""
@@ -112,5 +124,5 @@ def report(runtime: Runtime, requested_: bool) -> OffloadReport:
     if requested_ and not r.active and r.backend not in _warned:
         _warned.add(r.backend)
         warnings.warn("offload_policy on the %s backend is a no-op: %s; sm.offload.active is "
-                      "False" % (r.backend, r.reason), UserWarning, stacklevel=4)
+                      "False" % (r.backend, r.reason), UserWarning, stacklevel=_caller_level())
     return r

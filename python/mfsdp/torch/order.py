@@ -78,7 +78,7 @@ def probe(sm: FullyShardedModel, args: Tuple[Any, ...],
     sm._probing = True
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            sm.model.forward(*_meta(args), **_meta(kwargs))
+            sm.model(*_meta(args), **_meta(kwargs))   # the root's hooks too (its casts)
     finally:
         sm._probing = False
         for h in handles:

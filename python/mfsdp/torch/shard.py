@@ -207,6 +207,7 @@ class ShardedModel:
         self._applies = _init.guard_applies(self, model)   # to_empty, .to(dtype): init.py
         self._carry = []       # (master, .grad kept from the last step: no zero_grad() since)
         self._init = _init.DeferredInit(self, dtypes) if meta else None
+        self.init_peak_bytes = getattr(self, "init_peak_bytes", 0)   # most bytes whole at once in it
         if not meta and check:
             hashes.update(_init.buffer_hashes(model))
             try:
