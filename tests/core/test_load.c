@@ -268,6 +268,9 @@ static void test_sizes(void **state)
         "tensor 'u0.b' (offset 409, numel 5) lies outside the used part of bucket 'u0/L' (413 elements)");
     bad("numel: 407", 1, "numel: 406", "406", 1, "tensor 'u0.a': numel 406 is not the product of its dims (407)");
     bad("used: 413", 1, "used: 600", "600", 1, "bucket 'u0/L': used 600 exceeds the length 512");
+    /* issue 39: a forged `used` past the furthest tensor (within the length) */
+    bad("used: 413", 1, "used: 500", "500", 1,
+        "bucket 'u0/L': used 500 is not the end of its furthest tensor ('u0.b' ends at 413)");
     /* negative and overflowing numbers */
     bad("length: 512", 1, "length: -512", "-512", 1, "the bucket length must be at least 1, got -512");
     bad("offset: 0", 1, "offset: -1", "-1", 1, "the tensor offset must not be negative, got -1");
