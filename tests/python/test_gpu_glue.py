@@ -16,8 +16,10 @@ the CPU library has no mfsdp_nccl_* at all:
     handle the C side read (0x1, cudaStreamLegacy, or the given one);
   - with the CPU model of CUDA and NCCL (tests/gpumodel, when built next to
     the library: <build>/tests/gpumodel/lib): mfsdp_create on the nccl
-    backend succeeds and mfsdp_nccl_stream(COMPUTE) is the handle torch
-    gave (cudaStreamLegacy for the default stream, a created one otherwise).
+    backend succeeds and mfsdp_nccl_stream(COMPUTE) is the stream the C side
+    uses: cudaStreamLegacy for handle 0 (torch's default stream), a created
+    stream as it is. Without torch in that process: a CUDA build of torch
+    loads the real libcudart first.
 """
 import ctypes
 import importlib
@@ -153,10 +155,11 @@ def _worker(case):
     import mfsdp
     from mfsdp import _lib
     from mfsdp.runtime import nccl_config
-    shard = importlib.import_module("mfsdp.torch.shard")   # the module (mfsdp.torch.shard is also a function)
-    lib = _lib.load()
-    out = {}
     kind, _, arg = case.partition(":")
+    if kind in ("receives", "reads"):   # torch first: its libnccl may be newer than the one libmfsdp links
+        shard = importlib.import_module("mfsdp.torch.shard")   # the module (mfsdp.torch.shard is also a function)
+    lib = _lib.load()   # on the model: before anything loads the real libcudart (a CUDA torch would)
+    out = {}
     if kind == "defaults":
         c = _lib.NcclConfig()
         lib.mfsdp_nccl_config_init(ctypes.byref(c))
@@ -180,17 +183,17 @@ def _worker(case):
         except mfsdp.MfsdpError as e:
             out["error"] = str(e)
     elif kind == "model":
+        # no torch here (a CUDA build of torch would bring the real libcudart):
+        # the handle torch's stream gives, passed as mfsdp.torch passes it
         handle = 0
         if arg == "created":
             cudart = ctypes.CDLL("libcudart.so.13")
             s = ctypes.c_void_p()
             assert cudart.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
             handle = s.value
-        _mock_torch_cuda(handle, device=0)
-        kw = shard._nccl_args({}, "nccl", 1)
         out = dict(error="", want=CUDA_STREAM_LEGACY if handle == 0 else handle)
         try:
-            rt = mfsdp.Runtime(_schedule(), backend="nccl", **kw)
+            rt = mfsdp.Runtime(_schedule(), backend="nccl", device=0, stream=handle)
             out["compute"] = rt.cuda_stream(0)
             rt.close()
         except mfsdp.MfsdpError as e:
