@@ -111,6 +111,10 @@ enum {
                                        (hand them to mf_base_graveyard) */
     MF_BE_SHARED_MEMORY = 1u << 2,  /* every rank's host buffers are addressable by every
                                        other rank (threads of one process: local) */
+    MF_BE_HOST_EXCHANGE = 1u << 3,  /* exchange() runs on the host alone, cheap enough for
+                                       every step: the ranks' agreement on the program
+                                       (engine/mf_agree.c, docs/runtime.md §4.4) rides on
+                                       it after create; without the bit it is skipped */
 };
 
 /* One point-to-point transfer of be->transfer_post (checkpoint loads). */
@@ -139,7 +143,9 @@ typedef struct mf_backend_vtbl {
     mfsdp_result (*alloc_host)(mf_rt *rt, size_t bytes, void **out);
     void (*free_host)(mf_rt *rt, void *p);
     /* All-gather of `bytes` bytes per rank over the world, in rank order,
-     * into all[world * bytes]; blocking, bounded by the timeout. */
+     * into all[world * bytes]; blocking, bounded by the timeout. At create;
+     * with MF_BE_HOST_EXCHANGE also at the hooks' decision points (host
+     * thread; the message goes to rt->err). */
     mfsdp_result (*exchange)(mf_rt *rt, const void *mine, size_t bytes, void *all);
     /* Builds every communicator (collective over the world: every rank
      * passes the same list, since the schedules matched). */

@@ -888,7 +888,7 @@ static void local_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_local = {
     .name = "local",
-    .caps = MF_BE_SHARED_MEMORY,
+    .caps = MF_BE_SHARED_MEMORY | MF_BE_HOST_EXCHANGE,
     .open = local_open,
     .alloc = mf_base_host_alloc,
     .free = mf_base_host_free,

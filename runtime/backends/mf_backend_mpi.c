@@ -992,7 +992,7 @@ static void mpi_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_mpi = {
     .name = "mpi",
-    .caps = MF_BE_KEEPS_PENDING,
+    .caps = MF_BE_KEEPS_PENDING | MF_BE_HOST_EXCHANGE,
     .open = mpi_open,
     .alloc = mf_base_host_alloc,
     .free = mpi_free,

@@ -35,9 +35,9 @@ int64_t mf_agree_env(void)
 
 mfsdp_result mf_agree_create(mf_rt *rt)
 {
-    /* The native (GPU) backends' exchange stages through the device and
-     * blocks the host: not for every step; they have no allgather either. */
-    rt->agree = rt->world > 1 && !rt->native && rt->be->allgather && mf_agree_env();
+    /* A backend whose exchange stages through the device (nccl) would
+     * block the host on it every step: only a host-side exchange carries it. */
+    rt->agree = rt->world > 1 && (rt->be->caps & MF_BE_HOST_EXCHANGE) && mf_agree_env();
     if (!rt->agree)
         return MFSDP_OK;
     rt->agree_all = mf_base_calloc((size_t)rt->world, sizeof(mf_agree_rec));
