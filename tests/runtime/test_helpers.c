@@ -163,7 +163,8 @@ static int run_step(mfsdp_runtime *rt, const mfsdp_schedule *sh, char *msg, size
     if (mfsdp_grad_clip(rt, 1.0, &norm) != MFSDP_ERR_INVALID_USAGE)
         FAIL("grad_clip inside a step was accepted");
     /* The gathers and the all-reduce are accepted inside a step
-     * (docs/runtime.md §4 and §12: they touch no buffer the step writes). */
+     * (docs/runtime.md §4 and docs/runtime.md §12: they touch no buffer the
+     * step writes). */
     double ones = 1;
     OK(mfsdp_allreduce(rt, &ones, 1, MFSDP_REDUCE_SUM));
     if (ones != (double)mfsdp_world_size(rt))
