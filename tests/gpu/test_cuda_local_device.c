@@ -10,6 +10,9 @@
  * gradients, and every unsharded weight, copied on the compute stream inside
  * its unit's forward and backward windows, the cast main_weight, bit for bit.
  * test_trainer_check_local replays the same on the CPU local backend.
+ * test_host_compute_managed_access: host-compute cuda-local is created only
+ * on a device with concurrentManagedAccess (refused, naming it, without:
+ * run on the CPU model with GM_NO_CONCURRENT_MANAGED=1).
  * test_close_race: a rank that closes while its peers are slow to enqueue
  * their waits on its events (this file's cudaStreamWaitEvent, which the
  * statically linked backend calls, sleeps on the slow ranks' threads): no
@@ -26,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <cmocka.h>
 
@@ -130,11 +134,45 @@ static void test_close_race(void **state)
     mfsdp_schedule_free(sh);
 }
 
+/* Host-compute cuda-local (backend_config NULL) needs concurrentManagedAccess:
+ * created when the device has it, refused naming it when not (the CPU model
+ * with GM_NO_CONCURRENT_MANAGED=1). */
+static void test_host_compute_managed_access(void **state)
+{
+    (void)state;
+    int dev = 0, concurrent = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev), cudaSuccess);
+    static const rt_mesh one = {"1x1", 2, {1, 1}};
+    mf_tb_spec spec;
+    rt_model_spec(&spec, "zero3", &one, 1, MF_REDUCE_AVG);
+    mfsdp_schedule *sh = rt_build(&spec);
+    mfsdp_local_group *g = NULL;
+    assert_int_equal(mfsdp_local_group_create(1, &g), MFSDP_OK);
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_cuda_local(&cfg, g, NULL);
+    cfg.rank = 0;
+    mfsdp_runtime *rt = NULL;
+    mfsdp_result r = mfsdp_create(sh, &cfg, &rt);
+    if (concurrent) {
+        if (r != MFSDP_OK)
+            fail_msg("host compute, concurrentManagedAccess 1: create: %s", mfsdp_last_error(NULL));
+        mfsdp_destroy(rt);
+    } else {
+        assert_int_equal(r, MFSDP_ERR_UNSUPPORTED);
+        assert_non_null(strstr(mfsdp_last_error(NULL), "has no concurrentManagedAccess"));
+    }
+    mfsdp_local_group_destroy(g);
+    mfsdp_schedule_free(sh);
+}
+
 int main(void)
 {
     int presence = gpu_presence();
     if (presence != GPU_PRESENT)
         return presence;
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_close_race), cmocka_unit_test(test_modes)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_host_compute_managed_access),
+                                       cmocka_unit_test(test_close_race), cmocka_unit_test(test_modes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
