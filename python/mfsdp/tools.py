@@ -8,8 +8,11 @@ tensors (so its main_weight is the whole tensor), through
 mfsdp/torch/dcp.py; they need torch. Every other command goes to the C
 tool (bin/mfsdp-ckpt inside the package, $MFSDP_CKPT, or the first
 mfsdp-ckpt on PATH that is not this script) with argv and exit status
-unchanged; `mfsdp-replay` (replay_main) likewise runs bin/mfsdp-replay. Exit status: 0 success, 1 refused input, 2 usage error; an output
-is committed by rename (complete or absent).
+unchanged; `mfsdp-replay` (replay_main) likewise runs bin/mfsdp-replay. Exit status: 0 success, 1 refused input or a failure (one line on stderr,
+`mfsdp-ckpt CMD: error: ...`, never a traceback: DCP's CheckpointException,
+a BaseException, included), 2 usage error; an output is committed by
+rename (complete or absent, no OUT.tmp-* left), and from-dcp reads a DCP
+under dcp_files' rules (regular files inside it, checksums when mfsdp wrote it).
 """
 from __future__ import annotations
 

@@ -214,19 +214,28 @@ def test_truncated_or_edited_storage_refused_before_writing(saved, tmp_path, cap
                          "torch.float32 elements take 16384", tool=capfd)
 
 
-def test_save_that_cannot_write_leaves_nothing(tmp_path):
+def test_save_that_cannot_write_leaves_nothing(tmp_path, capfd):
     model, sm, opt, _ = trained()
+    sm.save_checkpoint(str(tmp_path / "ck"), opt)
+    out = tmp_path / "out"
+    out.mkdir()
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 10, hard))   # the payload is ~1 MiB
     try:
         with pytest.raises(mfsdp.UsageError) as e:
-            sm.save_dcp(str(tmp_path / "big"), opt)
+            sm.save_dcp(str(out / "big"), opt)
+        capfd.readouterr()
+        rc = mfsdp.tools.main(["to-dcp", str(tmp_path / "ck"), str(out / "conv"), "--tie", TIE])
+        err = capfd.readouterr().err
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old)
-    assert "save_dcp: writing" in str(e.value) and "File too large" in str(e.value), str(e.value)
-    assert os.listdir(tmp_path) == []
+    assert str(e.value).startswith("save_dcp: writing %s.tmp-" % (out / "big")), str(e.value)
+    assert "failed on rank 0: rank 0: " in str(e.value), str(e.value)
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("mfsdp-ckpt to-dcp: error: writing %s.tmp-" % (out / "conv")), err
+    assert os.listdir(out) == []
     sm.close()
 
 

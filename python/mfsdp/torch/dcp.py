@@ -25,15 +25,23 @@ members) and refuses any difference.
 save: the whole tensors (every master weight, every optimizer state of it)
 are balanced over the ranks by bytes; every rank takes part in each gather
 (the runtime's mfsdp_main_weight_gather / mfsdp_shard_gather to the writer
-rank), then all ranks call dcp.save with their part into PATH.tmp-ID, which
-rank 0 renames to PATH once DCP's metadata is written.
+rank), then all ranks call dcp.save with their part into PATH.tmp-ID (a
+marker inside names the writing process), hash a share of the storage
+items, and rank 0 writes the checksums (dcp_files.SUMS), removes the marker
+and renames PATH.tmp-ID to PATH (or, with overwrite=True, exchanges it with
+the checkpoint there). Every exchange between ranks, DCP's included, runs on
+a gloo Group with the runtime's timeout_ms; any failure on any rank is a
+UsageError on every rank and rank 0 removes PATH.tmp-ID. Before writing,
+rank 0 removes the PATH'.tmp-ID of killed saves in the same parent
+(clean_residue: the marker's process no longer runs on this host).
 
-load: each rank reads, in batches of at most `batch_bytes`, the whole tensors
-of which it holds a shard (DCP's reader, no_dist: no rank waits for another)
-and copies its shard into the master weights (Runtime.scatter) and into the
-optimizer's per-parameter state; the param groups' options are restored. A
-checkpoint of another model is refused, listing every problem, before
-anything is written.
+load: all or nothing. Each rank checks the metadata against the model and
+the storage (dcp_files.check_storage), then reads, in batches of at most
+`batch_bytes`, the whole tensors of which it holds a shard (DCP's planner,
+no_dist, through dcp_files.SafeReader) and stages its shard (_stage); the
+ranks agree through the runtime's mfsdp_allreduce, and only then are the
+master weights (Runtime.scatter), the buffers and the optimizer's state
+written. A checkpoint of another model is refused, listing every problem.
 
 The same functions serve the offline `mfsdp-ckpt to-dcp` / `from-dcp`
 (mfsdp/tools.py) on a world-of-one runtime, where the "optimizer" is an
@@ -146,6 +154,7 @@ class Group:
             return
         self.pg = getattr(rt, "_mfsdp_dcp_group", None)
         if self.pg is None:
+            rt.allreduce(0.0)      # every rank is here (within timeout_ms) before new_group waits
             ms = timeout_ms(rt)
             self.pg = self._call(lambda: dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(
@@ -308,8 +317,8 @@ def _reason(e):
         return "; ".join(parts)
     if isinstance(e, UsageError):
         return e.message
-    text = str(e).strip().splitlines()
-    return "%s: %s" % (type(e).__name__, text[0] if text else "")
+    text = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "%s: %s" % (type(e).__name__, "; ".join(text[:4]))
 
 
 def _write(rt, group, sd, path, what, overwrite):
