@@ -115,23 +115,67 @@ static float fop32(int op, float a, float b)
     }
 }
 
-/* The 16-bit float types and fp32: the fp32 path. */
+/* Input r's elements [i, i + m) widened to fp32. */
+static void load_f32(int dtype, const void *in, size_t i, size_t m, float *out)
+{
+    if (dtype == ncclFloat32) {
+        memcpy(out, (const float *)in + i, m * sizeof(float));
+    } else if (dtype == ncclFloat16) {
+        for (size_t k = 0; k < m; k++)
+            out[k] = h_to_f(((const uint16_t *)in)[i + k]);
+    } else {
+        for (size_t k = 0; k < m; k++)
+            out[k] = bf16_to_f(((const uint16_t *)in)[i + k]);
+    }
+}
+
+/* acc = acc op v, elementwise; one loop per op so the loops vectorize. */
+static void combine_f32(int op, float *acc, const float *v, size_t m)
+{
+    switch (op) {
+    case ncclProd:
+        for (size_t k = 0; k < m; k++)
+            acc[k] = acc[k] * v[k];
+        break;
+    case ncclMax:
+        for (size_t k = 0; k < m; k++)
+            acc[k] = fop32(ncclMax, acc[k], v[k]);
+        break;
+    case ncclMin:
+        for (size_t k = 0; k < m; k++)
+            acc[k] = fop32(ncclMin, acc[k], v[k]);
+        break;
+    default:
+        for (size_t k = 0; k < m; k++)
+            acc[k] = acc[k] + v[k];
+        break;
+    }
+}
+
+/* The 16-bit float types and fp32: the fp32 path, in blocks of GMN_BLOCK
+ * elements (each element still reduced in rank order). */
+#define GMN_BLOCK 1024
 static void reduce_f32(int dtype, int op, int n, const void *const *in, void *out, size_t count)
 {
-    for (size_t i = 0; i < count; i++) {
-        float acc = 0;
-        for (int r = 0; r < n; r++) {
-            float v = dtype == ncclFloat32    ? ((const float *)in[r])[i]
-                      : dtype == ncclFloat16 ? h_to_f(((const uint16_t *)in[r])[i])
-                                             : bf16_to_f(((const uint16_t *)in[r])[i]);
-            acc = r == 0 ? v : fop32(op, acc, v);
+    float acc[GMN_BLOCK], v[GMN_BLOCK];
+    for (size_t i = 0; i < count; i += GMN_BLOCK) {
+        size_t m = count - i < GMN_BLOCK ? count - i : GMN_BLOCK;
+        load_f32(dtype, in[0], i, m, acc);
+        for (int r = 1; r < n; r++) {
+            load_f32(dtype, in[r], i, m, v);
+            combine_f32(op, acc, v, m);
         }
         if (op == ncclAvg)
-            acc = acc / (float)n;
+            for (size_t k = 0; k < m; k++)
+                acc[k] = acc[k] / (float)n;
         if (dtype == ncclFloat32)
-            ((float *)out)[i] = acc;
+            memcpy((float *)out + i, acc, m * sizeof(float));
+        else if (dtype == ncclFloat16)
+            for (size_t k = 0; k < m; k++)
+                ((uint16_t *)out)[i + k] = f_to_h(acc[k]);
         else
-            ((uint16_t *)out)[i] = dtype == ncclFloat16 ? f_to_h(acc) : f_to_bf16(acc);
+            for (size_t k = 0; k < m; k++)
+                ((uint16_t *)out)[i + k] = f_to_bf16(acc[k]);
     }
 }
 

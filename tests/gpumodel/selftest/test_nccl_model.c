@@ -20,8 +20,12 @@
  *     and its own blocked work;
  *   - NCCL's in-place rules and argument checks refused (violations counted);
  *   - mismatched collectives across ranks reported as an asynchronous error;
- *   - registration counted, unknown handles refused, ncclMemAlloc memory.
+ *   - registration counted, unknown handles refused, ncclMemAlloc memory;
+ *   - shared-memory files: none left once every communicator joined, and a
+ *     crashed run's file removed by ncclGetUniqueId.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -813,6 +818,44 @@ static void test_register(void **state)
     assert_string_equal(ncclGetErrorString(ncclInProgress), "NCCL operation in progress");
 }
 
+/* ---- shared-memory files ---- */
+
+static int count_files(const char *prefix)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static void test_files_cleaned(void **state)
+{
+    (void)state;
+    /* every communicator of this process joined (or was aborted): no file */
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "gmnccl-%d-", (int)getpid());
+    assert_int_equal(count_files(prefix), 0);
+    /* a crashed run's file, named by a process that no longer exists */
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(0);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/gmnccl-%d-0123456789abcdef-0", (int)child);
+    int fd = open(path, O_CREAT | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(access(path, F_OK), 0);
+    ncclUniqueId id;
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -827,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_inplace_rules),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_register),
+        cmocka_unit_test(test_files_cleaned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
