@@ -1029,6 +1029,7 @@ self_build() {
     say "[PASS] prerequisites: cmake $(cmake --version | head -1 | grep -o '[0-9][0-9.]*' | head -1), $("$NVCC" --version | tail -1), CUDA architectures $ARCHS (t=$(elapsed) s)"
     stage "build" 60 || exit 1
     local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=OFF -DMFSDP_WITH_MPI=OFF
+                "-DCMAKE_C_FLAGS_RELEASE=-O3 -DNDEBUG -g" "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG -g"
                 -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
                 -DNCCL_ROOT="$NCCL_PREFIX")
     [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null && args+=(-G Ninja) # keep an existing tree's

@@ -10,7 +10,7 @@
 # 11 root (glibc 2.31, GCC 10, its libyaml, libjansson and cmocka, CMake 3.25
 # from PyPI), made once with debootstrap and kept in $MFSDP_BULLSEYE_ROOT
 # (default build/bullseye-root), with this machine's CUDA toolkit mounted into
-# it read-only and the checkout mounted read-only at /src. The build (sm_80 and
+# it read-only and the checkout mounted read-only at /src. The build (-O3 -g, sm_80 and
 # sm_90, no MPI) is kept in the root and rebuilt incrementally; then
 # `device-check.sh --pack` runs inside the root, so the libraries it carries
 # are Debian 11's and its floor is checked there: GLIBC_2.31, GLIBCXX_3.4.28.
@@ -102,10 +102,12 @@ unshare -m --propagation private bash -c '
     chroot "$root" ldconfig
     chroot "$root" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root TMPDIR=/tmp \
         MFSDP_GLIBC_FLOOR="$4" MFSDP_GLIBCXX_FLOOR="$5" MFSDP_COMMIT="$6" bash -ec "
-        [ -f /work/build/CMakeCache.txt ] ||
-            cmake -S /src -B /work/build -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=ON -DMFSDP_WITH_MPI=OFF \
-                -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES=\"80;90\" \
-                -DNCCL_ROOT=$cuda >/work/configure.log 2>&1 || { tail -30 /work/configure.log; exit 1; }
+        # Release with -g: crash reports of the device check name functions and lines;
+        # device-check.sh --pack keeps the debug information, compressed
+        cmake -S /src -B /work/build -DCMAKE_BUILD_TYPE=Release -DMFSDP_WERROR=ON -DMFSDP_WITH_MPI=OFF \
+            -DCMAKE_C_FLAGS_RELEASE=\"-O3 -DNDEBUG -g\" -DCMAKE_CXX_FLAGS_RELEASE=\"-O3 -DNDEBUG -g\" \
+            -DMFSDP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES=\"80;90\" \
+            -DNCCL_ROOT=$cuda >/work/configure.log 2>&1 || { tail -30 /work/configure.log; exit 1; }
         grep -q \"NCCL/CUDA backend ON\" /work/configure.log || { echo \"configured without CUDA/NCCL\"; exit 1; }
         j=\$(nproc)
         { make -C /work/build/tests/gpu -j\$j all && make -C /work/build/planner -j\$j mfsdpc &&
