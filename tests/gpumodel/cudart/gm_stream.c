@@ -399,6 +399,8 @@ cudaError_t cudaStreamQuery(cudaStream_t h)
         gm_capture_invalidate_locked(s->cap, "cudaStreamQuery of the capturing stream");
         e = cudaErrorStreamCaptureUnsupported;
     }
+    if (e == cudaSuccess)
+        e = gm_capture_prohibited_locked("cudaStreamQuery");
     if (e == cudaSuccess && (e = gm_sticky_locked(s->device)) == cudaSuccess)
         e = stream_idle_locked(s) ? cudaSuccess : cudaErrorNotReady;
     pthread_mutex_unlock(&gm_g.mu);
@@ -432,6 +434,12 @@ cudaError_t cudaDeviceSynchronize(void)
         return gm_ret(cudaErrorNoDevice);
     pthread_mutex_lock(&gm_g.mu);
     cudaError_t e = gm_capture_prohibited_locked("cudaDeviceSynchronize");
+    /* Whatever the modes: the device encompasses its capturing streams. */
+    for (gm_stream *x = gm_g.streams; x && e == cudaSuccess; x = x->next_all)
+        if (x->cap && x->device == gm_thread()->device) {
+            gm_capture_invalidate_locked(x->cap, "cudaDeviceSynchronize while a stream of the device captures");
+            e = cudaErrorStreamCaptureUnsupported;
+        }
     if (e == cudaSuccess) {
         gm_device_sync_locked(gm_thread()->device);
         e = gm_sticky_locked(gm_thread()->device);
@@ -590,6 +598,8 @@ cudaError_t cudaEventQuery(cudaEvent_t h)
     cudaError_t r = event_lookup_locked(h, "cudaEventQuery", &e);
     if (r == cudaSuccess)
         r = not_captured_locked(e, "cudaEventQuery");
+    if (r == cudaSuccess)
+        r = gm_capture_prohibited_locked("cudaEventQuery");
     if (r == cudaSuccess && (r = gm_sticky_locked(e->device)) == cudaSuccess)
         r = event_done_locked(e) ? cudaSuccess : cudaErrorNotReady;
     pthread_mutex_unlock(&gm_g.mu);

@@ -148,6 +148,21 @@ static cudaError_t malloc_in_other_thread(void)
     return other_malloc_result;
 }
 
+static cudaEvent_t query_event;
+static cudaError_t query_results[2];
+
+/* A watchdog's query: first in the thread's default (global) mode, then
+ * relaxed, as runtime/backends/mf_cuda_guard.c's watchdog sets. */
+static void *other_thread_queries(void *p)
+{
+    (void)p;
+    query_results[0] = cudaEventQuery(query_event);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    query_results[1] = cudaEventQuery(query_event);
+    return NULL;
+}
+
 static cudaError_t end_capture(cudaStream_t s)
 {
     cudaGraph_t g = NULL;
@@ -177,6 +192,22 @@ static void test_prohibited_calls(void **state)
     TC_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     TC_OK(malloc_in_other_thread());
     assert_int_equal(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(end_capture(s), cudaErrorStreamCaptureInvalidated);
+    TC_VIOLATIONS(1);
+    /* global: another thread's event query too, unless that thread is relaxed */
+    TC_OK(cudaEventCreate(&query_event));
+    TC_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread_queries, NULL);
+    pthread_join(th, NULL);
+    assert_int_equal(query_results[0], cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(query_results[1], cudaSuccess);
+    assert_int_equal(end_capture(s), cudaErrorStreamCaptureInvalidated);
+    TC_VIOLATIONS(1);
+    TC_OK(cudaEventDestroy(query_event));
+    /* cudaDeviceSynchronize encompasses the capture, even a relaxed one */
+    TC_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    assert_int_equal(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
     assert_int_equal(end_capture(s), cudaErrorStreamCaptureInvalidated);
     TC_VIOLATIONS(1);
     /* relaxed: cudaMalloc is fine */
