@@ -5,14 +5,14 @@
 # plain build's own tests).
 #
 # mf_add_model_test(NAME EXE <target> [ARGS ...] [COMMAND ...] [ENV VAR=V ...]
-#                   [SEEDS "1 2 ..."] [SEED_TIMEOUT s] [EXPECT_FAIL_WITH VAR=V]
+#                   [SEEDS "1 2 ..."] [SEED_TIMEOUT s] [EXPECT_FAIL_WITH VAR=V ...]
 #                   [FIXTURES fixture ...] [MPI] [SERIAL])
 #   registers NAME: model_run.sh runs `EXE ARGS` (or COMMAND, e.g. mpirun ...
 #   EXE ...) once per seed with LD_LIBRARY_PATH=${MFSDP_GPUMODEL_LIBDIR},
 #   GM_STRICT=1, GM_SEED and a small GM_DELAY_US, after checking that the
 #   loader resolves EXE's libcudart.so.13 to the model's. Labels gpu;gpumodel
 #   (and mpi with MPI). No skip code: on the model, a skip (77) is a failure.
-#   EXPECT_FAIL_WITH: the mutation check (passes as is, fails with VAR=V).
+#   EXPECT_FAIL_WITH: the mutation check (passes as is, fails with each VAR=V).
 #
 # The tier (MFSDP_TEST_TIER): per change five seeds each and the small
 # variants; soak twelve seeds and the bigger meshes.
@@ -29,8 +29,8 @@ else()
 endif()
 
 function(mf_add_model_test name)
-  cmake_parse_arguments(M "MPI;SERIAL" "EXE;SEEDS;SEED_TIMEOUT;EXPECT_FAIL_WITH"
-                        "ARGS;COMMAND;ENV;FIXTURES" ${ARGN})
+  cmake_parse_arguments(M "MPI;SERIAL" "EXE;SEEDS;SEED_TIMEOUT"
+                        "ARGS;COMMAND;ENV;FIXTURES;EXPECT_FAIL_WITH" ${ARGN})
   if(NOT M_EXE)
     message(FATAL_ERROR "mf_add_model_test(${name}): EXE is required")
   endif()
@@ -48,15 +48,14 @@ function(mf_add_model_test name)
   foreach(e ${M_ENV})
     list(APPEND opts --env ${e})
   endforeach()
-  if(M_EXPECT_FAIL_WITH)
-    list(APPEND opts --expect-fail-with ${M_EXPECT_FAIL_WITH})
-  endif()
+  foreach(m ${M_EXPECT_FAIL_WITH})
+    list(APPEND opts --expect-fail-with ${m})
+  endforeach()
   add_test(NAME ${name} COMMAND bash ${MFSDP_GPUMODEL_RUN} ${opts} -- ${M_COMMAND})
   separate_arguments(seed_list UNIX_COMMAND "${M_SEEDS}")
   list(LENGTH seed_list nseeds)
-  if(M_EXPECT_FAIL_WITH)
-    math(EXPR nseeds "2 * ${nseeds}")
-  endif()
+  list(LENGTH M_EXPECT_FAIL_WITH nmut)
+  math(EXPR nseeds "(1 + ${nmut}) * ${nseeds}")
   math(EXPR timeout "${nseeds} * (${M_SEED_TIMEOUT} + 10) + 30")
   set(labels gpu gpumodel)
   if(M_MPI)

@@ -3,7 +3,7 @@
 # (tests/gpumodel), once per perturbation seed, and says which seed failed.
 #
 #   model_run.sh --libdir DIR --exe BINARY [--seeds "1 2 3 4 5"]
-#                [--seed-timeout S] [--expect-fail-with VAR=VALUE]
+#                [--seed-timeout S] [--expect-fail-with VAR=VALUE]...
 #                [--env VAR=VALUE]... -- COMMAND [ARG...]
 #
 # COMMAND runs with LD_LIBRARY_PATH=DIR first (the binaries find libcudart.so.13
@@ -16,16 +16,20 @@
 # runs silently on the real libraries (where it would skip, exit 77: here
 # 77 is a failure like any other).
 #
+# GM_SEEDS in the environment overrides --seeds (GM_SEEDS=7 ctest -R @model
+# reruns every model test under seed 7 alone).
+#
 # Every seed runs, each under `timeout` (S seconds, default 120); the output
 # of a failing seed is printed (its last 200 lines), and the summary names
 # the failing seeds. Exit 0 when every seed passed.
 #
-# --expect-fail-with VAR=VALUE (the mutation check): for each seed COMMAND
-# must pass as is and fail with VAR=VALUE set (a model knob such as
-# GM_DROP_WAIT=k); exit 0 when it does for every seed.
+# --expect-fail-with VAR=VALUE (the mutation check, repeatable): for each
+# seed COMMAND must pass as is and fail with each VAR=VALUE set (a model knob
+# such as GM_DROP_WAIT=k: the k-th cudaStreamWaitEvent dropped); exit 0 when
+# every mutation is caught under every seed.
 set -uo pipefail
 
-libdir="" exe="" seeds="1 2 3 4 5" seed_timeout=120 mutate="" envs=()
+libdir="" exe="" seeds="1 2 3 4 5" seed_timeout=120 mutations=() envs=()
 die() { echo "model_run.sh: error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -33,16 +37,19 @@ while [ $# -gt 0 ]; do
     --exe) exe=${2:-}; shift 2 ;;
     --seeds) seeds=${2:-}; shift 2 ;;
     --seed-timeout) seed_timeout=${2:-}; shift 2 ;;
-    --expect-fail-with) mutate=${2:-}; shift 2 ;;
+    --expect-fail-with) mutations+=("${2:-}"); shift 2 ;;
     --env) envs+=("${2:-}"); shift 2 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (expected --libdir, --exe, --seeds, --seed-timeout, --expect-fail-with, --env, --)" ;;
   esac
 done
+seeds=${GM_SEEDS:-$seeds}
 [ $# -gt 0 ] || die "no command after --"
 [ -n "$libdir" ] && [ -n "$exe" ] || die "--libdir and --exe are required"
 [[ "$seed_timeout" =~ ^[1-9][0-9]*$ ]] || die "--seed-timeout '$seed_timeout' is not a positive integer"
-[ -z "$mutate" ] || [[ "$mutate" =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] || die "--expect-fail-with '$mutate' is not VAR=VALUE"
+for m in "${mutations[@]}"; do
+  [[ "$m" =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] || die "--expect-fail-with '$m' is not VAR=VALUE"
+done
 for s in $seeds; do [[ "$s" =~ ^[0-9]+$ ]] || die "seed '$s' is not a non-negative integer"; done
 [ -n "${seeds// /}" ] || die "no seeds"
 for e in "${envs[@]}"; do [[ "$e" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env '$e' is not VAR=VALUE"; done
@@ -94,27 +101,30 @@ cmd=("$@")
 failed=()
 for s in $seeds; do
   run_seed "$s"
-  base_rc=$rc
-  if [ -z "$mutate" ]; then
-    echo "seed $s: $(explain $rc) (${secs} s)"
+  if [ ${#mutations[@]} -eq 0 ]; then
+    last=""
+    [ $rc -ne 0 ] || last=": $(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | cut -c1-160)"
+    echo "seed $s: $(explain $rc) (${secs} s)$last"
     [ $rc -eq 0 ] || { show_log "$s"; failed+=("$s"); }
     continue
   fi
-  if [ $base_rc -ne 0 ]; then
-    echo "seed $s: without $mutate: $(explain $base_rc) (${secs} s): the mutation check needs a passing baseline"
+  if [ $rc -ne 0 ]; then
+    echo "seed $s: as is: $(explain $rc) (${secs} s): the mutation check needs a passing baseline"
     show_log "$s"; failed+=("$s"); continue
   fi
-  run_seed "$s" "$mutate"
-  if [ $rc -eq 0 ] || [ $rc -eq 77 ]; then
-    echo "seed $s: with $mutate: $(explain $rc) (${secs} s): the mutation was NOT caught"
-    show_log "$s" "$mutate"; failed+=("$s")
-  else
-    echo "seed $s: with $mutate: caught, $(explain $rc) (${secs} s); first lines of its report:"
-    grep -m 5 -E "gpumodel:|FAILED|error|mismatch|differ" "$log" | cut -c1-300
-  fi
+  for m in "${mutations[@]}"; do
+    run_seed "$s" "$m"
+    if [ $rc -eq 0 ] || [ $rc -eq 77 ]; then
+      echo "seed $s: with $m: $(explain $rc) (${secs} s): the mutation was NOT caught"
+      show_log "$s" "$m"; failed+=("$s:$m")
+    else
+      echo "seed $s: with $m: caught, $(explain $rc) (${secs} s):"
+      grep -m 4 -E "gpumodel:|FAILED|ERROR|error|mismatch|differ" "$log" | cut -c1-240 | sed 's/^/    /'
+    fi
+  done
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "model_run.sh: FAILED under seed(s) ${failed[*]} of $seeds: ${cmd[*]}"
   exit 1
 fi
-echo "model_run.sh: every seed ($seeds) ${mutate:+caught $mutate; }ok"
+echo "model_run.sh: every seed ($seeds) ok${mutations[0]:+; caught: ${mutations[*]}}"
