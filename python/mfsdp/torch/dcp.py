@@ -148,7 +148,7 @@ class Group:
     ends every other rank's save within it, not within the default group's
     timeout (30 minutes). None inside for a world of one."""
 
-    def __init__(self, dist, rt: Runtime, what: str) -> None:
+    def __init__(self, dist: Any, rt: Runtime, what: str) -> None:
         self.dist, self.what, self.pg = dist, what, None
         if dist is None:
             return
@@ -797,9 +797,22 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
 
 # ---- ShardedModel.save_dcp / load_dcp ----
 
+def checked_path(path: Any, what: str) -> str:
+    """`path` as a str, or a UsageError naming what was given."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise UsageError("%s: the checkpoint directory must be a non-empty path (str or "
+                         "os.PathLike), got %r" % (what, path))
+    return os.fspath(path)
+
+
 def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
              overwrite: bool = False) -> None:
     """See ShardedModel.save_dcp; overwrite=True replaces the DCP checkpoint at path."""
+    path = checked_path(path, "save_dcp")
+    if not isinstance(overwrite, bool):
+        raise UsageError("save_dcp: overwrite must be True or False, got %r" % (overwrite,))
     sm._between_steps("save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
     save(sm.runtime, Names.of_model(sm), path, opt, overwrite=overwrite)
@@ -808,6 +821,10 @@ def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
 def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
              batch_bytes: int = BATCH_BYTES) -> None:
     """See ShardedModel.load_dcp."""
+    path = checked_path(path, "load_dcp")
+    if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 1:
+        raise UsageError("load_dcp: batch_bytes must be a positive int (bytes read at a time), "
+                         "got %r" % (batch_bytes,))
     sm._between_steps("load_dcp")
     names = Names.of_model(sm)
     opts = optimizers_of(optimizer, "load_dcp")
