@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_agree.h"
 #include "mf_abi.h"
 #include "mf_backend.h"
 #include "mf_ckpt_hf.h"
@@ -105,6 +106,11 @@ mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfs
 {
     if (!rt)
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_import_hf: NULL runtime");
+    mfsdp_result agreed = mf_base_handle_check(rt, "mfsdp_ckpt_import_hf");
+    if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
+        agreed = mf_agree_helper(rt, "mfsdp_ckpt_import_hf", 0);
+    if (agreed != MFSDP_OK)
+        return agreed;
     mf_hi_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     int *src = calloc((size_t)rt->nviews + 1, sizeof *src), opened = 0;
     mf_hf_model m;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_agree.h"
 #include "mf_abi.h"
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
@@ -237,6 +238,11 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
 {
     if (!rt)
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_load: NULL runtime");
+    mfsdp_result agreed = mf_base_handle_check(rt, "mfsdp_ckpt_load");
+    if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
+        agreed = mf_agree_helper(rt, "mfsdp_ckpt_load", 0);
+    if (agreed != MFSDP_OK)
+        return agreed;
     mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
     int *map = calloc((size_t)rt->nviews + 1, sizeof *map);
     int *smap = calloc(64, sizeof *smap);

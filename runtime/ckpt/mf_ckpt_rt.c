@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "mf_agree.h"
 #include "mf_abi.h"
 #include "mf_ckpt_build.h"
 #include "mf_diag.h"
@@ -204,6 +205,8 @@ static void mf_ckpt_save_prepare(mf_ckpt_saver *sv, const char *dir, mf_ckpt_msg
 mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp_ckpt_save_options *opt)
 {
     mfsdp_result live = mf_base_handle_check(rt, "mfsdp_ckpt_save");
+    if (live == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
+        live = mf_agree_helper(rt, "mfsdp_ckpt_save", 0);
     if (live != MFSDP_OK)
         return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};

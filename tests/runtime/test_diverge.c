@@ -9,6 +9,8 @@
  *   helper   rank 1 calls mfsdp_allreduce, the others begin step 2
  *   sizes    every rank calls mfsdp_allreduce, rank 1 with 1 value, the
  *            others with 2 (on MPI this aborted the job: MPI_ERR_TRUNCATE)
+ *   ckpt     rank 1 calls mfsdp_ckpt_save, the others begin step 2 (its
+ *            exchange and the step's agreement would have paired)
  *   stop     rank 1 destroys its runtime, the others begin step 2
  *
  * On ZeRO-3 and Whole schedules every collective of the two programs
@@ -32,17 +34,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "mfsdp.h"
+#include "mfsdp_ckpt.h"
 #ifdef MFSDP_HAVE_MPI
 #include <mpi.h>
 #include "mfsdp_mpi.h"
 #endif
 
-enum { SC_SHORT, SC_EVAL, SC_HELPER, SC_SIZES, SC_STOP, SC_COUNT };
-static const char *const sc_names[SC_COUNT] = {"short", "eval", "helper", "sizes", "stop"};
+enum { SC_SHORT, SC_EVAL, SC_HELPER, SC_SIZES, SC_CKPT, SC_STOP, SC_COUNT };
+static const char *const sc_names[SC_COUNT] = {"short", "eval", "helper", "sizes", "ckpt", "stop"};
 #define ODD 1            /* the rank that diverges */
 #define TIMEOUT_MS 20000
 #define STOP_TIMEOUT_MS 2000
@@ -136,6 +140,20 @@ static void run_job(job *j)
     case SC_SIZES:
         CALL(rt, "mfsdp_allreduce", mfsdp_allreduce(rt, v, odd ? 1 : 2, MFSDP_REDUCE_SUM));
         break;
+    case SC_CKPT:
+        if (odd) {
+            char dir[] = "/tmp/mfsdp-diverge-XXXXXX", sub[64];
+            mfsdp_ckpt_save_options so = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+            if (mkdtemp(dir)) {
+                snprintf(sub, sizeof sub, "%s/ckpt", dir);
+                CALL(rt, "mfsdp_ckpt_save", mfsdp_ckpt_save(rt, sub, &so));
+                rmdir(sub);   /* (nothing is written: the call fails first) */
+                rmdir(dir);
+            }
+        } else {
+            step(j, rt, M);
+        }
+        break;
     default:   /* SC_STOP */
         if (!odd)
             step(j, rt, M);
@@ -157,6 +175,7 @@ static const char *expected_where(int sc, int64_t rank)
     case SC_EVAL: return odd ? "mfsdp_eval_forward_pre(0)" : "mfsdp_step_begin";
     case SC_HELPER: return odd ? "mfsdp_allreduce" : "mfsdp_step_begin";
     case SC_SIZES: return "mfsdp_allreduce";
+    case SC_CKPT: return odd ? "mfsdp_ckpt_save" : "mfsdp_step_begin";
     default: return odd ? NULL : "mfsdp_step_begin";
     }
 }
@@ -166,12 +185,14 @@ static const char *const sc_odd_says[SC_COUNT] = {
     "rank 1: run unit 0 \"embed\" of an evaluation pass (1 steps begun)",
     "rank 1: call mfsdp_allreduce (16 bytes per rank; 1 steps begun)",
     "rank 1: call mfsdp_allreduce (8 bytes per rank; 1 steps begun)",
+    "rank 1: call mfsdp_ckpt_save (0 bytes per rank; 1 steps begun)",
     NULL};
 static const char *const sc_others_say[SC_COUNT] = {
     ": begin microbatch 1 of step 2 (mfsdp_forward_pre(unit 0, microbatch 1))",
     ": begin step 2 (mfsdp_step_begin)",
     ": begin step 2 (mfsdp_step_begin)",
     ": call mfsdp_allreduce (16 bytes per rank; 1 steps begun)",
+    ": begin step 2 (mfsdp_step_begin)",
     NULL};
 
 /* One rank's verdict: 0, or 1 with the reason in why. */
