@@ -70,8 +70,7 @@ static void describe(const mf_rt *rt, const mf_agree_rec *r, char *buf, size_t s
     long long step = (long long)r->step, m = (long long)r->microbatch;
     long long M = (long long)rt->s->microbatches;
     if (r->magic != MF_AGREE_MAGIC) {
-        snprintf(buf, size, "sent no agreement record (a checkpoint call, or another library's "
-                            "exchange on this runtime)");
+        snprintf(buf, size, "sent bytes that are no agreement record (a library of another version?)");
         return;
     }
     switch (r->what) {
