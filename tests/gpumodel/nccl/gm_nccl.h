@@ -4,7 +4,8 @@
  * sees it; unchanged binaries get the same figures through the environment:
  * GM_NCCL_SUMMARY=- (stderr) or =<file> (appended) prints one line
  *   gpumodel: nccl: pid=P collectives=N registered=R mismatches=M aborts=A
- * at exit.
+ *   allgather=.. reducescatter=.. allreduce=.. reduce=.. broadcast=..
+ * at exit (one line).
  */
 #ifndef GM_NCCL_H
 #define GM_NCCL_H
@@ -18,6 +19,8 @@ typedef struct gm_nccl_counters {
     unsigned long registered;    /* of them, with every buffer in a registration of the comm */
     unsigned long mismatches;    /* collectives that did not match across ranks (per rank) */
     unsigned long aborts;        /* ncclCommAbort calls on live communicators */
+    unsigned long by_kind[5];    /* collectives launched: all-gather, reduce-scatter,
+                                    all-reduce, reduce, broadcast */
 } gm_nccl_counters;
 
 void gm_nccl_stats(gm_nccl_counters *out);

@@ -213,5 +213,6 @@ void gmn_reduce(int dtype, int op, int n, const void *const *in, void *out, size
 
 /* Statistics (gm_nccl.h) */
 extern _Atomic unsigned long gmn_stat_colls, gmn_stat_registered, gmn_stat_aborts, gmn_stat_mismatches;
+extern _Atomic unsigned long gmn_stat_kind[5]; /* by gmn_kind - 1 */
 
 #endif

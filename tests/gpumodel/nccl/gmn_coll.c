@@ -334,6 +334,7 @@ ncclResult_t gmn_launch(const gmn_call *c)
     size_t sb, rb;
     call_bytes(c, &sb, &rb);
     atomic_fetch_add(&gmn_stat_colls, 1);
+    atomic_fetch_add(&gmn_stat_kind[c->d.kind - 1], 1);
     if ((sb || rb) && (!sb || gmn_registered(comm, c->send, sb)) && (!rb || gmn_registered(comm, c->recv, rb)))
         atomic_fetch_add(&gmn_stat_registered, 1);
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

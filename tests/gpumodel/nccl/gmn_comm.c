@@ -33,6 +33,7 @@
 #include "gm_nccl.h"
 
 _Atomic unsigned long gmn_stat_colls, gmn_stat_registered, gmn_stat_aborts, gmn_stat_mismatches;
+_Atomic unsigned long gmn_stat_kind[5];
 
 static __thread char tl_err[512];
 
@@ -778,6 +779,8 @@ void gm_nccl_stats(gm_nccl_counters *out)
     out->registered = atomic_load(&gmn_stat_registered);
     out->mismatches = atomic_load(&gmn_stat_mismatches);
     out->aborts = atomic_load(&gmn_stat_aborts);
+    for (int k = 0; k < 5; k++)
+        out->by_kind[k] = atomic_load(&gmn_stat_kind[k]);
 }
 
 void gm_nccl_stats_reset(void)
@@ -786,6 +789,8 @@ void gm_nccl_stats_reset(void)
     atomic_store(&gmn_stat_registered, 0);
     atomic_store(&gmn_stat_mismatches, 0);
     atomic_store(&gmn_stat_aborts, 0);
+    for (int k = 0; k < 5; k++)
+        atomic_store(&gmn_stat_kind[k], 0);
 }
 
 __attribute__((destructor)) static void summary(void)
@@ -796,9 +801,13 @@ __attribute__((destructor)) static void summary(void)
     FILE *f = strcmp(v, "-") == 0 ? stderr : fopen(v, "a");
     if (!f)
         return;
-    fprintf(f, "gpumodel: nccl: pid=%d collectives=%lu registered=%lu mismatches=%lu aborts=%lu\n", (int)getpid(),
-            atomic_load(&gmn_stat_colls), atomic_load(&gmn_stat_registered), atomic_load(&gmn_stat_mismatches),
-            atomic_load(&gmn_stat_aborts));
+    fprintf(f,
+            "gpumodel: nccl: pid=%d collectives=%lu registered=%lu mismatches=%lu aborts=%lu allgather=%lu "
+            "reducescatter=%lu allreduce=%lu reduce=%lu broadcast=%lu\n",
+            (int)getpid(), atomic_load(&gmn_stat_colls), atomic_load(&gmn_stat_registered),
+            atomic_load(&gmn_stat_mismatches), atomic_load(&gmn_stat_aborts), atomic_load(&gmn_stat_kind[0]),
+            atomic_load(&gmn_stat_kind[1]), atomic_load(&gmn_stat_kind[2]), atomic_load(&gmn_stat_kind[3]),
+            atomic_load(&gmn_stat_kind[4]));
     if (f != stderr)
         fclose(f);
 }
