@@ -1,7 +1,8 @@
 /*
  * gm_core: the model's process state and the device-level API -- the knobs
  * read from the environment once (GM_DEVICES, GM_NO_DEVICE, GM_SEED,
- * GM_DELAY_US, GM_DROP_WAIT, GM_STRICT, GM_NO_CONCURRENT_MANAGED), the current
+ * GM_DELAY_US, GM_DROP_WAIT, GM_DROP_WAIT_PER_THREAD, GM_STRICT,
+ * GM_NO_CONCURRENT_MANAGED), the current
  * device and last error of each host thread, the devices' properties (an H100
  * SXM), error names, and the violation count reported at exit.
  *
@@ -64,6 +65,7 @@ static void gm_init_once(void)
     gm_g.seed = (uint64_t)env_long("GM_SEED", 1, 0, 0x7fffffffL);
     gm_g.delay_us = (unsigned)env_long("GM_DELAY_US", 200, 0, 1000000);
     gm_g.drop_wait = env_long("GM_DROP_WAIT", 0, 0, 0x7fffffffL);
+    gm_g.drop_per_thread = env_long("GM_DROP_WAIT_PER_THREAD", 0, 0, 1) == 1;
     gm_strict = env_long("GM_STRICT", 0, 0, 1) == 1;
     gm_no_concurrent_managed = env_long("GM_NO_CONCURRENT_MANAGED", 0, 0, 1) == 1;
     gm_g.next_capture_id = 1;

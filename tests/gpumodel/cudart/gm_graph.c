@@ -124,7 +124,8 @@ cudaError_t gm_capture_add_locked(gm_stream *s, const char *what, gm_work_fn fn,
     b->refs = 1;
     snprintf(b->what, sizeof b->what, "%s", what ? what : "work");
     b->fn = fn, b->arg = arg, b->free_arg = free_arg;
-    memcpy(deps, s->cap_deps.v, (size_t)s->cap_deps.n * sizeof *deps);
+    if (s->cap_deps.n)
+        memcpy(deps, s->cap_deps.v, (size_t)s->cap_deps.n * sizeof *deps);
     g->nodes[g->n] = (gm_node){b, s->cap_deps.n, deps};
     s->cap_deps.n = 0;
     gm_nodeset_add(&s->cap_deps, g->n);

@@ -124,6 +124,7 @@ typedef struct gm_state {
     uint64_t seed;
     long drop_wait;                /* GM_DROP_WAIT: k-th wait dropped, 0 none */
     long waits;
+    int drop_per_thread;           /* GM_DROP_WAIT_PER_THREAD: count per host thread */
     int next_stream_id;
     gm_stream *streams;            /* every stream ever made */
     gm_stream *legacy[GM_MAX_DEVICES];
@@ -139,6 +140,7 @@ typedef struct gm_tls {
     cudaError_t last;
     enum cudaStreamCaptureMode mode;
     gm_stream *per_thread[GM_MAX_DEVICES];
+    long waits;                    /* this thread's cudaStreamWaitEvent calls */
 } gm_tls;
 
 /* gm_core.c */

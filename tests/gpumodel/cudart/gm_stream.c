@@ -653,11 +653,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 
 static int drop_this_wait_locked(cudaStream_t sh, cudaEvent_t h)
 {
-    long n = ++gm_g.waits;
+    long n = gm_g.drop_per_thread ? ++gm_thread()->waits : ++gm_g.waits;
     if (gm_g.drop_wait == 0 || n != gm_g.drop_wait)
         return 0;
-    fprintf(stderr, "gpumodel: GM_DROP_WAIT=%ld: cudaStreamWaitEvent #%ld (stream %p, event %p) dropped\n",
-            gm_g.drop_wait, n, (void *)sh, (void *)h);
+    fprintf(stderr, "gpumodel: GM_DROP_WAIT=%ld: cudaStreamWaitEvent #%ld%s (stream %p, event %p) dropped\n",
+            gm_g.drop_wait, n, gm_g.drop_per_thread ? " of this thread" : "", (void *)sh, (void *)h);
     return 1;
 }
 

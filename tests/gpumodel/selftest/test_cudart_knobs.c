@@ -1,7 +1,8 @@
 /*
  * test_cudart_knobs: the model's fault knob and device knob, each in a child
  * process started with the knob set (the model reads its environment once):
- * GM_DROP_WAIT=2 drops the second cudaStreamWaitEvent, and the consumer it
+ * GM_DROP_WAIT=2 drops the second cudaStreamWaitEvent (of the process, or of
+ * each thread with GM_DROP_WAIT_PER_THREAD=1), and the consumer it
  * ordered reads a stale value while the first and third stay ordered;
  * GM_NO_DEVICE=1 makes cudaGetDeviceCount and the rest say
  * cudaErrorNoDevice; GM_DEVICES=2 gives two devices, a current one per thread;
@@ -46,11 +47,40 @@ static int drop_wait_body(void)
     return seen[0] == 1 && seen[1] == 1 && seen[2] == 3 ? 0 : 20 + seen[1];
 }
 
+static void *drop_wait_thread(void *p)
+{
+    *(int *)p = drop_wait_body();
+    return NULL;
+}
+
+/* The main thread waits once, then another thread runs drop_wait_body. */
+static int drop_wait_two_threads(void)
+{
+    cudaStream_t s;
+    cudaEvent_t never;
+    if (cudaStreamCreate(&s) || cudaEventCreate(&never) || cudaStreamWaitEvent(s, never, 0))
+        return 10;
+    int rc = -1;
+    pthread_t th;
+    pthread_create(&th, NULL, drop_wait_thread, &rc);
+    pthread_join(th, NULL);
+    return rc;
+}
+
+static int drop_wait_per_thread(void)
+{
+    setenv("GM_DROP_WAIT_PER_THREAD", "1", 1); /* before the model starts */
+    return drop_wait_two_threads();
+}
+
 static void test_drop_wait(void **state)
 {
     (void)state;
     assert_int_equal(run_child("GM_DROP_WAIT", "2", drop_wait_body), 0);
     assert_int_equal(run_child("GM_DROP_WAIT", "0", drop_wait_body), 22); /* all ordered: seen[1] == 2 */
+    /* counted per process, the thread's first wait is the second: seen[0] stale */
+    assert_int_equal(run_child("GM_DROP_WAIT", "2", drop_wait_two_threads), 22);
+    assert_int_equal(run_child("GM_DROP_WAIT", "2", drop_wait_per_thread), 0);
 }
 
 static int no_device_body(void)
