@@ -23,10 +23,12 @@
 # of a failing seed is printed (its last 200 lines), and the summary names
 # the failing seeds. Exit 0 when every seed passed.
 #
-# --expect-fail-with VAR=VALUE (the mutation check, repeatable): for each
-# seed COMMAND must pass as is and fail with each VAR=VALUE set (a model knob
-# such as GM_DROP_WAIT=k: the k-th cudaStreamWaitEvent dropped); exit 0 when
-# every mutation is caught under every seed.
+# --expect-fail-with VAR=VALUE (the mutation check, repeatable): COMMAND must
+# pass as is under every seed, and each VAR=VALUE (a model knob such as
+# GM_DROP_WAIT=k: the k-th cudaStreamWaitEvent dropped) must make it fail
+# under at least one seed. A dropped wait shows only when the work it ordered
+# is still pending, which the seed's delays make likely, not certain: exit 0
+# when every mutation was caught at least once.
 set -uo pipefail
 
 libdir="" exe="" seeds="1 2 3 4 5" seed_timeout=120 mutations=() envs=()
@@ -99,32 +101,33 @@ show_log() { echo "---- output of seed $1${2:+ with $2} (last 200 lines) ----"; 
 
 cmd=("$@")
 failed=()
+declare -A caught=()
 for s in $seeds; do
   run_seed "$s"
-  if [ ${#mutations[@]} -eq 0 ]; then
+  if [ $rc -ne 0 ] || [ ${#mutations[@]} -eq 0 ]; then
     last=""
     [ $rc -ne 0 ] || last=": $(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | cut -c1-160)"
-    echo "seed $s: $(explain $rc) (${secs} s)$last"
+    echo "seed $s${mutations[0]:+ as is}: $(explain $rc) (${secs} s)$last"
     [ $rc -eq 0 ] || { show_log "$s"; failed+=("$s"); }
     continue
   fi
-  if [ $rc -ne 0 ]; then
-    echo "seed $s: as is: $(explain $rc) (${secs} s): the mutation check needs a passing baseline"
-    show_log "$s"; failed+=("$s"); continue
-  fi
+  echo "seed $s as is: passed (${secs} s)"
   for m in "${mutations[@]}"; do
     run_seed "$s" "$m"
     if [ $rc -eq 0 ] || [ $rc -eq 77 ]; then
-      echo "seed $s: with $m: $(explain $rc) (${secs} s): the mutation was NOT caught"
-      show_log "$s" "$m"; failed+=("$s:$m")
+      echo "seed $s: with $m: $(explain $rc) (${secs} s): not caught under this seed"
     else
+      caught[$m]=$((${caught[$m]:-0} + 1))
       echo "seed $s: with $m: caught, $(explain $rc) (${secs} s):"
       grep -m 4 -E "gpumodel:|FAILED|ERROR|error|mismatch|differ" "$log" | cut -c1-240 | sed 's/^/    /'
     fi
   done
 done
+for m in "${mutations[@]}"; do
+  [ "${caught[$m]:-0}" -gt 0 ] || { echo "model_run.sh: $m was caught under none of the seeds $seeds"; failed+=("$m"); }
+done
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "model_run.sh: FAILED under seed(s) ${failed[*]} of $seeds: ${cmd[*]}"
+  echo "model_run.sh: FAILED (${failed[*]}), seeds $seeds: ${cmd[*]}"
   exit 1
 fi
-echo "model_run.sh: every seed ($seeds) ok${mutations[0]:+; caught: ${mutations[*]}}"
+echo "model_run.sh: every seed ($seeds) ok${mutations[0]:+; each mutation caught: ${mutations[*]}}"
