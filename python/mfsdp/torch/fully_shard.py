@@ -26,6 +26,7 @@ from ..schedule import Schedule
 from . import order as _order
 from . import policy as _policy
 from .cache import cache_dir, cache_stats, compile_cached, compiler_identity, schedule_key
+from . import guard as _guard
 from .guard import GuardedParameter
 from .shard import ShardedModel
 from .spec import Layout, Reshard, spec_from_module
@@ -208,7 +209,12 @@ def _install_habits(model):
             raise UsageError("model.%s(): %s" % (_name, _why))
         model.__dict__[name] = refuse
         names.append(name)
-    return names
+
+    def no_deepcopy(memo: Any) -> None:
+        first = next((n for n, _ in model.named_parameters()), "?")
+        raise UsageError(_guard.refusal_of(_guard.copy_deepcopy, first))
+    model.__dict__["__deepcopy__"] = no_deepcopy     # copy.deepcopy(model): an EMA copy
+    return names + ["__deepcopy__"]
 
 
 def _is_fsdp_method(name):

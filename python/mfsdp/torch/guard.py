@@ -192,6 +192,11 @@ def _compiling() -> bool:
         return False
 
 
+def refusal_of(func: Any, name: str) -> str:
+    """The refusal of a habit (below) on parameter `name`, or ""."""
+    return _habit(func, name)
+
+
 def _habit(func: Any, name: str) -> str:
     """The refusal of a habit that reaches a stand-in for another reason than
     a tie: freezing, deepcopy (an EMA copy), torch.compile of the sharded

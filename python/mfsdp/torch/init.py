@@ -50,7 +50,7 @@ def tensor_hash(t: torch.Tensor) -> int:
     b = t.detach().reshape(-1).contiguous().cpu()
     if b.dtype == torch.bool:
         b = b.to(torch.uint8)
-    data = b.view(torch.uint8).numpy().tobytes() if b.numel() else b""
+    data = memoryview(b.view(torch.uint8).numpy()) if b.numel() else b""   # no copy
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 

@@ -604,7 +604,7 @@ class ShardedModel:
                 return fn(*args)
             finally:
                 self.hook_seconds += time.perf_counter() - t0
-        return hook
+        return _not_traced(hook)
 
     def _make_fwd_pre(self, u):
         def hook(module, args):
@@ -770,6 +770,14 @@ class ShardedModel:
         self._reset_microbatch()
         if self.m == self.M:
             self._end_step()
+
+
+def _not_traced(hook):
+    """A hook that torch.compile runs as Python (a graph break), not traced:
+    torch.compile(model) of a sharded model compiles the code between the
+    unit hooks, which gather and free the weights as in eager mode."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(hook) if disable is not None else hook
 
 
 def _built_on_meta(model):
