@@ -133,9 +133,11 @@ void gmn_seg_sweep(void);
 /* Stores phase p for this rank and wakes the waiters. */
 void gmn_arrive(struct ncclComm *comm, _Atomic uint64_t *mine, uint64_t p);
 void gmn_wake(struct ncclComm *comm);
-/* Waits until every rank's counter (phase or host_phase) >= p. ncclSuccess,
- * or ncclRemoteError (a peer aborted or died; msg says which), or
- * ncclInvalidUsage when this rank aborted. */
+/* Waits until every rank's counter (phase, or host_phase with `host`) >= p.
+ * ncclSuccess; ncclInvalidUsage when this rank aborted; with `host`,
+ * ncclRemoteError when a lagging peer aborted or died (msg says which) --
+ * without, that peer only sets ncclRemoteError as comm's asynchronous error
+ * and the wait goes on until this rank aborts. */
 ncclResult_t gmn_wait_all(struct ncclComm *comm, bool host, uint64_t p, const char *what, char *msg, size_t len);
 /* Waits until cond(arg) holds, polling every ms, bounded like gmn_wait_all
  * (the hang watchdog); false when comm was aborted first. */

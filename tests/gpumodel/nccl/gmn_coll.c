@@ -15,9 +15,11 @@
  *   4. phases "data": in rounds of at most GMN_CHUNK bytes per rank, writes
  *      its contribution to its slot, waits for the peers', reads theirs and
  *      writes its output (reductions in rank order, gmn_reduce.c).
- * A wait that ends because a peer aborted or died sets ncclRemoteError as the
- * communicator's asynchronous error; one that ends because this rank aborted
- * just returns. Neither makes the stream fail: NCCL's kernels exit cleanly.
+ * A peer that aborted or died sets ncclRemoteError as the communicator's
+ * asynchronous error, and the item keeps waiting; an item that starts on a
+ * communicator holding an asynchronous error waits too: both return only when
+ * this rank aborts the communicator (NCCL's kernels exit then, not before),
+ * and the stream does not fail. A mismatched collective returns at once.
  */
 #include "gmn.h"
 
@@ -186,11 +188,8 @@ static bool exchange_desc(gmn_work *w)
     me->desc[p % 2].seq = comm->ncoll;
     gmn_arrive(comm, &me->phase, p);
     char msg[512];
-    ncclResult_t r = gmn_wait_all(comm, false, p, w->what, msg, sizeof msg);
-    if (r == ncclRemoteError)
-        gmn_set_async(comm, ncclRemoteError, "%s", msg);
-    if (r != ncclSuccess)
-        return false;
+    if (gmn_wait_all(comm, false, p, w->what, msg, sizeof msg) != ncclSuccess)
+        return false; /* this rank aborted */
     const gmn_desc *a = &me->desc[p % 2];
     for (int q = 0; q < comm->nranks; q++) {
         const gmn_desc *b = &seg->slots[q].desc[p % 2];
@@ -230,11 +229,8 @@ static bool round_once(gmn_work *w, size_t off, size_t len)
         memcpy(buf, send + off * es, len * es);
     gmn_arrive(comm, &comm->seg->slots[me].phase, p);
     char msg[512];
-    ncclResult_t r = gmn_wait_all(comm, false, p, w->what, msg, sizeof msg);
-    if (r == ncclRemoteError)
-        gmn_set_async(comm, ncclRemoteError, "%s", msg);
-    if (r != ncclSuccess)
-        return false;
+    if (gmn_wait_all(comm, false, p, w->what, msg, sizeof msg) != ncclSuccess)
+        return false; /* this rank aborted */
     for (size_t q = 0; q < N; q++)
         w->ins[q] = comm->seg->slots[q].data[p % 2] + (d->kind == GMN_REDUCE_SCATTER ? me * len * es : 0);
     switch (d->kind) {
@@ -303,18 +299,20 @@ static cudaError_t work_run(void *arg, char *err, size_t errlen)
     gmn_work *w = arg;
     struct ncclComm *comm = w->c.comm;
     cudaError_t e = cudaSuccess;
-    if (!atomic_load(&comm->aborted) && atomic_load(&comm->async_err) == ncclSuccess) {
-        e = check_ranges(w, err, errlen);
-        if (e != cudaSuccess) {
-            gmn_set_async(comm, ncclUnhandledCudaError, "%s: %s", w->what, err);
-        } else {
-            pthread_mutex_lock(&comm->exec_mu);
-            if (!atomic_load(&comm->aborted) && atomic_load(&comm->async_err) == ncclSuccess)
-                run_locked(w);
-            pthread_mutex_unlock(&comm->exec_mu);
-        }
+    if (atomic_load(&comm->aborted))
+        return cudaSuccess;
+    e = check_ranges(w, err, errlen);
+    if (e != cudaSuccess) {
+        gmn_set_async(comm, ncclUnhandledCudaError, "%s: %s", w->what, err);
+        return e;
     }
-    return e;
+    pthread_mutex_lock(&comm->exec_mu);
+    if (atomic_load(&comm->async_err) != ncclSuccess) /* a broken comm's kernels hang until aborted */
+        gmn_wait_until(comm, aborted_cond, comm, w->what);
+    else if (!atomic_load(&comm->aborted))
+        run_locked(w);
+    pthread_mutex_unlock(&comm->exec_mu);
+    return cudaSuccess;
 }
 
 ncclResult_t gmn_launch(const gmn_call *c)

@@ -558,6 +558,14 @@ static bool no_outstanding(void *arg)
     return atomic_load(&((struct ncclComm *)arg)->outstanding) == 0;
 }
 
+/* Done waiting for the stream work: none left, or the comm is broken (its
+ * work then waits for an abort that a wait here would never give). */
+static bool settled(void *arg)
+{
+    struct ncclComm *c = arg;
+    return no_outstanding(c) || atomic_load(&c->async_err) != ncclSuccess;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
     if (!comm || !asyncError || !live_has(comm))
@@ -628,7 +636,11 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
         atomic_store(&comm->finalize_state, ncclInProgress);
         return ncclInProgress;
     }
-    gmn_wait_until(comm, no_outstanding, comm, "ncclCommFinalize: waiting for the communicator's stream work");
+    gmn_wait_until(comm, settled, comm, "ncclCommFinalize: waiting for the communicator's stream work");
+    int a = atomic_load(&comm->async_err);
+    if (a != ncclSuccess)
+        return gmn_fail(comm, (ncclResult_t)a, "ncclCommFinalize of %s: the communicator has an asynchronous error "
+                        "(%s): abort it", comm->comm_name, ncclGetErrorString((ncclResult_t)a));
     atomic_store(&comm->finalize_state, ncclSuccess);
     return ncclSuccess;
 }
@@ -647,6 +659,29 @@ static void release(struct ncclComm *comm)
     gmn_comm_unref(comm);
 }
 
+/* Aborts a communicator this thread just took off the live list: its
+ * creation and running work see the flag within a poll, peers see the slot's. */
+static void abort_taken(struct ncclComm *comm)
+{
+    atomic_fetch_add(&gmn_stat_aborts, 1);
+    atomic_store(&comm->aborted, true);
+    double t0 = gmn_now_s();
+    while (!init_done(comm) && gmn_now_s() - t0 < gmn_hang_s())
+        usleep(1000);
+    if (comm->seg) {
+        atomic_store(&comm->seg->slots[comm->rank].aborted, 1);
+        gmn_wake(comm);
+    }
+    pthread_mutex_lock(&comm->exec_mu); /* the running item has returned */
+    pthread_mutex_unlock(&comm->exec_mu);
+    if (comm->name[0] && comm->seg && atomic_load(&comm->seg->njoined) < (uint32_t)comm->nranks) {
+        char path[GMN_NAME_MAX + 16];
+        snprintf(path, sizeof path, "/dev/shm/%s", comm->name);
+        unlink(path);
+    }
+    release(comm);
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
@@ -656,11 +691,14 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     if (gmn_group_depth() > 0)
         return gmn_fail(comm, ncclInvalidUsage, "ncclCommDestroy of %s inside ncclGroupStart/End", comm->comm_name);
     gmn_wait_until(comm, init_done, comm, "ncclCommDestroy: waiting for the communicator's creation");
-    if (atomic_load(&comm->init_state) == ncclSuccess && atomic_load(&comm->async_err) == ncclSuccess)
-        gmn_wait_until(comm, no_outstanding, comm, "ncclCommDestroy: waiting for the communicator's stream work");
+    if (atomic_load(&comm->init_state) == ncclSuccess)
+        gmn_wait_until(comm, settled, comm, "ncclCommDestroy: waiting for the communicator's stream work");
     if (!live_remove(comm))
         return gmn_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: comm %p was destroyed twice", (void *)comm);
-    release(comm);
+    if (atomic_load(&comm->init_state) != ncclSuccess || atomic_load(&comm->async_err) != ncclSuccess)
+        abort_taken(comm); /* a broken comm: its blocked work ends as with an abort */
+    else
+        release(comm);
     return ncclSuccess;
 }
 
@@ -670,24 +708,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         return ncclSuccess;
     if (!live_remove(comm))
         return gmn_fail(NULL, ncclInvalidArgument, "ncclCommAbort: comm %p is not a live communicator", (void *)comm);
-    atomic_fetch_add(&gmn_stat_aborts, 1);
-    atomic_store(&comm->aborted, true);
-    /* the creation job and a running collective see the flag within a poll */
-    double t0 = gmn_now_s();
-    while (!init_done(comm) && gmn_now_s() - t0 < gmn_hang_s())
-        usleep(1000);
-    if (comm->seg) {
-        atomic_store(&comm->seg->slots[comm->rank].aborted, 1);
-        gmn_wake(comm);
-    }
-    pthread_mutex_lock(&comm->exec_mu);
-    pthread_mutex_unlock(&comm->exec_mu);
-    if (comm->name[0] && comm->seg && atomic_load(&comm->seg->njoined) < (uint32_t)comm->nranks) {
-        char path[GMN_NAME_MAX + 16];
-        snprintf(path, sizeof path, "/dev/shm/%s", comm->name);
-        unlink(path);
-    }
-    release(comm);
+    abort_taken(comm);
     return ncclSuccess;
 }
 

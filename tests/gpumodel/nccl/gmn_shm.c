@@ -13,7 +13,9 @@
  * Waiting: every wait polls its condition, sleeps on the segment's futex
  * word at most GMN_POLL_MS, and on each wake-up checks this rank's abort flag,
  * the peers' abort flags and (every 250 ms) whether a lagging peer's process
- * still exists. After GM_NCCL_HANG_S seconds (default 120) a wait is a hang:
+ * still exists. A lost peer fails a host wait (a split) with ncclRemoteError;
+ * device work only records it as the asynchronous error and keeps waiting
+ * until this rank aborts (NCCL's kernels do not exit on their own). After GM_NCCL_HANG_S seconds (default 120) a wait is a hang:
  * it is reported as a violation and the process exits 3, so CI never hangs.
  */
 #include "gmn.h"
@@ -239,6 +241,19 @@ static bool peer_dead(const gmn_slot *s)
     return pid > 0 && pid != (int32_t)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
+/* A lagging peer that aborted or whose process died: a host wait (a split)
+ * fails with ncclRemoteError; device work sets it as the asynchronous error
+ * and keeps waiting, as NCCL's kernels do, until this rank aborts. */
+static bool peer_lost(struct ncclComm *comm, bool host, int q, const char *how, const char *what, char *msg,
+                      size_t len)
+{
+    snprintf(msg, len, "%s: rank %d %s", what, q, how);
+    if (host)
+        return true;
+    gmn_set_async(comm, ncclRemoteError, "%s", msg);
+    return false;
+}
+
 ncclResult_t gmn_wait_all(struct ncclComm *comm, bool host, uint64_t p, const char *what, char *msg, size_t len)
 {
     gmn_seg *seg = comm->seg;
@@ -251,10 +266,8 @@ ncclResult_t gmn_wait_all(struct ncclComm *comm, bool host, uint64_t p, const ch
             if ((host ? atomic_load(&s->host_phase) : atomic_load(&s->phase)) >= p)
                 continue;
             lag = q;
-            if (atomic_load(&s->aborted)) {
-                snprintf(msg, len, "%s: rank %d aborted its communicator", what, q);
+            if (atomic_load(&s->aborted) && peer_lost(comm, host, q, "aborted its communicator", what, msg, len))
                 return ncclRemoteError;
-            }
         }
         if (lag < 0)
             return ncclSuccess;
@@ -266,10 +279,9 @@ ncclResult_t gmn_wait_all(struct ncclComm *comm, bool host, uint64_t p, const ch
         if (now - live_at > 0.25) {
             live_at = now;
             for (int q = 0; q < comm->nranks; q++)
-                if (peer_dead(&seg->slots[q])) {
-                    snprintf(msg, len, "%s: rank %d (pid %d) exited", what, q, (int)atomic_load(&seg->slots[q].pid));
+                if (peer_dead(&seg->slots[q]) && peer_lost(comm, host, q, "exited (its process is gone)", what, msg,
+                                                           len))
                     return ncclRemoteError;
-                }
         }
         if (now - t0 > gmn_hang_s()) {
             char w[600];

@@ -12,6 +12,12 @@
  *
  *   test_nccl_backend SCHEDULE.yaml [STEPS]
  *
+ * Environment: TEST_NCCL_NONBLOCKING=1 (nonblocking communicators),
+ * TEST_NCCL_TIMEOUT_MS (the runtime's timeout, default 60000), and for the
+ * watchdog paths TEST_NCCL_EXPECT_FAIL="a|b|..." with a GM_NCCL_FAULT: then
+ * every rank must fail, each with its own error naming one of the
+ * alternatives (a timeout, the watchdog, an abort -- never wrong data).
+ *
  * Runs only on the model (LD_LIBRARY_PATH=<build>/tests/gpumodel/lib, set by
  * CTest): it refuses to run on another libnccl.so.2. Exit 0 when every rank
  * verified every step.
@@ -85,16 +91,30 @@ static void *rank_main(void *p)
     nc.unique_id = a->id;
     nc.has_unique_id = 1;
     nc.flags |= MFSDP_NCCL_HOST_COMPUTE;
+    if (getenv("TEST_NCCL_NONBLOCKING"))
+        nc.flags |= MFSDP_NCCL_NONBLOCKING;
     nc.watchdog_poll_ms = 50;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
     mfsdp_config_set_nccl(&cfg, &nc);
     cfg.rank = a->rank;
-    cfg.timeout_ms = 60000;
+    const char *t = getenv("TEST_NCCL_TIMEOUT_MS");
+    cfg.timeout_ms = t ? atoll(t) : 60000;
     mf_check_xchg xc = {xchg_allgather, NULL, a->x};
     mf_check_opts o = {.steps = a->steps, .stop_rank = -1, .stop_step = -1, .out = NULL};
     a->rc = mf_check_rank(a->sh, &cfg, &xc, &o, &a->out);
     return NULL;
+}
+
+/* True when s contains one of the '|'-separated alternatives. */
+static bool matches_one(const char *s, const char *alts)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", alts);
+    for (char *save = NULL, *a = strtok_r(buf, "|", &save); a; a = strtok_r(NULL, "|", &save))
+        if (strstr(s, a))
+            return true;
+    return false;
 }
 
 int main(int argc, char **argv)
@@ -138,7 +158,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    int bad = 0;
+    int bad = 0, unexpected = 0;
+    const char *expect = getenv("TEST_NCCL_EXPECT_FAIL");
     for (int r = 0; r < n; r++) {
         pthread_join(t[r], NULL);
         if (args[r].rc != 0) {
@@ -146,8 +167,16 @@ int main(int argc, char **argv)
             fprintf(stderr, "test_nccl_backend: rank %d: rc %d: %s%s%s\n", r, args[r].rc, args[r].out.msg,
                     args[r].out.own[0] ? " / own: " : "", args[r].out.own);
         }
+        if (expect && (args[r].rc != 1 || !matches_one(args[r].out.own, expect))) {
+            unexpected++;
+            fprintf(stderr, "test_nccl_backend: rank %d did not fail with one of \"%s\" (rc %d: %s)\n", r, expect,
+                    args[r].rc, args[r].out.own);
+        }
     }
-    printf("test_nccl_backend: %s: %d ranks, %lld steps, %d failed\n", argv[1], n, (long long)steps, bad);
+    printf("test_nccl_backend: %s: %d ranks, %lld steps, %d failed%s\n", argv[1], n, (long long)steps, bad,
+           expect ? (unexpected ? ", not as expected" : ", as expected") : "");
+    if (expect)
+        bad = unexpected;
     free(args);
     free(x.buf[0]);
     free(x.buf[1]);

@@ -4,7 +4,8 @@
  *   test_nccl_faults stop    GM_NCCL_FAULT=rank=1,after=2,kind=stop
  *       two collectives complete; at the third rank 1 never arrives, so both
  *       streams stay busy with no error reported, until rank 1 aborts: its
- *       own stream drains and rank 0's collective returns with ncclRemoteError;
+ *       own stream drains, rank 0's communicator reports ncclRemoteError and
+ *       its collective waits until rank 0 aborts as well;
  *   test_nccl_faults async   GM_NCCL_FAULT=rank=0,after=1,kind=async
  *       after one collective rank 0's communicator reports ncclSystemError
  *       (rank 1's stays clean);
@@ -92,12 +93,17 @@ static void test_stop(void **state)
         assert_int_equal(cudaStreamQuery(st[r]), cudaErrorNotReady);
         assert_int_equal(async_of(r), ncclSuccess); /* a stopped peer looks like a slow one */
     }
+    /* the stopped rank aborts (its own item exits); its peer sees it */
     assert_int_equal(ncclCommAbort(comm[1]), ncclSuccess);
     assert_int_equal(cudaStreamSynchronize(st[1]), cudaSuccess);
-    assert_int_equal(cudaStreamSynchronize(st[0]), cudaSuccess);
-    assert_int_equal(async_of(0), ncclRemoteError);
+    ncclResult_t a = ncclSuccess;
+    for (int i = 0; i < 2000 && (a = async_of(0)) != ncclRemoteError; i++)
+        usleep(1000);
+    assert_int_equal(a, ncclRemoteError);
     assert_non_null(strstr(ncclGetLastError(comm[0]), "rank 1 aborted"));
+    assert_int_equal(cudaStreamQuery(st[0]), cudaErrorNotReady); /* until rank 0 aborts too */
     assert_int_equal(ncclCommAbort(comm[0]), ncclSuccess);
+    assert_int_equal(cudaStreamSynchronize(st[0]), cudaSuccess);
 }
 
 static void test_async(void **state)

@@ -610,6 +610,21 @@ static void abort_init(rank_ctx *rc)
     EXPECT_CUDA(rc, cudaStreamCreateWithFlags(&sh->st[rc->rank], cudaStreamNonBlocking));
 }
 
+/* Polls comm's asynchronous error for up to 2 s until it is `want`; returns
+ * the last one seen. */
+static ncclResult_t poll_async(ncclComm_t comm, ncclResult_t want)
+{
+    ncclResult_t st = ncclInternalError;
+    for (int i = 0; i < 2000; i++) {
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess)
+            return ncclInternalError;
+        if (st == want)
+            break;
+        usleep(1000);
+    }
+    return st;
+}
+
 static void test_abort_releases_peer(void **state)
 {
     (void)state;
@@ -623,18 +638,20 @@ static void test_abort_releases_peer(void **state)
     assert_int_equal(ncclAllReduce(sh.buf[0], sh.buf[0], 64, ncclFloat, ncclSum, sh.comm[0], sh.st[0]), ncclSuccess);
     usleep(200000);
     assert_int_equal(cudaStreamQuery(sh.st[0]), cudaErrorNotReady);
-    ncclResult_t st = ncclInternalError;
-    assert_int_equal(ncclCommGetAsyncError(sh.comm[0], &st), ncclSuccess);
-    assert_int_equal(st, ncclSuccess);
-    /* rank 1 aborts: rank 0's collective returns, its comm reports the peer */
+    assert_int_equal(poll_async(sh.comm[0], ncclSuccess), ncclSuccess); /* a slow peer is no error */
+    /* rank 1 aborts: rank 0's comm reports the peer (ncclRemoteError), but
+     * its collective, like NCCL's kernels, waits until rank 0 aborts too */
     assert_int_equal(ncclCommAbort(sh.comm[1]), ncclSuccess);
-    assert_int_equal(cudaStreamSynchronize(sh.st[0]), cudaSuccess);
-    assert_int_equal(ncclCommGetAsyncError(sh.comm[0], &st), ncclSuccess);
-    assert_int_equal(st, ncclRemoteError);
-    /* a later collective on the broken comm does not block either */
+    assert_int_equal(poll_async(sh.comm[0], ncclRemoteError), ncclRemoteError);
+    assert_non_null(strstr(ncclGetLastError(sh.comm[0]), "rank 1 aborted"));
+    /* a later collective on the broken comm waits as well */
     assert_int_equal(ncclAllReduce(sh.buf[0], sh.buf[0], 64, ncclFloat, ncclSum, sh.comm[0], sh.st[0]), ncclSuccess);
-    assert_int_equal(cudaStreamSynchronize(sh.st[0]), cudaSuccess);
+    usleep(100000);
+    assert_int_equal(cudaStreamQuery(sh.st[0]), cudaErrorNotReady);
+    assert_int_equal(ncclCommFinalize(sh.comm[0]), ncclRemoteError); /* broken: abort it */
     assert_int_equal(ncclCommAbort(sh.comm[0]), ncclSuccess);
+    assert_int_equal(cudaStreamSynchronize(sh.st[0]), cudaSuccess); /* both items exited */
+    ncclResult_t st = ncclSuccess;
     assert_int_equal(ncclCommGetAsyncError(sh.comm[0], &st), ncclInvalidArgument); /* gone */
     gm_nccl_counters c;
     gm_nccl_stats(&c);

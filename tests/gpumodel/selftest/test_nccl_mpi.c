@@ -145,8 +145,9 @@ static void mismatch(cudaStream_t st)
     cudaFree(d);
 }
 
-/* The last rank aborts instead of joining a collective: the others' work
- * returns and reports ncclRemoteError. */
+/* The last rank aborts instead of joining a collective: the others'
+ * communicators report ncclRemoteError; their collectives end when they
+ * abort in turn. */
 static void abort_peer(cudaStream_t st)
 {
     ncclUniqueId id;
@@ -160,15 +161,19 @@ static void abort_peer(cudaStream_t st)
     if (me != np - 1) {
         NOK(ncclAllReduce(d, d, 64, ncclFloat, ncclSum, c, st));
         MPI_Barrier(MPI_COMM_WORLD);
-        cudaStreamSynchronize(st);
         ncclResult_t a = ncclSuccess;
-        NOK(ncclCommGetAsyncError(c, &a));
+        for (int i = 0; i < 5000 && a != ncclRemoteError; i++) {
+            NOK(ncclCommGetAsyncError(c, &a));
+            usleep(1000);
+        }
         CHECK(a == ncclRemoteError, "after the peer's abort: async error %s", ncclGetErrorString(a));
+        CHECK(cudaStreamQuery(st) == cudaErrorNotReady, "the collective ended before this rank aborted");
+        NOK(ncclCommAbort(c));
+        CHECK(cudaStreamSynchronize(st) == cudaSuccess, "the stream failed after the abort");
     } else {
+        NOK(ncclCommAbort(c));
         MPI_Barrier(MPI_COMM_WORLD);
-        usleep(100000);
     }
-    NOK(ncclCommAbort(c));
     cudaFree(d);
 }
 
