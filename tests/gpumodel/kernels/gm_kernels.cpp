@@ -29,15 +29,10 @@
 
 #include "mf_cuda_kernels.cu"
 
-#undef asm
-#undef volatile
-
 #include "gm_kernels_host.h"
 #include "gm_model.h"
 
 #include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <time.h>
 
 #include <utility>
@@ -50,12 +45,6 @@ extern "C" unsigned long long gm_kernels_globaltimer_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-}
-
-extern "C" void gm_kernels_ptx_unreachable(void)
-{
-    fprintf(stderr, "gpumodel: the spin kernel's inline PTX ran on the host (the registry should run its host wait)\n");
-    abort();
 }
 
 namespace {
@@ -141,22 +130,6 @@ int no_ranges(void **, gm_range *, int)
     return 0;
 }
 
-/* spin_kernel(int64_t ns): the .cu's own loop when it reads the timer through
- * MF_GLOBALTIMER, else the same wait on the host's clock. */
-void spin_run(void **args, dim3 grid, dim3 block)
-{
-#ifdef GM_CU_HAS_GLOBALTIMER_MACRO
-    run_grid<&spin_kernel>(args, grid, block);
-#else
-    (void)grid; /* every thread spins from the launch to ns later: one wait */
-    (void)block;
-    int64_t ns = *static_cast<const int64_t *>(args[0]);
-    unsigned long long t0 = gm_kernels_globaltimer_ns();
-    while ((int64_t)(gm_kernels_globaltimer_ns() - t0) < ns) {
-    }
-#endif
-}
-
 struct entry {
     gm_kernel k;
     const void *host_fn; /* the host build's function, for gm_cu_cudaLaunchKernel */
@@ -186,7 +159,8 @@ const entry table[] = {
     GM_COMBINE(1, 0), GM_COMBINE(1, 1), GM_COMBINE(1, 2),
     GM_COMBINE(2, 0), GM_COMBINE(2, 1), GM_COMBINE(2, 2),
     GM_FILL(0), GM_FILL(1), GM_FILL(2),
-    entry{make<&spin_kernel>("spin_kernel", spin_run, no_ranges), reinterpret_cast<const void *>(&spin_kernel)},
+    entry{make<&spin_kernel>("spin_kernel", run_grid<&spin_kernel>, no_ranges),
+          reinterpret_cast<const void *>(&spin_kernel)},
 };
 constexpr int table_len = (int)(sizeof table / sizeof table[0]);
 

@@ -99,16 +99,11 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 
 /* The device's nanosecond global timer (%globaltimer), read on the host's
- * monotonic clock. The spin kernel reads it through MF_GLOBALTIMER(v) when
- * the .cu has that macro (GM_CU_HAS_GLOBALTIMER_MACRO, set by CMake from the
- * .cu's text); otherwise its inline PTX cannot build for the host and is
- * replaced by a call that aborts, and the registry runs a host wait instead. */
+ * monotonic clock: the .cu reads it through MF_GLOBALTIMER(v), which it
+ * defines as inline PTX only when not defined already. Inline PTX anywhere
+ * else in the .cu cannot build here (the assembler refuses "mov.u64"): such a
+ * read needs a macro of its own, defined here. */
 extern "C" unsigned long long gm_kernels_globaltimer_ns(void);
 #define MF_GLOBALTIMER(v) ((v) = gm_kernels_globaltimer_ns())
-#ifndef GM_CU_HAS_GLOBALTIMER_MACRO
-extern "C" [[noreturn]] void gm_kernels_ptx_unreachable(void);
-#define asm
-#define volatile(...) gm_kernels_ptx_unreachable()
-#endif
 
 #endif

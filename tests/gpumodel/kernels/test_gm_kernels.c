@@ -7,7 +7,8 @@
  * scale, multi-source multi-destination sums with mul and div, in place,
  * aligned (vectorized) and unaligned pointers, ragged tails, guard elements
  * past the end untouched; NaN, infinities, subnormals, overflow and rounding
- * ties (NaN compared as NaN: gm_kernels.cpp, "NaN payloads"); the same launch
+ * ties (NaN compared as NaN; the NaN bits that differ from the references
+ * are pinned by test_nan_bits: gm_kernels.cpp, "NaN payloads"); the same launch
  * under other grids gives the same bits; fill against mf_pattern; the ranges
  * and parameter sizes the CUDA model relies on; the spin kernel's wait.
  *
@@ -455,6 +456,27 @@ static void test_spin(void **state)
     assert_int_equal(gm_cu_spin(-1, 0), cudaErrorInvalidValue);
 }
 
+/* NaN bits (gm_kernels.cpp, "NaN payloads"): rounded to bf16 or fp16, any
+ * NaN becomes CUDA's canonical 0x7fff, sign and payload dropped, where the
+ * host references keep the sign and the top payload bits. Both are NaN. */
+static void test_nan_bits(void **state)
+{
+    (void)state;
+    float src[8];
+    for (int i = 0; i < 8; i++)
+        src[i] = f_of(i % 2 ? 0xffc00001u : 0x7fa00000u);
+    for (int b = 1; b < 3; b++) {
+        uint16_t got[8] __attribute__((aligned(16)));
+        assert_int_equal(gm_cu_cast(got, dtypes[b], src, MF_FP32, 8, 0), cudaSuccess);
+        for (int i = 0; i < 8; i++) {
+            uint16_t ref = dtypes[b] == MF_BF16 ? mf_cuda_host_to_bf16(src[i]) : mf_cuda_host_to_fp16(src[i]);
+            assert_int_equal(got[i], 0x7fff);
+            assert_true(isnan(dtypes[b] == MF_BF16 ? mf_cuda_host_from_bf16(ref) : mf_cuda_host_from_fp16(ref)));
+            assert_int_equal(ref >> 15, i % 2); /* the reference keeps the sign */
+        }
+    }
+}
+
 /* The .cu's argument checks run in the host build too. */
 static void test_refusals(void **state)
 {
@@ -483,7 +505,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry),        cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_combine_pairs),   cmocka_unit_test(test_combine_in_place),
         cmocka_unit_test(test_combine_vs_cpu_reduce), cmocka_unit_test(test_grid_independent),
-        cmocka_unit_test(test_fill),            cmocka_unit_test(test_spin),
+        cmocka_unit_test(test_fill),            cmocka_unit_test(test_spin),            cmocka_unit_test(test_nan_bits),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
