@@ -201,7 +201,7 @@ def order(rank):
     sm = shard(model)
     out = {"registered": [n for n, _ in model.named_children()]}
     out["losses"] = train(sm, model, rank, regression=True)
-    out["units"], out["note"], out["spec"] = list(sm.schedule.units), sm._order_note, sm.spec
+    out["units"], out["note"], out["spec"] = list(sm.schedule.units), sm.order_note, sm.spec
     out["full"] = sm.full_state_dict()
     sm.close()
     return out

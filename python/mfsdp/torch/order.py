@@ -97,17 +97,17 @@ def first_forward(sm: FullyShardedModel, args: Tuple[Any, ...], kwargs: Dict[str
     try:
         order, calls = probe(sm, args, kwargs)
     except Exception as e:            # a forward that reads values cannot run on meta
-        sm._order_note = ("mt.fully_shard could not run the forward on meta tensors to find "
+        sm.order_note = ("mt.fully_shard could not run the forward on meta tensors to find "
                           "the order: %s: %s" % (type(e).__name__, str(e).splitlines()[0][:200]))
         return
     repeated = [u for u, c in calls.items()
                 if c > 1 and not all(s.whole_step for s in sm._slots[u])]
     if sorted(order) != list(range(sm.U)):
-        sm._order_note = ("the forward on meta tensors called %d of the %d units"
+        sm.order_note = ("the forward on meta tensors called %d of the %d units"
                           % (len(order), sm.U))
         return
     if order == list(range(sm.U)) and not repeated:
-        sm._order_note = "the forward on meta tensors ran the units in this order"
+        sm.order_note = "the forward on meta tensors ran the units in this order"
         return
     names = [sm.schedule.units[u] for u in order]
     ties = {s.name for slots in sm._slots for s in slots if s.whole_step}
@@ -127,7 +127,7 @@ def first_forward(sm: FullyShardedModel, args: Tuple[Any, ...], kwargs: Dict[str
     twice = [sm.schedule.units[u] for u in repeated]
     rebuild(sm, sched)
     sm.spec, sm.cache_status = spec, status
-    sm._order_note = "mt.fully_shard took this order from the forward on meta tensors%s" % (
+    sm.order_note = "mt.fully_shard took this order from the forward on meta tensors%s" % (
         " (called more than once, kept gathered for the step: %s)" % ", ".join(twice)
         if twice else "")
 

@@ -667,7 +667,7 @@ class ShardedModel:
         self._open(u)
 
     def _out_of_order(self, u, nxt):
-        why = getattr(self, "_order_note", None) or (
+        why = getattr(self, "order_note", None) or (
             "the schedule was given to mt.shard, which keeps its order")
         raise UsageError(
             "unit %r began its forward in microbatch %d while the schedule expects unit %r "
