@@ -11,8 +11,12 @@
  *       (rank 1's stays clean);
  *   test_nccl_faults hang    GM_NCCL_HANG_S=1
  *       rank 0 calls a collective rank 1 never calls: the model reports the
- *       hang and exits 3 (CTest matches the message) instead of hanging.
- * Two thread-ranks driven by one host thread (ncclCommInitAll + groups).
+ *       hang and exits 3 (CTest matches the message) instead of hanging;
+ *   test_nccl_faults deadpeer
+ *       rank 1 is a child process that joins and exits: rank 0's collective
+ *       sees its process gone (ncclRemoteError) and ends when rank 0 aborts.
+ * Two thread-ranks driven by one host thread (ncclCommInitAll + groups),
+ * except deadpeer (two processes; the child forks before any CUDA call).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -130,6 +135,43 @@ static void test_hang(void **state)
     fail_msg("a collective whose peer never came completed");
 }
 
+/* Rank 1 in a child that exits once joined; rank 0 here. */
+static void test_deadpeer(void **state)
+{
+    (void)state;
+    ncclUniqueId id;
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        ncclComm_t c = NULL;
+        _exit(ncclCommInitRank(&c, 2, id, 1) == ncclSuccess ? 0 : 1);
+    }
+    ncclComm_t c = NULL;
+    assert_int_equal(ncclCommInitRank(&c, 2, id, 0), ncclSuccess);
+    int status = -1;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cudaStream_t s;
+    float *d;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&d, 64 * sizeof(float)), cudaSuccess);
+    assert_int_equal(ncclAllReduce(d, d, 64, ncclFloat, ncclSum, c, s), ncclSuccess);
+    ncclResult_t a = ncclSuccess;
+    for (int i = 0; i < 3000 && a != ncclRemoteError; i++) {
+        assert_int_equal(ncclCommGetAsyncError(c, &a), ncclSuccess);
+        usleep(1000);
+    }
+    assert_int_equal(a, ncclRemoteError);
+    assert_non_null(strstr(ncclGetLastError(c), "exited"));
+    assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
+    assert_int_equal(ncclCommAbort(c), ncclSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -142,6 +184,9 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests(async, NULL, NULL);
     if (!strcmp(mode, "hang"))
         return cmocka_run_group_tests(hang, NULL, NULL);
-    fprintf(stderr, "usage: test_nccl_faults stop|async|hang (with the environment CTest sets)\n");
+    const struct CMUnitTest deadpeer[] = {cmocka_unit_test(test_deadpeer)};
+    if (!strcmp(mode, "deadpeer"))
+        return cmocka_run_group_tests(deadpeer, NULL, NULL);
+    fprintf(stderr, "usage: test_nccl_faults stop|async|hang|deadpeer (with the environment CTest sets)\n");
     return 2;
 }
