@@ -346,20 +346,23 @@ def _write(rt, group, sd, path, what, overwrite):
     try:
         every = group.all_gather((error, sums))
     except UsageError:
-        if rt.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)     # the save failed: any rank that knows removes it
         raise
     errors = [e for e, _ in every if e]
-    if rt.rank == 0:
-        if not errors:
-            items = {}
-            for _, s in every:
-                items.update(s)
-            errors = [e for e in [_commit(tmp, path, items, what, overwrite)] if e]
-        if errors:
-            shutil.rmtree(tmp, ignore_errors=True)
-    final = group.broadcast(errors[0] if errors else None)
+    if rt.rank == 0 and not errors:
+        items = {}
+        for _, s in every:
+            items.update(s)
+        errors = [e for e in [_commit(tmp, path, items, what, overwrite)] if e]
+    if errors:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        final = group.broadcast(errors[0] if errors else None)
+    except UsageError:
+        shutil.rmtree(tmp, ignore_errors=True)     # never a committed PATH: tmp is renamed first
+        raise
     if final:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise UsageError(final)
 
 
