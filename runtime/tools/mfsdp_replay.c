@@ -9,14 +9,17 @@
  * local: one thread per rank in this process. mpi: run under mpirun with one
  * process per rank. cuda-local (CUDA build): one thread per rank on one GPU,
  * device buffers and kernels, collectives by device copies. nccl (CUDA build):
- * a 1-rank mesh on one GPU through NCCL. The GPU backends run in their
- * host-compute mode (managed memory), so the oracle reads buffers directly. Prints per step the collectives and bytes by axis, the
- * time per stream and `verified` or the first mismatch. Exit status: 0 when
- * every rank verified every step (`verified` is printed only then), 1 on a
- * mismatch, a runtime error or a peer that died or stopped (under mpi every
- * surviving rank exits 1 within the timeout and about a second, naming it), 2 on a
- * usage error, an unreadable schedule or a world size that does not match the
- * mesh. Fault injection for tests: --stop-rank R --stop-step S (rank R stops
+ * one process per rank and one GPU each through NCCL, under mpirun -np <world>
+ * (rank 0's ncclGetUniqueId broadcast with MPI_Bcast; device = the local rank
+ * mod the devices the process sees); a 1-rank mesh also runs without mpirun.
+ * The GPU backends run in their host-compute mode (managed memory), so the
+ * oracle reads buffers directly. Prints per step the collectives and bytes by
+ * axis, the time per stream and `verified` or the first mismatch. Exit status:
+ * 0 when every rank verified every step (`verified` is printed only then), 1 on
+ * a mismatch, a runtime error (under mpirun: on any rank, a failed start-up
+ * included) or a peer that died or stopped (under mpirun every surviving rank
+ * exits 1 within the timeout and about a second, naming it), 2 on a usage
+ * error, an unreadable schedule or a world size that does not match the mesh. Fault injection for tests: --stop-rank R --stop-step S (rank R stops
  * calling hooks after step_begin of step S), --mismatch-rank R (rank R's
  * schedule hash differs).
  */
@@ -34,6 +37,9 @@
 
 #ifdef MFSDP_HAVE_MPI
 #include <mpi.h>
+#endif
+#ifdef MFSDP_HAVE_CUDA
+#include "mfsdp_nccl.h"
 #endif
 
 typedef struct args {
@@ -57,7 +63,8 @@ static void usage(FILE *f)
             "  --backend local   one thread per rank in this process (default)\n"
             "  --backend mpi     one process per rank, under mpirun -np <world>\n"
             "  --backend cuda-local  one thread per rank on one GPU (CUDA build)\n"
-            "  --backend nccl    a 1-rank mesh on one GPU through NCCL (CUDA build)\n"
+            "  --backend nccl    one process per rank, one GPU each, through NCCL, under\n"
+            "                    mpirun -np <world> (CUDA and MPI build; a 1-rank mesh also alone)\n"
             "  --ranks N         world size; must equal the mesh's (default: the mesh's)\n"
             "  --steps S         optimizer steps to replay (default 2)\n"
             "  --timeout-ms T    limit of every wait in the runtime (default 60000; 0: none)\n"
@@ -290,15 +297,28 @@ static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size
     return x->buf;
 }
 
-/* --backend nccl: a 1-rank mesh on this process's GPU through NCCL. */
+/* --backend nccl without mpirun: a 1-rank mesh on this process's GPU. */
 static int run_nccl(const args *a, mfsdp_schedule *sh)
 {
     int64_t world = mfsdp_schedule_world_size(sh);
-    if (world != 1 || (a->ranks >= 0 && a->ranks != 1)) {
+    if (a->ranks >= 0 && a->ranks != world) {
+        fprintf(stderr, "mfsdp-replay: error: --ranks %lld does not match the mesh of %s (%lld ranks)\n",
+                (long long)a->ranks, a->path, (long long)world);
+        return 2;
+    }
+    if (world != 1) {
+#ifdef MFSDP_HAVE_MPI
         fprintf(stderr,
-                "mfsdp-replay: error: --backend nccl replays a 1-rank mesh (%s has %lld ranks); use "
-                "--backend cuda-local for many ranks on one GPU\n",
+                "mfsdp-replay: error: the mesh of %s has %lld ranks: --backend nccl runs one process per "
+                "rank, under mpirun -np %lld (or replay it on one GPU with --backend cuda-local)\n",
+                a->path, (long long)world, (long long)world);
+#else
+        fprintf(stderr,
+                "mfsdp-replay: error: the mesh of %s has %lld ranks but this build has no MPI (MPI was not "
+                "found): --backend nccl runs a mesh of several ranks as one process per rank under "
+                "mpirun; replay it on one GPU with --backend cuda-local\n",
                 a->path, (long long)world);
+#endif
         return 2;
     }
     one_xchg x = {.cap = mf_check_xchg_bytes(sh)};
@@ -531,17 +551,21 @@ static bool xchg_all(mpi_xchg *x, int flag, int *all_flag)
     return ok;
 }
 
-/* How many ranks share this rank's machine (by processor name). */
-static bool xchg_node_ranks(mpi_xchg *x, int *node_ranks)
+/* How many ranks share this rank's machine (by processor name), and this
+ * rank's index among them. */
+static bool xchg_node_ranks(mpi_xchg *x, int *node_ranks, int *local_rank)
 {
     char mine[MPI_MAX_PROCESSOR_NAME + 1] = "";
     int len = 0;
     MPI_Get_processor_name(mine, &len);
     char *names = malloc((size_t)x->world * sizeof mine);
     bool ok = names && xchg_allgather(x, mine, sizeof mine, names, false);
-    *node_ranks = 0;
+    *node_ranks = *local_rank = 0;
     for (int q = 0; ok && q < x->world; q++)
-        *node_ranks += strcmp(names + (size_t)q * sizeof mine, mine) == 0;
+        if (strcmp(names + (size_t)q * sizeof mine, mine) == 0) {
+            *local_rank += q < x->rank;
+            (*node_ranks)++;
+        }
     free(names);
     return ok;
 }
@@ -558,7 +582,22 @@ static void mpi_apart(const mpi_xchg *x)
     _exit(1);
 }
 
-static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
+static void xchg_close(mpi_xchg *x)
+{
+    free(x->buf);
+    free(x->reqs);
+    free(x->done);
+    x->buf = NULL;
+    x->reqs = NULL;
+    x->done = NULL;
+}
+
+/* What --backend mpi and nccl (under mpirun) do first on every rank: the
+ * world must be the mesh's, then the check's exchange opens, the replay must
+ * fit on this machine and the exchange's buffer is allocated, agreed by every
+ * rank. -1 to go on (x open, *local_rank: this rank's index among the ranks
+ * of its machine), else the exit status (the same on every rank). */
+static int mpi_start(const args *a, mfsdp_schedule *sh, int rank, int size, mpi_xchg *x, int *local_rank)
 {
     int64_t world = mfsdp_schedule_world_size(sh);
     if (size != world || (a->ranks >= 0 && a->ranks != world)) {
@@ -569,30 +608,71 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
                     size, a->path, (long long)world, (long long)world);
         return 2;
     }
-    mpi_xchg x;
     int node_ranks = 1, all_fit = 0, all_ok = 0;
-    if (!xchg_open(&x, rank, size, a->timeout_ms)) {
+    if (!xchg_open(x, rank, size, a->timeout_ms)) {
         fprintf(stderr, "mfsdp-replay: error: rank %d: cannot start the check's exchange\n", rank);
         _exit(2);
     }
-    if (!xchg_node_ranks(&x, &node_ranks) ||
-        !xchg_all(&x, rank == 0 ? fits(sh, a->path, node_ranks) : 1, &all_fit))
-        mpi_apart(&x);
-    if (!all_fit)
+    if (!xchg_node_ranks(x, &node_ranks, local_rank) ||
+        !xchg_all(x, rank == 0 ? fits(sh, a->path, node_ranks) : 1, &all_fit))
+        mpi_apart(x);
+    if (!all_fit) {
+        xchg_close(x);
         return 2;
+    }
     if (rank == a->mismatch_rank)
         perturb(sh);
-    x.cap = mf_check_xchg_bytes(sh);
-    x.buf = malloc(x.cap * (size_t)size);
-    if (!xchg_all(&x, x.buf != NULL, &all_ok))
-        mpi_apart(&x);
+    x->cap = mf_check_xchg_bytes(sh);
+    x->buf = malloc(x->cap * (size_t)size);
+    if (!xchg_all(x, x->buf != NULL, &all_ok))
+        mpi_apart(x);
     if (!all_ok) {
-        free(x.buf);
+        xchg_close(x);
         if (rank == 0)
             fprintf(stderr, "mfsdp-replay: error: out of memory\n");
         return 2;
     }
-    mf_check_xchg xc = {mpi_allgather, mpi_why, &x};
+    return -1;
+}
+
+/* Runs the oracle on this rank with cfg (rank 0 reports) and ends with the
+ * final agreement, so that no rank finalizes while a peer still exchanges.
+ * The exit status: 0 only when every rank verified every step. */
+static int mpi_check(const args *a, const mfsdp_schedule *sh, mpi_xchg *x, const mfsdp_config *cfg,
+                     const char *backend)
+{
+    mf_check_xchg xc = {mpi_allgather, mpi_why, x};
+    mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
+                       .out = a->quiet || x->rank != 0 ? NULL : stdout};
+    if (!a->quiet && x->rank == 0)
+        describe(sh, a->path, backend, stdout);
+    mf_check_outcome out;
+    int rc = mf_check_rank(sh, cfg, &xc, &o, &out);
+    if (x->broken)
+        mpi_apart(x);
+    if (out.own[0])
+        fprintf(stderr, "%s\n", out.own);
+    /* rc is 0 only when every rank's report of the last step said so. */
+    if (x->rank == 0) {
+        if (rc == 0)
+            printf("verified: %d ranks, %lld steps\n", x->world, (long long)a->steps);
+        else
+            printf("FAILED: %s\n", out.msg[0] ? out.msg : out.own);
+        fflush(stdout);
+    }
+    int all_done = 0;
+    if (!xchg_all(x, 1, &all_done))
+        mpi_apart(x);
+    xchg_close(x);
+    return rc == 0 ? 0 : 1;
+}
+
+static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
+{
+    mpi_xchg x;
+    int local_rank = 0, rc = mpi_start(a, sh, rank, size, &x, &local_rank);
+    if (rc >= 0)
+        return rc;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
     MPI_Comm world_comm = MPI_COMM_WORLD;
@@ -601,32 +681,109 @@ static int run_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
     cfg.rank = rank;
     cfg.timeout_ms = a->timeout_ms;
     cfg.flags = a->sync ? MFSDP_FLAG_SYNCHRONOUS : 0;
-    mf_check_opts o = {.steps = a->steps, .stop_rank = a->stop_rank, .stop_step = a->stop_step,
-                       .out = a->quiet || rank != 0 ? NULL : stdout};
-    if (!a->quiet && rank == 0)
-        describe(sh, a->path, "mpi", stdout);
-    mf_check_outcome out;
-    int rc = mf_check_rank(sh, &cfg, &xc, &o, &out);
-    if (x.broken)
-        mpi_apart(&x);
-    if (out.own[0])
-        fprintf(stderr, "%s\n", out.own);
-    /* rc is 0 only when every rank's report of the last step said so. */
-    if (rank == 0) {
-        if (rc == 0)
-            printf("verified: %d ranks, %lld steps\n", size, (long long)a->steps);
-        else
-            printf("FAILED: %s\n", out.msg);
+    return mpi_check(a, sh, &x, &cfg, "mpi");
+}
+
+#ifdef MFSDP_HAVE_CUDA
+enum { START_WHY = 256 };
+
+/* Every rank's start-up problem (mine: "" when none) gathered: true when no
+ * rank has one; else rank 0 prints FAILED with the first (its rank named in
+ * it) and every rank returns false. */
+static bool xchg_agree(mpi_xchg *x, const char *mine)
+{
+    char own[START_WHY];
+    snprintf(own, sizeof own, "%s", mine);
+    char *all = malloc((size_t)x->world * START_WHY);
+    if (!all) {
+        snprintf(x->why, sizeof x->why, "rank %d: out of memory", x->rank);
+        mpi_apart(x);
+    }
+    if (!xchg_allgather(x, own, START_WHY, all, false)) {
+        free(all);
+        mpi_apart(x);
+    }
+    int first = -1, bad = 0;
+    for (int q = 0; q < x->world; q++)
+        if (all[(size_t)q * START_WHY]) {
+            first = first < 0 ? q : first;
+            bad++;
+        }
+    if (first >= 0 && x->rank == 0) {
+        printf("FAILED: %s", all + (size_t)first * START_WHY);
+        if (bad > 1)
+            printf(" (and %d more %s)", bad - 1, bad == 2 ? "rank" : "ranks");
+        printf("\n");
         fflush(stdout);
     }
-    int all_done = 0;
-    if (!xchg_all(&x, 1, &all_done))
-        mpi_apart(&x);
-    free(x.buf);
-    free(x.reqs);
-    free(x.done);
-    return rc == 0 ? 0 : 1;
+    free(all);
+    return first < 0;
 }
+
+/* Selects this rank's GPU: its local rank (OMPI_COMM_WORLD_LOCAL_RANK, else
+ * its index among the ranks of its machine) modulo the devices this process
+ * sees. Returns the device, or -1 with the problem in why. */
+static int pick_device(int rank, int local_rank, char *why, size_t cap)
+{
+    int64_t env_rank;
+    const char *env = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (env && parse_int(env, 0, &env_rank) && env_rank <= 0x7fffffff)
+        local_rank = (int)env_rank;
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev < 1) {
+        snprintf(why, cap, "rank %d: no usable CUDA device (cudaGetDeviceCount: %s)", rank,
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return -1;
+    }
+    int dev = local_rank % ndev;
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) {
+        snprintf(why, cap, "rank %d: cudaSetDevice(%d) failed (local rank %d of %d devices): %s", rank, dev,
+                 local_rank, ndev, cudaGetErrorString(e));
+        return -1;
+    }
+    return dev;
+}
+
+/* --backend nccl under mpirun: one process per rank and one GPU each, the
+ * NCCL world made from rank 0's unique id (MPI_Bcast), as a trainer does. */
+static int run_nccl_mpi(const args *a, mfsdp_schedule *sh, int rank, int size)
+{
+    mpi_xchg x;
+    int local_rank = 0, rc = mpi_start(a, sh, rank, size, &x, &local_rank);
+    if (rc >= 0)
+        return rc;
+    char why[START_WHY] = "";
+    int dev = pick_device(rank, local_rank, why, sizeof why);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r;
+    if (rank == 0 && dev >= 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
+        snprintf(why, sizeof why, "rank 0: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    if (why[0])
+        fprintf(stderr, "mfsdp-replay: error: %s\n", why);
+    if (!xchg_agree(&x, why)) {
+        xchg_close(&x);
+        return 1;
+    }
+    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(x.why, sizeof x.why, "rank %d: MPI_Bcast of the NCCL unique id failed", rank);
+        mpi_apart(&x);
+    }
+    mfsdp_nccl_config nc;
+    mfsdp_nccl_config_init(&nc);
+    nc.unique_id = id;
+    nc.has_unique_id = 1;
+    nc.device = dev;
+    nc.flags |= MFSDP_NCCL_HOST_COMPUTE;   /* the oracle reads the buffers on the host */
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    mfsdp_config_set_nccl(&cfg, &nc);
+    cfg.rank = rank;
+    cfg.timeout_ms = a->timeout_ms;
+    return mpi_check(a, sh, &x, &cfg, "nccl");
+}
+#endif
 
 /* MPI_Finalize waits for every peer; one that died after the last exchange
  * would hold it for ever: bounded by the timeout and FINALIZE_SLACK_S (a
@@ -655,51 +812,91 @@ static void finalize_bounded(int rc, int64_t timeout_ms)
 }
 #endif
 
+/* Whether an MPI launcher (mpirun, mpiexec, srun) started this process;
+ * *procs: how many processes it started (0: not said). */
+static bool launched_by_mpi(int64_t *procs)
+{
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+    *procs = 0;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const char *v = getenv(sizes[k]);
+        if (v && parse_int(v, 1, procs))
+            return true;
+    }
+    return getenv("PMIX_RANK") != NULL;
+}
+
+#ifdef MFSDP_HAVE_MPI
+/* MPI_Init with this rank and the world's size; -1 to go on, else the exit
+ * status. The mpi backend needs MPI_THREAD_MULTIPLE (its stream threads call
+ * MPI); nccl uses MPI on the main thread only. */
+static int mpi_init(int *argc, char ***argv, bool need_multiple, int *rank, int *size)
+{
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    if (need_multiple && provided < MPI_THREAD_MULTIPLE) {
+        if (*rank == 0)
+            fprintf(stderr, "mfsdp-replay: error: this MPI does not provide MPI_THREAD_MULTIPLE\n");
+        MPI_Finalize();
+        return 2;
+    }
+    return -1;
+}
+#endif
+
+/* Runs the replay on the backend asked for; the exit status. */
+static int run_backend(const args *a, mfsdp_schedule *sh, bool mpi, int rank, int size)
+{
+#ifdef MFSDP_HAVE_MPI
+    if (mpi && !strcmp(a->backend, "mpi"))
+        return run_mpi(a, sh, rank, size);
+#ifdef MFSDP_HAVE_CUDA
+    if (mpi)
+        return run_nccl_mpi(a, sh, rank, size);
+#endif
+#endif
+    (void)mpi;
+    (void)rank;
+    (void)size;
+    return !strcmp(a->backend, "nccl") ? run_nccl(a, sh) : run_local(a, sh);
+}
+
 int main(int argc, char **argv)
 {
     args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
-    bool mpi = !strcmp(a.backend, "mpi");
-#ifdef MFSDP_HAVE_MPI
-    int rank = 0, size = 1;
-    if (mpi) {
-        int provided = 0;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        if (provided < MPI_THREAD_MULTIPLE) {
-            if (rank == 0)
-                fprintf(stderr, "mfsdp-replay: error: this MPI does not provide MPI_THREAD_MULTIPLE\n");
-            MPI_Finalize();
-            return 2;
-        }
-    }
-#else
-    if (mpi) {
-        fprintf(stderr, "mfsdp-replay: error: this build has no MPI backend (MPI was not found)\n");
-        return 2;
-    }
-#endif
-    bool gpu = !strcmp(a.backend, "cuda-local") || !strcmp(a.backend, "nccl");
+    bool nccl = !strcmp(a.backend, "nccl"), gpu = nccl || !strcmp(a.backend, "cuda-local");
     if (gpu && !mfsdp_backend_available(MFSDP_BACKEND_CUDA_LOCAL)) {
         fprintf(stderr, "mfsdp-replay: error: this build has no CUDA backend (CUDA or NCCL was not found)\n");
         return 2;
     }
+    /* nccl runs one process per rank under an MPI launcher, alone otherwise. */
+    int64_t procs = 0;
+    bool mpi = !strcmp(a.backend, "mpi") || (nccl && launched_by_mpi(&procs));
+    int rank = 0, size = 1;
+#ifdef MFSDP_HAVE_MPI
+    if (mpi && (rc = mpi_init(&argc, &argv, !nccl, &rank, &size)) >= 0)
+        return rc;
+#else
+    if (mpi && (!nccl || procs != 1)) {
+        fprintf(stderr, nccl ? "mfsdp-replay: error: this build has no MPI (MPI was not found): --backend "
+                               "nccl cannot run one process per rank under mpirun\n"
+                             : "mfsdp-replay: error: this build has no MPI backend (MPI was not found)\n");
+        return 2;
+    }
+    mpi = false;   /* a world of one process: the 1-rank path */
+#endif
     mfsdp_schedule *sh = NULL;
     if (mfsdp_schedule_load(a.path, &sh) != MFSDP_OK) {
-#ifdef MFSDP_HAVE_MPI
         if (!mpi || rank == 0)
-#endif
             fprintf(stderr, "mfsdp-replay: error: %s\n", mfsdp_last_error(NULL));
         rc = 2;
     } else {
-#ifdef MFSDP_HAVE_MPI
-        rc = mpi ? run_mpi(&a, sh, rank, size) : !strcmp(a.backend, "nccl") ? run_nccl(&a, sh) : run_local(&a, sh);
-#else
-        rc = !strcmp(a.backend, "nccl") ? run_nccl(&a, sh) : run_local(&a, sh);
-#endif
+        rc = run_backend(&a, sh, mpi, rank, size);
     }
     mfsdp_schedule_free(sh);
 #ifdef MFSDP_HAVE_MPI
