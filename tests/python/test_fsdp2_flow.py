@@ -363,3 +363,51 @@ def test_torchrun_on_the_cpu_backend_names_mpirun(monkeypatch):
     model = tinyllama.reference()
     refused(lambda: mt.fully_shard(model, mesh={"dp": 4}, layout="zero3", backend="mpi"),
             "under torchrun (WORLD_SIZE=4", "mpirun -np 4")
+
+
+def test_reset_parameters_of_a_tied_model_on_meta():
+    """torch's own init (each module's reset_parameters) on a model built on
+    meta whose LM head shares the embedding's weight: the tie is initialised
+    twice, as in one process (its unit made whole again from the shards)."""
+    import gpt
+
+    def build():
+        torch.manual_seed(4)
+        with torch.device("meta"):
+            return gpt.GPT()
+
+    def init(m):
+        for mod in m.modules():
+            if hasattr(mod, "reset_parameters"):
+                mod.reset_parameters()
+    ref = build()
+    ref.to_empty(device="cpu")
+    ref.lm_head.weight = ref.wte.weight       # to_empty unties a meta model (mfsdp's stays tied)
+    init(ref)
+    model = build()
+    sm = one(model)
+    model.to_empty(device="cpu")
+    init(model)
+    full = sm.full_state_dict()
+    assert all(torch.equal(full[n], p.detach()) for n, p in ref.named_parameters())
+    x, y = gpt.make_data(1, 1, 1, 2)
+    assert model(x[0, 0, 0], y[0, 0, 0]).item() == ref(x[0, 0, 0], y[0, 0, 0]).item()
+    sm.close()
+
+
+def test_dcp_loaded_into_a_meta_build(tmp_path):
+    ref = tinyllama.reference(seed=9)
+    sm = one(ref)
+    sm.save_dcp(str(tmp_path / "ck"))
+    sm.close()
+    want = tinyllama.reference(seed=9)
+    model = tinyllama.on_meta()
+    sm = one(model)
+    model.to_empty(device="cpu")
+    model.model.inv_freq.copy_(want.model.inv_freq)
+    sm.load_dcp(str(tmp_path / "ck"))
+    full = sm.full_state_dict()
+    assert all(torch.equal(full[n], p.detach()) for n, p in want.named_parameters())
+    x = ids()
+    assert model(x, x).item() == want(x, x).item()
+    sm.close()

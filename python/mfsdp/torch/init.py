@@ -72,9 +72,11 @@ def agree(sm: ShardedModel, hashes: Dict[str, int], what: str) -> None:
     try:
         got = rt.allreduce(parts + [-x for x in parts], "max")
     except MfsdpError as e:
-        if e.code == _lib.ERR_UNSUPPORTED:     # the nccl backend has no helpers
+        if e.code != _lib.ERR_UNSUPPORTED:
+            raise
+        got = _dist_max(parts + [-x for x in parts], rt)   # the nccl backend has no helpers
+        if got is None:
             return
-        raise
     k = len(parts)
     differ = [names[i // 3] for i in range(0, k, 3)
               if any(got[j] != -got[k + j] for j in range(i, i + 3))]
@@ -88,6 +90,18 @@ def agree(sm: ShardedModel, hashes: Dict[str, int], what: str) -> None:
             "not broadcast rank 0's" % (
                 len(differ), "" if len(differ) == 1 else "s", ", ".join(differ[:8]),
                 ", ..." if len(differ) > 8 else "", what))
+
+
+def _dist_max(values: List[float], rt: Any) -> Optional[List[float]]:
+    """The max over torch.distributed's world (the nccl backend needs it
+    initialised on more than one rank), or None without it."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
 
 
 def buffer_hashes(model: torch.nn.Module) -> Dict[str, int]:
