@@ -119,6 +119,7 @@ struct ncclComm {
     uint64_t nsplit;              /* the user thread's: splits done */
     pthread_mutex_t reg_mu;
     gmn_reg *regs;
+    pthread_mutex_t err_mu;       /* last_err: written by the user's and stream threads */
     char last_err[512];
 };
 

@@ -98,8 +98,11 @@ static bool live_has(const struct ncclComm *c)
 static void vset(struct ncclComm *comm, const char *fmt, va_list ap)
 {
     vsnprintf(tl_err, sizeof tl_err, fmt, ap);
-    if (comm)
+    if (comm) {
+        pthread_mutex_lock(&comm->err_mu);
         snprintf(comm->last_err, sizeof comm->last_err, "%s", tl_err);
+        pthread_mutex_unlock(&comm->err_mu);
+    }
     const char *dbg = getenv("NCCL_DEBUG");
     if (dbg && *dbg && strcasecmp(dbg, "VERSION") != 0)
         fprintf(stderr, "gpumodel: nccl: WARN %s\n", tl_err);
@@ -119,12 +122,16 @@ void gmn_set_async(struct ncclComm *comm, ncclResult_t r, const char *fmt, ...)
     int expect = ncclSuccess;
     if (!atomic_compare_exchange_strong(&comm->async_err, &expect, (int)r))
         return;
+    char msg[sizeof comm->last_err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(comm->last_err, sizeof comm->last_err, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    pthread_mutex_lock(&comm->err_mu);
+    memcpy(comm->last_err, msg, sizeof msg);
+    pthread_mutex_unlock(&comm->err_mu);
     fprintf(stderr, "gpumodel: nccl: rank %d of %s: asynchronous error %s: %s\n", comm->rank, comm->comm_name,
-            ncclGetErrorString(r), comm->last_err);
+            ncclGetErrorString(r), msg);
 }
 
 const char *ncclGetErrorString(ncclResult_t r)
@@ -142,10 +149,18 @@ const char *ncclGetErrorString(ncclResult_t r)
     }
 }
 
+/* A copy (this thread's, valid until its next call): other threads write
+ * comm's message. */
 const char *ncclGetLastError(ncclComm_t comm)
 {
-    if (comm && live_has(comm) && comm->last_err[0])
-        return comm->last_err;
+    static __thread char copy[sizeof tl_err];
+    if (comm && live_has(comm)) {
+        pthread_mutex_lock(&comm->err_mu);
+        snprintf(copy, sizeof copy, "%s", comm->last_err);
+        pthread_mutex_unlock(&comm->err_mu);
+        if (copy[0])
+            return copy;
+    }
     return tl_err;
 }
 
@@ -171,6 +186,7 @@ void gmn_comm_unref(struct ncclComm *comm)
     gmn_seg_unmap(comm);
     pthread_mutex_destroy(&comm->exec_mu);
     pthread_mutex_destroy(&comm->reg_mu);
+    pthread_mutex_destroy(&comm->err_mu);
     free(comm);
 }
 
@@ -307,6 +323,7 @@ static struct ncclComm *comm_new(bool blocking, const char *comm_name)
     atomic_init(&c->init_state, ncclInProgress);
     pthread_mutex_init(&c->exec_mu, NULL);
     pthread_mutex_init(&c->reg_mu, NULL);
+    pthread_mutex_init(&c->err_mu, NULL);
     snprintf(c->comm_name, sizeof c->comm_name, "%s", comm_name);
     if (cudaGetDevice(&c->device) != cudaSuccess)
         c->device = 0;

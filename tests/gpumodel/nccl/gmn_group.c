@@ -118,7 +118,6 @@ ncclResult_t ncclGroupEnd(void)
         }
         gmn_job_unref(jobs[i].job);
     }
-    njobs = 0;
     for (int i = 0; i < ncalls; i++) {
         if (r == ncclSuccess) {
             ncclResult_t lr = gmn_launch(&calls[i]);
@@ -131,7 +130,12 @@ ncclResult_t ncclGroupEnd(void)
         }
         gmn_comm_unref(calls[i].comm);
     }
-    ncalls = 0;
+    /* the lists are the thread's: released here, not left to leak at its exit */
+    free(calls);
+    free(jobs);
+    calls = NULL;
+    jobs = NULL;
+    ncalls = capcalls = njobs = capjobs = 0;
     first_err = ncclSuccess;
     return r == ncclSuccess && in_progress ? ncclInProgress : r;
 }

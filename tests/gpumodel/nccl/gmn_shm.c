@@ -47,20 +47,25 @@ double gmn_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static double hang_limit;
+static pthread_once_t hang_once = PTHREAD_ONCE_INIT;
+
+static void hang_read(void)
+{
+    const char *v = getenv("GM_NCCL_HANG_S");
+    char *end = NULL;
+    double h = v && *v ? strtod(v, &end) : 120.0;
+    if (v && *v && (end == v || *end || h <= 0)) {
+        fprintf(stderr, "gpumodel: GM_NCCL_HANG_S=%s: expected a positive number of seconds\n", v);
+        _exit(2);
+    }
+    hang_limit = h;
+}
+
 double gmn_hang_s(void)
 {
-    static double hang = -1;
-    if (hang < 0) {
-        const char *v = getenv("GM_NCCL_HANG_S");
-        char *end = NULL;
-        double h = v && *v ? strtod(v, &end) : 120.0;
-        if (v && *v && (end == v || *end || h <= 0)) {
-            fprintf(stderr, "gpumodel: GM_NCCL_HANG_S=%s: expected a positive number of seconds\n", v);
-            _exit(2);
-        }
-        hang = h;
-    }
-    return hang;
+    pthread_once(&hang_once, hang_read);
+    return hang_limit;
 }
 
 _Noreturn void gmn_hang(const char *what, double waited_s)
