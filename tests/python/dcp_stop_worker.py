@@ -59,8 +59,6 @@ def main():
     model = gpt.make_model()
     spec = mt.spec_from_module(model, mesh={"dp_outer": 2, "dp_inner": 2}, layout="hfsdp")
     sm = mt.shard(model, mfsdp.Schedule.compile(spec), backend="mpi", timeout_ms=TIMEOUT_MS)
-    if getattr(sm.runtime, "timeout_ms", None) is None:
-        sm.runtime.timeout_ms = TIMEOUT_MS      # until mfsdp.Runtime keeps its timeout_ms
     opt = torch.optim.AdamW(sm.main_parameters(), lr=3e-3, foreach=False)
     X, Y = gpt.make_data(1, 4, 1, 2)
     model(X[0, rank, 0], Y[0, rank, 0]).backward()

@@ -135,10 +135,9 @@ def _dist_for(what: str, rt: Runtime):
     return dist
 
 
-def timeout_ms(rt: Runtime) -> int:
-    """The runtime's timeout_ms (mfsdp_config's default, 600000, when the
-    Runtime does not say)."""
-    t = getattr(rt, "timeout_ms", None)
+def timeout_ms(rt: Runtime, given: Optional[int] = None) -> int:
+    """`given`, else the runtime's timeout_ms, else mfsdp_config's default (600000)."""
+    t = given if given is not None else getattr(rt, "timeout_ms", None)
     return DEFAULT_TIMEOUT_MS if t is None else int(t)
 
 
@@ -148,19 +147,18 @@ class Group:
     ends every other rank's save within it, not within the default group's
     timeout (30 minutes). None inside for a world of one."""
 
-    def __init__(self, dist: Any, rt: Runtime, what: str) -> None:
+    def __init__(self, dist: Any, rt: Runtime, what: str, ms: Optional[int] = None) -> None:
         self.dist, self.what, self.pg = dist, what, None
         if dist is None:
             return
         self.pg = getattr(rt, "_mfsdp_dcp_group", None)
         if self.pg is None:
             rt.allreduce(0.0)      # every rank is here (within timeout_ms) before new_group waits
-            ms = timeout_ms(rt)
+            ms = timeout_ms(rt, ms)
             self.pg = self._call(lambda: dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(
                     milliseconds=ms if ms > 0 else 365 * 86400 * 1000)), "creating its group")
             rt._mfsdp_dcp_group = self.pg
-        self.ms = timeout_ms(rt)
 
     def _call(self, fn, doing):
         try:
@@ -251,13 +249,15 @@ def _balance(items, world):
 
 
 def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = None,
-         what: str = "save_dcp", overwrite: bool = False) -> None:
+         what: str = "save_dcp", overwrite: bool = False,
+         timeout: Optional[int] = None) -> None:
     """Writes the runtime's master weights (and `opt`) as a DCP checkpoint in
     directory `path`: a new one, or with overwrite=True one that replaces the
     DCP checkpoint there (atomically where renameat2 can exchange them).
     Collective over the runtime's world; every failure is a UsageError on
-    every rank within timeout_ms, and leaves no PATH.tmp-*."""
-    group = Group(_dist_for(what, rt), rt, what)
+    every rank within timeout_ms (`timeout`, else the runtime's), and leaves
+    no PATH.tmp-*."""
+    group = Group(_dist_for(what, rt), rt, what, timeout)
     main = {v.name: v.shard_count for v in rt.views if v.shard_count}
     problem = None
     try:
@@ -818,7 +818,9 @@ def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
         raise UsageError("save_dcp: overwrite must be True or False, got %r" % (overwrite,))
     sm._between_steps("save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
-    save(sm.runtime, Names.of_model(sm), path, opt, overwrite=overwrite)
+    runtime_kw = getattr(sm, "_how", (None, None, {}))[2]      # what mt.shard gave the Runtime
+    save(sm.runtime, Names.of_model(sm), path, opt, overwrite=overwrite,
+         timeout=runtime_kw.get("timeout_ms"))
 
 
 def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
