@@ -345,7 +345,8 @@ def test_habits_name_their_cause_and_fix():
     refused(lambda: model(x, x), "microbatches=N to mt.fully_shard", "optimizer.step()")
     torch.optim.SGD(sm.main_parameters(), lr=0.1).zero_grad()
     model.eval()
-    model(x, x)                                   # eval mode, grad on: a training forward
+    with pytest.warns(UserWarning, match="eval mode with grad enabled begins a training step"):
+        model(x, x)                               # eval mode, grad on: a training forward
     refused(lambda: model(x, x), "no loss.backward() followed", "torch.no_grad()",
             "model.eval() alone does not turn off autograd")
     sm.close()

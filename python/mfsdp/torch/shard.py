@@ -622,6 +622,14 @@ class ShardedModel:
                     "forward of unit %r while the backward of microbatch %d is unfinished: run "
                     "loss.backward() before the next forward" % (self._unit_name(u), self.m))
             if not self._in_step:
+                if not module.training and not getattr(self, "_warned_eval", False):
+                    self._warned_eval = True
+                    import warnings
+                    warnings.warn(
+                        "mfsdp: a forward of a model in eval mode with grad enabled begins a "
+                        "training step (microbatch 0, which needs its loss.backward()); an "
+                        "evaluation forward needs torch.no_grad() or torch.inference_mode()",
+                        UserWarning, stacklevel=_offload._caller_level())
                 self._begin_step(u)
             self._enter(u, "fwd")
             return None
