@@ -46,6 +46,16 @@ def _meta(obj: Any) -> Any:
     return obj
 
 
+def _eager() -> Any:
+    """Compiled modules (layer.compile()) run eagerly in the probe: nothing is
+    compiled for meta tensors."""
+    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if stance is None:
+        import contextlib
+        return contextlib.nullcontext()
+    return stance("force_eager")
+
+
 def probe(sm: FullyShardedModel, args: Tuple[Any, ...],
           kwargs: Dict[str, Any]) -> Tuple[List[int], Dict[int, int]]:
     """(units in the order of their first call, {unit: calls}) of the
@@ -77,7 +87,7 @@ def probe(sm: FullyShardedModel, args: Tuple[Any, ...],
                 mod._buffers[name] = b.detach().to("meta")
     sm._probing = True
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), _eager():
             sm.model(*_meta(args), **_meta(kwargs))   # the root's hooks too (its casts)
     finally:
         sm._probing = False
