@@ -212,6 +212,18 @@ def test_truncated_or_edited_storage_refused_before_writing(saved, tmp_path, cap
     edit_metadata(d, shorten)
     refused(tmp_path, d, "'model.blocks.3.fc.weight': the chunk at [0, 0] holds 64 bytes, 4096 "
                          "torch.float32 elements take 16384", tool=capfd)
+    d = copy(saved, tmp_path, "swap")                   # two entries of 4096 elements swapped
+    os.unlink(d / dcp_files.SUMS)
+
+    def swap(md):
+        by = {mi.fqn: mi for mi in md.storage_data}
+        a, b = by["model.blocks.1.fc.weight"], by["model.blocks.1.out.weight"]
+        md.storage_data[a], md.storage_data[b] = md.storage_data[b], md.storage_data[a]
+    edit_metadata(d, swap)
+    msg = refused(tmp_path, d, ".metadata's chunk has [", tool=capfd)
+    assert "'model.blocks.1.fc.weight' is stored with shape [32, 128], .metadata's chunk has " \
+           "[128, 32]" in msg or "'model.blocks.1.out.weight' is stored with shape [128, 32], " \
+           ".metadata's chunk has [32, 128]" in msg, msg
 
 
 def test_save_that_cannot_write_leaves_nothing(tmp_path, capfd):

@@ -184,6 +184,14 @@ class SafeReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
+    def _chunk_sizes(self, index):
+        """The sizes .metadata gives the stored chunk at `index`, None if unknown."""
+        m = self._md.state_dict_metadata.get(index.fqn) if self._md is not None else None
+        for c in getattr(m, "chunks", None) or ():
+            if tuple(c.offsets) == tuple(index.offset or ()):
+                return tuple(c.sizes)
+        return None
+
     def _one(self, f, size, req, planner):
         from torch.distributed.checkpoint.planner import LoadItemType
         info = self.storage_data[req.storage_index]
@@ -214,6 +222,10 @@ class SafeReader(FileSystemReader):
         if not isinstance(t, torch.Tensor) or t.dtype != target.dtype:
             raise UsageError("%s: %s: %r is stored as %s, .metadata says %s" % (
                 self.what, self.root, key, getattr(t, "dtype", type(t).__name__), target.dtype))
+        chunk = self._chunk_sizes(req.storage_index)
+        if chunk is not None and tuple(t.shape) != chunk:
+            raise UsageError("%s: %s: %r is stored with shape %s, .metadata's chunk has %s" % (
+                self.what, self.root, key, list(t.shape), list(chunk)))
         for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
             if dim >= t.dim() or off + n > t.shape[dim]:
                 raise UsageError("%s: %s: %r is stored with shape %s, which has no elements "
