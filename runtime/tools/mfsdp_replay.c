@@ -600,7 +600,13 @@ static void xchg_close(mpi_xchg *x)
 static int mpi_start(const args *a, mfsdp_schedule *sh, int rank, int size, mpi_xchg *x, int *local_rank)
 {
     int64_t world = mfsdp_schedule_world_size(sh);
-    if (size != world || (a->ranks >= 0 && a->ranks != world)) {
+    if (a->ranks >= 0 && a->ranks != world) {
+        if (rank == 0)
+            fprintf(stderr, "mfsdp-replay: error: --ranks %lld does not match the mesh of %s (%lld ranks)\n",
+                    (long long)a->ranks, a->path, (long long)world);
+        return 2;
+    }
+    if (size != world) {
         if (rank == 0)
             fprintf(stderr,
                     "mfsdp-replay: error: the MPI world has %d processes but the mesh of %s needs "
@@ -655,7 +661,8 @@ static int mpi_check(const args *a, const mfsdp_schedule *sh, mpi_xchg *x, const
     /* rc is 0 only when every rank's report of the last step said so. */
     if (x->rank == 0) {
         if (rc == 0)
-            printf("verified: %d ranks, %lld steps\n", x->world, (long long)a->steps);
+            printf("verified: %d %s, %lld steps\n", x->world, x->world == 1 ? "rank" : "ranks",
+                   (long long)a->steps);
         else
             printf("FAILED: %s\n", out.msg[0] ? out.msg : out.own);
         fflush(stdout);
