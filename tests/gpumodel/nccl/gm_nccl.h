@@ -5,6 +5,7 @@
  * GM_NCCL_SUMMARY=- (stderr) or =<file> (appended) prints one line
  *   gpumodel: nccl: pid=P collectives=N registered=R mismatches=M aborts=A
  *   allgather=.. reducescatter=.. allreduce=.. reduce=.. broadcast=..
+ *   alltoall=.. gather=.. scatter=..
  * at exit (one line).
  */
 #ifndef GM_NCCL_H
@@ -19,8 +20,9 @@ typedef struct gm_nccl_counters {
     unsigned long registered;    /* of them, with every buffer in a registration of the comm */
     unsigned long mismatches;    /* collectives that did not match across ranks (per rank) */
     unsigned long aborts;        /* ncclCommAbort calls on live communicators */
-    unsigned long by_kind[5];    /* collectives launched: all-gather, reduce-scatter,
-                                    all-reduce, reduce, broadcast */
+    unsigned long by_kind[8];    /* collectives launched: all-gather, reduce-scatter,
+                                    all-reduce, reduce, broadcast, all-to-all,
+                                    gather, scatter */
 } gm_nccl_counters;
 
 void gm_nccl_stats(gm_nccl_counters *out);

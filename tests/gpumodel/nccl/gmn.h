@@ -46,7 +46,11 @@ typedef enum gmn_kind {
     GMN_ALL_REDUCE,
     GMN_REDUCE,
     GMN_BROADCAST,
+    GMN_ALL_TO_ALL,
+    GMN_GATHER,
+    GMN_SCATTER,
 } gmn_kind;
+#define GMN_NKINDS 8
 
 /* What a rank called at one sequence number of a communicator. */
 typedef struct gmn_desc {
@@ -54,8 +58,10 @@ typedef struct gmn_desc {
     int32_t dtype;                /* ncclDataType_t */
     int32_t op;                   /* ncclRedOp_t (reducing kinds) */
     int32_t root;                 /* rooted kinds, else -1 */
-    uint64_t count;               /* elements: per rank for all-gather's send and
-                                     reduce-scatter's recv, else the whole buffer */
+    uint64_t count;               /* elements: per rank for all-gather's send,
+                                     reduce-scatter's recv, all-to-all's per-peer
+                                     block, gather's send, scatter's recv; else the
+                                     whole buffer */
     uint64_t seq;                 /* this rank's collective number on the comm */
 } gmn_desc;
 
@@ -216,6 +222,6 @@ void gmn_reduce(int dtype, int op, int n, const void *const *in, void *out, size
 
 /* Statistics (gm_nccl.h) */
 extern _Atomic unsigned long gmn_stat_colls, gmn_stat_registered, gmn_stat_aborts, gmn_stat_mismatches;
-extern _Atomic unsigned long gmn_stat_kind[5]; /* by gmn_kind - 1 */
+extern _Atomic unsigned long gmn_stat_kind[GMN_NKINDS]; /* by gmn_kind - 1 */
 
 #endif

@@ -40,6 +40,9 @@ const char *gmn_kind_name(int kind)
     case GMN_ALL_REDUCE: return "ncclAllReduce";
     case GMN_REDUCE: return "ncclReduce";
     case GMN_BROADCAST: return "ncclBroadcast";
+    case GMN_ALL_TO_ALL: return "ncclAlltoAll";
+    case GMN_GATHER: return "ncclGather";
+    case GMN_SCATTER: return "ncclScatter";
     default: return "an unknown collective";
     }
 }
@@ -51,7 +54,13 @@ static bool reducing(int kind)
 
 static bool rooted(int kind)
 {
-    return kind == GMN_REDUCE || kind == GMN_BROADCAST;
+    return kind == GMN_REDUCE || kind == GMN_BROADCAST || kind == GMN_GATHER || kind == GMN_SCATTER;
+}
+
+/* Kinds whose ranks post one block per peer in a round (N * len elements). */
+static bool wide(int kind)
+{
+    return kind == GMN_REDUCE_SCATTER || kind == GMN_ALL_TO_ALL || kind == GMN_SCATTER;
 }
 
 /* Bytes the call reads from send and writes to recv on this rank. */
@@ -64,27 +73,44 @@ static void call_bytes(const gmn_call *c, size_t *sb, size_t *rb)
     case GMN_REDUCE_SCATTER: *sb = N * n * es; *rb = n * es; break;
     case GMN_REDUCE: *sb = n * es; *rb = root ? n * es : 0; break;
     case GMN_BROADCAST: *sb = root ? n * es : 0; *rb = n * es; break;
+    case GMN_ALL_TO_ALL: *sb = *rb = N * n * es; break;
+    case GMN_GATHER: *sb = n * es; *rb = root ? N * n * es : 0; break;
+    case GMN_SCATTER: *sb = root ? N * n * es : 0; *rb = n * es; break;
     default: *sb = *rb = n * es; break;
     }
 }
 
-/* NCCL's in-place rules: the only overlap allowed is the in-place layout. */
+/* NCCL's in-place rules: the only overlap allowed is the in-place layout:
+ * all-gather and gather (at the root) send from recvbuff + rank * count,
+ * reduce-scatter and scatter (at the root) receive at sendbuff + rank *
+ * count, the others send == recv; all-to-all has no in-place form. */
 static ncclResult_t check_overlap(const gmn_call *c, size_t sb, size_t rb, const char *name)
 {
     const char *s = c->send, *r = c->recv;
     if (!sb || !rb || s + sb <= r || r + rb <= s)
         return ncclSuccess;
     size_t es = gmn_dtype_size(c->d.dtype), at = (size_t)c->comm->rank * (size_t)c->d.count * es;
-    const char *want_s = s, *want_r = r;
-    const char *rule = "sendbuff == recvbuff";
-    if (c->d.kind == GMN_ALL_GATHER) {
-        want_s = r + at;
-        rule = "sendbuff == recvbuff + rank * sendcount * size";
-    } else if (c->d.kind == GMN_REDUCE_SCATTER) {
-        want_r = s + at;
-        rule = "recvbuff == sendbuff + rank * recvcount * size";
+    bool ok;
+    const char *rule;
+    switch (c->d.kind) {
+    case GMN_ALL_GATHER: case GMN_GATHER:
+        ok = s == r + at;
+        rule = "sendbuff == recvbuff + rank * count * size";
+        break;
+    case GMN_REDUCE_SCATTER: case GMN_SCATTER:
+        ok = r == s + at;
+        rule = "recvbuff == sendbuff + rank * count * size";
+        break;
+    case GMN_ALL_TO_ALL:
+        ok = false;
+        rule = "ncclAlltoAll has no in-place form";
+        break;
+    default:
+        ok = s == r;
+        rule = "sendbuff == recvbuff";
+        break;
     }
-    if (c->d.kind == GMN_ALL_GATHER ? s == want_s : c->d.kind == GMN_REDUCE_SCATTER ? r == want_r : s == r)
+    if (ok)
         return ncclSuccess;
     gm_violation("nccl: %s on %s (rank %d of %d): sendbuff %p (%zu bytes) overlaps recvbuff %p (%zu bytes) but is "
                  "not in place (%s)",
@@ -212,33 +238,50 @@ static bool exchange_desc(gmn_work *w)
     return true;
 }
 
-/* One round: elements [off, off + len) of the per-rank count. */
+/* This rank's part of a round: its block(s) into its slot buffer. */
+static void post_round(const gmn_work *w, unsigned char *buf, size_t off, size_t len)
+{
+    const gmn_desc *d = &w->c.d;
+    struct ncclComm *comm = w->c.comm;
+    size_t es = gmn_dtype_size(d->dtype), n = (size_t)d->count, N = (size_t)comm->nranks;
+    const char *send = w->c.send;
+    bool root = comm->rank == d->root;
+    if ((d->kind == GMN_BROADCAST || d->kind == GMN_SCATTER) && !root)
+        return;
+    if (wide(d->kind))
+        for (size_t q = 0; q < N; q++)
+            memcpy(buf + q * len * es, send + (q * n + off) * es, len * es);
+    else
+        memcpy(buf, send + off * es, len * es);
+}
+
+/* One round: elements [off, off + len) of the per-rank (per-block) count. */
 static bool round_once(gmn_work *w, size_t off, size_t len)
 {
     struct ncclComm *comm = w->c.comm;
     const gmn_desc *d = &w->c.d;
     size_t es = gmn_dtype_size(d->dtype), n = (size_t)d->count, N = (size_t)comm->nranks, me = (size_t)comm->rank;
-    const char *send = w->c.send;
     char *recv = w->c.recv;
     uint64_t p = ++comm->phase;
-    unsigned char *buf = comm->seg->slots[me].data[p % 2];
-    if (d->kind == GMN_REDUCE_SCATTER)
-        for (size_t q = 0; q < N; q++)
-            memcpy(buf + q * len * es, send + (q * n + off) * es, len * es);
-    else if (d->kind != GMN_BROADCAST || (int)me == d->root)
-        memcpy(buf, send + off * es, len * es);
+    post_round(w, comm->seg->slots[me].data[p % 2], off, len);
     gmn_arrive(comm, &comm->seg->slots[me].phase, p);
     char msg[512];
     if (gmn_wait_all(comm, false, p, w->what, msg, sizeof msg) != ncclSuccess)
         return false; /* this rank aborted */
-    for (size_t q = 0; q < N; q++)
-        w->ins[q] = comm->seg->slots[q].data[p % 2] + (d->kind == GMN_REDUCE_SCATTER ? me * len * es : 0);
+    for (size_t q = 0; q < N; q++) /* wide kinds: our block of every peer's post */
+        w->ins[q] = comm->seg->slots[q].data[p % 2] + (wide(d->kind) ? me * len * es : 0);
     switch (d->kind) {
+    case GMN_GATHER:
+        if ((int)me != d->root)
+            break;
+        /* fall through */
     case GMN_ALL_GATHER:
+    case GMN_ALL_TO_ALL:
         for (size_t q = 0; q < N; q++)
             memcpy(recv + (q * n + off) * es, w->ins[q], len * es);
         break;
     case GMN_BROADCAST:
+    case GMN_SCATTER:
         memcpy(recv + off * es, w->ins[d->root], len * es);
         break;
     case GMN_REDUCE:
@@ -284,7 +327,7 @@ static void run_locked(gmn_work *w)
         return;
     const gmn_desc *d = &w->c.d;
     size_t es = gmn_dtype_size(d->dtype);
-    size_t per = GMN_CHUNK / (es * (d->kind == GMN_REDUCE_SCATTER ? (size_t)comm->nranks : 1));
+    size_t per = GMN_CHUNK / (es * (wide(d->kind) ? (size_t)comm->nranks : 1));
     for (size_t off = 0; off < d->count; off += per)
         if (!round_once(w, off, d->count - off < per ? d->count - off : per))
             return;
@@ -396,4 +439,22 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
                        cudaStream_t stream)
 {
     return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream)
+{
+    return coll(GMN_ALL_TO_ALL, sendbuff, recvbuff, count, datatype, ncclSum, -1, comm, stream);
+}
+
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream)
+{
+    return coll(GMN_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                         ncclComm_t comm, cudaStream_t stream)
+{
+    return coll(GMN_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
 }

@@ -33,7 +33,7 @@
 #include "gm_nccl.h"
 
 _Atomic unsigned long gmn_stat_colls, gmn_stat_registered, gmn_stat_aborts, gmn_stat_mismatches;
-_Atomic unsigned long gmn_stat_kind[5];
+_Atomic unsigned long gmn_stat_kind[GMN_NKINDS];
 
 static __thread char tl_err[512];
 
@@ -817,7 +817,7 @@ void gm_nccl_stats(gm_nccl_counters *out)
     out->registered = atomic_load(&gmn_stat_registered);
     out->mismatches = atomic_load(&gmn_stat_mismatches);
     out->aborts = atomic_load(&gmn_stat_aborts);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < GMN_NKINDS; k++)
         out->by_kind[k] = atomic_load(&gmn_stat_kind[k]);
 }
 
@@ -827,7 +827,7 @@ void gm_nccl_stats_reset(void)
     atomic_store(&gmn_stat_registered, 0);
     atomic_store(&gmn_stat_mismatches, 0);
     atomic_store(&gmn_stat_aborts, 0);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < GMN_NKINDS; k++)
         atomic_store(&gmn_stat_kind[k], 0);
 }
 
@@ -841,11 +841,12 @@ __attribute__((destructor)) static void summary(void)
         return;
     fprintf(f,
             "gpumodel: nccl: pid=%d collectives=%lu registered=%lu mismatches=%lu aborts=%lu allgather=%lu "
-            "reducescatter=%lu allreduce=%lu reduce=%lu broadcast=%lu\n",
+            "reducescatter=%lu allreduce=%lu reduce=%lu broadcast=%lu alltoall=%lu gather=%lu scatter=%lu\n",
             (int)getpid(), atomic_load(&gmn_stat_colls), atomic_load(&gmn_stat_registered),
             atomic_load(&gmn_stat_mismatches), atomic_load(&gmn_stat_aborts), atomic_load(&gmn_stat_kind[0]),
             atomic_load(&gmn_stat_kind[1]), atomic_load(&gmn_stat_kind[2]), atomic_load(&gmn_stat_kind[3]),
-            atomic_load(&gmn_stat_kind[4]));
+            atomic_load(&gmn_stat_kind[4]), atomic_load(&gmn_stat_kind[5]), atomic_load(&gmn_stat_kind[6]),
+            atomic_load(&gmn_stat_kind[7]));
     if (f != stderr)
         fclose(f);
 }

@@ -6,7 +6,8 @@
  * sum is exact in fp32 whatever the order) or written out by hand (the
  * 16-bit rounding cases), never from the model.
  *   - all-gather, reduce-scatter, all-reduce (sum, avg, max, min, prod),
- *     reduce, broadcast on 4 ranks, out of place and in place (NCCL's
+ *     reduce, broadcast, all-to-all, gather, scatter on 4 ranks, out of
+ *     place and in place (NCCL's
  *     in-place layouts, so rank r's offset is r * count), counts spanning
  *     several shared-memory rounds;
  *   - bf16 and fp16 sums rounded once (fp32 accumulation), uint8 wrap;
@@ -262,6 +263,53 @@ static void check_rooted(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool in
     free(h);
 }
 
+/* all-to-all (out of place: it has no in-place form), gather to the last
+ * rank and scatter from rank 0 (in place at the root or not) */
+static void check_alltoall_gather_scatter(rank_ctx *rc, ncclComm_t comm, cudaStream_t st, bool inplace)
+{
+    size_t mark = rc->used, n = (size_t)rc->n, me = (size_t)rc->rank;
+    int groot = rc->n - 1, sroot = 0;
+    float *h = malloc(n * PER * sizeof *h);
+    float *a = dev_alloc(rc, n * PER * sizeof(float)), *b = dev_alloc(rc, n * PER * sizeof(float));
+    for (size_t j = 0; j < n * PER; j++)
+        h[j] = val(rc->rank, j);
+    upload(a, h, n * PER * sizeof *h, st);
+    if (!inplace) {
+        EXPECT_OK(rc, ncclAlltoAll(a, b, PER, ncclFloat, comm, st));
+        download(h, b, n * PER * sizeof *h, st);
+        for (size_t j = 0; j < n * PER && !rc->fail[0]; j++)
+            EXPECT(rc, h[j] == val((int)(j / PER), me * PER + j % PER), "alltoall element %zu is %g, expected %g", j,
+                   (double)h[j], (double)val((int)(j / PER), me * PER + j % PER));
+    }
+    /* gather: b holds n blocks at the root; in place the root's block is its send */
+    for (size_t j = 0; j < n * PER; j++)
+        h[j] = -1;
+    upload(b, h, n * PER * sizeof *h, st);
+    for (size_t i = 0; i < PER; i++)
+        h[i] = val(rc->rank, i);
+    float *gs = inplace && rc->rank == groot ? b + (size_t)groot * PER : a;
+    upload(gs, h, PER * sizeof *h, st);
+    EXPECT_OK(rc, ncclGather(gs, b, PER, ncclFloat, groot, comm, st));
+    download(h, b, n * PER * sizeof *h, st);
+    for (size_t j = 0; j < n * PER && !rc->fail[0]; j++) {
+        float want = rc->rank == groot ? val((int)(j / PER), j % PER) : -1.0f;
+        EXPECT(rc, h[j] == want, "gather to %d inplace %d: element %zu is %g, expected %g", groot, (int)inplace, j,
+               (double)h[j], (double)want);
+    }
+    /* scatter: the root's a holds n blocks; in place the root receives in its own */
+    for (size_t j = 0; j < n * PER; j++)
+        h[j] = val(rc->rank, j);
+    upload(a, h, n * PER * sizeof *h, st);
+    float *sr = inplace && rc->rank == sroot ? a + (size_t)sroot * PER : b;
+    EXPECT_OK(rc, ncclScatter(a, sr, PER, ncclFloat, sroot, comm, st));
+    download(h, sr, PER * sizeof *h, st);
+    for (size_t i = 0; i < PER && !rc->fail[0]; i++)
+        EXPECT(rc, h[i] == val(sroot, me * PER + i), "scatter from %d inplace %d: element %zu is %g, expected %g",
+               sroot, (int)inplace, i, (double)h[i], (double)val(sroot, me * PER + i));
+    dev_release(rc, mark);
+    free(h);
+}
+
 static void coll_rank(rank_ctx *rc)
 {
     coll_shared *sh = rc->shared;
@@ -282,6 +330,7 @@ static void coll_rank(rank_ctx *rc)
         check_allgather(rc, comm, st, inplace);
         check_reducescatter(rc, comm, st, inplace);
         check_rooted(rc, comm, st, inplace);
+        check_alltoall_gather_scatter(rc, comm, st, inplace);
     }
     EXPECT_OK(rc, ncclCommFinalize(comm));
     EXPECT_OK(rc, ncclCommDestroy(comm));
@@ -705,9 +754,17 @@ static void test_inplace_rules(void **state)
     /* all-reduce: partial overlap */
     assert_int_equal(ncclAllReduce(d, d + 1, 100, ncclFloat, ncclSum, c[0], st), ncclInvalidArgument);
     assert_int_equal(gm_violations(), 3);
+    /* all-to-all has no in-place form */
+    assert_int_equal(ncclAlltoAll(d, d, 100, ncclFloat, c[0], st), ncclInvalidArgument);
+    assert_int_equal(gm_violations(), 4);
+    gm_violations_reset();
+    assert_int_equal(ncclSend(d, 10, ncclFloat, 1, c[0], st), ncclInvalidUsage); /* not modelled: said so */
+    assert_non_null(strstr(ncclGetLastError(NULL), "not modelled"));
+    assert_int_equal(gm_violations(), 1);
+    gm_violations_reset();
     /* out of the allocation */
     assert_int_equal(ncclAllReduce(d, d + 2048, 4000, ncclFloat, ncclSum, c[0], st), ncclInvalidArgument);
-    assert_int_equal(gm_violations(), 4);
+    assert_int_equal(gm_violations(), 1);
     gm_violations_reset();
     /* argument checks without a violation: type, op, root, NULL */
     assert_int_equal(ncclAllReduce(d, d, 10, (ncclDataType_t)99, ncclSum, c[0], st), ncclInvalidArgument);
