@@ -363,3 +363,17 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
     }
     return cudaSuccess;
 }
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    gm_init();
+    if (!free_bytes || !total_bytes)
+        return gm_ret(cudaErrorInvalidValue);
+    if (gm_g.no_device)
+        return gm_ret(cudaErrorNoDevice);
+    pthread_mutex_lock(&gm_mem_mu);
+    *total_bytes = GM_DEVICE_BYTES;
+    *free_bytes = GM_DEVICE_BYTES - device_bytes[gm_thread()->device];
+    pthread_mutex_unlock(&gm_mem_mu);
+    return cudaSuccess;
+}

@@ -686,3 +686,30 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned int fla
     pthread_mutex_unlock(&gm_g.mu);
     return gm_ret(r);
 }
+
+typedef struct gm_host_fn {
+    cudaHostFn_t fn;
+    void *data;
+} gm_host_fn;
+
+static cudaError_t host_fn_run(void *p, char *err, size_t len)
+{
+    (void)err, (void)len;
+    gm_host_fn *h = p;
+    h->fn(h->data);
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data)
+{
+    if (!fn)
+        return gm_ret(cudaErrorInvalidValue);
+    gm_host_fn *h = malloc(sizeof *h);
+    if (!h)
+        return gm_ret(cudaErrorMemoryAllocation);
+    h->fn = fn, h->data = data;
+    cudaError_t e = gm_enqueue(s, "cudaLaunchHostFunc", host_fn_run, h, free);
+    if (e != cudaSuccess)
+        free(h);
+    return e;
+}

@@ -236,6 +236,28 @@ static void test_stale_handles(void **state)
     (void)cudaGetLastError();
 }
 
+static void host_fn(void *p)
+{
+    __atomic_store_n((int *)p, 1, __ATOMIC_SEQ_CST);
+}
+
+/* cudaLaunchHostFunc: stream work, ordered after the stream's earlier work. */
+static void test_host_func(void **state)
+{
+    (void)state;
+    cudaStream_t s;
+    TC_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    static int gate, ran;
+    TC_OK(tc_write_gated(s, &gate, 1, &gate));
+    TC_OK(cudaLaunchHostFunc(s, host_fn, &ran));
+    usleep(10000);
+    assert_int_equal(tc_load(&ran), 0);
+    tc_release(&gate);
+    TC_OK(cudaStreamSynchronize(s));
+    assert_int_equal(ran, 1);
+    TC_OK(cudaStreamDestroy(s));
+}
+
 static void test_device(void **state)
 {
     (void)state;
@@ -254,6 +276,12 @@ static void test_device(void **state)
     assert_int_equal(p.unifiedAddressing, 1);
     assert_int_equal(p.concurrentManagedAccess, 1);
     assert_int_equal(p.canMapHostMemory, 1);
+    size_t free_b = 0, total_b = 0;
+    void *d;
+    TC_OK(cudaMalloc(&d, 1 << 20));
+    TC_OK(cudaMemGetInfo(&free_b, &total_b));
+    assert_true(total_b == p.totalGlobalMem && free_b <= total_b - (1 << 20));
+    TC_OK(cudaFree(d));
     TC_OK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
     assert_int_equal(v, 132);
     TC_OK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -278,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_query_sync_elapsed),
         cmocka_unit_test(test_destroy_with_pending_wait),
         cmocka_unit_test(test_stale_handles),
+        cmocka_unit_test(test_host_func),
         cmocka_unit_test(test_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
