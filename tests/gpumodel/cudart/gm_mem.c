@@ -4,8 +4,10 @@
  *
  * Every allocation is its own mmap: the pointer handed out is 256-byte aligned
  * and ends as close to a PROT_NONE guard page as its alignment allows; fresh
- * memory is filled with GM_POISON bytes (0xFF: a NaN in fp32, bf16 and fp16),
- * as CUDA does not zero cudaMalloc, cudaMallocManaged or cudaHostAlloc memory.
+ * memory is filled with 0xFF bytes (a NaN in fp32, bf16 and fp16), as CUDA
+ * does not zero cudaMalloc, cudaMallocManaged or cudaHostAlloc memory (beyond
+ * 1 GiB only the first and last 64 MiB). The live allocations may take at most
+ * half of the host's memory (then cudaErrorMemoryAllocation, with a note).
  * A freed allocation stays mapped PROT_NONE (its pages released) in a
  * quarantine of the last GM_QUARANTINE frees, so its addresses are not reused
  * and a later use is reported as use of freed memory.
@@ -50,6 +52,30 @@ static gm_rec *recs;
 static size_t nrecs, caprecs, nfreed;
 static unsigned long long free_clock;
 static size_t device_bytes[GM_MAX_DEVICES];
+static size_t live_bytes; /* every live allocation, host memory it takes */
+
+/* The model's memory is this host's: at most half of it. */
+static size_t host_limit(size_t page)
+{
+    long pages = sysconf(_SC_PHYS_PAGES);
+    return pages > 0 ? (size_t)pages * page / 2 : (size_t)-1;
+}
+
+/* Fresh memory is not zero: 0xFF bytes, all of it up to GM_POISON_ALL; of a
+ * larger allocation its first and last GM_POISON_EDGE bytes (touching every
+ * page of a huge buffer would cost its size in host memory at once). */
+#define GM_POISON_ALL ((size_t)1 << 30)
+#define GM_POISON_EDGE ((size_t)64 << 20)
+
+static void poison(char *p, size_t bytes)
+{
+    if (bytes <= GM_POISON_ALL) {
+        memset(p, 0xFF, bytes);
+        return;
+    }
+    memset(p, 0xFF, GM_POISON_EDGE);
+    memset(p + bytes - GM_POISON_EDGE, 0xFF, GM_POISON_EDGE);
+}
 
 void gm_mem_after_fork(void)
 {
@@ -131,8 +157,13 @@ static cudaError_t alloc_tracked(void **out, size_t bytes, gm_mem_kind kind, int
     size_t body = (bytes + page - 1) / page * page;
     size_t maplen = body + page;
     pthread_mutex_lock(&gm_mem_mu);
-    if (kind != GM_MEM_HOST && device_bytes[dev] + bytes > GM_DEVICE_BYTES) {
+    if ((kind != GM_MEM_HOST && device_bytes[dev] + bytes > GM_DEVICE_BYTES) ||
+        live_bytes + bytes > host_limit(page)) {
         pthread_mutex_unlock(&gm_mem_mu);
+        if (live_bytes + bytes > host_limit(page))
+            gm_note("an allocation of %zu bytes would take the model past half of this host's memory "
+                    "(%zu bytes live); refused with cudaErrorMemoryAllocation",
+                    bytes, live_bytes);
         return cudaErrorMemoryAllocation;
     }
     char *map = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -143,7 +174,7 @@ static cudaError_t alloc_tracked(void **out, size_t bytes, gm_mem_kind kind, int
     mprotect(map + body, page, PROT_NONE);
     gm_rec r = {.p = map + body - (bytes + 255) / 256 * 256, .size = bytes, .map = map, .maplen = maplen,
                 .kind = kind, .device = dev, .live = 1, .nccl = nccl};
-    memset(r.p, 0xFF, bytes);
+    poison(r.p, bytes);
     if (insert_rec(&r) != cudaSuccess) {
         munmap(map, maplen);
         pthread_mutex_unlock(&gm_mem_mu);
@@ -151,6 +182,7 @@ static cudaError_t alloc_tracked(void **out, size_t bytes, gm_mem_kind kind, int
     }
     if (kind != GM_MEM_HOST)
         device_bytes[dev] += bytes;
+    live_bytes += bytes;
     pthread_mutex_unlock(&gm_mem_mu);
     *out = r.p;
     return cudaSuccess;
@@ -185,6 +217,7 @@ static cudaError_t free_tracked(void *p, unsigned kinds, int nccl, const char *c
         r->freed_at = ++free_clock;
         if (r->kind != GM_MEM_HOST)
             device_bytes[r->device] -= r->size;
+        live_bytes -= r->size;
         if (++nfreed > GM_QUARANTINE)
             evict_oldest_freed();
     }

@@ -29,6 +29,8 @@ static void test_poison(void **state)
     void *z = (void *)1;
     TC_OK(cudaMalloc(&z, 0));
     assert_null(z);
+    assert_int_equal(cudaMalloc(&z, (size_t)81 << 30), cudaErrorMemoryAllocation); /* over 80 GiB */
+    assert_int_equal(cudaGetLastError(), cudaErrorMemoryAllocation);
 }
 
 static void test_range_checks(void **state)
