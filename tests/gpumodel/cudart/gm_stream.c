@@ -52,6 +52,7 @@ static void perturb(const gm_stream *s, uint64_t seq)
 static void *worker(void *p)
 {
     gm_stream *s = p;
+    gm_thread()->device = s->device; /* work runs "on" the stream's device */
     pthread_mutex_lock(&gm_g.mu);
     for (;;) {
         while (!s->head && !s->dead)
