@@ -892,6 +892,37 @@ static void test_register(void **state)
     assert_string_equal(ncclGetErrorString(ncclInProgress), "NCCL operation in progress");
 }
 
+/* ---- joining errors ---- */
+
+/* A rank given twice, and nranks that differ from the first rank's, are
+ * refused at once (the first rank is nonblocking, so it can be aborted while
+ * it still waits for its peers). */
+static void test_join_errors(void **state)
+{
+    (void)state;
+    ncclUniqueId id;
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t first = NULL, c = NULL;
+    assert_int_equal(ncclCommInitRankConfig(&first, 2, id, 0, &cfg), ncclInProgress);
+    usleep(20000);
+    assert_int_equal(ncclCommInitRank(&c, 2, id, 0), ncclInvalidArgument);
+    assert_null(c);
+    assert_non_null(strstr(ncclGetLastError(NULL), "twice"));
+    assert_int_equal(ncclCommInitRank(&c, 3, id, 1), ncclInvalidArgument);
+    assert_null(c);
+    assert_non_null(strstr(ncclGetLastError(NULL), "nranks 3"));
+    assert_int_equal(ncclCommInitRank(&c, 2, id, 2), ncclInvalidArgument); /* rank out of range */
+    ncclUniqueId bogus;
+    memset(&bogus, 0x5a, sizeof bogus);
+    assert_int_equal(ncclCommInitRank(&c, 2, bogus, 1), ncclInvalidArgument);
+    ncclResult_t st = ncclSuccess;
+    assert_int_equal(ncclCommGetAsyncError(first, &st), ncclSuccess);
+    assert_int_equal(st, ncclInProgress); /* still waiting for rank 1 */
+    assert_int_equal(ncclCommAbort(first), ncclSuccess);
+}
+
 /* ---- shared-memory files ---- */
 
 static int count_files(const char *prefix)
@@ -944,6 +975,7 @@ int main(void)
         cmocka_unit_test(test_inplace_rules),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_register),
+        cmocka_unit_test(test_join_errors),
         cmocka_unit_test(test_files_cleaned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
