@@ -105,9 +105,13 @@ static int open_seg(const char *path, size_t bytes, bool *created)
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     *created = fd >= 0;
     if (fd >= 0) {
-        if (ftruncate(fd, (off_t)bytes) != 0) {
+        /* reserved, not just sized: a full /dev/shm is an error here, not a
+         * SIGBUS at the first touch of a page */
+        int rc = ftruncate(fd, (off_t)bytes) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+        if (rc != 0) {
             close(fd);
             unlink(path);
+            errno = rc;
             return -1;
         }
         return fd;
@@ -166,7 +170,8 @@ ncclResult_t gmn_seg_join(struct ncclComm *comm, const char *name, int nranks, i
     bool created = false;
     int fd = open_seg(path, bytes, &created);
     if (fd < 0)
-        return gmn_fail(comm, ncclSystemError, "ncclCommInitRank: cannot open %s: %s", path, strerror(errno));
+        return gmn_fail(comm, ncclSystemError, "ncclCommInitRank: cannot create or open %s (%zu bytes for %d ranks): "
+                        "%s", path, bytes, nranks, strerror(errno));
     ncclResult_t r = created ? ncclSuccess : wait_header(comm, fd, nranks, path);
     if (r != ncclSuccess) {
         close(fd);
