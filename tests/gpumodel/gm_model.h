@@ -47,7 +47,11 @@ typedef cudaError_t (*gm_work_fn)(void *arg, char *err, size_t errlen);
 cudaError_t gm_enqueue(cudaStream_t s, const char *what, gm_work_fn run, void *arg,
                        void (*free_arg)(void *arg));
 /* On success the model owns arg (free_arg runs once nothing will run it
- * again); on an error nothing is enqueued and arg stays the caller's. */
+ * again); on an error nothing is enqueued and arg stays the caller's. Errors:
+ * the device's sticky error, cudaErrorInvalidResourceHandle for a destroyed
+ * or unknown stream (a violation), cudaErrorStreamCaptureInvalidated into an
+ * invalidated capture, cudaErrorStreamCaptureImplicit for the legacy stream
+ * while a blocking stream of the device captures. */
 
 /* cudaSuccess when [p, p + bytes) lies inside one live allocation that device
  * work may touch (device, managed, mapped pinned host, ncclMemAlloc); else an
@@ -67,8 +71,9 @@ uint64_t gm_seed(void);
 unsigned gm_delay_us(uint64_t site);
 
 /* A violation of CUDA's or NCCL's rules that the model detected: printed to
- * stderr as "gpumodel: <message>" and counted; with GM_STRICT=1 (the default
- * under ctest) the process exits 3 at the end with the count. */
+ * stderr as "gpumodel: <message>" and counted; with GM_STRICT=1 (set by
+ * tests/gpumodel/run/model_run.sh and the self-tests; the model's default is
+ * 0) the process exits 3 at the end with the count. */
 void gm_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gm_violations(void);
 /* Sets the count back to 0 (a self-test that provokes a violation on purpose
