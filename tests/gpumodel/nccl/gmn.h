@@ -157,6 +157,8 @@ double gmn_now_s(void);
 /* ---- gmn_comm.c ---- */
 
 void gmn_comm_ref(struct ncclComm *comm);
+/* A reference when comm is live (looked up and taken atomically); false if not. */
+bool gmn_comm_hold(struct ncclComm *comm);
 void gmn_comm_unref(struct ncclComm *comm);
 /* ncclSuccess when comm is a live communicator ready for calls; else an
  * error with the last-error message set. */

@@ -161,20 +161,20 @@ static ncclResult_t check_call(const gmn_call *c, const char *name)
 
 ncclResult_t gmn_coll(gmn_call *c, const char *name)
 {
+    /* held for the call: a watchdog thread's ncclCommAbort cannot free it under us */
+    bool held = c->comm && gmn_comm_hold(c->comm);
     ncclResult_t r = check_call(c, name);
-    if (r != ncclSuccess) {
+    if (r != ncclSuccess)
         gmn_group_error(r);
-        return r;
-    }
-    if (gmn_group_depth() > 0)
-        return gmn_group_defer(c);
-    if ((r = gmn_launch(c)) != ncclSuccess)
-        return r;
-    if (!c->comm->blocking) {
+    else if (gmn_group_depth() > 0)
+        r = gmn_group_defer(c);
+    else if ((r = gmn_launch(c)) == ncclSuccess && !c->comm->blocking) {
         atomic_store(&c->comm->launch_polls, 1);
-        return ncclInProgress;
+        r = ncclInProgress;
     }
-    return ncclSuccess;
+    if (held)
+        gmn_comm_unref(c->comm);
+    return r;
 }
 
 /* ---- the stream work ---- */

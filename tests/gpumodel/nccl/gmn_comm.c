@@ -93,6 +93,21 @@ static bool live_has(const struct ncclComm *c)
     return found;
 }
 
+/* Takes a reference to c when it is live (atomically with the lookup, so a
+ * concurrent ncclCommAbort from a watchdog thread cannot free it under the
+ * caller); false when it is not. */
+bool gmn_comm_hold(struct ncclComm *c)
+{
+    pthread_mutex_lock(&live_mu);
+    bool found = false;
+    for (int i = 0; i < nlive && !found; i++)
+        found = live[i] == c;
+    if (found)
+        atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
 /* ---- errors ---- */
 
 static void vset(struct ncclComm *comm, const char *fmt, va_list ap)
@@ -154,10 +169,11 @@ const char *ncclGetErrorString(ncclResult_t r)
 const char *ncclGetLastError(ncclComm_t comm)
 {
     static __thread char copy[sizeof tl_err];
-    if (comm && live_has(comm)) {
+    if (comm && gmn_comm_hold(comm)) {
         pthread_mutex_lock(&comm->err_mu);
         snprintf(copy, sizeof copy, "%s", comm->last_err);
         pthread_mutex_unlock(&comm->err_mu);
+        gmn_comm_unref(comm);
         if (copy[0])
             return copy;
     }
@@ -585,7 +601,7 @@ static bool settled(void *arg)
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
-    if (!comm || !asyncError || !live_has(comm))
+    if (!comm || !asyncError || !gmn_comm_hold(comm))
         return gmn_fail(NULL, ncclInvalidArgument, "ncclCommGetAsyncError: %s",
                         !comm ? "comm is NULL" : !asyncError ? "asyncError is NULL" : "comm is not a live communicator");
     int st = atomic_load(&comm->init_state), a = atomic_load(&comm->async_err);
@@ -604,6 +620,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
             atomic_store(&comm->finalize_state, ncclSuccess);
         *asyncError = ncclSuccess;
     }
+    gmn_comm_unref(comm);
     return ncclSuccess;
 }
 
@@ -647,19 +664,22 @@ static bool init_done(void *arg)
 ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     ncclResult_t r = gmn_comm_check(comm, "ncclCommFinalize");
-    if (r != ncclSuccess)
-        return r;
+    if (r != ncclSuccess || !gmn_comm_hold(comm))
+        return r != ncclSuccess ? r : gmn_fail(NULL, ncclInvalidArgument, "ncclCommFinalize: comm was aborted");
     if (!comm->blocking) {
         atomic_store(&comm->finalize_state, ncclInProgress);
-        return ncclInProgress;
+        r = ncclInProgress;
+    } else {
+        gmn_wait_until(comm, settled, comm, "ncclCommFinalize: waiting for the communicator's stream work");
+        int a = atomic_load(&comm->async_err);
+        if (a != ncclSuccess)
+            r = gmn_fail(comm, (ncclResult_t)a, "ncclCommFinalize of %s: the communicator has an asynchronous "
+                         "error (%s): abort it", comm->comm_name, ncclGetErrorString((ncclResult_t)a));
+        else
+            atomic_store(&comm->finalize_state, ncclSuccess);
     }
-    gmn_wait_until(comm, settled, comm, "ncclCommFinalize: waiting for the communicator's stream work");
-    int a = atomic_load(&comm->async_err);
-    if (a != ncclSuccess)
-        return gmn_fail(comm, (ncclResult_t)a, "ncclCommFinalize of %s: the communicator has an asynchronous error "
-                        "(%s): abort it", comm->comm_name, ncclGetErrorString((ncclResult_t)a));
-    atomic_store(&comm->finalize_state, ncclSuccess);
-    return ncclSuccess;
+    gmn_comm_unref(comm);
+    return r;
 }
 
 static void release(struct ncclComm *comm)
@@ -703,20 +723,28 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
-    if (!live_has(comm))
+    if (!gmn_comm_hold(comm))
         return gmn_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: comm %p is not a live communicator", (void *)comm);
-    if (gmn_group_depth() > 0)
-        return gmn_fail(comm, ncclInvalidUsage, "ncclCommDestroy of %s inside ncclGroupStart/End", comm->comm_name);
+    ncclResult_t r = ncclSuccess;
+    if (gmn_group_depth() > 0) {
+        r = gmn_fail(comm, ncclInvalidUsage, "ncclCommDestroy of %s inside ncclGroupStart/End", comm->comm_name);
+        goto out;
+    }
     gmn_wait_until(comm, init_done, comm, "ncclCommDestroy: waiting for the communicator's creation");
     if (atomic_load(&comm->init_state) == ncclSuccess)
         gmn_wait_until(comm, settled, comm, "ncclCommDestroy: waiting for the communicator's stream work");
-    if (!live_remove(comm))
-        return gmn_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: comm %p was destroyed twice", (void *)comm);
+    if (!live_remove(comm)) {
+        r = gmn_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: comm %p was destroyed or aborted meanwhile",
+                     (void *)comm);
+        goto out;
+    }
     if (atomic_load(&comm->init_state) != ncclSuccess || atomic_load(&comm->async_err) != ncclSuccess)
         abort_taken(comm); /* a broken comm: its blocked work ends as with an abort */
     else
         release(comm);
-    return ncclSuccess;
+out:
+    gmn_comm_unref(comm); /* ours */
+    return r;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm)
