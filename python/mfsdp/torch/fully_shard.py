@@ -111,8 +111,13 @@ class FullyShardedModel(ShardedModel):
     def _first_call(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         self._order_handle.remove()
         self._order_handle = None
-        if not self._closed:
-            _order.first_forward(self, args, kwargs)
+        if self._closed:
+            return None
+        if self._in_step or self.steps or self.phase != "idle":
+            self.order_note = ("the model's own forward first ran after a step had begun, so "
+                               "its order was not taken from it")
+            return None
+        _order.first_forward(self, args, kwargs)
         return None
 
     @property
