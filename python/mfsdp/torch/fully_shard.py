@@ -10,6 +10,12 @@ policy's casts. The result, a FullyShardedModel, is a ShardedModel that is
 also callable and answers FSDPModule's methods: each either maps onto mfsdp
 or raises a UsageError naming the mfsdp way.
 
+The model's first call runs order.first_forward: the units' order (and the
+units called more than once) from a forward on meta tensors, the model
+sharded again in that order when it differs. FSDPModule's methods called on
+the model itself (FSDP2 shards in place) and copy.deepcopy(model) raise the
+same UsageErrors (_install_habits).
+
 The schedule cache is cache.py (compile_cached).
 """
 from __future__ import annotations

@@ -16,6 +16,11 @@ unit and why no window is open. ParamSlot swaps the real parameter and its
 stand-in in the holders' _parameters dicts (a few dict stores per
 parameter per hook: the generation check costs no tensor work). Autograd
 is unaffected: the graph holds the real parameter it read in the window.
+Before the first step of a model built on meta a stand-in forwards any
+computation to init.DeferredInit (its unit made whole for the init). A
+refusal names the habit that reached the stand-in when it is not a tie
+(freezing, deepcopy, torch.compile). MainParameter is a master shard that
+answers dim()/ndim with its whole tensor's (nanoGPT's p.dim() >= 2 grouping).
 """
 from __future__ import annotations
 

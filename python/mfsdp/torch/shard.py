@@ -7,7 +7,10 @@ What shard() does, in order:
      every tensor a parameter of it with the same shape, every parameter is
      covered; all mismatches are listed in one ModelMismatchError;
   2. creates the runtime and copies each parameter's current value into this
-     rank's main_weight shard (so training starts from torch's init);
+     rank's main_weight shard (so training starts from torch's init), after
+     comparing every rank's values (init.agree: a checksum per tensor, one
+     all-reduce); a model built on meta gets its values from the init that
+     follows sharding, replayed unit by unit (init.DeferredInit);
   3. makes each parameter's .data a view of the runtime's unsharded weight
      (valid inside its unit's windows, as FSDP2's unsharded parameters are);
   4. installs, per unit module, a forward pre-hook (forward_pre; step_begin
@@ -27,6 +30,11 @@ the call where it happens, and a global optimizer step pre-hook refuses an
 optimizer over the model's own parameters or one stepping inside a step. With
 grad disabled between steps a forward is an evaluation pass (the runtime's
 eval hooks); finish_step() ends a step after m < M microbatches.
+
+Without optimizer.zero_grad() between steps the next delivered gradient is
+added to the master shards' .grad, as torch accumulates. The master shards
+(guard.MainParameter) answer dim() with their whole tensor's. Module
+conversions (to_empty, .to(dtype)) go through init.apply_guard.
 
 Microbatches are counted here: the user calls forward and backward, nothing
 else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
