@@ -215,7 +215,8 @@ def test_public_functions_are_annotated():
              "mfsdp.compile", "mfsdp.convert", "mfsdp.runtime", "mfsdp.schedule"]
     try:
         import torch  # noqa: F401
-        names += ["mfsdp.torch.%s" % m for m in ("checkpoint", "guard", "shard", "spec", "tensors")]
+        names += ["mfsdp.torch.%s" % m for m in ("checkpoint", "guard", "shard", "spec", "tensors",
+                                                 "init", "order")]
     except ImportError:
         pass
     missing, seen = [], 0

@@ -86,7 +86,7 @@ class GuardedParameter(torch.nn.Parameter):
         raise UsageError(self._mfsdp_slot.refusal("deepcopy", copy_deepcopy))
 
 
-def copy_deepcopy():
+def copy_deepcopy() -> None:
     """Stands for copy.deepcopy in refusal() (not a torch function)."""
 
 
