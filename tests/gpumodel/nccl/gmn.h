@@ -211,6 +211,21 @@ ncclResult_t gmn_coll(gmn_call *c, const char *name);
 ncclResult_t gmn_launch(const gmn_call *c);
 const char *gmn_kind_name(int kind);
 
+/* ---- gmn_device.c: exclusive devices, implicit launch order (opt-in) ---- */
+
+/* 0: off (GM_NCCL_EXCLUSIVE unset); 1: one collective at a time per rank's
+ * device; 2: also in host launch order (NCCL_LAUNCH_ORDER_IMPLICIT=1). Read
+ * once, at the first launch. */
+int gmn_dev_mode(void);
+/* Mode 2: the next ticket of root_rank's device (host launch order). */
+bool gmn_dev_ticket(int root_rank, uint64_t *ticket);
+/* Takes comm's device (in ticket order when ticketed); false when comm was
+ * aborted first. Bounded by the hang watchdog. */
+bool gmn_dev_acquire(struct ncclComm *comm, bool ticketed, uint64_t ticket, const char *what);
+void gmn_dev_release(struct ncclComm *comm, bool ticketed, uint64_t ticket);
+/* A ticket that will never run (its item was aborted or skipped). */
+void gmn_dev_cancel(int root_rank, uint64_t ticket);
+
 /* ---- gmn_reduce.c: element types and reductions ---- */
 
 /* Bytes of one element of t; 0 for a type the model does not implement. */

@@ -182,6 +182,9 @@ ncclResult_t gmn_coll(gmn_call *c, const char *name)
 typedef struct gmn_work {
     gmn_call c;
     bool eager;                   /* enqueued to run once (not a graph node) */
+    bool ticketed, served;        /* gmn_device.c: a launch-order ticket, and whether
+                                     it was used (run or cancelled) */
+    uint64_t ticket;
     const void **ins;             /* [nranks] reduction inputs */
     char what[200];
 } gmn_work;
@@ -191,6 +194,8 @@ typedef struct gmn_work {
 static void work_free(void *arg)
 {
     gmn_work *w = arg;
+    if (w->ticketed && !w->served)
+        gmn_dev_cancel(w->c.comm->root_rank, w->ticket);
     if (w->eager)
         atomic_fetch_sub(&w->c.comm->outstanding, 1);
     gmn_comm_unref(w->c.comm);
@@ -349,12 +354,18 @@ static cudaError_t work_run(void *arg, char *err, size_t errlen)
         gmn_set_async(comm, ncclUnhandledCudaError, "%s: %s", w->what, err);
         return e;
     }
+    bool exclusive = gmn_dev_mode() != 0;
+    if (exclusive && !gmn_dev_acquire(comm, w->ticketed, w->ticket, w->what))
+        return cudaSuccess; /* aborted while waiting for the device: work_free cancels the ticket */
+    w->served = true;
     pthread_mutex_lock(&comm->exec_mu);
     if (atomic_load(&comm->async_err) != ncclSuccess) /* a broken comm's kernels hang until aborted */
         gmn_wait_until(comm, aborted_cond, comm, w->what);
     else if (!atomic_load(&comm->aborted))
         run_locked(w);
     pthread_mutex_unlock(&comm->exec_mu);
+    if (exclusive)
+        gmn_dev_release(comm, w->ticketed, w->ticket);
     return cudaSuccess;
 }
 
@@ -380,8 +391,10 @@ ncclResult_t gmn_launch(const gmn_call *c)
         atomic_fetch_add(&gmn_stat_registered, 1);
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     w->eager = cudaStreamIsCapturing(c->stream, &st) != cudaSuccess || st == cudaStreamCaptureStatusNone;
-    if (w->eager)
+    if (w->eager) {
         atomic_fetch_add(&comm->outstanding, 1);
+        w->ticketed = gmn_dev_ticket(comm->root_rank, &w->ticket); /* host launch order */
+    }
     gmn_comm_ref(comm);
     cudaError_t e = gm_enqueue(c->stream, w->what, work_run, w, work_free);
     if (e != cudaSuccess) {
