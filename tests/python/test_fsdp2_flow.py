@@ -412,3 +412,25 @@ def test_dcp_loaded_into_a_meta_build(tmp_path):
     x = ids()
     assert model(x, x).item() == want(x, x).item()
     sm.close()
+
+
+@pytest.mark.parametrize("how", ["model", "sm", "none"])
+def test_zero_grad_of_the_model_or_none_as_torch(how):
+    """HF Trainer's model.zero_grad() (or sm.zero_grad()) clears the master
+    shards' gradient as FSDP2's clears its sharded parameters'; no zero_grad
+    at all accumulates, as torch does."""
+    model, ref = tinyllama.reference(), tinyllama.reference()
+    sm = one(model)
+    opt, ropt = W.make_opt(sm.main_parameters()), W.make_opt(ref.parameters())
+    for s in range(3):
+        x = ids(s)
+        loss, rloss = model(x, x), ref(x, x)
+        assert abs(loss.item() - rloss.item()) <= 1e-6 * rloss.item(), (how, s)
+        loss.backward()
+        rloss.backward()
+        opt.step()
+        ropt.step()
+        if how != "none":
+            (model if how == "model" else sm).zero_grad()
+            ref.zero_grad()
+    sm.close()

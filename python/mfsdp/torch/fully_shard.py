@@ -181,8 +181,9 @@ class FullyShardedModel(ShardedModel):
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The model's zero_grad (its parameters hold no gradient; the
-        optimizer's zero_grad clears the delivered one)."""
+        """The model's zero_grad, which also clears the master shards' .grad
+        (where the delivered gradient is), as FSDP2's clears its sharded
+        parameters'."""
         self.model.zero_grad(set_to_none)
 
     # ---- FSDPModule ----

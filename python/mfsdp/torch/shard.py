@@ -213,6 +213,7 @@ class ShardedModel:
         self._handles += _refuse_module_state_dicts(model)
         _watch_optimizers(self)
         self._applies = _init.guard_applies(self, model)   # to_empty, .to(dtype): init.py
+        model.__dict__["zero_grad"] = self._model_zero_grad(model)
         self._carry = []       # (master, .grad kept from the last step: no zero_grad() since)
         self._init = _init.DeferredInit(self, dtypes) if meta else None
         self.init_peak_bytes = getattr(self, "init_peak_bytes", 0)   # most bytes whole at once in it
@@ -486,6 +487,7 @@ class ShardedModel:
             h.remove()
         self._handles = []
         _init.unguard_applies(getattr(self, "_applies", None))
+        self.model.__dict__.pop("zero_grad", None)
         if getattr(self, "_init", None) is not None:
             self._init.flush_all()
             for slots in self._slots:
@@ -507,6 +509,25 @@ class ShardedModel:
             except MfsdpError:
                 pass        # a failed runtime: destroy tells its peers
         self.runtime.close()
+
+    def _model_zero_grad(self, model):
+        """model.zero_grad() of the sharded model clears the master shards'
+        .grad too (the gradient lives there, as on FSDP2's sharded parameters),
+        so a loop that calls it instead of optimizer.zero_grad() does not
+        accumulate (a loop that calls neither accumulates, as torch does)."""
+        own = type(model).zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            own(model, set_to_none)
+            self._carry = []
+            for _, mp, _, _ in self._main:
+                if mp.grad is None:
+                    continue
+                if set_to_none or self._in_step:
+                    mp.grad = None
+                else:
+                    mp.grad.zero_()
+        return zero_grad
 
     # ---- state ----
     def _reset_step(self):
