@@ -117,7 +117,10 @@ def check_meta(r, ref_model, hf_model):
 
 @mpi
 def test_meta_init_trains_as_one_process(runs):
-    check_meta(result(runs, "meta"), tinyllama.reference(), False)
+    r = result(runs, "meta")
+    assert r["units"] == ["model.embed_tokens"] + ["model.layers.%d" % i for i in range(4)] + [
+        "model.norm", "lm_head"]                  # per layer: the ModuleList below `model`
+    check_meta(r, tinyllama.reference(), False)
 
 
 @mpi
