@@ -70,9 +70,8 @@ double gmn_hang_s(void)
 
 _Noreturn void gmn_hang(const char *what, double waited_s)
 {
-    gm_violation("nccl: %s: stuck for %.1f s (GM_NCCL_HANG_S=%g): a peer never arrived; exiting instead of "
-                 "hanging",
-                 what, waited_s, gmn_hang_s());
+    gm_violation("nccl: %s: stuck for %.1f s (GM_NCCL_HANG_S=%g); exiting instead of hanging", what, waited_s,
+                 gmn_hang_s());
     fflush(stderr);
     _exit(3);
 }
