@@ -23,7 +23,7 @@
  * Keys: the device names nvcc registers (__cudaRegisterFunction's
  * deviceName) demangled, with the return type, namespaces and parameter
  * list dropped: "combine_kernel<0, 1>", "fill_kernel<2>", "spin_kernel".
- * check_instantiations.sh holds this table to the real nvcc object.
+ * check_instantiations.py holds this table to the real nvcc object.
  */
 #include "gm_kernels_shim.h"
 

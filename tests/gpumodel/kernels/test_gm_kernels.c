@@ -12,7 +12,7 @@
  * under other grids gives the same bits; fill against mf_pattern; the ranges
  * and parameter sizes the CUDA model relies on; the spin kernel's wait.
  *
- * `test_gm_kernels --list` prints the registry's keys (check_instantiations.sh).
+ * `test_gm_kernels --list` prints the registry's keys (check_instantiations.py).
  */
 #include <setjmp.h>
 #include <stdarg.h>
