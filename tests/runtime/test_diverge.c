@@ -22,7 +22,10 @@
  * in the agreement (2 s), or are woken by the first that did, instead.
  *
  *   test_diverge SCHEDULE...        local backend (thread-ranks), every schedule
- *   test_diverge --mpi SCHEDULE     this process is one MPI rank
+ *   test_diverge --mpi SCHEDULE     this process is one MPI rank; first, rank
+ *                                   1's stream thread fails to start in
+ *                                   mfsdp_create (fault injection): the
+ *                                   others fail at once naming rank 1
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -39,6 +42,7 @@
 #include <cmocka.h>
 
 #include "mfsdp.h"
+#include "mf_streams.h"
 #include "mfsdp_ckpt.h"
 #ifdef MFSDP_HAVE_MPI
 #include <mpi.h>
@@ -303,6 +307,30 @@ static int run_mpi(const char *path, int *argc, char ***argv)
     if (mfsdp_schedule_load(path, &sh) != MFSDP_OK) {
         fprintf(stderr, "test_diverge: %s\n", mfsdp_last_error(NULL));
         MPI_Abort(comm, 2);
+    }
+    /* A stream thread that cannot start on rank 1 (docs/runtime.md §2). */
+    {
+        mfsdp_config cfg;
+        mfsdp_config_init(&cfg);
+        mfsdp_config_set_mpi(&cfg, &comm);
+        cfg.timeout_ms = TIMEOUT_MS;
+        if (me == ODD)
+            mf_streams_fail_next_start();
+        mfsdp_runtime *rt = NULL;
+        double t0 = now_s();
+        mfsdp_result r = mfsdp_create(sh, &cfg, &rt);
+        double secs = now_s() - t0;
+        const char *msg = mfsdp_last_error(NULL);
+        bool ok = me == ODD ? r == MFSDP_ERR_INTERNAL && strstr(msg, "cannot start the inner stream thread")
+                            : r == MFSDP_ERR_ABORTED && strstr(msg, "rank 1 failed to create its runtime");
+        if (!ok || secs > TIMEOUT_MS / 4000.0) {
+            fprintf(stderr, "FAILED: %s: start: rank %d: %s after %.1f s: %s\n", path, me, mfsdp_result_string(r),
+                    secs, msg);
+            bad = 1;
+        } else if (me == 0) {
+            printf("%s: start: rank 0: %s\n", path, msg);
+        }
+        mfsdp_destroy(rt);
     }
     for (int sc = 0; sc < SC_COUNT; sc++) {
         job j;
