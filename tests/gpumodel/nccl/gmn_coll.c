@@ -185,7 +185,6 @@ typedef struct gmn_work {
     bool ticketed, served;        /* gmn_device.c: a launch-order ticket, and whether
                                      it was used (run or cancelled) */
     uint64_t ticket;
-    const void **ins;             /* [nranks] reduction inputs */
     char what[200];
 } gmn_work;
 
@@ -199,7 +198,6 @@ static void work_free(void *arg)
     if (w->eager)
         atomic_fetch_sub(&w->c.comm->outstanding, 1);
     gmn_comm_unref(w->c.comm);
-    free(w->ins);
     free(w);
 }
 
@@ -209,7 +207,7 @@ static bool aborted_cond(void *arg)
 }
 
 /* The descriptor phase: false when the collective must not move data. */
-static bool exchange_desc(gmn_work *w)
+static bool exchange_desc(const gmn_work *w)
 {
     struct ncclComm *comm = w->c.comm;
     gmn_seg *seg = comm->seg;
@@ -260,8 +258,10 @@ static void post_round(const gmn_work *w, unsigned char *buf, size_t off, size_t
         memcpy(buf, send + off * es, len * es);
 }
 
-/* One round: elements [off, off + len) of the per-rank (per-block) count. */
-static bool round_once(gmn_work *w, size_t off, size_t len)
+/* One round: elements [off, off + len) of the per-rank (per-block) count.
+ * ins: nranks pointers of the caller's (w may be a graph node that two graph
+ * instances run at once: nothing of a run lives in it). */
+static bool round_once(const gmn_work *w, size_t off, size_t len, const void **ins)
 {
     struct ncclComm *comm = w->c.comm;
     const gmn_desc *d = &w->c.d;
@@ -274,7 +274,7 @@ static bool round_once(gmn_work *w, size_t off, size_t len)
     if (gmn_wait_all(comm, false, p, w->what, msg, sizeof msg) != ncclSuccess)
         return false; /* this rank aborted */
     for (size_t q = 0; q < N; q++) /* wide kinds: our block of every peer's post */
-        w->ins[q] = comm->seg->slots[q].data[p % 2] + (wide(d->kind) ? me * len * es : 0);
+        ins[q] = comm->seg->slots[q].data[p % 2] + (wide(d->kind) ? me * len * es : 0);
     switch (d->kind) {
     case GMN_GATHER:
         if ((int)me != d->root)
@@ -283,18 +283,18 @@ static bool round_once(gmn_work *w, size_t off, size_t len)
     case GMN_ALL_GATHER:
     case GMN_ALL_TO_ALL:
         for (size_t q = 0; q < N; q++)
-            memcpy(recv + (q * n + off) * es, w->ins[q], len * es);
+            memcpy(recv + (q * n + off) * es, ins[q], len * es);
         break;
     case GMN_BROADCAST:
     case GMN_SCATTER:
-        memcpy(recv + off * es, w->ins[d->root], len * es);
+        memcpy(recv + off * es, ins[d->root], len * es);
         break;
     case GMN_REDUCE:
         if ((int)me != d->root)
             break;
         /* fall through */
     default:
-        gmn_reduce(d->dtype, d->op, (int)N, (const void *const *)w->ins, recv + off * es, len);
+        gmn_reduce(d->dtype, d->op, (int)N, (const void *const *)ins, recv + off * es, len);
         break;
     }
     return true;
@@ -312,7 +312,7 @@ static cudaError_t check_ranges(gmn_work *w, char *err, size_t errlen)
     return e;
 }
 
-static void run_locked(gmn_work *w)
+static void run_locked(const gmn_work *w)
 {
     struct ncclComm *comm = w->c.comm;
     const gmn_fault *f = gmn_fault_for(comm);
@@ -333,8 +333,9 @@ static void run_locked(gmn_work *w)
     const gmn_desc *d = &w->c.d;
     size_t es = gmn_dtype_size(d->dtype);
     size_t per = GMN_CHUNK / (es * (wide(d->kind) ? (size_t)comm->nranks : 1));
+    const void *ins[GMN_MAX_RANKS];
     for (size_t off = 0; off < d->count; off += per)
-        if (!round_once(w, off, d->count - off < per ? d->count - off : per))
+        if (!round_once(w, off, d->count - off < per ? d->count - off : per, ins))
             return;
     comm->ncoll++;
     if (f && f->kind == GMN_FAULT_ASYNC && comm->ncoll == f->after)
@@ -357,7 +358,8 @@ static cudaError_t work_run(void *arg, char *err, size_t errlen)
     bool exclusive = gmn_dev_mode() != 0;
     if (exclusive && !gmn_dev_acquire(comm, w->ticketed, w->ticket, w->what))
         return cudaSuccess; /* aborted while waiting for the device: work_free cancels the ticket */
-    w->served = true;
+    if (w->ticketed)
+        w->served = true; /* eager: runs once */
     pthread_mutex_lock(&comm->exec_mu);
     if (atomic_load(&comm->async_err) != ncclSuccess) /* a broken comm's kernels hang until aborted */
         gmn_wait_until(comm, aborted_cond, comm, w->what);
@@ -373,14 +375,9 @@ ncclResult_t gmn_launch(const gmn_call *c)
 {
     struct ncclComm *comm = c->comm;
     gmn_work *w = calloc(1, sizeof *w);
-    const void **ins = calloc((size_t)comm->nranks, sizeof *ins);
-    if (!w || !ins) {
-        free(w);
-        free(ins);
+    if (!w)
         return gmn_fail(comm, ncclSystemError, "%s: out of memory", gmn_kind_name(c->d.kind));
-    }
     w->c = *c;
-    w->ins = ins;
     snprintf(w->what, sizeof w->what, "%s of %llu %s on %s: rank %d of %d", gmn_kind_name(c->d.kind),
              (unsigned long long)c->d.count, gmn_dtype_name(c->d.dtype), comm->comm_name, comm->rank, comm->nranks);
     size_t sb, rb;
