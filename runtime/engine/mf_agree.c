@@ -4,9 +4,10 @@
  * exchange (be->exchange, the create-time all-gather: the local group's
  * one-rendezvous exchange, or an all-gather on the runtime's duplicate of
  * the MPI world; never a stream's communicator, so it cannot pair with a
- * schedule collective). Every rank
- * compares every record with rank 0's, so every rank reaches the same
- * verdict and formats the same message.
+ * schedule collective). Every rank compares every record with rank 0's, so
+ * every rank reaches the same verdict and formats the same message. A
+ * difference fails the runtime (sticky, MFSDP_ERR_MISMATCH); nothing of the
+ * hook was issued, and what was issued before it every rank agreed on.
  */
 #include "mf_agree.h"
 
