@@ -522,7 +522,7 @@ static void cl_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_cuda_local = {
     .name = "cuda-local",
-    .caps = MF_BE_NATIVE_STREAMS,
+    .caps = MF_BE_NATIVE_STREAMS | MF_BE_HOST_EXCHANGE,
     .open = cl_open,
     .alloc = cl_alloc,
     .free = cl_free,

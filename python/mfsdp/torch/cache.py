@@ -8,8 +8,8 @@ else $XDG_CACHE_HOME/mfsdp, else ~/.cache/mfsdp, behind one line
 
 What a hit trusts: nothing the entry says about itself. The spec is compiled
 every time and an entry is a hit only when its YAML is byte for byte what
-this compiler emits for this spec (mfsdpc is deterministic, docs/schedule.md
-§1), so a planted or edited entry (another spec's schedule, bf16 compute,
+this compiler emits for this spec (mfsdpc is deterministic:
+docs/schedule.md §1), so a planted or edited entry (another spec's schedule, bf16 compute,
 `reduce sum`, a rewritten source_sha256) is never loaded: it is replaced.
 That check is the cheapest sound one: mfsdpc compiles an 8B Llama's spec in
 about 6 ms, less than the loader's own verification of the result (about 23

@@ -1,6 +1,5 @@
 /*
- * NCCL collectives captured into CUDA graphs on the model (needs the CUDA
- * model, gm_cudart: the stand-in cudart cannot capture). Two thread-ranks
+ * NCCL collectives captured into CUDA graphs on the model. Two thread-ranks
  * each capture "copy a fresh input in, all-reduce it, all-gather the result"
  * on their own stream, instantiate the graph, and launch it several times
  * with a new input each time: every launch must exchange again (the
