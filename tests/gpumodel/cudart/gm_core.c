@@ -23,7 +23,7 @@
 
 #include "gm_internal.h"
 
-gm_state gm_g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+gm_state gm_g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static pthread_once_t gm_once = PTHREAD_ONCE_INIT;
 static atomic_int gm_nviolations;

@@ -5,7 +5,12 @@
  * Invariants:
  *  - one lock, gm_g.mu, guards streams, events, captures and graphs; the
  *    memory registry has its own lock (gm_mem.c) and is never taken while
- *    waiting on gm_g.cv; work runs outside every lock;
+ *    waiting on a condition variable; work runs outside every lock;
+ *  - wake-ups are targeted, never global: a stream's worker sleeps on its
+ *    stream's `wake` (new work, destroy) or on the `done_cv` of the stream a
+ *    dependency names; whoever waits for (s, seq) lowers s->wake_at to seq
+ *    first, and a completion broadcasts s->done_cv only once done_seq reaches
+ *    wake_at (then resets it: the woken re-check and re-register);
  *  - a stream's items complete in FIFO order: done_seq only grows, an item of
  *    sequence n is complete iff done_seq >= n; a dependency (stream, seq) is
  *    met iff that stream's done_seq >= seq;
@@ -60,6 +65,10 @@ typedef struct gm_stream {
     int priority;
     int dead;
     uint64_t enq_seq, done_seq;
+    uint64_t wake_at;              /* lowest seq a waiter of done_cv needs; UINT64_MAX none */
+    int idle;                      /* the worker sleeps on wake for new work */
+    pthread_cond_t wake;           /* the worker's: new work or destroy */
+    pthread_cond_t done_cv;        /* waiters for this stream's progress */
     gm_item *head, *tail;
     struct gm_capture *cap;        /* capture this stream is part of, or NULL */
     gm_nodeset cap_deps;           /* its frontier in that capture */
@@ -117,7 +126,6 @@ typedef struct gm_event {
 
 typedef struct gm_state {
     pthread_mutex_t mu;
-    pthread_cond_t cv;             /* broadcast at every completion and change */
     int ndevices;
     int no_device;
     unsigned delay_us;

@@ -31,12 +31,24 @@ static unsigned gm_event_ring_next;
 static pthread_key_t gm_thread_key;
 static pthread_once_t gm_key_once = PTHREAD_ONCE_INIT;
 
-static int deps_met(const gm_item *it)
+/* The first dependency of it not met yet, or NULL. */
+static const gm_dep *unmet_dep(const gm_item *it)
 {
     for (int i = 0; i < it->ndeps; i++)
         if (it->deps[i].s->done_seq < it->deps[i].seq)
-            return 0;
-    return 1;
+            return &it->deps[i];
+    return NULL;
+}
+
+/* Sleeps (gm_g.mu held) until s->done_seq >= seq: on s->done_cv, with
+ * s->wake_at lowered to seq so the completion that reaches it wakes us. */
+static void wait_done_locked(gm_stream *s, uint64_t seq)
+{
+    while (s->done_seq < seq) {
+        if (seq < s->wake_at)
+            s->wake_at = seq;
+        pthread_cond_wait(&s->done_cv, &gm_g.mu);
+    }
 }
 
 static void perturb(const gm_stream *s, uint64_t seq)
@@ -49,19 +61,42 @@ static void perturb(const gm_stream *s, uint64_t seq)
         usleep(us);
 }
 
+/* The head item of s has run (result r): pops it, advances done_seq and
+ * wakes the waiters whose sequence is reached (gm_g.mu held). */
+static void complete_locked(gm_stream *s, gm_item *it, cudaError_t r, const char *err)
+{
+    if (r != cudaSuccess) {
+        fprintf(stderr, "gpumodel: %s failed on stream %d of device %d: %s%s%s\n", it->what, s->id, s->device,
+                cudaGetErrorName(r), err[0] ? ": " : "", err);
+        if (gm_g.sticky[s->device] == cudaSuccess)
+            gm_g.sticky[s->device] = r;
+    }
+    s->head = it->next;
+    if (!s->head)
+        s->tail = NULL;
+    s->done_seq = it->seq;
+    if (s->done_seq >= s->wake_at) {
+        s->wake_at = UINT64_MAX;
+        pthread_cond_broadcast(&s->done_cv);
+    }
+}
+
 static void *worker(void *p)
 {
     gm_stream *s = p;
     gm_thread()->device = s->device; /* work runs "on" the stream's device */
     pthread_mutex_lock(&gm_g.mu);
     for (;;) {
-        while (!s->head && !s->dead)
-            pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+        while (!s->head && !s->dead) {
+            s->idle = 1;
+            pthread_cond_wait(&s->wake, &gm_g.mu);
+            s->idle = 0;
+        }
         if (!s->head)
             break;
         gm_item *it = s->head;
-        while (!deps_met(it))
-            pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+        for (const gm_dep *d; (d = unmet_dep(it));)
+            wait_done_locked(d->s, d->seq);
         cudaError_t sticky = gm_g.sticky[s->device];
         pthread_mutex_unlock(&gm_g.mu);
         perturb(s, it->seq);
@@ -71,23 +106,20 @@ static void *worker(void *p)
             r = it->fn(it->arg, err, sizeof err);
         if (it->free_arg)
             it->free_arg(it->arg);
-        pthread_mutex_lock(&gm_g.mu);
-        if (r != cudaSuccess) {
-            fprintf(stderr, "gpumodel: %s failed on stream %d of device %d: %s%s%s\n", it->what, s->id,
-                    s->device, cudaGetErrorName(r), err[0] ? ": " : "", err);
-            if (gm_g.sticky[s->device] == cudaSuccess)
-                gm_g.sticky[s->device] = r;
-        }
-        s->head = it->next;
-        if (!s->head)
-            s->tail = NULL;
-        s->done_seq = it->seq;
-        pthread_cond_broadcast(&gm_g.cv);
         free(it->deps);
+        pthread_mutex_lock(&gm_g.mu);
+        complete_locked(s, it, r, err);
         free(it);
     }
     pthread_mutex_unlock(&gm_g.mu);
     return NULL;
+}
+
+/* Marks s destroyed and wakes its worker to drain and exit (gm_g.mu held). */
+static void stream_kill_locked(gm_stream *s)
+{
+    s->dead = 1;
+    pthread_cond_signal(&s->wake);
 }
 
 static void thread_exit(void *p)
@@ -96,10 +128,9 @@ static void thread_exit(void *p)
     pthread_mutex_lock(&gm_g.mu);
     for (int d = 0; d < GM_MAX_DEVICES; d++)
         if (t->per_thread[d]) {
-            t->per_thread[d]->dead = 1;
+            stream_kill_locked(t->per_thread[d]);
             t->per_thread[d] = NULL;
         }
-    pthread_cond_broadcast(&gm_g.cv);
     pthread_mutex_unlock(&gm_g.mu);
 }
 
@@ -118,6 +149,9 @@ static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int pr
     s->kind = kind;
     s->flags = flags;
     s->priority = priority;
+    s->wake_at = UINT64_MAX;
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
     pthread_t th;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -126,6 +160,8 @@ static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int pr
     int rc = pthread_create(&th, &attr, worker, s);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
+        pthread_cond_destroy(&s->wake);
+        pthread_cond_destroy(&s->done_cv);
         free(s);
         return NULL;
     }
@@ -226,14 +262,14 @@ cudaError_t gm_submit_locked(gm_stream *s, const char *what, gm_work_fn fn, void
     s->tail = it;
     if (seq)
         *seq = it->seq;
-    pthread_cond_broadcast(&gm_g.cv);
+    if (s->idle)
+        pthread_cond_signal(&s->wake);
     return cudaSuccess;
 }
 
 void gm_wait_seq_locked(gm_stream *s, uint64_t seq)
 {
-    while (s->done_seq < seq)
-        pthread_cond_wait(&gm_g.cv, &gm_g.mu);
+    wait_done_locked(s, seq);
 }
 
 /* Waits for everything s holds now; for the legacy stream also for the
@@ -298,7 +334,6 @@ cudaError_t gm_enqueue(cudaStream_t h, const char *what, gm_work_fn run, void *a
 static void after_fork_child(void)
 {
     pthread_mutex_init(&gm_g.mu, NULL);
-    pthread_cond_init(&gm_g.cv, NULL);
     gm_mem_after_fork();
     gm_launch_after_fork();
     for (gm_stream *x = gm_g.streams; x; x = x->next_all) {
@@ -306,6 +341,10 @@ static void after_fork_child(void)
         x->done_seq = x->enq_seq;
         x->dead = 1;
         x->cap = NULL;
+        x->idle = 0;
+        x->wake_at = UINT64_MAX;
+        pthread_cond_init(&x->wake, NULL); /* no thread of the parent waits here */
+        pthread_cond_init(&x->done_cv, NULL);
     }
     for (int d = 0; d < GM_MAX_DEVICES; d++) {
         gm_g.legacy[d] = NULL;
@@ -359,8 +398,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t h)
     if (e == cudaSuccess) {
         if (s->cap)
             gm_capture_invalidate_locked(s->cap, "cudaStreamDestroy of a capturing stream");
-        s->dead = 1;
-        pthread_cond_broadcast(&gm_g.cv);
+        stream_kill_locked(s);
     }
     pthread_mutex_unlock(&gm_g.mu);
     return gm_ret(e);
