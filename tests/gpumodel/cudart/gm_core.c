@@ -342,18 +342,14 @@ cudaError_t cudaGetLastError(void)
     gm_init();
     cudaError_t e = gm_tls_state.last;
     gm_tls_state.last = cudaSuccess;
-    pthread_mutex_lock(&gm_g.mu);
-    cudaError_t st = gm_g.sticky[gm_tls_state.device];
-    pthread_mutex_unlock(&gm_g.mu);
+    cudaError_t st = __atomic_load_n(&gm_g.sticky[gm_tls_state.device], __ATOMIC_ACQUIRE);
     return st != cudaSuccess ? st : e;
 }
 
 cudaError_t cudaPeekAtLastError(void)
 {
     gm_init();
-    pthread_mutex_lock(&gm_g.mu);
-    cudaError_t st = gm_g.sticky[gm_tls_state.device];
-    pthread_mutex_unlock(&gm_g.mu);
+    cudaError_t st = __atomic_load_n(&gm_g.sticky[gm_tls_state.device], __ATOMIC_ACQUIRE);
     return st != cudaSuccess ? st : gm_tls_state.last;
 }
 

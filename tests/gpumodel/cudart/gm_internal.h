@@ -6,6 +6,9 @@
  *  - one lock, gm_g.mu, guards streams, events, captures and graphs; the
  *    memory registry has its own lock (gm_mem.c) and is never taken while
  *    waiting on a condition variable; work runs outside every lock;
+ *  - each stream has its own lock `lk` (after gm_g.mu in lock order; never
+ *    two stream locks at once) for its queue, `idle`, `wake_at` and the
+ *    writes of done_seq: a worker's hot path takes no global lock;
  *  - wake-ups are targeted, never global: a stream's worker sleeps on its
  *    stream's `wake` (new work, destroy) or on the `done_cv` of the stream a
  *    dependency names; whoever waits for (s, seq) lowers s->wake_at to seq
@@ -64,7 +67,9 @@ typedef struct gm_stream {
     unsigned flags;                /* cudaStreamNonBlocking or 0 */
     int priority;
     int dead;
-    uint64_t enq_seq, done_seq;
+    uint64_t enq_seq;              /* gm_g.mu */
+    uint64_t done_seq;             /* written under lk (release), read with gm_done */
+    pthread_mutex_t lk;
     uint64_t wake_at;              /* lowest seq a waiter of done_cv needs; UINT64_MAX none */
     int idle;                      /* the worker sleeps on wake for new work */
     pthread_cond_t wake;           /* the worker's: new work or destroy */
@@ -74,6 +79,12 @@ typedef struct gm_stream {
     gm_nodeset cap_deps;           /* its frontier in that capture */
     struct gm_stream *next_all;
 } gm_stream;
+
+/* s->done_seq, read without s->lk (it only grows). */
+static inline uint64_t gm_done(const gm_stream *s)
+{
+    return __atomic_load_n(&s->done_seq, __ATOMIC_ACQUIRE);
+}
 
 /* Work with its argument, shared by a graph, its instances and launches. */
 typedef struct gm_box {

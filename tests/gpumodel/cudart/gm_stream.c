@@ -13,6 +13,15 @@
  * A failing item (a gm_work_fn returning an error) makes the error sticky for
  * the device, as a fault does: later work of the device is skipped (its
  * sequence still completes so nothing waits forever) and the API returns it.
+ *
+ * Locking: the API holds gm_g.mu; a stream's queue, its worker's wake-ups
+ * and its done_cv are guarded by the stream's own lock `lk` (taken after
+ * gm_g.mu, never the other way round, and never two stream locks at once).
+ * A worker's hot path takes only stream locks: its own to pop and complete,
+ * a dependency's to sleep on it. done_seq is written under lk with release
+ * order and read anywhere with acquire order (gm_done): it only grows, so a
+ * stale read only makes a dependency look pending. The sticky errors are
+ * atomics (a worker sets one without gm_g.mu).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -35,20 +44,31 @@ static pthread_once_t gm_key_once = PTHREAD_ONCE_INIT;
 static const gm_dep *unmet_dep(const gm_item *it)
 {
     for (int i = 0; i < it->ndeps; i++)
-        if (it->deps[i].s->done_seq < it->deps[i].seq)
+        if (gm_done(it->deps[i].s) < it->deps[i].seq)
             return &it->deps[i];
     return NULL;
 }
 
-/* Sleeps (gm_g.mu held) until s->done_seq >= seq: on s->done_cv, with
- * s->wake_at lowered to seq so the completion that reaches it wakes us. */
-static void wait_done_locked(gm_stream *s, uint64_t seq)
+/* Sleeps until s->done_seq >= seq (s->lk held, no other lock): on
+ * s->done_cv, with s->wake_at lowered to seq so the completion that reaches
+ * it wakes us. */
+static void wait_done_lk(gm_stream *s, uint64_t seq)
 {
-    while (s->done_seq < seq) {
+    while (gm_done(s) < seq) {
         if (seq < s->wake_at)
             s->wake_at = seq;
-        pthread_cond_wait(&s->done_cv, &gm_g.mu);
+        pthread_cond_wait(&s->done_cv, &s->lk);
     }
+}
+
+/* The same, holding no lock. */
+static void wait_done(gm_stream *s, uint64_t seq)
+{
+    if (gm_done(s) >= seq)
+        return;
+    pthread_mutex_lock(&s->lk);
+    wait_done_lk(s, seq);
+    pthread_mutex_unlock(&s->lk);
 }
 
 static void perturb(const gm_stream *s, uint64_t seq)
@@ -62,19 +82,19 @@ static void perturb(const gm_stream *s, uint64_t seq)
 }
 
 /* The head item of s has run (result r): pops it, advances done_seq and
- * wakes the waiters whose sequence is reached (gm_g.mu held). */
-static void complete_locked(gm_stream *s, gm_item *it, cudaError_t r, const char *err)
+ * wakes the waiters whose sequence is reached (s->lk held). */
+static void complete_lk(gm_stream *s, gm_item *it, cudaError_t r, const char *err)
 {
     if (r != cudaSuccess) {
         fprintf(stderr, "gpumodel: %s failed on stream %d of device %d: %s%s%s\n", it->what, s->id, s->device,
                 cudaGetErrorName(r), err[0] ? ": " : "", err);
-        if (gm_g.sticky[s->device] == cudaSuccess)
-            gm_g.sticky[s->device] = r;
+        cudaError_t none = cudaSuccess;
+        __atomic_compare_exchange_n(&gm_g.sticky[s->device], &none, r, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
     s->head = it->next;
     if (!s->head)
         s->tail = NULL;
-    s->done_seq = it->seq;
+    __atomic_store_n(&s->done_seq, it->seq, __ATOMIC_RELEASE);
     if (s->done_seq >= s->wake_at) {
         s->wake_at = UINT64_MAX;
         pthread_cond_broadcast(&s->done_cv);
@@ -85,20 +105,20 @@ static void *worker(void *p)
 {
     gm_stream *s = p;
     gm_thread()->device = s->device; /* work runs "on" the stream's device */
-    pthread_mutex_lock(&gm_g.mu);
+    pthread_mutex_lock(&s->lk);
     for (;;) {
         while (!s->head && !s->dead) {
             s->idle = 1;
-            pthread_cond_wait(&s->wake, &gm_g.mu);
+            pthread_cond_wait(&s->wake, &s->lk);
             s->idle = 0;
         }
         if (!s->head)
             break;
-        gm_item *it = s->head;
+        gm_item *it = s->head; /* stays the head: only this thread pops */
+        pthread_mutex_unlock(&s->lk);
         for (const gm_dep *d; (d = unmet_dep(it));)
-            wait_done_locked(d->s, d->seq);
-        cudaError_t sticky = gm_g.sticky[s->device];
-        pthread_mutex_unlock(&gm_g.mu);
+            wait_done(d->s, d->seq);
+        cudaError_t sticky = __atomic_load_n(&gm_g.sticky[s->device], __ATOMIC_ACQUIRE);
         perturb(s, it->seq);
         cudaError_t r = cudaSuccess;
         char err[512] = "";
@@ -107,19 +127,21 @@ static void *worker(void *p)
         if (it->free_arg)
             it->free_arg(it->arg);
         free(it->deps);
-        pthread_mutex_lock(&gm_g.mu);
-        complete_locked(s, it, r, err);
+        pthread_mutex_lock(&s->lk);
+        complete_lk(s, it, r, err);
         free(it);
     }
-    pthread_mutex_unlock(&gm_g.mu);
+    pthread_mutex_unlock(&s->lk);
     return NULL;
 }
 
 /* Marks s destroyed and wakes its worker to drain and exit (gm_g.mu held). */
 static void stream_kill_locked(gm_stream *s)
 {
+    pthread_mutex_lock(&s->lk);
     s->dead = 1;
     pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lk);
 }
 
 static void thread_exit(void *p)
@@ -150,6 +172,7 @@ static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int pr
     s->flags = flags;
     s->priority = priority;
     s->wake_at = UINT64_MAX;
+    pthread_mutex_init(&s->lk, NULL);
     pthread_cond_init(&s->wake, NULL);
     pthread_cond_init(&s->done_cv, NULL);
     pthread_t th;
@@ -162,6 +185,7 @@ static gm_stream *stream_new_locked(int device, int kind, unsigned flags, int pr
     if (rc != 0) {
         pthread_cond_destroy(&s->wake);
         pthread_cond_destroy(&s->done_cv);
+        pthread_mutex_destroy(&s->lk);
         free(s);
         return NULL;
     }
@@ -218,14 +242,14 @@ static int implicit_deps_locked(const gm_stream *s, gm_dep *out, int cap)
     int n = 0;
     if (s->kind == GM_STREAM_LEGACY) {
         for (gm_stream *x = gm_g.streams; x; x = x->next_all)
-            if (x != s && x->device == s->device && blocking(x) && x->done_seq < x->enq_seq) {
+            if (x != s && x->device == s->device && blocking(x) && gm_done(x) < x->enq_seq) {
                 if (n < cap)
                     out[n] = (gm_dep){x, x->enq_seq};
                 n++;
             }
     } else if (blocking(s)) {
         gm_stream *l = gm_g.legacy[s->device];
-        if (l && l->done_seq < l->enq_seq) {
+        if (l && gm_done(l) < l->enq_seq) {
             if (n < cap)
                 out[n] = (gm_dep){l, l->enq_seq};
             n++;
@@ -255,21 +279,35 @@ cudaError_t gm_submit_locked(gm_stream *s, const char *what, gm_work_fn fn, void
     it->arg = arg;
     it->free_arg = free_arg;
     it->seq = ++s->enq_seq;
+    if (seq)
+        *seq = it->seq;
+    pthread_mutex_lock(&s->lk);
     if (s->tail)
         s->tail->next = it;
     else
         s->head = it;
     s->tail = it;
-    if (seq)
-        *seq = it->seq;
     if (s->idle)
         pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lk);
     return cudaSuccess;
 }
 
+/* gm_g.mu is released while it sleeps (as a wait on a condition variable
+ * of gm_g.mu would): callers re-read what they need afterwards. */
 void gm_wait_seq_locked(gm_stream *s, uint64_t seq)
 {
-    wait_done_locked(s, seq);
+    if (gm_done(s) >= seq)
+        return;
+    pthread_mutex_lock(&s->lk);
+    if (gm_done(s) < seq) {
+        pthread_mutex_unlock(&gm_g.mu);
+        wait_done_lk(s, seq);
+        pthread_mutex_unlock(&s->lk);
+        pthread_mutex_lock(&gm_g.mu);
+        return;
+    }
+    pthread_mutex_unlock(&s->lk);
 }
 
 /* Waits for everything s holds now; for the legacy stream also for the
@@ -289,7 +327,7 @@ void gm_stream_sync_locked(gm_stream *s)
 static int stream_idle_locked(gm_stream *s)
 {
     gm_dep deps[1];
-    if (s->done_seq < s->enq_seq)
+    if (gm_done(s) < s->enq_seq)
         return 0;
     return s->kind != GM_STREAM_LEGACY || implicit_deps_locked(s, deps, 1) == 0;
 }
@@ -305,7 +343,7 @@ void gm_device_sync_locked(int device)
 
 cudaError_t gm_sticky_locked(int device)
 {
-    return gm_g.sticky[device];
+    return __atomic_load_n(&gm_g.sticky[device], __ATOMIC_ACQUIRE);
 }
 
 cudaError_t gm_enqueue(cudaStream_t h, const char *what, gm_work_fn run, void *arg, void (*free_arg)(void *arg))
@@ -343,7 +381,8 @@ static void after_fork_child(void)
         x->cap = NULL;
         x->idle = 0;
         x->wake_at = UINT64_MAX;
-        pthread_cond_init(&x->wake, NULL); /* no thread of the parent waits here */
+        pthread_mutex_init(&x->lk, NULL); /* no thread of the parent is left to hold it */
+        pthread_cond_init(&x->wake, NULL);
         pthread_cond_init(&x->done_cv, NULL);
     }
     for (int d = 0; d < GM_MAX_DEVICES; d++) {
@@ -626,7 +665,7 @@ static cudaError_t not_captured_locked(gm_event *e, const char *call)
 
 static int event_done_locked(const gm_event *e)
 {
-    return !e->recorded || e->s->done_seq >= e->seq;
+    return !e->recorded || gm_done(e->s) >= e->seq;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t h)
@@ -716,7 +755,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned int fla
     if (r == cudaSuccess && !drop_this_wait_locked(sh, h)) {
         int handled = 0;
         r = gm_capture_event_wait_locked(s, e, &handled);
-        if (r == cudaSuccess && !handled && !s->cap && e->recorded && e->s->done_seq < e->seq &&
+        if (r == cudaSuccess && !handled && !s->cap && e->recorded && gm_done(e->s) < e->seq &&
             (r = gm_capture_check_legacy_locked(s, "cudaStreamWaitEvent")) == cudaSuccess) {
             gm_dep d = {e->s, e->seq};
             r = gm_submit_locked(s, "cudaStreamWaitEvent", NULL, NULL, NULL, &d, 1, NULL);
