@@ -108,6 +108,7 @@ class FullyShardedModel(ShardedModel):
             model, [mod for mod, _ in self._units], precision)
         model._mfsdp_fully_shard = self
         self._spec_args, self._spec_cache = dict(spec_args or {}), spec_cache
+        self.order_note = "the model has not been called yet (order.py takes the units' order then)"
         self._order_handle = None
         if spec_args is not None:         # the units' order from the first forward (order.py)
             self._order_handle = model.register_forward_pre_hook(
