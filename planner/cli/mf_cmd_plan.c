@@ -158,7 +158,7 @@ typedef struct svg_ctx {
 static int write_svg(FILE *out, const void *ctx)
 {
     const svg_ctx *c = ctx;
-    return mf_plan_front_svg(out, c->ps, c->budget, c->chosen);
+    return mf_plan_report_front_svg(out, c->ps, c->budget, c->chosen);
 }
 
 static int write_text(FILE *out, const void *ctx)
@@ -203,7 +203,7 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     }
     const mf_ps_point *best = mf_plan_search_choose(&ps, a.budget);
-    mf_plan_print_front(&ps, input, a.budget, best);
+    mf_plan_report_print_front(&ps, input, a.budget, best);
     svg_ctx sc = {&ps, a.budget, best};
     mf_outputs_begin(&os, input);
     have_os = true;
@@ -212,10 +212,10 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     }
     if (!best) {
-        rc = mf_plan_infeasible(&ps, a.budget);
+        rc = mf_plan_report_infeasible(&ps, a.budget);
         goto done;
     }
-    if (a.explain_choice && mf_plan_explain_choice(&ps, best, a.budget) != 0) {
+    if (a.explain_choice && mf_plan_report_explain_choice(&ps, best, a.budget) != 0) {
         fprintf(stderr, "%s: error: %s\n", input, ps.err);
         rc = 1;
         goto done;
@@ -229,7 +229,7 @@ int mf_cmd_plan(int argc, char **argv)
         rc = 2;
         goto done;
     }
-    rc = mf_plan_confirm(&ps, a.out ? a.out : "<chosen>", text, best);
+    rc = mf_plan_report_confirm(&ps, a.out ? a.out : "<chosen>", text, best);
     if (rc == 0 && a.out && mf_outputs_add(&os, a.out, write_text, text) != 0)
         rc = 2;
 done:

@@ -17,6 +17,7 @@
 #include "mf_limits.h"
 #include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
+#include "mf_plan_tbound.h"
 
 
 /* Figures computed per laid-out schedule (see "candidates with the same
@@ -483,6 +484,19 @@ static bool beats(const mf_ps_point *a, const mf_ps_point *b);
 double mf_plan_search_optimizer_seconds(const mf_ps_options *opt, const mf_schedule *s)
 {
     return opt->muon ? mf_plan_owners_muon_seconds(s, &opt->sim.cost, opt->optimizer_flops) : 0;
+}
+
+static double optimizer_seconds_of(const void *opt, const mf_schedule *s)
+{
+    return mf_plan_search_optimizer_seconds(opt, s);
+}
+
+int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
+                                       double *out)
+{
+    mf_plan_tbound_in in = {.fwd = ps->fwd, .bwd = ps->bwd, .sim = &ps->opt.sim,
+                            .optimizer_seconds = optimizer_seconds_of, .ctx = &ps->opt};
+    return mf_plan_tbound_time_bounds(&in, p, prefetch, n, out);
 }
 
 /* The figures of a point that a simulation gives (time_only included). */

@@ -163,9 +163,10 @@ void mf_plan_search_lower_bounds(const mf_plan_search *ps, int prefetch, int64_t
                                  double *lb_mem, double *lb_time);
 
 /* Lower bounds on the step time of a laid-out plan whose transitions are
- * planned, before the lowering (mf_plan_tbound.c), one per prefetch depth
- * in prefetch[0..n) (the plan's own is not read) into out[]; 0 until the
- * compute times are known (ps->fwd). 0, or -1 on OOM. */
+ * planned, before the lowering, one per prefetch depth in prefetch[0..n)
+ * (the plan's own is not read) into out[]; 0 until the compute times are
+ * known (ps->fwd). 0, or -1 on OOM. mf_plan_tbound_time_bounds
+ * (mf_plan_tbound.h) with what it reads of the search. */
 struct mf_plan;
 int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
                                        double *out);

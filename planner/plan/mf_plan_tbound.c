@@ -42,12 +42,16 @@
  *   every bucket's T3 and T4, and the same argument holds for the T3 and
  *   T4 steps on s of the buckets with a <= v.
  *
+ * The search (mf_plan_search.c) calls it; what the bound reads of the search
+ * comes in mf_plan_tbound_in, so this file knows nothing of the search.
  * tests/planner/test_plan_search.c checks it against the simulated step time
  * of every candidate of its random instances.
  */
 #include <stdlib.h>
 
-#include "mf_plan_search.h"
+#include "mf_plan_tbound.h"
+
+#include "mf_plan.h"
 
 enum { NS = 2 }; /* communication streams: 0 inner, 1 outer */
 
@@ -59,7 +63,7 @@ typedef struct tchain {
 } tchain;
 
 typedef struct tb_ctx {
-    const mf_plan_search *ps;
+    const mf_plan_tbound_in *in;
     const mf_schedule *s;
     tchain (*ch)[MF_NTRANSITIONS];
     tchain *ch12;           /* per bucket: T1 then T2 (the first microbatch's gather) */
@@ -71,23 +75,23 @@ typedef struct tb_ctx {
     double *turn_pre, *turn_on; /* turn_terms: per unit x {T3, T3 + T4} x stream */
 } tb_ctx;
 
-static int stream_slot(const mf_plan_search *ps, mf_stream st)
+static int stream_slot(const mf_plan_tbound_in *in, mf_stream st)
 {
     if (st == MF_STREAM_INNER)
         return 0;
     if (st == MF_STREAM_OUTER)
-        return ps->opt.sim.single_stream ? 0 : 1;
+        return in->sim->single_stream ? 0 : 1;
     return -1;
 }
 
 /* The transition's figures (mf_transition.c computes them with the cost
  * model the simulator uses) on the two communication streams; with
  * single_stream the outer stream's steps run on the inner one. */
-static void chain_of(const mf_plan_search *ps, const mf_transition *tr, tchain *c)
+static void chain_of(const mf_plan_tbound_in *in, const mf_transition *tr, tchain *c)
 {
     *c = (tchain){.total = tr->nsteps > 0 ? tr->cost : 0};
     for (int st = MF_STREAM_INNER; tr->nsteps > 0 && st <= MF_STREAM_OUTER; st++) {
-        int k = stream_slot(ps, (mf_stream)st);
+        int k = stream_slot(in, (mf_stream)st);
         if (!tr->has_on[st])
             continue;
         c->on[k] += tr->on[st];
@@ -191,7 +195,7 @@ static double forward(tb_ctx *x, int m, double t)
        gathers themselves */
     double base[NS] = {-1, -1}, sum[NS] = {0, 0}, post[NS] = {0, 0};
     int last_hook[NS] = {-1, -1}, last_b[NS] = {-1, -1};
-    bool async = x->ps->opt.sim.host_async;
+    bool async = x->in->sim->host_async;
     if (m > 0)
         turn_of(x, x->be_prev, false, base);
     for (int u = 0; u < x->U; u++) {
@@ -226,7 +230,7 @@ static double forward(tb_ctx *x, int m, double t)
         for (int k = 0; k < NS; k++)
             if (base[k] >= 0 && last_b[k] >= 0 && base[k] + sum[k] + post[k] > t)
                 t = base[k] + sum[k] + post[k];
-        t += x->ps->fwd[u];
+        t += x->in->fwd[u];
     }
     return t;
 }
@@ -235,7 +239,7 @@ static double forward(tb_ctx *x, int m, double t)
 static double backward(tb_ctx *x, int m, double t)
 {
     const mf_schedule *s = x->s;
-    bool async = x->ps->opt.sim.host_async;
+    bool async = x->in->sim->host_async;
     for (int u = x->U - 1; u >= 0; u--) {
         x->bs[u] = t;
         for (int i = x->z_start[u]; i < x->z_start[u + 1]; i++) {
@@ -268,7 +272,7 @@ static double backward(tb_ctx *x, int m, double t)
             if (m > 0 && x->be_prev[bk->unit] + x->ch[b][MF_T3].total > t)
                 t = x->be_prev[bk->unit] + x->ch[b][MF_T3].total;
         }
-        t += x->ps->bwd[u];
+        t += x->in->bwd[u];
         x->be[u] = t;
     }
     return t;
@@ -315,15 +319,15 @@ static double bound_for(tb_ctx *x, int prefetch)
     return r * (1 - 1e-9);
 }
 
-int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf_plan *p, const int *prefetch, int n,
-                                       double *out)
+int mf_plan_tbound_time_bounds(const mf_plan_tbound_in *in, const struct mf_plan *p, const int *prefetch, int n,
+                               double *out)
 {
     const mf_schedule *s = p->sched;
     for (int i = 0; i < n; i++)
         out[i] = 0;
-    if (!ps->fwd || !ps->bwd || !p->trans)
+    if (!in->fwd || !in->bwd || !p->trans)
         return 0;
-    tb_ctx x = {.ps = ps, .s = s, .U = s->nunits, .nb = s->nbuckets};
+    tb_ctx x = {.in = in, .s = s, .U = s->nunits, .nb = s->nbuckets};
     x.ch = malloc(sizeof *x.ch * ((size_t)x.nb + 1));
     x.ch12 = malloc(sizeof *x.ch12 * (2 * (size_t)x.nb + 1));
     x.ch34 = x.ch12 + x.nb;
@@ -346,7 +350,7 @@ int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf
     x.turn_on = x.turn_pre + 2 * NS * x.U;
     for (int b = 0; b < x.nb; b++)
         for (int t = 0; t < MF_NTRANSITIONS; t++)
-            chain_of(ps, &p->trans[b][t], &x.ch[b][t]);
+            chain_of(in, &p->trans[b][t], &x.ch[b][t]);
     for (int b = 0; b < x.nb; b++) {
         x.ch12[b] = concat(&x.ch[b][MF_T1], &x.ch[b][MF_T2]);
         x.ch34[b] = concat(&x.ch[b][MF_T3], &x.ch[b][MF_T4]);
@@ -354,7 +358,7 @@ int mf_plan_search_planned_time_bounds(const mf_plan_search *ps, const struct mf
     turn_terms(&x);
     /* the optimizer step the search adds is exact from the buckets already
        (monotone rounding keeps the sum below the figure's) */
-    double opt_s = mf_plan_search_optimizer_seconds(&ps->opt, s);
+    double opt_s = in->optimizer_seconds(in->ctx, s);
     for (int i = 0; i < n; i++)
         out[i] = bound_for(&x, prefetch[i]) + opt_s;
     rc = 0;

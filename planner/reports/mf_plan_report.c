@@ -16,7 +16,7 @@ static const char *gib(int64_t bytes, char *buf, size_t n)
     return mf_human_bytes_digits(bytes, 2, buf, n);
 }
 
-void mf_plan_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)
+void mf_plan_report_point_layouts(const mf_plan_search *ps, const mf_ps_point *pt, char *buf, size_t size)
 {
     size_t o = 0;
     buf[0] = '\0';
@@ -41,7 +41,7 @@ static void bucket_text(int64_t b, char *buf, size_t n)
         snprintf(buf, n, "%lldMiB", (long long)(b >> 20));
 }
 
-void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t budget, const mf_ps_point *chosen)
+void mf_plan_report_print_front(const mf_plan_search *ps, const char *input, int64_t budget, const mf_ps_point *chosen)
 {
     const mf_mesh *m = &ps->spec.mesh;
     char h[32];
@@ -65,7 +65,7 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
     for (int i = 0; i < ps->nfront; i++) {
         const mf_ps_point *p = &ps->front[i];
         char lay[1024], bk[32];
-        mf_plan_point_layouts(ps, p, lay, sizeof lay);
+        mf_plan_report_point_layouts(ps, p, lay, sizeof lay);
         bucket_text(p->bucket_size, bk, sizeof bk);
         printf("  %c%3d  %11s%s  %10.3f ms  %6.1f%%", p == chosen ? '*' : ' ', i + 1, gib(p->mem.peak, h, sizeof h),
                p->mem.peak > budget ? "!" : " ", p->step_time * 1e3, 100 * p->overlap);
@@ -79,11 +79,11 @@ void mf_plan_print_front(const mf_plan_search *ps, const char *input, int64_t bu
            ps->opt.muon ? "; step time = simulated + optimizer, muon's Newton-Schulz step" : "");
 }
 
-int mf_plan_infeasible(const mf_plan_search *ps, int64_t budget)
+int mf_plan_report_infeasible(const mf_plan_search *ps, int64_t budget)
 {
     const mf_ps_point *p = &ps->front[0];
     char h1[32], h2[32], h3[32], h4[32], h5[32], h6[32], lay[1024];
-    mf_plan_point_layouts(ps, p, lay, sizeof lay);
+    mf_plan_report_point_layouts(ps, p, lay, sizeof lay);
     const int64_t part[3] = {p->mem.persistent, p->mem.arena, p->mem.optimizer};
     static const char *const names[3] = {"the persistent region", "the transient arena", "the optimizer state"};
     int big = 0;
@@ -110,7 +110,7 @@ static int alt_cmp(const void *a, const void *b)
     return x->pt.step_time < y->pt.step_time ? -1 : x->pt.step_time > y->pt.step_time;
 }
 
-int mf_plan_explain_choice(mf_plan_search *ps, const mf_ps_point *chosen, int64_t budget)
+int mf_plan_report_explain_choice(mf_plan_search *ps, const mf_ps_point *chosen, int64_t budget)
 {
     int *ch = malloc((size_t)(ps->ngroups ? ps->ngroups : 1) * sizeof *ch);
     alt *alts = NULL;
@@ -161,7 +161,7 @@ done:
     return rc;
 }
 
-int mf_plan_confirm(const mf_plan_search *ps, const char *path, const char *text, const mf_ps_point *pt)
+int mf_plan_report_confirm(const mf_plan_search *ps, const char *path, const char *text, const mf_ps_point *pt)
 {
     mf_compile_options opt = {.stop_after = MF_STAGE_VERIFY, .verify = true, .cost = &ps->opt.sim.cost};
     mf_compilation c;
@@ -198,7 +198,7 @@ done:
     return rc;
 }
 
-int mf_plan_front_svg(FILE *out, const mf_plan_search *ps, int64_t budget, const mf_ps_point *chosen)
+int mf_plan_report_front_svg(FILE *out, const mf_plan_search *ps, int64_t budget, const mf_ps_point *chosen)
 {
     const double W = 640, H = 400, L = 80, R = 20, T = 30, B = 50;
     double m0 = 0, m1 = 1, t0 = 0, t1 = 1;
@@ -245,7 +245,7 @@ int mf_plan_front_svg(FILE *out, const mf_plan_search *ps, int64_t budget, const
     for (int i = 0; i < ps->nfront; i++) {
         const mf_ps_point *p = &ps->front[i];
         char lay[512];
-        mf_plan_point_layouts(ps, p, lay, sizeof lay);
+        mf_plan_report_point_layouts(ps, p, lay, sizeof lay);
         for (char *c = lay; *c; c++)
             if (*c == '<' || *c == '>' || *c == '&' || *c == '"')
                 *c = '_';

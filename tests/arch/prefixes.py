@@ -5,8 +5,12 @@ A module is x.c with its header x.h. A function defined in x.c without
 `static` must be named
   - x_... (the file's stem: mf_trace_admit in mf_trace.c), or
   - after the family it belongs to: y_... where y.c or y.h is a module of the
-    same folder and x starts with y_ (mf_plan_confirm in mf_plan_report.c,
-    beside mf_plan.c), or
+    same folder and x starts with y_ (mf_plan_stats_x in
+    passes/mf_plan_stats.c may be mf_plan_x, beside passes/mf_plan.c), or
+  - after the module that declares it: y_... where the header y.h of the
+    same folder declares y_...( (a module split over files:
+    mf_plan_search_lower_bounds in mf_plan_bound.c, declared in
+    mf_plan_search.h beside it), or
   - after a type the module's header declares (mf_dtype_name in
     mf_schedule.c, whose header declares mf_dtype), or,
   - in the runtime, the public API (mfsdp_..., declared in
@@ -31,6 +35,18 @@ def header_types(header):
         return set()
     text = open(header, encoding='utf-8', errors='replace').read()
     return {next(g for g in m.groups() if g) for m in TYPE.finditer(text)}
+
+
+def declared_by_headers(dirpath, files):
+    """{function name: stems of the folder's headers that declare it}."""
+    out = {}
+    for h in files:
+        if not h.endswith('.h'):
+            continue
+        text = open(os.path.join(dirpath, h), encoding='utf-8', errors='replace').read()
+        for name in set(re.findall(r'\b((?:mf|mfsdp)_\w+)\s*\(', text)):
+            out.setdefault(name, []).append(h[:-2])
+    return out
 
 
 def public_api(root):
@@ -58,6 +74,7 @@ def offenders(root, rel):
                       os.path.exists(os.path.join(dirpath, y + '.h'))]
             allowed = ([stem + '_'] + [y + '_' for y in family] +
                        [t + '_' for t in header_types(path[:-2] + '.h')])
+            declared = declared_by_headers(dirpath, files)
             lines = open(path, encoding='utf-8', errors='replace').read().split('\n')
             for i, line in enumerate(lines):
                 m = DEF.match(line)
@@ -71,6 +88,8 @@ def offenders(root, rel):
                     continue
                 name = m.group(1)
                 if name == stem or any(name.startswith(a) for a in allowed):
+                    continue
+                if any(name.startswith(y + '_') for y in declared.get(name, ())):
                     continue
                 if name.startswith('mfsdp_') and name in api:
                     continue

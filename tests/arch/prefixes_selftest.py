@@ -28,6 +28,8 @@ OFFENDERS = {
     'other/mf_b_far.c': 'int mf_b_far_ok(void)\n{\n    return 0;\n}\n\n'
                         'int mf_b_elsewhere(void)\n{\n    return 0;\n}\n',
     'runtime/engine/mf_e.c': 'int mfsdp_unlisted(void)\n{\n    return 0;\n}\n',
+    # mf_c.h declares mf_c_split, not mf_c_undeclared.
+    'lib/mf_d.c': 'int mf_c_undeclared(void)\n{\n    return 0;\n}\n',
 }
 
 
@@ -45,6 +47,9 @@ def tree(root):
     write(root, 'lib/mf_b_part.c', '#include "mf_b.h"\n\n'
                                    'int mf_b_thing(void)\n{\n    return 1;\n}\n')
     write(root, 'other/mf_b_far.c', 'int mf_b_far_ok(void)\n{\n    return 0;\n}\n')
+    # a module split over files: mf_c.h declares what mf_d.c defines
+    write(root, 'lib/mf_c.h', 'int mf_c_split(void);\n')
+    write(root, 'lib/mf_d.c', '#include "mf_c.h"\n\nint mf_c_split(void)\n{\n    return 2;\n}\n')
     write(root, 'runtime/include/mfsdp/mfsdp.h', 'int mfsdp_start(int n);\n')
     write(root, 'runtime/engine/mf_e.c', 'int mfsdp_start(int n)\n{\n    return n;\n}\n')
 
@@ -68,11 +73,12 @@ def main():
         rc, out = run(root, 'lib', 'other', 'runtime')
         want = ['lib/mf_a.c:30 mf_stray', 'lib/mf_b_part.c:8 mf_c_thing',
                 'other/mf_b_far.c:11 mf_b_elsewhere', 'runtime/engine/mf_e.c:6 mfsdp_unlisted',
-                "prefixes: 4 exported functions do not carry their module's prefix"]
+                'lib/mf_d.c:8 mf_c_undeclared',
+                "prefixes: 5 exported functions do not carry their module's prefix"]
         missing = [w for w in want if w not in out]
         expect(failures, rc == 1 and not missing, 'offenders not reported, missing %s' % missing, rc, out)
         passing = ('mf_a\n', 'mf_a_count', 'mf_thing_name', 'mf_kind_of', 'mf_helper',
-                   'mf_declared_elsewhere', 'mf_b_thing', 'mf_b_far_ok', 'mfsdp_start')
+                   'mf_declared_elsewhere', 'mf_b_thing', 'mf_b_far_ok', 'mfsdp_start', 'mf_c_split')
         reported = [name.strip() for name in passing if name in out]
         expect(failures, not reported, '%s reported, but carry their prefix or are not exported'
                % reported, rc, out)
