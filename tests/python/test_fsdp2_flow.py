@@ -437,3 +437,21 @@ def test_zero_grad_of_the_model_or_none_as_torch(how):
             (model if how == "model" else sm).zero_grad()
             ref.zero_grad()
     sm.close()
+
+
+def test_a_parameter_replaced_after_sharding_is_refused():
+    """An init that sets a new nn.Parameter instead of writing in place."""
+    model = tinyllama.on_meta()
+    sm = one(model)
+    model.to_empty(device="cpu")
+    model.apply(model._init_weights)
+    model.lm_head.weight = nn.Parameter(torch.zeros(96, 32))   # while its unit is whole
+    x = ids()
+    refused(lambda: model(x, x), "parameter 'lm_head.weight' was replaced after sharding",
+            "initialise in place")
+    sm.close()
+    model = tinyllama.reference()                  # not on meta: the stand-in replaced
+    sm = one(model)
+    model.model.norm.weight = nn.Parameter(torch.ones(32))
+    refused(lambda: model(x, x), "parameter 'model.norm.weight' was replaced after sharding")
+    sm.close()

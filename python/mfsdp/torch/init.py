@@ -104,6 +104,14 @@ def _dist_max(values: List[float], rt: Any) -> Optional[List[float]]:
     return t.cpu().tolist()
 
 
+def replaced(name: str) -> str:
+    """The refusal of a parameter replaced after sharding."""
+    return ("parameter %r was replaced after sharding (a new nn.Parameter set on its module): "
+            "the runtime trains the parameters it sharded, so the new one would never change; "
+            "initialise in place instead (nn.init.normal_(module.weight), "
+            "module.weight.copy_(...)), or replace it before mt.fully_shard / mt.shard" % name)
+
+
 def buffer_hashes(model: torch.nn.Module) -> Dict[str, int]:
     return {"buffer " + n: tensor_hash(b) for n, b in model.named_buffers()
             if b is not None and not b.is_meta}
@@ -201,6 +209,8 @@ class DeferredInit:
                     mp.copy_(flat.view(mp.shape).to(mp.dtype))
                 self.hashes[s.name] = tensor_hash(p)
                 for mod, attr in s.holders:
+                    if mod._parameters.get(attr) is not p:
+                        raise UsageError(replaced(s.name))
                     mod._parameters[attr] = s.stand_in
                 del self.by_stand_in[id(s.stand_in)]
                 self.live_bytes -= p.numel() * p.element_size()
@@ -209,6 +219,16 @@ class DeferredInit:
     def flush_all(self) -> None:
         for u in list(self.whole):
             self.flush(u)
+
+    def drop(self) -> None:
+        """close(): the whole tensors freed, the stand-ins back, nothing written."""
+        for u in list(self.whole):
+            for s, p in self.whole.pop(u):
+                for mod, attr in s.holders:
+                    if mod._parameters.get(attr) is p:
+                        mod._parameters[attr] = s.stand_in
+        self.by_stand_in = {}
+        self.live_bytes = 0
 
     def loaded(self) -> None:
         """The master weights were set by a load: every unit is initialised,

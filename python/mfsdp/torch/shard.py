@@ -489,7 +489,7 @@ class ShardedModel:
         _init.unguard_applies(getattr(self, "_applies", None))
         self.model.__dict__.pop("zero_grad", None)
         if getattr(self, "_init", None) is not None:
-            self._init.flush_all()
+            self._init.drop()
             for slots in self._slots:
                 for s in slots:
                     s.init = None
@@ -509,6 +509,16 @@ class ShardedModel:
             except MfsdpError:
                 pass        # a failed runtime: destroy tells its peers
         self.runtime.close()
+
+    def _check_replaced(self):
+        """A parameter replaced after sharding (module.weight = nn.Parameter(...)
+        in an init) would be trained by nobody: refused before the first step."""
+        for slots in self._slots:
+            for s in slots:
+                for mod, attr in s.holders:
+                    p = mod._parameters.get(attr)
+                    if p is not s.stand_in and p is not s.real:
+                        raise UsageError(_init.replaced(s.name))
 
     def _model_zero_grad(self, model):
         """model.zero_grad() of the sharded model clears the master shards'
@@ -571,6 +581,8 @@ class ShardedModel:
     def _begin_step(self, u):
         if self._init is not None:
             self._init.end(self.model)
+        if self.steps == 0:
+            self._check_replaced()
         if self._grad_unused and any(mp.grad is not None for _, mp, _, _ in self._main):
             raise UsageError(
                 "forward of unit %r would begin step %d, but step %d's delivered gradient was "
