@@ -12,7 +12,15 @@ opening brace closes it. Each offender is printed as `file:line name N lines`
     function_length.py ROOT [LIMIT]      (LIMIT: 100)
 
 Skipped: tests/, build folders (build*), out/ and hidden folders.
+
+With --python, the same limit for every function and method of the .py
+files under ROOT/python (hidden folders and __pycache__ skipped), counted
+from its `def` line to its last line, both included (decorators aside; a
+nested function counts in its own right and inside the one around it):
+
+    function_length.py --python ROOT [LIMIT]
 """
+import ast
 import os
 import re
 import sys
@@ -76,7 +84,68 @@ def functions(lines):
     return out
 
 
+def py_files(top):
+    """The .py files under top, relative to top, sorted."""
+    out = []
+    for dirpath, dirs, names in os.walk(top):
+        rel = os.path.relpath(dirpath, top)
+        dirs[:] = sorted(d for d in dirs if not d.startswith('.') and d != '__pycache__')
+        out += [os.path.normpath(os.path.join(rel, n)) for n in sorted(names) if n.endswith('.py')]
+    return out
+
+
+def py_functions(text, path):
+    """(def line, qualified name, length in lines) of every function."""
+    out = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                out.append((child.lineno, name, child.end_lineno - child.lineno + 1))
+                visit(child, name + '.')
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + '.')
+            else:
+                visit(child, prefix)
+    visit(ast.parse(text, filename=path), '')
+    return out
+
+
+def python_main(root, limit):
+    top = os.path.join(root, 'python')
+    if not os.path.isdir(top):
+        sys.stderr.write('function_length: %s is not a folder\n' % top)
+        return 2
+    files = py_files(top)
+    over, count = [], 0
+    for rel in files:
+        path = os.path.join(top, rel)
+        with open(path, encoding='utf-8', errors='replace') as f:
+            text = f.read()
+        try:
+            found = py_functions(text, path)
+        except SyntaxError as e:
+            print('python/%s:%s: error: does not parse: %s' % (rel, e.lineno, e.msg))
+            return 1
+        for line, name, n in found:
+            count += 1
+            if n > limit:
+                over.append('python/%s:%d %s %d lines' % (rel, line, name, n))
+    for o in over:
+        print(o)
+    if over:
+        print('function_length: %d of %d Python functions in %d files over %d lines'
+              % (len(over), count, len(files), limit))
+        return 1
+    print('function_length: all %d Python functions in %d files at most %d lines' % (count, len(files), limit))
+    return 0
+
+
 def main(argv):
+    python = len(argv) > 1 and argv[1] == '--python'
+    if python:
+        argv = argv[:1] + argv[2:]
     if len(argv) not in (2, 3):
         sys.stderr.write(__doc__)
         return 2
@@ -89,6 +158,8 @@ def main(argv):
     except ValueError:
         sys.stderr.write('function_length: LIMIT must be a whole number, not %r\n' % argv[2])
         return 2
+    if python:
+        return python_main(root, limit)
     files = c_files(root)
     over, count = [], 0
     for rel in files:

@@ -3,7 +3,8 @@
 100 lines passes and one of 101 is reported at its file, line and name (in
 each brace style of the tree); initializers and structs are not functions;
 tests/, build folders and .cu files are not read; a bad root or limit is an
-error (exit 2)."""
+error (exit 2). With --python: the same limit over python/**.py, a function
+or method from its `def` line to its last, decorators aside."""
 import os
 import subprocess
 import sys
@@ -69,6 +70,52 @@ class FunctionLength(unittest.TestCase):
         self.assertEqual((rc, "LIMIT must be a whole number, not 'many'" in out), (2, True), out)
         rc, out = run(os.path.join(self.root, 'missing'))
         self.assertEqual((rc, 'missing is not a folder' in out), (2, True), out)
+
+
+def py_def(name, lines, indent=''):
+    """A def of `lines` lines from its `def` line to its last, both included."""
+    return (indent + '@decorated\n' + indent + 'def %s(x):\n' % name
+            + (indent + '    x += 1\n') * (lines - 2) + indent + '    return x\n')
+
+
+class PythonFunctionLength(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.root = cls.tmp.name
+        files = {
+            'python/pkg/a.py': '"""a module"""\n' + py_def('exactly_limit', 100) + '\n'
+                               'class Thing:\n' + py_def('long_method', 101, '    ') + '\n'
+                               + py_def('outer', 30),
+            'python/pkg/__pycache__/b.py': py_def('cached', 300),
+            'lib/c.py': py_def('outside_python', 300),
+        }
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(cls.root, rel)), exist_ok=True)
+            with open(os.path.join(cls.root, rel), 'w') as f:
+                f.write(text)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_over_the_limit_reported(self):
+        rc, out = run('--python', self.root)
+        self.assertEqual(rc, 1, out)
+        # the docstring, a decorator, 100 lines, a blank, `class`, a decorator: line 106
+        self.assertIn('python/pkg/a.py:106 Thing.long_method 101 lines', out)
+        self.assertIn('1 of 3 Python functions in 1 files over 100 lines', out)
+        for name in ('exactly_limit', 'outer', 'cached', 'outside_python'):
+            self.assertNotIn(name, out)
+
+    def test_higher_limit_passes(self):
+        rc, out = run('--python', self.root, '101')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('all 3 Python functions in 1 files at most 101 lines', out)
+
+    def test_no_python_folder(self):
+        rc, out = run('--python', os.path.join(self.root, 'lib'))
+        self.assertEqual((rc, 'is not a folder' in out), (2, True), out)
 
 
 if __name__ == '__main__':

@@ -7,7 +7,14 @@ b.h is one of the files read. Every cycle of that graph is printed with its
 path, each step with the file and line of the include that makes it; exit 1
 when there is one.
 
-    include_graph.py ROOT DIR...     (DIR relative to ROOT)
+With --layer, the folders are also layers, named top to bottom:
+    --layer planner/cli --layer planner/reports ... --layer core,ckpt
+(one --layer per layer; a comma joins folders into one layer). A file under
+a layer may include the headers of its own layer and of the layers below it,
+never one above: each such include is printed as a layer violation with its
+file and line, exit 1. Headers of folders in no layer are not constrained.
+
+    include_graph.py ROOT DIR... [--layer DIR[,DIR]...]...   (DIR relative to ROOT)
 """
 import os
 import re
@@ -51,6 +58,54 @@ def build_graph(files):
             if b != a:
                 graph[a].setdefault(b, '%s:%d' % (path, i + 1))
     return graph
+
+
+def layer_of(path, layers):
+    """The index of the layer holding path (0 the top), or None."""
+    for i, folders in enumerate(layers):
+        if any(path == f or path.startswith(f.rstrip('/') + '/') for f in folders):
+            return i
+    return None
+
+
+def layer_violations(files, layers):
+    """'file:line includes x.h (its layer), a layer above' for every include
+    of a header whose layer is above the including file's."""
+    where = {}
+    for p in files:
+        if p.endswith('.h'):
+            where.setdefault(os.path.basename(p), p)
+    out = []
+    for path in sorted(files):
+        mine = layer_of(path, layers)
+        if mine is None:
+            continue
+        for i, line in enumerate(files[path].split('\n')):
+            m = INCLUDE.match(line)
+            target = m and where.get(os.path.basename(m.group(1)))
+            theirs = layer_of(target, layers) if target else None
+            if theirs is not None and theirs < mine:
+                out.append('%s:%d includes %s (%s), a layer above %s'
+                           % (path, i + 1, os.path.basename(target), ','.join(layers[theirs]),
+                              ','.join(layers[mine])))
+    return out
+
+
+def parse_args(argv):
+    """(root, folders, layers top to bottom) from the command line."""
+    root, dirs, layers, i = argv[1], [], [], 2
+    while i < len(argv):
+        if argv[i] == '--layer':
+            if i + 1 >= len(argv):
+                raise SystemExit('include_graph: --layer needs a folder')
+            layers.append([os.path.normpath(f) for f in argv[i + 1].split(',') if f])
+            i += 2
+        else:
+            dirs.append(argv[i])
+            i += 1
+    if not dirs:
+        raise SystemExit(__doc__)
+    return root, dirs, layers
 
 
 def components(graph):
@@ -114,7 +169,12 @@ def main(argv):
     if len(argv) < 3:
         sys.stderr.write(__doc__)
         return 2
-    graph = build_graph(read_files(argv[1], argv[2:]))
+    root, dirs, layers = parse_args(argv)
+    files = read_files(root, dirs)
+    graph = build_graph(files)
+    above = layer_violations(files, layers)
+    for v in above:
+        print('layer violation: ' + v)
     tangles = [c for c in components(graph) if len(c) > 1]
     cycles = [shortest_cycle(graph, c) for c in tangles]
     for comp, cycle in zip(tangles, cycles):
@@ -123,11 +183,15 @@ def main(argv):
             print('  %s -> %s  (%s)' % (a, b, graph[a][b]))
         if len(comp) > len(cycle) - 1:
             print('  (modules of this tangle: %s)' % ', '.join(comp))
+    if above:
+        print('include_graph: %d include%s of a layer above' % (len(above), '' if len(above) == 1 else 's'))
     if cycles:
         print('include_graph: %d include circle%s among %d modules'
               % (len(cycles), '' if len(cycles) == 1 else 's', len(graph)))
+    if cycles or above:
         return 1
-    print('include_graph: no include circle among %d modules' % len(graph))
+    print('include_graph: no include circle among %d modules%s'
+          % (len(graph), ', no include of a layer above among %d layers' % len(layers) if layers else ''))
     return 0
 
 
