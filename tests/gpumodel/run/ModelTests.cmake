@@ -14,9 +14,8 @@
 #   (and mpi with MPI). No skip code: on the model, a skip (77) is a failure.
 #   EXPECT_FAIL_WITH: the mutation check (passes as is, fails with each VAR=V).
 #
-# The tier (MFSDP_TEST_TIER): per change five seeds each (two for the three
-# tests that take 10-15 s a seed on the model: MFSDP_GPUMODEL_HEAVY_SEEDS) and
-# the small variants; soak twelve seeds for all and the bigger meshes.
+# The tier (MFSDP_TEST_TIER): per change five seeds each, every test, and the
+# small variants; soak twelve seeds for all and the bigger meshes.
 set(MFSDP_GPUMODEL_RUN ${CMAKE_CURRENT_LIST_DIR}/model_run.sh)
 if(NOT MFSDP_GPUMODEL_LIBDIR)
   # tests/gpumodel/CMakeLists.txt sets the same folder; it is configured after
@@ -25,10 +24,8 @@ if(NOT MFSDP_GPUMODEL_LIBDIR)
 endif()
 if(MFSDP_TEST_TIER STREQUAL "soak")
   set(MFSDP_GPUMODEL_SEEDS "1 2 3 4 5 6 7 8 9 10 11 12")
-  set(MFSDP_GPUMODEL_HEAVY_SEEDS "${MFSDP_GPUMODEL_SEEDS}")
 else()
   set(MFSDP_GPUMODEL_SEEDS "1 2 3 4 5")
-  set(MFSDP_GPUMODEL_HEAVY_SEEDS "1 2")
 endif()
 
 function(mf_add_model_test name)
