@@ -69,12 +69,23 @@ class MfsdpError(RuntimeError):
         where = "%s: " % call if call else ""
         super().__init__("%s%s (%s)" % (where, message, self.code_name))
 
+    def __reduce__(self):
+        # Rebuilt from its parts, not from the formatted text (which already
+        # carries the code name): copy and pickle keep one suffix.
+        return (_rebuild_error, (type(self), self.code, self.message, self.call))
+
 
 class UsageError(MfsdpError):
     """A misuse detected in Python before any C call (MFSDP_ERR_INVALID_USAGE)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(ERR_INVALID_USAGE, message)
+
+
+def _rebuild_error(cls: type, code: int, message: str, call: Optional[str]) -> "MfsdpError":
+    err = MfsdpError.__new__(cls)
+    MfsdpError.__init__(err, code, message, call)
+    return err
 
 
 class CompileError(ValueError):

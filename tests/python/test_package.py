@@ -141,6 +141,18 @@ def test_hook_out_of_order_raises_with_message():
         assert e.value.code_name == "MFSDP_ERR_INVALID_ARGUMENT"
 
 
+def test_errors_copy_and_pickle_with_one_code_name():
+    import copy
+    import pickle
+    from mfsdp._lib import UsageError
+    for err in (UsageError("bad call"), mfsdp.MfsdpError(5, "peer gone", "mfsdp_create")):
+        for again in (copy.copy(err), copy.deepcopy(err), pickle.loads(pickle.dumps(err))):
+            assert type(again) is type(err)
+            assert str(again) == str(err)
+            assert str(again).count("(MFSDP_ERR_") == 1
+            assert (again.code, again.message, again.call) == (err.code, err.message, err.call)
+
+
 def test_local_world_needs_group():
     s = mfsdp.Schedule.load(os.path.join(ROOT, "schedules", "hfsdp.yaml"))
     with pytest.raises(mfsdp.MfsdpError) as e:

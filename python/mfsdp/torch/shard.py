@@ -406,9 +406,10 @@ class ShardedModel:
         self._loaded()
         return out
 
-    def save_dcp(self, path: str, optimizer: Optional[Optimizers] = None) -> None:
+    def save_dcp(self, path: str, optimizer: Optional[Optimizers] = None, overwrite: bool = False) -> None:
         """Saves the model (and `optimizer`, over main_parameters()) as a PyTorch
-        Distributed Checkpoint in directory `path` (must not exist), laid out as
+        Distributed Checkpoint in directory `path` (must not exist unless
+        overwrite=True, which replaces a DCP checkpoint there atomically), laid out as
         FSDP2's {"model": get_model_state_dict, "optim": get_optimizer_state_dict}
         so that an FSDP2 trainer loads it with dcp.load (several optimizers:
         torch's get_optimizer_state_dict(model, (a, b)) layout, their param
@@ -416,7 +417,7 @@ class ShardedModel:
         Needs torch.distributed initialised on more than one rank. Between steps;
         collective (python/mfsdp/torch/dcp.py)."""
         from . import dcp
-        dcp.save_dcp(self, path, optimizer)
+        dcp.save_dcp(self, path, optimizer, overwrite=overwrite)
 
     def load_dcp(self, path: str, optimizer: Optional[Optimizers] = None,
                  batch_bytes: int = 256 << 20) -> None:
