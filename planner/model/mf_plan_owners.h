@@ -29,7 +29,7 @@
 const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, int *role);
 
 /* Role r's placement of bucket b, "[Partial, Whole]" where r is whole (the
- * schedule file's spelling, planner/mf_emit.c), for explain and diff. */
+ * schedule file's spelling, planner/passes/mf_emit.c), for explain and diff. */
 const char *mf_plan_owners_placement(const mf_bucket *b, int r, int naxes, char *buf, size_t size);
 
 /* The owner shard of tensor t under role r's placement of bucket b, -1 when

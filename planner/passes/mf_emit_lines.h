@@ -1,7 +1,7 @@
 /*
  * mf_emit_lines: the `buffers:` and `ops:` sections of the canonical schedule
  * YAML (docs/schedule.md §1) written directly, one flow mapping per line,
- * without an emitter event per scalar. planner/mf_emit.c writes the rest of
+ * without an emitter event per scalar. planner/passes/mf_emit.c writes the rest of
  * the document with libyaml's emitter and calls these between its segments.
  *
  * The direct writer takes a section only when every string it would print is

@@ -7,13 +7,18 @@
  *   mf_transition_run mf_transition.c      -> T1..T4 steps     (docs/semantics.md §4; the rules
  *                                          of T1..T4: mf_trans_rules.h)
  *   mf_lower_run      mf_lower.c           -> buffers, ops, events
+ *   mf_assign_run     mf_assign.c          -> offsets in the persistent region and the arena
+ *                                          (docs/semantics.md §10; mf_assign.h)
+ *   mf_programs_run   mf_programs.c        -> short-step and evaluation programs
+ *                                          (docs/schedule.md §3.1; mf_programs.h)
  *   mf_verify_run     core/mf_verify.c         checks a schedule (docs/schedule.md §5): the core's
  *                                          structural rules (core/mf_struct.c), then
  *                                          the abstract replay
  *   mf_emit_yaml      mf_emit.c            schedule -> canonical YAML
  *
  * Each pass reports into an mf_diag and returns false when it found errors;
- * the driver (mf_pipeline.c) stops at the first pass with errors.
+ * the driver (mf_pipeline.c) stops at the first pass with errors. The passes
+ * are planner/passes/, the bottom layer of the planner (docs/design.md §5).
  */
 #ifndef MF_PASSES_H
 #define MF_PASSES_H

@@ -5,7 +5,7 @@
  * their steps known, every op the lowering will issue is known up to the
  * waits and records that connect them, and its duration is exactly
  * mf_cost_op of its step, the simulator's own function. The bound keeps a
- * subset of the simulator's constraints (planner/mf_simulate.c: an item
+ * subset of the simulator's constraints (planner/model/mf_simulate.c: an item
  * starts at the latest of its stream's last end, the compute stream's end
  * when its hook is issued (host-synchronous issue) and the end of the
  * record it waits for), so it never exceeds the simulated step time:
