@@ -1,7 +1,7 @@
 /*
  * mf_limits: the one table of input limits. The language (the lexer and
- * planner/mf_sema.c), the schedule loader (core/mf_load.c) and the planner's
- * search (planner/mf_plan_search.c) all refuse input beyond these, with a
+ * planner/passes/mf_sema.c), the schedule loader (core/mf_load.c) and the planner's
+ * search (planner/plan/mf_plan_search.c) all refuse input beyond these, with a
  * message naming the limit; docs/language.md and docs/schedule.md state
  * them. A schedule the compiler can write is always one the loader takes.
  */

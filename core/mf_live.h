@@ -1,7 +1,7 @@
 /*
  * mf_live: live intervals of a schedule's transient buffers within one
  * microbatch (docs/semantics.md §10). Shared by the planner's buffer
- * assignment (planner/mf_assign.c), the loader's arena check
+ * assignment (planner/passes/mf_assign.c), the loader's arena check
  * (core/mf_arena_check.c), the summary's live-bytes lower bound and the
  * verifier's region hazards.
  *

@@ -42,7 +42,7 @@
  * have unit -1 and when = every (once per step). Ops on stream `compute` are
  * executed by the trainer's thread (CPU) or on its compute stream (GPU).
  *
- * Two more programs share the buffers and the arena (planner/mf_programs.c,
+ * Two more programs share the buffers and the arena (planner/passes/mf_programs.c,
  * docs/schedule.md §3.1): a short step's end -- step_end ops with when =
  * short, which run instead of the `every` ones when a step ends after
  * m < M microbatches -- and the forward-only (evaluation) pass between steps:
@@ -143,7 +143,7 @@
  * ops: X(ENUM, name, is_collective, need, becomes, at, stream, comment) -- the
  * one table of what each op does (docs/semantics.md §2, docs/semantics.md §4.2). The
  * structural checker (core/mf_struct.c), the transition search
- * (planner/mf_transition.c) and the plan bounds (planner/mf_plan_bound.c)
+ * (planner/passes/mf_transition.c) and the plan bounds (planner/plan/mf_plan_bound.c)
  * derive their moves from it.
  *   is_collective  the op communicates over its axis group
  *   need, becomes  the placement the op needs on its axis, and the one it
@@ -300,7 +300,7 @@ typedef struct mf_buffer {
     mf_lifetime lifetime;
     int64_t offset;         /* bytes from the start of its region: the persistent
                                region for persistent buffers, else the transient
-                               arena (planner/mf_assign.c; docs/semantics.md §10) */
+                               arena (planner/passes/mf_assign.c; docs/semantics.md §10) */
 } mf_buffer;
 
 typedef struct mf_op {
@@ -354,7 +354,7 @@ typedef struct mf_schedule {
     mf_summary summary;
     uint8_t hash[32];       /* sha256 of the schedule file (set by the loader/emitter) */
     bool programs;          /* has the short-step and evaluation programs (format 4;
-                               set by planner/mf_programs.c and the loader) */
+                               set by planner/passes/mf_programs.c and the loader) */
 } mf_schedule;
 
 /* Returns an owned, empty schedule with its arena; NULL on OOM. */

@@ -1,7 +1,7 @@
 /*
  * mf_schema: the keys of the schedule file (docs/schedule.md §2), the one
  * place they are spelled. The loader (core/mf_load.c) looks every key up here,
- * both writers (planner/mf_emit.c, planner/mf_emit_lines.c) take the names
+ * both writers (planner/passes/mf_emit.c, planner/passes/mf_emit_lines.c) take the names
  * from here, and tests/docs/check_schema.py holds docs/schedule.md §2.5 to
  * the table, row for row.
  *

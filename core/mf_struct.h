@@ -76,7 +76,7 @@ bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_ne
  * placement it leaves in *out, or false when src is not what k needs on
  * that axis or the axis is not where k works. Kinds without an axis keep
  * the placement. The structural checker, the verifier and the transition
- * search (planner/mf_transition.c) all move through it. */
+ * search (planner/passes/mf_transition.c) all move through it. */
 bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, mf_placement *out);
 
 /* The whole roles of bucket b (mf_bucket.whole, docs/semantics.md §4.6): only

@@ -1,7 +1,7 @@
 /*
  * mf_yaml_str: the one quoting rule for strings the project writes as YAML
- * (schedules by planner/mf_emit.c, `mfsdpc explain --format yaml` by
- * planner/mf_explain.c). A string must read back as that same string in every
+ * (schedules by planner/passes/mf_emit.c, `mfsdpc explain --format yaml` by
+ * planner/reports/mf_explain.c). A string must read back as that same string in every
  * YAML reader (libyaml, PyYAML's YAML 1.1 resolver included):
  *
  *   plain          identifier-like, [A-Za-z_][A-Za-z0-9_./-]*, and not a

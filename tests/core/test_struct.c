@@ -5,7 +5,7 @@
  * may run on and on which stream. Then the two users of the table agree
  * with the same hand-written facts: mf_struct_move (the structural checker
  * and the verifier) on every placement of meshes of 1 to 4 axes, and the
- * transition search (planner/mf_transition.c) on every step it composes for
+ * transition search (planner/passes/mf_transition.c) on every step it composes for
  * the layouts of docs/semantics.md §4.2, which between them use every data
  * op kind.
  */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every output of one mfsdpc command is committed together or not at all
-# (issue 25, D1 and D3; planner/mf_outputs.h):
+# (issue 25, D1 and D3; planner/cli/mf_outputs.h):
 #  - a command that fails on one output replaces none of the others
 #    (simulate --trace OK --svg unwritable; simulate --svg OK --trace
 #    unwritable; plan --svg OK -o unwritable), exit 2, no temporary left;

@@ -1,5 +1,5 @@
 /*
- * test_assign: the buffer assignment (planner/mf_assign.c,
+ * test_assign: the buffer assignment (planner/passes/mf_assign.c,
  * docs/semantics.md §10) on every example spec and several modes:
  *   - the assignment passes the loader's arena check and the summary's
  *     allocated_bytes is the persistent region plus the arena, each region the

@@ -1,6 +1,6 @@
 /*
  * Emitter: the buffers and ops sections come from two writers
- * (planner/mf_emit_lines.c when every name in them is plain, libyaml's
+ * (planner/passes/mf_emit_lines.c when every name in them is plain, libyaml's
  * emitter otherwise; docs/schedule.md §1 "How the file is written"), and
  * both must give the same layout. Each case renames one name in memory so
  * that its section takes the libyaml path, and expects the all-plain
@@ -146,7 +146,7 @@ static void test_bucket_axis_quoted(void **state)
     int b = st_bucket(sched, "u0/L");
     assert_true(b >= 0);
     check_rename(&sched->buckets[b].name, "0/L", "\"0/L\"", bctx, 8);
-    /* planner/mf_emit.c writes every mapping key plain, the summary's
+    /* planner/passes/mf_emit.c writes every mapping key plain, the summary's
      * per-axis keys included: spell those first, then the quoted values. */
     int n1;
     char *keys = replace_all(plain, ", dp_inner: ", ", yes: ", &n1);

@@ -1,5 +1,5 @@
 /*
- * test_init_ties: `mfsdpc init` (planner/mf_cmd_init.c, mf_init_ties.c) on
+ * test_init_ties: `mfsdpc init` (planner/cli/mf_cmd_init.c, mf_init_ties.c) on
  * safetensors files written here (mf_ckpt_st_build), no Python needed:
  *   - save_model's deduplication (metadata "ALIAS": "STORED") with the head's
  *     name kept: the whole spec, golden, with the tensor renamed to the

@@ -221,7 +221,7 @@ static bool same_data(const mf_op *x, const mf_op *y)
            x->src == y->src && x->dst == y->dst && x->dtype == y->dtype && x->stream == y->stream;
 }
 
-/* The short-step and evaluation programs (planner/mf_programs.c): the step's
+/* The short-step and evaluation programs (planner/passes/mf_programs.c): the step's
  * own T4 ops at a short step's end, in order; per unit its buckets' forward
  * T1 and T2 at eval_forward_pre, compute waiting last; and the verifier
  * refuses either program with any one of its data ops taken out. */

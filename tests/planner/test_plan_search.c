@@ -1,5 +1,5 @@
 /*
- * mfsdpc plan's search (planner/mf_plan_search.c, docs/plan.md §3):
+ * mfsdpc plan's search (planner/plan/mf_plan_search.c, docs/plan.md §3):
  *   - on 120 seeded random small instances (1-6 unit declarations, 2- and
  *     3-level meshes, random links, host-synchronous or asynchronous issue,
  *     some settings fixed by the spec; seeds 65 and 114 caught two unsound

@@ -1,5 +1,5 @@
 /*
- * planner/mf_plan_tbound.c: the step-time bound from the planned buckets
+ * planner/plan/mf_plan_tbound.c: the step-time bound from the planned buckets
  * (docs/plan.md §3, "The planned time bound").
  *
  *   - By hand, one unit in one bucket, one microbatch, host-synchronous

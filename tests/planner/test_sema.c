@@ -1,10 +1,10 @@
 /*
- * The semantic pass (planner/mf_sema.c) on small specs given as text: what
+ * The semantic pass (planner/passes/mf_sema.c) on small specs given as text: what
  * it resolves (mesh, defaults, loop expansion, names, sizes, layout indices,
  * overrides and inline layouts) against hand-worked values, and which
  * weight/grad/main_weight triples it accepts on one axis against the
  * hand-worked legality table of docs/semantics.md (the rules themselves live
- * in planner/mf_trans_rules.h).
+ * in planner/passes/mf_trans_rules.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>

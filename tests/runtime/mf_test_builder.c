@@ -618,7 +618,7 @@ mf_schedule *mf_tb_build(const mf_tb_spec *spec, char *err, size_t errlen)
     s->nevents = b.nevents;
     if (!s->ops || !s->buffers)
         goto oom;
-    /* Offsets in one arena and the waits reuse needs (planner/mf_assign.c),
+    /* Offsets in one arena and the waits reuse needs (planner/passes/mf_assign.c),
      * as the compiler does. */
     if (!mf_schedule_summarize(s) || !mf_assign_run(s, NULL) || !mf_programs_run(s))
         goto oom;

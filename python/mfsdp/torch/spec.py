@@ -74,7 +74,7 @@ def _layout_roles(name, naxes):
 
 
 LAYOUT_NAMES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "hsdp_nosync", "hfsdp", "fsdp2d")
-# the built-in Whole layouts (planner/mf_builtin_layouts.c): {name: the layout whose
+# the built-in Whole layouts (planner/passes/mf_builtin_layouts.c): {name: the layout whose
 # grad and main_weight they put on Whole}
 WHOLE_LAYOUTS = {"zero3_whole": "zero3", "hsdp_whole": "hsdp", "hfsdp_whole": "hfsdp"}
 
