@@ -18,7 +18,7 @@ before the first forward keeps working; each tensor's shard on each rank is
 the same under any unit order for the Flat placements, which is checked).
 A forward that cannot run on meta (it reads a value: .item(), a data-
 dependent branch) keeps the spec's order; a unit then called out of order is
-refused at its forward, naming units= (shard.py, _out_of_order).
+refused at its forward, naming units= (hooks.py, _out_of_order).
 """
 from __future__ import annotations
 

@@ -1,63 +1,47 @@
 """
-shard: mfsdp.torch.shard(model, schedule, backend), the torch side of the
-hook contract of runtime/include/mfsdp/mfsdp.h.
+shard: mfsdp.torch.shard(model, schedule, backend) and ShardedModel, the
+model driven by an mfsdp runtime: what users call (the master parameters
+for the optimizer, the step helpers, state dicts, checkpoints, close).
 
-What shard() does, in order:
-  1. checks the schedule against the model: every unit names a submodule,
-     every tensor a parameter of it with the same shape, every parameter is
-     covered; all mismatches are listed in one ModelMismatchError;
+What ShardedModel() does, in order:
+  1. checks the schedule against the model (units.match: every mismatch in
+     one ModelMismatchError);
   2. creates the runtime and copies each parameter's current value into this
      rank's main_weight shard (so training starts from torch's init), after
      comparing every rank's values (init.agree: a checksum per tensor, one
      all-reduce); a model built on meta gets its values from the init that
      follows sharding, replayed unit by unit (init.DeferredInit);
   3. makes each parameter's .data a view of the runtime's unsharded weight
-     (valid inside its unit's windows, as FSDP2's unsharded parameters are);
-  4. installs, per unit module, a forward pre-hook (forward_pre; step_begin
-     before the first unit of the first microbatch), a forward hook
-     (forward_post, and a gradient hook on each output that calls
-     backward_pre when the gradient reaches the unit) and, per parameter, a
-     post-accumulate-grad hook that copies the gradient into grad_local (one
-     copy, cast when dtypes differ) and, once the unit's last parameter got
-     its gradient, calls backward_post — and after the last unit of the last
-     microbatch, step_end, then points each master parameter's .grad at the
-     delivered gradient shard.
+     (units.bind; valid inside its unit's windows, as FSDP2's unsharded
+     parameters are);
+  4. installs the per-unit forward and backward hooks (hooks.py, the layer
+     below: phases, microbatches, windows, step_begin/step_end), hooks that
+     refuse torch's own state_dict()/load_state_dict() on the sharded
+     modules, and model.zero_grad() clearing the master shards' .grad.
 
-Outside its windows each parameter is swapped for a stand-in that refuses
-any computation (guard.py). The loop is held to the schedule (docs/pytorch.md,
-"The loop's contract"): each departure raises a UsageError naming the fix at
-the call where it happens, and a global optimizer step pre-hook refuses an
-optimizer over the model's own parameters or one stepping inside a step. With
-grad disabled between steps a forward is an evaluation pass (the runtime's
-eval hooks); finish_step() ends a step after m < M microbatches.
-
-Without optimizer.zero_grad() between steps the next delivered gradient is
-added to the master shards' .grad, as torch accumulates. The master shards
-(guard.MainParameter) answer dim() with their whole tensor's. Module
-conversions (to_empty, .to(dtype)) go through init.apply_guard.
-
-Microbatches are counted here: the user calls forward and backward, nothing
-else. Activation checkpointing (torch.utils.checkpoint, use_reentrant=False)
-re-runs a unit's forward inside backward; that recompute is recognised (it
-happens while the unit's backward window is open) and calls no hook.
+The master shards (guard.MainParameter) answer dim() with their whole
+tensor's. Module conversions (to_empty, .to(dtype)) go through
+init.apply_guard. Checkpoints are delegated up: save_checkpoint and
+load_checkpoint to checkpoint.py, save_dcp and load_dcp to dcp.py, each
+imported inside the method (those modules take a ShardedModel: the layer
+above this one, docs/design.md, "The Python package's layers").
 """
 from __future__ import annotations
 
-import re
-import time
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _lib
 from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
 from . import init as _init
 from . import offload as _offload
-from .guard import GuardedParameter, MainParameter, ParamSlot, holders_of
-from .tensors import DTYPE_NAMES, tensor
+from . import units as _units
+from .guard import holders_of
+from .hooks import UnitHooks, watch_optimizers
+from .tensors import DTYPE_NAMES
+from .units import ModelMismatchError   # noqa: F401  (mfsdp.torch.shard.ModelMismatchError)
 
 if TYPE_CHECKING:
     from ..checkpoint import Rules
@@ -66,79 +50,7 @@ if TYPE_CHECKING:
     from ..schedule import Schedule
 
 
-class ModelMismatchError(UsageError):
-    """The schedule does not describe the model; `problems` lists every mismatch."""
-
-    def __init__(self, problems: List[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("the schedule does not match the model (%d problem%s):\n  %s" % (
-            len(self.problems), "" if len(self.problems) == 1 else "s",
-            "\n  ".join(self.problems)))
-
-
-def _match(model, sched):
-    """[(unit index, module, [(view index, parameter)])] or ModelMismatchError."""
-    taken = [n for n, p in model.named_parameters() if isinstance(p, GuardedParameter)]
-    if taken:
-        raise ModelMismatchError([
-            "parameter %r is already sharded (%s): a model is driven by one ShardedModel, and "
-            "close() frees its weights; shard a fresh model" % (
-                n, model.get_parameter(n)._mfsdp_slot.state) for n in taken])
-    problems = []
-    units = []
-    covered = set()
-    for u, uname in enumerate(sched.units):
-        try:
-            mod = model.get_submodule(uname)
-        except AttributeError:
-            problems.append("unit %r: the model has no submodule of that name" % uname)
-            units.append((u, None, []))
-            continue
-        params = []
-        for t in sched.unit_tensors(u):
-            tname = t.name[len(uname) + 1:]
-            try:
-                p = mod.get_parameter(tname)
-            except AttributeError:
-                problems.append("tensor %r: module %r has no parameter %r" % (
-                    t.name, uname, tname))
-                continue
-            if tuple(p.shape) != t.shape:
-                problems.append("tensor %r: the schedule says shape %s, the model has %s" % (
-                    t.name, list(t.shape), list(p.shape)))
-                covered.add(id(p))     # named, so not listed again as uncovered
-                continue
-            if id(p) in covered:
-                problems.append("tensor %r: this parameter is already another tensor of the "
-                                "schedule (tied weights belong to one unit)" % t.name)
-                continue
-            if not p.requires_grad:
-                problems.append("tensor %r: the parameter does not require grad (frozen "
-                                "parameters are not supported)" % t.name)
-            covered.add(id(p))
-            params.append((t.index, p))
-        units.append((u, mod, params))
-    for name, p in model.named_parameters():
-        if id(p) not in covered:
-            problems.append("parameter %r %s is in no unit of the schedule" % (
-                name, list(p.shape)))
-    if problems:
-        raise ModelMismatchError(problems)
-    return units
-
-
-def _tensors_in(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors_in(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors_in(o)
-
-
-class ShardedModel:
+class ShardedModel(UnitHooks):
     """The model driven by an mfsdp runtime (returned by shard())."""
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
@@ -153,8 +65,8 @@ class ShardedModel:
         self.model = model
         self.schedule = schedule
         self._how = (backend, offload_policy, dict(runtime_kw))
-        units = _match(model, schedule)
-        meta = _built_on_meta(model)
+        units = _units.match(model, schedule)
+        meta = _units.built_on_meta(model)
         offload = _offload.requested(offload_policy, backend)   # CPU offload (offload.py)
         if backend in ("nccl", "cuda_local"):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
@@ -167,51 +79,12 @@ class ShardedModel:
         self._main = []        # (name, master Parameter, grad tensor, view)
         self._slots = []       # per unit: [ParamSlot] (guard.py)
         holders = holders_of(model)
-        whole_step = _replicated_weights(schedule, holders, units)
-        hashes, dtypes = {}, {}
-        with torch.no_grad():
-            for u, mod, params in units:
-                entries, slots = [], []
-                for vi, p in params:
-                    v = rt.views[vi]
-                    if v.shard_count:
-                        whole = schedule.tensors[vi].whole_main_weight
-                        main = MainParameter(_master(rt, v, "main_weight", whole))
-                        if not meta:
-                            flat = p.detach().reshape(-1)[v.shard_offset:
-                                                          v.shard_offset + v.shard_count]
-                            main.data.copy_(flat.view(main.shape).to(device=main.device,
-                                                                     dtype=main.dtype))
-                        main.full_name, main.full_shape = v.name, torch.Size(v.shape)
-                        self._main.append((v.name, main, _master(rt, v, "grad", whole), v))
-                    dtypes[v.name] = p.dtype
-                    if meta:              # the init after sharding fills the shards (init.py)
-                        p = _materialised(p, tensor(rt, v, "weight"), holders)
-                    else:
-                        hashes[v.name] = _init.tensor_hash(p)
-                        p.data = tensor(rt, v, "weight")
-                    entries.append((p, v, tensor(rt, v, "grad_local")))
-                    slots.append(ParamSlot(v.name, schedule.units[u], p, holders[id(p)],
-                                           v.name in whole_step))
-                self._units.append((mod, entries))
-                self._slots.append(slots)
-        self._closed = False
-        self._in_step = False      # between step_begin and step_end
-        self._grad_unused = False  # a step delivered its gradient and no optimizer stepped since
-        self._evaluating = None    # the unit whose evaluation forward is under way
-        self._reset_step()
-        self.steps = 0
-        self._shut_all("between steps (no step has run yet)")
-        self.hook_seconds = 0.0   # host time inside this object's hooks (C calls included)
-        self._handles = []
-        for u, (mod, entries) in enumerate(self._units):
-            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_fwd_pre(u))))
-            self._handles.append(mod.register_forward_hook(self._timed(self._make_fwd_post(u))))
-            for k, (p, v, gl) in enumerate(entries):
-                self._handles.append(p.register_post_accumulate_grad_hook(
-                    self._timed(self._make_grad_ready(u, k))))
+        whole_step = _units.replicated_weights(schedule, holders, units)
+        hashes, dtypes = _units.bind(rt, schedule, units, holders, whole_step, meta,
+                                     self._units, self._main, self._slots)
+        self._start_hooks()
         self._handles += _refuse_module_state_dicts(model)
-        _watch_optimizers(self)
+        watch_optimizers(self)
         self._applies = _init.guard_applies(self, model)   # to_empty, .to(dtype): init.py
         model.__dict__["zero_grad"] = self._model_zero_grad(model)
         self._carry = []       # (master, .grad kept from the last step: no zero_grad() since)
@@ -293,11 +166,6 @@ class ShardedModel:
                              "call it after the step's last backward (or sm.finish_step()) and "
                              "before the next step's forward" % (what, self.m, self.M))
 
-    def _refuse_if_closed(self, what):
-        if self._closed:
-            raise UsageError("%s after sm.close(): the runtime is gone; shard the model again "
-                             "with mt.shard (take sm.full_state_dict() before closing to keep "
-                             "the weights)" % what)
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """torch.nn.utils.clip_grad_norm_ over the whole model: the global L2
         norm of the delivered gradient (every rank's shards, a replicated shard
@@ -511,16 +379,6 @@ class ShardedModel:
                 pass        # a failed runtime: destroy tells its peers
         self.runtime.close()
 
-    def _check_replaced(self):
-        """A parameter replaced after sharding (module.weight = nn.Parameter(...)
-        in an init) would be trained by nobody: refused before the first step."""
-        for slots in self._slots:
-            for s in slots:
-                for mod, attr in s.holders:
-                    p = mod._parameters.get(attr)
-                    if p is not s.stand_in and p is not s.real:
-                        raise UsageError(_init.replaced(s.name))
-
     def _model_zero_grad(self, model):
         """model.zero_grad() of the sharded model clears the master shards'
         .grad too (the gradient lives there, as on FSDP2's sharded parameters),
@@ -540,318 +398,6 @@ class ShardedModel:
                     mp.grad.zero_()
         return zero_grad
 
-    # ---- state ----
-    def _reset_step(self):
-        self.m = 0
-        self._reset_microbatch()
-        self.phase = "idle"
-
-    def _reset_microbatch(self):
-        self.fwd_done = [False] * self.U
-        self.bwd_open = [False] * self.U
-        self.pending = [len(e) for _, e in self._units]
-        self.recompute = [0] * self.U
-        self.extra = [0] * self.U
-        self.phase = "idle"
-
-    def _unit_name(self, u):
-        return self.schedule.units[u]
-
-    # ---- windows: which parameters the modules see (guard.py) ----
-    def _open(self, u):
-        for s in self._slots[u]:
-            s.open()
-
-    def _shut(self, u, state):
-        for s in self._slots[u]:
-            if not s.whole_step:
-                s.shut(state)
-
-    def _shut_all(self, state):
-        for slots in self._slots:
-            for s in slots:
-                s.shut(state)
-
-    def _shut_whole_step(self, state):
-        for slots in self._slots:
-            for s in slots:
-                if s.whole_step:
-                    s.shut(state)
-
-    # ---- steps ----
-    def _begin_step(self, u):
-        if self._init is not None:
-            self._init.end(self.model)
-        if self.steps == 0:
-            self._check_replaced()
-        if self._grad_unused and any(mp.grad is not None for _, mp, _, _ in self._main):
-            raise UsageError(
-                "forward of unit %r would begin step %d, but step %d's delivered gradient was "
-                "never used: a step is the schedule's %d microbatch%s (this would be microbatch "
-                "%d); to accumulate more microbatches per optimizer step pass microbatches=N to "
-                "mt.fully_shard (or spec_from_module), else run optimizer.step() over "
-                "sm.main_parameters() and optimizer.zero_grad() after each step; end a step "
-                "early with sm.finish_step(), or drop its gradient with zero_grad()"
-                % (self._unit_name(u), self.steps + 1, self.steps, self.M,
-                   "" if self.M == 1 else "es", self.M + 1))
-        # no zero_grad() since the last step: torch adds the next gradient to .grad
-        self._carry = [(mp, mp.grad.detach().clone()) for _, mp, _, _ in self._main
-                       if mp.grad is not None]
-        self._shut_whole_step("between steps")
-        for slots in self._slots:
-            for s in slots:
-                s.grad_delivered(False)
-        self.runtime.step_begin()
-        self._in_step = True
-
-    def _end_step(self):
-        self.runtime.step_end()
-        self._in_step = False
-        self._grad_unused = True
-        self.steps += 1
-        self._reset_step()
-        self._shut_all("between steps, after step %d" % self.steps)
-        for slots in self._slots:
-            for s in slots:
-                s.grad_delivered(True)     # clip_grad_norm_(model.parameters()) refused
-        for _, mp, g, _ in self._main:
-            mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
-        if self._carry:          # no zero_grad() since the last step: torch accumulates
-            grads = {id(mp): g for _, mp, g, _ in self._main}
-            with torch.no_grad():
-                for mp, old in self._carry:
-                    mp.grad.add_(old)
-                    if mp.grad is not grads[id(mp)]:
-                        grads[id(mp)].copy_(mp.grad)    # clip_grad_norm_ reads the runtime's
-            self._carry = []
-
-    def _optimizer_step(self):
-        """An optimizer over this model's main parameters is about to step."""
-        self._refuse_if_closed("optimizer.step()")
-        if self._in_step:
-            raise UsageError(
-                "optimizer.step() inside a step: %d of the schedule's %d microbatches have run "
-                "and the gradient is delivered after the last; run the remaining microbatches, or "
-                "end the step early with sm.finish_step() (each microbatch's loss scaled by 1/m)"
-                % (self.m, self.M))
-        self._grad_unused = False
-
-    # ---- hooks ----
-    def _timed(self, fn):
-        def hook(*args):
-            if self._probing:          # the forward on meta of fully_shard.py's probe
-                return None
-            t0 = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                self.hook_seconds += time.perf_counter() - t0
-        return _not_traced(hook)
-
-    def _make_fwd_pre(self, u):
-        def hook(module, args):
-            if self.bwd_open[u] or (self.phase == "bwd" and torch._C._current_graph_task_id() != -1
-                                    and self.fwd_done[u]):
-                self.recompute[u] += 1     # activation-checkpoint recompute: no hook
-                self._open(u)
-                return None
-            if not torch.is_grad_enabled():
-                return self._eval_forward_pre(u)
-            if self.fwd_done[u]:
-                return self._forward_again(u)
-            if self.phase == "bwd":
-                raise UsageError(
-                    "forward of unit %r while the backward of microbatch %d is unfinished: run "
-                    "loss.backward() before the next forward" % (self._unit_name(u), self.m))
-            if not self._in_step:
-                if not module.training and not getattr(self, "_warned_eval", False):
-                    self._warned_eval = True
-                    import warnings
-                    warnings.warn(
-                        "mfsdp: a forward of a model in eval mode with grad enabled begins a "
-                        "training step (microbatch 0, which needs its loss.backward()); an "
-                        "evaluation forward needs torch.no_grad() or torch.inference_mode()",
-                        UserWarning, stacklevel=_offload._caller_level())
-                self._begin_step(u)
-            self._enter(u, "fwd")
-            return None
-        return hook
-
-    def _forward_again(self, u):
-        """Unit u's forward begins again in this microbatch: a module called
-        twice whose weights stay gathered for the whole step (its tensors in
-        the `tied` layout) runs without hooks; otherwise a UsageError naming
-        why: a whole forward with no backward after it (an evaluation without
-        torch.no_grad()), or a module called twice."""
-        if self.phase == "fwd" and self._slots[u] and all(s.whole_step for s in self._slots[u]):
-            self.extra[u] += 1
-            return None
-        if all(self.fwd_done) and self.phase == "fwd":
-            raise UsageError(
-                "forward of unit %r again before the backward of microbatch %d: the last forward "
-                "ran with grad enabled, so it was microbatch %d of a training step, and no "
-                "loss.backward() followed. An evaluation forward needs torch.no_grad() (or "
-                "torch.inference_mode()); model.eval() alone does not turn off autograd"
-                % (self._unit_name(u), self.m, self.m))
-        names = [s.name for s in self._slots[u]]
-        raise UsageError(
-            "unit %r ran twice in the forward of microbatch %d: its weights are gathered for one "
-            "call and freed after it. Keep them gathered for the whole step by declaring its "
-            "parameters as ties (mt.fully_shard(..., ties=%r), or spec_from_module's ties=: "
-            "the `tied` layout), make each call its own module, or put the calls inside one "
-            "unit" % (self._unit_name(u), self.m, names[:4] + (["..."] if len(names) > 4 else [])))
-
-    def _enter(self, u, phase):
-        """Unit u's forward ("fwd") or backward ("bwd") of this microbatch
-        begins: the runtime's pre hook, the mark that it ran, its weights open."""
-        self.phase = phase
-        if phase == "fwd":
-            nxt = next((w for w in range(self.U) if not self.fwd_done[w]), u)
-            if nxt != u:
-                self._out_of_order(u, nxt)
-            self.runtime.forward_pre(u, self.m)
-            self.fwd_done[u] = True
-        else:
-            self.runtime.backward_pre(u, self.m)
-            self.bwd_open[u] = True
-        self._open(u)
-
-    def _out_of_order(self, u, nxt):
-        why = getattr(self, "order_note", None) or (
-            "the schedule was given to mt.shard, which keeps its order")
-        raise UsageError(
-            "unit %r began its forward in microbatch %d while the schedule expects unit %r "
-            "next: the model's forward runs its units in another order than the schedule's "
-            "(%s). Give the units in the forward's order: mt.fully_shard(..., units=[...]) or "
-            "spec_from_module(..., units=[...]) (%s)" % (
-                self._unit_name(u), self.m, self._unit_name(nxt),
-                ", ".join(self.schedule.units[:6]) + (", ..." if self.U > 6 else ""), why))
-
-    def _eval_forward_pre(self, u):
-        if self._in_step:
-            raise UsageError(
-                "forward of unit %r under torch.no_grad() or inference_mode inside a step "
-                "(%d of the schedule's %d microbatches have run): an evaluation forward runs "
-                "between steps, so finish the step first (its remaining microbatches, or "
-                "sm.finish_step()); torch.utils.checkpoint with use_reentrant=True runs its "
-                "forward so too: use use_reentrant=False" % (self._unit_name(u), self.m, self.M))
-        if self._init is not None:
-            self._init.end(self.model)
-        if u == 0:
-            self._shut_whole_step("between evaluation passes")
-        self.runtime.eval_forward_pre(u)
-        self._evaluating = u
-        self._open(u)
-        return None
-
-    def _make_fwd_post(self, u):
-        def hook(module, args, output):
-            if self.recompute[u]:
-                self.recompute[u] -= 1
-                if not self.bwd_open[u]:
-                    self._shut(u, "after its recomputed forward")
-                return None
-            if self.extra[u]:          # a later call of a unit kept gathered (_forward_again)
-                self.extra[u] -= 1
-                return None
-            if self._evaluating == u:
-                self._evaluating = None
-                self.runtime.eval_forward_post(u)
-                self._shut(u, "after its evaluation forward")
-                return None
-            self.runtime.forward_post(u, self.m)
-            self._shut(u, "after its forward in microbatch %d; it reopens in its backward"
-                       % self.m)
-            outs = [t for t in _tensors_in(output) if t.requires_grad]
-            if not outs:
-                raise UsageError(
-                    "unit %r returned no tensor that requires grad, so its backward cannot be "
-                    "hooked (torch.utils.checkpoint needs use_reentrant=False)" % self._unit_name(u))
-            for t in outs:
-                t.register_hook(self._timed(self._make_bwd_pre(u)))
-            return None
-        return hook
-
-    def _make_bwd_pre(self, u):
-        def hook(grad):
-            self._refuse_if_closed("the backward of a graph built before close()")
-            if self.bwd_open[u] or self.pending[u] == 0:
-                return None
-            if not self.fwd_done[u]:
-                raise UsageError(
-                    "backward of unit %r with no forward of it in microbatch %d: a second "
-                    "loss.backward() over a graph whose backward already ran (retain_graph=True) "
-                    "or over an earlier microbatch's graph; each microbatch is one forward, then "
-                    "one backward" % (self._unit_name(u), self.m))
-            late = [w for w in range(u + 1, self.U) if self.pending[w]]
-            if late:
-                w = late[0]
-                names = [v.name for p, v, _ in self._units[w][1] if p.grad is None]
-                raise UsageError(
-                    "unit %r's backward began while unit %r still waits for the gradients of %s: "
-                    "every parameter of a unit must receive its gradient in each microbatch" % (
-                        self._unit_name(u), self._unit_name(w), ", ".join(names[:8])))
-            self._enter(u, "bwd")
-            return None
-        return hook
-
-    def _make_grad_ready(self, u, k):
-        def hook(p):
-            self._refuse_if_closed("the backward of a graph built before close()")
-            if not self.bwd_open[u]:
-                raise UsageError(
-                    "parameter %r received a gradient outside the backward of its unit %r "
-                    "(used outside the unit? tied weights must belong to the first unit that "
-                    "uses them)" % (self._units[u][1][k][1].name, self._unit_name(u)))
-            _, v, gl = self._units[u][1][k]
-            gl.copy_(p.grad.view(gl.shape))
-            p.grad = None
-            self.pending[u] -= 1
-            if self.pending[u] == 0:
-                self.bwd_open[u] = False
-                self.runtime.backward_post(u, self.m)
-                self._shut(u, "after its backward in microbatch %d" % self.m)
-                if u == 0:
-                    self._microbatch_done()
-        return hook
-
-    def _microbatch_done(self):
-        self.m += 1
-        self._reset_microbatch()
-        if self.m == self.M:
-            self._end_step()
-
-
-def _not_traced(hook):
-    """A hook that torch.compile runs as Python (a graph break), not traced:
-    torch.compile(model) of a sharded model compiles the code between the
-    unit hooks, which gather and free the weights as in eager mode."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(hook) if disable is not None else hook
-
-
-def _built_on_meta(model):
-    """True when every parameter is on meta (the FSDP2 way to build a large
-    model: init.py); a model with some on meta and some not is refused."""
-    on = [p.is_meta for p in model.parameters()]
-    if any(on) and not all(on):
-        names = [n for n, p in model.named_parameters() if p.is_meta]
-        raise UsageError("the model has %d parameters on meta (%s, ...) and %d elsewhere: build "
-                         "it wholly on meta (with torch.device(\"meta\"): ...) and initialise it "
-                         "after mt.fully_shard, or materialise it wholly before"
-                         % (len(names), names[0], len(on) - len(names)))
-    return bool(on) and all(on)
-
-
-def _materialised(p, data, holders):
-    """A Parameter over the runtime's weight replacing meta parameter p in
-    every module that holds it (a meta tensor's .data cannot be set)."""
-    real = torch.nn.Parameter(data, requires_grad=p.requires_grad)
-    for mod, attr in holders[id(p)]:
-        mod._parameters[attr] = real
-    holders[id(real)] = holders.pop(id(p))
-    return real
-
 
 def _refuse_torchrun(backend, world):
     """torchrun starts processes that MPI does not know: each is a world of one."""
@@ -866,20 +412,6 @@ def _refuse_torchrun(backend, world):
             "launch with mpirun -np %d python SCRIPT instead (torchrun's MASTER_ADDR/PORT are "
             "not needed; torch.distributed, where used, can still be initialised), or use "
             "backend=\"nccl\" on GPUs under torchrun" % (size, size, world))
-
-
-def _master(rt, view, role, whole):
-    """The tensor over main_weight or grad of a view: this rank's 1-D shard,
-    or for a Whole main weight (view.shard_count == numel on an owner) the
-    whole tensor in its own shape."""
-    t = tensor(rt, view, role)
-    if not whole:
-        return t
-    if view.shard_offset != 0 or view.shard_count != view.numel:
-        raise MfsdpError(_lib.ERR_INTERNAL, "tensor %r: main_weight is Whole but this rank's shard "
-                         "is elements [%d, +%d) of %d (an owner holds them all, a non-owner none)"
-                         % (view.name, view.shard_offset, view.shard_count, view.numel))
-    return t.view(view.shape)
 
 
 def _refuse_module_state_dicts(model):
@@ -912,85 +444,6 @@ def _refuse_module_state_dicts(model):
 
 def _fewer_than_two_dims(name, shape):
     return len(shape) < 2
-
-
-_HOOK = []     # the one global optimizer step pre-hook, once installed
-
-
-def _watch_optimizers(sm):
-    """Marks sm's parameters for the global optimizer step pre-hook
-    (torch.optim.optimizer.register_optimizer_step_pre_hook, installed
-    once): the real parameters carry their ParamSlot, the main parameters
-    their ShardedModel (a weak reference)."""
-    owner = weakref.ref(sm)
-    for _, mp, _, _ in sm._main:
-        mp._mfsdp_owner = owner
-    for slots in sm._slots:
-        for s in slots:
-            s.real._mfsdp_slot = s
-    if not _HOOK:
-        _HOOK.append(register_optimizer_step_pre_hook(_check_optimizer))
-
-
-def _check_optimizer(optimizer, args, kwargs):
-    """Refuses a step over a sharded model's own parameters (its stand-ins or
-    the real ones: they never hold a gradient, so nothing would train) and
-    lets each ShardedModel whose main parameters it steps check its state."""
-    owners = {}
-    for g in optimizer.param_groups:
-        for p in g["params"]:
-            slot = getattr(p, "_mfsdp_slot", None)
-            if slot is not None:
-                raise UsageError(
-                    "%s.step() over parameter %r of a sharded model (model.parameters()): the "
-                    "model's own parameters are views of the runtime's unsharded weights and "
-                    "never hold a gradient, so nothing would train; give the optimizer "
-                    "sm.main_parameters() (or sm.param_groups(weight_decay=...))"
-                    % (type(optimizer).__name__, slot.name))
-            owner = getattr(p, "_mfsdp_owner", None)
-            if owner is not None:
-                owners[id(owner)] = owner
-    for owner in owners.values():
-        sm = owner()
-        if sm is None or sm._closed:
-            raise UsageError("%s.step() over the main parameters of a closed ShardedModel: "
-                             "their memory is gone; create the optimizer over the main "
-                             "parameters of a new mt.shard" % type(optimizer).__name__)
-        sm._optimizer_step()
-    return None
-
-
-def _replicated_weights(schedule, holders, units):
-    """Names of the tensors whose compute weight is replicated on every axis
-    (the `tied` layout, DDP's): gathered once per step, valid for the whole
-    step. From the schedule's YAML (its buckets' weight placements); for a
-    schedule loaded from a file that is no longer readable, the parameters
-    held by several modules (ties by name)."""
-    text = schedule.text
-    if text is None:
-        try:
-            with open(schedule.name, "rb") as f:
-                text = f.read()
-        except OSError:
-            return {schedule.tensors[ti].name for _, _, params in units for ti, p in params
-                    if len(holders[id(p)]) > 1}
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    out, replicated = set(), False
-    for line in text.splitlines():
-        if line.startswith("- name: ") or not line.startswith((" ", "-")):
-            replicated = False      # the next bucket, or the next top-level key
-        m = _WEIGHT_PLACEMENT.match(line)
-        if m:
-            replicated = all(p.strip() == "Replicate" for p in m.group(1).split(","))
-        m = _BUCKET_TENSOR.match(line)
-        if m and replicated:
-            out.add(m.group(1).strip().strip('"'))
-    return out
-
-
-_WEIGHT_PLACEMENT = re.compile(r"^  weight: \{.*placement: \[([^\]]*)\]")
-_BUCKET_TENSOR = re.compile(r'^  - \{name: ("[^"]*"|[^,]+),')
 
 
 def _nccl_args(kw, backend, world):

@@ -5,11 +5,12 @@ CPU backends (local, mpi): torch.frombuffer over the runtime's host memory.
 GPU backends (nccl, cuda_local): torch.as_tensor over an object exposing
 __cuda_array_interface__ (bf16 travels as int16 bits and is viewed back).
 The tensors borrow the runtime's memory: valid until Runtime.close().
+tensors_in walks a module's nested output for its tensors (hooks.py, spec.py).
 """
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -54,3 +55,16 @@ def tensor(runtime: Runtime, view: View, role: str) -> torch.Tensor:
         warnings.simplefilter("ignore")   # "non-writable buffer" does not apply: ctypes memory is
         t = torch.frombuffer(buf, dtype=tdt, count=n)
     return t.view(shape)
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a module's output or arguments: a tensor, or lists,
+    tuples and dicts of them, nested (other values skipped)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from tensors_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from tensors_in(o)
