@@ -32,8 +32,7 @@ happens while the unit's backward window is open) and calls no hook.
 
 This layer holds no runtime and no model of its own: ShardedModel sets the
 attributes UnitHooks names (model, schedule, runtime, the bound units) before
-_start_hooks(), and owns what users call (docs/design.md, "The Python
-package's layers").
+_start_hooks(), and owns what users call (docs/design.md §5.1).
 """
 from __future__ import annotations
 

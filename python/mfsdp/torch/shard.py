@@ -24,7 +24,7 @@ tensor's. Module conversions (to_empty, .to(dtype)) go through
 init.apply_guard. Checkpoints are delegated up: save_checkpoint and
 load_checkpoint to checkpoint.py, save_dcp and load_dcp to dcp.py, each
 imported inside the method (those modules take a ShardedModel: the layer
-above this one, docs/design.md, "The Python package's layers").
+above this one, docs/design.md §5.1).
 """
 from __future__ import annotations
 
