@@ -70,7 +70,15 @@ typedef struct nccl_be {
     post_copy *posts;             /* per pending collective: its copy after the call
                                      (allocated at open: nothing per flush) */
     mf_watch watch;               /* the aborted flag; the watchdog thread when started */
+    /* the small exchange (the ranks' agreement, mf_agree.c): made at open */
+    cudaStream_t xs;              /* its own non-blocking stream */
+    cudaEvent_t xev;              /* recorded after the copy back */
+    char *xdev;                   /* device: world * MF_NCCL_XCHG_BYTES */
+    char *xhost;                  /* pinned host: the same */
 } nccl_be;
+
+/* Exchanges up to this many bytes per rank take the small path. */
+#define MF_NCCL_XCHG_BYTES 128
 
 #define MF_NCCL_MAX_REG 64
 
@@ -173,6 +181,46 @@ static mfsdp_result check_streams(mf_rt *rt)
     return MFSDP_OK;
 }
 
+/* The small exchange's stream, event and buffers (world * MF_NCCL_XCHG_BYTES
+ * bytes of device memory and as many of pinned host memory): made once, so
+ * an exchange allocates nothing. */
+static mfsdp_result xchg_open(nccl_be *be, int world)
+{
+    size_t total = (size_t)world * MF_NCCL_XCHG_BYTES;
+    char msg[MF_RT_ERRLEN];
+    cudaError_t e = cudaStreamCreateWithFlags(&be->xs, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&be->xev, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&be->xdev, total);
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&be->xhost, total, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        mfsdp_result r = mf_cuda_fail(e, msg, sizeof msg, "the world exchange's stream, event and %zu-byte buffers",
+                                      total);
+        return mf_base_set_error(be->core.rt, r, "%s", msg);
+    }
+    return MFSDP_OK;
+}
+
+/* After the communicators are gone (nothing can still run on the stream). */
+static void xchg_close(nccl_be *be)
+{
+    if (be->xs)
+        cudaStreamSynchronize(be->xs);
+    if (be->xdev)
+        cudaFree(be->xdev);
+    if (be->xhost)
+        cudaFreeHost(be->xhost);
+    if (be->xev)
+        cudaEventDestroy(be->xev);
+    if (be->xs)
+        cudaStreamDestroy(be->xs);
+    be->xs = NULL;
+    be->xev = NULL;
+    be->xdev = be->xhost = NULL;
+}
+
 /* ---- vtbl ---- */
 
 static mfsdp_result nccl_open(mf_rt *rt, const mfsdp_config *cfg, int64_t *rank, int64_t *world)
@@ -273,7 +321,8 @@ unlock:
         return mf_base_set_error(rt, res, "%s", msg);
     *rank = r;
     *world = n;
-    return mf_cuda_core_open(&be->core, rt, &be->nc, r);
+    res = mf_cuda_core_open(&be->core, rt, &be->nc, r);
+    return res == MFSDP_OK ? xchg_open(be, n) : res;
 }
 
 static mfsdp_result nccl_alloc(mf_rt *rt, size_t bytes, void **out)
@@ -308,9 +357,70 @@ static mfsdp_result async_check(void *ctx, char *err, size_t errlen)
     return res;
 }
 
+/*
+ * The small exchange (bytes <= MF_NCCL_XCHG_BYTES: the ranks' agreement at
+ * every decision point, and create's own): mine into the pinned buffer, a
+ * copy to the device, ncclAllGather over the backend's world communicator
+ * (used by nothing else after create: the schedule's collectives run on the
+ * split ones) and a copy back, all on the exchange's own stream, then a
+ * bounded poll of one event recorded after them -- the trainer's streams
+ * are neither waited for nor ordered with it. Every rank issues it at the
+ * same decision point, in the same order relative to its other NCCL calls,
+ * so under NCCL_LAUNCH_ORDER_IMPLICIT the launch order stays the same on
+ * every rank. While the calling thread captures a graph (MFSDP_NCCL_GRAPHS,
+ * any capture mode) the exchange still runs eagerly: the thread's capture
+ * interaction mode is relaxed for its duration (as the watchdog's thread is,
+ * mf_cuda_guard.c), since polling an event outside the capture is
+ * otherwise a prohibited call that would invalidate it.
+ */
+static mfsdp_result small_exchange(nccl_be *be, const void *mine, size_t bytes, void *all, char *msg, size_t msglen)
+{
+    mf_rt *rt = be->core.rt;
+    size_t total = bytes * (size_t)rt->world, at = (size_t)rt->rank * bytes;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(e, msg, msglen, "exchange: relaxing the thread's capture mode");
+    memcpy(be->xhost + at, mine, bytes); /* the last exchange's copy back completed */
+    mfsdp_result res = MFSDP_OK;
+    pthread_mutex_lock(&be->mu);
+    e = cudaMemcpyAsync(be->xdev + at, be->xhost + at, bytes, cudaMemcpyHostToDevice, be->xs);
+    if (e != cudaSuccess) {
+        res = mf_cuda_fail(e, msg, msglen, "exchange: copying %zu bytes to the device", bytes);
+    } else if (aborted(be)) {
+        snprintf(msg, msglen, "exchange: the communicators were aborted after an earlier failure");
+        res = MFSDP_ERR_ABORTED;
+    } else {
+        mf_watch_call_begin(&be->watch);
+        ncclResult_t nr = ncclAllGather(be->xdev + at, be->xdev, bytes, ncclUint8, be->world, be->xs);
+        mf_watch_call_end(&be->watch);
+        res = check_nccl(be, be->world, nr, msg, msglen, "exchange: ncclAllGather over the world");
+    }
+    if (res == MFSDP_OK && ((e = cudaMemcpyAsync(be->xhost, be->xdev, total, cudaMemcpyDeviceToHost, be->xs)) !=
+                                cudaSuccess ||
+                            (e = cudaEventRecord(be->xev, be->xs)) != cudaSuccess))
+        res = mf_cuda_fail(e, msg, msglen, "exchange: copying %zu bytes back", total);
+    pthread_mutex_unlock(&be->mu);
+    if (res == MFSDP_OK)
+        res = mf_cuda_core_wait(&be->core, be->xev, "exchange over the world", async_check, be, msg, msglen);
+    if (res == MFSDP_OK)
+        memcpy(all, be->xhost, total);
+    cudaThreadExchangeStreamCaptureMode(&mode); /* back to the thread's own */
+    return res;
+}
+
 static mfsdp_result nccl_exchange(mf_rt *rt, const void *mine, size_t bytes, void *all)
 {
     nccl_be *be = be_of(rt);
+    if (bytes <= MF_NCCL_XCHG_BYTES && be->xhost) {
+        char msg[MF_RT_ERRLEN];
+        mfsdp_result res = small_exchange(be, mine, bytes, all, msg, sizeof msg);
+        if (res == MFSDP_ERR_TIMEOUT)
+            abort_all(be); /* ends the gather */
+        if (res != MFSDP_OK)
+            return mf_base_set_error(rt, res, "%s", msg);
+        return MFSDP_OK;
+    }
     mf_cuda_core *c = &be->core;
     char msg[MF_RT_ERRLEN];
     mfsdp_result res = MFSDP_OK;
@@ -698,6 +808,7 @@ static void nccl_close(mf_rt *rt)
         pthread_mutex_unlock(&be->mu);
         pthread_mutex_destroy(&be->mu);
     }
+    xchg_close(be);
     mf_cuda_core_close(&be->core);
     mf_base_free(be->comms);
     mf_base_free(be->reg);
@@ -711,7 +822,7 @@ static void nccl_close(mf_rt *rt)
 
 const mf_backend_vtbl mf_backend_nccl = {
     .name = "nccl",
-    .caps = MF_BE_NATIVE_STREAMS,
+    .caps = MF_BE_NATIVE_STREAMS | MF_BE_HOST_EXCHANGE,
     .open = nccl_open,
     .alloc = nccl_alloc,
     .free = nccl_free,

@@ -36,8 +36,8 @@ int64_t mf_agree_env(void)
 
 mfsdp_result mf_agree_create(mf_rt *rt)
 {
-    /* A backend whose exchange stages through the device (nccl) would
-     * block the host on it every step: only a host-side exchange carries it. */
+    /* A backend whose exchange would drain the trainer's streams every step
+     * does not declare MF_BE_HOST_EXCHANGE: only a cheap exchange carries it. */
     rt->agree = rt->world > 1 && (rt->be->caps & MF_BE_HOST_EXCHANGE) && mf_agree_env();
     if (!rt->agree)
         return MFSDP_OK;

@@ -16,8 +16,9 @@
  * microbatch m > 0), a short step's mfsdp_step_end, every
  * mfsdp_eval_forward_pre, and every collective helper before its own
  * exchange. A full step's end and the other hooks follow from the trace
- * check. Off on a world of one, on a backend without a host-side exchange
- * (MF_BE_HOST_EXCHANGE: the GPU backends today), and with MFSDP_AGREE=0
+ * check. Off on a world of one, on a backend without a cheap world exchange
+ * (MF_BE_HOST_EXCHANGE: all four backends have one; nccl's is a small
+ * all-gather on its own stream, mf_backend_nccl.c), and with MFSDP_AGREE=0
  * (read at create, compared between ranks in the create exchange).
  *
  * Invariants: nothing is allocated after create (the gather's destination
