@@ -188,7 +188,8 @@ static mfsdp_result xchg_open(nccl_be *be, int world)
 {
     size_t total = (size_t)world * MF_NCCL_XCHG_BYTES;
     char msg[MF_RT_ERRLEN];
-    cudaError_t e = cudaStreamCreateWithFlags(&be->xs, cudaStreamNonBlocking);
+    /* the inner and outer streams' priority: the gather is scheduled ahead of compute kernels */
+    cudaError_t e = cudaStreamCreateWithPriority(&be->xs, cudaStreamNonBlocking, be->core.priority);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&be->xev, cudaEventDisableTiming);
     if (e == cudaSuccess)

@@ -14,6 +14,10 @@
  *   helper   rank 1 calls mfsdp_ckpt_save, the others begin step 2 (the
  *            collective helpers refuse GPU backends; the checkpoint calls
  *            agree first)
+ *   graphs   MFSDP_NCCL_GRAPHS with a device compute stream: step 1 captured
+ *            one microbatch per graph in the thread-local capture mode (its
+ *            decision points agree inside the captures, which must not be
+ *            invalidated), the graphs launched; then step 2 as `short`
  *
  * Every rank's call at that point must return MFSDP_ERR_MISMATCH, well
  * within the timeout, with one message on every rank naming what each side
@@ -41,8 +45,8 @@
 #include "mfsdp_ckpt.h"
 #include "mfsdp_nccl.h"
 
-enum { SC_SAME, SC_SHORT, SC_EVAL, SC_HELPER, SC_COUNT };
-static const char *const sc_names[SC_COUNT] = {"same", "short", "eval", "helper"};
+enum { SC_SAME, SC_SHORT, SC_EVAL, SC_HELPER, SC_GRAPHS, SC_COUNT };
+static const char *const sc_names[SC_COUNT] = {"same", "short", "eval", "helper", "graphs"};
 #define ODD 1
 #define MAXR 16
 #define TIMEOUT_MS 20000
@@ -98,6 +102,52 @@ static void step(job *j, mfsdp_runtime *rt, int64_t mbs)
     CALL(rt, "mfsdp_step_end", mfsdp_step_end(rt));
 }
 
+#define CUDA_CALL(name, call)                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (j->r == MFSDP_OK && e_ != cudaSuccess) {                                            \
+            j->r = MFSDP_ERR_BACKEND;                                                           \
+            snprintf(j->where, sizeof j->where, "%s", name);                                    \
+            snprintf(j->msg, sizeof j->msg, "%s: %s", name, cudaGetErrorName(e_));              \
+        }                                                                                       \
+    } while (0)
+
+/* Step 1 as docs/gpu.md's CUDA graph mode: one thread-local capture per
+ * microbatch (its decision points agree inside it), then the graphs
+ * launched in order and the compute stream synchronized. */
+static void captured_step(job *j, mfsdp_runtime *rt, cudaStream_t compute, int64_t M)
+{
+    int U = mfsdp_schedule_num_units(j->sh);
+    for (int64_t m = 0; m < M && j->r == MFSDP_OK; m++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t x = NULL;
+        CUDA_CALL("cudaStreamBeginCapture", cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+        if (m == 0)
+            CALL(rt, "mfsdp_step_begin (captured)", mfsdp_step_begin(rt));
+        for (int u = 0; u < U; u++) {
+            CALL(rt, "mfsdp_forward_pre (captured)", mfsdp_forward_pre(rt, u, m));
+            CALL(rt, "mfsdp_forward_post (captured)", mfsdp_forward_post(rt, u, m));
+        }
+        for (int u = U - 1; u >= 0; u--) {
+            CALL(rt, "mfsdp_backward_pre (captured)", mfsdp_backward_pre(rt, u, m));
+            CALL(rt, "mfsdp_backward_post (captured)", mfsdp_backward_post(rt, u, m));
+        }
+        if (m == M - 1)
+            CALL(rt, "mfsdp_step_end (captured)", mfsdp_step_end(rt));
+        CUDA_CALL("cudaStreamEndCapture (the capture was invalidated?)", cudaStreamEndCapture(compute, &g));
+        if (g) {
+            CUDA_CALL("cudaGraphInstantiate", cudaGraphInstantiate(&x, g, 0));
+            if (x) {
+                CUDA_CALL("cudaGraphLaunch", cudaGraphLaunch(x, compute));
+                CUDA_CALL("cudaStreamSynchronize", cudaStreamSynchronize(compute));
+                cudaGraphExecDestroy(x);
+            }
+            cudaGraphDestroy(g);
+        }
+    }
+    CALL(rt, "mfsdp_synchronize", mfsdp_synchronize(rt));
+}
+
 static void *job_main(void *p)
 {
     job *j = p;
@@ -105,7 +155,18 @@ static void *job_main(void *p)
     mfsdp_nccl_config_init(&nc);
     nc.unique_id = j->id;
     nc.has_unique_id = 1;
-    nc.flags |= MFSDP_NCCL_HOST_COMPUTE;
+    cudaStream_t compute = NULL;
+    if (j->sc == SC_GRAPHS) {
+        if (cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) {
+            j->r = MFSDP_ERR_BACKEND;
+            snprintf(j->msg, sizeof j->msg, "cannot create the compute stream");
+            return NULL;
+        }
+        nc.compute_stream = compute;
+        nc.flags |= MFSDP_NCCL_GRAPHS;
+    } else {
+        nc.flags |= MFSDP_NCCL_HOST_COMPUTE;
+    }
     nc.watchdog_poll_ms = 50;
     mfsdp_config cfg;
     mfsdp_config_init(&cfg);
@@ -116,8 +177,11 @@ static void *job_main(void *p)
     j->r = MFSDP_OK;
     j->again = MFSDP_OK;
     CALL(NULL, "mfsdp_create", mfsdp_create(j->sh, &cfg, &rt));
-    if (j->r != MFSDP_OK)
+    if (j->r != MFSDP_OK) {
+        if (compute)
+            cudaStreamDestroy(compute);
         return NULL;
+    }
     int64_t M = mfsdp_schedule_microbatches(j->sh);
     bool odd = j->rank == ODD;
     if (j->steps > 0) {   /* --bench */
@@ -130,7 +194,10 @@ static void *job_main(void *p)
         mfsdp_destroy(rt);
         return NULL;
     }
-    step(j, rt, M);   /* step 1: the same everywhere */
+    if (j->sc == SC_GRAPHS)
+        captured_step(j, rt, compute, M);
+    else
+        step(j, rt, M);   /* step 1: the same everywhere */
     double t0 = now_s();
     switch (j->sc) {
     case SC_SAME:
@@ -139,6 +206,7 @@ static void *job_main(void *p)
         CALL(rt, "mfsdp_synchronize", mfsdp_synchronize(rt));
         break;
     case SC_SHORT:
+    case SC_GRAPHS:
         step(j, rt, odd ? 1 : M);
         break;
     case SC_EVAL:
@@ -166,6 +234,8 @@ static void *job_main(void *p)
     if (j->r != MFSDP_OK)
         j->again = mfsdp_step_begin(rt);
     mfsdp_destroy(rt);
+    if (compute)
+        cudaStreamDestroy(compute);
     return NULL;
 }
 
@@ -174,7 +244,8 @@ static const char *expected_where(int sc, int64_t rank)
 {
     bool odd = rank == ODD;
     switch (sc) {
-    case SC_SHORT: return odd ? "mfsdp_step_end" : "mfsdp_forward_pre(0,1)";
+    case SC_SHORT:
+    case SC_GRAPHS: return odd ? "mfsdp_step_end" : "mfsdp_forward_pre(0,1)";
     case SC_EVAL: return odd ? "mfsdp_eval_forward_pre(0)" : "mfsdp_step_begin";
     case SC_HELPER: return odd ? "mfsdp_ckpt_save" : "mfsdp_step_begin";
     default: return NULL;
@@ -184,10 +255,12 @@ static const char *expected_where(int sc, int64_t rank)
 static const char *const sc_odd_says[SC_COUNT] = {
     NULL, "rank 1: end step 2 after 1 of its 2 microbatches (mfsdp_step_end: a short step)",
     "rank 1: run unit 0 \"embed\" of an evaluation pass (1 steps begun)",
-    "rank 1: call mfsdp_ckpt_save (0 bytes per rank; 1 steps begun)"};
+    "rank 1: call mfsdp_ckpt_save (0 bytes per rank; 1 steps begun)",
+    "rank 1: end step 2 after 1 of its 2 microbatches (mfsdp_step_end: a short step)"};
 static const char *const sc_others_say[SC_COUNT] = {
     NULL, ": begin microbatch 1 of step 2 (mfsdp_forward_pre(unit 0, microbatch 1))",
-    ": begin step 2 (mfsdp_step_begin)", ": begin step 2 (mfsdp_step_begin)"};
+    ": begin step 2 (mfsdp_step_begin)", ": begin step 2 (mfsdp_step_begin)",
+    ": begin microbatch 1 of step 2 (mfsdp_forward_pre(unit 0, microbatch 1))"};
 
 /* 0, or 1 with the reason in why. */
 static int check_job(const job *j, char *why, size_t size)
