@@ -358,6 +358,28 @@ static mfsdp_result async_check(void *ctx, char *err, size_t errlen)
     return res;
 }
 
+/* The small exchange's check between polls: this rank's abort, or an
+ * asynchronous error of the world communicator, the gather's own. Not the
+ * schedule's communicators: a peer that already has every record (its
+ * gather completed) may fail its runtime on the verdict and abort them
+ * while this rank's gather, which no longer needs that peer, finishes. */
+static mfsdp_result world_check(void *ctx, char *err, size_t errlen)
+{
+    nccl_be *be = ctx;
+    pthread_mutex_lock(&be->mu);
+    mfsdp_result res = MFSDP_OK;
+    ncclResult_t state = ncclSuccess;
+    if (aborted(be)) {
+        snprintf(err, errlen, "rank %lld: the communicators were aborted after a failure", (long long)be->core.rt->rank);
+        res = MFSDP_ERR_ABORTED;
+    } else if (ncclCommGetAsyncError(be->world, &state) == ncclSuccess && state != ncclSuccess &&
+               state != ncclInProgress) {
+        res = nccl_fail(state, be->world, err, errlen, "the world communicator reported an asynchronous error");
+    }
+    pthread_mutex_unlock(&be->mu);
+    return res;
+}
+
 /*
  * The small exchange (bytes <= MF_NCCL_XCHG_BYTES: the ranks' agreement at
  * every decision point, and create's own): mine into the pinned buffer, a
@@ -403,7 +425,7 @@ static mfsdp_result small_exchange(nccl_be *be, const void *mine, size_t bytes, 
         res = mf_cuda_fail(e, msg, msglen, "exchange: copying %zu bytes back", total);
     pthread_mutex_unlock(&be->mu);
     if (res == MFSDP_OK)
-        res = mf_cuda_core_wait(&be->core, be->xev, "exchange over the world", async_check, be, msg, msglen);
+        res = mf_cuda_core_wait(&be->core, be->xev, "exchange over the world", world_check, be, msg, msglen);
     if (res == MFSDP_OK)
         memcpy(all, be->xhost, total);
     cudaThreadExchangeStreamCaptureMode(&mode); /* back to the thread's own */

@@ -24,7 +24,10 @@
  * was about to do; the failure is sticky. (tests/runtime/test_diverge.c
  * runs the same scenarios, and more, on the CPU backends.)
  *
- *   test_diverge_nccl SCHEDULE.yaml...       the scenarios on each schedule
+ *   test_diverge_nccl [--no-graphs] SCHEDULE.yaml...
+ *                                            the scenarios on each schedule
+ *                                            (without `graphs` on those after
+ *                                            --no-graphs)
  *   test_diverge_nccl --bench SCHEDULE STEPS the time per decision point:
  *                                            STEPS steps with and without
  *                                            the agreement (MFSDP_AGREE)
@@ -118,9 +121,9 @@ static void step(job *j, mfsdp_runtime *rt, int64_t mbs)
 static void captured_step(job *j, mfsdp_runtime *rt, cudaStream_t compute, int64_t M)
 {
     int U = mfsdp_schedule_num_units(j->sh);
-    for (int64_t m = 0; m < M && j->r == MFSDP_OK; m++) {
+    cudaGraphExec_t x[8] = {0};
+    for (int64_t m = 0; m < M && m < 8 && j->r == MFSDP_OK; m++) {
         cudaGraph_t g = NULL;
-        cudaGraphExec_t x = NULL;
         CUDA_CALL("cudaStreamBeginCapture", cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
         if (m == 0)
             CALL(rt, "mfsdp_step_begin (captured)", mfsdp_step_begin(rt));
@@ -136,15 +139,17 @@ static void captured_step(job *j, mfsdp_runtime *rt, cudaStream_t compute, int64
             CALL(rt, "mfsdp_step_end (captured)", mfsdp_step_end(rt));
         CUDA_CALL("cudaStreamEndCapture (the capture was invalidated?)", cudaStreamEndCapture(compute, &g));
         if (g) {
-            CUDA_CALL("cudaGraphInstantiate", cudaGraphInstantiate(&x, g, 0));
-            if (x) {
-                CUDA_CALL("cudaGraphLaunch", cudaGraphLaunch(x, compute));
-                CUDA_CALL("cudaStreamSynchronize", cudaStreamSynchronize(compute));
-                cudaGraphExecDestroy(x);
-            }
+            CUDA_CALL("cudaGraphInstantiate", cudaGraphInstantiate(&x[m], g, 0));
             cudaGraphDestroy(g);
         }
     }
+    for (int64_t m = 0; m < M && m < 8; m++)
+        if (x[m])
+            CUDA_CALL("cudaGraphLaunch", cudaGraphLaunch(x[m], compute));
+    CUDA_CALL("cudaStreamSynchronize", cudaStreamSynchronize(compute));
+    for (int64_t m = 0; m < M && m < 8; m++)
+        if (x[m])
+            cudaGraphExecDestroy(x[m]);
     CALL(rt, "mfsdp_synchronize", mfsdp_synchronize(rt));
 }
 
@@ -317,7 +322,7 @@ static int load(const char *path, mfsdp_schedule **sh, int *world)
     return 0;
 }
 
-static int scenarios(const char *path)
+static int scenarios(const char *path, bool graphs)
 {
     mfsdp_schedule *sh = NULL;
     int world = 0, bad = 0;
@@ -326,6 +331,8 @@ static int scenarios(const char *path)
     job jobs[MAXR];
     char why[1400];
     for (int sc = 0; sc < SC_COUNT; sc++) {
+        if (sc == SC_GRAPHS && !graphs)
+            continue;
         if (run_ranks(sh, sc, 0, jobs, world)) {
             fprintf(stderr, "test_diverge_nccl: cannot start the ranks\n");
             return 2;
@@ -394,8 +401,13 @@ int main(int argc, char **argv)
         return 2;
     }
     int bad = 0;
+    bool graphs = true;
     for (int i = 1; i < argc; i++) {
-        int r = scenarios(argv[i]);
+        if (!strcmp(argv[i], "--no-graphs")) {
+            graphs = false;
+            continue;
+        }
+        int r = scenarios(argv[i], graphs);
         if (r == 2)
             return 2;
         bad |= r;
