@@ -2,8 +2,9 @@
  * mf_agree: the program agreement of the ranks (see mf_agree.h and
  * docs/runtime.md §4.4). One record per rank rides on the backend's world
  * exchange (be->exchange, the create-time all-gather: the local group's
- * one-rendezvous exchange, or an all-gather on the runtime's duplicate of
- * the MPI world; never a stream's communicator, so it cannot pair with a
+ * one-rendezvous exchange, an all-gather on the runtime's duplicate of
+ * the MPI world, or nccl's small all-gather on its world communicator and
+ * its own stream; never a stream's communicator, so it cannot pair with a
  * schedule collective). Every rank compares every record with rank 0's, so
  * every rank reaches the same verdict and formats the same message. A
  * difference fails the runtime (sticky, MFSDP_ERR_MISMATCH); nothing of the
