@@ -111,8 +111,10 @@ enum {
                                        (hand them to mf_base_graveyard) */
     MF_BE_SHARED_MEMORY = 1u << 2,  /* every rank's host buffers are addressable by every
                                        other rank (threads of one process: local) */
-    MF_BE_HOST_EXCHANGE = 1u << 3,  /* exchange() runs on the host alone, cheap enough for
-                                       every step: the ranks' agreement on the program
+    MF_BE_HOST_EXCHANGE = 1u << 3,  /* exchange() of a small record is cheap enough for
+                                       every step and never waits for the trainer's
+                                       streams (NCCL: a gather on a stream of its own):
+                                       the ranks' agreement on the program
                                        (engine/mf_agree.c, docs/runtime.md §4.4) rides on
                                        it after create; without the bit it is skipped */
 };
