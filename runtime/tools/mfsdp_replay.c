@@ -218,14 +218,22 @@ static void perturb(mfsdp_schedule *sh)
     sh->s->hash[0] ^= 0xa5;
 }
 
-static int run_local(const args *a, mfsdp_schedule *sh)
+/* --ranks, where given, must be the mesh's rank count. */
+static bool ranks_match(const args *a, int64_t world)
 {
-    int64_t world = mfsdp_schedule_world_size(sh);
     if (a->ranks >= 0 && a->ranks != world) {
         fprintf(stderr, "mfsdp-replay: error: --ranks %lld does not match the mesh of %s (%lld ranks)\n",
                 (long long)a->ranks, a->path, (long long)world);
-        return 2;
+        return false;
     }
+    return true;
+}
+
+static int run_local(const args *a, mfsdp_schedule *sh)
+{
+    int64_t world = mfsdp_schedule_world_size(sh);
+    if (!ranks_match(a, world))
+        return 2;
     if (!fits(sh, a->path, world))
         return 2;
     mfsdp_schedule *other = NULL;
@@ -301,11 +309,8 @@ static const void *one_allgather(void *ctx, int64_t rank, const void *mine, size
 static int run_nccl(const args *a, mfsdp_schedule *sh)
 {
     int64_t world = mfsdp_schedule_world_size(sh);
-    if (a->ranks >= 0 && a->ranks != world) {
-        fprintf(stderr, "mfsdp-replay: error: --ranks %lld does not match the mesh of %s (%lld ranks)\n",
-                (long long)a->ranks, a->path, (long long)world);
+    if (!ranks_match(a, world))
         return 2;
-    }
     if (world != 1) {
 #ifdef MFSDP_HAVE_MPI
         fprintf(stderr,
