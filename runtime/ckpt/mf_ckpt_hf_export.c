@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "mf_agree.h"
 #include "mf_backend.h"
 #include "mf_ckpt_build.h"
 #include "mf_ckpt_hf_layout.h"
@@ -85,11 +84,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     char dir[4001] = ""; /* without trailing slashes: DIR.tmp-ID is made next to it */
     if (dir_arg)
         snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_io_dir_len(dir_arg), dir_arg);
-    if (!rt)
-        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_export_hf: NULL runtime");
-    mfsdp_result agreed = mf_base_handle_check(rt, "mfsdp_ckpt_export_hf");
-    if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
-        agreed = mf_agree_helper(rt, "mfsdp_ckpt_export_hf", 0);
+    mfsdp_result agreed = mf_ckpt_hf_rt_enter(rt, "mfsdp_ckpt_export_hf");
     if (agreed != MFSDP_OK)
         return agreed;
     mf_hx_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);

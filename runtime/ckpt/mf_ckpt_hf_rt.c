@@ -46,6 +46,16 @@ mfsdp_result mf_ckpt_hf_rt_round(mf_rt *rt, const void *mine, void *all, size_t 
     return MFSDP_OK;
 }
 
+mfsdp_result mf_ckpt_hf_rt_enter(mf_rt *rt, const char *fn)
+{
+    if (!rt)
+        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "%s: NULL runtime", fn);
+    mfsdp_result agreed = mf_base_handle_check(rt, fn);
+    if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
+        agreed = mf_agree_helper(rt, fn, 0);
+    return agreed;
+}
+
 mfsdp_result mf_ckpt_hf_rt_begin(mf_rt *rt, const mfsdp_hf_options *opt, int args_ok, const char *usage,
                                  mf_hf_rules *r, char *err, size_t errlen)
 {
@@ -104,11 +114,7 @@ static int mf_hf_rt_match(mf_rt *rt, const mf_hf_model *m, const mf_hf_rules *ru
 
 mfsdp_result mfsdp_ckpt_import_hf(mfsdp_runtime *rt, const char *path, const mfsdp_hf_options *opt)
 {
-    if (!rt)
-        return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT, "mfsdp_ckpt_import_hf: NULL runtime");
-    mfsdp_result agreed = mf_base_handle_check(rt, "mfsdp_ckpt_import_hf");
-    if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
-        agreed = mf_agree_helper(rt, "mfsdp_ckpt_import_hf", 0);
+    mfsdp_result agreed = mf_ckpt_hf_rt_enter(rt, "mfsdp_ckpt_import_hf");
     if (agreed != MFSDP_OK)
         return agreed;
     mf_hi_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
