@@ -6,8 +6,16 @@
  * gm_box, by reference), so the graph may be destroyed after instantiation. A
  * launch snapshots the instance's nodes again, so an update or a destroy while
  * a launch is pending changes only later launches, as in CUDA. The nodes of
- * one launch run on the launch stream's worker, one at a time, in a
- * topological order drawn from the seed and the launch's number.
+ * one launch run concurrently, as independent branches do on a GPU: the
+ * launch stream's worker and up to (nodes - 1) helper threads of that launch,
+ * each taking a ready node drawn from the seed and the launch's number, after
+ * a seeded delay. Invariants: a node starts only after all its dependencies
+ * finished; a helper is started only while more nodes are ready than threads
+ * are free, so every ready node gets a thread (a node blocking until an
+ * independent branch runs, e.g. a collective, cannot deadlock) and a chain
+ * starts none; the launch (its stream item) completes only when no node
+ * runs any more; after a node fails no further node starts and the first
+ * failure is the launch's.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -54,43 +62,138 @@ static int graph_copy(gm_graph *dst, const gm_graph *src)
     return 0;
 }
 
+/* One launch's run: the shared state of its executor threads (mu guards all
+ * below it). A node is ready once all its dependencies finished; nready
+ * ready nodes wait in ready[], inflight run now, nthreads threads exist (the
+ * stream's worker included). */
+typedef struct gm_run {
+    const gm_graph *g;
+    uint64_t number;
+    int device;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* a node became ready, or the run ended */
+    int *left;                     /* unfinished dependencies per node */
+    int *ready;
+    int nready, inflight, ndone, nthreads;
+    uint64_t picks;                /* nodes started, for the seeded draw */
+    pthread_t *helpers;            /* nthreads - 1 of them */
+    cudaError_t e;                 /* the first node's failure */
+    char err[512];
+} gm_run;
+
+static void *run_helper(void *p);
+
+/* Over when every node finished, or a node failed and none runs. */
+static int run_over(const gm_run *r)
+{
+    return r->ndone == r->g->n || (r->e != cudaSuccess && r->inflight == 0);
+}
+
+/* Gives every ready node a thread that is not running a node, spawning
+ * helpers as needed: at most one thread per node, so a node that blocks until
+ * a node of an independent branch has run can never starve it (r->mu held). */
+static void run_staff(gm_run *r)
+{
+    while (r->nready > r->nthreads - r->inflight && r->nthreads < r->g->n) {
+        if (pthread_create(&r->helpers[r->nthreads - 1], NULL, run_helper, r) != 0) {
+            if (r->e == cudaSuccess) {
+                r->e = cudaErrorMemoryAllocation;
+                snprintf(r->err, sizeof r->err, "graph launch: cannot start an executor thread");
+            }
+            break;
+        }
+        r->nthreads++;
+    }
+    pthread_cond_broadcast(&r->cv);
+}
+
+/* Runs ready nodes, drawn from the seed among the ready ones, until the run
+ * is over (each node after a seeded delay, outside the lock). */
+static void run_loop(gm_run *r)
+{
+    const gm_graph *g = r->g;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!run_over(r) && (r->nready == 0 || r->e != cudaSuccess))
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (run_over(r))
+            break;
+        uint64_t h = gm_hash(gm_seed() ^ gm_hash(r->number * 0x1000193ull + r->picks++));
+        int k = (int)(h % (uint64_t)r->nready);
+        int v = r->ready[k];
+        r->ready[k] = r->ready[--r->nready];
+        r->inflight++;
+        pthread_mutex_unlock(&r->mu);
+        gm_box *b = g->nodes[v].box;
+        unsigned us = gm_delay_us(h);
+        if (us && (h & 2))
+            usleep(us);
+        cudaError_t e = cudaSuccess;
+        char err[512] = "";
+        if (b->fn)
+            e = b->fn(b->arg, err, sizeof err);
+        pthread_mutex_lock(&r->mu);
+        r->inflight--;
+        r->ndone++;
+        if (e != cudaSuccess && r->e == cudaSuccess) {
+            r->e = e;
+            snprintf(r->err, sizeof r->err, "%s", err);
+        }
+        for (int i = 0; i < g->n; i++)
+            for (int j = 0; j < g->nodes[i].ndeps; j++)
+                if (g->nodes[i].deps[j] == v && --r->left[i] == 0)
+                    r->ready[r->nready++] = i;
+        if (run_over(r))
+            pthread_cond_broadcast(&r->cv);
+        else if (r->e == cudaSuccess)
+            run_staff(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *run_helper(void *p)
+{
+    gm_run *r = p;
+    gm_thread()->device = r->device; /* work runs "on" the launch's device */
+    run_loop(r);
+    return NULL;
+}
+
+/* Runs the launch's nodes concurrently as on a GPU: the stream's worker and
+ * helper threads (started only while more nodes are ready than threads are
+ * free) take ready nodes; the launch completes when every node finished or,
+ * after a failure, when the nodes already running finished. */
 static cudaError_t launch_run(void *p, char *err, size_t len)
 {
     gm_launch *l = p;
     gm_graph *g = &l->g;
-    int *left = calloc((size_t)(g->n ? g->n : 1), sizeof *left);
-    char *done = calloc((size_t)(g->n ? g->n : 1), 1);
-    int *ready = malloc((size_t)(g->n ? g->n : 1) * sizeof *ready);
-    if (!left || !done || !ready) {
-        free(left), free(done), free(ready);
+    size_t n = (size_t)(g->n ? g->n : 1);
+    gm_run r = {.g = g, .number = l->number, .device = gm_thread()->device, .nthreads = 1};
+    r.left = calloc(n, sizeof *r.left);
+    r.ready = malloc(n * sizeof *r.ready);
+    r.helpers = malloc(n * sizeof *r.helpers);
+    if (!r.left || !r.ready || !r.helpers) {
+        free(r.left), free(r.ready), free(r.helpers);
         snprintf(err, len, "graph launch: out of host memory");
         return cudaErrorMemoryAllocation;
     }
-    int nready = 0;
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
     for (int i = 0; i < g->n; i++)
-        if ((left[i] = g->nodes[i].ndeps) == 0)
-            ready[nready++] = i;
-    cudaError_t e = cudaSuccess;
-    for (int step = 0; step < g->n && e == cudaSuccess; step++) {
-        /* A node with all its dependencies done, drawn from the seed. */
-        uint64_t r = gm_hash(gm_seed() ^ gm_hash(l->number * 0x1000193ull + (uint64_t)step));
-        int k = (int)(r % (uint64_t)nready);
-        int v = ready[k];
-        ready[k] = ready[--nready];
-        gm_box *b = g->nodes[v].box;
-        unsigned us = gm_delay_us(r);
-        if (us && (r & 2))
-            usleep(us);
-        if (b->fn)
-            e = b->fn(b->arg, err, len);
-        done[v] = 1;
-        for (int i = 0; i < g->n; i++)
-            for (int j = 0; j < g->nodes[i].ndeps; j++)
-                if (g->nodes[i].deps[j] == v && --left[i] == 0)
-                    ready[nready++] = i;
-    }
-    free(left), free(done), free(ready);
-    return e;
+        if ((r.left[i] = g->nodes[i].ndeps) == 0)
+            r.ready[r.nready++] = i;
+    pthread_mutex_lock(&r.mu);
+    run_staff(&r);
+    pthread_mutex_unlock(&r.mu);
+    run_loop(&r);
+    for (int i = 0; i < r.nthreads - 1; i++)
+        pthread_join(r.helpers[i], NULL);
+    if (r.e != cudaSuccess)
+        snprintf(err, len, "%s", r.err);
+    pthread_cond_destroy(&r.cv);
+    pthread_mutex_destroy(&r.mu);
+    free(r.left), free(r.ready), free(r.helpers);
+    return r.e;
 }
 
 static void launch_free(void *p)

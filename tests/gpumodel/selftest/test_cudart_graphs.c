@@ -5,7 +5,9 @@
  * an unjoined fork, prohibited calls invalidating captures by capture mode,
  * the legacy stream during a blocking stream's capture, instantiate/launch
  * ordered after earlier work, launches of one instance serialized, and
- * cudaGraphExecUpdate. CTest runs it under several GM_SEED values.
+ * cudaGraphExecUpdate, and independent branches running concurrently (a
+ * node blocking until the other branch's node ran completes). CTest runs it
+ * under several GM_SEED values.
  */
 #include <pthread.h>
 #include <string.h>
@@ -335,6 +337,83 @@ static void test_exec_update(void **state)
     TC_OK(cudaStreamDestroy(s));
 }
 
+/* Two independent branches where A blocks until B of the same launch has run
+ * (as a collective blocks until the peer rank reaches it): the launch must run
+ * them concurrently, whatever order the seed draws. The wait is bounded: a
+ * timeout is counted, not hung on. */
+typedef struct tc_meet {
+    int a_runs, b_runs, timeouts, c_bad;
+} tc_meet;
+
+static cudaError_t meet_a(void *p, char *err, size_t len)
+{
+    (void)err, (void)len;
+    tc_meet *m = p;
+    int mine = __atomic_add_fetch(&m->a_runs, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; tc_load(&m->b_runs) < mine; i++) {
+        if (i == 3000) { /* 3 s */
+            __atomic_add_fetch(&m->timeouts, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+        usleep(1000);
+    }
+    return cudaSuccess;
+}
+
+static cudaError_t meet_b(void *p, char *err, size_t len)
+{
+    (void)err, (void)len;
+    tc_meet *m = p;
+    __atomic_add_fetch(&m->b_runs, 1, __ATOMIC_SEQ_CST);
+    return cudaSuccess;
+}
+
+/* After the join: both branches of this launch finished. */
+static cudaError_t meet_c(void *p, char *err, size_t len)
+{
+    (void)err, (void)len;
+    tc_meet *m = p;
+    if (tc_load(&m->a_runs) != tc_load(&m->b_runs))
+        __atomic_add_fetch(&m->c_bad, 1, __ATOMIC_SEQ_CST);
+    return cudaSuccess;
+}
+
+static void test_branches_concurrent(void **state)
+{
+    (void)state;
+    cudaStream_t s, t;
+    cudaEvent_t fork, join;
+    TC_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TC_OK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    TC_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    TC_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    static tc_meet m;
+    TC_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    TC_OK(cudaEventRecord(fork, s));
+    TC_OK(cudaStreamWaitEvent(t, fork, 0));
+    TC_OK(gm_enqueue(s, "meet_a", meet_a, &m, NULL));
+    TC_OK(gm_enqueue(t, "meet_b", meet_b, &m, NULL));
+    TC_OK(cudaEventRecord(join, t));
+    TC_OK(cudaStreamWaitEvent(s, join, 0));
+    TC_OK(gm_enqueue(s, "meet_c", meet_c, &m, NULL));
+    cudaGraph_t g;
+    TC_OK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t x = instantiate(g);
+    for (int k = 0; k < 8; k++) /* each launch draws its own order */
+        TC_OK(cudaGraphLaunch(x, s));
+    TC_OK(cudaStreamSynchronize(s));
+    assert_int_equal(tc_load(&m.timeouts), 0);
+    assert_int_equal(tc_load(&m.c_bad), 0);
+    assert_int_equal(m.a_runs, 8);
+    assert_int_equal(m.b_runs, 8);
+    TC_OK(cudaGraphExecDestroy(x));
+    TC_OK(cudaGraphDestroy(g));
+    TC_OK(cudaEventDestroy(fork));
+    TC_OK(cudaEventDestroy(join));
+    TC_OK(cudaStreamDestroy(s));
+    TC_OK(cudaStreamDestroy(t));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -345,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_legacy_during_capture),
         cmocka_unit_test(test_launch_ordering),
         cmocka_unit_test(test_exec_update),
+        cmocka_unit_test(test_branches_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
