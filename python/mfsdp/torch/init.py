@@ -32,14 +32,14 @@ rank 0's values are not broadcast.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .. import _lib
 from .._lib import MfsdpError, UsageError
 from .guard import GuardedParameter
-from .tensors import DTYPE_NAMES
+from .tensors import DTYPE_NAMES, leaves_in
 
 if TYPE_CHECKING:
     from .shard import ShardedModel
@@ -117,17 +117,6 @@ def buffer_hashes(model: torch.nn.Module) -> Dict[str, int]:
             if b is not None and not b.is_meta}
 
 
-def _flat(obj: Any) -> Iterable[Any]:
-    if isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _flat(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _flat(o)
-    else:
-        yield obj
-
-
 def _swap(obj: Any, whole: Dict[int, torch.Tensor]) -> Any:
     """obj with every stand-in replaced by its unit's whole tensor."""
     if isinstance(obj, GuardedParameter):
@@ -164,7 +153,7 @@ class DeferredInit:
     # ---- what the stand-ins call ----
     def call(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """func over the whole tensors of the stand-ins it was given."""
-        units = {self.unit_of[a._mfsdp_slot.name] for a in _flat([args, kwargs])
+        units = {self.unit_of[a._mfsdp_slot.name] for a in leaves_in([args, kwargs])
                  if isinstance(a, GuardedParameter)}
         for u in [w for w in self.whole if w not in units]:
             self.flush(u)

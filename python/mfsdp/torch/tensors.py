@@ -5,7 +5,9 @@ CPU backends (local, mpi): torch.frombuffer over the runtime's host memory.
 GPU backends (nccl, cuda_local): torch.as_tensor over an object exposing
 __cuda_array_interface__ (bf16 travels as int16 bits and is viewed back).
 The tensors borrow the runtime's memory: valid until Runtime.close().
-tensors_in walks a module's nested output for its tensors (hooks.py, spec.py).
+tensors_in walks a module's nested output for its tensors (hooks.py, spec.py);
+leaves_in, which it filters, every leaf of nested lists, tuples and dicts
+(init.py).
 """
 from __future__ import annotations
 
@@ -57,14 +59,19 @@ def tensor(runtime: Runtime, view: View, role: str) -> torch.Tensor:
     return t.view(shape)
 
 
+def leaves_in(obj: Any) -> Iterator[Any]:
+    """The leaves of lists, tuples and dicts, nested, in order (init.py)."""
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from leaves_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from leaves_in(o)
+    else:
+        yield obj
+
+
 def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     """The tensors in a module's output or arguments: a tensor, or lists,
     tuples and dicts of them, nested (other values skipped)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from tensors_in(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from tensors_in(o)
+    return (o for o in leaves_in(obj) if isinstance(o, torch.Tensor))
