@@ -2,7 +2,9 @@
 """function_length: no function of the libraries and tools over 100 lines.
 
 Every function defined in a .c file of the tree, outside tests/ (and outside
-CUDA sources: .cu files are not read), is at most LIMIT lines long, counted
+CUDA sources: .cu files are not read), is at most LIMIT lines long -- and so
+is every function of tests/gpumodel, the CPU model of CUDA and NCCL, a
+library in its own right (docs/design.md §5) -- counted
 from the line of its opening `{` to the line of its closing `}` at column 0,
 both included. The tree's style puts a function's braces at column 0 and
 everything inside them indented, so the first `}` at column 0 after the
@@ -11,7 +13,8 @@ opening brace closes it. Each offender is printed as `file:line name N lines`
 
     function_length.py ROOT [LIMIT]      (LIMIT: 100)
 
-Skipped: tests/, build folders (build*), out/ and hidden folders.
+Skipped: tests/ but tests/gpumodel, build folders (build*), out/ and hidden
+folders.
 
 With --python, the same limit for every function and method of the .py
 files under ROOT/python (hidden folders and __pycache__ skipped), counted
@@ -27,6 +30,8 @@ import sys
 
 LIMIT = 100
 SKIPPED_TOP = ('tests', 'out')
+# Folders under tests/ that hold libraries, read all the same.
+READ_UNDER_TESTS = ('gpumodel',)
 # The last identifier before the parameter list's `(`: the function's name.
 NAME = re.compile(r'([A-Za-z_]\w*)\s*\(')
 # A signature that opens its body on the same line: `int f(void) {`.
@@ -38,12 +43,15 @@ TRAILING_COMMENT = re.compile(r'\s*(/\*.*\*/|//.*)$')
 def c_files(root):
     """The .c files to read, relative to root, sorted."""
     out = []
-    for dirpath, dirs, names in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        if rel == '.':
-            dirs[:] = [d for d in dirs if d not in SKIPPED_TOP and not d.startswith('build')]
-        dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
-        out += [os.path.normpath(os.path.join(rel, n)) for n in sorted(names) if n.endswith('.c')]
+    tops = [('.', root)] + [(os.path.join('tests', d), os.path.join(root, 'tests', d))
+                            for d in READ_UNDER_TESTS]
+    for top, path in tops:
+        for dirpath, dirs, names in os.walk(path):
+            rel = os.path.normpath(os.path.join(top, os.path.relpath(dirpath, path)))
+            if rel == '.':
+                dirs[:] = [d for d in dirs if d not in SKIPPED_TOP and not d.startswith('build')]
+            dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+            out += [os.path.normpath(os.path.join(rel, n)) for n in sorted(names) if n.endswith('.c')]
     return out
 
 

@@ -2,7 +2,7 @@
 """Self-test of function_length.py on a small tree: a function of exactly
 100 lines passes and one of 101 is reported at its file, line and name (in
 each brace style of the tree); initializers and structs are not functions;
-tests/, build folders and .cu files are not read; a bad root or limit is an
+tests/ (but tests/gpumodel), build folders and .cu files are not read; a bad root or limit is an
 error (exit 2). With --python: the same limit over python/**.py, a function
 or method from its `def` line to its last, decorators aside."""
 import os
@@ -37,6 +37,7 @@ class FunctionLength(unittest.TestCase):
                        'int\nlong_one(int x,\n         int y)   /* a comment */\n' + body(101) + '\n'
                        'struct timespec returns_struct(void) {\n' + '    x++;\n' * 101 + '}\n',
             'tests/t.c': 'int in_tests(void)\n' + body(300),
+            'tests/gpumodel/m.c': 'int in_the_model(void)\n' + body(101),
             'build/gen.c': 'int generated(void)\n' + body(300),
             'lib/k.cu': 'int kernel_host(void)\n' + body(300),
         }
@@ -56,14 +57,15 @@ class FunctionLength(unittest.TestCase):
         # 100-line function and the blank lines between them.
         self.assertIn('lib/a.c:354 long_one 101 lines', out)
         self.assertIn('returns_struct 103 lines', out)
-        self.assertIn('2 of 3 functions in 1 files over 100 lines', out)
+        self.assertIn('tests/gpumodel/m.c:2 in_the_model 101 lines', out)
+        self.assertIn('3 of 4 functions in 2 files over 100 lines', out)
         for name in ('exactly_limit', 'in_tests', 'generated', 'kernel_host', 'table', 'big'):
             self.assertNotIn(name, out)
 
     def test_higher_limit_passes(self):
         rc, out = run(self.root, '103')
         self.assertEqual(rc, 0, out)
-        self.assertIn('all 3 functions in 1 files at most 103 lines', out)
+        self.assertIn('all 4 functions in 2 files at most 103 lines', out)
 
     def test_bad_arguments(self):
         rc, out = run(self.root, 'many')
