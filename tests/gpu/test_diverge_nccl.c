@@ -67,43 +67,7 @@ typedef struct job {
     double secs;         /* step 2's first call to the failure; --bench: the steps */
 } job;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-#define CALL(rt, name, call)                                                         \
-    do {                                                                             \
-        if (j->r == MFSDP_OK) {                                                      \
-            mfsdp_result r_ = (call);                                                \
-            if (r_ != MFSDP_OK) {                                                    \
-                j->r = r_;                                                           \
-                snprintf(j->where, sizeof j->where, "%s", name);                     \
-                snprintf(j->msg, sizeof j->msg, "%s", mfsdp_last_error(rt));         \
-            }                                                                        \
-        }                                                                            \
-    } while (0)
-
-static void step(job *j, mfsdp_runtime *rt, int64_t mbs)
-{
-    int U = mfsdp_schedule_num_units(j->sh);
-    char name[64];
-    CALL(rt, "mfsdp_step_begin", mfsdp_step_begin(rt));
-    for (int64_t m = 0; m < mbs; m++) {
-        for (int u = 0; u < U; u++) {
-            snprintf(name, sizeof name, "mfsdp_forward_pre(%d,%lld)", u, (long long)m);
-            CALL(rt, name, mfsdp_forward_pre(rt, u, m));
-            CALL(rt, "mfsdp_forward_post", mfsdp_forward_post(rt, u, m));
-        }
-        for (int u = U - 1; u >= 0; u--) {
-            CALL(rt, "mfsdp_backward_pre", mfsdp_backward_pre(rt, u, m));
-            CALL(rt, "mfsdp_backward_post", mfsdp_backward_post(rt, u, m));
-        }
-    }
-    CALL(rt, "mfsdp_step_end", mfsdp_step_end(rt));
-}
+#include "diverge_calls.h"
 
 #define CUDA_CALL(name, call)                                                                   \
     do {                                                                                        \
