@@ -38,7 +38,7 @@ from .shard import ShardedModel
 from .spec import Layout, Reshard, spec_from_module
 
 SPEC_OPTIONS = ("grad_dtype", "dtype", "reduce", "overrides", "prefetch", "reshard_last",
-                "example", "ties", "matrix_optimizer")
+                "example", "ties", "matrix_optimizer", "whole_owners")
 RUNTIME_OPTIONS = tuple(n for n in inspect.signature(Runtime.__init__).parameters
                         if n not in ("self", "schedule", "backend"))
 
@@ -324,8 +324,8 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
     backend                 "mpi", "local", "nccl"
     cache                   False: compile every time
     options                 spec options (reduce, overrides, prefetch, example,
-                            ties, reshard_last, matrix_optimizer, dtype, grad_dtype
-                            without mp_policy) and runtime options (timeout_ms, check, ...)
+                            ties, reshard_last, matrix_optimizer, whole_owners, dtype,
+                            grad_dtype without mp_policy) and runtime options (timeout_ms, check, ...)
     """
     _refuse_sharded(model)
     _policy.check_reshard(reshard_after_forward)

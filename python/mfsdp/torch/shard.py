@@ -113,6 +113,17 @@ class ShardedModel(UnitHooks):
         """(tensor name, master shard) pairs, e.g. to give norms no weight decay."""
         return [(n, mp) for n, mp, _, _ in self._main]
 
+    def whole_parameters(self) -> List[torch.nn.Parameter]:
+        """The main_parameters() whose main_weight is Whole, each full-shape
+        on this owner rank: a matrix optimizer's share
+        (torch.optim.Muon([{"params": sm.whole_parameters()}], ...)). With
+        spec_from_module's matrix_optimizer="whole" these are exactly the
+        hidden matrices this rank owns; "whole_all" adds the embeddings and
+        the output head. Possibly empty (a rank may own none): give optimizers
+        a param-group list."""
+        return [mp for _, mp, _, v in self._main
+                if self.schedule.tensors[v.index].whole_main_weight]
+
     def param_groups(self, weight_decay: float,
                      no_decay: Optional[Callable[[str, Tuple[int, ...]], bool]] = None,
                      **options: Any) -> List[Dict[str, Any]]:

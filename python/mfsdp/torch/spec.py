@@ -14,6 +14,16 @@ found by name (a parameter under several names), by use (a forward traced on
 an example microbatch: a parameter read while another unit, or no unit, runs)
 and as declared (`ties=`). Layouts are emitted as blocks (docs/language.md has
 no built-in layout names).
+
+matrix_optimizer="whole" follows the Muon recipe: only the hidden matrices
+(hidden_matrices: 2-D, not an embedding's, not the output head's) get their
+layout's Whole variant; "whole_all" gives it to every 2-D tensor. whole_owners
+picks the owners of a Whole tensor: "mesh" (one rank of the mesh: Whole on
+every Flat axis) or "node" (one rank of each innermost-axis group: Whole on
+the innermost axis, the outer axes Replicate for main_weight and Partial for
+grad, so a matrix optimizer's traffic stays inside a node). Invariant: a
+layout this file writes has Whole only on grad and main_weight, never beside
+Flat in one placement (_check_roles).
 """
 from __future__ import annotations
 
@@ -35,9 +45,14 @@ Reshard = Union[None, bool, Mapping[str, bool]]
 
 PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial", "W": "Whole"}
 DTYPES = {"fp32", "bf16", "fp16"}
-# matrix_optimizer=: None, or "whole" (every 2-D tensor's grad and main_weight
-# Whole on their Flat axes: each matrix entire on one owner for Muon, Shampoo)
-MATRIX_OPTIMIZERS = (None, "whole")
+# matrix_optimizer=: None; "whole" (the hidden matrices' grad and main_weight Whole
+# on their Flat axes: each entire on one owner for Muon, Shampoo); "whole_all"
+# (every 2-D tensor's, the embeddings and the output head included)
+MATRIX_OPTIMIZERS = (None, "whole", "whole_all")
+# whole_owners=: who owns a Whole tensor: one rank of the mesh, or one of each node
+# (innermost-axis group: the NVLink domain)
+WHOLE_OWNERS = ("mesh", "node")
+EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
 def _layout_roles(name, naxes):
@@ -93,6 +108,17 @@ def _whole(places):
     """A role's placements with its Flat axes on Whole (the role's tensors entire
     on one owner, docs/semantics.md §1)."""
     return ["W" if _letter(p) == "F" else p for p in places]
+
+
+def _node_whole(places, outer):
+    """A role's placements with its owners inside the innermost axis: that
+    axis Whole when it is Flat or Whole, the outer Flat or Whole axes `outer`
+    (Replicate for main_weight, Partial for grad: every node holds, and
+    reduces into, its own owner's copy)."""
+    letters = [_letter(p) for p in places]
+    if letters[-1] not in ("F", "W"):
+        return letters          # no split axis (the Flat axes are a suffix)
+    return [outer if x in ("F", "W") else x for x in letters[:-1]] + ["W"]
 
 
 def _check_roles(name, roles):
@@ -224,6 +250,52 @@ def tied_parameters(model: torch.nn.Module) -> Set[int]:
     return {i for i, c in count.items() if c > 1}
 
 
+def _module_of(model, getter):
+    """model.<getter>() (Hugging Face's get_input_embeddings /
+    get_output_embeddings) when the model has it and it returns a module,
+    else None."""
+    fn = getattr(model, getter, None)
+    if not callable(fn):
+        return None
+    try:
+        mod = fn()
+    except NotImplementedError:       # a Hugging Face model that has no such module
+        return None
+    return mod if isinstance(mod, torch.nn.Module) else None
+
+
+def _vocab(model):
+    """The input embedding's num_embeddings: model.get_input_embeddings()
+    when it is an embedding, else the first nn.Embedding / EmbeddingBag in
+    model.modules() order; None without one."""
+    emb = _module_of(model, "get_input_embeddings")
+    if not isinstance(emb, EMBEDDINGS):
+        emb = next((m for m in model.modules() if isinstance(m, EMBEDDINGS)), None)
+    return emb.num_embeddings if emb is not None else None
+
+
+def hidden_matrices(model: torch.nn.Module) -> List[str]:
+    """Qualified names of the model's hidden matrices, matrix_optimizer="whole"'s
+    share (the Muon recipe), in model.named_parameters() order: every 2-D
+    parameter except those held by
+      - an nn.Embedding or nn.EmbeddingBag (so also a weight tied to one),
+      - the output head: the module model.get_output_embeddings() returns
+        (Hugging Face), and every nn.Linear whose out_features is the input
+        embedding's num_embeddings (the vocabulary: _vocab).
+    The vocabulary is the input embedding's only (get_input_embeddings(), else
+    the first embedding registered), not any embedding's: a learned position
+    table of 1024 rows would otherwise exclude every Linear(d, 1024) of a
+    d = 1024 model. A parameter is judged by every module that holds it."""
+    head = _module_of(model, "get_output_embeddings")
+    vocab = _vocab(model)
+    excluded = set()
+    for mod in model.modules():
+        if isinstance(mod, EMBEDDINGS) or mod is head or (
+                isinstance(mod, torch.nn.Linear) and mod.out_features == vocab):
+            excluded.update(id(p) for p in mod.parameters(recurse=False))
+    return [n for n, p in model.named_parameters() if p.dim() == 2 and id(p) not in excluded]
+
+
 class _ParameterReads(TorchFunctionMode):
     """Calls on_read(parameter) for every parameter a torch function reads."""
 
@@ -320,7 +392,8 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                      reshard_last: bool = False, example: Any = None,
                      ties: Union[str, Iterable[str]] = (),
                      reshard_after_forward: Reshard = None,
-                     matrix_optimizer: Optional[str] = None) -> str:
+                     matrix_optimizer: Optional[str] = None,
+                     whole_owners: str = "mesh") -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
@@ -346,13 +419,27 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 use, e.g. F.linear(h, self.tok.weight) in a head)
     ties        parameter names read outside their own unit, declared
                 (instead of, or besides, `example`)
-    matrix_optimizer  None, or "whole": every 2-D tensor gets its layout's
-                Whole variant (`<layout>_whole`: grad and main_weight Whole on
-                their Flat axes, so each matrix is entire on one owner for a
-                matrix optimizer such as Muon); 1-D tensors and tensors that
-                `overrides` names keep their layout
+    matrix_optimizer  None; "whole": the hidden matrices (hidden_matrices:
+                every 2-D parameter but an nn.Embedding's / EmbeddingBag's,
+                one tied to it, and the output head's: the module
+                get_output_embeddings() returns, an nn.Linear whose
+                out_features is the input embedding's num_embeddings) get their
+                layout's Whole variant (`<layout>_whole`: grad and main_weight
+                Whole on their Flat axes, so each matrix is entire on one owner
+                for a matrix optimizer such as Muon); "whole_all": every 2-D
+                tensor does (the embeddings and the head included). 1-D
+                tensors and tensors that `overrides` names keep their layout:
+                an override to a plain layout takes one matrix out, one to a
+                `_whole` layout puts one in
+    whole_owners  "mesh" (default): a Whole tensor's owner is one rank of the
+                mesh (Whole on every Flat axis); "node": one rank of each
+                innermost-axis group (`<layout>_whole_node` where it differs:
+                main_weight Whole on the innermost axis and Replicate on the
+                outer ones, grad Partial on them), so the matrix optimizer's
+                traffic stays inside a node and every node steps its own copy.
+                On a 1-D mesh the innermost axis is the mesh: "node" is "mesh"
     """
-    _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer)
+    _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer, whole_owners)
     naxes = len(mesh)
     lays = _Layouts(naxes, dtype, grad_dtype)
     base = lays.declare(layout)
@@ -362,7 +449,12 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
         tied |= used_ties(model, plan, example)
     over = [(pat, lays.declare(lay)) for pat, lay in (overrides or {}).items()]
     tied_name = lays.declare_tied(layout, base) if tied else None
-    rows = _unit_rows(plan, lays, base, over, tied, tied_name, matrix_optimizer)
+    whole = set()
+    if matrix_optimizer is not None:
+        names = set(hidden_matrices(model)) if matrix_optimizer == "whole" else None
+        whole = {id(p) for n, p in model.named_parameters()
+                 if p.dim() == 2 and (names is None or n in names)}
+    rows = _unit_rows(plan, lays, (base, over, tied, tied_name), whole, whole_owners)
     out = ["# generated by mfsdp.torch.spec_from_module (%s, %d units)" % (
         type(model).__name__, len(rows))]
     out.append("mesh %s;" % ", ".join("%s = %d" % (k, v) for k, v in mesh.items()))
@@ -379,16 +471,25 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
     return "\n".join(out) + "\n"
 
 
-def _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer):
+def _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer, whole_owners):
     """spec_from_module's arguments that need no model: ValueError naming the fix."""
     if not mesh:
         raise ValueError("mesh must name at least one axis, e.g. {'dp': 4}")
     if dtype not in DTYPES or grad_dtype not in DTYPES:
         raise ValueError("dtype and grad_dtype are fp32, bf16 or fp16")
     if matrix_optimizer not in MATRIX_OPTIMIZERS:
-        raise ValueError("matrix_optimizer=%r: one of None (every tensor as its layout says) or "
-                         "'whole' (every 2-D tensor's grad and main_weight Whole, for Muon or "
-                         "Shampoo on the owners)" % (matrix_optimizer,))
+        raise ValueError("matrix_optimizer=%r: one of None (every tensor as its layout says), "
+                         "'whole' (the hidden matrices' grad and main_weight Whole, the Muon "
+                         "recipe: not the embeddings nor the output head) or 'whole_all' (every "
+                         "2-D tensor's)" % (matrix_optimizer,))
+    if whole_owners not in WHOLE_OWNERS:
+        raise ValueError("whole_owners=%r: 'mesh' (a Whole tensor's owner is one rank of the "
+                         "mesh) or 'node' (one rank of each innermost-axis group, the outer "
+                         "axes replicated)" % (whole_owners,))
+    if whole_owners != "mesh" and matrix_optimizer is None:
+        raise ValueError("whole_owners=%r places matrix_optimizer's Whole tensors, and "
+                         "matrix_optimizer is None: give matrix_optimizer='whole' (or "
+                         "'whole_all'), or leave whole_owners out" % (whole_owners,))
 
 
 class _Layouts:
@@ -435,26 +536,32 @@ class _Layouts:
         self.blocks["tied"] = _block("tied", self.roles_of["tied"])
         return "tied"
 
-    def whole_of(self, name):
-        """The Whole variant of a declared layout (itself when it has no Flat
-        grad or main_weight axis, or is Whole already)."""
+    def whole_of(self, name, owners="mesh"):
+        """The Whole variant of a declared layout for `owners` (WHOLE_OWNERS):
+        `<name>_whole` (grad and main_weight Whole on their Flat axes), or
+        with "node" `<name>_whole_node` (_node_whole) unless that places them
+        as `<name>_whole` does; itself when neither placement changes."""
         r = self.roles_of[name]
-        if not any(_letter(p) == "F" for role in ("grad", "main_weight") for p in r[role][1]):
+        g, m = [_letter(p) for p in r["grad"][1]], [_letter(p) for p in r["main_weight"][1]]
+        mesh = (_whole(g), _whole(m))
+        want = (_node_whole(g, "P"), _node_whole(m, "R")) if owners == "node" else mesh
+        if want == (g, m):
             return name
-        wname = name + "_whole"
+        wname = name + ("_whole" if want == mesh else "_whole_node")
         if wname not in self.blocks:
-            self.roles_of[wname] = dict(
-                r, grad=(r["grad"][0], _whole(r["grad"][1])),
-                main_weight=(r["main_weight"][0], _whole(r["main_weight"][1])))
+            self.roles_of[wname] = dict(r, grad=(r["grad"][0], want[0]),
+                                        main_weight=(r["main_weight"][0], want[1]))
             self.blocks[wname] = _block(wname, self.roles_of[wname])
         return wname
 
 
-def _unit_rows(plan, lays, base, over, tied, tied_name, matrix_optimizer):
+def _unit_rows(plan, lays, layouts, whole, owners):
     """[(unit name, [(tensor, shape, layout or None: the base)])]: the last
     override matching a tensor's full name, else `tied_name` for a tied
-    parameter; a 2-D tensor no override names takes its layout's Whole
-    variant with matrix_optimizer="whole"."""
+    parameter; a parameter in `whole` (ids) that no override names takes its
+    layout's Whole variant for `owners`. layouts: (base, [(pattern, layout)],
+    tied ids, tied_name)."""
+    base, over, tied, tied_name = layouts
     rows = []
     for uname, _, tensors in plan:
         items = []
@@ -467,13 +574,12 @@ def _unit_rows(plan, lays, base, over, tied, tied_name, matrix_optimizer):
             overridden = lay is not None
             if lay is None and id(p) in tied and tied_name:
                 lay = tied_name
-            if not overridden and matrix_optimizer == "whole" and p.dim() == 2:
-                lay = lays.whole_of(lay or base)
+            if not overridden and id(p) in whole:
+                lay = lays.whole_of(lay or base, owners)
                 lay = None if lay == base else lay
             items.append((tname, tuple(p.shape), lay))
         rows.append((uname, items))
     return rows
-
 
 
 def unit_reshard(names: Sequence[str], reshard_after_forward: Reshard,
