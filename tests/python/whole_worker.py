@@ -1,15 +1,19 @@
 """
 whole_worker: one MPI rank of test_whole_muon.py and test_whole_checkpoint.py
-(mpirun -np 4): the GPT model of the parity tests with every 2-D weight's grad
-and main_weight on `Whole` (spec_from_module(..., matrix_optimizer="whole")).
+(mpirun -np 4): the GPT model of the parity tests (or the GLU model below)
+with the hidden matrices' grad and main_weight on `Whole`
+(spec_from_module(..., matrix_optimizer="whole"): the blocks' 2-D weights,
+not the embeddings nor the LM head).
 
-    mpirun -np 4 python whole_worker.py OUT muon DOCS_MD zero3 hsdp hfsdp hfsdp:bf16
+    mpirun -np 4 python whole_worker.py OUT muon DOCS_MD zero3 hsdp hfsdp hfsdp:bf16 \
+        glu/zero3 glu/hfsdp glu/hfsdp:node
     mpirun -np 4 python whole_worker.py OUT ckpt PORT
 
-muon: per layout, STEPS steps of M microbatches with torch.optim.Muon on the
-owned block matrices and AdamW on the rest (whole_optimizers), its
-Newton-Schulz in fp32 (fp32_newton_schulz), or as torch ships it (bf16) for a
-layout written LAYOUT:bf16; each rank writes OUT/muon_<LAYOUT[:bf16]>.rank<r>.pt:
+muon: per run tag [MODEL/]LAYOUT[:bf16][:node] (parse_tag; MODEL gpt or glu),
+STEPS steps of M microbatches with torch.optim.Muon on sm.whole_parameters()
+(the hidden matrices this rank owns) and AdamW on the rest, its Newton-Schulz
+in fp32 (fp32_newton_schulz), or as torch ships it with :bf16; :node shards
+with whole_owners="node". Each rank writes OUT/muon_<file_tag>.rank<r>.pt:
 the losses (rank 0's mean over ranks), after
 every step its master parameters (name -> (shard offset, value), full-shape
 for a Whole main weight), what it holds of every tensor (whole flags, shard
@@ -33,6 +37,8 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import gpt
 import train
@@ -83,9 +89,64 @@ class muon_precision:
         impl._zeropower_via_newtonschulz = self.saved
 
 
+class GluBlock(nn.Module):
+    """Two matrices of different shapes: fc [4d, d] (gate and up, fused) and
+    proj [d, 2d]; on 4 ranks a block has fewer matrices than ranks."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.proj = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        gate, up = self.fc(self.ln(x)).chunk(2, dim=-1)
+        return x + self.proj(F.silu(gate) * up)
+
+
+class Glu(nn.Module):
+    """A token embedding, GLU blocks, a final norm and an untied LM head."""
+
+    def __init__(self, vocab=64, d=32, layers=2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(GluBlock(d) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx)
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_glu(seed=0):
+    torch.manual_seed(seed)
+    return Glu()
+
+
+MODELS = {"gpt": gpt.make_model, "glu": make_glu}
+
+
+def parse_tag(tag):
+    """(model, layout, Newton-Schulz precision, whole_owners) of a run tag
+    [MODEL/]LAYOUT[:bf16][:node]."""
+    model, _, rest = tag.rpartition("/")
+    layout, *opts = rest.split(":")
+    return (model or "gpt", layout, "bf16" if "bf16" in opts else "fp32",
+            "node" if "node" in opts else "mesh")
+
+
+def file_tag(tag):
+    return tag.replace("/", "_").replace(":", "_")
+
+
 def is_matrix(name, shape):
-    """Muon's share: the blocks' 2-D weights. The embedding (tied to the LM
-    head) and the positions stay on AdamW, as in the reference Muon recipe."""
+    """Muon's share in both models, by name: the blocks' 2-D weights. The
+    embeddings (GPT's tied to its LM head), the positions and Glu's untied
+    head stay on AdamW, as in the reference Muon recipe."""
     return len(shape) == 2 and name.startswith("blocks.")
 
 
@@ -94,6 +155,10 @@ def whole_optimizers(named):
     param-group lists, so that a rank holding none of a kind still builds both."""
     mats = [p for n, s, p in named if is_matrix(n, s)]
     rest = [p for n, s, p in named if not is_matrix(n, s)]
+    return recipe(mats, rest)
+
+
+def recipe(mats, rest):
     return (torch.optim.Muon([{"params": mats}], lr=MUON_LR, weight_decay=0.01),
             torch.optim.AdamW([{"params": rest}], lr=ADAMW_LR, weight_decay=0.1, foreach=False))
 
@@ -106,13 +171,14 @@ def data(steps=STEPS):
     return gpt.make_data(steps, train.WORLD, M, B)
 
 
-def shard_model(layout, seed=0, whole=True):
+def shard_model(layout, seed=0, whole=True, model_name="gpt", owners="mesh"):
     import mfsdp
     import mfsdp.torch as mt
-    model = gpt.make_model(seed=seed)
+    model = MODELS[model_name](seed=seed)
     spec = mt.spec_from_module(model, mesh=MESHES[layout], layout=layout, microbatches=M,
-                               matrix_optimizer="whole" if whole else None)
-    sched = mfsdp.Schedule.compile(spec, name="whole_%s" % layout)
+                               matrix_optimizer="whole" if whole else None,
+                               whole_owners=owners)
+    sched = mfsdp.Schedule.compile(spec, name="whole_%s_%s" % (model_name, layout))
     return model, sched, mt.shard(model, sched, backend="mpi", timeout_ms=60000)
 
 
@@ -131,19 +197,22 @@ def run_step(sm, model, opts, rank, s, X, Y, norms=None):
     return sm.mean_over_ranks(tot / M)
 
 
-def muon(out, rank, docs, layouts):
+def muon(out, rank, docs, tags):
     X, Y = data()
-    for arg in layouts:
-        layout, _, precision = arg.partition(":")
-        with muon_precision(precision or "fp32"):
-            muon_run(out, rank, X, Y, arg, layout)
+    for tag in tags:
+        with muon_precision(parse_tag(tag)[2]):
+            muon_run(out, rank, X, Y, tag)
     run_docs(docs, rank)
 
 
-def muon_run(out, rank, X, Y, tag, layout):
-    model, sched, sm = shard_model(layout)
+def muon_run(out, rank, X, Y, tag):
+    """One run of the recipe: Muon over sm.whole_parameters(), AdamW over
+    the other main parameters."""
+    model_name, layout, _, owners = parse_tag(tag)
+    model, sched, sm = shard_model(layout, model_name=model_name, owners=owners)
     mains = sm.main_parameters()
-    opts = whole_optimizers([(p.full_name, p.full_shape, p) for p in mains])
+    mats = sm.whole_parameters()
+    opts = recipe(mats, [p for p in mains if all(p is not q for q in mats)])
     held = {}
     mine = {n for n, _ in sm.named_main_parameters()}
     for t, v in zip(sched.tensors, sm.runtime.views):
@@ -160,7 +229,7 @@ def muon_run(out, rank, X, Y, tag, layout):
                 "norms": norms,
                 "muon_state": state,
                 "muon_params": [p.full_name for p in opts[0].param_groups[0]["params"]]},
-               os.path.join(out, "muon_%s.rank%d.pt" % (tag, rank)))
+               os.path.join(out, "muon_%s.rank%d.pt" % (file_tag(tag), rank)))
     sm.close()
 
 
