@@ -93,38 +93,42 @@ static void report(mf_diag *d, const char *kind, mf_span at, const char *fmt, va
         print_snippet(d, at);
 }
 
+/* Reports unless the errors are past the limit: once they are, only the
+ * counts go on (the caller counts, suppressed errors too). */
+__attribute__((format(printf, 4, 0)))
+static void report_capped(mf_diag *d, const char *kind, mf_span at, const char *fmt, va_list ap)
+{
+    if (d->nerrors > d->max_errors)
+        return;
+    report(d, kind, at, fmt, ap);
+}
+
+/* The body of a variadic mf_diag_<kind>(d, at, fmt, ...): its arguments to
+ * report_capped. */
+#define MF_DIAG_FORWARD(kind)                           \
+    do {                                                \
+        va_list ap;                                     \
+        va_start(ap, fmt);                              \
+        report_capped(d, kind, at, fmt, ap);            \
+        va_end(ap);                                     \
+    } while (0)
+
 void mf_diag_error(mf_diag *d, mf_span at, const char *fmt, ...)
 {
-    d->nerrors++;
-    if (d->nerrors > d->max_errors) {
+    if (++d->nerrors > d->max_errors)
         d->suppressed++;
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    report(d, "error", at, fmt, ap);
-    va_end(ap);
+    MF_DIAG_FORWARD("error");
 }
 
 void mf_diag_warning(mf_diag *d, mf_span at, const char *fmt, ...)
 {
     d->nwarnings++;
-    if (d->nerrors > d->max_errors)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    report(d, "warning", at, fmt, ap);
-    va_end(ap);
+    MF_DIAG_FORWARD("warning");
 }
 
 void mf_diag_note(mf_diag *d, mf_span at, const char *fmt, ...)
 {
-    if (d->nerrors > d->max_errors)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    report(d, "note", at, fmt, ap);
-    va_end(ap);
+    MF_DIAG_FORWARD("note");
 }
 
 void mf_diag_finish(mf_diag *d)
