@@ -19,7 +19,7 @@ static const struct {
     const char *name;
     size_t size;
 } mf_st_dtypes[] = {
-#define MF_ST_ROW(E, n, s) {n, s},
+#define MF_ST_ROW(E, s) {#E, s},
     MF_ST_DTYPE_LIST(MF_ST_ROW)
 #undef MF_ST_ROW
 };

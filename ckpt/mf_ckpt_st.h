@@ -21,23 +21,24 @@
 #define MF_ST_MAX_HEADER (100u * 1000u * 1000u) /* bytes of JSON, as the reference reader */
 #define MF_ST_MAX_DIMS 8
 
-/* safetensors dtypes: X(ENUM, name, bytes) */
+/* safetensors dtypes: X(NAME, bytes); the file names a dtype by NAME
+ * (mf_st_dtype_name: "F64", "BF16", ...). */
 #define MF_ST_DTYPE_LIST(X) \
-    X(F64, "F64", 8)        \
-    X(F32, "F32", 4)        \
-    X(F16, "F16", 2)        \
-    X(BF16, "BF16", 2)      \
-    X(I64, "I64", 8)        \
-    X(I32, "I32", 4)        \
-    X(I16, "I16", 2)        \
-    X(I8, "I8", 1)          \
-    X(U64, "U64", 8)        \
-    X(U32, "U32", 4)        \
-    X(U16, "U16", 2)        \
-    X(U8, "U8", 1)          \
-    X(BOOL, "BOOL", 1)      \
-    X(F8_E4M3, "F8_E4M3", 1) \
-    X(F8_E5M2, "F8_E5M2", 1)
+    X(F64, 8)      \
+    X(F32, 4)      \
+    X(F16, 2)      \
+    X(BF16, 2)     \
+    X(I64, 8)      \
+    X(I32, 4)      \
+    X(I16, 2)      \
+    X(I8, 1)       \
+    X(U64, 8)      \
+    X(U32, 4)      \
+    X(U16, 2)      \
+    X(U8, 1)       \
+    X(BOOL, 1)     \
+    X(F8_E4M3, 1)  \
+    X(F8_E5M2, 1)
 
 #define MF_ST_ENUM_ITEM(E, ...) MF_ST_##E,
 typedef enum { MF_ST_DTYPE_LIST(MF_ST_ENUM_ITEM) MF_ST_DTYPE_COUNT } mf_st_dtype;
