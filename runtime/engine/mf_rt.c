@@ -300,12 +300,7 @@ static mfsdp_result build_views(mf_rt *rt)
         int unsharded = full >= 0 ? full : weight;
         int delivered = final >= 0 ? final : grad;
         mfsdp_tensor_view *v = &rt->views[k];
-        v->name = t->name;
-        v->unit = rt_t->unit;
-        v->ndims = t->ndims;
-        for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
-            v->dims[d] = t->dims[d];
-        v->numel = t->numel;
+        mf_rt_schedule_tensor_id(h, k, &v->name, &v->unit, &v->ndims, v->dims, &v->numel);
         const mf_buffer *ub = &s->buffers[unsharded], *lb = &s->buffers[local];
         const mf_buffer *mb = &s->buffers[mw], *db = &s->buffers[delivered];
         v->weight = (char *)rt->bufs[unsharded] + (size_t)t->offset * mf_dtype_size(ub->dtype);

@@ -271,6 +271,19 @@ MFSDP_API int mfsdp_schedule_num_tensors(const mfsdp_schedule *h)
     return h ? h->ntensors : 0;
 }
 
+void mf_rt_schedule_tensor_id(const mfsdp_schedule *h, int k, const char **name, int *unit, int *ndims,
+                              int64_t dims[MFSDP_MAX_DIMS], int64_t *numel)
+{
+    const mf_rt_tensor *rt_t = &h->tensors[k];
+    const mf_tensor *t = &h->s->buckets[rt_t->bucket].tensors[rt_t->index];
+    *name = t->name;
+    *unit = rt_t->unit;
+    *ndims = t->ndims;
+    for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
+        dims[d] = t->dims[d];
+    *numel = t->numel;
+}
+
 MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *h, int index,
                                                   mfsdp_tensor_info *out)
 {
@@ -278,16 +291,9 @@ MFSDP_API mfsdp_result mfsdp_schedule_tensor_info(const mfsdp_schedule *h, int i
         return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
                                  "mfsdp_schedule_tensor_info: index %d out of range [0, %d)", index,
                                h ? h->ntensors : 0);
-    const mf_rt_tensor *rt_t = &h->tensors[index];
-    const mf_bucket *bk = &h->s->buckets[rt_t->bucket];
-    const mf_tensor *t = &bk->tensors[rt_t->index];
+    const mf_bucket *bk = &h->s->buckets[h->tensors[index].bucket];
     memset(out, 0, sizeof *out);
-    out->name = t->name;
-    out->unit = rt_t->unit;
-    out->ndims = t->ndims;
-    for (int d = 0; d < t->ndims && d < MFSDP_MAX_DIMS; d++)
-        out->dims[d] = t->dims[d];
-    out->numel = t->numel;
+    mf_rt_schedule_tensor_id(h, index, &out->name, &out->unit, &out->ndims, out->dims, &out->numel);
     out->weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_WEIGHT];
     out->grad_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_GRAD];
     out->main_weight_dtype = (mfsdp_dtype)bk->dtype[MF_ROLE_MAIN_WEIGHT];

@@ -33,4 +33,10 @@ struct mfsdp_schedule {
  * message in err. */
 mfsdp_result mf_rt_schedule_wrap(mf_schedule *s, mfsdp_schedule **out, char *err, size_t errlen);
 
+/* What every description of tensor k (0 <= k < h->ntensors) begins with, the
+ * tensor info and the views alike: its full name (borrowed from the
+ * schedule), unit, ndims, dims (the first MFSDP_MAX_DIMS) and numel. */
+void mf_rt_schedule_tensor_id(const mfsdp_schedule *h, int k, const char **name, int *unit, int *ndims,
+                              int64_t dims[MFSDP_MAX_DIMS], int64_t *numel);
+
 #endif
