@@ -569,6 +569,31 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
     return MFSDP_OK;
 }
 
+/* What the NCCL calls of one collective op take (mu held): its
+ * communicator, its stream, the element type, the reduction (the schedule's
+ * sum or avg), the element size (bytes) and the op's count (elements per
+ * rank's chunk). */
+typedef struct coll_args {
+    ncclComm_t comm;
+    cudaStream_t st;
+    ncclDataType_t dt;
+    ncclRedOp_t red;
+    size_t es, n;
+} coll_args;
+
+static coll_args coll_args_of(const nccl_be *be, const mf_rt_op *rop)
+{
+    const mf_op *op = rop->op;
+    return (coll_args){
+        .comm = be->comms[rop->comm],
+        .st = be->core.stream[op->stream],
+        .dt = mf_cuda_nccl_dtype(op->dtype),
+        .red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg,
+        .es = mf_dtype_size(op->dtype),
+        .n = (size_t)op->count,
+    };
+}
+
 /*
  * A whole bucket's collective in the prefix form (rop->used; docs/runtime.md,
  * "Whole buckets"), one nested ncclGroupStart/End (ended only after a
@@ -582,14 +607,12 @@ static mfsdp_result nccl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomm
  * differ from the padded form's within rounding (tests/gpu, stage
  * whole_prefix). mu held.
  */
-static ncclResult_t enqueue_prefix(nccl_be *be, const mf_rt_op *rop, post_copy *post, cudaError_t *pre_err)
+static ncclResult_t enqueue_prefix(const mf_rt_op *rop, const coll_args *a, post_copy *post, cudaError_t *pre_err)
 {
     const mf_op *op = rop->op;
-    ncclComm_t comm = be->comms[rop->comm];
-    cudaStream_t st = be->core.stream[op->stream];
-    ncclDataType_t dt = mf_cuda_nccl_dtype(op->dtype);
-    ncclRedOp_t red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg;
-    size_t es = mf_dtype_size(op->dtype), n = (size_t)op->count;
+    ncclComm_t comm = a->comm;
+    cudaStream_t st = a->st;
+    size_t es = a->es, n = a->n;
     int64_t g = rop->nranks, me = rop->coord;
     size_t u = (size_t)rop->used[me], at = (size_t)me * n * es;
     char *src = rop->src, *dst = rop->dst;
@@ -617,12 +640,12 @@ static ncclResult_t enqueue_prefix(nccl_be *be, const mf_rt_op *rop, post_copy *
     for (int64_t c = 0; c < g && r == ncclSuccess; c++) {
         size_t uc = (size_t)rop->used[c], off = (size_t)c * n * es;
         if (op->kind == MF_OP_REDUCE_SCATTER)
-            r = ncclReduce(src + off, c == me && !rop->overlap ? dst : src + off, uc, dt, red, (int)c,
+            r = ncclReduce(src + off, c == me && !rop->overlap ? dst : src + off, uc, a->dt, a->red, (int)c,
                            comm, st);
         else if (op->kind == MF_OP_ALL_GATHER)
-            r = ncclBroadcast(rop->overlap ? dst + off : src, dst + off, uc, dt, (int)c, comm, st);
+            r = ncclBroadcast(rop->overlap ? dst + off : src, dst + off, uc, a->dt, (int)c, comm, st);
         else if (c == 0)
-            r = ncclAllReduce(src, dst, u, dt, red, comm, st);
+            r = ncclAllReduce(src, dst, u, a->dt, a->red, comm, st);
     }
     ncclResult_t end = mf_cuda_calls.group_end();   /* also after a failed member */
     return r != ncclSuccess && r != ncclInProgress ? r : end;
@@ -634,33 +657,30 @@ static ncclResult_t enqueue_prefix(nccl_be *be, const mf_rt_op *rop, post_copy *
 static ncclResult_t enqueue_collective(nccl_be *be, const mf_rt_op *rop, post_copy *post, cudaError_t *pre_err)
 {
     const mf_op *op = rop->op;
-    ncclComm_t comm = be->comms[rop->comm];
-    cudaStream_t st = be->core.stream[op->stream];
-    ncclDataType_t dt = mf_cuda_nccl_dtype(op->dtype);
-    ncclRedOp_t red = be->core.rt->s->reduce == MF_REDUCE_SUM ? ncclSum : ncclAvg;
-    size_t es = mf_dtype_size(op->dtype), n = (size_t)op->count, at = (size_t)rop->coord * n * es;
+    const coll_args a = coll_args_of(be, rop);
+    size_t es = a.es, n = a.n, at = (size_t)rop->coord * n * es;
     *pre_err = cudaSuccess;
     *post = (post_copy){0};
     if (rop->used)
-        return enqueue_prefix(be, rop, post, pre_err);
+        return enqueue_prefix(rop, &a, post, pre_err);
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
         if (rop->overlap) {
             /* in place: NCCL wants sendbuff == recvbuff + rank * count */
             if (at)
-                *pre_err = cudaMemcpyAsync((char *)rop->dst + at, rop->src, n * es, cudaMemcpyDeviceToDevice, st);
-            return ncclAllGather((char *)rop->dst + at, rop->dst, n, dt, comm, st);
+                *pre_err = cudaMemcpyAsync((char *)rop->dst + at, rop->src, n * es, cudaMemcpyDeviceToDevice, a.st);
+            return ncclAllGather((char *)rop->dst + at, rop->dst, n, a.dt, a.comm, a.st);
         }
-        return ncclAllGather(rop->src, rop->dst, n, dt, comm, st);
+        return ncclAllGather(rop->src, rop->dst, n, a.dt, a.comm, a.st);
     case MF_OP_REDUCE_SCATTER:
         if (rop->overlap) {
             if (at)
                 *post = (post_copy){.dst = rop->dst, .src = (char *)rop->src + at, .bytes = n * es};
-            return ncclReduceScatter(rop->src, (char *)rop->src + at, n, dt, red, comm, st);
+            return ncclReduceScatter(rop->src, (char *)rop->src + at, n, a.dt, a.red, a.comm, a.st);
         }
-        return ncclReduceScatter(rop->src, rop->dst, n, dt, red, comm, st);
+        return ncclReduceScatter(rop->src, rop->dst, n, a.dt, a.red, a.comm, a.st);
     case MF_OP_ALL_REDUCE:
-        return ncclAllReduce(rop->src, rop->dst, n, dt, red, comm, st);
+        return ncclAllReduce(rop->src, rop->dst, n, a.dt, a.red, a.comm, a.st);
     default:
         return ncclInvalidUsage;
     }
