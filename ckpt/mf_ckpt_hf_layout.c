@@ -18,6 +18,7 @@
 
 #include "mf_ckpt_io.h"
 #include "mf_dtype.h"
+#include "mf_free.h"
 
 void mf_hf_layout_free(mf_hf_layout *l)
 {
@@ -25,12 +26,7 @@ void mf_hf_layout_free(mf_hf_layout *l)
         free(l->header[f]);
     for (int k = 0; l->hf_name && k < l->ntensors; k++)
         free(l->hf_name[k]);
-    free(l->file);
-    free(l->offset);
-    free(l->hf_name);
-    free(l->header);
-    free(l->header_len);
-    free(l->bytes);
+    MF_FREE_ALL(l->file, l->offset, l->hf_name, l->header, l->header_len, l->bytes);
     memset(l, 0, sizeof *l);
 }
 

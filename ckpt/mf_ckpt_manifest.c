@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "mf_diag.h"
+#include "mf_free.h"
 #include "mf_int.h"
 
 /* A failure: its message into err (core's mf_diag_errf), and -1. */
@@ -59,11 +60,7 @@ void mf_ckpt_manifest_free(mf_ckpt_manifest *m)
         free(m->tensors[i].name);
     for (int i = 0; m->files && i < m->nfiles; i++)
         free(m->files[i].name);
-    free(m->states);
-    free(m->tensors);
-    free(m->files);
-    free(m->pieces);
-    free(m->by_tensor);
+    MF_FREE_ALL(m->states, m->tensors, m->files, m->pieces, m->by_tensor);
     memset(m, 0, sizeof *m);
 }
 

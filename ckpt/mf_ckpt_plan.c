@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_free.h"
 #include "mf_int.h"
 #include "mf_layout.h"
 
@@ -14,9 +15,7 @@ void mf_ckpt_plan_free(mf_ckpt_plan *p)
 {
     if (!p)
         return;
-    free(p->t);
-    free(p->p);
-    free(p->first);
+    MF_FREE_ALL(p->t, p->p, p->first);
     memset(p, 0, sizeof *p);
 }
 

@@ -15,6 +15,7 @@
 
 #include "mf_ckpt_crc.h"
 #include "mf_diag.h"
+#include "mf_free.h"
 
 int mf_ckpt_read_manifest(const char *dir, mf_ckpt_manifest *out, char *err, size_t errlen)
 {
@@ -82,11 +83,7 @@ void mf_ckpt_read_close(mf_ckpt_reader *r)
             close(r->f[f].fd);
         free(r->f[f].crc);
     }
-    free(r->f);
-    free(r->parts);
-    free(r->bounce);
-    free(r->scratch);
-    free(r->dir);
+    MF_FREE_ALL(r->f, r->parts, r->bounce, r->scratch, r->dir);
     mf_ckpt_manifest_free(&r->m);
     memset(r, 0, sizeof *r);
 }

@@ -4,6 +4,7 @@
  * accesses.
  */
 #include "mf_live.h"
+#include "mf_free.h"
 #include "mf_int.h"
 
 #include <stdlib.h>
@@ -289,11 +290,7 @@ fail:
 
 void mf_live_free(mf_live *lv)
 {
-    free(lv->hook_base);
-    free(lv->op_hook);
-    free(lv->op_tick);
-    free(lv->segs);
-    free(lv->buf_seg);
+    MF_FREE_ALL(lv->hook_base, lv->op_hook, lv->op_tick, lv->segs, lv->buf_seg);
     memset(lv, 0, sizeof *lv);
 }
 

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "mf_diag.h"
+#include "mf_free.h"
 #include "mf_layout.h"
 
 void mf_sim_config_defaults(mf_sim_config *cfg, const mf_mesh *mesh)
@@ -39,9 +40,7 @@ void mf_sim_result_free(mf_sim_result *r)
 {
     if (!r)
         return;
-    free(r->items);
-    free(r->critical);
-    free(r->exposed_spans);
+    MF_FREE_ALL(r->items, r->critical, r->exposed_spans);
     memset(r, 0, sizeof *r);
 }
 

@@ -18,6 +18,7 @@
 #include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
 #include "mf_plan_tbound.h"
+#include "mf_free.h"
 
 
 /* Figures computed per laid-out schedule (see "candidates with the same
@@ -287,24 +288,11 @@ void mf_plan_search_free(mf_plan_search *ps)
     free(ps->spec.units);
     free(ps->spec.layouts);
     for (int g = 0; ps->groups && g < ps->ngroups; g++) {
-        free(ps->groups[g].choices);
-        free(ps->groups[g].lb_persistent);
-        free(ps->groups[g].lb_wf);
-        free(ps->groups[g].lb_gl);
-        free(ps->groups[g].lb_bytes);
-        free(ps->groups[g].lb_fixed);
-        free(ps->groups[g].lb_head);
-        free(ps->groups[g].lb_tail);
-        free(ps->groups[g].lb_drain);
-        free(ps->groups[g].lb_t2);
-        free(ps->groups[g].lb_fifo);
+        mf_ps_group *gr = &ps->groups[g];
+        MF_FREE_ALL(gr->choices, gr->lb_persistent, gr->lb_wf, gr->lb_gl, gr->lb_bytes, gr->lb_fixed,
+                    gr->lb_head, gr->lb_tail, gr->lb_drain, gr->lb_t2, gr->lb_fifo);
     }
-    free(ps->groups);
-    free(ps->fwd);
-    free(ps->bwd);
-    free(ps->lb_scratch);
-    free(ps->lb_fifo_of);
-    free(ps->lb_items);
+    MF_FREE_ALL(ps->groups, ps->fwd, ps->bwd, ps->lb_scratch, ps->lb_fifo_of, ps->lb_items);
     if (ps->sink)
         fclose(ps->sink);
     mf_transition_cache_free(ps->tcache);

@@ -53,6 +53,7 @@
 
 #include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
+#include "mf_free.h"
 
 /* ---- the yard: events that outlive their rank's runtime ---- */
 
@@ -511,12 +512,7 @@ static void cl_close(mf_rt *rt)
     if (be->local)
         WITH_LOCAL(rt, be, mf_backend_local.close(rt));
     mf_cuda_core_close(&be->core);
-    mf_base_free(be->ready);
-    mf_base_free(be->done);
-    mf_base_free(be->peers);
-    mf_base_free(be->srcs);
-    mf_base_free(be->dsts);
-    mf_base_free(be);
+    MF_FREE_ALL_WITH(mf_base_free, be->ready, be->done, be->peers, be->srcs, be->dsts, be);
     rt->be_state = NULL;
 }
 

@@ -41,6 +41,7 @@
 
 #include "mf_cuda.h"
 #include "mf_cuda_kernels.h"
+#include "mf_free.h"
 
 /* A copy to run after a collective's NCCL call, then a zero fill. */
 typedef struct post_copy {
@@ -853,13 +854,7 @@ static void nccl_close(mf_rt *rt)
     }
     xchg_close(be);
     mf_cuda_core_close(&be->core);
-    mf_base_free(be->comms);
-    mf_base_free(be->reg);
-    mf_base_free(be->names);
-    mf_base_free(be->name_ptrs);
-    mf_base_free(be->pending);
-    mf_base_free(be->posts);
-    mf_base_free(be);
+    MF_FREE_ALL_WITH(mf_base_free, be->comms, be->reg, be->names, be->name_ptrs, be->pending, be->posts, be);
     rt->be_state = NULL;
 }
 

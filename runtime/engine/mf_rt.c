@@ -22,6 +22,7 @@
 #include "mf_abi.h"
 #include "mf_agree.h"
 #include "mf_debug.h"
+#include "mf_free.h"
 #include "mf_offload.h"
 #include "mf_replay.h"
 #include "mf_streams.h"
@@ -493,13 +494,8 @@ static void release(mf_rt *rt)
         rt->be->close(rt);
     for (int c = 0; rt->comms && c < rt->ncomms; c++)
         mf_base_free(rt->comms[c].ranks);
-    mf_base_free(rt->comms);
-    mf_base_free(rt->rops);
-    mf_base_free(rt->list_start);
-    mf_base_free(rt->list_ops);
-    mf_base_free(rt->ev_issued);
-    mf_base_free(rt->ev_done);
-    mf_base_free(rt->views);
+    MF_FREE_ALL_WITH(mf_base_free, rt->comms, rt->rops, rt->list_start, rt->list_ops, rt->ev_issued, rt->ev_done,
+                     rt->views);
     mf_debug_free(rt);
     mf_agree_free(rt);
     for (int st = 0; st < MF_STREAM_COUNT; st++) {
