@@ -43,9 +43,9 @@ class HFLike(nn.Module):
     position table of P = 2 * D rows (as many as `up` has outputs)."""
     _no_split_modules = ["Layer"]
 
-    def __init__(self, tied=False, accessors=True, head_out=V):
+    def __init__(self, tied=False, accessors=True, head_out=V, vocab=V):
         super().__init__()
-        self.embed_tokens = nn.Embedding(V, D)
+        self.embed_tokens = nn.Embedding(vocab, D)
         self.positions = nn.Embedding(P, D)
         self.layers = nn.ModuleList(Layer() for _ in range(2))
         self.norm = nn.LayerNorm(D)
@@ -140,6 +140,16 @@ def test_head_found_by_get_output_embeddings_alone():
     assert sorted(hidden_matrices(model)) == sorted(HIDDEN)
     model.accessors = False
     assert sorted(hidden_matrices(model)) == sorted(HIDDEN + ["lm_head.weight"])
+
+
+def test_a_block_as_wide_as_the_vocabulary_stays_hidden():
+    """Without accessors, a Linear onto the vocabulary is the head only outside
+    the blocks (ModuleLists): with the vocabulary 2 * D, `up` (D -> 2 * D) in
+    each layer stays hidden, the head (out_features 2 * D too) is excluded."""
+    model = HFLike(accessors=False, vocab=2 * D, head_out=2 * D)
+    assert sorted(hidden_matrices(model)) == sorted(HIDDEN)
+    spec = mt.spec_from_module(model, MESH1, layout="zero3", matrix_optimizer="whole")
+    assert whole_in_schedule(spec) == sorted(HIDDEN)
 
 
 def test_overrides_keep_their_meaning():

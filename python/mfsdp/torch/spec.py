@@ -280,18 +280,25 @@ def hidden_matrices(model: torch.nn.Module) -> List[str]:
     parameter except those held by
       - an nn.Embedding or nn.EmbeddingBag (so also a weight tied to one),
       - the output head: the module model.get_output_embeddings() returns
-        (Hugging Face), and every nn.Linear whose out_features is the input
-        embedding's num_embeddings (the vocabulary: _vocab).
+        (Hugging Face), and every nn.Linear outside the blocks (not below a
+        ModuleList or ModuleDict) whose out_features is the input embedding's
+        num_embeddings (the vocabulary: _vocab).
     The vocabulary is the input embedding's only (get_input_embeddings(), else
     the first embedding registered), not any embedding's: a learned position
     table of 1024 rows would otherwise exclude every Linear(d, 1024) of a
-    d = 1024 model. A parameter is judged by every module that holds it."""
+    d = 1024 model; and a block's Linear is never the head, so a toy model
+    whose width is its vocabulary keeps its hidden Linear(d, d). A parameter
+    is judged by every module that holds it."""
     head = _module_of(model, "get_output_embeddings")
     vocab = _vocab(model)
+    in_blocks = {id(sub) for mod in model.modules()
+                 if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict))
+                 for sub in mod.modules()}
     excluded = set()
     for mod in model.modules():
         if isinstance(mod, EMBEDDINGS) or mod is head or (
-                isinstance(mod, torch.nn.Linear) and mod.out_features == vocab):
+                isinstance(mod, torch.nn.Linear) and mod.out_features == vocab
+                and id(mod) not in in_blocks):
             excluded.update(id(p) for p in mod.parameters(recurse=False))
     return [n for n, p in model.named_parameters() if p.dim() == 2 and id(p) not in excluded]
 
@@ -422,8 +429,9 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
     matrix_optimizer  None; "whole": the hidden matrices (hidden_matrices:
                 every 2-D parameter but an nn.Embedding's / EmbeddingBag's,
                 one tied to it, and the output head's: the module
-                get_output_embeddings() returns, an nn.Linear whose
-                out_features is the input embedding's num_embeddings) get their
+                get_output_embeddings() returns, an nn.Linear outside the
+                ModuleLists whose out_features is the input embedding's
+                num_embeddings) get their
                 layout's Whole variant (`<layout>_whole`: grad and main_weight
                 Whole on their Flat axes, so each matrix is entire on one owner
                 for a matrix optimizer such as Muon); "whole_all": every 2-D
