@@ -256,16 +256,16 @@ def _mesh_dict(mesh):
 
 def _refuse_sharded(model):
     """A second call, or the root after a submodule (FSDP2's per-block habit)."""
-    if isinstance(model, ShardedModel):
-        raise UsageError("fully_shard of a ShardedModel: it is sharded already; one call "
-                         "shards the whole model")
-    if isinstance(model, (list, tuple)):
-        raise UsageError("fully_shard([modules]): FSDP2's grouped call; mfsdp shards the root "
-                         "model once and its groups become units: "
-                         "mt.fully_shard(model, units=[\"blocks.0\", ...])")
-    if getattr(model, "_mfsdp_fully_shard", None) is not None:
-        raise UsageError("fully_shard of a model that fully_shard already sharded: one call "
-                         "shards the whole model (its ShardedModel is the first call's result)")
+    _policy.refuse_first([
+        (isinstance(model, ShardedModel),
+         "fully_shard of a ShardedModel: it is sharded already; one call shards the whole "
+         "model"),
+        (isinstance(model, (list, tuple)),
+         "fully_shard([modules]): FSDP2's grouped call; mfsdp shards the root model once and "
+         "its groups become units: mt.fully_shard(model, units=[\"blocks.0\", ...])"),
+        (getattr(model, "_mfsdp_fully_shard", None) is not None,
+         "fully_shard of a model that fully_shard already sharded: one call shards the whole "
+         "model (its ShardedModel is the first call's result)")])
     inner = [n for n, m in model.named_modules() if n and
              getattr(m, "_mfsdp_fully_shard", None) is not None]
     if inner:

@@ -51,6 +51,15 @@ class Precision(NamedTuple):
     output: Optional[torch.dtype]      # floating outputs of the root cast to it
 
 
+def refuse_first(checks: Any) -> None:
+    """Raises a UsageError with the message of the first (condition, message)
+    of `checks` whose condition is true; nothing when none is. The refusals of
+    one call read as a table (resolve's policies, fully_shard's models)."""
+    for condition, message in checks:
+        if condition:
+            raise UsageError(message)
+
+
 def _spec_dtype(what, dt):
     if dt not in SPEC_DTYPES:
         raise UsageError("MixedPrecisionPolicy.%s=%r: mfsdp's weights and gradients are "
@@ -77,17 +86,18 @@ def resolve(policy: Any, model: torch.nn.Module) -> Precision:
     own = model_dtype(model)
     if policy is None:
         return Precision(SPEC_DTYPES[own], SPEC_DTYPES[own], None, None)
-    if not (hasattr(policy, "param_dtype") and hasattr(policy, "reduce_dtype")):
-        raise UsageError("mp_policy=%r is not a MixedPrecisionPolicy: give "
-                         "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., "
-                         "reduce_dtype=...) or mfsdp.torch.MixedPrecisionPolicy" % (policy,))
-    if getattr(policy, "param_dtype_override_fn", None) is not None:
-        raise UsageError("MixedPrecisionPolicy.param_dtype_override_fn is not supported: give "
-                         "the parameters that keep their dtype their own layout with "
-                         "overrides={pattern: {'name': ..., 'weight': ('fp32', [...]), ...}}")
-    if getattr(policy, "buffer_dtype", None) is not None:
-        raise UsageError("mp_policy has buffer_dtype (FSDP1's MixedPrecision): mfsdp does not "
-                         "cast buffers; use FSDP2's MixedPrecisionPolicy")
+    refuse_first([
+        (not (hasattr(policy, "param_dtype") and hasattr(policy, "reduce_dtype")),
+         "mp_policy=%r is not a MixedPrecisionPolicy: give "
+         "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) or "
+         "mfsdp.torch.MixedPrecisionPolicy" % (policy,)),
+        (getattr(policy, "param_dtype_override_fn", None) is not None,
+         "MixedPrecisionPolicy.param_dtype_override_fn is not supported: give the parameters "
+         "that keep their dtype their own layout with overrides={pattern: {'name': ..., "
+         "'weight': ('fp32', [...]), ...}}"),
+        (getattr(policy, "buffer_dtype", None) is not None,
+         "mp_policy has buffer_dtype (FSDP1's MixedPrecision): mfsdp does not cast buffers; "
+         "use FSDP2's MixedPrecisionPolicy")])
     param = policy.param_dtype or own
     weight = _spec_dtype("param_dtype", param)
     grad = _spec_dtype("reduce_dtype", policy.reduce_dtype or own)
