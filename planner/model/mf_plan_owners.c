@@ -4,6 +4,7 @@
  */
 #include "mf_plan_owners.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,152 @@ void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_ra
     for (int b = 0; b < s->nbuckets; b++)
         if (s->buckets[b].length > 0)
             add_bucket(s, &s->buckets[b], bal, out);
+}
+
+/* The value bounded of tensor t of bucket b: owned bytes or NS FLOPs. */
+static double owned_value(const mf_bucket *b, const mf_tensor *t, bool flops)
+{
+    return flops ? mf_plan_owners_ns_flops(t)
+                 : (double)t->numel * (double)mf_dtype_size(b->dtype[MF_ROLE_MAIN_WEIGHT]);
+}
+
+static int by_value_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* The pigeonhole term of the n values v (sorted descending) over P shards,
+ * its k in *k. */
+static double pigeon_of(const double *v, int64_t n, int64_t P, int64_t *k)
+{
+    double best = 0;
+    for (int64_t j = 1; j * P + 1 <= n; j++) {
+        double sum = 0;
+        for (int64_t i = j * P - j; i <= j * P; i++) /* v_{jP+1-j} .. v_{jP+1}, 0-based */
+            sum += v[i];
+        if (sum > best) {
+            best = sum;
+            *k = j;
+        }
+    }
+    return best;
+}
+
+/* Bucket b's main_weight is whole with placement pl. */
+static bool whole_main_at(const mf_mesh *m, const mf_bucket *b, const mf_placement *pl)
+{
+    if (!b->whole[MF_ROLE_MAIN_WEIGHT])
+        return false;
+    for (int j = 0; j < m->naxes; j++)
+        if (b->place[MF_ROLE_MAIN_WEIGHT].p[j] != pl->p[j])
+            return false;
+    return true;
+}
+
+/* The units term of the n values v (sorted descending) over P shards: the
+ * best over up to MF_PLAN_OWNERS_UNITS units taken evenly among the
+ * distinct values; its unit in *unit. */
+static double units_of(const double *v, int64_t n, int64_t P, double *unit)
+{
+    int64_t distinct = 0;
+    for (int64_t i = 0; i < n; i++)
+        distinct += i == 0 || v[i] != v[i - 1];
+    int64_t step = distinct / MF_PLAN_OWNERS_UNITS + 1, seen = 0;
+    double best = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if ((i > 0 && v[i] == v[i - 1]) || v[i] <= 0 || seen++ % step)
+            continue;
+        double units = 0;
+        for (int64_t j = 0; j < n && v[j] >= v[i]; j++)
+            units += floor(v[j] / v[i]);
+        double term = v[i] * ceil(units / (double)P);
+        if (term > best) {
+            best = term;
+            *unit = v[i];
+        }
+    }
+    return best;
+}
+
+/* The pigeonhole term over the buckets whose main_weight is whole with
+ * placement pl (P shards); false on OOM. */
+static bool pigeon_class(const mf_schedule *s, const mf_placement *pl, bool flops, mf_plan_owner_bound *out)
+{
+    int64_t n = 0, P = mf_layout_shards(&s->mesh, pl);
+    for (int b = 0; b < s->nbuckets; b++)
+        if (whole_main_at(&s->mesh, &s->buckets[b], pl))
+            n += s->buckets[b].ntensors;
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return false;
+    int64_t k = 0, i = 0;
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        if (whole_main_at(&s->mesh, bk, pl))
+            for (int t = 0; t < bk->ntensors; t++)
+                v[i++] = owned_value(bk, &bk->tensors[t], flops);
+    }
+    qsort(v, (size_t)n, sizeof *v, by_value_desc);
+    double unit = 0, term = pigeon_of(v, n, P, &k), uterm = units_of(v, n, P, &unit);
+    if (term > out->pigeon) {
+        out->pigeon = term;
+        out->k = k;
+        out->P = P;
+    }
+    if (uterm > out->units) {
+        out->units = uterm;
+        out->unit = unit;
+        out->unit_P = P;
+    }
+    free(v);
+    return true;
+}
+
+bool mf_plan_owners_bound(const mf_schedule *s, bool flops, mf_plan_owner_bound *out)
+{
+    const mf_mesh *m = &s->mesh;
+    memset(out, 0, sizeof *out);
+    double total = 0;
+    int *first = malloc((size_t)(s->nbuckets ? s->nbuckets : 1) * sizeof *first), nfirst = 0;
+    if (!first)
+        return false;
+    bool ok = true;
+    for (int b = 0; ok && b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        if (!bk->whole[MF_ROLE_MAIN_WEIGHT])
+            continue;
+        double holders = (double)m->world / (double)mf_layout_shards(m, &bk->place[MF_ROLE_MAIN_WEIGHT]);
+        int e = 0; /* the pigeonhole once per placement: at its first bucket */
+        while (e < nfirst && !whole_main_at(m, &s->buckets[first[e]], &bk->place[MF_ROLE_MAIN_WEIGHT]))
+            e++;
+        if (e == nfirst) {
+            first[nfirst++] = b;
+            ok = pigeon_class(s, &bk->place[MF_ROLE_MAIN_WEIGHT], flops, out);
+        }
+        for (int t = 0; t < bk->ntensors; t++) {
+            double v = owned_value(bk, &bk->tensors[t], flops);
+            total += v * holders;
+            out->largest = v > out->largest ? v : out->largest;
+        }
+    }
+    free(first);
+    out->mean = total / (double)m->world;
+    out->bound = out->mean;
+    out->why = "mean";
+    if (out->largest > out->bound) {
+        out->bound = out->largest;
+        out->why = "largest tensor";
+    }
+    if (out->pigeon > out->bound) {
+        out->bound = out->pigeon;
+        out->why = "pigeonhole";
+    }
+    if (out->units > out->bound) {
+        out->bound = out->units;
+        out->why = "units";
+    }
+    return ok;
 }
 
 /* Seconds of the all_gathers that make tensor t (count elements per rank

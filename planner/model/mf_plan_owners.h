@@ -71,6 +71,36 @@ typedef struct mf_plan_owner_rank {
 /* Fills out[0..world). */
 void mf_plan_owners_ranks(const mf_schedule *s, mf_balance bal, mf_plan_owner_rank *out);
 
+/* A lower bound on the most owned main_weight bytes (or Newton-Schulz FLOPs)
+ * of a rank that ANY dealing of the whole tensors to shards must reach, for
+ * the proof that a dealing cannot be beaten (docs/semantics.md §4.6):
+ *   mean     the mean over the ranks (every dealing gives the same total);
+ *   largest  the largest tensor (its owners hold it);
+ *   pigeon   per finest main_weight placement with P shards and its tensors'
+ *            values v_1 >= v_2 >= ..., for each k with kP + 1 tensors: some
+ *            shard holds k + 1 of the kP + 1 largest, so at least
+ *            v_{kP+1-k} + ... + v_{kP+1} (k = 1: the P-th and (P+1)-th);
+ *   units    per such placement and unit u (each of its tensors' values,
+ *            up to MF_PLAN_OWNERS_UNITS of them): a shard holding tensors
+ *            of values v holds at least u * sum floor(v / u), so some shard
+ *            holds at least u * ceil(sum over the tensors of floor(v / u) / P)
+ *            (tensors of one size u: the count argument the mean misses).
+ * `bound` is the largest of these, `why` names it (with its k and P, or its
+ * unit and P). */
+#define MF_PLAN_OWNERS_UNITS 256
+
+typedef struct mf_plan_owner_bound {
+    double mean, largest, pigeon, units, bound;
+    int64_t k, P;           /* of the best pigeon term (0 when none) */
+    double unit;            /* of the best units term */
+    int64_t unit_P;
+    const char *why;        /* "mean", "largest tensor", "pigeonhole" or "units" */
+} mf_plan_owner_bound;
+
+/* The bound on owned bytes (flops false) or on Newton-Schulz FLOPs (true);
+ * false on OOM. */
+bool mf_plan_owners_bound(const mf_schedule *s, bool flops, mf_plan_owner_bound *out);
+
 /* The optimizer step of `mfsdpc plan --optimizer muon` (docs/plan.md §2):
  * Newton-Schulz on every 2-D tensor, at `flops` FLOP/s per rank. A tensor
  * whose main_weight is whole runs it on its owners only; any other runs it

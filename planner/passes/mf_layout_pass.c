@@ -21,12 +21,14 @@
  *     `align` bytes in every role's dtype; L >= one quantum, L * widest dtype
  *     * 2 fits in 63 bits (the largest ring traffic of one launch).
  *
- * Whole layout (some role Whole, docs/semantics.md §4.6): the tensors are
- * dealt to the P shards of the finest whole role (whole_pack: cost-descending
- * greedy into P groups, the groups to the shards of least rank load), packed
- * in declaration order within each shard; the bucket's tensor list is in
- * offset order and L = P * S. The rank loads run over the whole buckets in
- * schedule order (materialize); the length never depends on them.
+ * Whole layout (some role Whole, docs/semantics.md §4.6): the tensors of a
+ * bucket form P groups, one per shard of the finest whole role
+ * (whole_group: cost-descending greedy); the groups of every whole bucket
+ * are dealt to shards over the whole model at once (mf_whole_owners); each
+ * shard holds its group's tensors in declaration order (whole_place); the
+ * bucket's tensor list is in offset order and L = P * S. The length depends
+ * on the bucket's own groups only (whole_length), never on the shards they
+ * take.
  *
  * Merging (spec->bucket_size > 0, in bytes): a unit's bucket whose own padded
  * size in main_weight's dtype is below bucket_size joins the bucket of the
@@ -46,6 +48,7 @@
 #include "mf_limits.h"
 #include "mf_passes.h"
 #include "mf_plan_stats.h"
+#include "mf_whole_owners.h"
 
 /* ---- quanta ---- */
 
@@ -213,8 +216,6 @@ typedef struct layout_state {
     mf_vec buckets;         /* bucket_build */
     int **order;            /* per unit: tensor indices grouped, group by group */
     int *unit_first_group;  /* per unit, plus one at the end */
-    int64_t *rank_load;     /* per rank: the Whole cost it owns so far, buckets in
-                               schedule order (NULL until the first whole bucket) */
 } layout_state;
 
 static const mf_spec_layout *sig_layout(const layout_state *st, int sig)
@@ -331,91 +332,25 @@ static int item_by_cost(const void *a, const void *b)
     return x < y ? -1 : x > y; /* declaration order */
 }
 
-/* Step 2 of whole_pack: groups (cost gcost[g]) by cost descending, ties the
- * lowest, each to the free shard of `fine` (P shards) whose ranks' largest
- * load is least, ties the lowest; adds each group's cost to its ranks'
- * loads. Writes shard_of[g]; gorder is P ints of scratch. False on OOM. */
-static bool whole_owners(const mf_mesh *m, const mf_placement *fine, int64_t P, const int64_t *gcost,
-                         int64_t *loads, int *shard_of, int *gorder)
-{
-    int64_t world = m->world;
-    int64_t *rank_shard = malloc((size_t)world * sizeof *rank_shard), *worst = calloc((size_t)P, sizeof *worst);
-    bool *taken = calloc((size_t)P, sizeof *taken);
-    bool ok = rank_shard && worst && taken;
-    for (int64_t r = 0; ok && r < world; r++) {
-        int64_t c[MF_MAX_AXES];
-        mf_layout_mesh_coords(m, r, c);
-        rank_shard[r] = mf_layout_shard_index(m, fine, c);
-        if (loads[r] > worst[rank_shard[r]])
-            worst[rank_shard[r]] = loads[r];
-    }
-    /* groups by cost descending, ties the lowest: a stable insertion sort */
-    for (int64_t g = 0; ok && g < P; g++)
-        gorder[g] = (int)g;
-    for (int64_t i = 1; ok && i < P; i++)
-        for (int64_t j = i; j > 0 && gcost[gorder[j]] > gcost[gorder[j - 1]]; j--) {
-            int x = gorder[j];
-            gorder[j] = gorder[j - 1];
-            gorder[j - 1] = x;
-        }
-    for (int64_t i = 0; ok && i < P; i++) {
-        int64_t best = -1;
-        for (int64_t q = 0; q < P; q++)
-            if (!taken[q] && (best < 0 || worst[q] < worst[best]))
-                best = q;
-        taken[best] = true;
-        shard_of[gorder[i]] = (int)best;
-    }
-    for (int64_t g = 0; ok && g < P; g++)
-        gorder[shard_of[g]] = (int)g; /* now: the group of each shard */
-    for (int64_t r = 0; ok && r < world; r++)
-        loads[r] = sat_add(loads[r], gcost[gorder[rank_shard[r]]]);
-    free(rank_shard);
-    free(worst);
-    free(taken);
-    return ok;
-}
-
 /*
- * Packs the n tensors `it` (in declaration order) of a bucket of layout `sig`
- * whose whole roles' finest placement has P shards:
- *   1. by cost descending (ties: declaration order) each tensor joins the
- *      group of least cost so far (ties: the lowest group);
- *   2. when `loads` (per rank) is given, the groups by cost descending (ties:
- *      the lowest group) each take the free shard whose ranks' largest load
- *      is least (ties: the lowest shard), and their cost is added to those
- *      ranks; without it group g is shard g (the length does not depend on
- *      which);
- *   3. in each shard its tensors in declaration order from the shard's start,
- *      each at the tensor quantum; S = the largest shard's used elements
- *      rounded up to pad quantum / P (at least one), L = P * S.
- * Writes it[].group, .shard, .offset, *length and *used (the end of the
- * furthest tensor). False when L does not fit (nothing reported) or on OOM
- * (*oom).
+ * Step 1 of the packing (docs/semantics.md §4.6) of the n tensors `it` (in
+ * declaration order) of a bucket of layout `sig` whose whole roles' finest
+ * placement has P shards: by cost descending (ties: declaration order) each
+ * tensor joins the group of least cost so far (ties: the lowest group).
+ * Writes it[].cost, it[].group and gcost[0..P). False on OOM.
  */
-static bool whole_pack(layout_state *st, int sig, whole_item *it, int n, int64_t *loads, int64_t *length,
-                       int64_t *used, bool *oom)
+static bool whole_group(layout_state *st, whole_item *it, int n, int64_t P, int64_t *gcost)
 {
-    const mf_mesh *m = &st->spec->mesh;
-    const mf_spec_layout *l = sig_layout(st, sig);
-    const mf_placement *fine = whole_finest(m, l);
-    int64_t P = mf_layout_shards(m, fine), tq = tensor_quantum(st, sig), len;
-    if (!padded(st, sig, 0, &len)) /* fills pad_q / pad_w */
-        return false;
-    int64_t qs = st->pad_q[sig] / P;
     whole_item **by = malloc((size_t)(n ? n : 1) * sizeof *by);
-    int64_t *gcost = calloc((size_t)P, sizeof *gcost), *gused = calloc((size_t)P, sizeof *gused);
-    int *shard_of = malloc((size_t)P * sizeof *shard_of), *gorder = malloc((size_t)P * sizeof *gorder);
-    bool ok = by && gcost && gused && shard_of && gorder;
-    if (!ok)
-        *oom = true;
-    for (int i = 0; ok && i < n; i++) {
+    if (!by)
+        return false;
+    memset(gcost, 0, (size_t)P * sizeof *gcost);
+    for (int i = 0; i < n; i++) {
         it[i].cost = mf_layout_pass_whole_cost(st->spec->balance, it[i].t->ndims, it[i].t->dims, it[i].t->numel);
         by[i] = &it[i];
     }
-    if (ok)
-        qsort(by, (size_t)n, sizeof *by, item_by_cost);
-    for (int i = 0; ok && i < n; i++) {
+    qsort(by, (size_t)n, sizeof *by, item_by_cost);
+    for (int i = 0; i < n; i++) {
         int64_t g = 0;
         for (int64_t q = 1; q < P; q++)
             if (gcost[q] < gcost[g])
@@ -423,15 +358,29 @@ static bool whole_pack(layout_state *st, int sig, whole_item *it, int n, int64_t
         by[i]->group = (int)g;
         gcost[g] = sat_add(gcost[g], by[i]->cost);
     }
-    /* 2. groups to shards */
-    for (int64_t g = 0; ok && g < P; g++)
-        shard_of[g] = (int)g;
-    if (ok && loads && P > 1 && !whole_owners(m, fine, P, gcost, loads, shard_of, gorder))
-        ok = !(*oom = true);
-    /* 3. offsets within each shard, declaration order */
+    free(by);
+    return true;
+}
+
+/*
+ * Step 4 of the packing: tensor i in shard shard[i] (NULL: its group's
+ * number, as good as any for the length); in each shard its tensors in
+ * declaration order from the shard's start, each at the tensor quantum.
+ * S (0: computed) is the largest shard's used elements rounded up to pad
+ * quantum / P (at least one); L = P * S. Writes it[].shard, .offset
+ * (bucket-global), *length and *used (the end of the furthest tensor). False
+ * when L does not fit (nothing reported) or on OOM (*oom).
+ */
+static bool whole_place(layout_state *st, int sig, whole_item *it, int n, int64_t P, const int *shard,
+                        int64_t S, int64_t *length, int64_t *used, bool *oom)
+{
+    int64_t tq = tensor_quantum(st, sig), qs = st->pad_q[sig] / P;
+    int64_t *gused = calloc((size_t)P, sizeof *gused);
+    if (!gused)
+        return !(*oom = true);
     int64_t most = 0;
-    for (int i = 0; ok && i < n; i++) {
-        int q = shard_of[it[i].group];
+    for (int i = 0; i < n; i++) {
+        int q = shard ? shard[i] : it[i].group;
         it[i].shard = q;
         int64_t off = gused[q];
         if (off % tq)
@@ -441,24 +390,27 @@ static bool whole_pack(layout_state *st, int sig, whole_item *it, int n, int64_t
         if (gused[q] > most)
             most = gused[q];
     }
-    int64_t S = 0;
-    if (ok) {
-        int64_t units = most <= 0 ? 1 : most / qs + (most % qs != 0), bytes;
-        ok = !__builtin_mul_overflow(units, qs, &S) && !__builtin_mul_overflow(S, P, length) &&
-             !__builtin_mul_overflow(*length, 2 * st->pad_w[sig], &bytes);
-    }
+    free(gused);
+    int64_t units = most <= 0 ? 1 : most / qs + (most % qs != 0), bytes;
+    if ((S == 0 && __builtin_mul_overflow(units, qs, &S)) || __builtin_mul_overflow(S, P, length) ||
+        __builtin_mul_overflow(*length, 2 * st->pad_w[sig], &bytes))
+        return false;
     *used = 0;
-    for (int i = 0; ok && i < n; i++) {
+    for (int i = 0; i < n; i++) {
         it[i].offset += it[i].shard * S;
         if (it[i].offset + it[i].t->numel > *used)
             *used = it[i].offset + it[i].t->numel;
     }
-    free(by);
-    free(gcost);
-    free(gused);
-    free(shard_of);
-    free(gorder);
-    return ok;
+    return true;
+}
+
+/* The finest whole placement's shard count of layout sig, with its pad
+ * quantum filled (false when that overflows). */
+static bool whole_shards(layout_state *st, int sig, int64_t *P)
+{
+    int64_t len;
+    *P = mf_layout_shards(&st->spec->mesh, whole_finest(&st->spec->mesh, sig_layout(st, sig)));
+    return padded(st, sig, 0, &len); /* fills pad_q / pad_w */
 }
 
 /* The tensors of the groups chained from `head`, then of group `extra` (-1:
@@ -486,19 +438,22 @@ static whole_item *chain_items(layout_state *st, int head, int extra, int *n)
     return it;
 }
 
-/* The padded length of a whole bucket of groups head.. (+ extra), without
- * the rank loads; false when it does not fit or on OOM (*oom). */
+/* The padded length of a whole bucket of groups head.. (+ extra), whichever
+ * shards its groups take; false when it does not fit or on OOM (*oom). */
 static bool whole_length(layout_state *st, int sig, int head, int extra, int64_t *length, bool *oom)
 {
     int n = 0;
-    int64_t used;
-    whole_item *it = chain_items(st, head, extra, &n);
-    if (!it) {
-        *oom = true;
+    int64_t used, P;
+    if (!whole_shards(st, sig, &P))
         return false;
-    }
-    bool ok = whole_pack(st, sig, it, n, NULL, length, &used, oom);
+    whole_item *it = chain_items(st, head, extra, &n);
+    int64_t *gcost = malloc((size_t)P * sizeof *gcost);
+    bool ok = it && gcost && whole_group(st, it, n, P, gcost);
+    if (!ok)
+        *oom = true;
+    ok = ok && whole_place(st, sig, it, n, P, NULL, 0, length, &used, oom);
     free(it);
+    free(gcost);
     return ok;
 }
 
@@ -644,35 +599,111 @@ static const char *name_of(const layout_state *st, mf_arena *a, const char *s)
     return st->quiet ? s : mf_arena_strdup(a, s);
 }
 
-/* Packs whole bucket b (its tensors already copied, in declaration order)
- * with the rank loads, and puts its tensors in offset order; false on OOM. */
-static bool whole_materialize(layout_state *st, mf_schedule *s, int b, mf_bucket *out)
+/* One whole bucket between its grouping and its placing. */
+typedef struct whole_build {
+    int bucket;
+    int sig;
+    whole_item *it;         /* its tensors, declaration order */
+    int64_t *gcost;         /* P */
+    int64_t *cost, *numel;  /* per tensor, for the dealing */
+    int *group, *shard;     /* per tensor */
+} whole_build;
+
+/* Places whole bucket w with its tensors' shards (w->shard) and shard length
+ * S, and puts its tensors in offset order: shard by shard, declaration order
+ * within. False on OOM. */
+static bool whole_materialize(layout_state *st, mf_schedule *s, const whole_build *w, const mf_whole_bucket *g)
 {
-    const bucket_build *bb = (const bucket_build *)st->buckets.data + b;
-    const group *head = (const group *)st->groups.data + bb->head;
+    mf_bucket *out = &s->buckets[w->bucket];
     bool oom = false;
-    int n = 0;
-    if (!st->rank_load && !(st->rank_load = calloc((size_t)st->spec->mesh.world, sizeof *st->rank_load)))
-        return false;
-    whole_item *it = chain_items(st, bb->head, -1, &n);
-    if (!it)
-        return false;
+    int n = g->n;
     mf_tensor *sorted = mf_arena_array(s->arena, (size_t)n, sizeof *sorted);
-    /* the length fit in assign_buckets; the loads only permute the shards */
+    /* the length fit in assign_buckets; the dealing keeps S */
     bool ok = sorted && n == out->ntensors &&
-              whole_pack(st, head->sig, it, n, st->rank_load, &out->length, &out->used, &oom);
-    /* offset order: shard by shard, declaration order within (a stable pass per shard) */
+              whole_place(st, w->sig, w->it, n, g->P, w->shard, g->S, &out->length, &out->used, &oom);
     int k = 0;
-    int64_t P = ok ? mf_layout_shards(&s->mesh, whole_finest(&s->mesh, sig_layout(st, head->sig))) : 0;
-    for (int64_t q = 0; ok && q < P; q++)
+    for (int64_t q = 0; ok && q < g->P; q++)
         for (int i = 0; i < n; i++)
-            if (it[i].shard == q) {
+            if (w->it[i].shard == q) {
                 sorted[k] = out->tensors[i];
-                sorted[k++].offset = it[i].offset;
+                sorted[k++].offset = w->it[i].offset;
             }
     if (ok)
         out->tensors = sorted;
-    free(it);
+    return ok;
+}
+
+/* Groups whole bucket b (layout sig, finest placement fine) into w and
+ * describes it for the dealing in g: its tensors' costs and sizes, its
+ * groups, and S from them (whole_place with the groups as shards). False on
+ * OOM. */
+static bool whole_prepare(layout_state *st, int b, int sig, const mf_placement *fine, whole_build *w,
+                          mf_whole_bucket *g)
+{
+    const bucket_build *bb = (const bucket_build *)st->buckets.data + b;
+    int64_t P = mf_layout_shards(&st->spec->mesh, fine), length, used;
+    bool oom = false;
+    int n = 0;
+    *w = (whole_build){.bucket = b, .sig = sig};
+    w->it = chain_items(st, bb->head, -1, &n);
+    size_t slots = n ? (size_t)n : 1;
+    w->gcost = malloc((size_t)P * sizeof *w->gcost);
+    w->cost = malloc(slots * sizeof *w->cost);
+    w->numel = malloc(slots * sizeof *w->numel);
+    w->group = malloc(slots * sizeof *w->group);
+    w->shard = malloc(slots * sizeof *w->shard);
+    if (!w->it || !w->gcost || !w->cost || !w->numel || !w->group || !w->shard ||
+        !whole_group(st, w->it, n, P, w->gcost))
+        return false;
+    for (int i = 0; i < n; i++) {
+        w->cost[i] = w->it[i].cost;
+        w->numel[i] = w->it[i].t->numel;
+        w->group[i] = w->it[i].group;
+    }
+    /* the length fit in assign_buckets */
+    if (!whole_place(st, sig, w->it, n, P, NULL, 0, &length, &used, &oom))
+        return false;
+    *g = (mf_whole_bucket){.fine = fine, .P = P, .n = n, .cost = w->cost, .numel = w->numel, .group = w->group,
+                           .tq = tensor_quantum(st, sig), .S = length / P, .shard = w->shard};
+    return true;
+}
+
+static void whole_build_free(whole_build *w)
+{
+    free(w->it);
+    free(w->gcost);
+    free(w->cost);
+    free(w->numel);
+    free(w->group);
+    free(w->shard);
+}
+
+/* The whole buckets of s (tensors copied in declaration order): each grouped
+ * on its own (its S), their tensors dealt to shards over the whole model
+ * (mf_whole_owners), then placed. False on OOM. */
+static bool whole_buckets(layout_state *st, mf_schedule *s)
+{
+    const bucket_build *bb = st->buckets.data;
+    const group *groups = st->groups.data;
+    int nb = (int)st->buckets.len, nw = 0;
+    whole_build *w = calloc((size_t)(nb ? nb : 1), sizeof *w);
+    mf_whole_bucket *g = calloc((size_t)(nb ? nb : 1), sizeof *g);
+    bool ok = w && g;
+    for (int b = 0; ok && b < nb; b++) {
+        int sig = groups[bb[b].head].sig;
+        const mf_placement *fine = whole_finest(&s->mesh, sig_layout(st, sig));
+        if (fine) {
+            ok = whole_prepare(st, b, sig, fine, &w[nw], &g[nw]);
+            nw++; /* freed below, also when it failed */
+        }
+    }
+    ok = ok && mf_whole_owners_assign(&s->mesh, g, nw);
+    for (int i = 0; ok && i < nw; i++)
+        ok = whole_materialize(st, s, &w[i], &g[i]);
+    for (int i = 0; w && i < nw; i++)
+        whole_build_free(&w[i]);
+    free(w);
+    free(g);
     return ok;
 }
 
@@ -731,8 +762,6 @@ static bool materialize(layout_state *st, mf_schedule *s)
         }
         out->used = used;
         padded(st, head->sig, used, &out->length); /* checked in assign_buckets */
-        if (whole_finest(&spec->mesh, l) && !whole_materialize(st, s, b, out))
-            return false;
         mf_unit *unit = &s->units[out->unit];
         if (unit->nbuckets == 0)
             unit->first_bucket = b;
@@ -740,7 +769,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
     }
     s->nunits = spec->nunits;
     s->nbuckets = nb;
-    return true;
+    return whole_buckets(st, s);
 }
 
 static bool copy_header(const mf_spec *spec, mf_schedule *s)
@@ -812,7 +841,6 @@ bool mf_layout_pass_run(mf_plan *p, mf_diag *d)
     free(st.tq);
     free(st.sig_group);
     free(st.sig_open);
-    free(st.rank_load);
     mf_vec_free(&st.groups);
     mf_vec_free(&st.buckets);
     return ok && mf_diag_errors(d) == 0;

@@ -336,6 +336,46 @@ static mf_plan_owner_rank *ranks_of(const mf_plan *p)
     return o;
 }
 
+/* max / bound in parts per million (1000000 when the bound is 0). */
+static int64_t bound_ppm(double max, const mf_plan_owner_bound *b)
+{
+    return b->bound > 0 ? (int64_t)llround(max / b->bound * 1e6) : 1000000;
+}
+
+/* The bound's reason for people: "pigeonhole: 2 of the 65 largest share one
+ * of 64 shards". */
+static const char *bound_why(const mf_plan_owner_bound *b, char *buf, size_t size)
+{
+    if (strcmp(b->why, "units") == 0) {
+        snprintf(buf, size, "units of %.6g: each of %lld shards holds whole units of its tensors", b->unit,
+                 (long long)b->unit_P);
+        return buf;
+    }
+    if (strcmp(b->why, "pigeonhole") != 0)
+        return b->why;
+    snprintf(buf, size, "pigeonhole: %lld of the %lld largest share one of %lld shards", (long long)(b->k + 1),
+             (long long)(b->k * b->P + 1), (long long)b->P);
+    return buf;
+}
+
+/* The lower bounds any dealing of the whole tensors must reach, next to the
+ * dealing's max (mf_plan_owners_bound): the proof that it cannot be beaten
+ * when max/bound is 1. */
+static void text_owner_bounds(const mf_plan *p, const rank_spread *x, FILE *out)
+{
+    static const struct { bool flops; int k; const char *name; } rows[] = {
+        {false, 1, "owned bytes"}, {true, 3, "Newton-Schulz FLOPs"}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        mf_plan_owner_bound b;
+        char why[128];
+        if (!mf_plan_owners_bound(p->sched, rows[i].flops, &b))
+            return;
+        fprintf(out, "  %-20s max %.6g, no dealing below %.6g (%s): max/bound %.4f\n", rows[i].name,
+                x->max[rows[i].k], b.bound, bound_why(&b, why, sizeof why),
+                (double)bound_ppm(x->max[rows[i].k], &b) / 1e6);
+    }
+}
+
 static void text_rank_owners(const mf_plan *p, FILE *out)
 {
     const mf_schedule *s = p->sched;
@@ -360,6 +400,7 @@ static void text_rank_owners(const mf_plan *p, FILE *out)
     fprintf(out, "  max/mean  main_weight bytes %.4f, owned bytes %.4f, cost %.4f, Newton-Schulz FLOPs %.4f\n",
             (double)ratio_ppm(&x, 0) / 1e6, (double)ratio_ppm(&x, 1) / 1e6, (double)ratio_ppm(&x, 2) / 1e6,
             (double)ratio_ppm(&x, 3) / 1e6);
+    text_owner_bounds(p, &x, out);
     free(o);
 }
 
@@ -858,6 +899,28 @@ static void yaml_axis_bytes(yout *y, const mf_schedule *s, const char *key, cons
     y_end_seq(y);
 }
 
+/* lower_bound: per figure (owned bytes, Newton-Schulz FLOPs) the bound any
+ * dealing must reach, its reason and max/bound (text_owner_bounds). */
+static void yaml_owner_bounds(yout *y, const mf_plan *p, const rank_spread *x)
+{
+    static const struct { bool flops; int k; const char *name; } rows[] = {
+        {false, 1, "owned_bytes"}, {true, 3, "ns_flops"}};
+    y_raw(y, "lower_bound");
+    y_map(y, false);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        mf_plan_owner_bound b;
+        if (!mf_plan_owners_bound(p->sched, rows[i].flops, &b))
+            break;
+        y_raw(y, rows[i].name);
+        y_map(y, true);
+        y_kint(y, "bound", (int64_t)llround(b.bound));
+        y_kstr(y, "why", b.why);
+        y_kint(y, "max_over_bound_ppm", bound_ppm(x->max[rows[i].k], &b));
+        y_end_map(y);
+    }
+    y_end_map(y);
+}
+
 /* owners_per_rank: every rank's owned and sharded main_weight, cost and
  * Newton-Schulz FLOPs, and max/mean of each (absent without a whole bucket). */
 static void yaml_rank_owners(yout *y, const mf_plan *p)
@@ -888,6 +951,7 @@ static void yaml_rank_owners(yout *y, const mf_plan *p)
     for (int k = 0; k < 4; k++)
         y_kint(y, spread_names[k], ratio_ppm(&x, k));
     y_end_map(y);
+    yaml_owner_bounds(y, p, &x);
     y_end_map(y);
     free(o);
 }

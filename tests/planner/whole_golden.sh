@@ -23,5 +23,5 @@ for want in "T2 all_gather dp                             4200             6144"
             "padding factor P*S/sum(used) = 4 x 1024 / 2414"; do
     grep -qF "$want" "$src/explain_1d.expected" || { echo "FAIL: explain_1d.expected lacks '$want'"; fail=1; }
 done
-grep -q "tensor blk.z: main_weight owner shard 0 -> shard 1" "$src/diff_owners.expected" || { echo "FAIL: z's owner"; fail=1; }
+grep -q "tensor blk.x: main_weight owner shard 0 -> shard 1" "$src/diff_owners.expected" || { echo "FAIL: x's owner"; fail=1; }
 exit $fail
