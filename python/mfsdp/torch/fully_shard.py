@@ -325,7 +325,8 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
     cache                   False: compile every time
     options                 spec options (reduce, overrides, prefetch, example,
                             ties, reshard_last, matrix_optimizer, whole_owners, dtype,
-                            grad_dtype without mp_policy) and runtime options (timeout_ms, check, ...)
+                            grad_dtype without mp_policy) and runtime options
+                            (timeout_ms, check, ...)
     """
     _refuse_sharded(model)
     _policy.check_reshard(reshard_after_forward)
