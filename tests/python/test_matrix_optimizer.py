@@ -216,3 +216,22 @@ def test_bad_values_name_the_fix():
         mt.spec_from_module(model, MESH2, whole_owners="node")
     with pytest.raises(mfsdp.UsageError, match=r"fully_shard: whole_owners='rack'"):
         mt.fully_shard(model, mesh=MESH2, matrix_optimizer="whole", whole_owners="rack")
+
+
+def test_fully_shard_passes_the_options(tmp_path, monkeypatch):
+    """mt.fully_shard takes matrix_optimizer and whole_owners as spec options
+    (one rank, 1 x 1, the local backend): its spec has the node layout and
+    sm.whole_parameters() is every hidden matrix (the one rank owns them all),
+    full-shape, and nothing else."""
+    monkeypatch.setenv("MFSDP_CACHE_DIR", str(tmp_path))
+    model = HFLike()
+    sm = mt.fully_shard(model, mesh={"dp_outer": 1, "dp_inner": 1}, backend="local",
+                        matrix_optimizer="whole", whole_owners="node")
+    try:
+        tensors, layouts = parse(sm.spec)
+        assert layouts[tensors["layers.0.q.weight"]]["main_weight"] == ["Replicate", "Whole"]
+        got = {p.full_name: p for p in sm.whole_parameters()}
+        assert sorted(got) == sorted(HIDDEN)
+        assert all(p.shape == p.full_shape and p.dim() == 2 for p in got.values())
+    finally:
+        sm.close()
