@@ -431,11 +431,11 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 one tied to it, and the output head's: the module
                 get_output_embeddings() returns, an nn.Linear outside the
                 ModuleLists whose out_features is the input embedding's
-                num_embeddings) get their
-                layout's Whole variant (`<layout>_whole`: grad and main_weight
-                Whole on their Flat axes, so each matrix is entire on one owner
-                for a matrix optimizer such as Muon); "whole_all": every 2-D
-                tensor does (the embeddings and the head included). 1-D
+                num_embeddings) get their layout's Whole variant
+                (`<layout>_whole`: grad and main_weight Whole on their Flat
+                axes, so each matrix is entire on one owner for a matrix
+                optimizer such as Muon); "whole_all": every 2-D tensor does
+                (the embeddings and the head included). 1-D
                 tensors and tensors that `overrides` names keep their layout:
                 an override to a plain layout takes one matrix out, one to a
                 `_whole` layout puts one in
