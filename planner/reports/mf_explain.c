@@ -70,17 +70,28 @@ static const char *whole_roles(const mf_bucket *b, char *buf, size_t size)
     return buf;
 }
 
-/* A whole bucket's owners (mf_plan_owners_shards), or NULL (not whole, OOM);
- * *P its shard count. The caller frees. */
-static mf_plan_owner_shard *owners_of(const mf_plan *p, const mf_bucket *b, int64_t *P, int *role)
+/* Bucket bi with its owners per shard (mf_plan_owners_shards): P shards of
+ * the finest whole placement, that of role `role`. */
+typedef struct owners_view {
+    const mf_bucket *b;
+    int64_t P;
+    int role;
+    mf_plan_owner_shard *o; /* P; the caller frees */
+} owners_view;
+
+/* False when bucket bi is not whole (or on OOM). */
+static bool owners_of(const mf_plan *p, int bi, owners_view *v)
 {
-    const mf_placement *fine = mf_plan_owners_finest(&p->sched->mesh, b, role);
+    v->b = &p->sched->buckets[bi];
+    v->P = 0;
+    v->role = MF_ROLE_MAIN_WEIGHT;
+    const mf_placement *fine = mf_plan_owners_finest(&p->sched->mesh, v->b, &v->role);
     if (!fine)
-        return NULL;
-    mf_plan_owner_shard *o = malloc((size_t)mf_layout_shards(&p->sched->mesh, fine) * sizeof *o);
-    if (o)
-        *P = mf_plan_owners_shards(p->sched, b, balance_of(p), o);
-    return o;
+        return false;
+    v->o = malloc((size_t)mf_layout_shards(&p->sched->mesh, fine) * sizeof *v->o);
+    if (v->o)
+        v->P = mf_plan_owners_shards(p->sched, v->b, balance_of(p), v->o);
+    return v->o != NULL;
 }
 
 /* The shards' used elements: the padding factor is P*S (the length) over it. */
@@ -188,37 +199,34 @@ static void text_whole_collectives(const mf_plan *p, int bi, FILE *out)
 static void text_owners(const mf_plan *p, int bi, FILE *out)
 {
     const mf_schedule *s = p->sched;
-    const mf_bucket *b = &s->buckets[bi];
-    int64_t P = 0;
-    int role = MF_ROLE_MAIN_WEIGHT;
-    mf_plan_owner_shard *o = owners_of(p, b, &P, &role);
-    if (!o)
+    owners_view v;
+    if (!owners_of(p, bi, &v))
         return;
     char wr[64], pl[128];
-    fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n", whole_roles(b, wr, sizeof wr),
-            (long long)P, mf_role_name((mf_role)role), mf_plan_owners_placement(b, role, s->mesh.naxes, pl, sizeof pl),
+    fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n", whole_roles(v.b, wr, sizeof wr),
+            (long long)v.P, mf_role_name((mf_role)v.role), mf_plan_owners_placement(v.b, v.role, s->mesh.naxes, pl, sizeof pl),
             balance_name(balance_of(p)));
     fprintf(out, "      %-5s %7s %14s %14s %14s %14s  %s\n", "shard", "tensors", "used", "main_weight B", "grad B", "cost",
             "ranks (coords)");
-    for (int64_t q = 0; q < P; q++) {
-        fprintf(out, "      %-5lld %7d %14lld %14lld %14lld %14lld  ", (long long)q, o[q].ntensors, (long long)o[q].used,
-                (long long)o[q].main_bytes, (long long)o[q].grad_bytes, (long long)o[q].cost);
-        text_shard_ranks(&s->mesh, &b->place[role], q, out);
+    for (int64_t q = 0; q < v.P; q++) {
+        fprintf(out, "      %-5lld %7d %14lld %14lld %14lld %14lld  ", (long long)q, v.o[q].ntensors, (long long)v.o[q].used,
+                (long long)v.o[q].main_bytes, (long long)v.o[q].grad_bytes, (long long)v.o[q].cost);
+        text_shard_ranks(&s->mesh, &v.b->place[v.role], q, out);
         fputc('\n', out);
-        if (o[q].ntensors > 0) {
+        if (v.o[q].ntensors > 0) {
             fprintf(out, "      %-5s ", "");
-            for (int i = 0; i < o[q].ntensors && i < MF_EXPLAIN_OWNERS_SHOWN; i++)
-                fprintf(out, "%s%s", i ? ", " : "", b->tensors[o[q].first + i].name);
-            if (o[q].ntensors > MF_EXPLAIN_OWNERS_SHOWN)
-                fprintf(out, " and %d more", o[q].ntensors - MF_EXPLAIN_OWNERS_SHOWN);
+            for (int i = 0; i < v.o[q].ntensors && i < MF_EXPLAIN_OWNERS_SHOWN; i++)
+                fprintf(out, "%s%s", i ? ", " : "", v.b->tensors[v.o[q].first + i].name);
+            if (v.o[q].ntensors > MF_EXPLAIN_OWNERS_SHOWN)
+                fprintf(out, " and %d more", v.o[q].ntensors - MF_EXPLAIN_OWNERS_SHOWN);
             fputc('\n', out);
         }
     }
-    int64_t used = shards_used(o, P);
-    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)P, (long long)(b->length / P),
-            (long long)used, (double)padding_ppm(b->length, used) / 1e6);
+    int64_t used = shards_used(v.o, v.P);
+    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)v.P, (long long)(v.b->length / v.P),
+            (long long)used, (double)padding_ppm(v.b->length, used) / 1e6);
     text_whole_collectives(p, bi, out);
-    free(o);
+    free(v.o);
 }
 
 static void text_bucket(const mf_plan *p, int bi, FILE *out)
@@ -761,48 +769,45 @@ static void yaml_shard_ranks(yout *y, const mf_mesh *m, const mf_placement *pl, 
 static void yaml_owners(yout *y, const mf_plan *p, int bi)
 {
     const mf_schedule *s = p->sched;
-    const mf_bucket *b = &s->buckets[bi];
-    int64_t P = 0;
-    int role = MF_ROLE_MAIN_WEIGHT;
-    mf_plan_owner_shard *o = owners_of(p, b, &P, &role);
-    if (!o)
+    owners_view v;
+    if (!owners_of(p, bi, &v))
         return;
     y_raw(y, "owners");
     y_map(y, false);
     y_raw(y, "whole");
     y_seq(y, true);
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        if (b->whole[r])
+        if (v.b->whole[r])
             y_str(y, mf_role_name((mf_role)r));
     y_end_seq(y);
-    y_kstr(y, "finest", mf_role_name((mf_role)role));
+    y_kstr(y, "finest", mf_role_name((mf_role)v.role));
     y_kstr(y, "balance", balance_name(balance_of(p)));
-    y_kint(y, "shards", P);
-    y_kint(y, "shard_length", b->length / P);
-    int64_t used = shards_used(o, P);
+    y_kint(y, "shards", v.P);
+    y_kint(y, "shard_length", v.b->length / v.P);
+    int64_t used = shards_used(v.o, v.P);
     y_kint(y, "used", used);
-    y_kint(y, "padding_factor_ppm", padding_ppm(b->length, used));
+    y_kint(y, "padding_factor_ppm", padding_ppm(v.b->length, used));
     y_raw(y, "shard_list");
     y_seq(y, false);
-    for (int64_t q = 0; q < P; q++) {
+    for (int64_t q = 0; q < v.P; q++) {
         y_map(y, true);
         y_kint(y, "shard", q);
-        yaml_shard_ranks(y, &s->mesh, &b->place[role], q);
+        yaml_shard_ranks(y, &s->mesh, &v.b->place[v.role], q);
         y_raw(y, "tensors");
         y_seq(y, true);
-        for (int i = 0; i < o[q].ntensors; i++)
-            y_str(y, b->tensors[o[q].first + i].name);
+        for (int i = 0; i < v.o[q].ntensors; i++)
+            y_str(y, v.b->tensors[v.o[q].first + i].name);
         y_end_seq(y);
-        y_kint(y, "used", o[q].used);
-        y_kint(y, "main_weight_bytes", o[q].main_bytes);
-        y_kint(y, "grad_bytes", o[q].grad_bytes);
-        y_kint(y, "cost", o[q].cost);
+        y_kint(y, "used", v.o[q].used);
+        y_kint(y, "main_weight_bytes", v.o[q].main_bytes);
+        y_kint(y, "grad_bytes", v.o[q].grad_bytes);
+        y_kint(y, "cost", v.o[q].cost);
         y_end_map(y);
     }
     y_end_seq(y);
     yaml_whole_collectives(y, p, bi);
     y_end_map(y);
-    free(o);
+    free(v.o);
 }
 
 static void yaml_bucket(yout *y, const mf_plan *p, int bi)
