@@ -29,76 +29,9 @@ mfsdpc=${1:-$root/build/test/planner/mfsdpc}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# mesh_line MESH: "8" -> a 1-D mesh, "2x4" -> dp_outer x dp_inner
-mesh_line() {
-  case $1 in
-    *x*) echo "mesh dp_outer = ${1%x*}, dp_inner = ${1#*x};" ;;
-    *) echo "mesh dp = $1;" ;;
-  esac
-}
-
-# embed MESH BALANCE FLAT VOCAB DIM: the lines every model starts with
-embed() {
-  cat <<SPEC
-$(mesh_line "$1")
-balance $2;
-unit "embed" layout $3 {
-  tensor "tok_embeddings.weight" [$4, $5];
-}
-SPEC
-}
-
-# llama MESH BALANCE WHOLE FLAT
-llama() {
-  embed "$1" "$2" "$4" 128256 4096
-  cat <<SPEC
-unit "layers.{i}" for i in 0..32 layout $3 {
-  tensor "attention.wq.weight"     [4096, 4096];
-  tensor "attention.wk.weight"     [1024, 4096];
-  tensor "attention.wv.weight"     [1024, 4096];
-  tensor "attention.wo.weight"     [4096, 4096];
-  tensor "feed_forward.w1.weight"  [14336, 4096];
-  tensor "feed_forward.w3.weight"  [14336, 4096];
-  tensor "feed_forward.w2.weight"  [4096, 14336];
-  tensor "attention_norm.weight"   [4096] layout $4;
-  tensor "ffn_norm.weight"         [4096] layout $4;
-}
-unit "head" layout $4 {
-  tensor "norm.weight"   [4096];
-  tensor "output.weight" [128256, 4096];
-}
-SPEC
-}
-
-# moe MESH BALANCE WHOLE FLAT
-moe() {
-  embed "$1" "$2" "$4" 10240 512
-  cat <<SPEC
-unit "layers.{i}" for i in 0..4 layout $3 {
-  tensor "attention.wq.weight"       [512, 512];
-  tensor "attention.wkv_a.weight"    [576, 512];
-  tensor "attention.wkv_b.weight"    [1024, 512];
-  tensor "attention.wo.weight"       [512, 512];
-  tensor "attention_norm.weight"     [512] layout ddp;
-  tensor "ffn_norm.weight"           [512] layout ddp;
-  tensor "moe.gate.weight"           [64, 512] layout ddp;
-  for s in 0..2 {
-    tensor "moe.shared_experts.{s}.w1.weight" [176, 512];
-    tensor "moe.shared_experts.{s}.w2.weight" [512, 176];
-    tensor "moe.shared_experts.{s}.w3.weight" [176, 512];
-  }
-  for e in 0..64 {
-    tensor "moe.experts.{e}.w1.weight" [176, 512];
-    tensor "moe.experts.{e}.w2.weight" [512, 176];
-    tensor "moe.experts.{e}.w3.weight" [176, 512];
-  }
-}
-unit "head" layout $4 {
-  tensor "norm.weight"   [512] layout ddp;
-  tensor "output.weight" [10240, 512];
-}
-SPEC
-}
+# mesh_line, embed, llama, moe: the models (bench/whole/models.sh)
+# shellcheck source=models.sh
+. "$here/models.sh"
 
 # figures YAML: "owned flops padding prefix/padded owned/bound" from explain's YAML
 figures() {
