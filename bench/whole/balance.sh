@@ -30,7 +30,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # mesh_line, embed, llama, moe: the models (bench/whole/models.sh)
-# shellcheck source=models.sh
+# shellcheck source-path=SCRIPTDIR source=models.sh
 . "$here/models.sh"
 
 # figures YAML: "owned flops padding prefix/padded owned/bound" from explain's YAML

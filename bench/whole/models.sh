@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Whole benches: the model generators shared by bench/whole/balance.sh and
 # bench/whole/memory.sh (sourced, not run). Each prints an mfsdp spec on
 # stdout; the layouts are built-in names (docs/language.md). Invariants: the
