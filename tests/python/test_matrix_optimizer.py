@@ -235,3 +235,25 @@ def test_fully_shard_passes_the_options(tmp_path, monkeypatch):
         assert all(p.shape == p.full_shape and p.dim() == 2 for p in got.values())
     finally:
         sm.close()
+
+
+def test_muon_over_a_split_matrix_is_refused(tmp_path, monkeypatch):
+    """torch.optim.Muon over every 2-D main parameter (nanoGPT's grouping: the
+    embedding and the head are Flat, 1-D shards that answer dim() 2, so Muon
+    takes them) is a UsageError at step() naming the first such tensor and
+    sm.whole_parameters(), before any update; over sm.whole_parameters() it
+    steps (one rank, the local backend)."""
+    monkeypatch.setenv("MFSDP_CACHE_DIR", str(tmp_path))
+    sm = mt.fully_shard(HFLike(), mesh={"dp_outer": 1, "dp_inner": 1}, backend="local",
+                        matrix_optimizer="whole")
+    try:
+        before = [p.detach().clone() for p in sm.main_parameters()]
+        wrong = torch.optim.Muon([p for p in sm.main_parameters() if p.dim() == 2], lr=0.02)
+        with pytest.raises(mfsdp.UsageError, match=r"Muon.step\(\) over main parameter "
+                           r"'embed_tokens.weight', a 320 shard of its \[40, 8\] tensor.*"
+                           r"sm.whole_parameters\(\)"):
+            wrong.step()
+        assert all(torch.equal(a, b) for a, b in zip(before, sm.main_parameters()))
+        torch.optim.Muon(sm.whole_parameters(), lr=0.02).step()
+    finally:
+        sm.close()

@@ -10,7 +10,8 @@ mfsdp.torch: drive libmfsdp from a torch training loop (needs torch).
 See docs/pytorch.md.
 """
 from .shard import ModelMismatchError, ShardedModel, shard
-from .spec import LAYOUT_NAMES, default_units, layout_block, plan_units, spec_from_module
+from .spec import (LAYOUT_NAMES, default_units, hidden_matrices, layout_block, plan_units,
+                   spec_from_module)
 from .tensors import tensor
 from .offload import CPUOffloadPolicy, OffloadReport   # torch's own when it has it
 from .fully_shard import FullyShardedModel, fully_shard
@@ -21,3 +22,4 @@ __all__ = ["spec_from_module", "shard", "ShardedModel", "ModelMismatchError", "t
            "MixedPrecisionPolicy"]
 __all__ += ["CPUOffloadPolicy", "OffloadReport"]   # offload.py
 __all__ += ["default_units"]                         # spec.py: one unit per block
+__all__ += ["hidden_matrices"]                       # spec.py: matrix_optimizer="whole"'s share

@@ -415,9 +415,33 @@ def watch_optimizers(sm: UnitHooks) -> None:
         _HOOK.append(register_optimizer_step_pre_hook(_check_optimizer))
 
 
+# Optimizers that update each matrix as a whole (Newton-Schulz): by class
+# name, torch.optim.Muon's and the usual re-implementations'.
+MATRIX_OPTIMIZERS = ("Muon",)
+
+
+def _refuse_split_matrix(optimizer, p):
+    """A matrix optimizer's step over a main parameter that is not its whole
+    tensor (a Flat 1-D shard of a matrix, or a Whole matrix this rank does not
+    own): UsageError naming the tensor and the fix, before any update."""
+    full = getattr(p, "full_shape", None)
+    if type(optimizer).__name__ not in MATRIX_OPTIMIZERS or full is None or \
+            tuple(p.shape) == tuple(full):
+        return
+    raise UsageError(
+        "%s.step() over main parameter %r, a %s shard of its %s tensor: %s updates each "
+        "matrix whole, so it needs the tensor's main_weight Whole on this rank; give it "
+        "sm.whole_parameters() (the Whole tensors this rank owns: with "
+        "matrix_optimizer=\"whole\" the hidden matrices) and the rest to AdamW"
+        % (type(optimizer).__name__, getattr(p, "full_name", "?"),
+           "x".join(str(n) for n in p.shape) or "0-element", list(full),
+           type(optimizer).__name__))
+
+
 def _check_optimizer(optimizer, args, kwargs):
     """Refuses a step over a sharded model's own parameters (its stand-ins or
-    the real ones: they never hold a gradient, so nothing would train) and
+    the real ones: they never hold a gradient, so nothing would train), a
+    matrix optimizer's step over a split matrix (_refuse_split_matrix), and
     lets each ShardedModel whose main parameters it steps check its state."""
     owners = {}
     for g in optimizer.param_groups:
@@ -432,6 +456,7 @@ def _check_optimizer(optimizer, args, kwargs):
                     % (type(optimizer).__name__, slot.name))
             owner = getattr(p, "_mfsdp_owner", None)
             if owner is not None:
+                _refuse_split_matrix(optimizer, p)
                 owners[id(owner)] = owner
     for owner in owners.values():
         sm = owner()
