@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_free.h"
 #include "mf_hash.h"
 #include "mf_layout.h"
 #include "mf_limits.h"
@@ -670,12 +671,7 @@ static bool whole_prepare(layout_state *st, int b, int sig, const mf_placement *
 
 static void whole_build_free(whole_build *w)
 {
-    free(w->it);
-    free(w->gcost);
-    free(w->cost);
-    free(w->numel);
-    free(w->group);
-    free(w->shard);
+    MF_FREE_ALL(w->it, w->gcost, w->cost, w->numel, w->group, w->shard);
 }
 
 /* The whole buckets of s (tensors copied in declaration order): each grouped

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_free.h"
 #include "mf_layout.h"
 
 typedef struct owner_class {
@@ -100,10 +101,7 @@ static bool class_init(const mf_mesh *m, const mf_placement *pl, int64_t P, owne
 
 static void class_free(owner_class *c)
 {
-    free(c->rank_shard);
-    free(c->members);
-    free(c->start);
-    free(c->worst);
+    MF_FREE_ALL(c->rank_shard, c->members, c->start, c->worst);
 }
 
 static int item_order(const void *a, const void *b)
@@ -327,18 +325,7 @@ bool mf_whole_owners_assign(const mf_mesh *m, mf_whole_bucket *b, int nb)
     }
     for (size_t c = 0; d.cls && c < slots; c++)
         class_free(&d.cls[c]); /* calloc'd: the unused ones hold NULLs */
-    free(d.cls);
-    free(d.cls_of);
-    free(d.first);
-    free(d.tfirst);
-    free(d.used);
-    free(d.taken);
-    free(d.gstart);
-    free(d.members);
-    free(d.loads);
-    free(d.items);
-    free(d.by_group);
-    free(d.failed);
-    free(keep);
+    MF_FREE_ALL(d.cls, d.cls_of, d.first, d.tfirst, d.used, d.taken, d.gstart, d.members, d.loads, d.items,
+                d.by_group, d.failed, keep);
     return ok;
 }
