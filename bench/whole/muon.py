@@ -1,6 +1,7 @@
 """
 muon: Muon on a sharded model three ways, on the same model in the same run
-(4 MPI ranks, ZeRO-3 over 1 x 4, the GPT model of tests/python, bigger):
+(any number of MPI ranks; ZeRO-3 on a 1-D mesh or HFSDP on a 2-D one, the GPT
+model of tests/python, bigger):
 
   whole   mfsdp with matrix_optimizer="whole": each block matrix's grad and
           main_weight are Whole, so torch.optim.Muon runs on the owners only,
@@ -22,8 +23,17 @@ whole differs by torch's bf16 Newton-Schulz on gradients summed in another order
 see tests/python/test_whole_muon.py).
 
     mpirun -np 4 python bench/whole/muon.py [--d 256 --layers 4 --steps 6 --M 2]
+    mpirun -np 8 python bench/whole/muon.py --mesh 2x4      # HFSDP, 2 x 4
+
+--mesh N (1-D, zero3; default the MPI world size) or OxI (dp_outer x dp_inner,
+hfsdp; main_weight is Flat on both axes, so the gather and a2a forms see one
+1-D shard per rank and "whole" owners are single ranks); O x I must be the
+world size. The library and the compiler are found as the Python tests find
+them (MFSDP_LIBRARY, MFSDPC, PYTHONPATH=python: tests/python/conftest.py);
+gloo's rendezvous is MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29533).
 """
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -140,13 +150,30 @@ class ShardedMuon:
         return list(out.split(recv_counts))
 
 
+def parse_mesh(text, world):
+    """--mesh: "N" -> ({"dp": N}, "zero3"), "OxI" -> ({"dp_outer": O, "dp_inner": I},
+    "hfsdp"); exits with a message when it is malformed or not the world size."""
+    try:
+        sizes = [int(x) for x in text.lower().split("x")]
+    except ValueError:
+        sizes = []
+    if len(sizes) not in (1, 2) or min(sizes) < 1:
+        sys.exit("muon.py: --mesh %r: N (1-D, zero3) or OxI (dp_outer x dp_inner, hfsdp)" % text)
+    if math.prod(sizes) != world:
+        sys.exit("muon.py: --mesh %s has %d ranks, and MPI runs %d (mpirun -np)"
+                 % (text, math.prod(sizes), world))
+    if len(sizes) == 1:
+        return {"dp": sizes[0]}, "zero3"
+    return {"dp_outer": sizes[0], "dp_inner": sizes[1]}, "hfsdp"
+
+
 def run(mode, args, X, Y):
     model = gpt.make_model(vocab=args.vocab, d=args.d, heads=4, layers=args.layers, seq=args.seq)
-    spec = mt.spec_from_module(model, mesh={"dp": 4}, layout="zero3", microbatches=args.M,
+    spec = mt.spec_from_module(model, mesh=args.mesh_axes, layout=args.layout, microbatches=args.M,
                                matrix_optimizer="whole" if mode == "whole" else None)
     sm = mt.shard(model, mfsdp.Schedule.compile(spec, name="muon_" + mode), backend="mpi",
                   timeout_ms=120000)
-    rank = sm.runtime.rank
+    rank, world = sm.runtime.rank, sm.runtime.world_size
     mains = sm.main_parameters()
     rest = [p for p in mains if not is_matrix(p.full_name, p.full_shape)]
     adamw = torch.optim.AdamW([{"params": rest}], lr=ADAMW_LR, weight_decay=0.1, foreach=False)
@@ -156,13 +183,13 @@ def run(mode, args, X, Y):
     else:
         views = sm.runtime.views
         ranges = [(v.shard_offset, v.shard_count) for v in views]
-        every = [None] * 4
+        every = [None] * world
         dist.all_gather_object(every, ranges)
-        lay = {v.name: [every[r][v.index] for r in range(4)] for v in views}
-        load, owners = [0] * 4, {}
+        lay = {v.name: [every[r][v.index] for r in range(world)] for v in views}
+        load, owners = [0] * world, {}
         for v in sorted((v for v in views if is_matrix(v.name, v.shape)),
                         key=lambda v: (-v.numel, v.index)):
-            owners[v.name] = min(range(4), key=lambda r: (load[r], r))
+            owners[v.name] = min(range(world), key=lambda r: (load[r], r))
             load[owners[v.name]] += v.numel
         muon = ShardedMuon(sm, mode, owners, lay)
     sched_bytes, opt_bytes, opt_s = [], [], []
@@ -200,21 +227,28 @@ def main():
     ap.add_argument("--M", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--modes", default="whole,gather,a2a")
+    ap.add_argument("--mesh", default=None,
+                    help="N (1-D, zero3) or OxI (dp_outer x dp_inner, hfsdp); default: the world size")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    args.mesh = args.mesh or str(world)
+    args.mesh_axes, args.layout = parse_mesh(args.mesh, world)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=rank, world_size=4)
-    X, Y = gpt.make_data(args.steps, 4, args.M, 2, seq=args.seq, vocab=args.vocab)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    X, Y = gpt.make_data(args.steps, world, args.M, 2, seq=args.seq, vocab=args.vocab)
     rows, finals = [], {}
     modes = args.modes.split(",")
     for mode in modes:
         res, finals[mode] = run(mode, args, X, Y)
         rows.append((mode, res))
     if rank == 0:
-        print("Muon on 4 ranks, ZeRO-3 1 x 4, GPT d=%d layers=%d, M=%d, median of steps 2..%d, "
-              "max over ranks" % (args.d, args.layers, args.M, args.steps))
+        shape = " x ".join(str(n) for n in ([1] * (len(args.mesh_axes) == 1) + list(args.mesh_axes.values())))
+        print("Muon on %d ranks, %s %s (%s), GPT d=%d layers=%d, M=%d, median of steps 2..%d, "
+              "max over ranks" % (world, "ZeRO-3" if args.layout == "zero3" else "HFSDP", shape,
+                                  args.layout, args.d, args.layers, args.M, args.steps))
         print("%-7s %16s %16s %14s %18s" % ("form", "schedule B/rank", "optimizer B/rank",
                                             "optimizer ms", "max |dW| vs " + modes[0]))
         for mode, res in rows:
