@@ -228,7 +228,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--modes", default="whole,gather,a2a")
     ap.add_argument("--mesh", default=None,
-                    help="N (1-D, zero3) or OxI (dp_outer x dp_inner, hfsdp); default: the world size")
+                    help="N (1-D, zero3) or OxI (dp_outer x dp_inner, hfsdp); default: "
+                         "the world size")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -245,7 +246,8 @@ def main():
         res, finals[mode] = run(mode, args, X, Y)
         rows.append((mode, res))
     if rank == 0:
-        shape = " x ".join(str(n) for n in ([1] * (len(args.mesh_axes) == 1) + list(args.mesh_axes.values())))
+        sizes = list(args.mesh_axes.values())
+        shape = " x ".join(str(n) for n in ([1] + sizes if len(sizes) == 1 else sizes))
         print("Muon on %d ranks, %s %s (%s), GPT d=%d layers=%d, M=%d, median of steps 2..%d, "
               "max over ranks" % (world, "ZeRO-3" if args.layout == "zero3" else "HFSDP", shape,
                                   args.layout, args.d, args.layers, args.M, args.steps))
