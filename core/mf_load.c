@@ -330,7 +330,9 @@ static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
 
 /* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1).
  * With `whole` (a bucket's grad or main_weight; NULL elsewhere) also Whole,
- * from format 5 on: all split axes Whole (stored Flat, *whole set) or none. */
+ * from format 5 on: all split axes Whole (stored Flat, *whole set) or none.
+ * From format 6 on, Distinct anywhere (MF_PLACE_DISTINCT; the structural
+ * checker holds a bucket's three roles to the same Distinct axes). */
 static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
                               mf_placement *out, bool *whole)
 {
@@ -354,6 +356,11 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
                                     "weight is all-gathered before compute, buffers are written Flat)", what);
             first_whole = first_whole ? first_whole : it;
             p = MF_PLACE_FLAT;
+        } else if (it->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(it), MF_DISTINCT_NAME) == 0) {
+            if (l->version < mf_schema_format_version(MF_SCHEDULE_FORMAT_DISTINCT))
+                return mf_load_fail(l, it, "%s: placement 'Distinct' needs format %s (the file says mfsdp-schedule/%d)",
+                                    what, MF_SCHEDULE_FORMAT_DISTINCT, l->version);
+            p = MF_PLACE_DISTINCT;
         } else {
             if (!mf_load_enum(l, it, "placement", mf_place_from_name, mf_place_choices, &p))
                 return false;
@@ -596,6 +603,8 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
         mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_TENSORS]};
         mf_struct_sink sink = {mf_load_finding, &site, 0, false};
         mf_struct_bucket_whole(s, b, &sink);
+        if (!sink.findings)
+            mf_struct_bucket_distinct(s, b, &sink);
         if (sink.findings)
             return false;
     }
@@ -957,7 +966,8 @@ static bool mf_load_format(mf_loader *l, mf_node *root)
                             "with this mfsdpc (expected %s)", f, older, MF_SCHEDULE_FORMAT);
     /* Format 3 is format 4 without the short-step and evaluation programs
      * (docs/schedule.md §2): it loads and trains; those hooks are refused. */
-    l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0 || strcmp(f, MF_SCHEDULE_FORMAT_WHOLE) == 0;
+    l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0 || strcmp(f, MF_SCHEDULE_FORMAT_WHOLE) == 0 ||
+                     strcmp(f, MF_SCHEDULE_FORMAT_DISTINCT) == 0;
     if (!l->s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
     l->version = mf_schema_format_version(f);

@@ -56,7 +56,13 @@ static int from_name(const char *const *names, int n, const char *s)
     int type##_from_name(const char *s) { return from_name(table, MF_COUNT(table), s); }
 
 MF_NAME_FUNCS(mf_dtype, dtype_names)
-MF_NAME_FUNCS(mf_place, place_names)
+/* mf_place: the table's names and Distinct past it (by name only for
+ * output: mf_place_from_name reads the table's). */
+const char *mf_place_name(mf_place v)
+{
+    return v == MF_PLACE_DISTINCT ? MF_DISTINCT_NAME : name_of(place_names, MF_COUNT(place_names), (int)v);
+}
+int mf_place_from_name(const char *s) { return from_name(place_names, MF_COUNT(place_names), s); }
 MF_NAME_FUNCS(mf_role, role_names)
 MF_NAME_FUNCS(mf_phase, phase_names)
 MF_NAME_FUNCS(mf_when, when_names)
@@ -109,6 +115,8 @@ mf_stream mf_axis_stream(int naxes, int axis)
 
 char mf_place_letter(mf_place p)
 {
+    if (p == MF_PLACE_DISTINCT)
+        return MF_DISTINCT_LETTER;
     return (int)p >= 0 && p < MF_PLACE_COUNT ? place_letters[p] : '?';
 }
 
@@ -217,6 +225,23 @@ bool mf_placement_equal(const mf_placement *a, const mf_placement *b, int naxes)
         if (a->p[j] != b->p[j])
             return false;
     return true;
+}
+
+bool mf_placement_has_distinct(const mf_placement *p, int naxes)
+{
+    for (int j = 0; j < naxes; j++)
+        if (p->p[j] == MF_PLACE_DISTINCT)
+            return true;
+    return false;
+}
+
+mf_placement mf_placement_uniform(mf_place fill, const mf_placement *keep, int naxes)
+{
+    mf_placement out;
+    memset(&out, 0, sizeof out);
+    for (int j = 0; j < naxes; j++)
+        out.p[j] = (uint8_t)(keep && keep->p[j] == MF_PLACE_DISTINCT ? MF_PLACE_DISTINCT : fill);
+    return out;
 }
 
 const char *mf_role_place_name(const mf_placement *p, int j, bool whole)

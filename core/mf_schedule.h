@@ -67,6 +67,9 @@
 /* Format 4 plus the placement value `Whole`: written when some bucket has a
  * whole role (mf_bucket.whole), so schedules without one keep format 4. */
 #define MF_SCHEDULE_FORMAT_WHOLE "mfsdp-schedule/5"
+/* Format 5 plus the placement value `Distinct`: written when some bucket has a
+ * Distinct axis (MF_PLACE_DISTINCT), so schedules without one keep 4 or 5. */
+#define MF_SCHEDULE_FORMAT_DISTINCT "mfsdp-schedule/6"
 
 /* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
 
@@ -86,6 +89,19 @@
  * the layout math is Flat's, the packing keeps every tensor inside one shard. */
 #define MF_WHOLE_NAME "Whole"
 #define MF_WHOLE_LETTER 'W'
+
+/* `Distinct` (docs/semantics.md §1): each coordinate of the axis holds a
+ * different tensor of the same shape (a TP shard, another expert set), never
+ * split and never communicated. It is a placement value past the table
+ * (MF_PLACE_LIST stays the three data-parallel ones, so their messages keep
+ * their text): no op of MF_OPKIND_LIST needs or leaves it, so no op ever runs
+ * on a Distinct axis; a layout is Distinct on an axis in all three roles or in
+ * none; the layout math counts it like Replicate (one tensor per coordinate,
+ * not split). mf_place_name / mf_place_letter know it; mf_place_from_name does
+ * not (the checker and the loader read it by MF_DISTINCT_NAME). */
+#define MF_PLACE_DISTINCT ((mf_place)MF_PLACE_COUNT)
+#define MF_DISTINCT_NAME "Distinct"
+#define MF_DISTINCT_LETTER 'D'
 
 /* roles of a tensor: X(ENUM, name) */
 #define MF_ROLE_LIST(X)   \
@@ -190,8 +206,8 @@ typedef enum { MF_BUFKIND_LIST(MF_ENUM_BUF) MF_BUFKIND_COUNT } mf_bufkind;
 typedef enum { MF_OPKIND_LIST(MF_ENUM_OP) MF_OPKIND_COUNT } mf_opkind;
 
 /* The op table's columns (MF_OPKIND_LIST). MF_PLACE_NONE: no placement
- * (need and becomes of the ops that keep it). */
-#define MF_PLACE_NONE MF_PLACE_COUNT
+ * (need and becomes of the ops that keep it); past MF_PLACE_DISTINCT. */
+#define MF_PLACE_NONE (MF_PLACE_COUNT + 1)
 typedef enum { MF_OPAT_NO_AXIS, MF_OPAT_ANY_AXIS, MF_OPAT_FLAT_START, MF_OPAT_OUTSIDE_FLAT } mf_opat;
 typedef enum { MF_OPSTREAM_AXIS, MF_OPSTREAM_FED, MF_OPSTREAM_ANY } mf_opstream;
 
@@ -415,6 +431,12 @@ char *mf_placement_format(const mf_placement *p, int naxes, char *buf, size_t si
 const char *mf_role_place_name(const mf_placement *p, int j, bool whole);
 /* mf_placement_format with mf_role_place_name: "[Partial, Whole]". */
 char *mf_placement_format_as(const mf_placement *p, int naxes, bool whole, char *buf, size_t size);
+/* Some axis of p is Distinct. */
+bool mf_placement_has_distinct(const mf_placement *p, int naxes);
+/* `fill` on every axis, except the Distinct axes of `keep` (NULL: none),
+ * which stay Distinct: the all-Replicate and all-Partial placements of a
+ * bucket (weight_full, grad_local) with its Distinct axes. */
+mf_placement mf_placement_uniform(mf_place fill, const mf_placement *keep, int naxes);
 /* Writes "RF"-style letters; buf size >= MF_MAX_AXES + 1. */
 char *mf_placement_letters(const mf_placement *p, int naxes, char *buf);
 

@@ -35,13 +35,6 @@ __attribute__((format(printf, 5, 6))) static bool mf_struct_fail(mf_struct_sink 
     return !k->stop;
 }
 
-static void mf_struct_uniform(const mf_schedule *s, mf_place p, mf_placement *out)
-{
-    memset(out, 0, sizeof *out);
-    for (int j = 0; j < s->mesh.naxes; j++)
-        out->p[j] = (uint8_t)p;
-}
-
 bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufkind k, mf_placement *out)
 {
     switch (k) {
@@ -52,11 +45,11 @@ bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufk
     case MF_BUF_WEIGHT:
         *out = bk->place[MF_ROLE_WEIGHT];
         return true;
-    case MF_BUF_WEIGHT_FULL:
-        mf_struct_uniform(s, MF_PLACE_REPLICATE, out);
+    case MF_BUF_WEIGHT_FULL: /* Replicate, one coordinate's tensor on a Distinct axis */
+        *out = mf_placement_uniform(MF_PLACE_REPLICATE, &bk->place[MF_ROLE_WEIGHT], s->mesh.naxes);
         return true;
     case MF_BUF_GRAD_LOCAL:
-        mf_struct_uniform(s, MF_PLACE_PARTIAL, out);
+        *out = mf_placement_uniform(MF_PLACE_PARTIAL, &bk->place[MF_ROLE_GRAD], s->mesh.naxes);
         return true;
     case MF_BUF_GRAD:
         *out = bk->place[MF_ROLE_GRAD];
@@ -196,6 +189,24 @@ void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k)
     }
 }
 
+void mf_struct_bucket_distinct(const mf_schedule *s, int b, mf_struct_sink *k)
+{
+    const mf_bucket *bk = &s->buckets[b];
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        int nd = 0;
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            nd += bk->place[r].p[j] == MF_PLACE_DISTINCT;
+        if (nd != 0 && nd != MF_ROLE_COUNT) {
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s': axis '%s' is Distinct in %d of its 3 roles; a Distinct axis holds a "
+                           "different tensor on each coordinate, so weight, grad and main_weight are all Distinct "
+                           "on it or none is",
+                           bk->name, s->mesh.axes[j].name, nd);
+            return;
+        }
+    }
+}
+
 void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_buffer *bf = &s->buffers[i];
@@ -251,8 +262,7 @@ static bool mf_struct_bucket_set(const mf_schedule *s, int b, const int *c, mf_s
 {
     static const mf_bufkind required[] = {MF_BUF_MAIN_WEIGHT, MF_BUF_WEIGHT, MF_BUF_GRAD_LOCAL, MF_BUF_GRAD};
     const mf_bucket *bk = &s->buckets[b];
-    mf_placement rep;
-    mf_struct_uniform(s, MF_PLACE_REPLICATE, &rep);
+    mf_placement rep = mf_placement_uniform(MF_PLACE_REPLICATE, &bk->place[MF_ROLE_WEIGHT], s->mesh.naxes);
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++)
         if (!c[required[r]] && !mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_BUFFERS, "bucket '%s' has no %s buffer",
                                                bk->name, mf_bufkind_name(required[r])))
@@ -310,6 +320,14 @@ static bool mf_struct_op_counts(const mf_schedule *s, const mf_op *op, mf_struct
     return true;
 }
 
+/* An op on a mesh axis where its bucket is Distinct (it would mix the
+ * coordinates' different tensors). */
+static bool mf_struct_on_distinct(const mf_schedule *s, const mf_op *op)
+{
+    return mf_opkind_on_axis(op->kind) && op->axis >= 0 && op->axis < s->mesh.naxes &&
+           s->buckets[op->bucket].place[MF_ROLE_WEIGHT].p[op->axis] == MF_PLACE_DISTINCT;
+}
+
 void mf_struct_data_op(const mf_schedule *s, int i, mf_struct_sink *k)
 {
     const mf_op *op = &s->ops[i];
@@ -322,6 +340,11 @@ void mf_struct_data_op(const mf_schedule *s, int i, mf_struct_sink *k)
         mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_DST,
                        "op %d: destination buffer '%s' belongs to bucket '%s', not to the op's bucket '%s'", i,
                        dst->name, s->buckets[dst->bucket].name, s->buckets[op->bucket].name);
+    else if (mf_struct_on_distinct(s, op))
+        mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_NONE,
+                       "op %d: %s on axis '%s', which is Distinct in bucket '%s': each coordinate of a Distinct axis "
+                       "holds a different tensor, so no op may run on it (docs/semantics.md §4.7)",
+                       i, mf_opkind_name(op->kind), s->mesh.axes[op->axis].name, s->buckets[op->bucket].name);
     else if (op->src == op->dst && op->kind != MF_OP_ALL_REDUCE)
         mf_struct_fail(k, MF_AT_OP, i, MF_FIELD_DST, "op %d: a %s op cannot work in place (src and dst are both '%s')",
                        i, mf_opkind_name(op->kind), src->name);
@@ -411,6 +434,7 @@ static bool mf_struct_bucket_ranges(const mf_schedule *s, int b, mf_struct_sink 
                                   bk->name, te->name);
     }
     mf_struct_bucket_whole(s, b, k);
+    mf_struct_bucket_distinct(s, b, k);
     return k->findings == before;
 }
 

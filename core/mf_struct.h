@@ -14,7 +14,10 @@
  *   ops        operands in the op's bucket, dtypes that match, no in-place
  *              work except all_reduce, counts that fit the buffers per op
  *              kind and axis size (mf_struct_op_extents);
- *   events     each event recorded on one stream.
+ *   events     each event recorded on one stream;
+ *   distinct   an axis Distinct in a bucket's role is Distinct in all three,
+ *              and no op (collective or slice) runs on a bucket's Distinct
+ *              axis (docs/semantics.md §4.7).
  *
  * With MF_STRUCT_STRICT (the verifier) also the compiler's conventions: the
  * header's align and prefetch, the suffix rule and equal aligned shards of
@@ -84,6 +87,8 @@ bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, m
  * of each (mf_layout_tensor_shard). Run on every bucket by the loader (after
  * its tensors) and with the field ranges. */
 void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k);
+/* A bucket's Distinct axes: Distinct in all three roles or in none. */
+void mf_struct_bucket_distinct(const mf_schedule *s, int b, mf_struct_sink *k);
 /* Why a move of k was refused, from the same row: "an all-gather needs Flat
  * on its axis, the outermost Flat axis". */
 void mf_struct_move_why(mf_opkind k, char *buf, size_t size);

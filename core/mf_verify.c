@@ -22,7 +22,12 @@
  *    Values (abstract interpretation per buffer): a buffer holds nothing, a
  *    weight (the main_weight of step k, at some placement and dtype), or a
  *    gradient (at some placement, where Partial on an axis means "not yet
- *    reduced over that axis", summed over a set of microbatches). Each op
+ *    reduced over that axis", summed over a set of microbatches). Distinct
+ *    on an axis means "this rank's coordinate's own tensor": the trainer's
+ *    local gradient and the unsharded weight carry the bucket's Distinct
+ *    axes, no op changes them (part 1 refuses any op on a Distinct axis), so
+ *    a value that reaches the optimizer at main_weight's placement is the
+ *    rank's own coordinate's, reduced over the other axes only. Each op
  *    checks its input and computes its output; the output must match the
  *    destination's declared placement. Postconditions: every unsharded weight
  *    the trainer reads is the current step's main_weight at Rep in weight's
@@ -64,7 +69,6 @@ typedef struct mf_verify_ctx {
     const mf_schedule *s;
     mf_diag *d;
     int errors;
-    mf_placement rep, partial;
     int *delivered;         /* per bucket: the buffer holding the delivered gradient */
     int *full;              /* per bucket: the buffer the trainer computes with */
     int *local;             /* per bucket: grad_local */
@@ -447,6 +451,14 @@ static void mf_areplay_cover(mf_areplay *sim, int v, bool forward)
     sim->ncover = n;
 }
 
+/* Placement p is bucket bk's unsharded weight: Replicate on every axis but
+ * the bucket's Distinct ones, where it is this coordinate's own tensor. */
+static bool mf_verify_unsharded(const mf_schedule *s, const mf_bucket *bk, const mf_placement *p)
+{
+    mf_placement rep = mf_placement_uniform(MF_PLACE_REPLICATE, &bk->place[MF_ROLE_WEIGHT], s->mesh.naxes);
+    return mf_placement_equal(p, &rep, s->mesh.naxes);
+}
+
 /* The trainer reads the unsharded weight of every bucket covering unit v
  * (sim->cover). */
 static void mf_areplay_compute_reads(mf_areplay *sim, int kind, int v)
@@ -470,7 +482,7 @@ static void mf_areplay_compute_reads(mf_areplay *sim, int kind, int v)
             mf_areplay_bad(sim, actor, fb, "computes with %s holding the main_weight of %s (T1 did not refresh it)",
                            mf_verify_bufname(s, fb), kind == A_EVAL ? "before the last optimizer step"
                                                                     : "the previous step");
-        else if (!mf_placement_equal(&val->place, &c->rep, s->mesh.naxes))
+        else if (!mf_verify_unsharded(s, bk, &val->place))
             mf_areplay_bad(sim, actor, fb, "computes with %s holding %s, not the unsharded weight",
                        mf_verify_bufname(s, fb), mf_placement_format(&val->place, s->mesh.naxes, pa, sizeof pa));
         else if (val->dtype != bk->dtype[MF_ROLE_WEIGHT])
@@ -492,7 +504,7 @@ static void mf_areplay_compute_grads(mf_areplay *sim, int v)
         int lb = c->local[b];
         mf_areplay_access(sim, actor, MF_STREAM_COMPUTE, lb, true);
         mf_absval *val = &sim->buf[lb].v;
-        *val = (mf_absval){.kind = V_GRAD, .place = c->partial, .dtype = bk->dtype[MF_ROLE_GRAD],
+        *val = (mf_absval){.kind = V_GRAD, .place = mf_placement_uniform(MF_PLACE_PARTIAL, &bk->place[MF_ROLE_GRAD], s->mesh.naxes), .dtype = bk->dtype[MF_ROLE_GRAD],
                            .mbs = 1u << sim->mb, .step = sim->step, .mb = sim->mb};
     }
 }
@@ -727,10 +739,6 @@ int mf_verify_run(const mf_schedule *s, mf_diag *d)
     }
     for (size_t b = 0; b < nb; b++)
         c.delivered[b] = c.full[b] = c.local[b] = c.mainw[b] = -1;
-    for (int j = 0; j < s->mesh.naxes; j++) {
-        c.rep.p[j] = MF_PLACE_REPLICATE;
-        c.partial.p[j] = MF_PLACE_PARTIAL;
-    }
     mf_verify_roles(&c);
     mf_areplay_run(&c);
     if (c.errors == 0) /* memory reuse: hazards per arena byte range */

@@ -176,9 +176,13 @@ static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_p
     mf_emit_seq_end(c);
 }
 
-/* The format: 5 when some bucket has a whole role, else 4 (3 without the programs). */
+/* The format: 6 when some bucket has a Distinct axis, 5 when some bucket has
+ * a whole role, else 4 (3 without the programs). */
 static const char *mf_emit_format(const mf_schedule *s)
 {
+    for (int b = 0; b < s->nbuckets; b++)
+        if (mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes))
+            return MF_SCHEDULE_FORMAT_DISTINCT;
     for (int b = 0; b < s->nbuckets; b++)
         for (int r = 0; r < MF_ROLE_COUNT; r++)
             if (s->buckets[b].whole[r])

@@ -165,7 +165,7 @@ mf_emit_lines *mf_emit_lines_new(const mf_schedule *s)
     for (int j = 0; j < MF_MAX_AXES; j++)
         l->axis_len[j] = j < s->mesh.naxes ? mf_lines_plain_len(s->mesh.axes[j].name) : -1;
     mf_lines_vocab_init(&l->dtype, MF_DTYPE_COUNT, mf_lines_dtype);
-    mf_lines_vocab_init(&l->place, MF_PLACE_COUNT, mf_lines_place);
+    mf_lines_vocab_init(&l->place, MF_PLACE_DISTINCT + 1, mf_lines_place); /* the table and Distinct */
     mf_lines_vocab_init(&l->bufkind, MF_BUFKIND_COUNT, mf_lines_bufkind);
     mf_lines_vocab_init(&l->lifetime, MF_LIFETIME_COUNT, mf_lines_lifetime);
     mf_lines_vocab_init(&l->phase, MF_PHASE_COUNT, mf_lines_phase);

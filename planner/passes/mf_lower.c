@@ -155,12 +155,11 @@ static int mf_lower_buffer(mf_lower_ctx *c, int b, mf_bufkind kind, const char *
     return (int)c->bufs.len - 1;
 }
 
+/* Replicate on every axis but its Distinct ones: the unsharded weight. */
 static bool mf_lower_is_rep(const mf_placement *pl, int naxes)
 {
-    for (int j = 0; j < naxes; j++)
-        if (pl->p[j] != MF_PLACE_REPLICATE)
-            return false;
-    return true;
+    mf_placement rep = mf_placement_uniform(MF_PLACE_REPLICATE, pl, naxes);
+    return mf_placement_equal(pl, &rep, naxes);
 }
 
 /* ---- buffers ---- */
@@ -218,11 +217,9 @@ static void mf_lower_buffers(mf_lower_ctx *c, int b)
     const mf_transition *tr = c->p->trans[b];
     mf_lower_bucket *lb = &c->bk[b];
     int k = s->mesh.naxes;
-    mf_placement rep = {{0}}, partial = {{0}};
-    for (int j = 0; j < k; j++) {
-        rep.p[j] = MF_PLACE_REPLICATE;
-        partial.p[j] = MF_PLACE_PARTIAL;
-    }
+    /* weight_full and grad_local: one coordinate's tensor on a Distinct axis */
+    mf_placement rep = mf_placement_uniform(MF_PLACE_REPLICATE, &bk->place[MF_ROLE_WEIGHT], k);
+    mf_placement partial = mf_placement_uniform(MF_PLACE_PARTIAL, &bk->place[MF_ROLE_GRAD], k);
     const mf_placement *W = &bk->place[MF_ROLE_WEIGHT], *G = &bk->place[MF_ROLE_GRAD],
                        *O = &bk->place[MF_ROLE_MAIN_WEIGHT];
     mf_dtype dw = bk->dtype[MF_ROLE_WEIGHT], dg = bk->dtype[MF_ROLE_GRAD];

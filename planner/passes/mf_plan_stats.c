@@ -42,9 +42,9 @@ void mf_bucket_memory_of(const mf_plan *p, int bi, mf_bucket_memory *m)
     m->weight = local_bytes(s, b, W, dw);
     m->grad = local_bytes(s, b, G, dg);
     m->grad_final = mf_placement_equal(G, O, s->mesh.naxes) ? 0 : local_bytes(s, b, O, dg);
-    bool w_rep = true;
-    for (int j = 0; j < s->mesh.naxes; j++)
-        w_rep = w_rep && W->p[j] == MF_PLACE_REPLICATE;
+    /* unsharded: Replicate on every axis but the Distinct ones */
+    mf_placement rep = mf_placement_uniform(MF_PLACE_REPLICATE, W, s->mesh.naxes);
+    bool w_rep = mf_placement_equal(W, &rep, s->mesh.naxes);
     m->weight_full = w_rep ? 0 : b->length * (int64_t)mf_dtype_size(dw);
     m->grad_local = b->length * (int64_t)mf_dtype_size(dg);
     if (p->trans) {

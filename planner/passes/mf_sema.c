@@ -10,7 +10,8 @@
  *      placement per mesh axis, then the layout rules: no Partial in weight or
  *      main_weight, Whole only in grad and main_weight and never mixed with
  *      Flat (stored as Flat plus mf_spec_layout.whole), Flat (and Whole) axes
- *      a suffix of the mesh, and every per-axis step of
+ *      a suffix of the mesh, Distinct (MF_PLACE_DISTINCT) on an axis in all
+ *      three roles or in none, and every per-axis step of
  *      T1..T4 legal (docs/semantics.md §4.1);
  *   3. units, once per declaration (templates): loop ranges, {var}
  *      substitutions, layout references, inline layouts (resolved like named
@@ -437,6 +438,22 @@ static int labeled_slot(mf_sema *s, const mf_ast_place *p, const char *role, con
     return slot;
 }
 
+/* An unknown placement word: "did you mean 'Distinct'?" when that is the
+ * closest, else the message of the table's words and Whole (the list of
+ * choices keeps the text it had before Distinct, docs/language.md §3.3). */
+static void unknown_placement(mf_sema *s, mf_span at, const char *word, const char *where)
+{
+    const char *all[COUNT(place_names) + 1];
+    for (size_t i = 0; i < COUNT(place_names); i++)
+        all[i] = place_names[i];
+    all[COUNT(place_names)] = MF_DISTINCT_NAME;
+    const char *hint = mf_diag_suggest(word, all, COUNT(all));
+    if (hint && strcmp(hint, MF_DISTINCT_NAME) == 0)
+        mf_diag_error(s->d, at, "unknown placement '%s'%s; did you mean '%s'?", word, where, hint);
+    else
+        unknown_word(s, at, "placement", word, where, place_names, COUNT(place_names));
+}
+
 /* Entry p of role r, Whole or Flat, after `other`, the first entry of the
  * other kind in the same placement (NULL: none): Whole on weight, or Whole
  * mixed with Flat (docs/semantics.md §1), reported at p. False when reported. */
@@ -473,7 +490,8 @@ static void resolve_entries(mf_sema *s, const mf_ast_role *r, const char *what, 
     int j = 0;
     for (const mf_ast_place *p = r->places; p; p = p->next, j++) {
         bool is_whole = strcmp(p->value.text, MF_WHOLE_NAME) == 0;
-        int pl = is_whole ? MF_PLACE_FLAT : mf_place_from_name(p->value.text);
+        bool is_distinct = strcmp(p->value.text, MF_DISTINCT_NAME) == 0;
+        int pl = is_whole ? MF_PLACE_FLAT : is_distinct ? (int)MF_PLACE_DISTINCT : mf_place_from_name(p->value.text);
         if (pl == MF_PLACE_FLAT) {
             if (!reported && !whole_entry_ok(s, r, what, p, is_whole, is_whole ? first_flat : first_whole))
                 reported = true;
@@ -486,7 +504,7 @@ static void resolve_entries(mf_sema *s, const mf_ast_role *r, const char *what, 
         if (pl < 0) {
             char where[160];
             snprintf(where, sizeof where, " for '%s' in %s", role, what);
-            unknown_word(s, p->value.span, "placement", p->value.text, where, place_names, COUNT(place_names));
+            unknown_placement(s, p->value.span, p->value.text, where);
         }
         if ((p->axis.text != NULL) != labeled) {
             mf_diag_error(s->d, p->span,

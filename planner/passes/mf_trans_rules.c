@@ -18,15 +18,13 @@
 const mf_trans_rule mf_trans_rules[MF_NTRANSITIONS] = {MF_TRANSITION_LIST(MF_TR_ROW)};
 #undef MF_TR_ROW
 
-/* A role's placement, or `fixed` on every axis. */
+/* A role's placement, or `fixed` on every axis but the role's Distinct ones
+ * (the local gradient and the unsharded weight are one coordinate's tensor). */
 static mf_placement mf_trans_end(int fixed, const mf_placement *role, int naxes)
 {
     if (fixed == MF_TR_ROLE)
         return *role;
-    mf_placement p = {{0}};
-    for (int j = 0; j < naxes; j++)
-        p.p[j] = (uint8_t)fixed;
-    return p;
+    return mf_placement_uniform((mf_place)fixed, role, naxes);
 }
 
 mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_COUNT], const mf_dtype dtype[MF_ROLE_COUNT],
@@ -43,6 +41,10 @@ mf_trans_ends mf_trans_rules_endpoints(int t, const mf_placement place[MF_ROLE_C
 
 bool mf_trans_rules_move_ok(int t, mf_place a, mf_place b)
 {
+    if (a == MF_PLACE_DISTINCT || b == MF_PLACE_DISTINCT)
+        return a == b;   /* nothing moves on a Distinct axis */
+    if ((int)a < 0 || a >= MF_PLACE_COUNT || (int)b < 0 || b >= MF_PLACE_COUNT)
+        return false;
     return (mf_trans_rules[t].moves >> (a * MF_PLACE_COUNT + b)) & 1u;
 }
 
@@ -145,6 +147,37 @@ static int mf_trans_check_suffix(const mf_mesh *mesh, const mf_placement place[M
     return n;
 }
 
+/* An axis Distinct in some role is Distinct in all three: each role that is
+ * not is reported at its entry, with a note at a Distinct one. */
+static int mf_trans_check_distinct(const mf_mesh *mesh, const mf_placement place[MF_ROLE_COUNT], const char *what,
+                                   mf_illegal_fn report, void *ctx)
+{
+    int n = 0;
+    char msg[768], note[256];
+    for (int j = 0; j < mesh->naxes; j++) {
+        int d = -1;
+        for (int r = 0; r < MF_ROLE_COUNT && d < 0; r++)
+            d = place[r].p[j] == MF_PLACE_DISTINCT ? r : -1;
+        if (d < 0)
+            continue;
+        const char *axis = mesh->axes[j].name, *dr = mf_role_name((mf_role)d);
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
+            if (place[r].p[j] == MF_PLACE_DISTINCT)
+                continue;
+            snprintf(msg, sizeof msg,
+                     "'%s' is %s on axis '%s' in %s, where '%s' is Distinct; a Distinct axis holds a different "
+                     "tensor on each coordinate, and %s there would need communication across distinct tensors: "
+                     "weight, grad and main_weight must all be Distinct on '%s', or none",
+                     mf_role_name((mf_role)r), mf_place_name((mf_place)place[r].p[j]), axis, what, dr,
+                     mf_place_name((mf_place)place[r].p[j]), axis);
+            snprintf(note, sizeof note, "%s is Distinct on '%s' here", dr, axis);
+            mf_trans_report(report, ctx, MF_ILLEGAL_DISTINCT, (mf_role)r, j, msg, (mf_role)d, note);
+            n++;
+        }
+    }
+    return n;
+}
+
 /* One transition's move on one axis, which its `moves` do not allow. */
 static void mf_trans_report_move(const mf_mesh *mesh, int t, int j, int from, int to, const char *what,
                                  mf_illegal_fn report, void *ctx)
@@ -182,6 +215,7 @@ int mf_trans_rules_check_layout(const mf_mesh *mesh, const mf_placement place[MF
 {
     int n = mf_trans_check_partial(mesh, place, what, report, ctx);
     n += mf_trans_check_suffix(mesh, place, what, report, ctx);
+    n += mf_trans_check_distinct(mesh, place, what, report, ctx);
     if (n)
         return n;
     for (int t = 0; t < MF_NTRANSITIONS; t++) {

@@ -16,7 +16,9 @@
  *                 unit reshards after forward)
  *   from_role     the role whose placement and dtype it starts from ...
  *   from_fixed    ... unless every axis is this placement (T3 starts from the
- *                 trainer's local gradient, Partial everywhere);
+ *                 trainer's local gradient, Partial everywhere; a
+ *                 Distinct axis of the role stays Distinct, docs/semantics.md
+ *                 §4.7);
  *                 MF_TR_ROLE: the role's placement
  *   from_buf      the buffer it reads; from_text names the source in messages
  *   to_role, to_fixed, to_buf, to_text: the same for the target (T2 ends
@@ -31,7 +33,10 @@
  *                 added around them by the transition pass
  *   moves         per axis, the placement changes it may make (bits
  *                 MF_TR_MOVE(from, to)); a layout whose placements need any
- *                 other is illegal
+ *                 other is illegal. Distinct -> Distinct is every
+ *                 transition's move on a Distinct axis (no op), and the only
+ *                 one there: a layout is Distinct on an axis in all three
+ *                 roles or in none
  *   when_text     when it runs, for messages
  */
 #ifndef MF_TRANS_RULES_H
@@ -39,7 +44,7 @@
 
 #include "mf_schedule.h"
 
-#define MF_TR_ROLE MF_PLACE_COUNT /* from_fixed / to_fixed: the role's own placement */
+#define MF_TR_ROLE (MF_PLACE_NONE + 1) /* from_fixed / to_fixed: the role's own placement */
 #define MF_TR_OP(k) (1u << MF_OP_##k)
 #define MF_TR_MOVE(a, b) (1u << (MF_PLACE_##a * MF_PLACE_COUNT + MF_PLACE_##b))
 
@@ -102,7 +107,7 @@ bool mf_trans_rules_move_ok(int t, mf_place a, mf_place b);
 bool mf_trans_rules_op_ok(int t, mf_opkind k);
 
 /* A rule a layout's placements break. */
-typedef enum { MF_ILLEGAL_PARTIAL, MF_ILLEGAL_SUFFIX, MF_ILLEGAL_MOVE } mf_illegal_kind;
+typedef enum { MF_ILLEGAL_PARTIAL, MF_ILLEGAL_SUFFIX, MF_ILLEGAL_DISTINCT, MF_ILLEGAL_MOVE } mf_illegal_kind;
 
 typedef struct mf_illegal {
     mf_illegal_kind kind;
@@ -119,8 +124,9 @@ typedef void (*mf_illegal_fn)(void *ctx, const mf_illegal *v);
 /*
  * The legality of a layout (placements of weight, grad, main_weight; `what`
  * names it in messages: "layout 'hfsdp'"): only grad may be Partial; the
- * Flat axes of every placement are a suffix of the mesh; and, when both
- * hold, on every axis every transition makes a move of its `moves`.
+ * Flat axes of every placement are a suffix of the mesh; an axis Distinct
+ * in one role is Distinct in all three; and, when these hold, on every axis
+ * every transition makes a move of its `moves`.
  * Reports every violation in that order; returns how many.
  */
 /* The suffix rule (docs/semantics.md §1): true when placement p has a Flat

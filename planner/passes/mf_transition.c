@@ -308,7 +308,7 @@ static bool check_legal(trans_state *ts, int bi)
     first_illegal f = {0};
     for (int r = 0; r < MF_ROLE_COUNT && !f.found; r++)
         for (int j = 0; j < m->naxes && !f.found; j++)
-            if (b->place[r].p[j] >= MF_PLACE_COUNT) {
+            if (b->place[r].p[j] > MF_PLACE_DISTINCT) {
                 f = (first_illegal){.found = true, .role = (mf_role)r, .note_role = MF_ROLE_COUNT, .axis = j};
                 snprintf(f.msg, sizeof f.msg, "%s has an unknown placement", mf_role_name((mf_role)r));
             }
