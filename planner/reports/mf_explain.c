@@ -133,6 +133,26 @@ static void text_header(const mf_plan *p, FILE *out)
     fprintf(out, "launch %.2f us; local %.1f GB/s\n", p->cost.launch * 1e6, p->cost.local_bw / 1e9);
 }
 
+/* The axis groups a collective on `axis` spans, for a step whose placement
+ * has a Distinct axis: "over dp_inner within each (dp_outer, ep): 4 groups of
+ * 2 ranks, never across ep (Distinct)" (docs/semantics.md §4.7). */
+static const char *groups_of(const mf_mesh *m, int axis, const mf_placement *pl, char *buf, size_t size)
+{
+    char others[160] = "", distinct[160] = "";
+    for (int j = 0; j < m->naxes; j++) {
+        if (j != axis)
+            snprintf(others + strlen(others), sizeof others - strlen(others), "%s%s", others[0] ? ", " : "",
+                     m->axes[j].name);
+        if (pl->p[j] == MF_PLACE_DISTINCT)
+            snprintf(distinct + strlen(distinct), sizeof distinct - strlen(distinct), "%s%s",
+                     distinct[0] ? ", " : "", m->axes[j].name);
+    }
+    snprintf(buf, size, "over %s within each (%s): %lld groups of %lld ranks, never across %s (Distinct)",
+             m->axes[axis].name, others, (long long)(m->world / m->axes[axis].size), (long long)m->axes[axis].size,
+             distinct);
+    return buf;
+}
+
 static void text_steps(const mf_plan *p, const mf_transition *tr, FILE *out)
 {
     const mf_mesh *m = &p->sched->mesh;
@@ -149,6 +169,9 @@ static void text_steps(const mf_plan *p, const mf_transition *tr, FILE *out)
                 st->axis >= 0 ? m->axes[st->axis].name : "-", mf_stream_name(st->stream), mf_dtype_name(st->dtype),
                 mf_placement_letters(&st->from, m->naxes, f), mf_placement_letters(&st->to, m->naxes, t),
                 mf_when_name(tr->when), (long long)st->count, (long long)st->bytes);
+        char g[256];
+        if (mf_opkind_is_collective(st->kind) && mf_placement_has_distinct(&st->from, m->naxes))
+            fprintf(out, "            %s\n", groups_of(m, st->axis, &st->from, g, sizeof g));
     }
 }
 
@@ -725,6 +748,9 @@ static void yaml_transition(yout *y, const mf_plan *p, int bi, int t)
         y_placement(y, "to", &st->to, m->naxes);
         y_kint(y, "count", st->count);
         y_kint(y, "bytes", st->bytes);
+        char g[256];
+        if (mf_opkind_is_collective(st->kind) && mf_placement_has_distinct(&st->from, m->naxes))
+            y_kstr(y, "groups", groups_of(m, st->axis, &st->from, g, sizeof g));
         y_end_map(y);
     }
     y_end_seq(y);
