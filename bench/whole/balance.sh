@@ -58,7 +58,10 @@ run() {
   local whole=zero3_whole flat=zero3 ob fl pf ratio obb
   case $2 in *x*) whole=hfsdp_whole flat=hfsdp ;; esac
   "$1" "$2" "$3" "$whole" "$flat" > "$work/s.mfsdp"
-  "$mfsdpc" explain --format yaml "$work/s.mfsdp" > "$work/s.yaml"
+  if ! "$mfsdpc" explain --format yaml "$work/s.mfsdp" > "$work/s.yaml"; then
+    echo "balance.sh: $mfsdpc explain failed on $1 $2 $3 (the spec: bench/whole/models.sh)" >&2
+    exit 2
+  fi
   read -r ob fl pf ratio obb < <(figures "$work/s.yaml")
   printf '%-8s %-6s %-7s %16s %16s %16s %9s %15s\n' "$1" "$2" "$3" "$ob" "$obb" "$fl" "$pf" "$ratio"
   if [ $check = 1 ] && awk -v x="$ob" -v b="$obb" 'BEGIN { exit !(x > 1.05 && b > 1.0) }'; then
