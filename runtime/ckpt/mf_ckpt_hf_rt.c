@@ -13,6 +13,7 @@
 #include "mf_agree.h"
 #include "mf_abi.h"
 #include "mf_backend.h"
+#include "mf_ckpt_global.h"
 #include "mf_ckpt_hf.h"
 #include "mf_ckpt_hf_rt.h"
 #include "mf_ckpt_stage.h"
@@ -53,6 +54,8 @@ mfsdp_result mf_ckpt_hf_rt_enter(mf_rt *rt, const char *fn)
     mfsdp_result agreed = mf_base_handle_check(rt, fn);
     if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         agreed = mf_agree_helper(rt, fn, 0);
+    if (agreed == MFSDP_OK)
+        agreed = mf_ckpt_global_check(rt, fn);
     return agreed;
 }
 

@@ -14,9 +14,10 @@
 #include "mfsdp_ckpt.h"
 
 /* The entry of the collective call fn (an import or an export): rt not NULL
- * ("fn: NULL runtime"), usable (mf_base_handle_check), and every rank at
- * this call (mf_agree_helper, docs/runtime.md §4.4). MFSDP_OK, or the
- * failure's result (the runtime's error set). */
+ * ("fn: NULL runtime"), usable (mf_base_handle_check), every rank at this
+ * call (mf_agree_helper, docs/runtime.md §4.4), and a schedule without a
+ * Distinct axis (mf_ckpt_global_check). MFSDP_OK, or the failure's result
+ * (the runtime's error set). */
 mfsdp_result mf_ckpt_hf_rt_enter(mf_rt *rt, const char *fn);
 /* The checks an import and an export begin with, in this order: the stage
  * hook's start when staged (mf_ckpt_stage.h), the options' size and

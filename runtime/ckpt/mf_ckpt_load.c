@@ -20,6 +20,7 @@
 
 #include "mf_agree.h"
 #include "mf_abi.h"
+#include "mf_ckpt_global.h"
 #include "mf_ckpt_io.h"
 #include "mf_ckpt_share.h"
 #include "mf_ckpt_stage.h"
@@ -241,6 +242,8 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     mfsdp_result agreed = mf_base_handle_check(rt, "mfsdp_ckpt_load");
     if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         agreed = mf_agree_helper(rt, "mfsdp_ckpt_load", 0);
+    if (agreed == MFSDP_OK)
+        agreed = mf_ckpt_global_check(rt, "mfsdp_ckpt_load");
     if (agreed != MFSDP_OK)
         return agreed;
     mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);

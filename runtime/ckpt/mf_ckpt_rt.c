@@ -17,6 +17,7 @@
 
 #include "mf_agree.h"
 #include "mf_abi.h"
+#include "mf_ckpt_global.h"
 #include "mf_ckpt_build.h"
 #include "mf_diag.h"
 #include "mf_ckpt_stage.h"
@@ -207,6 +208,8 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     mfsdp_result live = mf_base_handle_check(rt, "mfsdp_ckpt_save");
     if (live == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         live = mf_agree_helper(rt, "mfsdp_ckpt_save", 0);
+    if (live == MFSDP_OK)
+        live = mf_ckpt_global_check(rt, "mfsdp_ckpt_save");
     if (live != MFSDP_OK)
         return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};

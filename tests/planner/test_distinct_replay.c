@@ -11,7 +11,9 @@
  *   - the delivered expert gradient is the average over the 4 ranks sharing
  *     the rank's ep coordinate (reduce avg divides by the sizes of the axes
  *     reduced, dp_outer x dp_inner), summed over the microbatches; the dense
- *     one the average over all 8 ranks.
+ *     one the average over all 8 ranks;
+ *   - a checkpoint save and a Hugging Face export are refused (no global
+ *     names for distinct tensors yet, issue #42 item 2), creating nothing.
  * Values are small integers over powers of two, exact in bf16 and fp32.
  */
 #include <pthread.h>
@@ -25,6 +27,7 @@
 #include <cmocka.h>
 
 #include "mfsdp.h"
+#include "mfsdp_ckpt.h"
 #include "sched_test.h"
 
 #define WORLD 8
@@ -128,6 +131,26 @@ static void check_grads(mfsdp_runtime *rt, outcome *o)
     }
 }
 
+/* Every checkpoint entry refuses the schedule, naming the axis and issue #42. */
+static void check_ckpt_refused(mfsdp_runtime *rt, outcome *o)
+{
+    mfsdp_ckpt_save_options opt = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+    static const char dir[] = "distinct_replay.ckpt";
+    mfsdp_result r = mfsdp_ckpt_save(rt, dir, &opt);
+    const char *msg = mfsdp_last_error(rt);
+    if (r != MFSDP_ERR_UNSUPPORTED || !strstr(msg, "mfsdp_ckpt_save: the schedule's axis 'ep' is Distinct in bucket") ||
+        !strstr(msg, "issue #42, item 2"))
+        mismatch(o, "save: result %d, %s", (int)r, msg);
+    r = mfsdp_ckpt_export_hf(rt, dir, MFSDP_FP32, NULL, 0);
+    if (r != MFSDP_ERR_UNSUPPORTED || !strstr(mfsdp_last_error(rt), "mfsdp_ckpt_export_hf: the schedule's axis 'ep'"))
+        mismatch(o, "export: result %d, %s", (int)r, mfsdp_last_error(rt));
+    FILE *f = fopen(dir, "r");
+    if (f) {
+        fclose(f);
+        mismatch(o, "a refused save created %s", dir);
+    }
+}
+
 static void *rank_main(void *arg)
 {
     outcome *o = arg;
@@ -166,6 +189,8 @@ static void *rank_main(void *arg)
         mismatch(o, "rank %lld: a hook failed: %s", (long long)mfsdp_rank(rt), mfsdp_last_error(rt));
     else
         check_grads(rt, o);
+    if (ok)
+        check_ckpt_refused(rt, o);
     mfsdp_destroy(rt);
     return NULL;
 }
