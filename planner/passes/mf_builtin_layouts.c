@@ -3,7 +3,8 @@
  * and docs/plan.md §1).
  *
  * A role's pattern is written per mesh axis, outermost first, in the letters
- * of the placement names (R = Replicate, F = Flat, P = Partial):
+ * of the placement names (R = Replicate, F = Flat, P = Partial, W = Whole,
+ * D = Distinct):
  *   one letter      the same placement on every axis;
  *   two letters     the outermost axis, then every axis inside it;
  *   naxes letters   each axis (for the entries of a single rank).
@@ -36,6 +37,9 @@ static const mf_builtin table[] = {
     {"zero3_whole",              1, 3, "F",    "W",   "W",    "1, 2 or 3"},
     {"hsdp_whole",               2, 3, "RF",   "PW",  "RW",   "2 or 3"},
     {"hfsdp_whole",              2, 3, "RF",   "PW",  "W",    "2 or 3"},
+    /* experts on dp_outer x ep x dp_inner: one expert set per ep coordinate,
+       HSDP over the expert-data-parallel groups (docs/semantics.md §4.7) */
+    {"ep_experts",               3, 3, "RDF",  "PDF", "RDF",  "3"},
 };
 
 #define NTABLE ((int)(sizeof table / sizeof table[0]))
@@ -69,7 +73,10 @@ static bool expand(const char *pat, int naxes, mf_placement *out)
         char c = n == 1 ? pat[0] : n == 2 ? pat[j == 0 ? 0 : 1] : pat[j];
         if (n > 2 && n != (size_t)naxes)
             return false;
-        out->p[j] = (uint8_t)(c == 'F' || c == MF_WHOLE_LETTER ? MF_PLACE_FLAT : c == 'P' ? MF_PLACE_PARTIAL : MF_PLACE_REPLICATE);
+        out->p[j] = (uint8_t)(c == 'F' || c == MF_WHOLE_LETTER ? MF_PLACE_FLAT
+                              : c == 'P'                ? MF_PLACE_PARTIAL
+                              : c == MF_DISTINCT_LETTER ? MF_PLACE_DISTINCT
+                                                        : MF_PLACE_REPLICATE);
     }
     return true;
 }

@@ -56,7 +56,9 @@ static bool weight_sharded(const mf_spec_layout *l, int naxes)
     return false;
 }
 
-/* The spec's layouts followed by every built-in layout that fits the mesh,
+/* The spec's layouts followed by every built-in layout that fits the mesh
+ * and has no Distinct axis (a `layout auto` unit's tensors are the same
+ * tensor on every rank: plan never adds or drops a Distinct axis),
  * those equal to an earlier built-in one left out, those whose name a
  * declared layout of other content shadows left out. *nsearch receives the
  * built-in indices searched, in table order. */
@@ -76,6 +78,8 @@ static int build_layouts(mf_plan_search *ps, int *search, int *nsearch)
         mf_builtin_layouts_whole(i, l.whole);
         if (!ps->opt.muon && (l.whole[MF_ROLE_GRAD] || l.whole[MF_ROLE_MAIN_WEIGHT]))
             continue; /* Whole pays padding for an optimizer step only muon models */
+        if (mf_placement_has_distinct(&l.place[MF_ROLE_WEIGHT], naxes))
+            continue; /* Distinct says what a tensor is, not how to shard it: never chosen */
         int idx = -1;
         bool shadowed = false, dup = false;
         for (int k = 0; k < n; k++)

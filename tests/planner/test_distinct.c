@@ -66,6 +66,16 @@ static void test_accepted(void **state)
                              "Replicate, Distinct, Whole") UNITS("w"));
     assert_true(s->buckets[0].whole[MF_ROLE_GRAD]);
     mf_schedule_free(s);
+    /* the built-in ep_experts: [R, D, F] / [P, D, F] / [R, D, F] */
+    s = compile(MESH3 UNITS("ep_experts"));
+    static const uint8_t want[MF_ROLE_COUNT][3] = {
+        {MF_PLACE_REPLICATE, MF_PLACE_DISTINCT, MF_PLACE_FLAT},
+        {MF_PLACE_PARTIAL, MF_PLACE_DISTINCT, MF_PLACE_FLAT},
+        {MF_PLACE_REPLICATE, MF_PLACE_DISTINCT, MF_PLACE_FLAT},
+    };
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        assert_memory_equal(s->buckets[0].place[r].p, want[r], 3);
+    mf_schedule_free(s);
 }
 
 /* Mixtures are refused at the offending entry, with a note at a Distinct
