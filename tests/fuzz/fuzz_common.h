@@ -112,7 +112,7 @@ static inline void fuzz_check_loaded(const mf_schedule *s, const char *text, siz
             int64_t shards = mf_layout_shards(&s->mesh, &bk->place[r]);
             FUZZ_CHECK(shards >= 1 && bk->length % shards == 0);
             for (int j = 0; j < s->mesh.naxes; j++)
-                FUZZ_CHECK(bk->place[r].p[j] < MF_PLACE_COUNT &&
+                FUZZ_CHECK(bk->place[r].p[j] <= MF_PLACE_DISTINCT &&
                            (r == MF_ROLE_GRAD || bk->place[r].p[j] != MF_PLACE_PARTIAL));
         }
         FUZZ_CHECK(bk->ntensors >= 1 && bk->tensors);

@@ -45,7 +45,7 @@ static void check_spec(const mf_spec *s)
             CHECK((int)ly->dtype[r] >= 0 && ly->dtype[r] < MF_DTYPE_COUNT);
             CHECK(mf_layout_flat_suffix_ok(&ly->place[r], s->mesh.naxes));
             for (int j = 0; j < s->mesh.naxes; j++) {
-                CHECK(ly->place[r].p[j] < MF_PLACE_COUNT);
+                CHECK(ly->place[r].p[j] <= MF_PLACE_DISTINCT);
                 if (r != MF_ROLE_GRAD)
                     CHECK(ly->place[r].p[j] != MF_PLACE_PARTIAL);
             }
