@@ -17,8 +17,8 @@
  *   from_role     the role whose placement and dtype it starts from ...
  *   from_fixed    ... unless every axis is this placement (T3 starts from the
  *                 trainer's local gradient, Partial everywhere; a
- *                 Distinct axis of the role stays Distinct, docs/semantics.md
- *                 §4.7);
+ *                 Distinct axis of the role stays Distinct,
+ *                 docs/semantics.md §4.7);
  *                 MF_TR_ROLE: the role's placement
  *   from_buf      the buffer it reads; from_text names the source in messages
  *   to_role, to_fixed, to_buf, to_text: the same for the target (T2 ends

@@ -1,5 +1,5 @@
 /*
- * The Distinct placement (docs/semantics.md §1, §4.7; issue #42): the
+ * The Distinct placement (docs/semantics.md §1, docs/semantics.md §4.7; issue #42): the
  * checker's acceptance and located refusals, transitions that never touch a
  * Distinct axis on 3-D meshes (HSDP, HFSDP, ZeRO-3 and DDP variants), the
  * bytes per rank of schedules/deepseek_moe_ep.mfsdp against the ring bound
