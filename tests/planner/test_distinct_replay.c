@@ -15,6 +15,10 @@
  *   - a checkpoint save and a Hugging Face export are refused (no global
  *     names for distinct tensors yet, issue #42 item 2), creating nothing.
  * Values are small integers over powers of two, exact in bf16 and fp32.
+ *
+ *   test_distinct_replay          8 thread-ranks (local backend), cmocka
+ *   test_distinct_replay --mpi    one process per rank (mpirun -np 8), the
+ *                                 same checks on the MPI backend
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -28,6 +32,9 @@
 
 #include "mfsdp.h"
 #include "mfsdp_ckpt.h"
+#ifdef MFSDP_HAVE_MPI
+#include "mfsdp_mpi.h"
+#endif
 #include "sched_test.h"
 
 #define WORLD 8
@@ -151,15 +158,13 @@ static void check_ckpt_refused(mfsdp_runtime *rt, outcome *o)
     }
 }
 
-static void *rank_main(void *arg)
+/* One rank's step and checks on the runtime cfg selects. */
+static void rank_run(const mfsdp_config *cfg, outcome *o)
 {
-    outcome *o = arg;
-    mfsdp_config cfg = MFSDP_CONFIG_INIT;
-    cfg.local_group = group;
     mfsdp_runtime *rt = NULL;
-    if (mfsdp_create(sched, &cfg, &rt) != MFSDP_OK) {
+    if (mfsdp_create(sched, cfg, &rt) != MFSDP_OK) {
         mismatch(o, "create: %s", mfsdp_last_error(NULL));
-        return NULL;
+        return;
     }
     int64_t c = mfsdp_coord(rt, EP_AXIS);
     for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
@@ -192,21 +197,40 @@ static void *rank_main(void *arg)
     if (ok)
         check_ckpt_refused(rt, o);
     mfsdp_destroy(rt);
+}
+
+static void *rank_main(void *arg)
+{
+    mfsdp_config cfg = MFSDP_CONFIG_INIT;
+    cfg.local_group = group;
+    rank_run(&cfg, arg);
     return NULL;
+}
+
+/* Compiles ep_small.mfsdp into sched (through its YAML, as a trainer loads
+ * it); false with a message on stderr. */
+static bool load_sched(void)
+{
+    char *spec = st_read("tests/planner/distinct/ep_small.mfsdp", NULL), *diag = NULL, *yaml = NULL;
+    mf_schedule *s = spec ? st_compile("ep_small.mfsdp", spec, true, &diag) : NULL;
+    size_t len = 0;
+    bool ok = s && (yaml = st_emit(s, &len)) &&
+              mfsdp_schedule_load_buffer("ep_small.yaml", yaml, len, &sched) == MFSDP_OK;
+    if (!ok)
+        fprintf(stderr, "ep_small.mfsdp: %s\n", diag ? diag : spec ? mfsdp_last_error(NULL) : "cannot read it");
+    else
+        microbatches = mfsdp_schedule_microbatches(sched);
+    free(yaml);
+    free(diag);
+    free(spec);
+    mf_schedule_free(s);
+    return ok;
 }
 
 static void test_ep_replay(void **state)
 {
     (void)state;
-    char *spec = st_read("tests/planner/distinct/ep_small.mfsdp", NULL), *diag = NULL;
-    assert_non_null(spec);
-    mf_schedule *s = st_compile("ep_small.mfsdp", spec, true, &diag);
-    if (!s)
-        fail_msg("%s", diag ? diag : "");
-    size_t len = 0;
-    char *yaml = st_emit(s, &len);
-    assert_int_equal(mfsdp_schedule_load_buffer("ep_small.yaml", yaml, len, &sched), MFSDP_OK);
-    microbatches = mfsdp_schedule_microbatches(sched);
+    assert_true(load_sched());
     assert_int_equal(mfsdp_schedule_world_size(sched), WORLD);
     assert_string_equal(mfsdp_schedule_axis_name(sched, EP_AXIS), "ep");
     assert_int_equal(mfsdp_local_group_create(WORLD, &group), MFSDP_OK);
@@ -222,14 +246,48 @@ static void test_ep_replay(void **state)
             fail_msg("%lld mismatches; first: %s", (long long)out[r].bad, out[r].first);
     mfsdp_local_group_destroy(group);
     mfsdp_schedule_free(sched);
-    free(yaml);
-    free(diag);
-    free(spec);
-    mf_schedule_free(s);
 }
 
-int main(void)
+#ifdef MFSDP_HAVE_MPI
+static int run_mpi(int *argc, char ***argv)
 {
+    int provided = 0, me = 0, world = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    outcome o = {0};
+    if (world != WORLD)
+        mismatch(&o, "needs %d ranks (have %d)", WORLD, world);
+    else if (!load_sched())
+        mismatch(&o, "cannot load the schedule");
+    else {
+        mfsdp_config cfg;
+        mfsdp_config_init(&cfg);
+        mfsdp_config_set_mpi(&cfg, &comm);
+        cfg.timeout_ms = 60000;
+        rank_run(&cfg, &o);
+        mfsdp_schedule_free(sched);
+    }
+    if (o.bad)
+        fprintf(stderr, "rank %d: %lld mismatches; first: %s\n", me, (long long)o.bad, o.first);
+    int64_t all = 0;
+    MPI_Allreduce(&o.bad, &all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (me == 0 && all == 0)
+        printf("test_distinct_replay --mpi: weights and delivered gradients per ep coordinate on %d ranks\n", world);
+    MPI_Finalize();
+    return all != 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+#ifdef MFSDP_HAVE_MPI
+    if (argc >= 2 && !strcmp(argv[1], "--mpi"))
+        return run_mpi(&argc, &argv);
+#endif
+    (void)argc;
+    (void)argv;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ep_replay)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
