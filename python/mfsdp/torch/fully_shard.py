@@ -38,7 +38,7 @@ from .shard import ShardedModel
 from .spec import Layout, Reshard, spec_from_module
 
 SPEC_OPTIONS = ("grad_dtype", "dtype", "reduce", "overrides", "prefetch", "reshard_last",
-                "example", "ties", "matrix_optimizer", "whole_owners")
+                "example", "ties", "matrix_optimizer", "whole_owners", "distinct")
 RUNTIME_OPTIONS = tuple(n for n in inspect.signature(Runtime.__init__).parameters
                         if n not in ("self", "schedule", "backend"))
 
@@ -98,9 +98,9 @@ class FullyShardedModel(ShardedModel):
     def __init__(self, model: torch.nn.Module, schedule: Schedule, spec: str,
                  precision: _policy.Precision, backend: str, cache_status: str,
                  offload_policy: Any = None, spec_args: Optional[Mapping[str, Any]] = None,
-                 spec_cache: bool = True, **runtime_kw: Any) -> None:
+                 spec_cache: bool = True, expert_axes: Any = (), **runtime_kw: Any) -> None:
         super().__init__(model, schedule, backend=backend, offload_policy=offload_policy,
-                         **runtime_kw)
+                         expert_axes=expert_axes, **runtime_kw)
         self.spec = spec
         self.precision = precision
         self.cache_status = cache_status
@@ -303,7 +303,7 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                 microbatches: int = 1, mp_policy: Any = None,
                 reshard_after_forward: Union[Reshard, int] = None, offload_policy: Any = None,
                 backend: str = "mpi", units: Optional[List[str]] = None, cache: bool = True,
-                **options: Any) -> FullyShardedModel:
+                expert_axes: Any = (), **options: Any) -> FullyShardedModel:
     """Shards `model` in one call, FSDP2's fully_shard with its knobs by their
     names: builds the spec (spec_from_module), compiles it through the
     schedule cache (compile_cached) and shards the model (mt.shard).
@@ -323,8 +323,16 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                             a no-op said once on local and mpi)
     backend                 "mpi", "local", "nccl"
     cache                   False: compile every time
+    expert_axes             the Distinct axes (distinct=) the model dispatches tokens
+                            over with its own all-to-all (expert parallelism, e.g.
+                            ("ep",)): a tensor Distinct on them gets its gradient,
+                            already summed over those axes' tokens by the
+                            all-to-all, divided by their sizes (reduce avg), so it
+                            is the mean over the whole batch as the dense ones';
+                            not a TP axis (its ranks share their tokens)
     options                 spec options (reduce, overrides, prefetch, example,
-                            ties, reshard_last, matrix_optimizer, whole_owners, dtype,
+                            ties, reshard_last, matrix_optimizer, whole_owners,
+                            distinct ({parameter pattern: axis}), dtype,
                             grad_dtype without mp_policy) and runtime options
                             (timeout_ms, check, ...)
     """
@@ -355,7 +363,7 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                      reshard_after_forward=reshard_after_forward)
     return FullyShardedModel(model, sched, spec, precision, backend, status,
                              offload_policy=offload_policy, spec_args=spec_args,
-                             spec_cache=cache, **rt_kw)
+                             spec_cache=cache, expert_axes=expert_axes, **rt_kw)
 
 
 __all__ = ["fully_shard", "FullyShardedModel", "compile_cached", "cache_dir", "schedule_key",

@@ -11,8 +11,9 @@ when the gradient reaches the unit) and, per parameter, a
 post-accumulate-grad hook that copies the gradient into grad_local (one
 copy, cast when dtypes differ) and, once the unit's last parameter got its
 gradient, calls backward_post — and after the last unit of the last
-microbatch, step_end, then points each master parameter's .grad at the
-delivered gradient shard.
+microbatch, step_end, divides the gradient of tensors Distinct on the
+expert axes by those axes' sizes (ShardedModel's expert_axes, _grad_scales),
+then points each master parameter's .grad at the delivered gradient shard.
 
 Outside its windows each parameter is swapped for a stand-in that refuses
 any computation (guard.py). The loop is held to the schedule (docs/pytorch.md,
@@ -174,6 +175,9 @@ class UnitHooks:
 
     def _end_step(self):
         self.runtime.step_end()
+        with torch.no_grad():      # expert tensors: their all-to-all summed over expert_axes
+            for g, factor in getattr(self, "_grad_scales", ()):
+                g.mul_(factor)
         self._in_step = False
         self._grad_unused = True
         self.steps += 1

@@ -28,7 +28,8 @@ above this one, docs/design.md §5.1).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import torch
 
@@ -54,8 +55,11 @@ class ShardedModel(UnitHooks):
     """The model driven by an mfsdp runtime (returned by shard())."""
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
-                 offload_policy: Any = None, **runtime_kw: Any) -> None:
+                 offload_policy: Any = None, expert_axes: Sequence[str] = (),
+                 **runtime_kw: Any) -> None:
         self._probing = False      # a forward on meta finding the units' order (fully_shard.py)
+        self.expert_axes = tuple(expert_axes)     # Distinct axes the model dispatches tokens over
+        self._device_mesh = None
         self._build(model, schedule, backend, offload_policy, runtime_kw, True)
 
     def _build(self, model, schedule, backend, offload_policy, runtime_kw, check):
@@ -82,6 +86,12 @@ class ShardedModel(UnitHooks):
         whole_step = _units.replicated_weights(schedule, holders, units)
         hashes, dtypes = _units.bind(rt, schedule, units, holders, whole_step, meta,
                                      self._units, self._main, self._slots)
+        self.distinct = distinct_axes_of(schedule)    # {tensor name: its Distinct axes}
+        try:
+            self._grad_scales = _expert_scales(self, self.expert_axes)
+        except UsageError:
+            self.runtime.close()
+            raise
         self._start_hooks()
         self._handles += _refuse_module_state_dicts(model)
         watch_optimizers(self)
@@ -92,8 +102,10 @@ class ShardedModel(UnitHooks):
         self.init_peak_bytes = getattr(self, "init_peak_bytes", 0)   # most bytes whole at once in it
         if not meta and check:
             hashes.update(_init.buffer_hashes(model))
+            own = {n: hashes.pop(n) for n in list(hashes) if n in self.distinct}
             try:
                 _init.agree(self, hashes, "at sharding")
+                _agree_per_coordinate(self, own)
             except UsageError:
                 self.close()
                 raise
@@ -209,6 +221,7 @@ class ShardedModel(UnitHooks):
         rank0_only=False, on every rank. Parameters only (buffers are the same on
         every rank: take them from the model). Between steps; collective."""
         self._between_steps("full_state_dict")
+        self._refuse_distinct("full_state_dict")
         name = DTYPE_NAMES.get(dtype)
         if name is None:
             raise UsageError("full_state_dict: dtype %r (float32, bfloat16 or float16)" % (dtype,))
@@ -229,6 +242,7 @@ class ShardedModel(UnitHooks):
         key (the model's buffers and the other names of tied weights are
         ignored). The optimizer state is not touched. Between steps."""
         self._between_steps("load_full_state_dict")
+        self._refuse_distinct("load_full_state_dict")
         params = {v.name: v for v in self.runtime.views}
         known = {n for n, _ in self.model.named_buffers()}    # and tied weights' other names
         known |= {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
@@ -265,6 +279,7 @@ class ShardedModel(UnitHooks):
         together, a parameter in two of them refused. Every rank writes
         only its own unique bytes; committed by rename. Between steps;
         collective."""
+        self._refuse_distinct("save_checkpoint")
         from . import checkpoint
         checkpoint.save(self, path, optimizer, step, user_blob)
 
@@ -280,6 +295,7 @@ class ShardedModel(UnitHooks):
         state. Returns (step, user blob of rank
         user_blob_rank, default this rank's number; None when that rank saved
         none) and sets self.steps to the step. Between steps; collective."""
+        self._refuse_distinct("load_checkpoint")
         from . import checkpoint
         out = checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
         self._loaded()
@@ -295,6 +311,7 @@ class ShardedModel(UnitHooks):
         groups concatenated in order); committed by rename.
         Needs torch.distributed initialised on more than one rank. Between steps;
         collective (python/mfsdp/torch/dcp.py)."""
+        self._refuse_distinct("save_dcp")
         from . import dcp
         dcp.save_dcp(self, path, optimizer, overwrite=overwrite)
 
@@ -307,6 +324,7 @@ class ShardedModel(UnitHooks):
         reads the whole tensors it holds a shard of, at most `batch_bytes` at a
         time; another model's checkpoint is refused listing every problem before
         anything is written. Between steps (python/mfsdp/torch/dcp.py)."""
+        self._refuse_distinct("load_dcp")
         from . import dcp
         dcp.load_dcp(self, path, optimizer, batch_bytes)
         self._loaded()
@@ -319,6 +337,7 @@ class ShardedModel(UnitHooks):
         maps: {HF prefix: parameter prefix}; ties: {name: source}. Between
         steps; collective."""
         self._between_steps("import_hf")
+        self._refuse_distinct("import_hf")
         self.runtime.import_hf(path, maps, ties)
         self._loaded()
 
@@ -335,7 +354,60 @@ class ShardedModel(UnitHooks):
         (Runtime.export_hf). dtype: "fp32", "bf16", "fp16" or a torch dtype.
         Between steps; collective."""
         self._between_steps("export_hf")
+        self._refuse_distinct("export_hf")
         self.runtime.export_hf(path, DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
+
+    def _refuse_distinct(self, what):
+        """UsageError for a whole-model read or write of a model with Distinct
+        tensors: one name stands for a different tensor at each coordinate."""
+        if not self.distinct:
+            return
+        name, axes = next(iter(self.distinct.items()))
+        raise UsageError(
+            "%s of a model with Distinct tensors (%d, e.g. %r on axis %s): each coordinate of "
+            "a Distinct axis holds its own tensor under the same name, and whole-model state "
+            "dicts, checkpoints, DCP and the Hugging Face export/import need their global names "
+            "(issue #42, item 2), which do not exist yet; read this rank's own values with "
+            "sm.shards() (tensor, offset, master shard), or save per rank with torch.save"
+            % (what, len(self.distinct), name, "/".join(axes)))
+
+    def device_mesh(self) -> Any:
+        """A torch.distributed DeviceMesh with this schedule's mesh axes (names
+        and sizes, outermost first) and the same rank coordinates (row-major,
+        the innermost axis fastest: docs/semantics.md §2), for the model's own
+        collectives: mesh["tp"].get_group() for TP's all-reduces,
+        mesh["ep"].get_group() for the experts' all-to-all. Device type
+        "cuda" on the nccl backend, else "cpu" (the default group's backend,
+        e.g. gloo, must handle it). Needs torch.distributed initialised on
+        every rank as the same world in the same order (init_process_group);
+        made once (collective: every rank calls it the first time), then
+        cached."""
+        self._refuse_if_closed("device_mesh")
+        if self._device_mesh is not None:
+            return self._device_mesh
+        backend = self._how[0]
+        world = self.runtime.world_size
+        if backend in ("local", "cuda_local") and world > 1:
+            raise UsageError("device_mesh() on the %s backend: its %d ranks are threads of one "
+                             "process, torch.distributed needs one process per rank (use "
+                             "backend=\"mpi\" or \"nccl\")" % (backend, world))
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise UsageError("device_mesh() needs torch.distributed: call "
+                             "torch.distributed.init_process_group(\"%s\", ...) on every rank "
+                             "first, with rank = the mfsdp rank (%d) and world_size = %d"
+                             % ("nccl" if backend == "nccl" else "gloo", self.runtime.rank, world))
+        if dist.get_world_size() != world or dist.get_rank() != self.runtime.rank:
+            raise UsageError("device_mesh(): torch.distributed has rank %d of %d, the mfsdp "
+                             "runtime rank %d of %d: the two must be the same world in the same "
+                             "order" % (dist.get_rank(), dist.get_world_size(),
+                                        self.runtime.rank, world))
+        from torch.distributed.device_mesh import DeviceMesh
+        names, sizes = tuple(self.schedule.mesh), tuple(self.schedule.mesh.values())
+        ranks = torch.arange(world, dtype=torch.int64).reshape(sizes)
+        self._device_mesh = DeviceMesh("cuda" if backend in ("nccl", "cuda_local") else "cpu",
+                                       ranks, mesh_dim_names=names)
+        return self._device_mesh
 
     def allreduce(self, values: Any, op: str = "sum") -> Union[float, List[float]]:
         """Runtime.allreduce: op ("sum", "max", "min") of floats over the world.
@@ -410,6 +482,113 @@ class ShardedModel(UnitHooks):
         return zero_grad
 
 
+def distinct_axes_of(schedule: Schedule) -> Dict[str, Tuple[str, ...]]:
+    """{tensor name: the mesh axes on which its bucket is Distinct} of a
+    compiled schedule, read from its YAML (the buckets' weight placement:
+    docs/schedule.md); tensors with none are left out. The text is the
+    schedule's own (Schedule.from_text, compile) or its file (Schedule.load)."""
+    import os
+    import re
+    text = schedule.text
+    if text is None and os.path.isfile(schedule.name):
+        with open(schedule.name, "rb") as f:
+            text = f.read()
+    if text is None:
+        return {}
+    axes = list(schedule.mesh)
+    out: Dict[str, Tuple[str, ...]] = {}
+    mine: Tuple[str, ...] = ()
+    in_buckets = False
+    for line in (text.decode("utf-8") if isinstance(text, bytes) else text).splitlines():
+        if line and not line[0].isspace() and not line.startswith("-"):
+            in_buckets = line.startswith("buckets:")
+            continue
+        if not in_buckets:
+            continue
+        m = re.match(r"^  weight: \{.*placement: \[([^\]]*)\]", line)
+        if m:
+            places = [p.strip() for p in m.group(1).split(",")]
+            mine = tuple(a for a, p in zip(axes, places) if p == "Distinct")
+            continue
+        m = re.match(r'^  - \{name: ("(?:[^"\\]|\\.)*"|[^,]+),', line)
+        if m and mine:
+            name = m.group(1)
+            if name.startswith('"'):
+                name = re.sub(r"\\(.)", r"\1", name[1:-1])
+            out[name] = mine
+    return out
+
+
+def _expert_scales(sm: ShardedModel, expert_axes: Sequence[str]) -> List[Tuple[torch.Tensor, float]]:
+    """[(delivered gradient tensor, factor)]: with reduce avg, the gradient of
+    a tensor Distinct on expert axes is divided by their sizes' product after
+    each step (the model's all-to-all already summed it over those axes'
+    tokens: the mean over the whole batch, as the dense tensors'). UsageError
+    for an axis that is not a Distinct axis of the schedule."""
+    mesh = sm.schedule.mesh
+    used = {a for axes in sm.distinct.values() for a in axes}
+    for a in expert_axes:
+        if a not in used:
+            raise UsageError("expert_axes names %r, which is %s: expert_axes are the Distinct "
+                             "axes the model dispatches tokens over (give spec_from_module or "
+                             "fully_shard distinct={pattern: %r})"
+                             % (a, "not an axis of the mesh (%s)" % ", ".join(mesh)
+                                if a not in mesh else "Distinct for no tensor", a))
+    out = []
+    if sm.schedule.reduce != "avg":
+        return out
+    for name, _, g, _ in sm._main:
+        n = 1
+        for a in sm.distinct.get(name, ()):
+            if a in expert_axes:
+                n *= mesh[a]
+        if n > 1:
+            out.append((g, 1.0 / n))
+    return out
+
+
+def _agree_per_coordinate(sm: ShardedModel, hashes: Dict[str, int]) -> None:
+    """init.agree for Distinct tensors: the ranks that share a tensor's
+    coordinates on its Distinct axes must start from the same values (one
+    all-reduce of max over a slot per coordinate combination)."""
+    rt = sm.runtime
+    if rt.world_size <= 1 or not hashes:
+        return
+    names = sorted(hashes)
+    axes = list(sm.schedule.mesh)
+    hi, lo = [], []
+    slots = []
+    for n in names:
+        dims = [axes.index(a) for a in sm.distinct[n]]
+        combos = 1
+        mine = 0
+        for j in dims:
+            combos *= sm.schedule.mesh[axes[j]]
+            mine = mine * sm.schedule.mesh[axes[j]] + rt.coords[j]
+        h = hashes[n]
+        parts = [float(h & 0x3FFFFF), float((h >> 22) & 0x3FFFFF), float(h >> 44)]
+        for c in range(combos):
+            own = c == mine
+            hi += parts if own else [-1.0] * 3
+            lo += [-x for x in parts] if own else [-float(1 << 23)] * 3
+            slots.append((n, c))
+    try:
+        got = rt.allreduce(hi + lo, "max")
+    except MfsdpError as e:
+        if e.code != _lib.ERR_UNSUPPORTED:
+            raise
+        return      # the nccl backend has no helpers: not compared
+    k = len(hi)
+    differ = sorted({slots[i // 3][0] for i in range(0, k, 3)
+                     if any(got[j] != -got[k + j] for j in range(i, i + 3))})
+    if differ:
+        raise UsageError(
+            "the ranks that share a Distinct coordinate start from different values of %s "
+            "at sharding: each coordinate's replicas must hold the same tensor (seed every rank "
+            "the same and take each coordinate's slice the same way on all its ranks)"
+            % ", ".join(differ[:8]))
+
+
 def _refuse_torchrun(backend, world):
     """torchrun starts processes that MPI does not know: each is a world of one."""
     import os
@@ -480,10 +659,11 @@ def _nccl_args(kw, backend, world):
 
 
 def shard(model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
-          offload_policy: Any = None, **runtime_kw: Any) -> ShardedModel:
+          offload_policy: Any = None, expert_axes: Sequence[str] = (),
+          **runtime_kw: Any) -> ShardedModel:
     """Drives `model` with `schedule` on `backend` ("local", "mpi", "nccl");
     extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...).
     offload_policy: torch's CPUOffloadPolicy() or True for FSDP2's CPU offload
     (GPU backends; a no-op that warns on CPU ones: docs/pytorch.md, "CPU offload")."""
     return ShardedModel(model, schedule, backend=backend, offload_policy=offload_policy,
-                        **runtime_kw)
+                        expert_axes=expert_axes, **runtime_kw)

@@ -24,6 +24,14 @@ the innermost axis, the outer axes Replicate for main_weight and Partial for
 grad, so a matrix optimizer's traffic stays inside a node). Invariant: a
 layout this file writes has Whole only on grad and main_weight, never beside
 Flat in one placement (_check_roles).
+
+distinct={fnmatch pattern on the parameter's full name: mesh axis} makes the
+matching parameters Distinct on that axis (a TP shard, an expert set: each
+coordinate holds its own tensor) in all three roles, their other axes as
+their layout says (_distinct_of: the layout `<layout>_d_<axis>`). Invariant:
+a layout this file writes is Distinct on an axis in all three roles or in
+none, and its Flat/Whole axes are a suffix of the mesh with Distinct counted
+as Replicate (_check_roles; docs/semantics.md §1).
 """
 from __future__ import annotations
 
@@ -43,7 +51,7 @@ Layout = Union[str, Dict[str, Any]]
 # reshard_after_forward: None, a bool, or {unit name or pattern: bool}
 Reshard = Union[None, bool, Mapping[str, bool]]
 
-PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial", "W": "Whole"}
+PLACE = {"R": "Replicate", "F": "Flat", "P": "Partial", "W": "Whole", "D": "Distinct"}
 DTYPES = {"fp32", "bf16", "fp16"}
 # matrix_optimizer=: None; "whole" (the hidden matrices' grad and main_weight Whole
 # on their Flat axes: each entire on one owner for Muon, Shampoo); "whole_all"
@@ -135,6 +143,12 @@ def _check_roles(name, roles):
             raise ValueError("layout %s: %s [%s] mixes Whole and Flat: a placement's split axes "
                              "are all Whole or all Flat"
                              % (name, role, ", ".join(PLACE[x] for x in letters)))
+    ds = [set(j for j, p in enumerate(roles[r][1]) if _letter(p) == "D")
+          for r in ("weight", "grad", "main_weight")]
+    if not ds[0] == ds[1] == ds[2]:
+        raise ValueError("layout %s: Distinct on an axis in some roles only (weight %s, grad %s, "
+                         "main_weight %s): a Distinct axis is Distinct in all three roles"
+                         % (name, sorted(ds[0]), sorted(ds[1]), sorted(ds[2])))
 
 
 def layout_block(name: str, naxes: int, dtype: str = "fp32", grad_dtype: str = "fp32") -> str:
@@ -400,7 +414,8 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                      ties: Union[str, Iterable[str]] = (),
                      reshard_after_forward: Reshard = None,
                      matrix_optimizer: Optional[str] = None,
-                     whole_owners: str = "mesh") -> str:
+                     whole_owners: str = "mesh",
+                     distinct: Optional[Mapping[str, str]] = None) -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
@@ -446,10 +461,20 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 outer ones, grad Partial on them), so the matrix optimizer's
                 traffic stays inside a node and every node steps its own copy.
                 On a 1-D mesh the innermost axis is the mesh: "node" is "mesh"
+    distinct    {fnmatch pattern on the parameter's full name (as
+                model.named_parameters() names it): mesh axis}: the matching
+                parameters are Distinct on that axis in weight, grad and
+                main_weight (each coordinate holds its own tensor: a TP shard,
+                an expert set; no collective runs on that axis for them), their
+                other axes as their layout says; a parameter matched by patterns
+                of several axes is Distinct on each. The axis must lie outside
+                every axis the layout splits (Flat/Whole): with layout "hfsdp"
+                or "fsdp2d" on {"ep": 2, "dp": 2} put ep first. An unknown axis
+                or a pattern that matches nothing is a ValueError
     """
     _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer, whole_owners)
     naxes = len(mesh)
-    lays = _Layouts(naxes, dtype, grad_dtype)
+    lays = _Layouts(naxes, dtype, grad_dtype, list(mesh), distinct_axes(model, mesh, distinct))
     base = lays.declare(layout)
     plan = plan_units(model, units)
     tied = tied_parameters(model) | declared_ties(model, ties)
@@ -505,8 +530,10 @@ class _Layouts:
     order of the text): `blocks` {name: block text}, `roles_of` {name: its
     roles}, for the Whole variants."""
 
-    def __init__(self, naxes, dtype, grad_dtype):
+    def __init__(self, naxes, dtype, grad_dtype, mesh_names=(), distinct=None):
         self.naxes, self.dtype, self.grad_dtype = naxes, dtype, grad_dtype
+        self.mesh_names = list(mesh_names)
+        self.distinct = distinct or {}     # {parameter name: [axes]} (distinct_axes)
         self.blocks = {}
         self.roles_of = {}
 
@@ -544,6 +571,39 @@ class _Layouts:
         self.blocks["tied"] = _block("tied", self.roles_of["tied"])
         return "tied"
 
+    def distinct_of(self, name, axes, tensor):
+        """The variant of declared layout `name` Distinct on `axes` (mesh axis
+        names) in all three roles, `<name>_d_<axis>...`, declared; ValueError
+        when a Flat or Whole axis of the layout lies outside a Distinct one
+        (the suffix rule counts Distinct as Replicate)."""
+        idx = sorted(self.mesh_names.index(a) for a in axes)
+        dname = name + "".join("_d_" + self.mesh_names[j] for j in idx)
+        if dname in self.blocks:
+            return dname
+        r = self.roles_of[name]
+        roles = {}
+        for role in ("weight", "grad", "main_weight"):
+            letters = [_letter(p) for p in r[role][1]]
+            for j in idx:
+                outer = [i for i in range(j) if letters[i] in ("F", "W")]
+                if outer:
+                    order = [self.mesh_names[j]] + [a for a in self.mesh_names
+                                                    if a != self.mesh_names[j]]
+                    raise ValueError(
+                        "distinct axis %r of %r lies inside axis %r, which layout %s splits "
+                        "(%s %s [%s]): the split (Flat) axes are the innermost ones and a "
+                        "Distinct axis counts as Replicate; put %r outermost in the mesh "
+                        "(mesh={%s}), or give %r a layout that does not split %r"
+                        % (self.mesh_names[j], tensor, self.mesh_names[outer[0]], name, role,
+                           r[role][0], ", ".join(PLACE[x] for x in letters),
+                           self.mesh_names[j], ", ".join("%r: ..." % a for a in order),
+                           tensor, self.mesh_names[outer[0]]))
+                letters[j] = "D"
+            roles[role] = (r[role][0], letters)
+        self.roles_of[dname] = roles
+        self.blocks[dname] = _block(dname, roles)
+        return dname
+
     def whole_of(self, name, owners="mesh"):
         """The Whole variant of a declared layout for `owners` (WHOLE_OWNERS):
         `<name>_whole` (grad and main_weight Whole on their Flat axes), or
@@ -561,6 +621,34 @@ class _Layouts:
                                         main_weight=(r["main_weight"][0], want[1]))
             self.blocks[wname] = _block(wname, self.roles_of[wname])
         return wname
+
+
+def distinct_axes(model: torch.nn.Module, mesh: Mapping[str, int],
+                  distinct: Optional[Mapping[str, str]]) -> Dict[str, List[str]]:
+    """{parameter name: [mesh axes]} of spec_from_module's `distinct`
+    ({fnmatch pattern on the parameter's full name, as model.named_parameters()
+    gives it: axis}), every name of a tied parameter included. ValueError for
+    an axis the mesh lacks or a pattern that matches no parameter."""
+    out: Dict[str, List[str]] = {}
+    if not distinct:
+        return out
+    if not isinstance(distinct, Mapping):
+        raise ValueError("distinct=%r: give {parameter name pattern: mesh axis}, e.g. "
+                         "{'layers.*.experts.*': 'ep'}" % (distinct,))
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    for pat, axis in distinct.items():
+        if axis not in mesh:
+            raise ValueError("distinct={%r: %r}: %r is not an axis of the mesh (its axes are %s)"
+                             % (pat, axis, axis, ", ".join(mesh)))
+        hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hit:
+            raise ValueError("distinct={%r: %r}: the pattern matches no parameter of the model "
+                             "(patterns match full parameter names such as %r)"
+                             % (pat, axis, names[0] if names else "layers.0.w"))
+        for n in hit:
+            if axis not in out.setdefault(n, []):
+                out[n].append(axis)
+    return out
 
 
 def _unit_rows(plan, lays, layouts, whole, owners):
@@ -585,6 +673,8 @@ def _unit_rows(plan, lays, layouts, whole, owners):
             if not overridden and id(p) in whole:
                 lay = lays.whole_of(lay or base, owners)
                 lay = None if lay == base else lay
+            if full in lays.distinct:
+                lay = lays.distinct_of(lay or base, lays.distinct[full], full)
             items.append((tname, tuple(p.shape), lay))
         rows.append((uname, items))
     return rows
