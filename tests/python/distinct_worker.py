@@ -1,0 +1,299 @@
+"""
+distinct_worker: one MPI rank of test_distinct.py (mpirun -np 4): models
+whose tensors are Distinct on a mesh axis (issue #42), trained through
+mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
+
+    mpirun -np 4 python distinct_worker.py OUT PORT
+
+  tp   a Megatron-style MLP (TPModel) on {"tp": 2, "dp": 2}, layout fsdp2d:
+       per block a LayerNorm (data parallel), a column-parallel w1 (each tp
+       rank holds half the output features) and a row-parallel w2 (half the
+       input features) whose output is all-reduced over mesh["tp"] (the f/g
+       functions), w1 and w2 Distinct on tp; both tp ranks of a dp coordinate
+       read the same microbatches.
+  moe  a top-1 MoE (MoEModel) on {"ep": 2, "dp": 2}, layout hfsdp: E = 4
+       experts, 2 per ep coordinate (local expert e of coordinate c is global
+       expert 2c + e), tokens dispatched to their expert's ep rank and back
+       with all_to_all_single over mesh["ep"]; the experts Distinct on ep,
+       expert_axes=("ep",); every rank reads its own microbatches.
+  moe_unscaled  moe without expert_axes, one step (its expert gradients are
+       the ep group's sum: twice the mean).
+
+STEPS steps of M microbatches (each loss scaled by 1/M), the gradient clipped
+to CLIP (sm.clip_grad_norm_), SGD with momentum over sm.main_parameters().
+Rank r writes OUT/<run>.rank<r>.pt: the losses (mean over ranks), the norms
+clip_grad_norm_ returned, after every step its master shards (name -> (shard
+offset, values)), its coordinates, the ranks of its device_mesh groups, and
+the UsageErrors of full_state_dict and save_checkpoint. The single-process
+references (the whole models on the union of the microbatches) are in
+test_distinct.py; both build their weights with whole_model().
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mfsdp
+import mfsdp.torch as mt
+
+torch.set_num_threads(1)
+STEPS, M, TOKENS, D, H = 3, 2, 8, 16, 32     # TOKENS per rank per microbatch
+E, EP = 4, 2
+CLIP = 0.05          # below every step's norm: clipping happens
+LR = 0.1
+RUNS = {"tp": ({"tp": 2, "dp": 2}, "fsdp2d"), "moe": ({"ep": 2, "dp": 2}, "hfsdp"),
+        "moe_unscaled": ({"ep": 2, "dp": 2}, "hfsdp")}
+
+
+# ---- tensor parallelism: f and g (Megatron's names) ----
+
+class CopyToTP(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient over the tp group."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.group is None:
+            return g, None
+        g = g.clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce of the output over the tp group, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        if group is None or x.is_meta:       # fully_shard's order probe runs on meta
+            return x
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class TPBlock(nn.Module):
+    def __init__(self, tp, group):
+        super().__init__()
+        self.group = group
+        self.ln = nn.LayerNorm(D)
+        self.w1 = nn.Linear(D, H // tp)              # column-parallel
+        self.w2 = nn.Linear(H // tp, D, bias=False)  # row-parallel
+        self.b2 = nn.Parameter(torch.zeros(D))       # after the all-reduce
+
+    def forward(self, x):
+        h = F.gelu(self.w1(CopyToTP.apply(self.ln(x), self.group)))
+        return x + ReduceFromTP.apply(self.w2(h), self.group) + self.b2
+
+
+class TPModel(nn.Module):
+    def __init__(self, tp=1, group=None):
+        super().__init__()
+        self.blocks = nn.ModuleList([TPBlock(tp, group) for _ in range(2)])
+        self.head = nn.Linear(D, D)
+
+    def forward(self, x, y):
+        for b in self.blocks:
+            x = b(x)
+        return F.mse_loss(self.head(x), y)
+
+
+def tp_slice(name, full, c, tp=2):
+    """The tp coordinate c's part of a whole TPModel tensor (the tensor itself
+    when it is not tensor-parallel)."""
+    k = H // tp
+    if name.endswith("w1.weight") or name.endswith("w1.bias"):
+        return full[c * k:(c + 1) * k]
+    if name.endswith("w2.weight"):
+        return full[:, c * k:(c + 1) * k]
+    return full
+
+
+# ---- expert parallelism ----
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits; its backward sends the gradients back."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.args = (in_splits, out_splits, group)
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        in_splits, out_splits, group = ctx.args
+        out = g.new_empty((sum(in_splits),) + tuple(g.shape[1:]))
+        dist.all_to_all_single(out, g.contiguous(), in_splits, out_splits, group=group)
+        return out, None, None, None
+
+
+class Expert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(D, H)
+        self.w2 = nn.Linear(H, D)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class MoE(nn.Module):
+    """Top-1 routing over E experts, E / ep of them here; group: the ep
+    group (None: every expert local, no communication)."""
+
+    def __init__(self, ep=1, group=None):
+        super().__init__()
+        self.ep, self.group = ep, group
+        self.router = nn.Linear(D, E, bias=False)
+        self.experts = nn.ModuleList([Expert() for _ in range(E // ep)])
+
+    def forward(self, x):
+        probs = F.softmax(self.router(x), dim=-1)
+        gate, idx = probs.max(dim=-1)
+        local = E // self.ep
+        dest = idx // local
+        order = torch.argsort(dest, stable=True)
+        xs, ids = x[order], (idx % local)[order]
+        send = torch.bincount(dest, minlength=self.ep)
+        if self.group is not None and not x.is_meta:    # meta: fully_shard's order probe
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=self.group)
+            s, r = send.tolist(), recv.tolist()
+            rid = ids.new_empty(sum(r))
+            dist.all_to_all_single(rid, ids, r, s, group=self.group)
+            xr = AllToAll.apply(xs, r, s, self.group)
+        else:
+            xr, rid = xs, ids
+        out = torch.zeros_like(xr)
+        for e, expert in enumerate(self.experts):     # every expert runs, even on no token
+            at = (rid == e).nonzero(as_tuple=True)[0]
+            out = out.index_copy(0, at, expert(xr[at]))
+        back = AllToAll.apply(out, s, r, self.group) if xr is not xs else out
+        y = torch.empty_like(back).index_copy(0, order, back)
+        return x + gate.unsqueeze(-1) * y
+
+
+class MoEModel(nn.Module):
+    def __init__(self, ep=1, group=None):
+        super().__init__()
+        self.embed = nn.Linear(D, D)
+        self.moe = MoE(ep, group)
+        self.head = nn.Linear(D, D)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.head(self.moe(torch.tanh(self.embed(x)))), y)
+
+
+def moe_global_name(name, c, ep=EP):
+    """The whole model's name of a local MoEModel tensor at ep coordinate c."""
+    parts = name.split(".")
+    if parts[:2] == ["moe", "experts"]:
+        parts[2] = str(c * (E // ep) + int(parts[2]))
+    return ".".join(parts)
+
+
+# ---- shared by the workers and the references ----
+
+def whole_model(kind):
+    torch.manual_seed(7)
+    return TPModel() if kind == "tp" else MoEModel()
+
+
+def data(kind):
+    """X, Y of [STEPS, data-parallel rank, M, TOKENS, D]: 2 dp coordinates
+    for tp (both tp ranks read them), 4 ranks for moe."""
+    g = torch.Generator().manual_seed(11)
+    n = 2 if kind == "tp" else 4
+    x = torch.randn(STEPS, n, M, TOKENS, D, generator=g)
+    return x, torch.randn(STEPS, n, M, TOKENS, D, generator=g)
+
+
+def local_model(kind, coords, group):
+    """This rank's model: the whole model's weights, its tp or ep coordinate's part."""
+    full = dict(whole_model("tp" if kind == "tp" else "moe").named_parameters())
+    c = coords[0]
+    model = TPModel(2, group) if kind == "tp" else MoEModel(EP, group)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            src = tp_slice(n, full[n], c) if kind == "tp" else full[moe_global_name(n, c)]
+            p.copy_(src)
+    return model
+
+
+def run(out, rank, kind):
+    mesh, layout = RUNS[kind]
+    moe = kind.startswith("moe")
+    steps = 1 if kind == "moe_unscaled" else STEPS
+    coords = [rank // 2, rank % 2]                   # row-major, the innermost axis fastest
+    distinct = {"moe.experts.*": "ep"} if moe else {"blocks.*.w1.*": "tp", "blocks.*.w2.*": "tp"}
+    # the model needs its group before sharding: take it from a DeviceMesh of the same
+    # coordinates, then check sm.device_mesh() gives the same groups
+    model = local_model("moe" if moe else "tp", coords, None)
+    sm = mt.fully_shard(model, mesh=mesh, layout=layout, microbatches=M, distinct=distinct,
+                        expert_axes=("ep",) if kind == "moe" else (), units=(
+                            ["embed", "moe", "head"] if moe else None),
+                        timeout_ms=60000, cache=False)
+    dm = sm.device_mesh()
+    axis = "ep" if moe else "tp"
+    group = dm[axis].get_group()
+    for mod in model.modules():
+        if hasattr(mod, "group"):
+            mod.group = group
+    res = {"coords": list(sm.runtime.coords), "mesh_coords": dm.get_coordinate(),
+           "groups": {a: dist.get_process_group_ranks(dm[a].get_group()) for a in mesh},
+           "distinct": dict(sm.distinct), "spec": sm.spec,
+           "losses": [], "norms": [], "params": []}
+    X, Y = data("moe" if moe else "tp")
+    d = rank if moe else coords[1]                   # the data-parallel index of its batch
+    opt = torch.optim.SGD(sm.main_parameters(), lr=LR, momentum=0.9, foreach=False)
+    for s in range(steps):
+        tot = 0.0
+        for m in range(M):
+            loss = model(X[s, d, m], Y[s, d, m]) / M
+            loss.backward()
+            tot += loss.item()
+        res["norms"].append(float(sm.clip_grad_norm_(CLIP)))
+        opt.step()
+        opt.zero_grad()
+        res["losses"].append(sm.mean_over_ranks(tot))
+        res["params"].append({n: (off, p.detach().clone()) for n, off, p in sm.shards()})
+    for what, call in (("full_state_dict", lambda: sm.full_state_dict()),
+                       ("save_checkpoint", lambda: sm.save_checkpoint(
+                           os.path.join(out, "never_%s_%d" % (kind, rank)), opt))):
+        try:
+            call()
+            res[what] = None
+        except mfsdp.UsageError as e:
+            res[what] = str(e)
+    res["never_exists"] = os.path.exists(os.path.join(out, "never_%s_%d" % (kind, rank)))
+    sm.close()
+    torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
+
+
+def main():
+    out, port = sys.argv[1], sys.argv[2]
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
+                            world_size=4)
+    for kind in sys.argv[3:] or list(RUNS):
+        run(out, rank, kind)
+        if rank == 0:
+            print("%s: done" % kind, flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
