@@ -72,7 +72,7 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        if group is None or x.is_meta:       # fully_shard's order probe runs on meta
+        if group is None:
             return x
         x = x.clone()
         dist.all_reduce(x, group=group)
@@ -168,7 +168,7 @@ class MoE(nn.Module):
         order = torch.argsort(dest, stable=True)
         xs, ids = x[order], (idx % local)[order]
         send = torch.bincount(dest, minlength=self.ep)
-        if self.group is not None and not x.is_meta:    # meta: fully_shard's order probe
+        if self.group is not None:
             recv = torch.empty_like(send)
             dist.all_to_all_single(recv, send, group=self.group)
             s, r = send.tolist(), recv.tolist()
@@ -181,7 +181,7 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):     # every expert runs, even on no token
             at = (rid == e).nonzero(as_tuple=True)[0]
             out = out.index_copy(0, at, expert(xr[at]))
-        back = AllToAll.apply(out, s, r, self.group) if xr is not xs else out
+        back = AllToAll.apply(out, s, r, self.group) if self.group is not None else out
         y = torch.empty_like(back).index_copy(0, order, back)
         return x + gate.unsqueeze(-1) * y
 

@@ -157,7 +157,7 @@ def test_distinct_tensors_and_refusals(runs, kind):
     assert not got["never_exists"]
 
 
-def test_spec_distinct_layouts():
+def test_spec_distinct_layouts(tmp_path):
     """The Distinct variant of each layout, the other axes as the layout says."""
     model = dw.MoEModel(dw.EP)
     spec = mt.spec_from_module(model, {"ep": 2, "dp": 2}, layout="hfsdp",
@@ -177,6 +177,11 @@ def test_spec_distinct_layouts():
     sched = mfsdp.Schedule.compile(spec, name="distinct_spec")
     assert distinct_axes_of(sched) == {"moe.experts.0.w1.weight": ("ep",),
                                        "moe.experts.1.w1.weight": ("ep",)}
+    path = tmp_path / "s.yaml"
+    path.write_bytes(sched.text)                     # a schedule loaded from its file
+    assert distinct_axes_of(mfsdp.Schedule.load(str(path))) == distinct_axes_of(sched)
+    dense = mfsdp.Schedule.compile(mt.spec_from_module(model, {"ep": 2, "dp": 2}))
+    assert distinct_axes_of(dense) == {}
 
 
 def test_refusals_name_the_fix():
