@@ -216,6 +216,11 @@ def test_expert_axes_and_device_mesh_refusals():
                                                r"no tensor"):
         mt.fully_shard(model, mesh={"ep": 1, "dp": 1}, distinct={"moe.experts.*": "ep"},
                        expert_axes=("dp",), backend="local", cache=False)
+    with pytest.raises(mfsdp.UsageError, match=r"expert_axes='ep': give a tuple of axis names, "
+                                               r"e.g. \('ep',\)"):
+        mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
+                       distinct={"moe.experts.*": "ep"}, expert_axes="ep", backend="local",
+                       cache=False)
     sm = mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
                         distinct={"moe.experts.*": "ep"}, backend="local", cache=False)
     try:

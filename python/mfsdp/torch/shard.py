@@ -25,6 +25,14 @@ init.apply_guard. Checkpoints are delegated up: save_checkpoint and
 load_checkpoint to checkpoint.py, save_dcp and load_dcp to dcp.py, each
 imported inside the method (those modules take a ShardedModel: the layer
 above this one, docs/design.md §5.1).
+
+Distinct tensors (docs/semantics.md §4.7; `distinct` {tensor name: axes},
+read from the schedule's YAML): their initial values are compared among the
+ranks sharing their coordinates only; with expert_axes their delivered
+gradient is divided by those axes' sizes at every step end (hooks.py); every
+whole-model read or write by name (full_state_dict, checkpoints, DCP, HF) is
+refused while they have no global names. device_mesh() gives the torch
+DeviceMesh of the same coordinates for the model's own TP/EP collectives.
 """
 from __future__ import annotations
 
@@ -58,6 +66,9 @@ class ShardedModel(UnitHooks):
                  offload_policy: Any = None, expert_axes: Sequence[str] = (),
                  **runtime_kw: Any) -> None:
         self._probing = False      # a forward on meta finding the units' order (fully_shard.py)
+        if isinstance(expert_axes, str):
+            raise UsageError("expert_axes=%r: give a tuple of axis names, e.g. (%r,)"
+                             % (expert_axes, expert_axes))
         self.expert_axes = tuple(expert_axes)     # Distinct axes the model dispatches tokens over
         self._device_mesh = None
         self._build(model, schedule, backend, offload_policy, runtime_kw, True)
@@ -75,6 +86,8 @@ class ShardedModel(UnitHooks):
         if backend in ("nccl", "cuda_local"):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
         _refuse_torchrun(backend, schedule.world_size)
+        self.distinct = distinct_axes_of(schedule)    # {tensor name: its Distinct axes}
+        _check_expert_axes(schedule, self.distinct, self.expert_axes)
         self.runtime = rt = Runtime(schedule, backend=backend, offload=offload, **runtime_kw)
         self.offload = _offload.report(rt, offload)   # active, host_bytes, reason
         self.M = schedule.microbatches
@@ -86,12 +99,7 @@ class ShardedModel(UnitHooks):
         whole_step = _units.replicated_weights(schedule, holders, units)
         hashes, dtypes = _units.bind(rt, schedule, units, holders, whole_step, meta,
                                      self._units, self._main, self._slots)
-        self.distinct = distinct_axes_of(schedule)    # {tensor name: its Distinct axes}
-        try:
-            self._grad_scales = _expert_scales(self, self.expert_axes)
-        except UsageError:
-            self.runtime.close()
-            raise
+        self._grad_scales = _expert_scales(self, self.expert_axes)
         self._start_hooks()
         self._handles += _refuse_module_state_dicts(model)
         watch_optimizers(self)
@@ -519,14 +527,11 @@ def distinct_axes_of(schedule: Schedule) -> Dict[str, Tuple[str, ...]]:
     return out
 
 
-def _expert_scales(sm: ShardedModel, expert_axes: Sequence[str]) -> List[Tuple[torch.Tensor, float]]:
-    """[(delivered gradient tensor, factor)]: with reduce avg, the gradient of
-    a tensor Distinct on expert axes is divided by their sizes' product after
-    each step (the model's all-to-all already summed it over those axes'
-    tokens: the mean over the whole batch, as the dense tensors'). UsageError
-    for an axis that is not a Distinct axis of the schedule."""
-    mesh = sm.schedule.mesh
-    used = {a for axes in sm.distinct.values() for a in axes}
+def _check_expert_axes(schedule: Schedule, distinct: Mapping[str, Tuple[str, ...]],
+                       expert_axes: Sequence[str]) -> None:
+    """UsageError for an expert axis that is not a Distinct axis of the schedule."""
+    mesh = schedule.mesh
+    used = {a for axes in distinct.values() for a in axes}
     for a in expert_axes:
         if a not in used:
             raise UsageError("expert_axes names %r, which is %s: expert_axes are the Distinct "
@@ -534,6 +539,14 @@ def _expert_scales(sm: ShardedModel, expert_axes: Sequence[str]) -> List[Tuple[t
                              "fully_shard distinct={pattern: %r})"
                              % (a, "not an axis of the mesh (%s)" % ", ".join(mesh)
                                 if a not in mesh else "Distinct for no tensor", a))
+
+
+def _expert_scales(sm: ShardedModel, expert_axes: Sequence[str]) -> List[Tuple[torch.Tensor, float]]:
+    """[(delivered gradient tensor, factor)]: with reduce avg, the gradient of
+    a tensor Distinct on expert axes is divided by their sizes' product after
+    each step (the model's all-to-all already summed it over those axes'
+    tokens: the mean over the whole batch, as the dense tensors')."""
+    mesh = sm.schedule.mesh
     out = []
     if sm.schedule.reduce != "avg":
         return out
