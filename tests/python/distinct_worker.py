@@ -18,6 +18,8 @@ mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
        expert_axes=("ep",); every rank reads its own microbatches.
   moe_unscaled  moe without expert_axes, one step (its expert gradients are
        the ep group's sum: twice the mean).
+  bad_init  the ranks of one ep coordinate start from different experts:
+       fully_shard's refusal (OUT/bad_init.rank<r>.pt).
 
 STEPS steps of M microbatches (each loss scaled by 1/M), the gradient clipped
 to CLIP (sm.clip_grad_norm_), SGD with momentum over sm.main_parameters().
@@ -283,13 +285,34 @@ def run(out, rank, kind):
     torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
 
 
+def bad_init(out, rank):
+    """The ranks of one ep coordinate start from different experts (the dp
+    coordinate 1 perturbed): fully_shard refuses on every rank."""
+    coords = [rank // 2, rank % 2]
+    model = local_model("moe", coords, None)
+    if coords[1] == 1:
+        with torch.no_grad():
+            model.moe.experts[1].w2.bias.add_(1.0)
+    try:
+        mt.fully_shard(model, mesh=RUNS["moe"][0], layout="hfsdp", microbatches=M,
+                       distinct={"moe.experts.*": "ep"}, expert_axes=("ep",),
+                       units=["embed", "moe", "head"], timeout_ms=60000, cache=False)
+        msg = None
+    except mfsdp.UsageError as e:
+        msg = str(e)
+    torch.save({"message": msg}, os.path.join(out, "bad_init.rank%d.pt" % rank))
+
+
 def main():
     out, port = sys.argv[1], sys.argv[2]
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
                             world_size=4)
-    for kind in sys.argv[3:] or list(RUNS):
-        run(out, rank, kind)
+    for kind in sys.argv[3:] or list(RUNS) + ["bad_init"]:
+        if kind == "bad_init":
+            bad_init(out, rank)
+        else:
+            run(out, rank, kind)
         if rank == 0:
             print("%s: done" % kind, flush=True)
     dist.destroy_process_group()

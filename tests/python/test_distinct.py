@@ -49,7 +49,7 @@ def runs(tmp_path_factory):
                                 text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return {(k, r): torch.load(os.path.join(out, "%s.rank%d.pt" % (k, r)))
-            for k in dw.RUNS for r in range(WORLD)}
+            for k in list(dw.RUNS) + ["bad_init"] for r in range(WORLD)}
 
 
 def reference(kind, steps=dw.STEPS, expert_scale=1.0):
@@ -155,6 +155,16 @@ def test_distinct_tensors_and_refusals(runs, kind):
         assert got[what] and "%s of a model with Distinct tensors" % what in got[what] \
             and "global names" in got[what], got[what]
     assert not got["never_exists"]
+
+
+@needs_mpi
+def test_replicas_of_a_coordinate_must_agree(runs):
+    """Ranks of one ep coordinate holding different experts are refused on
+    every rank, naming the tensor (the coordinates' own differences are not)."""
+    for r in range(WORLD):
+        msg = runs[("bad_init", r)]["message"]
+        assert msg and "the ranks that share a Distinct coordinate start from different " \
+            "values of moe.experts.1.w2.bias at sharding" in msg, (r, msg)
 
 
 def test_spec_distinct_layouts(tmp_path):
