@@ -16,8 +16,8 @@ mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
        expert 2c + e), tokens dispatched to their expert's ep rank and back
        with all_to_all_single over mesh["ep"]; the experts Distinct on ep,
        expert_axes=("ep",); every rank reads its own microbatches.
-  moe_unscaled  moe without expert_axes, one step (its expert gradients are
-       the ep group's sum: twice the mean).
+  moe_unscaled  moe with ep declared in tensor_axes instead, one step (its
+       expert gradients are kept as computed: the ep group's sum, twice the mean).
   bad_init  the ranks of one ep coordinate start from different experts:
        fully_shard's refusal (OUT/bad_init.rank<r>.pt).
 
@@ -245,7 +245,9 @@ def run(out, rank, kind):
     # coordinates, then check sm.device_mesh() gives the same groups
     model = local_model("moe" if moe else "tp", coords, None)
     sm = mt.fully_shard(model, mesh=mesh, layout=layout, microbatches=M, distinct=distinct,
-                        expert_axes=("ep",) if kind == "moe" else (), units=(
+                        expert_axes=("ep",) if kind == "moe" else (),
+                        tensor_axes=("tp",) if kind == "tp" else ("ep",) if kind == "moe_unscaled"
+                        else (), units=(
                             ["embed", "moe", "head"] if moe else None),
                         timeout_ms=60000, cache=False)
     dm = sm.device_mesh()

@@ -120,9 +120,11 @@ def test_matches_the_whole_model(runs, kind):
 
 @needs_mpi
 def test_experts_unscaled_are_the_ep_sum(runs):
-    """Without expert_axes the delivered expert gradient is the sum over the
-    ep group's tokens (twice the mean): the run equals a reference whose
-    expert gradients are doubled, and is far from the true one."""
+    """With ep declared in tensor_axes (as if tensor parallel) the delivered
+    expert gradient is the sum over the ep group's tokens (twice the mean):
+    the run equals a reference whose expert gradients are doubled, and is far
+    from the true one. So the axis's kind must be declared
+    (test_every_distinct_axis_is_declared)."""
     doubled = errors(runs, "moe_unscaled", reference("moe", 1, expert_scale=2.0))
     true = errors(runs, "moe_unscaled", reference("moe", 1))
     assert max(doubled[:3]) <= TOL, doubled[:3]
@@ -232,7 +234,8 @@ def test_expert_axes_and_device_mesh_refusals():
                        distinct={"moe.experts.*": "ep"}, expert_axes="ep", backend="local",
                        cache=False)
     sm = mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
-                        distinct={"moe.experts.*": "ep"}, backend="local", cache=False)
+                        distinct={"moe.experts.*": "ep"}, expert_axes=("ep",), backend="local",
+                        cache=False)
     try:
         if not dist.is_initialized():
             with pytest.raises(mfsdp.UsageError, match=r"device_mesh\(\) needs "
@@ -247,3 +250,22 @@ def test_expert_axes_and_device_mesh_refusals():
         assert not os.path.exists("never")
     finally:
         sm.close()
+
+
+def test_every_distinct_axis_is_declared():
+    """A Distinct axis in neither expert_axes nor tensor_axes, or in both, is a
+    UsageError at sharding that names the axis, a tensor and both choices
+    (undeclared, an expert gradient would be off by the axis size)."""
+    for kw, where in (({}, "in neither"), ({"expert_axes": ("ep",), "tensor_axes": ("ep",)},
+                                           "in both")):
+        with pytest.raises(mfsdp.UsageError, match=r"axis 'ep' is Distinct \(e.g. "
+                           r"'moe.experts.0.w1.weight'\) and %s: say how its tensors get their "
+                           r"gradient, in exactly one of expert_axes=\('ep',\).*tensor_axes="
+                           r"\('ep',\)" % where):
+            mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
+                           distinct={"moe.experts.*": "ep"}, backend="local", cache=False, **kw)
+    with pytest.raises(mfsdp.UsageError, match=r"tensor_axes names 'dp', which is Distinct for "
+                                               r"no tensor"):
+        mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
+                       distinct={"moe.experts.*": "ep"}, expert_axes=("ep",),
+                       tensor_axes=("dp",), backend="local", cache=False)

@@ -98,9 +98,10 @@ class FullyShardedModel(ShardedModel):
     def __init__(self, model: torch.nn.Module, schedule: Schedule, spec: str,
                  precision: _policy.Precision, backend: str, cache_status: str,
                  offload_policy: Any = None, spec_args: Optional[Mapping[str, Any]] = None,
-                 spec_cache: bool = True, expert_axes: Any = (), **runtime_kw: Any) -> None:
+                 spec_cache: bool = True, expert_axes: Any = (), tensor_axes: Any = (),
+                 **runtime_kw: Any) -> None:
         super().__init__(model, schedule, backend=backend, offload_policy=offload_policy,
-                         expert_axes=expert_axes, **runtime_kw)
+                         expert_axes=expert_axes, tensor_axes=tensor_axes, **runtime_kw)
         self.spec = spec
         self.precision = precision
         self.cache_status = cache_status
@@ -303,7 +304,7 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                 microbatches: int = 1, mp_policy: Any = None,
                 reshard_after_forward: Union[Reshard, int] = None, offload_policy: Any = None,
                 backend: str = "mpi", units: Optional[List[str]] = None, cache: bool = True,
-                expert_axes: Any = (), **options: Any) -> FullyShardedModel:
+                expert_axes: Any = (), tensor_axes: Any = (), **options: Any) -> FullyShardedModel:
     """Shards `model` in one call, FSDP2's fully_shard with its knobs by their
     names: builds the spec (spec_from_module), compiles it through the
     schedule cache (compile_cached) and shards the model (mt.shard).
@@ -330,6 +331,12 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                             all-to-all, divided by their sizes (reduce avg), so it
                             is the mean over the whole batch as the dense ones';
                             not a TP axis (its ranks share their tokens)
+    tensor_axes             the Distinct axes whose coordinates each compute their own
+                            tensor's gradient from the same tokens (tensor
+                            parallelism, e.g. ("tp",)): kept as computed. Every
+                            Distinct axis is in exactly one of the two (else a
+                            UsageError: undeclared, an expert gradient would be off
+                            by the axis size)
     options                 spec options (reduce, overrides, prefetch, example,
                             ties, reshard_last, matrix_optimizer, whole_owners,
                             distinct ({parameter pattern: axis}), dtype,
@@ -363,7 +370,8 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                      reshard_after_forward=reshard_after_forward)
     return FullyShardedModel(model, sched, spec, precision, backend, status,
                              offload_policy=offload_policy, spec_args=spec_args,
-                             spec_cache=cache, expert_axes=expert_axes, **rt_kw)
+                             spec_cache=cache, expert_axes=expert_axes, tensor_axes=tensor_axes,
+                             **rt_kw)
 
 
 __all__ = ["fully_shard", "FullyShardedModel", "compile_cached", "cache_dir", "schedule_key",

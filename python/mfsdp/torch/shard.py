@@ -64,12 +64,13 @@ class ShardedModel(UnitHooks):
 
     def __init__(self, model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
                  offload_policy: Any = None, expert_axes: Sequence[str] = (),
-                 **runtime_kw: Any) -> None:
+                 tensor_axes: Sequence[str] = (), **runtime_kw: Any) -> None:
         self._probing = False      # a forward on meta finding the units' order (fully_shard.py)
-        if isinstance(expert_axes, str):
-            raise UsageError("expert_axes=%r: give a tuple of axis names, e.g. (%r,)"
-                             % (expert_axes, expert_axes))
+        for key, axes in (("expert_axes", expert_axes), ("tensor_axes", tensor_axes)):
+            if isinstance(axes, str):
+                raise UsageError("%s=%r: give a tuple of axis names, e.g. (%r,)" % (key, axes, axes))
         self.expert_axes = tuple(expert_axes)     # Distinct axes the model dispatches tokens over
+        self.tensor_axes = tuple(tensor_axes)     # Distinct axes whose gradients are each rank's own
         self._device_mesh = None
         self._build(model, schedule, backend, offload_policy, runtime_kw, True)
 
@@ -87,7 +88,7 @@ class ShardedModel(UnitHooks):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
         _refuse_torchrun(backend, schedule.world_size)
         self.distinct = distinct_axes_of(schedule)    # {tensor name: its Distinct axes}
-        _check_expert_axes(schedule, self.distinct, self.expert_axes)
+        _check_distinct_axes(schedule, self.distinct, self.expert_axes, self.tensor_axes)
         self.runtime = rt = Runtime(schedule, backend=backend, offload=offload, **runtime_kw)
         self.offload = _offload.report(rt, offload)   # active, host_bytes, reason
         self.M = schedule.microbatches
@@ -527,18 +528,35 @@ def distinct_axes_of(schedule: Schedule) -> Dict[str, Tuple[str, ...]]:
     return out
 
 
-def _check_expert_axes(schedule: Schedule, distinct: Mapping[str, Tuple[str, ...]],
-                       expert_axes: Sequence[str]) -> None:
-    """UsageError for an expert axis that is not a Distinct axis of the schedule."""
+def _check_distinct_axes(schedule: Schedule, distinct: Mapping[str, Tuple[str, ...]],
+                         expert_axes: Sequence[str], tensor_axes: Sequence[str]) -> None:
+    """UsageError unless every Distinct axis of the schedule is declared in
+    exactly one of expert_axes (the model dispatches tokens over it: each
+    tensor's gradient is its group's sum, divided here) and tensor_axes (each
+    coordinate's gradient is its own: tensor parallelism), and both name only
+    Distinct axes. Undeclared, an expert gradient would be off by the axis
+    size without a sign."""
     mesh = schedule.mesh
     used = {a for axes in distinct.values() for a in axes}
-    for a in expert_axes:
-        if a not in used:
-            raise UsageError("expert_axes names %r, which is %s: expert_axes are the Distinct "
-                             "axes the model dispatches tokens over (give spec_from_module or "
-                             "fully_shard distinct={pattern: %r})"
-                             % (a, "not an axis of the mesh (%s)" % ", ".join(mesh)
-                                if a not in mesh else "Distinct for no tensor", a))
+    for key, axes in (("expert_axes", expert_axes), ("tensor_axes", tensor_axes)):
+        for a in axes:
+            if a not in used:
+                raise UsageError("%s names %r, which is %s: expert_axes and tensor_axes are the "
+                                 "Distinct axes (give spec_from_module or fully_shard "
+                                 "distinct={pattern: %r})"
+                                 % (key, a, "not an axis of the mesh (%s)" % ", ".join(mesh)
+                                    if a not in mesh else "Distinct for no tensor", a))
+    for a in sorted(used, key=list(mesh).index):
+        if (a in expert_axes) == (a in tensor_axes):
+            tensor = next(n for n, axes in distinct.items() if a in axes)
+            raise UsageError(
+                "axis %r is Distinct (e.g. %r) and %s: say how its tensors get their gradient, "
+                "in exactly one of expert_axes=(%r,) (the model dispatches tokens over it, "
+                "e.g. an all-to-all to the experts: each expert's gradient sums its %s group's "
+                "tokens, and mfsdp divides it by %d to the batch mean) and tensor_axes=(%r,) "
+                "(each coordinate computes its own shard's gradient from the same tokens: "
+                "tensor parallelism)"
+                % (a, tensor, "in both" if a in expert_axes else "in neither", a, a, mesh[a], a))
 
 
 def _expert_scales(sm: ShardedModel, expert_axes: Sequence[str]) -> List[Tuple[torch.Tensor, float]]:
@@ -673,10 +691,10 @@ def _nccl_args(kw, backend, world):
 
 def shard(model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
           offload_policy: Any = None, expert_axes: Sequence[str] = (),
-          **runtime_kw: Any) -> ShardedModel:
+          tensor_axes: Sequence[str] = (), **runtime_kw: Any) -> ShardedModel:
     """Drives `model` with `schedule` on `backend` ("local", "mpi", "nccl");
     extra keywords go to mfsdp.Runtime (timeout_ms, comm, group, rank, ...).
     offload_policy: torch's CPUOffloadPolicy() or True for FSDP2's CPU offload
     (GPU backends; a no-op that warns on CPU ones: docs/pytorch.md, "CPU offload")."""
     return ShardedModel(model, schedule, backend=backend, offload_policy=offload_policy,
-                        expert_axes=expert_axes, **runtime_kw)
+                        expert_axes=expert_axes, tensor_axes=tensor_axes, **runtime_kw)
