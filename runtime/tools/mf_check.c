@@ -264,6 +264,19 @@ static void init_main_weight(rank_ctx *c)
     }
 }
 
+/* Ranks r and q hold the same tensors of bucket bk: equal coordinates on
+ * each of its Distinct axes (docs/semantics.md §4.7; every rank when none). */
+static bool same_tensors(const mf_schedule *s, const mf_bucket *bk, int64_t r, int64_t q)
+{
+    int64_t a[MF_MAX_AXES], b[MF_MAX_AXES];
+    mf_layout_mesh_coords(&s->mesh, r, a);
+    mf_layout_mesh_coords(&s->mesh, q, b);
+    for (int j = 0; j < s->mesh.naxes; j++)
+        if (bk->place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT && a[j] != b[j])
+            return false;
+    return true;
+}
+
 /* Exchanges main_weight shards bucket by bucket (in chunks) and assembles
  * every bucket's full weight, cast to the unsharded weight's dtype. Replicas
  * must be bitwise equal and padding zero. */
@@ -291,7 +304,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
         for (int64_t r = 0; r < c->world; r++) {
             mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
             int64_t q = rr.len ? rr.offset / rr.len : 0;
-            if (first[q] < 0)
+            if (first[q] < 0 && same_tensors(s, bk, c->rank, r))
                 first[q] = r;
         }
         const void *mw = mf_rt_buffer(c->rt, st->mw);
@@ -304,6 +317,8 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
                 break;
             }
             for (int64_t r = 0; r < c->world; r++) {
+                if (!same_tensors(s, bk, c->rank, r))
+                    continue; /* another coordinate's tensors (a Distinct axis) */
                 mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
                 int64_t q = rr.len ? rr.offset / rr.len : 0;
                 const float *shard = all + r * len;
@@ -404,17 +419,22 @@ static void check_gradient(rank_ctx *c)
     const mf_schedule *s = c->s;
     if (c->bad)
         return;
-    double div = s->reduce == MF_REDUCE_AVG ? (double)c->world : 1.0;
-    int64_t M = s->microbatches, NM = c->world * M;
+    int64_t M = s->microbatches;
     for (int b = 0; b < s->nbuckets; b++) {
         const mf_bucket *bk = &s->buckets[b];
+        /* reduced over the ranks holding the same tensors (all but a Distinct axis) */
+        int64_t n = 0;
+        for (int64_t r = 0; r < c->world; r++)
+            n += same_tensors(s, bk, c->rank, r);
+        double div = s->reduce == MF_REDUCE_AVG ? (double)n : 1.0;
+        int64_t NM = n * M;
         const bucket_state *st = &c->bs[b];
         const mf_buffer *bf = &s->buffers[st->delivered];
         const void *g = delivered_ptr(c, st);
         double slack = (double)(M + c->world + 2 * s->mesh.naxes + 4) * st->eps;
         double sum_j = 0.0, abs_j = 0.0;
         for (int64_t r = 0; r < c->world; r++)
-            for (int64_t m = 0; m < M; m++) {
+            for (int64_t m = 0; m < M && same_tensors(s, bk, c->rank, r); m++) {
                 int j = grad_j(c->step, r, m, b);
                 sum_j += j;
                 abs_j += j < 0 ? -j : j;
