@@ -232,6 +232,13 @@ static mfsdp_result gather_body(mf_rt *rt, const char *fn, int tensor, const voi
                                  "the shard non-NULL on ranks that hold one",
                                  fn, (long long)root, (long long)rt->world);
     mf_tensor_at a = tensor_at(rt, tensor);
+    for (int j = 0; j < rt->s->mesh.naxes; j++)
+        if (a.mw->p[j] == MF_PLACE_DISTINCT)
+            return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                     "%s: tensor '%s' is Distinct on axis '%s' (each coordinate holds its "
+                                     "own tensor under this name): a gather over the mesh would mix them; "
+                                     "gathering distinct tensors needs their global names (issue #42, item 2)",
+                                     fn, a.t->name, rt->s->mesh.axes[j].name);
     size_t es = mfsdp_dtype_size(src_dtype);
     /* Every rank sends a block of the largest shard any rank holds. */
     int64_t most = 0, lo, hi;

@@ -156,6 +156,19 @@ static void check_ckpt_refused(mfsdp_runtime *rt, outcome *o)
         fclose(f);
         mismatch(o, "a refused save created %s", dir);
     }
+    /* a gather over the mesh of an expert (Distinct) tensor: refused, never mixed */
+    for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, t, &v);
+        if (!is_expert(v.name))
+            continue;
+        float out[1];
+        r = mfsdp_main_weight_gather(rt, t, out, MFSDP_FP32, 0);
+        if (r != MFSDP_ERR_UNSUPPORTED || !strstr(mfsdp_last_error(rt), "mfsdp_main_weight_gather: tensor '") ||
+            !strstr(mfsdp_last_error(rt), "is Distinct on axis 'ep'"))
+            mismatch(o, "gather of %s: result %d, %s", v.name, (int)r, mfsdp_last_error(rt));
+        break;
+    }
 }
 
 /* One rank's step and checks on the runtime cfg selects. */

@@ -445,7 +445,10 @@ MFSDP_API mfsdp_result mfsdp_main_weight_scatter(mfsdp_runtime *rt, int tensor, 
  * converted to `dtype`) into `out` on rank `root`, or on every rank with
  * MFSDP_ALL_RANKS (for logging, evaluation, export). Collective over the
  * world; `out` may be NULL on ranks that do not receive. Each element comes
- * from one rank that holds it (replicas are not compared).
+ * from one rank that holds it (replicas are not compared). A tensor Distinct
+ * on some axis (a different tensor per coordinate) is refused with
+ * MFSDP_ERR_UNSUPPORTED on every rank, before any communication (both
+ * gathers).
  */
 MFSDP_API mfsdp_result mfsdp_main_weight_gather(mfsdp_runtime *rt, int tensor, void *out,
                                                 mfsdp_dtype dtype, int64_t root);
