@@ -129,6 +129,7 @@ static const char *const place_names[] = {
     MF_PLACE_LIST(X)
 #undef X
     MF_WHOLE_NAME,
+    MF_DISTINCT_NAME,
 };
 static const char *const balance_names[] = {
 #define X(E, name) name,
@@ -438,20 +439,11 @@ static int labeled_slot(mf_sema *s, const mf_ast_place *p, const char *role, con
     return slot;
 }
 
-/* An unknown placement word: "did you mean 'Distinct'?" when that is the
- * closest, else the message of the table's words and Whole (the list of
- * choices keeps the text it had before Distinct, docs/language.md §3.3). */
+/* An unknown placement word: "did you mean ...?" with the closest of every
+ * placement (the table's, Whole and Distinct), else the list of them. */
 static void unknown_placement(mf_sema *s, mf_span at, const char *word, const char *where)
 {
-    const char *all[COUNT(place_names) + 1];
-    for (size_t i = 0; i < COUNT(place_names); i++)
-        all[i] = place_names[i];
-    all[COUNT(place_names)] = MF_DISTINCT_NAME;
-    const char *hint = mf_diag_suggest(word, all, COUNT(all));
-    if (hint && strcmp(hint, MF_DISTINCT_NAME) == 0)
-        mf_diag_error(s->d, at, "unknown placement '%s'%s; did you mean '%s'?", word, where, hint);
-    else
-        unknown_word(s, at, "placement", word, where, place_names, COUNT(place_names));
+    unknown_word(s, at, "placement", word, where, place_names, COUNT(place_names));
 }
 
 /* Entry p of role r, Whole or Flat, after `other`, the first entry of the
