@@ -166,9 +166,28 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t 
     return 0;
 }
 
+/* A schedule with a Distinct axis has no plan: its tensors have no global
+ * names yet (issue #42, item 2). -1 with the message. */
+static int mf_ckpt_plan_refuse_distinct(const mf_schedule *s, char *err, size_t errlen)
+{
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int j = 0; j < s->mesh.naxes; j++)
+            if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT) {
+                snprintf(err, errlen,
+                         "the schedule's axis '%s' is Distinct in bucket '%s' (each coordinate holds a "
+                         "different tensor under the same name): checkpoints need the global names of "
+                         "distinct tensors (issue #42, item 2), which do not exist yet",
+                         s->mesh.axes[j].name, s->buckets[b].name);
+                return -1;
+            }
+    return 0;
+}
+
 int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
+    if (mf_ckpt_plan_refuse_distinct(s, err, errlen) != 0)
+        return -1;
     int64_t world = s->mesh.world, maxshards = 1;
     int nt = 0;
     for (int b = 0; b < s->nbuckets; b++) {

@@ -382,6 +382,28 @@ static void test_parts(void **state)
     parts_close(&x);
 }
 
+/* A schedule with a Distinct axis has no checkpoint plan (the offline tools
+ * and reshard-plan build one first): refused naming the axis and the bucket. */
+static void test_plan_refuses_distinct(void **state)
+{
+    (void)state;
+    mf_tensor t = {.name = "moe.experts.0.w1.weight", .ndims = 1, .dims = {64}, .numel = 64};
+    mf_bucket b = {.name = "moe/ep_experts", .length = 64, .used = 64, .ntensors = 1, .tensors = &t};
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        b.place[r].p[0] = MF_PLACE_DISTINCT;
+        b.place[r].p[1] = MF_PLACE_FLAT;
+    }
+    mf_schedule s = {.mesh = {.naxes = 2, .world = 4}, .nbuckets = 1, .buckets = &b};
+    s.mesh.axes[0] = (mf_axis){.name = "ep", .size = 2};
+    s.mesh.axes[1] = (mf_axis){.name = "dp", .size = 2};
+    mf_ckpt_plan p;
+    char err[512];
+    assert_int_equal(mf_ckpt_plan_build(&s, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "the schedule's axis 'ep' is Distinct in bucket 'moe/ep_experts'"));
+    assert_non_null(strstr(err, "issue #42, item 2"));
+    mf_ckpt_plan_free(&p);
+}
+
 /* Plan properties on each compiled schedule given on the command line. */
 static void test_plan(void **state)
 {
@@ -444,6 +466,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_st_refusals),  cmocka_unit_test(test_st_bounds),   cmocka_unit_test(test_st_build),
         cmocka_unit_test(test_manifest),     cmocka_unit_test(test_manifest_coverage_files),
         cmocka_unit_test(test_parts),        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_refuses_distinct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
