@@ -134,8 +134,15 @@ int mf_cmd_reshard_plan(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         goto done;
     }
-    if (mf_ckpt_plan_build(os, &o, err, sizeof err) != 0 || mf_ckpt_plan_build(ns, &n, err, sizeof err) != 0 ||
-        !(tmap = calloc((size_t)n.ntensors + 1, sizeof *tmap)) ||
+    for (int i = 0; i < 2; i++) {
+        err[0] = '\0';
+        if (mf_ckpt_plan_build(i ? ns : os, i ? &n : &o, err, sizeof err) != 0) {
+            fprintf(stderr, "mfsdpc: error: %s: %s\n", path[i], err[0] ? err : "out of memory");
+            rc = err[0] && !strstr(err, "out of memory") ? 1 : 2;
+            goto done;
+        }
+    }
+    if (!(tmap = calloc((size_t)n.ntensors + 1, sizeof *tmap)) ||
         !(idx = malloc((size_t)(o.npieces + 1) * sizeof *idx))) {
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         goto done;

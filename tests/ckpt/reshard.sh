@@ -42,8 +42,13 @@ done
 # A schedule with other tensors is refused with every mismatch named.
 out=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$S/other_model.yaml" 2>&1) && fail "reshard-plan accepted another model"
 echo "$out" | grep -q "tensor 'in.weight' has another shape" || fail "reshard-plan message: $out"
+# A schedule with a Distinct axis has no checkpoint plan yet (issue #42 item 2): exit 1, named.
+ep="$(dirname "$0")/../../schedules/deepseek_moe_ep.yaml"
+rc=0; out=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$ep" 2>&1) || rc=$?
+[ "$rc" = 1 ] && echo "$out" | grep -q "deepseek_moe_ep.yaml: the schedule's axis 'ep' is Distinct in bucket" ||
+  fail "reshard-plan into a Distinct schedule: exit $rc, $out"
 out=$(run_trainer "$backend" "$S/other_model.yaml" --load "$WORK/a" 2>&1) && fail "loaded another model"
 echo "$out" | grep -Eq "mismatches: .*in.weight' has shape \[45, 27\] in the checkpoint, \[45, 28\]" ||
   fail "load message: $out"
 echo "ok: another model refused: $(echo "$out" | grep -o 'mismatches.*' | head -c 200)"
-echo "12 passed, 0 failed"
+echo "13 passed, 0 failed"
