@@ -7,14 +7,7 @@
 set -eu
 mfsdpc=$1 src=$2/distinct schedules=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cp "$src"/*.mfsdp "$schedules"/deepseek_moe_ep.mfsdp "$work"/ && cd "$work"
-fail=0
-check() { # golden, command...
-    golden=$1; shift
-    rc=0; "$@" > "$golden.out" 2>&1 || rc=$?
-    echo "exit $rc" >> "$golden.out"
-    if [ "${UPDATE:-0}" = 1 ]; then cp "$golden.out" "$src/$golden"; return; fi
-    if ! diff -u "$src/$golden" "$golden.out"; then echo "FAIL: $golden ($*)"; fail=1; fi
-}
+. "$2/golden_lib.sh"
 check explain_ep.expected "$mfsdpc" explain deepseek_moe_ep.mfsdp
 check explain_small.yaml.expected "$mfsdpc" explain --format yaml ep_small.mfsdp
 for f in ep_small ep_flat; do "$mfsdpc" compile $f.mfsdp -o $f.yaml; done

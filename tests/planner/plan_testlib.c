@@ -19,6 +19,18 @@ mf_placement tl_place(const char *letters)
     return p;
 }
 
+mf_mesh tl_mesh(int naxes, int64_t n0, int64_t n1)
+{
+    mf_mesh m = {.naxes = naxes, .world = naxes == 1 ? n0 : n0 * n1};
+    m.axes[0].name = naxes == 1 ? "dp" : "dp_outer";
+    m.axes[0].size = n0;
+    if (naxes == 2) {
+        m.axes[1].name = "dp_inner";
+        m.axes[1].size = n1;
+    }
+    return m;
+}
+
 static mf_span line_span(int line)
 {
     mf_span s = {line, 3, line, 9};

@@ -29,6 +29,8 @@
 enum { TL_MAX_LAYOUTS = 512, TL_MAX_UNITS = 256, TL_MAX_TENSORS = 64 };
 
 mf_placement tl_place(const char *letters);
+/* A 1-D mesh `dp` of n0 ranks (naxes 1), or dp_outer = n0 x dp_inner = n1. */
+mf_mesh tl_mesh(int naxes, int64_t n0, int64_t n1);
 
 /* A spec with a mesh of naxes axes named a0..a3 (owned by the arena). */
 mf_spec *tl_spec_new(mf_arena *a, int naxes, const int64_t *sizes, int64_t microbatches, mf_reduce reduce);

@@ -148,3 +148,20 @@ char *st_read(const char *path, size_t *len)
 {
     return mf_pipeline_read_file(path, len);
 }
+
+char *st_replace(const char *text, const char *find, const char *repl)
+{
+    const char *at = strstr(text, find);
+    if (!at) {
+        fprintf(stderr, "st_replace: '%s' not in the schedule\n", find);
+        abort(); /* a failed test under cmocka */
+    }
+    size_t pre = (size_t)(at - text), fl = strlen(find), rl = strlen(repl), tl = strlen(text);
+    char *out = malloc(tl - fl + rl + 1);
+    if (!out)
+        abort();
+    memcpy(out, text, pre);
+    memcpy(out + pre, repl, rl);
+    memcpy(out + pre + rl, at + fl, tl - pre - fl + 1);
+    return out;
+}

@@ -49,4 +49,8 @@ int st_buffer(const mf_schedule *s, const char *name);
 /* Reads a whole file (owned, NUL-terminated) or NULL. */
 char *st_read(const char *path, size_t *len);
 
+/* text with the first occurrence of find replaced by repl (owned); aborts
+ * (fails the test) when find is not in it. */
+char *st_replace(const char *text, const char *find, const char *repl);
+
 #endif

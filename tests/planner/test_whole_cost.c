@@ -11,26 +11,6 @@
 #include "mf_plan_owners.h"
 #include "plan_testlib.h"
 
-static mf_mesh mesh(int naxes, int64_t n0, int64_t n1)
-{
-    mf_mesh m = {.naxes = naxes, .world = naxes == 1 ? n0 : n0 * n1};
-    m.axes[0].name = naxes == 1 ? "dp" : "dp_outer";
-    m.axes[0].size = n0;
-    if (naxes == 2) {
-        m.axes[1].name = "dp_inner";
-        m.axes[1].size = n1;
-    }
-    return m;
-}
-
-static mf_placement pl(const char *letters)
-{
-    mf_placement p = {{0}};
-    for (int j = 0; letters[j]; j++)
-        p.p[j] = letters[j] == 'F' ? MF_PLACE_FLAT : letters[j] == 'P' ? MF_PLACE_PARTIAL : MF_PLACE_REPLICATE;
-    return p;
-}
-
 /* Tensors 1000, 600, 500, 300 (2-D, 10 columns) and 10 (1-D) packed by hand
  * at 0, 1024, 2048, 3072, 3376 of a bucket of 4096: on 4 shards of 1024 the
  * used prefixes are 1000, 600, 500, 314. */
@@ -46,7 +26,7 @@ static mf_bucket bucket(bool whole)
     b.dtype[MF_ROLE_GRAD] = MF_FP32;
     b.dtype[MF_ROLE_MAIN_WEIGHT] = MF_FP32;
     for (int r = 0; r < MF_ROLE_COUNT; r++)
-        b.place[r] = pl("F");
+        b.place[r] = tl_place("F");
     b.whole[MF_ROLE_GRAD] = b.whole[MF_ROLE_MAIN_WEIGHT] = whole;
     return b;
 }
@@ -54,9 +34,9 @@ static mf_bucket bucket(bool whole)
 static void test_prefix_bytes_1d(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(1, 4, 0);
+    mf_mesh m = tl_mesh(1, 4, 0);
     mf_bucket w = bucket(true), f = bucket(false);
-    mf_placement F = pl("F");
+    mf_placement F = tl_place("F");
     /* the rank with the smallest shard (3: 314) moves the other three */
     assert_int_equal(mf_layout_collective_bytes(&m, &w, MF_OP_ALL_GATHER, 0, &F, 1024, MF_BF16), (1000 + 600 + 500) * 2);
     assert_int_equal(mf_layout_collective_bytes(&m, &w, MF_OP_REDUCE_SCATTER, 0, &F, 1024, MF_FP32), 2100 * 4);
@@ -65,7 +45,7 @@ static void test_prefix_bytes_1d(void **state)
     assert_int_equal(mf_schedule_collective_bytes(MF_OP_ALL_GATHER, 4, 1024, MF_BF16), 3 * 1024 * 2);
     assert_true(mf_layout_bucket_whole(&w));
     assert_false(mf_layout_bucket_whole(&f));
-    mf_placement R = pl("R");
+    mf_placement R = tl_place("R");
     assert_ptr_equal(mf_layout_shard_side(MF_OP_REDUCE_SCATTER, &R, &F), &F);
     assert_ptr_equal(mf_layout_shard_side(MF_OP_ALL_GATHER, &F, &R), &F);
 }
@@ -73,10 +53,10 @@ static void test_prefix_bytes_1d(void **state)
 static void test_prefix_bytes_2d(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(2, 2, 2);
+    mf_mesh m = tl_mesh(2, 2, 2);
     mf_bucket w = bucket(true);
     /* [P, F]: 2 shards of 2048 split by the inner axis; used 1624 and 1338 */
-    mf_placement PF = pl("PF"), FF = pl("FF");
+    mf_placement PF = tl_place("PF"), FF = tl_place("FF");
     w.place[MF_ROLE_GRAD] = PF;
     /* all_reduce over dp_outer on its own shard: 2 (n-1) ceil(u / n) size, the larger u */
     assert_int_equal(mf_layout_collective_bytes(&m, &w, MF_OP_ALL_REDUCE, 0, &PF, 2048, MF_FP32), 2 * 812 * 4);
@@ -93,10 +73,10 @@ static void test_prefix_bytes_2d(void **state)
 static void test_op_bytes_and_cost(void **state)
 {
     (void)state;
-    mf_schedule s = {.mesh = mesh(1, 4, 0), .microbatches = 1};
+    mf_schedule s = {.mesh = tl_mesh(1, 4, 0), .microbatches = 1};
     mf_bucket b = bucket(true);
-    mf_buffer bufs[2] = {{.name = "full", .bucket = 0, .dtype = MF_FP32, .place = pl("P"), .count = 4096},
-                         {.name = "grad", .bucket = 0, .dtype = MF_FP32, .place = pl("F"), .count = 1024}};
+    mf_buffer bufs[2] = {{.name = "full", .bucket = 0, .dtype = MF_FP32, .place = tl_place("P"), .count = 4096},
+                         {.name = "grad", .bucket = 0, .dtype = MF_FP32, .place = tl_place("F"), .count = 1024}};
     mf_op op = {.kind = MF_OP_REDUCE_SCATTER, .bucket = 0, .axis = 0, .dtype = MF_FP32, .count = 1024, .src = 0, .dst = 1};
     s.buckets = &b;
     s.nbuckets = 1;
@@ -120,7 +100,7 @@ static void test_owners(void **state)
 {
     (void)state;
     mf_bucket b[2] = {bucket(true), bucket(false)};
-    mf_schedule s = {.mesh = mesh(1, 4, 0), .microbatches = 1, .buckets = b, .nbuckets = 2};
+    mf_schedule s = {.mesh = tl_mesh(1, 4, 0), .microbatches = 1, .buckets = b, .nbuckets = 2};
     mf_plan_owner_shard o[4];
     assert_int_equal(mf_plan_owners_shards(&s, &b[0], MF_BALANCE_FLOPS, o), 4);
     assert_int_equal(mf_plan_owners_shards(&s, &b[1], MF_BALANCE_FLOPS, o), 0);

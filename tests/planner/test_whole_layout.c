@@ -259,25 +259,11 @@ static void test_emitted(void **state)
     mf_schedule_free(s);
 }
 
-/* Replaces the first occurrence of find; owned result. */
-static char *replace(const char *text, const char *find, const char *repl)
-{
-    const char *at = strstr(text, find);
-    if (!at)
-        fail_msg("'%s' not in the schedule", find);
-    size_t pre = (size_t)(at - text), fl = strlen(find), rl = strlen(repl), tl = strlen(text);
-    char *out = malloc(tl - fl + rl + 1);
-    memcpy(out, text, pre);
-    memcpy(out + pre, repl, rl);
-    memcpy(out + pre + rl, at + fl, tl - pre - fl + 1);
-    return out;
-}
-
 /* The edited file is refused with a message containing want at line:col of
  * the first occurrence of `at` in the edited text (0: any place). */
 static void refused(const char *yaml, const char *find, const char *repl, const char *at, const char *want)
 {
-    char *bad = replace(yaml, find, repl), err[1024], where[64] = "";
+    char *bad = st_replace(yaml, find, repl), err[1024], where[64] = "";
     mf_schedule *s = mf_load_schedule_buffer("t.yaml", bad, strlen(bad), err, sizeof err);
     if (s)
         fail_msg("accepted after replacing '%s' by '%s'", find, repl);

@@ -12,26 +12,6 @@
 #include "mf_whole_owners.h"
 #include "plan_testlib.h"
 
-static mf_mesh mesh(int naxes, int64_t n0, int64_t n1)
-{
-    mf_mesh m = {.naxes = naxes, .world = naxes == 1 ? n0 : n0 * n1};
-    m.axes[0].name = naxes == 1 ? "dp" : "dp_outer";
-    m.axes[0].size = n0;
-    if (naxes == 2) {
-        m.axes[1].name = "dp_inner";
-        m.axes[1].size = n1;
-    }
-    return m;
-}
-
-static mf_placement pl(const char *letters)
-{
-    mf_placement p = {{0}};
-    for (int j = 0; letters[j]; j++)
-        p.p[j] = letters[j] == 'F' ? MF_PLACE_FLAT : MF_PLACE_REPLICATE;
-    return p;
-}
-
 static mf_whole_bucket wb(const mf_placement *fine, int64_t P, int n, const int64_t *numel, const int *group,
                           int64_t S, int *shard)
 {
@@ -46,8 +26,8 @@ static mf_whole_bucket wb(const mf_placement *fine, int64_t P, int n, const int6
 static void test_across_buckets(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(1, 2, 0);
-    mf_placement F = pl("F");
+    mf_mesh m = tl_mesh(1, 2, 0);
+    mf_placement F = tl_place("F");
     int64_t na[] = {30, 30}, nbs[] = {100, 40};
     int ga[] = {0, 1}, gb[] = {0, 1}, sa[2], sb[2];
     mf_whole_bucket b[2] = {wb(&F, 2, 2, na, ga, 64, sa), wb(&F, 2, 2, nbs, gb, 128, sb)};
@@ -66,8 +46,8 @@ static void test_across_buckets(void **state)
 static void test_falls_back_to_groups(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(1, 2, 0);
-    mf_placement F = pl("F");
+    mf_mesh m = tl_mesh(1, 2, 0);
+    mf_placement F = tl_place("F");
     int64_t na[] = {45}, nbs[] = {50, 50, 34, 33, 33};
     int ga[] = {0}, gb[] = {0, 0, 1, 1, 1}, sa[1], sb[5];
     mf_whole_bucket b[2] = {wb(&F, 2, 1, na, ga, 64, sa), wb(&F, 2, 5, nbs, gb, 100, sb)};
@@ -85,8 +65,8 @@ static void test_falls_back_to_groups(void **state)
 static void test_classes_share_loads(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(2, 2, 2);
-    mf_placement FF = pl("FF"), RF = pl("RF");
+    mf_mesh m = tl_mesh(2, 2, 2);
+    mf_placement FF = tl_place("FF"), RF = tl_place("RF");
     int64_t na[] = {100}, nbs[] = {90};
     int g[] = {0}, sa[1], sb[1];
     mf_whole_bucket b[2] = {wb(&FF, 4, 1, na, g, 128, sa), wb(&RF, 2, 1, nbs, g, 128, sb)};
@@ -101,8 +81,8 @@ static void test_classes_share_loads(void **state)
 static void test_room_rounds_to_the_quantum(void **state)
 {
     (void)state;
-    mf_mesh m = mesh(1, 2, 0);
-    mf_placement F = pl("F");
+    mf_mesh m = tl_mesh(1, 2, 0);
+    mf_placement F = tl_place("F");
     int64_t nc[] = {50}, nd[] = {9, 7};
     int gc[] = {0}, gd[] = {0, 1}, sc[1], sd[2];
     mf_whole_bucket b[2] = {wb(&F, 2, 1, nc, gc, 64, sc), wb(&F, 2, 2, nd, gd, 16, sd)};
@@ -123,14 +103,14 @@ static mf_schedule *whole_schedule(int64_t P, int n, const int64_t *bytes)
     assert_non_null(s);
     assert_non_null(b);
     assert_non_null(t);
-    s->mesh = mesh(1, P, 0);
+    s->mesh = tl_mesh(1, P, 0);
     for (int i = 0; i < n; i++)
         t[i] = (mf_tensor){.name = "t", .ndims = 1, .dims = {bytes[i] / 4}, .numel = bytes[i] / 4};
     b->ntensors = n;
     b->tensors = t;
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
         b->dtype[r] = MF_FP32;
-        b->place[r] = pl("F");
+        b->place[r] = tl_place("F");
     }
     b->whole[MF_ROLE_GRAD] = b->whole[MF_ROLE_MAIN_WEIGHT] = true;
     s->buckets = b;

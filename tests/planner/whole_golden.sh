@@ -5,14 +5,7 @@
 set -eu
 mfsdpc=$1 src=$2/whole work=$3
 rm -rf "$work" && mkdir -p "$work" && cp "$src"/*.mfsdp "$work"/ && cd "$work"
-fail=0
-check() { # golden, command...
-    golden=$1; shift
-    rc=0; "$@" > "$golden.out" 2>&1 || rc=$?
-    echo "exit $rc" >> "$golden.out"
-    if [ "${UPDATE:-0}" = 1 ]; then cp "$golden.out" "$src/$golden"; return; fi
-    if ! diff -u "$src/$golden" "$golden.out"; then echo "FAIL: $golden ($*)"; fail=1; fi
-}
+. "$2/golden_lib.sh"
 check explain_1d.expected "$mfsdpc" explain explain_1d.mfsdp
 check explain_2d.yaml.expected "$mfsdpc" explain --format yaml explain_2d.mfsdp
 for f in explain_1d diff_flat diff_bytes diff_flops; do "$mfsdpc" compile $f.mfsdp -o $f.yaml; done
