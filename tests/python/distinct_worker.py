@@ -250,7 +250,8 @@ def run(out, rank, kind):
                         else (), units=(
                             ["embed", "moe", "head"] if moe else None),
                         timeout_ms=60000, cache=False)
-    dm = sm.device_mesh()
+    dm = mt.device_mesh(sm)
+    assert dm is sm.device_mesh()         # one mesh, made once
     axis = "ep" if moe else "tp"
     group = dm[axis].get_group()
     for mod in model.modules():

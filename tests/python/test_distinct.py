@@ -269,3 +269,11 @@ def test_every_distinct_axis_is_declared():
         mt.fully_shard(dw.MoEModel(dw.EP), mesh={"ep": 1, "dp": 1},
                        distinct={"moe.experts.*": "ep"}, expert_axes=("ep",),
                        tensor_axes=("dp",), backend="local", cache=False)
+
+
+def test_device_mesh_takes_a_sharded_model():
+    """mt.device_mesh(x) of anything but a ShardedModel names what it takes."""
+    with pytest.raises(mfsdp.UsageError, match=r"device_mesh\(sm\) takes the ShardedModel "
+                                               r"that mt.shard or mt.fully_shard returned, not a "
+                                               r"MoEModel"):
+        mt.device_mesh(dw.MoEModel(dw.EP))

@@ -9,7 +9,7 @@ mfsdp.torch: drive libmfsdp from a torch training loop (needs torch).
 
 See docs/pytorch.md.
 """
-from .shard import ModelMismatchError, ShardedModel, shard
+from .shard import ModelMismatchError, ShardedModel, device_mesh, shard
 from .spec import (LAYOUT_NAMES, default_units, hidden_matrices, layout_block, plan_units,
                    spec_from_module)
 from .tensors import tensor
@@ -22,4 +22,5 @@ __all__ = ["spec_from_module", "shard", "ShardedModel", "ModelMismatchError", "t
            "MixedPrecisionPolicy"]
 __all__ += ["CPUOffloadPolicy", "OffloadReport"]   # offload.py
 __all__ += ["default_units"]                         # spec.py: one unit per block
+__all__ += ["device_mesh"]                           # shard.py: mt.device_mesh(sm)
 __all__ += ["hidden_matrices"]                       # spec.py: matrix_optimizer="whole"'s share

@@ -689,6 +689,15 @@ def _nccl_args(kw, backend, world):
     return kw
 
 
+def device_mesh(sm: ShardedModel) -> Any:
+    """sm.device_mesh(): the torch DeviceMesh with mfsdp's axes and rank
+    coordinates (the model's own TP and expert collectives)."""
+    if not isinstance(sm, ShardedModel):
+        raise UsageError("device_mesh(sm) takes the ShardedModel that mt.shard or mt.fully_shard "
+                         "returned, not a %s" % type(sm).__name__)
+    return sm.device_mesh()
+
+
 def shard(model: torch.nn.Module, schedule: Schedule, backend: str = "mpi",
           offload_policy: Any = None, expert_axes: Sequence[str] = (),
           tensor_axes: Sequence[str] = (), **runtime_kw: Any) -> ShardedModel:
