@@ -504,7 +504,8 @@ static void mf_areplay_compute_grads(mf_areplay *sim, int v)
         int lb = c->local[b];
         mf_areplay_access(sim, actor, MF_STREAM_COMPUTE, lb, true);
         mf_absval *val = &sim->buf[lb].v;
-        *val = (mf_absval){.kind = V_GRAD, .place = mf_placement_uniform(MF_PLACE_PARTIAL, &bk->place[MF_ROLE_GRAD], s->mesh.naxes), .dtype = bk->dtype[MF_ROLE_GRAD],
+        mf_placement partial = mf_placement_uniform(MF_PLACE_PARTIAL, &bk->place[MF_ROLE_GRAD], s->mesh.naxes);
+        *val = (mf_absval){.kind = V_GRAD, .place = partial, .dtype = bk->dtype[MF_ROLE_GRAD],
                            .mbs = 1u << sim->mb, .step = sim->step, .mb = sim->mb};
     }
 }

@@ -226,14 +226,15 @@ static void text_owners(const mf_plan *p, int bi, FILE *out)
     if (!owners_of(p, bi, &v))
         return;
     char wr[64], pl[128];
-    fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n", whole_roles(v.b, wr, sizeof wr),
-            (long long)v.P, mf_role_name((mf_role)v.role), mf_plan_owners_placement(v.b, v.role, s->mesh.naxes, pl, sizeof pl),
-            balance_name(balance_of(p)));
+    fprintf(out, "    owners   Whole %s; %lld shards of %s %s (the finest); balance %s\n",
+            whole_roles(v.b, wr, sizeof wr), (long long)v.P, mf_role_name((mf_role)v.role),
+            mf_plan_owners_placement(v.b, v.role, s->mesh.naxes, pl, sizeof pl), balance_name(balance_of(p)));
     fprintf(out, "      %-5s %7s %14s %14s %14s %14s  %s\n", "shard", "tensors", "used", "main_weight B", "grad B", "cost",
             "ranks (coords)");
     for (int64_t q = 0; q < v.P; q++) {
-        fprintf(out, "      %-5lld %7d %14lld %14lld %14lld %14lld  ", (long long)q, v.o[q].ntensors, (long long)v.o[q].used,
-                (long long)v.o[q].main_bytes, (long long)v.o[q].grad_bytes, (long long)v.o[q].cost);
+        fprintf(out, "      %-5lld %7d %14lld %14lld %14lld %14lld  ", (long long)q, v.o[q].ntensors,
+                (long long)v.o[q].used, (long long)v.o[q].main_bytes, (long long)v.o[q].grad_bytes,
+                (long long)v.o[q].cost);
         text_shard_ranks(&s->mesh, &v.b->place[v.role], q, out);
         fputc('\n', out);
         if (v.o[q].ntensors > 0) {
@@ -246,8 +247,8 @@ static void text_owners(const mf_plan *p, int bi, FILE *out)
         }
     }
     int64_t used = shards_used(v.o, v.P);
-    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)v.P, (long long)(v.b->length / v.P),
-            (long long)used, (double)padding_ppm(v.b->length, used) / 1e6);
+    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)v.P,
+            (long long)(v.b->length / v.P), (long long)used, (double)padding_ppm(v.b->length, used) / 1e6);
     text_whole_collectives(p, bi, out);
     free(v.o);
 }
