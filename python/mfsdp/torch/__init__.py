@@ -13,6 +13,7 @@ from .shard import ModelMismatchError, ShardedModel, device_mesh, shard
 from .spec import (LAYOUT_NAMES, default_units, hidden_matrices, layout_block, plan_units,
                    spec_from_module)
 from .tensors import tensor
+from .naming import expert_names, split
 from .offload import CPUOffloadPolicy, OffloadReport   # torch's own when it has it
 from .fully_shard import FullyShardedModel, fully_shard
 from .policy import MixedPrecisionPolicy
@@ -24,3 +25,4 @@ __all__ += ["CPUOffloadPolicy", "OffloadReport"]   # offload.py
 __all__ += ["default_units"]                         # spec.py: one unit per block
 __all__ += ["device_mesh"]                           # shard.py: mt.device_mesh(sm)
 __all__ += ["hidden_matrices"]                       # spec.py: matrix_optimizer="whole"'s share
+__all__ += ["expert_names", "split"]                # naming.py: global_names= values

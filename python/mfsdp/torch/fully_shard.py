@@ -38,7 +38,8 @@ from .shard import ShardedModel
 from .spec import Layout, Reshard, spec_from_module
 
 SPEC_OPTIONS = ("grad_dtype", "dtype", "reduce", "overrides", "prefetch", "reshard_last",
-                "example", "ties", "matrix_optimizer", "whole_owners", "distinct")
+                "example", "ties", "matrix_optimizer", "whole_owners", "distinct",
+                "global_names")
 RUNTIME_OPTIONS = tuple(n for n in inspect.signature(Runtime.__init__).parameters
                         if n not in ("self", "schedule", "backend"))
 
@@ -339,7 +340,8 @@ def fully_shard(model: torch.nn.Module, *, mesh: Any, layout: Layout = "hfsdp",
                             by the axis size)
     options                 spec options (reduce, overrides, prefetch, example,
                             ties, reshard_last, matrix_optimizer, whole_owners,
-                            distinct ({parameter pattern: axis}), dtype,
+                            distinct ({parameter pattern: axis}), global_names
+                            ({parameter pattern: global name}: naming.py), dtype,
                             grad_dtype without mp_policy) and runtime options
                             (timeout_ms, check, ...)
     """

@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import naming
 from .tensors import tensors_in
 
 # [(unit name, module, [(tensor name, parameter)])] (plan_units)
@@ -415,7 +416,8 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                      reshard_after_forward: Reshard = None,
                      matrix_optimizer: Optional[str] = None,
                      whole_owners: str = "mesh",
-                     distinct: Optional[Mapping[str, str]] = None) -> str:
+                     distinct: Optional[Mapping[str, str]] = None,
+                     global_names: Optional[Mapping[str, Any]] = None) -> str:
     """The .mfsdp text of `model` on `mesh` ({axis: size}, outermost first).
 
     layout      a name (ddp, zero1, zero2, zero3, hsdp, hsdp_nosync, hfsdp,
@@ -471,10 +473,20 @@ def spec_from_module(model: torch.nn.Module, mesh: Mapping[str, int], layout: La
                 every axis the layout splits (Flat/Whole): with layout "hfsdp"
                 or "fsdp2d" on {"ep": 2, "dp": 2} put ep first. An unknown axis
                 or a pattern that matches nothing is a ValueError
+    global_names  {fnmatch pattern on the parameter's full name: the whole
+                model's name of the matching Distinct parameters} (naming.py;
+                the spec's `global` clause): a template string of the full
+                global name with {expr} over the Distinct axes, e.g.
+                "moe.experts.{2*ep+1}.w1.weight"; split(D) or (axis, D) for a
+                slice along dim D; or a callable of the full name giving one
+                (expert_names("moe.experts.{}", 2, "ep")). Needed by the
+                whole-model state dicts and DCP of Distinct tensors
     """
     _check_spec_args(mesh, dtype, grad_dtype, matrix_optimizer, whole_owners)
     naxes = len(mesh)
     lays = _Layouts(naxes, dtype, grad_dtype, list(mesh), distinct_axes(model, mesh, distinct))
+    lays.globals = naming.resolve([n for n, _ in model.named_parameters()], lays.distinct,
+                                  global_names)
     base = lays.declare(layout)
     plan = plan_units(model, units)
     tied = tied_parameters(model) | declared_ties(model, ties)
@@ -534,6 +546,7 @@ class _Layouts:
         self.naxes, self.dtype, self.grad_dtype = naxes, dtype, grad_dtype
         self.mesh_names = list(mesh_names)
         self.distinct = distinct or {}     # {parameter name: [axes]} (distinct_axes)
+        self.globals = {}                  # {parameter name: (template, split D)} (naming)
         self.blocks = {}
         self.roles_of = {}
 
@@ -675,7 +688,8 @@ def _unit_rows(plan, lays, layouts, whole, owners):
                 lay = None if lay == base else lay
             if full in lays.distinct:
                 lay = lays.distinct_of(lay or base, lays.distinct[full], full)
-            items.append((tname, tuple(p.shape), lay))
+            g = lays.globals.get(full)
+            items.append((tname, tuple(p.shape), lay, naming.clause(uname, full, g) if g else ""))
         rows.append((uname, items))
     return rows
 
@@ -734,8 +748,8 @@ def _units_text(rows, base, reshard):
             out.append("unit %s layout %s {" % (_q(name), base))
         if not reshard[i]:
             out.append("  reshard_after_forward false;")
-        for tname, shape, lay in items:
-            tail = " layout %s" % lay if lay else ""
+        for tname, shape, lay, glob in items:
+            tail = (" layout %s" % lay if lay else "") + glob
             out.append("  tensor %s [%s]%s;" % (_q(tname), ", ".join(map(str, shape)), tail))
         out.append("}")
         i = j + 1
