@@ -30,8 +30,10 @@ Distinct tensors (docs/semantics.md §4.7; `distinct` {tensor name: axes},
 read from the schedule's YAML): their initial values are compared among the
 ranks sharing their coordinates only; with expert_axes their delivered
 gradient is divided by those axes' sizes at every step end (hooks.py); every
-whole-model read or write by name (full_state_dict, checkpoints, DCP, HF) is
-refused while they have no global names. device_mesh() gives the torch
+whole-model read or write by name (checkpoints, DCP, HF) is refused;
+full_state_dict and load_full_state_dict use their global names (`globals`
+{tensor name: the schedule's global key}, global_state.py) and refuse a
+Distinct tensor without one. device_mesh() gives the torch
 DeviceMesh of the same coordinates for the model's own TP/EP collectives.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .. import _lib
 from .._lib import MfsdpError, UsageError
 from ..runtime import Runtime
 from . import init as _init
+from . import naming as _naming
 from . import offload as _offload
 from . import units as _units
 from .guard import holders_of
@@ -88,6 +91,7 @@ class ShardedModel(UnitHooks):
             runtime_kw = _nccl_args(runtime_kw, backend, schedule.world_size)
         _refuse_torchrun(backend, schedule.world_size)
         self.distinct = distinct_axes_of(schedule)    # {tensor name: its Distinct axes}
+        self.globals = _naming.global_names_of(schedule.text, schedule.name)   # their global names
         _check_distinct_axes(schedule, self.distinct, self.expert_axes, self.tensor_axes)
         self.runtime = rt = Runtime(schedule, backend=backend, offload=offload, **runtime_kw)
         self.offload = _offload.report(rt, offload)   # active, host_bytes, reason
@@ -228,18 +232,27 @@ class ShardedModel(UnitHooks):
         shape, in `dtype`) gathered from every rank's shards
         (mfsdp_main_weight_gather): on rank 0 only (the others get {}) or, with
         rank0_only=False, on every rank. Parameters only (buffers are the same on
-        every rank: take them from the model). Between steps; collective."""
+        every rank: take them from the model). A Distinct tensor is under its
+        global names (the whole model's tensors: each coordinate's, or their
+        concatenation for a split; exchanged with torch.distributed), one
+        without global names is refused. Between steps; collective."""
+        from . import global_state
         self._between_steps("full_state_dict")
-        self._refuse_distinct("full_state_dict")
+        global_state.refuse_unnamed(self, "full_state_dict", self.distinct)
         name = DTYPE_NAMES.get(dtype)
         if name is None:
             raise UsageError("full_state_dict: dtype %r (float32, bfloat16 or float16)" % (dtype,))
         root = _lib.ALL_RANKS if not rank0_only else 0
+        keep = root < 0 or self.runtime.rank == 0
         out = {}
         for v in self.runtime.views:
-            t = torch.empty(v.shape, dtype=dtype) if root < 0 or self.runtime.rank == 0 else None
+            if v.name in self.distinct:
+                continue
+            t = torch.empty(v.shape, dtype=dtype) if keep else None
             if self.runtime.gather(v.index, root=root, dtype=name, out=t) is not None:
                 out[v.name] = t
+        if self.distinct:
+            out.update(global_state.gather(self, set(self.distinct), dtype, keep))
         return out
 
     def load_full_state_dict(self, state_dict: Mapping[str, torch.Tensor],
@@ -249,13 +262,18 @@ class ShardedModel(UnitHooks):
         its shard (mfsdp_main_weight_scatter, no communication; every rank passes
         the same values). strict: every parameter must be present and no other
         key (the model's buffers and the other names of tied weights are
-        ignored). The optimizer state is not touched. Between steps."""
+        ignored). A Distinct tensor is read from its global names (each rank
+        takes its coordinate's tensor or slice). The optimizer state is not
+        touched. Between steps."""
+        from . import global_state
         self._between_steps("load_full_state_dict")
-        self._refuse_distinct("load_full_state_dict")
-        params = {v.name: v for v in self.runtime.views}
+        global_state.refuse_unnamed(self, "load_full_state_dict", self.distinct)
+        params = {v.name: v for v in self.runtime.views if v.name not in self.distinct}
+        named = set(self.distinct)
+        known_global = set(global_state.expected(self, named))
         known = {n for n, _ in self.model.named_buffers()}    # and tied weights' other names
         known |= {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
-        problems = []
+        problems = global_state.problems(self, named, state_dict, strict)
         for n, v in params.items():
             t = state_dict.get(n)
             if t is None:
@@ -266,12 +284,16 @@ class ShardedModel(UnitHooks):
                     n, list(t.shape), list(v.shape)))
         if strict:
             problems += ["unexpected key %r" % k for k in state_dict
-                         if k not in params and k not in known]
+                         if k not in params and k not in known and k not in known_global]
         if problems:
             raise UsageError("load_full_state_dict: %s" % "; ".join(problems))
         for n, v in params.items():
             if n in state_dict:
                 self.runtime.scatter(v.index, state_dict[n])
+        for v in self.runtime.views:
+            t = global_state.local_of(self, v.name, state_dict) if v.name in named else None
+            if t is not None:
+                self.runtime.scatter(v.index, t)
         self._loaded()
 
     # ---- checkpoints (python/mfsdp/torch/checkpoint.py, docs/checkpoint.md) ----
@@ -373,11 +395,11 @@ class ShardedModel(UnitHooks):
             return
         name, axes = next(iter(self.distinct.items()))
         raise UsageError(
-            "%s of a model with Distinct tensors (%d, e.g. %r on axis %s): each coordinate of "
-            "a Distinct axis holds its own tensor under the same name, and whole-model state "
-            "dicts, checkpoints, DCP and the Hugging Face export/import need their global names "
-            "(issue #42, item 2), which do not exist yet; read this rank's own values with "
-            "sm.shards() (tensor, offset, master shard), or save per rank with torch.save"
+            "%s of a model with Distinct tensors (%d, e.g. %r on axis %s) is not supported yet "
+            "(issue #42, item 2): each coordinate of a Distinct axis holds its own tensor under "
+            "the same name; write the whole model with sm.full_state_dict() (global names: "
+            "fully_shard global_names=) and torch.save, read it back with "
+            "sm.load_full_state_dict(); or read this rank's own values with sm.shards()"
             % (what, len(self.distinct), name, "/".join(axes)))
 
     def device_mesh(self) -> Any:

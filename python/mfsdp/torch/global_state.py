@@ -1,0 +1,163 @@
+"""
+global_state: the whole model's state dict of a model with Distinct tensors
+(issue #42 item 2): ShardedModel.full_state_dict and load_full_state_dict
+delegate here for the tensors that have global names (the schedule's
+`global` key, naming.global_names_of).
+
+A Distinct tensor with global names G at this rank's coordinate k (the
+row-major index of its coordinates on the tensor's Distinct axes):
+  rename  G = [N0, N1, ...]: the tensor here is the whole model's G[k];
+  split   G = (N, D): the tensor here is slice k of N along dim D, each
+          slice dims[D] wide.
+Invariants: a coordinate's tensor is assembled from the master shards of
+the ranks at that coordinate (every element covered, else a UsageError; the
+replicas agree); the exchange runs on torch.distributed's default group,
+which must be the runtime's world in the same order (as device_mesh()
+checks); loading is local (each rank scatters its own coordinate's tensor).
+Imported inside ShardedModel's methods: the layer above shard.py
+(docs/design.md §5.1).
+"""
+from typing import Dict, List, Mapping, Set, Tuple
+
+import torch
+
+from .._lib import UsageError
+
+
+def coordinate(sm, name: str) -> int:
+    """The row-major index of this rank's coordinates on `name`'s Distinct axes."""
+    mesh = sm.schedule.mesh
+    axes = list(mesh)
+    k = 0
+    for a in sm.distinct[name]:
+        k = k * mesh[a] + sm.runtime.coords[axes.index(a)]
+    return k
+
+
+def count(sm, name: str) -> int:
+    """The number of coordinates of `name`'s Distinct axes."""
+    n = 1
+    for a in sm.distinct[name]:
+        n *= sm.schedule.mesh[a]
+    return n
+
+
+def refuse_unnamed(sm, what: str, names) -> None:
+    """UsageError naming a Distinct tensor among `names` without global names."""
+    bare = [n for n in names if n in sm.distinct and n not in sm.globals]
+    if bare:
+        raise UsageError(
+            "%s: the Distinct tensor %r (on axis %s; %d without global names) has no global "
+            "name: each coordinate holds its own tensor under that name; say which tensor of "
+            "the whole model each holds with spec_from_module / fully_shard "
+            "global_names={pattern: template, split(D) or (axis, D)} (the spec's global clause)"
+            % (what, bare[0], "/".join(sm.distinct[bare[0]]), len(bare)))
+
+
+def _world(sm, what):
+    """torch.distributed, checked to be the runtime's world in the same order."""
+    import torch.distributed as dist
+    world = sm.runtime.world_size
+    if world == 1:
+        return None
+    if sm._how[0] in ("local", "cuda_local"):
+        raise UsageError("%s of Distinct tensors on the %s backend: its ranks are threads of "
+                         "one process; the coordinates' tensors are exchanged with "
+                         "torch.distributed (use backend=\"mpi\" or \"nccl\")" % (what, sm._how[0]))
+    if not dist.is_available() or not dist.is_initialized():
+        raise UsageError("%s of Distinct tensors needs torch.distributed: call "
+                         "torch.distributed.init_process_group(...) on every rank first, rank = "
+                         "the mfsdp rank (%d), world_size = %d" % (what, sm.runtime.rank, world))
+    if dist.get_world_size() != world or dist.get_rank() != sm.runtime.rank:
+        raise UsageError("%s: torch.distributed has rank %d of %d, the mfsdp runtime rank %d "
+                         "of %d: the same world in the same order is needed"
+                         % (what, dist.get_rank(), dist.get_world_size(), sm.runtime.rank, world))
+    return dist
+
+
+def gather(sm, names: Set[str], dtype: torch.dtype, keep: bool) -> Dict[str, torch.Tensor]:
+    """{global name: whole tensor} of the Distinct tensors `names` (their
+    views' names), on every rank; `keep` False: {} here, the exchange still
+    done (collective)."""
+    views = {v.name: v for v in sm.runtime.views}
+    mine = []
+    for n, mp, _, v in sm._main:
+        if n in names:
+            data = mp.detach().reshape(-1)[:v.shard_count].to(torch.float32).clone()
+            mine.append((n, coordinate(sm, n), v.shard_offset, data))
+    dist = _world(sm, "full_state_dict")
+    every = [mine]
+    if dist is not None:
+        every = [None] * sm.runtime.world_size
+        dist.all_gather_object(every, mine)
+    if not keep:
+        return {}
+    local: Dict[Tuple[str, int], torch.Tensor] = {}
+    seen: Dict[Tuple[str, int], torch.Tensor] = {}
+    for part in every:
+        for n, k, off, data in part:
+            numel = views[n].numel
+            t = local.setdefault((n, k), torch.zeros(numel, dtype=torch.float32))
+            hit = seen.setdefault((n, k), torch.zeros(numel, dtype=torch.bool))
+            t[off:off + data.numel()] = data
+            hit[off:off + data.numel()] = True
+    out: Dict[str, torch.Tensor] = {}
+    for n in sorted(names, key=lambda x: views[x].index):
+        shape = tuple(views[n].shape)
+        parts = []
+        for k in range(count(sm, n)):
+            if (n, k) not in seen or not bool(seen[(n, k)].all()):
+                raise UsageError("full_state_dict: coordinate %d of %r is not covered by the "
+                                 "ranks' master shards" % (k, n))
+            parts.append(local[(n, k)].reshape(shape).to(dtype))
+        g = sm.globals[n]
+        if isinstance(g, tuple):
+            out[g[0]] = torch.cat(parts, dim=g[1])
+        else:
+            for k, t in enumerate(parts):
+                out[g[k]] = t
+    return out
+
+
+def expected(sm, names: Set[str]) -> Dict[str, Tuple[int, ...]]:
+    """{global name: whole shape} of the Distinct tensors `names`."""
+    views = {v.name: v for v in sm.runtime.views}
+    out = {}
+    for n in names:
+        shape, g = list(views[n].shape), sm.globals[n]
+        if isinstance(g, tuple):
+            shape[g[1]] *= count(sm, n)
+            out[g[0]] = tuple(shape)
+        else:
+            for name in g:
+                out[name] = tuple(shape)
+    return out
+
+
+def local_of(sm, name: str, state_dict: Mapping[str, torch.Tensor]):
+    """This rank's tensor of Distinct `name` out of a whole-model state dict
+    (None when absent)."""
+    g = sm.globals[name]
+    k = coordinate(sm, name)
+    if isinstance(g, tuple):
+        t = state_dict.get(g[0])
+        if t is None:
+            return None
+        width = t.shape[g[1]] // count(sm, name)
+        return t.narrow(g[1], k * width, width).contiguous()
+    return state_dict.get(g[k])
+
+
+def problems(sm, names: Set[str], state_dict: Mapping[str, torch.Tensor],
+             strict: bool) -> List[str]:
+    """load_full_state_dict's problems with the global tensors of `names`."""
+    out = []
+    for gname, shape in expected(sm, names).items():
+        t = state_dict.get(gname)
+        if t is None:
+            if strict:
+                out.append("missing parameter %r (a global name of a Distinct tensor)" % gname)
+        elif tuple(t.shape) != shape:
+            out.append("%r: shape %s, the global tensor has %s" % (gname, list(t.shape),
+                                                                   list(shape)))
+    return out
