@@ -125,7 +125,8 @@ def clause(unit: str, full: str, value: Tuple[str, Optional[int]]) -> str:
 # ---- the schedule's `global` key ----
 
 def _scalar(s: str, i: int) -> Tuple[str, int]:
-    """A flow scalar at s[i:] (quoted or bare) and the index after it."""
+    """A flow scalar at s[i:] (double-quoted, single-quoted or plain) and the
+    index after it."""
     if s[i] == '"':
         j, buf = i + 1, []
         while s[j] != '"':
@@ -133,6 +134,12 @@ def _scalar(s: str, i: int) -> Tuple[str, int]:
                 j += 1
             buf.append(s[j])
             j += 1
+        return "".join(buf), j + 1
+    if s[i] == "'":                                  # '' is a quote
+        j, buf = i + 1, []
+        while s[j] != "'" or s[j + 1:j + 2] == "'":
+            buf.append(s[j])
+            j += 2 if s[j] == "'" else 1
         return "".join(buf), j + 1
     m = re.compile(r"[^,\]\}]*").match(s, i)
     return m.group(0).strip(), m.end()
