@@ -49,6 +49,7 @@ typedef struct mf_loader {
     size_t errlen;
     bool failed;
     mf_hash units, buckets, buffers, axes, tensors; /* name -> index */
+    mf_hash globals;        /* global tensor names: non-distinct tensors' and `global` ones */
     int64_t ntensors;       /* tensors so far, against MF_LIMIT_TENSORS */
     int version;            /* of the file's format: which keys it has (core/mf_schema.h) */
 } mf_loader;
@@ -487,6 +488,91 @@ static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
     return true;
 }
 
+/* The tensor section with the optional key `global` (format 6) appended:
+ * MF_SCHEDULE_KEY_GLOBAL is not yet in core/mf_schema.h's table. Its presence
+ * is none of the table's (optional: mf_load_fields checks REQUIRED only). */
+static const mf_schema_section *mf_load_tensor_section(void)
+{
+    static mf_schema_key keys[MF_K_TENSOR_NKEYS + 1];
+    static mf_schema_section sec;
+    const mf_schema_section *base = &mf_schema_sections[MF_SECTION_TENSOR];
+    if (!sec.keys) {
+        memcpy(keys, base->keys, sizeof(mf_schema_key) * MF_K_TENSOR_NKEYS);
+        keys[MF_K_TENSOR_NKEYS] = (mf_schema_key){MF_SCHEDULE_KEY_GLOBAL, strlen(MF_SCHEDULE_KEY_GLOBAL),
+                                                  MF_SCHEMA_LIST, MF_SCHEMA_PRESENCE_COUNT,
+                                                  mf_schema_format_version(MF_SCHEDULE_FORMAT_DISTINCT),
+                                                  "the global names"};
+        sec = (mf_schema_section){base->path, base->what, keys, MF_K_TENSOR_NKEYS + 1};
+    }
+    return &sec;
+}
+
+/* Registers global name `name` (at node at) against every other one. */
+static bool mf_load_global_name(mf_loader *l, const char *name, mf_node *at, const char *tensor)
+{
+    int r = mf_hash_put_str(&l->globals, name, 1);
+    if (r < 0)
+        return mf_load_oom(l);
+    if (r == 0)
+        return mf_load_fail(l, at, "global name '%s' of tensor '%s' is already a global tensor name; global "
+                            "names must be unique in the schedule", name, tensor);
+    return true;
+}
+
+/* The `global` value g of tensor te of bucket bk: a list of one name per
+ * coordinate combination of the Distinct axes, or {name: N, split: D}. */
+static bool mf_load_global(mf_loader *l, mf_node *g, const mf_bucket *bk, mf_tensor *te)
+{
+    const mf_mesh *m = &l->s->mesh;
+    int64_t combos = 1;
+    int ndist = 0;
+    for (int j = 0; j < m->naxes; j++)
+        if (bk->place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT) {
+            combos *= m->axes[j].size;
+            ndist++;
+        }
+    if (!ndist)
+        return mf_load_fail(l, g, "tensor '%s' has global names but bucket '%s' is Distinct on no axis; only a "
+                            "Distinct tensor has them", te->name, bk->name);
+    if (g->type == YAML_MAPPING_NODE) {
+        mf_node *v[2] = {NULL, NULL};
+        const char *names[2] = {MF_SCHEDULE_KEY_GLOBAL_NAME, MF_SCHEDULE_KEY_GLOBAL_SPLIT};
+        mf_schema_key keys[2] = {{names[0], strlen(names[0]), MF_SCHEMA_NAME, MF_SCHEMA_REQUIRED, 0, "a global name"},
+                                 {names[1], strlen(names[1]), MF_SCHEMA_INT, MF_SCHEMA_REQUIRED, 0, "split"}};
+        mf_schema_section sec = {"global", "a split global name", keys, 2};
+        int64_t d;
+        if (!(te->global = mf_load_array(l, 1, sizeof *te->global)) ||
+            !mf_load_fields(l, g, sec.what, &sec, v, NULL) ||
+            !mf_load_name(l, v[0], "a global name", &te->global[0]))
+            return false;
+        if (!mf_load_int(l, v[1], "split", 0, INT64_MAX, &d))
+            return false;
+        if (d >= te->ndims)
+            return mf_load_fail(l, v[1], "split %lld of tensor '%s' is out of range: it has %d dims", (long long)d,
+                                te->name, te->ndims);
+        te->nglobal = 1;
+        te->global_split = true;
+        te->global_dim = (int)d;
+        return mf_load_global_name(l, te->global[0], v[0], te->name);
+    }
+    if (!mf_load_seq(l, g, "the global names"))
+        return false;
+    int n = mf_load_seq_len(g);
+    if (n != combos)
+        return mf_load_fail(l, g, "tensor '%s' has %d global names, expected %lld: one per coordinate of its "
+                            "Distinct axes", te->name, n, (long long)combos);
+    if (!(te->global = mf_load_array(l, n, sizeof *te->global)))
+        return false;
+    for (int i = 0; i < n; i++) {
+        mf_node *gn = mf_load_item(l, g, i);
+        if (!mf_load_name(l, gn, "a global name", &te->global[i]) ||
+            !mf_load_global_name(l, te->global[i], gn, te->name))
+            return false;
+    }
+    te->nglobal = n;
+    return true;
+}
+
 static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
 {
     if (!mf_load_seq(l, n, MF_WHAT(BUCKET, TENSORS)))
@@ -501,9 +587,11 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
     int64_t end = 0;
     for (int t = 0; t < bk->ntensors; t++) {
         mf_tensor *te = &bk->tensors[t];
-        mf_node *v[MF_K_TENSOR_NKEYS];
-        if (!mf_load_named_item(l, mf_load_item(l, n, t), MF_SECTION_TENSOR, v, MF_K_TENSOR_NAME, &l->tensors,
-                                "tensor", t, &te->name) ||
+        mf_node *v[MF_K_TENSOR_NKEYS + 1];
+        const mf_schema_section *sec = mf_load_tensor_section();
+        if (!mf_load_fields(l, mf_load_item(l, n, t), sec->what, sec, v, NULL) ||
+            !mf_load_name(l, v[MF_K_TENSOR_NAME], MF_WHAT(TENSOR, NAME), &te->name) ||
+            !mf_load_register(l, &l->tensors, te->name, v[MF_K_TENSOR_NAME], "tensor", t) ||
             !mf_load_int(l, v[MF_K_TENSOR_OFFSET], MF_WHAT(TENSOR, OFFSET), 0, INT64_MAX, &te->offset) ||
             !mf_load_int(l, v[MF_K_TENSOR_NUMEL], MF_WHAT(TENSOR, NUMEL), 0, INT64_MAX, &te->numel) ||
             !mf_load_seq(l, v[MF_K_TENSOR_DIMS], MF_WHAT(TENSOR, DIMS)))
@@ -532,6 +620,11 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
                                 te->name, (long long)te->offset, (long long)te->numel, bk->name,
                                 (long long)bk->used);
         end = te->offset + te->numel;
+        mf_node *g = v[MF_K_TENSOR_NKEYS];
+        if (g ? !mf_load_global(l, g, bk, te)
+              : !mf_placement_has_distinct(&bk->place[MF_ROLE_WEIGHT], l->s->mesh.naxes) &&
+                    !mf_load_global_name(l, te->name, v[MF_K_TENSOR_NAME], te->name))
+            return false;
     }
     return true;
 }
@@ -1158,6 +1251,7 @@ mf_schedule *mf_load_schedule_buffer(const char *name, const char *text, size_t 
     mf_hash_free(&l.buffers);
     mf_hash_free(&l.axes);
     mf_hash_free(&l.tensors);
+    mf_hash_free(&l.globals);
     if (l.failed) {
         mf_schedule_free(l.s);
         return NULL;

@@ -70,6 +70,14 @@
 /* Format 5 plus the placement value `Distinct`: written when some bucket has a
  * Distinct axis (MF_PLACE_DISTINCT), so schedules without one keep 4 or 5. */
 #define MF_SCHEDULE_FORMAT_DISTINCT "mfsdp-schedule/6"
+/* A tensor entry's optional key `global` (format 6, docs/schedule.md): the
+ * global names of a Distinct tensor (mf_tensor.global), a list of names
+ * (rename) or a mapping of `name` and `split` (split). Spelled here for the
+ * emitter and the loader until core/mf_schema.h's tensor section holds an
+ * optional key. */
+#define MF_SCHEDULE_KEY_GLOBAL "global"
+#define MF_SCHEDULE_KEY_GLOBAL_NAME "name"
+#define MF_SCHEDULE_KEY_GLOBAL_SPLIT "split"
 
 /* ---- closed vocabularies as X-macro tables: X(enum suffix, yaml name, ...) ---- */
 
@@ -279,6 +287,16 @@ typedef struct mf_tensor {
     int64_t dims[MF_MAX_DIMS];
     int64_t numel;          /* product of dims */
     int64_t offset;         /* first element within the bucket's flat buffer */
+    /* Global names of a tensor Distinct on some axis (key `global`,
+     * docs/schedule.md): nglobal == 0 when none. Rename (global_split false):
+     * one full name per coordinate combination of the bucket's Distinct axes,
+     * row-major, outermost axis first; split: nglobal == 1, the global tensor
+     * is the coordinates' tensors concatenated along dim global_dim in that
+     * order. The strings live in the schedule's arena. */
+    int nglobal;
+    const char **global;
+    bool global_split;
+    int global_dim;
 } mf_tensor;
 
 typedef struct mf_bucket {

@@ -16,6 +16,7 @@
 #ifndef MF_AST_H
 #define MF_AST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "mf_arena.h"
@@ -118,6 +119,10 @@ typedef struct mf_ast_tensor {
     mf_span dims_span;      /* '[' .. ']' */
     mf_ast_name layout;     /* `layout NAME` override; text NULL when none */
     mf_ast_layout *inline_layout; /* `{ roles }` instead; NULL when none */
+    mf_ast_name global;     /* `global "TEMPLATE"`: text NULL when none */
+    bool has_split;         /* `split D` follows the template */
+    mf_ast_int split;       /* D as written (checked by sema) */
+    mf_span global_span;    /* `global` .. the template or D */
 } mf_ast_tensor;
 
 typedef enum {

@@ -10,10 +10,12 @@
  *   role      := ("weight" | "grad" | "main_weight") IDENT "[" [ place { "," place } ] "]" ";"
  *   place     := IDENT | IDENT ":" IDENT
  *   loop      := "for" IDENT "in" INT ".." INT
- *   item      := "tensor" STRING "[" [ INT { "," INT } ] "]" ( ";" | "layout" IDENT ";" | "{" { role } "}" )
+ *   item      := "tensor" STRING "[" [ INT { "," INT } ] "]"
+ *                ( [ global ] ";" | "layout" IDENT [ global ] ";" | "{" { role } "}" [ global ";" ] )
  *              | loop "{" { item } "}"
  *              | "reshard_after_forward" IDENT ";"
  *              | ";"
+ *   global    := "global" STRING [ "split" INT ]
  *
  * Invariants: a pure parser (no globals; state in mf_parse_ctx); `%expect 0`;
  * every AST node gets the span of its tokens. Error recovery resynchronizes at
@@ -148,6 +150,8 @@ static mf_ast_layout *mf_parse_layout(struct mf_parse_ctx *ctx, mf_ast_role *rol
 %token KW_WEIGHT "'weight'"
 %token KW_GRAD "'grad'"
 %token KW_MAIN_WEIGHT "'main_weight'"
+%token KW_GLOBAL "'global'"
+%token KW_SPLIT "'split'"
 %token DOTDOT "'..'"
 
 %type <num> size
@@ -160,7 +164,7 @@ static mf_ast_layout *mf_parse_layout(struct mf_parse_ctx *ctx, mf_ast_role *rol
 %type <loop_ptr> opt_loop
 %type <name> opt_layout
 %type <dim> dims dim_list
-%type <item> body_block body_items body_item tensor_tail
+%type <item> body_block body_items body_item tensor_tail opt_global global_clause
 
 %%
 
@@ -374,14 +378,38 @@ body_item:
   ;
 
 tensor_tail:
-    ';' { $$ = NEW(mf_ast_item); }
-  | KW_LAYOUT IDENT ';' {
-        $$ = NEW(mf_ast_item);
+    opt_global ';' { $$ = $1; }
+  | KW_LAYOUT IDENT opt_global ';' {
+        $$ = $3;
         $$->tensor.layout = $2;
     }
   | role_block {
         $$ = NEW(mf_ast_item);
         $$->tensor.inline_layout = $1;
+    }
+  | role_block global_clause ';' {
+        $$ = $2;
+        $$->tensor.inline_layout = $1;
+    }
+  ;
+
+opt_global:
+    %empty { $$ = NEW(mf_ast_item); }
+  | global_clause { $$ = $1; }
+  ;
+
+global_clause:
+    KW_GLOBAL STRING {
+        $$ = NEW(mf_ast_item);
+        $$->tensor.global = $2;
+        $$->tensor.global_span = mf_span_join(@1, @2);
+    }
+  | KW_GLOBAL STRING KW_SPLIT INT {
+        $$ = NEW(mf_ast_item);
+        $$->tensor.global = $2;
+        $$->tensor.has_split = true;
+        $$->tensor.split = $4;
+        $$->tensor.global_span = mf_span_join(@1, @4);
     }
   ;
 

@@ -245,6 +245,22 @@ static void mf_emit_tensor(mf_emit_ctx *c, const mf_tensor *te)
     for (int d = 0; d < te->ndims; d++)
         mf_emit_int(c, te->dims[d]);
     mf_emit_seq_end(c);
+    if (te->nglobal) { /* global: [N0, N1, ...] | {name: N, split: D} */
+        mf_emit_scalar_style(c, MF_SCHEDULE_KEY_GLOBAL, YAML_PLAIN_SCALAR_STYLE);
+        if (te->global_split) {
+            mf_emit_map_begin(c, true);
+            mf_emit_scalar_style(c, MF_SCHEDULE_KEY_GLOBAL_NAME, YAML_PLAIN_SCALAR_STYLE);
+            mf_emit_str(c, te->global[0]);
+            mf_emit_scalar_style(c, MF_SCHEDULE_KEY_GLOBAL_SPLIT, YAML_PLAIN_SCALAR_STYLE);
+            mf_emit_int(c, te->global_dim);
+            mf_emit_map_end(c);
+        } else {
+            mf_emit_seq_begin(c, true);
+            for (int g = 0; g < te->nglobal; g++)
+                mf_emit_str(c, te->global[g]);
+            mf_emit_seq_end(c);
+        }
+    }
     mf_emit_map_end(c);
 }
 

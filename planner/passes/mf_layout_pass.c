@@ -247,6 +247,10 @@ static int64_t place_group(layout_state *st, const group *g, int64_t used, int64
             memcpy(out[i].dims, t->dims, sizeof t->dims);
             out[i].numel = t->numel;
             out[i].offset = off;
+            out[i].nglobal = t->nglobal;
+            out[i].global = t->global;
+            out[i].global_split = t->global_split;
+            out[i].global_dim = t->global_dim;
         }
     }
     return used;

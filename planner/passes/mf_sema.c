@@ -52,6 +52,7 @@ enum {
     MF_SEMA_MIN_ALIGN = 16,             /* bytes */
     MF_SEMA_MAX_ALIGN = 1 << 30,        /* bytes */
     MF_SEMA_MAX_SCOPE = MF_PARSE_MAX_NESTING + 2,
+    MF_SEMA_GLOBAL_BYTES = 4096,        /* an expanded global template */
 };
 #define MF_SEMA_MAX_ELEMS (INT64_C(1) << 42) /* elements per unit and per spec */
 
@@ -81,7 +82,20 @@ typedef struct {
     int layout;
     bool unit_default;      /* the layout is the unit's default */
     int64_t numel;
+    bool global_ok;         /* its `global` clause checked (expand it) */
+    int ndist;              /* the layout's Distinct axes, outermost first */
+    int dist[MF_MAX_AXES];
 } mf_sema_tinfo;
+
+/* A global name claimed so far (docs/language.md §3.4): a tensor's own full
+ * name, or one of a Distinct tensor's global names. */
+typedef struct {
+    mf_span span;
+    const char *owner;      /* the claiming tensor's full name */
+    bool split;             /* claimed by a split clause */
+    int ndims;
+    int64_t dims[MF_MAX_DIMS]; /* the global tensor's dims */
+} mf_sema_gname;
 
 typedef struct {
     mf_diag *d;
@@ -105,6 +119,8 @@ typedef struct {
     mf_vec tinfo;           /* mf_sema_tinfo of the current unit */
     mf_vec tensors;         /* mf_spec_tensor of the current unit */
     mf_vec tspans;          /* mf_span of every expanded tensor, for notes */
+    mf_hash global_names;   /* global name -> index into gnames */
+    mf_vec gnames;          /* mf_sema_gname */
 
     mf_sema_binding scope[MF_SEMA_MAX_SCOPE];
     int nscope;
@@ -927,6 +943,291 @@ static void bindings_text(const mf_sema *s, char *buf, size_t size)
         snprintf(buf + o, size - o, ")");
 }
 
+/* ---- global names (docs/language.md §3.4) ---- */
+
+/* The names an expression of a `global` template may use besides the loop
+ * variables: the tensor's Distinct axes (rename form) with their coordinate. */
+typedef struct {
+    const mf_sema_tinfo *ti;
+    bool allow_axes;        /* rename form */
+    int64_t coord[MF_MAX_AXES]; /* per Distinct axis (index into ti->dist) */
+    const char *tmpl;       /* the template, for messages */
+    mf_span span;           /* the template's string */
+} mf_sema_gctx;
+
+/* One name of an expression: a loop variable or (rename) a Distinct axis. */
+static bool glob_name(mf_sema *s, const mf_sema_gctx *g, const char *e, size_t len, mf_span at, int64_t *out)
+{
+    int b = scope_find(s, e, len);
+    if (b >= 0) {
+        *out = s->scope[b].value;
+        return true;
+    }
+    const mf_mesh *m = &s->spec->mesh;
+    for (int k = 0; k < g->ti->ndist; k++) {
+        const char *ax = m->axes[g->ti->dist[k]].name;
+        if (strlen(ax) != len || memcmp(ax, e, len) != 0)
+            continue;
+        if (!g->allow_axes) {
+            mf_diag_error(s->d, at,
+                          "axis name '%.*s' in the split template \"%s\"; a split global name is one tensor for "
+                          "every coordinate, so it may use loop variables only",
+                          (int)len, e, g->tmpl);
+            return false;
+        }
+        *out = g->coord[k];
+        return true;
+    }
+    char list[200] = "";
+    size_t o = 0;
+    for (int i = 0; i < s->nscope && o < sizeof list; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s'%.32s'", o ? ", " : "", s->scope[i].var);
+    for (int k = 0; g->allow_axes && k < g->ti->ndist && o < sizeof list; k++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s'%.32s'", o ? ", " : "", m->axes[g->ti->dist[k]].name);
+    mf_diag_error(s->d, at, "unknown name '%.*s' in the global template \"%s\"; %s%s", (int)len, e, g->tmpl,
+                  o ? "it may use " : "no loop variable or Distinct axis is in scope here",
+                  list);
+    return false;
+}
+
+/* A term: INT, NAME, INT*NAME or NAME*INT. `at` spans the whole {...}. */
+static bool glob_term(mf_sema *s, const mf_sema_gctx *g, const char *e, size_t len, mf_span at, int64_t *out)
+{
+    while (len && e[0] == ' ')
+        e++, len--;
+    while (len && e[len - 1] == ' ')
+        len--;
+    const char *star = memchr(e, '*', len);
+    if (star) {
+        size_t l1 = (size_t)(star - e);
+        int64_t a, b;
+        bool n1 = l1 && e[0] >= '0' && e[0] <= '9', n2;
+        const char *e2 = star + 1;
+        size_t l2 = len - l1 - 1;
+        while (l2 && *e2 == ' ')
+            e2++, l2--;
+        n2 = l2 && e2[0] >= '0' && e2[0] <= '9';
+        if (n1 == n2 || memchr(e2, '*', l2)) {
+            mf_diag_error(s->d, at,
+                          "bad term '%.*s' in the global template \"%s\"; a term is INT, NAME, INT*NAME or NAME*INT",
+                          (int)len, e, g->tmpl);
+            return false;
+        }
+        return glob_term(s, g, e, l1, at, &a) && glob_term(s, g, e2, l2, at, &b) &&
+               (mul_ok(a, b, out) || (mf_diag_error(s->d, at, "the global template \"%s\" overflows", g->tmpl), 0));
+    }
+    if (len && e[0] >= '0' && e[0] <= '9') {
+        int64_t v = 0;
+        for (size_t i = 0; i < len; i++)
+            if (e[i] < '0' || e[i] > '9' || !mul_ok(v, 10, &v) || !add_ok(v, e[i] - '0', &v)) {
+                mf_diag_error(s->d, at, "bad integer '%.*s' in the global template \"%s\"", (int)len, e, g->tmpl);
+                return false;
+            }
+        *out = v;
+        return true;
+    }
+    bool ident = len > 0;
+    for (size_t i = 0; i < len; i++)
+        ident &= (e[i] == '_' || (e[i] >= 'a' && e[i] <= 'z') || (e[i] >= 'A' && e[i] <= 'Z') ||
+                  (i && e[i] >= '0' && e[i] <= '9'));
+    if (!ident) {
+        mf_diag_error(s->d, at,
+                      "bad term '%.*s' in the global template \"%s\"; a term is INT, NAME, INT*NAME or NAME*INT",
+                      (int)len, e, g->tmpl);
+        return false;
+    }
+    return glob_name(s, g, e, len, at, out);
+}
+
+/* An expression: terms joined by '+' or '-'; the value must be >= 0. */
+static bool glob_expr(mf_sema *s, const mf_sema_gctx *g, const char *e, size_t len, mf_span at, int64_t *out)
+{
+    int64_t acc = 0;
+    int sign = 1;
+    size_t start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && e[i] != '+' && e[i] != '-')
+            continue;
+        int64_t v;
+        if (!glob_term(s, g, e + start, i - start, at, &v))
+            return false;
+        if (!(sign > 0 ? add_ok(acc, v, &acc) : !__builtin_sub_overflow(acc, v, &acc))) {
+            mf_diag_error(s->d, at, "the global template \"%s\" overflows", g->tmpl);
+            return false;
+        }
+        sign = i < len && e[i] == '-' ? -1 : 1;
+        start = i + 1;
+    }
+    if (acc < 0) {
+        mf_diag_error(s->d, at, "'{%.*s}' in the global template \"%s\" is %" PRId64 "; an index must be >= 0",
+                      (int)len, e, g->tmpl, acc);
+        return false;
+    }
+    *out = acc;
+    return true;
+}
+
+/* The template with every {expr} evaluated, or NULL (reported, or s->oom). */
+static char *glob_expand(mf_sema *s, const mf_sema_gctx *g)
+{
+    const char *t = g->tmpl;
+    char buf[MF_SEMA_GLOBAL_BYTES + 1];
+    size_t o = 0;
+    for (size_t i = 0; t[i];) {
+        char piece[24];
+        const char *add = t + i;
+        size_t n = 1;
+        if (t[i] == '{' || t[i] == '}') {
+            const char *close = t[i] == '{' ? strchr(t + i + 1, '}') : NULL;
+            const char *open = t[i] == '{' ? strchr(t + i + 1, '{') : NULL;
+            if (!close || (open && open < close) || close == t + i + 1) {
+                mf_diag_error(s->d, span_in_string(g->span, i, 1),
+                              "unbalanced or empty braces in the global template \"%s\"; write {expr}", t);
+                return NULL;
+            }
+            int64_t v;
+            if (!glob_expr(s, g, t + i + 1, (size_t)(close - t - i - 1),
+                           span_in_string(g->span, i, (size_t)(close - t - i) + 1), &v))
+                return NULL;
+            n = (size_t)snprintf(piece, sizeof piece, "%" PRId64, v);
+            add = piece;
+            i = (size_t)(close - t) + 1;
+        } else {
+            i++;
+        }
+        if (o + n > MF_SEMA_GLOBAL_BYTES) {
+            mf_diag_error(s->d, g->span, "the global template \"%s\" expands past %d bytes", t, MF_SEMA_GLOBAL_BYTES);
+            return NULL;
+        }
+        memcpy(buf + o, add, n);
+        o += n;
+    }
+    buf[o] = '\0';
+    if (!o) {
+        mf_diag_error(s->d, g->span, "empty global template; write the global tensor's name, e.g. "
+                                     "\"experts.{32*ep+e}.w1\"");
+        return NULL;
+    }
+    char *r = mf_arena_strndup(s->a, buf, o);
+    if (!r)
+        sema_oom(s);
+    return r;
+}
+
+/* Checks the clause of tensor item t once (template level): a Distinct axis,
+ * D in range, the template's names. Sets ti->global_ok. */
+static void check_global(mf_sema *s, const mf_ast_tensor *t, mf_sema_tinfo *ti)
+{
+    if (ti->layout < 0)
+        return;
+    const mf_spec_layout *l = &((const mf_spec_layout *)s->layouts.data)[ti->layout];
+    for (int j = 0; j < s->spec->mesh.naxes; j++)
+        if (l->place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
+            ti->dist[ti->ndist++] = j;
+    if (!t->global.text)
+        return;
+    if (!ti->ndist) {
+        mf_diag_error(s->d, t->global_span,
+                      "'global' on tensor \"%s\", which is Distinct on no mesh axis; its own name is already its "
+                      "global name (remove the clause, or give it a layout with a Distinct axis)",
+                      t->name.text);
+        return;
+    }
+    if (t->has_split && (t->split.value < 0 || t->split.value >= t->ndims)) {
+        mf_diag_error(s->d, t->split.span, "split %" PRId64 " of tensor \"%s\" is out of range; it has %d "
+                      "dimension%s (split 0..%d)", t->split.value, t->name.text, t->ndims,
+                      t->ndims == 1 ? "" : "s", t->ndims - 1);
+        return;
+    }
+    mf_sema_gctx g = {.ti = ti, .allow_axes = !t->has_split, .tmpl = t->global.text, .span = t->global.span};
+    ti->global_ok = glob_expand(s, &g) != NULL;
+}
+
+/* Claims global name `name` for tensor `owner` (span at); reports a name
+ * claimed before. `split` and dims describe the global tensor. */
+static bool claim_global(mf_sema *s, const char *name, const char *owner, mf_span at, bool split, int ndims,
+                         const int64_t *dims, const char *where)
+{
+    int prev = (int)mf_hash_get_str(&s->global_names, name);
+    if (prev >= 0) {
+        const mf_sema_gname *p = &((const mf_sema_gname *)s->gnames.data)[prev];
+        bool shapes = split && p->split &&
+                      (p->ndims != ndims || memcmp(p->dims, dims, (size_t)ndims * sizeof *dims) != 0);
+        if (strcmp(p->owner, owner) == 0)
+            mf_diag_error(s->d, at, "global name '%s' of tensor '%s'%s repeats for two coordinates of its Distinct "
+                          "axes; use every Distinct axis in the template (e.g. {32*ep+e})", name, owner, where);
+        else
+            mf_diag_error(s->d, at, "global name '%s' of tensor '%s'%s is already claimed by tensor '%s'%s; global "
+                          "names must be unique", name, owner, where, p->owner,
+                          shapes ? " with another shape" : "");
+        mf_diag_note(s->d, p->span, "'%s' claimed here", name);
+        return false;
+    }
+    mf_sema_gname *g = mf_vec_push(&s->gnames);
+    if (!g || mf_hash_put_str(&s->global_names, name, (int)s->gnames.len - 1) < 0) {
+        sema_oom(s);
+        return false;
+    }
+    *g = (mf_sema_gname){.span = at, .owner = owner, .split = split, .ndims = ndims};
+    memcpy(g->dims, dims, (size_t)ndims * sizeof *dims);
+    return true;
+}
+
+/* Expands the clause of st (a tensor of item t) for the current bindings
+ * and claims its names; a tensor without one claims its own full name. */
+static void expand_global(mf_sema *s, const char *unit, const mf_ast_tensor *t, const mf_sema_tinfo *ti,
+                          mf_spec_tensor *st)
+{
+    char where[200];
+    bindings_text(s, where, sizeof where);
+    if (!t->global.text) {
+        if (!ti->ndist)
+            claim_global(s, st->name, st->name, st->span, false, st->ndims, st->dims, where);
+        return;
+    }
+    if (!ti->global_ok)
+        return;
+    const mf_mesh *m = &s->spec->mesh;
+    int64_t combos = 1;
+    for (int k = 0; k < ti->ndist; k++)
+        combos *= m->axes[ti->dist[k]].size;
+    size_t n = t->has_split ? 1 : (size_t)combos;
+    st->global = mf_arena_array(s->a, n, sizeof *st->global);
+    if (!st->global) {
+        sema_oom(s);
+        return;
+    }
+    st->global_split = t->has_split;
+    st->global_dim = t->has_split ? (int)t->split.value : 0;
+    st->global_span = t->global_span;
+    int64_t gd[MF_MAX_DIMS];
+    memcpy(gd, st->dims, sizeof gd);
+    if (t->has_split)
+        gd[st->global_dim] *= combos;
+    for (size_t c = 0; c < n && !s->oom; c++) {
+        mf_sema_gctx g = {.ti = ti, .allow_axes = !t->has_split, .tmpl = t->global.text, .span = t->global.span};
+        for (int k = ti->ndist - 1, r = (int)c; k >= 0; k--) {
+            g.coord[k] = r % m->axes[ti->dist[k]].size;
+            r /= (int)m->axes[ti->dist[k]].size;
+        }
+        char *e = glob_expand(s, &g);
+        char *full = e ? mf_arena_printf(s->a, "%s.%s", unit, e) : NULL;
+        if (!full) {
+            if (e)
+                sema_oom(s);
+            return;
+        }
+        st->global[c] = full;
+        char at[300];
+        size_t o = (size_t)snprintf(at, sizeof at, "%s", where);
+        for (int k = 0; !t->has_split && k < ti->ndist && o < sizeof at; k++)
+            o += (size_t)snprintf(at + o, sizeof at - o, " at %s = %" PRId64, m->axes[ti->dist[k]].name, g.coord[k]);
+        if (!claim_global(s, full, st->name, t->global_span, t->has_split, st->ndims, gd, at))
+            return; /* one message per tensor */
+    }
+    st->nglobal = (int)n;
+}
+
 /* ---- units: templates ---- */
 
 typedef struct {
@@ -1034,6 +1335,8 @@ static void check_tensor(mf_sema *s, mf_sema_unit_t *ut, const mf_ast_item *it, 
                       t->name.text, ut->u->name.text);
         mf_diag_note(s->d, ut->u->span, "unit \"%s\" declared here", ut->u->name.text);
     }
+    if (dims_ok)
+        check_global(s, t, ti);
     if (*ntensors < INT64_MAX)
         (*ntensors)++;
     if (!dims_ok)
@@ -1141,6 +1444,7 @@ static void expand_items(mf_sema *s, const char *unit_name, const mf_ast_item *i
                 return;
             }
             *sp = t->name.span;
+            expand_global(s, unit_name, t, ti, st);
         } else if (it->kind == MF_AST_ITEM_FOR) {
             size_t start = *cursor, end = start;
             s->scope[s->nscope++] = (mf_sema_binding){it->loop.var.text, 0, &it->loop};
@@ -1343,6 +1647,7 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
     mf_vec_init(&s.units, sizeof(mf_spec_unit));
     mf_vec_init(&s.tinfo, sizeof(mf_sema_tinfo));
     mf_vec_init(&s.tspans, sizeof(mf_span));
+    mf_vec_init(&s.gnames, sizeof(mf_sema_gname));
 
     mf_spec *sp = s.spec;
     sp->path = ast->src ? ast->src->path : NULL;
@@ -1384,5 +1689,7 @@ mf_spec *mf_sema_run(const mf_ast *ast, mf_diag *d, mf_arena *a)
     mf_hash_free(&s.inline_sigs);
     mf_hash_free(&s.unit_names);
     mf_hash_free(&s.tensor_names);
+    mf_hash_free(&s.global_names);
+    mf_vec_free(&s.gnames);
     return result;
 }

@@ -40,6 +40,16 @@ typedef struct mf_spec_tensor {
     int64_t numel;          /* product of dims, checked against 63 bits */
     int layout;             /* index into spec->layouts (unit default or override) */
     bool unit_default;      /* layout is the unit's default (no override) */
+    /* `global "TEMPLATE" [split D]` (docs/language.md §3.4), only on a tensor
+     * Distinct on some axis: nglobal == 0 when the clause is absent; rename
+     * (global_split false): one full global name per coordinate combination
+     * of the layout's Distinct axes, row-major (outermost axis first); split:
+     * nglobal == 1, the global tensor's name, concatenated along global_dim. */
+    int nglobal;
+    const char **global;
+    bool global_split;
+    int global_dim;
+    mf_span global_span;    /* the clause */
 } mf_spec_tensor;
 
 typedef struct mf_spec_unit {

@@ -214,7 +214,7 @@ static void test_several_errors_each_located(void **state)
     static const char *const syn[] = {
         "invalid/syntax_several_errors.mfsdp:3:15: error: expected ';'",
         "invalid/syntax_several_errors.mfsdp:7:29: error:",
-        "invalid/syntax_several_errors.mfsdp:11:22: error: expected 'layout' or ';' or '{' before 'tensor'",
+        "invalid/syntax_several_errors.mfsdp:11:22: error: expected 'layout' or 'global' or ';' or '{' before 'tensor'",
         "invalid/syntax_several_errors.mfsdp:15:18: error:",
         "invalid/syntax_several_errors.mfsdp:17:17: error:",
     };

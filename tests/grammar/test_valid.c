@@ -317,6 +317,37 @@ static void test_crlf_and_utf8(void **state)
     release(&k);
 }
 
+static void test_distinct_global(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/valid/distinct_global.mfsdp", g_frontend);
+    checked k = {0};
+    const mf_spec *s = check_clean(&k, path);
+    const mf_spec_unit *l1 = unit_named(s, "layers.1");
+    /* rename: one name per ep coordinate (ep = 2), 4 experts per coordinate */
+    const mf_spec_tensor *w1 = tensor_named(l1, "layers.1.experts.3.w1");
+    assert_int_equal(w1->nglobal, 2);
+    assert_false(w1->global_split);
+    assert_string_equal(w1->global[0], "layers.1.moe.3.w1");
+    assert_string_equal(w1->global[1], "layers.1.moe.7.w1");
+    const mf_spec_tensor *w2 = tensor_named(l1, "layers.1.experts.0.w2");
+    assert_string_equal(w2->global[1], "layers.1.moe.4.w2");
+    /* split: one name, the dimension */
+    const mf_spec_tensor *t1 = tensor_named(l1, "layers.1.tp.w1");
+    assert_int_equal(t1->nglobal, 1);
+    assert_true(t1->global_split);
+    assert_int_equal(t1->global_dim, 0);
+    assert_string_equal(t1->global[0], "layers.1.mlp.w1");
+    const mf_spec_tensor *t2 = tensor_named(l1, "layers.1.tp.w2");
+    assert_true(t2->global_split);
+    assert_int_equal(t2->global_dim, 1);
+    assert_string_equal(t2->global[0], "layers.1.mlp.w2");
+    /* a dense tensor has none */
+    assert_int_equal(tensor_named(l1, "layers.1.attn.w")->nglobal, 0);
+    release(&k);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -332,6 +363,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_extensions),
         cmocka_unit_test(test_modes_3d),
         cmocka_unit_test(test_crlf_and_utf8),
+        cmocka_unit_test(test_distinct_global),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -303,12 +303,78 @@ static void test_edited_refused(void **state)
     mf_schedule_free(s);
 }
 
+/* Global names (docs/language.md §3.4, docs/schedule.md): the spec's
+ * rename and split clauses give each tensor its global names, the key
+ * `global` carries them through emit -> load -> emit byte for byte, and the
+ * loader refuses a wrong count, a repeated name, a split past the dims and
+ * names on a tensor Distinct on no axis. */
+static void test_global_roundtrip(void **state)
+{
+    (void)state;
+    mf_schedule *s = compile(MESH3 LAYOUT("x", "Replicate, Distinct, Flat", "Partial, Distinct, Flat",
+                                          "Replicate, Distinct, Flat")
+                                 LAYOUT("dense", "Replicate, Flat, Flat", "Partial, Flat, Flat", "Replicate, Flat, Flat")
+                                     "unit \"u{i}\" for i in 0..2 layout dense {\n  tensor \"a\" [37, 11];\n"
+                                     "  for e in 0..3 {\n    tensor \"e{e}\" [30] layout x global \"g{3*ep+e}\";\n  }\n"
+                                     "  tensor \"t\" [6, 5] layout x global \"tp\" split 1;\n}\n");
+    const mf_bucket *bk = &s->buckets[st_bucket(s, "u1/x")];
+    assert_int_equal(bk->ntensors, 4);
+    const mf_tensor *e2 = &bk->tensors[2], *t = &bk->tensors[3];
+    assert_string_equal(e2->name, "u1.e2");
+    assert_int_equal(e2->nglobal, 2);
+    assert_false(e2->global_split);
+    assert_string_equal(e2->global[0], "u1.g2");
+    assert_string_equal(e2->global[1], "u1.g5");
+    assert_true(t->global_split);
+    assert_int_equal(t->global_dim, 1);
+    assert_int_equal(t->nglobal, 1);
+    assert_string_equal(t->global[0], "u1.tp");
+    assert_int_equal(s->buckets[st_bucket(s, "u1/dense")].tensors[0].nglobal, 0);
+    size_t n = 0;
+    char *y = st_emit(s, &n);
+    assert_non_null(strstr(y, "{name: u1.e2, offset: "));
+    assert_non_null(strstr(y, "dims: [30], global: [u1.g2, u1.g5]}"));
+    assert_non_null(strstr(y, "dims: [6, 5], global: {name: u1.tp, split: 1}}"));
+    char err[1024];
+    mf_schedule *back = mf_load_schedule_buffer("t.yaml", y, n, err, sizeof err);
+    if (!back)
+        fail_msg("%s", err);
+    const mf_tensor *b2 = &back->buckets[st_bucket(back, "u1/x")].tensors[2];
+    assert_int_equal(b2->nglobal, 2);
+    assert_string_equal(b2->global[1], "u1.g5");
+    char *y2 = st_emit(back, NULL);
+    assert_string_equal(y, y2);
+    free(y2);
+    mf_schedule_free(back);
+    load_refused(y, "global: [u1.g2, u1.g5]", "global: [u1.g2]",
+                 "tensor 'u1.e2' has 1 global names, expected 2");
+    load_refused(y, "global: [u1.g2, u1.g5]", "global: [u1.g2, u1.g4]",
+                 "global name 'u1.g4' of tensor 'u1.e2' is already a global tensor name");
+    load_refused(y, "global: {name: u1.tp, split: 1}", "global: {name: u1.tp, split: 2}",
+                 "split 2 of tensor 'u1.t' is out of range: it has 2 dims");
+    load_refused(y, "global: {name: u1.tp, split: 1}", "global: {name: u1.a, split: 1}",
+                 "global name 'u1.a' of tensor 'u1.t' is already a global tensor name");
+    load_refused(y, "dims: [37, 11]}", "dims: [37, 11], global: [p, q]}",
+                 "tensor 'u0.a' has global names but bucket 'u0/dense' is Distinct on no axis");
+    free(y);
+    mf_schedule_free(s);
+
+    /* the compiler's refusals, located */
+    refused_spec(MESH3 LAYOUT("x", "Replicate, Distinct, Flat", "Partial, Distinct, Flat", "Replicate, Distinct, Flat")
+                     "unit \"u\" layout x {\n  tensor \"a\" [4] global \"g{f}\";\n}\n",
+                 "d.mfsdp:8:27:", "unknown name 'f' in the global template \"g{f}\"");
+    refused_spec(MESH3 LAYOUT("x", "Replicate, Distinct, Flat", "Partial, Distinct, Flat", "Replicate, Distinct, Flat")
+                     "unit \"u\" layout x {\n  tensor \"a\" [4] global \"g\";\n}\n",
+                 "d.mfsdp:8:", "repeats for two coordinates of its Distinct axes");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepted),         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_no_op_on_distinct), cmocka_unit_test(test_ep_example_bytes),
         cmocka_unit_test(test_format_roundtrip), cmocka_unit_test(test_edited_refused),
+        cmocka_unit_test(test_global_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
