@@ -235,32 +235,39 @@ def local_model(kind, coords, group):
     return model
 
 
-def run(out, rank, kind):
+def global_names(kind):
+    """fully_shard's global_names of a run: the experts renamed (local expert e
+    of ep coordinate c is 2c + e), TP's w1 split along its output features
+    (dim 0), w2 along its input features (dim 1)."""
+    if kind.startswith("moe"):
+        return {"moe.experts.*": mt.expert_names("moe.experts.{}", E // EP, "ep")}
+    return {"blocks.*.w1.*": ("tp", 0), "blocks.*.w2.*": mt.split(1)}
+
+
+def sharded(kind, model, named=True):
+    """model through mt.fully_shard on its run's mesh (named: with global
+    names), its modules given sm.device_mesh()'s ep or tp group."""
     mesh, layout = RUNS[kind]
     moe = kind.startswith("moe")
-    steps = 1 if kind == "moe_unscaled" else STEPS
-    coords = [rank // 2, rank % 2]                   # row-major, the innermost axis fastest
     distinct = {"moe.experts.*": "ep"} if moe else {"blocks.*.w1.*": "tp", "blocks.*.w2.*": "tp"}
-    # the model needs its group before sharding: take it from a DeviceMesh of the same
-    # coordinates, then check sm.device_mesh() gives the same groups
-    model = local_model("moe" if moe else "tp", coords, None)
     sm = mt.fully_shard(model, mesh=mesh, layout=layout, microbatches=M, distinct=distinct,
+                        global_names=global_names(kind) if named else None,
                         expert_axes=("ep",) if kind == "moe" else (),
                         tensor_axes=("tp",) if kind == "tp" else ("ep",) if kind == "moe_unscaled"
                         else (), units=(
                             ["embed", "moe", "head"] if moe else None),
                         timeout_ms=60000, cache=False)
-    dm = mt.device_mesh(sm)
-    assert dm is sm.device_mesh()         # one mesh, made once
-    axis = "ep" if moe else "tp"
-    group = dm[axis].get_group()
+    group = mt.device_mesh(sm)["ep" if moe else "tp"].get_group()
     for mod in model.modules():
         if hasattr(mod, "group"):
             mod.group = group
-    res = {"coords": list(sm.runtime.coords), "mesh_coords": dm.get_coordinate(),
-           "groups": {a: dist.get_process_group_ranks(dm[a].get_group()) for a in mesh},
-           "distinct": dict(sm.distinct), "spec": sm.spec,
-           "losses": [], "norms": [], "params": []}
+    return sm
+
+
+def train(sm, model, kind, rank, steps, res):
+    """steps steps of M microbatches; appends to res' losses, norms, params."""
+    moe = kind.startswith("moe")
+    coords = [rank // 2, rank % 2]
     X, Y = data("moe" if moe else "tp")
     d = rank if moe else coords[1]                   # the data-parallel index of its batch
     opt = torch.optim.SGD(sm.main_parameters(), lr=LR, momentum=0.9, foreach=False)
@@ -275,9 +282,29 @@ def run(out, rank, kind):
         opt.zero_grad()
         res["losses"].append(sm.mean_over_ranks(tot))
         res["params"].append({n: (off, p.detach().clone()) for n, off, p in sm.shards()})
-    for what, call in (("full_state_dict", lambda: sm.full_state_dict()),
-                       ("save_checkpoint", lambda: sm.save_checkpoint(
-                           os.path.join(out, "never_%s_%d" % (kind, rank)), opt))):
+    return opt
+
+
+def run(out, rank, kind):
+    mesh, _ = RUNS[kind]
+    moe = kind.startswith("moe")
+    steps = 1 if kind == "moe_unscaled" else STEPS
+    coords = [rank // 2, rank % 2]                   # row-major, the innermost axis fastest
+    # the model needs its group before sharding: take it from a DeviceMesh of the same
+    # coordinates, then check sm.device_mesh() gives the same groups
+    model = local_model("moe" if moe else "tp", coords, None)
+    sm = sharded(kind, model)
+    dm = mt.device_mesh(sm)
+    assert dm is sm.device_mesh()         # one mesh, made once
+    res = {"coords": list(sm.runtime.coords), "mesh_coords": dm.get_coordinate(),
+           "groups": {a: dist.get_process_group_ranks(dm[a].get_group()) for a in mesh},
+           "distinct": dict(sm.distinct), "globals": dict(sm.globals), "spec": sm.spec,
+           "losses": [], "norms": [], "params": []}
+    opt = train(sm, model, kind, rank, steps, res)
+    res["full"] = sm.full_state_dict(rank0_only=False)
+    res["full0"] = sm.full_state_dict()              # rank 0's only
+    for what, call in (("save_checkpoint", lambda: sm.save_checkpoint(
+                           os.path.join(out, "never_%s_%d" % (kind, rank)), opt)),):
         try:
             call()
             res[what] = None
@@ -285,7 +312,45 @@ def run(out, rank, kind):
             res[what] = str(e)
     res["never_exists"] = os.path.exists(os.path.join(out, "never_%s_%d" % (kind, rank)))
     sm.close()
+    if kind != "moe_unscaled":
+        res["reload"] = reload(kind, rank, steps)
     torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
+
+
+def reload(kind, rank, steps):
+    """A fresh sharded model of other values (every tensor + 0.5) given the
+    whole model's initial state dict by load_full_state_dict, then trained as
+    run() trains: its full_state_dict before training, and the run."""
+    model = local_model(kind, [rank // 2, rank % 2], None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    sm = sharded(kind, model)
+    sm.load_full_state_dict(whole_model("tp" if kind == "tp" else "moe").state_dict())
+    res = {"loaded": sm.full_state_dict(rank0_only=False), "losses": [], "norms": [],
+           "params": []}
+    train(sm, model, kind, rank, steps, res)
+    res["full"] = sm.full_state_dict(rank0_only=False)
+    sm.close()
+    return res
+
+
+def unnamed(out, rank):
+    """The MoE without global names: full_state_dict and load_full_state_dict
+    refused naming the tensor and global_names= (OUT/unnamed.rank<r>.pt)."""
+    model = local_model("moe", [rank // 2, rank % 2], None)
+    sm = sharded("moe", model, named=False)
+    res = {}
+    for what, call in (("full_state_dict", sm.full_state_dict),
+                       ("load_full_state_dict",
+                        lambda: sm.load_full_state_dict(whole_model("moe").state_dict()))):
+        try:
+            call()
+            res[what] = None
+        except mfsdp.UsageError as e:
+            res[what] = str(e)
+    sm.close()
+    torch.save(res, os.path.join(out, "unnamed.rank%d.pt" % rank))
 
 
 def bad_init(out, rank):
@@ -311,9 +376,11 @@ def main():
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
                             world_size=4)
-    for kind in sys.argv[3:] or list(RUNS) + ["bad_init"]:
+    for kind in sys.argv[3:] or list(RUNS) + ["bad_init", "unnamed"]:
         if kind == "bad_init":
             bad_init(out, rank)
+        elif kind == "unnamed":
+            unnamed(out, rank)
         else:
             run(out, rank, kind)
         if rank == 0:
