@@ -20,13 +20,20 @@ mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
        expert gradients are kept as computed: the ep group's sum, twice the mean).
   bad_init  the ranks of one ep coordinate start from different experts:
        fully_shard's refusal (OUT/bad_init.rank<r>.pt).
+  unnamed  the MoE without global names: the whole-model refusals.
+  reshard  (mpirun -np 2, after the others) the tp and moe runs' DCP
+       checkpoints loaded on dp = 1 and saved again.
 
 STEPS steps of M microbatches (each loss scaled by 1/M), the gradient clipped
 to CLIP (sm.clip_grad_norm_), SGD with momentum over sm.main_parameters().
 Rank r writes OUT/<run>.rank<r>.pt: the losses (mean over ranks), the norms
 clip_grad_norm_ returned, after every step its master shards (name -> (shard
 offset, values)), its coordinates, the ranks of its device_mesh groups, and
-the UsageErrors of full_state_dict and save_checkpoint. The single-process
+the UsageErrors of save_checkpoint and save_dcp with an optimizer, its
+full_state_dict after the steps (under the global names) and a DCP
+checkpoint of it (OUT/dcp_<run>), the same initial weights given to a fresh
+sharded model by load_full_state_dict and trained again, and the DCP
+checkpoint loaded into a fresh sharded model. The single-process
 references (the whole models on the union of the microbatches) are in
 test_distinct.py; both build their weights with whole_model().
 """
@@ -244,10 +251,12 @@ def global_names(kind):
     return {"blocks.*.w1.*": ("tp", 0), "blocks.*.w2.*": mt.split(1)}
 
 
-def sharded(kind, model, named=True):
-    """model through mt.fully_shard on its run's mesh (named: with global
-    names), its modules given sm.device_mesh()'s ep or tp group."""
+def sharded(kind, model, named=True, dp=2):
+    """model through mt.fully_shard on its run's mesh, dp its data-parallel
+    size (named: with global names), its modules given sm.device_mesh()'s ep
+    or tp group."""
     mesh, layout = RUNS[kind]
+    mesh = dict(mesh, dp=dp)
     moe = kind.startswith("moe")
     distinct = {"moe.experts.*": "ep"} if moe else {"blocks.*.w1.*": "tp", "blocks.*.w2.*": "tp"}
     sm = mt.fully_shard(model, mesh=mesh, layout=layout, microbatches=M, distinct=distinct,
@@ -303,6 +312,13 @@ def run(out, rank, kind):
     opt = train(sm, model, kind, rank, steps, res)
     res["full"] = sm.full_state_dict(rank0_only=False)
     res["full0"] = sm.full_state_dict()              # rank 0's only
+    if kind != "moe_unscaled":
+        sm.save_dcp(os.path.join(out, "dcp_%s" % kind))
+        try:
+            sm.save_dcp(os.path.join(out, "never_dcp_%s" % kind), opt)
+            res["save_dcp_optimizer"] = None
+        except mfsdp.UsageError as e:
+            res["save_dcp_optimizer"] = str(e)
     for what, call in (("save_checkpoint", lambda: sm.save_checkpoint(
                            os.path.join(out, "never_%s_%d" % (kind, rank)), opt)),):
         try:
@@ -314,6 +330,7 @@ def run(out, rank, kind):
     sm.close()
     if kind != "moe_unscaled":
         res["reload"] = reload(kind, rank, steps)
+        res["dcp_loaded"] = from_dcp(kind, rank, os.path.join(out, "dcp_%s" % kind), 2)
     torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
 
 
@@ -335,6 +352,33 @@ def reload(kind, rank, steps):
     return res
 
 
+def from_dcp(kind, rank, path, dp, save=None):
+    """A fresh sharded model of other values (dp: its data-parallel size)
+    given the DCP checkpoint at path by load_dcp: its full_state_dict (and,
+    with save, its own save_dcp there)."""
+    model = local_model(kind, [rank // dp, rank % dp], None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    sm = sharded(kind, model, dp=dp)
+    sm.load_dcp(path)
+    full = sm.full_state_dict(rank0_only=False)
+    if save:
+        sm.save_dcp(save)
+    sm.close()
+    return full
+
+
+def reshard(out, rank):
+    """On 2 ranks ({"ep": 2, "dp": 1}, {"tp": 2, "dp": 1}): the 4-rank runs' DCP
+    checkpoints loaded (OUT/reshard_<kind>.rank<r>.pt: full_state_dict) and
+    saved again (OUT/dcp2_<kind>)."""
+    for kind in ("moe", "tp"):
+        full = from_dcp(kind, rank, os.path.join(out, "dcp_%s" % kind), 1,
+                        os.path.join(out, "dcp2_%s" % kind))
+        torch.save(full, os.path.join(out, "reshard_%s.rank%d.pt" % (kind, rank)))
+
+
 def unnamed(out, rank):
     """The MoE without global names: full_state_dict and load_full_state_dict
     refused naming the tensor and global_names= (OUT/unnamed.rank<r>.pt)."""
@@ -343,7 +387,8 @@ def unnamed(out, rank):
     res = {}
     for what, call in (("full_state_dict", sm.full_state_dict),
                        ("load_full_state_dict",
-                        lambda: sm.load_full_state_dict(whole_model("moe").state_dict()))):
+                        lambda: sm.load_full_state_dict(whole_model("moe").state_dict())),
+                       ("save_dcp", lambda: sm.save_dcp(os.path.join(out, "never_unnamed")))):
         try:
             call()
             res[what] = None
@@ -374,10 +419,13 @@ def bad_init(out, rank):
 def main():
     out, port = sys.argv[1], sys.argv[2]
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "4")))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
-                            world_size=4)
+                            world_size=world)
     for kind in sys.argv[3:] or list(RUNS) + ["bad_init", "unnamed"]:
-        if kind == "bad_init":
+        if kind == "reshard":
+            reshard(out, rank)
+        elif kind == "bad_init":
             bad_init(out, rank)
         elif kind == "unnamed":
             unnamed(out, rank)

@@ -56,8 +56,19 @@ def runs(tmp_path_factory):
     p = conftest.subprocess.run(cmd, env=conftest.env(), cwd=str(out), capture_output=True,
                                 text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    return {(k, r): torch.load(os.path.join(out, "%s.rank%d.pt" % (k, r)))
-            for k in list(dw.RUNS) + ["bad_init", "unnamed"] for r in range(WORLD)}
+    two = [a if a != str(WORLD) else "2" for a in conftest.mpirun()]   # -np 2: dp = 1
+    script = cmd[len(two):len(two) + 2]                                # python, the worker
+    p = conftest.subprocess.run(two + script + [str(out), str(conftest.free_port()), "reshard"],
+                                env=conftest.env(), cwd=str(out), capture_output=True,
+                                text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    got = {(k, r): torch.load(os.path.join(out, "%s.rank%d.pt" % (k, r)))
+           for k in list(dw.RUNS) + ["bad_init", "unnamed"] for r in range(WORLD)}
+    got.update({("reshard_" + k, r): torch.load(os.path.join(out, "reshard_%s.rank%d.pt"
+                                                             % (k, r)))
+                for k in ("tp", "moe") for r in range(2)})
+    got["dir"] = str(out)
+    return got
 
 
 def reference(kind, steps=dw.STEPS, expert_scale=1.0):
@@ -235,11 +246,47 @@ def test_load_full_state_dict_trains_identically(runs, kind):
         assert all(torch.equal(again["full"][n], first["full"][n]) for n in init), r
 
 
+def torch_load(path, kind):
+    """torch DCP's own load of a checkpoint into the single-process model's
+    state dict (no process group)."""
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    sd = {"model": dw.whole_model(kind).state_dict()}
+    with warnings.catch_warnings():          # "torch.distributed is disabled": on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(sd, checkpoint_id=path, no_dist=True)
+    return sd["model"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("kind", ["tp", "moe"])
+def test_dcp_is_the_whole_model(runs, kind):
+    """save_dcp writes the global model: torch's dcp.load into the
+    single-process model gives full_state_dict bit for bit, from the 4-rank
+    save and from the 2-rank one (dp = 1) that loaded it; load_dcp into fresh
+    sharded models on 4 and on 2 ranks gives it back bit for bit. With an
+    optimizer save_dcp is refused (no whole form of its Distinct state yet)."""
+    full = runs[(kind, 0)]["full"]
+    for d in ("dcp_", "dcp2_"):
+        got = torch_load(os.path.join(runs["dir"], d + kind), kind)
+        assert set(got) == set(full)
+        assert all(torch.equal(got[n], full[n]) for n in full), d
+    for r in range(WORLD):
+        loaded = runs[(kind, r)]["dcp_loaded"]
+        assert set(loaded) == set(full) and all(torch.equal(loaded[n], full[n]) for n in full)
+        msg = runs[(kind, r)]["save_dcp_optimizer"]
+        assert msg and "save_dcp with an optimizer of a model with Distinct tensors" in msg, msg
+    for r in range(2):
+        loaded = runs[("reshard_" + kind, r)]
+        assert set(loaded) == set(full) and all(torch.equal(loaded[n], full[n]) for n in full)
+    assert not os.path.exists(os.path.join(runs["dir"], "never_dcp_" + kind))
+
+
 @needs_mpi
 def test_unnamed_distinct_tensors_are_refused(runs):
     for r in range(WORLD):
         got = runs[("unnamed", r)]
-        for what in ("full_state_dict", "load_full_state_dict"):
+        for what in ("full_state_dict", "load_full_state_dict", "save_dcp"):
             want = ("%s: the Distinct tensor 'moe.experts.0.w1.weight' (on axis ep; 8 without "
                     "global names) has no global name" % what)
             assert got[what] and want in got[what] and "global_names={pattern:" in got[what], \
@@ -332,7 +379,9 @@ def test_expert_axes_and_device_mesh_refusals():
                                                    r"'moe.experts.0.w1.weight' \(on axis ep; 8 "
                                                    r"without global names\) has no global name"):
             sm.full_state_dict()
-        with pytest.raises(mfsdp.UsageError, match=r"save_dcp of a model with Distinct"):
+        with pytest.raises(mfsdp.UsageError, match=r"save_dcp: the Distinct tensor "
+                                                   r"'moe.experts.0.w1.weight' .* has no global "
+                                                   r"name"):
             sm.save_dcp("never")
         assert not os.path.exists("never")
     finally:

@@ -93,11 +93,16 @@ class OptimizerState:
 class Names:
     """How a runtime's tensors appear in a state dict: `keys` ({model state
     dict key: tensor name}, every name of a tied parameter), `fqn` ({tensor
-    name: its optimizer FQN}, the first name), `buffers` ({key: tensor})."""
+    name: its optimizer FQN}, the first name), `buffers` ({key: tensor});
+    `distinct` ({Distinct tensor name: (its global names, this rank's
+    coordinate, global_state.expected's {global name: shape})}, out of keys
+    and fqn) and `whole` ({global name: whole tensor}, for a save)."""
 
     def __init__(self, keys: Dict[str, str], fqn: Dict[str, str],
                  buffers: Optional[Dict[str, torch.Tensor]] = None) -> None:
         self.keys, self.fqn, self.buffers = keys, fqn, dict(buffers or {})
+        self.distinct: Dict[str, Any] = {}
+        self.whole: Dict[str, torch.Tensor] = {}
 
     @classmethod
     def of_model(cls, sm: ShardedModel) -> Names:
@@ -112,7 +117,13 @@ class Names:
             for bname, b in mod._buffers.items():
                 if b is not None and bname not in mod._non_persistent_buffers_set:
                     buffers[mname + "." + bname if mname else bname] = b
-        return cls(keys, fqn, buffers)
+        out = cls({k: t for k, t in keys.items() if t not in sm.distinct},
+                  {t: f for t, f in fqn.items() if t not in sm.distinct}, buffers)
+        if sm.distinct:
+            from . import global_state
+            out.distinct = {t: (sm.globals[t], global_state.coordinate(sm, t),
+                                global_state.expected(sm, {t})) for t in sm.distinct}
+        return out
 
 
 # ---- torch.distributed ----
@@ -480,6 +491,8 @@ def _gathered(rt, names, opt, states, member, groups):
     (gathered from every rank's shards), plus the small entries on every rank."""
     items = []                       # (view, state key or None, dtype name)
     for v in rt.views:
+        if v.name in names.distinct:
+            continue
         items.append((v, None, "fp32"))
         for k, (kind, x) in sorted(states.get(v.name, {}).items()):
             if kind == "shard":
@@ -499,6 +512,10 @@ def _gathered(rt, names, opt, states, member, groups):
         if out is not None:
             full[(v.name, k)] = out
     model = {key: full[(t, None)] for key, t in names.keys.items() if (t, None) in full}
+    whole = sorted(names.whole)
+    for g, r in zip(whole, _balance([names.whole[g].numel() for g in whole], rt.world_size)):
+        if r == rt.rank:
+            model[g] = names.whole[g]
     if rt.rank == 0:
         model.update({k: b.detach().clone() for k, b in names.buffers.items()})
     sd = {"model": model}
@@ -553,6 +570,9 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
     want.update({"model." + k: tuple(b.shape) for k, b in names.buffers.items()})
     master = {v.name: TORCH_DTYPES[v.dtype["main_weight"]] for v in rt.views}
     dtypes = {"model." + k: master[t] for k, t in names.keys.items()}
+    for t, (_, _, expected) in names.distinct.items():
+        want.update({"model." + g: tuple(shape) for g, shape in expected.items()})
+        dtypes.update({"model." + g: master[t] for g in expected})
     dtypes.update({"model." + k: b.dtype for k, b in names.buffers.items()})
     for key, shape in want.items():
         m = md.get(key)
@@ -710,6 +730,9 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
                 where["optim.state.%s.%s" % (f, k)] = (t, k)
     for k in names.buffers:
         where["model." + k] = (None, k)
+    for t, (g, c, _) in names.distinct.items():     # this rank's coordinate's global tensor
+        if views[t].shard_count:
+            where["model." + (g[0] if isinstance(g, tuple) else g[c])] = (t, "@global")
     group_keys = sorted(k for k in md if k.startswith("optim.param_groups.")) if want_optim else []
     if not problems:
         problems = dcp_files.check_storage(path, md_all, [k for k in where if k in md] + group_keys,
@@ -735,6 +758,11 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
                 staged.buffers[k] = x.clone()
                 continue
             v = views[t]
+            if k == "@global":                       # a split's slice, or the tensor itself
+                g, c, _ = names.distinct[t]
+                if isinstance(g, tuple):
+                    x = x.narrow(g[1], c * v.shape[g[1]], v.shape[g[1]]).contiguous()
+                k = None
             if k is None:
                 staged.main[t] = x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
             elif kinds[t][k] == "shard":
@@ -817,10 +845,30 @@ def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
     if not isinstance(overwrite, bool):
         raise UsageError("save_dcp: overwrite must be True or False, got %r" % (overwrite,))
     sm._between_steps("save_dcp")
+    _distinct_ok(sm, optimizer, "save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
     runtime_kw = getattr(sm, "_how", (None, None, {}))[2]      # what mt.shard gave the Runtime
-    save(sm.runtime, Names.of_model(sm), path, opt, overwrite=overwrite,
+    names = Names.of_model(sm)
+    if sm.distinct:                                  # every coordinate's, on every rank
+        from . import global_state
+        names.whole = global_state.gather(sm, set(sm.distinct), None, True, "save_dcp")
+    save(sm.runtime, names, path, opt, overwrite=overwrite,
          timeout=runtime_kw.get("timeout_ms"))
+
+
+def _distinct_ok(sm, optimizer, what):
+    """UsageError for a DCP checkpoint of Distinct tensors without global
+    names, or with an optimizer (their optimizer state has no whole form yet)."""
+    if not sm.distinct:
+        return
+    from . import global_state
+    global_state.refuse_unnamed(sm, what, sm.distinct)
+    if optimizer is not None:
+        name = next(iter(sm.distinct))
+        raise UsageError("%s with an optimizer of a model with Distinct tensors (e.g. %r) is not "
+                         "supported yet (issue #42 item 2): their optimizer state has no "
+                         "whole-model form; %s(path) without the optimizer writes or reads the "
+                         "global model's weights" % (what, name, what))
 
 
 def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
@@ -831,6 +879,7 @@ def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
         raise UsageError("load_dcp: batch_bytes must be a positive int (bytes read at a time), "
                          "got %r" % (batch_bytes,))
     sm._between_steps("load_dcp")
+    _distinct_ok(sm, optimizer, "load_dcp")
     names = Names.of_model(sm)
     opts = optimizers_of(optimizer, "load_dcp")
     mine = optimizer_state(sm, opts, "load_dcp") if opts is not None else None

@@ -75,17 +75,19 @@ def _world(sm, what):
     return dist
 
 
-def gather(sm, names: Set[str], dtype: torch.dtype, keep: bool) -> Dict[str, torch.Tensor]:
+def gather(sm, names: Set[str], dtype, keep: bool,
+           what: str = "full_state_dict") -> Dict[str, torch.Tensor]:
     """{global name: whole tensor} of the Distinct tensors `names` (their
-    views' names), on every rank; `keep` False: {} here, the exchange still
-    done (collective)."""
+    views' names), on every rank, in `dtype` (None: each one's main_weight
+    dtype); `keep` False: {} here, the exchange still done (collective)."""
+    from .tensors import TORCH_DTYPES
     views = {v.name: v for v in sm.runtime.views}
     mine = []
     for n, mp, _, v in sm._main:
         if n in names:
             data = mp.detach().reshape(-1)[:v.shard_count].to(torch.float32).clone()
             mine.append((n, coordinate(sm, n), v.shard_offset, data))
-    dist = _world(sm, "full_state_dict")
+    dist = _world(sm, what)
     every = [mine]
     if dist is not None:
         every = [None] * sm.runtime.world_size
@@ -107,9 +109,10 @@ def gather(sm, names: Set[str], dtype: torch.dtype, keep: bool) -> Dict[str, tor
         parts = []
         for k in range(count(sm, n)):
             if (n, k) not in seen or not bool(seen[(n, k)].all()):
-                raise UsageError("full_state_dict: coordinate %d of %r is not covered by the "
-                                 "ranks' master shards" % (k, n))
-            parts.append(local[(n, k)].reshape(shape).to(dtype))
+                raise UsageError("%s: coordinate %d of %r is not covered by the ranks' master "
+                                 "shards" % (what, k, n))
+            want = dtype or TORCH_DTYPES[views[n].dtype["main_weight"]]
+            parts.append(local[(n, k)].reshape(shape).to(want))
         g = sm.globals[n]
         if isinstance(g, tuple):
             out[g[0]] = torch.cat(parts, dim=g[1])

@@ -30,8 +30,8 @@ Distinct tensors (docs/semantics.md §4.7; `distinct` {tensor name: axes},
 read from the schedule's YAML): their initial values are compared among the
 ranks sharing their coordinates only; with expert_axes their delivered
 gradient is divided by those axes' sizes at every step end (hooks.py); every
-whole-model read or write by name (checkpoints, DCP, HF) is refused;
-full_state_dict and load_full_state_dict use their global names (`globals`
+whole-model read or write by name (checkpoints, HF) is refused;
+full_state_dict, load_full_state_dict and DCP (weights only) use their global names (`globals`
 {tensor name: the schedule's global key}, global_state.py) and refuse a
 Distinct tensor without one. device_mesh() gives the torch
 DeviceMesh of the same coordinates for the model's own TP/EP collectives.
@@ -340,9 +340,10 @@ class ShardedModel(UnitHooks):
         so that an FSDP2 trainer loads it with dcp.load (several optimizers:
         torch's get_optimizer_state_dict(model, (a, b)) layout, their param
         groups concatenated in order); committed by rename.
-        Needs torch.distributed initialised on more than one rank. Between steps;
-        collective (python/mfsdp/torch/dcp.py)."""
-        self._refuse_distinct("save_dcp")
+        Needs torch.distributed initialised on more than one rank. Distinct
+        tensors are written under their global names (the whole model's
+        tensors), without optimizer (refused). Between steps; collective
+        (python/mfsdp/torch/dcp.py)."""
         from . import dcp
         dcp.save_dcp(self, path, optimizer, overwrite=overwrite)
 
@@ -354,8 +355,9 @@ class ShardedModel(UnitHooks):
         per-parameter state and param groups' options. Each rank
         reads the whole tensors it holds a shard of, at most `batch_bytes` at a
         time; another model's checkpoint is refused listing every problem before
-        anything is written. Between steps (python/mfsdp/torch/dcp.py)."""
-        self._refuse_distinct("load_dcp")
+        anything is written. Distinct tensors are read from their global names
+        (this rank's coordinate's tensor or slice), without optimizer.
+        Between steps (python/mfsdp/torch/dcp.py)."""
         from . import dcp
         dcp.load_dcp(self, path, optimizer, batch_bytes)
         self._loaded()
@@ -397,9 +399,10 @@ class ShardedModel(UnitHooks):
         raise UsageError(
             "%s of a model with Distinct tensors (%d, e.g. %r on axis %s) is not supported yet "
             "(issue #42, item 2): each coordinate of a Distinct axis holds its own tensor under "
-            "the same name; write the whole model with sm.full_state_dict() (global names: "
-            "fully_shard global_names=) and torch.save, read it back with "
-            "sm.load_full_state_dict(); or read this rank's own values with sm.shards()"
+            "the same name; write the whole model with sm.save_dcp(path) or "
+            "sm.full_state_dict() (global names: fully_shard global_names=), read it back with "
+            "sm.load_dcp(path) or sm.load_full_state_dict(); or read this rank's own values "
+            "with sm.shards()"
             % (what, len(self.distinct), name, "/".join(axes)))
 
     def device_mesh(self) -> Any:
