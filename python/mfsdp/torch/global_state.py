@@ -14,8 +14,8 @@ the ranks at that coordinate (every element covered, else a UsageError; the
 replicas agree); the exchange runs on torch.distributed's default group,
 which must be the runtime's world in the same order (as device_mesh()
 checks); loading is local (each rank scatters its own coordinate's tensor).
-Imported inside ShardedModel's methods: the layer above shard.py
-(docs/design.md §5.1).
+In shard.py's layer (docs/design.md §5.1): it takes a ShardedModel and
+imports none of it; shard.py imports it inside its methods, dcp.py above.
 """
 from typing import Dict, List, Mapping, Set, Tuple
 

@@ -67,7 +67,8 @@ def expert_names(prefix: str, per_coordinate: int, axis: str = "ep") -> Callable
             raise ValueError("expert_names(%r): %r does not start with it (an expert index "
                              "where '{}' stands)" % (prefix, full))
         e = int(m.group(1))
-        return "%s{%d*%s+%d}%s%s" % (head, per_coordinate, axis, e, tail, full[m.end(1) + len(tail):])
+        rest = full[m.end(1) + len(tail):]
+        return "%s{%d*%s+%d}%s%s" % (head, per_coordinate, axis, e, tail, rest)
     return name_of
 
 
@@ -180,7 +181,8 @@ def parse_global(line: str) -> Optional[GlobalName]:
                      "global: {name: N, split: D})" % line.strip())
 
 
-def global_names_of(text: Optional[Union[str, bytes]], path: Optional[str] = None) -> Dict[str, GlobalName]:
+def global_names_of(text: Optional[Union[str, bytes]],
+                    path: Optional[str] = None) -> Dict[str, GlobalName]:
     """{tensor name: its global names} of a schedule's YAML (the text, else
     the file at `path`): the tensors whose entry has a `global` key."""
     if text is None and path and os.path.isfile(path):
