@@ -851,7 +851,7 @@ def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
     names = Names.of_model(sm)
     if sm.distinct:                                  # every coordinate's, on every rank
         from . import global_state
-        names.whole = global_state.gather(sm, set(sm.distinct), None, True, "save_dcp")
+        names.whole = global_state.gather(sm, set(sm.distinct), None, -1, "save_dcp")
     save(sm.runtime, names, path, opt, overwrite=overwrite,
          timeout=runtime_kw.get("timeout_ms"))
 

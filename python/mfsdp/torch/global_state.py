@@ -75,11 +75,12 @@ def _world(sm, what):
     return dist
 
 
-def gather(sm, names: Set[str], dtype, keep: bool,
+def gather(sm, names: Set[str], dtype, root: int = -1,
            what: str = "full_state_dict") -> Dict[str, torch.Tensor]:
     """{global name: whole tensor} of the Distinct tensors `names` (their
-    views' names), on every rank, in `dtype` (None: each one's main_weight
-    dtype); `keep` False: {} here, the exchange still done (collective)."""
+    views' names), in `dtype` (None: each one's main_weight dtype), on every
+    rank (root -1; every rank receives every shard) or on rank `root` only
+    ({} on the others). Collective."""
     from .tensors import TORCH_DTYPES
     views = {v.name: v for v in sm.runtime.views}
     mine = []
@@ -89,9 +90,13 @@ def gather(sm, names: Set[str], dtype, keep: bool,
             mine.append((n, coordinate(sm, n), v.shard_offset, data))
     dist = _world(sm, what)
     every = [mine]
+    keep = root < 0 or sm.runtime.rank == root
     if dist is not None:
-        every = [None] * sm.runtime.world_size
-        dist.all_gather_object(every, mine)
+        every = [None] * sm.runtime.world_size if keep else None
+        if root < 0:
+            dist.all_gather_object(every, mine)
+        else:
+            dist.gather_object(mine, every, dst=root)
     if not keep:
         return {}
     local: Dict[Tuple[str, int], torch.Tensor] = {}

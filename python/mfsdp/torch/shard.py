@@ -252,7 +252,7 @@ class ShardedModel(UnitHooks):
             if self.runtime.gather(v.index, root=root, dtype=name, out=t) is not None:
                 out[v.name] = t
         if self.distinct:
-            out.update(global_state.gather(self, set(self.distinct), dtype, keep))
+            out.update(global_state.gather(self, set(self.distinct), dtype, root))
         return out
 
     def load_full_state_dict(self, state_dict: Mapping[str, torch.Tensor],
