@@ -14,10 +14,12 @@
 /* Tensors 1000, 600, 500, 300 (2-D, 10 columns) and 10 (1-D) packed by hand
  * at 0, 1024, 2048, 3072, 3376 of a bucket of 4096: on 4 shards of 1024 the
  * used prefixes are 1000, 600, 500, 314. */
+#define T(n, nd, d0, d1, num, off) {.name = n, .ndims = nd, .dims = {d0, d1}, .numel = num, .offset = off}
 static mf_tensor tensors[5] = {
-    {"a", 2, {100, 10}, 1000, 0}, {"b", 2, {60, 10}, 600, 1024}, {"c", 2, {50, 10}, 500, 2048},
-    {"d", 2, {30, 10}, 300, 3072}, {"e", 1, {10}, 10, 3376},
+    T("a", 2, 100, 10, 1000, 0), T("b", 2, 60, 10, 600, 1024), T("c", 2, 50, 10, 500, 2048),
+    T("d", 2, 30, 10, 300, 3072), T("e", 1, 10, 0, 10, 3376),
 };
+#undef T
 
 static mf_bucket bucket(bool whole)
 {
