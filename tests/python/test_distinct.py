@@ -25,10 +25,14 @@ slices concatenated), equal bit for bit to the ranks' master shards put
 together here and within 1e-6 of the reference; load_full_state_dict of the
 whole model's initial state dict into a sharded model of other values gives
 it back bit for bit and trains bit-identically to the first run; without
-global names both are refused naming the tensor and global_names=;
-save_checkpoint stays refused. In one process: the spec text (the global
-clauses), the schedule's global key read from hand-written YAML, and the
-refusals of spec_from_module and fully_shard.
+global names both (and save_dcp) are refused naming the tensor and
+global_names=; save_dcp after the steps is read by torch's own dcp.load into
+the single-process model bit for bit, and load_dcp on 4 ranks and on 2
+(mpirun -np 2, dp = 1) gives it back; save_dcp with an optimizer and
+save_checkpoint stay refused. In one process: the spec text (the global
+clauses), the schedule's global key read from hand-written YAML, the
+refusals of spec_from_module and fully_shard, and a one-rank state dict
+under global names with load_full_state_dict's listed problems.
 """
 import os
 
@@ -479,3 +483,31 @@ def test_schedule_global_key():
                                      "a b": ("x 'y", 1)}
     with pytest.raises(ValueError, match=r"malformed global key in .*global: \{name: n\}"):
         global_names_of("buckets:\n  - {name: t, dims: [2], global: {name: n}}\n")
+
+
+def test_one_rank_global_names():
+    """On one rank (the local backend, ep = 1: no torch.distributed needed):
+    full_state_dict under the global names gives the values sharded; a
+    missing or misshapen global tensor and an unknown key are listed by
+    load_full_state_dict before anything is written."""
+    model = dw.MoEModel(dw.EP)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sm = mt.fully_shard(model, mesh={"ep": 1, "dp": 1}, distinct={"moe.experts.*": "ep"},
+                        global_names=dw.global_names("moe"), expert_axes=("ep",),
+                        units=["embed", "moe", "head"], backend="local", cache=False)
+    try:
+        assert sm.globals["moe.experts.1.w2.bias"] == ["moe.experts.1.w2.bias"]
+        full = sm.full_state_dict()
+        assert set(full) == set(before) and all(torch.equal(full[n], before[n]) for n in before)
+        bad = dict(full)
+        del bad["moe.experts.1.w1.weight"]
+        bad["moe.experts.0.w2.bias"] = torch.zeros(3)
+        bad["moe.experts.9.w1.weight"] = torch.zeros(1)
+        with pytest.raises(mfsdp.UsageError, match=r"load_full_state_dict: missing parameter "
+                           r"'moe.experts.1.w1.weight' \(a global name of a Distinct tensor\)"
+                           r".*'moe.experts.0.w2.bias': shape \[3\], the global tensor has "
+                           r"\[16\].*unexpected key 'moe.experts.9.w1.weight'"):
+            sm.load_full_state_dict(bad)
+        assert all(torch.equal(t, full[n]) for n, t in sm.full_state_dict().items())
+    finally:
+        sm.close()
