@@ -3,6 +3,7 @@
  */
 #include "mf_ckpt_plan.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +39,27 @@ int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name)
     return -1;
 }
 
+int64_t mf_ckpt_plan_coord(const mf_schedule *s, int bucket, int64_t rank)
+{
+    const mf_placement *pl = &s->buckets[bucket].place[MF_ROLE_WEIGHT];
+    int64_t c = -1, after = s->mesh.world;
+    for (int j = 0; j < s->mesh.naxes; j++) {
+        int64_t n = s->mesh.axes[j].size;
+        after /= n;
+        if (pl->p[j] == MF_PLACE_DISTINCT)
+            c = (c < 0 ? 0 : c * n) + (rank / after) % n;
+    }
+    return c;
+}
+
 void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64_t rank, int64_t *lo,
                        int64_t *hi)
 {
     const mf_ckpt_ptensor *pt = &p->t[k];
+    if (pt->coord >= 0 && pt->coord != mf_ckpt_plan_coord(s, pt->bucket, rank)) {
+        *lo = *hi = 0; /* another coordinate's tensor */
+        return;
+    }
     const mf_bucket *b = &s->buckets[pt->bucket];
     const mf_tensor *t = &b->tensors[pt->index];
     mf_range r = mf_layout_range(&s->mesh, &b->place[MF_ROLE_MAIN_WEIGHT], rank, b->length);
@@ -56,10 +74,10 @@ int64_t mf_ckpt_plan_replicas(const mf_schedule *s, int bucket, int64_t rank, in
     const mf_bucket *b = &s->buckets[bucket];
     const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
     mf_range mine = mf_layout_range(&s->mesh, pl, rank, b->length);
-    int64_t n = 0;
+    int64_t n = 0, c = mf_ckpt_plan_coord(s, bucket, rank);
     for (int64_t r = 0; r < s->mesh.world; r++) {
         mf_range x = mf_layout_range(&s->mesh, pl, r, b->length);
-        if (x.offset == mine.offset && x.len == mine.len)
+        if (x.offset == mine.offset && x.len == mine.len && mf_ckpt_plan_coord(s, bucket, r) == c)
             out[n++] = r;
     }
     return n;
@@ -137,8 +155,10 @@ static int mf_ckpt_plan_shard(const mf_bucket *b, int first, int64_t o, int64_t 
     return 0;
 }
 
-/* Groups the world's ranks by their shard of bucket b and emits every shard. */
-static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t *q, int64_t *order,
+/* Groups the world's ranks of coordinate combination c (-1: all) by their
+ * shard of bucket b and emits every shard; the bucket's tensors are plan
+ * tensors first .. first + ntensors. */
+static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int64_t c, int first, int64_t *q, int64_t *order,
                                int64_t *start, mf_ckpt_pvec *v)
 {
     const mf_bucket *b = &s->buckets[bi];
@@ -148,13 +168,15 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t 
     memset(start, 0, (size_t)(shards + 1) * sizeof *start);
     for (int64_t r = 0; r < world; r++) {
         mf_range rg = mf_layout_range(&s->mesh, pl, r, b->length);
-        q[r] = len ? rg.offset / len : 0;
-        start[q[r] + 1]++;
+        q[r] = c >= 0 && mf_ckpt_plan_coord(s, bi, r) != c ? -1 : len ? rg.offset / len : 0;
+        if (q[r] >= 0)
+            start[q[r] + 1]++;
     }
     for (int64_t k = 0; k < shards; k++)
         start[k + 1] += start[k];
     for (int64_t r = 0; r < world; r++)
-        order[start[q[r]]++] = r; /* ascending ranks per shard */
+        if (q[r] >= 0)
+            order[start[q[r]]++] = r; /* ascending ranks per shard */
     for (int64_t k = shards; k > 0; k--)
         start[k] = start[k - 1];
     start[0] = 0;
@@ -166,32 +188,74 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int first, int64_t 
     return 0;
 }
 
-/* A schedule with a Distinct axis has no plan: its tensors have no global
- * names yet (issue #42, item 2). -1 with the message. */
-static int mf_ckpt_plan_refuse_distinct(const mf_schedule *s, char *err, size_t errlen)
+int mf_ckpt_plan_check_global(const mf_schedule *s, char *err, size_t errlen)
 {
-    for (int b = 0; b < s->nbuckets; b++)
-        for (int j = 0; j < s->mesh.naxes; j++)
-            if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT) {
+    for (int b = 0; b < s->nbuckets; b++) {
+        const mf_bucket *bk = &s->buckets[b];
+        if (!mf_placement_has_distinct(&bk->place[MF_ROLE_WEIGHT], s->mesh.naxes))
+            continue;
+        for (int i = 0; i < bk->ntensors; i++) {
+            const mf_tensor *t = &bk->tensors[i];
+            if (!t->nglobal) {
                 snprintf(err, errlen,
-                         "the schedule's axis '%s' is Distinct in bucket '%s' (each coordinate holds a "
-                         "different tensor under the same name): checkpoints need the global names of "
-                         "distinct tensors (issue #42, item 2), which do not exist yet",
-                         s->mesh.axes[j].name, s->buckets[b].name);
+                         "tensor '%s' of bucket '%s' is Distinct (each coordinate holds a different tensor under "
+                         "this name) and has no global name: checkpoints write the global tensors; give it "
+                         "'global \"TEMPLATE\"' in the spec (docs/language.md §3.4)",
+                         t->name, bk->name);
                 return -1;
             }
+            if (t->global_split) {
+                snprintf(err, errlen,
+                         "tensor '%s' of bucket '%s' has a split global name ('%s', split %d): checkpoints of "
+                         "split global tensors are not supported yet; only the rename form 'global \"TEMPLATE\"' "
+                         "(one global tensor per coordinate) is",
+                         t->name, bk->name, t->global[0], t->global_dim);
+                return -1;
+            }
+        }
+    }
     return 0;
+}
+
+/* The plan tensors of bucket b for coordinate combination c (-1: not
+ * Distinct) appended to out->t. */
+static void mf_ckpt_plan_tensors(const mf_schedule *s, int b, int64_t c, mf_ckpt_plan *out)
+{
+    const mf_bucket *bk = &s->buckets[b];
+    for (int i = 0; i < bk->ntensors; i++) {
+        mf_ckpt_ptensor *pt = &out->t[out->ntensors++];
+        const mf_tensor *t = &bk->tensors[i];
+        pt->name = c >= 0 ? t->global[c] : t->name;
+        pt->local = t->name;
+        pt->coord = c;
+        pt->bucket = b;
+        pt->index = i;
+        pt->ndims = t->ndims;
+        memcpy(pt->dims, t->dims, sizeof pt->dims);
+        pt->numel = t->numel;
+        pt->dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT];
+    }
+}
+
+/* Coordinate combinations of bucket b's Distinct axes (1 when none). */
+static int64_t mf_ckpt_plan_combos(const mf_schedule *s, int b)
+{
+    int64_t n = 1;
+    for (int j = 0; j < s->mesh.naxes; j++)
+        if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
+            n *= s->mesh.axes[j].size;
+    return n;
 }
 
 int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    if (mf_ckpt_plan_refuse_distinct(s, err, errlen) != 0)
+    if (mf_ckpt_plan_check_global(s, err, errlen) != 0)
         return -1;
     int64_t world = s->mesh.world, maxshards = 1;
-    int nt = 0;
+    int64_t nt = 0;
     for (int b = 0; b < s->nbuckets; b++) {
-        nt += s->buckets[b].ntensors;
+        nt += s->buckets[b].ntensors * mf_ckpt_plan_combos(s, b);
         int64_t sh = mf_layout_shards(&s->mesh, &s->buckets[b].place[MF_ROLE_MAIN_WEIGHT]);
         maxshards = sh > maxshards ? sh : maxshards;
     }
@@ -205,21 +269,13 @@ int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_
     if (!out->t || !out->first || !q || !order || !start)
         goto done;
     for (int b = 0; b < s->nbuckets; b++) {
-        const mf_bucket *bk = &s->buckets[b];
-        int first = out->ntensors;
-        for (int i = 0; i < bk->ntensors; i++) {
-            mf_ckpt_ptensor *pt = &out->t[out->ntensors++];
-            const mf_tensor *t = &bk->tensors[i];
-            pt->name = t->name;
-            pt->bucket = b;
-            pt->index = i;
-            pt->ndims = t->ndims;
-            memcpy(pt->dims, t->dims, sizeof pt->dims);
-            pt->numel = t->numel;
-            pt->dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT];
+        bool distinct = mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes);
+        for (int64_t c = distinct ? 0 : -1, nc = mf_ckpt_plan_combos(s, b); c < (distinct ? nc : 0); c++) {
+            int first = out->ntensors;
+            mf_ckpt_plan_tensors(s, b, c, out);
+            if (mf_ckpt_plan_bucket(s, b, c, first, q, order, start, &v) != 0)
+                goto done;
         }
-        if (mf_ckpt_plan_bucket(s, b, first, q, order, start, &v) != 0)
-            goto done;
     }
     qsort(v.p, (size_t)v.n, sizeof *v.p, mf_ckpt_piece_cmp);
     for (int64_t i = 0; i < v.n; i++)

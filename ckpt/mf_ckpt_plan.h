@@ -11,6 +11,13 @@
  * contiguous parts as the shard has replicas; replica (i + bucket + shard)
  * mod n writes part i. So every tensor element is written exactly once and
  * the replicas of a shard write equal shares.
+ *
+ * A bucket Distinct on some axis (docs/semantics.md §4.7) holds a different
+ * tensor per coordinate combination of its Distinct axes: its tensors enter
+ * the plan once per combination, under their global names (mf_tensor.global,
+ * rename form), and the replicas of a shard are the ranks holding it with the
+ * same combination. A Distinct tensor without global names, or with the split
+ * form, has no plan (mf_ckpt_plan_build refuses it, naming the tensor).
  */
 #ifndef MF_CKPT_PLAN_H
 #define MF_CKPT_PLAN_H
@@ -18,7 +25,9 @@
 #include "mf_schedule.h"
 
 typedef struct mf_ckpt_ptensor {
-    const char *name;       /* borrowed from the schedule */
+    const char *name;       /* borrowed from the schedule: the global name */
+    const char *local;      /* the schedule's (local) tensor name; == name unless Distinct */
+    int64_t coord;          /* the coordinate combination it belongs to, -1 when not Distinct */
     int bucket, index;      /* in the schedule */
     int ndims;
     int64_t dims[MF_MAX_DIMS];
@@ -60,6 +69,12 @@ int64_t mf_ckpt_plan_replicas(const mf_schedule *s, int bucket, int64_t rank, in
 /* The pieces writer w writes of plan tensor k: p->p[*lo .. *hi) (sorted by
  * start; empty when none). */
 void mf_ckpt_plan_pieces_of(const mf_ckpt_plan *p, int64_t w, int k, int64_t *lo, int64_t *hi);
+/* The row-major combination of rank's coordinates on the Distinct axes of
+ * bucket `bucket` (outermost first), -1 when the bucket has none. */
+int64_t mf_ckpt_plan_coord(const mf_schedule *s, int bucket, int64_t rank);
+/* 0 when every Distinct tensor of s has global names of the rename form,
+ * else -1 with a message naming the first tensor that lacks them. */
+int mf_ckpt_plan_check_global(const mf_schedule *s, char *err, size_t errlen);
 /* Index of the plan tensor named `name`, or -1. */
 int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name);
 

@@ -604,6 +604,22 @@ static const char *name_of(const layout_state *st, mf_arena *a, const char *s)
     return st->quiet ? s : mf_arena_strdup(a, s);
 }
 
+/* The global names of t copied like its name (the schedule outlives the
+ * spec). False on OOM. */
+static bool copy_globals(const layout_state *st, mf_arena *a, mf_tensor *t)
+{
+    if (!t->nglobal || st->quiet)
+        return true;
+    const char **g = mf_arena_array(a, (size_t)t->nglobal, sizeof *g);
+    if (!g)
+        return false;
+    for (int i = 0; i < t->nglobal; i++)
+        if (!(g[i] = mf_arena_strdup(a, t->global[i])))
+            return false;
+    t->global = g;
+    return true;
+}
+
 /* One whole bucket between its grouping and its placing. */
 typedef struct whole_build {
     int bucket;
@@ -755,7 +771,7 @@ static bool materialize(layout_state *st, mf_schedule *s)
             for (int i = 0; i < groups[g].ntensors; i++) {
                 mf_tensor *t = &out->tensors[out->ntensors + i];
                 t->name = name_of(st, a, t->name);
-                if (!t->name)
+                if (!t->name || !copy_globals(st, a, t))
                     return false;
             }
             out->ntensors += groups[g].ntensors;

@@ -1,22 +1,57 @@
 /*
- * mf_ckpt_global: the refusal of checkpoints of a schedule with a Distinct
- * axis (see the header).
+ * mf_ckpt_global: the checkpoint names of a schedule's tensors and the
+ * refusals of what checkpoints cannot name (see the header).
  */
 #include "mf_ckpt_global.h"
 
+#include <string.h>
+
+#include "mf_ckpt_plan.h"
 #include "mf_rt.h"
 
-mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn)
+mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn, bool hf)
 {
     const mf_schedule *s = rt->s;
-    for (int b = 0; b < s->nbuckets; b++)
+    char err[1024];
+    if (!hf && mf_ckpt_plan_check_global(s, err, sizeof err) != 0)
+        return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED, "%s: %s", fn, err);
+    for (int b = 0; hf && b < s->nbuckets; b++)
         for (int j = 0; j < s->mesh.naxes; j++)
             if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
                 return mf_base_set_error(
                     rt, MFSDP_ERR_UNSUPPORTED,
                     "%s: the schedule's axis '%s' is Distinct in bucket '%s' (each coordinate holds a different "
-                    "tensor under the same name); checkpoints and the Hugging Face export/import need the global "
-                    "names of distinct tensors (issue #42, item 2), which do not exist yet",
+                    "tensor under the same name); the Hugging Face export/import does not write or read global "
+                    "tensors yet (native checkpoints do, with the spec's 'global' names: mfsdp_ckpt_save)",
                     fn, s->mesh.axes[j].name, s->buckets[b].name);
     return MFSDP_OK;
+}
+
+const char *mf_ckpt_global_name(mf_rt *rt, int view)
+{
+    const mf_rt_tensor *rt_t = &rt->sh->tensors[view];
+    const mf_tensor *t = &rt->s->buckets[rt_t->bucket].tensors[rt_t->index];
+    if (!t->nglobal || t->global_split)
+        return t->name;
+    return t->global[mf_ckpt_plan_coord(rt->s, rt_t->bucket, rt->rank)];
+}
+
+bool mf_ckpt_global_known(mf_rt *rt, const char *name)
+{
+    const mf_schedule *s = rt->s;
+    bool distinct = false;
+    for (int b = 0; b < s->nbuckets && !distinct; b++)
+        distinct = mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes);
+    if (!distinct)
+        return mfsdp_tensor_find(rt, name) >= 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; i < s->buckets[b].ntensors; i++) {
+            const mf_tensor *t = &s->buckets[b].tensors[i];
+            if (!t->nglobal && strcmp(t->name, name) == 0)
+                return true;
+            for (int g = 0; g < t->nglobal; g++)
+                if (strcmp(t->global[g], name) == 0)
+                    return true;
+        }
+    return false;
 }

@@ -55,7 +55,7 @@ mfsdp_result mf_ckpt_hf_rt_enter(mf_rt *rt, const char *fn)
     if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         agreed = mf_agree_helper(rt, fn, 0);
     if (agreed == MFSDP_OK)
-        agreed = mf_ckpt_global_check(rt, fn);
+        agreed = mf_ckpt_global_check(rt, fn, true);
     return agreed;
 }
 

@@ -121,9 +121,10 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
     err[0] = '\0';
     for (int k = 0; k < rt->nviews; k++) {
         const mfsdp_tensor_view *v = &rt->views[k];
-        int t = map[k] = mf_ckpt_manifest_tensor(m, v->name);
+        const char *gname = mf_ckpt_global_name(rt, k);
+        int t = map[k] = mf_ckpt_manifest_tensor(m, gname);
         if (t < 0) {
-            mf_ckpt_note(err, errlen, &bad, "tensor '%s' is not in the checkpoint", v->name);
+            mf_ckpt_note(err, errlen, &bad, "tensor '%s' is not in the checkpoint", gname);
             continue;
         }
         if (m->tensors[t].ndims != v->ndims ||
@@ -138,7 +139,7 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
                          v->name, mf_dtype_name(m->states[0].dtype), mfsdp_dtype_name(v->main_weight_dtype));
     }
     for (int t = 0; t < m->ntensors; t++)
-        if (mfsdp_tensor_find(rt, m->tensors[t].name) < 0)
+        if (!mf_ckpt_global_known(rt, m->tensors[t].name))
             mf_ckpt_note(err, errlen, &bad, "checkpoint tensor '%s' is not in the schedule", m->tensors[t].name);
     for (int i = 0; i < opt->nstates; i++) {
         const mfsdp_ckpt_state *st = &opt->states[i];
@@ -243,7 +244,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         agreed = mf_agree_helper(rt, "mfsdp_ckpt_load", 0);
     if (agreed == MFSDP_OK)
-        agreed = mf_ckpt_global_check(rt, "mfsdp_ckpt_load");
+        agreed = mf_ckpt_global_check(rt, "mfsdp_ckpt_load", false);
     if (agreed != MFSDP_OK)
         return agreed;
     mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);

@@ -56,11 +56,12 @@ static void mf_ckpt_fail(mf_ckpt_msg *m, mfsdp_result code, const char *text)
     mf_diag_errf(m->msg, sizeof m->msg, "%s", text);   /* truncated to fit */
 }
 
-/* The runtime's tensor index of every plan tensor. */
+/* The runtime's tensor index of every plan tensor (by its local name: a
+ * Distinct tensor's plan tensors, one per coordinate, share one). */
 static int mf_ckpt_map(mf_rt *rt, const mf_ckpt_plan *p, int *map)
 {
     for (int k = 0; k < p->ntensors; k++)
-        if ((map[k] = mfsdp_tensor_find(rt, p->t[k].name)) < 0)
+        if ((map[k] = mfsdp_tensor_find(rt, p->t[k].local)) < 0)
             return -1;
     return 0;
 }
@@ -209,7 +210,7 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     if (live == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         live = mf_agree_helper(rt, "mfsdp_ckpt_save", 0);
     if (live == MFSDP_OK)
-        live = mf_ckpt_global_check(rt, "mfsdp_ckpt_save");
+        live = mf_ckpt_global_check(rt, "mfsdp_ckpt_save", false);
     if (live != MFSDP_OK)
         return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};

@@ -111,9 +111,11 @@ int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, si
         goto done;
     have_plan = 1;
     for (int k = 0; k < plan.ntensors; k++) {
-        int view = mfsdp_tensor_find(rt, plan.t[k].name);
+        if (plan.t[k].coord >= 0 && plan.t[k].coord != mf_ckpt_plan_coord(rt->s, plan.t[k].bucket, rt->rank))
+            continue; /* another coordinate's global tensor */
+        int view = mfsdp_tensor_find(rt, plan.t[k].local);
         if (view < 0) {
-            snprintf(err, errlen, "internal error: plan tensor '%s' is not in the runtime", plan.t[k].name);
+            snprintf(err, errlen, "internal error: plan tensor '%s' is not in the runtime", plan.t[k].local);
             goto done;
         }
         const mfsdp_tensor_view *tv = &rt->views[view];

@@ -42,11 +42,17 @@ done
 # A schedule with other tensors is refused with every mismatch named.
 out=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$S/other_model.yaml" 2>&1) && fail "reshard-plan accepted another model"
 echo "$out" | grep -q "tensor 'in.weight' has another shape" || fail "reshard-plan message: $out"
-# A schedule with a Distinct axis has no checkpoint plan yet (issue #42 item 2): exit 1, named.
-ep="$(dirname "$0")/../../schedules/deepseek_moe_ep.yaml"
-rc=0; out=$("$MFSDPC" reshard-plan "$S/hfsdp_2x4.yaml" "$ep" 2>&1) || rc=$?
-[ "$rc" = 1 ] && echo "$out" | grep -q "deepseek_moe_ep.yaml: the schedule's axis 'ep' is Distinct in bucket" ||
-  fail "reshard-plan into a Distinct schedule: exit $rc, $out"
+# A schedule with a Distinct axis has a checkpoint plan when its Distinct
+# tensors have global names (deepseek_moe_ep, issue #42 item 2), none when one
+# lacks them (the small EP spec without the clause): exit 1, the tensor named.
+root="$(dirname "$0")/../.."
+"$MFSDPC" reshard-plan "$root/schedules/deepseek_moe_ep.yaml" "$root/schedules/deepseek_moe_ep.yaml" >/dev/null ||
+  fail "reshard-plan of deepseek_moe_ep (global names) onto itself"
+sed 's/ global "[^"]*"//' "$root/tests/planner/distinct/ep_small.mfsdp" >"$WORK/ep_nameless.mfsdp"
+"$MFSDPC" compile "$WORK/ep_nameless.mfsdp" -o "$WORK/ep_nameless.yaml" || fail "compile ep_nameless"
+rc=0; out=$("$MFSDPC" reshard-plan "$WORK/ep_nameless.yaml" "$WORK/ep_nameless.yaml" 2>&1) || rc=$?
+[ "$rc" = 1 ] && echo "$out" | grep -q "tensor 'layers.0.experts.0.w1' of bucket '.*' is Distinct .* no global name" ||
+  fail "reshard-plan of a Distinct schedule without global names: exit $rc, $out"
 out=$(run_trainer "$backend" "$S/other_model.yaml" --load "$WORK/a" 2>&1) && fail "loaded another model"
 echo "$out" | grep -Eq "mismatches: .*in.weight' has shape \[45, 27\] in the checkpoint, \[45, 28\]" ||
   fail "load message: $out"

@@ -382,8 +382,11 @@ static void test_parts(void **state)
     parts_close(&x);
 }
 
-/* A schedule with a Distinct axis has no checkpoint plan (the offline tools
- * and reshard-plan build one first): refused naming the axis and the bucket. */
+/* A schedule with a Distinct tensor without global names has no checkpoint
+ * plan (the offline tools and reshard-plan build one first): refused naming
+ * the tensor, its bucket and the clause; the split form is refused too. With
+ * rename global names the plan holds one tensor per ep coordinate under its
+ * global name, written by ranks of that coordinate only, every element once. */
 static void test_plan_refuses_distinct(void **state)
 {
     (void)state;
@@ -399,8 +402,36 @@ static void test_plan_refuses_distinct(void **state)
     mf_ckpt_plan p;
     char err[512];
     assert_int_equal(mf_ckpt_plan_build(&s, &p, err, sizeof err), -1);
-    assert_non_null(strstr(err, "the schedule's axis 'ep' is Distinct in bucket 'moe/ep_experts'"));
-    assert_non_null(strstr(err, "issue #42, item 2"));
+    assert_non_null(strstr(err, "tensor 'moe.experts.0.w1.weight' of bucket 'moe/ep_experts' is Distinct"));
+    assert_non_null(strstr(err, "give it 'global \"TEMPLATE\"' in the spec"));
+    mf_ckpt_plan_free(&p);
+    const char *names[2] = {"moe.experts.0.w1.weight", "moe.experts.1.w1.weight"};
+    t.global = names;
+    t.nglobal = 1;
+    t.global_split = true;
+    assert_int_equal(mf_ckpt_plan_build(&s, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "split global name"));
+    t.nglobal = 2;
+    t.global_split = false;
+    assert_int_equal(mf_ckpt_plan_build(&s, &p, err, sizeof err), 0);
+    assert_int_equal(p.ntensors, 2);
+    for (int k = 0; k < 2; k++) {
+        assert_string_equal(p.t[k].name, names[k]);
+        assert_string_equal(p.t[k].local, "moe.experts.0.w1.weight");
+        assert_int_equal(p.t[k].coord, k);
+        int64_t covered = 0;
+        for (int64_t j = 0; j < p.npieces; j++)
+            if (p.p[j].tensor == k) {
+                assert_int_equal(p.p[j].writer / 2, k); /* rank = 2 * ep + dp */
+                covered += p.p[j].end - p.p[j].start;
+            }
+        assert_int_equal(covered, 64);
+        for (int64_t r = 0; r < 4; r++) {
+            int64_t lo, hi;
+            mf_ckpt_plan_held(&s, &p, k, r, &lo, &hi);
+            assert_int_equal(hi - lo, r / 2 == k ? 32 : 0);
+        }
+    }
     mf_ckpt_plan_free(&p);
 }
 

@@ -12,8 +12,12 @@
  *     the rank's ep coordinate (reduce avg divides by the sizes of the axes
  *     reduced, dp_outer x dp_inner), summed over the microbatches; the dense
  *     one the average over all 8 ranks;
- *   - a checkpoint save and a Hugging Face export are refused (no global
- *     names for distinct tensors yet, issue #42 item 2), creating nothing.
+ *   - a native checkpoint writes the global tensors (the spec's `global`
+ *     names, issue #42 item 2) and loads back bit for bit, on the same
+ *     schedule and on ep_small_dp.mfsdp (the same ep size, other
+ *     data-parallel sizes: dp_outer = 4 x ep = 2 x dp_inner = 1), each rank
+ *     getting its own ep coordinate's experts; a Hugging Face export is
+ *     still refused, creating nothing.
  * Values are small integers over powers of two, exact in bf16 and fp32.
  *
  *   test_distinct_replay          8 thread-ranks (local backend), cmocka
@@ -40,7 +44,9 @@
 #define WORLD 8
 #define EP_AXIS 1
 
-static mfsdp_schedule *sched;
+static mfsdp_schedule *sched, *sched_dp; /* ep_small, ep_small_dp */
+static char tmp_root[64];   /* a fresh directory under /tmp, the same on every rank */
+static char ckpt_dir[96];   /* tmp_root/ckpt: the checkpoint (save creates it) */
 static mfsdp_local_group *group;
 static int64_t microbatches;
 
@@ -138,23 +144,61 @@ static void check_grads(mfsdp_runtime *rt, outcome *o)
     }
 }
 
-/* Every checkpoint entry refuses the schedule, naming the axis and issue #42. */
-static void check_ckpt_refused(mfsdp_runtime *rt, outcome *o)
+/* Every rank's main_weight shard against the initial weights of its ep
+ * coordinate: 0 mismatches expected; `what` names the check. */
+static void check_master(mfsdp_runtime *rt, const char *what, outcome *o)
+{
+    int64_t c = mfsdp_coord(rt, EP_AXIS);
+    for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, t, &v);
+        for (int64_t i = 0; i < v.shard_count; i++) {
+            float want = w0(t, v.shard_offset + i, is_expert(v.name) ? c : 0), got = ((float *)v.main_weight)[i];
+            if (memcmp(&got, &want, sizeof got) != 0) {
+                mismatch(o, "%s: rank %lld: %s[%lld] is %g, expected %g", what, (long long)mfsdp_rank(rt), v.name,
+                         (long long)(v.shard_offset + i), got, want);
+                return;
+            }
+        }
+    }
+}
+
+/* Overwrites every main_weight shard, then loads ckpt_dir into rt. */
+static void load_back(mfsdp_runtime *rt, const char *what, outcome *o)
+{
+    for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, t, &v);
+        for (int64_t i = 0; i < v.shard_count; i++)
+            ((float *)v.main_weight)[i] = 1e9f;
+    }
+    mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+    mfsdp_result r = mfsdp_ckpt_load(rt, ckpt_dir, &lo);
+    if (r != MFSDP_OK)
+        mismatch(o, "%s: load: result %d, %s", what, (int)r, mfsdp_last_error(rt));
+    else
+        check_master(rt, what, o);
+}
+
+/* The native checkpoint writes the global tensors and loads back on this
+ * schedule; the Hugging Face export is refused, creating nothing. */
+static void check_ckpt(mfsdp_runtime *rt, outcome *o)
 {
     mfsdp_ckpt_save_options opt = MFSDP_CKPT_SAVE_OPTIONS_INIT;
-    static const char dir[] = "distinct_replay.ckpt";
-    mfsdp_result r = mfsdp_ckpt_save(rt, dir, &opt);
-    const char *msg = mfsdp_last_error(rt);
-    if (r != MFSDP_ERR_UNSUPPORTED || !strstr(msg, "mfsdp_ckpt_save: the schedule's axis 'ep' is Distinct in bucket") ||
-        !strstr(msg, "issue #42, item 2"))
-        mismatch(o, "save: result %d, %s", (int)r, msg);
-    r = mfsdp_ckpt_export_hf(rt, dir, MFSDP_FP32, NULL, 0);
+    mfsdp_result r = mfsdp_ckpt_save(rt, ckpt_dir, &opt);
+    if (r != MFSDP_OK)
+        mismatch(o, "save: result %d, %s", (int)r, mfsdp_last_error(rt));
+    else
+        load_back(rt, "same schedule", o);
+    char hf[80];
+    snprintf(hf, sizeof hf, "%s/hf", tmp_root);
+    r = mfsdp_ckpt_export_hf(rt, hf, MFSDP_FP32, NULL, 0);
     if (r != MFSDP_ERR_UNSUPPORTED || !strstr(mfsdp_last_error(rt), "mfsdp_ckpt_export_hf: the schedule's axis 'ep'"))
         mismatch(o, "export: result %d, %s", (int)r, mfsdp_last_error(rt));
-    FILE *f = fopen(dir, "r");
+    FILE *f = fopen(hf, "r");
     if (f) {
         fclose(f);
-        mismatch(o, "a refused save created %s", dir);
+        mismatch(o, "a refused export created %s", hf);
     }
     /* a gather over the mesh of an expert (Distinct) tensor: refused, never mixed */
     for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
@@ -208,8 +252,15 @@ static void rank_run(const mfsdp_config *cfg, outcome *o)
     else
         check_grads(rt, o);
     if (ok)
-        check_ckpt_refused(rt, o);
+        check_ckpt(rt, o);
     mfsdp_destroy(rt);
+    /* the same global tensors on other data-parallel sizes */
+    if (ok && mfsdp_create(sched_dp, cfg, &rt) != MFSDP_OK) {
+        mismatch(o, "create (ep_small_dp): %s", mfsdp_last_error(NULL));
+    } else if (ok) {
+        load_back(rt, "ep_small_dp", o);
+        mfsdp_destroy(rt);
+    }
 }
 
 static void *rank_main(void *arg)
@@ -220,19 +271,18 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-/* Compiles ep_small.mfsdp into sched (through its YAML, as a trainer loads
- * it); false with a message on stderr. */
-static bool load_sched(void)
+/* Compiles tests/planner/distinct/NAME.mfsdp into *out (through its YAML,
+ * as a trainer loads it); false with a message on stderr. */
+static bool load_one(const char *name, mfsdp_schedule **out)
 {
-    char *spec = st_read("tests/planner/distinct/ep_small.mfsdp", NULL), *diag = NULL, *yaml = NULL;
-    mf_schedule *s = spec ? st_compile("ep_small.mfsdp", spec, true, &diag) : NULL;
+    char path[128];
+    snprintf(path, sizeof path, "tests/planner/distinct/%s.mfsdp", name);
+    char *spec = st_read(path, NULL), *diag = NULL, *yaml = NULL;
+    mf_schedule *s = spec ? st_compile(path, spec, true, &diag) : NULL;
     size_t len = 0;
-    bool ok = s && (yaml = st_emit(s, &len)) &&
-              mfsdp_schedule_load_buffer("ep_small.yaml", yaml, len, &sched) == MFSDP_OK;
+    bool ok = s && (yaml = st_emit(s, &len)) && mfsdp_schedule_load_buffer(path, yaml, len, out) == MFSDP_OK;
     if (!ok)
-        fprintf(stderr, "ep_small.mfsdp: %s\n", diag ? diag : spec ? mfsdp_last_error(NULL) : "cannot read it");
-    else
-        microbatches = mfsdp_schedule_microbatches(sched);
+        fprintf(stderr, "%s: %s\n", path, !spec ? "cannot read it" : diag && *diag ? diag : mfsdp_last_error(NULL));
     free(yaml);
     free(diag);
     free(spec);
@@ -240,10 +290,31 @@ static bool load_sched(void)
     return ok;
 }
 
+/* ep_small into sched, ep_small_dp into sched_dp. */
+static bool load_sched(void)
+{
+    if (!load_one("ep_small", &sched) || !load_one("ep_small_dp", &sched_dp))
+        return false;
+    microbatches = mfsdp_schedule_microbatches(sched);
+    return true;
+}
+
+/* Removes the checkpoint directory (its files and the directory). */
+static void remove_ckpt(void)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+    if (tmp_root[0] && system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", tmp_root);
+}
+
 static void test_ep_replay(void **state)
 {
     (void)state;
     assert_true(load_sched());
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/mfsdp_distinct_XXXXXX");
+    assert_non_null(mkdtemp(tmp_root));
+    snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", tmp_root);
     assert_int_equal(mfsdp_schedule_world_size(sched), WORLD);
     assert_string_equal(mfsdp_schedule_axis_name(sched, EP_AXIS), "ep");
     assert_int_equal(mfsdp_local_group_create(WORLD, &group), MFSDP_OK);
@@ -257,8 +328,10 @@ static void test_ep_replay(void **state)
     for (int r = 0; r < WORLD; r++)
         if (out[r].bad)
             fail_msg("%lld mismatches; first: %s", (long long)out[r].bad, out[r].first);
+    remove_ckpt();
     mfsdp_local_group_destroy(group);
     mfsdp_schedule_free(sched);
+    mfsdp_schedule_free(sched_dp);
 }
 
 #ifdef MFSDP_HAVE_MPI
@@ -275,12 +348,21 @@ static int run_mpi(int *argc, char ***argv)
     else if (!load_sched())
         mismatch(&o, "cannot load the schedule");
     else {
+        snprintf(tmp_root, sizeof tmp_root, "/tmp/mfsdp_distinct_XXXXXX");
+        if (me == 0 && !mkdtemp(tmp_root))
+            tmp_root[0] = '\0';
+        MPI_Bcast(tmp_root, sizeof tmp_root, MPI_CHAR, 0, MPI_COMM_WORLD);
+        snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", tmp_root);
         mfsdp_config cfg;
         mfsdp_config_init(&cfg);
         mfsdp_config_set_mpi(&cfg, &comm);
         cfg.timeout_ms = 60000;
         rank_run(&cfg, &o);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (me == 0)
+            remove_ckpt();
         mfsdp_schedule_free(sched);
+        mfsdp_schedule_free(sched_dp);
     }
     if (o.bad)
         fprintf(stderr, "rank %d: %lld mismatches; first: %s\n", me, (long long)o.bad, o.first);
