@@ -13,7 +13,8 @@
  *     reduced, dp_outer x dp_inner), summed over the microbatches; the dense
  *     one the average over all 8 ranks;
  *   - a native checkpoint writes the global tensors (the spec's `global`
- *     names, issue #42 item 2) and loads back bit for bit, on the same
+ *     names, issue #42 item 2) with an optimizer state and loads both back
+ *     bit for bit, on the same
  *     schedule and on ep_small_dp.mfsdp (the same ep size, other
  *     data-parallel sizes: dp_outer = 4 x ep = 2 x dp_inner = 1), each rank
  *     getting its own ep coordinate's experts; a Hugging Face export is
@@ -163,7 +164,36 @@ static void check_master(mfsdp_runtime *rt, const char *what, outcome *o)
     }
 }
 
-/* Overwrites every main_weight shard, then loads ckpt_dir into rt. */
+/* The optimizer state (an Adam moment) of element e of tensor t on ep
+ * coordinate c: other values than the weights, saved and loaded with them. */
+static float s0(int t, int64_t e, int64_t c) { return w0(t, e, c) + 0.5f; }
+
+/* Per tensor, a state shard of rt: s0's values (fill) or 1e9. */
+static void **state_alloc(mfsdp_runtime *rt, bool fill)
+{
+    int64_t c = mfsdp_coord(rt, EP_AXIS);
+    int n = mfsdp_num_tensors(rt);
+    void **sh = calloc((size_t)n, sizeof *sh);
+    for (int t = 0; sh && t < n; t++) {
+        mfsdp_tensor_view v;
+        mfsdp_tensor_view_get(rt, t, &v);
+        float *f = v.shard_count ? malloc((size_t)v.shard_count * sizeof *f) : NULL;
+        for (int64_t i = 0; f && i < v.shard_count; i++)
+            f[i] = fill ? s0(t, v.shard_offset + i, is_expert(v.name) ? c : 0) : 1e9f;
+        sh[t] = f;
+    }
+    return sh;
+}
+
+static void state_free(mfsdp_runtime *rt, void **sh)
+{
+    for (int t = 0; sh && t < mfsdp_num_tensors(rt); t++)
+        free(sh[t]);
+    free(sh);
+}
+
+/* Overwrites every main_weight shard, then loads ckpt_dir into rt, its
+ * state `exp_avg` too, and checks both. */
 static void load_back(mfsdp_runtime *rt, const char *what, outcome *o)
 {
     for (int t = 0; t < mfsdp_num_tensors(rt); t++) {
@@ -172,20 +202,42 @@ static void load_back(mfsdp_runtime *rt, const char *what, outcome *o)
         for (int64_t i = 0; i < v.shard_count; i++)
             ((float *)v.main_weight)[i] = 1e9f;
     }
+    void **sh = state_alloc(rt, false);
+    mfsdp_ckpt_state st = {"exp_avg", MFSDP_FP32, sh};
     mfsdp_ckpt_load_options lo = MFSDP_CKPT_LOAD_OPTIONS_INIT;
+    lo.nstates = 1;
+    lo.states = &st;
     mfsdp_result r = mfsdp_ckpt_load(rt, ckpt_dir, &lo);
-    if (r != MFSDP_OK)
+    if (r != MFSDP_OK) {
         mismatch(o, "%s: load: result %d, %s", what, (int)r, mfsdp_last_error(rt));
-    else
+    } else {
         check_master(rt, what, o);
+        void **want = state_alloc(rt, true);
+        for (int t = 0; want && t < mfsdp_num_tensors(rt); t++) {
+            mfsdp_tensor_view v;
+            mfsdp_tensor_view_get(rt, t, &v);
+            if (v.shard_count && memcmp(sh[t], want[t], (size_t)v.shard_count * sizeof(float)) != 0) {
+                mismatch(o, "%s: rank %lld: state exp_avg of %s differs after the load", what,
+                         (long long)mfsdp_rank(rt), v.name);
+                break;
+            }
+        }
+        state_free(rt, want);
+    }
+    state_free(rt, sh);
 }
 
 /* The native checkpoint writes the global tensors and loads back on this
  * schedule; the Hugging Face export is refused, creating nothing. */
 static void check_ckpt(mfsdp_runtime *rt, outcome *o)
 {
+    void **sh = state_alloc(rt, true);
+    mfsdp_ckpt_state st = {"exp_avg", MFSDP_FP32, sh};
     mfsdp_ckpt_save_options opt = MFSDP_CKPT_SAVE_OPTIONS_INIT;
+    opt.nstates = 1;
+    opt.states = &st;
     mfsdp_result r = mfsdp_ckpt_save(rt, ckpt_dir, &opt);
+    state_free(rt, sh);
     if (r != MFSDP_OK)
         mismatch(o, "save: result %d, %s", (int)r, mfsdp_last_error(rt));
     else
