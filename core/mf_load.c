@@ -488,23 +488,20 @@ static bool mf_load_units(mf_loader *l, mf_node *n, mf_node ***bucket_lists)
     return true;
 }
 
-/* The tensor section with the optional key `global` (format 6) appended:
- * MF_SCHEDULE_KEY_GLOBAL is not yet in core/mf_schema.h's table. Its presence
- * is none of the table's (optional: mf_load_fields checks REQUIRED only). */
-static const mf_schema_section *mf_load_tensor_section(void)
+/* The tensor section with the optional key `global` (format 6) appended,
+ * into keys[MF_K_TENSOR_NKEYS + 1] (per call: no shared state between
+ * threads): MF_SCHEDULE_KEY_GLOBAL is not yet in core/mf_schema.h's table.
+ * Its presence is none of the table's (optional: mf_load_fields checks
+ * REQUIRED only). */
+static mf_schema_section mf_load_tensor_section(mf_schema_key *keys)
 {
-    static mf_schema_key keys[MF_K_TENSOR_NKEYS + 1];
-    static mf_schema_section sec;
     const mf_schema_section *base = &mf_schema_sections[MF_SECTION_TENSOR];
-    if (!sec.keys) {
-        memcpy(keys, base->keys, sizeof(mf_schema_key) * MF_K_TENSOR_NKEYS);
-        keys[MF_K_TENSOR_NKEYS] = (mf_schema_key){MF_SCHEDULE_KEY_GLOBAL, strlen(MF_SCHEDULE_KEY_GLOBAL),
-                                                  MF_SCHEMA_LIST, MF_SCHEMA_PRESENCE_COUNT,
-                                                  mf_schema_format_version(MF_SCHEDULE_FORMAT_DISTINCT),
-                                                  "the global names"};
-        sec = (mf_schema_section){base->path, base->what, keys, MF_K_TENSOR_NKEYS + 1};
-    }
-    return &sec;
+    memcpy(keys, base->keys, sizeof(mf_schema_key) * MF_K_TENSOR_NKEYS);
+    keys[MF_K_TENSOR_NKEYS] = (mf_schema_key){MF_SCHEDULE_KEY_GLOBAL, strlen(MF_SCHEDULE_KEY_GLOBAL),
+                                              MF_SCHEMA_LIST, MF_SCHEMA_PRESENCE_COUNT,
+                                              mf_schema_format_version(MF_SCHEDULE_FORMAT_DISTINCT),
+                                              "the global names"};
+    return (mf_schema_section){base->path, base->what, keys, MF_K_TENSOR_NKEYS + 1};
 }
 
 /* Registers global name `name` (at node at) against every other one. */
@@ -585,11 +582,12 @@ static bool mf_load_tensors(mf_loader *l, mf_node *n, mf_bucket *bk)
     if (!(bk->tensors = mf_load_array(l, bk->ntensors, sizeof *bk->tensors)))
         return false;
     int64_t end = 0;
+    mf_schema_key keys[MF_K_TENSOR_NKEYS + 1];
+    const mf_schema_section sec = mf_load_tensor_section(keys);
     for (int t = 0; t < bk->ntensors; t++) {
         mf_tensor *te = &bk->tensors[t];
         mf_node *v[MF_K_TENSOR_NKEYS + 1];
-        const mf_schema_section *sec = mf_load_tensor_section();
-        if (!mf_load_fields(l, mf_load_item(l, n, t), sec->what, sec, v, NULL) ||
+        if (!mf_load_fields(l, mf_load_item(l, n, t), sec.what, &sec, v, NULL) ||
             !mf_load_name(l, v[MF_K_TENSOR_NAME], MF_WHAT(TENSOR, NAME), &te->name) ||
             !mf_load_register(l, &l->tensors, te->name, v[MF_K_TENSOR_NAME], "tensor", t) ||
             !mf_load_int(l, v[MF_K_TENSOR_OFFSET], MF_WHAT(TENSOR, OFFSET), 0, INT64_MAX, &te->offset) ||

@@ -272,6 +272,46 @@ static void mf_diff_owners(mf_diff_ctx *c, const mf_bucket *x, const mf_bucket *
     }
 }
 
+/* "none", "[N0, ... (k names)]" or "N split D": a tensor's global names. */
+static const char *mf_diff_global(const mf_tensor *t, char *buf, size_t size)
+{
+    if (!t->nglobal)
+        snprintf(buf, size, "none");
+    else if (t->global_split)
+        snprintf(buf, size, "%s split %d", t->global[0], t->global_dim);
+    else
+        snprintf(buf, size, "[%s%s (%d names)]", t->global[0], t->nglobal > 1 ? ", ..." : "", t->nglobal);
+    return buf;
+}
+
+static bool mf_diff_same_global(const mf_tensor *x, const mf_tensor *y)
+{
+    if (x->nglobal != y->nglobal || x->global_split != y->global_split || x->global_dim != y->global_dim)
+        return false;
+    for (int g = 0; g < x->nglobal; g++)
+        if (strcmp(x->global[g], y->global[g]) != 0)
+            return false;
+    return true;
+}
+
+/* Global names (docs/language.md §3.4) of B's tensors of bucket y that differ
+ * from those of the same tensor in bucket x of A: a checkpoint's tensors. */
+static void mf_diff_globals(mf_diff_ctx *c, const mf_bucket *x, const mf_bucket *y)
+{
+    for (int i = 0; i < y->ntensors; i++) {
+        const mf_tensor *ty = &y->tensors[i], *tx = NULL;
+        for (int j = 0; j < x->ntensors && !tx; j++)
+            if (strcmp(x->tensors[j].name, ty->name) == 0)
+                tx = &x->tensors[j];
+        if (!tx || mf_diff_same_global(tx, ty))
+            continue;
+        char g1[320], g2[320];
+        mf_diff_unit_header(c);
+        fprintf(c->out, "  tensor %s: global names %s -> %s\n", ty->name, mf_diff_global(tx, g1, sizeof g1),
+                mf_diff_global(ty, g2, sizeof g2));
+    }
+}
+
 static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
 {
     const mf_schedule *a = c->a, *b = c->b;
@@ -298,6 +338,7 @@ static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
     }
     if (a->mesh.naxes == b->mesh.naxes)
         mf_diff_owners(c, x, y);
+    mf_diff_globals(c, x, y);
 }
 
 static int mf_diff_unit(mf_diff_ctx *c, const char *name)

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Golden listings of the Distinct placement (docs/semantics.md §4.7): explain
 # of schedules/deepseek_moe_ep.mfsdp (text: the groups each collective spans),
-# explain --format yaml and diff of a small EP spec, and plan keeping a
-# Distinct layout fixed.
+# explain --format yaml and diffs of a small EP spec (another layout; without
+# its global names), and plan keeping a Distinct layout fixed.
 #   distinct_golden.sh MFSDPC SRC_DIR SCHEDULES WORK_DIR   (UPDATE=1 rewrites the goldens)
 set -eu
 mfsdpc=$1 src=$2/distinct schedules=$3 work=$4
@@ -12,6 +12,10 @@ check explain_ep.expected "$mfsdpc" explain deepseek_moe_ep.mfsdp
 check explain_small.yaml.expected "$mfsdpc" explain --format yaml ep_small.mfsdp
 for f in ep_small ep_flat; do "$mfsdpc" compile $f.mfsdp -o $f.yaml; done
 check diff_flat.expected "$mfsdpc" diff ep_flat.yaml ep_small.yaml
+# the same spec without its global names: diff names each tensor whose
+# global names (a checkpoint's tensors) changed
+sed 's/ global "[^"]*"//' ep_small.mfsdp > ep_nameless.mfsdp
+check diff_global.expected "$mfsdpc" diff ep_nameless.mfsdp ep_small.mfsdp
 # the expert collectives span the expert-data-parallel groups only, at the
 # ring bound per group (tests/planner/test_distinct.c computes them by hand)
 for want in "0   all_gather      dp_inner     inner  bf16  RDF   RDR   every         4325376        8650752" \
