@@ -48,6 +48,16 @@ echo "$out" | grep -q "tensor 'in.weight' has another shape" || fail "reshard-pl
 root="$(dirname "$0")/../.."
 "$MFSDPC" reshard-plan "$root/schedules/deepseek_moe_ep.yaml" "$root/schedules/deepseek_moe_ep.yaml" >/dev/null ||
   fail "reshard-plan of deepseek_moe_ep (global names) onto itself"
+# ep_small -> ep_small_dp (the same ep size, other data-parallel sizes): global
+# expert 4 of a layer (ep coordinate 1) is read from a rank of ep coordinate 1
+# of the old mesh only (ranks 2, 3, 6, 7: rank = 4 dp_outer + 2 ep + dp_inner)
+for f in ep_small ep_small_dp; do
+  "$MFSDPC" compile "$root/tests/planner/distinct/$f.mfsdp" -o "$WORK/$f.yaml" || fail "compile $f"
+done
+out=$("$MFSDPC" reshard-plan "$WORK/ep_small.yaml" "$WORK/ep_small_dp.yaml") || fail "reshard-plan ep_small -> ep_small_dp"
+echo "$out" | grep -q "layers.0.experts.4.w1\[0:2048\] <- rank-0000[2367]" &&
+  ! echo "$out" | grep -q "layers.0.experts.4.w1\[.*<- rank-0000[0145]" &&
+  echo "$out" | grep -q "read 294912 (1.000 x needed" || fail "reshard-plan ep_small -> ep_small_dp: $out"
 sed 's/ global "[^"]*"//' "$root/tests/planner/distinct/ep_small.mfsdp" >"$WORK/ep_nameless.mfsdp"
 "$MFSDPC" compile "$WORK/ep_nameless.mfsdp" -o "$WORK/ep_nameless.yaml" || fail "compile ep_nameless"
 rc=0; out=$("$MFSDPC" reshard-plan "$WORK/ep_nameless.yaml" "$WORK/ep_nameless.yaml" 2>&1) || rc=$?
