@@ -128,11 +128,14 @@ def gather(sm, names: Set[str], dtype, root: int = -1,
 
 
 def expected(sm, names: Set[str]) -> Dict[str, Tuple[int, ...]]:
-    """{global name: whole shape} of the Distinct tensors `names`."""
-    views = {v.name: v for v in sm.runtime.views}
+    """{global name: whole shape} of the Distinct tensors `names`, in the
+    schedule's tensor order (messages list them so, whatever the set's order)."""
     out = {}
-    for n in names:
-        shape, g = list(views[n].shape), sm.globals[n]
+    for v in sm.runtime.views:
+        n = v.name
+        if n not in names:
+            continue
+        shape, g = list(v.shape), sm.globals[n]
         if isinstance(g, tuple):
             shape[g[1]] *= count(sm, n)
             out[g[0]] = tuple(shape)
@@ -158,14 +161,15 @@ def local_of(sm, name: str, state_dict: Mapping[str, torch.Tensor]):
 
 def problems(sm, names: Set[str], state_dict: Mapping[str, torch.Tensor],
              strict: bool) -> List[str]:
-    """load_full_state_dict's problems with the global tensors of `names`."""
-    out = []
+    """load_full_state_dict's problems with the global tensors of `names`:
+    the missing ones, then the misshapen ones, each in the schedule's order."""
+    missing, shapes = [], []
     for gname, shape in expected(sm, names).items():
         t = state_dict.get(gname)
         if t is None:
             if strict:
-                out.append("missing parameter %r (a global name of a Distinct tensor)" % gname)
+                missing.append("missing parameter %r (a global name of a Distinct tensor)" % gname)
         elif tuple(t.shape) != shape:
-            out.append("%r: shape %s, the global tensor has %s" % (gname, list(t.shape),
-                                                                   list(shape)))
-    return out
+            shapes.append("%r: shape %s, the global tensor has %s" % (gname, list(t.shape),
+                                                                      list(shape)))
+    return missing + shapes
