@@ -20,6 +20,8 @@ mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
        expert gradients are kept as computed: the ep group's sum, twice the mean).
   bad_init  the ranks of one ep coordinate start from different experts:
        fully_shard's refusal (OUT/bad_init.rank<r>.pt).
+  bad_axes  the ranks of dp coordinate 1 declare ep a tensor axis, the others
+       an expert axis: fully_shard's refusal on every rank (OUT/bad_axes.rank<r>.pt).
   unnamed  the MoE without global names: the whole-model refusals.
   reshard  (mpirun -np 2, after the others) the tp and moe runs' DCP
        checkpoints loaded on dp = 1 and saved again.
@@ -398,22 +400,29 @@ def unnamed(out, rank):
     torch.save(res, os.path.join(out, "unnamed.rank%d.pt" % rank))
 
 
-def bad_init(out, rank):
-    """The ranks of one ep coordinate start from different experts (the dp
-    coordinate 1 perturbed): fully_shard refuses on every rank."""
+REFUSED = ["bad_init", "bad_axes"]
+
+
+def refused(out, rank, kind):
+    """The MoE sharded wrongly on the ranks of dp coordinate 1 (bad_init: one
+    of their experts perturbed; bad_axes: ep declared a tensor axis there):
+    the message fully_shard raises on this rank (None if none)."""
     coords = [rank // 2, rank % 2]
     model = local_model("moe", coords, None)
-    if coords[1] == 1:
+    axes = {"expert_axes": ("ep",)}
+    if coords[1] == 1 and kind == "bad_init":
         with torch.no_grad():
             model.moe.experts[1].w2.bias.add_(1.0)
+    if coords[1] == 1 and kind == "bad_axes":
+        axes = {"tensor_axes": ("ep",)}
     try:
         mt.fully_shard(model, mesh=RUNS["moe"][0], layout="hfsdp", microbatches=M,
-                       distinct={"moe.experts.*": "ep"}, expert_axes=("ep",),
-                       units=["embed", "moe", "head"], timeout_ms=60000, cache=False)
+                       distinct={"moe.experts.*": "ep"}, units=["embed", "moe", "head"],
+                       timeout_ms=60000, cache=False, **axes)
         msg = None
     except mfsdp.UsageError as e:
         msg = str(e)
-    torch.save({"message": msg}, os.path.join(out, "bad_init.rank%d.pt" % rank))
+    torch.save({"message": msg}, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
 
 
 def main():
@@ -422,11 +431,11 @@ def main():
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "4")))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
                             world_size=world)
-    for kind in sys.argv[3:] or list(RUNS) + ["bad_init", "unnamed"]:
+    for kind in sys.argv[3:] or list(RUNS) + REFUSED + ["unnamed"]:
         if kind == "reshard":
             reshard(out, rank)
-        elif kind == "bad_init":
-            bad_init(out, rank)
+        elif kind in REFUSED:
+            refused(out, rank, kind)
         elif kind == "unnamed":
             unnamed(out, rank)
         else:

@@ -67,7 +67,7 @@ def runs(tmp_path_factory):
                                 text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     got = {(k, r): torch.load(os.path.join(out, "%s.rank%d.pt" % (k, r)))
-           for k in list(dw.RUNS) + ["bad_init", "unnamed"] for r in range(WORLD)}
+           for k in list(dw.RUNS) + dw.REFUSED + ["unnamed"] for r in range(WORLD)}
     got.update({("reshard_" + k, r): torch.load(os.path.join(out, "reshard_%s.rank%d.pt"
                                                              % (k, r)))
                 for k in ("tp", "moe") for r in range(2)})
@@ -305,6 +305,19 @@ def test_replicas_of_a_coordinate_must_agree(runs):
         msg = runs[("bad_init", r)]["message"]
         assert msg and "the ranks that share a Distinct coordinate start from different " \
             "values of moe.experts.1.w2.bias at sharding" in msg, (r, msg)
+
+
+@needs_mpi
+def test_ranks_declare_the_axes_alike(runs):
+    """Ranks of dp coordinate 1 declaring ep a tensor axis while the others
+    declare it an expert axis: refused on every rank (a replica dividing its
+    expert gradients and another not would drift apart)."""
+    for r in range(WORLD):
+        msg = runs[("bad_axes", r)]["message"]
+        mine = ("expert_axes=('ep',), tensor_axes=()" if r % 2 == 0 else
+                "expert_axes=(), tensor_axes=('ep',)")
+        assert msg and "the ranks declare the Distinct axes differently: this rank has " \
+            + mine in msg, (r, msg)
 
 
 def test_spec_distinct_layouts(tmp_path):

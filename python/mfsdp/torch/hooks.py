@@ -425,12 +425,12 @@ MATRIX_OPTIMIZERS = ("Muon",)
 
 
 def _refuse_split_matrix(optimizer, p):
-    """A matrix optimizer's step over a main parameter that is not its whole
-    tensor (a Flat 1-D shard of a matrix, or a Whole matrix this rank does not
-    own): UsageError naming the tensor and the fix, before any update."""
+    """A matrix optimizer's (MATRIX_OPTIMIZERS) step over main parameter p
+    that is not its whole tensor (a Flat 1-D shard of a matrix, or a Whole
+    matrix this rank does not own): UsageError naming the tensor and the fix,
+    before any update."""
     full = getattr(p, "full_shape", None)
-    if type(optimizer).__name__ not in MATRIX_OPTIMIZERS or full is None or \
-            tuple(p.shape) == tuple(full):
+    if full is None or tuple(p.shape) == tuple(full):
         return
     raise UsageError(
         "%s.step() over main parameter %r, a %s shard of its %s tensor: %s updates each "
@@ -448,6 +448,7 @@ def _check_optimizer(optimizer, args, kwargs):
     matrix optimizer's step over a split matrix (_refuse_split_matrix), and
     lets each ShardedModel whose main parameters it steps check its state."""
     owners = {}
+    matrix = type(optimizer).__name__ in MATRIX_OPTIMIZERS
     for g in optimizer.param_groups:
         for p in g["params"]:
             slot = getattr(p, "_mfsdp_slot", None)
@@ -460,7 +461,8 @@ def _check_optimizer(optimizer, args, kwargs):
                     % (type(optimizer).__name__, slot.name))
             owner = getattr(p, "_mfsdp_owner", None)
             if owner is not None:
-                _refuse_split_matrix(optimizer, p)
+                if matrix:
+                    _refuse_split_matrix(optimizer, p)
                 owners[id(owner)] = owner
     for owner in owners.values():
         sm = owner()

@@ -57,13 +57,13 @@ def tensor_hash(t: torch.Tensor) -> int:
     return zlib.crc32(data) | (zlib.adler32(data) << 32)
 
 
-def agree(sm: ShardedModel, hashes: Dict[str, int], what: str) -> None:
-    """Compares the hashes {tensor name: hash} over the world (one
+def differing(sm: ShardedModel, hashes: Dict[str, int]) -> List[str]:
+    """The keys of {key: hash} whose hash is not the same on every rank (one
     all-reduce of max and min, in chunks of 22 bits each exact in a double);
-    a UsageError names the tensors whose values differ between ranks."""
+    [] on one rank, or on the nccl backend without torch.distributed."""
     rt = sm.runtime
     if rt.world_size <= 1 or not hashes:
-        return
+        return []
     names = sorted(hashes)
     parts = []
     for n in names:
@@ -76,10 +76,16 @@ def agree(sm: ShardedModel, hashes: Dict[str, int], what: str) -> None:
             raise
         got = _dist_max(parts + [-x for x in parts], rt)   # the nccl backend has no helpers
         if got is None:
-            return
+            return []
     k = len(parts)
-    differ = [names[i // 3] for i in range(0, k, 3)
-              if any(got[j] != -got[k + j] for j in range(i, i + 3))]
+    return [names[i // 3] for i in range(0, k, 3)
+            if any(got[j] != -got[k + j] for j in range(i, i + 3))]
+
+
+def agree(sm: ShardedModel, hashes: Dict[str, int], what: str) -> None:
+    """Compares the hashes {tensor name: hash} over the world (differing);
+    a UsageError names the tensors whose values differ between ranks."""
+    differ = differing(sm, hashes)
     if differ:
         raise UsageError(
             "the ranks start from different values of %d tensor%s (%s%s) %s: each rank would "

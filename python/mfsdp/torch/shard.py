@@ -38,6 +38,7 @@ DeviceMesh of the same coordinates for the model's own TP/EP collectives.
 """
 from __future__ import annotations
 
+import zlib
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -113,6 +114,8 @@ class ShardedModel(UnitHooks):
         self._carry = []       # (master, .grad kept from the last step: no zero_grad() since)
         self._init = _init.DeferredInit(self, dtypes) if meta else None
         self.init_peak_bytes = getattr(self, "init_peak_bytes", 0)   # most bytes whole at once in it
+        if check and self.distinct:
+            self._agree_axis_kinds()
         if not meta and check:
             hashes.update(_init.buffer_hashes(model))
             own = {n: hashes.pop(n) for n in list(hashes) if n in self.distinct}
@@ -122,6 +125,18 @@ class ShardedModel(UnitHooks):
             except UsageError:
                 self.close()
                 raise
+
+    def _agree_axis_kinds(self) -> None:
+        """Every rank declares the Distinct axes alike (expert_axes,
+        tensor_axes): a rank that divided its expert gradients while a replica
+        did not would drift from it with no error. UsageError on every rank."""
+        kinds = repr((sorted(self.expert_axes), sorted(self.tensor_axes))).encode()
+        if _init.differing(self, {"axes": zlib.crc32(kinds) | (zlib.adler32(kinds) << 32)}):
+            self.close()
+            raise UsageError("the ranks declare the Distinct axes differently: this rank has "
+                             "expert_axes=%r, tensor_axes=%r, some other rank not; pass the "
+                             "same to mt.shard / mt.fully_shard on every rank"
+                             % (self.expert_axes, self.tensor_axes))
 
     # ---- public ----
     def main_parameters(self) -> List[torch.nn.Parameter]:
