@@ -1,11 +1,18 @@
 /*
- * mf_ckpt_hf_export: mfsdp_ckpt_export_hf (mfsdp_ckpt.h). The export's
- * layout (files, headers, every tensor's byte offset: ckpt/mf_ckpt_hf_layout.h) is
- * a function of the schedule and the options, computed identically on every
- * rank; rank 0 creates the files with their headers at full size, then every
- * rank writes the main_weight pieces the save plan gives it (converted),
- * fsyncs, and rank 0 commits the directory. Three rounds of the backend's
- * all-gather.
+ * mf_ckpt_hf_export: mfsdp_ckpt_export_hf (mfsdp_ckpt.h). The export writes
+ * the global model (ckpt/mf_ckpt_hf_global.h): every tensor under its name,
+ * a Distinct one under its global names (rename: each coordinate's tensor
+ * once; split: one tensor, each coordinate writing its slice, strided when
+ * the split dim is not the first; never gathered). Its layout (files,
+ * headers, every tensor's byte offset: ckpt/mf_ckpt_hf_layout.h) is a
+ * function of the schedule and the options, computed identically on every
+ * rank; rank 0 creates the files with their headers at full size, then
+ * every rank writes its share of the main_weight elements it holds
+ * (converted): the ranks holding the same range of a tensor at the same
+ * coordinate (its replicas, mf_ckpt_plan_replicas) cut it into as many
+ * parts, each written by one of them, so every byte is written once. Then
+ * every rank fsyncs and rank 0 commits the directory. Three rounds of the
+ * backend's all-gather.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +21,10 @@
 
 #include "mf_backend.h"
 #include "mf_ckpt_build.h"
+#include "mf_ckpt_hf_global.h"
 #include "mf_ckpt_hf_layout.h"
 #include "mf_ckpt_hf_rt.h"
+#include "mf_ckpt_plan.h"
 #include "mf_ckpt_stage.h"
 #include "mf_rt.h"
 #include "mfsdp_ckpt.h"
@@ -27,48 +36,79 @@ typedef struct mf_hx_msg {
     char id[40];            /* rank 0's: the temporary directory's */
 } mf_hx_msg;
 
-/* This rank's pieces of the save plan, converted, into the files; staged
- * (mf_ckpt_stage.h): buffer memory only through the stage hook, 1 MiB at a
- * time. */
-static int mf_hx_write(mf_rt *rt, const mf_ckpt_plan *p, const mf_hf_layout *l, const char *tmp, char *err,
+/* Local elements [a, e) of view v (place p) into the files: run by run,
+ * at most a chunk at a time; staged (host non-NULL), each chunk through the
+ * stage hook first. */
+static int mf_hx_put(mf_rt *rt, mf_hf_writer *w, const mfsdp_tensor_view *v, const mf_hf_place *p, int64_t a,
+                     int64_t e, uint8_t *host, char *err, size_t errlen)
+{
+    mf_dtype sd = (mf_dtype)v->main_weight_dtype;
+    size_t ss = mf_dtype_size(sd), ds = mf_dtype_size(w->l->dtype);
+    int64_t per = (int64_t)(MF_HF_WRITE_CHUNK / (ds > ss ? ds : ss));
+    char msg[256] = "";
+    mf_hf_run r;
+    for (int64_t x = a; x < e; x += r.n) {
+        mf_hf_global_run(p, x, e - x < per ? e : x + per, &r);
+        const char *from = (const char *)v->main_weight + (size_t)(x - v->shard_offset) * ss;
+        if (host) {
+            if (rt->be->stage(rt, host, from, (size_t)r.n * ss, msg, sizeof msg) != MFSDP_OK)
+                return snprintf(err, errlen, "copying buffer memory to host memory failed: %s", msg), -1;
+            from = (const char *)host;
+        }
+        if (mf_hf_writer_put(w, p->global, r.global, from, sd, r.n, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* This rank's share of view k's held elements [*a, *e): part (j + k) mod n
+ * of n equal parts, j its position among the n replicas of its bucket
+ * (reps[], ranks ascending, refreshed when the bucket changes). */
+static void mf_hx_share(mf_rt *rt, int k, int64_t *reps, int *bucket, int64_t *n, int64_t *a, int64_t *e)
+{
+    const mfsdp_tensor_view *v = &rt->views[k];
+    int b = rt->sh->tensors[k].bucket;
+    if (*bucket != b) {
+        *n = mf_ckpt_plan_replicas(rt->s, b, rt->rank, reps);
+        *bucket = b;
+    }
+    int64_t j = 0;
+    while (j < *n && reps[j] != rt->rank)
+        j++;
+    int64_t q = (j + k) % *n, len = v->shard_count;
+    *a = v->shard_offset + len * q / *n;
+    *e = v->shard_offset + len * (q + 1) / *n;
+}
+
+/* This rank's share of every tensor it holds, converted, into the files;
+ * staged (mf_ckpt_stage.h): buffer memory only through the stage hook, 1 MiB
+ * at a time. */
+static int mf_hx_write(mf_rt *rt, const mf_hf_global *g, const mf_hf_layout *l, const char *tmp, char *err,
                        size_t errlen)
 {
-    int staged = mf_ckpt_stage_active(rt), rc = -1;
+    int staged = mf_ckpt_stage_active(rt), rc = -1, bucket = -1;
     uint8_t *host = staged ? malloc(MF_HF_WRITE_CHUNK) : NULL;
-    char msg[256] = "";
-    size_t ds = mf_dtype_size(l->dtype);
+    int64_t *reps = malloc((size_t)rt->world * sizeof *reps), n = 1, a, e;
     mf_hf_writer w;
-    if ((staged && !host) || mf_hf_writer_open(&w, l, tmp, err, errlen) != 0) {
+    if ((staged && !host) || !reps || mf_hf_writer_open(&w, l, tmp, err, errlen) != 0) {
         free(host);
+        free(reps);
         return snprintf(err, errlen, "out of memory"), -1;
     }
-    for (int64_t i = p->first[rt->rank]; i < p->first[rt->rank + 1]; i++) {
-        const mf_ckpt_piece *pc = &p->p[i];
-        if (l->file[pc->tensor] < 0)
-            continue; /* tied: stored once, as its source */
-        const mfsdp_tensor_view *v = &rt->views[mfsdp_tensor_find(rt, p->t[pc->tensor].name)];
-        mf_dtype sd = (mf_dtype)v->main_weight_dtype;
-        size_t ss = mf_dtype_size(sd);
-        int64_t per = (int64_t)(MF_HF_WRITE_CHUNK / (ds > ss ? ds : ss));
-        for (int64_t a = pc->start; a < pc->end; a += per) {
-            int64_t n = pc->end - a < per ? pc->end - a : per;
-            const char *from = (const char *)v->main_weight + (size_t)(a - v->shard_offset) * ss;
-            if (staged) {
-                if (rt->be->stage(rt, host, from, (size_t)n * ss, msg, sizeof msg) != MFSDP_OK) {
-                    snprintf(err, errlen, "copying buffer memory to host memory failed: %s", msg);
-                    goto done;
-                }
-                from = (const char *)host;
-            }
-            if (mf_hf_writer_put(&w, pc->tensor, a, from, sd, n, err, errlen) != 0)
-                goto done;
-        }
+    for (int k = 0; k < rt->nviews; k++) {
+        mf_hf_place p = mf_ckpt_hf_rt_place(rt, g, k);
+        if (rt->views[k].shard_count == 0 || l->file[p.global] < 0)
+            continue; /* nothing held; or tied: stored once, as its source */
+        mf_hx_share(rt, k, reps, &bucket, &n, &a, &e);
+        if (a < e && mf_hx_put(rt, &w, &rt->views[k], &p, a, e, host, err, errlen) != 0)
+            goto done;
     }
     rc = 0;
 done:
     if (mf_hf_writer_close(&w, rc == 0, err, errlen) != 0)
         rc = -1;
     free(host);
+    free(reps);
     return rc;
 }
 
@@ -84,16 +124,15 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     char dir[4001] = ""; /* without trailing slashes: DIR.tmp-ID is made next to it */
     if (dir_arg)
         snprintf(dir, sizeof dir, "%.*s", (int)mf_ckpt_io_dir_len(dir_arg), dir_arg);
-    mfsdp_result agreed = mf_ckpt_hf_rt_enter(rt, "mfsdp_ckpt_export_hf");
+    mf_hf_global g;
+    mfsdp_result agreed = mf_ckpt_hf_rt_enter(rt, "mfsdp_ckpt_export_hf", &g);
     if (agreed != MFSDP_OK)
         return agreed;
     mf_hx_msg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);
-    mf_ckpt_plan p = {0};
     mf_hf_layout l = {0};
-    mf_hf_shape *shapes = NULL;
     mf_hf_rules rules = {0};
     char err[4096] = "", tmp[4200] = "";
-    int have_plan = 0, have_layout = 0;
+    int have_layout = 0;
     mfsdp_result res = MFSDP_ERR_OUT_OF_MEMORY;
     if (!all) {
         res = mf_base_set_error(rt, res, "out of memory");
@@ -104,14 +143,12 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
                                           sizeof err);
     if (sr != MFSDP_OK)
         mf_hx_fail(&mine, sr, err);
-    else if (mf_ckpt_plan_build(rt->s, &p, err, sizeof err) != 0 || !(have_plan = 1) ||
-             !(shapes = mf_ckpt_hf_shapes_of_plan(&p)) ||
-             mf_hf_layout_build(shapes, p.ntensors, &rules, (mf_dtype)dtype,
+    else if (mf_hf_layout_build(g.shape, g.n, &rules, (mf_dtype)dtype,
                                 max_file_bytes ? max_file_bytes : MF_HF_MAX_FILE_BYTES, &l) != 0 || !(have_layout = 1))
         snprintf(err, sizeof err, "out of memory (layout)"), mf_hx_fail(&mine, MFSDP_ERR_OUT_OF_MEMORY, err);
     for (int i = 0; mine.status == MFSDP_OK && i < rules.ntie; i++) {
-        int s = mf_ckpt_plan_find(&p, rules.tie_src[i]), t = mf_ckpt_plan_find(&p, rules.tie[i]);
-        if (s < 0 || t < 0 || p.t[s].numel != p.t[t].numel || mf_hf_rules_tied(&rules, rules.tie_src[i]))
+        int s = mf_hf_global_find(&g, rules.tie_src[i]), t = mf_hf_global_find(&g, rules.tie[i]);
+        if (s < 0 || t < 0 || g.shape[s].numel != g.shape[t].numel || mf_hf_rules_tied(&rules, rules.tie_src[i]))
             snprintf(err, sizeof err, "tie %s=%s: not two tensors of one size", rules.tie[i], rules.tie_src[i]),
                 mf_hx_fail(&mine, MFSDP_ERR_INVALID_ARGUMENT, err);
     }
@@ -128,7 +165,7 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
     if (res == MFSDP_OK) {
         snprintf(tmp, sizeof tmp, "%.4000s.tmp-%.32s", dir, all[0].id);
         memset(&mine, 0, sizeof mine);
-        if (mf_hx_write(rt, &p, &l, tmp, err, sizeof err) != 0)
+        if (mf_hx_write(rt, &g, &l, tmp, err, sizeof err) != 0)
             mf_hx_fail(&mine, MFSDP_ERR_BACKEND, err);
         res = mf_ckpt_hf_rt_round(rt, &mine, all, sizeof mine, "export", "failed", err);
         memset(&mine, 0, sizeof mine);
@@ -142,10 +179,8 @@ mfsdp_result mfsdp_ckpt_export_hf(mfsdp_runtime *rt, const char *dir_arg, mfsdp_
 done:
     if (have_layout)
         mf_hf_layout_free(&l);
-    if (have_plan)
-        mf_ckpt_plan_free(&p);
+    mf_hf_global_free(&g);
     mf_hf_rules_free(&rules);
-    free(shapes);
     free(all);
     return res;
 }

@@ -1,0 +1,138 @@
+/*
+ * mf_ckpt_hf_global: the global model of a schedule for the Hugging Face
+ * export and import, and the mapping of a coordinate's local elements onto
+ * it (see the header).
+ */
+#include "mf_ckpt_hf_global.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mf_free.h"
+
+void mf_hf_global_free(mf_hf_global *g)
+{
+    MF_FREE_ALL(g->shape, g->first, g->tbase);
+    memset(g, 0, sizeof *g);
+}
+
+/* Coordinate combinations of bucket b's Distinct axes (1 when none). */
+static int64_t mf_hf_global_combos(const mf_schedule *s, int b)
+{
+    int64_t n = 1;
+    for (int j = 0; j < s->mesh.naxes; j++)
+        if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
+            n *= s->mesh.axes[j].size;
+    return n;
+}
+
+static bool mf_hf_global_distinct(const mf_schedule *s, int b)
+{
+    return mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes);
+}
+
+/* The global tensors of tensor i of bucket b appended to g->shape. */
+static void mf_hf_global_add(const mf_schedule *s, int b, int i, mf_hf_global *g)
+{
+    const mf_tensor *t = &s->buckets[b].tensors[i];
+    g->first[g->tbase[b] + i] = g->n;
+    if (!mf_hf_global_distinct(s, b)) {
+        mf_hf_shape_init(&g->shape[g->n++], t->name, t->ndims, t->dims, t->numel);
+        return;
+    }
+    int64_t nc = mf_hf_global_combos(s, b);
+    if (t->global_split) {
+        int64_t dims[MF_MAX_DIMS];
+        memcpy(dims, t->dims, sizeof dims);
+        dims[t->global_dim] *= nc;
+        mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * nc);
+        return;
+    }
+    for (int64_t c = 0; c < nc; c++)
+        mf_hf_shape_init(&g->shape[g->n++], t->global[c], t->ndims, t->dims, t->numel);
+}
+
+/* -1 with a message naming the first Distinct tensor of s without global
+ * names and the clause that gives them; else 0. */
+static int mf_hf_global_check(const mf_schedule *s, char *err, size_t errlen)
+{
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; mf_hf_global_distinct(s, b) && i < s->buckets[b].ntensors; i++) {
+            const mf_tensor *t = &s->buckets[b].tensors[i];
+            if (t->nglobal)
+                continue;
+            snprintf(err, errlen,
+                     "tensor '%s' of bucket '%s' is Distinct (each coordinate holds a different tensor under "
+                     "this name) and has no global name: the Hugging Face export/import writes and reads the "
+                     "whole model's tensors; give it 'global \"TEMPLATE\"' or 'global \"NAME\" split D' in the "
+                     "spec (docs/language.md §3.4; fully_shard: global_names=)",
+                     t->name, s->buckets[b].name);
+            return -1;
+        }
+    return 0;
+}
+
+int mf_hf_global_build(const mf_schedule *s, mf_hf_global *g, char *err, size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    if (mf_hf_global_check(s, err, errlen) != 0)
+        return -1;
+    int64_t nt = 0, ng = 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; i < s->buckets[b].ntensors; i++) {
+            const mf_tensor *t = &s->buckets[b].tensors[i];
+            ng += mf_hf_global_distinct(s, b) && !t->global_split ? mf_hf_global_combos(s, b) : 1;
+            nt++;
+        }
+    g->shape = calloc((size_t)ng + 1, sizeof *g->shape);
+    g->first = calloc((size_t)nt + 1, sizeof *g->first);
+    g->tbase = calloc((size_t)s->nbuckets + 1, sizeof *g->tbase);
+    if (!g->shape || !g->first || !g->tbase || ng > INT32_MAX) {
+        mf_hf_global_free(g);
+        return snprintf(err, errlen, "out of memory (global tensors)"), -1;
+    }
+    for (int b = 0; b < s->nbuckets; b++) {
+        g->tbase[b + 1] = g->tbase[b] + s->buckets[b].ntensors;
+        for (int i = 0; i < s->buckets[b].ntensors; i++)
+            mf_hf_global_add(s, b, i, g);
+    }
+    return 0;
+}
+
+int mf_hf_global_find(const mf_hf_global *g, const char *name)
+{
+    for (int k = 0; k < g->n; k++)
+        if (strcmp(g->shape[k].name, name) == 0)
+            return k;
+    return -1;
+}
+
+mf_hf_place mf_hf_global_split_place(int global, int ndims, const int64_t *dims, int d, int64_t ncoords,
+                                     int64_t coord)
+{
+    int64_t block = 1;
+    for (int k = d; k < ndims; k++)
+        block *= dims[k];
+    return (mf_hf_place){.global = global, .block = block, .ncoords = ncoords, .coord = coord};
+}
+
+mf_hf_place mf_hf_global_place(const mf_hf_global *g, const mf_schedule *s, int bucket, int index, int64_t coord)
+{
+    const mf_tensor *t = &s->buckets[bucket].tensors[index];
+    int first = g->first[g->tbase[bucket] + index];
+    if (coord < 0 || !t->nglobal)
+        return (mf_hf_place){.global = first, .block = t->numel, .ncoords = 1, .coord = 0};
+    if (!t->global_split)
+        return (mf_hf_place){.global = first + (int)coord, .block = t->numel, .ncoords = 1, .coord = 0};
+    return mf_hf_global_split_place(first, t->ndims, t->dims, t->global_dim, mf_hf_global_combos(s, bucket),
+                                    coord);
+}
+
+void mf_hf_global_run(const mf_hf_place *p, int64_t at, int64_t end, mf_hf_run *r)
+{
+    int64_t outer = p->block ? at / p->block : 0, w = at - outer * p->block;
+    int64_t stop = p->block > 0 && (outer + 1) * p->block < end ? (outer + 1) * p->block : end;
+    *r = (mf_hf_run){.local = at, .global = (outer * p->ncoords + p->coord) * p->block + w, .n = stop - at};
+}

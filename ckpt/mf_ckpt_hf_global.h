@@ -1,0 +1,80 @@
+/*
+ * mf_ckpt_hf_global: the global model a Hugging Face export writes and an
+ * import reads (docs/checkpoint.md, "Hugging Face" and "Distinct tensors"),
+ * computed from the schedule alone, identically on every rank.
+ *
+ * A tensor that is not Distinct is one global tensor under its own name. A
+ * tensor Distinct on some axes (docs/semantics.md §4.7) holds a different
+ * tensor per coordinate combination c of its bucket's Distinct axes
+ * (row-major, outermost first: mf_ckpt_plan_coord) and needs global names
+ * (mf_tensor.global, docs/language.md §3.4):
+ *   - rename: coordinate c's tensor is the global tensor global[c], of the
+ *     local tensor's shape (one global tensor per coordinate);
+ *   - split D: one global tensor global[0], the coordinates' tensors
+ *     concatenated along dim D in coordinate order: its dims[D] is the local
+ *     dims[D] times the number of combinations nc.
+ * Invariants: the global tensors are listed in schedule order (bucket, then
+ * declaration, then coordinate), a split name once, at its first tensor;
+ * every element of every global tensor is the image of exactly one
+ * (coordinate, local element) pair, so replicas of a coordinate that split
+ * their held range write every byte once.
+ *
+ * Local element e of coordinate c of a split tensor: with inner = product of
+ * the local dims after D and block = dims[D] * inner (contiguous both in the
+ * local tensor and, per outer index, in the global one), e = outer * block +
+ * w lands at global element outer * nc * block + c * block + w. A local
+ * range is therefore one run for D = 0 and one run per outer index (strided)
+ * for D > 0 (mf_hf_global_run).
+ */
+#ifndef MF_CKPT_HF_GLOBAL_H
+#define MF_CKPT_HF_GLOBAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mf_ckpt_hf.h"
+#include "mf_schedule.h"
+
+/* Where one local tensor of one coordinate lands in the global model. */
+typedef struct mf_hf_place {
+    int global;             /* index into mf_hf_global.shape */
+    int64_t block;          /* elements contiguous in both (numel when not split) */
+    int64_t ncoords;        /* coordinate combinations concatenated (1 when not split) */
+    int64_t coord;          /* this one's position among them (0 when not split) */
+} mf_hf_place;
+
+/* One contiguous run: n local elements from `local` are global elements
+ * from `global` of the same global tensor. */
+typedef struct mf_hf_run {
+    int64_t local, global, n;
+} mf_hf_run;
+
+typedef struct mf_hf_global {
+    int n;                  /* global tensors */
+    mf_hf_shape *shape;     /* n + 1: global name (borrowed from the schedule), global dims */
+    int *first;             /* per schedule tensor (schedule order): its first global tensor */
+    int *tbase;             /* per bucket: the schedule-order index of its first tensor */
+} mf_hf_global;
+
+/* The global model of s. 0; -1 with a message naming the tensor and the
+ * fix for a Distinct tensor without global names, or when out of memory
+ * (*g then empty). Release with mf_hf_global_free. */
+int mf_hf_global_build(const mf_schedule *s, mf_hf_global *g, char *err, size_t errlen);
+void mf_hf_global_free(mf_hf_global *g);
+/* Index of the global tensor named `name` in g, or -1. */
+int mf_hf_global_find(const mf_hf_global *g, const char *name);
+/* Where tensor `index` of bucket `bucket` of s, at coordinate combination
+ * coord (mf_ckpt_plan_coord; -1 when the bucket has no Distinct axis),
+ * lands in g. */
+mf_hf_place mf_hf_global_place(const mf_hf_global *g, const mf_schedule *s, int bucket, int index, int64_t coord);
+/* The run of place p that holds local element `at`, cut at local element
+ * end (at < end): *r = {at, its global element, how many follow it
+ * contiguously in both, at most end - at}. */
+void mf_hf_global_run(const mf_hf_place *p, int64_t at, int64_t end, mf_hf_run *r);
+/* The split place of a local tensor of ndims dims[] split along dim d over
+ * ncoords combinations, at coord (global: the index to record): for tests
+ * and for mf_hf_global_place. */
+mf_hf_place mf_hf_global_split_place(int global, int ndims, const int64_t *dims, int d, int64_t ncoords,
+                                     int64_t coord);
+
+#endif
