@@ -38,9 +38,11 @@ int mf_ckpt_build_entries(const mf_ckpt_plan *p, int64_t r, const mf_ckpt_states
     for (int s = 0; s < st->n; s++)
         for (int64_t i = p->first[r]; i < p->first[r + 1]; i++) {
             const mf_ckpt_piece *pc = &p->p[i];
+            const mf_ckpt_ptensor *pt = &p->t[pc->tensor];
             mf_ckpt_wentry *w = &e[k++];
-            if (asprintf(&w->name, "%s:%s[%" PRId64 ":%" PRId64 "]", st->name[s], p->t[pc->tensor].name, pc->start,
-                         pc->end) < 0) {
+            int64_t g = mf_ckpt_plan_gstart(pt, pc->start); /* the piece in the checkpoint tensor */
+            if (asprintf(&w->name, "%s:%s[%" PRId64 ":%" PRId64 "]", st->name[s], pt->name, g,
+                         g + (pc->end - pc->start)) < 0) {
                 w->name = NULL;
                 mf_ckpt_build_entries_free(e, k);
                 return -1;
@@ -84,7 +86,7 @@ char *mf_ckpt_build_manifest(const mf_schedule *s, const mf_ckpt_plan *p, const 
     }
     m.world = world;
     m.nstates = st->n;
-    m.ntensors = p->ntensors;
+    m.ntensors = p->nmt;
     m.states = calloc((size_t)st->n, sizeof *m.states);
     m.tensors = calloc((size_t)p->ntensors + 1, sizeof *m.tensors);
     m.files = calloc((size_t)world, sizeof *m.files);
@@ -94,10 +96,11 @@ char *mf_ckpt_build_manifest(const mf_schedule *s, const mf_ckpt_plan *p, const 
         goto done;
     for (int i = 0; i < st->n; i++)
         m.states[i] = (mf_ckpt_mstate){(char *)st->name[i], st->dtype[i]};
-    for (int k = 0; k < p->ntensors; k++) {
-        m.tensors[k].name = (char *)p->t[k].name;
-        m.tensors[k].ndims = p->t[k].ndims;
-        memcpy(m.tensors[k].dims, p->t[k].dims, sizeof m.tensors[k].dims);
+    for (int k = 0; k < p->ntensors; k++) { /* split: the first combination's names W */
+        mf_ckpt_mtensor *mt = &m.tensors[p->t[k].mt];
+        mt->name = (char *)p->t[k].name;
+        mt->ndims = p->t[k].ndims;
+        memcpy(mt->dims, p->t[k].gdims, sizeof mt->dims);
     }
     for (int64_t r = 0; r < world; r++) {
         if (!rep[r].has_file)
@@ -109,7 +112,9 @@ char *mf_ckpt_build_manifest(const mf_schedule *s, const mf_ckpt_plan *p, const 
         for (int s2 = 0; s2 < st->n; s2++)
             for (int64_t i = p->first[r]; i < p->first[r + 1]; i++) {
                 const mf_ckpt_piece *pc = &p->p[i];
-                m.pieces[m.npieces++] = (mf_ckpt_mpiece){s2, pc->tensor, m.nfiles - 1, pc->start, pc->end, at};
+                int64_t g = mf_ckpt_plan_gstart(&p->t[pc->tensor], pc->start);
+                m.pieces[m.npieces++] =
+                    (mf_ckpt_mpiece){s2, p->t[pc->tensor].mt, m.nfiles - 1, g, g + (pc->end - pc->start), at};
                 at += (uint64_t)(pc->end - pc->start) * mf_dtype_size(st->dtype[s2]);
                 f->npieces++;
             }

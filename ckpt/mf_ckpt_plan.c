@@ -3,6 +3,7 @@
  */
 #include "mf_ckpt_plan.h"
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,10 +122,25 @@ static int mf_ckpt_pvec_push(mf_ckpt_pvec *v, int tensor, int64_t start, int64_t
     return 0;
 }
 
+/* Pushes piece [start, end) of plan tensor pt (index k), cut where a run
+ * of a split tensor ends (each piece one contiguous range of W). */
+static int mf_ckpt_pvec_runs(mf_ckpt_pvec *v, const mf_ckpt_ptensor *pt, int k, int64_t start, int64_t end,
+                             int64_t writer)
+{
+    while (start < end) {
+        int64_t e = pt->split > 0 ? (start / pt->run + 1) * pt->run : end;
+        e = e < end ? e : end;
+        if (mf_ckpt_pvec_push(v, k, start, e, writer) != 0)
+            return -1;
+        start = e;
+    }
+    return 0;
+}
+
 /* Emits the pieces of shard range [o, o + len) of bucket b (its tensors are
- * plan tensors first .. first + ntensors) split among the replicas. */
-static int mf_ckpt_plan_shard(const mf_bucket *b, int first, int64_t o, int64_t len, const int64_t *reps,
-                              int64_t nrep, int64_t rot, mf_ckpt_pvec *v)
+ * plan tensors first .. first + ntensors of pt) split among the replicas. */
+static int mf_ckpt_plan_shard(const mf_bucket *b, const mf_ckpt_ptensor *pt, int first, int64_t o, int64_t len,
+                              const int64_t *reps, int64_t nrep, int64_t rot, mf_ckpt_pvec *v)
 {
     int64_t total = 0;
     for (int i = 0; i < b->ntensors; i++) {
@@ -147,7 +163,7 @@ static int mf_ckpt_plan_shard(const mf_bucket *b, int first, int64_t o, int64_t 
             if (pe <= pa)
                 continue;
             int64_t start = lo - t->offset + (pa - seen), end = start + (pe - pa);
-            if (mf_ckpt_pvec_push(v, first + i, start, end, reps[(j + rot) % nrep]) != 0)
+            if (mf_ckpt_pvec_runs(v, &pt[first + i], first + i, start, end, reps[(j + rot) % nrep]) != 0)
                 return -1;
         }
         seen += hi - lo;
@@ -158,8 +174,8 @@ static int mf_ckpt_plan_shard(const mf_bucket *b, int first, int64_t o, int64_t 
 /* Groups the world's ranks of coordinate combination c (-1: all) by their
  * shard of bucket b and emits every shard; the bucket's tensors are plan
  * tensors first .. first + ntensors. */
-static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int64_t c, int first, int64_t *q, int64_t *order,
-                               int64_t *start, mf_ckpt_pvec *v)
+static int mf_ckpt_plan_bucket(const mf_schedule *s, const mf_ckpt_ptensor *pt, int bi, int64_t c, int first,
+                               int64_t *q, int64_t *order, int64_t *start, mf_ckpt_pvec *v)
 {
     const mf_bucket *b = &s->buckets[bi];
     const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
@@ -182,7 +198,8 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, int bi, int64_t c, int firs
     start[0] = 0;
     for (int64_t k = 0; k < shards; k++) {
         int64_t nrep = start[k + 1] - start[k];
-        if (nrep > 0 && mf_ckpt_plan_shard(b, first, k * len, len, order + start[k], nrep, (bi + k) % nrep, v) != 0)
+        const int64_t *reps = order + start[k];
+        if (nrep > 0 && mf_ckpt_plan_shard(b, pt, first, k * len, len, reps, nrep, (bi + k) % nrep, v) != 0)
             return -1;
     }
     return 0;
@@ -204,17 +221,66 @@ int mf_ckpt_plan_check_global(const mf_schedule *s, char *err, size_t errlen)
                          t->name, bk->name);
                 return -1;
             }
-            if (t->global_split) {
-                snprintf(err, errlen,
-                         "tensor '%s' of bucket '%s' has a split global name ('%s', split %d): checkpoints of "
-                         "split global tensors are not supported yet; only the rename form 'global \"TEMPLATE\"' "
-                         "(one global tensor per coordinate) is",
-                         t->name, bk->name, t->global[0], t->global_dim);
+            if (t->global_split && (t->global_dim < 0 || t->global_dim >= t->ndims)) {
+                snprintf(err, errlen, "tensor '%s' of bucket '%s': split dim %d of its global name '%s' is out of "
+                         "range (the tensor has %d dims)", t->name, bk->name, t->global_dim, t->global[0],
+                         t->ndims);
                 return -1;
             }
         }
     }
     return 0;
+}
+
+int mf_ckpt_plan_check_split(const mf_schedule *s, int naxes, char *const *axis_name, const int64_t *axis_size,
+                             char *err, size_t errlen)
+{
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; i < s->buckets[b].ntensors; i++) {
+            const mf_tensor *t = &s->buckets[b].tensors[i];
+            for (int j = 0; t->global_split && j < s->mesh.naxes; j++) {
+                const mf_axis *ax = &s->mesh.axes[j];
+                if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] != MF_PLACE_DISTINCT)
+                    continue;
+                for (int a = 0; a < naxes; a++)
+                    if (strcmp(axis_name[a], ax->name) == 0 && axis_size[a] != ax->size) {
+                        snprintf(err, errlen, "tensor '%s' (global '%s' split %d) is split over axis '%s' of size "
+                                 "%" PRId64 " here, %" PRId64 " in the checkpoint: a split global tensor loads "
+                                 "only with the same size of its Distinct axes (any data-parallel sizes)",
+                                 t->name, t->global[0], t->global_dim, ax->name, ax->size, axis_size[a]);
+                        return -1;
+                    }
+            }
+        }
+    return 0;
+}
+
+int64_t mf_ckpt_plan_gstart(const mf_ckpt_ptensor *pt, int64_t i)
+{
+    return pt->run > 0 ? i / pt->run * pt->grow + pt->gbase + i % pt->run : i;
+}
+
+int mf_ckpt_plan_gmap(const mf_schedule *s, int bucket, int index, int64_t c, int64_t *run, int64_t *grow,
+                      int64_t *gbase, int64_t *gdims)
+{
+    const mf_tensor *t = &s->buckets[bucket].tensors[index];
+    if (gdims)
+        memcpy(gdims, t->dims, sizeof(int64_t) * MF_MAX_DIMS);
+    *run = t->numel;
+    *grow = 0;
+    *gbase = 0;
+    if (!t->global_split || c < 0)
+        return -1;
+    int d = t->global_dim;
+    int64_t n = mf_ckpt_plan_combos(s, bucket), r = 1;
+    for (int j = d; j < t->ndims; j++)
+        r *= t->dims[j];
+    *run = r;
+    *grow = r * n;
+    *gbase = c * r;
+    if (gdims)
+        gdims[d] = t->dims[d] * n;
+    return d;
 }
 
 /* The plan tensors of bucket b for coordinate combination c (-1: not
@@ -234,11 +300,14 @@ static void mf_ckpt_plan_tensors(const mf_schedule *s, int b, int64_t c, mf_ckpt
         memcpy(pt->dims, t->dims, sizeof pt->dims);
         pt->numel = t->numel;
         pt->dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT];
+        pt->split = mf_ckpt_plan_gmap(s, b, i, c, &pt->run, &pt->grow, &pt->gbase, pt->gdims);
+        pt->name = pt->split >= 0 ? t->global[0] : pt->name;
+        int m = pt->split >= 0 ? mf_ckpt_plan_find(out, pt->name) : -1;
+        pt->mt = m >= 0 && m < out->ntensors - 1 ? out->t[m].mt : out->nmt++;
     }
 }
 
-/* Coordinate combinations of bucket b's Distinct axes (1 when none). */
-static int64_t mf_ckpt_plan_combos(const mf_schedule *s, int b)
+int64_t mf_ckpt_plan_combos(const mf_schedule *s, int b)
 {
     int64_t n = 1;
     for (int j = 0; j < s->mesh.naxes; j++)
@@ -273,7 +342,7 @@ int mf_ckpt_plan_build(const mf_schedule *s, mf_ckpt_plan *out, char *err, size_
         for (int64_t c = distinct ? 0 : -1, nc = mf_ckpt_plan_combos(s, b); c < (distinct ? nc : 0); c++) {
             int first = out->ntensors;
             mf_ckpt_plan_tensors(s, b, c, out);
-            if (mf_ckpt_plan_bucket(s, b, c, first, q, order, start, &v) != 0)
+            if (mf_ckpt_plan_bucket(s, out->t, b, c, first, q, order, start, &v) != 0)
                 goto done;
         }
     }

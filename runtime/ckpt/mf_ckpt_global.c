@@ -31,9 +31,16 @@ const char *mf_ckpt_global_name(mf_rt *rt, int view)
 {
     const mf_rt_tensor *rt_t = &rt->sh->tensors[view];
     const mf_tensor *t = &rt->s->buckets[rt_t->bucket].tensors[rt_t->index];
-    if (!t->nglobal || t->global_split)
+    if (!t->nglobal)
         return t->name;
-    return t->global[mf_ckpt_plan_coord(rt->s, rt_t->bucket, rt->rank)];
+    return t->global[t->global_split ? 0 : mf_ckpt_plan_coord(rt->s, rt_t->bucket, rt->rank)];
+}
+
+int mf_ckpt_global_map(mf_rt *rt, int view, int64_t *run, int64_t *grow, int64_t *gbase, int64_t *gdims)
+{
+    const mf_rt_tensor *rt_t = &rt->sh->tensors[view];
+    int64_t c = mf_ckpt_plan_coord(rt->s, rt_t->bucket, rt->rank);
+    return mf_ckpt_plan_gmap(rt->s, rt_t->bucket, rt_t->index, c, run, grow, gbase, gdims);
 }
 
 bool mf_ckpt_global_known(mf_rt *rt, const char *name)

@@ -5,10 +5,12 @@
  * with a Distinct axis (docs/semantics.md §4.7) holds a different tensor
  * under the same name on each coordinate of that axis (another expert set, a
  * TP shard). Native checkpoints (mfsdp_ckpt_save, mfsdp_ckpt_load) write and
- * read its global tensors when every Distinct tensor has global names of the
- * rename form (`global "TEMPLATE"`, docs/language.md §3.4): each rank's
- * tensor under the global name of its coordinate. They refuse a Distinct
- * tensor without global names and the split form; the Hugging Face
+ * read its global tensors when every Distinct tensor has global names
+ * (docs/language.md §3.4): the rename form `global "TEMPLATE"` names each
+ * rank's tensor by its coordinate's global name; the split form `global "W"
+ * split D` makes it a slice of the global W (mf_ckpt_plan.h: local element i
+ * is element (i / run) * grow + gbase + i % run of W). They refuse a Distinct
+ * tensor without global names; the Hugging Face
  * export/import (mfsdp_ckpt_export_hf, mfsdp_ckpt_import_hf) still refuses
  * every schedule with a Distinct axis. Each refusal comes before touching any
  * file, with the same answer on every rank (the schedule is the same).
@@ -26,8 +28,13 @@
  * Face export/import (hf true), any Distinct axis. */
 mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn, bool hf);
 /* The checkpoint name of runtime tensor `view` on this rank: its global
- * name for the rank's coordinate when it is Distinct, else its name. */
+ * name for the rank's coordinate when it is Distinct (the split form: W),
+ * else its name. */
 const char *mf_ckpt_global_name(mf_rt *rt, int view);
+/* The local -> checkpoint element map of runtime tensor `view` on this rank
+ * and the checkpoint tensor's dims (mf_ckpt_plan_gmap); returns the split
+ * dim or -1. */
+int mf_ckpt_global_map(mf_rt *rt, int view, int64_t *run, int64_t *grow, int64_t *gbase, int64_t *gdims);
 /* Whether `name` is the checkpoint name of some tensor of the schedule on
  * some coordinate. */
 bool mf_ckpt_global_known(mf_rt *rt, const char *name);

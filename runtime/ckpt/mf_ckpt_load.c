@@ -22,6 +22,7 @@
 #include "mf_abi.h"
 #include "mf_ckpt_global.h"
 #include "mf_ckpt_io.h"
+#include "mf_ckpt_plan.h"
 #include "mf_ckpt_share.h"
 #include "mf_ckpt_stage.h"
 #include "mf_diag.h"
@@ -127,17 +128,26 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
             mf_ckpt_note(err, errlen, &bad, "tensor '%s' is not in the checkpoint", gname);
             continue;
         }
+        int64_t run, grow, gbase, gdims[MF_MAX_DIMS]; /* the split form: the global W's dims */
+        int split = mf_ckpt_global_map(rt, k, &run, &grow, &gbase, gdims);
         if (m->tensors[t].ndims != v->ndims ||
-            memcmp(m->tensors[t].dims, v->dims, sizeof(int64_t) * (size_t)v->ndims) != 0) {
+            memcmp(m->tensors[t].dims, gdims, sizeof(int64_t) * (size_t)v->ndims) != 0) {
             mf_ckpt_shape(m->tensors[t].dims, m->tensors[t].ndims, a, sizeof a);
-            mf_ckpt_shape(v->dims, v->ndims, b, sizeof b);
-            mf_ckpt_note(err, errlen, &bad, "tensor '%s' has shape %s in the checkpoint, %s in the schedule",
-                         v->name, a, b);
+            mf_ckpt_shape(gdims, v->ndims, b, sizeof b);
+            if (split >= 0)
+                mf_ckpt_note(err, errlen, &bad, "tensor '%s' (global '%s', split %d) has shape %s in the "
+                             "checkpoint, %s in the schedule", v->name, gname, split, a, b);
+            else
+                mf_ckpt_note(err, errlen, &bad, "tensor '%s' has shape %s in the checkpoint, %s in the schedule",
+                             v->name, a, b);
         }
         if ((int)v->main_weight_dtype != (int)m->states[0].dtype)
             mf_ckpt_note(err, errlen, &bad, "tensor '%s': main_weight is %s in the checkpoint, %s in the schedule",
                          v->name, mf_dtype_name(m->states[0].dtype), mfsdp_dtype_name(v->main_weight_dtype));
     }
+    char serr[512];
+    if (mf_ckpt_plan_check_split(rt->s, m->naxes, m->axis_name, m->axis_size, serr, sizeof serr) != 0)
+        mf_ckpt_note(err, errlen, &bad, "%s", serr);
     for (int t = 0; t < m->ntensors; t++)
         if (!mf_ckpt_global_known(rt, m->tensors[t].name))
             mf_ckpt_note(err, errlen, &bad, "checkpoint tensor '%s' is not in the schedule", m->tensors[t].name);

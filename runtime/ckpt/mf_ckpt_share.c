@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_ckpt_global.h"
 #include "mf_ckpt_plan.h"
 #include "mf_ckpt_stage.h"
 
@@ -20,8 +21,9 @@ typedef struct mf_ckpt_lvec {
     int64_t n, cap;
 } mf_ckpt_lvec;
 
-static int mf_ckpt_lvec_push(mf_ckpt_lvec *v, mf_ckpt_lpiece x)
+static int mf_ckpt_lvec_push(mf_rt *rt, mf_ckpt_lvec *v, mf_ckpt_lpiece x)
 {
+    mf_ckpt_global_map(rt, x.view, &x.run, &x.grow, &x.gbase, NULL);
     mf_ckpt_lpiece *np = mf_ckpt_plan_reserve(v->p, &v->cap, v->n, sizeof *np, 64);
     if (!np)
         return -1;
@@ -47,15 +49,16 @@ void mf_ckpt_lplan_free(mf_ckpt_lplan *lp)
 
 /* The pieces of plan tensor k (runtime tensor `view`, held range [a, b))
  * that the replicas reps[0..n) read, sorted; they must tile [a, b). */
-static int mf_ckpt_lplan_tensor(const mf_ckpt_plan *plan, int k, int view, int bucket, int64_t a, int64_t b,
-                                const int64_t *reps, int64_t n, mf_ckpt_lvec *v, char *err, size_t errlen)
+static int mf_ckpt_lplan_tensor(mf_rt *rt, const mf_ckpt_plan *plan, int k, int view, int bucket, int64_t a,
+                                int64_t b, const int64_t *reps, int64_t n, mf_ckpt_lvec *v, char *err, size_t errlen)
 {
     int64_t first = v->n;
     for (int64_t i = 0; i < n; i++) {
         int64_t lo, hi;
         mf_ckpt_plan_pieces_of(plan, reps[i], k, &lo, &hi);
         for (int64_t q = lo; q < hi; q++)
-            if (mf_ckpt_lvec_push(v, (mf_ckpt_lpiece){view, bucket, plan->p[q].start, plan->p[q].end, reps[i]}) != 0)
+            if (mf_ckpt_lvec_push(rt, v, (mf_ckpt_lpiece){.view = view, .bucket = bucket, .start = plan->p[q].start,
+                                                          .end = plan->p[q].end, .reader = reps[i]}) != 0)
                 return snprintf(err, errlen, "out of memory (load plan)"), -1;
     }
     qsort(v->p + first, (size_t)(v->n - first), sizeof *v->p, mf_ckpt_lpiece_cmp);
@@ -98,9 +101,9 @@ int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, si
     if (!lp->share) { /* every rank reads all it holds */
         for (int k = 0; k < rt->nviews; k++)
             if (rt->views[k].shard_count > 0 &&
-                mf_ckpt_lvec_push(&v, (mf_ckpt_lpiece){k, -1, rt->views[k].shard_offset,
-                                                       rt->views[k].shard_offset + rt->views[k].shard_count,
-                                                       rt->rank}) != 0) {
+                mf_ckpt_lvec_push(rt, &v, (mf_ckpt_lpiece){.view = k, .bucket = -1, .start = rt->views[k].shard_offset,
+                                                           .end = rt->views[k].shard_offset + rt->views[k].shard_count,
+                                                           .reader = rt->rank}) != 0) {
                 snprintf(err, errlen, "out of memory (load plan)");
                 goto done;
             }
@@ -125,7 +128,7 @@ int mf_ckpt_lplan_build(mf_rt *rt, int nstates, mf_ckpt_lplan *lp, char *err, si
             last_bucket = plan.t[k].bucket;
             nrep = mf_ckpt_plan_replicas(rt->s, last_bucket, rt->rank, reps);
         }
-        if (mf_ckpt_lplan_tensor(&plan, k, view, last_bucket, tv->shard_offset, tv->shard_offset + tv->shard_count,
+        if (mf_ckpt_lplan_tensor(rt, &plan, k, view, last_bucket, tv->shard_offset, tv->shard_offset + tv->shard_count,
                                  reps, nrep, &v, err, errlen) != 0)
             goto done;
     }
@@ -288,6 +291,46 @@ static void mf_ckpt_lplan_route(mf_rt *rt, mf_ckpt_lplan *lp, const mfsdp_ckpt_l
     }
 }
 
+/* The reader's chunk callback for one run of a piece: the piece's own
+ * callback, at the run's byte offset in the piece. */
+typedef struct mf_ckpt_runcb {
+    void (*chunk)(void *ctx, size_t off, const void *data, size_t n);
+    void *ctx;
+    size_t base;
+} mf_ckpt_runcb;
+
+static void mf_ckpt_run_chunk(void *ctx, size_t off, const void *data, size_t n)
+{
+    const mf_ckpt_runcb *c = ctx;
+    c->chunk(c->ctx, c->base + off, data, n);
+}
+
+/* Reads piece q of checkpoint (state, tensor) into dst (es-byte elements):
+ * one mf_ckpt_read per run of the checkpoint tensor it covers (one unless
+ * it is a piece of a split global tensor spanning rows), the chunk
+ * callback seeing offsets from the piece's first byte as for one read. */
+static int mf_ckpt_lplan_runs(mf_ckpt_reader *r, int state, int tensor, const mf_ckpt_lpiece *q, char *dst,
+                              size_t es, char *err, size_t errlen)
+{
+    mf_ckpt_runcb cb = {r->chunk, r->chunk_ctx, 0};
+    int rc = 0;
+    for (int64_t a = q->start; a < q->end && rc == 0;) {
+        int64_t e = q->run > 0 ? (a / q->run + 1) * q->run : q->end;
+        e = e < q->end ? e : q->end;
+        int64_t g = q->run > 0 ? a / q->run * q->grow + q->gbase + a % q->run : a;
+        cb.base = (size_t)(a - q->start) * es;
+        if (cb.chunk && cb.base) {
+            r->chunk = mf_ckpt_run_chunk;
+            r->chunk_ctx = &cb;
+        }
+        rc = mf_ckpt_read(r, state, tensor, g, g + (e - a), r->nodst ? dst : dst + cb.base, err, errlen);
+        r->chunk = cb.chunk;
+        r->chunk_ctx = cb.ctx;
+        a = e;
+    }
+    return rc;
+}
+
 mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r, const mfsdp_ckpt_load_options *opt,
                                 const int *map, const int *smap, char *err, size_t errlen)
 {
@@ -324,7 +367,7 @@ mfsdp_result mf_ckpt_lplan_read(mf_rt *rt, mf_ckpt_lplan *lp, mf_ckpt_reader *r,
              * replica's receives complete; the agreement round that follows
              * fails the load on every rank. */
             if (rc == 0)
-                rc = mf_ckpt_read(r, s == 0 ? 0 : smap[s - 1], map[q->view], q->start, q->end, dst, err, errlen);
+                rc = mf_ckpt_lplan_runs(r, s == 0 ? 0 : smap[s - 1], map[q->view], q, dst, es, err, errlen);
             if (rc == 0 && stage.res != MFSDP_OK) {
                 snprintf(err, errlen, "copying host memory to buffer memory failed: %s", stage.err);
                 rc = -1;

@@ -16,6 +16,9 @@
  * with shared memory the reader copies each chunk into the replicas'
  * buffers as soon as it has read it, still in the CPU's cache.
  * A backend with neither reads every replica's copy, as before.
+ * A piece of a split global tensor (`global "W" split D`) is read as the
+ * runs of W it covers (one for D = 0; for D > 0 a strided run per row of
+ * the local tensor), each straight into its place in the buffers.
  */
 #ifndef MF_CKPT_SHARE_H
 #define MF_CKPT_SHARE_H
@@ -33,6 +36,7 @@ typedef struct mf_ckpt_lpiece {
     int bucket;             /* schedule bucket */
     int64_t start, end;     /* tensor-local elements */
     int64_t reader;         /* world rank that reads it from the checkpoint */
+    int64_t run, grow, gbase; /* local -> checkpoint elements (mf_ckpt_plan.h; split form) */
 } mf_ckpt_lpiece;
 
 typedef struct mf_ckpt_lplan {

@@ -131,21 +131,27 @@ static int ck_fill_fn(void *ctx, int entry, uint64_t off, void *buf, size_t n, c
     int s = (int)(entry / c->np);
     const mf_ckpt_piece *pc = &c->p->p[c->p->first[c->rank] + entry % c->np];
     size_t es = mf_dtype_size(c->r->m.states[s].dtype);
-    int64_t a = pc->start + (int64_t)(off / es);
+    /* A piece is one contiguous range of its checkpoint tensor (a split
+     * global tensor's pieces never cross a run: mf_ckpt_plan.h). */
+    int64_t a = mf_ckpt_plan_gstart(&c->p->t[pc->tensor], pc->start) + (int64_t)(off / es);
     return mf_ckpt_read(c->r, s, c->tmap[pc->tensor], a, a + (int64_t)(n / es), buf, err, errlen);
 }
 
-/* Plan tensors must be the checkpoint's: same names, shapes, dtype. */
-static int ck_match(const mf_ckpt_manifest *m, const mf_ckpt_plan *p, int *tmap, char *err, size_t errlen)
+/* Plan tensors must be the checkpoint's: same names, shapes (a split global
+ * tensor's: the global W's, with the same sizes of its Distinct axes), dtype. */
+static int ck_match(const mf_ckpt_manifest *m, const mf_schedule *s, const mf_ckpt_plan *p, int *tmap, char *err,
+                    size_t errlen)
 {
-    if (p->ntensors != m->ntensors)
-        return snprintf(err, errlen, "the schedule has %d tensors, the checkpoint %d", p->ntensors, m->ntensors), -1;
+    if (p->nmt != m->ntensors)
+        return snprintf(err, errlen, "the schedule has %d tensors, the checkpoint %d", p->nmt, m->ntensors), -1;
+    if (mf_ckpt_plan_check_split(s, m->naxes, m->axis_name, m->axis_size, err, errlen) != 0)
+        return -1;
     for (int k = 0; k < p->ntensors; k++) {
         int t = tmap[k] = mf_ckpt_manifest_tensor(m, p->t[k].name);
         if (t < 0)
             return snprintf(err, errlen, "tensor '%s' is not in the checkpoint", p->t[k].name), -1;
         if (m->tensors[t].ndims != p->t[k].ndims ||
-            memcmp(m->tensors[t].dims, p->t[k].dims, sizeof(int64_t) * (size_t)p->t[k].ndims) != 0)
+            memcmp(m->tensors[t].dims, p->t[k].gdims, sizeof(int64_t) * (size_t)p->t[k].ndims) != 0)
             return snprintf(err, errlen, "tensor '%s' has another shape in the checkpoint", p->t[k].name), -1;
         if (p->t[k].dtype != m->states[0].dtype)
             return snprintf(err, errlen, "tensor '%s': main_weight is %s in the checkpoint, %s in the schedule",
@@ -207,7 +213,7 @@ static int ck_reshard(const char *dir, const char *sched, char *out)
         goto fail;
     tmap = calloc((size_t)p.ntensors + 1, sizeof *tmap);
     rep = calloc((size_t)p.world, sizeof *rep);
-    if (!tmap || !rep || ck_match(&r.m, &p, tmap, err, sizeof err) != 0)
+    if (!tmap || !rep || ck_match(&r.m, s, &p, tmap, err, sizeof err) != 0)
         goto fail;
     if (mf_ckpt_build_begin_dir(out, id, tmp, sizeof tmp, err, sizeof err) != 0)
         goto fail;
