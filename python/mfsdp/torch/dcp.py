@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 BATCH_BYTES = 256 << 20
 DEFAULT_TIMEOUT_MS = 600000       # mfsdp_config_init's
 MARKER = ".mfsdp-saving"          # in PATH.tmp-ID while a save writes it: who writes
+LAYOUT = "mfsdp.distinct"         # JSON {global name: {"axes": [[axis, size]], "split": D}}
 
 
 class OptimizerState:
@@ -96,13 +97,38 @@ class Names:
     name: its optimizer FQN}, the first name), `buffers` ({key: tensor});
     `distinct` ({Distinct tensor name: (its global names, this rank's
     coordinate, global_state.expected's {global name: shape})}, out of keys
-    and fqn) and `whole` ({global name: whole tensor}, for a save)."""
+    and fqn), `layout` ({Distinct tensor name: [(axis, size)]}) and, for a
+    save, `master` (global_state.local_shards: this rank's master shards of
+    the Distinct tensors). A Distinct tensor's optimizer FQNs are its global
+    names (fqns_of)."""
 
     def __init__(self, keys: Dict[str, str], fqn: Dict[str, str],
                  buffers: Optional[Dict[str, torch.Tensor]] = None) -> None:
         self.keys, self.fqn, self.buffers = keys, fqn, dict(buffers or {})
         self.distinct: Dict[str, Any] = {}
-        self.whole: Dict[str, torch.Tensor] = {}
+        self.layout: Dict[str, List[Tuple[str, int]]] = {}
+        self.master: Dict[str, Tuple[int, int, torch.Tensor]] = {}
+
+    def fqns_of(self, t: str) -> List[str]:
+        """The optimizer FQNs of tensor t: its own, or its global names."""
+        if t in self.distinct:
+            g = self.distinct[t][0]
+            return [g[0]] if isinstance(g, tuple) else list(g)
+        return [self.fqn[t]]
+
+    def local_fqn(self, t: str) -> str:
+        """The FQN whose values this rank holds (a split's whole tensor)."""
+        if t in self.distinct:
+            g, c, _ = self.distinct[t]
+            return g[0] if isinstance(g, tuple) else g[c]
+        return self.fqn[t]
+
+    def by_fqn(self) -> Dict[str, str]:
+        """{optimizer FQN: tensor name}, Distinct tensors' global names included."""
+        out = {f: t for t, f in self.fqn.items()}
+        for t in self.distinct:
+            out.update({f: t for f in self.fqns_of(t)})
+        return out
 
     @classmethod
     def of_model(cls, sm: ShardedModel) -> Names:
@@ -123,6 +149,7 @@ class Names:
             from . import global_state
             out.distinct = {t: (sm.globals[t], global_state.coordinate(sm, t),
                                 global_state.expected(sm, {t})) for t in sm.distinct}
+            out.layout = {t: global_state.layout(sm, t) for t in sm.distinct}
         return out
 
 
@@ -278,7 +305,9 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
         problem, mine = e.message, {}
     local = {"problem": problem, "states": mine,
              "member": opt.member if opt is not None else {},
-             "groups": opt.groups if opt is not None else None}
+             "groups": opt.groups if opt is not None else None,
+             "held": [(t, c, off, x.numel()) for t, (c, off, x) in sorted(names.master.items())],
+             "coords": {t: c for t, (_, c, _) in names.distinct.items()}}
     every = group.all_gather(local)
     problems = [d["problem"] for d in every if d["problem"]]
     if problems:
@@ -299,7 +328,9 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
         if missing:
             raise UsageError("%s: the optimizer has no state for %s (save after the first "
                              "optimizer.step())" % (what, ", ".join(missing[:8])))
-    _write(rt, group, _gathered(rt, names, opt, states, member, groups), path, what, overwrite)
+    sd = _gathered(rt, names, opt, states, member, groups)
+    chunks = _distinct_part(rt, names, opt, every, states, sd, what) if names.distinct else {}
+    _write(rt, group, sd, path, what, overwrite, chunks)
 
 
 def _check_target(path, what, overwrite):
@@ -332,9 +363,10 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, "; ".join(text[:4]))
 
 
-def _write(rt, group, sd, path, what, overwrite):
-    """dcp.save of this rank's part into PATH.tmp-ID, the checksums, then
-    rank 0 commits (module comment); a failure anywhere is every rank's."""
+def _write(rt, group, sd, path, what, overwrite, chunks=None):
+    """dcp.save of this rank's part (and its `chunks`, dcp_files.
+    make_chunk_planner) into PATH.tmp-ID, the checksums, then rank 0
+    commits (module comment); a failure anywhere is every rank's."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     token = group.broadcast(secrets.token_hex(6) if rt.rank == 0 else None)
@@ -348,7 +380,8 @@ def _write(rt, group, sd, path, what, overwrite):
         with warnings.catch_warnings():   # no_dist on purpose for a world of one
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), process_group=group.pg,
-                     no_dist=group.pg is None)
+                     no_dist=group.pg is None,
+                     planner=dcp_files.make_chunk_planner(chunks or {}))
         sums = dcp_files.item_sums(tmp, rt.rank, rt.world_size, what)
     except UsageError as e:
         error = "%s (rank %d)" % (e.message, rt.rank)
@@ -512,16 +545,14 @@ def _gathered(rt, names, opt, states, member, groups):
         if out is not None:
             full[(v.name, k)] = out
     model = {key: full[(t, None)] for key, t in names.keys.items() if (t, None) in full}
-    whole = sorted(names.whole)
-    for g, r in zip(whole, _balance([names.whole[g].numel() for g in whole], rt.world_size)):
-        if r == rt.rank:
-            model[g] = names.whole[g]
     if rt.rank == 0:
         model.update({k: b.detach().clone() for k, b in names.buffers.items()})
     sd = {"model": model}
     if opt is not None:
         st = {}
         for t, d in states.items():
+            if t in names.distinct:
+                continue                       # _distinct_part
             f = names.fqn[t]
             for k, (kind, x) in d.items():
                 if kind == "scalar":
@@ -532,9 +563,73 @@ def _gathered(rt, names, opt, states, member, groups):
         pos = {t: i for i, t in enumerate(names.fqn)}
         order = sorted((v.name for v in rt.views), key=lambda t: pos.get(t, len(pos)))
         for gi, g in enumerate(groups):
-            pg.append(dict(g, params=[names.fqn[t] for t in order if member.get(t) == gi]))
+            pg.append(dict(g, params=[f for t in order if member.get(t) == gi
+                                      for f in names.fqns_of(t)]))
         sd["optim"] = {"state": st, "param_groups": pg}
     return sd
+
+
+def _distinct_part(rt, names, opt, every, states, sd, what):
+    """The Distinct tensors' part of this rank's save: returns its chunks
+    for dcp_files.make_chunk_planner, and adds their scalar optimizer
+    states and the layout record (LAYOUT) to `sd`.
+
+    Each rank writes the elements of its own master shard (and of its
+    optimizer state's shards) that no lower rank of the same coordinate
+    holds (global_state.writes), as DCP chunks of the global tensor at
+    their offsets (a split's slice k shifted by k * its width along D);
+    the flat range is cut into boxes (dcp_files.boxes). Chosen over
+    gathering each global tensor to one writing rank: no tensor bytes
+    cross the network, every rank writes in parallel, and a rank holds no
+    more than its own shards plus one box's copy while DCP serializes it
+    (resolve_data), where a gather needs the largest global tensor on its
+    writer; torch's dcp.load and load_dcp read any box out of the chunks."""
+    views = {v.name: v for v in rt.views}
+    counts = {}
+    for t, axes in names.layout.items():
+        counts[t] = 1
+        for _, n in axes:
+            counts[t] *= n
+    from . import global_state
+    ranges = global_state.writes([d["held"] for d in every], rt.rank,
+                                 {t: views[t].numel for t in names.distinct}, counts, what)
+    local = {} if opt is None else opt.state
+    chunks = {}
+    for t, spans in ranges.items():
+        v, (g, c, expected), f = views[t], names.distinct[t], names.local_fqn(t)
+        _, off, master = names.master[t]
+        parts = [("model." + f, ("model", f), master)]
+        parts += [("optim.state.%s.%s" % (f, k), ("optim", "state", f, k),
+                   local[t][k].reshape(-1)) for k, (kind, _) in sorted(states.get(t, {}).items())
+                  if kind == "shard"]
+        for a, b in spans:
+            for o, sizes, start in dcp_files.boxes(tuple(v.shape), a, b):
+                if isinstance(g, tuple):
+                    o[g[1]] += c * v.shape[g[1]]
+                n = 1
+                for d in sizes:
+                    n *= d
+                for key, path, data in parts:
+                    chunks[(key, tuple(o))] = (data[start - off:start - off + n].view(sizes),
+                                               tuple(expected[f]), path)
+    if opt is not None:
+        st = sd["optim"]["state"]
+        for t in names.distinct:
+            scalars = {}                     # coordinate -> its lowest rank's scalar states
+            for d in every:
+                if t in d["states"] and t in d["coords"]:
+                    scalars.setdefault(d["coords"][t], {k: x for k, (kind, x)
+                                                        in d["states"][t].items()
+                                                        if kind == "scalar"})
+            for i, f in enumerate(names.fqns_of(t)):
+                got = scalars.get(i, next(iter(scalars.values()), {}))
+                st.setdefault(f, {}).update(got)
+    if rt.rank == 0:
+        record = {f: {"axes": [list(a) for a in names.layout[t]],
+                      "split": g[1] if isinstance(g, tuple) else None}
+                  for t, (g, _, _) in names.distinct.items() for f in names.fqns_of(t)}
+        sd[LAYOUT.split(".")[0]] = {LAYOUT.split(".")[1]: json.dumps(record, sort_keys=True)}
+    return chunks
 
 
 # ---- load ----
@@ -588,31 +683,50 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
                 key, m.properties.dtype, dtypes[key]))
     problems += ["unexpected %r (the model has no such parameter or buffer)" % k
                  for k in md if k.startswith("model.") and k not in want]
-    kinds = {}
     if not want_optim:
-        return problems, kinds
-    by_fqn = {f: t for t, f in names.fqn.items()}
+        return problems, {}, {}
+    return _plan_optim(rt, names, md, groups, partial, problems)
+
+
+def _opt_shapes(rt, names):
+    """{optimizer FQN: (tensor name, the state's shape)} in the schedule's
+    order: a Distinct tensor's global names with their whole shapes."""
+    out = {}
+    for v in rt.views:
+        t = v.name
+        if t in names.distinct:
+            out.update({f: (t, tuple(names.distinct[t][2][f])) for f in names.fqns_of(t)})
+        elif t in names.fqn:
+            out[names.fqn[t]] = (t, tuple(v.shape))
+    return out
+
+
+def _plan_optim(rt, names, md, groups, partial, problems):
+    """plan_load's optimizer part: (problems, {tensor name: {state key:
+    "shard" | "scalar"}}, the same by optimizer FQN)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    opt_shapes = _opt_shapes(rt, names)
     found, pg = {}, {}
     for key, m in md.items():
         if key.startswith("optim.state."):
             f, _, k = key[len("optim.state."):].rpartition(".")
-            if f not in by_fqn:
+            if f not in opt_shapes:
                 problems.append("unexpected %r (no parameter %r in the model)" % (key, f))
                 continue
-            t = by_fqn[f]
-            if isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t] and \
+            shape = opt_shapes[f][1]
+            if isinstance(m, TensorStorageMetadata) and _shape(m) == shape and \
                     m.properties.dtype not in DTYPE_NAMES:
                 problems.append("%r: dtype %s in the checkpoint (optimizer state is float32, "
                                 "bfloat16 or float16)" % (key, m.properties.dtype))
-            elif isinstance(m, TensorStorageMetadata) and _shape(m) == shapes[t]:
-                found.setdefault(t, {})[k] = "shard"
+            elif isinstance(m, TensorStorageMetadata) and _shape(m) == shape:
+                found.setdefault(f, {})[k] = "shard"
             elif isinstance(m, TensorStorageMetadata) and _shape(m) == ():
-                found.setdefault(t, {})[k] = "scalar"
+                found.setdefault(f, {})[k] = "scalar"
             elif isinstance(m, TensorStorageMetadata):
                 problems.append("%r: shape %s in the checkpoint, the parameter has %s"
-                                % (key, list(_shape(m)), list(shapes[t])))
+                                % (key, list(_shape(m)), list(shape)))
             else:
-                found.setdefault(t, {})[k] = "scalar"
+                found.setdefault(f, {})[k] = "scalar"
         elif key.startswith("optim.param_groups."):
             i, _, opt_name = key[len("optim.param_groups."):].partition(".")
             pg.setdefault(int(i) if i.isdigit() else -1, set()).add(opt_name)
@@ -620,42 +734,42 @@ def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
             problems.append("unexpected %r" % key)
     if not found and not pg:
         problems.append("no optimizer state in the checkpoint (saved without optim)")
-        return problems, kinds
-    shape_of = [found[t] for t in shapes if t in found]
+        return problems, {}, {}
+    shape_of = [found[f] for f in opt_shapes if f in found]
     model_keys = sorted(set().union(*[set(d.items()) for d in shape_of])) if shape_of else []
-    for t in shapes if not partial else ():
-        if t not in found:
-            problems.append("missing the optimizer state of %r (optim.state.%s.*)"
-                            % (names.fqn[t], names.fqn[t]))
-        elif sorted(found[t].items()) != model_keys:
+    for f in opt_shapes if not partial else ():
+        if f not in found:
+            problems.append("missing the optimizer state of %r (optim.state.%s.*)" % (f, f))
+        elif sorted(found[f].items()) != model_keys:
             problems.append("optim.state.%s has %s, other parameters %s" % (
-                names.fqn[t], sorted(found[t]), sorted(k for k, _ in model_keys)))
+                f, sorted(found[f]), sorted(k for k, _ in model_keys)))
     if groups is not None and sorted(pg) != list(range(groups)):
         problems.insert(0, "%d param groups in the checkpoint, the optimizer%s %d"
                         % (len(pg), "s have" if partial else " has", groups))
-    kinds = {t: dict(found[t]) for t in found}
-    return problems, kinds
+    kinds = {}
+    for f in found:
+        kinds.setdefault(opt_shapes[f][0], dict(found[f]))
+    return problems, kinds, found
 
 
-def _group_states(names, kinds, saved_groups):
+def _group_states(names, found, saved_groups):
     """Several optimizers: every parameter of a saved group has state, with
-    the same keys as the others of its group."""
-    by_fqn = {f: t for t, f in names.fqn.items()}
+    the same keys as the others of its group (`found`: by optimizer FQN)."""
+    by_fqn = names.by_fqn()
     problems = []
     for gi, g in enumerate(saved_groups):
         first = None
         for f in g.get("params", []):
-            t = by_fqn.get(f)
-            if t is None:
+            if f not in by_fqn:
                 continue
-            if t not in kinds:
+            if f not in found:
                 problems.append("missing the optimizer state of %r (optim.state.%s.*; param "
                                 "group %d)" % (f, f, gi))
             elif first is None:
-                first = (f, sorted(kinds[t].items()))
-            elif sorted(kinds[t].items()) != first[1]:
+                first = (f, sorted(found[f].items()))
+            elif sorted(found[f].items()) != first[1]:
                 problems.append("optim.state.%s has %s, %s of the same param group %d %s" % (
-                    f, sorted(kinds[t]), first[0], gi, sorted(k for k, _ in first[1])))
+                    f, sorted(found[f]), first[0], gi, sorted(k for k, _ in first[1])))
     return problems
 
 
@@ -719,21 +833,21 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
     reader, md_all = _open(path, what)
     md = md_all.state_dict_metadata
     want_optim = opt_groups is not None
-    problems, kinds = plan_load(rt, names, md, want_optim,
-                                len(opt_groups) if opt_groups else None, what, partial)
+    problems, kinds, found = plan_load(rt, names, md, want_optim,
+                                       len(opt_groups) if opt_groups else None, what, partial)
     views = {v.name: v for v in rt.views}
     where = {}                              # DCP key -> (tensor name, state key or None)
-    for t, f in names.fqn.items():
+    for t in list(names.fqn) + list(names.distinct):
+        f = names.local_fqn(t)                  # a Distinct tensor's: its coordinate's global one
         if views[t].shard_count:
             where["model." + f] = (t, None)
             for k in kinds.get(t, {}):
                 where["optim.state.%s.%s" % (f, k)] = (t, k)
     for k in names.buffers:
         where["model." + k] = (None, k)
-    for t, (g, c, _) in names.distinct.items():     # this rank's coordinate's global tensor
-        if views[t].shard_count:
-            where["model." + (g[0] if isinstance(g, tuple) else g[c])] = (t, "@global")
     group_keys = sorted(k for k in md if k.startswith("optim.param_groups.")) if want_optim else []
+    if names.distinct and LAYOUT in md:
+        group_keys.append(LAYOUT)
     if not problems:
         problems = dcp_files.check_storage(path, md_all, [k for k in where if k in md] + group_keys,
                                            what)
@@ -742,12 +856,16 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
         got = _read(path, md_all, {k: None for k in group_keys}, what)
         by_index = {}
         for k in group_keys:
+            if k == LAYOUT:
+                continue
             i, _, o = k[len("optim.param_groups."):].partition(".")
             by_index.setdefault(int(i), {})[o] = got[k]
         staged.groups = [by_index[i] for i in sorted(by_index)]
         if partial:
-            problems += _group_states(names, kinds, staged.groups)
+            problems += _group_states(names, found, staged.groups)
         problems += check_groups(staged.groups)
+    if LAYOUT in group_keys and not problems:
+        problems += _layout_problems(names, _read(path, md_all, {LAYOUT: None}, what)[LAYOUT])
     if problems:
         raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
             what, path, len(problems), "" if len(problems) == 1 else "s", "\n  ".join(problems)))
@@ -758,11 +876,10 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
                 staged.buffers[k] = x.clone()
                 continue
             v = views[t]
-            if k == "@global":                       # a split's slice, or the tensor itself
-                g, c, _ = names.distinct[t]
+            if t in names.distinct and (k is None or kinds[t][k] == "shard"):
+                g, c, _ = names.distinct[t]          # a split's slice k along D
                 if isinstance(g, tuple):
                     x = x.narrow(g[1], c * v.shape[g[1]], v.shape[g[1]]).contiguous()
-                k = None
             if k is None:
                 staged.main[t] = x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
             elif kinds[t][k] == "shard":
@@ -771,6 +888,39 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
             else:
                 staged.state.setdefault(t, {})[k] = x.clone() if isinstance(x, torch.Tensor) else x
     return staged
+
+
+def _layout_problems(names, text):
+    """The Distinct tensors saved over other axis sizes or another split
+    than this model's (LAYOUT, written by save_dcp): a split's whole tensor
+    is the coordinates' slices in order, which a fused weight (Megatron's
+    QKV) lays out differently per tp size, and a rename maps coordinates
+    to global names by the spec's template; so a checkpoint reshards across
+    data-parallel sizes only, with the same tp/ep sizes."""
+    try:
+        saved = json.loads(text)
+    except (TypeError, ValueError):
+        return ["%r is not the JSON save_dcp writes" % LAYOUT]
+    problems = []
+    for t, (g, _, _) in names.distinct.items():
+        split = g[1] if isinstance(g, tuple) else None
+        mine = [list(a) for a in names.layout[t]]
+        for f in names.fqns_of(t):
+            got = saved.get(f) if isinstance(saved, dict) else None
+            if not isinstance(got, dict):
+                continue                     # saved without a layout (not Distinct there)
+            if [n for _, n in got.get("axes", [])] != [n for _, n in mine] or \
+                    got.get("split") != split:
+                problems.append(
+                    "%r was saved Distinct over %s%s, this model holds it over %s%s: a DCP "
+                    "checkpoint of Distinct tensors loads with the same tp/ep sizes (it "
+                    "reshards across data-parallel sizes only)" % (
+                        f, " x ".join("%s = %s" % (a, n) for a, n in got.get("axes", [])),
+                        "" if got.get("split") is None else " split %s" % got.get("split"),
+                        " x ".join("%s = %d" % (a, n) for a, n in mine),
+                        "" if split is None else " split %d" % split))
+                break
+    return problems
 
 
 def _agree(rt, error, what, path):
@@ -820,7 +970,7 @@ def load(rt: Runtime, names: Names, path: str, opt_groups: Optional[List[Dict[st
     for gi, g in enumerate(staged.groups):
         for f in g.get("params", []):
             fqn_group[f] = gi
-    by_fqn = {f: t for t, f in names.fqn.items()}
+    by_fqn = names.by_fqn()
     member = {by_fqn[f]: gi for f, gi in fqn_group.items() if f in by_fqn}
     groups = [{k: v for k, v in g.items() if k != "params"} for g in staged.groups]
     return OptimizerState(groups, member, staged.state)
@@ -845,30 +995,24 @@ def save_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
     if not isinstance(overwrite, bool):
         raise UsageError("save_dcp: overwrite must be True or False, got %r" % (overwrite,))
     sm._between_steps("save_dcp")
-    _distinct_ok(sm, optimizer, "save_dcp")
+    _distinct_ok(sm, "save_dcp")
     opt = optimizer_state(sm, optimizer, "save_dcp") if optimizer is not None else None
     runtime_kw = getattr(sm, "_how", (None, None, {}))[2]      # what mt.shard gave the Runtime
     names = Names.of_model(sm)
-    if sm.distinct:                                  # every coordinate's, on every rank
+    if sm.distinct:                                  # this rank's own shards (_distinct_part)
         from . import global_state
-        names.whole = global_state.gather(sm, set(sm.distinct), None, -1, "save_dcp")
+        names.master = global_state.local_shards(sm, set(sm.distinct))
     save(sm.runtime, names, path, opt, overwrite=overwrite,
          timeout=runtime_kw.get("timeout_ms"))
 
 
-def _distinct_ok(sm, optimizer, what):
+def _distinct_ok(sm, what):
     """UsageError for a DCP checkpoint of Distinct tensors without global
-    names, or with an optimizer (their optimizer state has no whole form yet)."""
+    names (their optimizer state goes under the same global names)."""
     if not sm.distinct:
         return
     from . import global_state
     global_state.refuse_unnamed(sm, what, sm.distinct)
-    if optimizer is not None:
-        name = next(iter(sm.distinct))
-        raise UsageError("%s with an optimizer of a model with Distinct tensors (e.g. %r) is not "
-                         "supported yet (issue #42 item 2): their optimizer state has no "
-                         "whole-model form; %s(path) without the optimizer writes or reads the "
-                         "global model's weights" % (what, name, what))
 
 
 def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None,
@@ -879,7 +1023,7 @@ def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
         raise UsageError("load_dcp: batch_bytes must be a positive int (bytes read at a time), "
                          "got %r" % (batch_bytes,))
     sm._between_steps("load_dcp")
-    _distinct_ok(sm, optimizer, "load_dcp")
+    _distinct_ok(sm, "load_dcp")
     names = Names.of_model(sm)
     opts = optimizers_of(optimizer, "load_dcp")
     mine = optimizer_state(sm, opts, "load_dcp") if opts is not None else None
@@ -902,15 +1046,16 @@ def load_dcp(sm: ShardedModel, path: str, optimizer: Optional[Optimizers] = None
                                     ", or the optimizers in another order" if several else ""))
             held = set(s.get("params", []))
             for t, k in mine.member.items():
-                if k == gi and names.fqn[t] not in held:
+                out = [f for f in names.fqns_of(t) if f not in held] if k == gi else []
+                if out:
                     problems.append("%r is in param group %d of the optimizer%s, not in the "
-                                    "checkpoint's" % (names.fqn[t], gi, "s (%s)" % whose(i, o)
+                                    "checkpoint's" % (out[0], gi, "s (%s)" % whose(i, o)
                                                       if several else ""))
         if several:
             saved_at = {f for s in saved for f in s.get("params", [])}
             problems += ["%r is in none of these optimizers but has optimizer state in the "
-                         "checkpoint" % names.fqn[t] for t, _, _, _ in sm._main
-                         if t not in mine.member and names.fqn[t] in saved_at]
+                         "checkpoint" % names.fqns_of(t)[0] for t, _, _, _ in sm._main
+                         if t not in mine.member and names.fqns_of(t)[0] in saved_at]
         return problems
 
     opt = load(sm.runtime, names, path, mine.groups if opts is not None else None,

@@ -331,3 +331,73 @@ def write_sums(root: str, items: Dict[str, str], what: str) -> None:
         out.write(json.dumps(doc, indent=0).encode("utf-8"))
         out.flush()
         os.fsync(out.fileno())
+
+
+# ---- writing parts of a tensor as DCP chunks ----
+
+def boxes(shape: Tuple[int, ...], start: int, stop: int) -> List[Tuple[List[int], List[int], int]]:
+    """The flat range [start, stop) of a row-major tensor of `shape` as
+    DCP chunks: [(offsets, sizes, flat start)], each box a contiguous flat
+    sub-range (at most 2 * ndim - 1 of them), together exactly the range."""
+    if start >= stop:
+        return []
+    if not shape:
+        return [([], [], start)]
+    inner = 1
+    for d in shape[1:]:
+        inner *= int(d)
+    first, last = start // inner, (stop - 1) // inner
+    if first == last:                        # inside one slice along dim 0: recurse into it
+        return [([first] + o, [1] + s, first * inner + f)
+                for o, s, f in boxes(tuple(shape[1:]), start - first * inner,
+                                     stop - first * inner)]
+    out = []
+    if start % inner:                        # the partial first slice
+        out += boxes(tuple(shape), start, (first + 1) * inner)
+        first += 1
+    full_end = stop // inner                 # slices first .. full_end - 1 are whole
+    if full_end > first:
+        out.append(([first] + [0] * (len(shape) - 1), [full_end - first] + list(shape[1:]),
+                    first * inner))
+    if stop % inner:                         # the partial last slice
+        out += boxes(tuple(shape), full_end * inner, stop)
+    return out
+
+
+def make_chunk_planner(chunks: Dict[Tuple[str, Tuple[int, ...]], Tuple[Any, ...]]):
+    """torch's DefaultSavePlanner that also writes `chunks` {(DCP key,
+    offsets): (tensor, the whole tensor's size, its path in the nested state
+    dict)}: parts of tensors that no rank holds whole, each a SHARD write
+    item of the whole tensor at its offsets (as a DTensor's shards are
+    written); torch's dcp.load assembles any requested box out of them, and
+    DCP's global plan validation refuses overlapping or missing chunks."""
+    import dataclasses
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                       TensorProperties)
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+    class _Planner(DefaultSavePlanner):
+        def create_local_plan(self):
+            plan = super().create_local_plan()
+            items = []
+            for (key, off), (t, size, path) in sorted(chunks.items(), key=lambda kv: kv[0]):
+                items.append(WriteItem(
+                    index=MetadataIndex(key, torch.Size(off)), type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=ChunkStorageMetadata(offsets=torch.Size(off),
+                                                   sizes=torch.Size(t.shape)),
+                        properties=TensorProperties.create_from_tensor(t),
+                        size=torch.Size(size))))
+                if isinstance(plan.planner_data, dict):      # how key unflattens
+                    plan.planner_data.setdefault(key, tuple(path))
+            self.plan = dataclasses.replace(plan, items=list(plan.items) + items)
+            return self.plan
+
+        def resolve_data(self, write_item):
+            got = chunks.get((write_item.index.fqn, tuple(write_item.index.offset or ())))
+            if got is None:
+                return super().resolve_data(write_item)
+            return got[0].clone()            # its own storage: torch.save writes a view's whole
+
+    return _Planner()

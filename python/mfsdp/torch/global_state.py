@@ -173,3 +173,66 @@ def problems(sm, names: Set[str], state_dict: Mapping[str, torch.Tensor],
             shapes.append("%r: shape %s, the global tensor has %s" % (gname, list(t.shape),
                                                                       list(shape)))
     return missing + shapes
+
+
+# ---- save_dcp's writer: each rank writes the parts it holds (dcp.py) ----
+
+def local_shards(sm, names: Set[str]) -> Dict[str, Tuple[int, int, torch.Tensor]]:
+    """{name: (coordinate, shard offset, this rank's master shard)} of the
+    Distinct tensors `names` it holds a shard of: 1-D, the main_weight
+    dtype, a view of the master parameter (nothing copied)."""
+    from .tensors import TORCH_DTYPES
+    out = {}
+    for n, mp, _, v in sm._main:
+        if n in names and v.shard_count:
+            data = mp.detach().reshape(-1)[:v.shard_count]
+            want = TORCH_DTYPES[v.dtype["main_weight"]]
+            out[n] = (coordinate(sm, n), v.shard_offset, data if data.dtype == want
+                      else data.to(want))
+    return out
+
+
+def layout(sm, name: str) -> List[Tuple[str, int]]:
+    """[(axis, size)] of `name`'s Distinct axes, outermost first."""
+    return [(a, sm.schedule.mesh[a]) for a in sm.distinct[name]]
+
+
+def _minus(ranges: List[Tuple[int, int]], cut: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The parts of sorted disjoint `ranges` outside the union of `cut`."""
+    out = []
+    for a, b in ranges:
+        pos = a
+        for c, d in sorted(cut):
+            if d <= pos or c >= b:
+                continue
+            if c > pos:
+                out.append((pos, c))
+            pos = max(pos, d)
+        if pos < b:
+            out.append((pos, b))
+    return out
+
+
+def writes(held: List[List[Tuple[str, int, int, int]]], rank: int, numel: Mapping[str, int],
+           counts: Mapping[str, int], what: str) -> Dict[str, List[Tuple[int, int]]]:
+    """{name: flat ranges [a, b) of its local tensor} that rank `rank`
+    writes, out of every rank's held list [(name, coordinate, offset,
+    count)]: each element of each coordinate is written once, by the lowest
+    rank holding it (a replica's copy is never written twice). UsageError,
+    the same on every rank, when a coordinate's elements are not all held."""
+    by = {}                                  # (name, coordinate) -> [(rank, a, b)]
+    for r, part in enumerate(held):
+        for n, k, off, cnt in part:
+            by.setdefault((n, k), []).append((r, off, off + cnt))
+    for n in sorted(counts):
+        for k in range(counts[n]):
+            if _minus([(0, numel[n])], [(a, b) for _, a, b in by.get((n, k), [])]):
+                raise UsageError("%s: coordinate %d of %r is not covered by the ranks' master "
+                                 "shards" % (what, k, n))
+    out = {}
+    for n, k, off, cnt in held[rank]:
+        lower = [(a, b) for r, a, b in by[(n, k)] if r < rank]
+        mine = _minus([(off, off + cnt)], lower)
+        if mine:
+            out[n] = mine
+    return out
