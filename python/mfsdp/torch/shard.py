@@ -382,10 +382,12 @@ class ShardedModel(UnitHooks):
         """Sets the master weights from a Hugging Face safetensors checkpoint
         (model.safetensors, its .index.json or a directory with either), each
         rank reading only its shards, converted to fp32 (Runtime.import_hf).
-        maps: {HF prefix: parameter prefix}; ties: {name: source}. Between
-        steps; collective."""
+        maps: {HF prefix: parameter prefix}; ties: {name: source}. Distinct
+        tensors are read from their global names (fully_shard global_names=):
+        this rank's coordinate's tensor, or its slice of a split one; one
+        without global names is refused, naming it. Between steps;
+        collective."""
         self._between_steps("import_hf")
-        self._refuse_distinct("import_hf")
         self.runtime.import_hf(path, maps, ties)
         self._loaded()
 
@@ -400,9 +402,12 @@ class ShardedModel(UnitHooks):
         """Writes the full master weights as a Hugging Face checkpoint in
         directory `path`, every rank writing its own ranges, no gathering
         (Runtime.export_hf). dtype: "fp32", "bf16", "fp16" or a torch dtype.
-        Between steps; collective."""
+        Distinct tensors are written as the whole model's tensors under their
+        global names (fully_shard global_names=): a renamed one once per
+        coordinate, a split one whole, each coordinate writing its slice; one
+        without global names is refused, naming it. Between steps;
+        collective."""
         self._between_steps("export_hf")
-        self._refuse_distinct("export_hf")
         self.runtime.export_hf(path, DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
     def _refuse_distinct(self, what):
