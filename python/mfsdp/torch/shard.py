@@ -323,9 +323,15 @@ class ShardedModel(UnitHooks):
         be a list or tuple of optimizers, each over its own main parameters
         (Muon on the matrices + AdamW on the rest): their states are saved
         together, a parameter in two of them refused. Every rank writes
-        only its own unique bytes; committed by rename. Between steps;
+        only its own unique bytes; committed by rename. Distinct tensors
+        (fully_shard distinct=) are written under their global names
+        (global_names=: a renamed tensor per coordinate, or the split form's
+        whole tensor, each coordinate its slice), with their optimizer
+        states; one without global names is refused. Between steps;
         collective."""
-        self._refuse_distinct("save_checkpoint")
+        if self.distinct:
+            from . import global_state
+            global_state.refuse_unnamed(self, "save_checkpoint", self.distinct)
         from . import checkpoint
         checkpoint.save(self, path, optimizer, step, user_blob)
 
@@ -340,8 +346,13 @@ class ShardedModel(UnitHooks):
         had it: any difference is refused before anything is read), its
         state. Returns (step, user blob of rank
         user_blob_rank, default this rank's number; None when that rank saved
-        none) and sets self.steps to the step. Between steps; collective."""
-        self._refuse_distinct("load_checkpoint")
+        none) and sets self.steps to the step. Distinct tensors are read
+        under their global names: any data-parallel sizes, the same sizes of
+        their Distinct axes (tp, ep) and the same global names. Between
+        steps; collective."""
+        if self.distinct:
+            from . import global_state
+            global_state.refuse_unnamed(self, "load_checkpoint", self.distinct)
         from . import checkpoint
         out = checkpoint.load(self, path, optimizer, user_blob_rank, verify_files)
         self._loaded()
