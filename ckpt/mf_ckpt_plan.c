@@ -40,6 +40,14 @@ int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name)
     return -1;
 }
 
+int mf_ckpt_plan_find_coord(const mf_ckpt_plan *p, const char *name, int64_t coord)
+{
+    for (int k = 0; k < p->ntensors; k++)
+        if (strcmp(p->t[k].name, name) == 0 && (p->t[k].split < 0 || p->t[k].coord == coord))
+            return k;
+    return -1;
+}
+
 int64_t mf_ckpt_plan_coord(const mf_schedule *s, int bucket, int64_t rank)
 {
     const mf_placement *pl = &s->buckets[bucket].place[MF_ROLE_WEIGHT];

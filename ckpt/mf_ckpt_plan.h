@@ -94,6 +94,10 @@ int mf_ckpt_plan_check_global(const mf_schedule *s, char *err, size_t errlen);
 /* Index of the plan tensor named `name`, or -1 (the split form: the
  * first combination's). */
 int mf_ckpt_plan_find(const mf_ckpt_plan *p, const char *name);
+/* Index of the plan tensor named `name` of coordinate combination coord
+ * (-1: not Distinct), or -1: matches one plan's tensor with another's
+ * (mfsdpc reshard-plan) where a split form's combinations share a name. */
+int mf_ckpt_plan_find_coord(const mf_ckpt_plan *p, const char *name, int64_t coord);
 /* The global element (of the checkpoint tensor) of local element i of plan
  * tensor pt (see above; i's run continues contiguously in W). */
 int64_t mf_ckpt_plan_gstart(const mf_ckpt_ptensor *pt, int64_t i);

@@ -23,7 +23,10 @@ the code under test:
     states) bit for bit;
   - refused, naming the tensor: save_checkpoint of the model without global
     names (global_names=, nothing written), and a TP = 4 model loading the
-    TP = 2 checkpoint.
+    TP = 2 checkpoint;
+  - offline (mfsdp-ckpt reshard, the same plan code): the checkpoint written
+    again for dp = 1 holds the same whole model, every state bit for bit; for
+    tp = 4 refused naming the tensor, nothing written.
 """
 import json
 import os
@@ -179,3 +182,49 @@ def test_refusals(runs):
     msg = runs[("tp", 0)]["tp4"]
     assert msg and "tensor 'blocks.0.w1.weight' (global 'blocks.0.w1.weight' split 0)" in msg \
         and "axis 'tp' of size 4 here, 2 in the checkpoint" in msg, msg
+
+
+def schedule(tmp, kind, mesh):
+    """The run's spec on mesh compiled to tmp/<kind>_<sizes>.yaml (mfsdpc)."""
+    import mfsdp.torch as mt
+    model = dw.TPModel(mesh["tp"]) if kind == "tp" else dw.MoEModel(mesh["ep"])
+    distinct = {"blocks.*.w1.*": "tp", "blocks.*.w2.*": "tp"} if kind == "tp" \
+        else {"moe.experts.*": "ep"}
+    text = mt.spec_from_module(model, mesh=mesh, layout=dw.RUNS[kind][1], microbatches=dw.M,
+                               distinct=distinct, global_names=dw.global_names(kind),
+                               units=None if kind == "tp" else ["embed", "moe", "head"])
+    base = os.path.join(str(tmp), "%s_%s" % (kind, "x".join(str(v) for v in mesh.values())))
+    with open(base + ".mfsdp", "w") as f:
+        f.write(text)
+    c = conftest.subprocess.run([os.environ.get("MFSDPC", "mfsdpc"), "compile", base + ".mfsdp",
+                                 "-o", base + ".yaml"], capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    return base + ".yaml"
+
+
+@needs_mpi
+@pytest.mark.parametrize("kind", ["tp", "moe"])
+def test_offline_reshard(runs, kind, tmp_path):
+    """mfsdp-ckpt reshard onto dp = 1 (the same plan code): the same whole
+    model, every state, bit for bit; onto tp = 4 refused naming the tensor."""
+    tool = os.environ.get("MFSDP_CKPT", "mfsdp-ckpt")
+    src = os.path.join(runs["dir"], "ckpt_%s" % kind)
+    axis = "tp" if kind == "tp" else "ep"
+    yaml = schedule(tmp_path, kind, {axis: 2, "dp": 1})
+    c = conftest.subprocess.run([tool, "reshard", src, yaml, str(tmp_path / "out")],
+                                capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    m, got = read_checkpoint(str(tmp_path / "out"))
+    assert m["world"] == 2
+    want = read_checkpoint(src)[1]
+    for s in STATES:
+        assert set(got[s]) == set(want[s])
+        for n in want[s]:
+            assert torch.equal(got[s][n], want[s][n]), (s, n)
+    if kind == "tp":
+        yaml = schedule(tmp_path, kind, {"tp": 4, "dp": 1})
+        c = conftest.subprocess.run([tool, "reshard", src, yaml, str(tmp_path / "out4")],
+                                    capture_output=True, text=True)
+        assert c.returncode == 1 and "axis 'tp' of size 4 here, 2 in the checkpoint" in c.stderr \
+            and "tensor 'blocks.0.w1.weight'" in c.stderr, c.stderr
+        assert not os.path.exists(str(tmp_path / "out4"))

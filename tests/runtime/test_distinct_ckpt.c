@@ -154,6 +154,10 @@ static void test_split0_flat(void **state)
     char err[512];
     assert_int_equal(mf_ckpt_plan_build(&f.s, &p, err, sizeof err), 0);
     assert_int_equal(p.nmt, 1);
+    assert_int_equal(p.ntensors, 2);
+    for (int64_t c = 0; c < 2; c++) /* one plan tensor per tp coordinate, named W */
+        assert_int_equal(mf_ckpt_plan_find_coord(&p, "mlp.w", c), c);
+    assert_int_equal(mf_ckpt_plan_find_coord(&p, "mlp.x", 0), -1);
     static const int64_t w[4][3] = {{0, 6, -1}, {6, 12, -1}, {12, 18, -1}, {18, 24, -1}};
     for (int64_t r = 0; r < 4; r++) {
         expect(writes(&p, r), w[r], r, "writes");
