@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mf_ckpt_plan.h"
 #include "mf_free.h"
 
 void mf_hf_global_free(mf_hf_global *g)
@@ -42,11 +43,9 @@ static void mf_hf_global_add(const mf_schedule *s, int b, int i, mf_hf_global *g
         mf_hf_shape_init(&g->shape[g->n++], t->name, t->ndims, t->dims, t->numel);
         return;
     }
-    int64_t nc = mf_hf_global_combos(s, b);
+    int64_t nc = mf_hf_global_combos(s, b), run, grow, gbase, dims[MF_MAX_DIMS];
     if (t->global_split) {
-        int64_t dims[MF_MAX_DIMS];
-        memcpy(dims, t->dims, sizeof dims);
-        dims[t->global_dim] *= nc;
+        mf_ckpt_plan_gmap(s, b, i, 0, &run, &grow, &gbase, dims);
         mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * nc);
         return;
     }
@@ -109,30 +108,19 @@ int mf_hf_global_find(const mf_hf_global *g, const char *name)
     return -1;
 }
 
-mf_hf_place mf_hf_global_split_place(int global, int ndims, const int64_t *dims, int d, int64_t ncoords,
-                                     int64_t coord)
-{
-    int64_t block = 1;
-    for (int k = d; k < ndims; k++)
-        block *= dims[k];
-    return (mf_hf_place){.global = global, .block = block, .ncoords = ncoords, .coord = coord};
-}
-
 mf_hf_place mf_hf_global_place(const mf_hf_global *g, const mf_schedule *s, int bucket, int index, int64_t coord)
 {
     const mf_tensor *t = &s->buckets[bucket].tensors[index];
-    int first = g->first[g->tbase[bucket] + index];
-    if (coord < 0 || !t->nglobal)
-        return (mf_hf_place){.global = first, .block = t->numel, .ncoords = 1, .coord = 0};
-    if (!t->global_split)
-        return (mf_hf_place){.global = first + (int)coord, .block = t->numel, .ncoords = 1, .coord = 0};
-    return mf_hf_global_split_place(first, t->ndims, t->dims, t->global_dim, mf_hf_global_combos(s, bucket),
-                                    coord);
+    mf_hf_place p = {.global = g->first[g->tbase[bucket] + index]};
+    mf_ckpt_plan_gmap(s, bucket, index, coord, &p.run, &p.grow, &p.gbase, NULL);
+    if (coord >= 0 && t->nglobal && !t->global_split)
+        p.global += (int)coord; /* rename: coordinate coord's own tensor */
+    return p;
 }
 
 void mf_hf_global_run(const mf_hf_place *p, int64_t at, int64_t end, mf_hf_run *r)
 {
-    int64_t outer = p->block ? at / p->block : 0, w = at - outer * p->block;
-    int64_t stop = p->block > 0 && (outer + 1) * p->block < end ? (outer + 1) * p->block : end;
-    *r = (mf_hf_run){.local = at, .global = (outer * p->ncoords + p->coord) * p->block + w, .n = stop - at};
+    int64_t outer = p->run > 0 ? at / p->run : 0, w = at - outer * p->run;
+    int64_t stop = p->run > 0 && (outer + 1) * p->run < end ? (outer + 1) * p->run : end;
+    *r = (mf_hf_run){.local = at, .global = outer * p->grow + p->gbase + w, .n = stop - at};
 }

@@ -19,12 +19,13 @@
  * (coordinate, local element) pair, so replicas of a coordinate that split
  * their held range write every byte once.
  *
- * Local element e of coordinate c of a split tensor: with inner = product of
- * the local dims after D and block = dims[D] * inner (contiguous both in the
- * local tensor and, per outer index, in the global one), e = outer * block +
- * w lands at global element outer * nc * block + c * block + w. A local
- * range is therefore one run for D = 0 and one run per outer index (strided)
- * for D > 0 (mf_hf_global_run).
+ * The local -> global element map of a coordinate's tensor is the
+ * checkpoint plan's (mf_ckpt_plan_gmap, ckpt/mf_ckpt_plan.h): local element
+ * i is global element (i / run) * grow + gbase + i % run, run elements
+ * contiguous in both; for a split along D, run = dims[D] x ... (the rest),
+ * grow = run x combinations, gbase = coordinate x run, so a local range is
+ * one run for D = 0 and one run per outer index (strided) for D > 0; for
+ * any other tensor run = numel, grow = gbase = 0 (mf_hf_global_run).
  */
 #ifndef MF_CKPT_HF_GLOBAL_H
 #define MF_CKPT_HF_GLOBAL_H
@@ -38,9 +39,7 @@
 /* Where one local tensor of one coordinate lands in the global model. */
 typedef struct mf_hf_place {
     int global;             /* index into mf_hf_global.shape */
-    int64_t block;          /* elements contiguous in both (numel when not split) */
-    int64_t ncoords;        /* coordinate combinations concatenated (1 when not split) */
-    int64_t coord;          /* this one's position among them (0 when not split) */
+    int64_t run, grow, gbase; /* the local -> global map (see above) */
 } mf_hf_place;
 
 /* One contiguous run: n local elements from `local` are global elements
@@ -71,10 +70,4 @@ mf_hf_place mf_hf_global_place(const mf_hf_global *g, const mf_schedule *s, int 
  * end (at < end): *r = {at, its global element, how many follow it
  * contiguously in both, at most end - at}. */
 void mf_hf_global_run(const mf_hf_place *p, int64_t at, int64_t end, mf_hf_run *r);
-/* The split place of a local tensor of ndims dims[] split along dim d over
- * ncoords combinations, at coord (global: the index to record): for tests
- * and for mf_hf_global_place. */
-mf_hf_place mf_hf_global_split_place(int global, int ndims, const int64_t *dims, int d, int64_t ncoords,
-                                     int64_t coord);
-
 #endif

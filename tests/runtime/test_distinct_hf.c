@@ -174,15 +174,36 @@ static void test_byte_ranges(void **state)
     mf_hf_global_free(&g);
 }
 
+/* mlp.w1 made [2, 2, 2] split along dim 1, tp of size 3: W1 is [2, 6, 2]. */
 static void test_split_3d(void **state)
 {
     (void)state;
+    fixture f;
+    setup(&f);
+    f.t[0] = (mf_tensor){.name = "mlp.w1", .ndims = 3, .dims = {2, 2, 2}, .numel = 8, .nglobal = 1,
+                         .global = f.w1, .global_split = true, .global_dim = 1};
+    f.t[2].nglobal = 3;
+    const char *e3[] = {"e.0", "e.1", "e.2"};
+    f.t[2].global = e3;
+    f.s.mesh.axes[0].size = 3;
+    f.s.mesh.world = 6;
+    mf_hf_global g;
+    char err[512];
     int64_t got[32];
-    mf_hf_place p = mf_hf_global_split_place(0, 3, (const int64_t[]){2, 2, 2}, 1, 3, 2);
+    assert_int_equal(mf_hf_global_build(&f.s, &g, err, sizeof err), 0);
+    assert_int_equal(g.shape[0].ndims, 3);
+    assert_int_equal(g.shape[0].dims[0], 2);
+    assert_int_equal(g.shape[0].dims[1], 6);
+    assert_int_equal(g.shape[0].dims[2], 2);
+    assert_int_equal(g.shape[0].numel, 24);
+    /* local (o, j, k) of coordinate 2 is W1[o][4 + j][k] = element 12 o + 8 + 2 j + k */
+    mf_hf_place p = mf_hf_global_place(&g, &f.s, 0, 0, 2);
     runs(&p, 0, 8, got);
     expect_runs(got, (const int64_t[]){0, 8, 4, 4, 20, 4, -1}, "3-D split 1 of 3, coordinate 2");
-    runs(&p, 3, 6, got); /* cut inside both blocks */
+    runs(&p, 3, 6, got); /* cut inside both runs */
     expect_runs(got, (const int64_t[]){3, 11, 1, 4, 20, 2, -1}, "3-D, local [3, 6)");
+    assert_int_equal(mf_hf_global_place(&g, &f.s, 0, 2, 2).global, 4); /* e.2 after W1, W2, e.0, e.1 */
+    mf_hf_global_free(&g);
 }
 
 static void test_unnamed_refused(void **state)
