@@ -18,6 +18,11 @@ mt.fully_shard with the model's own collectives on sm.device_mesh()'s groups.
        expert_axes=("ep",); every rank reads its own microbatches.
   moe_unscaled  moe with ep declared in tensor_axes instead, one step (its
        expert gradients are kept as computed: the ep group's sum, twice the mean).
+  moe_skip  moe whose experts skip an empty token set (no gradient, as
+       Hugging Face's MoEs loop over the experts hit only), global expert
+       MASKED routed no token from step 1 on: the parameters that got no
+       gradient in a microbatch count zero, and one that got none on any rank
+       of its group in a step has .grad None (mask_step).
   bad_init  the ranks of one ep coordinate start from different experts:
        fully_shard's refusal (OUT/bad_init.rank<r>.pt).
   bad_axes  the ranks of dp coordinate 1 declare ep a tensor axis, the others
@@ -56,7 +61,8 @@ E, EP = 4, 2
 CLIP = 0.05          # below every step's norm: clipping happens
 LR = 0.1
 RUNS = {"tp": ({"tp": 2, "dp": 2}, "fsdp2d"), "moe": ({"ep": 2, "dp": 2}, "hfsdp"),
-        "moe_unscaled": ({"ep": 2, "dp": 2}, "hfsdp")}
+        "moe_unscaled": ({"ep": 2, "dp": 2}, "hfsdp"), "moe_skip": ({"ep": 2, "dp": 2}, "hfsdp")}
+MASKED = 3           # moe_skip: the global expert no token is routed to from step 1 on
 
 
 # ---- tensor parallelism: f and g (Megatron's names) ----
@@ -165,14 +171,18 @@ class MoE(nn.Module):
     """Top-1 routing over E experts, E / ep of them here; group: the ep
     group (None: every expert local, no communication)."""
 
-    def __init__(self, ep=1, group=None):
+    def __init__(self, ep=1, group=None, skip=False):
         super().__init__()
-        self.ep, self.group = ep, group
+        self.ep, self.group, self.skip = ep, group, skip
+        self.masked = ()      # global experts the router never picks
         self.router = nn.Linear(D, E, bias=False)
         self.experts = nn.ModuleList([Expert() for _ in range(E // ep)])
 
     def forward(self, x):
-        probs = F.softmax(self.router(x), dim=-1)
+        logits = self.router(x)
+        if self.masked:
+            logits = logits.index_fill(1, torch.tensor(self.masked), float("-inf"))
+        probs = F.softmax(logits, dim=-1)
         gate, idx = probs.max(dim=-1)
         local = E // self.ep
         dest = idx // local
@@ -189,8 +199,10 @@ class MoE(nn.Module):
         else:
             xr, rid = xs, ids
         out = torch.zeros_like(xr)
-        for e, expert in enumerate(self.experts):     # every expert runs, even on no token
-            at = (rid == e).nonzero(as_tuple=True)[0]
+        for e, expert in enumerate(self.experts):     # every expert runs, even on no token,
+            at = (rid == e).nonzero(as_tuple=True)[0]  # unless skip (as Hugging Face's MoEs)
+            if self.skip and at.numel() == 0:
+                continue
             out = out.index_copy(0, at, expert(xr[at]))
         back = AllToAll.apply(out, s, r, self.group) if self.group is not None else out
         y = torch.empty_like(back).index_copy(0, order, back)
@@ -198,10 +210,10 @@ class MoE(nn.Module):
 
 
 class MoEModel(nn.Module):
-    def __init__(self, ep=1, group=None):
+    def __init__(self, ep=1, group=None, skip=False):
         super().__init__()
         self.embed = nn.Linear(D, D)
-        self.moe = MoE(ep, group)
+        self.moe = MoE(ep, group, skip)
         self.head = nn.Linear(D, D)
 
     def forward(self, x, y):
@@ -220,7 +232,7 @@ def moe_global_name(name, c, ep=EP):
 
 def whole_model(kind):
     torch.manual_seed(7)
-    return TPModel() if kind == "tp" else MoEModel()
+    return TPModel() if kind == "tp" else MoEModel(skip=kind == "moe_skip")
 
 
 def data(kind):
@@ -236,7 +248,7 @@ def local_model(kind, coords, group):
     """This rank's model: the whole model's weights, its tp or ep coordinate's part."""
     full = dict(whole_model("tp" if kind == "tp" else "moe").named_parameters())
     c = coords[0]
-    model = TPModel(2, group) if kind == "tp" else MoEModel(EP, group)
+    model = TPModel(2, group) if kind == "tp" else MoEModel(EP, group, kind == "moe_skip")
     with torch.no_grad():
         for n, p in model.named_parameters():
             src = tp_slice(n, full[n], c) if kind == "tp" else full[moe_global_name(n, c)]
@@ -263,7 +275,7 @@ def sharded(kind, model, named=True, dp=2):
     distinct = {"moe.experts.*": "ep"} if moe else {"blocks.*.w1.*": "tp", "blocks.*.w2.*": "tp"}
     sm = mt.fully_shard(model, mesh=mesh, layout=layout, microbatches=M, distinct=distinct,
                         global_names=global_names(kind) if named else None,
-                        expert_axes=("ep",) if kind == "moe" else (),
+                        expert_axes=("ep",) if kind in ("moe", "moe_skip") else (),
                         tensor_axes=("tp",) if kind == "tp" else ("ep",) if kind == "moe_unscaled"
                         else (), units=(
                             ["embed", "moe", "head"] if moe else None),
@@ -283,6 +295,7 @@ def train(sm, model, kind, rank, steps, res):
     d = rank if moe else coords[1]                   # the data-parallel index of its batch
     opt = torch.optim.SGD(sm.main_parameters(), lr=LR, momentum=0.9, foreach=False)
     for s in range(steps):
+        mask_step(model, kind, s)
         tot = 0.0
         for m in range(M):
             loss = model(X[s, d, m], Y[s, d, m]) / M
@@ -296,6 +309,19 @@ def train(sm, model, kind, rank, steps, res):
     return opt
 
 
+def mask_step(model, kind, s):
+    """moe_skip from step 1 on: global expert MASKED gets no token anywhere,
+    so no rank computes its gradient (mfsdp's master gets .grad None, as the
+    single-process model's: SGD's momentum leaves it alone), and ep
+    coordinate 1's ranks complete the unit with its local expert's gradient
+    missing in every microbatch."""
+    if kind == "moe_skip":
+        model.moe.masked = (MASKED,) if s >= 1 else ()
+
+
+FULL = ("tp", "moe")     # the runs whose state dicts, checkpoints and reloads are checked
+
+
 def run(out, rank, kind):
     mesh, _ = RUNS[kind]
     moe = kind.startswith("moe")
@@ -303,7 +329,7 @@ def run(out, rank, kind):
     coords = [rank // 2, rank % 2]                   # row-major, the innermost axis fastest
     # the model needs its group before sharding: take it from a DeviceMesh of the same
     # coordinates, then check sm.device_mesh() gives the same groups
-    model = local_model("moe" if moe else "tp", coords, None)
+    model = local_model(kind if moe else "tp", coords, None)
     sm = sharded(kind, model)
     dm = mt.device_mesh(sm)
     assert dm is sm.device_mesh()         # one mesh, made once
@@ -312,15 +338,18 @@ def run(out, rank, kind):
            "distinct": dict(sm.distinct), "globals": dict(sm.globals), "spec": sm.spec,
            "losses": [], "norms": [], "params": []}
     opt = train(sm, model, kind, rank, steps, res)
+    if kind not in FULL:
+        sm.close()
+        torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
+        return
     res["full"] = sm.full_state_dict(rank0_only=False)
     res["full0"] = sm.full_state_dict()              # rank 0's only
-    if kind != "moe_unscaled":
-        sm.save_dcp(os.path.join(out, "dcp_%s" % kind))
-        try:
-            sm.save_dcp(os.path.join(out, "never_dcp_%s" % kind), opt)
-            res["save_dcp_optimizer"] = None
-        except mfsdp.UsageError as e:
-            res["save_dcp_optimizer"] = str(e)
+    sm.save_dcp(os.path.join(out, "dcp_%s" % kind))
+    try:
+        sm.save_dcp(os.path.join(out, "never_dcp_%s" % kind), opt)
+        res["save_dcp_optimizer"] = None
+    except mfsdp.UsageError as e:
+        res["save_dcp_optimizer"] = str(e)
     for what, call in (("save_checkpoint", lambda: sm.save_checkpoint(
                            os.path.join(out, "never_%s_%d" % (kind, rank)), opt)),):
         try:
@@ -330,9 +359,8 @@ def run(out, rank, kind):
             res[what] = str(e)
     res["never_exists"] = os.path.exists(os.path.join(out, "never_%s_%d" % (kind, rank)))
     sm.close()
-    if kind != "moe_unscaled":
-        res["reload"] = reload(kind, rank, steps)
-        res["dcp_loaded"] = from_dcp(kind, rank, os.path.join(out, "dcp_%s" % kind), 2)
+    res["reload"] = reload(kind, rank, steps)
+    res["dcp_loaded"] = from_dcp(kind, rank, os.path.join(out, "dcp_%s" % kind), 2)
     torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
 
 

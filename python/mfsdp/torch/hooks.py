@@ -10,7 +10,9 @@ step_begin before the first unit of the first microbatch), a forward hook
 when the gradient reaches the unit) and, per parameter, a
 post-accumulate-grad hook that copies the gradient into grad_local (one
 copy, cast when dtypes differ) and, once the unit's last parameter got its
-gradient, calls backward_post — and after the last unit of the last
+gradient, calls backward_post (or, for a parameter that got none, zero-fills
+its grad_local when an earlier unit's backward begins or the backward pass
+ends: _complete, _backward_end) — and after the last unit of the last
 microbatch, step_end, divides the gradient of tensors Distinct on the
 expert axes by those axes' sizes (ShardedModel's expert_axes, _grad_scales),
 then points each master parameter's .grad at the delivered gradient shard.
@@ -82,6 +84,7 @@ class UnitHooks:
         self._grad_unused = False  # a step delivered its gradient and no optimizer stepped since
         self._evaluating = None    # the unit whose evaluation forward is under way
         self._reset_step()
+        self._touched = set()      # tensors that got a gradient in this step (_untouched_everywhere)
         self.steps = 0
         self._shut_all("between steps (no step has run yet)")
         self.hook_seconds = 0.0   # host time inside this object's hooks (C calls included)
@@ -119,6 +122,8 @@ class UnitHooks:
         self.fwd_done = [False] * self.U
         self.bwd_open = [False] * self.U
         self.pending = [len(e) for _, e in self._units]
+        self.got = [[False] * len(e) for _, e in self._units]
+        self._end_queued = False   # _backward_end queued on this microbatch's backward
         self.recompute = [0] * self.U
         self.extra = [0] * self.U
         self.phase = "idle"
@@ -186,16 +191,51 @@ class UnitHooks:
         for slots in self._slots:
             for s in slots:
                 s.grad_delivered(True)     # clip_grad_norm_(model.parameters()) refused
-        for _, mp, g, _ in self._main:
-            mp.grad = g if g.dtype == mp.dtype else g.to(mp.dtype)
+        untouched = self._untouched_everywhere()
+        for name, mp, g, _ in self._main:
+            mp.grad = None if name in untouched else g if g.dtype == mp.dtype else g.to(mp.dtype)
         if self._carry:          # no zero_grad() since the last step: torch accumulates
             grads = {id(mp): g for _, mp, g, _ in self._main}
             with torch.no_grad():
                 for mp, old in self._carry:
-                    mp.grad.add_(old)
+                    if mp.grad is None:
+                        mp.grad = old.clone()
+                    else:
+                        mp.grad.add_(old)
                     if mp.grad is not grads[id(mp)]:
                         grads[id(mp)].copy_(mp.grad)    # clip_grad_norm_ reads the runtime's
             self._carry = []
+
+    def _untouched_everywhere(self):
+        """Names of the Distinct-model tensors no rank holding them got a
+        gradient for in this step (every microbatch zero-filled by _complete:
+        an expert no token of its expert-data-parallel group reached). Their
+        master parameters get .grad None, so the optimizer skips them as it
+        skips such an expert of the single-process model (AdamW would decay a
+        zero gradient's weight and moments). Decided with one MAX all-reduce
+        of a flag per tensor over each mesh axis the tensor is not Distinct on
+        (torch.distributed, as the model's own all-to-all uses), so every
+        rank holding the tensor decides alike. Models without Distinct tensors
+        (and runs without torch.distributed) keep the zero gradient."""
+        touched = self._touched
+        self._touched = set()
+        distinct = getattr(self, "distinct", None)
+        if not distinct or self.runtime.world_size == 1 or not _dist_ready(self):
+            return set()
+        mesh = self.device_mesh()
+        axes = list(self.schedule.mesh)
+        groups = {}
+        for v in self.runtime.views:     # every tensor, held here or not: the same on every rank
+            groups.setdefault(tuple(distinct.get(v.name, ())), []).append(v.name)
+        untouched = set()
+        for own, names in sorted(groups.items()):
+            flags = torch.tensor([name in touched for name in names], dtype=torch.int32)
+            for a in axes:
+                if a not in own and self.schedule.mesh[a] > 1:
+                    torch.distributed.all_reduce(flags, torch.distributed.ReduceOp.MAX,
+                                                 group=mesh[a].get_group())
+            untouched.update(n for n, f in zip(names, flags.tolist()) if not f)
+        return untouched
 
     def _optimizer_step(self):
         """An optimizer over this model's main parameters is about to step."""
@@ -354,14 +394,19 @@ class UnitHooks:
                     "loss.backward() over a graph whose backward already ran (retain_graph=True) "
                     "or over an earlier microbatch's graph; each microbatch is one forward, then "
                     "one backward" % (self._unit_name(u), self.m))
+            for w in range(self.U - 1, u, -1):
+                if self.pending[w] and self.bwd_open[w]:
+                    self._complete(w)   # its backward is over: what got no gradient is zero
             late = [w for w in range(u + 1, self.U) if self.pending[w]]
             if late:
-                w = late[0]
-                names = [v.name for p, v, _ in self._units[w][1] if p.grad is None]
                 raise UsageError(
-                    "unit %r's backward began while unit %r still waits for the gradients of %s: "
-                    "every parameter of a unit must receive its gradient in each microbatch" % (
-                        self._unit_name(u), self._unit_name(w), ", ".join(names[:8])))
+                    "unit %r's backward began while unit %r's never did: the loss does not "
+                    "depend on unit %r's output in microbatch %d (each unit's forward output "
+                    "must reach the loss)" % (self._unit_name(u), self._unit_name(late[0]),
+                                              self._unit_name(late[0]), self.m))
+            if not self._end_queued:
+                self._end_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
             self._enter(u, "bwd")
             return None
         return hook
@@ -377,20 +422,54 @@ class UnitHooks:
             _, v, gl = self._units[u][1][k]
             gl.copy_(p.grad.view(gl.shape))
             p.grad = None
+            self.got[u][k] = True
+            self._touched.add(v.name)
             self.pending[u] -= 1
             if self.pending[u] == 0:
-                self.bwd_open[u] = False
-                self.runtime.backward_post(u, self.m)
-                self._shut(u, "after its backward in microbatch %d" % self.m)
-                if u == 0:
-                    self._microbatch_done()
+                self._post(u)
         return hook
+
+    def _post(self, u):
+        """Unit u's backward is complete in this microbatch: backward_post."""
+        self.bwd_open[u] = False
+        self.runtime.backward_post(u, self.m)
+        self._shut(u, "after its backward in microbatch %d" % self.m)
+        if u == 0:
+            self._microbatch_done()
+
+    def _complete(self, u):
+        """Unit u's backward is over with some parameters given no gradient (an
+        expert no token was routed to, a branch this input did not take):
+        theirs is zero in this microbatch, as DDP's find_unused_parameters
+        and a zero-token grouped GEMM give, so every rank's collectives stay
+        the schedule's."""
+        for k, (_, _, gl) in enumerate(self._units[u][1]):
+            if not self.got[u][k]:
+                gl.zero_()
+                self.got[u][k] = True
+        self.pending[u] = 0
+        self._post(u)
+
+    def _backward_end(self):
+        """Queued on the engine by the first backward_pre of a microbatch: at the
+        end of that backward, the units still open got their gradients, but
+        for parameters that got none (zero)."""
+        for w in range(self.U - 1, -1, -1):
+            if self.pending[w] and self.bwd_open[w]:
+                self._complete(w)
 
     def _microbatch_done(self):
         self.m += 1
         self._reset_microbatch()
         if self.m == self.M:
             self._end_step()
+
+
+def _dist_ready(sm) -> bool:
+    """torch.distributed is up with the runtime's world, on a process backend."""
+    dist = torch.distributed
+    return (sm._how[0] not in ("local", "cuda_local") and dist.is_available()
+            and dist.is_initialized() and dist.get_world_size() == sm.runtime.world_size)
 
 
 def _not_traced(hook):
