@@ -12,7 +12,8 @@ and moe (EP = 2 x DP = 2, experts renamed), an Adam optimizer (its 0-d
   - K steps, then sm.save_dcp(OUT/dcp_<kind>, opt) (the ranks' own master and
     optimizer shards after them in OUT/<kind>.rank<r>.pt: "shards",
     "opt_shards", "full": full_state_dict), then R more steps: the
-    uninterrupted run ("run": losses and full_state_dict after each step);
+    uninterrupted run ("run": losses, master shards after each step,
+    full_state_dict after the last; "saved": the one at the save);
   - a fresh sharded model of other values and a fresh Adam given the
     checkpoint by sm.load_dcp(path, opt), then R steps ("resumed");
   - the same checkpoint loaded into the model sharded with tp = 4 / ep = 4
@@ -24,6 +25,7 @@ and save_dcp(OUT/dcp2_<kind>, opt) after them.
 """
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,7 @@ import mfsdp.torch as mt
 torch.set_num_threads(1)
 K, R = 2, 2          # steps before the save, steps after it
 LR = 0.01
+EPS = 1e-3
 
 
 def data(kind):
@@ -57,12 +60,22 @@ def batch(kind, rank, world, s, m):
     return torch.cat([X[s, d, m] for d in ds]), torch.cat([Y[s, d, m] for d in ds])
 
 
+def adam_of(params):
+    """Adam with eps above the gradients' scale: its step is then smooth in
+    the gradient (m / (sqrt(v) + eps) of a near-zero gradient would turn the
+    fp32 rounding of a sum into a whole lr-sized step, and no comparison
+    with one process could hold at 1e-6)."""
+    return torch.optim.Adam(params, lr=LR, eps=EPS, foreach=False)
+
+
 def adam(sm):
-    return torch.optim.Adam(sm.main_parameters(), lr=LR, foreach=False)
+    return adam_of(sm.main_parameters())
 
 
 def steps(sm, model, opt, kind, rank, world, first, count, res):
-    """Steps first .. first + count - 1: res' losses and full_state_dicts."""
+    """Steps first .. first + count - 1: res' losses, master shards after
+    each step ("params": name -> (offset, values)) and the full_state_dict
+    after the last ("full")."""
     for s in range(first, first + count):
         tot = 0.0
         for m in range(dw.M):
@@ -73,7 +86,8 @@ def steps(sm, model, opt, kind, rank, world, first, count, res):
         opt.step()
         opt.zero_grad()
         res["losses"].append(sm.mean_over_ranks(tot))
-        res["full"].append(sm.full_state_dict(rank0_only=False))
+        res["params"].append({n: (off, p.detach().clone()) for n, off, p in sm.shards()})
+    res["full"] = sm.full_state_dict(rank0_only=False)
 
 
 def fresh(kind, rank, dp):
@@ -126,15 +140,16 @@ def save(out, rank, kind):
     model = dw.local_model(kind, [rank // 2, rank % 2], None)
     sm = dw.sharded(kind, model)
     opt = adam(sm)
-    res = {"coords": list(sm.runtime.coords), "run": {"losses": [], "full": []}}
+    res = {"coords": list(sm.runtime.coords), "run": {"losses": [], "params": []}}
     steps(sm, model, opt, kind, rank, 4, 0, K, res["run"])
     sm.save_dcp(path, opt)
+    res["saved"] = res["run"]["full"]              # the weights it saved
     res["shards"], res["opt_shards"] = shards_of(sm, opt)
     steps(sm, model, opt, kind, rank, 4, K, R, res["run"])
     sm.close()
     sm, model, opt = fresh(kind, rank, 2)
     sm.load_dcp(path, opt)
-    res["resumed"] = {"losses": [], "full": []}
+    res["resumed"] = {"losses": [], "params": []}
     steps(sm, model, opt, kind, rank, 4, K, R, res["resumed"])
     sm.close()
     res["other_size"] = other_size(kind, rank, path)
@@ -144,7 +159,7 @@ def save(out, rank, kind):
 def resume2(out, rank, kind):
     sm, model, opt = fresh(kind, rank, 1)
     sm.load_dcp(os.path.join(out, "dcp_%s" % kind), opt)
-    res = {"losses": [], "full": []}
+    res = {"losses": [], "params": []}
     steps(sm, model, opt, kind, rank, 2, K, R, res)
     sm.save_dcp(os.path.join(out, "dcp2_%s" % kind), opt)
     sm.close()
@@ -159,9 +174,10 @@ def main():
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
                             world_size=world)
     for kind in ("tp", "moe"):
+        t0 = time.time()
         (save if what == "save" else resume2)(out, rank, kind)
         if rank == 0:
-            print("%s %s: done" % (what, kind), flush=True)
+            print("%s %s: done in %.1f s" % (what, kind, time.time() - t0), flush=True)
     dist.destroy_process_group()
 
 

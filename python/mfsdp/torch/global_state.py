@@ -217,9 +217,11 @@ def writes(held: List[List[Tuple[str, int, int, int]]], rank: int, numel: Mappin
            counts: Mapping[str, int], what: str) -> Dict[str, List[Tuple[int, int]]]:
     """{name: flat ranges [a, b) of its local tensor} that rank `rank`
     writes, out of every rank's held list [(name, coordinate, offset,
-    count)]: each element of each coordinate is written once, by the lowest
-    rank holding it (a replica's copy is never written twice). UsageError,
-    the same on every rank, when a coordinate's elements are not all held."""
+    count)]: each element of each coordinate is written once, by the first
+    rank holding it in an order rotated per tensor and coordinate (a
+    replica's copy is never written twice, and replicated tensors' writes
+    spread over their replicas). UsageError, the same on every rank, when a
+    coordinate's elements are not all held."""
     by = {}                                  # (name, coordinate) -> [(rank, a, b)]
     for r, part in enumerate(held):
         for n, k, off, cnt in part:
@@ -229,9 +231,12 @@ def writes(held: List[List[Tuple[str, int, int, int]]], rank: int, numel: Mappin
             if _minus([(0, numel[n])], [(a, b) for _, a, b in by.get((n, k), [])]):
                 raise UsageError("%s: coordinate %d of %r is not covered by the ranks' master "
                                  "shards" % (what, k, n))
+    world, turn = len(held), {n: i for i, n in enumerate(sorted(counts))}
     out = {}
     for n, k, off, cnt in held[rank]:
-        lower = [(a, b) for r, a, b in by[(n, k)] if r < rank]
+        first = (turn[n] + k) % world                   # who goes first for (n, k)
+        before = (rank - first) % world
+        lower = [(a, b) for r, a, b in by[(n, k)] if (r - first) % world < before]
         mine = _minus([(off, off + cnt)], lower)
         if mine:
             out[n] = mine
