@@ -35,8 +35,7 @@ STEPS steps of M microbatches (each loss scaled by 1/M), the gradient clipped
 to CLIP (sm.clip_grad_norm_), SGD with momentum over sm.main_parameters().
 Rank r writes OUT/<run>.rank<r>.pt: the losses (mean over ranks), the norms
 clip_grad_norm_ returned, after every step its master shards (name -> (shard
-offset, values)), its coordinates, the ranks of its device_mesh groups, and
-the UsageErrors of save_checkpoint and save_dcp with an optimizer, its
+offset, values)), its coordinates, the ranks of its device_mesh groups, its
 full_state_dict after the steps (under the global names) and a DCP
 checkpoint of it (OUT/dcp_<run>), the same initial weights given to a fresh
 sharded model by load_full_state_dict and trained again, and the DCP
@@ -337,7 +336,7 @@ def run(out, rank, kind):
            "groups": {a: dist.get_process_group_ranks(dm[a].get_group()) for a in mesh},
            "distinct": dict(sm.distinct), "globals": dict(sm.globals), "spec": sm.spec,
            "losses": [], "norms": [], "params": []}
-    opt = train(sm, model, kind, rank, steps, res)
+    train(sm, model, kind, rank, steps, res)
     if kind not in FULL:
         sm.close()
         torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
@@ -345,19 +344,6 @@ def run(out, rank, kind):
     res["full"] = sm.full_state_dict(rank0_only=False)
     res["full0"] = sm.full_state_dict()              # rank 0's only
     sm.save_dcp(os.path.join(out, "dcp_%s" % kind))
-    try:
-        sm.save_dcp(os.path.join(out, "never_dcp_%s" % kind), opt)
-        res["save_dcp_optimizer"] = None
-    except mfsdp.UsageError as e:
-        res["save_dcp_optimizer"] = str(e)
-    for what, call in (("save_checkpoint", lambda: sm.save_checkpoint(
-                           os.path.join(out, "never_%s_%d" % (kind, rank)), opt)),):
-        try:
-            call()
-            res[what] = None
-        except mfsdp.UsageError as e:
-            res[what] = str(e)
-    res["never_exists"] = os.path.exists(os.path.join(out, "never_%s_%d" % (kind, rank)))
     sm.close()
     res["reload"] = reload(kind, rank, steps)
     res["dcp_loaded"] = from_dcp(kind, rank, os.path.join(out, "dcp_%s" % kind), 2)

@@ -33,8 +33,9 @@ it back bit for bit and trains bit-identically to the first run; without
 global names both (and save_dcp) are refused naming the tensor and
 global_names=; save_dcp after the steps is read by torch's own dcp.load into
 the single-process model bit for bit, and load_dcp on 4 ranks and on 2
-(mpirun -np 2, dp = 1) gives it back; save_dcp with an optimizer and
-save_checkpoint stay refused. In one process: the spec text (the global
+(mpirun -np 2, dp = 1) gives it back (checkpoints with the optimizer, native,
+DCP and Hugging Face: test_distinct_ckpt, test_distinct_dcp,
+test_distinct_hf). In one process: the spec text (the global
 clauses), the schedule's global key read from hand-written YAML, the
 refusals of spec_from_module and fully_shard, and a one-rank state dict
 under global names with load_full_state_dict's listed problems.
@@ -179,17 +180,13 @@ def test_device_mesh_has_mfsdp_coordinates(runs, kind):
 
 @needs_mpi
 @pytest.mark.parametrize("kind", ["tp", "moe"])
-def test_distinct_tensors_and_refusals(runs, kind):
+def test_distinct_tensors(runs, kind):
     got = runs[(kind, 0)]
     axis = list(dw.RUNS[kind][0])[0]
     model = dw.whole_model(kind) if kind == "tp" else dw.MoEModel(dw.EP)
     want = {n for n, _ in model.named_parameters()
             if (".experts." in n if kind == "moe" else (".w1." in n or ".w2." in n))}
     assert got["distinct"] == {n: (axis,) for n in want}, got["distinct"]
-    what = "save_checkpoint"
-    assert got[what] and "%s of a model with Distinct tensors" % what in got[what] \
-        and "not supported yet" in got[what] and "sm.full_state_dict()" in got[what], got[what]
-    assert not got["never_exists"]
 
 
 def assembled(runs, kind):
@@ -279,7 +276,7 @@ def test_dcp_is_the_whole_model(runs, kind):
     single-process model gives full_state_dict bit for bit, from the 4-rank
     save and from the 2-rank one (dp = 1) that loaded it; load_dcp into fresh
     sharded models on 4 and on 2 ranks gives it back bit for bit. With an
-    optimizer save_dcp is refused (no whole form of its Distinct state yet)."""
+    optimizer is test_distinct_dcp's)."""
     full = runs[(kind, 0)]["full"]
     for d in ("dcp_", "dcp2_"):
         got = torch_load(os.path.join(runs["dir"], d + kind), kind)
@@ -288,12 +285,9 @@ def test_dcp_is_the_whole_model(runs, kind):
     for r in range(WORLD):
         loaded = runs[(kind, r)]["dcp_loaded"]
         assert set(loaded) == set(full) and all(torch.equal(loaded[n], full[n]) for n in full)
-        msg = runs[(kind, r)]["save_dcp_optimizer"]
-        assert msg and "save_dcp with an optimizer of a model with Distinct tensors" in msg, msg
     for r in range(2):
         loaded = runs[("reshard_" + kind, r)]
         assert set(loaded) == set(full) and all(torch.equal(loaded[n], full[n]) for n in full)
-    assert not os.path.exists(os.path.join(runs["dir"], "never_dcp_" + kind))
 
 
 @needs_mpi
