@@ -299,7 +299,8 @@ static void mf_ckpt_plan_tensors(const mf_schedule *s, int b, int64_t c, mf_ckpt
     for (int i = 0; i < bk->ntensors; i++) {
         mf_ckpt_ptensor *pt = &out->t[out->ntensors++];
         const mf_tensor *t = &bk->tensors[i];
-        pt->name = c >= 0 ? t->global[c] : t->name;
+        pt->split = mf_ckpt_plan_gmap(s, b, i, c, &pt->run, &pt->grow, &pt->gbase, pt->gdims);
+        pt->name = c < 0 ? t->name : t->global[pt->split >= 0 ? 0 : c]; /* split: one name, W */
         pt->local = t->name;
         pt->coord = c;
         pt->bucket = b;
@@ -308,8 +309,6 @@ static void mf_ckpt_plan_tensors(const mf_schedule *s, int b, int64_t c, mf_ckpt
         memcpy(pt->dims, t->dims, sizeof pt->dims);
         pt->numel = t->numel;
         pt->dtype = bk->dtype[MF_ROLE_MAIN_WEIGHT];
-        pt->split = mf_ckpt_plan_gmap(s, b, i, c, &pt->run, &pt->grow, &pt->gbase, pt->gdims);
-        pt->name = pt->split >= 0 ? t->global[0] : pt->name;
         int m = pt->split >= 0 ? mf_ckpt_plan_find(out, pt->name) : -1;
         pt->mt = m >= 0 && m < out->ntensors - 1 ? out->t[m].mt : out->nmt++;
     }
