@@ -99,8 +99,12 @@ void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t
 mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p)
 {
     mf_hf_shape *t = calloc((size_t)p->ntensors + 1, sizeof *t);
-    for (int k = 0; t && k < p->ntensors; k++)
-        mf_hf_shape_init(&t[k], p->t[k].name, p->t[k].ndims, p->t[k].dims, p->t[k].numel);
+    for (int k = 0; t && k < p->ntensors; k++) {
+        int64_t numel = 1;
+        for (int d = 0; d < p->t[k].ndims; d++)
+            numel *= p->t[k].gdims[d];
+        mf_hf_shape_init(&t[k], p->t[k].name, p->t[k].ndims, p->t[k].gdims, numel);
+    }
     return t;
 }
 

@@ -81,7 +81,9 @@ void mf_ckpt_hf_close(mf_hf_model *m);
 /* *t = name (borrowed), ndims <= MF_MAX_DIMS sizes dims[], numel. */
 void mf_hf_shape_init(mf_hf_shape *t, const char *name, int ndims, const int64_t *dims, int64_t numel);
 /* The tensors of a checkpoint plan, or of a manifest, in their order
- * (names borrowed): malloc'd, n + 1 entries; NULL when out of memory. */
+ * (names borrowed): malloc'd, n + 1 entries; NULL when out of memory. A
+ * plan's split global tensor (mf_ckpt_plan.h) is listed once per
+ * coordinate, each time with the global tensor's dims (gdims). */
 mf_hf_shape *mf_ckpt_hf_shapes_of_plan(const mf_ckpt_plan *p);
 mf_hf_shape *mf_ckpt_hf_shapes_of_manifest(const mf_ckpt_manifest *m);
 

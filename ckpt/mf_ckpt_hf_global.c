@@ -15,7 +15,7 @@
 
 void mf_hf_global_free(mf_hf_global *g)
 {
-    MF_FREE_ALL(g->shape, g->first, g->tbase);
+    MF_FREE_ALL(g->shape, g->slot, g->at, g->tbase);
     memset(g, 0, sizeof *g);
 }
 
@@ -34,23 +34,27 @@ static bool mf_hf_global_distinct(const mf_schedule *s, int b)
     return mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes);
 }
 
-/* The global tensors of tensor i of bucket b appended to g->shape. */
-static void mf_hf_global_add(const mf_schedule *s, int b, int i, mf_hf_global *g)
+/* The global tensor of tensor i of bucket b at coordinate combination c
+ * (c = 0 when the bucket has no Distinct axis), appended to g->shape unless
+ * a split tensor's W already is (c > 0); its slot recorded. */
+static void mf_hf_global_add(const mf_schedule *s, int b, int i, int64_t c, mf_hf_global *g)
 {
     const mf_tensor *t = &s->buckets[b].tensors[i];
-    g->first[g->tbase[b] + i] = g->n;
+    int *slot = &g->slot[g->at[g->tbase[b] + i]];
+    int64_t run, grow, gbase, dims[MF_MAX_DIMS];
     if (!mf_hf_global_distinct(s, b)) {
+        slot[0] = g->n;
         mf_hf_shape_init(&g->shape[g->n++], t->name, t->ndims, t->dims, t->numel);
-        return;
-    }
-    int64_t nc = mf_hf_global_combos(s, b), run, grow, gbase, dims[MF_MAX_DIMS];
-    if (t->global_split) {
-        mf_ckpt_plan_gmap(s, b, i, 0, &run, &grow, &gbase, dims);
-        mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * nc);
-        return;
-    }
-    for (int64_t c = 0; c < nc; c++)
+    } else if (!t->global_split) {
+        slot[c] = g->n;
         mf_hf_shape_init(&g->shape[g->n++], t->global[c], t->ndims, t->dims, t->numel);
+    } else if (c > 0) {
+        slot[c] = slot[0];
+    } else {
+        slot[0] = g->n;
+        mf_ckpt_plan_gmap(s, b, i, 0, &run, &grow, &gbase, dims);
+        mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * mf_hf_global_combos(s, b));
+    }
 }
 
 /* -1 with a message naming the first Distinct tensor of s without global
@@ -73,29 +77,42 @@ static int mf_hf_global_check(const mf_schedule *s, char *err, size_t errlen)
     return 0;
 }
 
+/* Counts the global tensors (*ng) and the slots (*ns) of s. */
+static int64_t mf_hf_global_count(const mf_schedule *s, int64_t *ng, int64_t *ns)
+{
+    int64_t nt = 0;
+    *ng = *ns = 0;
+    for (int b = 0; b < s->nbuckets; b++)
+        for (int i = 0; i < s->buckets[b].ntensors; i++, nt++) {
+            int64_t nc = mf_hf_global_distinct(s, b) ? mf_hf_global_combos(s, b) : 1;
+            *ng += s->buckets[b].tensors[i].global_split ? 1 : nc;
+            *ns += nc;
+        }
+    return nt;
+}
+
 int mf_hf_global_build(const mf_schedule *s, mf_hf_global *g, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
     if (mf_hf_global_check(s, err, errlen) != 0)
         return -1;
-    int64_t nt = 0, ng = 0;
-    for (int b = 0; b < s->nbuckets; b++)
-        for (int i = 0; i < s->buckets[b].ntensors; i++) {
-            const mf_tensor *t = &s->buckets[b].tensors[i];
-            ng += mf_hf_global_distinct(s, b) && !t->global_split ? mf_hf_global_combos(s, b) : 1;
-            nt++;
-        }
+    int64_t ng, ns, nt = mf_hf_global_count(s, &ng, &ns);
     g->shape = calloc((size_t)ng + 1, sizeof *g->shape);
-    g->first = calloc((size_t)nt + 1, sizeof *g->first);
+    g->slot = calloc((size_t)ns + 1, sizeof *g->slot);
+    g->at = calloc((size_t)nt + 1, sizeof *g->at);
     g->tbase = calloc((size_t)s->nbuckets + 1, sizeof *g->tbase);
-    if (!g->shape || !g->first || !g->tbase || ng > INT32_MAX) {
+    if (!g->shape || !g->slot || !g->at || !g->tbase || ng > INT32_MAX || ns > INT32_MAX) {
         mf_hf_global_free(g);
         return snprintf(err, errlen, "out of memory (global tensors)"), -1;
     }
-    for (int b = 0; b < s->nbuckets; b++) {
+    for (int b = 0, at = 0; b < s->nbuckets; b++) {
+        int64_t nc = mf_hf_global_distinct(s, b) ? mf_hf_global_combos(s, b) : 1;
         g->tbase[b + 1] = g->tbase[b] + s->buckets[b].ntensors;
-        for (int i = 0; i < s->buckets[b].ntensors; i++)
-            mf_hf_global_add(s, b, i, g);
+        for (int i = 0; i < s->buckets[b].ntensors; i++, at += (int)nc)
+            g->at[g->tbase[b] + i] = at;
+        for (int64_t c = 0; c < nc; c++) /* the checkpoint plan's order */
+            for (int i = 0; i < s->buckets[b].ntensors; i++)
+                mf_hf_global_add(s, b, i, c, g);
     }
     return 0;
 }
@@ -110,11 +127,8 @@ int mf_hf_global_find(const mf_hf_global *g, const char *name)
 
 mf_hf_place mf_hf_global_place(const mf_hf_global *g, const mf_schedule *s, int bucket, int index, int64_t coord)
 {
-    const mf_tensor *t = &s->buckets[bucket].tensors[index];
-    mf_hf_place p = {.global = g->first[g->tbase[bucket] + index]};
+    mf_hf_place p = {.global = g->slot[g->at[g->tbase[bucket] + index] + (coord > 0 ? coord : 0)]};
     mf_ckpt_plan_gmap(s, bucket, index, coord, &p.run, &p.grow, &p.gbase, NULL);
-    if (coord >= 0 && t->nglobal && !t->global_split)
-        p.global += (int)coord; /* rename: coordinate coord's own tensor */
     return p;
 }
 

@@ -13,8 +13,10 @@
  *   - split D: one global tensor global[0], the coordinates' tensors
  *     concatenated along dim D in coordinate order: its dims[D] is the local
  *     dims[D] times the number of combinations nc.
- * Invariants: the global tensors are listed in schedule order (bucket, then
- * declaration, then coordinate), a split name once, at its first tensor;
+ * Invariants: the global tensors are listed in the checkpoint plan's order
+ * (bucket, then coordinate combination, then declaration: mf_ckpt_plan.h),
+ * a split tensor once, at coordinate 0, so an export's files are the same
+ * bytes as mfsdp-ckpt's export of a native checkpoint of the same weights;
  * every element of every global tensor is the image of exactly one
  * (coordinate, local element) pair, so replicas of a coordinate that split
  * their held range write every byte once.
@@ -51,7 +53,8 @@ typedef struct mf_hf_run {
 typedef struct mf_hf_global {
     int n;                  /* global tensors */
     mf_hf_shape *shape;     /* n + 1: global name (borrowed from the schedule), global dims */
-    int *first;             /* per schedule tensor (schedule order): its first global tensor */
+    int *slot;              /* per schedule tensor and coordinate combination: its global tensor */
+    int *at;                /* per schedule tensor (schedule order): its first slot */
     int *tbase;             /* per bucket: the schedule-order index of its first tensor */
 } mf_hf_global;
 

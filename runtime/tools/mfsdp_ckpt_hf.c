@@ -6,7 +6,9 @@
  * export by this tool and one by mfsdp_ckpt_export_hf are the same bytes.
  *
  *   import HF SCHEDULE.yaml OUT [--map FROM=TO]... [--tie NAME=SOURCE]...
- *       an mfsdp checkpoint (main_weight only, step 0) for the schedule
+ *       an mfsdp checkpoint (main_weight only, step 0) for the schedule;
+ *       Distinct tensors from their global names (each coordinate's own
+ *       tensor, or its runs of a split one: mf_ckpt_plan_gstart)
  *   export DIR OUT [--dtype bf16|fp16|fp32] [--map FROM=TO]... [--tie NAME=SOURCE]...
  *          [--max-file-bytes N]
  *       consolidated full tensors: OUT/model.safetensors, or
@@ -101,7 +103,8 @@ static int ck_imp_fill(void *ctx, int entry, uint64_t off, void *buf, size_t n, 
     ck_imp *c = ctx;
     const mf_ckpt_piece *pc = &c->p->p[c->p->first[c->rank] + entry];
     mf_dtype d = c->p->t[pc->tensor].dtype;
-    int64_t a = pc->start + (int64_t)(off / mf_dtype_size(d));
+    /* a piece is one range of its global tensor (split: of W, mf_ckpt_plan.h) */
+    int64_t a = mf_ckpt_plan_gstart(&c->p->t[pc->tensor], pc->start) + (int64_t)(off / mf_dtype_size(d));
     return mf_hf_model_read(c->m, c->src[pc->tensor], a, a + (int64_t)(n / mf_dtype_size(d)), buf, d, err, errlen);
 }
 

@@ -9,7 +9,7 @@ EP 2 x DP 2 (4 experts renamed, 2 per ep coordinate).
     mpirun -np 4 python distinct_hf_worker.py OUT PORT
     mpirun -np 2 python distinct_hf_worker.py OUT PORT two    (after the first)
 
-On 4 ranks, per kind:
+On 4 ranks, per kind (rank 0 also writes the schedule, OUT/sched_<kind>.yaml):
   OUT/hf0_<kind>       exported before training (the initial weights)
   OUT/hf_<kind>        exported after STEPS steps, fp32, one file
   OUT/hfs_<kind>       the same, files of at most 1200 bytes (an index)
@@ -77,6 +77,9 @@ def run(out, rank, kind):
     model = dw.local_model(kind, [rank // 2, rank % 2], None)
     sm = dw.sharded(kind, model)
     sm.export_hf(os.path.join(out, "hf0_%s" % kind))
+    if rank == 0:                    # for the offline tool (mfsdp-ckpt import / export)
+        with open(os.path.join(out, "sched_%s.yaml" % kind), "wb") as f:
+            f.write(sm.schedule.text)
     res = {"coords": list(sm.runtime.coords), "losses": [], "norms": [], "params": []}
     dw.train(sm, model, kind, rank, dw.STEPS, res)
     res["shards"] = shards(sm)

@@ -27,7 +27,9 @@
  *     2, all 8 elements: global [2, 6, 2], runs {0 -> 8, 4}, {4 -> 20, 4};
  *   rename, coordinate 1, local [0, 4) of e: e.1's elements [0, 4), bytes
  *     [112, 128).
- * A Distinct tensor without global names is refused naming it and the clause.
+ * The global tensors follow the checkpoint plan's order (bucket, coordinate,
+ * declaration). A Distinct tensor without global names is refused naming it
+ * and the clause.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -206,6 +208,32 @@ static void test_split_3d(void **state)
     mf_hf_global_free(&g);
 }
 
+/* The checkpoint plan's order (bucket, coordinate, declaration), which
+ * mfsdp-ckpt's export of a native checkpoint follows: mlp.w1 renamed a.0 /
+ * a.1 gives a.0, W2, e.0 (coordinate 0), a.1, e.1 (coordinate 1), head.b. */
+static void test_plan_order(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f);
+    const char *a[] = {"a.0", "a.1"};
+    f.t[0].global = a;
+    f.t[0].nglobal = 2;
+    f.t[0].global_split = false;
+    mf_hf_global g;
+    char err[512];
+    assert_int_equal(mf_hf_global_build(&f.s, &g, err, sizeof err), 0);
+    static const char *const names[] = {"a.0", "W2", "e.0", "a.1", "e.1", "head.b"};
+    assert_int_equal(g.n, 6);
+    for (int k = 0; k < 6; k++)
+        assert_string_equal(g.shape[k].name, names[k]);
+    assert_int_equal(mf_hf_global_place(&g, &f.s, 0, 0, 1).global, 3);
+    assert_int_equal(mf_hf_global_place(&g, &f.s, 0, 1, 1).global, 1);
+    assert_int_equal(mf_hf_global_place(&g, &f.s, 0, 2, 1).global, 4);
+    assert_int_equal(mf_hf_global_place(&g, &f.s, 1, 0, -1).global, 5);
+    mf_hf_global_free(&g);
+}
+
 static void test_unnamed_refused(void **state)
 {
     (void)state;
@@ -228,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_global_tensors),
         cmocka_unit_test(test_byte_ranges),
         cmocka_unit_test(test_split_3d),
+        cmocka_unit_test(test_plan_order),
         cmocka_unit_test(test_unnamed_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
