@@ -18,7 +18,8 @@ tensor)), the last step's loss and shards of both runs, and the refusals:
 the model without global names (save_checkpoint) and a TP = 4 model loading
 the TP = 2 checkpoint (load_checkpoint).
 reload2 (2 ranks: tp or ep = 2 x dp = 1): a fresh model loads each
-checkpoint; OUT/reload2_<kind>.rank<r>.pt: its shards and optimizer states.
+checkpoint (tp's load staged, as on a GPU: MFSDP_CKPT_STAGE=1);
+OUT/reload2_<kind>.rank<r>.pt: its shards and optimizer states.
 """
 import os
 import sys
@@ -126,8 +127,15 @@ def save(out, rank, kind):
 
 
 def reload2(out, rank, kind):
+    """The tp load staged (MFSDP_CKPT_STAGE=1: the buffers touched only
+    through the backend's stage hook, as on a GPU; every rank reads all it
+    holds, w2's slice row by row), the moe load shared among replicas."""
     sm, _, opt = fresh(kind, rank, 1)
-    sm.load_checkpoint(os.path.join(out, "ckpt_%s" % kind), opt)
+    os.environ["MFSDP_CKPT_STAGE"] = "1" if kind == "tp" else "0"
+    try:
+        sm.load_checkpoint(os.path.join(out, "ckpt_%s" % kind), opt)
+    finally:
+        del os.environ["MFSDP_CKPT_STAGE"]
     res = {"coords": list(sm.runtime.coords), "loaded": snapshot(sm, opt)}
     sm.close()
     torch.save(res, os.path.join(out, "reload2_%s.rank%d.pt" % (kind, rank)))

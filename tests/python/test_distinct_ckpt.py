@@ -20,7 +20,9 @@ the code under test:
     states bit for bit, and the resumed step's loss and every shard equal
     the uninterrupted run's bit for bit;
   - the load on 2 ranks gives each coordinate's tensors (master and Adam
-    states) bit for bit;
+    states) bit for bit (the TP one staged, MFSDP_CKPT_STAGE=1: through the
+    backend's stage hook as on a GPU, each rank reading w2's slice row by
+    row);
   - refused, naming the tensor: save_checkpoint of the model without global
     names (global_names=, nothing written), and a TP = 4 model loading the
     TP = 2 checkpoint;
