@@ -11,13 +11,16 @@ and moe (EP = 2 x DP = 2, experts renamed), an Adam optimizer (its 0-d
 `step` and two moments per parameter) over sm.main_parameters():
   - K steps, then sm.save_dcp(OUT/dcp_<kind>, opt) (the ranks' own master and
     optimizer shards after them in OUT/<kind>.rank<r>.pt: "shards",
-    "opt_shards", "full": full_state_dict), then R more steps: the
+    "opt_shards"; "saved": full_state_dict), then R more steps: the
     uninterrupted run ("run": losses, master shards after each step,
-    full_state_dict after the last; "saved": the one at the save);
+    full_state_dict after the last);
   - a fresh sharded model of other values and a fresh Adam given the
     checkpoint by sm.load_dcp(path, opt), then R steps ("resumed");
   - the same checkpoint loaded into the model sharded with tp = 4 / ep = 4
     (dp = 1): load_dcp's refusal ("other_size": the message).
+and moe_skip: moe whose global expert dw.MASKED no token reaches from the
+first step on (skipped, so it never has a gradient nor Adam state): the
+same save and resume, without the other size.
 resume2 (2 ranks, tp = 2 / ep = 2, dp = 1): load_dcp(OUT/dcp_<kind>, opt)
 into a fresh model, R steps on the same global batches (each microbatch
 the two former data-parallel ranks' concatenated): OUT/resume2_<kind>.rank<r>.pt,
@@ -44,7 +47,7 @@ def data(kind):
     """X, Y of [K + R, data-parallel rank, M, TOKENS, D] (distinct_worker.data's
     layout: 2 dp coordinates for tp, 4 ranks for moe)."""
     g = torch.Generator().manual_seed(23)
-    n = 2 if kind == "tp" else 4
+    n = 2 if kind == "tp" else 4                 # moe, moe_skip: every rank its own
     x = torch.randn(K + R, n, dw.M, dw.TOKENS, dw.D, generator=g)
     return x, torch.randn(K + R, n, dw.M, dw.TOKENS, dw.D, generator=g)
 
@@ -53,10 +56,11 @@ def batch(kind, rank, world, s, m):
     """This rank's microbatch m of step s: on 4 ranks its own; on 2 (dp = 1)
     the two data-parallel ranks' it stands for, concatenated (the same mean)."""
     X, Y = data(kind)
+    moe = kind.startswith("moe")
     if world == 4:
-        d = rank if kind == "moe" else rank % 2
+        d = rank if moe else rank % 2
         return X[s, d, m], Y[s, d, m]
-    ds = [2 * rank, 2 * rank + 1] if kind == "moe" else [0, 1]
+    ds = [2 * rank, 2 * rank + 1] if moe else [0, 1]
     return torch.cat([X[s, d, m] for d in ds]), torch.cat([Y[s, d, m] for d in ds])
 
 
@@ -97,7 +101,15 @@ def fresh(kind, rank, dp):
         for p in model.parameters():
             p.add_(0.5)
     sm = dw.sharded(kind, model, dp=dp)
+    mask(model, kind)
     return sm, model, adam(sm)
+
+
+def mask(model, kind):
+    """moe_skip: global expert dw.MASKED gets no token from the first step
+    on (dw.MoEModel(skip=True) then skips it): no gradient, so no Adam state."""
+    if kind == "moe_skip":
+        model.moe.masked = (dw.MASKED,)
 
 
 def shards_of(sm, opt):
@@ -105,8 +117,9 @@ def shards_of(sm, opt):
     params = {n: (off, p.detach().clone()) for n, off, p in sm.shards()}
     state = {}
     for name, mp, _, _ in sm._main:
-        state[name] = {k: v.detach().clone().reshape(-1) if v.dim() else v.detach().clone()
-                       for k, v in opt.state[mp].items()}
+        if opt.state.get(mp):
+            state[name] = {k: v.detach().clone().reshape(-1) if v.dim() else v.detach().clone()
+                           for k, v in opt.state[mp].items()}
     return params, state
 
 
@@ -139,6 +152,7 @@ def save(out, rank, kind):
     path = os.path.join(out, "dcp_%s" % kind)
     model = dw.local_model(kind, [rank // 2, rank % 2], None)
     sm = dw.sharded(kind, model)
+    mask(model, kind)
     opt = adam(sm)
     res = {"coords": list(sm.runtime.coords), "run": {"losses": [], "params": []}}
     steps(sm, model, opt, kind, rank, 4, 0, K, res["run"])
@@ -152,7 +166,8 @@ def save(out, rank, kind):
     res["resumed"] = {"losses": [], "params": []}
     steps(sm, model, opt, kind, rank, 4, K, R, res["resumed"])
     sm.close()
-    res["other_size"] = other_size(kind, rank, path)
+    if kind != "moe_skip":
+        res["other_size"] = other_size(kind, rank, path)
     torch.save(res, os.path.join(out, "%s.rank%d.pt" % (kind, rank)))
 
 
@@ -173,7 +188,7 @@ def main():
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "4")))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
                             world_size=world)
-    for kind in ("tp", "moe"):
+    for kind in ("tp", "moe", "moe_skip") if what == "save" else ("tp", "moe"):
         t0 = time.time()
         (save if what == "save" else resume2)(out, rank, kind)
         if rank == 0:

@@ -307,7 +307,7 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
              "member": opt.member if opt is not None else {},
              "groups": opt.groups if opt is not None else None,
              "held": [(t, c, off, x.numel()) for t, (c, off, x) in sorted(names.master.items())],
-             "coords": {t: c for t, (_, c, _) in names.distinct.items()}}
+             "coords": {t: c for t, (c, _, _) in names.master.items()}}
     every = group.all_gather(local)
     problems = [d["problem"] for d in every if d["problem"]]
     if problems:
@@ -323,8 +323,8 @@ def save(rt: Runtime, names: Names, path: str, opt: Optional[OptimizerState] = N
                                 "is" if len(split) == 1 else "are"))
     groups = every[0]["groups"]
     if opt is not None:
-        missing = [v.name for v in rt.views if v.name not in states
-                   and (v.name in member or not opt.partial)]
+        missing = [v.name for v in rt.views if v.name not in states and v.name not in
+                   names.distinct and (v.name in member or not opt.partial)]
         if missing:
             raise UsageError("%s: the optimizer has no state for %s (save after the first "
                              "optimizer.step())" % (what, ", ".join(missing[:8])))
@@ -569,6 +569,34 @@ def _gathered(rt, names, opt, states, member, groups):
     return sd
 
 
+def _stated(names, every, what):
+    """{Distinct tensor name: the coordinates whose ranks have its optimizer
+    state}: a parameter that got no gradient yet has none (torch's own
+    optimizers step only parameters with a .grad), and its global names are
+    then written without state, as get_optimizer_state_dict writes them.
+    UsageError when the ranks of one coordinate disagree, or a split
+    tensor's slices do (its one global name is stated whole or not at all)."""
+    have, lack = {}, {}
+    for r, d in enumerate(every):
+        for t, c in d["coords"].items():
+            (have if t in d["states"] else lack).setdefault(t, {}).setdefault(c, []).append(r)
+    out = {}
+    for t in names.distinct:
+        both = sorted(set(have.get(t, {})) & set(lack.get(t, {})))
+        if both:
+            c = both[0]
+            raise UsageError("%s: the optimizer has state for %r on rank %d, none on rank %d of "
+                             "the same coordinate %d: replicas must step alike" % (
+                                 what, t, have[t][c][0], lack[t][c][0], c))
+        out[t] = set(have.get(t, {}))
+        if isinstance(names.distinct[t][0], tuple) and out[t] and lack.get(t):
+            raise UsageError("%s: the optimizer has state for some slices of %r (split over "
+                             "%s) and not for others: its global tensor %r has no whole state"
+                             % (what, t, "/".join(a for a, _ in names.layout[t]),
+                                names.distinct[t][0][0]))
+    return out
+
+
 def _distinct_part(rt, names, opt, every, states, sd, what):
     """The Distinct tensors' part of this rank's save: returns its chunks
     for dcp_files.make_chunk_planner, and adds their scalar optimizer
@@ -594,6 +622,7 @@ def _distinct_part(rt, names, opt, every, states, sd, what):
     ranges = global_state.writes([d["held"] for d in every], rt.rank,
                                  {t: views[t].numel for t in names.distinct}, counts, what)
     local = {} if opt is None else opt.state
+    stated = _stated(names, every, what) if opt is not None else {}
     chunks = {}
     for t, spans in ranges.items():
         v, (g, c, expected), f = views[t], names.distinct[t], names.local_fqn(t)
@@ -601,7 +630,7 @@ def _distinct_part(rt, names, opt, every, states, sd, what):
         parts = [("model." + f, ("model", f), master)]
         parts += [("optim.state.%s.%s" % (f, k), ("optim", "state", f, k),
                    local[t][k].reshape(-1)) for k, (kind, _) in sorted(states.get(t, {}).items())
-                  if kind == "shard"]
+                  if kind == "shard" and c in stated.get(t, ())]
         for a, b in spans:
             for o, sizes, start in dcp_files.boxes(tuple(v.shape), a, b):
                 if isinstance(g, tuple):
@@ -622,8 +651,8 @@ def _distinct_part(rt, names, opt, every, states, sd, what):
                                                         in d["states"][t].items()
                                                         if kind == "scalar"})
             for i, f in enumerate(names.fqns_of(t)):
-                got = scalars.get(i, next(iter(scalars.values()), {}))
-                st.setdefault(f, {}).update(got)
+                if scalars and (i in scalars or isinstance(names.distinct[t][0], tuple)):
+                    st.setdefault(f, {}).update(scalars.get(i, next(iter(scalars.values()))))
     if rt.rank == 0:
         record = {f: {"axes": [list(a) for a in names.layout[t]],
                       "split": g[1] if isinstance(g, tuple) else None}
@@ -737,7 +766,10 @@ def _plan_optim(rt, names, md, groups, partial, problems):
         return problems, {}, {}
     shape_of = [found[f] for f in opt_shapes if f in found]
     model_keys = sorted(set().union(*[set(d.items()) for d in shape_of])) if shape_of else []
+    distinct = {f for t in names.distinct for f in names.fqns_of(t)}
     for f in opt_shapes if not partial else ():
+        if f not in found and f in distinct:
+            continue                         # a parameter that had no gradient yet (_stated)
         if f not in found:
             problems.append("missing the optimizer state of %r (optim.state.%s.*)" % (f, f))
         elif sorted(found[f].items()) != model_keys:
@@ -842,7 +874,8 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
         if views[t].shard_count:
             where["model." + f] = (t, None)
             for k in kinds.get(t, {}):
-                where["optim.state.%s.%s" % (f, k)] = (t, k)
+                if "optim.state.%s.%s" % (f, k) in md:       # a Distinct one may have none
+                    where["optim.state.%s.%s" % (f, k)] = (t, k)
     for k in names.buffers:
         where["model." + k] = (None, k)
     group_keys = sorted(k for k in md if k.startswith("optim.param_groups.")) if want_optim else []
