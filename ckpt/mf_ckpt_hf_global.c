@@ -19,16 +19,6 @@ void mf_hf_global_free(mf_hf_global *g)
     memset(g, 0, sizeof *g);
 }
 
-/* Coordinate combinations of bucket b's Distinct axes (1 when none). */
-static int64_t mf_hf_global_combos(const mf_schedule *s, int b)
-{
-    int64_t n = 1;
-    for (int j = 0; j < s->mesh.naxes; j++)
-        if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
-            n *= s->mesh.axes[j].size;
-    return n;
-}
-
 static bool mf_hf_global_distinct(const mf_schedule *s, int b)
 {
     return mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes);
@@ -53,7 +43,7 @@ static void mf_hf_global_add(const mf_schedule *s, int b, int i, int64_t c, mf_h
     } else {
         slot[0] = g->n;
         mf_ckpt_plan_gmap(s, b, i, 0, &run, &grow, &gbase, dims);
-        mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * mf_hf_global_combos(s, b));
+        mf_hf_shape_init(&g->shape[g->n++], t->global[0], t->ndims, dims, t->numel * mf_ckpt_plan_combos(s, b));
     }
 }
 
@@ -84,7 +74,7 @@ static int64_t mf_hf_global_count(const mf_schedule *s, int64_t *ng, int64_t *ns
     *ng = *ns = 0;
     for (int b = 0; b < s->nbuckets; b++)
         for (int i = 0; i < s->buckets[b].ntensors; i++, nt++) {
-            int64_t nc = mf_hf_global_distinct(s, b) ? mf_hf_global_combos(s, b) : 1;
+            int64_t nc = mf_ckpt_plan_combos(s, b);
             *ng += s->buckets[b].tensors[i].global_split ? 1 : nc;
             *ns += nc;
         }
@@ -106,7 +96,7 @@ int mf_hf_global_build(const mf_schedule *s, mf_hf_global *g, char *err, size_t 
         return snprintf(err, errlen, "out of memory (global tensors)"), -1;
     }
     for (int b = 0, at = 0; b < s->nbuckets; b++) {
-        int64_t nc = mf_hf_global_distinct(s, b) ? mf_hf_global_combos(s, b) : 1;
+        int64_t nc = mf_ckpt_plan_combos(s, b);
         g->tbase[b + 1] = g->tbase[b] + s->buckets[b].ntensors;
         for (int i = 0; i < s->buckets[b].ntensors; i++, at += (int)nc)
             g->at[g->tbase[b] + i] = at;
