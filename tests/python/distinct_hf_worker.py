@@ -22,8 +22,8 @@ On 4 ranks, per kind (rank 0 also writes the schedule, OUT/sched_<kind>.yaml):
   full_state_dict then ("full"), the shards after each import ("imported",
   "imported_sharded", "imported_maps"), the full_state_dict after the first
   import ("imported_full"), and its coordinates.
-  The MoE without global names: export_hf's and import_hf's messages
-  (OUT/unnamed.rank<r>.pt).
+  The MoE without global names: export_hf's and import_hf's errors (type
+  name, message: OUT/unnamed.rank<r>.pt).
 On 2 ranks (dp = 1, the same tp / ep): hf_<kind> imported
 (OUT/two_<kind>.rank<r>.pt: full_state_dict and shards) and exported
 again (OUT/hf2_<kind>).
@@ -104,7 +104,7 @@ def unnamed(out, rank):
             call()
             res[what] = None
         except mfsdp.MfsdpError as e:
-            res[what] = str(e)
+            res[what] = (type(e).__name__, str(e))
     res["never_exists"] = os.path.exists(os.path.join(out, "never_hf"))
     sm.close()
     torch.save(res, os.path.join(out, "unnamed.rank%d.pt" % rank))

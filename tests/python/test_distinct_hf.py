@@ -25,8 +25,9 @@ Checked against values computed outside the code under test:
     bytes as the 4-rank one;
   - mfsdp-ckpt import of the export into a native checkpoint for the
     schedule, then mfsdp-ckpt export of that, gives the same bytes;
-  - without global names both calls are refused naming the expert tensor
-    and the clause to add, creating nothing.
+  - without global names both calls are refused (UsageError, before any C
+    call) naming the expert tensor and global_names=, creating nothing
+    (the C library's own refusal: test_distinct_hf_rt).
 """
 import json
 import os
@@ -164,8 +165,9 @@ def test_unnamed_refused(out):
     for r in range(WORLD):
         got = rank(out, "unnamed", r, "")
         for what in ("export_hf", "import_hf"):
-            msg = got[what]
-            assert msg is not None, what
-            assert "mfsdp_ckpt_%s: tensor 'moe.experts.0.w1.weight'" % what in msg, msg
+            assert got[what] is not None, what
+            kind, msg = got[what]
+            assert kind == "UsageError", got[what]
+            assert "%s: the Distinct tensor 'moe.experts.0.w1.weight'" % what in msg, msg
             assert "has no global name" in msg and "global_names=" in msg, msg
         assert not got["never_exists"]

@@ -19,7 +19,9 @@
  * once (4 bytes each): the dp replicas of mlp's tensors split their writes,
  * none written twice. Importing it into zeroed buffers gives every held
  * element back (the hook moving every held element once); without staging,
- * the same values and nothing through the hook.
+ * the same values and nothing through the hook. Without e.x's global clause
+ * both calls are refused on every rank (MFSDP_ERR_UNSUPPORTED, naming the
+ * tensor and the clause), creating nothing.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -85,7 +87,7 @@ static float value(const char *name, int64_t c, int64_t i)
     return 1000.0f * 6 + (float)i; /* head.b */
 }
 
-static mfsdp_schedule *compile(void)
+static mfsdp_schedule *compile(const char *text)
 {
     mf_compile_options opt;
     memset(&opt, 0, sizeof opt);
@@ -95,7 +97,7 @@ static mfsdp_schedule *compile(void)
     size_t dlen = 0, ylen = 0;
     opt.diag_out = open_memstream(&diag, &dlen);
     mf_compilation c;
-    int rc = mf_pipeline_compile_buffer("distinct_hf", spec, strlen(spec), &opt, &c);
+    int rc = mf_pipeline_compile_buffer("distinct_hf", text, strlen(text), &opt, &c);
     fclose(opt.diag_out);
     if (rc != 0 || !c.plan || !c.plan->sched)
         fail_msg("the spec does not compile (%d):\n%s", rc, diag);
@@ -206,7 +208,7 @@ static void check_files(const char *dir)
 static void test_round_trip(void **state)
 {
     (void)state;
-    g_sh = compile();
+    g_sh = compile(spec);
     char tmp[] = "/tmp/test_distinct_hf_rt.XXXXXX", dir[64];
     assert_non_null(mkdtemp(tmp));
     snprintf(dir, sizeof dir, "%s/hf", tmp);
@@ -228,8 +230,63 @@ static void test_round_trip(void **state)
     mfsdp_schedule_free(g_sh);
 }
 
+/* e.x without its global clause: both calls refused on every rank before
+ * any file, naming the tensor and the clause. */
+static void *refused_rank(void *arg)
+{
+    rank_job *j = arg;
+    mfsdp_config cfg;
+    mfsdp_config_init(&cfg);
+    cfg.local_group = g_group;
+    cfg.rank = j->rank;
+    mfsdp_runtime *rt = NULL;
+    int bad = mfsdp_create(g_sh, &cfg, &rt) != MFSDP_OK;
+    for (int import = 0; import < 2 && !bad; import++) {
+        mfsdp_result r = import ? mfsdp_ckpt_import_hf(rt, j->dir, NULL)
+                                : mfsdp_ckpt_export_hf(rt, j->dir, MFSDP_FP32, NULL, 0);
+        const char *msg = mfsdp_last_error(rt);
+        bad = r != MFSDP_ERR_UNSUPPORTED ||
+              !strstr(msg, import ? "mfsdp_ckpt_import_hf: tensor 'e.x' of bucket 'e/tpf' is Distinct"
+                                  : "mfsdp_ckpt_export_hf: tensor 'e.x' of bucket 'e/tpf' is Distinct") ||
+              !strstr(msg, "has no global name") || !strstr(msg, "'global \"TEMPLATE\"'");
+        if (bad)
+            fprintf(stderr, "rank %lld: result %d: %s\n", (long long)j->rank, (int)r, msg);
+    }
+    g_bad[j->rank] = bad;
+    mfsdp_destroy(rt);
+    return NULL;
+}
+
+static void test_unnamed_refused(void **state)
+{
+    (void)state;
+    char *text = strdup(spec), *at = strstr(text, " global \"x.{tp}\"");
+    assert_non_null(at);
+    memmove(at, at + strlen(" global \"x.{tp}\""), strlen(at + strlen(" global \"x.{tp}\"")) + 1);
+    g_sh = compile(text);
+    free(text);
+    pthread_t th[WORLD];
+    rank_job jobs[WORLD];
+    char tmp[] = "/tmp/test_distinct_hf_rt.XXXXXX", dir[64];
+    assert_non_null(mkdtemp(tmp));
+    snprintf(dir, sizeof dir, "%s/hf", tmp);
+    assert_int_equal(mfsdp_local_group_create(WORLD, &g_group), MFSDP_OK);
+    for (int64_t r = 0; r < WORLD; r++) {
+        jobs[r] = (rank_job){r, 0, dir};
+        pthread_create(&th[r], NULL, refused_rank, &jobs[r]);
+    }
+    for (int64_t r = 0; r < WORLD; r++)
+        pthread_join(th[r], NULL);
+    mfsdp_local_group_destroy(g_group);
+    for (int64_t r = 0; r < WORLD; r++)
+        assert_int_equal(g_bad[r], 0);
+    assert_int_equal(access(dir, F_OK), -1); /* nothing created */
+    rmdir(tmp);
+    mfsdp_schedule_free(g_sh);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_round_trip)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_round_trip), cmocka_unit_test(test_unnamed_refused)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -396,9 +396,12 @@ class ShardedModel(UnitHooks):
         maps: {HF prefix: parameter prefix}; ties: {name: source}. Distinct
         tensors are read from their global names (fully_shard global_names=):
         this rank's coordinate's tensor, or its slice of a split one; one
-        without global names is refused, naming it. Between steps;
+        without global names is a UsageError naming it. Between steps;
         collective."""
         self._between_steps("import_hf")
+        if self.distinct:
+            from . import global_state
+            global_state.refuse_unnamed(self, "import_hf", self.distinct)
         self.runtime.import_hf(path, maps, ties)
         self._loaded()
 
@@ -416,9 +419,12 @@ class ShardedModel(UnitHooks):
         Distinct tensors are written as the whole model's tensors under their
         global names (fully_shard global_names=): a renamed one once per
         coordinate, a split one whole, each coordinate writing its slice; one
-        without global names is refused, naming it. Between steps;
+        without global names is a UsageError naming it. Between steps;
         collective."""
         self._between_steps("export_hf")
+        if self.distinct:
+            from . import global_state
+            global_state.refuse_unnamed(self, "export_hf", self.distinct)
         self.runtime.export_hf(path, DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
     def _refuse_distinct(self, what):
