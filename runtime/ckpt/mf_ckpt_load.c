@@ -120,6 +120,9 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
     int bad = 0;
     char a[160], b[160];
     err[0] = '\0';
+    char serr[512]; /* first: a split tensor's axis of another size (its shape may agree) */
+    if (mf_ckpt_plan_check_split(rt->s, m->naxes, m->axis_name, m->axis_size, serr, sizeof serr) != 0)
+        mf_ckpt_note(err, errlen, &bad, "%s", serr);
     for (int k = 0; k < rt->nviews; k++) {
         const mfsdp_tensor_view *v = &rt->views[k];
         const char *gname = mf_ckpt_global_name(rt, k);
@@ -145,9 +148,6 @@ static int mf_ckpt_match(mf_rt *rt, const mf_ckpt_manifest *m, const mfsdp_ckpt_
             mf_ckpt_note(err, errlen, &bad, "tensor '%s': main_weight is %s in the checkpoint, %s in the schedule",
                          v->name, mf_dtype_name(m->states[0].dtype), mfsdp_dtype_name(v->main_weight_dtype));
     }
-    char serr[512];
-    if (mf_ckpt_plan_check_split(rt->s, m->naxes, m->axis_name, m->axis_size, serr, sizeof serr) != 0)
-        mf_ckpt_note(err, errlen, &bad, "%s", serr);
     for (int t = 0; t < m->ntensors; t++)
         if (!mf_ckpt_global_known(rt, m->tensors[t].name))
             mf_ckpt_note(err, errlen, &bad, "checkpoint tensor '%s' is not in the schedule", m->tensors[t].name);
