@@ -4,6 +4,10 @@
  * one rank's data file, in file order (state by state, the rank's pieces in
  * plan order within each, then the user blob), and the manifest from every
  * rank's report. Both sides compute the same layout from the plan alone.
+ * Entries and manifest pieces name the checkpoint tensor's elements: a
+ * split global tensor's pieces (plan tensors in local elements) are written
+ * as their ranges of W (mf_ckpt_plan_gstart), W listed once (plan.nmt
+ * tensors, by mt).
  */
 #ifndef MF_CKPT_BUILD_H
 #define MF_CKPT_BUILD_H
