@@ -29,6 +29,13 @@ global picture under "optimizers" (a list: class, param_groups, members,
 keys, scalars), whatever tensors that rank holds; a load checks the list it
 is given against it on every rank before anything is read. One optimizer
 (or a list of one) is saved exactly as before, under "optimizer".
+
+Distinct tensors (fully_shard distinct=) need nothing here: the runtime's
+checkpoint writes each under its global name (global_names=: a renamed
+tensor per coordinate, or the split form's whole tensor, each coordinate its
+slice), and the optimizer states follow main_weight's pieces, so this
+module keys states by the local tensor names as for any tensor;
+ShardedModel.save_checkpoint refuses a Distinct tensor without global names.
 """
 from __future__ import annotations
 
