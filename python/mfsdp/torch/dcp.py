@@ -805,8 +805,10 @@ def _group_states(names, found, saved_groups):
     return problems
 
 
-def _read(path, md, template, what):
-    """dcp.load of `template` through a SafeReader (dcp_files); every failure a UsageError."""
+def _read(path, md, template, what, boxes=None):
+    """dcp.load of `template` through a SafeReader (dcp_files); every failure
+    a UsageError. boxes {key: offsets}: those keys' templates are read from
+    the box of the stored tensor at offsets (dcp_files.make_box_planner)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     reader = dcp_files.SafeReader(path, what)
@@ -814,7 +816,8 @@ def _read(path, md, template, what):
     try:
         with warnings.catch_warnings():  # no_dist on purpose: each rank reads its own tensors
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(template, storage_reader=reader, no_dist=True)
+            dcp.load(template, storage_reader=reader, no_dist=True,
+                     planner=dcp_files.make_box_planner(boxes) if boxes else None)
     except UsageError:
         raise
     except (Exception, CheckpointException) as e:   # noqa: BLE001 -- DCP's derives from BaseException
@@ -826,25 +829,27 @@ def _read(path, md, template, what):
     return template
 
 
-def _batches(path, requests, md, batch_bytes, what):
+def _batches(path, requests, md, batch_bytes, what, boxes=None):
     """Yields {key: tensor or object} read from the checkpoint, at most
-    batch_bytes of tensors a batch (a bigger tensor alone)."""
-    sd = md.state_dict_metadata
+    batch_bytes of tensors a batch (a bigger tensor alone); boxes {key:
+    (offsets, sizes)}: only that box of the stored tensor."""
+    sd, boxes = md.state_dict_metadata, boxes or {}
     batch, size = {}, 0
     for key in requests:
         m = sd[key]
         if hasattr(m, "size"):
-            t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+            t = torch.empty(tuple(boxes[key][1]) if key in boxes else tuple(m.size),
+                            dtype=m.properties.dtype)
             n = t.numel() * t.element_size()
         else:
             t, n = None, 0
         if batch and size + n > batch_bytes:
-            yield _read(path, md, batch, what)
+            yield _read(path, md, batch, what, {k: boxes[k][0] for k in batch if k in boxes})
             batch, size = {}, 0
         batch[key] = t
         size += n
     if batch:
-        yield _read(path, md, batch, what)
+        yield _read(path, md, batch, what, {k: boxes[k][0] for k in batch if k in boxes})
 
 
 class Staged:
@@ -902,17 +907,21 @@ def _stage(rt, names, path, opt_groups, check_groups, batch_bytes, what, partial
     if problems:
         raise UsageError("%s: %s is not a checkpoint of this model (%d problem%s):\n  %s" % (
             what, path, len(problems), "" if len(problems) == 1 else "s", "\n  ".join(problems)))
-    for got in _batches(path, list(where), md_all, batch_bytes, what):
+    boxes = {}                 # a split tensor's keys: only this coordinate's slice is read
+    for key, (t, k) in where.items():
+        g = names.distinct[t][0] if t in names.distinct else None
+        if isinstance(g, tuple) and (k is None or kinds[t][k] == "shard"):
+            shape = list(views[t].shape)
+            off = [0] * len(shape)
+            off[g[1]] = names.distinct[t][1] * shape[g[1]]
+            boxes[key] = (off, shape)
+    for got in _batches(path, list(where), md_all, batch_bytes, what, boxes):
         for key, x in got.items():
             t, k = where[key]
             if t is None:
                 staged.buffers[k] = x.clone()
                 continue
             v = views[t]
-            if t in names.distinct and (k is None or kinds[t][k] == "shard"):
-                g, c, _ = names.distinct[t]          # a split's slice k along D
-                if isinstance(g, tuple):
-                    x = x.narrow(g[1], c * v.shape[g[1]], v.shape[g[1]]).contiguous()
             if k is None:
                 staged.main[t] = x.reshape(-1)[v.shard_offset:v.shard_offset + v.shard_count].clone()
             elif kinds[t][k] == "shard":

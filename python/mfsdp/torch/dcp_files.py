@@ -401,3 +401,38 @@ def make_chunk_planner(chunks: Dict[Tuple[str, Tuple[int, ...]], Tuple[Any, ...]
             return got[0].clone()            # its own storage: torch.save writes a view's whole
 
     return _Planner()
+
+
+def make_box_planner(boxes: Dict[str, Tuple[int, ...]]):
+    """torch's DefaultLoadPlanner (on a flat template, which it fills in
+    place) that reads each key of `boxes` {DCP key: offsets} as the box of
+    the stored tensor at those offsets, its template's size: DCP's own
+    resharding reads (create_read_items_for_chunk_list) of only the stored
+    chunks that box meets, so a rank reads its slice of a split tensor, not
+    the whole."""
+    import dataclasses
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    class _Planner(DefaultLoadPlanner):
+        def create_local_plan(self):
+            whole = self.state_dict
+            self.state_dict = {k: v for k, v in whole.items() if k not in boxes}
+            try:
+                plan = super().create_local_plan()
+            finally:
+                self.state_dict = whole
+            items = list(plan.items)
+            for key, off in sorted(boxes.items()):
+                box = ChunkStorageMetadata(offsets=torch.Size(off), sizes=whole[key].size())
+                items += create_read_items_for_chunk_list(
+                    key, self.metadata.state_dict_metadata[key], [box])
+            return dataclasses.replace(plan, items=items)
+
+        def lookup_tensor(self, index):
+            if index.fqn in boxes:
+                return self.state_dict[index.fqn]     # dest offsets are relative to the box
+            return super().lookup_tensor(index)
+
+    return _Planner(flatten_state_dict=False, flatten_sharded_tensors=False)
