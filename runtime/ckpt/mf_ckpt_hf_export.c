@@ -36,9 +36,10 @@ typedef struct mf_hx_msg {
     char id[40];            /* rank 0's: the temporary directory's */
 } mf_hx_msg;
 
-/* Local elements [a, e) of view v (place p) into the files: run by run,
- * at most a chunk at a time; staged (host non-NULL), each chunk through the
- * stage hook first. */
+/* Local elements [a, e) of view v (place p) into the files, a chunk at a
+ * time (staged, host non-NULL: the chunk through the stage hook once), each
+ * chunk run by run (one run for D = 0, one per local row for a split along
+ * D > 0). */
 static int mf_hx_put(mf_rt *rt, mf_hf_writer *w, const mfsdp_tensor_view *v, const mf_hf_place *p, int64_t a,
                      int64_t e, uint8_t *host, char *err, size_t errlen)
 {
@@ -46,17 +47,20 @@ static int mf_hx_put(mf_rt *rt, mf_hf_writer *w, const mfsdp_tensor_view *v, con
     size_t ss = mf_dtype_size(sd), ds = mf_dtype_size(w->l->dtype);
     int64_t per = (int64_t)(MF_HF_WRITE_CHUNK / (ds > ss ? ds : ss));
     char msg[256] = "";
-    mf_hf_run r;
-    for (int64_t x = a; x < e; x += r.n) {
-        mf_hf_global_run(p, x, e - x < per ? e : x + per, &r);
+    for (int64_t x = a; x < e; x += per) {
+        int64_t end = e - x < per ? e : x + per;
         const char *from = (const char *)v->main_weight + (size_t)(x - v->shard_offset) * ss;
         if (host) {
-            if (rt->be->stage(rt, host, from, (size_t)r.n * ss, msg, sizeof msg) != MFSDP_OK)
+            if (rt->be->stage(rt, host, from, (size_t)(end - x) * ss, msg, sizeof msg) != MFSDP_OK)
                 return snprintf(err, errlen, "copying buffer memory to host memory failed: %s", msg), -1;
             from = (const char *)host;
         }
-        if (mf_hf_writer_put(w, p->global, r.global, from, sd, r.n, err, errlen) != 0)
-            return -1;
+        mf_hf_run r;
+        for (int64_t y = x; y < end; y += r.n) {
+            mf_hf_global_run(p, y, end, &r);
+            if (mf_hf_writer_put(w, p->global, r.global, from + (size_t)(y - x) * ss, sd, r.n, err, errlen) != 0)
+                return -1;
+        }
     }
     return 0;
 }
