@@ -35,6 +35,13 @@ UsageError on every rank and rank 0 removes PATH.tmp-ID. Before writing,
 rank 0 removes the PATH'.tmp-ID of killed saves in the same parent
 (clean_residue: the marker's process no longer runs on this host).
 
+Distinct tensors (a model sharded with distinct=, with global names) are
+keyed by their global names, weights and optimizer states alike (Names.
+fqns_of), and are never gathered: each rank writes its own shards' parts as
+DCP chunks of the global tensors (_distinct_part), with the LAYOUT record
+of their axes; a load reads this rank's coordinate's tensor (a split one's
+slice only) and refuses another tp/ep layout (_layout_problems).
+
 load: all or nothing. Each rank checks the metadata against the model and
 the storage (dcp_files.check_storage), then reads, in batches of at most
 `batch_bytes`, the whole tensors of which it holds a shard (DCP's planner,

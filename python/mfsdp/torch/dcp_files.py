@@ -26,6 +26,12 @@ silently. Here, instead:
   read without: its bit flips cannot be detected.
 
 Every refusal is a UsageError naming the checkpoint, the file and the key.
+
+Planners for tensors no rank holds whole (Distinct tensors' global ones):
+make_chunk_planner writes a rank's boxes of a global tensor as DCP chunks
+at their offsets (boxes cuts a flat range into them), make_box_planner
+reads one box of a stored tensor; both are torch's default planners plus
+those items, so torch's own dcp.load reads what they write.
 """
 from __future__ import annotations
 

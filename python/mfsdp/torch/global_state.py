@@ -14,6 +14,8 @@ the ranks at that coordinate (every element covered, else a UsageError; the
 replicas agree); the exchange runs on torch.distributed's default group,
 which must be the runtime's world in the same order (as device_mesh()
 checks); loading is local (each rank scatters its own coordinate's tensor).
+save_dcp's writer (dcp.py) takes local_shards and writes: which rank
+writes which elements of each coordinate, no tensor exchanged.
 In shard.py's layer (docs/design.md §5.1): it takes a ShardedModel and
 imports none of it; shard.py imports it inside its methods, dcp.py above.
 """
