@@ -610,8 +610,8 @@ def _distinct_part(rt, names, opt, every, states, sd, what):
     states and the layout record (LAYOUT) to `sd`.
 
     Each rank writes the elements of its own master shard (and of its
-    optimizer state's shards) that no lower rank of the same coordinate
-    holds (global_state.writes), as DCP chunks of the global tensor at
+    optimizer state's shards) that no rank before it (in global_state.
+    writes' order) of the same coordinate holds, as DCP chunks of the global tensor at
     their offsets (a split's slice k shifted by k * its width along D);
     the flat range is cut into boxes (dcp_files.boxes). Chosen over
     gathering each global tensor to one writing rank: no tensor bytes
@@ -690,10 +690,13 @@ def _shape(m):
 
 def plan_load(rt: Runtime, names: Names, md: Dict[str, Any], want_optim: bool,
               groups: Optional[int], what: str,
-              partial: bool = False) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
-    """(problems, {tensor name: {state key: "shard" | "scalar"}}) of loading
-    DCP metadata `md` into this runtime (and an optimizer of `groups` groups;
-    `partial`: several optimizers, whose states load() checks per group)."""
+              partial: bool = False) -> Tuple[List[str], Dict[str, Dict[str, str]],
+                                              Dict[str, Dict[str, str]]]:
+    """(problems, {tensor name: {state key: "shard" | "scalar"}}, the same
+    by optimizer FQN) of loading DCP metadata `md` into this runtime (and an
+    optimizer of `groups` groups; `partial`: several optimizers, whose
+    states load() checks per group). A Distinct tensor's optimizer FQNs are
+    its global names; one without state is no problem (no gradient yet)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     problems = []
     shapes = {v.name: tuple(v.shape) for v in rt.views}
