@@ -46,21 +46,30 @@ static int mf_rp_cmp(const void *a, const void *b, void *ctx)
     return c ? c : mf_cmp_i64(x->start, y->start);
 }
 
-static int mf_rp_match(const mf_ckpt_plan *o, const mf_ckpt_plan *n, int *tmap)
+static int mf_rp_match(const mf_schedule *os, const mf_schedule *ns, const mf_ckpt_plan *o, const mf_ckpt_plan *n,
+                       int *tmap)
 {
     int bad = 0;
-    for (int k = 0; k < n->ntensors; k++) {
-        int t = tmap[k] = mf_ckpt_plan_find(o, n->t[k].name);
+    char *names[MF_MAX_AXES], err[512];
+    int64_t sizes[MF_MAX_AXES];
+    for (int a = 0; a < os->mesh.naxes; a++) {
+        names[a] = (char *)os->mesh.axes[a].name;
+        sizes[a] = os->mesh.axes[a].size;
+    }
+    if (mf_ckpt_plan_check_split(ns, os->mesh.naxes, names, sizes, err, sizeof err) != 0)
+        fprintf(stderr, "mfsdpc: error: %s\n", err), bad++;
+    for (int k = 0; k < n->ntensors; k++) { /* a split tensor: the same combination's slice */
+        int t = tmap[k] = mf_ckpt_plan_find_coord(o, n->t[k].name, n->t[k].coord);
         if (t < 0)
             fprintf(stderr, "mfsdpc: error: tensor '%s' of NEW is not in OLD\n", n->t[k].name), bad++;
         else if (o->t[t].numel != n->t[k].numel || o->t[t].ndims != n->t[k].ndims ||
-                 memcmp(o->t[t].dims, n->t[k].dims, sizeof(int64_t) * (size_t)n->t[k].ndims) != 0 ||
+                 memcmp(o->t[t].gdims, n->t[k].gdims, sizeof(int64_t) * (size_t)n->t[k].ndims) != 0 ||
                  o->t[t].dtype != n->t[k].dtype)
             fprintf(stderr, "mfsdpc: error: tensor '%s' has another shape or main_weight dtype in OLD\n",
                     n->t[k].name), bad++;
     }
-    if (o->ntensors != n->ntensors)
-        fprintf(stderr, "mfsdpc: error: OLD has %d tensors, NEW %d\n", o->ntensors, n->ntensors), bad++;
+    if (o->nmt != n->nmt)
+        fprintf(stderr, "mfsdpc: error: OLD has %d tensors, NEW %d\n", o->nmt, n->nmt), bad++;
     return bad;
 }
 
@@ -79,9 +88,11 @@ static void mf_rp_print(const mf_schedule *ns, const mf_ckpt_plan *o, const mf_c
                 if (p->tensor != tmap[k] || p->end <= lo || p->start >= hi)
                     continue;
                 int64_t a = p->start > lo ? p->start : lo, b = p->end < hi ? p->end : hi;
+                /* in the checkpoint tensor's elements (a split tensor: W's; a piece never crosses a run) */
+                int64_t ga = mf_ckpt_plan_gstart(&n->t[k], a), gp = mf_ckpt_plan_gstart(&o->t[p->tensor], p->start);
                 printf("  %s[%" PRId64 ":%" PRId64 "] <- rank-%05" PRId64 ".safetensors entry [%" PRId64 ":%" PRId64
-                       "], elements %" PRId64 "..%" PRId64 " of it\n", n->t[k].name, a, b, p->writer, p->start,
-                       p->end, a - p->start, b - p->start);
+                       "], elements %" PRId64 "..%" PRId64 " of it\n", n->t[k].name, ga, ga + (b - a), p->writer, gp,
+                       gp + (p->end - p->start), a - p->start, b - p->start);
                 read += b - a;
                 lines++;
             }
@@ -147,7 +158,7 @@ int mf_cmd_reshard_plan(int argc, char **argv)
         fprintf(stderr, "mfsdpc: error: out of memory\n");
         goto done;
     }
-    if (mf_rp_match(&o, &n, tmap) != 0) {
+    if (mf_rp_match(os, ns, &o, &n, tmap) != 0) {
         rc = 1;
         goto done;
     }

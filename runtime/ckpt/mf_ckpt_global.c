@@ -9,21 +9,11 @@
 #include "mf_ckpt_plan.h"
 #include "mf_rt.h"
 
-mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn, bool hf)
+mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn)
 {
-    const mf_schedule *s = rt->s;
     char err[1024];
-    if (!hf && mf_ckpt_plan_check_global(s, err, sizeof err) != 0)
+    if (mf_ckpt_plan_check_global(rt->s, err, sizeof err) != 0)
         return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED, "%s: %s", fn, err);
-    for (int b = 0; hf && b < s->nbuckets; b++)
-        for (int j = 0; j < s->mesh.naxes; j++)
-            if (s->buckets[b].place[MF_ROLE_WEIGHT].p[j] == MF_PLACE_DISTINCT)
-                return mf_base_set_error(
-                    rt, MFSDP_ERR_UNSUPPORTED,
-                    "%s: the schedule's axis '%s' is Distinct in bucket '%s' (each coordinate holds a different "
-                    "tensor under the same name); the Hugging Face export/import does not write or read global "
-                    "tensors yet (native checkpoints do, with the spec's 'global' names: mfsdp_ckpt_save)",
-                    fn, s->mesh.axes[j].name, s->buckets[b].name);
     return MFSDP_OK;
 }
 

@@ -10,10 +10,9 @@
  * rank's tensor by its coordinate's global name; the split form `global "W"
  * split D` makes it a slice of the global W (mf_ckpt_plan.h: local element i
  * is element (i / run) * grow + gbase + i % run of W). They refuse a Distinct
- * tensor without global names; the Hugging Face
- * export/import (mfsdp_ckpt_export_hf, mfsdp_ckpt_import_hf) still refuses
- * every schedule with a Distinct axis. Each refusal comes before touching any
- * file, with the same answer on every rank (the schedule is the same).
+ * tensor without global names, before touching any file, with the same
+ * answer on every rank (the schedule is the same). The Hugging Face
+ * export/import names the same global tensors (ckpt/mf_ckpt_hf_global.h).
  */
 #ifndef MF_CKPT_GLOBAL_H
 #define MF_CKPT_GLOBAL_H
@@ -22,11 +21,9 @@
 
 #include "mf_base.h"
 
-/* MFSDP_OK, or MFSDP_ERR_UNSUPPORTED set on rt (naming fn and what is
- * missing) when rt's schedule cannot be checkpointed: for the native format
- * (hf false), a Distinct tensor without rename global names; for the Hugging
- * Face export/import (hf true), any Distinct axis. */
-mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn, bool hf);
+/* MFSDP_OK, or MFSDP_ERR_UNSUPPORTED set on rt (naming fn and the tensor)
+ * when a Distinct tensor of rt's schedule has no global names. */
+mfsdp_result mf_ckpt_global_check(mf_rt *rt, const char *fn);
 /* The checkpoint name of runtime tensor `view` on this rank: its global
  * name for the rank's coordinate when it is Distinct (the split form: W),
  * else its name. */

@@ -254,7 +254,7 @@ mfsdp_result mfsdp_ckpt_load(mfsdp_runtime *rt, const char *dir, mfsdp_ckpt_load
     if (agreed == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         agreed = mf_agree_helper(rt, "mfsdp_ckpt_load", 0);
     if (agreed == MFSDP_OK)
-        agreed = mf_ckpt_global_check(rt, "mfsdp_ckpt_load", false);
+        agreed = mf_ckpt_global_check(rt, "mfsdp_ckpt_load");
     if (agreed != MFSDP_OK)
         return agreed;
     mf_ckpt_lmsg mine = {0}, *all = calloc((size_t)rt->world, sizeof *all);

@@ -210,7 +210,7 @@ mfsdp_result mfsdp_ckpt_save(mfsdp_runtime *rt, const char *dir_arg, const mfsdp
     if (live == MFSDP_OK)   /* every rank is at this call (docs/runtime.md §4.4) */
         live = mf_agree_helper(rt, "mfsdp_ckpt_save", 0);
     if (live == MFSDP_OK)
-        live = mf_ckpt_global_check(rt, "mfsdp_ckpt_save", false);
+        live = mf_ckpt_global_check(rt, "mfsdp_ckpt_save");
     if (live != MFSDP_OK)
         return live;
     mf_ckpt_saver sv = {.rt = rt, .opt = opt};

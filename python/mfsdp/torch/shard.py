@@ -427,21 +427,6 @@ class ShardedModel(UnitHooks):
             global_state.refuse_unnamed(self, "export_hf", self.distinct)
         self.runtime.export_hf(path, DTYPE_NAMES.get(dtype, dtype), maps, ties, max_file_bytes)
 
-    def _refuse_distinct(self, what):
-        """UsageError for a whole-model read or write of a model with Distinct
-        tensors: one name stands for a different tensor at each coordinate."""
-        if not self.distinct:
-            return
-        name, axes = next(iter(self.distinct.items()))
-        raise UsageError(
-            "%s of a model with Distinct tensors (%d, e.g. %r on axis %s) is not supported yet "
-            "(issue #42, item 2): each coordinate of a Distinct axis holds its own tensor under "
-            "the same name; write the whole model with sm.save_dcp(path) or "
-            "sm.full_state_dict() (global names: fully_shard global_names=), read it back with "
-            "sm.load_dcp(path) or sm.load_full_state_dict(); or read this rank's own values "
-            "with sm.shards()"
-            % (what, len(self.distinct), name, "/".join(axes)))
-
     def device_mesh(self) -> Any:
         """A torch.distributed DeviceMesh with this schedule's mesh axes (names
         and sizes, outermost first) and the same rank coordinates (row-major,
