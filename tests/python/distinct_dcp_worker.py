@@ -9,9 +9,11 @@ with the optimizer of models whose tensors are Distinct on a mesh axis
 save (4 ranks), for kind in tp (TP = 2 x DP = 2, w1 split 0, w2 split 1)
 and moe (EP = 2 x DP = 2, experts renamed), an Adam optimizer (its 0-d
 `step` and two moments per parameter) over sm.main_parameters():
-  - K steps, then sm.save_dcp(OUT/dcp_<kind>, opt) (the ranks' own master and
-    optimizer shards after them in OUT/<kind>.rank<r>.pt: "shards",
-    "opt_shards"; "saved": full_state_dict), then R more steps: the
+  - K steps, then sm.save_dcp(OUT/dcp_<kind>, opt), global_state.gather
+    (full_state_dict's assembly of whole global tensors) made to fail
+    meanwhile (the ranks' own master and optimizer shards after them in
+    OUT/<kind>.rank<r>.pt: "shards", "opt_shards"; "saved":
+    full_state_dict), then R more steps: the
     uninterrupted run ("run": losses, master shards after each step,
     full_state_dict after the last);
   - a fresh sharded model of other values and a fresh Adam given the
@@ -36,6 +38,7 @@ import torch.distributed as dist
 import distinct_worker as dw
 import mfsdp
 import mfsdp.torch as mt
+from mfsdp.torch import global_state
 
 torch.set_num_threads(1)
 K, R = 2, 2          # steps before the save, steps after it
@@ -148,6 +151,10 @@ def other_size(kind, rank, path):
     return msg
 
 
+def no_gather(*args, **kwargs):
+    raise AssertionError("save_dcp gathered the Distinct tensors (global_state.gather)")
+
+
 def save(out, rank, kind):
     path = os.path.join(out, "dcp_%s" % kind)
     model = dw.local_model(kind, [rank // 2, rank % 2], None)
@@ -156,7 +163,11 @@ def save(out, rank, kind):
     opt = adam(sm)
     res = {"coords": list(sm.runtime.coords), "run": {"losses": [], "params": []}}
     steps(sm, model, opt, kind, rank, 4, 0, K, res["run"])
-    sm.save_dcp(path, opt)
+    gather, global_state.gather = global_state.gather, no_gather
+    try:                      # the save assembles no global tensor anywhere
+        sm.save_dcp(path, opt)
+    finally:
+        global_state.gather = gather
     res["saved"] = res["run"]["full"]              # the weights it saved
     res["shards"], res["opt_shards"] = shards_of(sm, opt)
     steps(sm, model, opt, kind, rank, 4, K, R, res["run"])

@@ -17,7 +17,9 @@ per parameter), then one on 2 (dp = 1). Checked here:
     resumes bit for bit on 4 ranks (losses and every master shard of the
     next steps equal the uninterrupted run's), and within 1e-6 on 2 ranks
     (dp = 1, the same global batches), whose own save_dcp torch reads back;
-  - every Distinct global tensor is stored as chunks written by the ranks
+  - no global tensor is assembled during the save (the worker makes
+    global_state.gather, full_state_dict's assembly, fail meanwhile), and
+    every Distinct global tensor is stored as chunks written by the ranks
     that hold them (several files, no rank writes an expert set whole), with
     the tp/ep layout recorded; loading into the model with tp = 4 or ep = 4
     is refused on every rank naming the tensor and both sizes.
