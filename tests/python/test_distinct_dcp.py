@@ -283,3 +283,50 @@ def test_other_tp_ep_size_is_refused(runs, kind):
         assert "is not a checkpoint of this model" in msg, msg
         assert "%s was saved Distinct %s" % (first, sizes) in msg, msg
         assert "reshards across data-parallel sizes only" in msg, msg
+
+
+def test_boxes_cover_a_flat_range_exactly():
+    """dcp_files.boxes: every flat range of small tensors of 0 to 3 dims cut
+    into boxes, each a contiguous run of the range starting where it says,
+    together every element once, at most 2 x ndim - 1 of them."""
+    from mfsdp.torch.dcp_files import boxes
+    for shape in [(), (5,), (3, 4), (2, 3, 4), (1, 4, 1), (4, 1, 3)]:
+        n = 1
+        for d in shape:
+            n *= d
+        ids = torch.arange(n).reshape(shape)
+        for a in range(n + 1):
+            for b in range(a, n + 1):
+                seen = torch.zeros(n, dtype=torch.int64)
+                got = boxes(shape, a, b)
+                assert len(got) <= max(1, 2 * len(shape) - 1), (shape, a, b, got)
+                for off, sizes, start in got:
+                    part = ids[tuple(slice(o, o + s) for o, s in zip(off, sizes))].reshape(-1)
+                    assert part.tolist() == list(range(start, start + part.numel())), \
+                        (shape, a, b, off, sizes, start)
+                    seen[part] += 1
+                want = torch.zeros(n, dtype=torch.int64)
+                want[a:b] = 1
+                assert torch.equal(seen, want), (shape, a, b, got)
+
+
+def test_writes_each_element_once():
+    """global_state.writes: replicas of one coordinate share its elements
+    (each written by exactly one rank, hand-computed), a coordinate not
+    covered is refused naming it."""
+    from mfsdp.torch import global_state
+    # tensor "w" (8 elements), 2 coordinates; ranks 0, 1 hold coordinate 0 (0-4, 4-8), ranks 2, 3
+    # coordinate 1, each the whole 0-8 (replicas)
+    held = [[("w", 0, 0, 4)], [("w", 0, 4, 4)], [("w", 1, 0, 8)], [("w", 1, 0, 8)]]
+    got = [global_state.writes(held, r, {"w": 8}, {"w": 2}, "save_dcp") for r in range(4)]
+    assert got[0] == {"w": [(0, 4)]} and got[1] == {"w": [(4, 8)]}
+    # coordinate 1: the rotation (tensor 0 + coordinate 1 = rank 1 first, then 2): rank 2 writes
+    assert got[2] == {"w": [(0, 8)]} and got[3] == {}
+    # overlapping replicas: rank 3 holds 2-8 of coordinate 1, rank 2 0-4: rank 2 first (0-4),
+    # rank 3 the rest (4-8)
+    held[2], held[3] = [("w", 1, 0, 4)], [("w", 1, 2, 6)]
+    assert global_state.writes(held, 2, {"w": 8}, {"w": 2}, "save_dcp") == {"w": [(0, 4)]}
+    assert global_state.writes(held, 3, {"w": 8}, {"w": 2}, "save_dcp") == {"w": [(4, 8)]}
+    held[3] = [("w", 1, 5, 3)]
+    with pytest.raises(mfsdp.UsageError, match="save_dcp: coordinate 1 of 'w' is not covered"):
+        global_state.writes(held, 0, {"w": 8}, {"w": 2}, "save_dcp")
