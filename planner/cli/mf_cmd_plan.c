@@ -46,6 +46,8 @@ static void usage(FILE *out)
             "  --optimizer NAME          adamw (default) or muon: muon also searches the Whole\n"
             "                            layouts and adds its Newton-Schulz step to the step time\n"
             "  --optimizer-tflops X      muon's Newton-Schulz rate per rank (default: --tflops's)\n"
+            "  --muon-all                muon on every 2-D tensor (default: the recipe's hidden\n"
+            "                            matrices, the embedding and the head to AdamW)\n"
             "  --optimizer-bytes N       optimizer state per main_weight element (default 8;\n"
             "                            4 with muon: one fp32 momentum)\n"
             "  --explain-choice          say why each unit got its layout\n"
@@ -62,7 +64,7 @@ typedef struct plan_args {
     mf_cmd_args ca;         /* the spec, the compute and link model */
     const char *out, *svg;
     int64_t budget, optb;
-    bool have_budget, have_optb, explain_choice, exhaustive, muon;
+    bool have_budget, have_optb, explain_choice, exhaustive, muon, muon_all;
     double opt_tflops;      /* 0: the compute model's rate */
 } plan_args;
 
@@ -94,12 +96,13 @@ static int parse_tflops(const char *v, double *out)
 /* The options one by one; 1 after --help (printed), 2 after a reported error. */
 static int parse_options(int argc, char **argv, plan_args *a)
 {
-    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_HELP, O_SVG, O_OPT, O_OPTF };
+    enum { O_MEM, O_OUT, O_OPTB, O_EXPL, O_EXH, O_HELP, O_SVG, O_OPT, O_OPTF, O_MALL };
     static const mf_opt opts[] = {
         {"--memory", NULL, "a size (e.g. 80GiB)", O_MEM}, {"--output", "-o", "a file name", O_OUT},
         {"--optimizer-bytes", NULL, "a value (bytes per parameter)", O_OPTB},
         {"--optimizer", NULL, "adamw or muon", O_OPT}, {"--optimizer-tflops", NULL, "a rate in TFLOP/s", O_OPTF},
-        {"--explain-choice", NULL, NULL, O_EXPL}, {"--exhaustive", NULL, NULL, O_EXH},
+        {"--muon-all", NULL, NULL, O_MALL}, {"--explain-choice", NULL, NULL, O_EXPL},
+        {"--exhaustive", NULL, NULL, O_EXH},
         MF_SIM_OPTS, {"--help", "-h", NULL, O_HELP}, {"--svg", NULL, "a file name", O_SVG}};
     mf_opts p;
     mf_opts_init(&p, CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), mf_cost_is_option);
@@ -114,6 +117,7 @@ static int parse_options(int argc, char **argv, plan_args *a)
         case O_OPTB: bad = mf_plan_mem_parse_optimizer_bytes(CMD, v, &a->optb); a->have_optb = true; break;
         case O_OPT: bad = parse_optimizer(v, &a->muon); break;
         case O_OPTF: bad = parse_tflops(v, &a->opt_tflops); break;
+        case O_MALL: a->muon_all = true; break;
         case O_EXPL: a->explain_choice = true; break;
         case O_EXH: a->exhaustive = true; break;
         case O_HELP: usage(stdout); return 1;
@@ -190,7 +194,13 @@ int mf_cmd_plan(int argc, char **argv)
         goto done;
     if (a.muon && !a.have_optb)
         a.optb = MF_OPTIMIZER_BYTES_MUON;
-    mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive, .muon = a.muon};
+    if (a.muon_all && !a.muon) {
+        fprintf(stderr, CMD ": error: --muon-all needs --optimizer muon\n");
+        rc = 2;
+        goto done;
+    }
+    mf_ps_options po = {.optimizer_bytes = a.optb, .exhaustive = a.exhaustive, .muon = a.muon,
+                        .muon_all = a.muon_all};
     if (!mf_cmd_args_sim_config(&a.ca, &c.spec->mesh, &po.sim)) {
         rc = 2;
         goto done;

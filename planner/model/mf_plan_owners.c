@@ -11,6 +11,7 @@
 
 #include "mf_layout.h"
 #include "mf_passes.h"
+#include "mf_plan_muon.h"
 
 const mf_placement *mf_plan_owners_finest(const mf_mesh *m, const mf_bucket *b, int *role)
 {
@@ -287,7 +288,8 @@ static double gather_seconds(const mf_mesh *m, const mf_cost_model *cm, const mf
     return t;
 }
 
-double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops)
+double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops,
+                                   const char *const *adamw, int nadamw)
 {
     const mf_mesh *m = &s->mesh;
     double *load = calloc((size_t)m->world, sizeof *load), everyone = 0, comm = 0, most = 0;
@@ -299,7 +301,7 @@ double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm
         for (int i = 0; i < bk->ntensors; i++) {
             const mf_tensor *t = &bk->tensors[i];
             double f = mf_plan_owners_ns_flops(t);
-            if (f == 0)
+            if (f == 0 || mf_plan_muon_is_adamw(adamw, nadamw, t->name))
                 continue;
             if (!bk->whole[MF_ROLE_MAIN_WEIGHT]) {
                 everyone += f;

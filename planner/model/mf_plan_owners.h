@@ -102,13 +102,16 @@ typedef struct mf_plan_owner_bound {
 bool mf_plan_owners_bound(const mf_schedule *s, bool flops, mf_plan_owner_bound *out);
 
 /* The optimizer step of `mfsdpc plan --optimizer muon` (docs/plan.md §2):
- * Newton-Schulz on every 2-D tensor, at `flops` FLOP/s per rank. A tensor
+ * Newton-Schulz on every 2-D tensor but adamw[0..nadamw) (full names, sorted:
+ * mf_plan_muon_adamw, the recipe's embedding and head, which take AdamW's
+ * elementwise update), at `flops` FLOP/s per rank. A tensor
  * whose main_weight is whole runs it on its owners only; any other runs it
  * on every rank, after an all_gather of its fp32 momentum over each Flat
  * axis of main_weight (one launch per tensor and axis, mf_cost_op). 1-D
  * tensors take an elementwise update, not modelled (as AdamW's is not).
  * Seconds: the most Newton-Schulz FLOPs of a rank over `flops`, plus the
  * gathers. */
-double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops);
+double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm, double flops,
+                                   const char *const *adamw, int nadamw);
 
 #endif

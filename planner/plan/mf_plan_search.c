@@ -15,6 +15,7 @@
 #include "mf_passes.h"
 #include "mf_layout.h"
 #include "mf_limits.h"
+#include "mf_plan_muon.h"
 #include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
 #include "mf_plan_tbound.h"
@@ -220,7 +221,11 @@ int mf_plan_search_init(mf_plan_search *ps, const mf_spec *base, const mf_ast *a
     ps->base = base;
     ps->spec = *base;
     ps->opt = *opt;
+    ps->opt.adamw = NULL;
+    ps->opt.nadamw = 0;
     int search[32], nsearch = 0, rc = -1;
+    if (opt->muon && !opt->muon_all && (ps->opt.nadamw = mf_plan_muon_adamw(base, &ps->opt.adamw)) < 0)
+        goto oom;
     ps->spec.units = calloc((size_t)base->nunits, sizeof *ps->spec.units);
     if (!ps->spec.units || build_layouts(ps, search, &nsearch) != 0)
         goto oom;
@@ -287,6 +292,7 @@ oom:
 
 void mf_plan_search_free(mf_plan_search *ps)
 {
+    free(ps->opt.adamw);
     for (int u = 0; ps->spec.units && u < ps->base->nunits; u++)
         free(ps->spec.units[u].tensors);
     free(ps->spec.units);
@@ -475,7 +481,8 @@ static bool beats(const mf_ps_point *a, const mf_ps_point *b);
 
 double mf_plan_search_optimizer_seconds(const mf_ps_options *opt, const mf_schedule *s)
 {
-    return opt->muon ? mf_plan_owners_muon_seconds(s, &opt->sim.cost, opt->optimizer_flops) : 0;
+    return opt->muon ? mf_plan_owners_muon_seconds(s, &opt->sim.cost, opt->optimizer_flops, opt->adamw, opt->nadamw)
+                     : 0;
 }
 
 static double optimizer_seconds_of(const void *opt, const mf_schedule *s)

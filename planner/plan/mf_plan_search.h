@@ -95,6 +95,11 @@ typedef struct mf_ps_options {
     bool muon;              /* --optimizer muon: Whole layouts searched, the optimizer step
                                modelled (mf_plan_owners_muon_seconds), no tensor fusion */
     double optimizer_flops; /* FLOP/s per rank of the Newton-Schulz steps */
+    bool muon_all;          /* --muon-all: Newton-Schulz on every 2-D tensor, the
+                               embedding and the head included */
+    const char **adamw;     /* set by mf_plan_search_init (owned by the search): the
+                               tensors the Muon recipe gives to AdamW (mf_plan_muon_adamw) */
+    int nadamw;
     mf_sim_config sim;      /* cost model and compute model, as simulate takes them */
     bool exhaustive;        /* evaluate every candidate (for tests) */
 } mf_ps_options;

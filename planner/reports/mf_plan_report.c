@@ -55,6 +55,13 @@ void mf_plan_report_print_front(const mf_plan_search *ps, const char *input, int
            (long long)ps->ncandidates, (long long)ps->evaluated, (long long)ps->memory_only,
            ps->opt.exhaustive ? " (exhaustive)" : " (the rest dominated by lower bounds)",
            (long long)ps->opt.optimizer_bytes);
+    if (ps->opt.muon) {
+        printf("muon: Newton-Schulz on every 2-D tensor");
+        for (int i = 0; i < ps->opt.nadamw; i++)
+            printf("%s%s", i ? ", " : " but ", ps->opt.adamw[i]);
+        printf(ps->opt.nadamw ? " (the embedding and the head: AdamW, the Muon recipe; --muon-all counts them)\n"
+                              : "\n");
+    }
     printf("\nPareto front (peak memory per rank vs step time; * = chosen):\n");
     printf("     #      peak memory     step time  overlap");
     if (ps->opt.muon)
