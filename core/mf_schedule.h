@@ -307,9 +307,15 @@ typedef struct mf_bucket {
     const char *layout;     /* layout name it came from (for humans) */
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
-    bool whole[MF_ROLE_COUNT]; /* the role is `Whole` on its Flat axes: its shards are
-                               equal like Flat, and every tensor lies inside one shard
-                               (its owner's); only grad and main_weight (docs/semantics.md §1) */
+    bool whole[MF_ROLE_COUNT]; /* the role is `Whole` on its Flat axes: every tensor lies
+                               inside one shard (its owner's); only grad and main_weight
+                               (docs/semantics.md §1, §4.6) */
+    int64_t *bounds;        /* ragged shards of a whole bucket (format 7, docs/semantics.md
+                               §4.6): P + 1 element offsets, P the shard count of the finest
+                               whole role (mf_layout_bucket_fine); shard q of it is
+                               [bounds[q], bounds[q+1]), bounds[P] == length. NULL for a
+                               bucket with no whole role: equal shards of L / shards. In
+                               the schedule's arena */
     int64_t length;         /* padded flat length L, elements (global) */
     int64_t used;           /* elements covered by tensors incl. alignment gaps */
     int ntensors;

@@ -176,7 +176,7 @@ void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k)
         int64_t shards = mf_layout_shards(&s->mesh, pl);
         for (int t = 0; t < bk->ntensors; t++) {
             const mf_tensor *te = &bk->tensors[t];
-            if (mf_layout_tensor_shard(&s->mesh, pl, bk->length, te->offset, te->numel) < 0) {
+            if (mf_layout_tensor_shard(&s->mesh, bk, pl, te->offset, te->numel) < 0) {
                 mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
                                "bucket '%s': tensor '%s' (offset %lld, numel %lld) straddles a shard of the Whole %s "
                                "placement (%lld shards of %lld elements); a Whole role keeps every tensor inside one "

@@ -47,7 +47,7 @@ static int64_t owner(const mf_schedule *s, int b, const char *name)
 {
     const mf_bucket *bk = &s->buckets[b];
     const mf_tensor *t = tensor(s, b, name);
-    return mf_layout_tensor_shard(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], bk->length, t->offset, t->numel);
+    return mf_layout_tensor_shard(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], t->offset, t->numel);
 }
 
 /* The bucket's tensors in this order (offset order) at these offsets. */
@@ -226,11 +226,11 @@ static void test_mesh_3d(void **state)
     const int64_t offs[] = {0, 320, 640, 960};
     expect_tensors(s, 0, 4, names, offs);
     assert_int_equal(bk->length, 2560);
-    mf_range r = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], 4, bk->length);
+    mf_range r = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], 4);
     assert_int_equal(r.offset, 320);
     assert_int_equal(r.len, 320);
     const mf_tensor *x = tensor(s, 0, "u.x");
-    assert_int_equal(mf_layout_tensor_shard(&s->mesh, &bk->place[MF_ROLE_GRAD], bk->length, x->offset, x->numel), 0);
+    assert_int_equal(mf_layout_tensor_shard(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], x->offset, x->numel), 0);
     mf_schedule_free(s);
 }
 
