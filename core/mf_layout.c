@@ -91,6 +91,31 @@ mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, 
     return r;
 }
 
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
+{
+    int64_t q = 1;
+    if (align < 1)
+        align = 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t size = (int64_t)mf_dtype_size(dt[r]);
+        if (size > 0) {
+            int64_t x = align / gcd64(align, size);
+            q = q / gcd64(q, x) * x;
+        }
+    }
+    return q;
+}
+
 const mf_placement *mf_layout_bucket_fine(const mf_mesh *m, const mf_bucket *b)
 {
     const mf_placement *best = NULL;

@@ -53,6 +53,10 @@ mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, 
  * functions answer every range question about a bucket; mf_layout_range is
  * the equal form alone. */
 
+/* The shard quantum: the fewest elements that are a multiple of `align`
+ * bytes in every role's dtype (lcm over the roles of align / gcd(align,
+ * size)); every shard of a bucket starts on it. */
+int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align);
 /* The placement of b's whole role with the most shards (ties: the first
  * role), NULL when no role is whole. */
 const mf_placement *mf_layout_bucket_fine(const mf_mesh *m, const mf_bucket *b);

@@ -1,5 +1,5 @@
 /*
- * mf_persist: the persistent region of one rank (docs/semantics.md §4.6, §10).
+ * mf_persist: the persistent region of one rank (docs/semantics.md §4.6 and docs/semantics.md §10).
  *
  * The region holds every buffer outside the transient arena
  * (!mf_live_in_arena). A buffer of a bucket with equal shards is as long on

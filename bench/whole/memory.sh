@@ -12,9 +12,10 @@
 # (the MoE's norms and router are ddp in all three). Each figure is the
 # `plan/rank` line of `mfsdpc explain` (docs/semantics.md §9: the allocated
 # peak per rank plus the optimizer state, what `mfsdpc plan` budgets), the
-# ratio is over Flat's, and `padding` is Σ P·S / Σ used over the whole
-# buckets (explain --format yaml, `owners`): how much longer the equal shards
-# make a whole bucket than its tensors. Invariant: every number is explain's;
+# ratio is over Flat's, and `padding` is Σ L / Σ used over the whole
+# buckets (explain --format yaml, `owners`: padding_factor_ppm = L / used):
+# how much longer a whole bucket is than its tensors (ragged shards since
+# format 7: only each shard's alignment). Invariant: every number is explain's;
 # a failed explain or a missing plan/rank line stops the script (exit 1).
 #
 #   bench/whole/memory.sh [MFSDPC] [EXPLAIN OPTIONS]   e.g. --optimizer-bytes 4
@@ -45,9 +46,8 @@ plan_bytes() {
   fi
   bytes=$(sed -n 's/^plan\/rank  *[^(]*(\([0-9]*\) bytes).*/\1/p' "$work/s.txt")
   [ -n "$bytes" ] || { echo "memory.sh: no plan/rank line in explain's output for $what" >&2; exit 1; }
-  pad=$(awk '/^      shards: / { P = $2 }
-             /^      shard_length: / { len += P * $2 }
-             /^      used: / { used += $2 }
+  pad=$(awk '/^      used: / { u = $2; used += $2 }
+             /^      padding_factor_ppm: / { len += u * $2 / 1e6 }
              END { printf "%.2f", used ? len / used : 1 }' "$work/s.yaml")
   echo "$bytes $pad"
 }

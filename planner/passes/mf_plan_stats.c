@@ -16,7 +16,9 @@
 
 static int64_t local_bytes(const mf_schedule *s, const mf_bucket *b, const mf_placement *pl, mf_dtype d)
 {
-    return b->length / mf_layout_shards(&s->mesh, pl) * (int64_t)mf_dtype_size(d);
+    /* a ragged bucket's buffers are counted at their longest shard, as the
+       lowering sizes them (mf_layout_bucket_capacity) */
+    return mf_layout_bucket_capacity(&s->mesh, b, pl) * (int64_t)mf_dtype_size(d);
 }
 
 /* Bytes of the outputs of steps [first, last) of a transition. */

@@ -5,7 +5,8 @@
  * mf_layout_shard_used (the used prefix of a shard: from its start to the
  * furthest tensor element in it), including a Flat bucket whose tensors
  * straddle shards; and the ragged shards of a whole bucket with bounds
- * (mf_layout_bucket_shard / _range / _capacity): §4.6's example on dp = 2
+ * (mf_layout_bucket_shard / _range / _capacity): docs/semantics.md §4.6's
+ * example on dp = 2
  * and a 2x4 mesh under [Whole, Whole] and [Replicate, Whole], empty shards
  * included; and the per-rank persistent region of such a bucket
  * (core/mf_persist.c).

@@ -6,7 +6,10 @@
  * All specs keep every role fp32 with align 256, so the tensor quantum is 4
  * elements and the shard quantum A is 64; with the pad start s* = 0 (some
  * role Flat from the outermost axis, or a 1-D mesh) the pad quantum is
- * 64 * world and S is a multiple of 64 * world / P.
+ * 64 * world and S is a multiple of 64 * world / P. S only bounds a shard's
+ * room for the dealing (and merging's length); the shards themselves are
+ * ragged (format 7): shard q ends at its tensors' end rounded up to A, an
+ * empty shard is 0 long, L = the last bound.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -68,7 +71,8 @@ static void expect_tensors(const mf_schedule *s, int b, int n, const char *const
  * g1 (60 < 100: 110); d 30 -> g0 (100 < 110: 130); e 10 -> g1 (110 < 130:
  * 120). g0 = {a, d} (130) takes shard 0, g1 = {b, c, e} shard 1. Shard 0: a at
  * 0, d at 100 (used 130); shard 1: b at 0, c at 60, e at 112 (110 rounded to
- * 4; used 122). S = 130 rounded up to 64 * 2 / 2 = 64: 192; L = 384. */
+ * 4; used 122). S = 130 rounded up to 64 * 2 / 2 = 64: 192. Ragged: shard 0
+ * 130 -> 192, shard 1 122 -> 128: bounds [0, 192, 320], L = 320. */
 static void test_pack_by_hand(void **state)
 {
     (void)state;
@@ -78,22 +82,26 @@ static void test_pack_by_hand(void **state)
     const char *names[] = {"u.a", "u.d", "u.b", "u.c", "u.e"};
     const int64_t offs[] = {0, 100, 192, 252, 304};
     expect_tensors(s, 0, 5, names, offs);
-    assert_int_equal(s->buckets[0].length, 384);
+    assert_int_equal(s->buckets[0].length, 320);
     assert_int_equal(s->buckets[0].used, 314);
+    assert_non_null(s->buckets[0].bounds);
+    assert_int_equal(s->buckets[0].bounds[0], 0);
+    assert_int_equal(s->buckets[0].bounds[1], 192);
+    assert_int_equal(s->buckets[0].bounds[2], 320);
     assert_true(s->buckets[0].whole[MF_ROLE_GRAD] && s->buckets[0].whole[MF_ROLE_MAIN_WEIGHT]);
     assert_false(s->buckets[0].whole[MF_ROLE_WEIGHT]);
     assert_int_equal(owner(s, 0, "u.a"), 0);
     assert_int_equal(owner(s, 0, "u.e"), 1);
-    /* the used prefixes a whole collective moves: 130 and 122 of 192 */
+    /* the used prefixes a whole collective moves: 130 of 192 and 122 of 128 */
     assert_int_equal(mf_layout_shard_used(&s->mesh, &s->buckets[0].place[MF_ROLE_GRAD], &s->buckets[0], 0), 130);
     assert_int_equal(mf_layout_shard_used(&s->mesh, &s->buckets[0].place[MF_ROLE_GRAD], &s->buckets[0], 1), 122);
     mf_schedule_free(s);
 }
 
 /* Equal costs: declaration order decides. t0 -> g0, t1 -> g1, t2 -> g0 (tie,
- * lowest), t3 -> g1; equal groups go to shards in group order. S = 128 (two
- * 64s), L = 256: t0 0, t2 64, t1 128, t3 192. Compiling again gives the
- * same bytes. */
+ * lowest), t3 -> g1; equal groups go to shards in group order. Both shards
+ * 128 (two 64s): bounds [0, 128, 256], L = 256: t0 0, t2 64, t1 128, t3 192.
+ * Compiling again gives the same bytes. */
 static void test_ties_deterministic(void **state)
 {
     (void)state;
@@ -116,9 +124,10 @@ static void test_ties_deterministic(void **state)
 /* A [8, 512] (numel 4096, flops 8*512*8 = 32768), B [64, 64] (4096, 262144),
  * C [60, 60] (3600, 216000) on 2 shards.
  * bytes: A -> g0, B -> g1 (A first on the tie), C -> g0 (tie): shard 0 = {A, C}
- *   (7696), shard 1 = {B}: A 0, C 4096, B 7744 (S = 7696 up to 64).
+ *   (7696, up to 64: 7744), shard 1 = {B}: A 0, C 4096, B 7744.
  * flops: B -> g0, C -> g1, A -> g1 (216000 < 262144): g0 = {B} (262144) is the
- *   heavier and takes shard 0: B 0, A 7744, C 11840. */
+ *   heavier and takes shard 0 (4096 long): B 0, A 4096, C 8192; shard 1 is
+ *   7696 up to 64 = 7744 long: L = 11840 (the equal form's 2 * 7744 = 15488). */
 static void test_balance_flops(void **state)
 {
     (void)state;
@@ -134,15 +143,16 @@ static void test_balance_flops(void **state)
     snprintf(spec, sizeof spec, "mesh dp = 2;\nbalance flops;\n" ALL_FP32_1D("Whole", "Whole") "%s", units);
     s = compile(spec);
     const char *nf[] = {"u.B", "u.A", "u.C"};
-    const int64_t of[] = {0, 7744, 11840};
+    const int64_t of[] = {0, 4096, 8192};
     expect_tensors(s, 0, 3, nf, of);
-    assert_int_equal(s->buckets[0].length, 15488);
+    assert_int_equal(s->buckets[0].length, 11840);
     mf_schedule_free(s);
 }
 
 /* Four identical units of one tensor on 4 shards: each bucket's tensor goes
- * to the shard whose rank owns least so far, so the owners are 0, 1, 2, 3
- * (S = 100 up to 64: 128, L = 512). */
+ * to the shard whose rank owns least so far, so the owners are 0, 1, 2, 3.
+ * Ragged, bucket b's shards before b are empty: its tensor is at 0, shard b
+ * is 100 up to 64 = 128 long, L = 128 (the equal form's 4 * 128 = 512). */
 static void test_global_tie_break(void **state)
 {
     (void)state;
@@ -152,9 +162,11 @@ static void test_global_tie_break(void **state)
     for (int b = 0; b < 4; b++) {
         char name[16];
         snprintf(name, sizeof name, "u%d.t", b);
-        assert_int_equal(s->buckets[b].length, 512);
-        assert_int_equal(tensor(s, b, name)->offset, 128 * b);
+        assert_int_equal(s->buckets[b].length, 128);
+        assert_int_equal(tensor(s, b, name)->offset, 0);
         assert_int_equal(owner(s, b, name), b);
+        assert_int_equal(s->buckets[b].bounds[b], 0);
+        assert_int_equal(s->buckets[b].bounds[b + 1], 128);
     }
     mf_schedule_free(s);
 }
@@ -163,7 +175,10 @@ static void test_global_tie_break(void **state)
  * L = 512 (2048 bytes < 3072). u0..u3 merge: one tensor per shard, still 512.
  * With u4 a shard holds two (100 + 100 = 200 -> S = 256, L = 1024: 4096 bytes
  * > 3072), so u4 starts a bucket, which u5 joins (L = 512). In the second
- * bucket every rank owns 100 so far: u4.t takes shard 0, u5.t shard 1. */
+ * bucket every rank owns 100 so far: u4.t takes shard 0, u5.t shard 1.
+ * Merging compares the equal form's lengths; the buckets are then ragged:
+ * the first [0, 128, 256, 384, 512] (L = 512), the second [0, 128, 256,
+ * 256, 256] (L = 256). */
 static void test_merged(void **state)
 {
     (void)state;
@@ -178,7 +193,7 @@ static void test_merged(void **state)
     expect_tensors(s, 0, 4, n0, o0);
     assert_int_equal(s->buckets[1].unit, 4);
     assert_int_equal(s->buckets[1].last_unit, 5);
-    assert_int_equal(s->buckets[1].length, 512);
+    assert_int_equal(s->buckets[1].length, 256);
     const char *n1[] = {"u4.t", "u5.t"};
     const int64_t o1[] = {0, 128};
     expect_tensors(s, 1, 2, n1, o1);
@@ -210,9 +225,11 @@ static void test_one_rank(void **state)
 
 /* 3-D mesh 2 x 2 x 2, [R,R,F]/[P,P,W]/[W,W,W]: P = 8 (main_weight's). Four
  * tensors, one per group: 300 -> shard 0, 200 -> 1, 100 -> 2, 50 -> 3;
- * S = 300 up to 64 * 8 / 8: 320, L = 2560. Shard q of [W,W,W] is
- * c_a + 2 c_b + 4 c_c, so shard 1 is rank 4 (coords (1, 0, 0)). Under grad's
- * [P,P,W] (2 shards of 1280) all four lie in shard 0. */
+ * S = 300 up to 64 * 8 / 8: 320. Ragged: 320, 256, 128, 64 and four empty
+ * shards: bounds [0, 320, 576, 704, 768, 768, 768, 768, 768], L = 768.
+ * Shard q of [W,W,W] is c_a + 2 c_b + 4 c_c, so shard 1 is rank 4 (coords
+ * (1, 0, 0)): [320, 576). Under grad's [P,P,W] (2 shards, q' = c_c, each 4
+ * fine shards: [0, 768) and [768, 768)) all four lie in shard 0. */
 static void test_mesh_3d(void **state)
 {
     (void)state;
@@ -223,25 +240,28 @@ static void test_mesh_3d(void **state)
                              "  tensor \"z\" [200];\n  tensor \"w\" [300];\n}\n");
     const mf_bucket *bk = &s->buckets[0];
     const char *names[] = {"u.w", "u.z", "u.y", "u.x"};
-    const int64_t offs[] = {0, 320, 640, 960};
+    const int64_t offs[] = {0, 320, 576, 704};
     expect_tensors(s, 0, 4, names, offs);
-    assert_int_equal(bk->length, 2560);
+    assert_int_equal(bk->length, 768);
     mf_range r = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], 4);
     assert_int_equal(r.offset, 320);
-    assert_int_equal(r.len, 320);
+    assert_int_equal(r.len, 256);
+    assert_int_equal(mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], 1).len, 0); /* c_c = 1 */
     const mf_tensor *x = tensor(s, 0, "u.x");
     assert_int_equal(mf_layout_tensor_shard(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], x->offset, x->numel), 0);
     mf_schedule_free(s);
 }
 
-/* The file says format 5 and writes Whole only on the whole roles. */
+/* The file says format 7, writes Whole only on the whole roles and the
+ * bounds of the ragged shards. */
 static void test_emitted(void **state)
 {
     (void)state;
     mf_schedule *s = compile("mesh dp_outer = 2, dp_inner = 2;\n"
                              "unit \"u\" layout hsdp_whole {\n  tensor \"a\" [100, 3];\n  tensor \"b\" [7];\n}\n");
     char *y = st_emit(s, NULL);
-    assert_non_null(strstr(y, "format: mfsdp-schedule/5\n"));
+    assert_non_null(strstr(y, "format: mfsdp-schedule/7\n"));
+    assert_non_null(strstr(y, "  bounds: ["));
     assert_non_null(strstr(y, "weight: {dtype: bf16, placement: [Replicate, Flat]}"));
     assert_non_null(strstr(y, "grad: {dtype: fp32, placement: [Partial, Whole]}"));
     assert_non_null(strstr(y, "main_weight: {dtype: fp32, placement: [Replicate, Whole]}"));
@@ -292,12 +312,32 @@ static void test_loader_refusals(void **state)
     char *y = st_emit(s, NULL);
     refused(y, "weight: {dtype: fp32, placement: [Flat]}", "weight: {dtype: fp32, placement: [Whole]}", "Whole]}",
             "the weight placement may not be Whole");
-    refused(y, "format: mfsdp-schedule/5", "format: mfsdp-schedule/4", "Whole]}",
-            "placement 'Whole' needs format mfsdp-schedule/5 (the file says mfsdp-schedule/4)");
+    /* a format 5 file (equal, padded shards, no bounds) is refused with a hint */
+    char *old = st_replace(y, "  bounds: [0, 192, 320]\n", "");
+    refused(old, "format: mfsdp-schedule/7", "format: mfsdp-schedule/5", "Whole]}",
+            "a Whole bucket of format mfsdp-schedule/5 is laid out in equal, padded shards; this mfsdp reads "
+            "ragged shards (format mfsdp-schedule/7); compile the spec again");
+    refused(old, "format: mfsdp-schedule/7", "format: mfsdp-schedule/4", "Whole]}",
+            "placement 'Whole' needs format mfsdp-schedule/7 (the file says mfsdp-schedule/4)");
+    refused(old, "dtype: fp32", "dtype: fp32", "320\n  used",
+            "bucket 'u/z' has a Whole role but no key 'bounds' (its ragged shards: 3 bounds)");
+    free(old);
+    /* the bounds: their count, 0 first, order, quantum, end */
+    refused(y, "bounds: [0, 192, 320]", "bounds: 7", "7\n  weight", "expected a sequence for the shard bounds");
+    refused(y, "bounds: [0, 192, 320]", "bounds: [0, 320]", "[0, 320]",
+            "bucket 'u/z' has 2 bounds, expected 3");
+    refused(y, "bounds: [0, 192, 320]", "bounds: [64, 192, 320]", "[64, 192",
+            "bound 0 is 64: the first bound is not 0");
+    refused(y, "bounds: [0, 192, 320]", "bounds: [0, 200, 320]", "[0, 200",
+            "bound 1 is 200: it is not a multiple of the shard quantum");
+    refused(y, "bounds: [0, 192, 320]", "bounds: [0, 384, 320]", "[0, 384",
+            "bound 2 is 320: it is below the bound before it");
+    refused(y, "bounds: [0, 192, 320]", "bounds: [0, 192, 384]", "[0, 192, 384",
+            "bound 2 is 384: the last bound is not the bucket's length");
     /* b moved from 192 to 150: 150..210 straddles the boundary at 192 */
     refused(y, "{name: u.b, offset: 192", "{name: u.b, offset: 150", NULL,
             "bucket 'u/z': tensor 'u.b' (offset 150, numel 60) straddles a shard of the Whole grad placement "
-            "(2 shards of 192 elements)");
+            "(2 shards, at most 192 elements)");
     /* a buffer is written Flat */
     refused(y, "placement: [Flat], count: 192", "placement: [Whole], count: 192", "Whole], count",
             "may not be Whole");
@@ -325,14 +365,22 @@ static void test_struct_refusals(void **state)
     assert_false(mf_struct_check_first(s, err, sizeof err));
     assert_non_null(strstr(err, "bucket 'u/z': weight may not be Whole"));
     s->buckets[0].whole[MF_ROLE_WEIGHT] = false;
-    /* a at 0 (shard 0, S = 128), b at 128; b moved to 100 straddles 128 */
+    /* a at 0 (shard 0: [0, 128)), b at 128 (shard 1: [128, 192)); b moved to
+     * 100 straddles 128 */
     assert_int_equal(tensor(s, 0, "u.b")->offset, 128);
+    assert_int_equal(s->buckets[0].length, 192);
     s->buckets[0].tensors[1].offset = 100;
     assert_false(mf_struct_check_first(s, err, sizeof err));
     assert_non_null(strstr(err, "tensor 'u.b' (offset 100, numel 60) straddles a shard of the Whole grad"));
-    /* the same bucket without Whole accepts the straddle (Flat allows it) */
-    s->buckets[0].whole[MF_ROLE_GRAD] = s->buckets[0].whole[MF_ROLE_MAIN_WEIGHT] = false;
-    assert_true(mf_struct_check_first(s, err, sizeof err));
+    s->buckets[0].tensors[1].offset = 128;
+    /* a buffer counted at anything but its placement's longest shard (128) */
+    for (int b = 0; b < s->nbuffers; b++)
+        if (s->buffers[b].kind == MF_BUF_MAIN_WEIGHT) {
+            assert_int_equal(s->buffers[b].count, 128);
+            s->buffers[b].count = 96; /* the equal form's 192 / 2 */
+        }
+    assert_false(mf_struct_check_first(s, err, sizeof err));
+    assert_non_null(strstr(err, "count 96 is not 128, the longest shard of its placement in the ragged bucket"));
     mf_schedule_free(s);
 }
 
