@@ -223,13 +223,18 @@ static void test_one_rank(void **state)
     mf_schedule_free(f);
 }
 
-/* 3-D mesh 2 x 2 x 2, [R,R,F]/[P,P,W]/[W,W,W]: P = 8 (main_weight's). Four
- * tensors, one per group: 300 -> shard 0, 200 -> 1, 100 -> 2, 50 -> 3;
- * S = 300 up to 64 * 8 / 8: 320. Ragged: 320, 256, 128, 64 and four empty
- * shards: bounds [0, 320, 576, 704, 768, 768, 768, 768, 768], L = 768.
- * Shard q of [W,W,W] is c_a + 2 c_b + 4 c_c, so shard 1 is rank 4 (coords
- * (1, 0, 0)): [320, 576). Under grad's [P,P,W] (2 shards, q' = c_c, each 4
- * fine shards: [0, 768) and [768, 768)) all four lie in shard 0. */
+/* 3-D mesh 2 x 2 x 2, [R,R,F]/[P,P,W]/[W,W,W]: P = 8 (main_weight's), one
+ * rank per shard. Four tensors, one per group, dealt by cost: 300 -> shard
+ * 0 (all loads 0); 200: shards 1..7 carry 0, their spans (the shards of one
+ * coordinate c_c of the innermost axis: q / 4) carry 300 (shards 1-3) and 0
+ * (4-7): shard 4; 100: spans 300 and 200: shard 5; 50: spans 300 and
+ * 300, the lowest: shard 1. S = 300 up to 64 * 8 / 8: 320. Ragged: shard 0
+ * 320, 1 64, 4 256, 5 128, the others empty: bounds [0, 320, 384, 384, 384,
+ * 640, 768, 768, 768], L = 768; offsets w 0, x 320, z 384, y 640. Shard q of
+ * [W,W,W] is c_a + 2 c_b + 4 c_c, so shard 1 is rank 4 (coords (1, 0, 0)):
+ * [320, 384). Under grad's [P,P,W] (2 shards, q' = c_c, each 4 fine shards:
+ * [0, 384) and [384, 768)) x lies in shard 0, and rank 1 (c_c = 1) holds
+ * [384, 768). */
 static void test_mesh_3d(void **state)
 {
     (void)state;
@@ -239,14 +244,19 @@ static void test_mesh_3d(void **state)
                              "unit \"u\" layout z {\n  tensor \"x\" [50];\n  tensor \"y\" [100];\n"
                              "  tensor \"z\" [200];\n  tensor \"w\" [300];\n}\n");
     const mf_bucket *bk = &s->buckets[0];
-    const char *names[] = {"u.w", "u.z", "u.y", "u.x"};
-    const int64_t offs[] = {0, 320, 576, 704};
+    const char *names[] = {"u.w", "u.x", "u.z", "u.y"};
+    const int64_t offs[] = {0, 320, 384, 640};
     expect_tensors(s, 0, 4, names, offs);
     assert_int_equal(bk->length, 768);
+    static const int64_t bounds[9] = {0, 320, 384, 384, 384, 640, 768, 768, 768};
+    for (int q = 0; q < 9; q++)
+        assert_int_equal(bk->bounds[q], bounds[q]);
     mf_range r = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], 4);
     assert_int_equal(r.offset, 320);
-    assert_int_equal(r.len, 256);
-    assert_int_equal(mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], 1).len, 0); /* c_c = 1 */
+    assert_int_equal(r.len, 64);
+    mf_range g = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], 1); /* c_c = 1 */
+    assert_int_equal(g.offset, 384);
+    assert_int_equal(g.len, 384);
     const mf_tensor *x = tensor(s, 0, "u.x");
     assert_int_equal(mf_layout_tensor_shard(&s->mesh, bk, &bk->place[MF_ROLE_GRAD], x->offset, x->numel), 0);
     mf_schedule_free(s);
