@@ -632,8 +632,8 @@ class _Layouts:
             return name
         wname = name + ("_whole" if want == mesh else "_whole_node")
         if wname not in self.blocks:
-            # a whole bucket's shards follow its owners (ragged, docs/semantics.md
-            # §4.6): with the owners inside the innermost axis the weight may not
+            # a whole bucket's shards follow its owners (ragged shards,
+            # docs/semantics.md §4.6): with the owners inside the innermost axis the weight may not
             # split the outer axes either (zero3's [Flat, Flat] becomes [Replicate, Flat])
             wt = _node_whole(w, "R") if owners == "node" and w[-1] == "F" else w
             wt = [("F" if x == "W" else x) for x in wt]
