@@ -363,6 +363,37 @@ static void test_loader_refusals(void **state)
     mf_schedule_free(s);
 }
 
+/* A role that is not Whole but splits finer than the finest Whole role has
+ * no ragged shards (docs/semantics.md §4.6): zero3's weight [Flat, Flat]
+ * beside grad [Partial, Whole] is refused at the weight's placement, with
+ * the fix; in a file, the loader refuses the same at the bucket's bounds. */
+static void test_finer_role_refused(void **state)
+{
+    (void)state;
+    const char *spec = "mesh dp_outer = 2, dp_inner = 2;\n"
+                       "layout zw {\n  weight fp32 [Flat, Flat];\n  grad fp32 [Partial, Whole];\n"
+                       "  main_weight fp32 [Replicate, Whole];\n}\n"
+                       "unit \"u\" layout zw {\n  tensor \"a\" [100];\n}\n";
+    char *diag = NULL;
+    mf_schedule *s = st_compile("whole.mfsdp", spec, false, &diag);
+    if (s)
+        fail_msg("accepted:\n%s", spec);
+    const char *want = "whole.mfsdp:3:15: error: 'weight' in layout 'zw' splits into 4 shards, more than the 2 of "
+                       "its Whole 'grad' [Partial, Whole]; a whole bucket's shards follow its owners, so no role may "
+                       "split finer than the finest Whole one; use [Partial, Flat] or make 'weight' Whole too";
+    if (!diag || !strstr(diag, want))
+        fail_msg("diagnostics lack '%s':\n%s", want, diag ? diag : "");
+    free(diag);
+    s = compile("mesh dp_outer = 2, dp_inner = 2;\n"
+                "unit \"u\" layout hsdp_whole {\n  tensor \"a\" [100, 3];\n  tensor \"b\" [7];\n}\n");
+    char *y = st_emit(s, NULL);
+    refused(y, "weight: {dtype: bf16, placement: [Replicate, Flat]}", "weight: {dtype: bf16, placement: [Flat, Flat]}",
+            "[0, ", "bucket 'u/hsdp_whole': its weight placement splits into 4 shards, more than the 2 of its "
+            "finest Whole role");
+    free(y);
+    mf_schedule_free(s);
+}
+
 /* The structural checker (the runtime's check of a schedule in memory). */
 static void test_struct_refusals(void **state)
 {
@@ -402,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_merged),        cmocka_unit_test(test_one_rank),
         cmocka_unit_test(test_mesh_3d),       cmocka_unit_test(test_emitted),
         cmocka_unit_test(test_loader_refusals), cmocka_unit_test(test_struct_refusals),
+        cmocka_unit_test(test_finer_role_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
