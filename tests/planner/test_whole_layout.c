@@ -344,6 +344,13 @@ static void test_loader_refusals(void **state)
             "bound 2 is 320: it is below the bound before it");
     refused(y, "bounds: [0, 192, 320]", "bounds: [0, 192, 384]", "[0, 192, 384",
             "bound 2 is 384: the last bound is not the bucket's length");
+    /* the per-rank persistent region (docs/semantics.md §4.6): rank 0 holds
+     * 192 of each of main_weight, weight and grad (768 bytes each: offsets
+     * 0, 768, 1536, region 2304), rank 1 128 (512 bytes each) */
+    refused(y, "lifetime: persistent, offset: 1536}", "lifetime: persistent, offset: 1792}", NULL,
+            "buffer 'u/z.grad': offset 1792 is not 1536, its offset on rank 0 in the persistent region");
+    refused(y, "arena: {persistent: 2304", "arena: {persistent: 2048", NULL,
+            "the persistent region (2048 bytes) is smaller than the 2304 bytes some rank's per-rank buffers need");
     /* b moved from 192 to 150: 150..210 straddles the boundary at 192 */
     refused(y, "{name: u.b, offset: 192", "{name: u.b, offset: 150", NULL,
             "bucket 'u/z': tensor 'u.b' (offset 150, numel 60) straddles a shard of the Whole grad placement "
