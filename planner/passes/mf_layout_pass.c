@@ -55,31 +55,9 @@
 
 /* ---- quanta ---- */
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* lcm of small powers of two and friends; inputs are <= align. */
-static int64_t lcm64(int64_t a, int64_t b)
-{
-    return a / gcd64(a, b) * b;
-}
-
 int64_t mf_layout_pass_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
 {
-    int64_t q = 1;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int64_t size = (int64_t)mf_dtype_size(dt[r]);
-        if (size > 0)
-            q = lcm64(q, 16 / gcd64(16, size));
-    }
-    return q;
+    return mf_layout_shard_quantum(dt, 16); /* 16 bytes in every role's dtype */
 }
 
 int64_t mf_layout_pass_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
