@@ -73,6 +73,22 @@ int64_t mf_persist_at(const mf_schedule *s, int b, int64_t rank)
     return at;
 }
 
+void mf_persist_role_most(const mf_schedule *s, mf_lifetime life, int64_t out[MF_ROLE_COUNT])
+{
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        out[r] = 0;
+    int64_t world = mf_persist_any_per_rank(s) ? s->mesh.world : 1;
+    for (int64_t rank = 0; rank < world; rank++) {
+        int64_t sum[MF_ROLE_COUNT] = {0};
+        for (int b = 0; b < s->nbuffers; b++)
+            if (s->buffers[b].lifetime == life)
+                sum[mf_bufkind_role(s->buffers[b].kind)] +=
+                    mf_persist_held(s, b, rank) * (int64_t)mf_dtype_size(s->buffers[b].dtype);
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            out[r] = sum[r] > out[r] ? sum[r] : out[r];
+    }
+}
+
 bool mf_persist_any_per_rank(const mf_schedule *s)
 {
     for (int b = 0; b < s->nbuffers; b++)

@@ -37,6 +37,11 @@ int64_t mf_persist_layout(const mf_schedule *s, int64_t rank, int64_t *offsets);
 int64_t mf_persist_at(const mf_schedule *s, int b, int64_t rank);
 /* The largest region over the ranks: mem_persistent. */
 int64_t mf_persist_most(const mf_schedule *s);
+/* Per role, the most over the ranks of the bytes (unaligned) the rank
+ * holds in buffers of lifetime `life` (mf_persist_held): the per-role model's
+ * persistent and step terms when some bucket is ragged (each the most over
+ * the ranks, docs/semantics.md §4.6). */
+void mf_persist_role_most(const mf_schedule *s, mf_lifetime life, int64_t out[MF_ROLE_COUNT]);
 /* Whether some buffer is per rank (the regions may differ by rank). */
 bool mf_persist_any_per_rank(const mf_schedule *s);
 
