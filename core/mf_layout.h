@@ -1,7 +1,9 @@
 /*
  * mf_layout: the layout math of docs/semantics.md §2, shared by the planner, the
  * verifier and the runtime. One function answers "which elements of a bucket
- * does rank r hold under placement p": mf_layout_range().
+ * does rank r hold under placement p": mf_layout_bucket_range() (equal shards,
+ * mf_layout_range(), for a bucket without bounds; the ragged shards of a whole
+ * bucket's bounds otherwise, docs/semantics.md §4.6).
  *
  * Rank <-> coords is row-major with the innermost (last) axis fastest.
  * Shard order is inner-major: the innermost Flat axis splits the whole buffer,
@@ -40,7 +42,8 @@ int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p);
 int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
                               const int64_t coords[MF_MAX_AXES]);
 /* The elements of a bucket of padded length L (divisible by the shard count)
- * that rank r holds under placement p. */
+ * that rank r holds under placement p, when the bucket's shards are equal (no
+ * bounds); callers with a bucket use mf_layout_bucket_range. */
 mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L);
 
 /* ---- shards of a bucket: equal, or ragged (docs/semantics.md §4.6) ----

@@ -11,7 +11,10 @@
  * unit/bucket/buffer/axis/event reference, a negative or overflowing number, a
  * mesh whose product overflows, duplicate names, tensors that overlap or leave
  * their bucket, a buffer whose element count is not the bucket length divided
- * by the shard count of its placement, a bucket that breaks the normative
+ * by the shard count of its placement (in a ragged whole bucket: its
+ * placement's longest shard), a whole bucket whose `bounds` are missing,
+ * miscounted, unordered, off the shard quantum or not ending at its length,
+ * a bucket that breaks the normative
  * buffer rules of mf_schedule.h, an op whose count does not fit its buffers
  * (per op kind and axis size) or whose dtype differs from theirs, an event
  * recorded on two streams, and a summary that differs from the one
@@ -331,7 +334,8 @@ static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
 
 /* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1).
  * With `whole` (a bucket's grad or main_weight; NULL elsewhere) also Whole,
- * from format 5 on: all split axes Whole (stored Flat, *whole set) or none.
+ * from format 7 on (5 and 6 wrote equal, padded whole shards: refused with a
+ * hint): all split axes Whole (stored Flat, *whole set) or none.
  * From format 6 on, Distinct anywhere (MF_PLACE_DISTINCT; the structural
  * checker holds a bucket's three roles to the same Distinct axes). */
 static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
