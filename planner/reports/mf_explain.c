@@ -285,6 +285,9 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
                 mf_plan_owners_placement(b, r, k, pl, sizeof pl), (long long)n,
                 (long long)(n * (int64_t)mf_dtype_size(b->dtype[r])));
     }
+    if (b->bounds) /* docs/semantics.md §4.6 */
+        fprintf(out, "    ragged shards: elements/rank is each role's longest shard; each rank holds only its "
+                     "own range (owners below)\n");
     fprintf(out, "    %-12s %14s %14s  %s\n", "tensors", "offset", "numel", "name shape");
     for (int i = 0; i < b->ntensors; i++) {
         const mf_tensor *t = &b->tensors[i];
