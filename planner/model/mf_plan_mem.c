@@ -15,13 +15,15 @@
 #include "mf_plan_stats.h"
 
 
-/* The main_weight elements rank r holds over every bucket. */
-static int64_t held_main(const mf_schedule *s, int64_t r)
+/* The main_weight elements rank r holds over the buckets that are ragged
+ * (`ragged`) or not. */
+static int64_t held_main(const mf_schedule *s, int64_t r, bool ragged)
 {
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
         const mf_bucket *bk = &s->buckets[b];
-        elems = mf_sat_add(elems, mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], r).len);
+        if ((bk->bounds != NULL) == ragged)
+            elems = mf_sat_add(elems, mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], r).len);
     }
     return elems;
 }
@@ -33,11 +35,11 @@ int64_t mf_plan_mem_optimizer_bytes(const mf_schedule *s, int64_t optimizer_byte
         ragged = ragged || s->buckets[b].bounds;
     /* equal shards: every rank holds as much; ragged: the most over the ranks */
     int64_t most = 0;
-    for (int64_t r = 0; r < (ragged ? s->mesh.world : 1); r++) {
-        int64_t e = held_main(s, r);
+    for (int64_t r = 0; ragged && r < s->mesh.world; r++) {
+        int64_t e = held_main(s, r, true);
         most = e > most ? e : most;
     }
-    return mf_sat_mul(most, optimizer_bytes);
+    return mf_sat_mul(mf_sat_add(held_main(s, 0, false), most), optimizer_bytes);
 }
 
 void mf_plan_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)

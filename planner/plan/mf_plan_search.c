@@ -627,16 +627,21 @@ static double bucket_persistent_on(const mf_schedule *s, const mf_bucket *bk, in
 static double persistent_bound(const mf_schedule *s)
 {
     bool ragged = false;
-    for (int b = 0; b < s->nbuckets; b++)
+    double shared = 0; /* the buckets of equal shards: the same on every rank */
+    for (int b = 0; b < s->nbuckets; b++) {
         ragged = ragged || s->buckets[b].bounds;
+        if (!s->buckets[b].bounds)
+            shared += bucket_persistent_on(s, &s->buckets[b], 0);
+    }
     double most = 0;
-    for (int64_t r = 0; r < (ragged ? s->mesh.world : 1); r++) {
+    for (int64_t r = 0; ragged && r < s->mesh.world; r++) {
         double sum = 0;
         for (int b = 0; b < s->nbuckets; b++)
-            sum += bucket_persistent_on(s, &s->buckets[b], r);
+            if (s->buckets[b].bounds)
+                sum += bucket_persistent_on(s, &s->buckets[b], r);
         most = sum > most ? sum : most;
     }
-    return most;
+    return shared + most;
 }
 
 static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const int *prefetch, int n, double *out)
