@@ -71,7 +71,7 @@ void mf_ckpt_plan_held(const mf_schedule *s, const mf_ckpt_plan *p, int k, int64
     }
     const mf_bucket *b = &s->buckets[pt->bucket];
     const mf_tensor *t = &b->tensors[pt->index];
-    mf_range r = mf_layout_range(&s->mesh, &b->place[MF_ROLE_MAIN_WEIGHT], rank, b->length);
+    mf_range r = mf_layout_bucket_range(&s->mesh, b, &b->place[MF_ROLE_MAIN_WEIGHT], rank);
     int64_t a = t->offset > r.offset ? t->offset : r.offset;
     int64_t e = t->offset + t->numel < r.offset + r.len ? t->offset + t->numel : r.offset + r.len;
     *lo = e > a ? a - t->offset : 0;
@@ -82,10 +82,10 @@ int64_t mf_ckpt_plan_replicas(const mf_schedule *s, int bucket, int64_t rank, in
 {
     const mf_bucket *b = &s->buckets[bucket];
     const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
-    mf_range mine = mf_layout_range(&s->mesh, pl, rank, b->length);
+    mf_range mine = mf_layout_bucket_range(&s->mesh, b, pl, rank);
     int64_t n = 0, c = mf_ckpt_plan_coord(s, bucket, rank);
     for (int64_t r = 0; r < s->mesh.world; r++) {
-        mf_range x = mf_layout_range(&s->mesh, pl, r, b->length);
+        mf_range x = mf_layout_bucket_range(&s->mesh, b, pl, r);
         if (x.offset == mine.offset && x.len == mine.len && mf_ckpt_plan_coord(s, bucket, r) == c)
             out[n++] = r;
     }
@@ -188,11 +188,11 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, const mf_ckpt_ptensor *pt, 
     const mf_bucket *b = &s->buckets[bi];
     const mf_placement *pl = &b->place[MF_ROLE_MAIN_WEIGHT];
     int64_t world = s->mesh.world, shards = mf_layout_shards(&s->mesh, pl);
-    int64_t len = b->length / shards;
     memset(start, 0, (size_t)(shards + 1) * sizeof *start);
     for (int64_t r = 0; r < world; r++) {
-        mf_range rg = mf_layout_range(&s->mesh, pl, r, b->length);
-        q[r] = c >= 0 && mf_ckpt_plan_coord(s, bi, r) != c ? -1 : len ? rg.offset / len : 0;
+        int64_t coords[MF_MAX_AXES];
+        mf_layout_mesh_coords(&s->mesh, r, coords);
+        q[r] = c >= 0 && mf_ckpt_plan_coord(s, bi, r) != c ? -1 : mf_layout_shard_index(&s->mesh, pl, coords);
         if (q[r] >= 0)
             start[q[r] + 1]++;
     }
@@ -206,8 +206,9 @@ static int mf_ckpt_plan_bucket(const mf_schedule *s, const mf_ckpt_ptensor *pt, 
     start[0] = 0;
     for (int64_t k = 0; k < shards; k++) {
         int64_t nrep = start[k + 1] - start[k];
+        mf_range sh = mf_layout_bucket_shard(&s->mesh, b, pl, k); /* equal, or ragged */
         const int64_t *reps = order + start[k];
-        if (nrep > 0 && mf_ckpt_plan_shard(b, pt, first, k * len, len, reps, nrep, (bi + k) % nrep, v) != 0)
+        if (nrep > 0 && mf_ckpt_plan_shard(b, pt, first, sh.offset, sh.len, reps, nrep, (bi + k) % nrep, v) != 0)
             return -1;
     }
     return 0;

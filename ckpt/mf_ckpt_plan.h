@@ -4,7 +4,8 @@
  * identically on every rank and in the offline tools.
  *
  * A tensor's master weight lives in its bucket's main_weight buffer; rank r
- * holds the bucket elements mf_layout_range(mesh, main_weight placement, r, L),
+ * holds the bucket elements mf_layout_bucket_range(mesh, bucket, main_weight
+ * placement, r) (equal shards, or a whole bucket's ragged ones),
  * so its piece of a tensor is one contiguous element range of the tensor.
  * Ranks holding the same shard are replicas. The tensor elements of a shard
  * (bucket padding and alignment gaps excluded) are cut into as many

@@ -8,6 +8,7 @@
  */
 #include "mf_arena_check.h"
 #include "mf_int.h"
+#include "mf_persist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,7 +181,7 @@ static int persistent_disjoint(const mf_schedule *s, char *msg, size_t len)
         return -2;
     int n = 0;
     for (int b = 0; b < s->nbuffers; b++)
-        if (!mf_live_in_arena(&s->buffers[b]))
+        if (!mf_live_in_arena(&s->buffers[b]) && !mf_persist_per_rank(s, b))
             order[n++] = (span){s->buffers[b].offset, b};
     qsort(order, (size_t)n, sizeof *order, cmp_span);
     int bad = -1;
@@ -197,10 +198,45 @@ static int persistent_disjoint(const mf_schedule *s, char *msg, size_t len)
     return bad;
 }
 
+/* The per-rank buffers of ragged buckets (core/mf_persist.h): each at rank
+ * 0's offset, every rank's region within mem_persistent. -1 when sound. */
+static int per_rank_check(const mf_schedule *s, char *msg, size_t len)
+{
+    if (!mf_persist_any_per_rank(s))
+        return -1;
+    int64_t *at = malloc(sizeof *at * (size_t)s->nbuffers);
+    if (!at)
+        return -2;
+    mf_persist_layout(s, 0, at);
+    int bad = -1;
+    for (int b = 0; b < s->nbuffers && bad < 0; b++)
+        if (mf_persist_per_rank(s, b) && s->buffers[b].offset != at[b]) {
+            snprintf(msg, len, "buffer '%s': offset %lld is not %lld, its offset on rank 0 in the persistent region "
+                     "(a ragged bucket's persistent buffers follow the shared ones, rank by rank)",
+                     s->buffers[b].name, (long long)s->buffers[b].offset, (long long)at[b]);
+            bad = b;
+        }
+    free(at);
+    int64_t most = mf_persist_most(s);
+    for (int b = 0; b < s->nbuffers && bad < 0 && most > s->mem_persistent; b++)
+        if (mf_persist_per_rank(s, b)) {
+            snprintf(msg, len, "the persistent region (%lld bytes) is smaller than the %lld bytes some rank's "
+                     "per-rank buffers need ('%s' is one)", (long long)s->mem_persistent, (long long)most,
+                     s->buffers[b].name);
+            bad = b;
+        }
+    return bad;
+}
+
 int mf_arena_check(const mf_schedule *s, char *msg, size_t len)
 {
+    int pr = per_rank_check(s, msg, len);
+    if (pr != -1)
+        return pr;
     for (int b = 0; b < s->nbuffers; b++) {
         const mf_buffer *bf = &s->buffers[b];
+        if (mf_persist_per_rank(s, b))
+            continue; /* per_rank_check */
         bool pers = !mf_live_in_arena(bf);
         int64_t region = pers ? s->mem_persistent : s->mem_transient;
         int64_t bytes = mf_live_bytes(s, b);

@@ -91,23 +91,118 @@ mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, 
     return r;
 }
 
-int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_placement *p, int64_t L,
-                               int64_t offset, int64_t numel)
+static int64_t gcd64(int64_t a, int64_t b)
 {
-    int64_t len = L / mf_layout_shards(m, p);
-    if (len <= 0 || offset < 0 || numel < 0 || offset > L - numel)
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
+{
+    int64_t q = 1;
+    if (align < 1)
+        align = 1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t size = (int64_t)mf_dtype_size(dt[r]);
+        if (size > 0) {
+            int64_t x = align / gcd64(align, size);
+            q = q / gcd64(q, x) * x;
+        }
+    }
+    return q;
+}
+
+const mf_placement *mf_layout_bucket_fine(const mf_mesh *m, const mf_bucket *b)
+{
+    const mf_placement *best = NULL;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (b->whole[r] && (!best || mf_layout_shards(m, &b->place[r]) > mf_layout_shards(m, best)))
+            best = &b->place[r];
+    return best;
+}
+
+int64_t mf_layout_bucket_nbounds(const mf_mesh *m, const mf_bucket *b)
+{
+    const mf_placement *fine = mf_layout_bucket_fine(m, b);
+    return fine ? mf_layout_shards(m, fine) + 1 : 0;
+}
+
+bool mf_layout_bucket_placement_ok(const mf_mesh *m, const mf_bucket *b, const mf_placement *p)
+{
+    if (!b->bounds)
+        return true;
+    int64_t P = mf_layout_bucket_nbounds(m, b) - 1, n = mf_layout_shards(m, p);
+    return P >= 1 && n <= P && P % n == 0;
+}
+
+mf_range mf_layout_bucket_shard(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t q)
+{
+    mf_range r = {0, 0};
+    int64_t n = mf_layout_shards(m, p);
+    if (q < 0 || q >= n || !mf_layout_bucket_placement_ok(m, b, p))
+        return r;
+    if (!b->bounds) {
+        r.len = b->length / n;
+        r.offset = q * r.len;
+        return r;
+    }
+    int64_t k = (mf_layout_bucket_nbounds(m, b) - 1) / n;
+    r.offset = b->bounds[q * k];
+    r.len = b->bounds[(q + 1) * k] - r.offset;
+    return r;
+}
+
+mf_range mf_layout_bucket_range(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t rank)
+{
+    int64_t c[MF_MAX_AXES];
+    mf_layout_mesh_coords(m, rank, c);
+    return mf_layout_bucket_shard(m, b, p, mf_layout_shard_index(m, p, c));
+}
+
+int64_t mf_layout_bucket_capacity(const mf_mesh *m, const mf_bucket *b, const mf_placement *p)
+{
+    int64_t n = mf_layout_shards(m, p), most = 0;
+    if (!b->bounds)
+        return b->length / n;
+    for (int64_t q = 0; q < n; q++) {
+        int64_t len = mf_layout_bucket_shard(m, b, p, q).len;
+        most = len > most ? len : most;
+    }
+    return most;
+}
+
+int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t offset,
+                               int64_t numel)
+{
+    int64_t n = mf_layout_shards(m, p), L = b->length;
+    if (offset < 0 || numel < 0 || offset > L - numel || !mf_layout_bucket_placement_ok(m, b, p))
         return -1;
-    int64_t q = offset / len;
-    if (numel > 0 && (offset + numel - 1) / len != q)
-        return -1;
-    return q < mf_layout_shards(m, p) ? q : -1;
+    if (!b->bounds) {
+        int64_t len = L / n;
+        if (len <= 0)
+            return -1;
+        int64_t q = offset / len;
+        if (numel > 0 && (offset + numel - 1) / len != q)
+            return -1;
+        return q < n ? q : -1;
+    }
+    for (int64_t q = 0; q < n; q++) {
+        mf_range sh = mf_layout_bucket_shard(m, b, p, q);
+        if (offset >= sh.offset && offset < sh.offset + sh.len)
+            return offset + numel <= sh.offset + sh.len ? q : -1;
+    }
+    return -1;
 }
 
 int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_bucket *b,
                              int64_t q)
 {
-    int64_t len = b->length / mf_layout_shards(m, p);
-    int64_t start = q * len, used = 0;
+    mf_range sh = mf_layout_bucket_shard(m, b, p, q);
+    int64_t start = sh.offset, len = sh.len, used = 0;
     for (int i = 0; i < b->ntensors; i++) {
         const mf_tensor *t = &b->tensors[i];
         if (t->numel <= 0 || t->offset >= start + len || t->offset + t->numel <= start)
@@ -150,7 +245,8 @@ int64_t mf_layout_collective_bytes(const mf_mesh *m, const mf_bucket *b, mf_opki
         return 0;
     int64_t n = m->axes[axis].size, ring = mf_schedule_collective_bytes(k, n, count, d);
     if (ring == 0 || !b || !mf_layout_bucket_whole(b) || b->length <= 0 ||
-        b->length % mf_layout_shards(m, shard) != 0)
+        (!b->bounds && b->length % mf_layout_shards(m, shard) != 0) ||
+        !mf_layout_bucket_placement_ok(m, b, shard))
         return ring;
     int64_t worst = 0;
     int64_t c[MF_MAX_AXES];

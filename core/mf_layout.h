@@ -1,7 +1,9 @@
 /*
  * mf_layout: the layout math of docs/semantics.md §2, shared by the planner, the
  * verifier and the runtime. One function answers "which elements of a bucket
- * does rank r hold under placement p": mf_layout_range().
+ * does rank r hold under placement p": mf_layout_bucket_range() (equal shards,
+ * mf_layout_range(), for a bucket without bounds; the ragged shards of a whole
+ * bucket's bounds otherwise, docs/semantics.md §4.6).
  *
  * Rank <-> coords is row-major with the innermost (last) axis fastest.
  * Shard order is inner-major: the innermost Flat axis splits the whole buffer,
@@ -40,15 +42,49 @@ int64_t mf_layout_shards(const mf_mesh *m, const mf_placement *p);
 int64_t mf_layout_shard_index(const mf_mesh *m, const mf_placement *p,
                               const int64_t coords[MF_MAX_AXES]);
 /* The elements of a bucket of padded length L (divisible by the shard count)
- * that rank r holds under placement p. */
+ * that rank r holds under placement p, when the bucket's shards are equal (no
+ * bounds); callers with a bucket use mf_layout_bucket_range. */
 mf_range mf_layout_range(const mf_mesh *m, const mf_placement *p, int64_t rank, int64_t L);
 
-/* The shard of placement p (q in [0, mf_layout_shards)) that holds the
- * elements [offset, offset + numel) of a bucket of length L wholly, or -1
- * when they straddle a shard boundary. An empty range is held by the shard
- * of its offset. */
-int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_placement *p, int64_t L,
-                               int64_t offset, int64_t numel);
+/* ---- shards of a bucket: equal, or ragged (docs/semantics.md §4.6) ----
+ * A bucket with bounds (a whole bucket of format 7) has ragged shards: the
+ * finest whole placement (mf_layout_bucket_fine, P shards) has shard q =
+ * [bounds[q], bounds[q+1]); a placement p of the bucket with Pp shards, Pp
+ * dividing P (its Flat axes a suffix of the finest's), k = P / Pp, has shard
+ * q = [bounds[q*k], bounds[(q+1)*k]) (inner-major order makes them
+ * contiguous). Without bounds the shards are equal: L / Pp each. These
+ * functions answer every range question about a bucket; mf_layout_range is
+ * the equal form alone. */
+
+/* The shard quantum: the fewest elements that are a multiple of `align`
+ * bytes in every role's dtype (lcm over the roles of align / gcd(align,
+ * size)); every shard of a bucket starts on it. */
+int64_t mf_layout_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align);
+/* The placement of b's whole role with the most shards (ties: the first
+ * role), NULL when no role is whole. */
+const mf_placement *mf_layout_bucket_fine(const mf_mesh *m, const mf_bucket *b);
+/* Entries of b->bounds: the finest whole placement's shards + 1; 0 when no
+ * role is whole. */
+int64_t mf_layout_bucket_nbounds(const mf_mesh *m, const mf_bucket *b);
+/* Whether placement p can be laid on b: always without bounds; with bounds
+ * when p's shard count divides the finest's (a non-whole role with more
+ * shards has no ragged shards: the checker and the loader refuse it). */
+bool mf_layout_bucket_placement_ok(const mf_mesh *m, const mf_bucket *b, const mf_placement *p);
+/* Shard q (in [0, mf_layout_shards(p))) of placement p of bucket b; {0, 0}
+ * when q is out of range or p is not ok for b. */
+mf_range mf_layout_bucket_shard(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t q);
+/* The elements of bucket b that rank r holds under placement p: its shard. */
+mf_range mf_layout_bucket_range(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t rank);
+/* The longest shard of placement p of bucket b: a buffer's `count`, what a
+ * rank may hold at most (L for an unsharded placement). */
+int64_t mf_layout_bucket_capacity(const mf_mesh *m, const mf_bucket *b, const mf_placement *p);
+
+/* The shard of placement p of bucket b (q in [0, mf_layout_shards)) that
+ * holds the elements [offset, offset + numel) wholly, or -1 when they
+ * straddle a shard boundary or pass the bucket's end. An empty range is held
+ * by the first non-empty shard containing its offset. */
+int64_t mf_layout_tensor_shard(const mf_mesh *m, const mf_bucket *b, const mf_placement *p, int64_t offset,
+                               int64_t numel);
 /* The used prefix of shard q of bucket b under placement p: elements from the
  * shard's start to the furthest tensor element inside it (a tensor that
  * straddles into the shard counts), 0 when no tensor overlaps it. Alignment
@@ -59,7 +95,9 @@ int64_t mf_layout_shard_used(const mf_mesh *m, const mf_placement *p, const mf_b
                              int64_t q);
 
 /* A bucket with some role placed Whole (mf_bucket.whole): its collectives move
- * only the used prefix of each shard (docs/semantics.md §4.6). */
+ * only the used prefix of each shard (docs/semantics.md §4.6); with bounds
+ * its shards are ragged (the prefix is then the whole shard but for the
+ * alignment at its end). */
 bool mf_layout_bucket_whole(const mf_bucket *b);
 /* The placement a collective's shards are counted on: a reduce_scatter's
  * destination, an all_gather's source, an all_reduce's own (its source). */

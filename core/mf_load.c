@@ -11,7 +11,10 @@
  * unit/bucket/buffer/axis/event reference, a negative or overflowing number, a
  * mesh whose product overflows, duplicate names, tensors that overlap or leave
  * their bucket, a buffer whose element count is not the bucket length divided
- * by the shard count of its placement, a bucket that breaks the normative
+ * by the shard count of its placement (in a ragged whole bucket: its
+ * placement's longest shard), a whole bucket whose `bounds` are missing,
+ * miscounted, unordered, off the shard quantum or not ending at its length,
+ * a bucket that breaks the normative
  * buffer rules of mf_schedule.h, an op whose count does not fit its buffers
  * (per op kind and axis size) or whose dtype differs from theirs, an event
  * recorded on two streams, and a summary that differs from the one
@@ -331,7 +334,8 @@ static mf_node *mf_load_item(mf_loader *l, mf_node *seq, int i)
 
 /* A placement: one name per mesh axis, Flat axes a suffix (docs/semantics.md §1).
  * With `whole` (a bucket's grad or main_weight; NULL elsewhere) also Whole,
- * from format 5 on: all split axes Whole (stored Flat, *whole set) or none.
+ * from format 7 on (5 and 6 wrote equal, padded whole shards: refused with a
+ * hint): all split axes Whole (stored Flat, *whole set) or none.
  * From format 6 on, Distinct anywhere (MF_PLACE_DISTINCT; the structural
  * checker holds a bucket's three roles to the same Distinct axes). */
 static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool allow_partial,
@@ -351,7 +355,11 @@ static bool mf_load_placement(mf_loader *l, mf_node *n, const char *what, bool a
         if (it->type == YAML_SCALAR_NODE && strcmp(mf_load_scalar(it), MF_WHOLE_NAME) == 0) {
             if (l->version < mf_schema_format_version(MF_SCHEDULE_FORMAT_WHOLE))
                 return mf_load_fail(l, it, "%s: placement 'Whole' needs format %s (the file says mfsdp-schedule/%d)",
-                                    what, MF_SCHEDULE_FORMAT_WHOLE, l->version);
+                                    what, MF_SCHEDULE_FORMAT_RAGGED, l->version);
+            if (l->version < mf_schema_format_version(MF_SCHEDULE_FORMAT_RAGGED))
+                return mf_load_fail(l, it, "%s: a Whole bucket of format mfsdp-schedule/%d is laid out in equal, "
+                                    "padded shards; this mfsdp reads ragged shards (format %s); compile the spec "
+                                    "again with this mfsdpc", what, l->version, MF_SCHEDULE_FORMAT_RAGGED);
             if (!whole)
                 return mf_load_fail(l, it, "%s may not be Whole; only a bucket's grad and main_weight may be (the "
                                     "weight is all-gathered before compute, buffers are written Flat)", what);
@@ -644,6 +652,37 @@ static bool mf_load_used(mf_loader *l, mf_node *at, const mf_bucket *bk)
     return true;
 }
 
+/* The `bounds` of bucket bk (format 7), at node n (NULL: absent): present
+ * exactly when a role is Whole, one entry per shard of the finest Whole
+ * role plus one; the values are checked by mf_struct_bucket_bounds. */
+static bool mf_load_bounds(mf_loader *l, mf_node *n, mf_node *at, mf_bucket *bk)
+{
+    int64_t want = mf_layout_bucket_nbounds(&l->s->mesh, bk);
+    if (!n) {
+        if (want)
+            return mf_load_fail(l, at, "bucket '%s' has a Whole role but no key '%s' (its ragged shards: %lld bounds)",
+                                bk->name, MF_KEY(BUCKET, BOUNDS)->name, (long long)want);
+        return true;
+    }
+    if (!want)
+        return mf_load_fail(l, n, "bucket '%s' has '%s' but no Whole role; only a whole bucket has ragged shards",
+                            bk->name, MF_KEY(BUCKET, BOUNDS)->name);
+    if (!mf_load_seq(l, n, MF_WHAT(BUCKET, BOUNDS)))
+        return false;
+    if (mf_load_seq_len(n) != want)
+        return mf_load_fail(l, n, "bucket '%s' has %d bounds, expected %lld: one per shard of its finest Whole role "
+                            "and the end", bk->name, mf_load_seq_len(n), (long long)want);
+    if (!(bk->bounds = mf_load_array(l, (int)want, sizeof *bk->bounds)))
+        return false;
+    for (int q = 0; q < (int)want; q++)
+        if (!mf_load_int(l, mf_load_item(l, n, q), MF_WHAT(BUCKET, BOUNDS), 0, INT64_MAX, &bk->bounds[q]))
+            return false;
+    mf_load_site site = {.l = l, .any = n};
+    mf_struct_sink sink = {mf_load_finding, &site, 0, false};
+    mf_struct_bucket_bounds(l->s, (int)(bk - l->s->buckets), &sink);
+    return sink.findings == 0;
+}
+
 static bool mf_load_buckets(mf_loader *l, mf_node *n)
 {
     mf_schedule *s = l->s;
@@ -681,6 +720,10 @@ static bool mf_load_buckets(mf_loader *l, mf_node *n)
                                    r == MF_ROLE_WEIGHT ? NULL : &bk->whole[r]))
                 return false;
             bk->dtype[r] = (mf_dtype)dt;
+        }
+        if (!mf_load_bounds(l, v[MF_K_BUCKET_BOUNDS], v[MF_K_BUCKET_LENGTH], bk))
+            return false;
+        for (int r = 0; r < MF_ROLE_COUNT; r++) {
             mf_load_site site = {.l = l, .any = v[MF_K_BUCKET_LENGTH]};
             mf_struct_sink sink = {mf_load_finding, &site, 0, false};
             mf_struct_bucket_role(s, b, r, &sink);
@@ -1058,7 +1101,7 @@ static bool mf_load_format(mf_loader *l, mf_node *root)
     /* Format 3 is format 4 without the short-step and evaluation programs
      * (docs/schedule.md §2): it loads and trains; those hooks are refused. */
     l->s->programs = strcmp(f, MF_SCHEDULE_FORMAT) == 0 || strcmp(f, MF_SCHEDULE_FORMAT_WHOLE) == 0 ||
-                     strcmp(f, MF_SCHEDULE_FORMAT_DISTINCT) == 0;
+                     strcmp(f, MF_SCHEDULE_FORMAT_DISTINCT) == 0 || strcmp(f, MF_SCHEDULE_FORMAT_RAGGED) == 0;
     if (!l->s->programs && strcmp(f, MF_SCHEDULE_FORMAT_STEP_ONLY) != 0)
         return mf_load_fail(l, fmt, "unknown format '%s' (expected %s)", f, MF_SCHEDULE_FORMAT);
     l->version = mf_schema_format_version(f);

@@ -70,6 +70,12 @@
 /* Format 5 plus the placement value `Distinct`: written when some bucket has a
  * Distinct axis (MF_PLACE_DISTINCT), so schedules without one keep 4 or 5. */
 #define MF_SCHEDULE_FORMAT_DISTINCT "mfsdp-schedule/6"
+/* Format 6 plus ragged whole buckets (docs/semantics.md §4.6): a whole
+ * bucket's shards follow its `bounds` (mf_bucket.bounds) and its persistent
+ * buffers are per rank (core/mf_persist.h). Written when some bucket has a
+ * whole role; a format 5 or 6 file with a whole role (equal, padded shards)
+ * is refused with a hint to compile again. */
+#define MF_SCHEDULE_FORMAT_RAGGED "mfsdp-schedule/7"
 /* A tensor entry's optional key `global` (format 6, docs/schedule.md): the
  * global names of a Distinct tensor (mf_tensor.global), a list of names
  * (rename) or a mapping of `name` and `split` (split). Spelled here for the
@@ -307,9 +313,16 @@ typedef struct mf_bucket {
     const char *layout;     /* layout name it came from (for humans) */
     mf_dtype dtype[MF_ROLE_COUNT];
     mf_placement place[MF_ROLE_COUNT];
-    bool whole[MF_ROLE_COUNT]; /* the role is `Whole` on its Flat axes: its shards are
-                               equal like Flat, and every tensor lies inside one shard
-                               (its owner's); only grad and main_weight (docs/semantics.md §1) */
+    bool whole[MF_ROLE_COUNT]; /* the role is `Whole` on its Flat axes: every tensor lies
+                               inside one shard (its owner's); only grad and main_weight
+                               (docs/semantics.md §1 and docs/semantics.md §4.6) */
+    int64_t *bounds;        /* ragged shards of a whole bucket (format 7,
+                               docs/semantics.md §4.6): P + 1 element offsets, P the
+                               shard count of the finest whole role
+                               (mf_layout_bucket_fine); shard q of it is
+                               [bounds[q], bounds[q+1]), bounds[P] == length. NULL for a
+                               bucket with no whole role: equal shards of L / shards. In
+                               the schedule's arena */
     int64_t length;         /* padded flat length L, elements (global) */
     int64_t used;           /* elements covered by tensors incl. alignment gaps */
     int ntensors;

@@ -12,6 +12,7 @@
 #include "mf_interfere.h"
 #include "mf_layout.h"
 #include "mf_live.h"
+#include "mf_persist.h"
 #include "mf_schedule.h"
 
 bool mf_schedule_summarize(mf_schedule *s)
@@ -47,6 +48,12 @@ bool mf_schedule_summarize(mf_schedule *s)
             step_bytes[role] += bytes;
         else if (buf->bucket >= 0 && buf->bucket < s->nbuckets)
             per_unit[s->buckets[buf->bucket].unit * MF_ROLE_COUNT + role] += bytes;
+    }
+    if (mf_persist_any_per_rank(s)) {
+        /* ragged whole buckets: each rank holds its ranges; per role the
+           most over the ranks (docs/semantics.md §4.6) */
+        mf_persist_role_most(s, MF_LIFETIME_PERSISTENT, sum->persistent_bytes);
+        mf_persist_role_most(s, MF_LIFETIME_STEP, step_bytes);
     }
     /* Sliding sum over windows of prefetch + 1 consecutive units: linear in
      * units whatever the prefetch depth a (loaded) schedule declares. */

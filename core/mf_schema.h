@@ -39,7 +39,8 @@
     X(UNIT_PHASE, "unit phases")      /* ops at a phase with a unit (not step_begin, step_end) */ \
     X(DATA_OP, "data ops")            /* ops other than record and wait */                        \
     X(AXIS_OP, "axis ops")            /* ops along a mesh axis (the collectives and slice) */     \
-    X(EVENT_OP, "event ops")          /* record and wait */
+    X(EVENT_OP, "event ops")          /* record and wait */                                       \
+    X(WHOLE_BUCKET, "whole buckets")  /* buckets with a Whole role (mf_bucket.bounds) */
 
 /*
  * The sections' keys: X(SECTION, KEY, "key", TYPE, PRESENCE, since, what).
@@ -84,6 +85,7 @@
     X(BUCKET, LAYOUT, "layout", NAME, REQUIRED, 1, "the layout name")         \
     X(BUCKET, LENGTH, "length", INT, REQUIRED, 1, "the bucket length")        \
     X(BUCKET, USED, "used", INT, REQUIRED, 1, "used")                         \
+    X(BUCKET, BOUNDS, "bounds", LIST, WHOLE_BUCKET, 7, "the shard bounds")   \
     X(BUCKET, WEIGHT, "weight", MAP, REQUIRED, 1, "weight")                   \
     X(BUCKET, GRAD, "grad", MAP, REQUIRED, 1, "grad")                         \
     X(BUCKET, MAIN_WEIGHT, "main_weight", MAP, REQUIRED, 1, "main_weight")    \

@@ -59,11 +59,35 @@ bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufk
     }
 }
 
+bool mf_struct_op_ragged(const mf_schedule *s, const mf_op *op)
+{
+    return op->bucket >= 0 && op->bucket < s->nbuckets && s->buckets[op->bucket].bounds && op->src >= 0 &&
+           op->src < s->nbuffers && op->dst >= 0 && op->dst < s->nbuffers &&
+           mf_layout_bucket_placement_ok(&s->mesh, &s->buckets[op->bucket], &s->buffers[op->src].place) &&
+           mf_layout_bucket_placement_ok(&s->mesh, &s->buckets[op->bucket], &s->buffers[op->dst].place);
+}
+
+int64_t mf_struct_op_count_of(const mf_schedule *s, const mf_op *op)
+{
+    const mf_bucket *bk = &s->buckets[op->bucket];
+    const mf_opkind_info *in = mf_opkind_info_of(op->kind);
+    bool shards = in && in->at != MF_OPAT_NO_AXIS && in->becomes == MF_PLACE_FLAT;
+    const mf_buffer *side = shards ? &s->buffers[op->dst] : &s->buffers[op->src];
+    return mf_layout_bucket_capacity(&s->mesh, bk, &side->place);
+}
+
 bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need)
 {
     int64_t n = op->axis >= 0 && op->axis < s->mesh.naxes ? s->mesh.axes[op->axis].size : 1, big;
     const mf_opkind_info *in = mf_opkind_info_of(op->kind);
     *src_need = *dst_need = op->count;
+    if (mf_struct_op_ragged(s, op)) {
+        /* ragged shards: each buffer holds its placement's longest shard */
+        const mf_bucket *bk = &s->buckets[op->bucket];
+        *src_need = mf_layout_bucket_capacity(&s->mesh, bk, &s->buffers[op->src].place);
+        *dst_need = mf_layout_bucket_capacity(&s->mesh, bk, &s->buffers[op->dst].place);
+        return true;
+    }
     /* a gather writes n shards of count; an op that shards its axis reads them */
     bool gathers = in && in->at != MF_OPAT_NO_AXIS && in->need == MF_PLACE_FLAT;
     bool shards = in && in->at != MF_OPAT_NO_AXIS && in->becomes == MF_PLACE_FLAT;
@@ -142,13 +166,53 @@ void mf_struct_bucket_role(const mf_schedule *s, int b, int r, mf_struct_sink *k
 {
     const mf_bucket *bk = &s->buckets[b];
     int64_t shards = mf_layout_shards(&s->mesh, &bk->place[r]);
-    if (bk->length % shards != 0)
+    if (!bk->bounds && bk->length % shards != 0)
         mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH,
                        "bucket '%s': length %lld is not divisible by the %lld shards of its %s placement", bk->name,
                        (long long)bk->length, (long long)shards, mf_role_name((mf_role)r));
     else if (bk->length > INT64_MAX / (int64_t)mf_dtype_size(bk->dtype[r]))
         mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_LENGTH, "bucket '%s': length %lld overflows %d bits in bytes",
                        bk->name, (long long)bk->length, MF_LIMIT_INT_BITS);
+}
+
+void mf_struct_bucket_bounds(const mf_schedule *s, int b, mf_struct_sink *k)
+{
+    const mf_bucket *bk = &s->buckets[b];
+    int64_t n = mf_layout_bucket_nbounds(&s->mesh, bk), qa = mf_layout_shard_quantum(bk->dtype, s->align);
+    if (!bk->bounds) {
+        if (n)
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s' has a Whole role but no bounds (its ragged shards, format 7)", bk->name);
+        return;
+    }
+    if (!n) {
+        mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE, "bucket '%s' has bounds but no Whole role", bk->name);
+        return;
+    }
+    for (int64_t q = 0; q < n; q++) {
+        const char *bad = q == 0 && bk->bounds[0] != 0 ? "the first bound is not 0"
+                          : q > 0 && bk->bounds[q] < bk->bounds[q - 1] ? "it is below the bound before it"
+                          : bk->bounds[q] % qa != 0 ? "it is not a multiple of the shard quantum"
+                          : q == n - 1 && bk->bounds[q] != bk->length ? "the last bound is not the bucket's length"
+                                                                     : NULL;
+        if (bad) {
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s': bound %lld is %lld: %s (bounds: %lld entries, non-decreasing from 0 to the "
+                           "length %lld, multiples of %lld elements)",
+                           bk->name, (long long)q, (long long)bk->bounds[q], bad, (long long)n,
+                           (long long)bk->length, (long long)qa);
+            return;
+        }
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (!mf_layout_bucket_placement_ok(&s->mesh, bk, &bk->place[r])) {
+            mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
+                           "bucket '%s': its %s placement splits into %lld shards, more than the %lld of its finest "
+                           "Whole role; no role of a whole bucket splits finer",
+                           bk->name, mf_role_name((mf_role)r), (long long)mf_layout_shards(&s->mesh, &bk->place[r]),
+                           (long long)(n - 1));
+            return;
+        }
 }
 
 void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k)
@@ -176,13 +240,13 @@ void mf_struct_bucket_whole(const mf_schedule *s, int b, mf_struct_sink *k)
         int64_t shards = mf_layout_shards(&s->mesh, pl);
         for (int t = 0; t < bk->ntensors; t++) {
             const mf_tensor *te = &bk->tensors[t];
-            if (mf_layout_tensor_shard(&s->mesh, pl, bk->length, te->offset, te->numel) < 0) {
+            if (mf_layout_tensor_shard(&s->mesh, bk, pl, te->offset, te->numel) < 0) {
                 mf_struct_fail(k, MF_AT_BUCKET, b, MF_FIELD_NONE,
                                "bucket '%s': tensor '%s' (offset %lld, numel %lld) straddles a shard of the Whole %s "
-                               "placement (%lld shards of %lld elements); a Whole role keeps every tensor inside one "
-                               "shard",
+                               "placement (%lld shards, at most %lld elements); a Whole role keeps every tensor "
+                               "inside one shard",
                                bk->name, te->name, (long long)te->offset, (long long)te->numel, role,
-                               (long long)shards, (long long)(bk->length / shards));
+                               (long long)shards, (long long)mf_layout_bucket_capacity(&s->mesh, bk, pl));
                 return;
             }
         }
@@ -212,7 +276,18 @@ void mf_struct_buffer(const mf_schedule *s, int i, mf_struct_sink *k)
     const mf_buffer *bf = &s->buffers[i];
     const mf_bucket *bk = &s->buckets[bf->bucket];
     int64_t shards = mf_layout_shards(&s->mesh, &bf->place);
-    if (bk->length % shards != 0 || bf->count != bk->length / shards)
+    if (bk->bounds && !mf_layout_bucket_placement_ok(&s->mesh, bk, &bf->place))
+        mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_NONE,
+                       "buffer '%s': its placement splits into %lld shards, more than the %lld of its whole bucket "
+                       "'%s' (no role of a whole bucket splits finer than its finest Whole role)",
+                       bf->name, (long long)shards, (long long)(mf_layout_bucket_nbounds(&s->mesh, bk) - 1), bk->name);
+    else if (bk->bounds && bf->count != mf_layout_bucket_capacity(&s->mesh, bk, &bf->place))
+        mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_COUNT,
+                       "buffer '%s': count %lld is not %lld, the longest shard of its placement in the ragged bucket "
+                       "'%s'",
+                       bf->name, (long long)bf->count, (long long)mf_layout_bucket_capacity(&s->mesh, bk, &bf->place),
+                       bk->name);
+    else if (!bk->bounds && (bk->length % shards != 0 || bf->count != bk->length / shards))
         mf_struct_fail(k, MF_AT_BUFFER, i, MF_FIELD_COUNT,
                        "buffer '%s': count %lld does not match its bucket's length %lld over the %lld shards of its placement",
                        bf->name, (long long)bf->count, (long long)bk->length, (long long)shards);
@@ -308,6 +383,12 @@ static bool mf_struct_op_counts(const mf_schedule *s, const mf_op *op, mf_struct
     if (!mf_struct_op_extents(s, op, &want_src, &want_dst))
         return mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_COUNT, "op %d: count %lld times the axis size overflows",
                               op->id, (long long)op->count);
+    if (mf_struct_op_ragged(s, op) && op->count != mf_struct_op_count_of(s, op))
+        return mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_COUNT,
+                              "op %d (%s): count %lld is not %lld, the longest shard of the side it shards in the "
+                              "ragged bucket '%s'",
+                              op->id, kind, (long long)op->count, (long long)mf_struct_op_count_of(s, op),
+                              s->buckets[op->bucket].name);
     if (src->count != want_src)
         return mf_struct_fail(k, MF_AT_OP, op->id, MF_FIELD_COUNT,
                               "op %d (%s): count %lld needs a source of %lld elements, but '%s' holds %lld", op->id,
@@ -510,6 +591,8 @@ static void mf_struct_strict_bucket(const mf_schedule *s, int b, mf_struct_sink 
             continue;
         }
         int64_t shards = mf_layout_shards(&s->mesh, pl);
+        if (bk->bounds)
+            continue; /* ragged: the loader checked every bound against the shard quantum */
         for (int r2 = 0; r2 < MF_ROLE_COUNT; r2++) {
             int64_t bytes = bk->length / shards * (int64_t)mf_dtype_size(bk->dtype[r2]);
             if (s->align > 0 && bytes % s->align != 0)
@@ -571,17 +654,45 @@ const char *mf_struct_opdesc(const mf_schedule *s, const mf_op *op, char *buf, s
     return buf;
 }
 
+/* Rank r of a ragged op (docs/semantics.md §4.6): its ranges by the bounds.
+ * A gather's destination is its group's source ranges one after another (in
+ * coord order); a reduce_scatter's or a slice's destination ranges, one
+ * after another over the group, are the source range they share; an
+ * all_reduce and the local ops keep the range. group: the axis group's
+ * ranks (collectives and slice). */
+static bool mf_struct_rank_ragged(const mf_schedule *s, const mf_op *op, int64_t r, const int64_t *group)
+{
+    const mf_mesh *m = &s->mesh;
+    const mf_bucket *bk = &s->buckets[op->bucket];
+    const mf_placement *sp = &s->buffers[op->src].place, *dp = &s->buffers[op->dst].place;
+    mf_range sr = mf_layout_bucket_range(m, bk, sp, r), dr = mf_layout_bucket_range(m, bk, dp, r);
+    if (op->axis < 0 || op->kind == MF_OP_ALL_REDUCE)
+        return dr.offset == sr.offset && dr.len == sr.len;
+    int64_t n = m->axes[op->axis].size, at = op->kind == MF_OP_ALL_GATHER ? dr.offset : sr.offset;
+    for (int64_t i = 0; i < n; i++) {
+        mf_range g = op->kind == MF_OP_ALL_GATHER ? mf_layout_bucket_range(m, bk, sp, group[i])
+                                                  : mf_layout_bucket_range(m, bk, dp, group[i]);
+        if (g.offset != at)
+            return false;
+        at += g.len;
+    }
+    return op->kind == MF_OP_ALL_GATHER ? at == dr.offset + dr.len : at == sr.offset + sr.len;
+}
+
 /* On every rank, do the elements moved match the shards the layout assigns?
  * Ops with equal (kind, axis, placements, length, count) give equal answers:
- * each signature is checked once (memo). */
+ * each signature is checked once (memo); a ragged bucket's ops by their
+ * bucket too. */
 static void mf_struct_ranks(const mf_schedule *s, const mf_op *op, mf_hash *memo, mf_struct_sink *k)
 {
     const mf_mesh *m = &s->mesh;
     if (m->world > MF_STRUCT_MAX_RANKS)
         return;
     const mf_buffer *src = &s->buffers[op->src], *dst = &s->buffers[op->dst];
+    bool ragged = mf_struct_op_ragged(s, op);
     int64_t L = s->buckets[op->bucket].length;
-    int64_t sig[4 + 2 * MF_MAX_AXES] = {op->kind, op->axis, L, op->count};
+    /* memo key: the bucket itself when ragged (its bounds decide) */
+    int64_t sig[4 + 2 * MF_MAX_AXES] = {op->kind, op->axis, ragged ? -1 - op->bucket : L, op->count};
     for (int j = 0; j < MF_MAX_AXES; j++) {
         sig[4 + j] = src->place.p[j];
         sig[4 + MF_MAX_AXES + j] = dst->place.p[j];
@@ -599,9 +710,12 @@ static void mf_struct_ranks(const mf_schedule *s, const mf_op *op, mf_hash *memo
         int64_t coords[MF_MAX_AXES];
         mf_layout_mesh_coords(m, r, coords);
         bool ok = true;
-        if (mf_opkind_is_collective(op->kind)) {
-            int64_t n = m->axes[op->axis].size;
+        if (op->axis >= 0)
             mf_layout_axis_group(m, op->axis, r, group);
+        if (ragged) {
+            ok = mf_struct_rank_ragged(s, op, r, group);
+        } else if (mf_opkind_is_collective(op->kind)) {
+            int64_t n = m->axes[op->axis].size;
             for (int64_t i = 0; i < n && ok; i++) {
                 mf_range gr = mf_layout_range(m, &src->place, group[i], L);
                 if (op->kind == MF_OP_ALL_GATHER)

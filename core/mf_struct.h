@@ -73,6 +73,13 @@ bool mf_struct_kind_placement(const mf_schedule *s, const mf_bucket *bk, mf_bufk
  * (all_gather writes n_axis * count, reduce_scatter and slice read it).
  * False when that overflows 64 bits. */
 bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_need, int64_t *dst_need);
+/* The op's bucket is ragged (has bounds) and its operands' placements fit it:
+ * its buffers hold their placements' longest shards, and a rank moves its
+ * own ranges (docs/semantics.md §4.6). */
+bool mf_struct_op_ragged(const mf_schedule *s, const mf_op *op);
+/* The count a ragged op must have: the longest shard of its shard side (the
+ * destination of an op that shards its axis, else the source). */
+int64_t mf_struct_op_count_of(const mf_schedule *s, const mf_op *op);
 
 /* The single-axis move of op kind k on `axis` of placement src (naxes
  * axes), from the op table (MF_OPKIND_LIST's need, becomes and at): the
@@ -82,6 +89,12 @@ bool mf_struct_op_extents(const mf_schedule *s, const mf_op *op, int64_t *src_ne
  * search (planner/passes/mf_transition.c) all move through it. */
 bool mf_struct_move(mf_opkind k, int axis, int naxes, const mf_placement *src, mf_placement *out);
 
+/* The bounds of bucket b (docs/semantics.md §4.6): present exactly when a
+ * role is Whole; P + 1 entries (the loader reads that many), 0 first,
+ * non-decreasing, multiples of the shard quantum, the last == length; every
+ * role's placement no finer than the finest Whole one. Run by the loader
+ * before mf_struct_bucket_whole. */
+void mf_struct_bucket_bounds(const mf_schedule *s, int b, mf_struct_sink *k);
 /* The whole roles of bucket b (mf_bucket.whole, docs/semantics.md §4.6): only
  * grad and main_weight, with some Flat axis, and every tensor inside one shard
  * of each (mf_layout_tensor_shard). Run on every bucket by the loader (after

@@ -12,15 +12,21 @@
 # (the MoE's norms and router are ddp in all three). Each figure is the
 # `plan/rank` line of `mfsdpc explain` (docs/semantics.md §9: the allocated
 # peak per rank plus the optimizer state, what `mfsdpc plan` budgets), the
-# ratio is over Flat's, and `padding` is Σ P·S / Σ used over the whole
-# buckets (explain --format yaml, `owners`): how much longer the equal shards
-# make a whole bucket than its tensors. Invariant: every number is explain's;
+# ratio is over Flat's, and `padding` is Σ L / Σ used over the whole
+# buckets (explain --format yaml, `owners`: padding_factor_ppm = L / used):
+# how much longer a whole bucket is than its tensors (ragged shards since
+# format 7: only each shard's alignment). Invariant: every number is explain's;
 # a failed explain or a missing plan/rank line stops the script (exit 1).
 #
 #   bench/whole/memory.sh [MFSDPC] [EXPLAIN OPTIONS]   e.g. --optimizer-bytes 4
+#   bench/whole/memory.sh --check [MFSDPC]   issue #41's target only: Llama-3-8B
+#       blocks Whole <= 1.05x Flat's plan/rank on 1 x 8, 4 x 8 and 8 x 8; exit 1
+#       naming the mesh otherwise (CTest whole_memory)
 #   (default MFSDPC build/test/planner/mfsdpc; explain's default optimizer
 #   state is 8 bytes per main_weight element held, Adam's; Muon's is 4)
 set -euo pipefail
+check=0
+if [ "${1:-}" = --check ]; then check=1; shift; fi
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mfsdpc=$root/build/test/planner/mfsdpc
@@ -45,9 +51,8 @@ plan_bytes() {
   fi
   bytes=$(sed -n 's/^plan\/rank  *[^(]*(\([0-9]*\) bytes).*/\1/p' "$work/s.txt")
   [ -n "$bytes" ] || { echo "memory.sh: no plan/rank line in explain's output for $what" >&2; exit 1; }
-  pad=$(awk '/^      shards: / { P = $2 }
-             /^      shard_length: / { len += P * $2 }
-             /^      used: / { used += $2 }
+  pad=$(awk '/^      used: / { u = $2; used += $2 }
+             /^      padding_factor_ppm: / { len += u * $2 / 1e6 }
              END { printf "%.2f", used ? len / used : 1 }' "$work/s.yaml")
   echo "$bytes $pad"
 }
@@ -70,6 +75,24 @@ row() {
 }
 
 opts=("$@")
+if [ $check = 1 ]; then
+  fail=0
+  for mesh in 1x8 4x8 8x8; do
+    m=$mesh whole=hfsdp_whole flat=hfsdp
+    case $mesh in 1x*) m=${mesh#1x} whole=zero3_whole flat=zero3 ;; esac
+    f=$(plan_bytes llama "$m" "$flat" "$flat") || exit 1
+    b=$(plan_bytes llama "$m" "$whole" "$flat") || exit 1
+    read -r fb _ <<< "$f"
+    read -r bb _ <<< "$b"
+    if awk -v f="$fb" -v b="$bb" 'BEGIN { exit !(b > 1.05 * f) }'; then
+      echo "FAIL: llama $mesh blocks Whole plan/rank $bb bytes > 1.05 x Flat's $fb"
+      fail=1
+    else
+      awk -v m="$mesh" -v f="$fb" -v b="$bb" 'BEGIN { printf "ok: llama %s blocks Whole %.3fx Flat\n", m, b / f }'
+    fi
+  done
+  exit $fail
+fi
 printf '%-6s %-5s %15s %15s %8s %8s %15s %8s %8s\n' model mesh Flat "blocks Whole" ratio padding \
   "every 2-D Whole" ratio padding
 for mesh in 1x8 2x8 4x8 8x8; do row llama "$mesh" GiB; done

@@ -15,14 +15,31 @@
 #include "mf_plan_stats.h"
 
 
-int64_t mf_plan_mem_optimizer_bytes(const mf_schedule *s, int64_t optimizer_bytes)
+/* The main_weight elements rank r holds over the buckets that are ragged
+ * (`ragged`) or not. */
+static int64_t held_main(const mf_schedule *s, int64_t r, bool ragged)
 {
     int64_t elems = 0;
     for (int b = 0; b < s->nbuckets; b++) {
         const mf_bucket *bk = &s->buckets[b];
-        elems = mf_sat_add(elems, bk->length / mf_layout_shards(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT]));
+        if ((bk->bounds != NULL) == ragged)
+            elems = mf_sat_add(elems, mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], r).len);
     }
-    return mf_sat_mul(elems, optimizer_bytes);
+    return elems;
+}
+
+int64_t mf_plan_mem_optimizer_bytes(const mf_schedule *s, int64_t optimizer_bytes)
+{
+    bool ragged = false;
+    for (int b = 0; b < s->nbuckets; b++)
+        ragged = ragged || s->buckets[b].bounds;
+    /* equal shards: every rank holds as much; ragged: the most over the ranks */
+    int64_t most = 0;
+    for (int64_t r = 0; ragged && r < s->mesh.world; r++) {
+        int64_t e = held_main(s, r, true);
+        most = e > most ? e : most;
+    }
+    return mf_sat_mul(mf_sat_add(held_main(s, 0, false), most), optimizer_bytes);
 }
 
 void mf_plan_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *out)
@@ -33,6 +50,8 @@ void mf_plan_mem_of(const mf_schedule *s, int64_t optimizer_bytes, mf_plan_mem *
     out->allocated = mf_sat_add(s->mem_persistent, s->mem_transient);
     out->optimizer = mf_plan_mem_optimizer_bytes(s, optimizer_bytes);
     out->peak = mf_sat_add(out->allocated, out->optimizer);
+    for (int b = 0; b < s->nbuckets; b++)
+        out->per_rank = out->per_rank || s->buckets[b].bounds;
 }
 
 int mf_plan_mem_parse_optimizer_bytes(const char *cmd, const char *v, int64_t *out)
@@ -73,7 +92,8 @@ void mf_plan_mem_print(FILE *out, const mf_plan_mem *m, int64_t optimizer_bytes)
 {
     char h1[32], h2[32], h3[32];
     fprintf(out, "plan/rank    %s (%lld bytes) = allocated %s (%lld bytes) + optimizer state %s (%lld bytes per "
-                 "main_weight element held): what `mfsdpc plan` budgets\n",
+                 "main_weight element held): what `mfsdpc plan` budgets%s\n",
             mf_human_bytes(m->peak, h1, sizeof h1), (long long)m->peak, mf_human_bytes(m->allocated, h2, sizeof h2),
-            (long long)m->allocated, mf_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes);
+            (long long)m->allocated, mf_human_bytes(m->optimizer, h3, sizeof h3), (long long)optimizer_bytes,
+            m->per_rank ? "; ragged whole buckets: each term the most over the ranks" : "");
 }

@@ -37,7 +37,7 @@ int64_t mf_plan_owners_of(const mf_mesh *m, const mf_bucket *b, int r, const mf_
 {
     if (!b->whole[r])
         return -1;
-    return mf_layout_tensor_shard(m, &b->place[r], b->length, t->offset, t->numel);
+    return mf_layout_tensor_shard(m, b, &b->place[r], t->offset, t->numel);
 }
 
 int64_t mf_plan_owners_cost(mf_balance bal, const mf_tensor *t)
@@ -69,7 +69,7 @@ int64_t mf_plan_owners_shards(const mf_schedule *s, const mf_bucket *b, mf_balan
     int64_t gb = (int64_t)mf_dtype_size(b->dtype[MF_ROLE_GRAD]);
     for (int i = 0; i < b->ntensors; i++) {
         const mf_tensor *t = &b->tensors[i];
-        int64_t q = mf_layout_tensor_shard(&s->mesh, fine, b->length, t->offset, t->numel);
+        int64_t q = mf_layout_tensor_shard(&s->mesh, b, fine, t->offset, t->numel);
         if (q < 0)
             continue; /* straddles: the loader refuses such a schedule */
         mf_plan_owner_shard *o = &out[q];
@@ -99,7 +99,7 @@ static void add_bucket(const mf_schedule *s, const mf_bucket *b, mf_balance bal,
     int64_t size = (int64_t)mf_dtype_size(b->dtype[MF_ROLE_MAIN_WEIGHT]);
     bool whole = b->whole[MF_ROLE_MAIN_WEIGHT];
     for (int64_t r = 0; r < m->world; r++) {
-        mf_range rg = mf_layout_range(m, pl, r, b->length);
+        mf_range rg = mf_layout_bucket_range(m, b, pl, r);
         mf_plan_owner_rank *o = &out[r];
         for (int i = 0; i < b->ntensors; i++) {
             const mf_tensor *t = &b->tensors[i];
@@ -309,7 +309,7 @@ double mf_plan_owners_muon_seconds(const mf_schedule *s, const mf_cost_model *cm
                 continue;
             }
             for (int64_t r = 0; r < m->world; r++) {
-                mf_range rg = mf_layout_range(m, pl, r, bk->length);
+                mf_range rg = mf_layout_bucket_range(m, bk, pl, r);
                 if (rg.offset <= t->offset && t->offset < rg.offset + rg.len)
                     load[r] += f; /* its owner: the tensor lies inside the shard */
             }

@@ -32,20 +32,31 @@
 #include "mf_interfere.h"
 #include "mf_live.h"
 #include "mf_int.h"
+#include "mf_persist.h"
 
 /* ---- offsets ---- */
 
-/* Persistent buffers one after another (mf_assign_persistent_bytes sums
- * the same). */
+/* Buffers outside the arena one after another: the shared ones in buffer
+ * order, then the per-rank ones of ragged buckets, where rank 0's offsets
+ * are written and mem_persistent is the largest region over the ranks
+ * (core/mf_persist.h, which the verifier and the runtime read too). */
 static void assign_persistent(mf_schedule *s)
 {
     int64_t at = 0;
     for (int b = 0; b < s->nbuffers; b++)
-        if (!mf_live_in_arena(&s->buffers[b])) {
+        if (!mf_live_in_arena(&s->buffers[b]) && !mf_persist_per_rank(s, b)) {
             s->buffers[b].offset = at;
             at += mf_live_bytes(s, b);
         }
-    s->mem_persistent = at;
+    /* rank 0's region, as mf_persist_layout lays it (shared end first) */
+    at = mf_persist_shared_end(s);
+    for (int b = 0; b < s->nbuffers; b++)
+        if (mf_persist_per_rank(s, b)) {
+            s->buffers[b].offset = at;
+            int64_t a = s->align > 0 ? s->align : 1;
+            at += (mf_persist_held(s, b, 0) * (int64_t)mf_dtype_size(s->buffers[b].dtype) + a - 1) / a * a;
+        }
+    s->mem_persistent = mf_persist_most(s);
 }
 
 typedef struct range {
@@ -1063,7 +1074,20 @@ int64_t mf_assign_persistent_bytes(const mf_schedule *s)
 {
     int64_t at = 0;
     for (int b = 0; b < s->nbuffers; b++)
-        if (!mf_live_in_arena(&s->buffers[b]))
+        if (!mf_live_in_arena(&s->buffers[b]) && !mf_persist_per_rank(s, b))
             at += mf_live_bytes(s, b);
-    return at;
+    if (!mf_persist_any_per_rank(s))
+        return at;
+    int64_t most = 0;
+    for (int64_t r = 0; r < s->mesh.world; r++) {
+        int64_t n = at;
+        for (int b = 0; b < s->nbuffers; b++)
+            if (mf_persist_per_rank(s, b)) {
+                int64_t a = s->align > 0 ? s->align : 1;
+                int64_t bytes = mf_persist_held(s, b, r) * (int64_t)mf_dtype_size(s->buffers[b].dtype);
+                n += (bytes + a - 1) / a * a;
+            }
+        most = n > most ? n : most;
+    }
+    return most;
 }

@@ -27,6 +27,7 @@
 #include <yaml.h>
 
 #include "mf_emit_lines.h"
+#include "mf_layout.h"
 #include "mf_passes.h"
 #include "mf_schema.h"
 #include "mf_yaml_str.h"
@@ -176,10 +177,14 @@ static void mf_emit_placement(mf_emit_ctx *c, const mf_schema_key *k, const mf_p
     mf_emit_seq_end(c);
 }
 
-/* The format: 6 when some bucket has a Distinct axis, 5 when some bucket has
- * a whole role, else 4 (3 without the programs). */
+/* The format: 7 when some bucket has a whole role (ragged, with bounds), 6
+ * when some bucket has a Distinct axis, else 4 (3 without the programs);
+ * format 5 is no longer written. */
 static const char *mf_emit_format(const mf_schedule *s)
 {
+    for (int b = 0; b < s->nbuckets; b++)
+        if (s->buckets[b].bounds)
+            return MF_SCHEDULE_FORMAT_RAGGED;
     for (int b = 0; b < s->nbuckets; b++)
         if (mf_placement_has_distinct(&s->buckets[b].place[MF_ROLE_WEIGHT], s->mesh.naxes))
             return MF_SCHEDULE_FORMAT_DISTINCT;
@@ -275,6 +280,13 @@ static void mf_emit_bucket(mf_emit_ctx *c, int b)
     mf_emit_kv_str(c, MF_KEY(BUCKET, LAYOUT), bk->layout);
     mf_emit_kv_int(c, MF_KEY(BUCKET, LENGTH), bk->length);
     mf_emit_kv_int(c, MF_KEY(BUCKET, USED), bk->used);
+    if (bk->bounds) {
+        mf_emit_key(c, MF_KEY(BUCKET, BOUNDS));
+        mf_emit_seq_begin(c, true);
+        for (int64_t q = 0, n = mf_layout_bucket_nbounds(&s->mesh, bk); q < n; q++)
+            mf_emit_int(c, bk->bounds[q]);
+        mf_emit_seq_end(c);
+    }
     for (int r = 0; r < MF_ROLE_COUNT; r++) {
         mf_emit_key(c, &MF_KEY(BUCKET, WEIGHT)[r]); /* the roles' keys, in mf_role order */
         mf_emit_map_begin(c, true);

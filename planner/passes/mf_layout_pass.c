@@ -26,9 +26,11 @@
  * (whole_group: cost-descending greedy); the groups of every whole bucket
  * are dealt to shards over the whole model at once (mf_whole_owners); each
  * shard holds its group's tensors in declaration order (whole_place); the
- * bucket's tensor list is in offset order and L = P * S. The length depends
- * on the bucket's own groups only (whole_length), never on the shards they
- * take.
+ * bucket's tensor list is in offset order. Merging compares the equal form's
+ * length P * S, which depends on the bucket's own groups only
+ * (whole_length), never on the shards they take; the bucket is then laid
+ * out ragged (whole_bounds): each shard as long as its tensors (aligned),
+ * bounds[] in the schedule, L = bounds[P] <= P * S.
  *
  * Merging (spec->bucket_size > 0, in bytes): a unit's bucket whose own padded
  * size in main_weight's dtype is below bucket_size joins the bucket of the
@@ -53,44 +55,14 @@
 
 /* ---- quanta ---- */
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* lcm of small powers of two and friends; inputs are <= align. */
-static int64_t lcm64(int64_t a, int64_t b)
-{
-    return a / gcd64(a, b) * b;
-}
-
 int64_t mf_layout_pass_tensor_quantum(const mf_dtype dt[MF_ROLE_COUNT])
 {
-    int64_t q = 1;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int64_t size = (int64_t)mf_dtype_size(dt[r]);
-        if (size > 0)
-            q = lcm64(q, 16 / gcd64(16, size));
-    }
-    return q;
+    return mf_layout_shard_quantum(dt, 16); /* 16 bytes in every role's dtype */
 }
 
 int64_t mf_layout_pass_shard_quantum(const mf_dtype dt[MF_ROLE_COUNT], int64_t align)
 {
-    int64_t q = 1;
-    if (align < 1)
-        align = 1;
-    for (int r = 0; r < MF_ROLE_COUNT; r++) {
-        int64_t size = (int64_t)mf_dtype_size(dt[r]);
-        if (size > 0)
-            q = lcm64(q, align / gcd64(align, size));
-    }
-    return q;
+    return mf_layout_shard_quantum(dt, align);
 }
 
 int mf_layout_pass_pad_start(const mf_mesh *m, const mf_placement pl[MF_ROLE_COUNT])
@@ -367,17 +339,37 @@ static bool whole_group(layout_state *st, whole_item *it, int n, int64_t P, int6
     return true;
 }
 
+/* Ragged bounds (docs/semantics.md §4.6, format 7): shard q starts at
+ * bounds[q], bounds[q+1] = bounds[q] + gused[q] rounded up to the shard
+ * quantum (align bytes in every role's dtype), an empty shard 0 long; a
+ * bucket of empty shards only gives its last shard one quantum, so L is never
+ * 0. Writes P + 1 entries; *length = bounds[P]. */
+static void whole_bounds(layout_state *st, int sig, const int64_t *gused, int64_t P, int64_t *bounds,
+                         int64_t *length)
+{
+    int64_t qa = mf_layout_pass_shard_quantum(sig_layout(st, sig)->dtype, st->spec->align);
+    bounds[0] = 0;
+    for (int64_t q = 0; q < P; q++) /* each gused[q] <= S, so the sum <= L of the equal form */
+        bounds[q + 1] = bounds[q] + (gused[q] + qa - 1) / qa * qa;
+    if (bounds[P] == 0)
+        bounds[P] = qa;
+    *length = bounds[P];
+}
+
 /*
  * Step 4 of the packing: tensor i in shard shard[i] (NULL: its group's
  * number, as good as any for the length); in each shard its tensors in
  * declaration order from the shard's start, each at the tensor quantum.
  * S (0: computed) is the largest shard's used elements rounded up to pad
- * quantum / P (at least one); L = P * S. Writes it[].shard, .offset
- * (bucket-global), *length and *used (the end of the furthest tensor). False
- * when L does not fit (nothing reported) or on OOM (*oom).
+ * quantum / P (at least one); L = P * S, the equal form's length (what
+ * merging compares). With bounds (the dealt shards), the shards are ragged
+ * instead (whole_bounds): shard q starts at bounds[q] and L = bounds[P] <=
+ * P * S. Writes it[].shard, .offset (bucket-global), *length and *used (the
+ * end of the furthest tensor). False when L does not fit (nothing reported)
+ * or on OOM (*oom).
  */
 static bool whole_place(layout_state *st, int sig, whole_item *it, int n, int64_t P, const int *shard,
-                        int64_t S, int64_t *length, int64_t *used, bool *oom)
+                        int64_t S, int64_t *bounds, int64_t *length, int64_t *used, bool *oom)
 {
     int64_t tq = tensor_quantum(st, sig), qs = st->pad_q[sig] / P;
     int64_t *gused = calloc((size_t)P, sizeof *gused);
@@ -395,14 +387,17 @@ static bool whole_place(layout_state *st, int sig, whole_item *it, int n, int64_
         if (gused[q] > most)
             most = gused[q];
     }
-    free(gused);
     int64_t units = most <= 0 ? 1 : most / qs + (most % qs != 0), bytes;
-    if ((S == 0 && __builtin_mul_overflow(units, qs, &S)) || __builtin_mul_overflow(S, P, length) ||
-        __builtin_mul_overflow(*length, 2 * st->pad_w[sig], &bytes))
+    bool ok = !(S == 0 && __builtin_mul_overflow(units, qs, &S)) && !__builtin_mul_overflow(S, P, length) &&
+              !__builtin_mul_overflow(*length, 2 * st->pad_w[sig], &bytes);
+    if (ok && bounds)
+        whole_bounds(st, sig, gused, P, bounds, length);
+    free(gused);
+    if (!ok)
         return false;
     *used = 0;
     for (int i = 0; i < n; i++) {
-        it[i].offset += it[i].shard * S;
+        it[i].offset += bounds ? bounds[it[i].shard] : it[i].shard * S;
         if (it[i].offset + it[i].t->numel > *used)
             *used = it[i].offset + it[i].t->numel;
     }
@@ -456,7 +451,7 @@ static bool whole_length(layout_state *st, int sig, int head, int extra, int64_t
     bool ok = it && gcost && whole_group(st, it, n, P, gcost);
     if (!ok)
         *oom = true;
-    ok = ok && whole_place(st, sig, it, n, P, NULL, 0, length, &used, oom);
+    ok = ok && whole_place(st, sig, it, n, P, NULL, 0, NULL, length, &used, oom);
     free(it);
     free(gcost);
     return ok;
@@ -630,18 +625,19 @@ typedef struct whole_build {
     int *group, *shard;     /* per tensor */
 } whole_build;
 
-/* Places whole bucket w with its tensors' shards (w->shard) and shard length
- * S, and puts its tensors in offset order: shard by shard, declaration order
- * within. False on OOM. */
+/* Places whole bucket w with its tensors' shards (w->shard) in ragged shards
+ * (its bounds, in the schedule's arena), and puts its tensors in offset
+ * order: shard by shard, declaration order within. False on OOM. */
 static bool whole_materialize(layout_state *st, mf_schedule *s, const whole_build *w, const mf_whole_bucket *g)
 {
     mf_bucket *out = &s->buckets[w->bucket];
     bool oom = false;
     int n = g->n;
     mf_tensor *sorted = mf_arena_array(s->arena, (size_t)n, sizeof *sorted);
-    /* the length fit in assign_buckets; the dealing keeps S */
-    bool ok = sorted && n == out->ntensors &&
-              whole_place(st, w->sig, w->it, n, g->P, w->shard, g->S, &out->length, &out->used, &oom);
+    out->bounds = mf_arena_array(s->arena, (size_t)g->P + 1, sizeof *out->bounds);
+    /* the length fit in assign_buckets; the dealing keeps S, the bounds stay within P * S */
+    bool ok = sorted && out->bounds && n == out->ntensors &&
+              whole_place(st, w->sig, w->it, n, g->P, w->shard, g->S, out->bounds, &out->length, &out->used, &oom);
     int k = 0;
     for (int64_t q = 0; ok && q < g->P; q++)
         for (int i = 0; i < n; i++)
@@ -682,7 +678,7 @@ static bool whole_prepare(layout_state *st, int b, int sig, const mf_placement *
         w->group[i] = w->it[i].group;
     }
     /* the length fit in assign_buckets */
-    if (!whole_place(st, sig, w->it, n, P, NULL, 0, &length, &used, &oom))
+    if (!whole_place(st, sig, w->it, n, P, NULL, 0, NULL, &length, &used, &oom))
         return false;
     *g = (mf_whole_bucket){.fine = fine, .P = P, .n = n, .cost = w->cost, .numel = w->numel, .group = w->group,
                            .tq = tensor_quantum(st, sig), .S = length / P, .shard = w->shard};

@@ -150,7 +150,7 @@ static int mf_lower_buffer(mf_lower_ctx *c, int b, mf_bufkind kind, const char *
     bf->kind = kind;
     bf->dtype = dt;
     bf->place = *pl;
-    bf->count = bk->length / mf_layout_shards(&c->s->mesh, pl);
+    bf->count = mf_layout_bucket_capacity(&c->s->mesh, bk, pl); /* L / shards unless ragged */
     bf->lifetime = life;
     return (int)c->bufs.len - 1;
 }
@@ -181,7 +181,8 @@ static bool mf_lower_check_steps(mf_lower_ctx *c, int b)
             bool axis_op = mf_opkind_on_axis(st->kind);
             if (axis_op != (st->axis >= 0 && st->axis < s->mesh.naxes) || st->count <= 0 ||
                 mf_layout_shards(&s->mesh, &st->to) <= 0 ||
-                bk->length % mf_layout_shards(&s->mesh, &st->to) != 0) {
+                (!bk->bounds && bk->length % mf_layout_shards(&s->mesh, &st->to) != 0) ||
+                !mf_layout_bucket_placement_ok(&s->mesh, bk, &st->to)) {
                 mf_diag_error(c->d, none, "internal error: step %d of T%d of bucket '%s' is malformed", i,
                               t + 1, bk->name);
                 return false;

@@ -16,7 +16,9 @@
 
 static int64_t local_bytes(const mf_schedule *s, const mf_bucket *b, const mf_placement *pl, mf_dtype d)
 {
-    return b->length / mf_layout_shards(&s->mesh, pl) * (int64_t)mf_dtype_size(d);
+    /* a ragged bucket's buffers are counted at their longest shard, as the
+       lowering sizes them (mf_layout_bucket_capacity) */
+    return mf_layout_bucket_capacity(&s->mesh, b, pl) * (int64_t)mf_dtype_size(d);
 }
 
 /* Bytes of the outputs of steps [first, last) of a transition. */
@@ -61,6 +63,37 @@ void mf_bucket_memory_of(const mf_plan *p, int bi, mf_bucket_memory *m)
     m->transient[MF_ROLE_GRAD] = mf_sat_add(m->grad_local, m->grad_stage);
 }
 
+/* Per role, the most over the ranks of the persistent bytes a rank holds
+ * (its ranges: buffers as the lowering makes them, grad_final beside grad
+ * when G != O), when some bucket is ragged: core's summary counts the same
+ * (mf_persist_role_most). False (out untouched) when no bucket is. */
+static bool ragged_persistent(const mf_schedule *s, int64_t out[MF_ROLE_COUNT])
+{
+    bool ragged = false;
+    for (int b = 0; b < s->nbuckets; b++)
+        ragged = ragged || s->buckets[b].bounds;
+    if (!ragged)
+        return false;
+    int64_t most[MF_ROLE_COUNT] = {0};
+    for (int64_t r = 0; r < s->mesh.world; r++) {
+        int64_t sum[MF_ROLE_COUNT] = {0};
+        for (int b = 0; b < s->nbuckets; b++) {
+            const mf_bucket *bk = &s->buckets[b];
+            const mf_placement *G = &bk->place[MF_ROLE_GRAD], *O = &bk->place[MF_ROLE_MAIN_WEIGHT];
+            int64_t o = mf_layout_bucket_range(&s->mesh, bk, O, r).len;
+            for (int k = 0; k < MF_ROLE_COUNT; k++)
+                sum[k] = mf_sat_add(sum[k], mf_layout_bucket_range(&s->mesh, bk, &bk->place[k], r).len *
+                                                (int64_t)mf_dtype_size(bk->dtype[k]));
+            if (!mf_placement_equal(G, O, s->mesh.naxes))
+                sum[MF_ROLE_GRAD] = mf_sat_add(sum[MF_ROLE_GRAD], o * (int64_t)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]));
+        }
+        for (int k = 0; k < MF_ROLE_COUNT; k++)
+            most[k] = sum[k] > most[k] ? sum[k] : most[k];
+    }
+    memcpy(out, most, sizeof most);
+    return true;
+}
+
 bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
 {
     const mf_schedule *s = p->sched;
@@ -79,6 +112,11 @@ bool mf_plan_memory_of(const mf_plan *p, mf_plan_memory *out)
             row[r] = mf_sat_add(row[r], m.transient[r]);
             row[MF_ROLE_COUNT] = mf_sat_add(row[MF_ROLE_COUNT], m.transient[r]);
         }
+    }
+    if (ragged_persistent(s, out->persistent)) {
+        out->persistent_total = 0;
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            out->persistent_total = mf_sat_add(out->persistent_total, out->persistent[r]);
     }
     int window = s->prefetch + 1;
     for (int u = 0; u < s->nunits; u++) {

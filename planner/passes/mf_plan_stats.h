@@ -75,7 +75,7 @@ typedef struct mf_bucket_memory {
 void mf_bucket_memory_of(const mf_plan *p, int b, mf_bucket_memory *out);
 
 typedef struct mf_plan_memory {
-    int64_t persistent[MF_ROLE_COUNT];     /* bytes per rank */
+    int64_t persistent[MF_ROLE_COUNT];     /* bytes per rank (the most over the ranks when some bucket is ragged) */
     int64_t transient_peak[MF_ROLE_COUNT]; /* largest prefetch+1-unit window, per role */
     int64_t peak[MF_ROLE_COUNT];           /* persistent + transient_peak */
     int64_t persistent_total;

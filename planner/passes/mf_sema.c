@@ -552,6 +552,37 @@ static void report_missing_roles(mf_sema *s, const mf_ast_layout *decl, const ch
                   nmissing == 1 ? "role" : "roles");
 }
 
+/* In a layout with a Whole role, a role that is not Whole but splits into
+ * more shards than the finest Whole role: a whole bucket's shards are ragged
+ * (docs/semantics.md §4.6), cut at the owners' boundaries, and a finer split
+ * has no boundaries to follow. */
+static void whole_finer_error(mf_sema *s, const mf_ast_role *const seen[MF_ROLE_COUNT], const char *what,
+                              const mf_spec_layout *out)
+{
+    const mf_mesh *m = &s->spec->mesh;
+    int fine = -1;
+    for (int r = 0; r < MF_ROLE_COUNT; r++)
+        if (out->whole[r] && (fine < 0 || mf_layout_shards(m, &out->place[r]) > mf_layout_shards(m, &out->place[fine])))
+            fine = r;
+    if (fine < 0)
+        return;
+    int64_t P = mf_layout_shards(m, &out->place[fine]);
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t n = mf_layout_shards(m, &out->place[r]);
+        if (out->whole[r] || n <= P || !seen[r])
+            continue;
+        char a[64], b[64];
+        mf_diag_error(s->d, seen[r]->places_span,
+                      "'%s' in %s splits into %lld shards, more than the %lld of its Whole '%s' %s; a whole bucket's "
+                      "shards follow its owners, so no role may split finer than the finest Whole one; use %s or "
+                      "make '%s' Whole too",
+                      mf_role_name((mf_role)r), what, (long long)n, (long long)P, mf_role_name((mf_role)fine),
+                      mf_placement_format_as(&out->place[fine], m->naxes, true, a, sizeof a),
+                      mf_placement_format(&out->place[fine], m->naxes, b, sizeof b), mf_role_name((mf_role)r));
+        mf_diag_note(s->d, seen[fine]->places_span, "the Whole '%s' is placed here", mf_role_name((mf_role)fine));
+    }
+}
+
 /* A Whole placement that breaks the suffix rule, with the placement that keeps it. */
 static void whole_suffix_error(mf_sema *s, const mf_ast_role *r, const char *what, const mf_placement *p)
 {
@@ -609,6 +640,9 @@ static bool resolve_layout(mf_sema *s, const mf_ast_layout *decl, const char *wh
     for (int r = 0; r < MF_ROLE_COUNT; r++)
         if (out->whole[r] && !mf_layout_flat_suffix_ok(&out->place[r], s->spec->mesh.naxes))
             whole_suffix_error(s, seen[r], what, &out->place[r]);
+    if (mf_diag_errors(s->d) != before)
+        return false;
+    whole_finer_error(s, seen, what, out);
     if (mf_diag_errors(s->d) != before)
         return false;
 

@@ -191,9 +191,14 @@ typedef struct bucket_ctx {
     int64_t shard_quantum;  /* A: every shard a multiple of it */
 } bucket_ctx;
 
-/* Elements per rank at placement pl; -1 when the shards are not equal and aligned. */
+/* Elements per rank at placement pl (its capacity, the longest shard, in a
+ * ragged bucket); -1 when the shards are not equal and aligned, or (ragged)
+ * pl has more shards than the finest whole placement. */
 static int64_t local_count(const bucket_ctx *bc, const mf_placement *pl)
 {
+    if (bc->b->bounds)
+        return mf_layout_bucket_placement_ok(bc->mesh, bc->b, pl) ? mf_layout_bucket_capacity(bc->mesh, bc->b, pl)
+                                                                  : -1;
     int64_t shards = mf_layout_shards(bc->mesh, pl), q;
     if (__builtin_mul_overflow(shards, bc->shard_quantum, &q) || bc->b->length % q != 0)
         return -1;
@@ -210,8 +215,13 @@ static mf_step make_step(const bucket_ctx *bc, const mf_placement *st, int64_t c
     s.dtype = dt;
     s.from = *st;
     s.to = apply_move(st, bc->mesh->naxes, mv);
-    /* an op that shards its axis keeps 1/n of the elements */
+    /* an op that shards its axis keeps 1/n of the elements; in a ragged
+     * bucket its count is the capacity of the side it shards */
     s.count = mf_opkind_info_of(mv.kind)->becomes == MF_PLACE_FLAT ? c / n : c;
+    if (bc->b->bounds && mf_opkind_info_of(mv.kind)->becomes == MF_PLACE_FLAT)
+        s.count = mf_layout_bucket_placement_ok(bc->mesh, bc->b, &s.to)
+                      ? mf_layout_bucket_capacity(bc->mesh, bc->b, &s.to)
+                      : 0;
     s.bytes = mf_layout_collective_bytes(bc->mesh, bc->b, mv.kind, mv.axis,
                                          mf_layout_shard_side(mv.kind, &s.from, &s.to), s.count, dt);
     return s;

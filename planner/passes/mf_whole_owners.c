@@ -190,19 +190,40 @@ static int64_t make_items(dealing *d)
     return k;
 }
 
-/* The shard item `it` takes: least worst load, ties the lowest, among the
- * shards with room (a group: an untaken shard); -1 when none has room. */
+/* The load of shard q's span: the sum of the worst loads of the shards that
+ * share q's coordinate on the innermost split axis (q / (P / n_last) in the
+ * inner-major order), the ranks whose tensors a placement split on that axis
+ * alone (a 2-D layout's weight and grad) holds together in a ragged bucket. */
+static int64_t span_load(const dealing *d, const owner_class *c, int64_t q)
+{
+    int64_t inner = d->m->axes[d->m->naxes - 1].size, per = c->P % inner == 0 ? c->P / inner : c->P;
+    int64_t lo = q / per * per, sum = 0;
+    for (int64_t x = lo; x < lo + per; x++)
+        sum = sat_add(sum, c->worst[x]);
+    return sum;
+}
+
+/* The shard item `it` takes: least worst load among the shards with room (a
+ * group: an untaken shard); ties: the least loaded span (span_load), then
+ * the lowest shard; -1 when none has room. The spans spread the extra load
+ * of the ties over the innermost axis, so the coarser placements' ragged
+ * shards stay as balanced as the ranks. */
 static int64_t pick(const dealing *d, const owner_item *it)
 {
     const mf_whole_bucket *b = &d->b[it->bucket];
     const owner_class *c = &d->cls[d->cls_of[it->bucket]];
     const int64_t *used = d->used + d->first[it->bucket];
     const bool *taken = d->taken + d->first[it->bucket];
-    int64_t best = -1;
+    int64_t best = -1, best_span = 0;
     for (int64_t q = 0; q < b->P; q++) {
         bool room = d->by_group[it->bucket] ? !taken[q] : used[q] + it->size <= b->S;
-        if (room && (best < 0 || c->worst[q] < c->worst[best]))
+        if (!room || (best >= 0 && c->worst[q] > c->worst[best]))
+            continue;
+        int64_t span = span_load(d, c, q);
+        if (best < 0 || c->worst[q] < c->worst[best] || span < best_span) {
             best = q;
+            best_span = span;
+        }
     }
     return best;
 }

@@ -7,7 +7,9 @@
  * Longest processing time first over every tensor of every whole bucket: in
  * order of cost descending (ties: the earlier bucket, then declaration
  * order), each tensor goes to the shard of its own bucket whose ranks'
- * largest load is least (ties: the lowest shard) among those with room for
+ * largest load is least (ties: the shard whose span -- the shards with its
+ * coordinate on the innermost split axis -- carries the least load, then the
+ * lowest shard) among those with room for
  * it (the shard's tensors so far, each rounded up to the tensor quantum,
  * plus this one, within S); its cost is then added to the load of every rank
  * of that shard. A rank's load is the cost it owns over every bucket;
@@ -18,8 +20,9 @@
  * after MF_WHOLE_OWNERS_TRIES runs every bucket deals its groups, which
  * always fit (S is at least the largest group). A second dealing has every
  * bucket deal its groups from the start; the one whose most loaded rank
- * carries less is kept (ties: the first). The bucket lengths never depend on
- * the dealing: each shard is padded to S whichever tensors it got.
+ * carries less is kept (ties: the first). S, the room of every shard, never
+ * depends on the dealing; the ragged shards laid out after it do
+ * (mf_layout_pass.c, whole_bounds: each shard as long as what it got).
  */
 #ifndef MF_WHOLE_OWNERS_H
 #define MF_WHOLE_OWNERS_H

@@ -611,12 +611,52 @@ static int step_before_assignment(mf_plan_search *ps, mf_plan *p, const mf_sim_c
  * bound over the buckets and their transitions' stage buffers
  * (mf_plan_search_arena_bound, mf_plan_bound.c), the only part that depends on the
  * prefetch depth. 0, or -1 on OOM. */
+/* Bytes of bucket bk's persistent buffers (main_weight, weight, grad,
+ * grad_final) on rank r: the ranges r holds (mf_layout_bucket_range), which
+ * are the buffers' counts unless the bucket is ragged. */
+static double bucket_persistent_on(const mf_schedule *s, const mf_bucket *bk, int64_t r)
+{
+    const mf_placement *W = &bk->place[MF_ROLE_WEIGHT], *G = &bk->place[MF_ROLE_GRAD],
+                       *O = &bk->place[MF_ROLE_MAIN_WEIGHT];
+    double o = (double)mf_layout_bucket_range(&s->mesh, bk, O, r).len;
+    double b = o * (double)mf_dtype_size(bk->dtype[MF_ROLE_MAIN_WEIGHT]) +
+               (double)mf_layout_bucket_range(&s->mesh, bk, W, r).len * (double)mf_dtype_size(bk->dtype[MF_ROLE_WEIGHT]) +
+               (double)mf_layout_bucket_range(&s->mesh, bk, G, r).len * (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
+    if (!mf_placement_equal(G, O, s->mesh.naxes))
+        b += o * (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
+    return b;
+}
+
+/* The persistent buffers of every bucket as the lowering sizes them, the
+ * most over the ranks: with ragged (whole) buckets each rank holds only
+ * its ranges there (core/mf_persist.h), so the buckets' longest shards
+ * would overstate it. */
+static double persistent_bound(const mf_schedule *s)
+{
+    bool ragged = false;
+    double shared = 0; /* the buckets of equal shards: the same on every rank */
+    for (int b = 0; b < s->nbuckets; b++) {
+        ragged = ragged || s->buckets[b].bounds;
+        if (!s->buckets[b].bounds)
+            shared += bucket_persistent_on(s, &s->buckets[b], 0);
+    }
+    double most = 0;
+    for (int64_t r = 0; ragged && r < s->mesh.world; r++) {
+        double sum = 0;
+        for (int b = 0; b < s->nbuckets; b++)
+            if (s->buckets[b].bounds)
+                sum += bucket_persistent_on(s, &s->buckets[b], r);
+        most = sum > most ? sum : most;
+    }
+    return shared + most;
+}
+
 static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const int *prefetch, int n, double *out)
 {
     const mf_schedule *s = p->sched;
     mf_ps_live_item *items = malloc(sizeof *items * ((size_t)s->nbuckets + 1));
     double *scratch = malloc(sizeof *scratch * (2 * (size_t)s->nunits + 1));
-    double pers = 0;
+    double pers = persistent_bound(s);
     int rc = -1;
     if (!items || !scratch)
         goto done;
@@ -624,7 +664,6 @@ static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const i
         const mf_bucket *bk = &s->buckets[b];
         mf_bucket_memory bm;
         mf_bucket_memory_of(p, b, &bm);
-        pers += (double)bm.main_weight + (double)bm.weight + (double)bm.grad + (double)bm.grad_final;
         items[b] = (mf_ps_live_item){bk->unit, bk->last_unit, (double)bm.weight_full, (double)bm.grad_local,
                                      !s->units[bk->unit].reshard_after_forward, 0, 0};
         /* stage buffers as mf_lower.c makes them: one per step output but
@@ -633,11 +672,11 @@ static int layout_mem_bounds(const mf_plan_search *ps, const mf_plan *p, const i
         const mf_transition *t2 = &p->trans[b][MF_T2], *t3 = &p->trans[b][MF_T3];
         for (int i = 0; bm.weight_full > 0 && i + 1 < t2->nsteps; i++)
             if (t2->steps[i + 1].stream != MF_STREAM_COMPUTE)
-                items[b].t2_stage += (double)(bk->length / mf_layout_shards(&s->mesh, &t2->steps[i].to)) *
+                items[b].t2_stage += (double)mf_layout_bucket_capacity(&s->mesh, bk, &t2->steps[i].to) *
                                      (double)mf_dtype_size(bk->dtype[MF_ROLE_WEIGHT]);
         for (int i = 0; i + 1 < t3->nsteps; i++)
             if (t3->steps[i + 1].stream != MF_STREAM_COMPUTE)
-                items[b].t3_after += (double)(bk->length / mf_layout_shards(&s->mesh, &t3->steps[i].to)) *
+                items[b].t3_after += (double)mf_layout_bucket_capacity(&s->mesh, bk, &t3->steps[i].to) *
                                      (double)mf_dtype_size(bk->dtype[MF_ROLE_GRAD]);
         if (t3->nsteps > 0 && t3->steps[0].stream != MF_STREAM_COMPUTE)
             items[b].t3_after += (double)bm.grad_local;

@@ -312,6 +312,41 @@ static void mf_diff_globals(mf_diff_ctx *c, const mf_bucket *x, const mf_bucket 
     }
 }
 
+
+/* A ragged bucket's shard bounds (docs/semantics.md §4.6) that changed: listed
+ * when there are at most MF_DIFF_BOUNDS_SHOWN, else counted. */
+#define MF_DIFF_BOUNDS_SHOWN 9
+static void mf_diff_bound_list(FILE *out, const int64_t *v, int64_t n)
+{
+    fputc('[', out);
+    for (int64_t i = 0; i < n; i++)
+        fprintf(out, "%s%lld", i ? ", " : "", (long long)v[i]);
+    fputc(']', out);
+}
+
+static void mf_diff_bounds(mf_diff_ctx *c, const mf_schedule *a, const mf_schedule *b, const mf_bucket *x,
+                           const mf_bucket *y)
+{
+    int64_t nx = x->bounds ? mf_layout_bucket_nbounds(&a->mesh, x) : 0;
+    int64_t ny = y->bounds ? mf_layout_bucket_nbounds(&b->mesh, y) : 0;
+    int64_t differ = nx == ny ? 0 : (nx > ny ? nx : ny);
+    for (int64_t q = 0; nx == ny && q < nx; q++)
+        differ += x->bounds[q] != y->bounds[q];
+    if (!differ)
+        return;
+    mf_diff_unit_header(c);
+    if (nx <= MF_DIFF_BOUNDS_SHOWN && ny <= MF_DIFF_BOUNDS_SHOWN) {
+        fprintf(c->out, "  bucket %s: shard bounds ", y->name);
+        mf_diff_bound_list(c->out, x->bounds, nx);
+        fputs(" -> ", c->out);
+        mf_diff_bound_list(c->out, y->bounds, ny);
+        fputc('\n', c->out);
+    } else {
+        fprintf(c->out, "  bucket %s: shard bounds: %lld -> %lld entries, %lld differ\n", y->name, (long long)nx,
+                (long long)ny, (long long)differ);
+    }
+}
+
 static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
 {
     const mf_schedule *a = c->a, *b = c->b;
@@ -336,6 +371,7 @@ static void mf_diff_bucket_changes(mf_diff_ctx *c, int ba, int bb)
         fprintf(c->out, "  bucket %s: %d tensors, length %lld -> %d tensors, length %lld\n", y->name, x->ntensors,
                 (long long)x->length, y->ntensors, (long long)y->length);
     }
+    mf_diff_bounds(c, a, b, x, y);
     if (a->mesh.naxes == b->mesh.naxes)
         mf_diff_owners(c, x, y);
     mf_diff_globals(c, x, y);

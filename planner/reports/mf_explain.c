@@ -20,14 +20,17 @@
 #include "mf_human.h"
 #include "mf_interfere.h"
 #include "mf_layout.h"
+#include "mf_persist.h"
 #include "mf_plan_owners.h"
 #include "mf_plan_stats.h"
 #include "mf_programs.h"
 #include "mf_yaml_str.h"
 
+/* Elements per rank of a role: its placement's longest shard (the equal
+ * shards' L / shards unless the bucket is ragged). */
 static int64_t local_elems(const mf_schedule *s, const mf_bucket *b, int role)
 {
-    return b->length / mf_layout_shards(&s->mesh, &b->place[role]);
+    return mf_layout_bucket_capacity(&s->mesh, b, &b->place[role]);
 }
 
 static const char *phases_of(const mf_plan *p, int b, int t)
@@ -247,8 +250,13 @@ static void text_owners(const mf_plan *p, int bi, FILE *out)
         }
     }
     int64_t used = shards_used(v.o, v.P);
-    fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)v.P,
-            (long long)(v.b->length / v.P), (long long)used, (double)padding_ppm(v.b->length, used) / 1e6);
+    if (v.b->bounds)
+        fprintf(out, "      padding factor L/sum(used) = %lld / %lld = %.4f (ragged shards, the longest %lld)\n",
+                (long long)v.b->length, (long long)used, (double)padding_ppm(v.b->length, used) / 1e6,
+                (long long)local_elems(s, v.b, v.role));
+    else
+        fprintf(out, "      padding factor P*S/sum(used) = %lld x %lld / %lld = %.4f\n", (long long)v.P,
+                (long long)(v.b->length / v.P), (long long)used, (double)padding_ppm(v.b->length, used) / 1e6);
     text_whole_collectives(p, bi, out);
     free(v.o);
 }
@@ -277,6 +285,9 @@ static void text_bucket(const mf_plan *p, int bi, FILE *out)
                 mf_plan_owners_placement(b, r, k, pl, sizeof pl), (long long)n,
                 (long long)(n * (int64_t)mf_dtype_size(b->dtype[r])));
     }
+    if (b->bounds) /* docs/semantics.md §4.6 */
+        fprintf(out, "    ragged shards: elements/rank is each role's longest shard; each rank holds only its "
+                     "own range (owners below)\n");
     fprintf(out, "    %-12s %14s %14s  %s\n", "tensors", "offset", "numel", "name shape");
     for (int i = 0; i < b->ntensors; i++) {
         const mf_tensor *t = &b->tensors[i];
@@ -516,9 +527,10 @@ static int text_totals(const mf_plan *p, FILE *out)
     /* The one peak (docs/semantics.md §9): what the runtime allocates, from
      * the buffer assignment; the live-bytes bound next to it. */
     const mf_summary *ss = &s->summary;
-    fprintf(out, "  memory/rank  peak %s (%lld bytes) allocated = persistent region %s + arena %s\n",
+    fprintf(out, "  memory/rank  peak %s (%lld bytes) allocated = persistent region %s + arena %s%s\n",
             mf_human_bytes(ss->allocated_bytes, h1, sizeof h1), (long long)ss->allocated_bytes,
-            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3));
+            mf_human_bytes(s->mem_persistent, h2, sizeof h2), mf_human_bytes(s->mem_transient, h3, sizeof h3),
+            mf_persist_any_per_rank(s) ? " (the region: the most over the ranks, ragged whole buckets)" : "");
     fprintf(out, "               arena live-bytes lower bound %s (%lld bytes), arena/bound %.3f\n",
             mf_human_bytes(ss->live_bytes, h1, sizeof h1), (long long)ss->live_bytes,
             ss->live_bytes > 0 ? (double)s->mem_transient / (double)ss->live_bytes : 1.0);
@@ -810,7 +822,7 @@ static void yaml_owners(yout *y, const mf_plan *p, int bi)
     y_kstr(y, "finest", mf_role_name((mf_role)v.role));
     y_kstr(y, "balance", balance_name(balance_of(p)));
     y_kint(y, "shards", v.P);
-    y_kint(y, "shard_length", v.b->length / v.P);
+    y_kint(y, "shard_length", local_elems(p->sched, v.b, v.role)); /* the longest shard */
     int64_t used = shards_used(v.o, v.P);
     y_kint(y, "used", used);
     y_kint(y, "padding_factor_ppm", padding_ppm(v.b->length, used));

@@ -75,8 +75,13 @@ typedef struct mfsdp_runtime mf_rt;
 typedef struct mf_rt_op {
     const mf_op *op;          /* the schedule's op: kind, stream, axis, dtype, count, event */
     void *src, *dst;          /* this rank's buffers (backend memory); NULL when none */
-    int64_t src_count;        /* elements in src's buffer */
-    int64_t dst_count;        /* elements in dst's buffer */
+    int64_t src_count;        /* elements of src's buffer this rank holds (its range:
+                                 < count in a ragged bucket, core/mf_persist.h) */
+    int64_t dst_count;        /* elements of dst's buffer this rank holds */
+    int64_t n;                /* elements a local op converts or adds on this rank: its
+                                 range on the op's side (op->count unless ragged) */
+    int64_t src_at;           /* a slice's first source element: coord * count, or the
+                                 dst range's offset in the src range (ragged) */
     mf_dtype src_dtype, dst_dtype;
     int comm;                 /* index into rt->comms for collectives; -1 otherwise */
     int64_t nranks;           /* size of the op's axis group; 1 without an axis */
@@ -87,10 +92,16 @@ typedef struct mf_rt_op {
      * of the chunk of coord c on the op's shard side (dst of a
      * reduce_scatter, src of an all_gather, the buffer of an all_reduce:
      * every member holds the same shard there, so all entries are equal).
-     * Only those elements move; the rest of each chunk is padding, which
-     * the receiver zero-fills. NULL: the padded form (every chunk moves
-     * all `count` elements). Set at create, identical on every member. */
+     * Only those elements move. disp[c] is where chunk c starts in the
+     * op's full side (src of a reduce_scatter, dst of an all_gather; 0 for
+     * an all_reduce): c * count for equal shards, the member's range offset
+     * less this rank's full range offset in a ragged bucket (format 7,
+     * docs/semantics.md §4.6), where chunks differ in length and no padding
+     * exists. NULL: the padded form of an equal-shard bucket (every chunk
+     * moves all `count` elements at c * count). Set at create, identical on
+     * every member. */
     const int64_t *used;
+    const int64_t *disp;
     int64_t bytes;            /* bytes this rank sends for the op in its form (stats) */
 } mf_rt_op;
 

@@ -253,6 +253,18 @@ static mfsdp_result cl_exchange(mf_rt *rt, const void *mine, size_t bytes, void 
     return res;
 }
 
+/* The source elements a member exposes: count (times the group for a
+ * reduce_scatter), or in a whole bucket's chunked form (rop->used) what it
+ * holds of its source (a ragged bucket's buffers are shorter than n *
+ * count). */
+static int64_t cl_posted(const mf_rt_op *r)
+{
+    if (r->used)
+        return r->src_count;
+    return r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
+}
+
+
 static mfsdp_result cl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     cl_be *be = be_of(rt);
@@ -293,8 +305,7 @@ static mfsdp_result cl_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
         const mf_rt_op *r = &rt->rops[i];
         if (r->comm < 0 || !r->overlap || r->op->kind == MF_OP_ALL_REDUCE)
             continue;
-        int64_t n = r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
-        size_t bytes = (size_t)n * mf_dtype_size(r->src_dtype);
+        size_t bytes = (size_t)cl_posted(r) * mf_dtype_size(r->src_dtype);
         if (bytes > be->scratch_bytes[r->op->stream])
             be->scratch_bytes[r->op->stream] = bytes;
     }
@@ -347,29 +358,32 @@ static cudaError_t enqueue_part(cl_be *be, const mf_rt *rt, const mf_rt_op *rop,
      * member writes zero-filled on the op's stream (the same bits as the
      * padded form, whose padding sums zeros). */
     const int64_t *used = rop->used;
-    int64_t u = used ? used[me] : cnt;
+    int64_t u = used ? used[me] : cnt, own = used ? rop->dst_count : cnt;
     char *dst = rop->dst;
     cudaError_t e = cudaSuccess;
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
+        /* chunk p at disp[p] (p * count unless ragged), its tail up to the
+         * next chunk (or the end) zeroed */
         for (int64_t p = 0; p < n && e == cudaSuccess; p++) {
-            int64_t up = used ? used[p] : cnt;
-            e = mf_cuda_copy(dst + (size_t)(p * cnt) * es, be->peers[p].src, (size_t)up * es, st);
-            if (e == cudaSuccess && up < cnt)
-                e = cudaMemsetAsync(dst + (size_t)(p * cnt + up) * es, 0, (size_t)(cnt - up) * es, st);
+            int64_t up = used ? used[p] : cnt, at = used ? rop->disp[p] : p * cnt;
+            int64_t end = !used ? at + cnt : p + 1 < n ? rop->disp[p + 1] : rop->dst_count;
+            e = mf_cuda_copy(dst + (size_t)at * es, be->peers[p].src, (size_t)up * es, st);
+            if (e == cudaSuccess && at + up < end)
+                e = cudaMemsetAsync(dst + (size_t)(at + up) * es, 0, (size_t)(end - at - up) * es, st);
         }
         break;
     case MF_OP_REDUCE_SCATTER:
         for (int64_t p = 0; p < n; p++)
-            be->srcs[p] = (const char *)be->peers[p].src + (size_t)(me * cnt) * es;
+            be->srcs[p] = (const char *)be->peers[p].src + (size_t)(used ? rop->disp[me] : me * cnt) * es;
         e = mf_cuda_combine(&rop->dst, 1, op->dtype, be->srcs, (int)n, op->dtype, u, divisor, MF_CUDA_DIV, false, st);
-        if (e == cudaSuccess && u < cnt)
-            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
+        if (e == cudaSuccess && u < own)
+            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(own - u) * es, st);
         break;
     case MF_OP_ALL_REDUCE: {
-        /* u is every member's (one shard); nobody else writes [u, cnt) of ours */
-        if (u < cnt)
-            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es, st);
+        /* u is every member's (one shard); nobody else writes [u, own) of ours */
+        if (u < own)
+            e = cudaMemsetAsync(dst + (size_t)u * es, 0, (size_t)(own - u) * es, st);
         int64_t chunk = ((u + n - 1) / n + 63) / 64 * 64; /* keeps 16-byte alignment */
         int64_t lo = me * chunk, len = u - lo < chunk ? u - lo : chunk;
         if (len > 0 && e == cudaSuccess) {
@@ -409,7 +423,7 @@ static mfsdp_result cl_collective(cl_be *be, mf_rt *rt, const mf_rt_op *rop, cha
     cudaError_t e = cudaSuccess;
     const void *src = rop->src;
     if (rop->overlap && op->kind != MF_OP_ALL_REDUCE) {
-        size_t bytes = (size_t)(op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * mf_dtype_size(op->dtype);
+        size_t bytes = (size_t)cl_posted(rop) * mf_dtype_size(op->dtype);
         e = cudaMemcpyAsync(be->scratch[op->stream], src, bytes, cudaMemcpyDeviceToDevice, st);
         src = be->scratch[op->stream];
     }

@@ -470,6 +470,17 @@ static void release_comms(mf_local_rank *st)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The elements of its source a member posts: count (times the group for a
+ * reduce_scatter); in a whole bucket's chunked form (r->used) what it holds
+ * of the source (a ragged bucket's buffers are shorter than n * count). */
+static int64_t post_elems(const mf_rt_op *r)
+{
+    if (r->used)
+        return r->src_count;
+    return r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
+}
+
+
 static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncomms)
 {
     mf_local_rank *st = rt->be_state;
@@ -503,8 +514,7 @@ static mfsdp_result local_comm_init(mf_rt *rt, const mf_rt_comm *comms, int ncom
         const mf_rt_op *r = &rt->rops[i];
         if (r->comm < 0 || !r->overlap || r->op->kind == MF_OP_ALL_REDUCE)
             continue;
-        int64_t n = r->op->count * (r->op->kind == MF_OP_REDUCE_SCATTER ? r->nranks : 1);
-        size_t bytes = (size_t)n * mf_dtype_size(r->src_dtype);
+        size_t bytes = (size_t)post_elems(r) * mf_dtype_size(r->src_dtype);
         if (bytes > need[r->op->stream])
             need[r->op->stream] = bytes;
     }
@@ -538,30 +548,34 @@ static void local_compute_prefix(const mf_rt *rt, const mf_rt_op *r, const mf_lo
                                  int64_t n, bool eager, bool stream)
 {
     const mf_op *op = r->op;
-    int64_t me = r->coord, cnt = op->count, u = r->used[me];
+    int64_t me = r->coord, u = r->used[me], own = r->dst_count;
     int64_t div = rt->s->reduce == MF_REDUCE_AVG ? n : 1;
     size_t es = mf_dtype_size(op->dtype);
     char *dst = r->dst;
     switch (op->kind) {
     case MF_OP_ALL_GATHER:
+        /* chunk i at disp[i]; its tail past used[i] (alignment, or the equal
+         * form's padding: chunk i ends at disp[i+1], or at the end) zeroed */
         if (stream) {   /* push chunk `me` into every member's destination */
+            int64_t end = me + 1 < n ? r->disp[me + 1] : own;
             for (int64_t k = 1; k <= n; k++) {
-                char *chunk = (char *)slot->dst[(me + k) % n] + (size_t)(me * cnt) * es;
+                char *chunk = (char *)slot->dst[(me + k) % n] + (size_t)r->disp[me] * es;
                 mf_nt_copy(chunk, slot->src[me], (size_t)u * es);
-                memset(chunk + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+                memset(chunk + (size_t)u * es, 0, (size_t)(end - r->disp[me] - u) * es);
             }
             mf_nt_copy_fence();
             break;
         }
         for (int64_t i = 0; i < n; i++) {
-            char *chunk = dst + (size_t)(i * cnt) * es;
+            char *chunk = dst + (size_t)r->disp[i] * es;
+            int64_t end = i + 1 < n ? r->disp[i + 1] : own;
             memcpy(chunk, slot->src[i], (size_t)r->used[i] * es);
-            memset(chunk + (size_t)r->used[i] * es, 0, (size_t)(cnt - r->used[i]) * es);
+            memset(chunk + (size_t)r->used[i] * es, 0, (size_t)(end - r->disp[i] - r->used[i]) * es);
         }
         break;
     case MF_OP_REDUCE_SCATTER:
-        mf_cpu_kernels_reduce(dst, slot->src, (int)n, me * cnt, u, op->dtype, div);
-        memset(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+        mf_cpu_kernels_reduce(dst, slot->src, (int)n, r->disp[me], u, op->dtype, div);
+        memset(dst + (size_t)u * es, 0, (size_t)(own - u) * es);
         break;
     case MF_OP_ALL_REDUCE: {
         /* u is every member's: they hold the same shard. Chunks of the
@@ -583,7 +597,7 @@ static void local_compute_prefix(const mf_rt *rt, const mf_rt_op *r, const mf_lo
                         memcpy((char *)slot->dst[j] + at, dst + at, (size_t)len * es);
             }
         }
-        memset(dst + (size_t)u * es, 0, (size_t)(cnt - u) * es);
+        memset(dst + (size_t)u * es, 0, (size_t)(own - u) * es);
         break;
     }
     default:
@@ -776,11 +790,10 @@ static mfsdp_result local_collective(mf_rt *rt, const mf_rt_op *r, int64_t micro
      * every source and destination is read and written by member `me` alone
      * (see below). A reduce-scatter or all-gather would overwrite what peers
      * still read. */
-    size_t post_bytes = (size_t)(op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1)) * es;
+    size_t post_bytes = (size_t)post_elems(r) * es;
     bool eager = post_bytes <= c->eager_bytes;
     if (r->overlap && !eager && op->kind != MF_OP_ALL_REDUCE) {
-        int64_t cnt = op->count * (op->kind == MF_OP_REDUCE_SCATTER ? n : 1);
-        memcpy(st->scratch[op->stream], r->src, (size_t)cnt * es);
+        memcpy(st->scratch[op->stream], r->src, post_bytes);
         mine = st->scratch[op->stream];
     }
 

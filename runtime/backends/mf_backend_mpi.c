@@ -528,15 +528,24 @@ static mfsdp_result whole_init(mf_rt *rt, mf_mpi_state *st)
             continue;
         for (int64_t c = 0; c < r->nranks; c++)
             sum += r->used[c];
-        if (r->op->count * r->nranks > st->max_count || sum > st->max_count)
+        bool ragged = s->buckets[r->op->bucket].bounds != NULL;
+        if (r->src_count > st->max_count || r->dst_count > st->max_count || sum > st->max_count) {
+            if (ragged) /* no padded form to fall back on */
+                return mf_base_set_error(rt, MFSDP_ERR_UNSUPPORTED,
+                                         "op %d of the ragged bucket '%s' moves more elements than one MPI call "
+                                         "takes (%lld); split the bucket (bucket_size)",
+                                         i, s->buckets[r->op->bucket].name, (long long)st->max_count);
+            continue;
+        }
+        if (r->op->count * r->nranks > st->max_count && !ragged)
             continue;
         st->whole_at[i] = total;
         total += 2 * r->nranks;
         if (r->op->kind != MF_OP_REDUCE_SCATTER)
             continue;
-        bool contiguous = !r->overlap;
+        bool contiguous = !r->overlap;   /* the prefixes end to end in src */
         for (int64_t c = 0; c + 1 < r->nranks; c++)
-            contiguous &= r->used[c] == r->op->count;
+            contiguous &= r->disp[c] + r->used[c] == r->disp[c + 1];
         size_t bytes = contiguous ? 0 : (size_t)sum * mf_dtype_size(r->op->dtype);
         if (bytes > st->pack_bytes[r->op->stream])
             st->pack_bytes[r->op->stream] = bytes;
@@ -552,7 +561,7 @@ static mfsdp_result whole_init(mf_rt *rt, mf_mpi_state *st)
         for (int64_t c = 0, at = 0; c < r->nranks; c++) {
             counts[c] = (int)r->used[c];
             /* all-gather: chunk c of dst; reduce-scatter: unused (packed) */
-            displs[c] = (int)(r->op->kind == MF_OP_ALL_GATHER ? c * r->op->count : at);
+            displs[c] = (int)(r->op->kind == MF_OP_ALL_GATHER ? r->disp[c] : at);
             at += r->used[c];
         }
     }
@@ -714,7 +723,7 @@ static mfsdp_result run_whole(mf_rt *rt, const mf_rt_op *r, const int *counts, c
     MPI_Datatype type = op->dtype == MF_FP32 ? MPI_FLOAT : MPI_UINT16_T;
     MPI_Op sum = op->dtype == MF_FP32 ? MPI_SUM : op->dtype == MF_BF16 ? st->sum_bf16 : st->sum_fp16;
     size_t es = mf_dtype_size(op->dtype);
-    int64_t n = op->count, g = r->nranks, me = r->coord, u = r->used[me];
+    int64_t g = r->nranks, me = r->coord, u = r->used[me], own = r->dst_count;
     char *src = r->src, *dst = r->dst;
     MPI_Request req;
     int rc = MPI_SUCCESS;
@@ -723,20 +732,22 @@ static mfsdp_result run_whole(mf_rt *rt, const mf_rt_op *r, const int *counts, c
         const char *send = src;
         bool contiguous = !r->overlap;   /* as whole_init decided */
         for (int64_t c = 0; c + 1 < g; c++)
-            contiguous &= r->used[c] == n;
+            contiguous &= r->disp[c] + r->used[c] == r->disp[c + 1];
         if (!contiguous) {
             char *p = st->pack[op->stream];
             for (int64_t c = 0, at = 0; c < g; at += r->used[c], c++)
                 if (r->used[c])   /* no pack buffer when every prefix is empty */
-                    memcpy(p + (size_t)at * es, src + (size_t)(c * n) * es, (size_t)r->used[c] * es);
+                    memcpy(p + (size_t)at * es, src + (size_t)r->disp[c] * es, (size_t)r->used[c] * es);
             send = p;
+        } else {
+            send = src + (size_t)r->disp[0] * es;
         }
         rc = start_reduce_scatterv(st, send, dst, counts, type, sum, comm, &req);
         break;
     }
     case MF_OP_ALL_GATHER:
         if (r->overlap)
-            memmove(dst + (size_t)(me * n) * es, src, (size_t)u * es);
+            memmove(dst + (size_t)r->disp[me] * es, src, (size_t)u * es);
         rc = start_allgatherv(st, r->overlap ? MPI_IN_PLACE : src, (int)u, type, dst, counts,
                               counts + g, comm, &req);
         break;
@@ -752,11 +763,15 @@ static mfsdp_result run_whole(mf_rt *rt, const mf_rt_op *r, const int *counts, c
     mfsdp_result res = wait_request(rt, st, &req, " (prefix form)", err, errlen);
     if (res != MFSDP_OK)
         return res;
+    /* the tails past the used prefixes (alignment, or the equal form's
+       padding) zeroed: chunk c ends where chunk c + 1 starts */
     if (op->kind == MF_OP_ALL_GATHER)
-        for (int64_t c = 0; c < g; c++)
-            memset(dst + (size_t)(c * n + r->used[c]) * es, 0, (size_t)(n - r->used[c]) * es);
+        for (int64_t c = 0; c < g; c++) {
+            int64_t end = c + 1 < g ? r->disp[c + 1] : own;
+            memset(dst + (size_t)(r->disp[c] + r->used[c]) * es, 0, (size_t)(end - r->disp[c] - r->used[c]) * es);
+        }
     else
-        memset(dst + (size_t)u * es, 0, (size_t)(n - u) * es);
+        memset(dst + (size_t)u * es, 0, (size_t)(own - u) * es);
     if (rt->s->reduce == MF_REDUCE_AVG && op->kind != MF_OP_ALL_GATHER)
         mf_cpu_kernels_divide(dst, op->dtype, u, g);
     return MFSDP_OK;

@@ -613,24 +613,26 @@ static ncclResult_t enqueue_prefix(const mf_rt_op *rop, const coll_args *a, post
     const mf_op *op = rop->op;
     ncclComm_t comm = a->comm;
     cudaStream_t st = a->st;
-    size_t es = a->es, n = a->n;
+    size_t es = a->es, own = (size_t)rop->dst_count; /* own: what this rank holds of dst */
     int64_t g = rop->nranks, me = rop->coord;
-    size_t u = (size_t)rop->used[me], at = (size_t)me * n * es;
+    size_t u = (size_t)rop->used[me], at = (size_t)rop->disp[me] * es;
     char *src = rop->src, *dst = rop->dst;
     cudaError_t e = cudaSuccess;
     if (op->kind == MF_OP_ALL_GATHER) {
         if (rop->overlap && at)   /* our prefix to its chunk, before chunk 0 is overwritten */
             e = cudaMemcpyAsync(dst + at, src, u * es, cudaMemcpyDeviceToDevice, st);
-        for (int64_t c = 0; c < g && e == cudaSuccess; c++)
-            if ((size_t)rop->used[c] < n)
-                e = cudaMemsetAsync(dst + ((size_t)c * n + (size_t)rop->used[c]) * es, 0,
-                                    (n - (size_t)rop->used[c]) * es, st);
+        for (int64_t c = 0; c < g && e == cudaSuccess; c++) {
+            /* chunk c's tail: from its prefix's end to the next chunk (or the end) */
+            size_t from = (size_t)(rop->disp[c] + rop->used[c]), end = c + 1 < g ? (size_t)rop->disp[c + 1] : own;
+            if (from < end)
+                e = cudaMemsetAsync(dst + from * es, 0, (end - from) * es, st);
+        }
     } else if (op->kind == MF_OP_REDUCE_SCATTER && rop->overlap) {
         /* reduced in place in our chunk, then moved to dst[0, u) */
         *post = (post_copy){.dst = dst, .src = src + at, .bytes = at ? u * es : 0,
-                            .zero = dst + u * es, .zero_bytes = (n - u) * es};
-    } else if (u < n) {   /* our tail is read by nobody */
-        e = cudaMemsetAsync(dst + u * es, 0, (n - u) * es, st);
+                            .zero = dst + u * es, .zero_bytes = (own - u) * es};
+    } else if (u < own) {   /* our tail is read by nobody */
+        e = cudaMemsetAsync(dst + u * es, 0, (own - u) * es, st);
     }
     *pre_err = e;
     if (e != cudaSuccess)
@@ -639,7 +641,7 @@ static ncclResult_t enqueue_prefix(const mf_rt_op *rop, const coll_args *a, post
     if (r != ncclSuccess)
         return r;
     for (int64_t c = 0; c < g && r == ncclSuccess; c++) {
-        size_t uc = (size_t)rop->used[c], off = (size_t)c * n * es;
+        size_t uc = (size_t)rop->used[c], off = (size_t)rop->disp[c] * es;
         if (op->kind == MF_OP_REDUCE_SCATTER)
             r = ncclReduce(src + off, c == me && !rop->overlap ? dst : src + off, uc, a->dt, a->red, (int)c,
                            comm, st);

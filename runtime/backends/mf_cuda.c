@@ -594,15 +594,14 @@ mfsdp_result mf_cuda_core_local(mf_cuda_core *c, const mf_rt_op *rop, int64_t mi
             e = cudaStreamWaitEvent(st, c->events[op->event], 0);
         break;
     case MF_OP_CAST:
-        e = mf_cuda_cast(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, op->count, st);
+        e = mf_cuda_cast(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, rop->n, st); /* the rank's range */
         break;
     case MF_OP_ACCUMULATE:
-        e = mf_cuda_accumulate(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, op->count, microbatch <= 0, st);
+        e = mf_cuda_accumulate(rop->dst, rop->dst_dtype, rop->src, rop->src_dtype, rop->n, microbatch <= 0, st);
         break;
     case MF_OP_SLICE: {
         size_t es = mf_dtype_size(rop->src_dtype);
-        e = mf_cuda_copy(rop->dst, (const char *)rop->src + (size_t)(rop->coord * op->count) * es,
-                         (size_t)op->count * es, st);
+        e = mf_cuda_copy(rop->dst, (const char *)rop->src + (size_t)rop->src_at * es, (size_t)rop->n * es, st);
         break;
     }
     default: {

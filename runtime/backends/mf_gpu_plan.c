@@ -301,6 +301,10 @@ mf_gpu_plan *mf_gpu_plan_build(const mf_schedule *s, int64_t rank, char *err, si
         if (op->kind == MF_OP_REDUCE_SCATTER || op->kind == MF_OP_ALL_REDUCE)
             l->red = s->reduce == MF_REDUCE_SUM ? MF_GPU_RED_SUM : MF_GPU_RED_AVG;
         l->src_offset = op->kind == MF_OP_SLICE ? p->coords[op->axis] * op->count : 0;
+        if (op->kind == MF_OP_SLICE && s->buckets[op->bucket].bounds) /* ragged: the dst range in the src's */
+            l->src_offset =
+                mf_layout_bucket_range(&s->mesh, &s->buckets[op->bucket], &s->buffers[op->dst].place, rank).offset -
+                mf_layout_bucket_range(&s->mesh, &s->buckets[op->bucket], &s->buffers[op->src].place, rank).offset;
     }
 
     if (!index_build(s, &ix))

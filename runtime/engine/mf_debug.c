@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "mf_base.h"
+#include "mf_persist.h"
 
 enum { MF_DBG_LIVE, MF_DBG_POISONED, MF_DBG_W_OPEN, MF_DBG_G_OPEN };
 enum { MF_DBG_WEIGHT = 0, MF_DBG_GRAD_LOCAL = 1 };
@@ -128,7 +129,7 @@ static int buffer_of(const mf_rt *rt, const void *p)
     const mf_schedule *s = rt->s;
     for (int b = 0; b < s->nbuffers; b++) {
         const char *lo = rt->bufs[b];
-        size_t bytes = (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype);
+        size_t bytes = (size_t)mf_persist_held(s, b, rt->rank) * mf_dtype_size(s->buffers[b].dtype);
         if ((const char *)p >= lo && (const char *)p < lo + bytes)
             return b;
     }

@@ -179,7 +179,7 @@ static bool designated(const mf_mesh *m, const mf_placement *p, int64_t rank)
 /* The elements [*lo, *hi) of tensor a (tensor-local) that rank q holds. */
 static void held(const mf_rt *rt, const mf_tensor_at *a, int64_t q, int64_t *lo, int64_t *hi)
 {
-    mf_range r = mf_layout_range(&rt->s->mesh, a->mw, q, a->bk->length);
+    mf_range r = mf_layout_bucket_range(&rt->s->mesh, a->bk, a->mw, q);
     int64_t l = a->t->offset > r.offset ? a->t->offset : r.offset;
     int64_t h = a->t->offset + a->t->numel < r.offset + r.len ? a->t->offset + a->t->numel
                                                                : r.offset + r.len;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mf_persist.h"
 #include "mf_rt_schedule.h"
 
 struct mf_offload {
@@ -194,10 +195,10 @@ mfsdp_result mf_offload_step_end(mf_rt *rt)
     mfsdp_result res = rt->native ? rt->be->synchronize(rt, msg, sizeof msg) : MFSDP_OK;
     const mf_schedule *s = rt->s;
     for (int b = 0; b < s->nbuffers && res == MFSDP_OK; b++)
-        if (o->mirror[b] && s->buffers[b].count > 0)
+        if (o->mirror[b] && mf_persist_held(s, b, rt->rank) > 0) /* a ragged bucket's: the rank's range */
             res = rt->be->stage(rt, o->mirror[b], rt->bufs[b],
-                                (size_t)s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype), msg,
-                                sizeof msg);
+                                (size_t)mf_persist_held(s, b, rt->rank) * mf_dtype_size(s->buffers[b].dtype),
+                                msg, sizeof msg);
     if (res != MFSDP_OK) {
         char why[MF_RT_ERRLEN];
         snprintf(why, sizeof why, "step_end: copying the delivered gradient into its pinned host "

@@ -24,6 +24,7 @@
 #include "mf_debug.h"
 #include "mf_free.h"
 #include "mf_offload.h"
+#include "mf_persist.h"
 #include "mf_replay.h"
 #include "mf_streams.h"
 #include "mf_trace.h"
@@ -153,15 +154,16 @@ static mfsdp_result whole_form_env(mf_whole_form *out)
 }
 
 /*
- * The used prefix of every chunk of a whole collective's shard side and its
- * form (docs/runtime.md, "Whole buckets"). Chunk c of the op's full side
- * (src of a reduce_scatter, dst of an all_gather) holds elements
- * [full + c * count, + count) of the bucket, full being this rank's range
- * there: the shard (full + c * count) / count of the shard-side placement.
- * The prefix form is taken where it moves fewer bytes in all (some chunk has
- * padding) unless MFSDP_WHOLE_COLLECTIVES forces a form. Every member of the
- * op's group computes the same table from the same schedule. table: the
- * entries behind rt->rops.
+ * The chunks of a whole collective (docs/runtime.md, "Whole buckets"): for
+ * each member c of the op's axis group, the used prefix of its range on the
+ * op's shard side and where that range starts in the op's full side (src of
+ * a reduce_scatter, dst of an all_gather), relative to this rank's range
+ * there (mf_layout_bucket_range: c * count for equal shards, the bounds in a
+ * ragged bucket). A ragged bucket (format 7) has only this form; a bucket of
+ * equal shards (built in memory) takes it where it moves fewer bytes in all
+ * unless MFSDP_WHOLE_COLLECTIVES forces a form. Every member of the op's
+ * group computes the same table from the same schedule. table: the entries
+ * behind rt->rops, 2 * nranks per op (used, then disp).
  */
 static mfsdp_result whole_forms(mf_rt *rt, int64_t *table)
 {
@@ -177,27 +179,56 @@ static mfsdp_result whole_forms(mf_rt *rt, int64_t *table)
         mf_rt_op *r = &rt->rops[i];
         const mf_bucket *b = &s->buckets[op->bucket];
         int64_t n = r->nranks, cnt = op->count;
-        int64_t *used = table;
-        table += n;
+        int64_t *used = table, *disp = table + n;
+        table += 2 * n;
         int full_buf = op->kind == MF_OP_ALL_GATHER ? op->dst : op->src;
         int shard_buf = op->kind == MF_OP_REDUCE_SCATTER ? op->dst : op->src;
         if (full_buf < 0 || shard_buf < 0 || cnt <= 0)
             continue;
         const mf_placement *fp = &s->buffers[full_buf].place, *sp = &s->buffers[shard_buf].place;
-        if (mf_layout_shards(&s->mesh, sp) * cnt != b->length)
+        if (!b->bounds && mf_layout_shards(&s->mesh, sp) * cnt != b->length)
             continue;   /* not the rank's shard of the bucket: the padded form */
-        int64_t full = mf_layout_range(&s->mesh, fp, rt->rank, b->length).offset, sum = 0;
+        if (b->bounds && form == MF_WHOLE_PADDED)
+            return mf_base_set_error(NULL, MFSDP_ERR_INVALID_ARGUMENT,
+                                     "MFSDP_WHOLE_COLLECTIVES=padded: bucket '%s' has ragged shards "
+                                     "(mfsdp-schedule/7), which have no padded form; unset it",
+                                     b->name);
+        int64_t full = mf_layout_bucket_range(&s->mesh, b, fp, rt->rank).offset, sum = 0;
+        const int64_t *group = rt->comms[r->comm].ranks; /* the axis group, coord order */
+        int64_t cc[MF_MAX_AXES];
         for (int64_t c = 0; c < n; c++) {
-            int64_t start = op->kind == MF_OP_ALL_REDUCE ? full : full + c * cnt;
-            used[c] = mf_layout_shard_used(&s->mesh, sp, b, start / cnt);
+            mf_layout_mesh_coords(&s->mesh, group[c], cc);
+            mf_range m = mf_layout_bucket_range(&s->mesh, b, sp, group[c]);
+            used[c] = mf_layout_shard_used(&s->mesh, sp, b, mf_layout_shard_index(&s->mesh, sp, cc));
+            disp[c] = op->kind == MF_OP_ALL_REDUCE ? 0 : m.offset - full;
             sum += used[c];
         }
-        if (form == MF_WHOLE_PADDED || (form == MF_WHOLE_AUTO && sum >= n * cnt))
+        if (!b->bounds && (form == MF_WHOLE_PADDED || (form == MF_WHOLE_AUTO && sum >= n * cnt)))
             continue;
         r->used = used;
+        r->disp = disp;
         r->bytes = mf_layout_prefix_bytes(op->kind, n, sum, used[r->coord], op->dtype);
     }
     return MFSDP_OK;
+}
+
+/* What a local op touches on this rank (mf_rt_op.n, .src_at): its count,
+ * a slice at coord * count, unless its bucket is ragged, where it works on
+ * the rank's own range (the destination's; a slice reads it inside the
+ * source's range) -- the ops' semantics by ranges, docs/semantics.md §4.6. */
+static void local_extent(const mf_rt *rt, const mf_op *op, mf_rt_op *r)
+{
+    const mf_schedule *s = rt->s;
+    r->n = op->count;
+    r->src_at = op->kind == MF_OP_SLICE ? r->coord * op->count : 0;
+    if (mf_opkind_is_collective(op->kind) || op->bucket < 0 || op->src < 0 || op->dst < 0 ||
+        !s->buckets[op->bucket].bounds)
+        return;
+    const mf_bucket *b = &s->buckets[op->bucket];
+    mf_range sr = mf_layout_bucket_range(&s->mesh, b, &s->buffers[op->src].place, rt->rank);
+    mf_range dr = mf_layout_bucket_range(&s->mesh, b, &s->buffers[op->dst].place, rt->rank);
+    r->n = dr.len;
+    r->src_at = dr.offset - sr.offset;
 }
 
 /* Resolves op pointers and the communicator list. */
@@ -237,7 +268,7 @@ static mfsdp_result resolve_ops(mf_rt *rt)
     int64_t nused = 0;
     for (int i = 0; i < s->nops; i++)
         if (whole_collective(s, &s->ops[i]))
-            nused += s->mesh.axes[s->ops[i].axis].size;
+            nused += 2 * s->mesh.axes[s->ops[i].axis].size;
     size_t ops_bytes = (size_t)(s->nops ? s->nops : 1) * sizeof *rt->rops;
     rt->rops = mf_base_calloc(1, ops_bytes + (size_t)nused * sizeof(int64_t));
     if (!rt->rops)
@@ -250,12 +281,12 @@ static mfsdp_result resolve_ops(mf_rt *rt)
         r->nranks = 1;
         if (op->src >= 0) {
             r->src = rt->bufs[op->src];
-            r->src_count = s->buffers[op->src].count;
+            r->src_count = mf_persist_held(s, op->src, rt->rank);
             r->src_dtype = s->buffers[op->src].dtype;
         }
         if (op->dst >= 0) {
             r->dst = rt->bufs[op->dst];
-            r->dst_count = s->buffers[op->dst].count;
+            r->dst_count = mf_persist_held(s, op->dst, rt->rank);
             r->dst_dtype = s->buffers[op->dst].dtype;
         }
         r->overlap = op->src >= 0 && op->src == op->dst;
@@ -263,6 +294,7 @@ static mfsdp_result resolve_ops(mf_rt *rt)
             r->nranks = s->mesh.axes[op->axis].size;
             r->coord = rt->coords[op->axis];
         }
+        local_extent(rt, op, r);
         if (mf_opkind_is_collective(op->kind)) {
             r->comm = rt->comm_index[op->stream][op->axis];
             r->bytes = mf_schedule_collective_bytes(op->kind, r->nranks, op->count, op->dtype);
@@ -310,7 +342,7 @@ static mfsdp_result build_views(mf_rt *rt)
         v->grad_local_dtype = (mfsdp_dtype)lb->dtype;
         v->main_weight_dtype = (mfsdp_dtype)mb->dtype;
         v->grad_dtype = (mfsdp_dtype)db->dtype;
-        mf_range r = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], rt->rank, bk->length);
+        mf_range r = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], rt->rank);
         int64_t lo = t->offset > r.offset ? t->offset : r.offset;
         int64_t hi = t->offset + t->numel < r.offset + r.len ? t->offset + t->numel : r.offset + r.len;
         if (hi > lo) {
@@ -405,7 +437,10 @@ static mfsdp_result check_hellos(mf_rt *rt, const mf_rt_hello *all, int64_t worl
 /* One allocation per rank: the persistent region, then the transient arena
  * at the planned size; every buffer is a view at its offset (the loader
  * checked that each lies inside its region, and that buffers sharing bytes
- * are never live together). Check mode (CPU backends) poisons a buffer
+ * are never live together). The persistent region is this rank's own
+ * (core/mf_persist.h): a ragged bucket's persistent buffers hold only the
+ * rank's ranges, so ranks allocate different sizes, each at most
+ * mem_persistent. Check mode (CPU backends) poisons a buffer
  * outside its window, which would overwrite the buffer sharing its bytes
  * inside that one's window: there every transient buffer gets bytes of its
  * own (the sum of the transient buffers, not the arena; docs/runtime.md §13). */
@@ -421,25 +456,31 @@ static mfsdp_result place_buffers(mf_rt *rt)
                 transient += (s->buffers[b].count * mf_dtype_size(s->buffers[b].dtype) + align - 1) /
                              align * align;
     }
-    size_t total = (size_t)(s->mem_persistent + transient);
+    int64_t *at = mf_base_calloc((size_t)(s->nbuffers ? s->nbuffers : 1), sizeof *at);
+    if (!at)
+        return mf_base_set_error(NULL, MFSDP_ERR_OUT_OF_MEMORY, "out of memory (buffer offsets)");
+    int64_t pers = mf_persist_layout(s, rt->rank, at);
+    size_t total = (size_t)(pers + transient);
     mfsdp_result res = rt->be->alloc(rt, total ? total : 1, &rt->mem_base);
     if (res != MFSDP_OK) {
         rt->mem_base = NULL;
+        mf_base_free(at);
         return mf_base_set_error(NULL, res, "cannot allocate the arena (%zu bytes): %s", total, rt->err);
     }
     rt->mem_bytes = (int64_t)total;
-    char *next = (char *)rt->mem_base + s->mem_persistent;   /* check mode's own bytes */
+    char *next = (char *)rt->mem_base + pers;   /* check mode's own bytes */
     for (int b = 0; b < s->nbuffers; b++) {
         const mf_buffer *bf = &s->buffers[b];
         if (bf->lifetime != MF_LIFETIME_MICROBATCH) {
-            rt->bufs[b] = (char *)rt->mem_base + bf->offset;
+            rt->bufs[b] = (char *)rt->mem_base + at[b];
         } else if (!own) {
-            rt->bufs[b] = (char *)rt->mem_base + s->mem_persistent + bf->offset;
+            rt->bufs[b] = (char *)rt->mem_base + pers + bf->offset;
         } else {
             rt->bufs[b] = next;
             next += (bf->count * mf_dtype_size(bf->dtype) + align - 1) / align * align;
         }
     }
+    mf_base_free(at);
     return MFSDP_OK;
 }
 

@@ -234,12 +234,12 @@ static void exec_local(const mf_rt_op *r, int64_t microbatch)
 {
     const mf_op *op = r->op;
     if (op->kind == MF_OP_ACCUMULATE && microbatch > 0) {
-        mf_cpu_kernels_add(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        mf_cpu_kernels_add(r->dst, r->dst_dtype, r->src, r->src_dtype, r->n);
     } else if (op->kind == MF_OP_SLICE) {
-        size_t at = (size_t)(r->coord * op->count) * mf_dtype_size(r->src_dtype);
-        mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, op->count);
+        size_t at = (size_t)r->src_at * mf_dtype_size(r->src_dtype);
+        mf_dtype_convert(r->dst, r->dst_dtype, (const char *)r->src + at, r->src_dtype, r->n);
     } else {   /* a cast, or the first microbatch's accumulate */
-        mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, op->count);
+        mf_dtype_convert(r->dst, r->dst_dtype, r->src, r->src_dtype, r->n);
     }
 }
 

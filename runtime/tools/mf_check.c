@@ -192,7 +192,7 @@ static bool init_state(rank_ctx *c)
         st->delivered = final >= 0 ? final : grad;
         st->eps = dtype_eps(least);
         st->L = bk->length;
-        st->orange = mf_layout_range(&s->mesh, &bk->place[MF_ROLE_MAIN_WEIGHT], c->rank, bk->length);
+        st->orange = mf_layout_bucket_range(&s->mesh, bk, &bk->place[MF_ROLE_MAIN_WEIGHT], c->rank);
         st->full_w = calloc((size_t)(st->L ? st->L : 1), mf_dtype_size(s->buffers[st->unsharded].dtype));
         if (!st->full_w)
             return false;
@@ -277,6 +277,22 @@ static bool same_tensors(const mf_schedule *s, const mf_bucket *bk, int64_t r, i
     return true;
 }
 
+/* The shard of placement p rank r holds. */
+static int64_t shard_of(const mf_schedule *s, const mf_placement *p, int64_t r)
+{
+    int64_t coords[MF_MAX_AXES];
+    mf_layout_mesh_coords(&s->mesh, r, coords);
+    return mf_layout_shard_index(&s->mesh, p, coords);
+}
+
+/* Of the chunk [i0, i0 + len) of a buffer, the elements inside the first
+ * `held` (a ragged bucket's rank holds fewer than the buffer's count). */
+static int64_t held_in(int64_t held, int64_t i0, int64_t len)
+{
+    int64_t h = held - i0;
+    return h < 0 ? 0 : h < len ? h : len;
+}
+
 /* Exchanges main_weight shards bucket by bucket (in chunks) and assembles
  * every bucket's full weight, cast to the unsharded weight's dtype. Replicas
  * must be bitwise equal and padding zero. */
@@ -302,15 +318,17 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
         for (int64_t q = 0; q < shards; q++)
             first[q] = -1;
         for (int64_t r = 0; r < c->world; r++) {
-            mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
-            int64_t q = rr.len ? rr.offset / rr.len : 0;
+            int64_t q = shard_of(s, O, r);
             if (first[q] < 0 && same_tensors(s, bk, c->rank, r))
                 first[q] = r;
         }
         const void *mw = mf_rt_buffer(c->rt, st->mw);
         for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-            int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
-            mf_dtype_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, len);
+            /* every rank sends `len` elements; a ragged bucket's rank holds
+               only orange.len of the buffer's n: the rest is sent as zeros */
+            int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK, have = held_in(st->orange.len, i0, len);
+            mf_dtype_convert(mine, MF_FP32, (const char *)mw + (size_t)i0 * mf_dtype_size(md), md, have);
+            memset(mine + have, 0, (size_t)(len - have) * sizeof(float));
             const float *all = x->allgather(x->ctx, c->rank, mine, (size_t)len * sizeof(float), false);
             if (!all) {
                 ok = false;
@@ -319,8 +337,8 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
             for (int64_t r = 0; r < c->world; r++) {
                 if (!same_tensors(s, bk, c->rank, r))
                     continue; /* another coordinate's tensors (a Distinct axis) */
-                mf_range rr = mf_layout_range(&s->mesh, O, r, bk->length);
-                int64_t q = rr.len ? rr.offset / rr.len : 0;
+                mf_range rr = mf_layout_bucket_range(&s->mesh, bk, O, r);
+                int64_t q = shard_of(s, O, r), rlen = held_in(rr.len, i0, len);
                 const float *shard = all + r * len;
                 const float *ref = all + first[q] * len;
                 if (first[q] != r && memcmp(shard, ref, (size_t)len * sizeof(float)) != 0) {
@@ -335,7 +353,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
                 if (first[q] != r)
                     continue;
                 /* Padding: the gaps between tensors and the tail. */
-                int64_t lo = rr.offset + i0, hi = lo + len, at = 0;
+                int64_t lo = rr.offset + i0, hi = lo + rlen, at = 0;
                 for (int t = 0; t <= bk->ntensors; t++) {
                     int64_t gap_end = t < bk->ntensors ? bk->tensors[t].offset : bk->length;
                     for (int64_t e = at > lo ? at : lo; e < gap_end && e < hi; e++)
@@ -348,7 +366,7 @@ static bool assemble(rank_ctx *c, const mf_check_xchg *x)
                         at = bk->tensors[t].offset + bk->tensors[t].numel;
                 }
                 mf_dtype_convert((char *)st->full_w + (size_t)(rr.offset + i0) * mf_dtype_size(wd), wd,
-                               shard, MF_FP32, len);
+                               shard, MF_FP32, rlen);
             }
         }
     }
@@ -676,7 +694,7 @@ static uint64_t master_digest(const rank_ctx *c)
         const mf_buffer *mb = &c->s->buffers[c->bs[b].mw];
         const unsigned char *p = mf_rt_buffer(c->rt, c->bs[b].mw);
         if (p)
-            h = mf_hash_fnv1a(h, p, (size_t)mb->count * mf_dtype_size(mb->dtype));
+            h = mf_hash_fnv1a(h, p, (size_t)c->bs[b].orange.len * mf_dtype_size(mb->dtype));
     }
     return h;
 }

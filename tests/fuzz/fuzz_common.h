@@ -74,6 +74,12 @@ static inline void fuzz_op_extent(const mf_schedule *s, const mf_op *op, int64_t
 {
     int64_t n = op->axis >= 0 ? s->mesh.axes[op->axis].size : 1;
     *src = *dst = op->count;
+    const mf_bucket *bk = &s->buckets[op->bucket];
+    if (bk->bounds) { /* ragged: a rank touches at most its placements' longest shards */
+        *src = mf_layout_bucket_capacity(&s->mesh, bk, &s->buffers[op->src].place);
+        *dst = mf_layout_bucket_capacity(&s->mesh, bk, &s->buffers[op->dst].place);
+        return;
+    }
     if (op->kind == MF_OP_ALL_GATHER)
         FUZZ_CHECK(!__builtin_mul_overflow(op->count, n, dst));
     else if (op->kind == MF_OP_REDUCE_SCATTER || op->kind == MF_OP_SLICE)
@@ -133,14 +139,16 @@ static inline void fuzz_check_loaded(const mf_schedule *s, const char *text, siz
         FUZZ_CHECK(bf->name && bf->bucket >= 0 && bf->bucket < s->nbuckets);
         FUZZ_CHECK((unsigned)bf->kind < MF_BUFKIND_COUNT && (unsigned)bf->dtype < MF_DTYPE_COUNT);
         FUZZ_CHECK((unsigned)bf->lifetime < MF_LIFETIME_COUNT);
-        int64_t shards = mf_layout_shards(&s->mesh, &bf->place);
-        FUZZ_CHECK(bf->count >= 1 && bf->count == s->buckets[bf->bucket].length / shards);
+        const mf_bucket *bk = &s->buckets[bf->bucket];
+        FUZZ_CHECK(mf_layout_bucket_placement_ok(&s->mesh, bk, &bf->place));
+        FUZZ_CHECK(bf->count >= 1 && bf->count == mf_layout_bucket_capacity(&s->mesh, bk, &bf->place));
         int64_t bytes;
         FUZZ_CHECK(!__builtin_mul_overflow(bf->count, (int64_t)mf_dtype_size(bf->dtype), &bytes));
-        /* every rank's range of the bucket under this placement is the buffer */
-        mf_range last = mf_layout_range(&s->mesh, &bf->place, s->mesh.world - 1, s->buckets[bf->bucket].length);
-        FUZZ_CHECK(last.len == bf->count && last.offset >= 0 &&
-                   last.offset <= s->buckets[bf->bucket].length - last.len);
+        /* every rank's range of the bucket under this placement fits the
+           buffer (is it, unless the bucket is ragged) */
+        mf_range last = mf_layout_bucket_range(&s->mesh, bk, &bf->place, s->mesh.world - 1);
+        FUZZ_CHECK((bk->bounds ? last.len <= bf->count : last.len == bf->count) && last.offset >= 0 &&
+                   last.offset <= bk->length - last.len);
     }
     for (int i = 0; i < s->nops; i++) {
         const mf_op *op = &s->ops[i];

@@ -209,6 +209,29 @@ static mf_range tl_range(const mf_mesh *m, const mf_placement *pl, int64_t rank,
     return r;
 }
 
+/* A ragged bucket's range (docs/semantics.md §4.6), recomputed here: the
+ * finest whole placement has P = nbounds - 1 shards, placement pl Pp of them
+ * (its Flat axes, innermost first: shard q = sum c_j * prod of the sizes of
+ * the Flat axes outside j), k = P / Pp, shard q = [bounds[q k], bounds[(q+1) k]).
+ * bounds NULL: tl_range's equal shards of L. */
+static mf_range tl_range_b(const mf_mesh *m, const mf_placement *pl, int64_t rank, int64_t L, const int64_t *bounds,
+                           int64_t nbounds)
+{
+    if (!bounds)
+        return tl_range(m, pl, rank, L);
+    int64_t c[MF_MAX_AXES], q = 0, stride = 1, s = m->naxes;
+    tl_coords(m, rank, c);
+    while (s > 0 && pl->p[s - 1] == MF_PLACE_FLAT)
+        s--;
+    for (int64_t j = s; j < m->naxes; j++) {
+        q += c[j] * stride;
+        stride *= m->axes[j].size;
+    }
+    int64_t k = (nbounds - 1) / stride;
+    assert_int_equal((nbounds - 1) % stride, 0);
+    return (mf_range){bounds[q * k], bounds[(q + 1) * k] - bounds[q * k]};
+}
+
 static int64_t tl_ring_bytes(mf_opkind k, int64_t n, int64_t count, int64_t size)
 {
     if (k == MF_OP_ALL_REDUCE)
@@ -221,6 +244,40 @@ static int64_t tl_ring_bytes(mf_opkind k, int64_t n, int64_t count, int64_t size
 static int64_t max64(int64_t a, int64_t b)
 {
     return a > b ? a : b;
+}
+
+/* A ragged bucket's bounds (docs/semantics.md §4.6): from 0 to L, never
+ * decreasing, each on `align` bytes in every role's dtype; every role's
+ * ranks tile [0, L) with ranges that lie on bounds; every tensor inside one
+ * shard of the finest whole placement. */
+static void tl_check_ragged(const mf_schedule *s, const mf_bucket *b)
+{
+    const mf_mesh *m = &s->mesh;
+    int64_t nb = mf_layout_bucket_nbounds(m, b);
+    assert_true(nb >= 2);
+    assert_int_equal(b->bounds[0], 0);
+    assert_int_equal(b->bounds[nb - 1], b->length);
+    for (int64_t q = 0; q < nb; q++) {
+        assert_true(q == 0 || b->bounds[q] >= b->bounds[q - 1]);
+        for (int r = 0; r < MF_ROLE_COUNT; r++)
+            assert_int_equal(b->bounds[q] * (int64_t)mf_dtype_size(b->dtype[r]) % s->align, 0);
+    }
+    for (int r = 0; r < MF_ROLE_COUNT; r++) {
+        int64_t covered = 0;
+        for (int64_t rank = 0; rank < m->world; rank++) {
+            mf_range rg = tl_range_b(m, &b->place[r], rank, b->length, b->bounds, nb);
+            assert_true(rg.offset >= 0 && rg.offset + rg.len <= b->length);
+            covered += rg.len; /* every shard as often as it has ranks */
+        }
+        assert_int_equal(covered, b->length * (m->world / tl_shards(m, &b->place[r])));
+    }
+    for (int i = 0; i < b->ntensors; i++) {
+        const mf_tensor *t = &b->tensors[i];
+        int64_t q = 0;
+        while (q + 1 < nb && b->bounds[q + 1] <= t->offset && t->numel > 0)
+            q++;
+        assert_true(t->numel == 0 || t->offset + t->numel <= b->bounds[q + 1]);
+    }
 }
 
 void tl_check_layout(const mf_plan *p)
@@ -281,6 +338,10 @@ void tl_check_layout(const mf_plan *p)
         /* every role placement: equal shards, aligned in every role's dtype,
          * and the shards of the ranks tile [0, L): each rank's range is shard
          * q = offset / len of S equal shards, and every q occurs */
+        if (b->bounds) {
+            tl_check_ragged(s, b);
+            continue;
+        }
         for (int r = 0; r < MF_ROLE_COUNT; r++) {
             const mf_placement *pl = &b->place[r];
             int64_t shards = tl_shards(m, pl);
@@ -317,6 +378,8 @@ typedef struct sim {
     mf_reduce reduce;
     double **buf;           /* per rank */
     int64_t *len;           /* per rank */
+    const int64_t *bounds;  /* a ragged bucket's (tl_range_b), else NULL */
+    int64_t nbounds;
 } sim;
 
 static double grad_value(int64_t mb, int64_t rank, int64_t i, int64_t world, int64_t L)
@@ -374,7 +437,7 @@ static void compare_state(const sim *S, const mf_placement *pl, const double *ta
 {
     const mf_mesh *m = S->m;
     for (int64_t r = 0; r < m->world; r++) {
-        mf_range rg = tl_range(m, pl, r, S->L);
+        mf_range rg = tl_range_b(m, pl, r, S->L, S->bounds, S->nbounds);
         if (S->len[r] != rg.len)
             fail_msg("%s: rank %lld holds %lld elements, its placement promises %lld", what, (long long)r,
                      (long long)S->len[r], (long long)rg.len);
@@ -391,7 +454,7 @@ static void compare_state(const sim *S, const mf_placement *pl, const double *ta
 static void load_state(sim *S, const mf_placement *pl, const double *table)
 {
     for (int64_t r = 0; r < S->m->world; r++) {
-        mf_range rg = tl_range(S->m, pl, r, S->L);
+        mf_range rg = tl_range_b(S->m, pl, r, S->L, S->bounds, S->nbounds);
         free(S->buf[r]);
         S->buf[r] = malloc((size_t)(rg.len ? rg.len : 1) * sizeof(double));
         assert_non_null(S->buf[r]);
@@ -400,9 +463,68 @@ static void load_state(sim *S, const mf_placement *pl, const double *table)
     }
 }
 
+/* One step on a ragged bucket, by ranges (docs/semantics.md §4.6): a
+ * gather concatenates its group's ranges, a reduce_scatter or slice keeps
+ * the rank's destination range out of the source range (reduced over the
+ * group), the rest keep the range. count: the longest shard of the side the
+ * step shards (the destination of a reduce_scatter or slice, else the
+ * source), at least every rank's length. */
+static void run_step_ragged(sim *S, const mf_step *st, const char *what)
+{
+    const mf_mesh *m = S->m;
+    int64_t world = m->world, n = st->axis >= 0 ? m->axes[st->axis].size : 1;
+    double **out = calloc((size_t)world, sizeof *out);
+    int64_t *outlen = calloc((size_t)world, sizeof *outlen), *group = calloc((size_t)n, sizeof *group);
+    assert_true(out && outlen && group);
+    bool shards = st->kind == MF_OP_REDUCE_SCATTER || st->kind == MF_OP_SLICE;
+    double scale = S->reduce == MF_REDUCE_AVG ? 1.0 / (double)n : 1.0;
+    for (int64_t r = 0; r < world; r++) {
+        mf_range sr = tl_range_b(m, &st->from, r, S->L, S->bounds, S->nbounds);
+        mf_range dr = tl_range_b(m, &st->to, r, S->L, S->bounds, S->nbounds);
+        if (S->len[r] != sr.len || (shards ? dr.len : sr.len) > st->count)
+            fail_msg("%s: rank %lld holds %lld of a %lld range, count %lld", what, (long long)r,
+                     (long long)S->len[r], (long long)sr.len, (long long)st->count);
+        if (st->axis >= 0)
+            tl_axis_group(m, st->axis, r, group);
+        outlen[r] = dr.len;
+        out[r] = calloc((size_t)(dr.len ? dr.len : 1), sizeof(double));
+        assert_non_null(out[r]);
+        for (int64_t x = 0; x < dr.len; x++) {
+            int64_t e = dr.offset + x; /* bucket element */
+            double v = 0;
+            if (st->kind == MF_OP_ALL_GATHER) {
+                for (int64_t g = 0; g < n; g++) {
+                    mf_range gr = tl_range_b(m, &st->from, group[g], S->L, S->bounds, S->nbounds);
+                    if (e >= gr.offset && e < gr.offset + gr.len)
+                        v = S->buf[group[g]][e - gr.offset];
+                }
+            } else if (st->kind == MF_OP_REDUCE_SCATTER || st->kind == MF_OP_ALL_REDUCE) {
+                for (int64_t g = 0; g < n; g++)
+                    v += S->buf[group[g]][e - sr.offset];
+                v *= scale;
+            } else {
+                v = S->buf[r][e - sr.offset];
+            }
+            out[r][x] = v;
+        }
+    }
+    for (int64_t r = 0; r < world; r++) {
+        free(S->buf[r]);
+        S->buf[r] = out[r];
+        S->len[r] = outlen[r];
+    }
+    free(group);
+    free(out);
+    free(outlen);
+}
+
 /* Executes one step with the semantics of core/mf_schedule.h. */
 static void run_step(sim *S, const mf_step *st, const char *what)
 {
+    if (S->bounds) {
+        run_step_ragged(S, st, what);
+        return;
+    }
     const mf_mesh *m = S->m;
     int64_t world = m->world;
     double **out = calloc((size_t)world, sizeof *out);
@@ -525,7 +647,8 @@ void tl_check_transition(const mf_plan *p, int b, int t)
     const mf_bucket *bk = &s->buckets[b];
     const mf_transition *tr = &p->trans[b][t];
     int64_t L = bk->length, M = s->microbatches;
-    sim S = {m, L, s->reduce, calloc((size_t)m->world, sizeof(double *)), calloc((size_t)m->world, sizeof(int64_t))};
+    sim S = {m, L, s->reduce, calloc((size_t)m->world, sizeof(double *)), calloc((size_t)m->world, sizeof(int64_t)),
+             bk->bounds, mf_layout_bucket_nbounds(m, bk)};
     assert_non_null(S.buf);
     assert_non_null(S.len);
     char what[256];

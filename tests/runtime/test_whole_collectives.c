@@ -308,7 +308,7 @@ static void wc_rank(const mfsdp_schedule *sh, const wc_case *c, int64_t scale, b
         WC_CHECK(o->buf[k], "out of memory");
         WC_CHECK(rt->be->stage(rt, o->buf[k], mf_rt_buffer(rt, bi), o->bytes[k], why, sizeof why) == MFSDP_OK,
                  "stage out: %s", why);
-        mf_range rg = mf_layout_range(&s->mesh, &bf->place, rt->rank, b->length);
+        mf_range rg = mf_layout_bucket_range(&s->mesh, b, &bf->place, rt->rank);
         for (int64_t i = 0; i < bf->count; i++) {
             static const char zero[4];
             WC_CHECK(in_tensor(b, rg.offset + i) || !memcmp(o->buf[k] + (size_t)i * bes, zero, bes),

@@ -625,13 +625,19 @@ class _Layouts:
         as `<name>_whole` does; itself when neither placement changes."""
         r = self.roles_of[name]
         g, m = [_letter(p) for p in r["grad"][1]], [_letter(p) for p in r["main_weight"][1]]
+        w = [_letter(p) for p in r["weight"][1]]
         mesh = (_whole(g), _whole(m))
         want = (_node_whole(g, "P"), _node_whole(m, "R")) if owners == "node" else mesh
         if want == (g, m):
             return name
         wname = name + ("_whole" if want == mesh else "_whole_node")
         if wname not in self.blocks:
-            self.roles_of[wname] = dict(r, grad=(r["grad"][0], want[0]),
+            # a whole bucket's shards follow its owners (ragged shards,
+            # docs/semantics.md §4.6): with the owners inside the innermost axis the weight may not
+            # split the outer axes either (zero3's [Flat, Flat] becomes [Replicate, Flat])
+            wt = _node_whole(w, "R") if owners == "node" and w[-1] == "F" else w
+            wt = [("F" if x == "W" else x) for x in wt]
+            self.roles_of[wname] = dict(r, weight=(r["weight"][0], wt), grad=(r["grad"][0], want[0]),
                                         main_weight=(r["main_weight"][0], want[1]))
             self.blocks[wname] = _block(wname, self.roles_of[wname])
         return wname
