@@ -665,12 +665,12 @@ run_prebuilt() {
                 run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/hfsdp_1x1.mfsdp" -o "$W/hfsdp_1x1.yaml" &&
                     run 40 "$L/stage2.log" "$B/mfsdp-replay" "$W/hfsdp_1x1.yaml" --backend nccl --steps 3 --timeout-ms 30000 --quiet
                 verdict "mfsdp-replay hfsdp_1x1 --backend nccl" $?
-                # A Whole schedule: each whole collective one nested ncclGroupStart/End
-                # in the prefix form (forced: one rank has no padding to save), and the
-                # padded form, through NCCL.
+                # A Whole schedule (ragged shards, mfsdp-schedule/7): each whole
+                # collective one nested ncclGroupStart/End in the chunked form, the only
+                # one a ragged bucket has (MFSDP_WHOLE_COLLECTIVES=padded is refused).
                 local form
                 if run 20 "$L/stage2.log" "$B/mfsdpc" compile "$D/whole_1x1.mfsdp" -o "$W/whole_1x1.yaml"; then
-                    for form in prefix padded; do
+                    for form in prefix; do
                         run 40 "$L/stage2.log" env MFSDP_WHOLE_COLLECTIVES=$form "$B/mfsdp-replay" "$W/whole_1x1.yaml" \
                             --backend nccl --steps 3 --timeout-ms 30000 --quiet
                         verdict "mfsdp-replay whole_1x1 --backend nccl, MFSDP_WHOLE_COLLECTIVES=$form" $?
