@@ -106,9 +106,11 @@ static void describe(const mf_rt *rt, const mf_agree_rec *r, char *buf, size_t s
 
 /* The message of a disagreement, identical on every rank: each distinct
  * record once, with the ranks that sent it. */
+#define MF_AGREE_DIVERGE "the ranks' programs diverge:"
+
 static void disagreement(const mf_rt *rt, const mf_agree_rec *all, char *msg, size_t size)
 {
-    size_t at = (size_t)snprintf(msg, size, "the ranks' programs diverge:");
+    size_t at = (size_t)snprintf(msg, size, "%s", MF_AGREE_DIVERGE);
     const char *sep = " ";
     for (int64_t r = 0; r < rt->world && at < size; r++) {
         bool first = true;
@@ -146,6 +148,15 @@ static mfsdp_result agree(mf_rt *rt, const mf_agree_rec *mine, const char *fn)
     msg[0] = '\0';
     mf_agree_rec *all = rt->agree_all;
     mfsdp_result res = rt->be->exchange(rt, mine, sizeof *mine, all);
+    const char *peer = res == MFSDP_ERR_ABORTED ? strstr(rt->err, MF_AGREE_DIVERGE) : NULL;
+    if (peer) {
+        /* A peer completed this exchange first, found the disagreement and
+         * failed, and its failure message aborted our wait: the records are
+         * the same on every rank, so the disagreement is ours too. */
+        snprintf(msg, sizeof msg, "%s", peer);
+        mf_base_fail(rt, MFSDP_ERR_MISMATCH, msg);
+        return mf_base_set_error(rt, MFSDP_ERR_MISMATCH, "%s", msg);
+    }
     if (res != MFSDP_OK) {
         snprintf(msg, sizeof msg, "%s", rt->err);
         char full[MF_RT_ERRLEN];

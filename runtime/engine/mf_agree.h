@@ -10,7 +10,9 @@
  * microbatch, the unit or the helper and its size) over the world, before
  * anything is issued; records that differ fail the runtime on every rank
  * with MFSDP_ERR_MISMATCH and one message, the same on every rank, naming
- * the step, what each group of ranks was about to do and the ranks.
+ * the step, what each group of ranks was about to do and the ranks (a rank
+ * whose exchange a faster peer's failure aborted takes that peer's
+ * message, which names the same disagreement).
  *
  * The decision points: mfsdp_step_begin, mfsdp_forward_pre(unit 0,
  * microbatch m > 0), a short step's mfsdp_step_end, every
